@@ -1,0 +1,105 @@
+"""`python -m cloudml_lib ...`: train, evaluate, make-demo-data.
+
+Exit status: 0 on success; 2 for a usage, config or data error (one short message, no
+traceback); 1 for anything unexpected (with the traceback, to report).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from cloudml_lib.errors import CloudMLError
+
+log = logging.getLogger(__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):                      # argparse's own exit code is 2 as well
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m cloudml_lib", description="CloudML: cloud base height from ER-2 IR frames")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train a model (on the demo flights with configs/demo.yaml)")
+    t.add_argument("--config", required=True, help="YAML file, e.g. configs/demo.yaml")
+    t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
+    t.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value; repeatable, e.g. --set train.epochs=3")
+
+    e = sub.add_parser("evaluate", help="score a run's best model on its validation flights")
+    e.add_argument("--run-dir", required=True)
+    e.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
+    e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+    d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
+    d.add_argument("--out", required=True, help="folder to write the flight files into")
+    d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--frames", type=int, default=360, help="frames per flight (default 360)")
+    d.add_argument("--size", default="80x96", help="raw frame ROWSxCOLS (default 80x96; the real camera: 512x640)")
+    return p
+
+
+def _train(args) -> int:
+    from cloudml_lib.config import load_config
+    from cloudml_lib.train import train
+
+    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
+    cfg = load_config(args.config, overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
+    train(cfg, run_dir)
+    return 0
+
+
+def _evaluate(args) -> int:
+    from cloudml_lib.evaluate import evaluate_run, format_report
+
+    report = evaluate_run(args.run_dir, data_dir=args.data_dir)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_report(report))
+        print(f"predictions: {Path(args.run_dir) / 'predictions.csv'}")
+    return 0
+
+
+def _make_demo(args) -> int:
+    from cloudml_lib.data.synthetic import make_demo_flights
+
+    try:
+        rows, cols = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise CloudMLError(f"--size {args.size!r}: expected ROWSxCOLS, e.g. 80x96") from None
+    if rows < 16 or cols < 16 or args.frames < 10:
+        raise CloudMLError("--size must be at least 16x16 and --frames at least 10")
+    try:
+        entries = make_demo_flights(args.out, n_flights=args.flights, seed=args.seed, frames_per_flight=args.frames,
+                                    frame_shape=(rows, cols))
+    except ValueError as e:
+        raise CloudMLError(str(e)) from None
+    print(f"wrote {len(entries)} flights to {args.out}; list them under data.flights:")
+    print(json.dumps(entries, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cloudml_lib.train import attach_run_log
+
+    args = build_parser().parse_args(argv)
+    attach_run_log(None)
+    handlers = {"train": _train, "evaluate": _evaluate, "make-demo-data": _make_demo}
+    try:
+        return handlers[args.command](args)
+    except CloudMLError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,331 @@
+"""Run configuration: nested dataclasses, YAML loading, `--set` overrides and validation.
+
+Precedence is overrides > file > defaults. Every problem in a file is collected and reported
+together, each naming the key and what would be valid. The dataclasses hold only plain types so
+that `asdict(config)` can be stored inside a `weights_only` checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from cloudml_lib.errors import ConfigError
+
+# Compile modes that capture CUDA graphs: their replay needs every input at a fixed address,
+# which gradient checkpointing's recomputation breaks ("static input data pointer changed").
+CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None):
+    """A dataclass field with its help text and valid values, used by validation and docs."""
+    meta = {"help": help, "range": range, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class FlightConfig:
+    """One ER-2 flight: three files, relative to `data.dir`."""
+    name: str = _f("", "flight label used in splits and reports, e.g. 10Feb25")
+    ir_file: str = _f("", "IRAI L1B camera file (.h5)")
+    cpl_file: str = _f("", "CPL L2 layer file (.hdf5); its name carries the date, e.g. _10feb25")
+    nav_file: str = _f("", "navigation file (.hdf, HDF5 inside)")
+    date: str = _f("", "YYYY-MM-DD; empty: taken from the CPL file name")
+
+
+@dataclass
+class DataKeys:
+    """HDF5 dataset names; defaults are the names in the users' real files."""
+    ir_signal: str = _f("Product/Signal", "IR frames, first axis = frame")
+    ir_time: str = _f("Time/TimeUTC", "one time per IR frame")
+    cpl_time: str = _f("layer_descriptor/Profile_Decimal_Julian_Day", "decimal day of year per profile")
+    cpl_base: str = _f("layer_descriptor/Layer_Base_Altitude", "profiles x layers, km, -9999 = none")
+    cpl_lidar_surface: str = _f("layer_descriptor/Lidar_Surface_Altitude", "metres")
+    cpl_dem_surface: str = _f("layer_descriptor/DEM_Surface_Altitude", "metres, 0 over ocean")
+    nav_zenith: str = _f("nav/solarZenith", "solar zenith angle, degrees")
+    nav_azimuth: str = _f("nav/sunAzGrd", "solar azimuth, degrees")
+    nav_lat: str = _f("nav/IWG_lat", "latitude, degrees")
+    nav_lon: str = _f("nav/IWG_lon", "longitude, degrees")
+    nav_time: str = _f("nav/Time", "nav time axis; when absent, nav rows are assumed to match IR frames")
+
+
+@dataclass
+class DataConfig:
+    dir: str = _f("data", "folder holding the flight files (absolute, or relative to the working directory)")
+    cache_dir: str = _f("", "preprocessing cache; empty: <data.dir>/cache")
+    demo: bool = _f(False, "generate the built-in demo flights into data.dir when they are missing")
+    flights: list = _f([], "list of {name, ir_file, cpl_file, nav_file}")
+    validation_flights: list = _f([], "flight names held out for validation (never used to fit scalers)")
+    temporal_frames: int = _f(5, "T, frames per sample, centred on the labelled frame", range=(1, 31))
+    swath_slice: list = _f([40, 480], "[first, last) sensor rows kept")
+    downsample: int = _f(1, "integer block-average factor after cropping (memory), 1 = full size", range=(1, 16))
+    edge_policy: str = _f("shift", "windows at a flight's ends: shift inside, pad with the edge frame, or drop",
+                          choices=("shift", "pad", "drop"))
+    clahe_clip_limit: float = _f(0.01, "CLAHE clip limit (scikit-image units); 0 disables CLAHE", range=(0.0, 1.0))
+    cbh_min_km: float = _f(0.1, "labels below this are dropped", range=(0.0, 20.0))
+    cbh_max_km: float = _f(2.0, "labels above this are dropped", range=(0.0, 20.0))
+    max_lidar_surface_km: float = _f(0.9, "drop profiles with |Lidar_Surface_Altitude|/1000 above this",
+                                     range=(0.0, 10.0))
+    match_tolerance_s: float = _f(0.5, "a label is matched to the nearest IR frame within this time",
+                                  range=(0.0, 60.0))
+    ir_time_format: str = _f("auto", "IR time units", choices=("auto", "seconds_of_day", "epoch"))
+    keys: DataKeys = field(default_factory=DataKeys, metadata={"help": "HDF5 dataset names"})
+    overweight_flight: str = _f("", "training flight whose samples weigh more in the loss (empty: none)")
+    overweight_factor: float = _f(1.0, "loss weight of overweight_flight's samples", range=(1.0, 100.0))
+    augment: bool = _f(True, "training-only augmentation: flip, brightness/contrast jitter, erasing")
+    num_workers: int = _f(0, "DataLoader worker processes (0: load in the training process)", range=(0, 64))
+
+
+@dataclass
+class ModelConfig:
+    memory_optimized: bool = _f(False, "32/64/128 channels instead of 64/128/256: about half the activation memory")
+    channels: list = _f([], "explicit channels of the three conv blocks; empty: chosen by memory_optimized")
+    gradient_checkpointing: bool = _f(False, "recompute each frame's CNN pass in backward: less memory, ~15% slower")
+    dropout: float = _f(0.3, "dropout before the regression head", range=(0.0, 0.9))
+    scalars_only: bool = _f(False, "control model that sees only the solar angles, not the frames")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = _f(50, "passes over the training flights", range=(1, 10000))
+    batch_size: int = _f(16, "samples per optimizer step (before accumulation)", range=(1, 4096))
+    grad_accum_steps: int = _f(1, "batches whose gradients add up to one optimizer step", range=(1, 1024))
+    learning_rate: float = _f(1e-3, "peak AdamW learning rate", range=(1e-7, 1.0))
+    min_lr_ratio: float = _f(0.01, "final learning rate as a fraction of the peak", range=(0.0, 1.0))
+    weight_decay: float = _f(1e-2, "AdamW weight decay", range=(0.0, 1.0))
+    warmup_steps: int = _f(100, "linear warm-up length in optimizer steps", range=(0, 10_000_000))
+    grad_clip_norm: float = _f(1.0, "gradient norm clip; 0 disables", range=(0.0, 1e6))
+    huber_delta: float = _f(1.0, "Huber loss delta on the standardised target", range=(1e-6, 100.0))
+    hard_example_weight: float = _f(0.0, "extra loss weight on hard examples (0: off)", range=(0.0, 10.0))
+    early_stopping_patience: int = _f(10, "epochs without a better validation loss before stopping; 0: never",
+                                      range=(0, 10000))
+    quick_val_fraction: float = _f(0.1, "fixed share of validation samples scored every epoch", range=(0.001, 1.0))
+    log_every_steps: int = _f(10, "optimizer steps between metrics.jsonl step records", range=(1, 1_000_000))
+    seed: int = _f(42, "seeds data order, augmentation and initialisation", range=(0, 2**31 - 1))
+    device: str = _f("auto", "auto: CUDA when available, else CPU", choices=("auto", "cuda", "cpu"))
+    torch_compile: bool = _f(False, "compile the model with torch.compile (CUDA only; ignored on CPU)")
+    torch_compile_mode: str = _f("default", "compile mode; CUDA-graph modes cannot be combined with checkpointing",
+                                 choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = _f(100, "optimizer steps between checkpoints", range=(1, 10_000_000))
+    every_minutes: float = _f(10.0, "minutes between checkpoints, whichever comes first", range=(0.1, 10_000.0))
+    keep_last: int = _f(2, "committed checkpoints kept besides the best", range=(1, 100))
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def channels(self) -> list[int]:
+        if self.model.channels:
+            return list(self.model.channels)
+        return [32, 64, 128] if self.model.memory_optimized else [64, 128, 256]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a Config from nested dicts, collecting every problem.
+
+def _type_name(tp) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+            list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
+    """Check one leaf value against its declared type, range and choices."""
+    if tp is bool:
+        if not isinstance(value, bool):
+            problems.append(f"{key}: expected true/false, got {value!r}")
+            return None
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                problems.append(f"{key}: expected an integer, got {value!r}")
+                return None
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{key}: expected a number, got {value!r}")
+            return None
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            problems.append(f"{key}: expected a string, got {value!r}")
+            return None
+    elif tp is list:
+        if not isinstance(value, list):
+            problems.append(f"{key}: expected a list, got {value!r}")
+            return None
+    lo_hi = meta.get("range")
+    if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
+        problems.append(f"{key}: {value!r} is out of range; valid: {lo_hi[0]} to {lo_hi[1]}")
+        return None
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        problems.append(f"{key}: {value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
+        return None
+    return value
+
+
+def _build(cls, raw, prefix: str, problems: list[str]):
+    """Instantiate dataclass `cls` from dict `raw`; unknown keys name the closest valid key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append(f"{prefix or 'config'}: expected a mapping of keys, got {raw!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
+            problems.append(f"{full}: unknown key{hint}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, f"{full}.", problems)
+            continue
+        checked = _coerce(value, tp, full, dict(fields[key].metadata), problems)
+        if checked is not None:
+            kwargs[key] = checked
+    return cls(**kwargs)
+
+
+def _check_cross_field(cfg: Config, problems: list[str]) -> None:
+    """Rules that involve more than one key."""
+    d, m, t = cfg.data, cfg.model, cfg.train
+    flights = []
+    for i, raw in enumerate(d.flights):
+        flight = _build(FlightConfig, raw, f"data.flights[{i}].", problems)
+        for name in ("name", "ir_file", "cpl_file", "nav_file"):
+            if not getattr(flight, name):
+                problems.append(f"data.flights[{i}].{name}: missing; each flight needs name, ir_file, "
+                                "cpl_file and nav_file")
+        flights.append(flight)
+    d.flights = flights
+    names = [f.name for f in flights]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"data.flights: flight names must be unique; repeated: {', '.join(dupes)}")
+    if not all(isinstance(v, str) for v in d.validation_flights):
+        problems.append(f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}")
+    elif flights:
+        unknown = [v for v in d.validation_flights if v not in names]
+        if unknown:
+            problems.append(f"data.validation_flights: {', '.join(unknown)} not in data.flights "
+                            f"(known: {', '.join(names)})")
+        if not d.validation_flights:
+            problems.append("data.validation_flights: name at least one flight to hold out; random splits "
+                            "inside a flight leak through time autocorrelation")
+        elif len(set(d.validation_flights)) >= len(set(names)):
+            problems.append("data.validation_flights: every flight is held out; leave at least one for training")
+        if d.overweight_flight and d.overweight_flight not in names:
+            problems.append(f"data.overweight_flight: {d.overweight_flight!r} not in data.flights")
+        if d.overweight_flight in d.validation_flights:
+            problems.append(f"data.overweight_flight: {d.overweight_flight!r} is a validation flight")
+    elif not d.demo:
+        problems.append("data.flights: empty; list your flights, or set data.demo: true for the built-in demo")
+    s = d.swath_slice
+    if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                          for v in s) and 0 <= s[0] < s[1]):
+        problems.append(f"data.swath_slice: {s!r} is not valid; expected [first_row, end_row] with "
+                        "0 <= first_row < end_row, e.g. [40, 480]")
+    if d.cbh_min_km >= d.cbh_max_km:
+        problems.append(f"data.cbh_min_km ({d.cbh_min_km}) must be below data.cbh_max_km ({d.cbh_max_km})")
+    if m.channels and not (len(m.channels) == 3 and all(isinstance(c, int) and c > 0 for c in m.channels)):
+        problems.append(f"model.channels: {m.channels!r} is not valid; expected three positive integers, "
+                        "e.g. [64, 128, 256], or [] to follow model.memory_optimized")
+    if t.torch_compile and t.torch_compile_mode in CUDA_GRAPH_COMPILE_MODES and m.gradient_checkpointing:
+        problems.append(
+            f"train.torch_compile_mode: {t.torch_compile_mode!r} captures CUDA graphs, which crash under "
+            "model.gradient_checkpointing ('static input data pointer changed'); use 'default' (or "
+            "'max-autotune-no-cudagraphs'), or set model.gradient_checkpointing: false")
+
+
+def build_config(raw: dict | None, source: str = "config") -> Config:
+    problems: list[str] = []
+    cfg = _build(Config, raw or {}, "", problems)
+    if not problems:
+        _check_cross_field(cfg, problems)
+    if problems:
+        raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.epochs=3")
+    key, value = text.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) < 2 or not all(path):
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.epochs=3")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return path, parsed
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            nxt = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[part] = nxt
+            node = nxt
+        node[path[-1]] = value
+    return raw
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected sections data/model/train/checkpoint at the top level")
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    raw = read_yaml(path) if path else {}
+    raw = apply_overrides(raw, list(overrides))
+    return build_config(raw, source=str(path) if path else "config")
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def config_from_dict(d: dict) -> Config:
+    """Rebuild a Config stored as a plain dict (run directory, checkpoint)."""
+    return build_config(d, source="stored config")
+

@@ -1,0 +1,1 @@
+"""The data path: ER-2 flight files -> preprocessing cache -> training samples."""

@@ -1,0 +1,256 @@
+"""The preprocessing cache: each flight's needed frames preprocessed once into a float16 .npy file.
+
+Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
+- `frames.npy`  (M, H, W) float16: every frame some sample's window uses, preprocessed;
+- `samples.npz` per sample: `windows` (N, T) rows of frames.npy, `frame_index`, `cbh_km`,
+  `sza_deg`, `saa_deg`, `lat`, `lon`;
+- `meta.json`   the settings, counts and sizes; written last, so a folder without it is incomplete.
+
+The key hashes the flight's files (name, size, modification time) and every setting that changes
+the arrays, so a change rebuilds only what it affects and an unchanged cache is reused. A folder
+is built under a temporary name and renamed into place, so an interrupted build leaves nothing
+that looks complete. Reading a sample is one positioned read of the .npy file (FrameStore):
+no HDF5 reopen, no CLAHE, and no memory map whose pages would add to the process's RSS.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from skimage import exposure
+from tqdm.auto import tqdm
+
+from cloudml_lib.config import DataConfig, FlightConfig
+from cloudml_lib.data import er2
+from cloudml_lib.errors import DataError
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+READ_RUN = 32          # frames read from HDF5 at once while building
+
+
+def preprocess_frame(raw: np.ndarray, data: DataConfig) -> tuple[np.ndarray, int]:
+    """Crop, downsample, min-max, CLAHE, z-score one raw frame; returns (frame, non-finite pixels filled)."""
+    x = np.asarray(raw[data.swath_slice[0]:data.swath_slice[1]], dtype=np.float32)
+    bad = ~np.isfinite(x)
+    n_bad = int(bad.sum())
+    if n_bad:
+        if n_bad == x.size:
+            return np.zeros(_output_shape(x.shape, data.downsample), np.float32), n_bad
+        x = np.where(bad, np.float32(np.median(x[~bad])), x)
+    k = data.downsample
+    if k > 1:
+        h, w = (x.shape[0] // k) * k, (x.shape[1] // k) * k
+        x = x[:h, :w].reshape(h // k, k, w // k, k).mean(axis=(1, 3))
+    lo, hi = float(x.min()), float(x.max())
+    x = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    if data.clahe_clip_limit > 0:
+        x = exposure.equalize_adapthist(x, clip_limit=data.clahe_clip_limit).astype(np.float32)
+    return ((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32), n_bad
+
+
+def _output_shape(cropped: tuple[int, int], k: int) -> tuple[int, int]:
+    return cropped[0] // k, cropped[1] // k
+
+
+def build_windows(frame_index: np.ndarray, n_frames: int, t: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """T-frame windows centred on each labelled frame; returns (windows (N, T), kept mask).
+
+    shift: a window that would leave the flight is moved inside it (the labelled frame is then
+    off-centre); pad: frames outside the flight repeat the first/last frame; drop: such labels
+    are removed.
+    """
+    if n_frames < t:
+        raise DataError(f"a flight has {n_frames} frames, fewer than data.temporal_frames={t}")
+    offsets = np.arange(t) - t // 2                                     # (T,)
+    raw = frame_index[:, None] + offsets[None, :]                       # (N, T)
+    inside = (raw >= 0).all(axis=1) & (raw < n_frames).all(axis=1)
+    if policy == "drop":
+        return raw[inside], inside
+    if policy == "pad":
+        return np.clip(raw, 0, n_frames - 1), np.ones(len(raw), bool)
+    start = np.clip(raw[:, 0], 0, n_frames - t)
+    return start[:, None] + np.arange(t)[None, :], np.ones(len(raw), bool)
+
+
+def cache_key(flight: FlightConfig, data: DataConfig) -> str:
+    files = []
+    for role, path in er2.flight_paths(flight, data).items():
+        st = path.stat()
+        files.append([role, path.name, st.st_size, st.st_mtime_ns])
+    settings = {
+        "version": CACHE_VERSION, "files": files, "date": flight.date, "swath_slice": data.swath_slice,
+        "downsample": data.downsample, "clahe_clip_limit": data.clahe_clip_limit, "t": data.temporal_frames,
+        "edge_policy": data.edge_policy, "cbh": [data.cbh_min_km, data.cbh_max_km],
+        "surface": data.max_lidar_surface_km, "tolerance": data.match_tolerance_s,
+        "time_format": data.ir_time_format, "keys": vars(data.keys),
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class FrameStore:
+    """Reads rows of a frames.npy file with positioned reads; safe to use from DataLoader workers."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(f)
+            self.offset = f.tell()
+        assert not fortran and len(shape) == 3, f"{self.path}: unexpected array layout"
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.frame_bytes = int(np.prod(shape[1:])) * self.dtype.itemsize
+        self._fd, self._pid = None, None
+
+    def _file(self) -> int:
+        if self._pid != os.getpid():           # a forked worker opens its own descriptor
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        return self._fd
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Frames at `rows` (any order, repeats allowed) -> (len(rows), H, W)."""
+        fd, out = self._file(), np.empty((len(rows),) + tuple(self.shape[1:]), self.dtype)
+        i = 0
+        while i < len(rows):
+            j = i + 1
+            while j < len(rows) and rows[j] == rows[j - 1] + 1:
+                j += 1
+            buf = os.pread(fd, self.frame_bytes * (j - i), self.offset + int(rows[i]) * self.frame_bytes)
+            out[i:j] = np.frombuffer(buf, self.dtype).reshape((j - i,) + tuple(self.shape[1:]))
+            i = j
+        return out
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fd"], state["_pid"] = None, None
+        return state
+
+
+@dataclass
+class FlightCache:
+    """One flight's cached samples."""
+    name: str
+    path: Path
+    frames: FrameStore
+    windows: np.ndarray       # (N, T) rows of frames.npy
+    frame_index: np.ndarray   # (N,) labelled IR frame
+    cbh_km: np.ndarray        # (N,)
+    sza_deg: np.ndarray       # (N,)
+    saa_deg: np.ndarray       # (N,)
+    meta: dict
+
+    def __len__(self) -> int:
+        return len(self.cbh_km)
+
+    @property
+    def frame_shape(self) -> tuple[int, int]:
+        return tuple(self.frames.shape[1:])
+
+
+def _open(path: Path) -> FlightCache:
+    meta = json.loads((path / "meta.json").read_text())
+    arrays = np.load(path / "samples.npz")
+    store = FrameStore(path / "frames.npy")
+    expected = store.offset + store.frame_bytes * store.shape[0]
+    if (path / "frames.npy").stat().st_size != expected or store.shape[0] != meta["cached_frames"]:
+        raise DataError(f"cache {path} is incomplete (frames.npy has the wrong size); delete the folder to rebuild")
+    return FlightCache(name=meta["flight"], path=path, frames=store, windows=arrays["windows"],
+                       frame_index=arrays["frame_index"], cbh_km=arrays["cbh_km"], sza_deg=arrays["sza_deg"],
+                       saa_deg=arrays["saa_deg"], meta=meta)
+
+
+def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
+    labels = er2.read_flight_labels(flight, data)
+    windows, kept = build_windows(labels.frame_index, labels.n_frames, data.temporal_frames, data.edge_policy)
+    needed = np.unique(windows)                                   # sorted raw frame indices
+    rows = np.searchsorted(needed, windows).astype(np.int32)      # (N, T) rows of frames.npy
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    crop = (data.swath_slice[1] - data.swath_slice[0], labels.frame_shape[1])
+    shape = (len(needed),) + _output_shape(crop, data.downsample)
+    out = np.lib.format.open_memmap(tmp / "frames.npy", mode="w+", dtype=np.float16, shape=shape)
+    filled, empty = 0, 0
+    with er2.open_h5(er2.flight_paths(flight, data)["ir"], flight.name) as f:
+        signal = f[data.keys.ir_signal]
+        bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame", leave=False)
+        i = 0
+        while i < len(needed):
+            j = i + 1                                              # a run of consecutive frames
+            while j < len(needed) and j - i < READ_RUN and needed[j] == needed[j - 1] + 1:
+                j += 1
+            block = signal[int(needed[i]):int(needed[j - 1]) + 1]
+            for r in range(j - i):
+                frame, n_bad = preprocess_frame(block[r], data)
+                out[i + r] = frame
+                filled += n_bad
+                empty += n_bad == block[r][data.swath_slice[0]:data.swath_slice[1]].size
+            bar.update(j - i)
+            i = j
+        bar.close()
+    out.flush()
+    del out
+    np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[kept], cbh_km=labels.cbh_km[kept],
+             sza_deg=labels.sza_deg[kept], saa_deg=labels.saa_deg[kept], lat=labels.lat[kept], lon=labels.lon[kept])
+    counts = dict(labels.counts, edge_dropped=int((~kept).sum()), samples=int(kept.sum()),
+                  nan_sza=int(np.isnan(labels.sza_deg[kept]).sum()), nan_saa=int(np.isnan(labels.saa_deg[kept]).sum()),
+                  filled_pixels=filled, empty_frames=int(empty))
+    meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
+            "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
+            "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
+            "bytes": int((tmp / "frames.npy").stat().st_size), "created": time.time()}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    if filled:
+        log.warning("flight %s: %d non-finite pixels replaced by their frame's median (%d frames entirely "
+                    "non-finite, set to zero)", flight.name, filled, empty)
+
+
+def cache_root(data: DataConfig) -> Path:
+    return Path(data.cache_dir) if data.cache_dir else Path(data.dir) / "cache"
+
+
+def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
+    """Open this flight's cache for the current settings, building it first if needed."""
+    er2.check_files(flight, data)
+    final = cache_root(data) / f"{flight.name}-{cache_key(flight, data)}"
+    if (final / "meta.json").is_file():
+        try:
+            return _open(final)
+        except (DataError, OSError, ValueError, KeyError) as e:
+            log.warning("flight %s: rebuilding its cache (%s)", flight.name, e)
+    t0 = time.time()
+    _build(flight, data, final)
+    cache = _open(final)
+    c = cache.meta["counts"]
+    log.info("flight %s: cached %d samples (%d frames, %.1f MB) in %.1f s; profiles %d, removed: no layer %d, "
+             "out of range %d, over land %d, surface %d, unmatched %d, at edges %d (edge policy %s)",
+             flight.name, c["samples"], cache.meta["cached_frames"], cache.meta["bytes"] / 1e6, time.time() - t0,
+             c["profiles"], c["no_layer"], c["out_of_range"], c["over_land"], c["bad_surface"], c["unmatched"],
+             c["edge_dropped"], data.edge_policy)
+    return cache
+
+
+def load_caches(data: DataConfig) -> list[FlightCache]:
+    """Caches of every configured flight; every missing file is reported at once."""
+    problems = []
+    for flight in data.flights:
+        try:
+            er2.check_files(flight, data)
+        except DataError as e:
+            problems.append(str(e))
+    if problems:
+        raise DataError("\n".join(problems))
+    return [load_flight_cache(flight, data) for flight in data.flights]

@@ -1,0 +1,164 @@
+"""Samples for training: flight splits, scalers, augmentation and the epoch order.
+
+- Splits are by flight: `data.validation_flights` are held out, and scalers (angles, target) are
+  fitted on the training flights only.
+- Augmentation works on the float tensors (never through an 8-bit image), on training samples
+  only, and is a function of (seed, epoch, sample): a horizontal flip (azimuth a -> 360 - a),
+  brightness/contrast jitter and random erasing.
+- The epoch order is a function of (seed, epoch), so a resumed run can slice it instead of
+  replaying batches.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from cloudml_lib.config import Config
+from cloudml_lib.data.cache import FlightCache
+
+log = logging.getLogger(__name__)
+
+FLIP_PROB, ERASE_PROB = 0.5, 0.25
+CONTRAST, BRIGHTNESS = 0.15, 0.15        # multiplicative and additive jitter on z-scored frames
+
+
+@dataclass
+class Scalers:
+    """Standardisation of the solar angles and the target, fitted on training flights."""
+    sza_mean: float
+    sza_std: float
+    saa_mean: float
+    saa_std: float
+    cbh_mean: float
+    cbh_std: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Scalers":
+        return cls(**{k: float(v) for k, v in d.items()})
+
+
+def _mean_std(x: np.ndarray) -> tuple[float, float]:
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return 0.0, 1.0
+    return float(x.mean()), float(max(x.std(), 1e-6))
+
+
+def fit_scalers(train: list[FlightCache]) -> Scalers:
+    cat = lambda attr: np.concatenate([getattr(c, attr) for c in train]).astype(np.float64)  # noqa: E731
+    sza, saa, cbh = _mean_std(cat("sza_deg")), _mean_std(cat("saa_deg")), _mean_std(cat("cbh_km"))
+    return Scalers(sza[0], sza[1], saa[0], saa[1], cbh[0], cbh[1])
+
+
+def split_flights(caches: list[FlightCache], cfg: Config) -> tuple[list[FlightCache], list[FlightCache]]:
+    held = set(cfg.data.validation_flights)
+    return [c for c in caches if c.name not in held], [c for c in caches if c.name in held]
+
+
+class CloudDataset(Dataset):
+    """All samples of some flights; item i -> frames (T, H, W), scalars (2,), target, weight, index."""
+
+    def __init__(self, caches: list[FlightCache], scalers: Scalers, augment: bool = False, seed: int = 0,
+                 flight_weights: dict[str, float] | None = None):
+        self.caches, self.scalers, self.augment, self.seed = caches, scalers, augment, seed
+        sizes = [len(c) for c in caches]
+        self.flight_of = np.repeat(np.arange(len(caches)), sizes)
+        self.local = np.concatenate([np.arange(n) for n in sizes]) if sizes else np.zeros(0, int)
+        weights = flight_weights or {}
+        self.weight_of = [float(weights.get(c.name, 1.0)) for c in caches]
+        self.epoch = 0
+        nan = sum(int((~np.isfinite(c.sza_deg)).sum() + (~np.isfinite(c.saa_deg)).sum()) for c in caches)
+        if nan:
+            log.info("%d missing solar angles in %s filled with the training mean", nan,
+                     ", ".join(c.name for c in caches))
+
+    def __len__(self) -> int:
+        return len(self.flight_of)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def targets_km(self) -> np.ndarray:
+        return np.concatenate([c.cbh_km for c in self.caches]).astype(np.float64)
+
+    def identity(self, i: int) -> tuple[str, int]:
+        """(flight name, IR frame index) of sample i."""
+        c = self.caches[self.flight_of[i]]
+        return c.name, int(c.frame_index[self.local[i]])
+
+    def __getitem__(self, i: int) -> dict:
+        c, j, s = self.caches[self.flight_of[i]], self.local[i], self.scalers
+        frames = torch.from_numpy(c.frames.read(c.windows[j]).astype(np.float32))     # (T, H, W)
+        sza = float(c.sza_deg[j]) if np.isfinite(c.sza_deg[j]) else s.sza_mean
+        saa = float(c.saa_deg[j]) if np.isfinite(c.saa_deg[j]) else s.saa_mean
+        if self.augment:
+            frames, saa = augment_sample(frames, saa, np.random.default_rng([self.seed, self.epoch, int(i)]))
+        scalars = torch.tensor([(sza - s.sza_mean) / s.sza_std, (saa - s.saa_mean) / s.saa_std], dtype=torch.float32)
+        target = torch.tensor((float(c.cbh_km[j]) - s.cbh_mean) / s.cbh_std, dtype=torch.float32)
+        weight = torch.tensor(self.weight_of[self.flight_of[i]], dtype=torch.float32)
+        return {"frames": frames, "scalars": scalars, "target": target, "weight": weight, "index": int(i)}
+
+
+def augment_sample(frames: torch.Tensor, saa: float, rng: np.random.Generator) -> tuple[torch.Tensor, float]:
+    """Flip, jitter and erase one (T, H, W) float sample; the same change applies to all T frames."""
+    if rng.random() < FLIP_PROB:
+        frames = frames.flip(-1)
+        saa = (360.0 - saa) % 360.0          # mirrored columns mirror the sun's azimuth
+    contrast = 1.0 + rng.uniform(-CONTRAST, CONTRAST)
+    brightness = rng.uniform(-BRIGHTNESS, BRIGHTNESS)
+    frames = frames * contrast + brightness
+    if rng.random() < ERASE_PROB:
+        _, h, w = frames.shape
+        area = rng.uniform(0.02, 0.1) * h * w
+        aspect = np.exp(rng.uniform(np.log(0.5), np.log(2.0)))
+        eh, ew = min(h, max(1, int(round((area * aspect) ** 0.5)))), min(w, max(1, int(round((area / aspect) ** 0.5))))
+        top, left = int(rng.integers(0, h - eh + 1)), int(rng.integers(0, w - ew + 1))
+        frames = frames.clone()
+        frames[:, top:top + eh, left:left + ew] = 0.0     # 0 is the z-scored frame mean
+    return frames, saa
+
+
+def quick_subset(n: int, fraction: float) -> np.ndarray:
+    """The same evenly spaced sample indices every epoch (at least one)."""
+    k = max(1, min(n, int(round(n * fraction))))
+    return np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
+
+
+class EpochBatchSampler:
+    """Batches of one epoch from a permutation that depends only on (seed, epoch).
+
+    A last batch of a single sample is merged into the one before it (BatchNorm statistics of
+    one sample are meaningless). `start_batch` skips batches already trained on, at no cost.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True):
+        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.epoch, self.start_batch = 0, 0
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        out = [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+        if len(out) > 1 and len(out[-1]) == 1:
+            out[-2] = np.concatenate([out[-2], out.pop()])
+        return out
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __iter__(self):
+        for b in self.batches(self.epoch)[self.start_batch:]:
+            yield b.tolist()
+
+    def batches_per_epoch(self) -> int:
+        count = -(-self.n // self.batch_size)
+        return count - 1 if count > 1 and self.n % self.batch_size == 1 else count
+
+    def __len__(self) -> int:
+        return max(0, self.batches_per_epoch() - self.start_batch)

@@ -1,0 +1,125 @@
+"""Metrics in km, predictions of a trained model, and the report of a finished run.
+
+Every metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
+(std(pred) / std(true)) and n. The baseline always predicts the training flights' mean height,
+so a model is only useful where it beats it.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from cloudml_lib.checkpoint import load_checkpoint
+from cloudml_lib.config import config_from_dict
+from cloudml_lib.data.cache import load_flight_cache
+from cloudml_lib.data.dataset import CloudDataset, Scalers
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.hardware import choose_device, choose_precision
+from cloudml_lib.model import build_model
+
+log = logging.getLogger(__name__)
+
+
+def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
+    true_km, pred_km = np.asarray(true_km, np.float64), np.asarray(pred_km, np.float64)
+    n = int(true_km.size)
+    if n == 0:
+        return {"r2": float("nan"), "mae_km": float("nan"), "rmse_km": float("nan"), "bias_km": float("nan"),
+                "std_ratio": float("nan"), "n": 0}
+    err = pred_km - true_km
+    ss_tot = float(((true_km - true_km.mean()) ** 2).sum())
+    std_true = float(true_km.std())
+    return {"r2": 1.0 - float((err ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
+            "mae_km": float(np.abs(err).mean()), "rmse_km": float(np.sqrt((err ** 2).mean())),
+            "bias_km": float(err.mean()), "std_ratio": float(pred_km.std()) / std_true if std_true > 0 else float("nan"),
+            "n": n}
+
+
+@torch.no_grad()
+def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int, autocast=nullcontext,
+            indices: np.ndarray | None = None, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Standardised predictions and targets for `indices` of `dataset` (all by default), in order."""
+    was_training = model.training
+    model.eval()
+    subset = dataset if indices is None else Subset(dataset, indices.tolist())
+    loader = DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    preds, targets = [], []
+    for batch in loader:
+        with autocast():
+            out = model(batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True))
+        preds.append(out.float().cpu())
+        targets.append(batch["target"])
+    model.train(was_training)
+    if not preds:
+        return np.zeros(0), np.zeros(0)
+    return torch.cat(preds).numpy().astype(np.float64), torch.cat(targets).numpy().astype(np.float64)
+
+
+def build_report(dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: float) -> dict:
+    """Overall and per-flight metrics of the model and of the training-mean baseline."""
+    true_km = dataset.targets_km()
+    flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
+    baseline = np.full_like(true_km, train_mean_km)
+    report = {"overall": regression_metrics(true_km, pred_km), "baseline": regression_metrics(true_km, baseline),
+              "per_flight": {}, "baseline_per_flight": {}, "train_mean_km": train_mean_km}
+    for name in dict.fromkeys(flights):
+        m = flights == name
+        report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
+        report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
+    return report
+
+
+def write_predictions(path: Path, dataset: CloudDataset, pred_km: np.ndarray) -> None:
+    true_km = dataset.targets_km()
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["flight", "frame_index", "true_km", "pred_km"])
+        for i in range(len(dataset)):
+            flight, frame = dataset.identity(i)
+            w.writerow([flight, frame, f"{true_km[i]:.4f}", f"{pred_km[i]:.4f}"])
+
+
+def format_report(report: dict) -> str:
+    rows = [("overall", report["overall"]), ("baseline (training mean)", report["baseline"])]
+    rows += [(f"  flight {k}", v) for k, v in report["per_flight"].items()]
+    lines = [f"{'':28s} {'R2':>7s} {'MAE km':>8s} {'RMSE km':>8s} {'bias km':>8s} {'std ratio':>9s} {'n':>6s}"]
+    for name, m in rows:
+        lines.append(f"{name:28s} {m['r2']:7.3f} {m['mae_km']:8.3f} {m['rmse_km']:8.3f} {m['bias_km']:8.3f} "
+                     f"{m['std_ratio']:9.3f} {m['n']:6d}")
+    return "\n".join(lines)
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool = True) -> dict:
+    """Score a run's best model on its validation flights; writes predictions.csv and evaluation.json."""
+    run_dir = Path(run_dir)
+    best = run_dir / "best.pt"
+    if not best.is_file():
+        raise CloudMLError(f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})")
+    ckpt = load_checkpoint(best)
+    cfg = config_from_dict(ckpt["config"])
+    if data_dir:
+        cfg.data.dir = data_dir
+    held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
+    dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]))
+    model = build_model(cfg)
+    model.load_state_dict(ckpt["model"])
+    device = choose_device(cfg.train.device)
+    model.to(device)
+    dtype = choose_precision(device).dtype
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
+    pred, _ = predict(model, dataset, device, 2 * cfg.train.batch_size, autocast)
+    s = dataset.scalers
+    pred_km = pred * s.cbh_std + s.cbh_mean
+    report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]))
+    report["best_epoch"] = int(ckpt["epoch"])
+    if write:
+        write_predictions(run_dir / "predictions.csv", dataset, pred_km)
+        (run_dir / "evaluation.json").write_text(json.dumps(report, indent=1))
+    return report

@@ -1,0 +1,124 @@
+"""MultimodalRegressionModel: cloud base height from T thermal-IR frames and the solar angles.
+
+The network only: no device, AMP or compile code (train.py applies those from outside).
+
+    frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
+    angles (B, 2) --> FiLM: gamma, beta (B, C) modulate every frame's features
+    softmax attention over the T frames -> (B, C) -> MLP head -> (B,) standardised height
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c_out)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x):
+        return self.pool(torch.relu(self.bn(self.conv(x))))
+
+
+class SpatialAttention(nn.Module):
+    """Weights each location of a feature map from its channel mean and max (CBAM-style)."""
+
+    def __init__(self, kernel: int = 7):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 1, kernel, padding=kernel // 2)
+
+    def forward(self, x):                                                   # (N, C, h, w)
+        desc = torch.cat([x.mean(1, keepdim=True), x.amax(1, keepdim=True)], dim=1)
+        return x * torch.sigmoid(self.conv(desc))
+
+
+class FrameEncoder(nn.Module):
+    """One frame -> one feature vector."""
+
+    def __init__(self, channels: list[int]):
+        super().__init__()
+        c1, c2, c3 = channels
+        self.blocks = nn.Sequential(ConvBlock(1, c1), ConvBlock(c1, c2), ConvBlock(c2, c3))
+        self.attention = SpatialAttention()
+
+    def forward(self, x):                                                   # (N, 1, H, W)
+        return self.attention(self.blocks(x)).mean(dim=(2, 3))              # (N, C)
+
+
+@contextmanager
+def frozen_batchnorm_stats(module: nn.Module):
+    """BatchNorm keeps using batch statistics but does not update its running ones.
+
+    Used for the recomputation under gradient checkpointing: without it the running mean and
+    variance are updated a second time per step.
+    """
+    bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [m.track_running_stats for m in bns]
+    for m in bns:
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m, s in zip(bns, saved):
+            m.track_running_stats = s
+
+
+class MultimodalRegressionModel(nn.Module):
+    def __init__(self, channels: list[int] = (64, 128, 256), n_scalars: int = 2, dropout: float = 0.3,
+                 scalars_only: bool = False):
+        super().__init__()
+        c = channels[-1]
+        self.scalars_only = scalars_only
+        self.encoder = FrameEncoder(list(channels))
+        self.film = nn.Sequential(nn.Linear(n_scalars, 64), nn.ReLU(), nn.Linear(64, 2 * c))
+        self.temporal = nn.Sequential(nn.Linear(c, 64), nn.Tanh(), nn.Linear(64, 1))
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(c + n_scalars, 128), nn.ReLU(),
+                                  nn.Dropout(dropout / 2), nn.Linear(128, 1))
+        self.grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def _encode(self, frame):                                               # (B, H, W)
+        return self.encoder(frame.unsqueeze(1))                             # (B, C)
+
+    def _encode_checkpointed(self, frame):
+        # context_fn: (context of the first forward, context of the recomputation in backward)
+        return checkpoint(self._encode, frame, use_reentrant=False,
+                          context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)))
+
+    def forward(self, frames, scalars):                                     # (B, T, H, W), (B, 2)
+        b, t = frames.shape[:2]
+        if self.scalars_only:
+            feats = torch.zeros(b, t, self.temporal[0].in_features, device=frames.device, dtype=scalars.dtype)
+        else:
+            # One CNN pass per frame, checkpointed or not, so BatchNorm sees the same batches
+            # (and updates its running statistics the same T times) either way.
+            encode = (self._encode_checkpointed if self.grad_checkpointing and self.training
+                      and torch.is_grad_enabled() else self._encode)
+            feats = torch.stack([encode(frames[:, i]) for i in range(t)], dim=1)      # (B, T, C)
+        gamma, beta = self.film(scalars).chunk(2, dim=-1)                   # (B, C) each
+        feats = feats * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
+        weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)    # (B, T)
+        pooled = (weights.unsqueeze(-1) * feats).sum(dim=1)                 # (B, C)
+        return self.head(torch.cat([pooled, scalars], dim=-1)).reshape(b)  # (B,)
+
+
+@contextmanager
+def _null():
+    yield
+
+
+def build_model(cfg) -> MultimodalRegressionModel:
+    return MultimodalRegressionModel(channels=cfg.channels, dropout=cfg.model.dropout,
+                                     scalars_only=cfg.model.scalars_only)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
