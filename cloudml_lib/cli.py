@@ -59,11 +59,11 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from cloudml_lib.evaluate import evaluate_run, format_report
+    from cloudml_lib.evaluate import evaluate_run, format_report, json_safe
 
     report = evaluate_run(args.run_dir, data_dir=args.data_dir)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(json_safe(report), allow_nan=False))
     else:
         print(format_report(report))
         print(f"predictions: {Path(args.run_dir) / 'predictions.csv'}")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from cloudml_lib.train import attach_run_log
 
     args = build_parser().parse_args(argv)
-    attach_run_log(None)
+    attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
     handlers = {"train": _train, "evaluate": _evaluate, "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)

@@ -33,7 +33,7 @@ def _f(default, help: str, range: tuple | None = None, choices: tuple | None = N
 class FlightConfig:
     """One ER-2 flight: three files, relative to `data.dir`."""
     name: str = _f("", "flight label used in splits and reports, e.g. 10Feb25")
-    ir_file: str = _f("", "IRAI L1B camera file (.h5)")
+    ir_file: str = _f("", "IRAI L1B camera file (.h5); a name, or a glob pattern matching exactly one file")
     cpl_file: str = _f("", "CPL L2 layer file (.hdf5); its name carries the date, e.g. _10feb25")
     nav_file: str = _f("", "navigation file (.hdf, HDF5 inside)")
     date: str = _f("", "YYYY-MM-DD; empty: taken from the CPL file name")

@@ -86,6 +86,17 @@ def write_predictions(path: Path, dataset: CloudDataset, pred_km: np.ndarray) ->
             w.writerow([flight, frame, f"{true_km[i]:.4f}", f"{pred_km[i]:.4f}"])
 
 
+def json_safe(obj):
+    """NaN and infinity (e.g. R2 of a constant target) become null, which every JSON reader accepts."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
 def format_report(report: dict) -> str:
     rows = [("overall", report["overall"]), ("baseline (training mean)", report["baseline"])]
     rows += [(f"  flight {k}", v) for k, v in report["per_flight"].items()]
@@ -121,5 +132,5 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     report["best_epoch"] = int(ckpt["epoch"])
     if write:
         write_predictions(run_dir / "predictions.csv", dataset, pred_km)
-        (run_dir / "evaluation.json").write_text(json.dumps(report, indent=1))
+        (run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
     return report

@@ -53,20 +53,23 @@ class FrameEncoder(nn.Module):
 
 @contextmanager
 def frozen_batchnorm_stats(module: nn.Module):
-    """BatchNorm keeps using batch statistics but does not update its running ones.
+    """BatchNorm running statistics come out of the block exactly as they went in.
 
-    Used for the recomputation under gradient checkpointing: without it the running mean and
-    variance are updated a second time per step.
+    Wraps the recomputation under gradient checkpointing, which runs BatchNorm forward a second
+    time in training mode: without it the running mean, variance and batch count are updated
+    twice per step. The layers compute exactly as in the first pass (same batch statistics, same
+    saved tensors, as checkpointing requires); only their buffers are put back afterwards.
     """
-    bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    saved = [m.track_running_stats for m in bns]
-    for m in bns:
-        m.track_running_stats = False
+    bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    saved = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in bns]
     try:
         yield
     finally:
-        for m, s in zip(bns, saved):
-            m.track_running_stats = s
+        with torch.no_grad():
+            for m, (mean, var, count) in zip(bns, saved):
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+                m.num_batches_tracked.copy_(count)
 
 
 class MultimodalRegressionModel(nn.Module):

@@ -31,7 +31,8 @@ from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, fit_scalers, quick_subset, split_flights
 from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import build_report, format_report, predict, regression_metrics, write_predictions
+from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
+                                  write_predictions)
 from cloudml_lib.hardware import choose_device, choose_precision, describe_device
 from cloudml_lib.model import build_model, count_parameters
 
@@ -44,15 +45,16 @@ class _TqdmHandler(logging.StreamHandler):
 
     def emit(self, record):
         try:
-            tqdm.write(self.format(record), file=sys.stdout)
+            tqdm.write(self.format(record), file=self.stream)
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
 
 
-def attach_run_log(run_dir: Path | None = None) -> logging.Logger:
+def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
     """The package logger prints to the console and, with a run directory, to train.log.
 
     It does not propagate: Colab's root logger already has a handler, which would print twice.
+    `console` is the stream for screen lines (default stdout).
     """
     logger = logging.getLogger(PACKAGE_LOGGER)
     logger.setLevel(logging.INFO)
@@ -60,9 +62,9 @@ def attach_run_log(run_dir: Path | None = None) -> logging.Logger:
     for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
         logger.removeHandler(h)
         h.close()
-    console = _TqdmHandler()
-    console.setFormatter(logging.Formatter("%(message)s"))
-    handlers = [console]
+    screen = _TqdmHandler(console or sys.stdout)
+    screen.setFormatter(logging.Formatter("%(message)s"))
+    handlers = [screen]
     if run_dir is not None:
         file = logging.FileHandler(Path(run_dir) / "train.log")
         file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
@@ -282,7 +284,7 @@ class Trainer:
         report = build_report(self.val_set, pred_km, float(self.train_set.targets_km().mean()))
         report["best_epoch"] = self.state["best_epoch"]
         write_predictions(self.run_dir / "predictions.csv", self.val_set, pred_km)
-        (self.run_dir / "evaluation.json").write_text(json.dumps(report, indent=1))
+        (self.run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
         self._append_metrics({"kind": "final", "epoch": self.state["epoch"], "step": self.state["step"],
                               **{k: v for k, v in report["overall"].items()},
                               "baseline": report["baseline"], "per_flight": report["per_flight"]})
@@ -298,7 +300,7 @@ class Trainer:
 
     def _append_metrics(self, record: dict) -> None:
         with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(json_safe(record)) + "\n")
 
 
 def train(cfg: Config, run_dir: str | Path) -> dict:

@@ -146,7 +146,8 @@ class EpochBatchSampler:
         order = np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
         out = [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
         if len(out) > 1 and len(out[-1]) == 1:
-            out[-2] = np.concatenate([out[-2], out.pop()])
+            last = out.pop()
+            out[-1] = np.concatenate([out[-1], last])
         return out
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:

@@ -43,9 +43,20 @@ class FlightLabels:
     counts: dict = field(default_factory=dict)   # profiles seen and removed, by reason
 
 
+def _resolve(root: Path, name: str, flight: str) -> Path:
+    """A file name, or a glob pattern (e.g. CPL_L2_*_10feb25.hdf5) that must match exactly one file."""
+    if not any(ch in name for ch in "*?["):
+        return root / name
+    matches = sorted(root.glob(name))
+    if len(matches) > 1:
+        raise DataError(f"flight {flight}: pattern {name!r} matches {len(matches)} files in {root} "
+                        f"({', '.join(m.name for m in matches[:5])}); make it match exactly one")
+    return matches[0] if matches else root / name
+
+
 def flight_paths(flight: FlightConfig, data: DataConfig) -> dict[str, Path]:
     root = Path(data.dir)
-    return {"ir": root / flight.ir_file, "cpl": root / flight.cpl_file, "nav": root / flight.nav_file}
+    return {role: _resolve(root, getattr(flight, f"{role}_file"), flight.name) for role in ("ir", "cpl", "nav")}
 
 
 def check_files(flight: FlightConfig, data: DataConfig) -> None:
@@ -85,7 +96,7 @@ def flight_date(flight: FlightConfig) -> dt.date:
             return dt.date.fromisoformat(flight.date)
         except ValueError:
             raise DataError(f"flight {flight.name}: date {flight.date!r} is not YYYY-MM-DD") from None
-    m = _CPL_DATE.search(Path(flight.cpl_file).name)
+    m = _CPL_DATE.search(Path(flight.cpl_file).name.replace("*", ""))
     if not m or m.group(2).lower() not in _MONTHS:
         raise DataError(f"flight {flight.name}: cannot read the date from CPL file name {flight.cpl_file!r} "
                         "(expected it to end like _10feb25.hdf5); set data.flights[].date: YYYY-MM-DD")

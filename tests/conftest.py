@@ -1,0 +1,42 @@
+"""Shared fixtures: small demo flights written once per session, and a tiny config over them."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from cloudml_lib.config import build_config
+from cloudml_lib.data.synthetic import make_demo_flights
+
+TINY_SHAPE = (40, 48)         # raw rows x columns of the test camera
+TINY_FRAMES = 60
+
+
+@pytest.fixture(scope="session")
+def tiny_flights(tmp_path_factory):
+    """Three demo flights of 60 frames at 40x48: (data dir, data.flights entries)."""
+    root = tmp_path_factory.mktemp("flights")
+    entries = make_demo_flights(root, n_flights=3, seed=1, frames_per_flight=TINY_FRAMES, frame_shape=TINY_SHAPE)
+    return root, entries
+
+
+def tiny_raw(data_dir, entries, cache_dir) -> dict:
+    """A raw config dict that trains a very small model for two short epochs."""
+    return {
+        "data": {"dir": str(data_dir), "cache_dir": str(cache_dir), "flights": copy.deepcopy(entries),
+                 "validation_flights": [entries[2]["name"]], "temporal_frames": 3, "swath_slice": [4, 36]},
+        "model": {"channels": [4, 8, 8], "dropout": 0.0},
+        "train": {"epochs": 2, "batch_size": 8, "learning_rate": 0.003, "warmup_steps": 3,
+                  "early_stopping_patience": 0, "log_every_steps": 2, "quick_val_fraction": 0.5},
+    }
+
+
+@pytest.fixture
+def tiny_raw_config(tiny_flights, tmp_path):
+    root, entries = tiny_flights
+    return tiny_raw(root, entries, tmp_path / "cache")
+
+
+@pytest.fixture
+def tiny_config(tiny_raw_config):
+    return build_config(tiny_raw_config)

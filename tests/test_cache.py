@@ -1,0 +1,99 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from cloudml_lib.config import build_config
+from cloudml_lib.data import cache as cache_mod
+from cloudml_lib.data.cache import FrameStore, build_windows, load_caches, load_flight_cache, preprocess_frame
+
+
+def test_windows_edge_policies():
+    frames = np.array([0, 1, 5, 9])
+    shift, kept = build_windows(frames, 10, 3, "shift")
+    assert shift.tolist() == [[0, 1, 2], [0, 1, 2], [4, 5, 6], [7, 8, 9]] and kept.all()
+    pad, _ = build_windows(frames, 10, 3, "pad")
+    assert pad.tolist() == [[0, 0, 1], [0, 1, 2], [4, 5, 6], [8, 9, 9]]
+    drop, kept = build_windows(frames, 10, 3, "drop")
+    assert drop.tolist() == [[0, 1, 2], [4, 5, 6]] and kept.tolist() == [False, True, True, False]
+    even, _ = build_windows(np.array([5]), 10, 4, "shift")
+    assert even.tolist() == [[3, 4, 5, 6]]
+
+
+def test_preprocess_crops_normalises_and_fills_nan(tiny_config):
+    raw = np.random.default_rng(0).normal(290, 3, (40, 48)).astype(np.float32)
+    raw[10, 10] = np.nan
+    frame, n_bad = preprocess_frame(raw, tiny_config.data)
+    assert frame.shape == (32, 48) and n_bad == 1
+    assert np.isfinite(frame).all()
+    assert abs(frame.mean()) < 1e-4 and abs(frame.std() - 1) < 1e-3
+    tiny_config.data.downsample = 2
+    assert preprocess_frame(raw, tiny_config.data)[0].shape == (16, 24)
+
+
+def test_cache_holds_the_preprocessed_windows(tiny_config):
+    cache = load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
+    meta = json.loads((cache.path / "meta.json").read_text())
+    assert meta["counts"]["samples"] == len(cache) > 0
+    assert cache.windows.shape == (len(cache), 3)
+    assert cache.frame_shape == (32, 48)
+    # the window's middle frame is the labelled frame (shift policy moves only edge windows)
+    i = len(cache) // 2
+    store = np.load(cache.path / "frames.npy", mmap_mode="r")
+    assert store.dtype == np.float16
+    np.testing.assert_array_equal(cache.frames.read(cache.windows[i]), store[cache.windows[i]])
+    import h5py
+    with h5py.File(tiny_config.data.dir + "/" + tiny_config.data.flights[0].ir_file) as f:
+        raw = f["Product/Signal"][int(cache.frame_index[i])]
+    expected = preprocess_frame(raw, tiny_config.data)[0].astype(np.float16)
+    np.testing.assert_array_equal(cache.frames.read(cache.windows[i][1:2])[0], expected)
+
+
+def test_frame_store_reads_any_rows_in_order(tiny_config):
+    cache = load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
+    full = np.load(cache.path / "frames.npy")
+    rows = np.array([3, 4, 5, 5, 0, 7])
+    np.testing.assert_array_equal(cache.frames.read(rows), full[rows])
+
+
+def test_unchanged_cache_is_reused_and_changed_settings_rebuild(tiny_config, monkeypatch):
+    flight = tiny_config.data.flights[0]
+    first = load_flight_cache(flight, tiny_config.data)
+    calls = []
+    monkeypatch.setattr(cache_mod, "_build", lambda *a: calls.append(a) or pytest.fail("rebuilt"))
+    again = load_flight_cache(flight, tiny_config.data)
+    assert again.path == first.path and not calls
+    monkeypatch.undo()
+    tiny_config.data.clahe_clip_limit = 0.02
+    changed = load_flight_cache(flight, tiny_config.data)
+    assert changed.path != first.path
+
+
+def test_incomplete_cache_is_rebuilt(tiny_config):
+    flight = tiny_config.data.flights[0]
+    cache = load_flight_cache(flight, tiny_config.data)
+    with open(cache.path / "frames.npy", "r+b") as f:
+        f.truncate(os.path.getsize(cache.path / "frames.npy") - 100)
+    rebuilt = load_flight_cache(flight, tiny_config.data)
+    full = np.load(rebuilt.path / "frames.npy")
+    assert full.shape[0] == rebuilt.meta["cached_frames"]
+
+
+def test_all_missing_flights_are_reported_at_once(tiny_raw_config, tmp_path):
+    raw = tiny_raw_config
+    raw["data"]["flights"][0]["ir_file"] = "gone1.h5"
+    raw["data"]["flights"][1]["nav_file"] = "gone2.hdf"
+    cfg = build_config(raw)
+    with pytest.raises(Exception) as e:
+        load_caches(cfg.data)
+    assert "gone1.h5" in str(e.value) and "gone2.hdf" in str(e.value)
+
+
+def test_reading_samples_does_not_grow_memory(tiny_config):
+    """Positioned reads: reading every sample leaves no mapping behind to grow RSS."""
+    cache = load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
+    for w in cache.windows:
+        cache.frames.read(w)
+    maps = open(f"/proc/{os.getpid()}/maps").read() if os.path.exists(f"/proc/{os.getpid()}/maps") else ""
+    assert str(cache.path / "frames.npy") not in maps

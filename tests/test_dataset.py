@@ -1,0 +1,102 @@
+import numpy as np
+import torch
+
+from cloudml_lib.data.cache import load_caches
+from cloudml_lib.data.dataset import (CloudDataset, EpochBatchSampler, augment_sample, fit_scalers, quick_subset,
+                                      split_flights)
+
+
+def datasets(cfg):
+    train, val = split_flights(load_caches(cfg.data), cfg)
+    scalers = fit_scalers(train)
+    return train, val, scalers
+
+
+def test_split_is_by_flight_and_scalers_ignore_the_validation_flight(tiny_config):
+    train, val, scalers = datasets(tiny_config)
+    assert [c.name for c in val] == tiny_config.data.validation_flights
+    assert not {c.name for c in train} & {c.name for c in val}
+    train_cbh = np.concatenate([c.cbh_km for c in train])
+    all_cbh = np.concatenate([c.cbh_km for c in train + val])
+    assert scalers.cbh_mean == float(train_cbh.astype(np.float64).mean())
+    assert scalers.cbh_mean != float(all_cbh.astype(np.float64).mean())
+
+
+def test_items_are_standardised_and_nan_angles_filled(tiny_config):
+    train, _, scalers = datasets(tiny_config)
+    train[0].sza_deg[0] = np.nan
+    ds = CloudDataset(train, scalers)
+    item = ds[0]
+    assert item["frames"].shape == (3, 32, 48) and item["frames"].dtype == torch.float32
+    assert item["scalars"][0].item() == 0.0                              # filled with the training mean
+    expected = (train[0].cbh_km[0] - scalers.cbh_mean) / scalers.cbh_std
+    assert abs(item["target"].item() - expected) < 1e-5
+
+
+def test_augmentation_is_deterministic_per_seed_epoch_and_sample(tiny_config):
+    train, _, scalers = datasets(tiny_config)
+    ds = CloudDataset(train, scalers, augment=True, seed=7)
+    a, b = ds[3], ds[3]
+    assert torch.equal(a["frames"], b["frames"]) and torch.equal(a["scalars"], b["scalars"])
+    clean = CloudDataset(train, scalers, augment=False)[3]["frames"]
+    differs = [not torch.equal(ds[i]["frames"], CloudDataset(train, scalers)[i]["frames"]) for i in range(8)]
+    assert all(differs)                                                  # jitter always applies
+    ds.set_epoch(1)
+    assert not torch.equal(ds[3]["frames"], a["frames"])                 # a new epoch, new augmentation
+    assert not torch.equal(clean, a["frames"])
+
+
+def test_flip_mirrors_frames_and_azimuth(monkeypatch):
+    from cloudml_lib.data import dataset as ds_mod
+    monkeypatch.setattr(ds_mod, "FLIP_PROB", 1.0)
+    monkeypatch.setattr(ds_mod, "ERASE_PROB", 0.0)
+    monkeypatch.setattr(ds_mod, "CONTRAST", 0.0)
+    monkeypatch.setattr(ds_mod, "BRIGHTNESS", 0.0)
+    frames = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    out, saa = augment_sample(frames, 100.0, np.random.default_rng(0))
+    assert saa == 260.0
+    assert torch.equal(out, frames.flip(-1))
+    assert augment_sample(frames, 0.0, np.random.default_rng(0))[1] == 0.0
+
+
+def test_erasing_blanks_one_rectangle_in_every_frame(monkeypatch):
+    from cloudml_lib.data import dataset as ds_mod
+    monkeypatch.setattr(ds_mod, "FLIP_PROB", 0.0)
+    monkeypatch.setattr(ds_mod, "ERASE_PROB", 1.0)
+    frames = torch.ones(3, 20, 30)
+    out, _ = augment_sample(frames, 50.0, np.random.default_rng(1))
+    zero = out == 0
+    assert zero.any() and torch.equal(zero[0], zero[1]) and torch.equal(zero[0], zero[2])
+    assert 0.01 < zero[0].float().mean() < 0.15
+
+
+def test_validation_samples_are_never_augmented(tiny_config):
+    _, val, scalers = datasets(tiny_config)
+    ds = CloudDataset(val, scalers)
+    np.testing.assert_array_equal(ds[0]["frames"].numpy(), val[0].frames.read(val[0].windows[0]).astype(np.float32))
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch():
+    s1, s2 = EpochBatchSampler(50, 8, seed=3), EpochBatchSampler(50, 8, seed=3)
+    s1.set_epoch(2)
+    s2.set_epoch(2)
+    assert list(s1) == list(s2)
+    s2.set_epoch(3)
+    assert list(s1) != list(s2)
+    s2.set_epoch(2, start_batch=4)
+    assert list(s2) == list(s1)[4:] and len(s2) == len(s1) - 4
+    assert sorted(i for b in s1 for i in b) == list(range(50))
+
+
+def test_a_last_batch_of_one_is_merged():
+    s = EpochBatchSampler(17, 8, seed=0)
+    sizes = [len(b) for b in s]
+    assert sizes == [8, 9] and len(s) == 2
+    assert sorted(i for b in s for i in b) == list(range(17))
+
+
+def test_quick_subset_is_fixed_and_evenly_spread():
+    a = quick_subset(100, 0.1)
+    assert a.tolist() == quick_subset(100, 0.1).tolist()
+    assert len(a) == 10 and a[0] == 0 and a[-1] == 99
+    assert len(quick_subset(3, 0.1)) == 1

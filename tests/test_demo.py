@@ -1,0 +1,34 @@
+"""README's first command, end to end: the demo trains and the height is learned from the frames."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parent.parent
+
+
+def train_demo(tmp_path, name, *overrides):
+    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", "configs/demo.yaml",
+           "--run-dir", str(tmp_path / name), "--set", f"data.dir={tmp_path / 'flights'}",
+           "--set", f"data.cache_dir={tmp_path / 'cache'}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads((tmp_path / name / "evaluation.json").read_text()), r.stdout
+
+
+@pytest.mark.slow
+def test_demo_learns_height_from_the_frames(tmp_path):
+    report, stdout = train_demo(tmp_path, "demo")
+    assert "Epoch 12/12 |" in stdout and "New best model saved" in stdout
+    held_out = report["per_flight"]["05Mar25"]
+    assert report["overall"]["n"] == held_out["n"] > 100
+    assert held_out["r2"] >= 0.75, report
+    assert report["baseline"]["r2"] < 0.05
+    control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true")
+    assert control["overall"]["r2"] < 0.3                       # the angles alone do not give the height
+    assert held_out["r2"] - control["overall"]["r2"] > 0.5
+    assert held_out["mae_km"] < 0.6 * control["overall"]["mae_km"]

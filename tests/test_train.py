@@ -1,0 +1,146 @@
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from cloudml_lib import hardware
+from cloudml_lib.config import build_config
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.train import Trainer, lr_factor, weighted_huber
+from conftest import tiny_raw
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_flights, tmp_path_factory):
+    """One tiny training run shared by the tests that read its files."""
+    root, entries = tiny_flights
+    tmp = tmp_path_factory.mktemp("run")
+    cfg = build_config(tiny_raw(root, entries, tmp / "cache"))
+    trainer = Trainer(cfg, tmp / "run").setup()
+    report = trainer.fit()
+    return trainer, report, tmp / "run"
+
+
+def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path):
+    tiny_config.train.warmup_steps = 4
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    base = tiny_config.train.learning_rate
+    batches = iter(trainer.loader)
+    for k in range(6):
+        expected = base * lr_factor(k, 4, trainer.total_steps, tiny_config.train.min_lr_ratio)
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+        trainer.train_step(next(batches))
+        trainer.optimizer_step()
+    assert trainer.state["step"] == 6
+    # warm-up reaches the peak after warmup_steps optimizer steps, not epochs
+    assert lr_factor(0, 4, 100, 0.0) == 0.25 and lr_factor(3, 4, 100, 0.0) == 1.0
+    assert lr_factor(100, 4, 100, 0.01) == pytest.approx(0.01)
+    assert lr_factor(52, 4, 100, 0.0) == pytest.approx(0.5)
+
+
+def test_run_directory_holds_every_promised_file(finished_run):
+    _, _, run = finished_run
+    for name in ("config.yaml", "train.log", "metrics.jsonl", "best.pt", "predictions.csv", "evaluation.json",
+                 "plots/curves.png", "plots/scatter.png"):
+        assert (run / name).is_file(), name
+
+
+def test_console_and_log_lines(finished_run):
+    _, _, run = finished_run
+    log = (run / "train.log").read_text()
+    pattern = (r"Epoch 2/2 \| train_loss \d+\.\d{3} \| val_loss \d+\.\d{3} \| R2 -?\d+\.\d{2} \| "
+               r"MAE \d+\.\d{3} km \| lr \d\.\de-\d\d \| \d+\.\d s")
+    assert re.search(pattern, log), log
+    assert "New best model saved (val_loss" in log
+    assert "baseline (training mean)" in log
+
+
+def test_metrics_jsonl_has_steps_epochs_and_final(finished_run):
+    trainer, report, run = finished_run
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("epoch") == 2 and kinds[-1] == "final"
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(2, trainer.state["step"] + 1, 2))
+    for r in steps:        # the LR logged after step k is the schedule's value for step k
+        t = trainer.cfg.train
+        assert r["lr"] == pytest.approx(t.learning_rate * lr_factor(r["step"], t.warmup_steps, trainer.total_steps,
+                                                                    t.min_lr_ratio))
+        assert r["samples_per_s"] > 0 and math.isfinite(r["loss"])
+    assert records[-1]["r2"] == report["overall"]["r2"]
+
+
+def test_best_checkpoint_is_plain_and_loads_weights_only(finished_run):
+    trainer, report, run = finished_run
+    ckpt = torch.load(run / "best.pt", weights_only=True)
+    assert not any(k.startswith("_orig_mod") for k in ckpt["model"])
+    assert set(ckpt["model"]) == set(trainer.model.state_dict())
+    assert ckpt["config"]["train"]["epochs"] == 2
+    assert set(ckpt["scalers"]) == {"sza_mean", "sza_std", "saa_mean", "saa_std", "cbh_mean", "cbh_std"}
+    assert ckpt["epoch"] == report["best_epoch"] >= 1
+
+
+def test_predictions_and_report_are_in_km(finished_run):
+    trainer, report, run = finished_run
+    lines = (run / "predictions.csv").read_text().splitlines()
+    assert lines[0] == "flight,frame_index,true_km,pred_km"
+    assert len(lines) - 1 == len(trainer.val_set) == report["overall"]["n"]
+    true = np.array([float(x.split(",")[2]) for x in lines[1:]])
+    assert 0.1 <= true.min() and true.max() <= 2.0
+    assert report["baseline"]["r2"] <= 0.0 + 1e-9 or report["baseline"]["std_ratio"] < 1e-6
+    assert set(report["per_flight"]) == set(trainer.cfg.data.validation_flights)
+
+
+def test_existing_run_directory_is_not_overwritten(finished_run, tiny_config):
+    _, _, run = finished_run
+    before = (run / "best.pt").read_bytes()
+    with pytest.raises(CloudMLError, match="already holds a run"):
+        Trainer(tiny_config, run).setup()
+    assert (run / "best.pt").read_bytes() == before
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tiny_config, tmp_path):
+    tiny_config.train.epochs = 1
+    tiny_config.train.grad_accum_steps = 3
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    n_batches = trainer.sampler.batches_per_epoch()
+    trainer.train_epoch(0)
+    assert trainer.state["step"] == math.ceil(n_batches / 3) == trainer.steps_per_epoch
+
+
+def test_overweighted_flight_counts_more_in_the_loss(tiny_raw_config, tmp_path):
+    name = tiny_raw_config["data"]["flights"][0]["name"]
+    tiny_raw_config["data"].update(overweight_flight=name, overweight_factor=3.0)
+    trainer = Trainer(build_config(tiny_raw_config), tmp_path / "run").setup()
+    weights = {trainer.train_set.identity(i)[0]: float(trainer.train_set[i]["weight"])
+               for i in range(len(trainer.train_set))}
+    assert weights[name] == 3.0 and sorted(weights.values()) == [1.0, 3.0]
+
+
+def test_weighted_huber():
+    pred, target = torch.tensor([0.0, 0.0]), torch.tensor([0.5, 3.0])
+    plain = weighted_huber(pred, target, torch.ones(2), 1.0, 0.0)
+    assert plain.item() == pytest.approx((0.125 + 2.5) / 2)
+    weighted = weighted_huber(pred, target, torch.tensor([1.0, 3.0]), 1.0, 0.0)
+    assert weighted.item() == pytest.approx((0.125 + 3 * 2.5) / 4)
+    hard = weighted_huber(pred, target, torch.ones(2), 1.0, 1.0)
+    assert hard.item() > plain.item()                   # the large error weighs more
+
+
+def test_precision_is_chosen_by_device(monkeypatch):
+    assert hardware.choose_precision(torch.device("cpu")) == hardware.Precision(None, False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))       # T4
+    p = hardware.choose_precision(torch.device("cuda"))
+    assert p.dtype == torch.float16 and p.use_grad_scaler and p.name == "fp16"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))       # A100
+    p = hardware.choose_precision(torch.device("cuda"))
+    assert p.dtype == torch.bfloat16 and not p.use_grad_scaler
+
+
+def test_asking_for_cuda_without_a_gpu_is_explained(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(CloudMLError, match="train.device: 'cuda' was asked for but no CUDA GPU"):
+        hardware.choose_device("cuda")
