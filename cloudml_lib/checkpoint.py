@@ -1,13 +1,31 @@
-"""What a checkpoint file holds, how it is written atomically and how it is loaded safely.
+"""What a checkpoint holds, how it is committed to a disk that may be Google Drive, found and verified.
 
-Checkpoints hold only tensors and plain Python types, so they load with
-`torch.load(..., weights_only=True)`: a file cannot run code when it is opened. Weights always come
-from the unwrapped module (no `_orig_mod.` prefix from torch.compile) and are copied to the CPU
-tensor by tensor, never by moving the model off its device.
+A checkpoint is a folder `RUN_DIR/checkpoints/step-00000400/` with
+- `state.pt`   everything a bit-exact resume needs (see Trainer.snapshot), tensors and plain
+               Python types only, so it loads with `torch.load(..., weights_only=True)`;
+- `meta.json`  the human-readable manifest: step, epoch, time, metric, size and sha256 of state.pt;
+- `COMMITTED`  the commit marker, written last.
+
+Commit order: save to fast local disk; copy into `checkpoints/.step-N.tmp-PID/` while hashing,
+flush and fsync; write the manifest; rename the folder into place; write the marker; fsync the
+folder. A crash at any point leaves either a complete, marked checkpoint or something the
+verifier rejects, and the previous checkpoints are untouched: old ones are deleted only after a
+new one is committed. Writes run in a background thread, at most one in flight; a failed write
+(disk full, Drive gone) is logged and training goes on.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,8 +33,15 @@ from torch import nn
 
 from cloudml_lib.errors import CloudMLError
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
 
+FORMAT_VERSION = 1
+COMMITTED, STATE, META = "COMMITTED", "state.pt", "meta.json"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_CHUNK = 4 << 20
+
+
+# ------------------------------------------------------------------------------------ weights
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module inside torch.compile / DataParallel wrappers."""
@@ -29,13 +54,46 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
+def to_cpu(obj):
+    """A CPU copy of every tensor in a nested structure; the originals stay on their device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
 def cpu_state_dict(model: nn.Module) -> dict:
-    """A CPU copy of the weights; the model's own parameters stay where they are."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap_model(model).state_dict().items()}
+    """Weights of the unwrapped module (no `_orig_mod.` keys), copied tensor by tensor to the CPU."""
+    return to_cpu(dict(unwrap_model(model).state_dict()))
+
+
+# ------------------------------------------------------------------------------ small files
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass                      # some FUSE file systems (Drive) do not fsync folders
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def save_atomic(obj: dict, path: str | Path) -> None:
-    """Write to a temporary file in the same folder, flush to disk, then rename into place."""
+    """torch.save to a temporary file in the same folder, fsync, then rename into place."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -49,16 +107,257 @@ def save_atomic(obj: dict, path: str | Path) -> None:
             tmp.unlink()
 
 
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
+    h, size = hashlib.sha256(), 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return size, h.hexdigest()
+
+
+# ------------------------------------------------------------------------- fault injection
+
+_fault_counts: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """Test hook: CLOUDML_KILL_AT="name:n" SIGKILLs this process the n-th time `name` is reached.
+
+    Points: "step" (after each optimizer step), "commit-copied" (state.pt copied, no manifest yet),
+    "commit-renamed" (folder in place, no commit marker yet). Unset, this does nothing.
+    """
+    spec = os.environ.get("CLOUDML_KILL_AT")
+    if not spec:
+        return
+    point, _, n = spec.partition(":")
+    if point != name:
+        return
+    _fault_counts[name] = _fault_counts.get(name, 0) + 1
+    if _fault_counts[name] == int(n or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ commit, verify, find
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_of(path: Path) -> int | None:
+    m = _STEP_DIR.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
+    """Write one checkpoint with the commit protocol above; returns its folder."""
+    ckpt_dir = checkpoints_dir(run_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    name = f"step-{meta['step']:08d}"
+    final = ckpt_dir / name
+    if (final / COMMITTED).exists():
+        return final                                     # this step is already safe on disk
+    local = Path(local_dir) / f"{name}.pt"
+    torch.save(state, local)
+    tmp = ckpt_dir / f".{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        size, digest = _copy_hashing(local, tmp / STATE)
+        fault_point("commit-copied")
+        meta = dict(meta, file=STATE, bytes=size, sha256=digest, saved_at=time.time(), format=FORMAT_VERSION)
+        write_durable(tmp / META, json.dumps(meta, indent=1).encode())
+        if final.exists():                               # an uncommitted leftover of this step
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fault_point("commit-renamed")
+        write_durable(final / COMMITTED, digest.encode())
+        _fsync_dir(ckpt_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        local.unlink(missing_ok=True)
+    return final
+
+
+def read_meta(folder: Path) -> dict:
+    return json.loads((Path(folder) / META).read_text())
+
+
+def verify(folder: Path) -> str | None:
+    """None if the checkpoint is complete and intact; otherwise why it is rejected."""
+    folder = Path(folder)
+    if not (folder / COMMITTED).is_file():
+        return "not committed (its write was interrupted)"
+    try:
+        meta = read_meta(folder)
+    except (OSError, ValueError):
+        return "meta.json missing or unreadable"
+    state = folder / meta.get("file", STATE)
+    if not state.is_file():
+        return f"{state.name} is missing"
+    size = state.stat().st_size
+    if size != meta.get("bytes"):
+        return f"truncated or resized: {size} bytes, the manifest says {meta.get('bytes')}"
+    if sha256_file(state) != meta.get("sha256"):
+        return "checksum mismatch: the file was corrupted after it was written"
+    return None
+
+
+def load_state(path: Path) -> dict:
+    """torch.load with weights_only=True: a file that carries code to run is refused, not run."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means the file cannot be trusted
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise CloudMLError(f"refused to load {path}: {first}") from None
+
+
+@dataclass
+class Found:
+    """The checkpoint to resume from (or None), and what was rejected on the way."""
+    folder: Path | None
+    state: dict | None
+    rejected: list[dict]
+
+
+def find_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint folders, newest step first."""
+    d = checkpoints_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [p for p in d.iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=step_of, reverse=True)
+
+
+def find_latest_valid(run_dir: Path, load: bool = True) -> Found:
+    """Walk the checkpoints newest first to the first that verifies (and loads)."""
+    rejected = []
+    for folder in find_checkpoints(run_dir):
+        reason = verify(folder)
+        state = None
+        if reason is None and load:
+            try:
+                state = load_state(folder / STATE)
+            except CloudMLError as e:
+                reason = str(e)
+        if reason is None:
+            return Found(folder, state, rejected)
+        rejected.append({"path": str(folder), "reason": reason})
+    return Found(None, None, rejected)
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` committed checkpoints; drop older ones and stale leftovers."""
+    committed = [p for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file()]
+    if not committed:
+        return
+    newest = step_of(committed[0])
+    for p in committed[keep_last:]:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in find_checkpoints(run_dir):
+        if not (p / COMMITTED).is_file() and step_of(p) < newest:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) != os.getpid():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# --------------------------------------------------------------------- background writer
+
+class CheckpointWriter:
+    """Commits snapshots in a background thread, at most one in flight."""
+
+    def __init__(self, run_dir: Path, keep_last: int):
+        self.run_dir, self.keep_last = Path(run_dir), keep_last
+        self.local_dir = Path(tempfile.mkdtemp(prefix="cloudml-ckpt-"))
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        self.last_committed: Path | None = None
+        self.write_seconds: list[float] = []
+
+    def submit(self, state: dict, meta: dict, wait: bool = False) -> float:
+        """Start writing `state` (already a CPU snapshot); returns how long the caller waited."""
+        t0 = time.perf_counter()
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(state, meta), name="cloudml-checkpoint",
+                                        daemon=True)
+        self._thread.start()
+        if wait:
+            self.wait()
+        return time.perf_counter() - t0
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _write(self, state: dict, meta: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.last_committed = commit(state, meta, self.run_dir, self.local_dir)
+            prune(self.run_dir, self.keep_last)
+            self.write_seconds.append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - a failed save must never stop training
+            self.failures += 1
+            log.error("Checkpoint at step %d could not be written (%s: %s). Training continues; the previous "
+                      "checkpoint is intact. Free space on the disk or check that Drive is still mounted.",
+                      meta.get("step", -1), type(e).__name__, e)
+
+    def close(self) -> None:
+        self.wait()
+        shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
 def load_checkpoint(path: str | Path) -> dict:
-    """Load a checkpoint without unpickling arbitrary objects; errors name the file."""
+    """Load best.pt or a state.pt safely; errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise CloudMLError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure here means the file cannot be trusted
-        raise CloudMLError(f"{path} is not a loadable CloudML checkpoint ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0][:200]})") from None
+    ckpt = load_state(path)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise CloudMLError(f"{path} is not a CloudML checkpoint (no 'model' and 'config' entries)")
     return ckpt
+
+
+# ------------------------------------------------------------------------------------- RNG
+
+def capture_rng(*generators: torch.Generator) -> dict:
+    """Every random number generator a resumed run must continue exactly."""
+    import random
+
+    import numpy as np
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "torch": torch.get_rng_state(),
+            "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+            "generators": [g.get_state() for g in generators]}
+
+
+def restore_rng(state: dict, *generators: torch.Generator) -> None:
+    import random
+
+    import numpy as np
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for g, s in zip(generators, state["generators"]):
+        g.set_state(s)

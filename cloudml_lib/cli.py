@@ -1,4 +1,4 @@
-"""`python -m cloudml_lib ...`: train, evaluate, make-demo-data.
+"""`python -m cloudml_lib ...`: train, evaluate, status, make-demo-data.
 
 Exit status: 0 on success; 2 for a usage, config or data error (one short message, no
 traceback); 1 for anything unexpected (with the traceback, to report).
@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value; repeatable, e.g. --set train.epochs=3")
+    t.add_argument("--resume", default="auto", metavar="auto|never|PATH",
+                   help="auto (default): continue from the newest valid checkpoint in the run directory; "
+                        "never: refuse to touch an existing run; PATH: continue from that checkpoint")
+
+    s = sub.add_parser("status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint")
+    s.add_argument("run_dir")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
 
     e = sub.add_parser("evaluate", help="score a run's best model on its validation flights")
     e.add_argument("--run-dir", required=True)
@@ -54,7 +61,15 @@ def _train(args) -> int:
     overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
     cfg = load_config(args.config, overrides)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
-    train(cfg, run_dir)
+    train(cfg, run_dir, resume=args.resume)
+    return 0
+
+
+def _status(args) -> int:
+    from cloudml_lib.rundir import format_status, run_status
+
+    status = run_status(args.run_dir)
+    print(json.dumps(status) if args.json else format_status(status))
     return 0
 
 
@@ -94,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "evaluate": _evaluate, "make-demo-data": _make_demo}
+    handlers = {"train": _train, "evaluate": _evaluate, "status": _status, "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)
     except CloudMLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"interrupted{': ' + str(e) if str(e) else ''}. Run the same command again to resume.", file=sys.stderr)
         return 130

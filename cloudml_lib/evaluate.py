@@ -101,9 +101,10 @@ def format_report(report: dict) -> str:
     rows = [("overall", report["overall"]), ("baseline (training mean)", report["baseline"])]
     rows += [(f"  flight {k}", v) for k, v in report["per_flight"].items()]
     lines = [f"{'':28s} {'R2':>7s} {'MAE km':>8s} {'RMSE km':>8s} {'bias km':>8s} {'std ratio':>9s} {'n':>6s}"]
+    num = lambda v, w: f"{v:{w}.3f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731 (null from JSON)
     for name, m in rows:
-        lines.append(f"{name:28s} {m['r2']:7.3f} {m['mae_km']:8.3f} {m['rmse_km']:8.3f} {m['bias_km']:8.3f} "
-                     f"{m['std_ratio']:9.3f} {m['n']:6d}")
+        lines.append(f"{name:28s} {num(m['r2'], 7)} {num(m['mae_km'], 8)} {num(m['rmse_km'], 8)} "
+                     f"{num(m['bias_km'], 8)} {num(m['std_ratio'], 9)} {m['n']:6d}")
     return "\n".join(lines)
 
 

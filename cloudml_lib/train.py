@@ -1,10 +1,14 @@
-"""The Trainer: set-up in a fixed order, train_step, validate, fit.
+"""The Trainer: set-up in a fixed order, train_step, validate, fit, checkpoint and resume.
 
 Set-up order matters: seeds before the model is built (initial weights), data before the model
 (scalers), the model on its device before torch.compile and before the optimizer is created (the
 optimizer must hold the parameters that will be trained, and they are never re-allocated after).
 Precision is decided once: autocast and GradScaler are built here, so the loop has no AMP branches
 (a disabled GradScaler passes values through unchanged).
+
+Resume is exact: the loop's progress is one dict (`self.state`), the data order is a function of
+(seed, epoch) sliced at the saved batch, and every RNG, the optimizer, scheduler and scaler are
+restored. A run killed at any moment and resumed ends bit-identical to one never interrupted.
 """
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import json
 import logging
 import math
 import random
+import signal
 import sys
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +31,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from cloudml_lib import plots
-from cloudml_lib.checkpoint import FORMAT_VERSION, cpu_state_dict, save_atomic
+from cloudml_lib.checkpoint import (FORMAT_VERSION, STATE, CheckpointWriter, Found, capture_rng, cpu_state_dict,
+                                    fault_point, find_checkpoints, find_latest_valid, load_state, read_meta,
+                                    restore_rng, save_atomic, step_of, to_cpu, verify)
 from cloudml_lib.config import Config, save_config
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, fit_scalers, quick_subset, split_flights
@@ -35,6 +43,7 @@ from cloudml_lib.evaluate import (build_report, format_report, json_safe, predic
                                   write_predictions)
 from cloudml_lib.hardware import choose_device, choose_precision, describe_device
 from cloudml_lib.model import build_model, count_parameters
+from cloudml_lib.rundir import RunLock, compare_configs, has_run
 
 log = logging.getLogger(__name__)
 PACKAGE_LOGGER = "cloudml_lib"
@@ -111,7 +120,6 @@ def apply_compile(model, cfg: Config, device: torch.device):
 
 def prepare_data(cfg: Config) -> tuple[CloudDataset, CloudDataset]:
     """Caches of all flights, split by flight, scalers fitted on the training flights only."""
-    ensure_demo_flights(cfg.data)
     caches = load_caches(cfg.data)
     train, val = split_flights(caches, cfg)
     empty = [c.name for c in train + val if len(c) == 0]
@@ -127,24 +135,51 @@ def prepare_data(cfg: Config) -> tuple[CloudDataset, CloudDataset]:
             CloudDataset(val, scalers))
 
 
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str | Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        # Everything about the loop's progress lives in this one dict.
-        self.state = {"epoch": 0, "step": 0, "best_val_loss": math.inf, "best_epoch": 0, "bad_epochs": 0,
-                      "history": []}
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto"):
+        self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
+        # Everything about the loop's progress lives in this one dict (saved in every checkpoint).
+        self.state = {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
+                      "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
+                      "micro_batch_size": cfg.train.batch_size}
+        self.lock = None
+        self.writer = None
+        self._stop_signal = None
 
     # ---------------------------------------------------------------------------------- set-up
     def setup(self) -> "Trainer":
         cfg, t = self.cfg, self.cfg.train
-        if (self.run_dir / "metrics.jsonl").exists() or (self.run_dir / "best.pt").exists():
-            raise CloudMLError(f"{self.run_dir} already holds a run; choose another --run-dir or delete it")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        attach_run_log(self.run_dir)
-        save_config(cfg, self.run_dir / "config.yaml")
-        seed_everything(t.seed)
-        self.train_set, self.val_set = prepare_data(cfg)
-        self.quick_val = quick_subset(len(self.val_set), t.quick_val_fraction)
+        self.lock = RunLock(self.run_dir)
+        self.lock.acquire()
+        try:
+            attach_run_log(self.run_dir)
+            ensure_demo_flights(cfg.data)                       # fills the demo flight list before comparing
+            found = self._find_resume_point()
+            if found is not None:
+                self._check_config(found.state["config"])
+            save_config(cfg, self.run_dir / "config.yaml")
+            seed_everything(t.seed)
+            self.train_set, self.val_set = prepare_data(cfg)
+            self.quick_val = quick_subset(len(self.val_set), t.quick_val_fraction)
+            self._build_model_and_optimizer()
+            self.writer = CheckpointWriter(self.run_dir, cfg.checkpoint.keep_last)
+            if found is not None:
+                self._restore(found)
+            else:
+                self._truncate_metrics(0)
+        except BaseException:
+            self.close()
+            raise
+        self._last_save = time.monotonic()
+        return self
+
+    def _build_model_and_optimizer(self) -> None:
+        cfg, t = self.cfg, self.cfg.train
         self.model = build_model(cfg)
         self.model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
         self.device = choose_device(t.device)
@@ -161,13 +196,132 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, partial(lr_factor, warmup_steps=t.warmup_steps, total_steps=self.total_steps,
                                     min_ratio=t.min_lr_ratio))
+        # The loader draws its worker seed from its own generator, not the global RNG, so that
+        # starting a fresh iterator on resume does not shift the dropout masks that follow.
+        self.loader_rng = torch.Generator().manual_seed(t.seed)
         self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.data.num_workers,
-                                 pin_memory=self.device.type == "cuda")
+                                 pin_memory=self.device.type == "cuda", generator=self.loader_rng)
+        zero = torch.zeros((), device=self.device)
+        self.acc = {"epoch_loss": zero.clone(), "epoch_batches": 0, "window_loss": zero.clone(), "window_batches": 0,
+                    "window_samples": 0}
         log.info("model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
                  "%d optimizer steps per epoch", f"{count_parameters(self.model):,}", cfg.channels,
                  "on" if cfg.model.gradient_checkpointing else "off", describe_device(self.device),
                  self.precision.name, self.steps_per_epoch)
-        return self
+
+    # ------------------------------------------------------------------------- resume logic
+    def _find_resume_point(self) -> Found | None:
+        mode, run_dir = self.resume, self.run_dir
+        if mode == "never":
+            if has_run(run_dir):
+                raise CloudMLError(f"{run_dir} already holds a run and --resume never refuses to touch it; "
+                                   "choose another --run-dir, or use --resume auto to continue it")
+            return None
+        if mode == "auto":
+            if not find_checkpoints(run_dir):
+                if has_run(run_dir):
+                    log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
+                return None
+            found = find_latest_valid(run_dir)
+            for r in found.rejected:
+                log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
+            if found.folder is None:
+                raise CloudMLError(
+                    f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
+                    f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
+                    f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over.")
+            return found
+        folder = Path(mode)
+        folder = folder.parent if folder.is_file() else folder
+        reason = verify(folder) if folder.is_dir() else "no such checkpoint folder"
+        if reason:
+            raise CloudMLError(f"--resume {mode}: {reason}")
+        state = load_state(folder / STATE)
+        if folder.parent.resolve() == (run_dir / "checkpoints").resolve():
+            self._set_aside_newer(step_of(folder))
+        return Found(folder, state, [])
+
+    def _set_aside_newer(self, step: int) -> None:
+        newer = [p for p in find_checkpoints(self.run_dir) if step_of(p) > step]
+        if newer:
+            aside = self.run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+            aside.mkdir()
+            for p in newer:
+                p.rename(aside / p.name)
+            log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
+
+    def _check_config(self, saved: dict) -> None:
+        math_changes, harmless = compare_configs(saved, self.cfg.to_dict())
+        if math_changes:
+            raise CloudMLError(
+                "the config differs from the checkpoint's in settings that change the run's math:\n  - "
+                + "\n  - ".join(math_changes)
+                + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
+                  "run with --run-dir NEW. Nothing was changed.")
+        if harmless:
+            log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
+            if any(h.startswith("train.epochs ") for h in harmless):
+                log.warning("train.epochs changed: the cosine learning-rate decay is re-planned over the new length")
+
+    def _restore(self, found: Found) -> None:
+        s = found.state
+        self.model.load_state_dict(s["model"])             # copies into the existing parameters, in place
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.scheduler.load_state_dict(s["scheduler"])
+        self.scaler.load_state_dict(s["scaler"])
+        loop = dict(s["loop"])
+        self.acc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in loop.pop("acc").items()}
+        self.state.update(loop)
+        restore_rng(s["rng"], self.loader_rng)
+        self._truncate_metrics(s["metrics_bytes"])
+        saved_epochs = s["config"]["train"]["epochs"]
+        if self.state["finished"] and self.cfg.train.epochs > saved_epochs and not self.state["stopped_early"]:
+            self.state["finished"] = False                  # more epochs asked for: carry on
+        meta = read_meta(found.folder)
+        st = self.state
+        where = ("finished" if st["finished"] else
+                 f"epoch {st['epoch'] + 1}, batch {st['batch']}/{self.sampler.batches_per_epoch()}")
+        rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
+        log.info("Resumed from step %d (%s), saved %s%s", st["step"], where, _ago(time.time() - meta["saved_at"]),
+                 rejected)
+
+    def _truncate_metrics(self, size: int) -> None:
+        """metrics.jsonl continues exactly where the checkpoint left it: later lines are work to redo."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists() and path.stat().st_size > size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
+        elif size and (not path.exists() or path.stat().st_size < size):
+            log.warning("metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost")
+        path.touch()
+
+    # ----------------------------------------------------------------------------- snapshot
+    def snapshot(self) -> dict:
+        """Everything a bit-exact resume needs, as CPU tensors and plain types."""
+        # to_cpu copies every container too: the writer thread serialises this while the loop goes on.
+        loop = to_cpu(dict(self.state, acc=self.acc))
+        return {"format": FORMAT_VERSION, "model": cpu_state_dict(self.model),
+                "optimizer": to_cpu(self.optimizer.state_dict()), "scheduler": to_cpu(self.scheduler.state_dict()),
+                "scaler": to_cpu(self.scaler.state_dict()), "loop": loop,
+                "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"]},
+                "rng": capture_rng(self.loader_rng), "config": self.cfg.to_dict(),
+                "scalers": self.val_set.scalers.to_dict(),
+                "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
+
+    def save_checkpoint(self, reason: str, wait: bool = False) -> float:
+        """Snapshot now (a step boundary) and commit in the background; returns the caller's stall."""
+        t0 = time.perf_counter()
+        st = self.state
+        best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
+        meta = {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"], "epochs": self.cfg.train.epochs,
+                "batches_per_epoch": self.sampler.batches_per_epoch(), "total_steps": self.total_steps,
+                "finished": st["finished"], "reason": reason,
+                "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
+                "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        state = self.snapshot()
+        stall = self.writer.submit(state, meta, wait=wait) + (time.perf_counter() - t0)
+        self._last_save = time.monotonic()
+        return stall
 
     # ------------------------------------------------------------------------------- one step
     def train_step(self, batch: dict) -> torch.Tensor:
@@ -195,34 +349,61 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ the loop
     def train_epoch(self, epoch: int) -> float:
-        t, accum = self.cfg.train, self.cfg.train.grad_accum_steps
+        t, st, acc = self.cfg.train, self.state, self.acc
         self.model.train()
-        self.sampler.set_epoch(epoch)
+        self.sampler.set_epoch(epoch, start_batch=st["batch"])
         self.train_set.set_epoch(epoch)
-        n_batches = len(self.sampler)
-        total, window, window_n, t_window = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0, time.time()
-        bar = tqdm(self.loader, total=n_batches, desc=f"epoch {epoch + 1}/{t.epochs}", unit="batch", leave=False)
-        for i, batch in enumerate(bar):
+        n_total = self.sampler.batches_per_epoch()
+        bar = tqdm(self.loader, total=n_total, initial=st["batch"], desc=f"epoch {epoch + 1}/{t.epochs}",
+                   unit="batch", leave=False)
+        self._window_t0 = time.time()
+        for batch in bar:
             loss = self.train_step(batch)
-            total += loss
-            window += loss
-            window_n += len(batch["target"])
-            if (i + 1) % accum == 0 or i + 1 == n_batches:
+            acc["epoch_loss"] += loss
+            acc["window_loss"] += loss
+            acc["epoch_batches"] += 1
+            acc["window_batches"] += 1
+            acc["window_samples"] += len(batch["target"])
+            st["batch"] += 1
+            if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
                 self.optimizer_step()
-                if self.state["step"] % t.log_every_steps == 0:
-                    window, window_n, t_window = self._log_step(epoch, window, window_n, t_window, i, bar)
+                if st["step"] % t.log_every_steps == 0:
+                    self._log_step(epoch, bar)
+                self._after_step()
         bar.close()
-        return float(total) / max(1, n_batches)
+        return float(acc["epoch_loss"]) / max(1, acc["epoch_batches"])
 
-    def _log_step(self, epoch, window, window_n, t_window, i, bar):
+    def _after_step(self) -> None:
+        """Checkpoint cadence, test fault point, and a stop asked for by a signal."""
+        c, st = self.cfg.checkpoint, self.state
+        by_steps = st["step"] % c.every_steps == 0
+        by_time = time.monotonic() - self._last_save >= 60 * c.every_minutes
+        # An epoch's last step is saved right after its validation instead (same step number).
+        if (by_steps or by_time) and st["batch"] < self.sampler.batches_per_epoch():
+            self.save_checkpoint("every_steps" if by_steps else "every_minutes")
+        fault_point("step")
+        if self._stop_signal is not None:
+            self._stop_now()
+
+    def _stop_now(self) -> None:
+        name = signal.Signals(self._stop_signal).name
+        self.save_checkpoint(name, wait=True)
+        log.warning("Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
+                    name, self.state["step"], self.run_dir / "checkpoints")
+        raise KeyboardInterrupt(f"stopped by {name}; progress saved")
+
+    def _log_step(self, epoch: int, bar) -> None:
         """A metrics.jsonl step record and the progress bar's postfix (one device sync per log interval)."""
-        steps = self.cfg.train.log_every_steps * self.cfg.train.grad_accum_steps
-        rate = window_n / max(1e-9, time.time() - t_window)
-        record = {"kind": "step", "epoch": epoch + 1, "step": self.state["step"], "loss": float(window) / steps,
+        acc = self.acc
+        rate = acc["window_samples"] / max(1e-9, time.time() - self._window_t0)
+        record = {"kind": "step", "epoch": epoch + 1, "step": self.state["step"],
+                  "loss": float(acc["window_loss"]) / max(1, acc["window_batches"]),
                   "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": rate}
         self._append_metrics(record)
         bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
-        return torch.zeros((), device=self.device), 0, time.time()
+        acc["window_loss"] = torch.zeros((), device=self.device)
+        acc["window_batches"] = acc["window_samples"] = 0
+        self._window_t0 = time.time()
 
     def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, np.ndarray]:
         """Validation loss (standardised Huber), metrics in km and predictions in km."""
@@ -234,23 +415,43 @@ class Trainer:
         return loss, regression_metrics(true_km, pred_km), pred_km
 
     def fit(self) -> dict:
-        t = self.cfg.train
-        log.info("training for %d epochs on %s", t.epochs, self.device)
-        while self.state["epoch"] < t.epochs:
-            epoch, t0 = self.state["epoch"], time.time()
-            train_loss = self.train_epoch(epoch)
-            val_loss, m, _ = self.validate(self.quick_val)
-            self.state["epoch"] = epoch + 1
-            record = {"epoch": epoch + 1, "step": self.state["step"], "train_loss": train_loss, "val_loss": val_loss,
-                      "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"],
-                      "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
-            self.state["history"].append(record)
-            self._append_metrics({"kind": "epoch", **record})
-            log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km | lr %.1e | %.1f s",
-                     epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], record["lr"], record["time_s"])
-            if self._update_best(val_loss, epoch + 1):
-                break
-        return self.finish()
+        t, st = self.cfg.train, self.state
+        try:
+            if st["finished"]:
+                log.info("This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
+                         "longer, or use another --run-dir for a new run.", st["epoch"], t.epochs)
+                return self._stored_report()
+            with self._signals_trapped():
+                while st["epoch"] < t.epochs:
+                    if self._run_epoch():
+                        break
+                return self.finish()
+        finally:
+            self.close()
+
+    def _run_epoch(self) -> bool:
+        """Train the rest of the current epoch, validate, save; returns True when training should stop."""
+        t, st = self.cfg.train, self.state
+        epoch, t0 = st["epoch"], time.time()
+        train_loss = self.train_epoch(epoch)
+        val_loss, m, _ = self.validate(self.quick_val)
+        record = {"epoch": epoch + 1, "step": st["step"], "train_loss": train_loss, "val_loss": val_loss,
+                  "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"],
+                  "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
+        st["history"].append(record)
+        self._append_metrics({"kind": "epoch", **record})
+        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km | lr %.1e | %.1f s",
+                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], record["lr"], record["time_s"])
+        stop = self._update_best(val_loss, epoch + 1)
+        st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
+        self.acc["epoch_loss"] = torch.zeros((), device=self.device)
+        self.acc["epoch_batches"] = 0
+        if stop or st["epoch"] >= t.epochs:
+            return True
+        self.save_checkpoint("epoch_end")
+        if self._stop_signal is not None:
+            self._stop_now()
+        return False
 
     def _update_best(self, val_loss: float, epoch: int) -> bool:
         """Save a better model; returns True when early stopping says stop."""
@@ -275,33 +476,72 @@ class Trainer:
                      "train_mean_km": float(self.train_set.targets_km().mean())}, self.run_dir / "best.pt")
 
     def finish(self) -> dict:
-        """Full validation with the best weights; predictions, report and plots in the run directory."""
+        """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
+        self.writer.wait()
         best = self.run_dir / "best.pt"
         if best.exists():
-            state = torch.load(best, map_location="cpu", weights_only=True)["model"]
-            self.model.load_state_dict(state)          # copies into the existing parameters, in place
+            self.model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["model"])
         _, _, pred_km = self.validate()
         report = build_report(self.val_set, pred_km, float(self.train_set.targets_km().mean()))
         report["best_epoch"] = self.state["best_epoch"]
         write_predictions(self.run_dir / "predictions.csv", self.val_set, pred_km)
         (self.run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
         self._append_metrics({"kind": "final", "epoch": self.state["epoch"], "step": self.state["step"],
-                              **{k: v for k, v in report["overall"].items()},
-                              "baseline": report["baseline"], "per_flight": report["per_flight"]})
+                              **report["overall"], "baseline": report["baseline"], "per_flight": report["per_flight"]})
         if self.state["history"]:
             plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
         flights = np.array([c.name for c in self.val_set.caches])[self.val_set.flight_of]
         plots.save_figure(plots.scatter_figure(self.val_set.targets_km(), pred_km, flights,
                                                f"Held-out flights, R2 {report['overall']['r2']:.2f}"),
                           self.run_dir / "plots" / "scatter.png")
+        self.state["finished"] = True
+        self.save_checkpoint("final", wait=True)
         log.info("Full validation with the best model (epoch %d):\n%s", self.state["best_epoch"], format_report(report))
         log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", self.run_dir)
+        return report
+
+    def _stored_report(self) -> dict:
+        path = self.run_dir / "evaluation.json"
+        if not path.exists():
+            raise CloudMLError(f"{self.run_dir} finished but evaluation.json is missing; run "
+                               f"python -m cloudml_lib evaluate --run-dir {self.run_dir}")
+        report = json.loads(path.read_text())
+        log.info("Its report:\n%s", format_report(report))
         return report
 
     def _append_metrics(self, record: dict) -> None:
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(json_safe(record)) + "\n")
 
+    @contextmanager
+    def _signals_trapped(self):
+        """SIGTERM and a first Ctrl-C stop at the next step boundary with a checkpoint; a second Ctrl-C at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
 
-def train(cfg: Config, run_dir: str | Path) -> dict:
-    return Trainer(cfg, run_dir).setup().fit()
+        def ask_stop(signum, frame):
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            log.warning("%s received: stopping after the current step with a checkpoint (Ctrl-C again to stop "
+                        "at once)", signal.Signals(signum).name)
+
+        previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def close(self) -> None:
+        """Let an in-flight checkpoint finish, then release the run directory."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def train(cfg: Config, run_dir: str | Path, resume: str = "auto") -> dict:
+    return Trainer(cfg, run_dir, resume).setup().fit()

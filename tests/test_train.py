@@ -97,8 +97,8 @@ def test_predictions_and_report_are_in_km(finished_run):
 def test_existing_run_directory_is_not_overwritten(finished_run, tiny_config):
     _, _, run = finished_run
     before = (run / "best.pt").read_bytes()
-    with pytest.raises(CloudMLError, match="already holds a run"):
-        Trainer(tiny_config, run).setup()
+    with pytest.raises(CloudMLError, match="already holds a run and --resume never refuses to touch it"):
+        Trainer(tiny_config, run, resume="never").setup()
     assert (run / "best.pt").read_bytes() == before
 
 

@@ -1,0 +1,182 @@
+"""A run directory over time: who may write into it (the lock), what a resumed run may change,
+and where it stands (status).
+
+The lock is `RUN_DIR/.lock`, a small JSON file (host, pid, start, heartbeat) refreshed every
+20 s by a background thread. A second trainer is refused while the holder is alive: same host
+and its pid exists, or another host whose heartbeat is fresh. A lock left by a dead runtime
+(its pid is gone, or its heartbeat is over 90 s old, as after a Colab disconnect) is taken over
+with a warning.
+
+When a resumed run's config differs from the checkpoint's, settings that change the run's math
+(data, model, seed, batch size, optimizer and schedule settings) are an error naming each one;
+harmless ones (epochs, patience, devices, compile, logging and checkpoint cadence, paths) are taken
+from the new config with a warning.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from cloudml_lib.checkpoint import find_checkpoints, find_latest_valid, read_meta
+from cloudml_lib.errors import CloudMLError
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S, STALE_S = 20.0, 90.0
+LOCK = ".lock"
+
+# Settings a resumed run may change; every other setting is part of the run's math.
+HARMLESS = {
+    "data.dir", "data.cache_dir", "data.num_workers", "data.demo",
+    "train.epochs", "train.early_stopping_patience", "train.log_every_steps", "train.device",
+    "train.torch_compile", "train.torch_compile_mode",
+    "checkpoint.every_steps", "checkpoint.every_minutes", "checkpoint.keep_last",
+}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def holder_alive(info: dict) -> bool:
+    """Is the process that wrote this lock still running? Same host: its pid tells. Another host
+    (a new Colab VM on the same Drive): only a heartbeat fresher than STALE_S."""
+    if info.get("host") == socket.gethostname():
+        pid = int(info.get("pid", -1))
+        return pid != os.getpid() and _pid_alive(pid)
+    return time.time() - float(info.get("heartbeat", 0)) < STALE_S
+
+
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(f"{LOCK}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(dict(self.me, heartbeat=time.time())))
+        os.replace(tmp, self.path)
+
+    def acquire(self) -> None:
+        other = self._read() if self.path.exists() else None
+        if other:
+            age = time.time() - float(other.get("heartbeat", 0))
+            pid = other.get("pid")
+            if holder_alive(other):
+                raise CloudMLError(
+                    f"{self.path.parent} is in use by another trainer (host {other.get('host')}, pid {pid}, "
+                    f"last heartbeat {age:.0f} s ago). Wait for it to finish or stop it; if that runtime is gone, "
+                    f"the lock is taken over automatically {STALE_S:.0f} s after its last heartbeat "
+                    f"(or delete {self.path}).")
+            log.warning("Taking over the run lock left by host %s, pid %s (last heartbeat %.0f s ago; that process "
+                        "is gone)", other.get("host"), pid, age)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write()
+        self._thread = threading.Thread(target=self._beat, name="cloudml-lock", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._write()
+            except OSError as e:
+                log.warning("could not refresh the run lock (%s)", e)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        current = self._read()
+        if current and current.get("pid") == self.me["pid"] and current.get("host") == self.me["host"]:
+            self.path.unlink(missing_ok=True)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)'."""
+    a, b = _flatten(saved), _flatten(current)
+    math, harmless = [], []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            line = f"{key} (checkpoint {a.get(key)!r}, now {b.get(key)!r})"
+            (harmless if key in HARMLESS else math).append(line)
+    return math, harmless
+
+
+def has_run(run_dir: Path) -> bool:
+    run_dir = Path(run_dir)
+    return any((run_dir / n).exists() for n in ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml"))
+
+
+def run_status(run_dir: str | Path) -> dict:
+    """Where a run stands, from its newest valid checkpoint's manifest and its metrics."""
+    run_dir = Path(run_dir)
+    if not has_run(run_dir):
+        raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
+    found = find_latest_valid(run_dir, load=False)
+    status = {"run_dir": str(run_dir), "epoch": 0, "epochs": None, "step": 0, "total_steps": None, "batch": 0,
+              "batches_per_epoch": None, "progress": 0.0, "best_metric": None, "best_r2": None,
+              "latest_checkpoint": None, "latest_checkpoint_age_s": None, "finished": False,
+              "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None}
+    if found.folder is not None:
+        meta = read_meta(found.folder)
+        status.update({k: meta.get(k) for k in ("epoch", "epochs", "step", "total_steps", "batch",
+                                                "batches_per_epoch", "finished", "best_metric", "best_r2")})
+        status["progress"] = 100.0 * meta["step"] / meta["total_steps"] if meta.get("total_steps") else 0.0
+        status["latest_checkpoint"] = str(found.folder / meta.get("file", "state.pt"))
+        status["latest_checkpoint_age_s"] = max(0.0, time.time() - float(meta["saved_at"]))
+    lock = Path(run_dir) / LOCK
+    if lock.exists():
+        try:
+            info = json.loads(lock.read_text())
+            if holder_alive(info):
+                status["locked_by"] = f"{info.get('host')}:{info.get('pid')}"
+        except (OSError, ValueError):
+            pass
+    return status
+
+
+def format_status(s: dict) -> str:
+    if s["latest_checkpoint"] is None:
+        head = "no valid checkpoint yet"
+    else:
+        state = "finished" if s["finished"] else ("running" if s["locked_by"] else "stopped (resumable)")
+        head = (f"{state}: epoch {s['epoch']}/{s['epochs']}, batch {s['batch']}/{s['batches_per_epoch']}, "
+                f"step {s['step']}/{s['total_steps']} ({s['progress']:.1f}%)")
+    lines = [f"{s['run_dir']}: {head}"]
+    if s["best_metric"] is not None:
+        r2 = f", R2 {s['best_r2']:.3f}" if s["best_r2"] is not None else ""
+        lines.append(f"best validation loss {s['best_metric']:.4f}{r2}")
+    if s["latest_checkpoint"]:
+        lines.append(f"latest checkpoint: {s['latest_checkpoint']} ({s['latest_checkpoint_age_s'] / 60:.1f} min ago)")
+    for r in s["rejected"]:
+        lines.append(f"rejected: {r['path']}: {r['reason']}")
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+import errno
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from cloudml_lib import checkpoint as ck
+from cloudml_lib.train import Trainer
+
+
+def small_state(step):
+    return {"model": {"w": torch.full((3,), float(step))}, "config": {}, "loop": {"step": step}}
+
+
+def test_commit_writes_state_manifest_and_marker(tmp_path):
+    folder = ck.commit(small_state(4), {"step": 4, "epoch": 0}, tmp_path, tmp_path)
+    assert folder.name == "step-00000004"
+    assert sorted(p.name for p in folder.iterdir()) == ["COMMITTED", "meta.json", "state.pt"]
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["bytes"] == (folder / "state.pt").stat().st_size
+    assert meta["sha256"] == ck.sha256_file(folder / "state.pt") == (folder / "COMMITTED").read_text()
+    assert ck.verify(folder) is None
+    assert torch.equal(ck.load_state(folder / "state.pt")["model"]["w"], torch.full((3,), 4.0))
+    assert not list(tmp_path.glob("*.pt"))                     # the local copy is gone
+
+
+def test_verify_names_each_defect(tmp_path):
+    f = ck.commit(small_state(1), {"step": 1}, tmp_path, tmp_path)
+    (f / "COMMITTED").unlink()
+    assert "not committed" in ck.verify(f)
+    f = ck.commit(small_state(2), {"step": 2}, tmp_path, tmp_path)
+    (f / "meta.json").write_text("{")
+    assert "meta.json" in ck.verify(f)
+    f = ck.commit(small_state(3), {"step": 3}, tmp_path, tmp_path)
+    (f / "state.pt").unlink()
+    assert "missing" in ck.verify(f)
+
+
+def test_prune_keeps_the_newest_committed_and_drops_leftovers(tmp_path):
+    for step in (1, 2, 3, 4):
+        ck.commit(small_state(step), {"step": step}, tmp_path, tmp_path)
+    (tmp_path / "checkpoints" / "step-00000002" / "COMMITTED").unlink()       # an interrupted one
+    stale = tmp_path / "checkpoints" / ".step-00000009.tmp-999999"
+    stale.mkdir()
+    ck.prune(tmp_path, keep_last=2)
+    assert [p.name for p in ck.find_checkpoints(tmp_path)] == ["step-00000004", "step-00000003"]
+    assert not stale.exists()
+
+
+def test_rng_state_round_trips():
+    g = torch.Generator().manual_seed(3)
+    saved = ck.capture_rng(g)
+    a = (random.random(), np.random.rand(), torch.rand(2), torch.rand(1, generator=g))
+    ck.restore_rng(saved, g)
+    b = (random.random(), np.random.rand(), torch.rand(2), torch.rand(1, generator=g))
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])
+
+
+def test_checkpoint_is_weights_only_loadable(tiny_config, tmp_path):
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    state = trainer.snapshot()
+    trainer.close()
+    path = tmp_path / "s.pt"
+    torch.save(state, path)
+    loaded = torch.load(path, weights_only=True)
+    assert set(loaded) >= {"model", "optimizer", "scheduler", "scaler", "loop", "sampler", "rng", "config",
+                           "scalers", "metrics_bytes"}
+    assert set(loaded["loop"]) >= {"epoch", "step", "batch", "best_val_loss", "bad_epochs", "history",
+                                   "micro_batch_size", "acc"}
+    assert set(loaded["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}
+
+
+def test_a_failed_write_is_logged_and_training_goes_on(tiny_config, tmp_path, monkeypatch):
+    """Disk full on the second checkpoint: logged, the first stays intact, the run completes."""
+    tiny_config.checkpoint.every_steps = 2
+    real = ck._copy_hashing
+    calls = []
+
+    def disk_full(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(ck, "_copy_hashing", disk_full)
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    report = trainer.fit()
+    assert report["overall"]["n"] > 0 and trainer.writer.failures == 1
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "could not be written (OSError: [Errno 28] No space left on device)" in log
+    assert "the previous checkpoint is intact" in log
+    folders = ck.find_checkpoints(tmp_path / "run")
+    assert folders and all(ck.verify(f) is None for f in folders)
+    assert not list((tmp_path / "run" / "checkpoints").glob(".step-*"))
+
+
+def test_snapshot_is_taken_at_the_step_boundary(tiny_config, tmp_path):
+    """The snapshot is a copy: later steps do not change what is being written."""
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    batches = iter(trainer.loader)
+    trainer.train_step(next(batches))
+    trainer.optimizer_step()
+    snap = trainer.snapshot()
+    w = snap["model"]["encoder.blocks.0.conv.weight"].clone()
+    trainer.train_step(next(batches))
+    trainer.optimizer_step()
+    trainer.close()
+    assert torch.equal(snap["model"]["encoder.blocks.0.conv.weight"], w)
+    assert not torch.equal(trainer.model.encoder.blocks[0].conv.weight.detach(), w)
+    assert snap["model"]["encoder.blocks.0.conv.weight"].data_ptr() != \
+        trainer.model.encoder.blocks[0].conv.weight.data_ptr()
+
+
+def test_fault_point_is_inert_without_the_variable(monkeypatch):
+    monkeypatch.delenv("CLOUDML_KILL_AT", raising=False)
+    for _ in range(3):
+        ck.fault_point("step")
+    assert os.getpid() > 0

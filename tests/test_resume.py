@@ -1,0 +1,229 @@
+"""Preemption: SIGKILL at any moment, resume, and end bit-identical to a run never interrupted."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta
+from conftest import tiny_raw
+
+REPO = Path(__file__).parent.parent
+TIMING_KEYS = {"samples_per_s", "time_s"}
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_flights, tmp_path_factory):
+    """A tiny config that checkpoints every 3 steps over 3 epochs, and its uninterrupted reference run."""
+    root, entries = tiny_flights
+    tmp = tmp_path_factory.mktemp("resume")
+    raw = tiny_raw(root, entries, tmp / "cache")
+    raw["train"].update(epochs=3, log_every_steps=1)
+    raw["checkpoint"] = {"every_steps": 3, "keep_last": 2}
+    cfg = tmp / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    ref = tmp / "reference"
+    r = train(cfg, ref)
+    assert r.returncode == 0, r.stderr
+    return cfg, ref, tmp
+
+
+def train(cfg, run_dir, *extra, kill_at=None):
+    env = dict(os.environ)
+    env.pop("CLOUDML_KILL_AT", None)
+    if kill_at:
+        env["CLOUDML_KILL_AT"] = kill_at
+    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run_dir), *extra]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def final_state(run_dir):
+    newest = find_checkpoints(run_dir)[0]
+    assert read_meta(newest)["finished"]
+    return torch.load(newest / STATE, weights_only=True)
+
+
+def metrics(run_dir):
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def assert_same_run(run_dir, ref):
+    a, b = final_state(run_dir), final_state(ref)
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for k, v in b["optimizer"]["state"].items():
+        for name, t in v.items():
+            assert torch.equal(a["optimizer"]["state"][k][name], t), (k, name)
+    best_a = torch.load(Path(run_dir) / "best.pt", weights_only=True)["model"]
+    best_b = torch.load(Path(ref) / "best.pt", weights_only=True)["model"]
+    assert all(torch.equal(best_a[k], best_b[k]) for k in best_b)
+    assert metrics(run_dir) == metrics(ref)
+
+
+@pytest.mark.parametrize("kill_at", ["step:5", "step:7", "commit-copied:2", "commit-renamed:3"])
+def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    killed = train(cfg, run, kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (run / "evaluation.json").exists()
+    resumed = train(cfg, run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    if find_checkpoints(run) and kill_at != "step:5" or kill_at == "step:5":
+        assert "Resumed from step" in resumed.stdout
+    if kill_at.startswith("commit-renamed"):
+        assert "rejected 1 checkpoint(s)" in resumed.stdout and "not committed" in resumed.stdout
+    assert_same_run(run, ref)
+
+
+def test_killed_twice_still_bit_identical(setup, tmp_path):
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:4").returncode == -signal.SIGKILL
+    assert train(cfg, run, kill_at="step:8").returncode == -signal.SIGKILL
+    assert train(cfg, run).returncode == 0
+    assert_same_run(run, ref)
+
+
+def test_status_of_an_interrupted_run(setup, tmp_path):
+    cfg, _, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="commit-renamed:3").returncode == -signal.SIGKILL
+    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "status", str(run), "--json"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert set(s) >= {"epoch", "step", "progress", "best_metric", "latest_checkpoint", "latest_checkpoint_age_s",
+                      "finished", "rejected"}
+    assert s["step"] == 6 and not s["finished"] and 0 < s["progress"] < 100
+    assert s["latest_checkpoint_age_s"] >= 0 and len(s["rejected"]) == 1
+    assert "not committed" in s["rejected"][0]["reason"]
+    ckpt = torch.load(s["latest_checkpoint"], weights_only=True)
+    assert "encoder.blocks.0.conv.weight" in ckpt["model"]
+    text = subprocess.run([sys.executable, "-m", "cloudml_lib", "status", str(run)], cwd=REPO,
+                          capture_output=True, text=True).stdout
+    assert "stopped (resumable)" in text and "rejected:" in text
+
+
+def _corrupt_newest_then_resume(setup, tmp_path, damage):
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
+    newest = find_checkpoints(run)[0]
+    damage(newest / STATE)
+    resumed = train(cfg, run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"Rejected checkpoint {newest}" in resumed.stdout
+    assert_same_run(run, ref)
+    return resumed.stdout
+
+
+def test_truncated_newest_checkpoint_is_rejected(setup, tmp_path):
+    def truncate(p):
+        with open(p, "r+b") as f:
+            f.truncate(p.stat().st_size // 2)
+    assert "truncated or resized" in _corrupt_newest_then_resume(setup, tmp_path, truncate)
+
+
+def test_bit_flipped_newest_checkpoint_is_rejected(setup, tmp_path):
+    def flip(p):
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        p.write_bytes(bytes(data))
+    assert "checksum mismatch" in _corrupt_newest_then_resume(setup, tmp_path, flip)
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['CLOUDML_PWNED']}",))
+
+
+def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatch):
+    """A crafted state.pt with a valid manifest and marker: loading refuses it, nothing runs."""
+    import hashlib
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("CLOUDML_PWNED", str(marker))
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
+    newest = find_checkpoints(run)[0]
+    state = torch.load(newest / STATE, weights_only=True)
+    state["extra"] = _Hostile()
+    torch.save(state, newest / STATE)
+    meta = read_meta(newest)
+    data = (newest / STATE).read_bytes()
+    meta.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (newest / "meta.json").write_text(json.dumps(meta))
+    (newest / COMMITTED).write_text(meta["sha256"])
+    resumed = train(cfg, run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "refused to load" in resumed.stdout
+    assert not marker.exists()
+    assert_same_run(run, ref)
+
+
+def test_resume_from_a_chosen_checkpoint_sets_newer_ones_aside(setup, tmp_path):
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:13").returncode == -signal.SIGKILL
+    older = find_checkpoints(run)[-1]
+    r = train(cfg, run, "--resume", str(older))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Moved 1 checkpoints newer than step" in r.stdout
+    assert_same_run(run, ref)
+
+
+def test_resume_never_refuses_an_existing_run(setup):
+    cfg, ref, _ = setup
+    before = (ref / "metrics.jsonl").read_bytes()
+    r = train(cfg, ref, "--resume", "never")
+    assert r.returncode == 2 and "--resume never refuses to touch it" in r.stderr
+    assert (ref / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_finished_run_is_not_trained_again(setup):
+    cfg, ref, _ = setup
+    before = final_state(ref)["loop"]["step"]
+    r = train(cfg, ref)
+    assert r.returncode == 0 and "already finished" in r.stdout
+    assert final_state(ref)["loop"]["step"] == before
+
+
+def test_math_changes_are_refused_harmless_ones_taken(setup, tmp_path):
+    cfg, _, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:5").returncode == -signal.SIGKILL
+    r = train(cfg, run, "--set", "train.seed=1", "--set", "model.channels=[4,8,16]")
+    assert r.returncode == 2
+    assert "train.seed (checkpoint 42, now 1)" in r.stderr and "model.channels" in r.stderr
+    r = train(cfg, run, "--set", "train.log_every_steps=2", "--set", "checkpoint.every_steps=4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Resuming with changed settings" in r.stdout and "train.log_every_steps (checkpoint 1, now 2)" in r.stdout
+
+
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
+    cfg, _, _ = setup
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run),
+           "--set", "train.epochs=200", "--set", "checkpoint.every_steps=1000"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run / "metrics.jsonl").exists() or \
+            len((run / "metrics.jsonl").read_text().splitlines()) < 3:
+        time.sleep(0.2)
+        assert time.time() < deadline and proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Stopped by SIGTERM at step" in out
+    newest = find_checkpoints(run)[0]
+    assert read_meta(newest)["reason"] == "SIGTERM" and (newest / COMMITTED).exists()
+    assert not (run / ".lock").exists()

@@ -1,0 +1,57 @@
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.rundir import STALE_S, RunLock, compare_configs
+
+
+def write_lock(run, **info):
+    run.mkdir(parents=True, exist_ok=True)
+    (run / ".lock").write_text(json.dumps(info))
+
+
+def test_a_live_trainer_on_this_host_keeps_its_lock(tmp_path):
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid, heartbeat=time.time())
+        with pytest.raises(CloudMLError, match=f"in use by another trainer .*pid {proc.pid}"):
+            RunLock(tmp_path).acquire()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_dead_trainers_lock_is_taken_over(tmp_path):
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid, heartbeat=time.time())
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    assert json.loads((tmp_path / ".lock").read_text())["pid"] == lock.me["pid"]
+    lock.release()
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_another_runtimes_lock_counts_while_its_heartbeat_is_fresh(tmp_path):
+    write_lock(tmp_path, host="colab-vm-old", pid=123, heartbeat=time.time() - 10)
+    with pytest.raises(CloudMLError, match="host colab-vm-old"):
+        RunLock(tmp_path).acquire()
+    write_lock(tmp_path, host="colab-vm-old", pid=123, heartbeat=time.time() - STALE_S - 5)
+    lock = RunLock(tmp_path)
+    lock.acquire()                                    # the old VM is gone: taken over
+    lock.release()
+
+
+def test_config_differences_are_sorted_into_math_and_harmless():
+    saved = {"train": {"seed": 1, "epochs": 5, "batch_size": 16}, "data": {"dir": "a", "temporal_frames": 5},
+             "checkpoint": {"every_steps": 100}}
+    now = {"train": {"seed": 2, "epochs": 9, "batch_size": 16}, "data": {"dir": "b", "temporal_frames": 3},
+           "checkpoint": {"every_steps": 50}}
+    math, harmless = compare_configs(saved, now)
+    assert math == ["data.temporal_frames (checkpoint 5, now 3)", "train.seed (checkpoint 1, now 2)"]
+    assert harmless == ["checkpoint.every_steps (checkpoint 100, now 50)", "data.dir (checkpoint 'a', now 'b')",
+                        "train.epochs (checkpoint 5, now 9)"]
