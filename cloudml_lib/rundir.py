@@ -142,14 +142,17 @@ def run_status(run_dir: str | Path) -> dict:
     if not has_run(run_dir):
         raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
     found = find_latest_valid(run_dir, load=False)
-    status = {"run_dir": str(run_dir), "epoch": 0, "epochs": None, "step": 0, "total_steps": None, "batch": 0,
+    status = {"run_dir": str(run_dir), "epoch": 0, "epochs_completed": 0, "epochs": None, "step": 0, "total_steps": None, "batch": 0,
               "batches_per_epoch": None, "progress": 0.0, "best_metric": None, "best_r2": None,
               "latest_checkpoint": None, "latest_checkpoint_age_s": None, "finished": False,
               "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None}
     if found.folder is not None:
         meta = read_meta(found.folder)
-        status.update({k: meta.get(k) for k in ("epoch", "epochs", "step", "total_steps", "batch",
+        status.update({k: meta.get(k) for k in ("epochs", "step", "total_steps", "batch",
                                                 "batches_per_epoch", "finished", "best_metric", "best_r2")})
+        # `epoch` is the epoch in progress (1-based), as in the resume banner; a finished run shows its last
+        status["epochs_completed"] = meta["epoch"]
+        status["epoch"] = meta["epoch"] if meta["finished"] else min(meta["epoch"] + 1, meta["epochs"])
         status["progress"] = 100.0 * meta["step"] / meta["total_steps"] if meta.get("total_steps") else 0.0
         status["latest_checkpoint"] = str(found.folder / meta.get("file", "state.pt"))
         status["latest_checkpoint_age_s"] = max(0.0, time.time() - float(meta["saved_at"]))
@@ -169,8 +172,8 @@ def format_status(s: dict) -> str:
         head = "no valid checkpoint yet"
     else:
         state = "finished" if s["finished"] else ("running" if s["locked_by"] else "stopped (resumable)")
-        head = (f"{state}: epoch {s['epoch']}/{s['epochs']}, batch {s['batch']}/{s['batches_per_epoch']}, "
-                f"step {s['step']}/{s['total_steps']} ({s['progress']:.1f}%)")
+        head = (f"{state}: epoch {s['epoch']}/{s['epochs']} ({s['epochs_completed']} completed), batch "
+                f"{s['batch']}/{s['batches_per_epoch']}, step {s['step']}/{s['total_steps']} ({s['progress']:.1f}%)")
     lines = [f"{s['run_dir']}: {head}"]
     if s["best_metric"] is not None:
         r2 = f", R2 {s['best_r2']:.3f}" if s["best_r2"] is not None else ""

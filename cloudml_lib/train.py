@@ -149,6 +149,7 @@ class Trainer:
         self.lock = None
         self.writer = None
         self._stop_signal = None
+        self.checkpoint_stalls: list[float] = []     # seconds the loop waited per save (benchmarks read it)
 
     # ---------------------------------------------------------------------------------- set-up
     def setup(self) -> "Trainer":
@@ -319,7 +320,9 @@ class Trainer:
                 "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
                 "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
         state = self.snapshot()
-        stall = self.writer.submit(state, meta, wait=wait) + (time.perf_counter() - t0)
+        self.writer.submit(state, meta, wait=wait)
+        stall = time.perf_counter() - t0
+        self.checkpoint_stalls.append(stall)
         self._last_save = time.monotonic()
         return stall
 
@@ -398,7 +401,7 @@ class Trainer:
         rate = acc["window_samples"] / max(1e-9, time.time() - self._window_t0)
         record = {"kind": "step", "epoch": epoch + 1, "step": self.state["step"],
                   "loss": float(acc["window_loss"]) / max(1, acc["window_batches"]),
-                  "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": rate}
+                  "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
         self._append_metrics(record)
         bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
         acc["window_loss"] = torch.zeros((), device=self.device)

@@ -15,7 +15,7 @@ from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta
 from conftest import tiny_raw
 
 REPO = Path(__file__).parent.parent
-TIMING_KEYS = {"samples_per_s", "time_s"}
+TIMING_KEYS = {"samples_per_s", "time_s", "time"}
 
 
 @pytest.fixture(scope="module")
