@@ -1,4 +1,4 @@
-"""`python -m cloudml_lib ...`: train, evaluate, status, make-demo-data.
+"""`python -m cloudml_lib ...`: train, evaluate, status, diagnose, make-demo-data.
 
 Exit status: 0 on success; 2 for a usage, config or data error (one short message, no
 traceback); 1 for anything unexpected (with the traceback, to report).
@@ -27,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model (on the demo flights with configs/demo.yaml)")
-    t.add_argument("--config", required=True, help="YAML file, e.g. configs/demo.yaml")
+    which = t.add_mutually_exclusive_group(required=True)
+    which.add_argument("--config", help="YAML file, e.g. configs/demo.yaml")
+    which.add_argument("--preset", choices=["auto", "A", "B", "C", "demo"],
+                       help="a preset from configs/; auto: chosen for the GPU at hand (demo without one)")
     t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
     t.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -45,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
+    g = sub.add_parser("diagnose", help="the machine, its memory and what to use on it")
+    g.add_argument("--config", help="also check the disk and cache for this config")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+
     d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
     d.add_argument("--out", required=True, help="folder to write the flight files into")
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
@@ -56,12 +63,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train(args) -> int:
     from cloudml_lib.config import load_config
+    from cloudml_lib.hardware import choose_preset, preset_config_path, system_report
     from cloudml_lib.train import train
 
+    config = args.config
+    if args.preset:
+        name = args.preset
+        if name == "auto":
+            name, why = choose_preset(system_report())
+            log.info("Preset auto: %s, because %s", name, why)
+        config = preset_config_path(name)
     overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
-    cfg = load_config(args.config, overrides)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
+    cfg = load_config(config, overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(config).stem
     train(cfg, run_dir, resume=args.resume)
+    return 0
+
+
+def _diagnose(args) -> int:
+    from cloudml_lib.hardware import format_report, recommendations, system_report
+
+    paths, cache_bytes = {}, None
+    if args.config:
+        from cloudml_lib.config import load_config
+        from cloudml_lib.data.cache import cache_root
+        cfg = load_config(args.config)
+        paths = {"data": cfg.data.dir, "cache": str(cache_root(cfg.data))}
+        frames = list(cache_root(cfg.data).glob("*/frames.npy"))
+        cache_bytes = sum(f.stat().st_size for f in frames) if frames else None
+    report = system_report(paths)
+    report["recommendations"] = recommendations(report, cache_bytes)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_report(report))
+        print("\nRecommendations:")
+        for line in report["recommendations"]:
+            print(f"  - {line}")
     return 0
 
 
@@ -109,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "evaluate": _evaluate, "status": _status, "make-demo-data": _make_demo}
+    handlers = {"train": _train, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
+                "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)
     except CloudMLError as e:

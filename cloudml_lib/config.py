@@ -21,9 +21,10 @@ from cloudml_lib.errors import ConfigError
 CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
 
 
-def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None):
-    """A dataclass field with its help text and valid values, used by validation and docs."""
-    meta = {"help": help, "range": range, "choices": choices}
+def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, auto: bool = False):
+    """A dataclass field with its help text and valid values, used by validation and docs.
+    `auto`: the string "auto" is also valid (resolved when the run starts)."""
+    meta = {"help": help, "range": range, "choices": choices, "auto": auto}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -79,7 +80,8 @@ class DataConfig:
     overweight_flight: str = _f("", "training flight whose samples weigh more in the loss (empty: none)")
     overweight_factor: float = _f(1.0, "loss weight of overweight_flight's samples", range=(1.0, 100.0))
     augment: bool = _f(True, "training-only augmentation: flip, brightness/contrast jitter, erasing")
-    num_workers: int = _f(0, "DataLoader worker processes (0: load in the training process)", range=(0, 64))
+    num_workers: int = _f("auto", "DataLoader worker processes; auto: 0 on Colab, else up to 4", range=(0, 64),
+                          auto=True)
 
 
 @dataclass
@@ -94,7 +96,8 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     epochs: int = _f(50, "passes over the training flights", range=(1, 10000))
-    batch_size: int = _f(16, "samples per optimizer step (before accumulation)", range=(1, 4096))
+    batch_size: int = _f(16, "samples per optimizer step (before accumulation); auto: the largest that fits "
+                         "the GPU, measured", range=(1, 4096), auto=True)
     grad_accum_steps: int = _f(1, "batches whose gradients add up to one optimizer step", range=(1, 1024))
     learning_rate: float = _f(1e-3, "peak AdamW learning rate", range=(1e-7, 1.0))
     min_lr_ratio: float = _f(0.01, "final learning rate as a fraction of the peak", range=(0.0, 1.0))
@@ -106,6 +109,8 @@ class TrainConfig:
     early_stopping_patience: int = _f(10, "epochs without a better validation loss before stopping; 0: never",
                                       range=(0, 10000))
     quick_val_fraction: float = _f(0.1, "fixed share of validation samples scored every epoch", range=(0.001, 1.0))
+    max_nonfinite_steps: int = _f(10, "optimizer steps in a row with a NaN/inf loss (each skipped) before "
+                                  "training stops", range=(1, 100000))
     log_every_steps: int = _f(10, "optimizer steps between metrics.jsonl step records", range=(1, 1_000_000))
     seed: int = _f(42, "seeds data order, augmentation and initialisation", range=(0, 2**31 - 1))
     device: str = _f("auto", "auto: CUDA when available, else CPU", choices=("auto", "cuda", "cpu"))
@@ -148,6 +153,8 @@ def _type_name(tp) -> str:
 
 def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
     """Check one leaf value against its declared type, range and choices."""
+    if meta.get("auto") and value == "auto":
+        return value
     if tp is bool:
         if not isinstance(value, bool):
             problems.append(f"{key}: expected true/false, got {value!r}")
@@ -255,6 +262,9 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     if m.channels and not (len(m.channels) == 3 and all(isinstance(c, int) and c > 0 for c in m.channels)):
         problems.append(f"model.channels: {m.channels!r} is not valid; expected three positive integers, "
                         "e.g. [64, 128, 256], or [] to follow model.memory_optimized")
+    if t.batch_size == "auto" and t.grad_accum_steps > 1:
+        problems.append("train.batch_size: 'auto' measures one batch per optimizer step; set a number when "
+                        "train.grad_accum_steps > 1")
     if t.torch_compile and t.torch_compile_mode in CUDA_GRAPH_COMPILE_MODES and m.gradient_checkpointing:
         problems.append(
             f"train.torch_compile_mode: {t.torch_compile_mode!r} captures CUDA graphs, which crash under "

@@ -44,8 +44,12 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
 
 @torch.no_grad()
 def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int, autocast=nullcontext,
-            indices: np.ndarray | None = None, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Standardised predictions and targets for `indices` of `dataset` (all by default), in order."""
+            indices: np.ndarray | None = None, num_workers: int = 0, forward=None) -> tuple[np.ndarray, np.ndarray]:
+    """Standardised predictions and targets for `indices` of `dataset` (all by default), in order.
+
+    `model` is the module (put in eval mode meanwhile); `forward` what computes (e.g. its compiled form).
+    """
+    forward = forward or model
     was_training = model.training
     model.eval()
     subset = dataset if indices is None else Subset(dataset, indices.tolist())
@@ -53,7 +57,7 @@ def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int,
     preds, targets = [], []
     for batch in loader:
         with autocast():
-            out = model(batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True))
+            out = forward(batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True))
         preds.append(out.float().cpu())
         targets.append(batch["target"])
     model.train(was_training)

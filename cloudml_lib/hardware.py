@@ -1,14 +1,32 @@
-"""The machine: which device to train on and with which precision."""
+"""The machine: device and precision choice, a report of GPU and host memory, presets by GPU,
+the memory probe behind `train.batch_size: auto`, and peak-memory readings for the epoch line."""
 from __future__ import annotations
 
+import gc
+import importlib.util
 import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from cloudml_lib.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+GIB = 2 ** 30
+MARGIN = 0.15                   # memory head-room kept free by the probe and the preset choice
+# Peak GPU memory of one training step at each preset's batch size, in GiB, on a T4 with the real
+# 440 x 640 x T=5 samples: the upper end of what the users measured (seeds), used until the GPU
+# benchmark (benchmarks/gpu.py) has measured them on the machine at hand.
+PRESET_PEAK_GIB = {"A": 10.0, "B": 9.0, "C": 8.0}
+PRESET_FILES = {"A": "colab_optimized_full.yaml", "B": "colab_full_stable.yaml", "C": "colab_optimized.yaml",
+                "demo": "demo.yaml"}
 
 
 @dataclass(frozen=True)
@@ -42,5 +60,272 @@ def choose_precision(device: torch.device) -> Precision:
 def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        return f"{p.name} ({p.total_memory / 2**30:.1f} GiB, compute capability {p.major}.{p.minor})"
+        return f"{p.name} ({p.total_memory / GIB:.1f} GiB, compute capability {p.major}.{p.minor})"
     return f"CPU ({torch.get_num_threads()} threads)"
+
+
+# ------------------------------------------------------------------------------ the report
+
+def is_colab() -> bool:
+    if "COLAB_RELEASE_TAG" in os.environ or "google.colab" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("google.colab") is not None
+    except (ImportError, ValueError):          # no "google" package at all
+        return False
+
+
+def default_num_workers(colab: bool | None = None, cpus: int | None = None) -> int:
+    """0 on Colab (2 cores, little shared memory: workers cost RAM and gain nothing); else up to 4."""
+    if is_colab() if colab is None else colab:
+        return 0
+    return max(0, min(4, (cpus or os.cpu_count() or 1) - 1))
+
+
+def host_memory() -> dict:
+    """Total and available RAM in bytes, from /proc/meminfo (0 where that does not exist)."""
+    info = {}
+    try:
+        for line in open("/proc/meminfo"):
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return {"total": info.get("MemTotal", 0), "available": info.get("MemAvailable", 0)}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM; reset by exec, unlike ru_maxrss)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def gpu_processes() -> list[dict]:
+    """Processes holding GPU memory, from nvidia-smi when it exists."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    procs = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            procs.append({"pid": int(parts[0]), "name": parts[1],
+                          "used_mib": int(parts[2]) if parts[2].isdigit() else None})
+    return procs
+
+
+def gpu_report() -> dict | None:
+    if not torch.cuda.is_available():
+        return None
+    p = torch.cuda.get_device_properties(0)
+    free, total = torch.cuda.mem_get_info(0)
+    return {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "total_bytes": total, "free_bytes": free,
+            "allocated_by_this_process": torch.cuda.memory_allocated(0), "processes": gpu_processes()}
+
+
+def compile_available() -> tuple[bool, str]:
+    """Whether torch.compile can generate GPU kernels here (Triton, compute capability >= 7.0)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU"
+    if importlib.util.find_spec("triton") is None:
+        return False, "Triton is not installed"
+    major, minor = torch.cuda.get_device_capability(0)
+    if major < 7:
+        return False, f"compute capability {major}.{minor} is below 7.0"
+    return True, "available"
+
+
+def _disk_free(path: str | Path) -> int | None:
+    p = Path(path).resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def system_report(paths: dict[str, str] | None = None) -> dict:
+    """Everything `diagnose` shows: versions, GPU, host RAM, free disk where the run and cache live, CPUs."""
+    return {
+        "colab": is_colab(), "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "gpu": gpu_report(), "host_memory": host_memory(), "cpus": os.cpu_count(),
+        "disk_free": {name: _disk_free(p) for name, p in (paths or {}).items()},
+        "compile": dict(zip(("available", "reason"), compile_available())),
+    }
+
+
+def choose_preset(report: dict) -> tuple[str, str]:
+    """Preset A, B or C for the GPU at hand (demo without one), with the reason in plain words."""
+    gpu = report.get("gpu")
+    if not gpu:
+        return "demo", "no CUDA GPU was found, so the CPU-sized demo configuration is used"
+    free = gpu["free_bytes"] / GIB
+    need = {k: v * (1 + MARGIN) for k, v in PRESET_PEAK_GIB.items()}
+    compile_ok = report["compile"]["available"]
+    if free >= need["A"] and compile_ok:
+        return "A", (f"{gpu['name']} has {free:.1f} GiB free, enough for the full model with torch.compile at "
+                     f"batch 20 (about {PRESET_PEAK_GIB['A']:.0f} GiB + 15% margin)")
+    if free >= need["B"]:
+        why = "torch.compile is not available (" + report["compile"]["reason"] + ")" if not compile_ok else \
+            f"{free:.1f} GiB free is not enough for preset A ({need['A']:.1f} GiB with margin)"
+        return "B", f"{gpu['name']}: {why}; the full model without compile at batch 16 fits"
+    return "C", (f"{gpu['name']} has only {free:.1f} GiB free (A and B need about {need['A']:.1f} and "
+                 f"{need['B']:.1f} GiB with margin): the memory-optimized model; batch_size auto lowers the "
+                 "batch further if needed")
+
+
+def preset_config_path(name: str) -> Path:
+    """The YAML of a preset, from ./configs or the repository this package sits in."""
+    if name not in PRESET_FILES:
+        raise ConfigError(f"--preset {name!r}: choose auto, A, B, C or demo")
+    for root in (Path.cwd() / "configs", Path(__file__).resolve().parent.parent / "configs"):
+        if (root / PRESET_FILES[name]).is_file():
+            return root / PRESET_FILES[name]
+    raise ConfigError(f"preset file {PRESET_FILES[name]} not found in ./configs; run from the CloudML folder "
+                      "or pass --config PATH")
+
+
+def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
+    """Plain-words advice from the report."""
+    out = []
+    preset, why = choose_preset(report)
+    out.append(f"Preset: {preset} ({PRESET_FILES[preset]}): {why}.")
+    gpu = report.get("gpu")
+    if gpu:
+        others = [p for p in gpu["processes"] if p["pid"] != os.getpid()]
+        if others:
+            used = sum(p["used_mib"] or 0 for p in others)
+            out.append(f"{len(others)} other process(es) hold {used} MiB of GPU memory "
+                       f"({', '.join(str(p['pid']) for p in others)}); stop them or restart the runtime to free it.")
+        out.append("Batch size: set train.batch_size: auto to measure the largest batch that fits this GPU "
+                   "(two probe steps, 15% margin).")
+    else:
+        out.append("Batch size: the presets' batch sizes are for a GPU; on the CPU use the demo or a small batch.")
+    workers = default_num_workers(report["colab"], report["cpus"])
+    out.append(f"DataLoader workers: {workers} (" + ("Colab: 2 cores and little shared memory; loading in the "
+               "training process is fastest" if report["colab"] else f"{report['cpus']} CPUs") + ").")
+    avail = report["host_memory"]["available"]
+    if cache_bytes is not None and avail:
+        fits = cache_bytes < 0.8 * avail
+        out.append(f"Preprocessing cache: {cache_bytes / 1e9:.2f} GB; "
+                   + ("it fits in the free RAM, so after the first epoch reads come from the page cache."
+                      if fits else f"larger than 80% of the free RAM ({avail / 1e9:.1f} GB): samples are read "
+                      "from disk each epoch (memory use stays flat; put the cache on local disk for speed)."))
+    for name, free in report["disk_free"].items():
+        if free is not None and free < 2 * GIB:
+            out.append(f"Only {free / GIB:.1f} GiB free where the {name} lives: checkpoints and the cache may "
+                       "not fit; free space or choose another folder.")
+    return out
+
+
+def format_report(report: dict) -> str:
+    lines = [f"Environment: {'Google Colab' if report['colab'] else 'local'}; Python {report['python']}, "
+             f"torch {report['torch']}, CUDA {report['cuda'] or 'none'}; {report['cpus']} CPUs"]
+    gpu = report["gpu"]
+    if gpu:
+        lines.append(f"GPU: {gpu['name']} (compute capability {gpu['compute_capability']}), "
+                     f"{gpu['free_bytes'] / GIB:.1f} of {gpu['total_bytes'] / GIB:.1f} GiB free; torch.compile: "
+                     f"{report['compile']['reason']}")
+        for p in gpu["processes"]:
+            lines.append(f"  GPU process {p['pid']} {p['name']}: {p['used_mib']} MiB")
+    else:
+        lines.append("GPU: none (training runs on the CPU)")
+    mem = report["host_memory"]
+    lines.append(f"Host RAM: {mem['available'] / GIB:.1f} of {mem['total'] / GIB:.1f} GiB available")
+    for name, free in report["disk_free"].items():
+        lines.append(f"Free disk where the {name} lives: " + (f"{free / GIB:.1f} GiB" if free is not None else "?"))
+    return "\n".join(lines)
+
+
+def free_gpu_memory() -> str:
+    """Release cached GPU memory of this process (the notebook's clean-up cell)."""
+    gc.collect()
+    if not torch.cuda.is_available():
+        return "No GPU: nothing to free."
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return (f"Released {(before - torch.cuda.memory_reserved()) / GIB:.2f} GiB held by this process; "
+            f"{free / GIB:.1f} of {total / GIB:.1f} GiB free. Memory held by other processes is freed only by "
+            "stopping them (Runtime > Restart session).")
+
+
+# -------------------------------------------------------------------------- memory probe
+
+@dataclass
+class ProbeResult:
+    batch_sizes: tuple[int, int]
+    peaks_bytes: tuple[int, int]
+    fixed_bytes: float
+    per_sample_bytes: float
+    budget_bytes: int
+    recommended: int
+
+    def predicted_peak(self, batch: int) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * batch
+
+    def describe(self) -> str:
+        return (f"memory probe: one step takes {self.fixed_bytes / GIB:.2f} GiB + {self.per_sample_bytes / GIB:.3f} "
+                f"GiB per sample (measured at batch {self.batch_sizes[0]} and {self.batch_sizes[1]}); with a 15% "
+                f"margin on {self.budget_bytes / GIB:.1f} GiB the largest batch that fits is {self.recommended} "
+                f"(predicted peak {self.predicted_peak(self.recommended) / GIB:.2f} GiB)")
+
+
+def fit_batch_size(sizes: tuple[int, int], peaks: tuple[int, int], budget: int, cap: int = 256) -> ProbeResult:
+    """Line through two (batch, peak) points; the largest batch whose peak x 1.15 fits the budget."""
+    (b1, b2), (p1, p2) = sizes, peaks
+    per_sample = max((p2 - p1) / (b2 - b1), 1.0)
+    fixed = max(p1 - per_sample * b1, 0.0)
+    best = int((budget / (1 + MARGIN) - fixed) // per_sample)
+    return ProbeResult(sizes, peaks, fixed, per_sample, budget, max(1, min(cap, best)))
+
+
+def measure_step_peak(step, batch_size: int, device: torch.device) -> int:
+    """Peak GPU memory of `step(batch_size)` (a full training step), in bytes."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    step(batch_size)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
+def probe_batch_size(step, device: torch.device, sizes: tuple[int, int] = (2, 4), measure=measure_step_peak,
+                     budget: int | None = None) -> ProbeResult:
+    """Measure one training step at two small batch sizes and fit the per-sample cost."""
+    if budget is None:
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free + torch.cuda.memory_allocated(device)
+    peaks = tuple(measure(step, b, device) for b in sizes)
+    return fit_batch_size(sizes, peaks, budget)
+
+
+def memory_readings(device: torch.device) -> dict:
+    """Peak memory since the last reset, for the epoch line and metrics.jsonl; resets the peak."""
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        out = {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+               "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+               "alloc_retries": int(stats.get("num_alloc_retries", 0))}
+        torch.cuda.reset_peak_memory_stats(device)
+        return out
+    return {"peak_rss_gib": peak_rss_bytes() / GIB}
+
+
+def format_memory(m: dict) -> str:
+    if "peak_allocated_gib" in m:
+        return (f"GPU peak {m['peak_allocated_gib']:.1f}/{m['peak_reserved_gib']:.1f} GiB alloc/reserved, "
+                f"{m['alloc_retries']} retries")
+    return f"peak RSS {m['peak_rss_gib']:.2f} GiB"
+

@@ -12,6 +12,8 @@ restored. A run killed at any moment and resumed ends bit-identical to one never
 """
 from __future__ import annotations
 
+import copy
+import gc
 import json
 import logging
 import math
@@ -41,12 +43,15 @@ from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
                                   write_predictions)
-from cloudml_lib.hardware import choose_device, choose_precision, describe_device
+from cloudml_lib.hardware import (choose_device, choose_precision, default_num_workers, describe_device,
+                                  format_memory, memory_readings, probe_batch_size)
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.rundir import RunLock, compare_configs, has_run
 
 log = logging.getLogger(__name__)
 PACKAGE_LOGGER = "cloudml_lib"
+MAX_STEP_ATTEMPTS = 16        # recoveries of one step: halvings of the micro-batch, one fall-back to eager
+CPU_AUTO_BATCH = 16
 
 
 class _TqdmHandler(logging.StreamHandler):
@@ -145,7 +150,8 @@ class Trainer:
         # Everything about the loop's progress lives in this one dict (saved in every checkpoint).
         self.state = {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
                       "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
-                      "micro_batch_size": cfg.train.batch_size}
+                      "micro_batch_size": None, "eval_batch_size": None, "oom_recoveries": 0,
+                      "nonfinite_in_a_row": 0, "nonfinite_total": 0}
         self.lock = None
         self.writer = None
         self._stop_signal = None
@@ -190,6 +196,10 @@ class Trainer:
                          if self.precision.dtype else nullcontext)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.use_grad_scaler)
         self.forward = apply_compile(self.model, cfg, self.device)
+        if t.batch_size == "auto":
+            t.batch_size = self._probe_batch_size()
+        self.state["micro_batch_size"] = t.batch_size         # a resumed run restores its own below
+        self.state["eval_batch_size"] = 2 * t.batch_size
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
         self.sampler = EpochBatchSampler(len(self.train_set), t.batch_size, t.seed)
         self.steps_per_epoch = math.ceil(self.sampler.batches_per_epoch() / t.grad_accum_steps)
@@ -200,15 +210,50 @@ class Trainer:
         # The loader draws its worker seed from its own generator, not the global RNG, so that
         # starting a fresh iterator on resume does not shift the dropout masks that follow.
         self.loader_rng = torch.Generator().manual_seed(t.seed)
-        self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, num_workers=cfg.data.num_workers,
+        self.num_workers = default_num_workers() if cfg.data.num_workers == "auto" else cfg.data.num_workers
+        self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, num_workers=self.num_workers,
                                  pin_memory=self.device.type == "cuda", generator=self.loader_rng)
         zero = torch.zeros((), device=self.device)
-        self.acc = {"epoch_loss": zero.clone(), "epoch_batches": 0, "window_loss": zero.clone(), "window_batches": 0,
-                    "window_samples": 0}
+        self.acc = {"epoch_loss": zero.clone(), "epoch_batches": zero.clone(), "window_loss": zero.clone(),
+                    "window_batches": zero.clone(), "window_samples": 0}
         log.info("model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
-                 "%d optimizer steps per epoch", f"{count_parameters(self.model):,}", cfg.channels,
-                 "on" if cfg.model.gradient_checkpointing else "off", describe_device(self.device),
-                 self.precision.name, self.steps_per_epoch)
+                 "batch %d, %d optimizer steps per epoch, %d loader workers", f"{count_parameters(self.model):,}",
+                 cfg.channels, "on" if cfg.model.gradient_checkpointing else "off", describe_device(self.device),
+                 self.precision.name, t.batch_size, self.steps_per_epoch, self.num_workers)
+
+    def _probe_batch_size(self) -> int:
+        """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data."""
+        if self.device.type != "cuda":
+            log.info("train.batch_size is 'auto', but measuring needs a GPU; using %d on the CPU", CPU_AUTO_BATCH)
+            return CPU_AUTO_BATCH
+        t_frames = self.cfg.data.temporal_frames
+        h, w = self.train_set.caches[0].frame_shape
+        probe_model = copy.deepcopy(self.model).train()
+        probe_opt = torch.optim.AdamW(probe_model.parameters(), lr=1e-6)
+
+        def step(b: int) -> None:
+            gen = torch.Generator(device=self.device).manual_seed(0)
+            frames = torch.randn(b, t_frames, h, w, device=self.device, generator=gen)
+            scalars = torch.randn(b, 2, device=self.device, generator=gen)
+            with self.autocast():
+                loss = probe_model(frames, scalars).float().pow(2).mean()
+            loss.backward()
+            probe_opt.step()
+            probe_opt.zero_grad(set_to_none=True)
+
+        with torch.random.fork_rng(devices=[self.device]):       # the run's RNG stream is untouched
+            try:
+                result = probe_batch_size(step, self.device)
+            except torch.cuda.OutOfMemoryError:
+                result = None
+        del probe_model, probe_opt
+        torch.cuda.empty_cache()
+        if result is None:
+            log.warning("train.batch_size auto: even batch 2 does not fit on this GPU; using 1. Choose preset C "
+                        "(model.memory_optimized: true) or turn on model.gradient_checkpointing.")
+            return 1
+        log.info("train.batch_size auto: %s", result.describe())
+        return result.recommended
 
     # ------------------------------------------------------------------------- resume logic
     def _find_resume_point(self) -> Found | None:
@@ -252,6 +297,8 @@ class Trainer:
             log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
 
     def _check_config(self, saved: dict) -> None:
+        if self.cfg.train.batch_size == "auto":          # measured once, when the run started
+            self.cfg.train.batch_size = saved["train"]["batch_size"]
         math_changes, harmless = compare_configs(saved, self.cfg.to_dict())
         if math_changes:
             raise CloudMLError(
@@ -328,17 +375,101 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- one step
     def train_step(self, batch: dict) -> torch.Tensor:
-        """Forward and backward of one batch; returns its loss (detached, on the device)."""
+        """Forward and backward of one batch, recovering from GPU out-of-memory and compile failures.
+
+        Out of memory: the batch is redone in micro-batches of half the size (the effective batch
+        and the learning rate stay; BatchNorm then normalises each micro-batch on its own), up to
+        micro-batches of one sample. A torch.compile failure: the batch is redone in eager mode.
+        Either way the attempt's partial effects (gradients, BatchNorm statistics, RNG) are undone
+        first, so nothing is counted twice.
+        """
+        for _ in range(MAX_STEP_ATTEMPTS):
+            before = self._pre_batch_state()
+            try:
+                return self._forward_backward(batch)
+            except torch.cuda.OutOfMemoryError:
+                failure = "oom"
+            except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
+                if self.forward is self.model:
+                    raise
+                failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            # Recovery happens here, outside the except block: its traceback would pin the
+            # failed attempt's tensors in memory.
+            self._undo_attempt(before)
+            if failure == "oom":
+                self._halve_micro_batch(len(batch["target"]))
+            else:
+                self._fall_back_to_eager(failure)
+        raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
+
+    def _forward_backward(self, batch: dict) -> torch.Tensor:
+        """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
         t = self.cfg.train
-        frames = batch["frames"].to(self.device, non_blocking=True)            # (B, T, H, W)
-        scalars = batch["scalars"].to(self.device, non_blocking=True)          # (B, 2)
-        target = batch["target"].to(self.device, non_blocking=True)            # (B,)
-        weight = batch["weight"].to(self.device, non_blocking=True)            # (B,)
-        with self.autocast():
-            pred = self.forward(frames, scalars)
-        loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight)
-        self.scaler.scale(loss / t.grad_accum_steps).backward()
-        return loss.detach()
+        n, mb = len(batch["target"]), self.state["micro_batch_size"]
+        weight_total = batch["weight"].sum()
+        total = torch.zeros((), device=self.device)
+        for lo in range(0, n, mb):
+            part = slice(lo, min(n, lo + mb))
+            frames = batch["frames"][part].to(self.device, non_blocking=True)          # (b, T, H, W)
+            scalars = batch["scalars"][part].to(self.device, non_blocking=True)        # (b, 2)
+            target = batch["target"][part].to(self.device, non_blocking=True)          # (b,)
+            weight = batch["weight"][part].to(self.device, non_blocking=True)          # (b,)
+            with self.autocast():
+                pred = self.forward(frames, scalars)
+            # This part's share of the batch's weighted mean (exactly the mean when not split).
+            share = (weight.sum() / weight_total).to(self.device)
+            loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight) * share
+            self.scaler.scale(loss / t.grad_accum_steps).backward()
+            total += loss.detach()
+        return total
+
+    def _pre_batch_state(self) -> dict:
+        """What a failed attempt could change: BatchNorm buffers, RNG, accumulated gradients."""
+        return {"buffers": [b.clone() for b in self.model.buffers()],
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
+                "grads": ([None if p.grad is None else p.grad.clone() for p in self.model.parameters()]
+                          if self.state["batch"] % self.cfg.train.grad_accum_steps else None)}
+
+    def _undo_attempt(self, before: dict) -> None:
+        with torch.no_grad():
+            for b, saved in zip(self.model.buffers(), before["buffers"]):
+                b.copy_(saved)
+        torch.set_rng_state(before["rng"])
+        if before["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(before["cuda_rng"])
+        if before["grads"] is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            for p, g in zip(self.model.parameters(), before["grads"]):
+                p.grad = g
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _halve_micro_batch(self, batch_len: int) -> None:
+        st = self.state
+        current = min(st["micro_batch_size"], batch_len)
+        if current <= 1:
+            raise CloudMLError(
+                "GPU out of memory even with micro-batches of one sample. Use preset C "
+                "(model.memory_optimized: true), turn on model.gradient_checkpointing, or set data.downsample: 2; "
+                "the last checkpoint is intact, so the run resumes from there.")
+        st["micro_batch_size"] = max(1, current // 2)
+        st["oom_recoveries"] += 1
+        log.warning("GPU out of memory at step %d: redoing the batch in micro-batches of %d (batch size %d and "
+                    "learning rate unchanged). To avoid the retry, set train.batch_size to %d or use "
+                    "train.batch_size: auto.", st["step"], st["micro_batch_size"], self.cfg.train.batch_size,
+                    st["micro_batch_size"])
+
+    def _fall_back_to_eager(self, failure: str) -> None:
+        log.warning("torch.compile failed (%s). Continuing in eager mode from the same step; nothing is lost. "
+                    "Set train.torch_compile: false to skip compiling next time.", failure)
+        self.forward = self.model
+        try:
+            torch._dynamo.reset()
+        except Exception:  # noqa: BLE001 - clearing compile caches is best effort
+            pass
 
     def optimizer_step(self) -> None:
         self.scaler.unscale_(self.optimizer)
@@ -350,6 +481,23 @@ class Trainer:
         self.scheduler.step()
         self.state["step"] += 1
 
+    def skip_step(self) -> None:
+        """A step whose loss was NaN/inf: its gradients are dropped and the weights stay as they were."""
+        st = self.state
+        self.optimizer.zero_grad(set_to_none=True)
+        st["nonfinite_in_a_row"] += 1
+        st["nonfinite_total"] += 1
+        limit = self.cfg.train.max_nonfinite_steps
+        log.warning("Non-finite loss at step %d (epoch %d, batch %d): step skipped, weights unchanged (%d in a row, "
+                    "%d in all).", st["step"], st["epoch"] + 1, st["batch"], st["nonfinite_in_a_row"],
+                    st["nonfinite_total"])
+        if st["nonfinite_in_a_row"] >= limit:
+            raise CloudMLError(
+                f"training stopped: {limit} optimizer steps in a row had a NaN or infinite loss "
+                f"(train.max_nonfinite_steps). The weights were never updated with them, and best.pt and the "
+                f"checkpoints hold finite models. Lower train.learning_rate (now {self.cfg.train.learning_rate}), "
+                "check the data for NaN values, then run the same command to resume from the last checkpoint.")
+
     # ------------------------------------------------------------------------------ the loop
     def train_epoch(self, epoch: int) -> float:
         t, st, acc = self.cfg.train, self.state, self.acc
@@ -360,21 +508,30 @@ class Trainer:
         bar = tqdm(self.loader, total=n_total, initial=st["batch"], desc=f"epoch {epoch + 1}/{t.epochs}",
                    unit="batch", leave=False)
         self._window_t0 = time.time()
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
         for batch in bar:
             loss = self.train_step(batch)
-            acc["epoch_loss"] += loss
-            acc["window_loss"] += loss
-            acc["epoch_batches"] += 1
-            acc["window_batches"] += 1
+            ok = torch.isfinite(loss)
+            finite &= ok
+            # Device-side sums: no sync per batch; a NaN batch does not poison the epoch's mean.
+            acc["epoch_loss"] += torch.where(ok, loss, 0.0)
+            acc["window_loss"] += torch.where(ok, loss, 0.0)
+            acc["epoch_batches"] += ok
+            acc["window_batches"] += ok
             acc["window_samples"] += len(batch["target"])
             st["batch"] += 1
             if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
-                self.optimizer_step()
-                if st["step"] % t.log_every_steps == 0:
-                    self._log_step(epoch, bar)
+                if bool(finite):                 # one sync per optimizer step, as a GradScaler has
+                    st["nonfinite_in_a_row"] = 0
+                    self.optimizer_step()
+                    if st["step"] % t.log_every_steps == 0:
+                        self._log_step(epoch, bar)
+                else:
+                    self.skip_step()
+                    finite.fill_(True)
                 self._after_step()
         bar.close()
-        return float(acc["epoch_loss"]) / max(1, acc["epoch_batches"])
+        return float(acc["epoch_loss"]) / max(1.0, float(acc["epoch_batches"]))
 
     def _after_step(self) -> None:
         """Checkpoint cadence, test fault point, and a stop asked for by a signal."""
@@ -400,18 +557,46 @@ class Trainer:
         acc = self.acc
         rate = acc["window_samples"] / max(1e-9, time.time() - self._window_t0)
         record = {"kind": "step", "epoch": epoch + 1, "step": self.state["step"],
-                  "loss": float(acc["window_loss"]) / max(1, acc["window_batches"]),
+                  "loss": float(acc["window_loss"]) / max(1.0, float(acc["window_batches"])),
                   "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
         self._append_metrics(record)
         bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
         acc["window_loss"] = torch.zeros((), device=self.device)
-        acc["window_batches"] = acc["window_samples"] = 0
+        acc["window_batches"] = torch.zeros((), device=self.device)
+        acc["window_samples"] = 0
         self._window_t0 = time.time()
 
     def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, np.ndarray]:
-        """Validation loss (standardised Huber), metrics in km and predictions in km."""
-        pred, target = predict(self.forward, self.val_set, self.device, 2 * self.cfg.train.batch_size,
-                               self.autocast, indices, self.cfg.data.num_workers)
+        """Validation loss (standardised Huber), metrics in km and predictions in km.
+
+        Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
+        switches to eager mode. Predictions do not depend on the evaluation batch size.
+        """
+        for _ in range(MAX_STEP_ATTEMPTS):
+            try:
+                pred, target = predict(self.model, self.val_set, self.device, self.state["eval_batch_size"],
+                                       self.autocast, indices, self.num_workers, forward=self.forward)
+                break
+            except torch.cuda.OutOfMemoryError:
+                failure = "oom"
+            except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
+                if self.forward is self.model:
+                    raise
+                failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            gc.collect()
+            if failure != "oom":
+                self._fall_back_to_eager(failure)
+            elif self.state["eval_batch_size"] > 1:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self.state["eval_batch_size"] //= 2
+                log.warning("GPU out of memory during validation: evaluating %d samples at a time from now on",
+                            self.state["eval_batch_size"])
+            else:
+                raise CloudMLError("GPU out of memory during validation even one sample at a time; use preset C "
+                                   "or data.downsample: 2")
+        else:
+            raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
         loss = float(F.huber_loss(torch.from_numpy(pred), torch.from_numpy(target), delta=self.cfg.train.huber_delta))
         s = self.val_set.scalers
         pred_km, true_km = pred * s.cbh_std + s.cbh_mean, target * s.cbh_std + s.cbh_mean
@@ -438,17 +623,19 @@ class Trainer:
         epoch, t0 = st["epoch"], time.time()
         train_loss = self.train_epoch(epoch)
         val_loss, m, _ = self.validate(self.quick_val)
+        memory = memory_readings(self.device)
         record = {"epoch": epoch + 1, "step": st["step"], "train_loss": train_loss, "val_loss": val_loss,
                   "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"],
                   "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
         st["history"].append(record)
-        self._append_metrics({"kind": "epoch", **record})
-        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km | lr %.1e | %.1f s",
-                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], record["lr"], record["time_s"])
+        self._append_metrics({"kind": "epoch", **record, "memory": memory})
+        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km | lr %.1e | %.1f s | %s",
+                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], record["lr"], record["time_s"],
+                 format_memory(memory))
         stop = self._update_best(val_loss, epoch + 1)
         st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
         self.acc["epoch_loss"] = torch.zeros((), device=self.device)
-        self.acc["epoch_batches"] = 0
+        self.acc["epoch_batches"] = torch.zeros((), device=self.device)
         if stop or st["epoch"] >= t.epochs:
             return True
         self.save_checkpoint("epoch_end")
@@ -459,7 +646,10 @@ class Trainer:
     def _update_best(self, val_loss: float, epoch: int) -> bool:
         """Save a better model; returns True when early stopping says stop."""
         s = self.state
-        if math.isfinite(val_loss) and val_loss < s["best_val_loss"]:
+        finite_model = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+        if not finite_model:
+            log.warning("The model has NaN/inf weights after epoch %d: it is not saved as best", epoch)
+        if finite_model and math.isfinite(val_loss) and val_loss < s["best_val_loss"]:
             s["best_val_loss"], s["best_epoch"], s["bad_epochs"] = val_loss, epoch, 0
             self.save_best()
             log.info("New best model saved (val_loss %.4f, epoch %d) -> %s", val_loss, epoch, self.run_dir / "best.pt")

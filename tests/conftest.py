@@ -24,7 +24,8 @@ def tiny_raw(data_dir, entries, cache_dir) -> dict:
     """A raw config dict that trains a very small model for two short epochs."""
     return {
         "data": {"dir": str(data_dir), "cache_dir": str(cache_dir), "flights": copy.deepcopy(entries),
-                 "validation_flights": [entries[2]["name"]], "temporal_frames": 3, "swath_slice": [4, 36]},
+                 "validation_flights": [entries[2]["name"]], "temporal_frames": 3, "swath_slice": [4, 36],
+                 "num_workers": 0},
         "model": {"channels": [4, 8, 8], "dropout": 0.0},
         "train": {"epochs": 2, "batch_size": 8, "learning_rate": 0.003, "warmup_steps": 3,
                   "early_stopping_patience": 0, "log_every_steps": 2, "quick_val_fraction": 0.5},

@@ -1,0 +1,127 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cloudml_lib import hardware as hw
+from cloudml_lib.errors import ConfigError
+
+REPO = Path(__file__).parent.parent
+GIB = hw.GIB
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_batch_size_fit_from_two_points():
+    # peak = 1 GiB + 0.5 GiB per sample; budget 14.7 GiB; 15% margin -> (14.7/1.15 - 1)/0.5 = 23.57
+    r = hw.fit_batch_size((2, 4), (int(2 * GIB), int(3 * GIB)), int(14.7 * GIB))
+    assert r.fixed_bytes == pytest.approx(GIB) and r.per_sample_bytes == pytest.approx(0.5 * GIB)
+    assert r.recommended == 23
+    assert r.predicted_peak(23) * 1.15 <= 14.7 * GIB < r.predicted_peak(24) * 1.15
+    assert "largest batch that fits is 23" in r.describe()
+
+
+def test_probe_measures_two_steps_and_never_recommends_zero():
+    seen = []
+
+    def fake_measure(step, b, device):
+        seen.append(b)
+        return int((3 + 2 * b) * GIB)
+
+    r = hw.probe_batch_size(lambda b: None, torch.device("cpu"), measure=fake_measure, budget=int(4 * GIB))
+    assert seen == [2, 4] and r.recommended == 1
+
+
+def report(gpu=None, compile_ok=True, colab=True):
+    return {"gpu": gpu, "compile": {"available": compile_ok, "reason": "available" if compile_ok else "Triton is "
+            "not installed"}, "colab": colab, "cpus": 2, "host_memory": {"total": 13 * GIB, "available": 11 * GIB},
+            "disk_free": {}}
+
+
+def t4(free_gib):
+    return {"name": "Tesla T4", "compute_capability": "7.5", "total_bytes": int(15.6 * GIB),
+            "free_bytes": int(free_gib * GIB), "processes": []}
+
+
+def test_preset_choice_by_gpu():
+    assert hw.choose_preset(report(None))[0] == "demo"
+    name, why = hw.choose_preset(report(t4(14.6)))
+    assert name == "A" and "Tesla T4 has 14.6 GiB free" in why
+    name, why = hw.choose_preset(report(t4(14.6), compile_ok=False))
+    assert name == "B" and "torch.compile is not available (Triton is not installed)" in why
+    assert hw.choose_preset(report(t4(11.0)))[0] == "B"
+    name, why = hw.choose_preset(report(t4(6.0)))
+    assert name == "C" and "only 6.0 GiB free" in why
+
+
+def test_recommendations_in_plain_words():
+    gpu = t4(9.0)
+    gpu["processes"] = [{"pid": 999999, "name": "python3", "used_mib": 5000}]
+    lines = hw.recommendations(dict(report(gpu), disk_free={"cache": GIB}), cache_bytes=int(20e9))
+    text = "\n".join(lines)
+    assert "Preset: C" in text
+    assert "1 other process(es) hold 5000 MiB of GPU memory (999999)" in text
+    assert "DataLoader workers: 0 (Colab" in text
+    assert "larger than 80% of the free RAM" in text
+    assert "Only 1.0 GiB free where the cache lives" in text
+
+
+def test_preset_files_resolve_and_unknown_names_are_explained():
+    assert hw.preset_config_path("A").name == "colab_optimized_full.yaml"
+    with pytest.raises(ConfigError, match="choose auto, A, B, C or demo"):
+        hw.preset_config_path("D")
+
+
+def test_colab_is_detected_from_its_environment(monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20261101")
+    assert hw.is_colab() and hw.default_num_workers() == 0
+    monkeypatch.delenv("COLAB_RELEASE_TAG")
+    assert hw.is_colab() is False
+
+
+def test_diagnose_on_this_machine():
+    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "diagnose", "--json", "--config", "configs/demo.yaml"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"colab", "python", "torch", "gpu", "host_memory", "cpus", "disk_free", "recommendations"} <= set(out)
+    assert out["host_memory"]["total"] > 0 and out["cpus"] >= 1
+    assert set(out["disk_free"]) == {"data", "cache"}
+    if out["gpu"] is None:
+        assert out["recommendations"][0].startswith("Preset: demo")
+    text = subprocess.run([sys.executable, "-m", "cloudml_lib", "diagnose"], cwd=REPO, capture_output=True,
+                          text=True).stdout
+    assert "Host RAM:" in text and "Recommendations:" in text
+
+
+def test_memory_readings_on_cpu():
+    m = hw.memory_readings(torch.device("cpu"))
+    assert m["peak_rss_gib"] > 0.05
+    assert hw.format_memory(m).startswith("peak RSS ")
+    assert hw.format_memory({"peak_allocated_gib": 9.1, "peak_reserved_gib": 10.2, "alloc_retries": 0}) == \
+        "GPU peak 9.1/10.2 GiB alloc/reserved, 0 retries"
+
+
+def test_free_gpu_memory_says_what_it_did():
+    assert hw.free_gpu_memory().startswith("No GPU" if not torch.cuda.is_available() else "Released")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_probe_on_a_real_gpu(tiny_config, tmp_path):
+    from cloudml_lib.train import Trainer
+    tiny_config.train.batch_size = "auto"
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    trainer.close()
+    assert isinstance(tiny_config.train.batch_size, int) and tiny_config.train.batch_size >= 1
+
+
+def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
+    from cloudml_lib.train import CPU_AUTO_BATCH, Trainer
+    tiny_config.train.batch_size = "auto"
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    trainer.close()
+    assert tiny_config.train.batch_size == CPU_AUTO_BATCH
+    assert "measuring needs a GPU; using 16 on the CPU" in (tmp_path / "run" / "train.log").read_text()
