@@ -34,6 +34,7 @@ LOCK = ".lock"
 HARMLESS = {
     "data.dir", "data.cache_dir", "data.num_workers", "data.demo",
     "train.epochs", "train.early_stopping_patience", "train.log_every_steps", "train.device",
+    "train.max_nonfinite_steps",
     "train.torch_compile", "train.torch_compile_mode",
     "checkpoint.every_steps", "checkpoint.every_minutes", "checkpoint.keep_last",
 }

@@ -97,3 +97,19 @@ def test_unexpected_errors_are_not_disguised(monkeypatch):
     monkeypatch.setattr(cli, "_evaluate", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):           # python -m then exits 1 with the traceback
         main(["evaluate", "--run-dir", "x"])
+
+
+def test_preset_auto_picks_the_demo_without_a_gpu(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto would pick A, B or C")
+    r = run_cli("train", "--preset", "auto", "--run-dir", str(tmp_path / "run"), "--set", "train.epochs=1",
+                "--set", f"data.dir={tmp_path / 'flights'}", "--set", f"data.cache_dir={tmp_path / 'cache'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Preset auto: demo, because no CUDA GPU was found" in r.stdout
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"]["channels"] == [16, 32, 64]
+
+
+def test_config_and_preset_are_exclusive():
+    r = run_cli("train", "--preset", "A", "--config", "configs/demo.yaml")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
