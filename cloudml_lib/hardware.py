@@ -186,10 +186,11 @@ def choose_preset(report: dict) -> tuple[str, str]:
 
 
 def preset_config_path(name: str) -> Path:
-    """The YAML of a preset, from ./configs or the repository this package sits in."""
+    """The YAML of a preset: ./configs, the checkout this package sits in, or the installed package."""
     if name not in PRESET_FILES:
         raise ConfigError(f"--preset {name!r}: choose auto, A, B, C or demo")
-    for root in (Path.cwd() / "configs", Path(__file__).resolve().parent.parent / "configs"):
+    here = Path(__file__).resolve().parent
+    for root in (Path.cwd() / "configs", here.parent / "configs", here / "configs"):
         if (root / PRESET_FILES[name]).is_file():
             return root / PRESET_FILES[name]
     raise ConfigError(f"preset file {PRESET_FILES[name]} not found in ./configs; run from the CloudML folder "

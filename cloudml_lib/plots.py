@@ -51,3 +51,20 @@ def save_figure(fig, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+class LiveCurves:
+    """One figure redrawn in place in a notebook (display handle), closed after each update."""
+
+    def __init__(self):
+        from IPython.display import display
+        self._handle = display("Curves appear after the first epoch.", display_id=True)
+        self._shown = 0
+
+    def update(self, history: list[dict]) -> None:
+        if len(history) == self._shown or not history:
+            return
+        fig = curves_figure(history)
+        self._handle.update(fig)
+        plt.close(fig)
+        self._shown = len(history)

@@ -179,6 +179,7 @@ class Trainer:
                 self._restore(found)
             else:
                 self._truncate_metrics(0)
+            self._write_run_info(found)
         except BaseException:
             self.close()
             raise
@@ -332,6 +333,14 @@ class Trainer:
         rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
         log.info("Resumed from step %d (%s), saved %s%s", st["step"], where, _ago(time.time() - meta["saved_at"]),
                  rejected)
+
+    def _write_run_info(self, found: Found | None) -> None:
+        """run.json: the plan of this (re)start, for progress bars and monitors (rewritten at each start)."""
+        info = {"total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch, "epochs": self.cfg.train.epochs,
+                "batch_size": self.cfg.train.batch_size, "device": describe_device(self.device),
+                "started_at": time.time(), "start_step": self.state["step"],
+                "resumed_from": str(found.folder) if found is not None else None}
+        (self.run_dir / "run.json").write_text(json.dumps(info, indent=1))
 
     def _truncate_metrics(self, size: int) -> None:
         """metrics.jsonl continues exactly where the checkpoint left it: later lines are work to redo."""

@@ -1,0 +1,425 @@
+"""What the two Colab notebooks call, one function per cell: the workspace on Drive, the data
+check, the cache, diagnostics, the preset picker, training with live curves, monitoring and
+evaluation.
+
+Training runs as a subprocess (`python -m cloudml_lib train ...`, the same command as in a
+terminal) while the notebook redraws the curves from `metrics.jsonl`: re-running the notebook is
+re-running the command, which resumes; the interrupt button sends the run SIGINT, which stops it at
+the next step with a checkpoint; and the GPU memory is released when the run ends.
+
+With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
+workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloudml_lib import hardware, plots
+from cloudml_lib.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
+from cloudml_lib.config import Config, load_config
+from cloudml_lib.data import er2
+from cloudml_lib.data.synthetic import ensure_demo_flights
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.evaluate import format_report
+from cloudml_lib.rundir import format_status, run_status
+
+DRIVE_ROOT = Path("/content/drive/MyDrive/CloudML")
+SMOKE_EPOCHS, SMOKE_DISCONNECT_STEP = 2, 25
+SMOKE_OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
+
+
+def smoke() -> bool:
+    return os.environ.get("CLOUDML_SMOKE") == "1"
+
+
+def _show(obj) -> None:
+    """Markdown in a notebook, plain text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            display(Markdown(obj))
+            return
+    except ImportError:
+        pass
+    print(obj)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------- workspace
+
+@dataclass
+class Workspace:
+    root: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def demo(self) -> Path:
+        return self.root / "demo_flights"
+
+
+def workspace() -> Workspace:
+    """The CloudML folder: on Drive in Colab (mounted if needed), ./CloudML elsewhere
+    (CLOUDML_HOME overrides), .cloudml_smoke in the smoke test. Creates data/, runs/, cache/."""
+    if smoke():
+        root = Path(".cloudml_smoke").resolve()
+    elif hardware.is_colab():
+        if not Path("/content/drive/MyDrive").is_dir():
+            from google.colab import drive
+            drive.mount("/content/drive")
+        root = DRIVE_ROOT
+    else:
+        root = Path(os.environ.get("CLOUDML_HOME", "CloudML")).resolve()
+    ws = Workspace(root)
+    for d in (ws.data, ws.runs, ws.cache):
+        d.mkdir(parents=True, exist_ok=True)
+    where = "Google Drive" if str(root).startswith("/content/drive") else "this machine"
+    print(f"CloudML folder on {where}: {root}\n  data/  your flight files (three per flight)\n"
+          f"  runs/  one folder per training run\n  cache/ preprocessed frames, built once")
+    return ws
+
+
+def show_environment() -> None:
+    report = hardware.system_report()
+    print(hardware.format_report(report))
+    if not report["gpu"]:
+        print("No GPU: in Colab choose Runtime > Change runtime type > T4 GPU, then run all cells again.")
+
+
+# ------------------------------------------------------------------------------- data
+
+def uses_demo_data(ws: Workspace) -> bool:
+    """True when the real flights are not all in the data folder (or in the smoke test)."""
+    if smoke():
+        return True
+    cfg = load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])
+    try:
+        return not all(p.is_file() for f in cfg.data.flights for p in er2.flight_paths(f, cfg.data).values())
+    except CloudMLError:
+        return True
+
+
+def run_config(ws: Workspace, preset: str, epochs: int | None = None) -> tuple[Path, list[str]]:
+    """The config file and overrides a notebook run uses: the preset on the real flights, or the
+    demo configuration on the demo flights when the real ones are not there."""
+    if uses_demo_data(ws):
+        path, over = hardware.preset_config_path("demo"), [f"data.dir={ws.demo}", f"data.cache_dir={ws.cache / 'demo'}"]
+        if smoke():
+            over += SMOKE_OVERRIDES
+    else:
+        path, over = hardware.preset_config_path(preset), [f"data.dir={ws.data}", f"data.cache_dir={ws.cache}"]
+    if epochs and not smoke():
+        over.append(f"train.epochs={epochs}")
+    return path, over
+
+
+def _flight_row(flight, data) -> list:
+    """Present / readable / keys / frames / labels of one flight, in plain words."""
+    cells, frames, labels, problems = [], "-", "-", []
+    try:
+        paths = er2.flight_paths(flight, data)
+    except CloudMLError as e:
+        return [flight.name, "?", "?", "?", "-", "-", str(e)]
+    for role, path in paths.items():
+        if not path.is_file():
+            cells.append("missing")
+            problems.append(f"{role} file {path.name} not in {path.parent}")
+            continue
+        try:
+            import h5py
+            with h5py.File(path, "r"):
+                cells.append("ok")
+        except OSError:
+            cells.append("unreadable")
+            problems.append(f"{path.name} is not a readable HDF5 file (incomplete upload?)")
+    if not problems:
+        try:
+            labels_ = er2.read_flight_labels(flight, data)
+            frames, labels = labels_.n_frames, len(labels_.cbh_km)
+        except CloudMLError as e:
+            problems.append(str(e).split(": ", 1)[-1])
+    return [flight.name, *cells, frames, labels, "; ".join(problems) or "ready"]
+
+
+def verify_data(ws: Workspace) -> bool:
+    """One table: for each flight, which files are present and readable, keys, frames, labels.
+    Without real flights, writes the demo flights (progress bar). Returns True when all are ready."""
+    demo = uses_demo_data(ws)
+    if demo:
+        cfg = load_config(*run_config(ws, "A"))
+        if not smoke():
+            _show(f"**No complete set of real flights in `{ws.data}`** (see the table below for what is missing). "
+                  "Using the built-in demo flights so that everything can be tried; put the three files of each "
+                  "flight in that folder and run this notebook again to use your data.")
+            _show(_flight_table(load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])))
+        ensure_demo_flights(cfg.data)                 # writes them (progress bar) when missing
+    else:
+        cfg = load_config(*run_config(ws, "A"))
+    table = _flight_table(cfg)
+    _show(("Demo flights:\n\n" if demo else "Your flights:\n\n") + table)
+    return "missing" not in table and "unreadable" not in table
+
+
+def _flight_table(cfg: Config) -> str:
+    rows = [_flight_row(f, cfg.data) for f in cfg.data.flights]
+    return _table(["flight", "IR", "CPL", "nav", "frames", "labels", "status"], rows)
+
+
+def build_cache(ws: Workspace) -> dict:
+    """Preprocess every flight once (progress bars); report the cache's size and location."""
+    from cloudml_lib.data.cache import cache_root, load_caches
+    cfg = load_config(*run_config(ws, "A"))
+    ensure_demo_flights(cfg.data)
+    caches = load_caches(cfg.data)
+    size = sum(c.meta["bytes"] for c in caches)
+    samples = sum(len(c) for c in caches)
+    print(f"Cache ready: {samples} samples from {len(caches)} flights, {size / 1e9:.3f} GB in {cache_root(cfg.data)}")
+    return {"samples": samples, "bytes": size, "flights": len(caches)}
+
+
+def show_diagnostics(ws: Workspace) -> None:
+    frames = list(ws.cache.rglob("frames.npy"))
+    report = hardware.system_report({"data": str(ws.data), "cache": str(ws.cache), "runs": str(ws.runs)})
+    print(hardware.format_report(report))
+    print("\nRecommendations:")
+    for line in hardware.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None):
+        print(f"  - {line}")
+
+
+def free_gpu_memory() -> None:
+    print(hardware.free_gpu_memory())
+
+
+def check_setup(ws: Workspace, cache: dict) -> None:
+    """Smoke test: the data check passed and the cache holds samples."""
+    if not smoke():
+        print("Setup done. Next: open colab_training.ipynb and choose Runtime > Run all.")
+        return
+    assert cache["flights"] == 5 and cache["samples"] > 500, cache
+    assert list(ws.cache.rglob("meta.json")), "no cache folders were written"
+    print("Smoke test: setup checks passed.")
+
+
+# ------------------------------------------------------------------------------- presets
+
+def show_presets() -> None:
+    """The presets with their memory on a T4: measured where benchmarks/results/gpu.json has it."""
+    measured = {}
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "gpu.json"
+    if results.is_file():
+        measured = {k: v.get("peak_reserved_gib") for k, v in json.loads(results.read_text())["presets"].items()}
+    rows = []
+    for name in ("A", "B", "C"):
+        cfg = load_config(hardware.preset_config_path(name))
+        mem = (f"{measured[name]:.1f} GiB (measured)" if measured.get(name)
+               else f"about {hardware.PRESET_PEAK_GIB[name]:.0f} GiB (estimate, users' T4 runs)")
+        rows.append([name, "/".join(map(str, cfg.channels)), "on" if cfg.model.gradient_checkpointing else "off",
+                     cfg.train.torch_compile_mode if cfg.train.torch_compile else "no", cfg.train.batch_size, mem])
+    _show(_table(["preset", "channels", "checkpointing", "compile", "batch", "GPU memory on a T4"], rows))
+
+
+class Picker:
+    """The preset picker: A, B, C or Auto, plus epochs and run name (ipywidgets 7 and 8)."""
+
+    def __init__(self, ws: Workspace):
+        import ipywidgets as widgets
+        from IPython.display import display
+        self.ws = ws
+        report = hardware.system_report()
+        recommended, self.reason = hardware.choose_preset(report)
+        default = recommended if recommended in ("A", "B", "C") else "Auto"
+        style = {"description_width": "initial"}
+        self.preset = widgets.Dropdown(options=["A", "B", "C", "Auto"], value=default, description="Preset:",
+                                       style=style)
+        self.epochs = widgets.IntText(value=SMOKE_EPOCHS if smoke() else 50, description="Epochs:", style=style)
+        self.run_name = widgets.Text(value="smoke" if smoke() else f"preset_{default}", description="Run name:",
+                                     style=style)
+        display(widgets.VBox([self.preset, self.epochs, self.run_name]))
+        print(f"Default: {default}, because {self.reason}.\nRe-running with the same run name continues that run.")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.ws.runs / (self.run_name.value.strip() or f"preset_{self.preset.value}")
+
+    def choice(self) -> tuple[str, int, str]:
+        """(preset A/B/C/demo, epochs, run name) as the controls read now."""
+        preset = self.preset.value
+        if preset == "Auto":
+            preset, why = hardware.choose_preset(hardware.system_report())
+            print(f"Auto: preset {preset}, because {why}.")
+        name = self.run_name.value.strip() or f"preset_{preset}"
+        return preset, int(self.epochs.value), name
+
+
+def preset_picker(ws: Workspace) -> Picker:
+    return Picker(ws)
+
+
+# ------------------------------------------------------------------------------- training
+
+def _command(ws: Workspace, picker: Picker) -> tuple[list[str], Path]:
+    preset, epochs, name = picker.choice()
+    config, overrides = run_config(ws, preset if preset != "demo" else "A", epochs)
+    run_dir = ws.runs / name
+    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(config), "--run-dir", str(run_dir)]
+    for o in overrides:
+        cmd += ["--set", o]
+    return cmd, run_dir
+
+
+def _read_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass                            # a line being written right now
+    return out
+
+
+def _run_live(cmd: list[str], run_dir: Path, env: dict) -> tuple[int, list[str]]:
+    """Run the training command, echo its lines, redraw the curves and a step bar until it ends."""
+    from tqdm.auto import tqdm
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", **env)
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    curves, bar, output = plots.LiveCurves(), tqdm(total=1, desc="training", unit="step"), []
+    try:
+        while True:
+            while not lines.empty():
+                line = lines.get().rstrip()
+                output.append(line)
+                bar.write(line)
+            _refresh(run_dir, started, bar, curves)
+            if proc.poll() is not None and lines.empty():
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("Stopping: the run saves a checkpoint at the next step (run this cell again to continue)...")
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+    time.sleep(0.2)
+    while not lines.empty():
+        output.append(lines.get().rstrip())
+    _refresh(run_dir, started, bar, curves)
+    bar.close()
+    return proc.returncode, output
+
+
+def _refresh(run_dir: Path, started: float, bar, curves) -> None:
+    info_path = run_dir / "run.json"
+    if info_path.exists():
+        try:
+            info = json.loads(info_path.read_text())
+        except ValueError:
+            info = None
+        if info and info["started_at"] >= started - 1:
+            bar.total = info["total_steps"]
+    records = _read_records(run_dir)
+    steps = [r["step"] for r in records if r.get("kind") in ("step", "epoch")]
+    if steps:
+        bar.n = min(max(steps), bar.total or max(steps))
+        bar.refresh()
+    curves.update([r for r in records if r.get("kind") == "epoch"])
+
+
+def train(ws: Workspace, picker: Picker) -> Path:
+    """Train (or resume) the chosen preset with live curves; returns the run directory."""
+    cmd, run_dir = _command(ws, picker)
+    print(f"Run directory: {run_dir}")
+    code, output = _run_live(cmd, run_dir, {})
+    if code == 130:
+        print("Stopped with a checkpoint. Run this cell again to continue where it left off.")
+    elif code != 0:
+        tail = "\n".join(output[-8:])
+        raise CloudMLError(f"training ended with exit status {code}:\n{tail}")
+    return run_dir
+
+
+def simulate_disconnect(ws: Workspace, picker: Picker) -> None:
+    """Smoke test only: start the run and kill it hard mid-epoch, as a Colab disconnect would."""
+    if not smoke():
+        print("(Only in the smoke test: a simulated disconnect, to check that training resumes.)")
+        return
+    cmd, run_dir = _command(ws, picker)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    code, _ = _run_live(cmd, run_dir, {"CLOUDML_KILL_AT": f"step:{SMOKE_DISCONNECT_STEP}"})
+    assert code == -signal.SIGKILL, f"the simulated disconnect did not happen (exit status {code})"
+    print(f"Simulated disconnect at step {SMOKE_DISCONNECT_STEP}: the run was killed. The next cell resumes it.")
+
+
+def check_smoke_run(run_dir: Path) -> None:
+    """Smoke test: trained, checkpointed, resumed after the disconnect, evaluated."""
+    if not smoke():
+        return
+    log = (run_dir / "train.log").read_text()
+    assert "Resumed from step" in log, "the second start did not resume"
+    newest = find_checkpoints(run_dir)[0]
+    assert verify(newest) is None and read_meta(newest)["finished"], f"no finished, verified checkpoint: {newest}"
+    epochs = [r for r in _read_records(run_dir) if r.get("kind") == "epoch"]
+    assert [r["epoch"] for r in epochs] == list(range(1, SMOKE_EPOCHS + 1)), epochs
+    report = json.loads((run_dir / "evaluation.json").read_text())
+    assert report["overall"]["n"] > 100 and math.isfinite(report["overall"]["r2"]), report["overall"]
+    assert load_checkpoint(run_dir / "best.pt")["model"]
+    print(f"Smoke test passed: trained {SMOKE_EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
+          f"{SMOKE_DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}).")
+
+
+# ------------------------------------------------------------------------------- monitor, evaluate
+
+def show_status(run_dir: Path) -> None:
+    """Where the run stands: for a second browser tab, or after a reconnect."""
+    try:
+        status = run_status(run_dir)
+    except CloudMLError as e:
+        print(e)
+        return
+    print(format_status(status))
+    if status["latest_checkpoint_age_s"] is not None:
+        print(f"Minutes since the last checkpoint: {status['latest_checkpoint_age_s'] / 60:.1f}")
+
+
+def show_evaluation(run_dir: Path) -> None:
+    """Per-flight and overall metrics against the baseline, the scatter plot, and where the files are."""
+    from IPython.display import Image, display
+    path = run_dir / "evaluation.json"
+    if not path.exists():
+        print(f"No evaluation yet in {run_dir}: training has not finished.")
+        return
+    print(format_report(json.loads(path.read_text())))
+    scatter = run_dir / "plots" / "scatter.png"
+    if scatter.exists():
+        display(Image(filename=str(scatter)))
+    print(f"Predictions: {run_dir / 'predictions.csv'}\nPlots: {run_dir / 'plots'}\nBest model: {run_dir / 'best.pt'}")

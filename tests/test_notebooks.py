@@ -1,0 +1,88 @@
+"""The notebook files themselves: valid, stripped, thin, portable, with the metadata CI relies on.
+(Running them is `pytest --nbmake colab_setup.ipynb colab_training.ipynb` with CLOUDML_SMOKE=1.)"""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).parent.parent
+NOTEBOOKS = ["colab_setup.ipynb", "colab_training.ipynb"]
+MACHINE_PATH = re.compile(r"(/work/|/root/|/home/|/Users/|/tmp/|[A-Z]:\\\\)")
+
+
+@pytest.fixture(params=NOTEBOOKS)
+def notebook(request):
+    return request.param, nbformat.read(REPO / request.param, as_version=4)
+
+
+def test_valid_nbformat(notebook):
+    _, nb = notebook
+    nbformat.validate(nb)
+    assert nb.nbformat == 4
+
+
+def test_outputs_are_stripped(notebook):
+    _, nb = notebook
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_no_machine_paths(notebook):
+    name, _ = notebook
+    text = (REPO / name).read_text()
+    assert not MACHINE_PATH.search(text), MACHINE_PATH.search(text).group(0)
+
+
+def test_metadata_the_ci_and_colab_rely_on(notebook):
+    _, nb = notebook
+    assert nb.metadata.kernelspec.name == "python3"            # the kernel nbmake starts
+    assert nb.metadata.execution.timeout >= 600                 # nbmake's per-cell timeout
+    assert nb.metadata.accelerator == "GPU"                     # Colab opens it on a GPU runtime
+
+
+def test_cells_are_thin_and_titled(notebook):
+    name, nb = notebook
+    cells = nb.cells
+    assert cells[0].cell_type == "markdown" and cells[0].source.startswith("# ")
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code":
+            continue
+        lines = [x for x in cell.source.splitlines() if x.strip() and not x.strip().startswith("#")]
+        if "find_spec" in cell.source:                          # the bootstrap that installs the library
+            assert len(lines) <= 14
+            continue
+        assert len(lines) <= 2, f"{name} cell {i} holds logic: {cell.source}"
+        assert "colab." in cell.source, f"{name} cell {i} does not call the library"
+        assert any(c.cell_type == "markdown" for c in cells[max(0, i - 2):i]), f"{name} cell {i} has no title"
+
+
+def test_the_training_notebook_has_each_section():
+    nb = nbformat.read(REPO / "colab_training.ipynb", as_version=4)
+    titles = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
+    for section in ("## Presets", "## Choose a preset", "## Train", "## Monitor", "## Evaluation",
+                    "## Troubleshooting"):
+        assert section in titles
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for call in ("colab.preset_picker(", "colab.train(", "colab.check_smoke_run(", "colab.show_status(",
+                 "colab.show_evaluation("):
+        assert call in code
+
+
+def test_real_flights_are_used_when_all_their_files_exist(tmp_path, monkeypatch):
+    from cloudml_lib import colab
+    from cloudml_lib.config import load_config
+    from cloudml_lib.hardware import preset_config_path
+    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+    ws = colab.workspace()
+    assert colab.uses_demo_data(ws)
+    path, over = colab.run_config(ws, "B", epochs=7)
+    assert path.name == "demo.yaml" and f"data.dir={ws.demo}" in over and "train.epochs=7" in over
+    for f in load_config(preset_config_path("A")).data.flights:      # the files the presets look for
+        for pattern in (f.ir_file, f.cpl_file, f.nav_file):
+            (ws.data / pattern.replace("*", "X")).write_bytes(b"")
+    assert not colab.uses_demo_data(ws)
+    path, over = colab.run_config(ws, "B", epochs=7)
+    assert path.name == "colab_full_stable.yaml" and f"data.dir={ws.data}" in over
