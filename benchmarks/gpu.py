@@ -108,7 +108,7 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
                   torch.randn(b, device=device))()
 
     result = probe_batch_size(step, device, budget=int(T4_GIB * 2 ** 30))
-    del model, opt
+    model = opt = None
     torch.cuda.empty_cache()
     return {"recommended_batch": result.recommended,
             "predicted_peak_gib": result.predicted_peak(cfg.train.batch_size) / 2 ** 30,

@@ -253,8 +253,8 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     elif not d.demo:
         problems.append("data.flights: empty; list your flights, or set data.demo: true for the built-in demo")
     s = d.swath_slice
-    if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                          for v in s) and 0 <= s[0] < s[1]):
+    ints = isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+    if not (ints and 0 <= s[0] < s[1]):
         problems.append(f"data.swath_slice: {s!r} is not valid; expected [first_row, end_row] with "
                         "0 <= first_row < end_row, e.g. [40, 480]")
     if d.cbh_min_km >= d.cbh_max_km:
@@ -338,4 +338,3 @@ def save_config(cfg: Config, path: str | Path) -> None:
 def config_from_dict(d: dict) -> Config:
     """Rebuild a Config stored as a plain dict (run directory, checkpoint)."""
     return build_config(d, source="stored config")
-

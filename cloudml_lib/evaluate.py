@@ -38,7 +38,8 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
     std_true = float(true_km.std())
     return {"r2": 1.0 - float((err ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
             "mae_km": float(np.abs(err).mean()), "rmse_km": float(np.sqrt((err ** 2).mean())),
-            "bias_km": float(err.mean()), "std_ratio": float(pred_km.std()) / std_true if std_true > 0 else float("nan"),
+            "bias_km": float(err.mean()),
+            "std_ratio": float(pred_km.std()) / std_true if std_true > 0 else float("nan"),
             "n": n}
 
 

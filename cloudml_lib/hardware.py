@@ -329,4 +329,3 @@ def format_memory(m: dict) -> str:
         return (f"GPU peak {m['peak_allocated_gib']:.1f}/{m['peak_reserved_gib']:.1f} GiB alloc/reserved, "
                 f"{m['alloc_retries']} retries")
     return f"peak RSS {m['peak_rss_gib']:.2f} GiB"
-

@@ -22,7 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from cloudml_lib.checkpoint import find_checkpoints, find_latest_valid, read_meta
+from cloudml_lib.checkpoint import (STATE, Found, find_checkpoints, find_latest_valid, load_state, read_meta,
+                                    step_of, verify)
 from cloudml_lib.errors import CloudMLError
 
 log = logging.getLogger(__name__)
@@ -137,13 +138,86 @@ def has_run(run_dir: Path) -> bool:
     return any((run_dir / n).exists() for n in ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml"))
 
 
+# ------------------------------------------------------------------------- resuming
+
+def find_resume_point(run_dir: Path, mode: str) -> Found | None:
+    """The checkpoint a run continues from (None: start afresh), by --resume auto|never|PATH."""
+    if mode == "never":
+        if has_run(run_dir):
+            raise CloudMLError(f"{run_dir} already holds a run and --resume never refuses to touch it; "
+                               "choose another --run-dir, or use --resume auto to continue it")
+        return None
+    if mode == "auto":
+        if not find_checkpoints(run_dir):
+            if has_run(run_dir):
+                log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
+            return None
+        found = find_latest_valid(run_dir)
+        for r in found.rejected:
+            log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
+        if found.folder is None:
+            raise CloudMLError(
+                f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
+                f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
+                f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over.")
+        return found
+    folder = Path(mode)
+    folder = folder.parent if folder.is_file() else folder
+    reason = verify(folder) if folder.is_dir() else "no such checkpoint folder"
+    if reason:
+        raise CloudMLError(f"--resume {mode}: {reason}")
+    state = load_state(folder / STATE)
+    if folder.parent.resolve() == (run_dir / "checkpoints").resolve():
+        _set_aside_newer(run_dir, step_of(folder))
+    return Found(folder, state, [])
+
+
+def _set_aside_newer(run_dir: Path, step: int) -> None:
+    newer = [p for p in find_checkpoints(run_dir) if step_of(p) > step]
+    if newer:
+        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for p in newer:
+            p.rename(aside / p.name)
+        log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
+
+
+def check_resume_config(cfg, saved: dict) -> None:
+    """Refuse math-changing differences from the checkpoint's config; take harmless ones with a warning."""
+    if cfg.train.batch_size == "auto":          # measured once, when the run started
+        cfg.train.batch_size = saved["train"]["batch_size"]
+    math_changes, harmless = compare_configs(saved, cfg.to_dict())
+    if math_changes:
+        raise CloudMLError(
+            "the config differs from the checkpoint's in settings that change the run's math:\n  - "
+            + "\n  - ".join(math_changes)
+            + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
+              "run with --run-dir NEW. Nothing was changed.")
+    if harmless:
+        log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
+        if any(h.startswith("train.epochs ") for h in harmless):
+            log.warning("train.epochs changed: the cosine learning-rate decay is re-planned over the new length")
+
+
+def truncate_metrics(run_dir: Path, size: int) -> None:
+    """metrics.jsonl continues exactly where the checkpoint left it: later lines are work to redo."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.exists() and path.stat().st_size > size:
+        with open(path, "r+b") as f:
+            f.truncate(size)
+    elif size and (not path.exists() or path.stat().st_size < size):
+        log.warning("metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost")
+    path.touch()
+
+
 def run_status(run_dir: str | Path) -> dict:
     """Where a run stands, from its newest valid checkpoint's manifest and its metrics."""
     run_dir = Path(run_dir)
     if not has_run(run_dir):
         raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
     found = find_latest_valid(run_dir, load=False)
-    status = {"run_dir": str(run_dir), "epoch": 0, "epochs_completed": 0, "epochs": None, "step": 0, "total_steps": None, "batch": 0,
+    status = {"run_dir": str(run_dir), "epoch": 0, "epochs_completed": 0, "epochs": None, "step": 0,
+              "total_steps": None, "batch": 0,
               "batches_per_epoch": None, "progress": 0.0, "best_metric": None, "best_r2": None,
               "latest_checkpoint": None, "latest_checkpoint_age_s": None, "finished": False,
               "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None}

@@ -33,9 +33,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from cloudml_lib import plots
-from cloudml_lib.checkpoint import (FORMAT_VERSION, STATE, CheckpointWriter, Found, capture_rng, cpu_state_dict,
-                                    fault_point, find_checkpoints, find_latest_valid, load_state, read_meta,
-                                    restore_rng, save_atomic, step_of, to_cpu, verify)
+from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, cpu_state_dict, fault_point,
+                                    read_meta, restore_rng, save_atomic, to_cpu)
 from cloudml_lib.config import Config, save_config
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, fit_scalers, quick_subset, split_flights
@@ -46,7 +45,7 @@ from cloudml_lib.evaluate import (build_report, format_report, json_safe, predic
 from cloudml_lib.hardware import (choose_device, choose_precision, default_num_workers, describe_device,
                                   format_memory, memory_readings, probe_batch_size)
 from cloudml_lib.model import build_model, count_parameters
-from cloudml_lib.rundir import RunLock, compare_configs, has_run
+from cloudml_lib.rundir import RunLock, check_resume_config, find_resume_point, truncate_metrics
 
 log = logging.getLogger(__name__)
 PACKAGE_LOGGER = "cloudml_lib"
@@ -166,9 +165,9 @@ class Trainer:
         try:
             attach_run_log(self.run_dir)
             ensure_demo_flights(cfg.data)                       # fills the demo flight list before comparing
-            found = self._find_resume_point()
+            found = find_resume_point(self.run_dir, self.resume)
             if found is not None:
-                self._check_config(found.state["config"])
+                check_resume_config(self.cfg, found.state["config"])
             save_config(cfg, self.run_dir / "config.yaml")
             seed_everything(t.seed)
             self.train_set, self.val_set = prepare_data(cfg)
@@ -178,7 +177,7 @@ class Trainer:
             if found is not None:
                 self._restore(found)
             else:
-                self._truncate_metrics(0)
+                truncate_metrics(self.run_dir, 0)
             self._write_run_info(found)
         except BaseException:
             self.close()
@@ -247,7 +246,7 @@ class Trainer:
                 result = probe_batch_size(step, self.device)
             except torch.cuda.OutOfMemoryError:
                 result = None
-        del probe_model, probe_opt
+        probe_model = probe_opt = None         # release the copy before training allocates
         torch.cuda.empty_cache()
         if result is None:
             log.warning("train.batch_size auto: even batch 2 does not fit on this GPU; using 1. Choose preset C "
@@ -257,61 +256,6 @@ class Trainer:
         return result.recommended
 
     # ------------------------------------------------------------------------- resume logic
-    def _find_resume_point(self) -> Found | None:
-        mode, run_dir = self.resume, self.run_dir
-        if mode == "never":
-            if has_run(run_dir):
-                raise CloudMLError(f"{run_dir} already holds a run and --resume never refuses to touch it; "
-                                   "choose another --run-dir, or use --resume auto to continue it")
-            return None
-        if mode == "auto":
-            if not find_checkpoints(run_dir):
-                if has_run(run_dir):
-                    log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
-                return None
-            found = find_latest_valid(run_dir)
-            for r in found.rejected:
-                log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
-            if found.folder is None:
-                raise CloudMLError(
-                    f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
-                    f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
-                    f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over.")
-            return found
-        folder = Path(mode)
-        folder = folder.parent if folder.is_file() else folder
-        reason = verify(folder) if folder.is_dir() else "no such checkpoint folder"
-        if reason:
-            raise CloudMLError(f"--resume {mode}: {reason}")
-        state = load_state(folder / STATE)
-        if folder.parent.resolve() == (run_dir / "checkpoints").resolve():
-            self._set_aside_newer(step_of(folder))
-        return Found(folder, state, [])
-
-    def _set_aside_newer(self, step: int) -> None:
-        newer = [p for p in find_checkpoints(self.run_dir) if step_of(p) > step]
-        if newer:
-            aside = self.run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
-            aside.mkdir()
-            for p in newer:
-                p.rename(aside / p.name)
-            log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
-
-    def _check_config(self, saved: dict) -> None:
-        if self.cfg.train.batch_size == "auto":          # measured once, when the run started
-            self.cfg.train.batch_size = saved["train"]["batch_size"]
-        math_changes, harmless = compare_configs(saved, self.cfg.to_dict())
-        if math_changes:
-            raise CloudMLError(
-                "the config differs from the checkpoint's in settings that change the run's math:\n  - "
-                + "\n  - ".join(math_changes)
-                + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
-                  "run with --run-dir NEW. Nothing was changed.")
-        if harmless:
-            log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
-            if any(h.startswith("train.epochs ") for h in harmless):
-                log.warning("train.epochs changed: the cosine learning-rate decay is re-planned over the new length")
-
     def _restore(self, found: Found) -> None:
         s = found.state
         self.model.load_state_dict(s["model"])             # copies into the existing parameters, in place
@@ -322,7 +266,7 @@ class Trainer:
         self.acc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in loop.pop("acc").items()}
         self.state.update(loop)
         restore_rng(s["rng"], self.loader_rng)
-        self._truncate_metrics(s["metrics_bytes"])
+        truncate_metrics(self.run_dir, s["metrics_bytes"])
         saved_epochs = s["config"]["train"]["epochs"]
         if self.state["finished"] and self.cfg.train.epochs > saved_epochs and not self.state["stopped_early"]:
             self.state["finished"] = False                  # more epochs asked for: carry on
@@ -336,21 +280,12 @@ class Trainer:
 
     def _write_run_info(self, found: Found | None) -> None:
         """run.json: the plan of this (re)start, for progress bars and monitors (rewritten at each start)."""
-        info = {"total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch, "epochs": self.cfg.train.epochs,
+        info = {"total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
+                "epochs": self.cfg.train.epochs,
                 "batch_size": self.cfg.train.batch_size, "device": describe_device(self.device),
                 "started_at": time.time(), "start_step": self.state["step"],
                 "resumed_from": str(found.folder) if found is not None else None}
         (self.run_dir / "run.json").write_text(json.dumps(info, indent=1))
-
-    def _truncate_metrics(self, size: int) -> None:
-        """metrics.jsonl continues exactly where the checkpoint left it: later lines are work to redo."""
-        path = self.run_dir / "metrics.jsonl"
-        if path.exists() and path.stat().st_size > size:
-            with open(path, "r+b") as f:
-                f.truncate(size)
-        elif size and (not path.exists() or path.stat().st_size < size):
-            log.warning("metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost")
-        path.touch()
 
     # ----------------------------------------------------------------------------- snapshot
     def snapshot(self) -> dict:
@@ -394,22 +329,29 @@ class Trainer:
         """
         for _ in range(MAX_STEP_ATTEMPTS):
             before = self._pre_batch_state()
-            try:
-                return self._forward_backward(batch)
-            except torch.cuda.OutOfMemoryError:
-                failure = "oom"
-            except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
-                if self.forward is self.model:
-                    raise
-                failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-            # Recovery happens here, outside the except block: its traceback would pin the
-            # failed attempt's tensors in memory.
+            loss, failure = self._attempt(lambda: self._forward_backward(batch))
+            if failure is None:
+                return loss
             self._undo_attempt(before)
             if failure == "oom":
                 self._halve_micro_batch(len(batch["target"]))
             else:
                 self._fall_back_to_eager(failure)
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
+
+    def _attempt(self, fn):
+        """(fn(), None); or (None, "oom") on GPU out-of-memory; or (None, what failed) when the compiled
+        model failed. Errors of the eager model propagate. Returning from the handler releases the
+        traceback, which would otherwise pin the failed attempt's tensors during the recovery."""
+        try:
+            return fn(), None
+        except torch.cuda.OutOfMemoryError:
+            return None, "oom"
+        except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
+            if self.forward is self.model:
+                raise
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            return None, f"{type(e).__name__}: {first}"
 
     def _forward_backward(self, batch: dict) -> torch.Tensor:
         """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
@@ -582,16 +524,12 @@ class Trainer:
         switches to eager mode. Predictions do not depend on the evaluation batch size.
         """
         for _ in range(MAX_STEP_ATTEMPTS):
-            try:
-                pred, target = predict(self.model, self.val_set, self.device, self.state["eval_batch_size"],
-                                       self.autocast, indices, self.num_workers, forward=self.forward)
+            result, failure = self._attempt(lambda: predict(
+                self.model, self.val_set, self.device, self.state["eval_batch_size"], self.autocast, indices,
+                self.num_workers, forward=self.forward))
+            if failure is None:
+                pred, target = result
                 break
-            except torch.cuda.OutOfMemoryError:
-                failure = "oom"
-            except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
-                if self.forward is self.model:
-                    raise
-                failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
             gc.collect()
             if failure != "oom":
                 self._fall_back_to_eager(failure)

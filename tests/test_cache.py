@@ -6,7 +6,7 @@ import pytest
 
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cache as cache_mod
-from cloudml_lib.data.cache import FrameStore, build_windows, load_caches, load_flight_cache, preprocess_frame
+from cloudml_lib.data.cache import build_windows, load_caches, load_flight_cache, preprocess_frame
 
 
 def test_windows_edge_policies():

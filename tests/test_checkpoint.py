@@ -4,7 +4,6 @@ import os
 import random
 
 import numpy as np
-import pytest
 import torch
 
 from cloudml_lib import checkpoint as ck
