@@ -97,3 +97,13 @@ def test_reading_samples_does_not_grow_memory(tiny_config):
         cache.frames.read(w)
     maps = open(f"/proc/{os.getpid()}/maps").read() if os.path.exists(f"/proc/{os.getpid()}/maps") else ""
     assert str(cache.path / "frames.npy") not in maps
+
+
+def test_a_cache_that_would_not_fit_on_disk_is_refused_before_writing(tiny_config, monkeypatch):
+    import shutil as sh
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(Exception, match=r"its cache needs 0\.\d+ GB but only 0\.00 GB are free .*data.downsample: 2"):
+        load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
+    assert not list(cache_mod.cache_root(tiny_config.data).glob("*.tmp-*"))

@@ -179,6 +179,12 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     tmp.mkdir(parents=True)
     crop = (data.swath_slice[1] - data.swath_slice[0], labels.frame_shape[1])
     shape = (len(needed),) + _output_shape(crop, data.downsample)
+    need, free = int(np.prod(shape)) * 2, shutil.disk_usage(tmp).free
+    if need > 0.95 * free:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
+                        f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
+                        "data.downsample: 2 (a quarter of the size)")
     out = np.lib.format.open_memmap(tmp / "frames.npy", mode="w+", dtype=np.float16, shape=shape)
     filled, empty = 0, 0
     with er2.open_h5(er2.flight_paths(flight, data)["ir"], flight.name) as f:
