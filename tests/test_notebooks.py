@@ -8,7 +8,7 @@ import pytest
 
 REPO = Path(__file__).parent.parent
 NOTEBOOKS = ["colab_setup.ipynb", "colab_training.ipynb"]
-MACHINE_PATH = re.compile(r"(/work/|/root/|/home/|/Users/|/tmp/|[A-Z]:\\\\)")
+MACHINE_PATH = re.compile(r"(/root/|/home/|/Users/|/tmp/|[A-Z]:\\\\)")
 
 
 @pytest.fixture(params=NOTEBOOKS)
