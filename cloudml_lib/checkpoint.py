@@ -284,8 +284,6 @@ class CheckpointWriter:
         self.local_dir = Path(tempfile.mkdtemp(prefix="cloudml-ckpt-"))
         self._thread: threading.Thread | None = None
         self.failures = 0
-        self.last_committed: Path | None = None
-        self.write_seconds: list[float] = []
 
     def submit(self, state: dict, meta: dict, wait: bool = False) -> float:
         """Start writing `state` (already a CPU snapshot); returns how long the caller waited."""
@@ -304,11 +302,9 @@ class CheckpointWriter:
             self._thread = None
 
     def _write(self, state: dict, meta: dict) -> None:
-        t0 = time.perf_counter()
         try:
-            self.last_committed = commit(state, meta, self.run_dir, self.local_dir)
+            commit(state, meta, self.run_dir, self.local_dir)
             prune(self.run_dir, self.keep_last)
-            self.write_seconds.append(time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - a failed save must never stop training
             self.failures += 1
             log.error("Checkpoint at step %d could not be written (%s: %s). Training continues; the previous "

@@ -159,6 +159,8 @@ class Trainer:
     # ---------------------------------------------------------------------------------- set-up
     def setup(self) -> "Trainer":
         cfg, t = self.cfg, self.cfg.train
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise CloudMLError(f"--run-dir {self.run_dir} is a file, not a folder; choose a folder for the run")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         self.lock.acquire()

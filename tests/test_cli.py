@@ -113,3 +113,11 @@ def test_preset_auto_picks_the_demo_without_a_gpu(tmp_path):
 def test_config_and_preset_are_exclusive():
     r = run_cli("train", "--preset", "A", "--config", "configs/demo.yaml")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
+
+
+def test_run_dir_that_is_a_file_is_explained(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    r = run_cli("train", "--config", "configs/demo.yaml", "--run-dir", str(target))
+    assert r.returncode == 2 and "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+    assert target.read_text() == "keep me"
