@@ -10,8 +10,9 @@ Commit order: save to fast local disk; copy into `checkpoints/.step-N.tmp-PID/` 
 flush and fsync; write the manifest; rename the folder into place; write the marker; fsync the
 folder. A crash at any point leaves either a complete, marked checkpoint or something the
 verifier rejects, and the previous checkpoints are untouched: old ones are deleted only after a
-new one is committed. Writes run in a background thread, at most one in flight; a failed write
-(disk full, Drive gone) is logged and training goes on.
+new one is committed, and each is renamed out of sight before its files go, so a kill mid-delete
+never leaves half a checkpoint. Writes run in a background thread, at most one in flight; a failed
+write (disk full, Drive gone) is logged and training goes on.
 """
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
         meta = dict(meta, file=STATE, bytes=size, sha256=digest, saved_at=time.time(), format=FORMAT_VERSION)
         write_durable(tmp / META, json.dumps(meta, indent=1).encode())
         if final.exists():                               # an uncommitted leftover of this step
-            shutil.rmtree(final)
+            _delete(final)
         os.replace(tmp, final)
         fault_point("commit-renamed")
         write_durable(final / COMMITTED, digest.encode())
@@ -264,14 +265,27 @@ def prune(run_dir: Path, keep_last: int) -> None:
         return
     newest = step_of(committed[0])
     for p in committed[keep_last:]:
-        shutil.rmtree(p, ignore_errors=True)
+        _delete(p)
     for p in find_checkpoints(run_dir):
         if not (p / COMMITTED).is_file() and step_of(p) < newest:
-            shutil.rmtree(p, ignore_errors=True)
+            _delete(p)
     for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):
         pid = p.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or int(pid) != os.getpid():
             shutil.rmtree(p, ignore_errors=True)
+    for p in checkpoints_dir(run_dir).glob(".trash-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _delete(folder: Path) -> None:
+    """Rename out of sight first, then delete: a kill mid-delete never leaves a half checkpoint."""
+    trash = folder.with_name(f".trash-{folder.name}-{os.getpid()}")
+    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.replace(folder, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 # --------------------------------------------------------------------- background writer

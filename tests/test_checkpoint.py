@@ -49,6 +49,31 @@ def test_prune_keeps_the_newest_committed_and_drops_leftovers(tmp_path):
     assert not stale.exists()
 
 
+def test_a_kill_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypatch):
+    for step in (1, 2, 3):
+        ck.commit(small_state(step), {"step": step}, tmp_path, tmp_path)
+    real_rmtree = ck.shutil.rmtree
+
+    def dies_after_one_file(path, ignore_errors=False):
+        if not os.path.isdir(path):
+            return
+        files = sorted(p.path for p in os.scandir(path) if p.is_file())
+        os.unlink(files[0])                              # the marker or the state goes first ...
+        raise SystemExit("killed")                       # ... and the process dies mid-delete
+
+    monkeypatch.setattr(ck.shutil, "rmtree", dies_after_one_file)
+    try:
+        ck.prune(tmp_path, keep_last=2)
+    except SystemExit:
+        pass
+    monkeypatch.setattr(ck.shutil, "rmtree", real_rmtree)
+    left = ck.find_checkpoints(tmp_path)
+    assert [p.name for p in left] == ["step-00000003", "step-00000002"]
+    assert all(ck.verify(p) is None for p in left)       # every folder a resume can be pointed at is whole
+    ck.prune(tmp_path, keep_last=2)                      # the next prune clears the half-deleted leftover
+    assert not list((tmp_path / "checkpoints").glob(".trash-*"))
+
+
 def test_rng_state_round_trips():
     g = torch.Generator().manual_seed(3)
     saved = ck.capture_rng(g)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta
+from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
 from conftest import tiny_raw
 
 REPO = Path(__file__).parent.parent
@@ -41,6 +41,11 @@ def train(cfg, run_dir, *extra, kill_at=None):
         env["CLOUDML_KILL_AT"] = kill_at
     cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run_dir), *extra]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def newest_committed(run_dir):
+    """The newest whole checkpoint: a write the kill interrupted may sit above it, uncommitted."""
+    return next(p for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file())
 
 
 def final_state(run_dir):
@@ -117,7 +122,7 @@ def _corrupt_newest_then_resume(setup, tmp_path, damage):
     cfg, ref, _ = setup
     run = tmp_path / "run"
     assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
-    newest = find_checkpoints(run)[0]
+    newest = newest_committed(run)
     damage(newest / STATE)
     resumed = train(cfg, run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -154,7 +159,7 @@ def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatc
     cfg, ref, _ = setup
     run = tmp_path / "run"
     assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
-    newest = find_checkpoints(run)[0]
+    newest = newest_committed(run)
     state = torch.load(newest / STATE, weights_only=True)
     state["extra"] = _Hostile()
     torch.save(state, newest / STATE)
@@ -175,9 +180,13 @@ def test_resume_from_a_chosen_checkpoint_sets_newer_ones_aside(setup, tmp_path):
     run = tmp_path / "run"
     assert train(cfg, run, kill_at="step:13").returncode == -signal.SIGKILL
     older = find_checkpoints(run)[-1]
+    newer = [p.name for p in find_checkpoints(run) if step_of(p) > step_of(older)]
+    assert newer
     r = train(cfg, run, "--resume", str(older))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "Moved 1 checkpoints newer than step" in r.stdout
+    assert f"Moved {len(newer)} checkpoints newer than step {step_of(older)}" in r.stdout
+    aside = next(run.glob("superseded-*"))
+    assert sorted(p.name for p in aside.iterdir()) == sorted(newer)
     assert_same_run(run, ref)
 
 
@@ -215,13 +224,13 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
     cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run),
            "--set", "train.epochs=200", "--set", "checkpoint.every_steps=1000"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
+    deadline = time.time() + 180
     while time.time() < deadline and not (run / "metrics.jsonl").exists() or \
             len((run / "metrics.jsonl").read_text().splitlines()) < 3:
         time.sleep(0.2)
         assert time.time() < deadline and proc.poll() is None
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
     import re
     stopped = re.search(r"Stopped by SIGTERM at step (\d+); checkpoint saved", out)
