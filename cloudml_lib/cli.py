@@ -143,7 +143,7 @@ def _make_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cloudml_lib.train import attach_run_log
+    from cloudml_lib.rundir import attach_run_log
 
     args = build_parser().parse_args(argv)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from cloudml_lib import plots
 from cloudml_lib.checkpoint import load_checkpoint
 from cloudml_lib.config import config_from_dict
 from cloudml_lib.data.cache import load_flight_cache
@@ -134,9 +135,22 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     pred, _ = predict(model, dataset, device, 2 * cfg.train.batch_size, autocast)
     s = dataset.scalers
     pred_km = pred * s.cbh_std + s.cbh_mean
-    report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]))
-    report["best_epoch"] = int(ckpt["epoch"])
-    if write:
-        write_predictions(run_dir / "predictions.csv", dataset, pred_km)
-        (run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
+    if not write:
+        report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]))
+        report["best_epoch"] = int(ckpt["epoch"])
+        return report
+    return write_evaluation(run_dir, dataset, pred_km, float(ckpt["train_mean_km"]), int(ckpt["epoch"]))
+
+
+def write_evaluation(run_dir: Path, dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: float,
+                     best_epoch: int) -> dict:
+    """The report of the best model on the held-out flights: evaluation.json, predictions.csv, plots/scatter.png."""
+    report = build_report(dataset, pred_km, train_mean_km)
+    report["best_epoch"] = best_epoch
+    write_predictions(run_dir / "predictions.csv", dataset, pred_km)
+    (run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
+    flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
+    plots.save_figure(plots.scatter_figure(dataset.targets_km(), pred_km, flights,
+                                           f"Held-out flights, R2 {report['overall']['r2']:.2f}"),
+                      run_dir / "plots" / "scatter.png")
     return report

@@ -1,5 +1,5 @@
 """A run directory over time: who may write into it (the lock), what a resumed run may change,
-and where it stands (status).
+where it stands (status), and its log (train.log).
 
 The lock is `RUN_DIR/.lock`, a small JSON file (host, pid, start, heartbeat) refreshed every
 20 s by a background thread. A second trainer is refused while the holder is alive: same host
@@ -18,9 +18,12 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from cloudml_lib.checkpoint import (STATE, Found, find_checkpoints, find_latest_valid, load_state, read_meta,
                                     step_of, verify)
@@ -28,6 +31,7 @@ from cloudml_lib.errors import CloudMLError
 
 log = logging.getLogger(__name__)
 
+PACKAGE_LOGGER = "cloudml_lib"
 HEARTBEAT_S, STALE_S = 20.0, 90.0
 LOCK = ".lock"
 
@@ -258,3 +262,38 @@ def format_status(s: dict) -> str:
     for r in s["rejected"]:
         lines.append(f"rejected: {r['path']}: {r['reason']}")
     return "\n".join(lines)
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console lines that do not break a running progress bar."""
+
+    def emit(self, record):
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
+    """The package logger prints to the console and, with a run directory, to train.log.
+
+    It does not propagate: Colab's root logger already has a handler, which would print twice.
+    `console` is the stream for screen lines (default stdout).
+    """
+    logger = logging.getLogger(PACKAGE_LOGGER)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
+        logger.removeHandler(h)
+        h.close()
+    screen = _TqdmHandler(console or sys.stdout)
+    screen.setFormatter(logging.Formatter("%(message)s"))
+    handlers = [screen]
+    if run_dir is not None:
+        file = logging.FileHandler(Path(run_dir) / "train.log")
+        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        handlers.append(file)
+    for h in handlers:
+        h._cloudml = True
+        logger.addHandler(h)
+    return logger

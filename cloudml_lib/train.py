@@ -12,14 +12,11 @@ restored. A run killed at any moment and resumed ends bit-identical to one never
 """
 from __future__ import annotations
 
-import copy
-import gc
 import json
 import logging
 import math
 import random
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -36,56 +33,18 @@ from cloudml_lib import plots
 from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, cpu_state_dict, fault_point,
                                     read_meta, restore_rng, save_atomic, to_cpu)
 from cloudml_lib.config import Config, save_config
-from cloudml_lib.data.cache import load_caches
-from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, fit_scalers, quick_subset, split_flights
+from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
-                                  write_predictions)
+from cloudml_lib.evaluate import format_report, json_safe, predict, regression_metrics, write_evaluation
 from cloudml_lib.hardware import (choose_device, choose_precision, default_num_workers, describe_device,
-                                  format_memory, memory_readings, probe_batch_size)
+                                  format_memory, memory_readings)
 from cloudml_lib.model import build_model, count_parameters
-from cloudml_lib.rundir import RunLock, check_resume_config, find_resume_point, truncate_metrics
+from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, eager_after_compile_failure, halve_eval_batch,
+                                  halve_micro_batch, measure_batch_size, release_memory, run_attempt, undo)
+from cloudml_lib.rundir import RunLock, attach_run_log, check_resume_config, find_resume_point, truncate_metrics
 
 log = logging.getLogger(__name__)
-PACKAGE_LOGGER = "cloudml_lib"
-MAX_STEP_ATTEMPTS = 16        # recoveries of one step: halvings of the micro-batch, one fall-back to eager
-CPU_AUTO_BATCH = 16
-
-
-class _TqdmHandler(logging.StreamHandler):
-    """Console lines that do not break a running progress bar."""
-
-    def emit(self, record):
-        try:
-            tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # noqa: BLE001 - logging must never raise
-            self.handleError(record)
-
-
-def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
-    """The package logger prints to the console and, with a run directory, to train.log.
-
-    It does not propagate: Colab's root logger already has a handler, which would print twice.
-    `console` is the stream for screen lines (default stdout).
-    """
-    logger = logging.getLogger(PACKAGE_LOGGER)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
-        logger.removeHandler(h)
-        h.close()
-    screen = _TqdmHandler(console or sys.stdout)
-    screen.setFormatter(logging.Formatter("%(message)s"))
-    handlers = [screen]
-    if run_dir is not None:
-        file = logging.FileHandler(Path(run_dir) / "train.log")
-        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-        handlers.append(file)
-    for h in handlers:
-        h._cloudml = True
-        logger.addHandler(h)
-    return logger
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -120,23 +79,6 @@ def apply_compile(model, cfg: Config, device: torch.device):
         return model
     log.info("compiling the model with torch.compile(mode=%r); the first steps are slow", cfg.train.torch_compile_mode)
     return torch.compile(model, mode=cfg.train.torch_compile_mode)
-
-
-def prepare_data(cfg: Config) -> tuple[CloudDataset, CloudDataset]:
-    """Caches of all flights, split by flight, scalers fitted on the training flights only."""
-    caches = load_caches(cfg.data)
-    train, val = split_flights(caches, cfg)
-    empty = [c.name for c in train + val if len(c) == 0]
-    if empty:
-        raise CloudMLError(f"flights with no usable samples: {', '.join(empty)}; see the counts in the log, "
-                           "and the data.cbh_* / match_tolerance_s filters")
-    scalers = fit_scalers(train)
-    weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
-    log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
-             ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
-             sum(map(len, val)))
-    return (CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights),
-            CloudDataset(val, scalers))
 
 
 def _ago(seconds: float) -> str:
@@ -199,7 +141,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.use_grad_scaler)
         self.forward = apply_compile(self.model, cfg, self.device)
         if t.batch_size == "auto":
-            t.batch_size = self._probe_batch_size()
+            t.batch_size = measure_batch_size(self.model, self.autocast, self.device, cfg.data.temporal_frames,
+                                              self.train_set.caches[0].frame_shape)
         self.state["micro_batch_size"] = t.batch_size         # a resumed run restores its own below
         self.state["eval_batch_size"] = 2 * t.batch_size
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
@@ -222,40 +165,6 @@ class Trainer:
                  "batch %d, %d optimizer steps per epoch, %d loader workers", f"{count_parameters(self.model):,}",
                  cfg.channels, "on" if cfg.model.gradient_checkpointing else "off", describe_device(self.device),
                  self.precision.name, t.batch_size, self.steps_per_epoch, self.num_workers)
-
-    def _probe_batch_size(self) -> int:
-        """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data."""
-        if self.device.type != "cuda":
-            log.info("train.batch_size is 'auto', but measuring needs a GPU; using %d on the CPU", CPU_AUTO_BATCH)
-            return CPU_AUTO_BATCH
-        t_frames = self.cfg.data.temporal_frames
-        h, w = self.train_set.caches[0].frame_shape
-        probe_model = copy.deepcopy(self.model).train()
-        probe_opt = torch.optim.AdamW(probe_model.parameters(), lr=1e-6)
-
-        def step(b: int) -> None:
-            gen = torch.Generator(device=self.device).manual_seed(0)
-            frames = torch.randn(b, t_frames, h, w, device=self.device, generator=gen)
-            scalars = torch.randn(b, 2, device=self.device, generator=gen)
-            with self.autocast():
-                loss = probe_model(frames, scalars).float().pow(2).mean()
-            loss.backward()
-            probe_opt.step()
-            probe_opt.zero_grad(set_to_none=True)
-
-        with torch.random.fork_rng(devices=[self.device]):       # the run's RNG stream is untouched
-            try:
-                result = probe_batch_size(step, self.device)
-            except torch.cuda.OutOfMemoryError:
-                result = None
-        probe_model = probe_opt = None         # release the copy before training allocates
-        torch.cuda.empty_cache()
-        if result is None:
-            log.warning("train.batch_size auto: even batch 2 does not fit on this GPU; using 1. Choose preset C "
-                        "(model.memory_optimized: true) or turn on model.gradient_checkpointing.")
-            return 1
-        log.info("train.batch_size auto: %s", result.describe())
-        return result.recommended
 
     # ------------------------------------------------------------------------- resume logic
     def _restore(self, found: Found) -> None:
@@ -329,31 +238,18 @@ class Trainer:
         Either way the attempt's partial effects (gradients, BatchNorm statistics, RNG) are undone
         first, so nothing is counted twice.
         """
-        for _ in range(MAX_STEP_ATTEMPTS):
-            before = self._pre_batch_state()
-            loss, failure = self._attempt(lambda: self._forward_backward(batch))
+        keep_grads = bool(self.state["batch"] % self.cfg.train.grad_accum_steps)
+        for _ in range(MAX_ATTEMPTS):
+            before = capture_undo(self.model, self.device, keep_grads)
+            loss, failure = run_attempt(lambda: self._forward_backward(batch), self.forward is not self.model)
             if failure is None:
                 return loss
-            self._undo_attempt(before)
+            undo(before, self.model, self.optimizer, self.device)
             if failure == "oom":
-                self._halve_micro_batch(len(batch["target"]))
+                halve_micro_batch(self.state, len(batch["target"]), self.cfg.train.batch_size)
             else:
-                self._fall_back_to_eager(failure)
+                self.forward = eager_after_compile_failure(self.model, failure)
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
-
-    def _attempt(self, fn):
-        """(fn(), None); or (None, "oom") on GPU out-of-memory; or (None, what failed) when the compiled
-        model failed. Errors of the eager model propagate. Returning from the handler releases the
-        traceback, which would otherwise pin the failed attempt's tensors during the recovery."""
-        try:
-            return fn(), None
-        except torch.cuda.OutOfMemoryError:
-            return None, "oom"
-        except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
-            if self.forward is self.model:
-                raise
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            return None, f"{type(e).__name__}: {first}"
 
     def _forward_backward(self, batch: dict) -> torch.Tensor:
         """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
@@ -375,54 +271,6 @@ class Trainer:
             self.scaler.scale(loss / t.grad_accum_steps).backward()
             total += loss.detach()
         return total
-
-    def _pre_batch_state(self) -> dict:
-        """What a failed attempt could change: BatchNorm buffers, RNG, accumulated gradients."""
-        return {"buffers": [b.clone() for b in self.model.buffers()],
-                "rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
-                "grads": ([None if p.grad is None else p.grad.clone() for p in self.model.parameters()]
-                          if self.state["batch"] % self.cfg.train.grad_accum_steps else None)}
-
-    def _undo_attempt(self, before: dict) -> None:
-        with torch.no_grad():
-            for b, saved in zip(self.model.buffers(), before["buffers"]):
-                b.copy_(saved)
-        torch.set_rng_state(before["rng"])
-        if before["cuda_rng"] is not None:
-            torch.cuda.set_rng_state(before["cuda_rng"])
-        if before["grads"] is None:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            for p, g in zip(self.model.parameters(), before["grads"]):
-                p.grad = g
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def _halve_micro_batch(self, batch_len: int) -> None:
-        st = self.state
-        current = min(st["micro_batch_size"], batch_len)
-        if current <= 1:
-            raise CloudMLError(
-                "GPU out of memory even with micro-batches of one sample. Use preset C "
-                "(model.memory_optimized: true), turn on model.gradient_checkpointing, or set data.downsample: 2; "
-                "the last checkpoint is intact, so the run resumes from there.")
-        st["micro_batch_size"] = max(1, current // 2)
-        st["oom_recoveries"] += 1
-        log.warning("GPU out of memory at step %d: redoing the batch in micro-batches of %d (batch size %d and "
-                    "learning rate unchanged). To avoid the retry, set train.batch_size to %d or use "
-                    "train.batch_size: auto.", st["step"], st["micro_batch_size"], self.cfg.train.batch_size,
-                    st["micro_batch_size"])
-
-    def _fall_back_to_eager(self, failure: str) -> None:
-        log.warning("torch.compile failed (%s). Continuing in eager mode from the same step; nothing is lost. "
-                    "Set train.torch_compile: false to skip compiling next time.", failure)
-        self.forward = self.model
-        try:
-            torch._dynamo.reset()
-        except Exception:  # noqa: BLE001 - clearing compile caches is best effort
-            pass
 
     def optimizer_step(self) -> None:
         self.scaler.unscale_(self.optimizer)
@@ -525,25 +373,18 @@ class Trainer:
         Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
         switches to eager mode. Predictions do not depend on the evaluation batch size.
         """
-        for _ in range(MAX_STEP_ATTEMPTS):
-            result, failure = self._attempt(lambda: predict(
+        for _ in range(MAX_ATTEMPTS):
+            result, failure = run_attempt(lambda: predict(
                 self.model, self.val_set, self.device, self.state["eval_batch_size"], self.autocast, indices,
-                self.num_workers, forward=self.forward))
+                self.num_workers, forward=self.forward), self.forward is not self.model)
             if failure is None:
                 pred, target = result
                 break
-            gc.collect()
-            if failure != "oom":
-                self._fall_back_to_eager(failure)
-            elif self.state["eval_batch_size"] > 1:
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                self.state["eval_batch_size"] //= 2
-                log.warning("GPU out of memory during validation: evaluating %d samples at a time from now on",
-                            self.state["eval_batch_size"])
+            release_memory(self.device)
+            if failure == "oom":
+                halve_eval_batch(self.state)
             else:
-                raise CloudMLError("GPU out of memory during validation even one sample at a time; use preset C "
-                                   "or data.downsample: 2")
+                self.forward = eager_after_compile_failure(self.model, failure)
         else:
             raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
         loss = float(F.huber_loss(torch.from_numpy(pred), torch.from_numpy(target), delta=self.cfg.train.huber_delta))
@@ -624,18 +465,12 @@ class Trainer:
         if best.exists():
             self.model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["model"])
         _, _, pred_km = self.validate()
-        report = build_report(self.val_set, pred_km, float(self.train_set.targets_km().mean()))
-        report["best_epoch"] = self.state["best_epoch"]
-        write_predictions(self.run_dir / "predictions.csv", self.val_set, pred_km)
-        (self.run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
+        report = write_evaluation(self.run_dir, self.val_set, pred_km, float(self.train_set.targets_km().mean()),
+                                  self.state["best_epoch"])
         self._append_metrics({"kind": "final", "epoch": self.state["epoch"], "step": self.state["step"],
                               **report["overall"], "baseline": report["baseline"], "per_flight": report["per_flight"]})
         if self.state["history"]:
             plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
-        flights = np.array([c.name for c in self.val_set.caches])[self.val_set.flight_of]
-        plots.save_figure(plots.scatter_figure(self.val_set.targets_km(), pred_km, flights,
-                                               f"Held-out flights, R2 {report['overall']['r2']:.2f}"),
-                          self.run_dir / "plots" / "scatter.png")
         self.state["finished"] = True
         self.save_checkpoint("final", wait=True)
         log.info("Full validation with the best model (epoch %d):\n%s", self.state["best_epoch"], format_report(report))

@@ -119,7 +119,8 @@ def test_probe_on_a_real_gpu(tiny_config, tmp_path):
 
 
 def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
-    from cloudml_lib.train import CPU_AUTO_BATCH, Trainer
+    from cloudml_lib.recovery import CPU_AUTO_BATCH
+    from cloudml_lib.train import Trainer
     tiny_config.train.batch_size = "auto"
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     trainer.close()

@@ -18,7 +18,8 @@ import torch
 from torch.utils.data import Dataset
 
 from cloudml_lib.config import Config
-from cloudml_lib.data.cache import FlightCache
+from cloudml_lib.data.cache import FlightCache, load_caches
+from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,23 @@ class CloudDataset(Dataset):
         target = torch.tensor((float(c.cbh_km[j]) - s.cbh_mean) / s.cbh_std, dtype=torch.float32)
         weight = torch.tensor(self.weight_of[self.flight_of[i]], dtype=torch.float32)
         return {"frames": frames, "scalars": scalars, "target": target, "weight": weight, "index": int(i)}
+
+
+def prepare_data(cfg: Config) -> tuple[CloudDataset, CloudDataset]:
+    """Caches of all flights, split by flight, scalers fitted on the training flights only."""
+    caches = load_caches(cfg.data)
+    train, val = split_flights(caches, cfg)
+    empty = [c.name for c in train + val if len(c) == 0]
+    if empty:
+        raise DataError(f"flights with no usable samples: {', '.join(empty)}; see the counts in the log, "
+                           "and the data.cbh_* / match_tolerance_s filters")
+    scalers = fit_scalers(train)
+    weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
+    log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
+             ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
+             sum(map(len, val)))
+    return (CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights),
+            CloudDataset(val, scalers))
 
 
 def augment_sample(frames: torch.Tensor, saa: float, rng: np.random.Generator) -> tuple[torch.Tensor, float]:

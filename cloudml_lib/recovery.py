@@ -1,0 +1,138 @@
+"""Failures a run recovers from instead of crashing: GPU out-of-memory, a broken torch.compile.
+
+The Trainer wraps each batch in `run_attempt`. Before an attempt, `capture_undo` keeps what the
+attempt could change (BatchNorm buffers, the RNG, gradients accumulated so far); after a failure
+`undo` puts them back, so the redone batch counts once and a later resume stays bit-exact. Out of
+memory halves the micro-batch (training) or the evaluation batch (validation); a compile failure
+switches to the eager model. `measure_batch_size` is `train.batch_size: auto`.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+
+import torch
+
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.hardware import probe_batch_size
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 16        # recoveries of one step: halvings of the micro-batch, one fall-back to eager
+CPU_AUTO_BATCH = 16
+
+
+def run_attempt(fn, compiled: bool):
+    """(fn(), None); or (None, "oom") on GPU out-of-memory; or (None, what failed) when the compiled
+    model failed. Errors of the eager model propagate. Returning from the handler releases the
+    traceback, which would otherwise pin the failed attempt's tensors during the recovery."""
+    try:
+        return fn(), None
+    except torch.cuda.OutOfMemoryError:
+        return None, "oom"
+    except Exception as e:  # noqa: BLE001 - only a compiled model's failures are recovered
+        if not compiled:
+            raise
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        return None, f"{type(e).__name__}: {first}"
+
+
+def capture_undo(model: torch.nn.Module, device: torch.device, keep_grads: bool) -> dict:
+    """What a failed attempt could change: BatchNorm buffers, RNG, gradients accumulated so far."""
+    return {"buffers": [b.clone() for b in model.buffers()],
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+            "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()] if keep_grads else None}
+
+
+def undo(before: dict, model: torch.nn.Module, optimizer, device: torch.device) -> None:
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), before["buffers"]):
+            b.copy_(saved)
+    torch.set_rng_state(before["rng"])
+    if before["cuda_rng"] is not None:
+        torch.cuda.set_rng_state(before["cuda_rng"])
+    if before["grads"] is None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        for p, g in zip(model.parameters(), before["grads"]):
+            p.grad = g
+    release_memory(device)
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def halve_micro_batch(state: dict, batch_len: int, batch_size: int) -> None:
+    """Out of memory in training: the next attempt runs in micro-batches of half the size."""
+    current = min(state["micro_batch_size"], batch_len)
+    if current <= 1:
+        raise CloudMLError(
+            "GPU out of memory even with micro-batches of one sample. Use preset C "
+            "(model.memory_optimized: true), turn on model.gradient_checkpointing, or set data.downsample: 2; "
+            "the last checkpoint is intact, so the run resumes from there.")
+    state["micro_batch_size"] = max(1, current // 2)
+    state["oom_recoveries"] += 1
+    log.warning("GPU out of memory at step %d: redoing the batch in micro-batches of %d (batch size %d and "
+                "learning rate unchanged). To avoid the retry, set train.batch_size to %d or use "
+                "train.batch_size: auto.", state["step"], state["micro_batch_size"], batch_size,
+                state["micro_batch_size"])
+
+
+def halve_eval_batch(state: dict) -> None:
+    """Out of memory in validation: evaluate fewer samples at a time for the rest of the run."""
+    if state["eval_batch_size"] <= 1:
+        raise CloudMLError("GPU out of memory during validation even one sample at a time; use preset C "
+                           "or data.downsample: 2")
+    state["eval_batch_size"] //= 2
+    log.warning("GPU out of memory during validation: evaluating %d samples at a time from now on",
+                state["eval_batch_size"])
+
+
+def eager_after_compile_failure(model: torch.nn.Module, failure: str) -> torch.nn.Module:
+    """The forward to use from now on: the plain model."""
+    log.warning("torch.compile failed (%s). Continuing in eager mode from the same step; nothing is lost. "
+                "Set train.torch_compile: false to skip compiling next time.", failure)
+    try:
+        torch._dynamo.reset()
+    except Exception:  # noqa: BLE001 - clearing compile caches is best effort
+        pass
+    return model
+
+
+def measure_batch_size(model: torch.nn.Module, autocast, device: torch.device, frames: int,
+                       frame_shape: tuple[int, int]) -> int:
+    """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data."""
+    if device.type != "cuda":
+        log.info("train.batch_size is 'auto', but measuring needs a GPU; using %d on the CPU", CPU_AUTO_BATCH)
+        return CPU_AUTO_BATCH
+    h, w = frame_shape
+    probe_model = copy.deepcopy(model).train()
+    probe_opt = torch.optim.AdamW(probe_model.parameters(), lr=1e-6)
+
+    def step(b: int) -> None:
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(b, frames, h, w, device=device, generator=gen)             # (b, T, H, W)
+        scalars = torch.randn(b, 2, device=device, generator=gen)
+        with autocast():
+            loss = probe_model(x, scalars).float().pow(2).mean()
+        loss.backward()
+        probe_opt.step()
+        probe_opt.zero_grad(set_to_none=True)
+
+    with torch.random.fork_rng(devices=[device]):       # the run's RNG stream is untouched
+        try:
+            result = probe_batch_size(step, device)
+        except torch.cuda.OutOfMemoryError:
+            result = None
+    probe_model = probe_opt = None         # release the copy before training allocates
+    torch.cuda.empty_cache()
+    if result is None:
+        log.warning("train.batch_size auto: even batch 2 does not fit on this GPU; using 1. Choose preset C "
+                    "(model.memory_optimized: true) or turn on model.gradient_checkpointing.")
+        return 1
+    log.info("train.batch_size auto: %s", result.describe())
+    return result.recommended
