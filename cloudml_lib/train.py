@@ -206,7 +206,8 @@ class Trainer:
         return {"format": FORMAT_VERSION, "model": cpu_state_dict(self.model),
                 "optimizer": to_cpu(self.optimizer.state_dict()), "scheduler": to_cpu(self.scheduler.state_dict()),
                 "scaler": to_cpu(self.scaler.state_dict()), "loop": loop,
-                "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"]},
+                "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"],
+                            "samples": self.sampler.samples_before(self.state["batch"])},
                 "rng": capture_rng(self.loader_rng), "config": self.cfg.to_dict(),
                 "scalers": self.val_set.scalers.to_dict(),
                 "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
@@ -216,7 +217,8 @@ class Trainer:
         t0 = time.perf_counter()
         st = self.state
         best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
-        meta = {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"], "epochs": self.cfg.train.epochs,
+        meta = {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"],
+                "samples_in_epoch": self.sampler.samples_before(st["batch"]), "epochs": self.cfg.train.epochs,
                 "batches_per_epoch": self.sampler.batches_per_epoch(), "total_steps": self.total_steps,
                 "finished": st["finished"], "reason": reason,
                 "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,

@@ -95,6 +95,7 @@ def test_checkpoint_is_weights_only_loadable(tiny_config, tmp_path):
     assert set(loaded["loop"]) >= {"epoch", "step", "batch", "best_val_loss", "bad_epochs", "history",
                                    "micro_batch_size", "acc"}
     assert set(loaded["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}
+    assert loaded["sampler"] == {"seed": tiny_config.train.seed, "epoch": 0, "position": 0, "samples": 0}
 
 
 def test_a_failed_write_is_logged_and_training_goes_on(tiny_config, tmp_path, monkeypatch):

@@ -93,6 +93,7 @@ def test_a_last_batch_of_one_is_merged():
     sizes = [len(b) for b in s]
     assert sizes == [8, 9] and len(s) == 2
     assert sorted(i for b in s for i in b) == list(range(17))
+    assert [s.samples_before(b) for b in (0, 1, 2)] == [0, 8, 17]     # resume positions in samples
 
 
 def test_quick_subset_is_fixed_and_evenly_spread():

@@ -179,5 +179,9 @@ class EpochBatchSampler:
         count = -(-self.n // self.batch_size)
         return count - 1 if count > 1 and self.n % self.batch_size == 1 else count
 
+    def samples_before(self, batch: int) -> int:
+        """How many samples of the epoch the first `batch` batches hold (the resume position in samples)."""
+        return self.n if batch >= self.batches_per_epoch() else batch * self.batch_size
+
     def __len__(self) -> int:
         return max(0, self.batches_per_epoch() - self.start_batch)
