@@ -97,6 +97,12 @@ def _train_cli(run: Path, kill_at: str) -> tuple[int, float]:
     return rc, t0
 
 
+def _check_resumed_at(run: Path, step: int) -> None:
+    """A resume that silently started over would time a fresh start: check where it began."""
+    start = json.loads((run / "run.json").read_text())["start_step"]
+    assert start == step, f"{run}: the resume began at step {start}, not at the checkpoint of step {step}"
+
+
 def _first_step_after(run: Path, t0: float) -> float:
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -114,10 +120,12 @@ def resume_startup(repeats: int = 3) -> dict:
         _, t0 = _train_cli(run, kill_at="step:5")               # checkpoint at step 4, killed at 5
         times["fresh"].append(_first_step_after(run, t0))
         _, t0 = _train_cli(run, kill_at="step:1")               # resume at step 4, stop after one step
+        _check_resumed_at(run, 4)
         times["resume_early"].append(_first_step_after(run, t0))
         shutil.rmtree(run, ignore_errors=True)
         _train_cli(run, kill_at="step:34")                      # checkpoint at step 32, killed at 34
         _, t0 = _train_cli(run, kill_at="step:1")
+        _check_resumed_at(run, 32)
         times["resume_late"].append(_first_step_after(run, t0))
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"seconds_to_first_step_median": med, "runs": times,
