@@ -68,13 +68,13 @@ def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int,
     return torch.cat(preds).numpy().astype(np.float64), torch.cat(targets).numpy().astype(np.float64)
 
 
-def build_report(dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: float) -> dict:
-    """Overall and per-flight metrics of the model and of the training-mean baseline."""
+def build_report(dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: float, best_epoch: int) -> dict:
+    """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline."""
     true_km = dataset.targets_km()
     flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
     baseline = np.full_like(true_km, train_mean_km)
     report = {"overall": regression_metrics(true_km, pred_km), "baseline": regression_metrics(true_km, baseline),
-              "per_flight": {}, "baseline_per_flight": {}, "train_mean_km": train_mean_km}
+              "per_flight": {}, "baseline_per_flight": {}, "train_mean_km": train_mean_km, "best_epoch": best_epoch}
     for name in dict.fromkeys(flights):
         m = flights == name
         report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
@@ -135,22 +135,17 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     pred, _ = predict(model, dataset, device, 2 * cfg.train.batch_size, autocast)
     s = dataset.scalers
     pred_km = pred * s.cbh_std + s.cbh_mean
-    if not write:
-        report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]))
-        report["best_epoch"] = int(ckpt["epoch"])
-        return report
-    return write_evaluation(run_dir, dataset, pred_km, float(ckpt["train_mean_km"]), int(ckpt["epoch"]))
+    report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]), int(ckpt["epoch"]))
+    if write:
+        write_evaluation(run_dir, dataset, pred_km, report)
+    return report
 
 
-def write_evaluation(run_dir: Path, dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: float,
-                     best_epoch: int) -> dict:
-    """The report of the best model on the held-out flights: evaluation.json, predictions.csv, plots/scatter.png."""
-    report = build_report(dataset, pred_km, train_mean_km)
-    report["best_epoch"] = best_epoch
+def write_evaluation(run_dir: Path, dataset: CloudDataset, pred_km: np.ndarray, report: dict) -> None:
+    """The held-out results of a run: evaluation.json, predictions.csv and plots/scatter.png."""
     write_predictions(run_dir / "predictions.csv", dataset, pred_km)
     (run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
     flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
     plots.save_figure(plots.scatter_figure(dataset.targets_km(), pred_km, flights,
                                            f"Held-out flights, R2 {report['overall']['r2']:.2f}"),
                       run_dir / "plots" / "scatter.png")
-    return report

@@ -36,7 +36,8 @@ from cloudml_lib.config import Config, save_config
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import format_report, json_safe, predict, regression_metrics, write_evaluation
+from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
+                                  write_evaluation)
 from cloudml_lib.hardware import (choose_device, choose_precision, default_num_workers, describe_device,
                                   format_memory, memory_readings)
 from cloudml_lib.model import build_model, count_parameters
@@ -467,8 +468,9 @@ class Trainer:
         if best.exists():
             self.model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["model"])
         _, _, pred_km = self.validate()
-        report = write_evaluation(self.run_dir, self.val_set, pred_km, float(self.train_set.targets_km().mean()),
-                                  self.state["best_epoch"])
+        train_mean_km = float(self.train_set.targets_km().mean())
+        report = build_report(self.val_set, pred_km, train_mean_km, self.state["best_epoch"])
+        write_evaluation(self.run_dir, self.val_set, pred_km, report)
         self._append_metrics({"kind": "final", "epoch": self.state["epoch"], "step": self.state["step"],
                               **report["overall"], "baseline": report["baseline"], "per_flight": report["per_flight"]})
         if self.state["history"]:

@@ -114,7 +114,7 @@ def prepare_data(cfg: Config) -> tuple[CloudDataset, CloudDataset]:
     empty = [c.name for c in train + val if len(c) == 0]
     if empty:
         raise DataError(f"flights with no usable samples: {', '.join(empty)}; see the counts in the log, "
-                           "and the data.cbh_* / match_tolerance_s filters")
+                        "and the data.cbh_* / match_tolerance_s filters")
     scalers = fit_scalers(train)
     weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
     log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
