@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, help="folder to write the flight files into")
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--frames", type=int, default=360, help="frames per flight (default 360)")
+    d.add_argument("--frames", type=int, default=1400, help="frames per flight (default 1400)")
     d.add_argument("--size", default="80x96", help="raw frame ROWSxCOLS (default 80x96; the real camera: 512x640)")
     return p
 
@@ -137,8 +137,10 @@ def _make_demo(args) -> int:
                                     frame_shape=(rows, cols))
     except ValueError as e:
         raise CloudMLError(str(e)) from None
-    print(f"wrote {len(entries)} flights to {args.out}; list them under data.flights:")
-    print(json.dumps(entries, indent=1))
+    print(f"wrote {len(entries)} flights to {args.out}, one folder each: {', '.join(e['name'] for e in entries)}.\n"
+          f"They are found by their file names, like real flights: set data.dir: {args.out} (and leave "
+          "data.flights empty), e.g.\n  python -m cloudml_lib train --config configs/demo.yaml "
+          f"--set data.dir={args.out}")
     return 0
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from cloudml_lib import hardware, plots
 from cloudml_lib.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
 from cloudml_lib.config import Config, load_config
-from cloudml_lib.data import er2
+from cloudml_lib.data import flights
 from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import format_report
@@ -101,8 +101,8 @@ def workspace() -> Workspace:
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)
     where = "Google Drive" if str(root).startswith("/content/drive") else "this machine"
-    print(f"CloudML folder on {where}: {root}\n  data/  your flight files (three per flight)\n"
-          f"  runs/  one folder per training run\n  cache/ preprocessed frames, built once")
+    print(f"CloudML folder on {where}: {root}\n  data/  your flights, as they came (one folder per flight is fine)\n"
+          f"  runs/  one folder per training run\n  cache/ a lasting copy of the preprocessed frames")
     return ws
 
 
@@ -115,93 +115,85 @@ def show_environment() -> None:
 
 # ------------------------------------------------------------------------------- data
 
+VM_CACHE = Path("/content/cloudml_cache")       # the Colab VM's local disk: fast, lost at a disconnect
+
+
+def _real_config(ws: Workspace) -> Config:
+    return load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])
+
+
 def uses_demo_data(ws: Workspace) -> bool:
-    """True when the real flights are not all in the data folder (or in the smoke test)."""
+    """True when no complete flight is in the data folder (or in the smoke test)."""
     if smoke():
         return True
-    cfg = load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])
     try:
-        return not all(p.is_file() for f in cfg.data.flights for p in er2.flight_paths(f, cfg.data).values())
+        return not any(not f.problems for f in flights.find_flights(_real_config(ws).data))
     except CloudMLError:
         return True
+
+
+def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
+    """Where the cache lives: the VM's local disk with a lasting copy on Drive in Colab (and, to
+    exercise that path, in the smoke test); the workspace's cache folder elsewhere."""
+    if hardware.is_colab() or smoke():
+        local = VM_CACHE if hardware.is_colab() else ws.root / "vm_local_cache"
+        return [f"data.cache_dir={local / sub}", f"data.cache_copy_dir={ws.cache / sub}"]
+    return [f"data.cache_dir={ws.cache / sub}", "data.cache_copy_dir="]
 
 
 def run_config(ws: Workspace, preset: str, epochs: int | None = None) -> tuple[Path, list[str]]:
     """The config file and overrides a notebook run uses: the preset on the real flights, or the
     demo configuration on the demo flights when the real ones are not there."""
     if uses_demo_data(ws):
-        path, over = hardware.preset_config_path("demo"), [f"data.dir={ws.demo}", f"data.cache_dir={ws.cache / 'demo'}"]
+        path, over = hardware.preset_config_path("demo"), [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo")
         if smoke():
             over += SMOKE_OVERRIDES
     else:
-        path, over = hardware.preset_config_path(preset), [f"data.dir={ws.data}", f"data.cache_dir={ws.cache}"]
+        path, over = hardware.preset_config_path(preset), [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
     if epochs and not smoke():
         over.append(f"train.epochs={epochs}")
     return path, over
 
 
-def _flight_row(flight, data) -> list:
-    """Present / readable / keys / frames / labels of one flight, in plain words."""
-    cells, frames, labels, problems = [], "-", "-", []
-    try:
-        paths = er2.flight_paths(flight, data)
-    except CloudMLError as e:
-        return [flight.name, "?", "?", "?", "-", "-", str(e)]
-    for role, path in paths.items():
-        if not path.is_file():
-            cells.append("missing")
-            problems.append(f"{role} file {path.name} not in {path.parent}")
-            continue
-        try:
-            import h5py
-            with h5py.File(path, "r"):
-                cells.append("ok")
-        except OSError:
-            cells.append("unreadable")
-            problems.append(f"{path.name} is not a readable HDF5 file (incomplete upload?)")
-    if not problems:
-        try:
-            labels_ = er2.read_flight_labels(flight, data)
-            frames, labels = labels_.n_frames, len(labels_.cbh_km)
-        except CloudMLError as e:
-            problems.append(str(e).split(": ", 1)[-1])
-    return [flight.name, *cells, frames, labels, "; ".join(problems) or "ready"]
-
-
 def verify_data(ws: Workspace) -> bool:
-    """One table: for each flight, which files are present and readable, keys, frames, labels.
-    Without real flights, writes the demo flights (progress bar). Returns True when all are ready."""
+    """One table: each flight found, its three files, frames, labels kept and removed by each filter,
+    or what is missing. Without real flights, writes the demo flights (progress bar).
+    Returns True when every flight found is usable."""
     demo = uses_demo_data(ws)
-    if demo:
-        cfg = load_config(*run_config(ws, "A"))
-        if not smoke():
-            _show(f"**No complete set of real flights in `{ws.data}`** (see the table below for what is missing). "
-                  "Using the built-in demo flights so that everything can be tried; put the three files of each "
-                  "flight in that folder and run this notebook again to use your data.")
-            _show(_flight_table(load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])))
-        ensure_demo_flights(cfg.data)                 # writes them (progress bar) when missing
-    else:
-        cfg = load_config(*run_config(ws, "A"))
-    table = _flight_table(cfg)
-    _show(("Demo flights:\n\n" if demo else "Your flights:\n\n") + table)
-    return "missing" not in table and "unreadable" not in table
-
-
-def _flight_table(cfg: Config) -> str:
-    rows = [_flight_row(f, cfg.data) for f in cfg.data.flights]
-    return _table(["flight", "IR", "CPL", "nav", "frames", "labels", "status"], rows)
+    if demo and not smoke():
+        rows, _ = flights.check_rows(_real_config(ws).data)
+        _show(f"**No complete flight in `{ws.data}`.** Put each flight's three files there (one folder per "
+              "flight is fine) and run this notebook again. Until then the built-in demo flights are used, so "
+              "that everything can be tried." + ("\n\nWhat was found:\n\n" + flights.format_table(
+                  rows, markdown=True) if rows else ""))
+    cfg = load_config(*run_config(ws, "A"))
+    ensure_demo_flights(cfg.data)                     # writes them (progress bar) when missing
+    rows, ok = flights.check_rows(cfg.data)
+    _show(("Demo flights" if demo else f"Your flights in `{ws.data}`") + ":\n\n"
+          + flights.format_table(rows, markdown=True))
+    if not ok and cfg.data.skip_incomplete_flights:
+        print("Flights marked missing are skipped (data.skip_incomplete_flights: true); the others are used.")
+    return ok
 
 
 def build_cache(ws: Workspace) -> dict:
-    """Preprocess every flight once (progress bars); report the cache's size and location."""
+    """Preprocess every flight once (progress bars), on the VM's local disk with a copy on Drive;
+    a flight whose cache is on Drive is copied back instead of rebuilt. Says where and how long."""
     from cloudml_lib.data.cache import cache_root, load_caches
     cfg = load_config(*run_config(ws, "A"))
-    ensure_demo_flights(cfg.data)
+    started = time.time()
+    flights.prepare_flights(cfg.data)
     caches = load_caches(cfg.data)
-    size = sum(c.meta["bytes"] for c in caches)
-    samples = sum(len(c) for c in caches)
-    print(f"Cache ready: {samples} samples from {len(caches)} flights, {size / 1e9:.3f} GB in {cache_root(cfg.data)}")
-    return {"samples": samples, "bytes": size, "flights": len(caches)}
+    words = {"reused": "already on this machine", "copied": "copied from the Drive copy", "built": "built"}
+    rows = [[c.name, words[c.source], f"{c.seconds:.1f} s", len(c), f"{c.meta['bytes'] / 1e6:.1f} MB"]
+            for c in caches]
+    size, samples = sum(c.meta["bytes"] for c in caches), sum(len(c) for c in caches)
+    copy = f"; a copy for later sessions in `{cfg.data.cache_copy_dir}`" if cfg.data.cache_copy_dir else ""
+    _show(_table(["flight", "cache", "time", "samples", "size"], rows)
+          + f"\n\n**Cache ready** in {time.time() - started:.1f} s: {samples} samples from {len(caches)} flights, "
+            f"{size / 1e9:.3f} GB in `{cache_root(cfg.data)}`{copy}.")
+    return {"samples": samples, "bytes": size, "flights": len(caches), "sources": [c.source for c in caches],
+            "copy_dir": cfg.data.cache_copy_dir}
 
 
 def show_diagnostics(ws: Workspace) -> None:
@@ -223,7 +215,8 @@ def check_setup(ws: Workspace, cache: dict) -> None:
         print("Setup done. Next: open colab_training.ipynb and choose Runtime > Run all.")
         return
     assert cache["flights"] == 5 and cache["samples"] > 500, cache
-    assert list(ws.cache.rglob("meta.json")), "no cache folders were written"
+    copies = list(Path(cache["copy_dir"]).glob("*/meta.json"))
+    assert len(copies) == 5, f"the cache was not copied to {cache['copy_dir']}: {copies}"
     print("Smoke test: setup checks passed.")
 
 

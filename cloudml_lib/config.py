@@ -32,36 +32,52 @@ def _f(default, help: str, range: tuple | None = None, choices: tuple | None = N
 
 @dataclass
 class FlightConfig:
-    """One ER-2 flight: three files, relative to `data.dir`."""
+    """One ER-2 flight: its files, as paths relative to `data.dir` (sub-folders allowed)."""
     name: str = _f("", "flight label used in splits and reports, e.g. 10Feb25")
-    ir_file: str = _f("", "IRAI L1B camera file (.h5); a name, or a glob pattern matching exactly one file")
+    ir_file: str = _f("", "IRAI L1B camera file (.h5), e.g. 10Feb25/GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5; "
+                      "a path or a glob pattern matching exactly one file")
     cpl_file: str = _f("", "CPL L2 layer file (.hdf5); its name carries the date, e.g. _10feb25")
-    nav_file: str = _f("", "navigation file (.hdf, HDF5 inside)")
+    nav_file: str = _f("", "navigation file (.hdf, HDF5 inside); not needed with data.angles_source: cpl")
     date: str = _f("", "YYYY-MM-DD; empty: taken from the CPL file name")
 
 
 @dataclass
 class DataKeys:
     """HDF5 dataset names; defaults are the names in the users' real files."""
-    ir_signal: str = _f("Product/Signal", "IR frames, first axis = frame")
-    ir_time: str = _f("Time/TimeUTC", "one time per IR frame")
-    cpl_time: str = _f("layer_descriptor/Profile_Decimal_Julian_Day", "decimal day of year per profile")
-    cpl_base: str = _f("layer_descriptor/Layer_Base_Altitude", "profiles x layers, km, -9999 = none")
-    cpl_lidar_surface: str = _f("layer_descriptor/Lidar_Surface_Altitude", "metres")
-    cpl_dem_surface: str = _f("layer_descriptor/DEM_Surface_Altitude", "metres, 0 over ocean")
+    ir_signal: str = _f("Product/Signal", "IR frames, first axis = frame (float or big-endian uint16 counts)")
+    ir_time: str = _f("Time/TimeUTC", "one time per IR frame (epoch seconds in the real files); may be longer")
+    cpl_time: str = _f("layer_descriptor/Profile_Decimal_Julian_Day",
+                       "decimal day of year per profile, (N, 3) first/mean/last: the mean is used; (N,) accepted")
+    cpl_base: str = _f("layer_descriptor/Layer_Base_Altitude", "(profiles, 10) km, layer 0 on top, -9999 = none")
+    cpl_layer_count: str = _f("layer_descriptor/Number_Layers", "valid layers per profile; when absent, "
+                              "counted from the non-fill bases")
+    cpl_lidar_surface: str = _f("layer_descriptor/Lidar_Surface_Altitude", "km")
+    cpl_dem_surface: str = _f("layer_descriptor/DEM_Surface_Altitude", "0 over ocean")
+    cpl_year: str = _f("metadata_parameters/File_Year", "year of the Julian days; when absent, from the file name")
+    cpl_zenith: str = _f("geolocation/Solar_Zenith_Angle", "per profile, degrees (data.angles_source: cpl)")
+    cpl_azimuth: str = _f("geolocation/Solar_Azimuth_Angle", "per profile, degrees clockwise from north, as "
+                          "nav/sunAzGrd (data.angles_source: cpl)")
+    cpl_lat: str = _f("geolocation/CPL_Latitude", "per profile, (N, 3) or (N,) (data.angles_source: cpl)")
+    cpl_lon: str = _f("geolocation/CPL_Longitude", "per profile, (N, 3) or (N,) (data.angles_source: cpl)")
     nav_zenith: str = _f("nav/solarZenith", "solar zenith angle, degrees")
     nav_azimuth: str = _f("nav/sunAzGrd", "solar azimuth, degrees")
     nav_lat: str = _f("nav/IWG_lat", "latitude, degrees")
     nav_lon: str = _f("nav/IWG_lon", "longitude, degrees")
-    nav_time: str = _f("nav/Time", "nav time axis; when absent, nav rows are assumed to match IR frames")
+    nav_time: str = _f("nav/Time", "nav time axis, if the file has one; the users' files have none, and then "
+                       "nav row i is IR frame i")
 
 
 @dataclass
 class DataConfig:
-    dir: str = _f("data", "folder holding the flight files (absolute, or relative to the working directory)")
-    cache_dir: str = _f("", "preprocessing cache; empty: <data.dir>/cache")
+    dir: str = _f("data", "folder holding the flight files, searched recursively (absolute, or relative to the "
+                  "working directory)")
+    cache_dir: str = _f("", "preprocessing cache, best on a fast local disk; empty: <data.dir>/cache")
+    cache_copy_dir: str = _f("", "a lasting copy of the cache (e.g. on Drive): a flight's cache is copied from it "
+                             "when data.cache_dir lacks it, and copied to it after being built; empty: none")
     demo: bool = _f(False, "generate the built-in demo flights into data.dir when they are missing")
-    flights: list = _f([], "list of {name, ir_file, cpl_file, nav_file}")
+    flights: list = _f([], "list of {name, ir_file, cpl_file, nav_file}; empty: found in data.dir by their names")
+    skip_incomplete_flights: bool = _f(False, "skip (and list) a flight that lacks a file instead of "
+                                       "stopping the run")
     validation_flights: list = _f([], "flight names held out for validation (never used to fit scalers)")
     temporal_frames: int = _f(5, "T, frames per sample, centred on the labelled frame", range=(1, 31))
     swath_slice: list = _f([40, 480], "[first, last) sensor rows kept")
@@ -71,8 +87,13 @@ class DataConfig:
     clahe_clip_limit: float = _f(0.01, "CLAHE clip limit (scikit-image units); 0 disables CLAHE", range=(0.0, 1.0))
     cbh_min_km: float = _f(0.1, "labels below this are dropped", range=(0.0, 20.0))
     cbh_max_km: float = _f(2.0, "labels above this are dropped", range=(0.0, 20.0))
-    max_lidar_surface_km: float = _f(0.9, "drop profiles with |Lidar_Surface_Altitude|/1000 above this",
+    max_lidar_surface_km: float = _f(0.9, "drop profiles with |Lidar_Surface_Altitude| (km) above this",
                                      range=(0.0, 10.0))
+    label_layer: str = _f("lowest", "which layer's base is the label: lowest (the physical cloud base), top (the "
+                          "users' published labels, base of layer 0) or single (single-layer profiles only)",
+                          choices=("lowest", "top", "single"))
+    angles_source: str = _f("nav", "sun angles of a label from the nav file (row = IR frame) or from the CPL "
+                            "profile itself", choices=("nav", "cpl"))
     match_tolerance_s: float = _f(0.5, "a label is matched to the nearest IR frame within this time",
                                   range=(0.0, 60.0))
     ir_time_format: str = _f("auto", "IR time units", choices=("auto", "seconds_of_day", "epoch"))
@@ -218,40 +239,49 @@ def _build(cls, raw, prefix: str, problems: list[str]):
     return cls(**kwargs)
 
 
-def _check_cross_field(cfg: Config, problems: list[str]) -> None:
-    """Rules that involve more than one key."""
-    d, m, t = cfg.data, cfg.model, cfg.train
-    flights = []
-    for i, raw in enumerate(d.flights):
-        flight = _build(FlightConfig, raw, f"data.flights[{i}].", problems)
-        for name in ("name", "ir_file", "cpl_file", "nav_file"):
-            if not getattr(flight, name):
-                problems.append(f"data.flights[{i}].{name}: missing; each flight needs name, ir_file, "
-                                "cpl_file and nav_file")
-        flights.append(flight)
-    d.flights = flights
-    names = [f.name for f in flights]
+def check_flight_names(d: DataConfig, names: list[str], where: str = "data.flights") -> list[str]:
+    """The rules on flight names: validation and overweighted flights exist, one flight stays for training.
+    Run on the config's flights, and again on the flights found in data.dir."""
+    problems = []
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"data.flights: flight names must be unique; repeated: {', '.join(dupes)}")
     if not all(isinstance(v, str) for v in d.validation_flights):
+        return problems + [f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}"]
+    unknown = [v for v in d.validation_flights if v not in names]
+    if unknown:
+        problems.append(f"data.validation_flights: {', '.join(unknown)} not in {where} "
+                        f"(known: {', '.join(names) or 'none'})")
+    if not d.validation_flights:
+        problems.append("data.validation_flights: name at least one flight to hold out; random splits "
+                        "inside a flight leak through time autocorrelation")
+    elif len(set(d.validation_flights) & set(names)) >= len(set(names)):
+        problems.append("data.validation_flights: every flight is held out; leave at least one for training")
+    if d.overweight_flight and d.overweight_flight not in names:
+        problems.append(f"data.overweight_flight: {d.overweight_flight!r} not in {where} "
+                        f"(known: {', '.join(names) or 'none'})")
+    if d.overweight_flight and d.overweight_flight in d.validation_flights:
+        problems.append(f"data.overweight_flight: {d.overweight_flight!r} is a validation flight")
+    return problems
+
+
+def _check_cross_field(cfg: Config, problems: list[str]) -> None:
+    """Rules that involve more than one key."""
+    d, m, t = cfg.data, cfg.model, cfg.train
+    flights = []
+    roles = ("ir_file", "cpl_file", "nav_file") if d.angles_source == "nav" else ("ir_file", "cpl_file")
+    for i, raw in enumerate(d.flights):
+        flight = _build(FlightConfig, raw, f"data.flights[{i}].", problems)
+        for name in ("name",) + roles:
+            if not getattr(flight, name):
+                problems.append(f"data.flights[{i}].{name}: missing; each flight needs name, "
+                                + ", ".join(roles))
+        flights.append(flight)
+    d.flights = flights
+    if flights:
+        problems += check_flight_names(d, [f.name for f in flights])
+    elif not all(isinstance(v, str) for v in d.validation_flights):
         problems.append(f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}")
-    elif flights:
-        unknown = [v for v in d.validation_flights if v not in names]
-        if unknown:
-            problems.append(f"data.validation_flights: {', '.join(unknown)} not in data.flights "
-                            f"(known: {', '.join(names)})")
-        if not d.validation_flights:
-            problems.append("data.validation_flights: name at least one flight to hold out; random splits "
-                            "inside a flight leak through time autocorrelation")
-        elif len(set(d.validation_flights)) >= len(set(names)):
-            problems.append("data.validation_flights: every flight is held out; leave at least one for training")
-        if d.overweight_flight and d.overweight_flight not in names:
-            problems.append(f"data.overweight_flight: {d.overweight_flight!r} not in data.flights")
-        if d.overweight_flight in d.validation_flights:
-            problems.append(f"data.overweight_flight: {d.overweight_flight!r} is a validation flight")
-    elif not d.demo:
-        problems.append("data.flights: empty; list your flights, or set data.demo: true for the built-in demo")
     s = d.swath_slice
     ints = isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
     if not (ints and 0 <= s[0] < s[1]):

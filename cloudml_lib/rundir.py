@@ -37,7 +37,8 @@ LOCK = ".lock"
 
 # Settings a resumed run may change; every other setting is part of the run's math.
 HARMLESS = {
-    "data.dir", "data.cache_dir", "data.num_workers", "data.demo",
+    "data.dir", "data.cache_dir", "data.cache_copy_dir", "data.num_workers", "data.demo",
+    "data.skip_incomplete_flights",
     "train.epochs", "train.early_stopping_patience", "train.log_every_steps", "train.device",
     "train.max_nonfinite_steps",
     "train.torch_compile", "train.torch_compile_mode",

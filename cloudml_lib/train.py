@@ -34,7 +34,7 @@ from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, cap
                                     read_meta, restore_rng, save_atomic, to_cpu)
 from cloudml_lib.config import Config, save_config
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
-from cloudml_lib.data.synthetic import ensure_demo_flights
+from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
                                   write_evaluation)
@@ -109,13 +109,13 @@ class Trainer:
         self.lock.acquire()
         try:
             attach_run_log(self.run_dir)
-            ensure_demo_flights(cfg.data)                       # fills the demo flight list before comparing
+            skipped = prepare_flights(cfg.data)                 # data.flights resolved before comparing configs
             found = find_resume_point(self.run_dir, self.resume)
             if found is not None:
                 check_resume_config(self.cfg, found.state["config"])
             save_config(cfg, self.run_dir / "config.yaml")
             seed_everything(t.seed)
-            self.train_set, self.val_set = prepare_data(cfg)
+            self.train_set, self.val_set = prepare_data(cfg, skipped)
             self.quick_val = quick_subset(len(self.val_set), t.quick_val_fraction)
             self._build_model_and_optimizer()
             self.writer = CheckpointWriter(self.run_dir, cfg.checkpoint.keep_last)

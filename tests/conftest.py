@@ -9,12 +9,12 @@ from cloudml_lib.config import build_config
 from cloudml_lib.data.synthetic import make_demo_flights
 
 TINY_SHAPE = (40, 48)         # raw rows x columns of the test camera
-TINY_FRAMES = 60
+TINY_FRAMES = 240
 
 
 @pytest.fixture(scope="session")
 def tiny_flights(tmp_path_factory):
-    """Three demo flights of 60 frames at 40x48: (data dir, data.flights entries)."""
+    """Three demo flights of 240 frames at 40x48: (data dir, data.flights entries)."""
     root = tmp_path_factory.mktemp("flights")
     entries = make_demo_flights(root, n_flights=3, seed=1, frames_per_flight=TINY_FRAMES, frame_shape=TINY_SHAPE)
     return root, entries

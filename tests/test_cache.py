@@ -107,3 +107,40 @@ def test_a_cache_that_would_not_fit_on_disk_is_refused_before_writing(tiny_confi
     with pytest.raises(Exception, match=r"its cache needs 0\.\d+ GB but only 0\.00 GB are free .*data.downsample: 2"):
         load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
     assert not list(cache_mod.cache_root(tiny_config.data).glob("*.tmp-*"))
+
+
+def test_cache_copy_is_written_and_copied_back_instead_of_rebuilt(tiny_config, tmp_path, monkeypatch):
+    """Colab: the cache is built on the VM's disk, kept on Drive, and copied back in a new session."""
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = str(tmp_path / "drive_cache")
+    built = load_flight_cache(flight, data)
+    assert built.source == "built"
+    copy = tmp_path / "drive_cache" / built.path.name
+    assert (copy / "meta.json").is_file()
+    assert (copy / "frames.npy").read_bytes() == (built.path / "frames.npy").read_bytes()
+    expected = np.load(built.path / "frames.npy")
+    import shutil
+    shutil.rmtree(built.path)                                  # a new Colab VM: the local disk is empty
+    monkeypatch.setattr(cache_mod, "_build", lambda *a: pytest.fail("rebuilt although a valid copy exists"))
+    copied = load_flight_cache(flight, data)
+    assert copied.source == "copied" and copied.path == built.path
+    np.testing.assert_array_equal(np.load(copied.path / "frames.npy"), expected)
+    assert load_flight_cache(flight, data).source == "reused"
+
+
+def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path):
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = str(tmp_path / "drive_cache")
+    built = load_flight_cache(flight, data)
+    expected = np.load(built.path / "frames.npy")
+    copy = tmp_path / "drive_cache" / built.path.name / "frames.npy"
+    raw = bytearray(copy.read_bytes())
+    raw[-3] ^= 0xFF                                            # same size, one byte changed
+    copy.write_bytes(bytes(raw))
+    import shutil
+    shutil.rmtree(built.path)
+    again = load_flight_cache(flight, data)
+    assert again.source == "built"
+    np.testing.assert_array_equal(np.load(again.path / "frames.npy"), expected)
+    assert copy.read_bytes() == (again.path / "frames.npy").read_bytes()        # the copy is repaired too
+    assert not list(built.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"

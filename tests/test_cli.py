@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 import yaml
 
@@ -32,7 +33,8 @@ def test_missing_flight_file_exits_2_naming_it(tiny_raw_config, tmp_path):
     cfg.write_text(yaml.safe_dump(tiny_raw_config))
     r = run_cli("train", "--config", str(cfg), "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2
-    assert "missing ir file" in r.stderr and "GLOVE2025_IRAI_L1B_Rev-_20241104.h5" in r.stderr
+    assert "IR file not found" in r.stderr and "GLOVE2025_IRAI_L1B_Rev-_20241104.h5" in r.stderr
+    assert "data.skip_incomplete_flights: true" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -72,23 +74,28 @@ def test_evaluate_without_a_run_exits_2(tmp_path):
 
 
 def test_make_demo_data_writes_the_real_layout(tmp_path):
-    r = run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "2", "--frames", "20", "--size", "32x40")
+    r = run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "2", "--frames", "40", "--size", "32x40")
     assert r.returncode == 0, r.stderr
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 6
-    ir = next(tmp_path.glob("*_IRAI_L1B_*.h5"))
-    cpl = next(tmp_path.glob("CPL_L2_*_01kmLay_*.hdf5"))
-    nav = next(tmp_path.glob("CRS_*_nav.hdf"))
-    with h5py.File(ir) as f:
-        assert f["Product/Signal"].shape == (20, 32, 40) and f["Time/TimeUTC"].shape == (20,)
-    with h5py.File(cpl) as f:
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01Mar25", "03Mar25"]          # one folder per flight
+    assert sorted(p.name for p in (tmp_path / "01Mar25").iterdir()) == [
+        "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5", "CRS_20250301_nav.hdf", "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5"]
+    assert (tmp_path / "03Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250303.h5").is_file()     # no revision suffix
+    with h5py.File(tmp_path / "01Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5") as f:
+        signal, t = f["Product/Signal"], f["Time/TimeUTC"][()]
+        assert signal.shape == (40, 32, 40) and signal.dtype == np.dtype(">u2")        # big-endian counts
+        assert t.shape == (43,) and 1.7e9 < np.median(t) < 1.8e9                        # epoch s, longer than frames
+    with h5py.File(tmp_path / "01Mar25" / "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5") as f:
         g = f["layer_descriptor"]
-        assert {"Profile_Decimal_Julian_Day", "Layer_Base_Altitude", "Lidar_Surface_Altitude",
-                "DEM_Surface_Altitude"} <= set(g)
-        base = g["Layer_Base_Altitude"][()]
-        assert base.ndim == 2 and (base[:, 0] == -9999).any() and (g["DEM_Surface_Altitude"][()] > 0).any()
-    with h5py.File(nav) as f:
-        assert {"solarZenith", "sunAzGrd", "IWG_lat", "IWG_lon"} <= set(f["nav"])
+        julian, base, n = g["Profile_Decimal_Julian_Day"][()], g["Layer_Base_Altitude"][()], g["Number_Layers"][()]
+        assert julian.shape == (len(n), 3) and base.shape == (len(n), 10) and f["metadata_parameters/File_Year"][0] == 2025
+        assert np.all(np.diff(julian[:, 1]) * 86400 < 6)                               # ~5 s apart
+        two = n == 2
+        assert two.any() and (base[two, 0] > base[two, 1]).all()                        # layer 0 is the top one
+        assert np.abs(g["Lidar_Surface_Altitude"][()][g["Lidar_Surface_Altitude"][()] > -999]).max() < 2  # km
+        assert {"Solar_Zenith_Angle", "Solar_Azimuth_Angle", "CPL_Latitude"} <= set(f["geolocation"])
+    with h5py.File(tmp_path / "01Mar25" / "CRS_20250301_nav.hdf") as f:
+        assert set(f["nav"]) == {"solarZenith", "sunAzGrd", "IWG_lat", "IWG_lon"}      # no time axis
+        assert f["nav/solarZenith"].shape[0] != 40
     assert run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "1").returncode == 2
 
 

@@ -70,19 +70,18 @@ def test_the_training_notebook_has_each_section():
         assert call in code
 
 
-def test_real_flights_are_used_when_all_their_files_exist(tmp_path, monkeypatch):
+def test_real_flights_are_used_when_found_in_the_data_folder(tmp_path, monkeypatch):
     from cloudml_lib import colab
-    from cloudml_lib.config import load_config
-    from cloudml_lib.hardware import preset_config_path
+    from cloudml_lib.data.synthetic import make_demo_flights
     monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
     monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
     ws = colab.workspace()
     assert colab.uses_demo_data(ws)
     path, over = colab.run_config(ws, "B", epochs=7)
     assert path.name == "demo.yaml" and f"data.dir={ws.demo}" in over and "train.epochs=7" in over
-    for f in load_config(preset_config_path("A")).data.flights:      # the files the presets look for
-        for pattern in (f.ir_file, f.cpl_file, f.nav_file):
-            (ws.data / pattern.replace("*", "X")).write_bytes(b"")
+    # flights in the users' layout (one folder per flight, real names), found without any config change
+    make_demo_flights(ws.data / "ER2", n_flights=2, frames_per_flight=30, frame_shape=(32, 40))
     assert not colab.uses_demo_data(ws)
     path, over = colab.run_config(ws, "B", epochs=7)
     assert path.name == "colab_full_stable.yaml" and f"data.dir={ws.data}" in over
+    assert f"data.cache_dir={ws.cache / 'flights'}" in over          # not Colab: no separate local disk

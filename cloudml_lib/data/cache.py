@@ -4,13 +4,19 @@ Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 - `frames.npy`  (M, H, W) float16: every frame some sample's window uses, preprocessed;
 - `samples.npz` per sample: `windows` (N, T) rows of frames.npy, `frame_index`, `cbh_km`,
   `sza_deg`, `saa_deg`, `lat`, `lon`;
-- `meta.json`   the settings, counts and sizes; written last, so a folder without it is incomplete.
+- `meta.json`   the settings, counts, sizes and frames.npy's sha256; written last, so a folder
+  without it is incomplete.
 
 The key hashes the flight's files (name, size, modification time) and every setting that changes
 the arrays, so a change rebuilds only what it affects and an unchanged cache is reused. A folder
 is built under a temporary name and renamed into place, so an interrupted build leaves nothing
 that looks complete. Reading a sample is one positioned read of the .npy file (FrameStore):
 no HDF5 reopen, no CLAHE, and no memory map whose pages would add to the process's RSS.
+
+On Colab the cache lives on the VM's local disk (`data.cache_dir`), because reading it through
+the Drive mount (FUSE) would slow every epoch; `data.cache_copy_dir` keeps a lasting copy on Drive.
+A flight's cache missing locally is copied back from there (its sha256 checked on the way) instead
+of being rebuilt, and a freshly built one is copied there, under a temporary name, then renamed.
 """
 from __future__ import annotations
 
@@ -33,8 +39,9 @@ from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 READ_RUN = 32          # frames read from HDF5 at once while building
+COPY_CHUNK = 16 << 20
 
 
 def preprocess_frame(raw: np.ndarray, data: DataConfig) -> tuple[np.ndarray, int]:
@@ -91,7 +98,8 @@ def cache_key(flight: FlightConfig, data: DataConfig) -> str:
         "downsample": data.downsample, "clahe_clip_limit": data.clahe_clip_limit, "t": data.temporal_frames,
         "edge_policy": data.edge_policy, "cbh": [data.cbh_min_km, data.cbh_max_km],
         "surface": data.max_lidar_surface_km, "tolerance": data.match_tolerance_s,
-        "time_format": data.ir_time_format, "keys": vars(data.keys),
+        "time_format": data.ir_time_format, "keys": vars(data.keys), "label_layer": data.label_layer,
+        "angles_source": data.angles_source,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -148,6 +156,8 @@ class FlightCache:
     sza_deg: np.ndarray       # (N,)
     saa_deg: np.ndarray       # (N,)
     meta: dict
+    source: str = "reused"    # reused, copied (from data.cache_copy_dir) or built
+    seconds: float = 0.0      # time to make it ready
 
     def __len__(self) -> int:
         return len(self.cbh_km)
@@ -214,7 +224,8 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
-            "bytes": int((tmp / "frames.npy").stat().st_size), "created": time.time()}
+            "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": _sha256(tmp / "frames.npy"),
+            "created": time.time()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     if final.exists():
         shutil.rmtree(final)
@@ -228,24 +239,90 @@ def cache_root(data: DataConfig) -> Path:
     return Path(data.cache_dir) if data.cache_dir else Path(data.dir) / "cache"
 
 
-def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
-    """Open this flight's cache for the current settings, building it first if needed."""
-    er2.check_files(flight, data)
-    final = cache_root(data) / f"{flight.name}-{cache_key(flight, data)}"
-    if (final / "meta.json").is_file():
-        try:
-            return _open(final)
-        except (DataError, OSError, ValueError, KeyError) as e:
-            log.warning("flight %s: rebuilding its cache (%s)", flight.name, e)
-    t0 = time.time()
-    _build(flight, data, final)
-    cache = _open(final)
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _try_open(path: Path) -> FlightCache | None:
+    if not (path / "meta.json").is_file():
+        return None
+    try:
+        return _open(path)
+    except (DataError, OSError, ValueError, KeyError) as e:
+        log.warning("cache %s is unusable (%s)", path, e)
+        return None
+
+
+def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
+    """Copy one complete flight cache folder: under a temporary name, meta.json last, frames.npy's
+    sha256 checked against the one recorded when it was built, then renamed into place."""
+    meta = json.loads((src / "meta.json").read_text())
+    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    names = ("samples.npz", "frames.npy", "meta.json")
+    bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc, leave=False)
+    try:
+        for name in names:
+            h = hashlib.sha256()
+            with open(src / name, "rb") as fin, open(tmp / name, "wb") as fout:
+                for chunk in iter(lambda: fin.read(COPY_CHUNK), b""):
+                    fout.write(chunk)
+                    h.update(chunk)
+                    bar.update(len(chunk))
+                fout.flush()
+                os.fsync(fout.fileno())
+            expected = meta.get("frames_sha256")
+            if name == "frames.npy" and expected and h.hexdigest() != expected:
+                raise DataError(f"{src / name} does not match its recorded checksum (corrupted copy)")
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    finally:
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _log_built(cache: FlightCache, data: DataConfig, seconds: float) -> None:
     c = cache.meta["counts"]
-    log.info("flight %s: cached %d samples (%d frames, %.1f MB) in %.1f s; profiles %d, removed: no layer %d, "
-             "out of range %d, over land %d, surface %d, unmatched %d, at edges %d (edge policy %s)",
-             flight.name, c["samples"], cache.meta["cached_frames"], cache.meta["bytes"] / 1e6, time.time() - t0,
-             c["profiles"], c["no_layer"], c["out_of_range"], c["over_land"], c["bad_surface"], c["unmatched"],
-             c["edge_dropped"], data.edge_policy)
+    log.info("flight %s: cached %d samples (%d frames, %.1f MB) in %.1f s; %d of %d lidar profiles kept "
+             "(edge policy %s)", cache.name, c["samples"], cache.meta["cached_frames"], cache.meta["bytes"] / 1e6,
+             seconds, c["samples"], c["profiles"], data.edge_policy)
+
+
+def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
+    """Open this flight's cache for the current settings: local, else copied from data.cache_copy_dir,
+    else built (and then copied there)."""
+    er2.check_files(flight, data)
+    t0 = time.time()
+    final = cache_root(data) / f"{flight.name}-{cache_key(flight, data)}"
+    cache, source = _try_open(final), "reused"
+    copy = Path(data.cache_copy_dir) / final.name if data.cache_copy_dir else None
+    if cache is None and copy is not None and _try_open(copy) is not None:
+        try:
+            copy_flight_cache(copy, final, f"copy {flight.name}")
+            cache, source = _open(final), "copied"
+            log.info("flight %s: cache copied from %s in %.1f s", flight.name, copy, time.time() - t0)
+        except (DataError, OSError) as e:
+            log.warning("flight %s: could not use the cache copy in %s (%s); rebuilding", flight.name, copy, e)
+    if cache is None:
+        _build(flight, data, final)
+        cache, source = _open(final), "built"
+        _log_built(cache, data, time.time() - t0)
+        if copy is not None:
+            t1 = time.time()
+            try:
+                copy_flight_cache(final, copy, f"save {flight.name}")
+                log.info("flight %s: cache copied to %s in %.1f s, for later sessions", flight.name, copy,
+                         time.time() - t1)
+            except OSError as e:
+                log.warning("flight %s: could not copy its cache to %s (%s); a later session will rebuild it",
+                            flight.name, copy, e)
+    cache.source, cache.seconds = source, time.time() - t0
     return cache
 
 

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from cloudml_lib.config import Config
 from cloudml_lib.data.cache import FlightCache, load_caches
+from cloudml_lib.data.flights import FoundFlight, format_table, summary_rows
 from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -107,9 +108,11 @@ class CloudDataset(Dataset):
         return {"frames": frames, "scalars": scalars, "target": target, "weight": weight, "index": int(i)}
 
 
-def prepare_data(cfg: Config) -> tuple[CloudDataset, CloudDataset]:
-    """Caches of all flights, split by flight, scalers fitted on the training flights only."""
+def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDataset, CloudDataset]:
+    """Caches of all (resolved) flights, split by flight, scalers fitted on the training flights only.
+    Logs one table: each flight's files, frames, labels kept and removed by each filter."""
     caches = load_caches(cfg.data)
+    log.info("Flights:\n%s", format_table(summary_rows(cfg.data, caches, list(skipped))))
     train, val = split_flights(caches, cfg)
     empty = [c.name for c in train + val if len(c) == 0]
     if empty:

@@ -1,8 +1,16 @@
 """Reading one ER-2 flight: IR frame times, lidar labels, filters, label-to-frame matching, sun angles.
 
 Frames themselves are read by the cache builder (cache.py) straight from the open HDF5 dataset;
-this module returns everything else about a flight as small NumPy arrays. Every missing file,
-dataset or inconsistent value raises DataError naming the flight, the file and the key.
+this module returns everything else about a flight as small NumPy arrays. It reads the files as
+they are (ER2_DATA.md, "Corrections from public evidence"):
+- CPL `Profile_Decimal_Julian_Day` is (N, 3): first, mean and last time of each averaged profile;
+  the mean is used. `Layer_Base_Altitude` is (N, 10) km with layer 0 the *top* layer and
+  `Number_Layers` valid ones; `Lidar_Surface_Altitude` is in km.
+- IR `Time/TimeUTC` is Unix epoch seconds, may hold a stray 0 or fill value, and may be longer
+  than the frames.
+- The nav file has no time axis: nav row i is IR frame i, and its arrays may be longer or
+  shorter than the frames.
+Every missing file, dataset or inconsistent value raises DataError naming the flight, the file and the key.
 """
 from __future__ import annotations
 
@@ -22,10 +30,15 @@ from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 
-NO_LAYER_BELOW = -999.0          # fill values such as -9999 mean "no layer"
+FILL_BELOW = -999.0              # fill values such as -9999 mean "none"
 NAV_MATCH_TOLERANCE_S = 2.0
-_CPL_DATE = re.compile(r"(\d{2})([a-z]{3})(\d{2})\.hdf5?$", re.IGNORECASE)
-_MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
+STRAY_TIME_S = 86400.0           # epoch times further than this from the flight's median are strays
+CPL_DATE = re.compile(r"_(\d{2})([a-z]{3})(\d{2})\.hdf5?$", re.IGNORECASE)
+MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
+
+# The order in which filters remove profiles; `counts` in FlightLabels and the cache use these names.
+REMOVAL_REASONS = ("bad_time", "no_layer", "multi_layer", "out_of_range", "over_land", "bad_surface",
+                   "unmatched", "duplicate_frame", "beyond_nav")
 
 
 @dataclass
@@ -36,15 +49,22 @@ class FlightLabels:
     frame_shape: tuple[int, int]                 # raw (rows, cols)
     frame_index: np.ndarray                      # (N,) int, matched IR frame
     cbh_km: np.ndarray                           # (N,) float
-    sza_deg: np.ndarray                          # (N,) float, NaN where the nav file has none
+    sza_deg: np.ndarray                          # (N,) float, NaN where the source has none
     saa_deg: np.ndarray                          # (N,)
     lat: np.ndarray                              # (N,)
     lon: np.ndarray                              # (N,)
     counts: dict = field(default_factory=dict)   # profiles seen and removed, by reason
 
 
+# ------------------------------------------------------------------------------------ files
+
+def required_roles(data: DataConfig) -> tuple[str, ...]:
+    """The files a flight needs: the nav file only when the sun angles come from it."""
+    return ("ir", "cpl", "nav") if data.angles_source == "nav" else ("ir", "cpl")
+
+
 def _resolve(root: Path, name: str, flight: str) -> Path:
-    """A file name, or a glob pattern (e.g. CPL_L2_*_10feb25.hdf5) that must match exactly one file."""
+    """A path relative to data.dir, or a glob pattern (e.g. 10Feb25/CPL_L2_*.hdf5) matching one file."""
     if not any(ch in name for ch in "*?["):
         return root / name
     matches = sorted(root.glob(name))
@@ -56,7 +76,7 @@ def _resolve(root: Path, name: str, flight: str) -> Path:
 
 def flight_paths(flight: FlightConfig, data: DataConfig) -> dict[str, Path]:
     root = Path(data.dir)
-    return {role: _resolve(root, getattr(flight, f"{role}_file"), flight.name) for role in ("ir", "cpl", "nav")}
+    return {role: _resolve(root, getattr(flight, f"{role}_file"), flight.name) for role in required_roles(data)}
 
 
 def check_files(flight: FlightConfig, data: DataConfig) -> None:
@@ -89,6 +109,32 @@ def dataset(f: h5py.File, key: str, flight: str, config_key: str) -> h5py.Datase
     return f[key]
 
 
+def _column(f: h5py.File, key: str, flight: str, config_key: str, pick: int = 1) -> np.ndarray:
+    """A per-profile array: (N,) as is, (N, 3) first/mean/last -> column `pick`, (N, 1) -> column 0."""
+    ds = dataset(f, key, flight, config_key)
+    x = np.asarray(ds[()], dtype=np.float64)
+    if x.ndim == 2 and x.shape[1] == 1:
+        return x[:, 0]
+    if x.ndim == 2 and x.shape[1] == 3:
+        return x[:, pick]
+    if x.ndim != 1:
+        raise DataError(f"flight {flight}: {f.filename} '{key}' (data.keys.{config_key}) has shape {x.shape}; "
+                        "expected (profiles,) or (profiles, 3) with first, mean and last values")
+    return x
+
+
+# ------------------------------------------------------------------------------------ dates and times
+
+def date_from_cpl_name(name: str) -> dt.date | None:
+    m = CPL_DATE.search(name.replace("*", ""))
+    if not m or m.group(2).lower() not in MONTHS:
+        return None
+    try:
+        return dt.date(2000 + int(m.group(3)), MONTHS[m.group(2).lower()], int(m.group(1)))
+    except ValueError:
+        return None
+
+
 def flight_date(flight: FlightConfig) -> dt.date:
     """The flight's UTC date: `date` if given, else from the CPL file name (..._10feb25.hdf5)."""
     if flight.date:
@@ -96,11 +142,11 @@ def flight_date(flight: FlightConfig) -> dt.date:
             return dt.date.fromisoformat(flight.date)
         except ValueError:
             raise DataError(f"flight {flight.name}: date {flight.date!r} is not YYYY-MM-DD") from None
-    m = _CPL_DATE.search(Path(flight.cpl_file).name.replace("*", ""))
-    if not m or m.group(2).lower() not in _MONTHS:
+    date = date_from_cpl_name(Path(flight.cpl_file).name)
+    if date is None:
         raise DataError(f"flight {flight.name}: cannot read the date from CPL file name {flight.cpl_file!r} "
                         "(expected it to end like _10feb25.hdf5); set data.flights[].date: YYYY-MM-DD")
-    return dt.date(2000 + int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1)))
+    return date
 
 
 def _utc(t: float) -> str:
@@ -111,61 +157,182 @@ def _midnight_epoch(date: dt.date) -> float:
     return float(calendar.timegm(date.timetuple()))
 
 
-def to_epoch_seconds(t: np.ndarray, fmt: str, date: dt.date, where: str) -> tuple[np.ndarray, str]:
-    """Seconds since 1970 from seconds-of-day (unwrapped across midnight) or epoch seconds."""
+def to_epoch_seconds(t: np.ndarray, fmt: str, date: dt.date, where: str) -> tuple[np.ndarray, str, int]:
+    """Seconds since 1970 from epoch seconds or seconds of day (unwrapped across midnight).
+
+    Returns (times with NaN where a value is unusable, the format used, how many were unusable).
+    `auto` decides from the median of the positive finite values, so a stray 0, a fill value or a
+    few outliers cannot tip it; in epoch format, values more than a day from that median are strays.
+    """
     t = np.asarray(t, dtype=np.float64).reshape(-1)
-    finite = t[np.isfinite(t)]
-    if finite.size == 0:
-        raise DataError(f"{where}: no finite time values")
+    positive = np.isfinite(t) & (t > 0)
+    if not positive.any():
+        raise DataError(f"{where}: no usable time values (all are zero, negative or not finite)")
+    median = float(np.median(t[positive]))
     if fmt == "auto":
-        if finite.min() >= 0 and finite.max() < 2 * 86400:
-            fmt = "seconds_of_day"
-        elif finite.min() > 1e8:
+        if median > 1e8:
             fmt = "epoch"
+        elif median < 2 * 86400:
+            fmt = "seconds_of_day"
         else:
-            raise DataError(f"{where}: cannot tell the time format from values {finite.min():.1f}..{finite.max():.1f}; "
-                            "expected seconds of day (0..86400) or epoch seconds (> 1e8); set "
-                            "data.ir_time_format")
-    if fmt == "seconds_of_day":
-        wraps = np.concatenate([[0.0], np.cumsum(np.diff(t) < -43200.0) * 86400.0])
-        return _midnight_epoch(date) + t + wraps, fmt
-    return t, fmt
+            raise DataError(f"{where}: cannot tell the time format from values around {median:.1f}; expected "
+                            "epoch seconds (> 1e8) or seconds of day (0..86400); set data.ir_time_format")
+    out = np.full(t.shape, np.nan)
+    if fmt == "epoch":
+        ok = positive & (np.abs(t - median) <= STRAY_TIME_S)
+        out[ok] = t[ok]
+    else:
+        ok = np.isfinite(t) & (t >= 0) & (t < 2 * 86400)
+        v = t[ok]
+        wraps = np.concatenate([[0.0], np.cumsum(np.diff(v) < -43200.0)]) * 86400.0
+        out[ok] = _midnight_epoch(date) + v + wraps
+    return out, fmt, int((~ok).sum())
 
 
-def julian_to_epoch(julian_day: np.ndarray, date: dt.date) -> np.ndarray:
-    """Decimal day of year (1.0 = 1 January 00:00 UTC) in the flight's year to epoch seconds."""
-    year_start = _midnight_epoch(dt.date(date.year, 1, 1))
-    return year_start + (np.asarray(julian_day, dtype=np.float64) - 1.0) * 86400.0
+def julian_to_epoch(julian_day: np.ndarray, year: int) -> np.ndarray:
+    """Decimal day of year (1.0 = 1 January 00:00 UTC) to epoch seconds; fill values become NaN."""
+    jd = np.asarray(julian_day, dtype=np.float64)
+    jd = np.where(np.isfinite(jd) & (jd >= 1.0) & (jd < 368.0), jd, np.nan)
+    return _midnight_epoch(dt.date(year, 1, 1)) + (jd - 1.0) * 86400.0
 
 
-def filter_profiles(base_km, lidar_surface_m, dem_m, data: DataConfig) -> tuple[np.ndarray, dict]:
-    """Keep a profile if finite, a layer exists, in range, over ocean and with a plausible surface."""
-    finite = np.isfinite(base_km) & (base_km > NO_LAYER_BELOW)
-    in_range = (base_km >= data.cbh_min_km) & (base_km <= data.cbh_max_km)
-    ocean = dem_m == 0
-    surface_ok = np.abs(lidar_surface_m) / 1000.0 <= data.max_lidar_surface_km
-    keep = finite & in_range & ocean & surface_ok
-    counts = {"profiles": int(base_km.size), "no_layer": int((~finite).sum()),
-              "out_of_range": int((finite & ~in_range).sum()), "over_land": int((finite & in_range & ~ocean).sum()),
-              "bad_surface": int((finite & in_range & ocean & ~surface_ok).sum())}
+# ------------------------------------------------------------------------------------ labels
+
+def choose_label(base: np.ndarray, n_layers: np.ndarray, label_layer: str) -> tuple[np.ndarray, np.ndarray]:
+    """The label height of each profile from (N, L) layer bases (layer 0 on top) and layer counts.
+
+    lowest: base of the lowest layer, base[i, n_i - 1] (the physical cloud base height);
+    top: base[:, 0], the base of the top layer (the users' published labels);
+    single: base[:, 0] of single-layer profiles only.
+    Returns (height km, NaN where none; mask of profiles removed as multi-layer).
+    """
+    n = np.clip(n_layers, 0, base.shape[1]).astype(int)
+    has = n >= 1
+    if label_layer == "lowest":
+        h = np.where(has, base[np.arange(len(base)), np.maximum(n - 1, 0)], np.nan)
+    else:
+        h = np.where(has, base[:, 0], np.nan)
+    h = np.where(h > FILL_BELOW, h, np.nan)
+    multi = (n > 1) if label_layer == "single" else np.zeros(len(base), bool)
+    return h, multi
+
+
+def filter_profiles(label_t, height_km, multi, lidar_surface_km, dem, data: DataConfig) -> tuple[np.ndarray, dict]:
+    """Keep a profile with a usable time and layer, in range, over ocean and with a plausible surface."""
+    steps = [
+        ("bad_time", ~np.isfinite(label_t)),
+        ("no_layer", ~np.isfinite(height_km)),
+        ("multi_layer", multi),
+        ("out_of_range", ~((height_km >= data.cbh_min_km) & (height_km <= data.cbh_max_km))),
+        ("over_land", dem != 0),
+        # km in the real files; fill values (-9999) fail this test too
+        ("bad_surface", ~(np.abs(lidar_surface_km) <= data.max_lidar_surface_km)),
+    ]
+    keep = np.ones(len(label_t), bool)
+    counts = {"profiles": int(len(label_t))}
+    for reason, removed in steps:
+        counts[reason] = int((keep & removed).sum())
+        keep &= ~removed
     return keep, counts
 
 
 def match_to_frames(label_t: np.ndarray, frame_t: np.ndarray, tolerance_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest frame for each label time; returns (frame index, matched mask)."""
-    order = np.argsort(frame_t, kind="stable")
+    """Nearest frame (with a usable time) for each label time; returns (frame index, matched mask)."""
+    usable = np.flatnonzero(np.isfinite(frame_t))
+    if usable.size == 0:
+        return np.zeros(len(label_t), int), np.zeros(len(label_t), bool)
+    order = usable[np.argsort(frame_t[usable], kind="stable")]
     sorted_t = frame_t[order]
-    pos = np.clip(np.searchsorted(sorted_t, label_t), 1, max(sorted_t.size - 1, 1))
+    lt = np.where(np.isfinite(label_t), label_t, -np.inf)
+    pos = np.clip(np.searchsorted(sorted_t, lt), 1, max(sorted_t.size - 1, 1))
     left, right = sorted_t[pos - 1], sorted_t[np.minimum(pos, sorted_t.size - 1)]
-    use_left = np.abs(label_t - left) <= np.abs(label_t - right)
-    nearest = np.where(use_left, pos - 1, np.minimum(pos, sorted_t.size - 1))
-    ok = np.abs(frame_t[order[nearest]] - label_t) <= tolerance_s
-    return order[nearest], ok
+    use_left = np.abs(lt - left) <= np.abs(lt - right)
+    nearest = order[np.where(use_left, pos - 1, np.minimum(pos, sorted_t.size - 1))]
+    ok = np.abs(frame_t[nearest] - lt) <= tolerance_s
+    return nearest, ok
 
 
-def _read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray, frames: np.ndarray, date):
-    """Sun angles and position for the given frames, matched by time when the nav file has a time axis."""
-    k = data.keys
+def one_label_per_frame(frames: np.ndarray, gap_s: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Among kept profiles matched to the same frame, keep the one nearest in time (ties: the first)."""
+    idx = np.flatnonzero(keep)
+    order = idx[np.lexsort((idx, gap_s[idx]))]           # by time gap, then file order
+    _, first = np.unique(frames[order], return_index=True)
+    out = np.zeros_like(keep)
+    out[order[first]] = True
+    return out
+
+
+def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
+    """Per-profile times (epoch s), label heights, filter inputs and sun angles of one CPL file."""
+    k, name = data.keys, flight.name
+    with open_h5(path, name) as f:
+        julian = _column(f, k.cpl_time, name, "cpl_time")
+        base = np.asarray(dataset(f, k.cpl_base, name, "cpl_base")[()], np.float64)
+        base = base[:, None] if base.ndim == 1 else base
+        if k.cpl_layer_count and k.cpl_layer_count in f:
+            n_layers = np.asarray(f[k.cpl_layer_count][()]).reshape(-1)
+        else:                                             # layers are packed from index 0
+            n_layers = (base > FILL_BELOW).sum(axis=1)
+        surface = _column(f, k.cpl_lidar_surface, name, "cpl_lidar_surface")
+        dem = _column(f, k.cpl_dem_surface, name, "cpl_dem_surface")
+        year = int(np.asarray(f[k.cpl_year][()]).reshape(-1)[0]) if k.cpl_year and k.cpl_year in f else None
+        angles = {}
+        if data.angles_source == "cpl":
+            angles = {"sza": _column(f, k.cpl_zenith, name, "cpl_zenith"),
+                      "saa": _column(f, k.cpl_azimuth, name, "cpl_azimuth"),
+                      "lat": _column(f, k.cpl_lat, name, "cpl_lat"), "lon": _column(f, k.cpl_lon, name, "cpl_lon")}
+    sizes = {"times": julian.size, "layer rows": base.shape[0], "Number_Layers": n_layers.size,
+             "lidar surfaces": surface.size, "DEM values": dem.size, **{a: v.size for a, v in angles.items()}}
+    if len(set(sizes.values())) != 1:
+        raise DataError(f"flight {name}: {path} datasets disagree on the number of profiles ("
+                        + ", ".join(f"{v} {a}" for a, v in sizes.items()) + ")")
+    date = flight_date(flight)
+    if year is not None and year != date.year:
+        log.warning("flight %s: %s says File_Year %d but its name says %d; using %d for the Julian days",
+                    name, path.name, year, date.year, year)
+    height, multi = choose_label(base, n_layers, data.label_layer)
+    angles = {a: np.where(v > FILL_BELOW, v, np.nan) for a, v in angles.items()}
+    if "saa" in angles:
+        angles["saa"] = np.mod(angles["saa"], 360.0)     # -180..180 and 0..360 conventions agree after this
+    return {"t": julian_to_epoch(julian, year or date.year), "height": height, "multi": multi,
+            "surface": surface, "dem": dem, "multi_layer_profiles": int((n_layers > 1).sum()), **angles}
+
+
+# ------------------------------------------------------------------------------------ IR and nav
+
+def _read_ir(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[np.ndarray, int, int, int]:
+    """Epoch time per frame (NaN where unusable) and the raw frame shape."""
+    k, name = data.keys, flight.name
+    with open_h5(path, name) as f:
+        signal = dataset(f, k.ir_signal, name, "ir_signal")
+        if signal.ndim != 3:
+            raise DataError(f"flight {name}: {path} '{k.ir_signal}' has shape {signal.shape}; "
+                            "expected (frames, rows, columns)")
+        n_frames, rows, cols = signal.shape
+        raw_t = np.asarray(dataset(f, k.ir_time, name, "ir_time")[()]).reshape(-1)
+    where = f"flight {name}: {path} '{k.ir_time}'"
+    if raw_t.size < n_frames:
+        raise DataError(f"{where}: {raw_t.size} times for {n_frames} frames; every frame needs a time")
+    if raw_t.size > n_frames:
+        log.info("flight %s: %s has %d times for %d frames; using the first %d", name, path.name, raw_t.size,
+                 n_frames, n_frames)
+        raw_t = raw_t[:n_frames]
+    frame_t, fmt, n_bad = to_epoch_seconds(raw_t, data.ir_time_format, flight_date(flight), where)
+    how = "detected" if data.ir_time_format == "auto" else "set by data.ir_time_format"
+    log.info("flight %s: IR times read as %s (%s)%s", name, "Unix epoch seconds" if fmt == "epoch" else
+             "seconds of day", how, f"; {n_bad} unusable values (0, fill or far off): those frames get no label"
+             if n_bad else "")
+    if data.swath_slice[1] > rows:
+        raise DataError(f"flight {name}: data.swath_slice {data.swath_slice} needs {data.swath_slice[1]} "
+                        f"sensor rows but {path} frames have {rows}; valid: end_row <= {rows}")
+    return frame_t, n_frames, rows, cols
+
+
+def _read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray) -> tuple[dict, int]:
+    """Sun angles and position per IR frame: matched by time when the nav file has a time axis,
+    else nav row i is frame i. Returns (arrays of length n_frames; mask of the frames the file covers).
+    Matched by time, a frame without a nav record keeps NaN angles (filled later, and counted)."""
+    k, n_frames = data.keys, frame_t.size
     with open_h5(path, flight.name) as f:
         cols = {name: np.asarray(dataset(f, getattr(k, key), flight.name, key)[()], dtype=np.float64).reshape(-1)
                 for name, key in (("sza", "nav_zenith"), ("saa", "nav_azimuth"), ("lat", "nav_lat"),
@@ -174,71 +341,65 @@ def _read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nd
     lengths = {v.size for v in cols.values()}
     if len(lengths) != 1:
         raise DataError(f"flight {flight.name}: nav datasets in {path} have different lengths {sorted(lengths)}")
+    n_nav = lengths.pop()
     if nav_t is not None:
         where = f"flight {flight.name}: {path} '{k.nav_time}'"
-        nav_epoch, _ = to_epoch_seconds(nav_t, "auto", date, where)
-        if nav_epoch.size != lengths.pop():
-            raise DataError(f"{where}: {nav_epoch.size} times for {cols['sza'].size} nav rows")
-        rows, ok = match_to_frames(frame_t[frames], nav_epoch, NAV_MATCH_TOLERANCE_S)
-        out = {name: np.where(ok, v[rows], np.nan) for name, v in cols.items()}
-        if (~ok).any():
-            log.warning("flight %s: %d labelled frames have no nav record within %.0f s; their angles are filled",
-                        flight.name, int((~ok).sum()), NAV_MATCH_TOLERANCE_S)
-        return out
-    n_nav = lengths.pop()
-    log.warning("flight %s: %s has no time axis ('%s'); assuming nav row i belongs to IR frame i",
-                flight.name, path.name, k.nav_time)
-    if n_nav < frame_t.size:
-        raise DataError(f"flight {flight.name}: {path} has {n_nav} nav rows but the IR file has {frame_t.size} "
-                        f"frames and no nav time axis ('{k.nav_time}') to match them by; set data.keys.nav_time")
-    return {name: v[frames] for name, v in cols.items()}
+        nav_epoch, _, _ = to_epoch_seconds(nav_t, "auto", flight_date(flight), where)
+        if nav_epoch.size != n_nav:
+            raise DataError(f"{where}: {nav_epoch.size} times for {n_nav} nav rows")
+        rows, ok = match_to_frames(frame_t, nav_epoch, NAV_MATCH_TOLERANCE_S)
+        log.info("flight %s: nav rows matched to IR frames by time ('%s')", flight.name, k.nav_time)
+        return {name: np.where(ok, v[rows], np.nan) for name, v in cols.items()}, np.ones(n_frames, bool)
+    note = (f"the first {n_frames} of its {n_nav} rows used" if n_nav > n_frames else
+            f"it covers frames 0..{n_nav - 1} of {n_frames}" if n_nav < n_frames else "same length")
+    log.info("flight %s: %s has no time axis, as in the users' files: nav row i is taken to be IR frame i (%s)",
+             flight.name, path.name, note)
+    out = {name: np.full(n_frames, np.nan) for name in cols}
+    m = min(n_nav, n_frames)
+    for name, v in cols.items():
+        out[name][:m] = v[:m]
+    return out, np.arange(n_frames) < n_nav
 
 
 def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     """Read, filter and match one flight's labels; frames stay on disk."""
     check_files(flight, data)
     paths = flight_paths(flight, data)
-    date = flight_date(flight)
-    k = data.keys
-    with open_h5(paths["ir"], flight.name) as f:
-        signal = dataset(f, k.ir_signal, flight.name, "ir_signal")
-        if signal.ndim != 3:
-            raise DataError(f"flight {flight.name}: {paths['ir']} '{k.ir_signal}' has shape {signal.shape}; "
-                            "expected (frames, rows, columns)")
-        n_frames, rows, cols = signal.shape
-        raw_t = dataset(f, k.ir_time, flight.name, "ir_time")[()]
-    where = f"flight {flight.name}: {paths['ir']} '{k.ir_time}'"
-    frame_t, fmt = to_epoch_seconds(raw_t, data.ir_time_format, date, where)
-    if frame_t.size != n_frames:
-        raise DataError(f"{where}: {frame_t.size} times for {n_frames} frames")
-    if data.swath_slice[1] > rows:
-        raise DataError(f"flight {flight.name}: data.swath_slice {data.swath_slice} needs {data.swath_slice[1]} "
-                        f"sensor rows but {paths['ir']} frames have {rows}; valid: end_row <= {rows}")
-
-    with open_h5(paths["cpl"], flight.name) as f:
-        julian = np.asarray(dataset(f, k.cpl_time, flight.name, "cpl_time")[()], np.float64).reshape(-1)
-        base = dataset(f, k.cpl_base, flight.name, "cpl_base")[()]
-        lidar_surface = np.asarray(dataset(f, k.cpl_lidar_surface, flight.name, "cpl_lidar_surface")[()]).reshape(-1)
-        dem = np.asarray(dataset(f, k.cpl_dem_surface, flight.name, "cpl_dem_surface")[()]).reshape(-1)
-    base = np.asarray(base, np.float64)
-    base0 = base[:, 0] if base.ndim == 2 else base.reshape(-1)
-    if not (base0.size == julian.size == lidar_surface.size == dem.size):
-        raise DataError(f"flight {flight.name}: {paths['cpl']} datasets disagree on the number of profiles "
-                        f"({julian.size} times, {base0.size} bases, {lidar_surface.size} lidar surfaces, "
-                        f"{dem.size} DEM values)")
-    keep, counts = filter_profiles(base0, lidar_surface, dem, data)
-    label_t = julian_to_epoch(julian, date)
-    frames, matched = match_to_frames(label_t, frame_t, data.match_tolerance_s)
+    frame_t, n_frames, rows, cols = _read_ir(paths["ir"], flight, data)
+    cpl = _read_cpl(paths["cpl"], flight, data)
+    keep, counts = filter_profiles(cpl["t"], cpl["height"], cpl["multi"], cpl["surface"], cpl["dem"], data)
+    frames, matched = match_to_frames(cpl["t"], frame_t, data.match_tolerance_s)
     counts["unmatched"] = int((keep & ~matched).sum())
     keep &= matched
+    single = one_label_per_frame(frames, np.abs(frame_t[frames] - cpl["t"]), keep)
+    counts["duplicate_frame"] = int((keep & ~single).sum())
+    keep = single
+    if data.angles_source == "nav":
+        nav, covered = _read_nav(flight, data, paths["nav"], frame_t)
+        beyond = keep & ~covered[frames]
+        counts["beyond_nav"] = int(beyond.sum())
+        keep &= ~beyond
+        sel = frames[keep]
+        angles = {a: nav[a][sel] for a in ("sza", "saa", "lat", "lon")}
+    else:
+        counts["beyond_nav"] = 0
+        angles = {a: cpl[a][keep] for a in ("sza", "saa", "lat", "lon")}
     counts["kept"] = int(keep.sum())
+    counts["multi_layer_profiles"] = cpl["multi_layer_profiles"]
+    if counts["duplicate_frame"]:
+        log.info("flight %s: %d profiles matched a frame that already had a nearer one; one label per frame "
+                 "(the profile nearest in time, the first on a tie)", flight.name, counts["duplicate_frame"])
+    if counts["beyond_nav"]:
+        log.info("flight %s: %d labels lie beyond the end of the nav file and were dropped", flight.name,
+                 counts["beyond_nav"])
     if counts["kept"] == 0:
-        span = (f"camera {_utc(frame_t.min())}..{_utc(frame_t.max())} (read as {fmt}), "
-                f"lidar {_utc(np.nanmin(label_t))}..{_utc(np.nanmax(label_t))}")
+        label_t = cpl["t"][np.isfinite(cpl["t"])]
+        cam = frame_t[np.isfinite(frame_t)]
+        span = (f"camera {_utc(cam.min())}..{_utc(cam.max())}, lidar "
+                + (f"{_utc(label_t.min())}..{_utc(label_t.max())}" if label_t.size else "no usable times"))
         raise DataError(f"flight {flight.name}: no lidar label survives the filters and time matching "
-                        f"({counts}); time spans: {span}. Check data.ir_time_format and the flight date.")
-    frames = frames[keep]
-    nav = _read_nav(flight, data, paths["nav"], frame_t, frames, date)
-    return FlightLabels(name=flight.name, n_frames=n_frames, frame_shape=(rows, cols), frame_index=frames,
-                        cbh_km=base0[keep].astype(np.float32), sza_deg=nav["sza"], saa_deg=nav["saa"],
-                        lat=nav["lat"], lon=nav["lon"], counts=counts)
+                        f"({counts}); time spans: {span}. Check data.ir_time_format, data.label_layer, "
+                        "the data.cbh_* range and the flight date.")
+    return FlightLabels(name=flight.name, n_frames=n_frames, frame_shape=(rows, cols), frame_index=frames[keep],
+                        cbh_km=cpl["height"][keep].astype(np.float32), sza_deg=angles["sza"], saa_deg=angles["saa"],
+                        lat=angles["lat"], lon=angles["lon"], counts=counts)

@@ -1,12 +1,26 @@
-"""Built-in demo flights, written in the real ER-2 three-file layout, keys and units.
+"""Built-in demo flights, written in the layout, keys, shapes and units of the users' real ER-2 files.
 
 The demo exercises the same loading code as real flights, so the generator writes what the real
-files hold: an IRAI L1B file of thermal-IR frames with a UTC time per frame, a CPL L2 layer file
-with decimal Julian days and layer base altitudes, and a navigation file with solar angles.
+files hold (ER2_DATA.md, "Corrections from public evidence"):
+- one folder per flight (`05Mar25/`), with an IRAI L1B file whose name may carry a revision
+  suffix (`GLOVE2025_IRAI_L1B_Rev-_20250305-003.h5`), a CPL L2 layer file and a navigation file;
+- IR frames as big-endian unsigned 16-bit counts (100 counts per kelvin above 180 K) and
+  `Time/TimeUTC` in Unix epoch seconds, on some flights longer than the frames, with a stray 0 or
+  fill value;
+- CPL `Profile_Decimal_Julian_Day` (N, 3) (first, mean, last of a ~5 s profile), `File_Year`,
+  `Layer_Base_Altitude` / `Layer_Top_Altitude` (N, 10) km with layer 0 on top, `Number_Layers`,
+  `Lidar_Surface_Altitude` in km, the sun angles and position per profile, a few duplicated
+  profiles;
+- a nav file with no time axis (row i = frame i), longer or shorter than the frames, and about 1%
+  NaN solar zenith angles.
 
 The scene (all sizes scale with the frame width; "px" is one camera pixel at nadir):
-- A cloud layer with a known base height h(t) (km) that drifts slowly along the flight, and a
-  random cloud field (smoothed noise, soft edges) attached to that layer.
+- A low cloud layer with a known base height h(t) (km) that drifts along the flight, present in
+  bursts separated by clear stretches, so labels come in bursts with long gaps; its random cloud
+  field (smoothed noise, soft edges) moves with the layer.
+- About half the cloudy profiles also see a thin cirrus layer at 8-11 km above it (layer 0, the
+  top); it is transparent in the frames. Its base is the users' `top` label; the low cloud's base
+  is the `lowest` label (the default), the height the frames show.
 - The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud layer appears
   magnified by H / (H - h) and moves across the frame faster than the sea surface, by the same
   factor: the apparent motion between consecutive frames depends on h (parallax).
@@ -17,13 +31,13 @@ The scene (all sizes scale with the frame width; "px" is one camera pixel at nad
   sensor noise of 0.15 K.
 - Flights differ in sun angles and height distribution, so a held-out flight is a real test and
   a model that sees only the angles cannot predict the height.
-- The lidar labels are h(t) sampled every 2 s plus 20 m of noise, with invalid profiles that
-  the loader's filters must remove: no layer (-9999), over land (DEM > 0), a lidar surface
-  altitude above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
-- About 1% of the solar zenith values are NaN, as in real navigation data.
+- Lidar heights come in 30 m steps, with 20 m of noise before rounding, and with invalid profiles
+  the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude fill value
+  or above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
 """
 from __future__ import annotations
 
+import calendar
 import datetime as dt
 import logging
 from pathlib import Path
@@ -39,7 +53,10 @@ AIRCRAFT_ALTITUDE_KM = 20.0
 AIRCRAFT_SPEED_KM_S = 0.2
 SWATH_KM = 24.0
 LAPSE_RATE_K_PER_KM = 6.5
+COUNTS_PER_K, COUNTS_ZERO_K = 100.0, 180.0       # IR counts = 100 x (T - 180 K), big-endian uint16
+PROFILE_SPACING_S = 5.0                           # one averaged CPL profile every ~5 s (1 km)
 MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+REVISIONS = ("-003", "", "-005", "-008", "-003")  # IR file name suffixes, as in the users' folders
 
 # Per-flight sun and height settings: (sza centre deg, saa centre deg, mean height km).
 # Spread so that the held-out flight (the third) lies inside the training flights' range.
@@ -49,7 +66,7 @@ FLIGHT_SETTINGS = (
     (58.0, 150.0, 1.10), (45.0, 225.0, 0.80),
 )
 DEMO_VALIDATION_INDEX = 2
-DEMO_FLIGHTS, DEMO_SEED = 5, 0
+DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
 DEMO_FRAME_SHAPE = (80, 96)          # raw sensor rows x columns of the demo camera
 
 
@@ -59,15 +76,16 @@ def demo_flight_names(n_flights: int, start: dt.date = dt.date(2025, 3, 1)) -> l
 
 
 def demo_flight_entries(n_flights: int) -> list[dict]:
-    """The `data.flights` entries of the demo flights (file names in the real naming style)."""
+    """The `data.flights` entries of the demo flights: one folder per flight, real naming style."""
     entries = []
     for i, (name, date) in enumerate(demo_flight_names(n_flights)):
         cpl_date = f"{date.day:02d}{MONTHS[date.month - 1]}{date.year % 100:02d}"
+        campaign = "GLOVE2025" if date.year >= 2025 else "WHYMSIE2024"
         entries.append({
             "name": name,
-            "ir_file": f"DEMO_IRAI_L1B_Rev-_{date:%Y%m%d}.h5",
-            "cpl_file": f"CPL_L2_V1-02_01kmLay_{900001 + i}_{cpl_date}.hdf5",
-            "nav_file": f"CRS_{date:%Y%m%d}_nav.hdf",
+            "ir_file": f"{name}/{campaign}_IRAI_L1B_Rev-_{date:%Y%m%d}{REVISIONS[i % len(REVISIONS)]}.h5",
+            "cpl_file": f"{name}/CPL_L2_V1-02_01kmLay_{900001 + i}_{cpl_date}.hdf5",
+            "nav_file": f"{name}/CRS_{date:%Y%m%d}_nav.hdf",
         })
     return entries
 
@@ -85,7 +103,7 @@ def _cloud_field(rng: np.random.Generator, shape: tuple[int, int], scale_px: flo
     return 1.0 / (1.0 + np.exp(-(noise - 0.25) / 0.12))
 
 
-def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, saa_deg, height_km):
+def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, saa_deg, height_km, cloudy):
     """Brightness-temperature frames (n, rows, cols) in K for one flight."""
     px_km = SWATH_KM / cols
     speed_px = AIRCRAFT_SPEED_KM_S / px_km
@@ -102,16 +120,49 @@ def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, saa_deg, h
         cam = centre_r + k * speed_px
         # The cloud layer is nearer the camera: magnified, and it moves faster (parallax).
         shrink = (AIRCRAFT_ALTITUDE_KM - h) / AIRCRAFT_ALTITUDE_KM
-        cloud = ndimage.map_coordinates(field, [cam + u_r * shrink, centre_c + u_c * shrink], order=1)
+        cloud = cloudy[k] * ndimage.map_coordinates(field, [cam + u_r * shrink, centre_c + u_c * shrink], order=1)
         # Shadow on the sea at ground point g comes from the cloud at g + d toward the sun.
         d_px = h * np.tan(np.radians(sza_deg[k])) / px_km
         az = np.radians(saa_deg[k])
-        shadow = ndimage.map_coordinates(field, [cam + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)],
-                                         order=1)
+        shadow = cloudy[k] * ndimage.map_coordinates(
+            field, [cam + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)], order=1)
         t_cloud = 290.0 - 1.0 - LAPSE_RATE_K_PER_KM * (h + 0.3)
         ground = sea - 1.5 * shadow
         frames[k] = (1 - cloud) * ground + cloud * t_cloud + rng.normal(0.0, 0.15, (rows, cols))
     return frames
+
+
+def _profiles(rng, t0: float, n_frames: int, height, cloudy, sza, saa) -> dict:
+    """CPL layer profiles every ~5 s from 20 s before the camera to 20 s after it, in the real shapes."""
+    t = np.arange(t0 - 20.0, t0 + n_frames + 20.0, PROFILE_SPACING_S) + rng.uniform(-0.3, 0.3)
+    dup = np.flatnonzero(rng.random(t.size) < 0.02)                  # duplicated profile times occur
+    t = np.sort(np.concatenate([t, t[dup]]))
+    n = t.size
+    k = np.clip(np.round(t - t0).astype(int), 0, n_frames - 1)       # the frame under each profile
+    base, top = np.full((n, 10), -9999.0, np.float32), np.full((n, 10), -9999.0, np.float32)
+    low = np.round((height[k] + rng.normal(0.0, 0.02, n)) / 0.03) * 0.03       # 30 m steps
+    cirrus = rng.random(n) < 0.5
+    cirrus_base = np.round(rng.uniform(8.0, 11.0, n) / 0.03) * 0.03
+    has_low = cloudy[k] > 0.5
+    n_layers = has_low.astype(np.int32) + cirrus
+    # layer 0 is the top layer: the cirrus when present, then the low cloud
+    base[cirrus, 0], top[cirrus, 0] = cirrus_base[cirrus], cirrus_base[cirrus] + 0.6
+    j = cirrus.astype(int)
+    rows = np.flatnonzero(has_low)
+    base[rows, j[rows]], top[rows, j[rows]] = low[rows], low[rows] + 0.3
+    dem = np.zeros(n, np.float32)
+    surface = rng.normal(0.0, 0.03, n).astype(np.float32)           # km
+    bad = rng.random(n)
+    n_layers[bad < 0.03] = 0                                         # no layer found
+    base[bad < 0.03], top[bad < 0.03] = -9999.0, -9999.0
+    dem[(bad >= 0.03) & (bad < 0.07)] = 150.0                        # over land
+    surface[(bad >= 0.07) & (bad < 0.09)] = 1.5                      # surface return too high
+    surface[(bad >= 0.09) & (bad < 0.10)] = -9999.0                  # fill value
+    out_of_range = has_low & (bad >= 0.10) & (bad < 0.12)
+    base[out_of_range, j[out_of_range]] = 2.61                       # above the label range
+    half = PROFILE_SPACING_S / 2 / 86400.0
+    return {"t": t, "base": base, "top": top, "n_layers": n_layers, "dem": dem, "surface": surface,
+            "half_day": half, "sza": sza[k], "saa": saa[k]}
 
 
 def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.random.Generator,
@@ -119,59 +170,63 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
     sza_c, saa_c, h_mean = FLIGHT_SETTINGS[index % len(FLIGHT_SETTINGS)]
     if index >= len(FLIGHT_SETTINGS):
         sza_c, saa_c, h_mean = sza_c + rng.uniform(-4, 4), saa_c + rng.uniform(-20, 20), h_mean + rng.uniform(-.1, .1)
-    t0 = 64800.0 + 600.0 * index  # seconds of day: 18:00 UTC and later
+    midnight = float(calendar.timegm(date.timetuple()))
+    t0 = midnight + 64800.0 + 600.0 * index                          # 18:00 UTC and later, epoch seconds
     frame_t = t0 + np.arange(n_frames) + rng.uniform(-0.02, 0.02, n_frames)
     height = np.clip(h_mean + 0.38 * _smooth_series(rng, n_frames, 6.0), 0.05, 2.3)
+    cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)   # bursts and clear gaps
     sza = sza_c + 3.0 * _smooth_series(rng, n_frames, 40.0)
     saa = (saa_c + 8.0 * _smooth_series(rng, n_frames, 40.0)) % 360.0
-    frames = _render_flight(rng, n_frames, rows, cols, sza, saa, height)
+    frames = _render_flight(rng, n_frames, rows, cols, sza, saa, height, cloudy)
+    counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
 
+    (out / entry["ir_file"]).parent.mkdir(parents=True, exist_ok=True)
+    time_utc = np.concatenate([frame_t, frame_t[-1] + 1.0 + np.arange(3 if index % 2 == 0 else 0)])
+    time_utc[n_frames // 3] = 0.0 if index % 3 == 1 else time_utc[n_frames // 3]    # a stray zero
+    time_utc[n_frames // 2] = -9999.0 if index % 3 == 2 else time_utc[n_frames // 2]  # a fill value
     with h5py.File(out / entry["ir_file"], "w") as f:
-        f.create_dataset("Product/Signal", data=frames, chunks=(1, rows, cols))
-        f["Product/Signal"].attrs["units"] = "K"
-        f.create_dataset("Time/TimeUTC", data=frame_t)
-        f["Time/TimeUTC"].attrs["units"] = "seconds of day, UTC"
+        f.create_dataset("Product/Signal", data=counts, chunks=(1, rows, cols))
+        f["Product/Signal"].attrs["units"] = "counts"
+        f.create_dataset("Time/TimeUTC", data=time_utc)
+        f["Time/TimeUTC"].attrs["units"] = "seconds since 1970-01-01 00:00:00 UTC"
 
-    # Lidar profiles every 2 s, starting 20 s before the camera and ending 20 s after it.
-    prof_t = np.arange(t0 - 20.0, t0 + n_frames + 20.0, 2.0) + rng.uniform(-0.15, 0.15)
-    n_prof = prof_t.size
-    frame_of = np.clip(np.round(prof_t - t0).astype(int), 0, n_frames - 1)
-    base = np.full((n_prof, 10), -9999.0, np.float32)
-    base[:, 0] = height[frame_of] + rng.normal(0.0, 0.02, n_prof)
-    base[:, 1] = np.where(rng.random(n_prof) < 0.3, base[:, 0] + 3.0, -9999.0)
-    dem = np.zeros(n_prof, np.float32)
-    lidar_surface = rng.normal(0.0, 30.0, n_prof).astype(np.float32)
-    bad = rng.random(n_prof)
-    base[bad < 0.05, 0] = -9999.0                                     # no layer found
-    dem[(bad >= 0.05) & (bad < 0.09)] = 150.0                         # over land
-    lidar_surface[(bad >= 0.09) & (bad < 0.12)] = 1500.0              # surface return too high
-    base[(bad >= 0.12) & (bad < 0.14), 0] = 2.6                       # out of the label range
-    doy = date.timetuple().tm_yday
-    julian = doy + prof_t / 86400.0
+    p = _profiles(rng, t0, n_frames, height, cloudy, sza, saa)
+    doy = (p["t"] - float(calendar.timegm(dt.date(date.year, 1, 1).timetuple()))) / 86400.0 + 1.0
+    julian = np.stack([doy - p["half_day"], doy, doy + p["half_day"]], axis=1)          # (N, 3)
+    dist_km = (p["t"] - t0) * AIRCRAFT_SPEED_KM_S
+    heading = np.radians(saa_c + 90.0)
+    lat = 34.0 + dist_km * np.cos(heading) / 111.0
+    lon = -122.0 + dist_km * np.sin(heading) / 92.0
     with h5py.File(out / entry["cpl_file"], "w") as f:
+        f.create_dataset("metadata_parameters/File_Year", data=np.array([date.year], np.int32))
         g = f.create_group("layer_descriptor")
         g.create_dataset("Profile_Decimal_Julian_Day", data=julian)
-        g.create_dataset("Layer_Base_Altitude", data=base)
-        g.create_dataset("Lidar_Surface_Altitude", data=lidar_surface)
-        g.create_dataset("DEM_Surface_Altitude", data=dem)
+        g.create_dataset("Layer_Base_Altitude", data=p["base"])
+        g.create_dataset("Layer_Top_Altitude", data=p["top"])
+        g.create_dataset("Number_Layers", data=p["n_layers"])
+        g.create_dataset("Lidar_Surface_Altitude", data=p["surface"])
+        g.create_dataset("DEM_Surface_Altitude", data=p["dem"])
+        geo = f.create_group("geolocation")
+        geo.create_dataset("Solar_Zenith_Angle", data=p["sza"].astype(np.float32))
+        geo.create_dataset("Solar_Azimuth_Angle", data=p["saa"].astype(np.float32))
+        geo.create_dataset("CPL_Latitude", data=np.stack([lat - 0.005, lat, lat + 0.005], axis=1))
+        geo.create_dataset("CPL_Longitude", data=np.stack([lon - 0.005, lon, lon + 0.005], axis=1))
 
-    # Navigation at 1 Hz on its own clock, covering the camera's span with a margin.
-    nav_t = np.arange(t0 - 30.0, t0 + n_frames + 30.0, 1.0)
-    idx = np.clip(np.round(nav_t - t0).astype(int), 0, n_frames - 1)
+    # Navigation: no time axis (row i = frame i); longer than the frames, or on one flight shorter.
+    n_nav = n_frames - n_frames // 20 if index % 4 == 3 else n_frames + 25 + 10 * index
+    idx = np.minimum(np.arange(n_nav), n_frames - 1)
     nav_sza = sza[idx].astype(np.float64)
-    nav_sza[rng.random(nav_sza.size) < 0.01] = np.nan
-    heading = np.radians(saa_c + 90.0)
-    dist_km = (nav_t - t0) * AIRCRAFT_SPEED_KM_S
+    nav_sza[rng.random(n_nav) < 0.01] = np.nan
+    nav_dist = (idx - 0.0) * AIRCRAFT_SPEED_KM_S
     with h5py.File(out / entry["nav_file"], "w") as f:
         g = f.create_group("nav")
-        g.create_dataset("Time", data=nav_t)
         g.create_dataset("solarZenith", data=nav_sza)
         g.create_dataset("sunAzGrd", data=saa[idx].astype(np.float64))
-        g.create_dataset("IWG_lat", data=20.0 + dist_km * np.cos(heading) / 111.0)
-        g.create_dataset("IWG_lon", data=-150.0 + dist_km * np.sin(heading) / 104.0)
+        g.create_dataset("IWG_lat", data=34.0 + nav_dist * np.cos(heading) / 111.0)
+        g.create_dataset("IWG_lon", data=-122.0 + nav_dist * np.sin(heading) / 92.0)
 
 
-def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, frames_per_flight: int = 360,
+def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, frames_per_flight: int = DEMO_FRAMES,
                       frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE) -> list[dict]:
     """Write `n_flights` demo flights into `out_dir`; returns their `data.flights` entries."""
     if n_flights < 2:
@@ -188,21 +243,16 @@ def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, fr
     return entries
 
 
-def demo_files_present(data_dir: str | Path, entries: list) -> bool:
-    d = Path(data_dir)
-    return all((d / getattr(e, key)).is_file() for e in entries for key in ("ir_file", "cpl_file", "nav_file"))
-
-
 def ensure_demo_flights(data) -> None:
-    """With `data.demo`, fill in the demo flights when none are listed and write any that are missing."""
-    from cloudml_lib.config import FlightConfig   # local: config does not depend on the data package
+    """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
+    then found there like real flights), and hold out the demo's validation flight when none is named."""
+    from cloudml_lib.data.flights import find_flights
 
     if not data.demo:
         return
-    if not data.flights:
-        data.flights = [FlightConfig(**e) for e in demo_flight_entries(DEMO_FLIGHTS)]
     if not data.validation_flights:
-        data.validation_flights = [data.flights[min(DEMO_VALIDATION_INDEX, len(data.flights) - 1)].name]
-    if not demo_files_present(data.dir, data.flights):
-        log.info("data.demo: generating %d demo flights into %s", len(data.flights), data.dir)
-        make_demo_flights(data.dir, n_flights=len(data.flights), seed=DEMO_SEED)
+        names = [n for n, _ in demo_flight_names(DEMO_FLIGHTS)]
+        data.validation_flights = [names[DEMO_VALIDATION_INDEX]]
+    if not data.flights and not (Path(data.dir).is_dir() and find_flights(data)):
+        log.info("data.demo: generating %d demo flights into %s", DEMO_FLIGHTS, data.dir)
+        make_demo_flights(data.dir, n_flights=DEMO_FLIGHTS, seed=DEMO_SEED)

@@ -1,0 +1,235 @@
+"""Which flights a run uses: listed in `data.flights`, or found in `data.dir` by their file names.
+
+The users keep one folder per flight (`data/10Feb25/...`), with names such as
+`GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5` (IR, date YYYYMMDD, optional revision suffix),
+`CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5` (CPL layers, date ddmmmyy) and `CRS_20250210_nav.hdf`
+(navigation, YYYYMMDD). Discovery scans `data.dir` recursively, groups the files by date, names the
+flight after it (`10Feb25`), and picks the newest IR revision when there are several. A flight that
+lacks a file is listed with what is missing, and skipped only with `data.skip_incomplete_flights`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cloudml_lib.config import DataConfig, FlightConfig, check_flight_names
+from cloudml_lib.data import er2
+from cloudml_lib.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+IR_NAME = re.compile(r"IRAI_L1B.*_(\d{8})(?:-(\d+))?\.h5$", re.IGNORECASE)
+CPL_NAME = re.compile(r"^CPL_L2_.*Lay.*_\d{2}[a-z]{3}\d{2}\.hdf5?$", re.IGNORECASE)
+NAV_NAME = re.compile(r"_(\d{8})_nav\.hdf5?$", re.IGNORECASE)
+ROLE_WORDS = {"ir": "IR", "cpl": "CPL", "nav": "nav"}
+REMOVED_WORDS = {"bad_time": "bad time", "no_layer": "no layer", "multi_layer": "multi-layer",
+                 "out_of_range": "out of range", "over_land": "over land", "bad_surface": "surface",
+                 "unmatched": "no frame within tolerance", "duplicate_frame": "same frame",
+                 "beyond_nav": "beyond nav", "edge_dropped": "at edges"}
+
+
+@dataclass
+class FoundFlight:
+    """The files of one flight date found in data.dir (paths relative to it), and what is wrong."""
+    name: str
+    date: dt.date
+    files: dict = field(default_factory=dict)         # role -> relative path
+    problems: list = field(default_factory=list)
+
+    def config(self) -> FlightConfig:
+        return FlightConfig(name=self.name, ir_file=self.files.get("ir", ""), cpl_file=self.files.get("cpl", ""),
+                            nav_file=self.files.get("nav", ""), date=self.date.isoformat())
+
+
+def flight_name(date: dt.date) -> str:
+    return f"{date.day:02d}{date.strftime('%b')}{date.year % 100:02d}"
+
+
+def _yyyymmdd(text: str) -> dt.date | None:
+    try:
+        return dt.datetime.strptime(text, "%Y%m%d").date()
+    except ValueError:
+        return None
+
+
+def classify(name: str) -> tuple[str, dt.date, int] | None:
+    """(role, date, IR revision or -1) of a file name, or None when it is not a flight file."""
+    m = IR_NAME.search(name)
+    if m and _yyyymmdd(m.group(1)):
+        return "ir", _yyyymmdd(m.group(1)), int(m.group(2)) if m.group(2) else -1
+    if CPL_NAME.search(name) and er2.date_from_cpl_name(name):
+        return "cpl", er2.date_from_cpl_name(name), -1
+    m = NAV_NAME.search(name)
+    if m and _yyyymmdd(m.group(1)):
+        return "nav", _yyyymmdd(m.group(1)), -1
+    return None
+
+
+def _pick(role: str, candidates: list[tuple[int, str]], flight: str) -> tuple[str | None, str | None]:
+    """One file among several of a role: the newest IR revision, the 1 km CPL layer product."""
+    if role == "ir":
+        best = max(r for r, _ in candidates)
+        candidates = [c for c in candidates if c[0] == best]
+    if role == "cpl" and len(candidates) > 1:
+        candidates = [c for c in candidates if "01kmlay" in c[1].lower()] or candidates
+    if len(candidates) == 1:
+        return candidates[0][1], None
+    names = ", ".join(p for _, p in candidates)
+    return None, f"several {ROLE_WORDS[role]} files ({names}); keep one, or list flight {flight} in data.flights"
+
+
+def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[FoundFlight]:
+    """Every flight date with at least one file in data.dir (recursively), sorted by date."""
+    root = Path(data.dir)
+    skip = {p.resolve() for p in skip_dirs}
+    by_date: dict[dt.date, dict[str, list[tuple[int, str]]]] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (Path(folder) / d).resolve() not in skip)
+        for name in sorted(files):
+            found = classify(name)
+            if found:
+                role, date, revision = found
+                rel = (Path(folder) / name).relative_to(root).as_posix()
+                by_date.setdefault(date, {}).setdefault(role, []).append((revision, rel))
+    flights = []
+    for date in sorted(by_date):
+        f = FoundFlight(flight_name(date), date)
+        for role in er2.required_roles(data):
+            candidates = by_date[date].get(role)
+            if not candidates:
+                f.problems.append(f"no {ROLE_WORDS[role]} file")
+                continue
+            chosen, problem = _pick(role, candidates, f.name)
+            if chosen:
+                f.files[role] = chosen
+                if role == "ir" and len(candidates) > 1:
+                    log.info("flight %s: using %s, the newest of %d IR revisions", f.name, chosen, len(candidates))
+            else:
+                f.problems.append(problem)
+        flights.append(f)
+    return flights
+
+
+def _found_from_config(data: DataConfig) -> list[FoundFlight]:
+    out = []
+    for flight in data.flights:
+        f = FoundFlight(flight.name, dt.date.min)
+        try:
+            paths = er2.flight_paths(flight, data)
+        except DataError as e:
+            f.problems.append(str(e).split(": ", 1)[-1])
+            paths = {}
+        for role, path in paths.items():
+            if path.is_file():
+                f.files[role] = getattr(flight, f"{role}_file")
+            else:
+                f.problems.append(f"{ROLE_WORDS[role]} file not found: {path}")
+        out.append(f)
+    return out
+
+
+def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[FoundFlight]:
+    """Fill data.flights with the complete flights (listed or found) and check the flight names.
+
+    Returns the flights skipped as incomplete. Raises DataError naming every incomplete flight and
+    what it lacks (unless data.skip_incomplete_flights), and ConfigError for names that do not exist.
+    """
+    explicit = bool(data.flights)
+    found = _found_from_config(data) if explicit else find_flights(data, skip_dirs)
+    if not found:
+        raise DataError(f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; expected names "
+                        "like GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5, CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5 "
+                        "and CRS_20250210_nav.hdf. Check data.dir, or list the flights in data.flights.")
+    incomplete = [f for f in found if f.problems]
+    if incomplete and not data.skip_incomplete_flights:
+        advice = ("Put each missing file in place, fix its name in data.flights, or remove the flight from "
+                  "data.flights" if explicit else f"Add each missing file to data.dir ({data.dir}; any sub-folder)")
+        raise DataError(f"{len(incomplete)} of {len(found)} flights lack files:\n"
+                        + format_table(found_rows(found), FOUND_HEADER)
+                        + f"\n{advice}; or set data.skip_incomplete_flights: true to train without those flights.")
+    for f in incomplete:
+        log.warning("flight %s skipped: %s (data.skip_incomplete_flights)", f.name, "; ".join(f.problems))
+    complete = [f for f in found if not f.problems]
+    if not explicit:
+        data.flights = [f.config() for f in complete]
+        log.info("found %d flights in %s: %s", len(complete), data.dir, ", ".join(f.name for f in complete))
+    else:
+        data.flights = [fl for fl in data.flights if fl.name in {f.name for f in complete}]
+    problems = check_flight_names(data, [f.name for f in data.flights],
+                                  "data.flights" if explicit else f"the flights found in {data.dir}")
+    if problems:
+        raise ConfigError("the flights do not fit the config:\n  - " + "\n  - ".join(problems))
+    return incomplete
+
+
+def prepare_flights(data: DataConfig) -> list[FoundFlight]:
+    """What a run does first: write the demo flights if asked to, then resolve the flights
+    (the cache folders are not searched). Returns the flights skipped as incomplete."""
+    from cloudml_lib.data.cache import cache_root
+    from cloudml_lib.data.synthetic import ensure_demo_flights
+
+    ensure_demo_flights(data)
+    skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
+    return resolve_flights(data, skip)
+
+
+# ------------------------------------------------------------------------------------ the table
+
+FOUND_HEADER = ["flight", "IR file", "CPL file", "nav file", "status"]
+HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "labels kept", "removed by filter"]
+
+
+def found_rows(found: list[FoundFlight]) -> list[list[str]]:
+    return [[f.name, f.files.get("ir", "-"), f.files.get("cpl", "-"), f.files.get("nav", "-"),
+             "; ".join(f.problems) if f.problems else "complete"] for f in found]
+
+
+def _removed(counts: dict) -> str:
+    removed = ", ".join(f"{word} {counts[k]}" for k, word in REMOVED_WORDS.items() if counts.get(k))
+    return f"{counts['profiles']} profiles; " + (removed or "none removed")
+
+
+def _file_cells(files: dict) -> list[str]:
+    return [Path(files[r]).name if files.get(r) else "-" for r in ("ir", "cpl", "nav")]
+
+
+def summary_rows(data: DataConfig, caches: list, skipped: list[FoundFlight]) -> list[list[str]]:
+    """One row per flight: its files, frames, labels kept and labels removed by each filter."""
+    files = {f.name: {"ir": f.ir_file, "cpl": f.cpl_file, "nav": f.nav_file} for f in data.flights}
+    rows = [[c.name] + _file_cells(files.get(c.name, {})) + [str(c.meta["n_frames"]), str(c.meta["counts"]["samples"]),
+                                                               _removed(c.meta["counts"])] for c in caches]
+    return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "skipped: " + "; ".join(f.problems)] for f in skipped]
+
+
+def check_rows(data: DataConfig) -> tuple[list[list[str]], bool]:
+    """The same table before any cache exists, reading each flight's labels (not its frames).
+    Returns (rows, whether every flight is usable)."""
+    found = _found_from_config(data) if data.flights else find_flights(data)
+    rows, ok = [], bool(found)
+    for f in found:
+        if f.problems:
+            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "missing: " + "; ".join(f.problems)])
+            ok = False
+            continue
+        try:
+            labels = er2.read_flight_labels(f.config() if not data.flights else
+                                            next(x for x in data.flights if x.name == f.name), data)
+            rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(len(labels.cbh_km)),
+                                                           _removed(labels.counts)])
+        except DataError as e:
+            rows.append([f.name] + _file_cells(f.files) + ["-", "-", str(e).split(": ", 1)[-1]])
+            ok = False
+    return rows, ok
+
+
+def format_table(rows: list[list[str]], header: list[str] = HEADER, markdown: bool = False) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
