@@ -131,9 +131,11 @@ def test_two_nav_files_for_one_date_are_ambiguous(users_folder, tmp_path):
     assert "several nav files" in found["01Mar25"].problems[0]
 
 
-def test_an_empty_folder_says_what_names_it_looks_for(tmp_path):
+def test_an_empty_or_absent_folder_says_what_to_do(tmp_path):
     with pytest.raises(DataError, match=r"no ER-2 flight files found in data.dir .*GLOVE2025_IRAI_L1B"):
         flights.resolve_flights(data_config(tmp_path))
+    with pytest.raises(DataError, match=r"data.dir .*nowhere does not exist.*Google Drive is mounted"):
+        flights.resolve_flights(data_config(tmp_path / "nowhere"))
 
 
 def test_angles_from_cpl_make_the_nav_file_optional(incomplete):

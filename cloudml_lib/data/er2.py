@@ -269,6 +269,9 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
         julian = _column(f, k.cpl_time, name, "cpl_time")
         base = np.asarray(dataset(f, k.cpl_base, name, "cpl_base")[()], np.float64)
         base = base[:, None] if base.ndim == 1 else base
+        if base.ndim != 2:
+            raise DataError(f"flight {name}: {path} '{k.cpl_base}' (data.keys.cpl_base) has shape {base.shape}; "
+                            "expected (profiles, layers)")
         if k.cpl_layer_count and k.cpl_layer_count in f:
             n_layers = np.asarray(f[k.cpl_layer_count][()]).reshape(-1)
         else:                                             # layers are packed from index 0

@@ -139,6 +139,9 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[
     what it lacks (unless data.skip_incomplete_flights), and ConfigError for names that do not exist.
     """
     explicit = bool(data.flights)
+    if not Path(data.dir).is_dir():
+        raise DataError(f"data.dir {data.dir} does not exist or is not a folder. Point data.dir (or --data-dir) "
+                        "at the folder holding your flights; in Colab, check that Google Drive is mounted.")
     found = _found_from_config(data) if explicit else find_flights(data, skip_dirs)
     if not found:
         raise DataError(f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; expected names "

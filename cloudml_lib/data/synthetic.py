@@ -70,15 +70,15 @@ DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
 DEMO_FRAME_SHAPE = (80, 96)          # raw sensor rows x columns of the demo camera
 
 
-def demo_flight_names(n_flights: int, start: dt.date = dt.date(2025, 3, 1)) -> list[tuple[str, dt.date]]:
-    dates = [start + dt.timedelta(days=2 * i) for i in range(n_flights)]
-    return [(d.strftime("%d%b%y"), d) for d in dates]
+def demo_flight_names(n_flights: int, dates: list[dt.date] | None = None) -> list[tuple[str, dt.date]]:
+    dates = dates or [dt.date(2025, 3, 1) + dt.timedelta(days=2 * i) for i in range(n_flights)]
+    return [(d.strftime("%d%b%y"), d) for d in dates[:n_flights]]
 
 
-def demo_flight_entries(n_flights: int) -> list[dict]:
+def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> list[dict]:
     """The `data.flights` entries of the demo flights: one folder per flight, real naming style."""
     entries = []
-    for i, (name, date) in enumerate(demo_flight_names(n_flights)):
+    for i, (name, date) in enumerate(demo_flight_names(n_flights, dates)):
         cpl_date = f"{date.day:02d}{MONTHS[date.month - 1]}{date.year % 100:02d}"
         campaign = "GLOVE2025" if date.year >= 2025 else "WHYMSIE2024"
         entries.append({
@@ -227,15 +227,16 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
 
 
 def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, frames_per_flight: int = DEMO_FRAMES,
-                      frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE) -> list[dict]:
-    """Write `n_flights` demo flights into `out_dir`; returns their `data.flights` entries."""
+                      frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE, dates: list[dt.date] | None = None) -> list[dict]:
+    """Write `n_flights` demo flights into `out_dir` (on `dates`, default from 1 March 2025 every
+    other day); returns their `data.flights` entries."""
     if n_flights < 2:
         raise ValueError(f"--flights must be at least 2 (one to train on, one to hold out), got {n_flights}")
     rows, cols = frame_shape
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    entries = demo_flight_entries(n_flights)
-    names = demo_flight_names(n_flights)
+    entries = demo_flight_entries(n_flights, dates)
+    names = demo_flight_names(n_flights, dates)
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):
         rng = np.random.default_rng([seed, i])
         _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, rows, cols)
