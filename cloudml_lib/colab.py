@@ -159,7 +159,7 @@ def verify_data(ws: Workspace) -> bool:
     """One table: each flight found, its three files, frames, labels kept and removed by each filter,
     or what is missing. Without real flights, writes the demo flights (progress bar).
     Returns True when every flight found is usable."""
-    demo = uses_demo_data(ws)
+    started, demo = time.time(), uses_demo_data(ws)
     if demo and not smoke():
         rows, _ = flights.check_rows(_real_config(ws).data)
         _show(f"**No complete flight in `{ws.data}`.** Put each flight's three files there (one folder per "
@@ -169,8 +169,8 @@ def verify_data(ws: Workspace) -> bool:
     cfg = load_config(*run_config(ws, "A"))
     ensure_demo_flights(cfg.data)                     # writes them (progress bar) when missing
     rows, ok = flights.check_rows(cfg.data)
-    _show(("Demo flights" if demo else f"Your flights in `{ws.data}`") + ":\n\n"
-          + flights.format_table(rows, markdown=True))
+    _show(("Demo flights" if demo else f"Your flights in `{ws.data}`") + f" (checked in {time.time() - started:.1f} s):"
+          "\n\n" + flights.format_table(rows, markdown=True))
     if not ok and cfg.data.skip_incomplete_flights:
         print("Flights marked missing are skipped (data.skip_incomplete_flights: true); the others are used.")
     return ok

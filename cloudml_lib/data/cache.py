@@ -199,7 +199,8 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     filled, empty = 0, 0
     with er2.open_h5(er2.flight_paths(flight, data)["ir"], flight.name) as f:
         signal = f[data.keys.ir_signal]
-        bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame", leave=False)
+        # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
+        bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame")
         i = 0
         while i < len(needed):
             j = i + 1                                              # a run of consecutive frames
@@ -265,7 +266,7 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     names = ("samples.npz", "frames.npy", "meta.json")
-    bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc, leave=False)
+    bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc)
     try:
         for name in names:
             h = hashlib.sha256()
