@@ -16,6 +16,7 @@ write (disk full, Drive gone) is logged and training goes on.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 COMMITTED, STATE, META = "COMMITTED", "state.pt", "meta.json"
+REJECTED_DIR = "rejected"
+# What a resumable state.pt must hold (Trainer.snapshot); checked after the checksum, before use.
+REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "scaler", "loop", "sampler", "rng", "config",
+                 "scalers", "metrics_bytes")
+STAGING_PREFIX = "cloudml-ckpt-"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _CHUNK = 4 << 20
 
@@ -134,20 +140,22 @@ _fault_counts: dict[str, int] = {}
 
 
 def fault_point(name: str) -> None:
-    """Test hook: CLOUDML_KILL_AT="name:n" SIGKILLs this process the n-th time `name` is reached.
+    """Test hook: CLOUDML_KILL_AT="name:n[:SIGNAL]" sends this process SIGKILL (or SIGNAL) the n-th
+    time `name` is reached.
 
-    Points: "step" (after each optimizer step), "commit-copied" (state.pt copied, no manifest yet),
-    "commit-renamed" (folder in place, no commit marker yet). Unset, this does nothing.
+    Points: "setup" (the trainer's set-up begins), "step" (after each optimizer step), "commit-copied"
+    (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet).
+    Unset, this does nothing.
     """
     spec = os.environ.get("CLOUDML_KILL_AT")
     if not spec:
         return
-    point, _, n = spec.partition(":")
+    point, n, sig = (spec.split(":") + ["", ""])[:3]
     if point != name:
         return
     _fault_counts[name] = _fault_counts.get(name, 0) + 1
     if _fault_counts[name] == int(n or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, sig) if sig else signal.SIGKILL)
 
 
 # ------------------------------------------------------------------ commit, verify, find
@@ -170,7 +178,14 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
     if (final / COMMITTED).exists():
         return final                                     # this step is already safe on disk
     local = Path(local_dir) / f"{name}.pt"
-    torch.save(state, local)
+    try:
+        torch.save(state, local)
+    except RuntimeError as e:         # torch reports a full disk as "[enforce fail at inline_container.cc...]"
+        local.unlink(missing_ok=True)
+        free = shutil.disk_usage(local_dir).free
+        raise OSError(errno.ENOSPC, f"no space left on the local disk for the checkpoint's staging copy "
+                                    f"({free / 1e6:.0f} MB free in {local_dir}; torch said: "
+                                    f"{str(e).splitlines()[0][:120]})") from None
     tmp = ckpt_dir / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -224,12 +239,23 @@ def load_state(path: Path) -> dict:
         raise CloudMLError(f"refused to load {path}: {first}") from None
 
 
+def check_structure(state) -> str | None:
+    """None if a loaded state.pt has this format's structure; otherwise why it cannot be resumed."""
+    if not isinstance(state, dict):
+        return f"not a checkpoint (a {type(state).__name__}, not a dict)"
+    if state.get("format") != FORMAT_VERSION:
+        return f"format {state.get('format')!r}, this version reads format {FORMAT_VERSION}"
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    return f"incomplete: no {', '.join(missing)}" if missing else None
+
+
 @dataclass
 class Found:
-    """The checkpoint to resume from (or None), and what was rejected on the way."""
+    """The checkpoint to resume from (or None), its manifest, and what was rejected on the way."""
     folder: Path | None
     state: dict | None
     rejected: list[dict]
+    meta: dict | None = None
 
 
 def find_checkpoints(run_dir: Path) -> list[Path]:
@@ -241,21 +267,93 @@ def find_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=step_of, reverse=True)
 
 
+def check_folder(folder: Path, load: bool = True) -> tuple[str | None, dict | None, dict | None]:
+    """(why it is rejected or None, its state if loaded, its manifest): the one verification used
+    by resume and by status. `load=False` skips the full load (not used to decide anything)."""
+    reason = verify(folder)
+    if reason is not None:
+        return reason, None, None
+    meta = read_meta(folder)
+    if not load:
+        return None, None, meta
+    try:
+        state = load_state(folder / meta.get("file", STATE))
+    except CloudMLError as e:
+        return str(e), None, None
+    reason = check_structure(state)
+    return (reason, None, None) if reason else (None, state, meta)
+
+
 def find_latest_valid(run_dir: Path, load: bool = True) -> Found:
-    """Walk the checkpoints newest first to the first that verifies (and loads)."""
-    rejected = []
-    for folder in find_checkpoints(run_dir):
-        reason = verify(folder)
-        state = None
-        if reason is None and load:
-            try:
-                state = load_state(folder / STATE)
-            except CloudMLError as e:
-                reason = str(e)
-        if reason is None:
-            return Found(folder, state, rejected)
-        rejected.append({"path": str(folder), "reason": reason})
+    """Walk the checkpoints newest first to the first that verifies, loads and has the right structure.
+
+    A folder pruned by a running save while it is being read (another process) is skipped, not an error."""
+    for _ in range(3):
+        rejected = []
+        try:
+            for folder in find_checkpoints(run_dir):
+                reason, state, meta = check_folder(folder, load)
+                if reason is None:
+                    return Found(folder, state, rejected, meta)
+                rejected.append({"path": str(folder), "reason": reason,
+                                 "committed": (folder / COMMITTED).is_file()})
+            return Found(None, None, rejected)
+        except FileNotFoundError:
+            time.sleep(0.05)                                # pruned under our feet: walk again
     return Found(None, None, rejected)
+
+
+def set_aside_rejected(run_dir: Path, rejected: list[dict]) -> None:
+    """After a resume walked past them: a committed checkpoint that failed verification moves to
+    RUN_DIR/rejected/ (kept for inspection; its step will be committed again), an uncommitted
+    one (an interrupted write, or anything else named step-*) is deleted. No re-run meets them again."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for r in rejected:
+        folder = Path(r["path"])
+        if not folder.exists():
+            continue
+        if r.get("committed"):
+            aside = Path(run_dir) / REJECTED_DIR / f"{folder.name}-{stamp}"
+            aside.parent.mkdir(exist_ok=True)
+            os.replace(folder, aside)
+            log.warning("Moved the rejected checkpoint %s to %s", folder, aside)
+        else:
+            _delete(folder)
+
+
+def _pid_of(name: str) -> int | None:
+    m = re.search(r"(?:tmp-|ckpt-)(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def _dead(pid: int | None) -> bool:
+    """Is the process that owns a leftover gone? Unknown owners are kept."""
+    if pid is None or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def clean_leftovers(run_dir: Path) -> list[str]:
+    """What a killed process left behind: temporary best.pt files, checkpoint folders half-written or
+    half-deleted, and staging folders in the temp directory. Only files of processes that are gone."""
+    run_dir, removed = Path(run_dir), []
+    candidates = list(run_dir.glob(".best.pt.tmp-*")) + list(run_dir.glob(".lock.tmp-*"))
+    candidates += list(checkpoints_dir(run_dir).glob(".step-*.tmp-*"))
+    candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
+    candidates += list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*"))
+    for p in candidates:
+        if _dead(_pid_of(p.name)) or p.name.startswith(".trash-"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p.name)
+    if removed:
+        log.info("Removed %d leftovers of an interrupted run: %s", len(removed), ", ".join(sorted(removed)[:5]))
+    return removed
 
 
 def prune(run_dir: Path, keep_last: int) -> None:
@@ -295,9 +393,9 @@ class CheckpointWriter:
 
     def __init__(self, run_dir: Path, keep_last: int):
         self.run_dir, self.keep_last = Path(run_dir), keep_last
-        self.local_dir = Path(tempfile.mkdtemp(prefix="cloudml-ckpt-"))
+        self.local_dir = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
         self._thread: threading.Thread | None = None
-        self.failures = 0
+        self.failures, self.failures_in_a_row, self.last_error = 0, 0, None
 
     def submit(self, state: dict, meta: dict, wait: bool = False) -> float:
         """Start writing `state` (already a CPU snapshot); returns how long the caller waited."""
@@ -319,8 +417,11 @@ class CheckpointWriter:
         try:
             commit(state, meta, self.run_dir, self.local_dir)
             prune(self.run_dir, self.keep_last)
-        except Exception as e:  # noqa: BLE001 - a failed save must never stop training
+            self.failures_in_a_row, self.last_error = 0, None
+        except Exception as e:  # noqa: BLE001 - one failed save must not stop training (the trainer counts them)
             self.failures += 1
+            self.failures_in_a_row += 1
+            self.last_error = f"{type(e).__name__}: {e}"
             log.error("Checkpoint at step %d could not be written (%s: %s). Training continues; the previous "
                       "checkpoint is intact. Free space on the disk or check that Drive is still mounted.",
                       meta.get("step", -1), type(e).__name__, e)

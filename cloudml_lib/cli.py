@@ -6,14 +6,21 @@ traceback); 1 for anything unexpected (with the traceback, to report).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
 from cloudml_lib.errors import CloudMLError
 
 log = logging.getLogger(__name__)
+
+
+def threading_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,10 +151,33 @@ def _make_demo(args) -> int:
     return 0
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def explain_os_error(e: OSError) -> str | None:
+    """A full or read-only disk, in words; None for other OS errors."""
+    where = e.filename or "the disk"
+    if e.errno in DISK_FULL:
+        return (f"no space left on the disk holding {where} ({e.strerror or e}). Free space there (old runs, "
+                "caches you no longer use), then run the same command again: it continues from the last "
+                "checkpoint, nothing written before is lost.")
+    if e.errno in NOT_WRITABLE:
+        return (f"cannot write {where}: the folder is read-only or not yours ({e.strerror}). Make it writable, "
+                "or choose another --run-dir / data.cache_dir, then run the same command again.")
+    return None
+
+
+def _stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")          # before the training loop traps it: stop cleanly, exit 130
+
+
 def main(argv: list[str] | None = None) -> int:
     from cloudml_lib.rundir import attach_run_log
 
     args = build_parser().parse_args(argv)
+    if args.command == "train" and threading_main():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
     handlers = {"train": _train, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
                 "make-demo-data": _make_demo}
@@ -155,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except CloudMLError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        message = explain_os_error(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"interrupted{': ' + str(e) if str(e) else ''}. Run the same command again to resume.", file=sys.stderr)

@@ -79,7 +79,8 @@ class DataConfig:
     skip_incomplete_flights: bool = _f(False, "skip (and list) a flight that lacks a file instead of "
                                        "stopping the run")
     validation_flights: list = _f([], "flight names held out for validation (never used to fit scalers)")
-    temporal_frames: int = _f(5, "T, frames per sample, centred on the labelled frame", range=(1, 31))
+    temporal_frames: int = _f(5, "T, frames per sample, centred on the labelled frame (odd: 1, 3, 5, 7, ...)",
+                              range=(1, 31))
     swath_slice: list = _f([40, 480], "[first, last) sensor rows kept")
     downsample: int = _f(1, "integer block-average factor after cropping (memory), 1 = full size", range=(1, 16))
     edge_policy: str = _f("shift", "windows at a flight's ends: shift inside, pad with the edge frame, or drop",
@@ -282,6 +283,9 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
         problems += check_flight_names(d, [f.name for f in flights])
     elif not all(isinstance(v, str) for v in d.validation_flights):
         problems.append(f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}")
+    if d.temporal_frames % 2 == 0:
+        problems.append(f"data.temporal_frames: {d.temporal_frames} is even, so no frame is the centre of the window; "
+                        f"use an odd number such as {d.temporal_frames - 1} or {d.temporal_frames + 1}")
     s = d.swath_slice
     ints = isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
     if not (ints and 0 <= s[0] < s[1]):
@@ -340,12 +344,37 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ConfigError(f"{self.name}: key {key!r} appears twice (lines {seen[key] + 1} and "
+                                  f"{key_node.start_mark.line + 1}); the second would silently replace the first. "
+                                  "Merge them into one.")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not a UTF-8 text file (byte {e.start}: {e.reason}); a config is a YAML "
+                          "text file such as configs/demo.yaml") from None
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = str(path)
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if raw is None:

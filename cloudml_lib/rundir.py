@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from cloudml_lib.checkpoint import (STATE, Found, find_checkpoints, find_latest_valid, load_state, read_meta,
-                                    step_of, verify)
+from cloudml_lib.checkpoint import (Found, check_folder, find_checkpoints, find_latest_valid, set_aside_rejected,
+                                    step_of)
 from cloudml_lib.errors import CloudMLError
 
 log = logging.getLogger(__name__)
@@ -84,22 +84,72 @@ class RunLock:
         os.replace(tmp, self.path)
 
     def acquire(self) -> None:
-        other = self._read() if self.path.exists() else None
-        if other:
-            age = time.time() - float(other.get("heartbeat", 0))
-            pid = other.get("pid")
-            if holder_alive(other):
-                raise CloudMLError(
-                    f"{self.path.parent} is in use by another trainer (host {other.get('host')}, pid {pid}, "
-                    f"last heartbeat {age:.0f} s ago). Wait for it to finish or stop it; if that runtime is gone, "
-                    f"the lock is taken over automatically {STALE_S:.0f} s after its last heartbeat "
-                    f"(or delete {self.path}).")
-            log.warning("Taking over the run lock left by host %s, pid %s (last heartbeat %.0f s ago; that process "
-                        "is gone)", other.get("host"), pid, age)
+        """Take the lock atomically: create it with O_EXCL (one creator wins); a lock whose holder is
+        gone is first renamed away (one renamer wins) and checked to be the one judged stale."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._write()
+        for _ in range(20):
+            if self._create():
+                break
+            other = self._read()
+            if other is None:                       # being created right now, or unreadable
+                if time.time() - self._mtime() < STALE_S:
+                    time.sleep(0.05)
+                    continue
+            elif holder_alive(other):
+                age = time.time() - float(other.get("heartbeat", 0))
+                raise CloudMLError(
+                    f"{self.path.parent} is in use by another trainer (host {other.get('host')}, pid "
+                    f"{other.get('pid')}, last heartbeat {age:.0f} s ago). Wait for it to finish or stop it; if that "
+                    f"runtime is gone, the lock is taken over automatically {STALE_S:.0f} s after its last "
+                    f"heartbeat (or delete {self.path}).")
+            if self._take_over(other):
+                break
+        else:
+            raise CloudMLError(f"could not take the run lock {self.path}; another process keeps creating it")
         self._thread = threading.Thread(target=self._beat, name="cloudml-lock", daemon=True)
         self._thread.start()
+
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(dict(self.me, heartbeat=time.time())))
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+
+    def _mtime(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _take_over(self, stale: dict | None) -> bool:
+        """Rename the stale lock away, then create ours. If what we renamed is not the lock we judged
+        stale (another process took over in between), put it back and let the caller look again."""
+        aside = self.path.with_name(f"{LOCK}.stale-{os.getpid()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            moved = json.loads(aside.read_text())
+        except (OSError, ValueError):
+            moved = None
+        if moved != stale:
+            try:
+                os.link(aside, self.path)            # fails if a lock exists again: then that one stands
+            except FileExistsError:
+                pass
+            aside.unlink(missing_ok=True)
+            return False
+        aside.unlink(missing_ok=True)
+        if stale is not None:
+            log.warning("Taking over the run lock left by host %s, pid %s (last heartbeat %.0f s ago; that process "
+                        "is gone)", stale.get("host"), stale.get("pid"), time.time() - float(stale.get("heartbeat", 0)))
+        return self._create()
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -160,7 +210,14 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
         found = find_latest_valid(run_dir)
         for r in found.rejected:
             log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
-        if found.folder is None:
+        if found.folder is not None:
+            set_aside_rejected(run_dir, found.rejected)       # never met again: the run re-commits those steps
+        elif not any(r["committed"] for r in found.rejected):
+            set_aside_rejected(run_dir, found.rejected)       # only interrupted first writes: nothing to keep
+            log.info("%s has no committed checkpoint yet (the first write was interrupted): starting this run "
+                     "from the beginning", run_dir)
+            return None
+        else:
             raise CloudMLError(
                 f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
                 f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
@@ -168,13 +225,12 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
         return found
     folder = Path(mode)
     folder = folder.parent if folder.is_file() else folder
-    reason = verify(folder) if folder.is_dir() else "no such checkpoint folder"
+    reason, state, meta = check_folder(folder) if folder.is_dir() else ("no such checkpoint folder", None, None)
     if reason:
         raise CloudMLError(f"--resume {mode}: {reason}")
-    state = load_state(folder / STATE)
     if folder.parent.resolve() == (run_dir / "checkpoints").resolve():
         _set_aside_newer(run_dir, step_of(folder))
-    return Found(folder, state, [])
+    return Found(folder, state, [], meta)
 
 
 def _set_aside_newer(run_dir: Path, step: int) -> None:
@@ -204,6 +260,25 @@ def check_resume_config(cfg, saved: dict) -> None:
             log.warning("train.epochs changed: the cosine learning-rate decay is re-planned over the new length")
 
 
+def check_data_fingerprint(saved: dict | None, current: dict) -> None:
+    """Refuse to continue a run on data whose content changed (flights, samples, labels, frames)."""
+    if saved is None:
+        log.info("This checkpoint predates data fingerprints: the data is not compared")
+        return
+    changes = [f"flight {n}: gone" for n in saved if n not in current]
+    changes += [f"flight {n}: new" for n in current if n not in saved]
+    for n in sorted(set(saved) & set(current)):
+        a, b = saved[n], current[n]
+        if a["samples"] != b["samples"]:
+            changes.append(f"flight {n}: {a['samples']} samples in the checkpoint, {b['samples']} now")
+        elif a["sha256"] != b["sha256"]:
+            changes.append(f"flight {n}: same number of samples, different content (labels, angles or frames)")
+    if changes:
+        raise CloudMLError("the data differs from the data this run was trained on:\n  - " + "\n  - ".join(changes)
+                           + "\nContinuing would mix two datasets in one run. Resume with the original data "
+                             "(files, data.* filters), or start a new run with --run-dir NEW. Nothing was changed.")
+
+
 def truncate_metrics(run_dir: Path, size: int) -> None:
     """metrics.jsonl continues exactly where the checkpoint left it: later lines are work to redo."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -220,14 +295,14 @@ def run_status(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not has_run(run_dir):
         raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
-    found = find_latest_valid(run_dir, load=False)
+    found = find_latest_valid(run_dir)                     # the same verification as resume
     status = {"run_dir": str(run_dir), "epoch": 0, "epochs_completed": 0, "epochs": None, "step": 0,
               "total_steps": None, "batch": 0,
               "batches_per_epoch": None, "progress": 0.0, "best_metric": None, "best_r2": None,
               "latest_checkpoint": None, "latest_checkpoint_age_s": None, "finished": False,
               "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None}
     if found.folder is not None:
-        meta = read_meta(found.folder)
+        meta = found.meta
         status.update({k: meta.get(k) for k in ("epochs", "step", "total_steps", "batch",
                                                 "batches_per_epoch", "finished", "best_metric", "best_r2")})
         # `epoch` is the epoch in progress (1-based), as in the resume banner; a finished run shows its last

@@ -12,6 +12,7 @@ restored. A run killed at any moment and resumed ends bit-identical to one never
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -30,12 +31,13 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from cloudml_lib import plots
-from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, cpu_state_dict, fault_point,
-                                    read_meta, restore_rng, save_atomic, to_cpu)
+from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, clean_leftovers,
+                                    cpu_state_dict, fault_point, load_checkpoint, read_meta, restore_rng, save_atomic,
+                                    to_cpu)
 from cloudml_lib.config import Config, save_config
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import prepare_flights
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.errors import CloudMLError, ConfigError
 from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
                                   write_evaluation)
 from cloudml_lib.hardware import (choose_device, choose_precision, default_num_workers, describe_device,
@@ -43,9 +45,12 @@ from cloudml_lib.hardware import (choose_device, choose_precision, default_num_w
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, eager_after_compile_failure, halve_eval_batch,
                                   halve_micro_batch, measure_batch_size, release_memory, run_attempt, undo)
-from cloudml_lib.rundir import RunLock, attach_run_log, check_resume_config, find_resume_point, truncate_metrics
+from cloudml_lib.rundir import (RunLock, attach_run_log, check_data_fingerprint, check_resume_config, find_resume_point,
+                                truncate_metrics)
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_SAVES = 3          # checkpoints in a row that could not be written before training stops
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -104,18 +109,24 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise CloudMLError(f"--run-dir {self.run_dir} is a file, not a folder; choose a folder for the run")
+        fault_point("setup")
+        # The data first: a data or config error must not leave a run folder behind.
+        skipped = prepare_flights(cfg.data)                 # data.flights resolved before comparing configs
+        self.train_set, self.val_set = prepare_data(cfg, skipped)
+        self._check_batch_size()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         self.lock.acquire()
         try:
             attach_run_log(self.run_dir)
-            skipped = prepare_flights(cfg.data)                 # data.flights resolved before comparing configs
+            clean_leftovers(self.run_dir)
             found = find_resume_point(self.run_dir, self.resume)
             if found is not None:
                 check_resume_config(self.cfg, found.state["config"])
+                check_data_fingerprint(found.state.get("data_fingerprint"), self.data_fingerprint())
             save_config(cfg, self.run_dir / "config.yaml")
+            log.info("Flights:\n%s", self.train_set.flight_table)
             seed_everything(t.seed)
-            self.train_set, self.val_set = prepare_data(cfg, skipped)
             self.quick_val = quick_subset(len(self.val_set), t.quick_val_fraction)
             self._build_model_and_optimizer()
             self.writer = CheckpointWriter(self.run_dir, cfg.checkpoint.keep_last)
@@ -129,6 +140,25 @@ class Trainer:
             raise
         self._last_save = time.monotonic()
         return self
+
+    def _check_batch_size(self) -> None:
+        t, n = self.cfg.train, len(self.train_set)
+        if t.batch_size != "auto" and t.batch_size * t.grad_accum_steps > n:
+            raise ConfigError(f"train.batch_size {t.batch_size} (x train.grad_accum_steps {t.grad_accum_steps}) is "
+                              f"larger than the training set ({n} samples): every epoch would be a single step. "
+                              f"Choose train.batch_size <= {max(1, n // t.grad_accum_steps)}.")
+
+    def data_fingerprint(self) -> dict:
+        """What the run trains and validates on, by content: per flight its sample count and a hash of
+        its labelled frames, labels and angles. A resumed run must see the same (file times may differ)."""
+        out = {}
+        for c in self.train_set.caches + self.val_set.caches:
+            h = hashlib.sha256()
+            for a in (c.frame_index, c.cbh_km, c.sza_deg, c.saa_deg, c.windows):
+                h.update(np.ascontiguousarray(a).tobytes())
+            h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
+            out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16]}
+        return out
 
     def _build_model_and_optimizer(self) -> None:
         cfg, t = self.cfg, self.cfg.train
@@ -210,12 +240,20 @@ class Trainer:
                 "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"],
                             "samples": self.sampler.samples_before(self.state["batch"])},
                 "rng": capture_rng(self.loader_rng), "config": self.cfg.to_dict(),
-                "scalers": self.val_set.scalers.to_dict(),
+                "scalers": self.val_set.scalers.to_dict(), "data_fingerprint": self.data_fingerprint(),
                 "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
 
     def save_checkpoint(self, reason: str, wait: bool = False) -> float:
-        """Snapshot now (a step boundary) and commit in the background; returns the caller's stall."""
+        """Snapshot now (a step boundary) and commit in the background; returns the caller's stall.
+        After MAX_FAILED_SAVES failed saves in a row training stops: work that cannot be saved is at risk."""
         t0 = time.perf_counter()
+        if self.writer.failures_in_a_row >= MAX_FAILED_SAVES:
+            self.writer.wait()
+            raise CloudMLError(
+                f"{self.writer.failures_in_a_row} checkpoints in a row could not be written to "
+                f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more work goes "
+                "unsaved. Free space there or make it writable, then run the same command again to resume from "
+                "the last checkpoint that was written.")
         st = self.state
         best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
         meta = {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"],
@@ -466,7 +504,13 @@ class Trainer:
         self.writer.wait()
         best = self.run_dir / "best.pt"
         if best.exists():
-            self.model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["model"])
+            try:
+                self.model.load_state_dict(load_checkpoint(best)["model"])
+            except (CloudMLError, RuntimeError, KeyError, TypeError) as e:
+                log.warning("best.pt cannot be used (%s). The final evaluation uses the newest weights (epoch %d) "
+                            "instead, and best.pt is rewritten with them.", str(e).splitlines()[0], self.state["epoch"])
+                self.state["best_epoch"] = self.state["epoch"]
+                self.save_best()
         _, _, pred_km = self.validate()
         train_mean_km = float(self.train_set.targets_km().mean())
         report = build_report(self.val_set, pred_km, train_mean_km, self.state["best_epoch"])
@@ -477,6 +521,10 @@ class Trainer:
             plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
         self.state["finished"] = True
         self.save_checkpoint("final", wait=True)
+        if self.writer.failures_in_a_row:
+            raise CloudMLError(f"the final checkpoint could not be written ({self.writer.last_error}); the results "
+                               f"are in {self.run_dir}, but the run is not marked finished. Free space or fix the "
+                               "folder's permissions, then run the same command again.")
         log.info("Full validation with the best model (epoch %d):\n%s", self.state["best_epoch"], format_report(report))
         log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", self.run_dir)
         return report

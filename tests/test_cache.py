@@ -144,3 +144,22 @@ def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path):
     np.testing.assert_array_equal(np.load(again.path / "frames.npy"), expected)
     assert copy.read_bytes() == (again.path / "frames.npy").read_bytes()        # the copy is repaired too
     assert not list(built.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"
+
+
+def test_a_flight_of_mostly_blank_frames_is_refused(tmp_path):
+    import h5py
+    from cloudml_lib.data.synthetic import make_demo_flights
+    from cloudml_lib.errors import DataError
+    entries = make_demo_flights(tmp_path / "f", n_flights=2, frames_per_flight=120, frame_shape=(40, 48))
+    path = tmp_path / "f" / entries[0]["ir_file"]
+    with h5py.File(path, "a") as f:                   # as float, with a third of the frames NaN
+        counts = f["Product/Signal"][()].astype("f4")
+        counts[::3] = np.nan
+        del f["Product/Signal"]
+        f["Product/Signal"] = counts
+    cfg = build_config({"data": {"dir": str(tmp_path / "f"), "cache_dir": str(tmp_path / "c"), "flights": entries,
+                                 "validation_flights": [entries[1]["name"]], "swath_slice": [4, 36],
+                                 "temporal_frames": 3}})
+    with pytest.raises(DataError, match=r"flight 01Mar25: \d+ of the \d+ frames .* entirely NaN/inf .*5%"):
+        load_flight_cache(cfg.data.flights[0], cfg.data)
+    assert not list((tmp_path / "c").glob("*"))

@@ -144,3 +144,59 @@ def test_fault_point_is_inert_without_the_variable(monkeypatch):
     for _ in range(3):
         ck.fault_point("step")
     assert os.getpid() > 0
+
+
+def test_structure_is_part_of_verification(tmp_path):
+    assert "incomplete: no optimizer" in ck.check_structure({"format": ck.FORMAT_VERSION, "model": {}})
+    assert "format 7" in ck.check_structure({"format": 7})
+    assert "not a checkpoint" in ck.check_structure([1, 2])
+    folder = ck.commit(small_state(5), {"step": 5}, tmp_path, tmp_path)       # verifies, but has no optimizer...
+    reason, state, _ = ck.check_folder(folder)
+    assert state is None and reason.startswith("format None")
+
+
+def test_a_full_staging_disk_is_said_in_words(tmp_path, monkeypatch):
+    def full(obj, f, *a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+    monkeypatch.setattr(ck.torch, "save", full)
+    try:
+        ck.commit(small_state(1), {"step": 1}, tmp_path / "run", tmp_path)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC and "no space left on the local disk" in str(e)
+    else:
+        raise AssertionError("no error")
+    assert not ck.find_checkpoints(tmp_path / "run")
+
+
+def test_a_folder_pruned_while_being_read_is_walked_past(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    for step in (1, 2):
+        ck.commit(dict(small_state(step)), {"step": step}, run, tmp_path)
+    real, calls = ck.check_folder, []
+
+    def racing(folder, load=True):
+        calls.append(folder.name)
+        if len(calls) == 1:
+            raise FileNotFoundError(folder / "meta.json")     # pruned by another process's save
+        return real(folder, load=False)
+    monkeypatch.setattr(ck, "check_folder", racing)
+    found = ck.find_latest_valid(run)
+    assert found.folder.name == "step-00000002" and found.meta["step"] == 2
+
+
+def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeypatch):
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    monkeypatch.setattr(ck.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / f".best.pt.tmp-{dead.pid}").write_bytes(b"x")
+    (run / f".best.pt.tmp-{os.getpid()}").write_bytes(b"mine")           # a live process's: kept
+    (run / "checkpoints" / f".step-00000004.tmp-{dead.pid}").mkdir()
+    (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc").mkdir()
+    (tmp_path / "tmp" / "cloudml-ckpt-abc").mkdir()                       # owner unknown: kept
+    removed = ck.clean_leftovers(run)
+    assert len(removed) == 3
+    assert (run / f".best.pt.tmp-{os.getpid()}").exists() and (tmp_path / "tmp" / "cloudml-ckpt-abc").exists()

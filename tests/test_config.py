@@ -107,3 +107,20 @@ def test_saved_config_round_trips(tiny_config, tmp_path):
     save_config(tiny_config, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again.to_dict() == tiny_config.to_dict()
+
+
+def test_duplicate_keys_binary_files_and_even_windows_are_refused(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("train:\n  epochs: 3\ndata:\n  demo: true\ntrain:\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"key 'train' appears twice \(lines 1 and 5\)"):
+        load_config(dup)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("train:\n  epochs: 3\n  epochs: 4\n")
+    with pytest.raises(ConfigError, match=r"key 'epochs' appears twice \(lines 2 and 3\)"):
+        load_config(nested)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x01binary")
+    with pytest.raises(ConfigError, match="is not a UTF-8 text file"):
+        load_config(binary)
+    with pytest.raises(ConfigError, match="data.temporal_frames: 4 is even.*3 or 5"):
+        load_config(None, ["data.temporal_frames=4", "data.demo=true"])

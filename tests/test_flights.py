@@ -142,3 +142,12 @@ def test_angles_from_cpl_make_the_nav_file_optional(incomplete):
     data = data_config(incomplete, angles_source="cpl")
     found = {f.name: f for f in flights.find_flights(data)}
     assert not found["03Mar25"].problems and found["04Mar25"].problems == ["no IR file"]
+
+
+def test_the_same_files_under_two_flight_names_are_refused(users_folder):
+    entry = {"ir_file": "01Mar25/GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5",
+             "cpl_file": "01Mar25/CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5", "nav_file": "01Mar25/CRS_20250301_nav.hdf"}
+    data = build_config({"data": {"dir": str(users_folder), "validation_flights": ["b"],
+                                  "flights": [dict(entry, name="a"), dict(entry, name="b")]}}).data
+    with pytest.raises(ConfigError, match="flights a and b use the same IR file .*trained twice"):
+        flights.resolve_flights(data)

@@ -55,3 +55,31 @@ def test_config_differences_are_sorted_into_math_and_harmless():
     assert math == ["data.temporal_frames (checkpoint 5, now 3)", "train.seed (checkpoint 1, now 2)"]
     assert harmless == ["checkpoint.every_steps (checkpoint 100, now 50)", "data.dir (checkpoint 'a', now 'b')",
                         "train.epochs (checkpoint 5, now 9)"]
+
+
+def _acquire_at_once(run_dir, barrier, results):
+    from cloudml_lib.errors import CloudMLError as Refused
+    from cloudml_lib.rundir import RunLock as Lock
+    lock = Lock(run_dir)
+    barrier.wait()
+    try:
+        lock.acquire()
+        results.put(1)
+        time.sleep(0.3)
+        lock.release()
+    except Refused:
+        results.put(0)
+
+
+def test_two_trainers_starting_at_the_same_moment_never_both_get_the_lock(tmp_path):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    for trial in range(15):
+        run, barrier, results = tmp_path / f"run{trial}", ctx.Barrier(2), ctx.Queue()
+        run.mkdir()
+        procs = [ctx.Process(target=_acquire_at_once, args=(run, barrier, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        assert sorted([results.get(), results.get()]) == [0, 1], f"trial {trial}"

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 2
 READ_RUN = 32          # frames read from HDF5 at once while building
 COPY_CHUNK = 16 << 20
+MAX_EMPTY_FRAME_SHARE = 0.05   # above this share of entirely non-finite frames a flight is refused
 
 
 def preprocess_frame(raw: np.ndarray, data: DataConfig) -> tuple[np.ndarray, int]:
@@ -217,6 +218,13 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
         bar.close()
     out.flush()
     del out
+    if empty > MAX_EMPTY_FRAME_SHARE * len(needed):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"flight {flight.name}: {empty} of the {len(needed)} frames its samples use are entirely "
+                        f"NaN/inf (more than {MAX_EMPTY_FRAME_SHARE:.0%}) in "
+                        f"{er2.flight_paths(flight, data)['ir']} '{data.keys.ir_signal}'; training on them would "
+                        "learn from blank images. Check the file (a failed download or conversion?), or leave the "
+                        "flight out (data.flights).")
     np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[kept], cbh_km=labels.cbh_km[kept],
              sza_deg=labels.sza_deg[kept], saa_deg=labels.saa_deg[kept], lat=labels.lat[kept], lon=labels.lon[kept])
     counts = dict(labels.counts, edge_dropped=int((~kept).sum()), samples=int(kept.sum()),

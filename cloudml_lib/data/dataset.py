@@ -110,9 +110,10 @@ class CloudDataset(Dataset):
 
 def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDataset, CloudDataset]:
     """Caches of all (resolved) flights, split by flight, scalers fitted on the training flights only.
-    Logs one table: each flight's files, frames, labels kept and removed by each filter."""
+    The training set carries `flight_table`: each flight's files, frames, labels kept and removed by
+    each filter (the trainer logs it once the run's log file exists)."""
     caches = load_caches(cfg.data)
-    log.info("Flights:\n%s", format_table(summary_rows(cfg.data, caches, list(skipped))))
+    table = format_table(summary_rows(cfg.data, caches, list(skipped)))
     train, val = split_flights(caches, cfg)
     empty = [c.name for c in train + val if len(c) == 0]
     if empty:
@@ -123,8 +124,9 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDat
     log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
              ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
              sum(map(len, val)))
-    return (CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights),
-            CloudDataset(val, scalers))
+    train_set = CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights)
+    train_set.flight_table = table
+    return train_set, CloudDataset(val, scalers)
 
 
 def augment_sample(frames: torch.Tensor, saa: float, rng: np.random.Generator) -> tuple[torch.Tensor, float]:

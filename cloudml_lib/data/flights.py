@@ -157,6 +157,14 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[
     for f in incomplete:
         log.warning("flight %s skipped: %s (data.skip_incomplete_flights)", f.name, "; ".join(f.problems))
     complete = [f for f in found if not f.problems]
+    owners: dict[Path, str] = {}
+    for f in complete:
+        for role, rel in f.files.items():
+            path = (Path(data.dir) / rel).resolve()
+            if path in owners:
+                raise ConfigError(f"data.flights: flights {owners[path]} and {f.name} use the same {ROLE_WORDS[role]} "
+                                  f"file {rel}; its samples would be trained twice. Give each flight its own files.")
+            owners[path] = f.name
     if not explicit:
         data.flights = [f.config() for f in complete]
         log.info("found %d flights in %s: %s", len(complete), data.dir, ", ".join(f.name for f in complete))
