@@ -244,22 +244,37 @@ class Picker:
     def __init__(self, ws: Workspace):
         import ipywidgets as widgets
         from IPython.display import display
-        self.ws = ws
-        report = hardware.system_report()
-        recommended, self.reason = hardware.choose_preset(report)
+        self.ws, self.demo = ws, uses_demo_data(ws)
+        recommended, self.reason = hardware.choose_preset(hardware.system_report())
         default = recommended if recommended in ("A", "B", "C") else "Auto"
+        epochs = load_config(hardware.preset_config_path("demo" if self.demo else default if default != "Auto"
+                                                          else "A")).train.epochs
         style = {"description_width": "initial"}
         self.preset = widgets.Dropdown(options=["A", "B", "C", "Auto"], value=default, description="Preset:",
                                        style=style)
-        self.epochs = widgets.IntText(value=SMOKE_EPOCHS if smoke() else 50, description="Epochs:", style=style)
-        self.run_name = widgets.Text(value="smoke" if smoke() else f"preset_{default}", description="Run name:",
-                                     style=style)
+        self.epochs = widgets.IntText(value=SMOKE_EPOCHS if smoke() else epochs, description="Epochs:", style=style)
+        self.run_name = widgets.Text(value=self._default_name(default), description="Run name:", style=style)
+        self.preset.observe(self._follow_preset, names="value")
         display(widgets.VBox([self.preset, self.epochs, self.run_name]))
         print(f"Default: {default}, because {self.reason}.\nRe-running with the same run name continues that run.")
+        if smoke():
+            print("Smoke test: the choices above are not used; a tiny demo run (2 epochs) trains instead.")
+        elif self.demo:
+            print(f"No flights were found in {ws.data}: training uses the demo configuration (demo.yaml, "
+                  f"{epochs} epochs) on the demo flights, whichever preset is chosen. Put your flights there and "
+                  "run this notebook again to train a preset on them.")
+
+    def _default_name(self, preset: str) -> str:
+        return "smoke" if smoke() else "demo" if self.demo else f"preset_{preset}"
+
+    def _follow_preset(self, change) -> None:
+        """The run name follows the preset until the user types a name of their own."""
+        if self.run_name.value.strip() == self._default_name(change["old"]):
+            self.run_name.value = self._default_name(change["new"])
 
     @property
     def run_dir(self) -> Path:
-        return self.ws.runs / (self.run_name.value.strip() or f"preset_{self.preset.value}")
+        return self.ws.runs / (self.run_name.value.strip() or self._default_name(self.preset.value))
 
     def choice(self) -> tuple[str, int, str]:
         """(preset A/B/C/demo, epochs, run name) as the controls read now."""
@@ -267,7 +282,7 @@ class Picker:
         if preset == "Auto":
             preset, why = hardware.choose_preset(hardware.system_report())
             print(f"Auto: preset {preset}, because {why}.")
-        name = self.run_name.value.strip() or f"preset_{preset}"
+        name = self.run_name.value.strip() or self._default_name(preset)
         return preset, int(self.epochs.value), name
 
 
@@ -277,14 +292,15 @@ def preset_picker(ws: Workspace) -> Picker:
 
 # ------------------------------------------------------------------------------- training
 
-def _command(ws: Workspace, picker: Picker) -> tuple[list[str], Path]:
+def _command(ws: Workspace, picker: Picker) -> tuple[list[str], Path, Config]:
+    """The training command for the picker's choice, its run directory and the config it resolves to."""
     preset, epochs, name = picker.choice()
     config, overrides = run_config(ws, preset if preset != "demo" else "A", epochs)
     run_dir = ws.runs / name
     cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(config), "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
-    return cmd, run_dir
+    return cmd, run_dir, load_config(config, overrides)
 
 
 def _read_records(run_dir: Path) -> list[dict]:
@@ -302,20 +318,19 @@ def _read_records(run_dir: Path) -> list[dict]:
 
 def _run_live(cmd: list[str], run_dir: Path, env: dict) -> tuple[int, list[str]]:
     """Run the training command, echo its lines, redraw the curves and a step bar until it ends."""
-    from tqdm.auto import tqdm
     env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", **env)
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    curves, bar, output = plots.LiveCurves(), tqdm(total=1, desc="training", unit="step"), []
+    live = _LiveProgress(run_dir, started)
     try:
         while True:
             while not lines.empty():
                 line = lines.get().rstrip()
-                output.append(line)
-                bar.write(line)
-            _refresh(run_dir, started, bar, curves)
+                live.output.append(line)
+                print(line)
+            live.refresh()
             if proc.poll() is not None and lines.empty():
                 break
             time.sleep(1.0)
@@ -325,33 +340,64 @@ def _run_live(cmd: list[str], run_dir: Path, env: dict) -> tuple[int, list[str]]
         proc.wait()
     time.sleep(0.2)
     while not lines.empty():
-        output.append(lines.get().rstrip())
-    _refresh(run_dir, started, bar, curves)
-    bar.close()
-    return proc.returncode, output
+        live.output.append(lines.get().rstrip())
+    live.refresh()
+    live.end(proc.returncode)
+    return proc.returncode, live.output
 
 
-def _refresh(run_dir: Path, started: float, bar, curves) -> None:
-    info_path = run_dir / "run.json"
-    if info_path.exists():
-        try:
-            info = json.loads(info_path.read_text())
-        except ValueError:
-            info = None
-        if info and info["started_at"] >= started - 1:
-            bar.total = info["total_steps"]
-    records = _read_records(run_dir)
-    steps = [r["step"] for r in records if r.get("kind") in ("step", "epoch")]
-    if steps:
-        bar.n = min(max(steps), bar.total or max(steps))
-        bar.refresh()
-    curves.update([r for r in records if r.get("kind") == "epoch"])
+class _LiveProgress:
+    """The step bar and the curves of one start of a run. The bar is created only once this start's
+    run.json gives the total (a widget's maximum does not follow a later change of `total`); a run
+    that stopped and can resume keeps its bar, blue and partly filled, not a red one."""
+
+    def __init__(self, run_dir: Path, started: float):
+        self.run_dir, self.started, self.output = run_dir, started, []
+        self.curves, self.bar, self.step = plots.LiveCurves(), None, 0
+
+    def refresh(self) -> None:
+        from tqdm.auto import tqdm
+        info = _read_json(self.run_dir / "run.json")
+        if self.bar is None and info and info.get("started_at", 0) >= self.started - 1:
+            self.bar = tqdm(total=info["total_steps"], initial=info["start_step"], desc="training", unit="step")
+        records = _read_records(self.run_dir)
+        steps = [r["step"] for r in records if r.get("kind") in ("step", "epoch")]
+        if steps and self.bar is not None:
+            self.step = min(max(steps), self.bar.total)
+            self.bar.n = self.step
+            self.bar.refresh()
+        self.curves.update([r for r in records if r.get("kind") == "epoch"])
+
+    def end(self, code: int) -> None:
+        words = {0: "finished", 130: "stopped with a checkpoint: run the cell again to continue",
+                 -signal.SIGKILL: "killed (as by a disconnect): run the cell again to resume"}
+        what = words.get(code, f"ended with exit status {code}")
+        self.curves.note(f"No epoch finished in this run: {what}.")
+        if self.bar is None:
+            return
+        if code == 0:
+            self.bar.n = self.bar.total
+            self.bar.close()
+        elif code in words:                       # resumable: leave the bar as it stands, not a red "error"
+            self.bar.set_description(f"training ({what.split(':')[0]} at step {self.step})")
+            self.bar.refresh()
+        else:
+            self.bar.close()
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def train(ws: Workspace, picker: Picker) -> Path:
     """Train (or resume) the chosen preset with live curves; returns the run directory."""
-    cmd, run_dir = _command(ws, picker)
-    print(f"Run directory: {run_dir}")
+    cmd, run_dir, cfg = _command(ws, picker)
+    data = "the demo flights" if cfg.data.demo else f"your flights in {ws.data}"
+    print(f"Training {Path(cmd[cmd.index('--config') + 1]).name} on {data}, {cfg.train.epochs} epochs; "
+          f"run directory: {run_dir}")
     code, output = _run_live(cmd, run_dir, {})
     if code == 130:
         print("Stopped with a checkpoint. Run this cell again to continue where it left off.")
@@ -366,7 +412,7 @@ def simulate_disconnect(ws: Workspace, picker: Picker) -> None:
     if not smoke():
         print("(Only in the smoke test: a simulated disconnect, to check that training resumes.)")
         return
-    cmd, run_dir = _command(ws, picker)
+    cmd, run_dir, _ = _command(ws, picker)
     shutil.rmtree(run_dir, ignore_errors=True)
     code, _ = _run_live(cmd, run_dir, {"CLOUDML_KILL_AT": f"step:{SMOKE_DISCONNECT_STEP}"})
     assert code == -signal.SIGKILL, f"the simulated disconnect did not happen (exit status {code})"

@@ -106,11 +106,13 @@ def json_safe(obj):
 def format_report(report: dict) -> str:
     rows = [("overall", report["overall"]), ("baseline (training mean)", report["baseline"])]
     rows += [(f"  flight {k}", v) for k, v in report["per_flight"].items()]
-    lines = [f"{'':28s} {'R2':>7s} {'MAE km':>8s} {'RMSE km':>8s} {'bias km':>8s} {'std ratio':>9s} {'n':>6s}"]
-    num = lambda v, w: f"{v:{w}.3f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731 (null from JSON)
+    # every column 10 wide with two spaces between: no two column names can run together
+    head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
+    lines = [f"{'':28s}" + "".join(f"  {h:>10s}" for h in head)]
+    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
     for name, m in rows:
-        lines.append(f"{name:28s} {num(m['r2'], 7)} {num(m['mae_km'], 8)} {num(m['rmse_km'], 8)} "
-                     f"{num(m['bias_km'], 8)} {num(m['std_ratio'], 9)} {m['n']:6d}")
+        cells = [num(m[k]) for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")] + [f"{m['n']:10d}"]
+        lines.append(f"{name:28s}" + "".join(f"  {c}" for c in cells))
     return "\n".join(lines)
 
 

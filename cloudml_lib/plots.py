@@ -7,13 +7,19 @@ import matplotlib
 
 if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline", "inline"):
     matplotlib.use("Agg")                         # headless by default; notebooks keep their own backend
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+# Figures are built as plain Figure objects, never through pyplot: the notebook's inline backend
+# shows every pyplot figure still open when a cell ends, so an interrupt between creating and
+# closing one would show the curves twice.
 
 
-def curves_figure(history: list[dict]):
+def curves_figure(history: list[dict]) -> Figure:
     """Train/validation loss, validation R2 and learning rate per epoch."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, 3)
     epochs = [h["epoch"] for h in history]
     ax = axes[0]
     ax.plot(epochs, [h["train_loss"] for h in history], "o-", label="train")
@@ -24,14 +30,22 @@ def curves_figure(history: list[dict]):
     axes[1].set(xlabel="epoch", ylabel="R2", title="Validation R2 (quick subset)")
     axes[2].plot(epochs, [h["lr"] for h in history], "o-", color="tab:gray")
     axes[2].set(xlabel="epoch", ylabel="learning rate", title="Learning rate (end of epoch)")
+    # Anchored axes: a first epoch's single value is read against 0 (and R2 against 1), not a +-4% zoom.
+    axes[0].set_ylim(bottom=0)
+    r2 = [h["r2"] for h in history if h["r2"] is not None and np.isfinite(h["r2"])]
+    axes[1].set_ylim(min([0.0] + r2) - 0.05, 1.0)
+    axes[2].set_ylim(bottom=0)
     for ax in axes:
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0.5, max(max(epochs), 2) + 0.5)          # one epoch is a point, not a whole axis
     fig.tight_layout()
     return fig
 
 
-def scatter_figure(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray, title: str = ""):
-    fig, ax = plt.subplots(figsize=(5, 5))
+def scatter_figure(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray, title: str = "") -> Figure:
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
     for name in dict.fromkeys(flights):
         m = flights == name
         ax.scatter(true_km[m], pred_km[m], s=12, alpha=0.7, label=str(name))
@@ -45,26 +59,30 @@ def scatter_figure(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray
     return fig
 
 
-def save_figure(fig, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 class LiveCurves:
-    """One figure redrawn in place in a notebook (display handle), closed after each update."""
+    """One output redrawn in place in a notebook (display handle): a note until the first epoch
+    ends, then the curves."""
 
     def __init__(self):
-        from IPython.display import display
-        self._handle = display("Curves appear after the first epoch.", display_id=True)
-        self._shown = 0
+        from IPython.display import Markdown, display
+        self._handle = display(Markdown("*Curves appear after the first epoch.*"), display_id=True)
+        self.shown = 0
 
     def update(self, history: list[dict]) -> None:
-        if len(history) == self._shown or not history:
+        if len(history) == self.shown or not history:
             return
-        fig = curves_figure(history)
-        self._handle.update(fig)
-        plt.close(fig)
-        self._shown = len(history)
+        self._handle.update(curves_figure(history))
+        self.shown = len(history)
+
+    def note(self, text: str) -> None:
+        """Replace the placeholder (when no epoch was drawn) with what happened instead."""
+        from IPython.display import Markdown
+        if not self.shown:
+            self._handle.update(Markdown(f"*{text}*"))

@@ -238,9 +238,10 @@ def check_rows(data: DataConfig) -> tuple[list[list[str]], bool]:
 
 
 def format_table(rows: list[list[str]], header: list[str] = HEADER, markdown: bool = False) -> str:
-    if markdown:
+    if markdown:                  # file names (and glob patterns) in code spans: * and _ stay literal
+        code = lambda i, x: f"`{x}`" if 1 <= i <= 3 and x not in ("-", "?") else x  # noqa: E731
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+        return "\n".join(lines + ["| " + " | ".join(code(i, str(x)) for i, x in enumerate(r)) + " |" for r in rows])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
