@@ -1,6 +1,7 @@
 """Training curves and predicted-vs-true scatter, as PNG files and for live notebook display."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -76,9 +77,13 @@ class LiveCurves:
         self.shown = 0
 
     def update(self, history: list[dict]) -> None:
+        from IPython.display import Image
         if len(history) == self.shown or not history:
             return
-        self._handle.update(curves_figure(history))
+        # As a PNG: a Figure made without pyplot has no notebook formatter and would show as text.
+        buf = io.BytesIO()
+        curves_figure(history).savefig(buf, format="png", dpi=90)
+        self._handle.update(Image(data=buf.getvalue()))
         self.shown = len(history)
 
     def note(self, text: str) -> None:

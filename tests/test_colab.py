@@ -59,7 +59,7 @@ def test_the_progress_bar_fill_follows_the_real_total(tmp_path, shown, monkeypat
 
 
 def test_the_curves_placeholder_is_text_and_is_replaced(tmp_path, shown):
-    from IPython.display import Markdown
+    from IPython.display import Image, Markdown
     live = colab._LiveProgress(tmp_path / "run", time.time())
     assert isinstance(shown[0], Markdown) and "Curves appear after the first epoch" in shown[0].data
     live.end(-signal.SIGKILL)
@@ -67,9 +67,10 @@ def test_the_curves_placeholder_is_text_and_is_replaced(tmp_path, shown):
     write_run(tmp_path / "run", 78, 0, [6], epochs=1)
     live = colab._LiveProgress(tmp_path / "run", time.time() - 5)
     live.refresh()
-    assert isinstance(shown[-1], plots.Figure) and not plt.get_fignums()    # not left open for the inline backend
+    assert isinstance(shown[-1], Image) and shown[-1].data[:4] == b"\x89PNG"  # a picture, not a Figure's repr
+    assert not plt.get_fignums()                                            # nothing left for the inline backend
     live.end(0)
-    assert isinstance(shown[-1], plots.Figure)                              # the curves stay
+    assert isinstance(shown[-1], Image)                                     # the curves stay
 
 
 def test_one_epoch_is_drawn_against_anchored_axes():

@@ -28,7 +28,7 @@ NAV_NAME = re.compile(r"_(\d{8})_nav\.hdf5?$", re.IGNORECASE)
 ROLE_WORDS = {"ir": "IR", "cpl": "CPL", "nav": "nav"}
 REMOVED_WORDS = {"bad_time": "bad time", "no_layer": "no layer", "multi_layer": "multi-layer",
                  "out_of_range": "out of range", "over_land": "over land", "bad_surface": "surface",
-                 "unmatched": "no frame within tolerance", "duplicate_frame": "same frame",
+                 "unmatched": "no frame in time", "duplicate_frame": "same frame",
                  "beyond_nav": "beyond nav", "edge_dropped": "at edges"}
 
 
