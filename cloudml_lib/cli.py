@@ -1,4 +1,4 @@
-"""`python -m cloudml_lib ...`: train, evaluate, status, diagnose, make-demo-data.
+"""`python -m cloudml_lib ...`: train, crossval, evaluate, status, diagnose, make-demo-data.
 
 Exit status: 0 on success; 2 for a usage, config or data error (one short message, no
 traceback); 1 for anything unexpected (with the traceback, to report).
@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (default): continue from the newest valid checkpoint in the run directory; "
                         "never: refuse to touch an existing run; PATH: continue from that checkpoint")
 
+    c = sub.add_parser("crossval", help="leave-one-flight-out cross-validation with baselines (resumable)")
+    c.add_argument("--config", required=True, help="YAML file, e.g. configs/demo.yaml")
+    c.add_argument("--run-dir", required=True, help="where the folds, crossval.json and crossval.md go")
+    c.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value; repeatable")
+    c.add_argument("--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)")
+
     s = sub.add_parser("status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint")
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -84,6 +92,15 @@ def _train(args) -> int:
     cfg = load_config(config, overrides)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(config).stem
     train(cfg, run_dir, resume=args.resume)
+    return 0
+
+
+def _crossval(args) -> int:
+    from cloudml_lib.config import load_config
+    from cloudml_lib.crossval import crossval
+
+    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
+    crossval(load_config(args.config, overrides), Path(args.run_dir), controls=not args.no_controls)
     return 0
 
 
@@ -176,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     from cloudml_lib.rundir import attach_run_log
 
     args = build_parser().parse_args(argv)
-    if args.command == "train" and threading_main():
+    if args.command in ("train", "crossval") and threading_main():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
+    handlers = {"train": _train, "crossval": _crossval, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
                 "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)

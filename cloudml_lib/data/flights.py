@@ -132,7 +132,7 @@ def _found_from_config(data: DataConfig) -> list[FoundFlight]:
     return out
 
 
-def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[FoundFlight]:
+def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (), check_names: bool = True) -> list[FoundFlight]:
     """Fill data.flights with the complete flights (listed or found) and check the flight names.
 
     Returns the flights skipped as incomplete. Raises DataError naming every incomplete flight and
@@ -171,21 +171,23 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[
     else:
         data.flights = [fl for fl in data.flights if fl.name in {f.name for f in complete}]
     problems = check_flight_names(data, [f.name for f in data.flights],
-                                  "data.flights" if explicit else f"the flights found in {data.dir}")
+                                  "data.flights" if explicit else f"the flights found in {data.dir}") if check_names else []
     if problems:
         raise ConfigError("the flights do not fit the config:\n  - " + "\n  - ".join(problems))
     return incomplete
 
 
-def prepare_flights(data: DataConfig) -> list[FoundFlight]:
+def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFlight]:
     """What a run does first: write the demo flights if asked to, then resolve the flights
-    (the cache folders are not searched). Returns the flights skipped as incomplete."""
+    (the cache folders are not searched). Returns the flights skipped as incomplete.
+    `check_names=False` (cross-validation, which sets the validation flight of each fold) skips
+    the checks of data.validation_flights and data.overweight_flight."""
     from cloudml_lib.data.cache import cache_root
     from cloudml_lib.data.synthetic import ensure_demo_flights
 
     ensure_demo_flights(data)
     skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
-    return resolve_flights(data, skip)
+    return resolve_flights(data, skip, check_names)
 
 
 # ------------------------------------------------------------------------------------ the table

@@ -1,0 +1,96 @@
+"""Leave-one-flight-out cross-validation: fold isolation, resuming an interrupted run, the warnings."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from cloudml_lib.checkpoint import load_checkpoint
+from cloudml_lib.config import config_from_dict
+from cloudml_lib.crossval import fold_warnings
+from cloudml_lib.data.cache import load_flight_cache
+from cloudml_lib.data.dataset import fit_scalers
+from conftest import tiny_raw
+
+REPO = Path(__file__).parent.parent
+
+
+def crossval(cfg, run_dir, kill_at=None):
+    env = dict(os.environ)
+    env.pop("CLOUDML_KILL_AT", None)
+    if kill_at:
+        env["CLOUDML_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-m", "cloudml_lib", "crossval", "--config", str(cfg), "--run-dir",
+                           str(run_dir)], cwd=REPO, env=env, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_flights, tmp_path_factory):
+    root, entries = tiny_flights
+    tmp = tmp_path_factory.mktemp("cv")
+    raw = tiny_raw(root, entries, tmp / "cache")
+    raw["train"]["epochs"] = 1
+    raw["checkpoint"] = {"every_steps": 2}
+    cfg = tmp / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    r = crossval(cfg, tmp / "ref")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return cfg, tmp / "ref", [e["name"] for e in entries]
+
+
+def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
+    _, ref, names = reference
+    result = json.loads((ref / "crossval.json").read_text())
+    assert list(result["folds"]) == names
+    for name, fold in result["folds"].items():
+        assert set(fold) >= {"model", "mean", "scalars_only", "trees", "warnings"}
+        assert fold["model"]["n"] == fold["trees"]["n"] > 10
+        preds = (ref / "folds" / name / "model" / "predictions.csv").read_text().splitlines()[1:]
+        assert {line.split(",")[0] for line in preds} == {name}           # only the held-out flight is scored
+    assert set(result["summary"]) == {"model", "mean", "scalars_only", "trees"}
+    md = (ref / "crossval.md").read_text()
+    assert "| held-out flight |" in md and "The image model beats the training mean on" in md
+
+
+def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
+    _, ref, names = reference
+    for held in names:
+        best = load_checkpoint(ref / "folds" / held / "model" / "best.pt")
+        cfg = config_from_dict(best["config"])
+        assert cfg.data.validation_flights == [held]
+        train = [load_flight_cache(f, cfg.data) for f in cfg.data.flights if f.name != held]
+        expected = fit_scalers(train).to_dict()
+        assert best["scalers"] == pytest.approx(expected)                  # no statistics of the held-out flight
+
+
+def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, tmp_path):
+    cfg, ref, names = reference
+    run = tmp_path / "cv"
+    r = crossval(cfg, run, kill_at="step:17")       # 2nd fold, step 5: its step-2 save is committed
+    assert r.returncode == -signal.SIGKILL
+    assert (run / "folds" / names[0] / "fold.json").is_file() and not (run / "folds" / names[1] / "fold.json").exists()
+    r = crossval(cfg, run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    first_log = (run / "folds" / names[0] / "model" / "train.log").read_text()
+    assert "already finished" in first_log                                # not trained again
+    assert "Resumed from step" in (run / "folds" / names[1] / "model" / "train.log").read_text()
+    got, want = (json.loads((d / "crossval.json").read_text())["folds"] for d in (run, ref))
+    for name in names:
+        assert got[name]["model"] == want[name]["model"]                  # as if never interrupted
+        assert got[name]["trees"] == want[name]["trees"]
+
+
+def test_the_warnings_say_what_went_wrong():
+    m = lambda mae, ratio: {"mae_km": mae, "std_ratio": ratio, "r2": 0.0}  # noqa: E731
+    warnings = fold_warnings("10Feb25", {"model": m(0.30, 0.1), "mean": m(0.25, 0.0)},
+                             train_km=np.array([0.3, 0.5, 0.9]), val_km=np.array([0.2, 0.4, 1.5, 1.8]))
+    assert any("collapse towards a constant (std(pred)/std(true) 0.10" in w for w in warnings)
+    assert any("no better than predicting the training mean" in w for w in warnings)
+    assert any("75% of its heights lie outside the training flights' range 0.30..0.90 km" in w for w in warnings)
+    assert fold_warnings("x", {"model": m(0.1, 0.9), "mean": m(0.3, 0.0)}, np.array([0.2, 1.0]),
+                         np.array([0.5, 0.6])) == []
