@@ -1,4 +1,4 @@
-"""`python -m cloudml_lib ...`: train, crossval, evaluate, status, diagnose, make-demo-data.
+"""`python -m cloudml_lib ...`: train, crossval, predict, evaluate, status, diagnose, make-demo-data.
 
 Exit status: 0 on success; 2 for a usage, config or data error (one short message, no
 traceback); 1 for anything unexpected (with the traceback, to report).
@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override one config value; repeatable")
     c.add_argument("--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)")
 
+    pr = sub.add_parser("predict", help="cloud base height for every frame of whole flights (NetCDF, CSV, plots)")
+    pr.add_argument("--run-dir", required=True, help="a trained run (its best.pt is used)")
+    pr.add_argument("--flights", nargs="+", metavar="NAME", help="flights to predict (default: the run's validation "
+                    "flights); any flight found in data.dir, the CPL file optional")
+    pr.add_argument("--out", help="folder for the files (default: RUN_DIR/predictions)")
+    pr.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
+
     s = sub.add_parser("status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint")
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -101,6 +108,14 @@ def _crossval(args) -> int:
 
     overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
     crossval(load_config(args.config, overrides), Path(args.run_dir), controls=not args.no_controls)
+    return 0
+
+
+def _predict(args) -> int:
+    from cloudml_lib.predict import predict_flights
+
+    for path in predict_flights(args.run_dir, args.flights, args.out, args.data_dir):
+        print(f"wrote {path}")
     return 0
 
 
@@ -196,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("train", "crossval") and threading_main():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "crossval": _crossval, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
+    handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
                 "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)

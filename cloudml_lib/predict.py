@@ -1,0 +1,193 @@
+"""Cloud base height along whole flights: the science product, not only where the lidar measured.
+
+`predict_flights` applies a run's best model to every frame of a flight that has a full window
+(T frames centred on it, shifted inside the flight at its ends) and a usable time. Frames are
+streamed from the IR file in blocks and preprocessed exactly as for training (then rounded to
+float16, as the cache stores them), so host memory stays flat whatever the flight's length. A
+flight needs only its IR file: the nav file gives position and sun angles (filled with the training
+mean where absent), the CPL file the lidar label where one exists.
+
+Per flight: `<name>_cbh.nc` (NetCDF-4, CF-1.8: time, lat, lon, cloud_base_height, the CPL label),
+`<name>_cbh.csv`, and two plots: CBH along the flight (predictions as a line, CPL labels as
+points) and the track coloured by predicted CBH.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from cloudml_lib import plots
+from cloudml_lib.checkpoint import load_checkpoint
+from cloudml_lib.config import DataConfig, FlightConfig, config_from_dict
+from cloudml_lib.data import er2
+from cloudml_lib.data.cache import preprocess_frame
+from cloudml_lib.data.dataset import Scalers
+from cloudml_lib.data.flights import find_flights
+from cloudml_lib.errors import CloudMLError, DataError
+from cloudml_lib.hardware import choose_device, choose_precision
+from cloudml_lib.model import build_model
+
+log = logging.getLogger(__name__)
+
+BLOCK = 256          # frames preprocessed and predicted at a time
+
+
+def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
+    """Frame times, angles, position and CPL labels per frame (NaN where unknown); IR required only."""
+    root = Path(data.dir)
+    ir = root / flight.ir_file
+    frame_t, n_frames, _, _ = er2._read_ir(ir, flight, data)
+    out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "lat", "lon", "label")}}
+    if flight.nav_file and (root / flight.nav_file).is_file():
+        nav, _ = er2._read_nav(flight, data, root / flight.nav_file, frame_t)
+        out.update({k: nav[k] for k in ("sza", "saa", "lat", "lon")})
+    else:
+        log.warning("flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name)
+    if flight.cpl_file and (root / flight.cpl_file).is_file():
+        try:
+            nav_data = DataConfig(**{**vars(data), "angles_source": "cpl"}) if not flight.nav_file else data
+            labels = er2.read_flight_labels(flight, nav_data)
+            out["label"][labels.frame_index] = labels.cbh_km
+        except DataError as e:
+            log.warning("flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1])
+    return out
+
+
+def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scalers, device, batch_size: int,
+                   autocast=nullcontext) -> dict:
+    """Predicted CBH (km) for every frame with a usable time; arrays over those frames."""
+    inputs = _flight_inputs(flight, data)
+    n, t = inputs["t"].size, data.temporal_frames
+    if n < t:
+        raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
+    sza = np.where(np.isfinite(inputs["sza"]), inputs["sza"], scalers.sza_mean)
+    saa = np.where(np.isfinite(inputs["saa"]), inputs["saa"], scalers.saa_mean)
+    scalars = np.stack([(sza - scalers.sza_mean) / scalers.sza_std, (saa - scalers.saa_mean) / scalers.saa_std], 1)
+    pred = np.full(n, np.nan)
+    half = t // 2
+    with er2.open_h5(Path(data.dir) / flight.ir_file, flight.name) as f:
+        signal = f[data.keys.ir_signal]
+        bar = tqdm(total=n, desc=f"predict {flight.name}", unit="frame")
+        for start in range(0, n, BLOCK):
+            stop = min(n, start + BLOCK)
+            lo, hi = max(0, min(start - half, n - t)), min(n, max(stop + half, t))     # frames the windows need
+            raw = signal[lo:hi]
+            frames = np.stack([preprocess_frame(x, data)[0] for x in raw]).astype(np.float16).astype(np.float32)
+            first = np.clip(np.arange(start, stop) - half, 0, n - t)                    # shift policy at the ends
+            windows = frames[(first - lo)[:, None] + np.arange(t)[None, :]]            # (B, T, H, W)
+            with torch.no_grad(), autocast():
+                for i in range(0, len(windows), batch_size):
+                    x = torch.from_numpy(windows[i:i + batch_size]).to(device)
+                    s = torch.from_numpy(scalars[start + i:start + i + len(x)].astype(np.float32)).to(device)
+                    pred[start + i:start + i + len(x)] = model(x, s).float().cpu().numpy()
+            bar.update(stop - start)
+        bar.close()
+    keep = np.isfinite(inputs["t"])
+    if (~keep).any():
+        log.info("flight %s: %d frames without a usable time are left out", flight.name, int((~keep).sum()))
+    out = {k: v[keep] for k, v in inputs.items()}
+    out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
+    out["frame_index"] = np.flatnonzero(keep)
+    return out
+
+
+def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
+    import netCDF4
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+        nc.Conventions = "CF-1.8"
+        nc.title = f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames"
+        nc.source = f"CloudML model {run_dir / 'best.pt'}"
+        nc.createDimension("time", len(result["t"]))
+        spec = [("time", "t", "f8", {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00",
+                                     "calendar": "standard", "axis": "T"}),
+                ("lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}),
+                ("lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}),
+                ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level",
+                                                        "units": "km", "coordinates": "time lat lon"}),
+                ("cpl_cloud_base_height", "label", "f4", {"long_name": "CPL lidar cloud base height (label) where "
+                                                          "one was matched to the frame", "units": "km"}),
+                ("frame_index", "frame_index", "i4", {"long_name": "frame index in the IR file"})]
+        for name, key, dtype, attrs in spec:
+            fill = {"fill_value": np.nan} if dtype.startswith("f") and name != "time" else {}
+            var = nc.createVariable(name, dtype, ("time",), zlib=True, **fill)
+            var.setncatts(attrs)
+            var[:] = result[key]
+    tmp.replace(path)
+
+
+def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
+    hours = (result["t"] - result["t"][0]) / 3600.0
+    along = Figure(figsize=(11, 3.6))
+    ax = along.subplots()
+    ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
+    has = np.isfinite(result["label"])
+    ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
+    ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    along.tight_layout()
+    track = Figure(figsize=(6, 5))
+    ax = track.subplots()
+    sc = ax.scatter(result["lon"], result["lat"], c=result["cbh_km"], s=4, cmap="viridis")
+    track.colorbar(sc, ax=ax, label="predicted cloud base height (km)")
+    ax.set(xlabel="longitude (deg)", ylabel="latitude (deg)", title=f"Flight {flight}: track")
+    track.tight_layout()
+    return along, track
+
+
+def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_dir: str | Path | None = None,
+                    data_dir: str | None = None) -> list[Path]:
+    """Predict whole flights with a run's best model; returns the NetCDF files written.
+    `flights`: names from the run's config or found in data.dir (default: its validation flights)."""
+    run_dir = Path(run_dir)
+    best = run_dir / "best.pt"
+    if not best.is_file():
+        raise CloudMLError(f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})")
+    ckpt = load_checkpoint(best)
+    cfg = config_from_dict(ckpt["config"])
+    if data_dir:
+        cfg.data.dir = data_dir
+    known = {f.name: f for f in cfg.data.flights}
+    data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
+    for f in find_flights(DataConfig(**{**vars(cfg.data), "angles_source": "cpl"})):
+        if f.name not in known and "ir" in f.files:
+            known[f.name] = f.config()
+    names = flights or list(cfg.data.validation_flights)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise CloudMLError(f"--flights: {', '.join(unknown)} not found (known: {', '.join(known)})")
+    model = build_model(cfg)
+    model.load_state_dict(ckpt["model"])
+    device = choose_device(cfg.train.device)
+    model.to(device).eval()
+    dtype = choose_precision(device).dtype
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
+    out = Path(out_dir) if out_dir else run_dir / "predictions"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        result = predict_flight(model, known[name], data, Scalers.from_dict(ckpt["scalers"]), device,
+                                2 * int(cfg.train.batch_size), autocast)
+        nc = out / f"{name}_cbh.nc"
+        write_netcdf(nc, name, result, run_dir)
+        with open(out / f"{name}_cbh.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["time_utc_s", "frame_index", "lat", "lon", "cbh_km", "cpl_cbh_km"])
+            for row in zip(result["t"], result["frame_index"], result["lat"], result["lon"], result["cbh_km"],
+                           result["label"]):
+                w.writerow([f"{row[0]:.2f}", row[1]] + [f"{v:.4f}" if np.isfinite(v) else "" for v in row[2:]])
+        along, track = flight_figures(name, result)
+        plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
+        plots.save_figure(track, out / f"{name}_track.png")
+        log.info("flight %s: %d frames predicted -> %s (CSV and plots beside it)", name, len(result["t"]), nc)
+        written.append(nc)
+    return written

@@ -1,0 +1,73 @@
+"""Whole-flight prediction: the NetCDF file's variables, units and lengths, a flight without its CPL
+file, and streaming in blocks (bounded reads, the same numbers as one pass over the flight)."""
+import shutil
+
+import netCDF4
+import numpy as np
+import pytest
+
+from cloudml_lib import predict as pr
+from cloudml_lib.train import Trainer
+
+
+@pytest.fixture(scope="module")
+def run(tiny_flights, tmp_path_factory):
+    from conftest import tiny_raw
+    from cloudml_lib.config import build_config
+    root, entries = tiny_flights
+    tmp = tmp_path_factory.mktemp("predict")
+    data = tmp / "flights"
+    shutil.copytree(root, data)
+    raw = tiny_raw(data, entries, tmp / "cache")
+    raw["train"]["epochs"] = 1
+    Trainer(build_config(raw), tmp / "run").setup().fit()
+    return tmp / "run", data, entries
+
+
+def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
+    run_dir, _, entries = run
+    held = entries[2]["name"]
+    (path,) = pr.predict_flights(run_dir)                          # default: the validation flight
+    assert path == run_dir / "predictions" / f"{held}_cbh.nc"
+    with netCDF4.Dataset(path) as nc:
+        assert nc.Conventions == "CF-1.8" and set(nc.variables) == {
+            "time", "lat", "lon", "cloud_base_height", "cpl_cloud_base_height", "frame_index"}
+        n = len(nc.dimensions["time"])
+        assert n == 240 - 1                                        # every frame but one stray time value
+        assert nc["time"].units == "seconds since 1970-01-01 00:00:00" and nc["lat"].units == "degrees_north"
+        assert nc["cloud_base_height"].units == "km" and np.isfinite(nc["cloud_base_height"][:]).all()
+        t = nc["time"][:]
+        assert np.all(np.diff(t) > 0) and 1.7e9 < t[0] < 1.8e9
+        labels = np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)
+        assert 10 < np.isfinite(labels).sum() < n                 # the lidar label where one exists
+    for name in (f"{held}_cbh.csv", f"{held}_cbh_along_flight.png", f"{held}_track.png"):
+        assert (run_dir / "predictions" / name).is_file()
+    assert len((run_dir / "predictions" / f"{held}_cbh.csv").read_text().splitlines()) == n + 1
+
+
+def test_a_flight_with_only_ir_and_nav_files_is_predicted(run, tmp_path):
+    run_dir, data, entries = run
+    only = tmp_path / "data"
+    shutil.copytree(data, only)
+    (only / entries[0]["cpl_file"]).unlink()
+    (path,) = pr.predict_flights(run_dir, [entries[0]["name"]], out_dir=tmp_path / "out", data_dir=str(only))
+    with netCDF4.Dataset(path) as nc:
+        assert len(nc.dimensions["time"]) > 200
+        assert np.isnan(np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)).all()
+    with pytest.raises(Exception, match="--flights: 12Feb25 not found"):
+        pr.predict_flights(run_dir, ["12Feb25"], out_dir=tmp_path / "out")
+
+
+def test_streaming_in_blocks_reads_little_and_changes_nothing(run, tmp_path, monkeypatch):
+    run_dir, _, entries = run
+    held = entries[2]["name"]
+    (whole,) = pr.predict_flights(run_dir, out_dir=tmp_path / "whole")
+    reads = []
+    real_preprocess = pr.preprocess_frame
+    monkeypatch.setattr(pr, "BLOCK", 16)
+    monkeypatch.setattr(pr, "preprocess_frame", lambda x, d: (reads.append(1), real_preprocess(x, d))[1])
+    (blocks,) = pr.predict_flights(run_dir, out_dir=tmp_path / "blocks")
+    with netCDF4.Dataset(whole) as a, netCDF4.Dataset(blocks) as b:
+        np.testing.assert_allclose(a["cloud_base_height"][:], b["cloud_base_height"][:], rtol=1e-5, atol=1e-6)
+    assert len(reads) <= 240 + (240 // 16 + 1) * 2                 # each frame once, plus the window overlaps
+    assert held
