@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("train", "crossval") and threading_main():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status, "diagnose": _diagnose,
+    handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status,
+                "diagnose": _diagnose,
                 "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)

@@ -131,10 +131,10 @@ def format_markdown(result: dict) -> str:
             [num(get(m), "r2") for m in METHODS] + [num(get(m), "mae_km") for m in METHODS]
             + [num(f["model"], "std_ratio")]) + " |")
     s = result["summary"]
-    lines += ["", "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |", "|---|---|---|---|---|---|"]
+    keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
+    lines += ["", "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |", "|" + "---|" * 6]
     for method, m in s.items():
-        lines.append(f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}"
-                                                     for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")) + " |")
+        lines.append(f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}" for k in keys) + " |")
     lines += ["", *[f"- {v}" for v in result["verdicts"]]]
     if result["warnings"]:
         lines += ["", "Warnings:", *[f"- {w}" for w in result["warnings"]]]

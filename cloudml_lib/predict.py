@@ -43,10 +43,10 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
     """Frame times, angles, position and CPL labels per frame (NaN where unknown); IR required only."""
     root = Path(data.dir)
     ir = root / flight.ir_file
-    frame_t, n_frames, _, _ = er2._read_ir(ir, flight, data)
+    frame_t, n_frames, _, _ = er2.read_ir_times(ir, flight, data)
     out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "lat", "lon", "label")}}
     if flight.nav_file and (root / flight.nav_file).is_file():
-        nav, _ = er2._read_nav(flight, data, root / flight.nav_file, frame_t)
+        nav, _ = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
         out.update({k: nav[k] for k in ("sza", "saa", "lat", "lon")})
     else:
         log.warning("flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name)

@@ -303,7 +303,7 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
 
 # ------------------------------------------------------------------------------------ IR and nav
 
-def _read_ir(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[np.ndarray, int, int, int]:
+def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[np.ndarray, int, int, int]:
     """Epoch time per frame (NaN where unusable) and the raw frame shape."""
     k, name = data.keys, flight.name
     with open_h5(path, name) as f:
@@ -331,7 +331,7 @@ def _read_ir(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[np.nda
     return frame_t, n_frames, rows, cols
 
 
-def _read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray) -> tuple[dict, int]:
+def read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray) -> tuple[dict, np.ndarray]:
     """Sun angles and position per IR frame: matched by time when the nav file has a time axis,
     else nav row i is frame i. Returns (arrays of length n_frames; mask of the frames the file covers).
     Matched by time, a frame without a nav record keeps NaN angles (filled later, and counted)."""
@@ -368,7 +368,7 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     """Read, filter and match one flight's labels; frames stay on disk."""
     check_files(flight, data)
     paths = flight_paths(flight, data)
-    frame_t, n_frames, rows, cols = _read_ir(paths["ir"], flight, data)
+    frame_t, n_frames, rows, cols = read_ir_times(paths["ir"], flight, data)
     cpl = _read_cpl(paths["cpl"], flight, data)
     keep, counts = filter_profiles(cpl["t"], cpl["height"], cpl["multi"], cpl["surface"], cpl["dem"], data)
     frames, matched = match_to_frames(cpl["t"], frame_t, data.match_tolerance_s)
@@ -378,7 +378,7 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     counts["duplicate_frame"] = int((keep & ~single).sum())
     keep = single
     if data.angles_source == "nav":
-        nav, covered = _read_nav(flight, data, paths["nav"], frame_t)
+        nav, covered = read_nav(flight, data, paths["nav"], frame_t)
         beyond = keep & ~covered[frames]
         counts["beyond_nav"] = int(beyond.sum())
         keep &= ~beyond

@@ -170,8 +170,8 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (), check_na
         log.info("found %d flights in %s: %s", len(complete), data.dir, ", ".join(f.name for f in complete))
     else:
         data.flights = [fl for fl in data.flights if fl.name in {f.name for f in complete}]
-    problems = check_flight_names(data, [f.name for f in data.flights],
-                                  "data.flights" if explicit else f"the flights found in {data.dir}") if check_names else []
+    where = "data.flights" if explicit else f"the flights found in {data.dir}"
+    problems = check_flight_names(data, [f.name for f in data.flights], where) if check_names else []
     if problems:
         raise ConfigError("the flights do not fit the config:\n  - " + "\n  - ".join(problems))
     return incomplete

@@ -227,7 +227,8 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
 
 
 def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, frames_per_flight: int = DEMO_FRAMES,
-                      frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE, dates: list[dt.date] | None = None) -> list[dict]:
+                      frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE,
+                      dates: list[dt.date] | None = None) -> list[dict]:
     """Write `n_flights` demo flights into `out_dir` (on `dates`, default from 1 March 2025 every
     other day); returns their `data.flights` entries."""
     if n_flights < 2:
