@@ -128,6 +128,10 @@ class TrainConfig:
     grad_clip_norm: float = _f(1.0, "gradient norm clip; 0 disables", range=(0.0, 1e6))
     huber_delta: float = _f(1.0, "Huber loss delta on the standardised target", range=(1e-6, 100.0))
     hard_example_weight: float = _f(0.0, "extra loss weight on hard examples (0: off)", range=(0.0, 10.0))
+    pretrain_flight: str = _f("", "two-phase protocol: first train on this flight alone (RUN_DIR/pretrain), then "
+                              "fine-tune on all training flights with it weighted by data.overweight_factor; "
+                              "empty: one phase")
+    pretrain_epochs: int = _f(10, "epochs of the pre-training phase (train.pretrain_flight)", range=(1, 10000))
     early_stopping_patience: int = _f(10, "epochs without a better validation loss before stopping; 0: never",
                                       range=(0, 10000))
     quick_val_fraction: float = _f(0.1, "fixed share of validation samples scored every epoch", range=(0.001, 1.0))
@@ -264,6 +268,20 @@ def check_flight_names(d: DataConfig, names: list[str], where: str = "data.fligh
     if d.overweight_flight and d.overweight_flight in d.validation_flights:
         problems.append(f"data.overweight_flight: {d.overweight_flight!r} is a validation flight")
     return problems
+
+
+def check_pretrain_flight(cfg: "Config", names: list[str]) -> list[str]:
+    p = cfg.train.pretrain_flight
+    if not p:
+        return []
+    if p not in names:
+        return [f"train.pretrain_flight: {p!r} is not one of the flights ({', '.join(names)})"]
+    if p in cfg.data.validation_flights:
+        return [f"train.pretrain_flight: {p!r} is a validation flight; pre-train on a training flight"]
+    if cfg.data.overweight_flight and cfg.data.overweight_flight != p:
+        return [f"train.pretrain_flight: {p!r} and data.overweight_flight {cfg.data.overweight_flight!r} differ; "
+                "in the two-phase protocol the pre-training flight is the over-weighted one"]
+    return []
 
 
 def _check_cross_field(cfg: Config, problems: list[str]) -> None:

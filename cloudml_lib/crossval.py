@@ -39,6 +39,8 @@ def fold_config(cfg: Config, held: str, scalars_only: bool = False) -> Config:
     fold.data.validation_flights = [held]
     if fold.data.overweight_flight == held:
         fold.data.overweight_flight = ""          # it is held out in this fold; weighted in the others
+    if fold.train.pretrain_flight == held:
+        fold.train.pretrain_flight = ""           # held out: this fold trains in one phase
     fold.model.scalars_only = scalars_only
     return fold
 

@@ -34,7 +34,7 @@ from cloudml_lib import plots
 from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, clean_leftovers,
                                     cpu_state_dict, fault_point, load_checkpoint, read_meta, restore_rng, save_atomic,
                                     to_cpu)
-from cloudml_lib.config import Config, save_config
+from cloudml_lib.config import Config, check_pretrain_flight, config_from_dict, save_config
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.errors import CloudMLError, ConfigError
@@ -92,8 +92,9 @@ def _ago(seconds: float) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto"):
-        self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto", init_from: Path | None = None):
+        """`init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume."""
+        self.cfg, self.run_dir, self.resume, self.init_from = cfg, Path(run_dir), resume, init_from
         # Everything about the loop's progress lives in this one dict (saved in every checkpoint).
         self.state = {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
                       "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
@@ -134,6 +135,9 @@ class Trainer:
                 self._restore(found)
             else:
                 truncate_metrics(self.run_dir, 0)
+                if self.init_from is not None:
+                    self.model.load_state_dict(load_checkpoint(self.init_from)["model"])   # in place
+                    log.info("Starting from the weights of %s", self.init_from)
             self._write_run_info(found)
         except BaseException:
             self.close()
@@ -573,4 +577,31 @@ class Trainer:
 
 
 def train(cfg: Config, run_dir: str | Path, resume: str = "auto") -> dict:
-    return Trainer(cfg, run_dir, resume).setup().fit()
+    """One run; with train.pretrain_flight, the two-phase protocol (each phase resumable)."""
+    if not cfg.train.pretrain_flight:
+        return Trainer(cfg, run_dir, resume).setup().fit()
+    return train_two_phase(cfg, Path(run_dir), resume)
+
+
+def train_two_phase(cfg: Config, run_dir: Path, resume: str) -> dict:
+    """Phase 1 trains on train.pretrain_flight alone (RUN_DIR/pretrain, train.pretrain_epochs); phase 2
+    fine-tunes from its best weights on all training flights, the pre-training flight weighted by
+    data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
+    An interrupted phase resumes; a finished phase 1 is not trained again."""
+    prepare_flights(cfg.data)
+    names = [f.name for f in cfg.data.flights]
+    problems = check_pretrain_flight(cfg, names)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    keep = {cfg.train.pretrain_flight, *cfg.data.validation_flights}
+    phase1 = config_from_dict(cfg.to_dict())
+    phase1.data.flights = [f for f in phase1.data.flights if f.name in keep]
+    phase1.data.overweight_flight, phase1.train.pretrain_flight = "", ""
+    phase1.train.epochs = cfg.train.pretrain_epochs
+    log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
+    Trainer(phase1, run_dir / "pretrain", resume).setup().fit()
+    phase2 = config_from_dict(cfg.to_dict())
+    phase2.data.overweight_flight = cfg.train.pretrain_flight
+    log.info("Phase 2 of 2: fine-tuning on %s (%s weighted x%g)", ", ".join(n for n in names
+             if n not in cfg.data.validation_flights), cfg.train.pretrain_flight, cfg.data.overweight_factor)
+    return Trainer(phase2, run_dir, resume, init_from=run_dir / "pretrain" / "best.pt").setup().fit()

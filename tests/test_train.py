@@ -1,12 +1,15 @@
 import json
 import math
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from cloudml_lib import hardware
+from cloudml_lib.checkpoint import load_checkpoint
 from cloudml_lib.config import build_config
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.train import Trainer, lr_factor, weighted_huber
@@ -144,3 +147,38 @@ def test_asking_for_cuda_without_a_gpu_is_explained(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(CloudMLError, match="train.device: 'cuda' was asked for but no CUDA GPU"):
         hardware.choose_device("cuda")
+
+
+def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_raw_config, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+    raw = tiny_raw_config
+    first = raw["data"]["flights"][0]["name"]
+    raw["train"].update(pretrain_flight=first, pretrain_epochs=1, epochs=2)
+    raw["data"]["overweight_factor"] = 2.0
+    raw["checkpoint"] = {"every_steps": 2}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+
+    def run(run_dir, kill_at=None):
+        env = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
+        env.update({"CLOUDML_KILL_AT": kill_at} if kill_at else {})
+        return subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
+                               str(run_dir)], cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True)
+    ref = tmp_path / "ref"
+    r = run(ref)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"Phase 1 of 2: pre-training on {first}" in r.stdout and "Starting from the weights of" in r.stdout
+    pre = yaml.safe_load((ref / "pretrain" / "config.yaml").read_text())
+    assert [f["name"] for f in pre["data"]["flights"]] == [first, raw["data"]["validation_flights"][0]]
+    assert yaml.safe_load((ref / "config.yaml").read_text())["data"]["overweight_flight"] == first
+    killed = tmp_path / "killed"
+    assert run(killed, kill_at="step:7").returncode == -signal.SIGKILL       # phase 2 (phase 1 has 3 steps)
+    r = run(killed)
+    assert r.returncode == 0 and "Resumed from step" in r.stdout, r.stderr[-2000:]
+    a = load_checkpoint(ref / "best.pt")["model"]
+    b = load_checkpoint(killed / "best.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)                           # as if never interrupted
