@@ -254,8 +254,10 @@ class Picker:
                                        style=style)
         self.epochs = widgets.IntText(value=SMOKE_EPOCHS if smoke() else epochs, description="Epochs:", style=style)
         self.run_name = widgets.Text(value=self._default_name(default), description="Run name:", style=style)
+        self.crossval = widgets.Checkbox(value=False, description="Then leave-one-flight-out cross-validation "
+                                         "(one run per flight: hours on real data)", style=style)
         self.preset.observe(self._follow_preset, names="value")
-        display(widgets.VBox([self.preset, self.epochs, self.run_name]))
+        display(widgets.VBox([self.preset, self.epochs, self.run_name, self.crossval]))
         print(f"Default: {default}, because {self.reason}.\nRe-running with the same run name continues that run.")
         if smoke():
             print("Smoke test: the choices above are not used; a tiny demo run (2 epochs) trains instead.")
@@ -407,6 +409,53 @@ def train(ws: Workspace, picker: Picker) -> Path:
     return run_dir
 
 
+def crossval(ws: Workspace, picker: Picker) -> Path | None:
+    """With the picker's cross-validation box ticked: every flight held out once, with baselines
+    (the same `python -m cloudml_lib crossval` command, resumable: run the cell again after a
+    disconnect). Shows crossval.md. Returns the cross-validation folder, or None when not asked for."""
+    if not picker.crossval.value:
+        print("Cross-validation not asked for (tick the box in the preset picker, then run this cell).")
+        return None
+    cmd, run_dir, _ = _command(ws, picker)
+    cv_dir = run_dir.with_name(run_dir.name + "_crossval")
+    cmd[cmd.index("train")] = "crossval"
+    cmd[cmd.index("--run-dir") + 1] = str(cv_dir)
+    print(f"Cross-validation into {cv_dir} (run this cell again to continue after a disconnect)")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, TQDM_DISABLE="1"))
+    if proc.returncode != 0:
+        raise CloudMLError(f"cross-validation ended with exit status {proc.returncode}:\n"
+                           + "\n".join(proc.stdout.splitlines()[-8:]))
+    _show((cv_dir / "crossval.md").read_text())
+    return cv_dir
+
+
+def show_report(run_dir: Path) -> None:
+    """RUN_DIR/report.md: its text as Markdown, each linked plot as an image (a notebook does not
+    resolve the report's relative image paths itself)."""
+    import re
+
+    from IPython.display import Image, display
+    path = run_dir / "report.md"
+    if not path.is_file():
+        print(f"No report yet in {run_dir}: training has not finished.")
+        return
+    text = []
+    for line in path.read_text().splitlines() + [""]:
+        image = re.fullmatch(r"!\[[^\]]*\]\(([^)]+)\)", line.strip())
+        if image is None:
+            text.append(line)
+            continue
+        if "".join(text).strip():
+            _show("\n".join(text))
+        text = []
+        if (run_dir / image.group(1)).is_file():
+            display(Image(filename=str(run_dir / image.group(1))))
+    if "".join(text).strip():
+        _show("\n".join(text))
+    print(f"The same page for GitHub or a Markdown viewer: {path}")
+
+
 def simulate_disconnect(ws: Workspace, picker: Picker) -> None:
     """Smoke test only: start the run and kill it hard mid-epoch, as a Colab disconnect would."""
     if not smoke():
@@ -432,6 +481,7 @@ def check_smoke_run(run_dir: Path) -> None:
     report = json.loads((run_dir / "evaluation.json").read_text())
     assert report["overall"]["n"] > 100 and math.isfinite(report["overall"]["r2"]), report["overall"]
     assert load_checkpoint(run_dir / "best.pt")["model"]
+    assert "## Held-out flights" in (run_dir / "report.md").read_text(), "no report.md"
     print(f"Smoke test passed: trained {SMOKE_EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
           f"{SMOKE_DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}).")
 

@@ -25,6 +25,7 @@ from cloudml_lib.data.dataset import CloudDataset, prepare_data
 from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.evaluate import json_safe, regression_metrics
+from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "crossval.json").write_text(json.dumps(json_safe(result), indent=1))
     (run_dir / "crossval.md").write_text(format_markdown(result))
+    write_report(run_dir)
     log.info("Cross-validation:\n%s", format_markdown(result))
     for w in result["warnings"]:
         log.warning("%s", w)

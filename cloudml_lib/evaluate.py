@@ -140,6 +140,8 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]), int(ckpt["epoch"]))
     if write:
         write_evaluation(run_dir, dataset, pred_km, report)
+        from cloudml_lib.report import write_report
+        write_report(run_dir)
     return report
 
 

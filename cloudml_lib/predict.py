@@ -33,6 +33,7 @@ from cloudml_lib.data.flights import find_flights
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.hardware import choose_device, choose_precision
 from cloudml_lib.model import build_model
+from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -190,4 +191,6 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
         plots.save_figure(track, out / f"{name}_track.png")
         log.info("flight %s: %d frames predicted -> %s (CSV and plots beside it)", name, len(result["t"]), nc)
         written.append(nc)
+    if out == run_dir / "predictions":
+        write_report(run_dir)
     return written

@@ -45,6 +45,7 @@ from cloudml_lib.hardware import (choose_device, choose_precision, default_num_w
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, eager_after_compile_failure, halve_eval_batch,
                                   halve_micro_batch, measure_batch_size, release_memory, run_attempt, undo)
+from cloudml_lib.report import write_report
 from cloudml_lib.rundir import (RunLock, attach_run_log, check_data_fingerprint, check_resume_config, find_resume_point,
                                 truncate_metrics)
 
@@ -523,6 +524,7 @@ class Trainer:
                               **report["overall"], "baseline": report["baseline"], "per_flight": report["per_flight"]})
         if self.state["history"]:
             plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
+        write_report(self.run_dir)
         self.state["finished"] = True
         self.save_checkpoint("final", wait=True)
         if self.writer.failures_in_a_row:

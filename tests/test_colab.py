@@ -4,6 +4,7 @@ display calls are inspected, not rendered."""
 import json
 import signal
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -124,3 +125,39 @@ def test_the_smoke_test_says_the_picker_is_not_used(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     colab.Picker(colab.workspace())
     assert "Smoke test: the choices above are not used" in capsys.readouterr().out
+
+
+def test_the_report_is_shown_as_text_and_images(tmp_path, shown, monkeypatch):
+    from IPython.display import Image, Markdown
+    monkeypatch.setattr(colab, "_show", lambda text: shown.append(Markdown(text)))    # as in a notebook
+    run = tmp_path / "run"
+    (run / "plots").mkdir(parents=True)
+    plots.save_figure(plots.curves_figure([{"epoch": 1, "train_loss": 1, "val_loss": 1, "r2": 0.1, "lr": 1e-3}]),
+                      run / "plots" / "curves.png")
+    (run / "report.md").write_text("# Run\n\n| a | b |\n|---|---|\n\n## Training curves\n\n"
+                                   "![Training curves](plots/curves.png)\n\n## After\ntext\n")
+    colab.show_report(run)
+    kinds = [type(x).__name__ for x in shown]
+    assert kinds == ["Markdown", "Image", "Markdown"] and "| a | b |" in shown[0].data
+    assert isinstance(shown[1], Image) and isinstance(shown[2], Markdown)
+
+
+def test_crossval_from_the_notebook_runs_the_same_command_when_asked(tmp_path, monkeypatch, capsys):
+    import subprocess
+    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+    ws = colab.workspace()
+    picker = colab.Picker(ws)
+    assert colab.crossval(ws, picker) is None and "not asked for" in capsys.readouterr().out
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        out = Path(cmd[cmd.index("--run-dir") + 1])
+        out.mkdir(parents=True)
+        (out / "crossval.md").write_text("# table")
+        return subprocess.CompletedProcess(cmd, 0, "done", "")
+    monkeypatch.setattr(colab.subprocess, "run", fake_run)
+    picker.crossval.value = True
+    cv = colab.crossval(ws, picker)
+    assert calls[0][3] == "crossval" and cv == ws.runs / "demo_crossval"

@@ -71,3 +71,13 @@ def test_streaming_in_blocks_reads_little_and_changes_nothing(run, tmp_path, mon
         np.testing.assert_allclose(a["cloud_base_height"][:], b["cloud_base_height"][:], rtol=1e-5, atol=1e-6)
     assert len(reads) <= 240 + (240 // 16 + 1) * 2                 # each frame once, plus the window overlaps
     assert held
+
+
+def test_the_report_links_what_the_run_holds(run):
+    run_dir, _, entries = run
+    pr.predict_flights(run_dir)
+    report = (run_dir / "report.md").read_text()
+    assert "## Held-out flights" in report and "| baseline: training mean |" in report
+    assert f"### {entries[2]['name']}" in report
+    links = [line[line.index("(") + 1:-1] for line in report.splitlines() if line.startswith("![")]
+    assert len(links) == 4 and all((run_dir / link).is_file() for link in links)

@@ -1,0 +1,53 @@
+"""RUN_DIR/report.md: a run's results in one page, readable on GitHub and in the notebook.
+
+It is rewritten from the files the run already holds (evaluation.json, plots/, predictions/,
+crossval.md), so any command that adds results (train, evaluate, predict, crossval) refreshes it.
+Images are linked by paths relative to the run directory.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPORT = "report.md"
+
+
+def _metrics_table(report: dict) -> list[str]:
+    keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio", "n")
+    num = lambda v: "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")  # noqa: E731
+    rows = [("overall", report["overall"]), ("baseline: training mean", report["baseline"])]
+    rows += [(f"flight {k}", v) for k, v in report["per_flight"].items()]
+    lines = ["| | R2 | MAE km | RMSE km | bias km | std(pred)/std(true) | n |", "|" + "---|" * 7]
+    return lines + [f"| {name} | " + " | ".join(num(m.get(k)) for k in keys) + " |" for name, m in rows]
+
+
+def build_report_md(run_dir: Path) -> str:
+    run_dir = Path(run_dir)
+    out = [f"# CloudML run `{run_dir.name}`", ""]
+    evaluation = run_dir / "evaluation.json"
+    if evaluation.is_file():
+        report = json.loads(evaluation.read_text())
+        out += ["## Held-out flights", "", f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
+        out += _metrics_table(report) + [""]
+    for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
+        if (run_dir / name).is_file():
+            out += [f"## {title}", "", f"![{title}]({name})", ""]
+    flights = sorted((run_dir / "predictions").glob("*_cbh.nc"))
+    if flights:
+        out += ["## Whole flights", ""]
+        for nc in flights:
+            flight = nc.name[:-len("_cbh.nc")]
+            out += [f"### {flight}", "", f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`.", "",
+                    f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)", "",
+                    f"![Track of flight {flight}](predictions/{flight}_track.png)", ""]
+    crossval = run_dir / "crossval.md"
+    if crossval.is_file():
+        out += ["## Cross-validation", "", *crossval.read_text().splitlines()[1:], ""]
+    return "\n".join(out)
+
+
+def write_report(run_dir: str | Path) -> Path:
+    path = Path(run_dir) / REPORT
+    path.write_text(build_report_md(Path(run_dir)))
+    return path
+
