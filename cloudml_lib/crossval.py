@@ -124,15 +124,16 @@ def summarise(folds: dict) -> dict:
 
 def format_markdown(result: dict) -> str:
     lines = ["# Leave-one-flight-out cross-validation", "",
-             "Each flight held out once; metrics in km on the held-out flight.", "",
+             "Each flight held out once; metrics in km on the held-out flight (model: R2, MAE, RMSE, bias, "
+             "std(pred)/std(true), n; beside it the R2 and MAE of the baselines on the same fold).", "",
              "| held-out flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE mean | "
-             "MAE scalars only | MAE trees | std ratio model |", "|" + "---|" * 11]
+             "MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |", "|" + "---|" * 13]
     num = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.3f}"  # noqa: E731
     for name, f in result["folds"].items():
         get = f.get
         lines.append(f"| {name} | {f['model']['n']} | " + " | ".join(
             [num(get(m), "r2") for m in METHODS] + [num(get(m), "mae_km") for m in METHODS]
-            + [num(f["model"], "std_ratio")]) + " |")
+            + [num(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]) + " |")
     s = result["summary"]
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
     lines += ["", "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |", "|" + "---|" * 6]
