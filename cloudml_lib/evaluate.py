@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader, Subset
 
 from cloudml_lib import plots
 from cloudml_lib.checkpoint import load_checkpoint
-from cloudml_lib.config import config_from_dict
+from cloudml_lib.config import Config, config_from_dict
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.errors import CloudMLError
@@ -116,8 +117,18 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool = True) -> dict:
-    """Score a run's best model on its validation flights; writes predictions.csv and evaluation.json."""
+@dataclass
+class RunModel:
+    """A finished run's best model, ready to predict: on its device, in eval mode."""
+    model: torch.nn.Module
+    cfg: Config
+    ckpt: dict
+    device: torch.device
+    autocast: object           # a context-manager factory (mixed precision on a GPU)
+
+
+def load_run_model(run_dir: str | Path, data_dir: str | None = None) -> RunModel:
+    """best.pt of a run with the config it was trained with (data.dir replaced if the files moved)."""
     run_dir = Path(run_dir)
     best = run_dir / "best.pt"
     if not best.is_file():
@@ -126,15 +137,23 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     cfg = config_from_dict(ckpt["config"])
     if data_dir:
         cfg.data.dir = data_dir
-    held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
-    dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]))
     model = build_model(cfg)
     model.load_state_dict(ckpt["model"])
     device = choose_device(cfg.train.device)
-    model.to(device)
+    model.to(device).eval()
     dtype = choose_precision(device).dtype
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
-    pred, _ = predict(model, dataset, device, 2 * cfg.train.batch_size, autocast)
+    return RunModel(model, cfg, ckpt, device, autocast)
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool = True) -> dict:
+    """Score a run's best model on its validation flights; writes predictions.csv and evaluation.json."""
+    run_dir = Path(run_dir)
+    rm = load_run_model(run_dir, data_dir)
+    cfg, ckpt = rm.cfg, rm.ckpt
+    held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
+    dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]))
+    pred, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
     s = dataset.scalers
     pred_km = pred * s.cbh_std + s.cbh_mean
     report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]), int(ckpt["epoch"]))

@@ -24,15 +24,13 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from cloudml_lib import plots
-from cloudml_lib.checkpoint import load_checkpoint
-from cloudml_lib.config import DataConfig, FlightConfig, config_from_dict
+from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import er2
 from cloudml_lib.data.cache import preprocess_frame
 from cloudml_lib.data.dataset import Scalers
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.errors import CloudMLError, DataError
-from cloudml_lib.hardware import choose_device, choose_precision
-from cloudml_lib.model import build_model
+from cloudml_lib.evaluate import load_run_model
 from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
@@ -150,13 +148,8 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     """Predict whole flights with a run's best model; returns the NetCDF files written.
     `flights`: names from the run's config or found in data.dir (default: its validation flights)."""
     run_dir = Path(run_dir)
-    best = run_dir / "best.pt"
-    if not best.is_file():
-        raise CloudMLError(f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})")
-    ckpt = load_checkpoint(best)
-    cfg = config_from_dict(ckpt["config"])
-    if data_dir:
-        cfg.data.dir = data_dir
+    rm = load_run_model(run_dir, data_dir)
+    cfg, ckpt = rm.cfg, rm.ckpt
     known = {f.name: f for f in cfg.data.flights}
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
     for f in find_flights(DataConfig(**{**vars(cfg.data), "angles_source": "cpl"})):
@@ -166,18 +159,12 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     unknown = [n for n in names if n not in known]
     if unknown:
         raise CloudMLError(f"--flights: {', '.join(unknown)} not found (known: {', '.join(known)})")
-    model = build_model(cfg)
-    model.load_state_dict(ckpt["model"])
-    device = choose_device(cfg.train.device)
-    model.to(device).eval()
-    dtype = choose_precision(device).dtype
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
     out = Path(out_dir) if out_dir else run_dir / "predictions"
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in names:
-        result = predict_flight(model, known[name], data, Scalers.from_dict(ckpt["scalers"]), device,
-                                2 * int(cfg.train.batch_size), autocast)
+        result = predict_flight(rm.model, known[name], data, Scalers.from_dict(ckpt["scalers"]), rm.device,
+                                2 * int(cfg.train.batch_size), rm.autocast)
         nc = out / f"{name}_cbh.nc"
         write_netcdf(nc, name, result, run_dir)
         with open(out / f"{name}_cbh.csv", "w", newline="") as fh:
