@@ -116,6 +116,7 @@ class Trainer:
         skipped = prepare_flights(cfg.data)                 # data.flights resolved before comparing configs
         self.train_set, self.val_set = prepare_data(cfg, skipped)
         self._check_batch_size()
+        self.fingerprint = self.data_fingerprint()          # fixed for the run; stored in every checkpoint
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         self.lock.acquire()
@@ -125,7 +126,7 @@ class Trainer:
             found = find_resume_point(self.run_dir, self.resume)
             if found is not None:
                 check_resume_config(self.cfg, found.state["config"])
-                check_data_fingerprint(found.state.get("data_fingerprint"), self.data_fingerprint())
+                check_data_fingerprint(found.state.get("data_fingerprint"), self.fingerprint)
             save_config(cfg, self.run_dir / "config.yaml")
             log.info("Flights:\n%s", self.train_set.flight_table)
             seed_everything(t.seed)
@@ -245,7 +246,7 @@ class Trainer:
                 "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"],
                             "samples": self.sampler.samples_before(self.state["batch"])},
                 "rng": capture_rng(self.loader_rng), "config": self.cfg.to_dict(),
-                "scalers": self.val_set.scalers.to_dict(), "data_fingerprint": self.data_fingerprint(),
+                "scalers": self.val_set.scalers.to_dict(), "data_fingerprint": self.fingerprint,
                 "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
 
     def save_checkpoint(self, reason: str, wait: bool = False) -> float:
