@@ -81,3 +81,23 @@ def test_the_report_links_what_the_run_holds(run):
     assert f"### {entries[2]['name']}" in report
     links = [line[line.index("(") + 1:-1] for line in report.splitlines() if line.startswith("![")]
     assert len(links) == 4 and all((run_dir / link).is_file() for link in links)
+
+
+def test_host_memory_stays_flat_as_flights_get_longer(run, tmp_path, monkeypatch):
+    import tracemalloc
+
+    from cloudml_lib.data.synthetic import make_demo_flights
+    from conftest import TINY_SHAPE
+    run_dir, data, entries = run
+    monkeypatch.setattr(pr, "BLOCK", 16)
+    peaks = {}
+    for frames in (240, 960):
+        folder = tmp_path / f"f{frames}"
+        make_demo_flights(folder, n_flights=2, seed=1, frames_per_flight=frames, frame_shape=TINY_SHAPE)
+        tracemalloc.start()                           # NumPy reports its allocations to tracemalloc
+        pr.predict_flights(run_dir, [entries[0]["name"]], out_dir=tmp_path / f"o{frames}", data_dir=str(folder))
+        peaks[frames] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    whole_flight = 960 * 32 * 48 * 4                  # the long flight's preprocessed frames, as float32
+    assert peaks[960] < 1.5 * peaks[240], peaks       # 4x the frames, about the same peak
+    assert peaks[960] < whole_flight, peaks
