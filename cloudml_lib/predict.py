@@ -44,15 +44,17 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
     ir = root / flight.ir_file
     frame_t, n_frames, _, _ = er2.read_ir_times(ir, flight, data)
     out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "lat", "lon", "label")}}
-    if flight.nav_file and (root / flight.nav_file).is_file():
+    has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
+    if has_nav:
         nav, _ = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
         out.update({k: nav[k] for k in ("sza", "saa", "lat", "lon")})
     else:
         log.warning("flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name)
     if flight.cpl_file and (root / flight.cpl_file).is_file():
         try:
-            nav_data = DataConfig(**{**vars(data), "angles_source": "cpl"}) if not flight.nav_file else data
-            labels = er2.read_flight_labels(flight, nav_data)
+            # without a nav file the labels are read with the CPL file's own angles (the nav is not needed)
+            labels = er2.read_flight_labels(flight, data if has_nav else DataConfig(**{**vars(data),
+                                                                                        "angles_source": "cpl"}))
             out["label"][labels.frame_index] = labels.cbh_km
         except DataError as e:
             log.warning("flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1])

@@ -101,3 +101,15 @@ def test_host_memory_stays_flat_as_flights_get_longer(run, tmp_path, monkeypatch
     whole_flight = 960 * 32 * 48 * 4                  # the long flight's preprocessed frames, as float32
     assert peaks[960] < 1.5 * peaks[240], peaks       # 4x the frames, about the same peak
     assert peaks[960] < whole_flight, peaks
+
+
+def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(run, tmp_path):
+    run_dir, data, entries = run
+    no_nav = tmp_path / "data"
+    shutil.copytree(data, no_nav)
+    (no_nav / entries[0]["nav_file"]).unlink()
+    (path,) = pr.predict_flights(run_dir, [entries[0]["name"]], out_dir=tmp_path / "out", data_dir=str(no_nav))
+    with netCDF4.Dataset(path) as nc:
+        assert np.isfinite(np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)).sum() > 10
+        assert np.isnan(np.ma.filled(nc["lat"][:], np.nan)).all()             # no position without nav
+        assert np.isfinite(nc["cloud_base_height"][:]).all()                   # angles: the training mean
