@@ -58,13 +58,27 @@ def schedule(optimizer, cfg, steps_per_epoch):
         lr_factor, warmup_steps=t.warmup_steps, total_steps=steps_per_epoch * t.epochs, min_ratio=t.min_lr_ratio))
 
 
+def bare_step(model, optimizer, scheduler, batch: dict, t) -> None:
+    """One optimizer step of the hand-written loop (the reference for both measurements)."""
+    import torch
+
+    from cloudml_lib.train import weighted_huber
+    loss = weighted_huber(model(batch["frames"], batch["scalars"]), batch["target"], batch["weight"],
+                          t.huber_delta, t.hard_example_weight)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+
+
 def run_bare(cfg) -> float:
     import torch
     from torch.utils.data import DataLoader
 
     from cloudml_lib.data.dataset import EpochBatchSampler
     from cloudml_lib.model import build_model
-    from cloudml_lib.train import seed_everything, weighted_huber
+    from cloudml_lib.train import seed_everything
     t = cfg.train
     seed_everything(t.seed)
     train_set, _ = data(cfg)
@@ -77,13 +91,7 @@ def run_bare(cfg) -> float:
     for epoch in range(t.epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
-            loss = weighted_huber(model(batch["frames"], batch["scalars"]), batch["target"], batch["weight"],
-                                  t.huber_delta, t.hard_example_weight)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
+            bare_step(model, optimizer, scheduler, batch, t)
     return time.perf_counter() - t0
 
 
@@ -156,9 +164,7 @@ def per_step_overhead(run_dir: Path, pairs: int = 5) -> dict:
     Trainer.train_epoch over the same batches and the same model. Overhead = difference of the
     medians / steps. Includes everything train_epoch adds: recovery snapshots, accumulators, one
     sync per step, metrics records, the progress bar, the checkpoint cadence."""
-    import torch
-
-    from cloudml_lib.train import Trainer, weighted_huber
+    from cloudml_lib.train import Trainer
     cfg = config()
     t = cfg.train
     trainer = Trainer(cfg, run_dir).setup()
@@ -170,13 +176,7 @@ def per_step_overhead(run_dir: Path, pairs: int = 5) -> dict:
 
         def bare_epoch():
             for batch in batches:
-                loss = weighted_huber(model(batch["frames"], batch["scalars"]), batch["target"], batch["weight"],
-                                      t.huber_delta, t.hard_example_weight)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                sched.step()
+                bare_step(model, opt, sched, batch, t)
 
         def cloudml_epoch():
             trainer.state["batch"] = 0
