@@ -244,9 +244,12 @@ def _build(cls, raw, prefix: str, problems: list[str]):
     return cls(**kwargs)
 
 
-def check_flight_names(d: DataConfig, names: list[str], where: str = "data.flights") -> list[str]:
+def check_flight_names(d: DataConfig, names: list[str], where: str = "data.flights",
+                       require_validation: bool = True) -> list[str]:
     """The rules on flight names: validation and overweighted flights exist, one flight stays for training.
-    Run on the config's flights, and again on the flights found in data.dir."""
+    Run on the config's flights, and again on the flights a run resolves. `require_validation=False`
+    (a config file on its own: cross-validation names each fold's validation flight itself) leaves
+    "name at least one validation flight" to the run."""
     problems = []
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -257,10 +260,10 @@ def check_flight_names(d: DataConfig, names: list[str], where: str = "data.fligh
     if unknown:
         problems.append(f"data.validation_flights: {', '.join(unknown)} not in {where} "
                         f"(known: {', '.join(names) or 'none'})")
-    if not d.validation_flights:
+    if not d.validation_flights and require_validation:
         problems.append("data.validation_flights: name at least one flight to hold out; random splits "
                         "inside a flight leak through time autocorrelation")
-    elif len(set(d.validation_flights) & set(names)) >= len(set(names)):
+    elif d.validation_flights and len(set(d.validation_flights) & set(names)) >= len(set(names)):
         problems.append("data.validation_flights: every flight is held out; leave at least one for training")
     if d.overweight_flight and d.overweight_flight not in names:
         problems.append(f"data.overweight_flight: {d.overweight_flight!r} not in {where} "
@@ -298,7 +301,7 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
         flights.append(flight)
     d.flights = flights
     if flights:
-        problems += check_flight_names(d, [f.name for f in flights])
+        problems += check_flight_names(d, [f.name for f in flights], require_validation=False)
     elif not all(isinstance(v, str) for v in d.validation_flights):
         problems.append(f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}")
     if d.temporal_frames % 2 == 0:

@@ -89,9 +89,11 @@ def test_flight_lists_are_checked(tiny_raw_config):
 
 
 def test_a_random_split_is_never_the_default(tiny_raw_config):
+    from cloudml_lib.data.flights import resolve_flights
     tiny_raw_config["data"]["validation_flights"] = []
+    cfg = build_config(tiny_raw_config)                 # a config alone may leave it to cross-validation
     with pytest.raises(ConfigError, match="name at least one flight to hold out"):
-        build_config(tiny_raw_config)
+        resolve_flights(cfg.data)                        # a run refuses before any work
 
 
 def test_missing_config_file_and_bad_yaml(tmp_path):

@@ -94,3 +94,16 @@ def test_the_warnings_say_what_went_wrong():
     assert any("75% of its heights lie outside the training flights' range 0.30..0.90 km" in w for w in warnings)
     assert fold_warnings("x", {"model": m(0.1, 0.9), "mean": m(0.3, 0.0)}, np.array([0.2, 1.0]),
                          np.array([0.5, 0.6])) == []
+
+
+def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
+    cfg, _, names = reference
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"]["validation_flights"] = []
+    raw["train"]["epochs"] = 1
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump(raw))
+    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "crossval", "--config", str(plain), "--run-dir",
+                        str(tmp_path / "cv"), "--no-controls"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(json.loads((tmp_path / "cv" / "crossval.json").read_text())["folds"]) == names
