@@ -133,7 +133,7 @@ def test_resuming_onto_changed_data_is_refused(tiny_flights, tmp_path):
     cfg.write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
     assert run_cli("train", "--config", str(cfg), "--run-dir", str(run),
-                   env={"CLOUDML_KILL_AT": "step:5"}).returncode == -signal.SIGKILL
+                   env={"CLOUDML_KILL_AT": "step:7"}).returncode == -signal.SIGKILL
     import h5py
     with h5py.File(data / entries[0]["cpl_file"], "a") as f:    # a reprocessed CPL file: some labels move
         dem = f["layer_descriptor/DEM_Surface_Altitude"]
@@ -149,7 +149,7 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_start(cfg_file, t
     tmp.mkdir()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"CLOUDML_KILL_AT": "step:5",
+    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"CLOUDML_KILL_AT": "step:7",
                                                                                  "TMPDIR": str(tmp)})
     assert r.returncode == -signal.SIGKILL
     assert list(tmp.glob("cloudml-ckpt-*")), "the kill should leave a staging folder"
