@@ -145,10 +145,10 @@ def fault_point(name: str) -> None:
 
     Points: "setup" (the trainer's set-up begins), "step" (after each optimizer step), "commit-copied"
     (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet).
-    Unset, this does nothing.
+    Unset, this does nothing. Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r.
     """
     spec = os.environ.get("CLOUDML_KILL_AT")
-    if not spec:
+    if not spec or os.environ.get("CLOUDML_KILL_RANK", os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
         return
     point, n, sig = (spec.split(":") + ["", ""])[:3]
     if point != name:

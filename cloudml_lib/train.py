@@ -31,12 +31,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from cloudml_lib import plots
-from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, clean_leftovers,
-                                    cpu_state_dict, fault_point, load_checkpoint, read_meta, restore_rng, save_atomic,
-                                    to_cpu)
+from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, check_folder,
+                                    clean_leftovers, cpu_state_dict, fault_point, load_checkpoint, read_meta,
+                                    restore_rng, save_atomic, to_cpu)
 from cloudml_lib.config import Config, check_pretrain_flight, config_from_dict, save_config
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.distributed import (SINGLE, Dist, apply_ddp, apply_global_batchnorm, explain_peer_failure,
+                                     init_distributed)
 from cloudml_lib.errors import CloudMLError, ConfigError
 from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
                                   write_evaluation)
@@ -93,9 +95,12 @@ def _ago(seconds: float) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto", init_from: Path | None = None):
-        """`init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume."""
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto", init_from: Path | None = None,
+                 dist: Dist = SINGLE):
+        """`init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
+        `dist`: this process's place in a torchrun job; only rank 0 writes files."""
         self.cfg, self.run_dir, self.resume, self.init_from = cfg, Path(run_dir), resume, init_from
+        self.dist = dist
         # Everything about the loop's progress lives in this one dict (saved in every checkpoint).
         self.state = {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
                       "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
@@ -112,27 +117,18 @@ class Trainer:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise CloudMLError(f"--run-dir {self.run_dir} is a file, not a folder; choose a folder for the run")
         fault_point("setup")
-        # The data first: a data or config error must not leave a run folder behind.
-        skipped = prepare_flights(cfg.data)                 # data.flights resolved before comparing configs
-        self.train_set, self.val_set = prepare_data(cfg, skipped)
+        # The data first: a data or config error must not leave a run folder behind. data.flights is
+        # resolved before configs are compared. Rank 0 builds any missing cache; the others then read it.
+        self.train_set, self.val_set = self.dist.main_first(lambda: prepare_data(cfg, prepare_flights(cfg.data)))
         self._check_batch_size()
         self.fingerprint = self.data_fingerprint()          # fixed for the run; stored in every checkpoint
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.lock = RunLock(self.run_dir)
-        self.lock.acquire()
         try:
-            attach_run_log(self.run_dir)
-            clean_leftovers(self.run_dir)
-            found = find_resume_point(self.run_dir, self.resume)
-            if found is not None:
-                check_resume_config(self.cfg, found.state["config"])
-                check_data_fingerprint(found.state.get("data_fingerprint"), self.fingerprint)
-            save_config(cfg, self.run_dir / "config.yaml")
-            log.info("Flights:\n%s", self.train_set.flight_table)
+            found = self._claim_run_dir()
             seed_everything(t.seed)
             self.quick_val = quick_subset(len(self.val_set), t.quick_val_fraction)
             self._build_model_and_optimizer()
-            self.writer = CheckpointWriter(self.run_dir, cfg.checkpoint.keep_last)
+            if self.dist.is_main:
+                self.writer = CheckpointWriter(self.run_dir, cfg.checkpoint.keep_last)
             if found is not None:
                 self._restore(found)
             else:
@@ -147,8 +143,40 @@ class Trainer:
         self._last_save = time.monotonic()
         return self
 
+    def _claim_run_dir(self) -> Found | None:
+        """Rank 0 locks the run folder, cleans leftovers and picks the checkpoint to resume from; every
+        other rank then loads that same committed checkpoint (its checksums verified again)."""
+        def claim():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = RunLock(self.run_dir)
+            self.lock.acquire()
+            attach_run_log(self.run_dir)
+            clean_leftovers(self.run_dir)
+            found = find_resume_point(self.run_dir, self.resume)
+            if found is not None:
+                check_resume_config(self.cfg, found.state["config"])
+                check_data_fingerprint(found.state.get("data_fingerprint"), self.fingerprint)
+            save_config(self.cfg, self.run_dir / "config.yaml")
+            log.info("Flights:\n%s", self.train_set.flight_table)
+            return found
+
+        found = self.dist.main_first(claim if self.dist.is_main else lambda: None)   # rank 0's error stops all
+        if not self.dist.active:
+            return found
+        folder = self.dist.from_main(None if found is None else str(found.folder))
+        if self.dist.is_main or folder is None:
+            return found
+        reason, state, meta = check_folder(Path(folder))
+        if reason is not None:
+            raise CloudMLError(f"rank {self.dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
+                               f"{reason}. Every process must see the same run folder (a shared disk).")
+        return Found(Path(folder), state, [], meta)
+
     def _check_batch_size(self) -> None:
         t, n = self.cfg.train, len(self.train_set)
+        if t.batch_size != "auto" and t.batch_size < self.dist.world:
+            raise ConfigError(f"train.batch_size {t.batch_size} is the global batch, shared by the {self.dist.world} "
+                              f"processes: it must be at least {self.dist.world}")
         if t.batch_size != "auto" and t.batch_size * t.grad_accum_steps > n:
             raise ConfigError(f"train.batch_size {t.batch_size} (x train.grad_accum_steps {t.grad_accum_steps}) is "
                               f"larger than the training set ({n} samples): every epoch would be a single step. "
@@ -171,19 +199,29 @@ class Trainer:
         self.model = build_model(cfg)
         self.model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
         self.device = choose_device(t.device)
+        if self.device.type == "cuda" and self.dist.active:
+            self.device = torch.device("cuda", self.dist.local_rank)
         self.model.to(self.device)
+        if self.dist.active:
+            self.model = apply_global_batchnorm(self.model, self.device)
         self.precision = choose_precision(self.device)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.precision.dtype)
                          if self.precision.dtype else nullcontext)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.use_grad_scaler)
-        self.forward = apply_compile(self.model, cfg, self.device)
-        if t.batch_size == "auto":
-            t.batch_size = measure_batch_size(self.model, self.autocast, self.device, cfg.data.temporal_frames,
-                                              self.train_set.caches[0].frame_shape)
+        self.ddp = (apply_ddp(self.model, self.dist, self.device, unused_parameters=cfg.model.scalars_only)
+                    if self.dist.active else self.model)
+        self.forward = apply_compile(self.ddp, cfg, self.device)
+        if t.batch_size == "auto":             # per process; the global batch is what every process can hold
+            per_process = measure_batch_size(self.model, self.autocast, self.device, cfg.data.temporal_frames,
+                                             self.train_set.caches[0].frame_shape)
+            t.batch_size = min(self.dist.gather(per_process)) * self.dist.world
         self.state["micro_batch_size"] = t.batch_size         # a resumed run restores its own below
         self.state["eval_batch_size"] = 2 * t.batch_size
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
-        self.sampler = EpochBatchSampler(len(self.train_set), t.batch_size, t.seed)
+        self.sampler = EpochBatchSampler(len(self.train_set), t.batch_size, t.seed, rank=self.dist.rank,
+                                         world=self.dist.world)
+        if self.dist.active:
+            torch.manual_seed(t.seed + self.dist.rank)      # each process its own dropout masks
         self.steps_per_epoch = math.ceil(self.sampler.batches_per_epoch() / t.grad_accum_steps)
         self.total_steps = self.steps_per_epoch * t.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -199,9 +237,11 @@ class Trainer:
         self.acc = {"epoch_loss": zero.clone(), "epoch_batches": zero.clone(), "window_loss": zero.clone(),
                     "window_batches": zero.clone(), "window_samples": 0}
         log.info("model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
-                 "batch %d, %d optimizer steps per epoch, %d loader workers", f"{count_parameters(self.model):,}",
+                 "batch %d%s, %d optimizer steps per epoch, %d loader workers", f"{count_parameters(self.model):,}",
                  cfg.channels, "on" if cfg.model.gradient_checkpointing else "off", describe_device(self.device),
-                 self.precision.name, t.batch_size, self.steps_per_epoch, self.num_workers)
+                 self.precision.name, t.batch_size,
+                 f" over {self.dist.world} processes (BatchNorm over the whole batch)" if self.dist.active else "",
+                 self.steps_per_epoch, self.num_workers)
 
     # ------------------------------------------------------------------------- resume logic
     def _restore(self, found: Found) -> None:
@@ -211,9 +251,16 @@ class Trainer:
         self.scheduler.load_state_dict(s["scheduler"])
         self.scaler.load_state_dict(s["scaler"])
         loop = dict(s["loop"])
-        self.acc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in loop.pop("acc").items()}
+        # The saved sums are over all processes: rank 0 carries them on, the others add from zero.
+        self.acc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) * self.dist.is_main
+                    for k, v in loop.pop("acc").items()}
         self.state.update(loop)
-        restore_rng(s["rng"], self.loader_rng)
+        per_rank = s.get("rng_ranks") or [s["rng"]]
+        if len(per_rank) != self.dist.world:
+            log.warning("This run was saved by %d process(es) and resumes with %d: the data order and batches are "
+                        "the same, the dropout random streams start anew (the result is not bit-identical to an "
+                        "uninterrupted run).", len(per_rank), self.dist.world)
+        restore_rng(per_rank[self.dist.rank % len(per_rank)], self.loader_rng)
         truncate_metrics(self.run_dir, s["metrics_bytes"])
         saved_epochs = s["config"]["train"]["epochs"]
         if self.state["finished"] and self.cfg.train.epochs > saved_epochs and not self.state["stopped_early"]:
@@ -228,7 +275,9 @@ class Trainer:
 
     def _write_run_info(self, found: Found | None) -> None:
         """run.json: the plan of this (re)start, for progress bars and monitors (rewritten at each start)."""
-        info = {"total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
+        if not self.dist.is_main:
+            return
+        info = {"processes": self.dist.world, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
                 "epochs": self.cfg.train.epochs,
                 "batch_size": self.cfg.train.batch_size, "device": describe_device(self.device),
                 "started_at": time.time(), "start_step": self.state["step"],
@@ -239,13 +288,18 @@ class Trainer:
     def snapshot(self) -> dict:
         """Everything a bit-exact resume needs, as CPU tensors and plain types."""
         # to_cpu copies every container too: the writer thread serialises this while the loop goes on.
-        loop = to_cpu(dict(self.state, acc=self.acc))
-        return {"format": FORMAT_VERSION, "model": cpu_state_dict(self.model),
+        acc = {k: self.dist.all_sum(v) if isinstance(v, torch.Tensor) else v for k, v in self.acc.items()}
+        acc["window_samples"] = int(self.dist.all_sum(torch.tensor(self.acc["window_samples"], device=self.device)))
+        rng_ranks = self.dist.gather(capture_rng(self.loader_rng))
+        if not self.dist.is_main:
+            return {}
+        loop = to_cpu(dict(self.state, acc=acc))
+        return {"rng_ranks": rng_ranks if self.dist.active else None, "processes": self.dist.world,"format": FORMAT_VERSION, "model": cpu_state_dict(self.model),
                 "optimizer": to_cpu(self.optimizer.state_dict()), "scheduler": to_cpu(self.scheduler.state_dict()),
                 "scaler": to_cpu(self.scaler.state_dict()), "loop": loop,
                 "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"],
                             "samples": self.sampler.samples_before(self.state["batch"])},
-                "rng": capture_rng(self.loader_rng), "config": self.cfg.to_dict(),
+                "rng": rng_ranks[0], "config": self.cfg.to_dict(),
                 "scalers": self.val_set.scalers.to_dict(), "data_fingerprint": self.fingerprint,
                 "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
 
@@ -253,6 +307,10 @@ class Trainer:
         """Snapshot now (a step boundary) and commit in the background; returns the caller's stall.
         After MAX_FAILED_SAVES failed saves in a row training stops: work that cannot be saved is at risk."""
         t0 = time.perf_counter()
+        state = self.snapshot()                           # every rank: the snapshot gathers from all of them
+        if not self.dist.is_main:
+            self._last_save = time.monotonic()
+            return 0.0
         if self.writer.failures_in_a_row >= MAX_FAILED_SAVES:
             self.writer.wait()
             raise CloudMLError(
@@ -268,7 +326,6 @@ class Trainer:
                 "finished": st["finished"], "reason": reason,
                 "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
                 "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-        state = self.snapshot()
         self.writer.submit(state, meta, wait=wait)
         stall = time.perf_counter() - t0
         self.checkpoint_stalls.append(stall)
@@ -288,21 +345,32 @@ class Trainer:
         keep_grads = bool(self.state["batch"] % self.cfg.train.grad_accum_steps)
         for _ in range(MAX_ATTEMPTS):
             before = capture_undo(self.model, self.device, keep_grads)
-            loss, failure = run_attempt(lambda: self._forward_backward(batch), self.forward is not self.model)
+            loss, failure = run_attempt(lambda: self._forward_backward(batch), self.forward is not self.ddp)
             if failure is None:
                 return loss
+            if self.dist.active:            # the other processes are inside this step's collectives
+                raise CloudMLError(
+                    f"process {self.dist.rank} of {self.dist.world} failed in training step {self.state['step']} "
+                    f"({failure}); with several processes this is not retried. "
+                    + ("Lower train.batch_size (the global batch), " if failure == "oom" else
+                       "Set train.torch_compile: false, ") + "then run the same command to resume.")
             undo(before, self.model, self.optimizer, self.device)
             if failure == "oom":
                 halve_micro_batch(self.state, len(batch["target"]), self.cfg.train.batch_size)
             else:
-                self.forward = eager_after_compile_failure(self.model, failure)
+                self.forward = eager_after_compile_failure(self.ddp, failure)
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
 
     def _forward_backward(self, batch: dict) -> torch.Tensor:
         """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
         t = self.cfg.train
         n, mb = len(batch["target"]), self.state["micro_batch_size"]
-        weight_total = batch["weight"].sum()
+        # The weighted mean is over the global batch: each process's gradients are its share of it,
+        # scaled by the process count because DDP averages them.
+        weight_total = self.dist.all_sum(batch["weight"].sum())
+        scale = self.dist.world / t.grad_accum_steps
+        last_of_step = (self.state["batch"] + 1) % t.grad_accum_steps == 0 or \
+            self.state["batch"] + 1 == self.sampler.batches_per_epoch()
         total = torch.zeros((), device=self.device)
         for lo in range(0, n, mb):
             part = slice(lo, min(n, lo + mb))
@@ -310,14 +378,19 @@ class Trainer:
             scalars = batch["scalars"][part].to(self.device, non_blocking=True)        # (b, 2)
             target = batch["target"][part].to(self.device, non_blocking=True)          # (b,)
             weight = batch["weight"][part].to(self.device, non_blocking=True)          # (b,)
-            with self.autocast():
-                pred = self.forward(frames, scalars)
-            # This part's share of the batch's weighted mean (exactly the mean when not split).
-            share = (weight.sum() / weight_total).to(self.device)
-            loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight) * share
-            self.scaler.scale(loss / t.grad_accum_steps).backward()
+            # Gradients are averaged across processes once per optimizer step, in its last backward.
+            with self._no_sync(not (last_of_step and lo + mb >= n)):
+                with self.autocast():
+                    pred = self.forward(frames, scalars)
+                # This part's share of the batch's weighted mean (exactly the mean when not split).
+                share = (weight.sum() / weight_total).to(self.device)
+                loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight) * share
+                self.scaler.scale(loss * scale).backward()
             total += loss.detach()
         return total
+
+    def _no_sync(self, skip: bool):
+        return self.ddp.no_sync() if skip and self.dist.active else nullcontext()
 
     def optimizer_step(self) -> None:
         self.scaler.unscale_(self.optimizer)
@@ -354,7 +427,7 @@ class Trainer:
         self.train_set.set_epoch(epoch)
         n_total = self.sampler.batches_per_epoch()
         bar = tqdm(self.loader, total=n_total, initial=st["batch"], desc=f"epoch {epoch + 1}/{t.epochs}",
-                   unit="batch", leave=False)
+                   unit="batch", leave=False, disable=not self.dist.is_main)
         self._window_t0 = time.time()
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         for batch in bar:
@@ -369,7 +442,8 @@ class Trainer:
             acc["window_samples"] += len(batch["target"])
             st["batch"] += 1
             if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
-                if bool(finite):                 # one sync per optimizer step, as a GradScaler has
+                # One sync per optimizer step, as a GradScaler has; all processes skip a step together.
+                if not self.dist.any_true(not bool(finite), device=self.device)[0]:
                     st["nonfinite_in_a_row"] = 0
                     self.optimizer_step()
                     if st["step"] % t.log_every_steps == 0:
@@ -379,23 +453,33 @@ class Trainer:
                     finite.fill_(True)
                 self._after_step()
         bar.close()
-        return float(acc["epoch_loss"]) / max(1.0, float(acc["epoch_batches"]))
+        return self._mean_loss(acc["epoch_loss"], acc["epoch_batches"])
+
+    def _mean_loss(self, loss_sum: torch.Tensor, batches: torch.Tensor) -> float:
+        """Mean batch loss: each process holds its parts of the global batches' losses."""
+        loss_sum, batches = self.dist.all_sum(torch.stack([loss_sum, batches.float()])).tolist()
+        return loss_sum / max(1.0, batches / self.dist.world)
 
     def _after_step(self) -> None:
         """Checkpoint cadence, test fault point, and a stop asked for by a signal."""
         c, st = self.cfg.checkpoint, self.state
         by_steps = st["step"] % c.every_steps == 0
-        by_time = time.monotonic() - self._last_save >= 60 * c.every_minutes
+        # Clocks and signals differ between processes: they agree on both (one small collective).
+        by_time, stop = self.dist.any_true(time.monotonic() - self._last_save >= 60 * c.every_minutes,
+                                           self._stop_signal is not None, device=self.device)
+        if stop and self._stop_signal is None:
+            self._stop_signal = signal.SIGTERM                  # another process was asked to stop
         # An epoch's last step is saved right after its validation instead (same step number).
         if (by_steps or by_time) and st["batch"] < self.sampler.batches_per_epoch():
             self.save_checkpoint("every_steps" if by_steps else "every_minutes")
         fault_point("step")
-        if self._stop_signal is not None:
+        if stop:
             self._stop_now()
 
     def _stop_now(self) -> None:
         name = signal.Signals(self._stop_signal).name
         self.save_checkpoint(name, wait=True)
+        self.dist.barrier()                                     # no process leaves before the save is committed
         log.warning("Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
                     name, self.state["step"], self.run_dir / "checkpoints")
         raise KeyboardInterrupt(f"stopped by {name}; progress saved")
@@ -403,9 +487,12 @@ class Trainer:
     def _log_step(self, epoch: int, bar) -> None:
         """A metrics.jsonl step record and the progress bar's postfix (one device sync per log interval)."""
         acc = self.acc
-        rate = acc["window_samples"] / max(1e-9, time.time() - self._window_t0)
+        loss_sum, batches, samples = self.dist.all_sum(torch.stack([
+            acc["window_loss"], acc["window_batches"].float(),
+            torch.tensor(float(acc["window_samples"]), device=self.device)])).tolist()
+        rate = samples / max(1e-9, time.time() - self._window_t0)
         record = {"kind": "step", "epoch": epoch + 1, "step": self.state["step"],
-                  "loss": float(acc["window_loss"]) / max(1.0, float(acc["window_batches"])),
+                  "loss": loss_sum / max(1.0, batches / self.dist.world),
                   "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
         self._append_metrics(record)
         bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
@@ -420,12 +507,17 @@ class Trainer:
         Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
         switches to eager mode. Predictions do not depend on the evaluation batch size.
         """
+        indices = np.arange(len(self.val_set)) if indices is None else indices
+        mine = indices[self.dist.shard(len(indices))]            # each process scores its part; all get the whole
         for _ in range(MAX_ATTEMPTS):
+            # With several processes, the plain module: DDP's forward (compiled or not) would wait for
+            # matching calls in the others, whose parts may hold one batch more or less.
+            forward = self.model if self.dist.active else self.forward
             result, failure = run_attempt(lambda: predict(
-                self.model, self.val_set, self.device, self.state["eval_batch_size"], self.autocast, indices,
-                self.num_workers, forward=self.forward), self.forward is not self.model)
+                self.model, self.val_set, self.device, self.state["eval_batch_size"], self.autocast, mine,
+                self.num_workers, forward=forward), forward is not self.model)
             if failure is None:
-                pred, target = result
+                pred, target = (np.concatenate(p) for p in zip(*self.dist.gather(result)))
                 break
             release_memory(self.device)
             if failure == "oom":
@@ -488,7 +580,8 @@ class Trainer:
             log.warning("The model has NaN/inf weights after epoch %d: it is not saved as best", epoch)
         if finite_model and math.isfinite(val_loss) and val_loss < s["best_val_loss"]:
             s["best_val_loss"], s["best_epoch"], s["bad_epochs"] = val_loss, epoch, 0
-            self.save_best()
+            if self.dist.is_main:
+                self.save_best()
             log.info("New best model saved (val_loss %.4f, epoch %d) -> %s", val_loss, epoch, self.run_dir / "best.pt")
             return False
         s["bad_epochs"] += 1
@@ -507,7 +600,9 @@ class Trainer:
 
     def finish(self) -> dict:
         """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
-        self.writer.wait()
+        if self.writer is not None:
+            self.writer.wait()
+        self.dist.barrier()                                 # rank 0's best.pt is written before anyone reads it
         best = self.run_dir / "best.pt"
         if best.exists():
             try:
@@ -516,8 +611,15 @@ class Trainer:
                 log.warning("best.pt cannot be used (%s). The final evaluation uses the newest weights (epoch %d) "
                             "instead, and best.pt is rewritten with them.", str(e).splitlines()[0], self.state["epoch"])
                 self.state["best_epoch"] = self.state["epoch"]
-                self.save_best()
+                if self.dist.is_main:
+                    self.save_best()
         _, _, pred_km = self.validate()
+        self.state["finished"] = True
+        if not self.dist.is_main:
+            self.save_checkpoint("final", wait=True)        # its part of the gathered snapshot
+            self.dist.barrier()
+            return build_report(self.val_set, pred_km, float(self.train_set.targets_km().mean()),
+                                self.state["best_epoch"])
         train_mean_km = float(self.train_set.targets_km().mean())
         report = build_report(self.val_set, pred_km, train_mean_km, self.state["best_epoch"])
         write_evaluation(self.run_dir, self.val_set, pred_km, report)
@@ -526,8 +628,8 @@ class Trainer:
         if self.state["history"]:
             plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
         write_report(self.run_dir)
-        self.state["finished"] = True
         self.save_checkpoint("final", wait=True)
+        self.dist.barrier()
         if self.writer.failures_in_a_row:
             raise CloudMLError(f"the final checkpoint could not be written ({self.writer.last_error}); the results "
                                f"are in {self.run_dir}, but the run is not marked finished. Free space or fix the "
@@ -546,6 +648,8 @@ class Trainer:
         return report
 
     def _append_metrics(self, record: dict) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(json_safe(record)) + "\n")
 
@@ -579,14 +683,24 @@ class Trainer:
             self.lock = None
 
 
-def train(cfg: Config, run_dir: str | Path, resume: str = "auto") -> dict:
-    """One run; with train.pretrain_flight, the two-phase protocol (each phase resumable)."""
-    if not cfg.train.pretrain_flight:
-        return Trainer(cfg, run_dir, resume).setup().fit()
-    return train_two_phase(cfg, Path(run_dir), resume)
+def train(cfg: Config, run_dir: str | Path, resume: str = "auto", dist: Dist | None = None) -> dict:
+    """One run; with train.pretrain_flight, the two-phase protocol (each phase resumable).
+    `dist`: by default the torchrun job this process belongs to (or the single process)."""
+    dist = init_distributed(cfg.train.device) if dist is None else dist
+    try:
+        if not cfg.train.pretrain_flight:
+            return Trainer(cfg, run_dir, resume, dist=dist).setup().fit()
+        return train_two_phase(cfg, Path(run_dir), resume, dist)
+    except Exception as e:
+        message = explain_peer_failure(e, dist)
+        if message is None:
+            raise
+        raise CloudMLError(message) from None
+    finally:
+        dist.close()
 
 
-def train_two_phase(cfg: Config, run_dir: Path, resume: str) -> dict:
+def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE) -> dict:
     """Phase 1 trains on train.pretrain_flight alone (RUN_DIR/pretrain, train.pretrain_epochs); phase 2
     fine-tunes from its best weights on all training flights, the pre-training flight weighted by
     data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
@@ -602,9 +716,9 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str) -> dict:
     phase1.data.overweight_flight, phase1.train.pretrain_flight = "", ""
     phase1.train.epochs = cfg.train.pretrain_epochs
     log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
-    Trainer(phase1, run_dir / "pretrain", resume).setup().fit()
+    Trainer(phase1, run_dir / "pretrain", resume, dist=dist).setup().fit()
     phase2 = config_from_dict(cfg.to_dict())
     phase2.data.overweight_flight = cfg.train.pretrain_flight
     log.info("Phase 2 of 2: fine-tuning on %s (%s weighted x%g)", ", ".join(n for n in names
              if n not in cfg.data.validation_flights), cfg.train.pretrain_flight, cfg.data.overweight_factor)
-    return Trainer(phase2, run_dir, resume, init_from=run_dir / "pretrain" / "best.pt").setup().fit()
+    return Trainer(phase2, run_dir, resume, init_from=run_dir / "pretrain" / "best.pt", dist=dist).setup().fit()

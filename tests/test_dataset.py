@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from cloudml_lib.data.cache import load_caches
@@ -94,6 +95,25 @@ def test_a_last_batch_of_one_is_merged():
     assert sizes == [8, 9] and len(s) == 2
     assert sorted(i for b in s for i in b) == list(range(17))
     assert [s.samples_before(b) for b in (0, 1, 2)] == [0, 8, 17]     # resume positions in samples
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_process_takes_its_part_of_the_same_global_batches(world):
+    one = EpochBatchSampler(51, 8, seed=3)                         # a last batch of 3: no merge either way
+    parts = [EpochBatchSampler(51, 8, seed=3, rank=r, world=world) for r in range(world)]
+    for s in (one, *parts):
+        s.set_epoch(2, start_batch=1)
+    per_rank = [list(p) for p in parts]
+    assert all(len(p) == len(one) == one.batches_per_epoch() - 1 for p in parts)
+    for k, batch in enumerate(one):                 # the order does not depend on the process count
+        assert [i for p in per_rank for i in p[k]] == batch
+        assert max(len(p[k]) for p in per_rank) - min(len(p[k]) for p in per_rank) <= 1
+
+
+def test_a_last_batch_smaller_than_the_process_count_is_merged():
+    s = EpochBatchSampler(18, 8, seed=0, rank=0, world=3)          # 8, 8, 2: the 2 go to the batch before
+    assert [len(b) for b in s.batches(0)] == [8, 10] and s.batches_per_epoch() == 2
+    assert [len(b) for b in s] == [3, 4]
 
 
 def test_quick_subset_is_fixed_and_evenly_spread():

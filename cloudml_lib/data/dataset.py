@@ -154,21 +154,32 @@ def quick_subset(n: int, fraction: float) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
 
 
+def part_slice(n: int, rank: int, world: int) -> slice:
+    """Process `rank`'s contiguous part of n items split over `world` (the first n % world take one more)."""
+    base, extra = divmod(n, world)
+    lo = rank * base + min(rank, extra)
+    return slice(lo, lo + base + (rank < extra))
+
+
 class EpochBatchSampler:
     """Batches of one epoch from a permutation that depends only on (seed, epoch).
 
-    A last batch of a single sample is merged into the one before it (BatchNorm statistics of
-    one sample are meaningless). `start_batch` skips batches already trained on, at no cost.
+    A last batch smaller than `min_last` samples (2, or the number of processes) is merged into
+    the one before it: BatchNorm statistics of one sample are meaningless, and every process
+    needs a sample. `start_batch` skips batches already trained on, at no cost.
+    With several processes each batch is the global batch and this process yields its own
+    contiguous part (`rank` of `world`); the order does not depend on how many processes there are.
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True):
+    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.rank, self.world, self.min_last = rank, world, max(2, world)
         self.epoch, self.start_batch = 0, 0
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         order = np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
         out = [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
-        if len(out) > 1 and len(out[-1]) == 1:
+        if len(out) > 1 and len(out[-1]) < self.min_last:
             last = out.pop()
             out[-1] = np.concatenate([out[-1], last])
         return out
@@ -178,11 +189,12 @@ class EpochBatchSampler:
 
     def __iter__(self):
         for b in self.batches(self.epoch)[self.start_batch:]:
-            yield b.tolist()
+            yield b[part_slice(len(b), self.rank, self.world)].tolist()
 
     def batches_per_epoch(self) -> int:
         count = -(-self.n // self.batch_size)
-        return count - 1 if count > 1 and self.n % self.batch_size == 1 else count
+        last = self.n - (count - 1) * self.batch_size
+        return count - 1 if count > 1 and last < self.min_last else count
 
     def samples_before(self, batch: int) -> int:
         """How many samples of the epoch the first `batch` batches hold (the resume position in samples)."""
