@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks import machine  # noqa: E402
 SCRATCH = REPO / "benchmarks" / ".scratch" / "checkpoint"
 DEMO_DATA = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cache'}"]
 
@@ -137,8 +137,7 @@ def main() -> None:
     from cloudml_lib.data.synthetic import ensure_demo_flights
     ensure_demo_flights(demo_config().data)
     result = {"what": "checkpoint stall, run overhead and resume start-up (see the module docstring)",
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                         "local disk, CPU training",
+              "machine": machine(), "setting": "local disk, CPU training",
               "stall_per_save": stall_per_save(), "run_overhead": run_overhead(),
               "targets": {"overhead_percent at every_steps=100": "<= 0.5",
                           "resume start-up over fresh start": "<= 1.2, early or late in an epoch"}}

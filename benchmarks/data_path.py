@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks import machine  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "data_path"
 RAW_SHAPE = (512, 640)          # sensor rows x columns; swath_slice [40, 480] keeps 440 x 640
@@ -118,8 +118,7 @@ def main() -> None:
     result = {
         "what": "samples/s and peak RSS of the cached loader vs reopening HDF5 + preprocessing per sample",
         "frame": "440 x 640 (swath_slice [40, 480] of 512 x 640), T = 5, float16 cache",
-        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} CPUs, "
-                   f"Python {platform.python_version()}",
+        "machine": machine(),
         "generate_4_flights_s": t_gen, "build_cache_4_flights_s": t_cache,
         "research_loader_2_flights": research, "cached_loader_2_flights": cached2, "cached_loader_4_flights": cached4,
         "throughput_ratio": cached2["samples_per_s"] / research["samples_per_s"],

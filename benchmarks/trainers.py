@@ -11,13 +11,20 @@ schedule and number of optimizer steps, no validation in any of them:
              epoch 1's order.
 Each run is its own process; the three alternate, REPEATS times. Reported: the training part
 (measured inside the process) and the whole process (measured outside), median and spread.
+
+Resume (CloudML and Lightning, both saving every RESUME_EVERY steps): a run SIGKILLed at step
+KILL_STEP (mid-epoch 2) and started again; reported: launch of the resumed process to its first
+optimizer step (beside the same for a fresh start), and its final weights against the same
+method's uninterrupted run (bit-identical or the largest difference).
+
 Writes benchmarks/results/trainers.json. Needs `pip install -r benchmarks/requirements.txt`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
+import signal
 import shutil
 import statistics
 import subprocess
@@ -27,10 +34,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks import machine  # noqa: E402
 SCRATCH = REPO / "benchmarks" / ".scratch" / "trainers"
 RESULTS = REPO / "benchmarks" / "results" / "trainers.json"
 METHODS = ("bare", "cloudml", "lightning")
 EPOCHS, REPEATS = 3, 3
+RESUME_EVERY, KILL_STEP = 20, 50          # saves at steps 20, 40; killed at 50 (epoch 2, batch 11 of 39)
+OVERHEAD_PAIRS = 9
+
+
+class FirstStep:
+    """time.time() of this process's first optimizer step."""
+    at: float | None = None
+
+    @classmethod
+    def mark(cls) -> None:
+        if cls.at is None:
+            cls.at = time.time()
 
 
 def config():
@@ -68,6 +88,7 @@ def bare_step(model, optimizer, scheduler, batch: dict, t) -> None:
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
     optimizer.step()
+    FirstStep.mark()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
 
@@ -97,20 +118,34 @@ def run_bare(cfg) -> float:
 
 def run_cloudml(cfg, run_dir: Path) -> float:
     from cloudml_lib.train import Trainer
-    trainer = Trainer(cfg, run_dir).setup()
+    trainer = Trainer(cfg, run_dir).setup()               # resumes from run_dir's newest checkpoint
+    step = trainer.optimizer_step
+
+    def marked_step():
+        step()
+        FirstStep.mark()
+
+    trainer.optimizer_step = marked_step
     t0 = time.perf_counter()
     try:
-        for epoch in range(cfg.train.epochs):              # fit() without the validation
+        for epoch in range(trainer.state["epoch"], cfg.train.epochs):      # fit() without the validation
             trainer.train_epoch(epoch)
             trainer.state["epoch"], trainer.state["batch"] = epoch + 1, 0
             trainer.save_checkpoint("epoch_end")
         trainer.writer.wait()
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        save_weights(trainer.model, run_dir)
+        return seconds
     finally:
         trainer.close()
 
 
-def run_lightning(cfg, run_dir: Path) -> float:
+def save_weights(model, run_dir: Path) -> None:
+    import torch
+    torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, run_dir / "final.pt")
+
+
+def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0) -> float:
     import lightning as L
     import torch
     from torch.utils.data import DataLoader
@@ -145,24 +180,34 @@ def run_lightning(cfg, run_dir: Path) -> float:
         def on_train_start(self, trainer, module):
             self.t0 = time.perf_counter()
 
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            FirstStep.mark()
+            if kill_step and trainer.global_step == kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)        # as a disconnect would
+
         def on_train_end(self, trainer, module):
             self.seconds = time.perf_counter() - self.t0
 
     clock = Clock()
+    last = run_dir / "checkpoints" / "last.ckpt"
     trainer = L.Trainer(max_epochs=t.epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=True,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                         gradient_clip_val=t.grad_clip_norm, use_distributed_sampler=False, default_root_dir=run_dir,
                         callbacks=[SetEpoch(), clock, L.pytorch.callbacks.ModelCheckpoint(
-                            dirpath=run_dir / "checkpoints", every_n_train_steps=100, save_last=True)])
-    trainer.fit(Module(), DataLoader(train_set, batch_sampler=sampler, num_workers=0))
+                            dirpath=run_dir / "checkpoints", every_n_train_steps=every_steps, save_last=True)])
+    module = Module()
+    trainer.fit(module, DataLoader(train_set, batch_sampler=sampler, num_workers=0),
+                ckpt_path=last if last.exists() else None)
+    save_weights(module.net, run_dir)
     return clock.seconds
 
 
-def per_step_overhead(run_dir: Path, pairs: int = 5) -> dict:
+def per_step_overhead(run_dir: Path, pairs: int = OVERHEAD_PAIRS) -> dict:
     """The trainer's own per-step cost, measured directly: in one process, with the epoch's batches
     preloaded (data loading is out of both), alternate an epoch of the bare step with an epoch of
     Trainer.train_epoch over the same batches and the same model. Overhead = difference of the
-    medians / steps. Includes everything train_epoch adds: recovery snapshots, accumulators, one
+    medians / steps; beside it, the ratio of each adjacent pair (its quartiles say whether the
+    difference stands out of the noise). Includes everything train_epoch adds: recovery snapshots, accumulators, one
     sync per step, metrics records, the progress bar, the checkpoint cadence."""
     from cloudml_lib.train import Trainer
     cfg = config()
@@ -190,7 +235,10 @@ def per_step_overhead(run_dir: Path, pairs: int = 5) -> dict:
                 times[name].append(time.perf_counter() - t0)
         steps = len(batches)
         med = {k: statistics.median(v) for k, v in times.items()}
+        ratios = sorted(c / b for b, c in zip(times["bare"], times["cloudml"]))
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
         return {"steps_per_epoch": steps, "pairs": pairs, "epoch_s": times,
+                "pair_ratio_median": statistics.median(ratios), "pair_ratio_q1": q1, "pair_ratio_q3": q3,
                 "bare_step_ms": 1000 * med["bare"] / steps, "cloudml_step_ms": 1000 * med["cloudml"] / steps,
                 "overhead_ms_per_step": 1000 * (med["cloudml"] - med["bare"]) / steps,
                 "overhead_ratio": med["cloudml"] / med["bare"]}
@@ -198,34 +246,66 @@ def per_step_overhead(run_dir: Path, pairs: int = 5) -> dict:
         trainer.close()
 
 
-def child(method: str, run_dir: Path) -> None:
-    import torch
-    torch.set_num_threads(torch.get_num_threads())
+def child(method: str, run_dir: Path, every_steps: int, kill_step: int) -> None:
     cfg = config()
     if method == "overhead":
         print(json.dumps(per_step_overhead(run_dir)))
         return
+    if kill_step:
+        os.environ["CLOUDML_KILL_AT"] = f"step:{kill_step}"     # the CloudML trainer's own fault point
+    cfg.checkpoint.every_steps = every_steps
     seconds = {"bare": lambda: run_bare(cfg), "cloudml": lambda: run_cloudml(cfg, run_dir),
-               "lightning": lambda: run_lightning(cfg, run_dir)}[method]()
-    print(json.dumps({"train_s": seconds}))
+               "lightning": lambda: run_lightning(cfg, run_dir, every_steps, kill_step)}[method]()
+    print(json.dumps({"train_s": seconds, "first_step_at": FirstStep.at}))
 
 
-def machine() -> dict:
+def launch(method: str, run_dir: Path, every_steps: int = 100, kill_step: int = 0) -> dict:
+    """One child process: its JSON line, the whole process's seconds, and launch to first step."""
+    t0, launched = time.perf_counter(), time.time()
+    r = subprocess.run([sys.executable, __file__, "--child", method, "--run-dir", str(run_dir), "--every-steps",
+                        str(every_steps), "--kill-step", str(kill_step)], capture_output=True, text=True, cwd=REPO)
+    whole = time.perf_counter() - t0
+    if kill_step:
+        if r.returncode != -signal.SIGKILL:
+            raise SystemExit(f"{method} was to be killed at step {kill_step}:\n{r.stderr[-3000:]}")
+        return {"process_s": whole}
+    if r.returncode != 0:
+        raise SystemExit(f"{method} failed:\n{r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"train_s": out["train_s"], "process_s": whole, "to_first_step_s": out["first_step_at"] - launched}
+
+
+def resume_runs() -> dict:
+    """Per method: uninterrupted, killed + resumed; launch-to-first-step of a fresh and a resumed
+    start; the final weights of the resumed run against the uninterrupted one."""
     import torch
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    import lightning
-    return {"cpu": cpu, "cores": __import__("os").cpu_count(), "torch": torch.__version__,
-            "lightning": lightning.__version__, "python": platform.python_version()}
+    out = {}
+    for method in ("cloudml", "lightning"):
+        base = SCRATCH / "runs" / f"resume-{method}"
+        shutil.rmtree(base, ignore_errors=True)
+        straight, cut = base / "straight", base / "cut"
+        fresh = launch(method, straight, RESUME_EVERY)
+        launch(method, cut, RESUME_EVERY, KILL_STEP)
+        resumed = launch(method, cut, RESUME_EVERY)
+        a, b = (torch.load(d / "final.pt", weights_only=True) for d in (straight, cut))
+        diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+        out[method] = {"fresh_to_first_step_s": fresh["to_first_step_s"],
+                       "resumed_to_first_step_s": resumed["to_first_step_s"],
+                       "bit_identical": all(torch.equal(a[k], b[k]) for k in a), "max_abs_diff": diff}
+        print(f"{method:9s} resume: first step {resumed['to_first_step_s']:.2f} s after launch (fresh start "
+              f"{fresh['to_first_step_s']:.2f} s); final weights max |diff| {diff:.3g}", flush=True)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--child", choices=METHODS + ("overhead",))
     p.add_argument("--run-dir")
+    p.add_argument("--every-steps", type=int, default=100)
+    p.add_argument("--kill-step", type=int, default=0)
     args = p.parse_args()
     if args.child:
-        child(args.child, Path(args.run_dir))
+        child(args.child, Path(args.run_dir), args.every_steps, args.kill_step)
         return
     from cloudml_lib.data.synthetic import ensure_demo_flights
     cfg = config()
@@ -236,15 +316,10 @@ def main() -> None:
         for method in METHODS:                           # interleaved: drift hits all three alike
             run_dir = SCRATCH / "runs" / f"{method}-{repeat}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            t0 = time.perf_counter()
-            r = subprocess.run([sys.executable, __file__, "--child", method, "--run-dir", str(run_dir)],
-                               capture_output=True, text=True, cwd=REPO)
-            whole = time.perf_counter() - t0
-            if r.returncode != 0:
-                raise SystemExit(f"{method} failed:\n{r.stderr[-3000:]}")
-            train_s = json.loads(r.stdout.strip().splitlines()[-1])["train_s"]
-            runs[method].append({"train_s": train_s, "process_s": whole})
-            print(f"{method:9s} repeat {repeat}: training {train_s:.2f} s, whole process {whole:.2f} s", flush=True)
+            row = launch(method, run_dir)
+            runs[method].append(row)
+            print(f"{method:9s} repeat {repeat}: training {row['train_s']:.2f} s, whole process "
+                  f"{row['process_s']:.2f} s", flush=True)
     summary = {}
     for m, rows in runs.items():
         tr, pr = [r["train_s"] for r in rows], [r["process_s"] for r in rows]
@@ -261,10 +336,13 @@ def main() -> None:
         raise SystemExit(f"overhead failed:\n{r.stderr[-3000:]}")
     overhead = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"per-step overhead of the CloudML trainer: {overhead['overhead_ms_per_step']:.2f} ms "
-          f"({overhead['overhead_ratio']:.3f}x the bare step)")
+          f"({overhead['overhead_ratio']:.3f}x the bare step; pairs {overhead['pair_ratio_q1']:.3f}.."
+          f"{overhead['pair_ratio_q3']:.3f})")
+    resume = resume_runs()
     steps = EPOCHS * 39
     result = {"machine": machine(), "epochs": EPOCHS, "optimizer_steps": steps, "repeats": REPEATS,
-              "summary": summary, "per_step_overhead": overhead, "runs": runs}
+              "summary": summary, "per_step_overhead": overhead,
+              "resume": {"every_steps": RESUME_EVERY, "killed_at_step": KILL_STEP, **resume}, "runs": runs}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1))
     print(json.dumps(summary, indent=1))

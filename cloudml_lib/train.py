@@ -288,8 +288,10 @@ class Trainer:
     def snapshot(self) -> dict:
         """Everything a bit-exact resume needs, as CPU tensors and plain types."""
         # to_cpu copies every container too: the writer thread serialises this while the loop goes on.
-        acc = {k: self.dist.all_sum(v) if isinstance(v, torch.Tensor) else v for k, v in self.acc.items()}
-        acc["window_samples"] = int(self.dist.all_sum(torch.tensor(self.acc["window_samples"], device=self.device)))
+        acc = self.acc
+        if self.dist.active:                              # the sums over all processes (see _restore)
+            acc = {k: self.dist.all_sum(v) if isinstance(v, torch.Tensor) else v for k, v in acc.items()}
+            acc["window_samples"] = int(self.dist.all_sum(torch.tensor(acc["window_samples"], device=self.device)))
         rng_ranks = self.dist.gather(capture_rng(self.loader_rng))
         if not self.dist.is_main:
             return {}
@@ -367,7 +369,9 @@ class Trainer:
         n, mb = len(batch["target"]), self.state["micro_batch_size"]
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
-        weight_total = self.dist.all_sum(batch["weight"].sum())
+        weight_total = batch["weight"].sum()
+        if self.dist.active:
+            weight_total = self.dist.all_sum(weight_total.to(self.device))
         scale = self.dist.world / t.grad_accum_steps
         last_of_step = (self.state["batch"] + 1) % t.grad_accum_steps == 0 or \
             self.state["batch"] + 1 == self.sampler.batches_per_epoch()
@@ -568,7 +572,8 @@ class Trainer:
         if stop or st["epoch"] >= t.epochs:
             return True
         self.save_checkpoint("epoch_end")
-        if self._stop_signal is not None:
+        if self.dist.any_true(self._stop_signal is not None, device=self.device)[0]:
+            self._stop_signal = self._stop_signal or signal.SIGTERM
             self._stop_now()
         return False
 

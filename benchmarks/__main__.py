@@ -1,0 +1,152 @@
+"""Run every benchmark, then write benchmarks/RESULTS.md from benchmarks/results/*.json.
+
+    pip install -r benchmarks/requirements.txt
+    python -m benchmarks                         # all of them (about 15 minutes on a 2-core CPU)
+    python -m benchmarks --only trainers         # one or more, comma-separated
+    python -m benchmarks --report-only           # RESULTS.md from the results already there
+
+Each benchmark is its own script (and process), run one after the other so they do not compete
+for the machine; `gpu` runs only where CUDA is available. Nothing here times anything itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import describe
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+BENCHMARKS = ("data_path", "checkpoint", "trainers", "gpu")
+
+
+def run(names: list[str]) -> None:
+    import torch
+    for name in names:
+        if name == "gpu" and not torch.cuda.is_available():
+            print("gpu: skipped, no CUDA GPU here (its results file, if any, is kept)", flush=True)
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, str(HERE / f"{name}.py")], cwd=HERE.parent)
+        if r.returncode != 0:
+            sys.exit(f"benchmark {name} failed (exit {r.returncode}); RESULTS.md not rewritten")
+        print(f"== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}"
+
+
+def data_path_md(d: dict) -> list[str]:
+    r, c2, c4 = d["research_loader_2_flights"], d["cached_loader_2_flights"], d["cached_loader_4_flights"]
+    return [f"Machine: {describe(d['machine'])}. Frames {d['frame']}.", "",
+            "| loader | samples/s | peak RSS, 2 flights | peak RSS, 4 flights |", "|---|---|---|---|",
+            f"| reopen HDF5 + preprocess per sample | {fmt(r['samples_per_s'], 1)} | {r['peak_rss_mb']:.0f} MB | - |",
+            f"| preprocessed cache | {fmt(c2['samples_per_s'], 0)} | {c2['peak_rss_mb']:.0f} MB | "
+            f"{c4['peak_rss_mb']:.0f} MB |", "",
+            f"Cache over research loader: {d['throughput_ratio']:.1f}x (target {d['targets']['throughput_ratio']}); "
+            f"peak RSS 4 vs 2 flights: {d['peak_rss_ratio_4_vs_2_flights']:.2f}x (target flat)."]
+
+
+def checkpoint_md(d: dict) -> list[str]:
+    s, o, r = d["stall_per_save"], d["run_overhead"], d["resume_startup"]
+    med = r["seconds_to_first_step_median"]
+    return [f"Machine: {describe(d['machine'])}, {d.get('setting', 'local disk, CPU training')}.", "",
+            "| measure | result | target |", "|---|---|---|",
+            f"| loop stall per save, asynchronous ({s['parameters']:,} parameters + AdamW, "
+            f"{s['checkpoint_mb']:.1f} MB) | {s['async_stall_ms_median']:.1f} ms | |",
+            f"| the same, synchronous | {s['sync_stall_ms_median']:.1f} ms ({s['sync_over_async']:.1f}x) | |",
+            f"| checkpoint overhead of a demo run at every_steps=100 (sum of stalls / wall time) | "
+            f"{o['every_steps_100']['overhead_percent']:.2f}% | at most 0.5% |",
+            f"| process start to first step, resumed early in an epoch, over a fresh start | "
+            f"{r['resume_early_over_fresh']:.2f}x ({med['resume_early']:.2f} s vs {med['fresh']:.2f} s) | at most 1.2x |",
+            f"| the same, resumed late in an epoch | {r['resume_late_over_fresh']:.2f}x ({med['resume_late']:.2f} s) "
+            "| at most 1.2x |"]
+
+
+def trainers_md(d: dict) -> list[str]:
+    m, s, o = d["machine"], d["summary"], d["per_step_overhead"]
+    names = {"bare": "bare hand-written loop", "cloudml": "CloudML Trainer, defaults",
+             "lightning": "Lightning `Trainer` + `ModelCheckpoint(every_n_train_steps=100)`"}
+    lines = [f"Machine: {describe(m)}. {d['optimizer_steps']} optimizer steps ({d['epochs']} epochs), {d['repeats']} "
+             "interleaved repeats, each run its own process.", "",
+             "| | training part, median (spread) | x bare | whole process, median (spread) | x bare |",
+             "|---|---|---|---|---|"]
+    for k, label in names.items():
+        row = s[k]
+        lines.append(f"| {label} | {fmt(row['train_s_median'])} s ({fmt(row['train_s_spread'])}) | "
+                     f"{fmt(row.get('train_vs_bare', 1.0), 3)} | {fmt(row['process_s_median'])} s "
+                     f"({fmt(row['process_s_spread'])}) | {fmt(row.get('process_vs_bare', 1.0), 3)} |")
+    lines += ["", f"Per-step overhead of the CloudML trainer, measured directly (one process, {o['pairs']} "
+              f"alternating pairs of epochs over the same preloaded batches): {o['overhead_ms_per_step']:.2f} ms "
+              f"on a {o['bare_step_ms']:.0f} ms step, {o['overhead_ratio']:.3f}x; ratio per pair: median "
+              f"{o['pair_ratio_median']:.3f}, quartiles {o['pair_ratio_q1']:.3f}..{o['pair_ratio_q3']:.3f} "
+              "(target: at most 1.03x)."]
+    r = d.get("resume")
+    if r:
+        lines += ["", f"Resume: saves every {r['every_steps']} steps, SIGKILL at step {r['killed_at_step']} "
+                  "(mid-epoch 2), the same command again:", "",
+                  "| | launch to first step, fresh | launch to first step, resumed | final weights vs uninterrupted |",
+                  "|---|---|---|---|"]
+        for k in ("cloudml", "lightning"):
+            x = r[k]
+            same = "bit-identical" if x["bit_identical"] else f"differ, max abs diff {x['max_abs_diff']:.3g}"
+            lines.append(f"| {names[k].split(' +')[0].split(',')[0]} | {fmt(x['fresh_to_first_step_s'])} s | "
+                         f"{fmt(x['resumed_to_first_step_s'])} s | {same} |")
+    return lines
+
+
+def gpu_md(d: dict | None) -> list[str]:
+    if d is None:
+        return ["Not measured: no CUDA GPU was available where these results were made. `python "
+                "benchmarks/gpu.py` on a GPU machine writes results/gpu.json."]
+    lines = [f"Device: {d['device']} (memory capped at {d['memory_cap_gib']} GiB), frames {d['frame']}, "
+             f"T = {d['temporal_frames']}, torch {d['torch']}.", "", "| preset | result |", "|---|---|"]
+    for name, p in d["presets"].items():
+        lines.append(f"| {name} | " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in p.items()) + " |")
+    return lines
+
+
+def write_report() -> Path:
+    sections = [("Data path: the cached loader against the research loader", "data_path", data_path_md),
+                ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
+                ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md)]
+    lines = ["# Benchmark results", "",
+             "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
+             "Ratios are measured side by side in one run; no number here is typed by hand.", ""]
+    for title, name, render in sections:
+        d = load(name)
+        lines += [f"## {title}", "", *(render(d) if d else [f"Not run yet: `python benchmarks/{name}.py`."]), ""]
+    lines += ["## GPU presets", "", *gpu_md(load("gpu")), ""]
+    out = HERE / "RESULTS.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks")
+    p.add_argument("--only", help=f"comma-separated, from {', '.join(BENCHMARKS)}")
+    p.add_argument("--report-only", action="store_true", help="only rewrite RESULTS.md from the results files")
+    args = p.parse_args()
+    names = args.only.split(",") if args.only else list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if not args.report_only:
+        run(names)
+    print(f"wrote {write_report()}")
+
+
+if __name__ == "__main__":
+    main()
