@@ -122,6 +122,10 @@ def init_distributed(device_preference: str = "auto", backend: str | None = None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return SINGLE
+    if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+        from cloudml_lib.errors import ConfigError
+        raise ConfigError(f"WORLD_SIZE={world} is set but RANK or MASTER_ADDR is not: start several processes with "
+                          "torchrun --nproc_per_node N -m cloudml_lib ..., or unset WORLD_SIZE for one process")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if tdist.is_initialized():
         return Dist(rank, world, local_rank)

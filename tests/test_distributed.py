@@ -130,3 +130,10 @@ def test_crossval_trains_one_fold_per_process(runs, tmp_path):
     for name in want:                           # each process had 1 thread instead of 2: float rounding only
         assert got[name]["model"]["mae_km"] == pytest.approx(want[name]["model"]["mae_km"], rel=1e-5)
         assert got[name]["trees"] == want[name]["trees"]
+
+
+def test_a_world_size_without_torchrun_is_explained(runs, tmp_path):
+    cfg, _, _ = runs
+    r = launch(train_args(cfg, tmp_path / "run"), nproc=1, env={"WORLD_SIZE": "2"})
+    assert r.returncode == 2 and "WORLD_SIZE=2 is set but RANK or MASTER_ADDR is not" in r.stderr
+    assert not (tmp_path / "run").exists()
