@@ -296,12 +296,13 @@ class Trainer:
         if not self.dist.is_main:
             return {}
         loop = to_cpu(dict(self.state, acc=acc))
-        return {"rng_ranks": rng_ranks if self.dist.active else None, "processes": self.dist.world,"format": FORMAT_VERSION, "model": cpu_state_dict(self.model),
+        return {"format": FORMAT_VERSION, "model": cpu_state_dict(self.model),
                 "optimizer": to_cpu(self.optimizer.state_dict()), "scheduler": to_cpu(self.scheduler.state_dict()),
                 "scaler": to_cpu(self.scaler.state_dict()), "loop": loop,
                 "sampler": {"seed": self.sampler.seed, "epoch": self.state["epoch"], "position": self.state["batch"],
                             "samples": self.sampler.samples_before(self.state["batch"])},
-                "rng": rng_ranks[0], "config": self.cfg.to_dict(),
+                "rng": rng_ranks[0], "rng_ranks": rng_ranks if self.dist.active else None,
+                "processes": self.dist.world, "config": self.cfg.to_dict(),
                 "scalers": self.val_set.scalers.to_dict(), "data_fingerprint": self.fingerprint,
                 "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
 
@@ -372,7 +373,6 @@ class Trainer:
         weight_total = batch["weight"].sum()
         if self.dist.active:
             weight_total = self.dist.all_sum(weight_total.to(self.device))
-        scale = self.dist.world / t.grad_accum_steps
         last_of_step = (self.state["batch"] + 1) % t.grad_accum_steps == 0 or \
             self.state["batch"] + 1 == self.sampler.batches_per_epoch()
         total = torch.zeros((), device=self.device)
@@ -389,7 +389,7 @@ class Trainer:
                 # This part's share of the batch's weighted mean (exactly the mean when not split).
                 share = (weight.sum() / weight_total).to(self.device)
                 loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight) * share
-                self.scaler.scale(loss * scale).backward()
+                self.scaler.scale(loss * self.dist.world / t.grad_accum_steps).backward()
             total += loss.detach()
         return total
 
