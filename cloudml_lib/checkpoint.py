@@ -225,7 +225,11 @@ def verify(folder: Path) -> str | None:
     size = state.stat().st_size
     if size != meta.get("bytes"):
         return f"truncated or resized: {size} bytes, the manifest says {meta.get('bytes')}"
-    if sha256_file(state) != meta.get("sha256"):
+    try:
+        digest = sha256_file(state)
+    except OSError as e:
+        return f"cannot read {state.name} ({e.strerror or e}): it is treated like a corrupt checkpoint"
+    if digest != meta.get("sha256"):
         return "checksum mismatch: the file was corrupted after it was written"
     return None
 
@@ -237,6 +241,23 @@ def load_state(path: Path) -> dict:
     except Exception as e:  # noqa: BLE001 - any failure means the file cannot be trusted
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CloudMLError(f"refused to load {path}: {first}") from None
+
+
+def check_manifest(meta: dict, state: dict) -> str | None:
+    """None if meta.json (which its checksum does not cover) agrees with the verified state.pt: an edited or
+    damaged manifest must not make `status` or a resume believe another position."""
+    try:
+        loop, epochs = state["loop"], state["config"]["train"]["epochs"]
+        same = {"step": int(loop["step"]), "epoch": int(loop["epoch"]), "batch": int(loop["batch"]),
+                "finished": bool(loop["finished"]), "epochs": int(epochs)}
+    except (KeyError, TypeError, ValueError) as e:
+        return f"incomplete: the loop state lacks {e}"
+    wrong = [f"{k} {meta.get(k)!r} (state.pt: {v!r})" for k, v in same.items() if meta.get(k) != v]
+    total, per_epoch = meta.get("total_steps"), meta.get("batches_per_epoch")
+    if not (isinstance(total, int) and isinstance(per_epoch, int) and 0 <= same["step"] <= total
+            and 0 <= same["batch"] <= per_epoch and per_epoch > 0):
+        wrong.append(f"total_steps {total!r} / batches_per_epoch {per_epoch!r} do not fit step {loop['step']}")
+    return f"meta.json disagrees with state.pt ({'; '.join(wrong)}): the manifest was edited or damaged" if wrong else None
 
 
 def check_structure(state) -> str | None:
@@ -280,7 +301,7 @@ def check_folder(folder: Path, load: bool = True) -> tuple[str | None, dict | No
         state = load_state(folder / meta.get("file", STATE))
     except CloudMLError as e:
         return str(e), None, None
-    reason = check_structure(state)
+    reason = check_structure(state) or check_manifest(meta, state)
     return (reason, None, None) if reason else (None, state, meta)
 
 

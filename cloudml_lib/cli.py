@@ -1,7 +1,8 @@
 """`python -m cloudml_lib ...`: train, crossval, predict, evaluate, status, diagnose, make-demo-data.
 
-Exit status: 0 on success; 2 for a usage, config or data error (one short message, no
-traceback); 1 for anything unexpected (with the traceback, to report).
+Exit status: 0 on success; 2 for a usage, config or data error, a full or read-only disk (one
+short message, no traceback); 130 when stopped by Ctrl-C or SIGTERM at any moment, set-up included
+(progress saved); 1 for anything unexpected (with the traceback, to report).
 """
 from __future__ import annotations
 
@@ -184,19 +185,47 @@ def _make_demo(args) -> int:
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+READ_ONLY = (errno.EROFS,)
+NO_PERMISSION = (errno.EACCES, errno.EPERM)
 
 
-def explain_os_error(e: OSError) -> str | None:
-    """A full or read-only disk, in words; None for other OS errors."""
-    where = e.filename or "the disk"
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first part of `path` that exists and is a file (where a folder was expected)."""
+    for p in [path, *path.parents]:
+        if p.exists():
+            return p if not p.is_dir() else None
+    return None
+
+
+def explain_os_error(e: OSError, places: dict[str, str] | None = None) -> str | None:
+    """A full or read-only disk, a permission, a file where a folder belongs, in words; None for other
+    OS errors. Without a file name in the error, `places` (what the command writes to) are named."""
+    if e.filename:
+        where = str(e.filename)
+    else:
+        known = [f"{k} {v}" for k, v in (places or {}).items() if v]
+        where = "a disk this command writes to (" + (", ".join(known) or "its output folders") + ")"
+    again = "then run the same command again: it continues from the last checkpoint, nothing written before is lost."
     if e.errno in DISK_FULL:
         return (f"no space left on the disk holding {where} ({e.strerror or e}). Free space there (old runs, "
-                "caches you no longer use), then run the same command again: it continues from the last "
-                "checkpoint, nothing written before is lost.")
-    if e.errno in NOT_WRITABLE:
-        return (f"cannot write {where}: the folder is read-only or not yours ({e.strerror}). Make it writable, "
-                "or choose another --run-dir / data.cache_dir, then run the same command again.")
+                f"caches you no longer use), {again}")
+    if e.errno in READ_ONLY:
+        return (f"cannot write {where}: the disk or folder is read-only ({e.strerror}). Make it writable, or "
+                f"choose another --run-dir / data.cache_dir, {again}")
+    if e.errno in NO_PERMISSION:
+        return (f"permission denied for {where} ({e.strerror}): this user may not read or write it. Fix its "
+                f"permissions (chmod), or choose another --run-dir / data.cache_dir, {again}")
+    if e.errno in (errno.ENOTDIR, errno.EEXIST) and e.filename:
+        blocker = _file_in_the_way(Path(e.filename))
+        if blocker is not None and blocker.is_file():
+            return (f"{blocker} is a file, but a folder is needed there (for {e.filename}). Point the setting "
+                    "that names it (--run-dir, --out, data.cache_dir, data.cache_copy_dir) at a folder, or move "
+                    "the file away.")
+    if e.errno == errno.EISDIR and e.filename:
+        return f"{e.filename} is a folder, but a file is needed there. Move the folder away or choose another path."
+    if e.errno == errno.EIO:
+        return (f"input/output error on {where} ({e.strerror}). On Colab this happens when Google Drive "
+                f"disconnects: run the first cells again to remount it, {again}")
     return None
 
 
@@ -204,12 +233,25 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")          # before the training loop traps it: stop cleanly, exit 130
 
 
+def trap_stop_signals() -> None:
+    """SIGTERM and SIGINT become KeyboardInterrupt from the first line of `python -m cloudml_lib` on, so
+    that a stop at any moment, set-up included, ends with exit status 130 (never killed by the signal)."""
+    if threading_main():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _places(args) -> dict[str, str]:
+    import tempfile
+    return {"run folder": getattr(args, "run_dir", None), "output folder": getattr(args, "out", None),
+            "temporary folder": tempfile.gettempdir()}
+
+
 def main(argv: list[str] | None = None) -> int:
     from cloudml_lib.rundir import attach_run_log
 
     args = build_parser().parse_args(argv)
-    if args.command in ("train", "crossval") and threading_main():
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    trap_stop_signals()
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
     handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status,
                 "diagnose": _diagnose,
@@ -220,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        message = explain_os_error(e)
+        message = explain_os_error(e, _places(args))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -19,6 +19,9 @@ from cloudml_lib.errors import ConfigError
 # Compile modes that capture CUDA graphs: their replay needs every input at a fixed address,
 # which gradient checkpointing's recomputation breaks ("static input data pointer changed").
 CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+# The network's three conv blocks each halve a frame (model.py): a side below 8 pixels after the
+# crop and downsampling leaves nothing for the last block.
+MIN_FRAME_SIDE = 8
 
 
 def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, auto: bool = False):
@@ -312,6 +315,12 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     if not (ints and 0 <= s[0] < s[1]):
         problems.append(f"data.swath_slice: {s!r} is not valid; expected [first_row, end_row] with "
                         "0 <= first_row < end_row, e.g. [40, 480]")
+    elif (s[1] - s[0]) // d.downsample < MIN_FRAME_SIDE:
+        problems.append(f"data.swath_slice {s} with data.downsample {d.downsample} leaves frames "
+                        f"{(s[1] - s[0]) // d.downsample} rows high; the network's three blocks need at least "
+                        f"{MIN_FRAME_SIDE}: " + (f"set data.downsample to at most {(s[1] - s[0]) // MIN_FRAME_SIDE}"
+                                                 if s[1] - s[0] >= MIN_FRAME_SIDE else
+                                                 f"keep at least {MIN_FRAME_SIDE} rows in data.swath_slice"))
     if d.cbh_min_km >= d.cbh_max_km:
         problems.append(f"data.cbh_min_km ({d.cbh_min_km}) must be below data.cbh_max_km ({d.cbh_max_km})")
     if m.channels and not (len(m.channels) == 3 and all(isinstance(c, int) and c > 0 for c in m.channels)):
@@ -412,7 +421,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    from cloudml_lib.outputs import write_text
+    write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def config_from_dict(d: dict) -> Config:

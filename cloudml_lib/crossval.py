@@ -31,7 +31,9 @@ from cloudml_lib.data.dataset import CloudDataset, prepare_data
 from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.evaluate import json_safe, regression_metrics
+from cloudml_lib.outputs import write_text
 from cloudml_lib.report import write_report
+from cloudml_lib.rundir import check_folder_kind
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool) -> dict:
     train_set, val_set = prepare_data(model_cfg)
     result["trees"] = regression_metrics(val_set.targets_km(), tree_baseline(train_set, val_set, cfg.train.seed))
     result["warnings"] = fold_warnings(held, result, train_set.targets_km(), val_set.targets_km())
-    (fold_dir / "fold.json").write_text(json.dumps(json_safe(result), indent=1))
+    write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
     return result
 
 
@@ -155,6 +157,7 @@ def format_markdown(result: dict) -> str:
 def crossval(cfg: Config, run_dir: str | Path, controls: bool = True) -> dict:
     """Every fold (resuming an unfinished one, skipping finished ones), then the summary files."""
     run_dir = Path(run_dir)
+    check_folder_kind(run_dir, "crossval")
     prepare_flights(cfg.data, check_names=False)       # each fold names its own validation flight
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
@@ -180,8 +183,8 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True) -> dict:
     result = {"folds": folds, **summarise(folds),
               "warnings": [w for f in folds.values() for w in f["warnings"]]}
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "crossval.json").write_text(json.dumps(json_safe(result), indent=1))
-    (run_dir / "crossval.md").write_text(format_markdown(result))
+    write_text(run_dir / "crossval.json", json.dumps(json_safe(result), indent=1))
+    write_text(run_dir / "crossval.md", format_markdown(result))
     write_report(run_dir)
     log.info("Cross-validation:\n%s", format_markdown(result))
     for w in result["warnings"]:

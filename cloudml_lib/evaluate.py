@@ -25,6 +25,7 @@ from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.hardware import choose_device, choose_precision
 from cloudml_lib.model import build_model
+from cloudml_lib.outputs import atomic_path, write_text
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def build_report(dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: floa
 
 def write_predictions(path: Path, dataset: CloudDataset, pred_km: np.ndarray) -> None:
     true_km = dataset.targets_km()
-    with open(path, "w", newline="") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["flight", "frame_index", "true_km", "pred_km"])
         for i in range(len(dataset)):
@@ -105,15 +106,19 @@ def json_safe(obj):
 
 
 def format_report(report: dict) -> str:
-    rows = [("overall", report["overall"]), ("baseline (training mean)", report["baseline"])]
-    rows += [(f"  flight {k}", v) for k, v in report["per_flight"].items()]
+    # The model's rows, then the baseline's: each row says whose numbers and which flights it holds.
+    rows = [("model: all held-out flights", report["overall"])]
+    rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
+    rows += [("baseline (training mean): all", report["baseline"])]
+    rows += [(f"baseline (training mean): flight {k}", v) for k, v in (report.get("baseline_per_flight") or {}).items()]
     # every column 10 wide with two spaces between: no two column names can run together
     head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
-    lines = [f"{'':28s}" + "".join(f"  {h:>10s}" for h in head)]
+    width = max(28, *(len(name) for name, _ in rows))
+    lines = [f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
     num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
     for name, m in rows:
         cells = [num(m[k]) for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")] + [f"{m['n']:10d}"]
-        lines.append(f"{name:28s}" + "".join(f"  {c}" for c in cells))
+        lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
     return "\n".join(lines)
 
 
@@ -127,18 +132,40 @@ class RunModel:
     autocast: object           # a context-manager factory (mixed precision on a GPU)
 
 
-def load_run_model(run_dir: str | Path, data_dir: str | None = None) -> RunModel:
-    """best.pt of a run with the config it was trained with (data.dir replaced if the files moved)."""
+BEST_KEYS = ("model", "config", "scalers", "train_mean_km", "epoch")
+
+
+def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: str = "evaluate") -> RunModel:
+    """best.pt of a run with the config it was trained with (data.dir replaced if the files moved).
+    Every way best.pt can be unusable is a CloudMLError naming it."""
+    from cloudml_lib.rundir import check_folder_kind, has_run
+
     run_dir = Path(run_dir)
+    check_folder_kind(run_dir, command)
     best = run_dir / "best.pt"
     if not best.is_file():
+        if has_run(run_dir):
+            raise CloudMLError(f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
+                               f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again.")
         raise CloudMLError(f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})")
     ckpt = load_checkpoint(best)
-    cfg = config_from_dict(ckpt["config"])
+    missing = [k for k in BEST_KEYS if k not in ckpt]
+    if missing:
+        raise CloudMLError(f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
+                           f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it.")
+    try:
+        cfg = config_from_dict(ckpt["config"])
+    except CloudMLError as e:
+        raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
     if data_dir:
         cfg.data.dir = data_dir
     model = build_model(cfg)
-    model.load_state_dict(ckpt["model"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise CloudMLError(f"{best}: its weights do not fit the model its config describes "
+                           f"({str(e).strip().splitlines()[0][:200]}); the file was damaged or edited. Run train on "
+                           f"{run_dir} again to rewrite it from the checkpoints.") from None
     device = choose_device(cfg.train.device)
     model.to(device).eval()
     dtype = choose_precision(device).dtype
@@ -167,7 +194,7 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
 def write_evaluation(run_dir: Path, dataset: CloudDataset, pred_km: np.ndarray, report: dict) -> None:
     """The held-out results of a run: evaluation.json, predictions.csv and plots/scatter.png."""
     write_predictions(run_dir / "predictions.csv", dataset, pred_km)
-    (run_dir / "evaluation.json").write_text(json.dumps(json_safe(report), indent=1))
+    write_text(run_dir / "evaluation.json", json.dumps(json_safe(report), indent=1))
     flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
     plots.save_figure(plots.scatter_figure(dataset.targets_km(), pred_km, flights,
                                            f"Held-out flights, R2 {report['overall']['r2']:.2f}"),

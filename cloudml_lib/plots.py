@@ -61,33 +61,17 @@ def scatter_figure(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
+    from cloudml_lib.outputs import atomic_path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
     return path
 
 
-class LiveCurves:
-    """One output redrawn in place in a notebook (display handle): a note until the first epoch
-    ends, then the curves."""
-
-    def __init__(self):
-        from IPython.display import Markdown, display
-        self._handle = display(Markdown("*Curves appear after the first epoch.*"), display_id=True)
-        self.shown = 0
-
-    def update(self, history: list[dict]) -> None:
-        from IPython.display import Image
-        if len(history) == self.shown or not history:
-            return
-        # As a PNG: a Figure made without pyplot has no notebook formatter and would show as text.
-        buf = io.BytesIO()
-        curves_figure(history).savefig(buf, format="png", dpi=90)
-        self._handle.update(Image(data=buf.getvalue()))
-        self.shown = len(history)
-
-    def note(self, text: str) -> None:
-        """Replace the placeholder (when no epoch was drawn) with what happened instead."""
-        from IPython.display import Markdown
-        if not self.shown:
-            self._handle.update(Markdown(f"*{text}*"))
+def curves_png(history: list[dict], dpi: int = 90) -> bytes:
+    """The curves as PNG bytes, for a notebook widget (a Figure made without pyplot has no notebook
+    formatter and would show as text)."""
+    buf = io.BytesIO()
+    curves_figure(history).savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()

@@ -14,6 +14,7 @@ points) and the track coloured by predicted CBH.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 from contextlib import nullcontext
 from pathlib import Path
@@ -31,6 +32,7 @@ from cloudml_lib.data.dataset import Scalers
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
+from cloudml_lib.outputs import atomic_path, write_text
 from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,10 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
 
 def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scalers, device, batch_size: int,
                    autocast=nullcontext) -> dict:
-    """Predicted CBH (km) for every frame with a usable time; arrays over those frames."""
+    """Predicted CBH (km) for every frame with a usable time; arrays over those frames.
+
+    The data checks of training apply: a blank frame (no finite pixel, or no contrast) gets no height
+    (NaN), non-finite pixels are filled with the frame's median; both are counted in `counts`."""
     inputs = _flight_inputs(flight, data)
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
@@ -71,7 +76,7 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
     sza = np.where(np.isfinite(inputs["sza"]), inputs["sza"], scalers.sza_mean)
     saa = np.where(np.isfinite(inputs["saa"]), inputs["saa"], scalers.saa_mean)
     scalars = np.stack([(sza - scalers.sza_mean) / scalers.sza_std, (saa - scalers.saa_mean) / scalers.saa_std], 1)
-    pred = np.full(n, np.nan)
+    pred, blank, filled = np.full(n, np.nan), np.zeros(n, bool), 0
     half = t // 2
     with er2.open_h5(Path(data.dir) / flight.ir_file, flight.name) as f:
         signal = f[data.keys.ir_signal]
@@ -79,8 +84,10 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
         for start in range(0, n, BLOCK):
             stop = min(n, start + BLOCK)
             lo, hi = max(0, min(start - half, n - t)), min(n, max(stop + half, t))     # frames the windows need
-            raw = signal[lo:hi]
-            frames = np.stack([preprocess_frame(x, data)[0] for x in raw]).astype(np.float16).astype(np.float32)
+            done = [preprocess_frame(x, data) for x in signal[lo:hi]]
+            frames = np.stack([d.frame for d in done]).astype(np.float16).astype(np.float32)
+            blank[lo:hi] = [d.blank for d in done]
+            filled += sum(d.filled for d in done[max(0, start - lo):stop - lo])          # each frame counted once
             first = np.clip(np.arange(start, stop) - half, 0, n - t)                    # shift policy at the ends
             windows = frames[(first - lo)[:, None] + np.arange(t)[None, :]]            # (B, T, H, W)
             with torch.no_grad(), autocast():
@@ -90,29 +97,46 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
                     pred[start + i:start + i + len(x)] = model(x, s).float().cpu().numpy()
             bar.update(stop - start)
         bar.close()
+    pred[blank] = np.nan                                   # no image, no height (as training drops such labels)
     keep = np.isfinite(inputs["t"])
-    if (~keep).any():
-        log.info("flight %s: %d frames without a usable time are left out", flight.name, int((~keep).sum()))
+    counts = {"frames": int(n), "no_time": int((~keep).sum()), "blank": int((blank & keep).sum()),
+              "filled_pixels": int(filled)}
+    counts["predicted"] = int((keep & ~blank).sum())
+    if counts["no_time"]:
+        log.info("flight %s: %d frames without a usable time are left out", flight.name, counts["no_time"])
+    if counts["blank"]:
+        log.warning("flight %s: %d frames are blank (no finite pixel, or every pixel equal): no height for them "
+                    "(NaN in the files)%s", flight.name, counts["blank"],
+                    "; more than 5% of the flight, check the IR file" if counts["blank"] > 0.05 * n else "")
+    if filled:
+        log.warning("flight %s: %d non-finite pixels replaced by their frame's median, as in training", flight.name,
+                    filled)
     out = {k: v[keep] for k, v in inputs.items()}
     out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
     out["frame_index"] = np.flatnonzero(keep)
+    out["counts"] = counts
     return out
 
 
 def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
+    """The NetCDF file, written under a temporary name and renamed when complete (atomic_path): a full
+    disk leaves no half file, and its error names the file."""
     import netCDF4
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+    with atomic_path(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
         nc.Conventions = "CF-1.8"
         nc.title = f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames"
         nc.source = f"CloudML model {run_dir / 'best.pt'}"
+        counts = result["counts"]
+        nc.comment = (f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
+                      f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median")
         nc.createDimension("time", len(result["t"]))
         spec = [("time", "t", "f8", {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00",
                                      "calendar": "standard", "axis": "T"}),
                 ("lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}),
                 ("lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}),
-                ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level",
+                ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level "
+                                                        "(missing where the frame is blank)",
                                                         "units": "km", "coordinates": "time lat lon"}),
                 ("cpl_cloud_base_height", "label", "f4", {"long_name": "CPL lidar cloud base height (label) where "
                                                           "one was matched to the frame", "units": "km"}),
@@ -122,7 +146,15 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
             var = nc.createVariable(name, dtype, ("time",), zlib=True, **fill)
             var.setncatts(attrs)
             var[:] = result[key]
-    tmp.replace(path)
+
+
+def write_csv(path: Path, result: dict) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["time_utc_s", "frame_index", "lat", "lon", "cbh_km", "cpl_cbh_km"])
+        for row in zip(result["t"], result["frame_index"], result["lat"], result["lon"], result["cbh_km"],
+                       result["label"]):
+            w.writerow([f"{row[0]:.2f}", row[1]] + [f"{v:.4f}" if np.isfinite(v) else "" for v in row[2:]])
 
 
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
@@ -145,41 +177,77 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     return along, track
 
 
+def resolve_flights(cfg, names: list[str]) -> dict[str, FlightConfig]:
+    """The files of each flight to predict, with train's checks: the run's own entry (its files as
+    trained), else the flight found in data.dir by its file names; only the IR file is required. Two
+    candidate files of one role (two nav files, two copies of a flight folder) are refused, as in train."""
+    from cloudml_lib.data.cache import cache_root
+
+    data = cfg.data
+    root = Path(data.dir)
+    skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
+    found = ({f.name: f for f in find_flights(DataConfig(**{**vars(data), "angles_source": "nav"}), skip)}
+             if root.is_dir() else {})
+    listed = {f.name: f for f in data.flights}
+    unknown = [n for n in names if n not in listed and not (n in found and "ir" in found[n].files)]
+    if unknown:
+        known = sorted(set(listed) | {n for n, f in found.items() if "ir" in f.files})
+        raise CloudMLError(f"--flights: {', '.join(unknown)} not found in {root} (known: {', '.join(known) or 'none'})")
+    out = {}
+    for name in names:
+        disc = found.get(name)
+        several = [p for p in (disc.problems if disc else []) if p.startswith("several")]
+        if several:
+            raise DataError(f"flight {name}: {'; '.join(several)}. Predict uses the same files train would, so "
+                            "the choice must be unambiguous.")
+        entry = listed.get(name)
+        if entry is None or not (root / entry.ir_file).is_file():
+            entry = disc.config()
+        elif disc is not None:                               # an optional file renamed or moved since training
+            for role in ("cpl", "nav"):
+                if not (root / getattr(entry, f"{role}_file")).is_file() and role in disc.files:
+                    entry = FlightConfig(**{**vars(entry), f"{role}_file": disc.files[role]})
+        out[name] = entry
+    return out
+
+
 def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_dir: str | Path | None = None,
                     data_dir: str | None = None) -> list[Path]:
     """Predict whole flights with a run's best model; returns the NetCDF files written.
     `flights`: names from the run's config or found in data.dir (default: its validation flights)."""
     run_dir = Path(run_dir)
-    rm = load_run_model(run_dir, data_dir)
+    rm = load_run_model(run_dir, data_dir, command="predict")
     cfg, ckpt = rm.cfg, rm.ckpt
-    known = {f.name: f for f in cfg.data.flights}
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
-    for f in find_flights(DataConfig(**{**vars(cfg.data), "angles_source": "cpl"})):
-        if f.name not in known and "ir" in f.files:
-            known[f.name] = f.config()
     names = flights or list(cfg.data.validation_flights)
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise CloudMLError(f"--flights: {', '.join(unknown)} not found (known: {', '.join(known)})")
+    chosen = resolve_flights(cfg, names)
     out = Path(out_dir) if out_dir else run_dir / "predictions"
+    if out.exists() and not out.is_dir():
+        raise CloudMLError(f"--out {out} is a file; choose a folder for the predictions")
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, summary_path = [], out / "summary.json"
+    summary = _read_summary(summary_path)
     for name in names:
-        result = predict_flight(rm.model, known[name], data, Scalers.from_dict(ckpt["scalers"]), rm.device,
+        result = predict_flight(rm.model, chosen[name], data, Scalers.from_dict(ckpt["scalers"]), rm.device,
                                 2 * int(cfg.train.batch_size), rm.autocast)
         nc = out / f"{name}_cbh.nc"
         write_netcdf(nc, name, result, run_dir)
-        with open(out / f"{name}_cbh.csv", "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["time_utc_s", "frame_index", "lat", "lon", "cbh_km", "cpl_cbh_km"])
-            for row in zip(result["t"], result["frame_index"], result["lat"], result["lon"], result["cbh_km"],
-                           result["label"]):
-                w.writerow([f"{row[0]:.2f}", row[1]] + [f"{v:.4f}" if np.isfinite(v) else "" for v in row[2:]])
+        write_csv(out / f"{name}_cbh.csv", result)
         along, track = flight_figures(name, result)
         plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
         plots.save_figure(track, out / f"{name}_track.png")
-        log.info("flight %s: %d frames predicted -> %s (CSV and plots beside it)", name, len(result["t"]), nc)
+        summary[name] = result["counts"]
+        write_text(summary_path, json.dumps(summary, indent=1))
+        log.info("flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)", name,
+                 result["counts"]["predicted"], result["counts"]["frames"], nc)
         written.append(nc)
     if out == run_dir / "predictions":
         write_report(run_dir)
     return written
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

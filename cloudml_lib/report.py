@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cloudml_lib.outputs import write_text
+
 REPORT = "report.md"
 
 
@@ -47,7 +49,5 @@ def build_report_md(run_dir: Path) -> str:
 
 
 def write_report(run_dir: str | Path) -> Path:
-    path = Path(run_dir) / REPORT
-    path.write_text(build_report_md(Path(run_dir)))
-    return path
+    return write_text(Path(run_dir) / REPORT, build_report_md(Path(run_dir)))
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from cloudml_lib.checkpoint import (Found, check_folder, find_checkpoints, find_latest_valid, set_aside_rejected,
-                                    step_of)
+from cloudml_lib.checkpoint import (META, STATE, Found, check_folder, find_checkpoints, find_latest_valid,
+                                    set_aside_rejected, step_of)
 from cloudml_lib.errors import CloudMLError
 
 log = logging.getLogger(__name__)
@@ -87,15 +87,24 @@ class RunLock:
         """Take the lock atomically: create it with O_EXCL (one creator wins); a lock whose holder is
         gone is first renamed away (one renamer wins) and checked to be the one judged stale."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(20):
+        unreadable_since = None
+        for _ in range(60):
             if self._create():
                 break
             other = self._read()
-            if other is None:                       # being created right now, or unreadable
-                if time.time() - self._mtime() < STALE_S:
-                    time.sleep(0.05)
-                    continue
-            elif holder_alive(other):
+            if other is None and self.path.exists():   # being created right now, or damaged
+                age = time.time() - self._mtime()
+                unreadable_since = unreadable_since or time.monotonic()
+                if age < STALE_S:
+                    if time.monotonic() - unreadable_since < 2.0:
+                        time.sleep(0.05)
+                        continue
+                    raise CloudMLError(
+                        f"the run lock {self.path} exists but cannot be read ({self._why_unreadable()}); it was written "
+                        f"{age:.0f} s ago. If another trainer is starting on this run right now, wait for it. If not, "
+                        f"delete {self.path}, or wait {STALE_S - age:.0f} s: a damaged lock is taken over once it is "
+                        f"{STALE_S:.0f} s old.")
+            elif other is not None and holder_alive(other):
                 age = time.time() - float(other.get("heartbeat", 0))
                 raise CloudMLError(
                     f"{self.path.parent} is in use by another trainer (host {other.get('host')}, pid "
@@ -119,6 +128,15 @@ class RunLock:
             f.flush()
             os.fsync(f.fileno())
         return True
+
+    def _why_unreadable(self) -> str:
+        try:
+            json.loads(self.path.read_text())
+            return "unknown"
+        except OSError as e:
+            return e.strerror or str(e)
+        except ValueError:
+            return "not the JSON a lock holds"
 
     def _mtime(self) -> float:
         try:
@@ -193,6 +211,37 @@ def has_run(run_dir: Path) -> bool:
     return any((run_dir / n).exists() for n in ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml"))
 
 
+def is_crossval(run_dir: Path) -> bool:
+    return (Path(run_dir) / "folds").is_dir() or (Path(run_dir) / "crossval.json").is_file()
+
+
+def fold_models(run_dir: Path) -> list[Path]:
+    return sorted(p / "model" for p in (Path(run_dir) / "folds").glob("*") if (p / "model").is_dir())
+
+
+def check_folder_kind(run_dir: Path, command: str) -> None:
+    """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
+    cross-validation folder. The wrong kind is named, with the command that fits it."""
+    run_dir = Path(run_dir)
+    if command == "crossval":
+        if has_run(run_dir) and not is_crossval(run_dir):
+            raise CloudMLError(f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
+                               "choose another --run-dir for the cross-validation. Nothing was changed.")
+        return
+    if not is_crossval(run_dir):
+        return
+    folds = fold_models(run_dir)
+    example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
+    if command == "train":
+        raise CloudMLError(f"{run_dir} is a cross-validation folder (it holds folds/): train would write a separate "
+                           f"run beside its folds. To continue the cross-validation: python -m cloudml_lib crossval "
+                           f"--config FILE --run-dir {run_dir}; to train one model, choose another --run-dir. "
+                           "Nothing was changed.")
+    raise CloudMLError(f"{run_dir} is a cross-validation folder: its results are in {run_dir / 'crossval.md'}. Each "
+                       f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
+                       + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else ""))
+
+
 # ------------------------------------------------------------------------- resuming
 
 def find_resume_point(run_dir: Path, mode: str) -> Found | None:
@@ -224,13 +273,44 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
                 f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over.")
         return found
     folder = Path(mode)
+    if folder.is_file() and folder.name != "state.pt":
+        raise CloudMLError(f"--resume {mode}: give a checkpoint folder (RUN_DIR/checkpoints/step-N) or its state.pt. "
+                           + ("best.pt holds the best model's weights only, not a resumable state (no optimizer, "
+                              "schedule or position). " if folder.name == "best.pt" else "")
+                           + "--resume auto continues from the newest valid checkpoint.")
     folder = folder.parent if folder.is_file() else folder
-    reason, state, meta = check_folder(folder) if folder.is_dir() else ("no such checkpoint folder", None, None)
+    if not folder.is_dir():
+        raise CloudMLError(f"--resume {mode}: no such checkpoint folder")
+    if not (folder / META).is_file() and not (folder / STATE).is_file():
+        raise CloudMLError(f"--resume {mode}: not a checkpoint folder (no {STATE}, no {META}); checkpoints are "
+                           "RUN_DIR/checkpoints/step-N")
+    reason, state, meta = check_folder(folder)
     if reason:
         raise CloudMLError(f"--resume {mode}: {reason}")
+    _check_same_run(run_dir, folder, state)
     if folder.parent.resolve() == (run_dir / "checkpoints").resolve():
         _set_aside_newer(run_dir, step_of(folder))
     return Found(folder, state, [], meta)
+
+
+def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
+    """--resume PATH continues this run: a checkpoint from inside the run folder (checkpoints/, rejected/,
+    superseded-*/), or one that carries this run's id (a copy of the whole run). Another run's checkpoint
+    goes only into an empty folder, which then becomes a copy of that run from that step."""
+    run_dir = Path(run_dir)
+    if run_dir.resolve() in folder.resolve().parents:
+        return
+    theirs = state["loop"].get("run_id")
+    newest = find_latest_valid(run_dir, load=False)
+    ours = newest.meta.get("run_id") if newest.meta else None
+    if theirs is not None and theirs == ours:
+        return
+    if has_run(run_dir):
+        raise CloudMLError(f"--resume {folder}: that checkpoint belongs to another run than the one in {run_dir}. "
+                           f"To continue that run, use --run-dir with its own folder ({folder.parent.parent}); to "
+                           f"continue this one, use --resume auto. Nothing was changed.")
+    log.warning("Continuing in %s from %s, a checkpoint of another run folder: this folder becomes a copy of that "
+                "run from step %d", run_dir, folder, state["loop"]["step"])
 
 
 def _set_aside_newer(run_dir: Path, step: int) -> None:
@@ -293,6 +373,10 @@ def truncate_metrics(run_dir: Path, size: int) -> None:
 def run_status(run_dir: str | Path) -> dict:
     """Where a run stands, from its newest valid checkpoint's manifest and its metrics."""
     run_dir = Path(run_dir)
+    if is_crossval(run_dir):
+        folds = {m.parent.name: run_status(m) if has_run(m) else None for m in fold_models(run_dir)}
+        return {"run_dir": str(run_dir), "crossval": True, "folds": folds,
+                "finished": (run_dir / "crossval.json").is_file()}
     if not has_run(run_dir):
         raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
     found = find_latest_valid(run_dir)                     # the same verification as resume
@@ -323,10 +407,19 @@ def run_status(run_dir: str | Path) -> dict:
 
 
 def format_status(s: dict) -> str:
+    if s.get("crossval"):
+        done = sum(1 for f in s["folds"].values() if f and f["finished"])
+        lines = [f"{s['run_dir']}: cross-validation, " + ("finished (crossval.md)" if s["finished"] else
+                                                           f"{done} of {len(s['folds'])} folds trained")]
+        for name, f in s["folds"].items():
+            lines.append(f"  fold {name}: " + (format_status(f).splitlines()[0].split(": ", 1)[1] if f else "not started"))
+        return "\n".join(lines)
     if s["latest_checkpoint"] is None:
         head = "no valid checkpoint yet"
+    elif s["finished"]:
+        head = f"finished: {s['epochs_completed']} of {s['epochs']} epochs, step {s['step']}/{s['total_steps']}"
     else:
-        state = "finished" if s["finished"] else ("running" if s["locked_by"] else "stopped (resumable)")
+        state = "running" if s["locked_by"] else "stopped (resumable)"
         head = (f"{state}: epoch {s['epoch']}/{s['epochs']} ({s['epochs_completed']} completed), batch "
                 f"{s['batch']}/{s['batches_per_epoch']}, step {s['step']}/{s['total_steps']} ({s['progress']:.1f}%)")
     lines = [f"{s['run_dir']}: {head}"]
@@ -349,6 +442,35 @@ class _TqdmHandler(logging.StreamHandler):
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
 
+    def handleError(self, record):
+        pass                          # the console is gone (a closed pipe): there is no one to tell
+
+
+class _RunLogFile(logging.FileHandler):
+    """train.log. A line that cannot be written (a full disk) is said once on screen, in words, instead
+    of logging's "--- Logging error ---" traceback at every line; the run goes on, and so does the log
+    on screen. Once writing works again (space freed), the file continues."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.failing, self._failed_now = False, False
+
+    def emit(self, record):
+        self._failed_now = False
+        super().emit(record)
+        if not self._failed_now:
+            self.failing = False
+
+    def handleError(self, record):
+        self._failed_now = True
+        if self.failing:
+            return
+        self.failing = True
+        e = sys.exc_info()[1]
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        print(f"warning: {self.baseFilename} cannot be written ({why}); the log continues on screen only. "
+              "Free space on that disk to keep the file complete.", file=sys.stderr, flush=True)
+
 
 def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
     """The package logger prints to the console and, with a run directory, to train.log.
@@ -366,7 +488,7 @@ def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
     screen.setFormatter(logging.Formatter("%(message)s"))
     handlers = [screen]
     if run_dir is not None:
-        file = logging.FileHandler(Path(run_dir) / "train.log")
+        file = _RunLogFile(Path(run_dir) / "train.log")
         file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         handlers.append(file)
     for h in handlers:

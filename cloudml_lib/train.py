@@ -16,10 +16,12 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import signal
 import threading
 import time
+import uuid
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
@@ -35,21 +37,23 @@ from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, cap
                                     clean_leftovers, cpu_state_dict, fault_point, load_checkpoint, read_meta,
                                     restore_rng, save_atomic, to_cpu)
 from cloudml_lib.config import Config, check_pretrain_flight, config_from_dict, save_config
+from cloudml_lib.data.cache import verify_cache
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.distributed import (SINGLE, Dist, apply_ddp, apply_global_batchnorm, explain_peer_failure,
                                      init_distributed)
-from cloudml_lib.errors import CloudMLError, ConfigError
+from cloudml_lib.errors import CloudMLError, ConfigError, DataError
 from cloudml_lib.evaluate import (build_report, format_report, json_safe, predict, regression_metrics,
                                   write_evaluation)
 from cloudml_lib.hardware import (choose_device, choose_precision, default_num_workers, describe_device,
                                   format_memory, memory_readings)
 from cloudml_lib.model import build_model, count_parameters
+from cloudml_lib.outputs import append_text, write_text
 from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, eager_after_compile_failure, halve_eval_batch,
                                   halve_micro_batch, measure_batch_size, release_memory, run_attempt, undo)
 from cloudml_lib.report import write_report
-from cloudml_lib.rundir import (RunLock, attach_run_log, check_data_fingerprint, check_resume_config, find_resume_point,
-                                truncate_metrics)
+from cloudml_lib.rundir import (RunLock, attach_run_log, check_data_fingerprint, check_folder_kind, check_resume_config,
+                                find_resume_point, truncate_metrics)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,23 @@ def apply_compile(model, cfg: Config, device: torch.device):
     return torch.compile(model, mode=cfg.train.torch_compile_mode)
 
 
+class ProgressLines:
+    """With CLOUDML_PROGRESS=1 (the notebook's training subprocess), one `@progress {json}` line on stdout
+    after an optimizer step, at most twice a second: the notebook's bar follows every step, not only the
+    logged ones, while tqdm's own bar is off (TQDM_DISABLE=1)."""
+    PREFIX, EVERY_S = "@progress ", 0.5
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.last = enabled, 0.0
+
+    def __call__(self, state: dict, total: int, epochs: int, batches: int) -> None:
+        if not self.enabled or time.monotonic() - self.last < self.EVERY_S:
+            return
+        self.last = time.monotonic()
+        print(self.PREFIX + json.dumps({"step": state["step"], "total": total, "epoch": state["epoch"] + 1,
+                                        "epochs": epochs, "batch": state["batch"], "batches": batches}), flush=True)
+
+
 def _ago(seconds: float) -> str:
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 
@@ -105,17 +126,21 @@ class Trainer:
         self.state = {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
                       "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
                       "micro_batch_size": None, "eval_batch_size": None, "oom_recoveries": 0,
-                      "nonfinite_in_a_row": 0, "nonfinite_total": 0}
+                      "nonfinite_in_a_row": 0, "nonfinite_total": 0,
+                      "run_id": uuid.uuid4().hex[:12]}          # which run a checkpoint belongs to (--resume PATH)
         self.lock = None
         self.writer = None
         self._stop_signal = None
         self.checkpoint_stalls: list[float] = []     # seconds the loop waited per save (benchmarks read it)
+        self._caches_checked = False
+        self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
     # ---------------------------------------------------------------------------------- set-up
     def setup(self) -> "Trainer":
         cfg, t = self.cfg, self.cfg.train
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise CloudMLError(f"--run-dir {self.run_dir} is a file, not a folder; choose a folder for the run")
+        check_folder_kind(self.run_dir, "train")
         fault_point("setup")
         # The data first: a data or config error must not leave a run folder behind. data.flights is
         # resolved before configs are compared. Rank 0 builds any missing cache; the others then read it.
@@ -178,9 +203,13 @@ class Trainer:
             raise ConfigError(f"train.batch_size {t.batch_size} is the global batch, shared by the {self.dist.world} "
                               f"processes: it must be at least {self.dist.world}")
         if t.batch_size != "auto" and t.batch_size * t.grad_accum_steps > n:
-            raise ConfigError(f"train.batch_size {t.batch_size} (x train.grad_accum_steps {t.grad_accum_steps}) is "
-                              f"larger than the training set ({n} samples): every epoch would be a single step. "
-                              f"Choose train.batch_size <= {max(1, n // t.grad_accum_steps)}.")
+            fixes = ([f"train.batch_size <= {n // t.grad_accum_steps}"] if n // t.grad_accum_steps >= 1 else []) + \
+                ([f"train.grad_accum_steps <= {n // t.batch_size} (with train.batch_size {t.batch_size})"]
+                 if n // t.batch_size >= 1 else [])
+            fix = " or ".join(fixes) or f"train.batch_size <= {n} with train.grad_accum_steps: 1"
+            raise ConfigError(f"train.batch_size {t.batch_size} x train.grad_accum_steps {t.grad_accum_steps} = "
+                              f"{t.batch_size * t.grad_accum_steps} samples per optimizer step, larger than the training "
+                              f"set ({n} samples): every epoch would be a single step. Choose {fix}.")
 
     def data_fingerprint(self) -> dict:
         """What the run trains and validates on, by content: per flight its sample count and a hash of
@@ -282,7 +311,7 @@ class Trainer:
                 "batch_size": self.cfg.train.batch_size, "device": describe_device(self.device),
                 "started_at": time.time(), "start_step": self.state["step"],
                 "resumed_from": str(found.folder) if found is not None else None}
-        (self.run_dir / "run.json").write_text(json.dumps(info, indent=1))
+        write_text(self.run_dir / "run.json", json.dumps(info, indent=1))
 
     # ----------------------------------------------------------------------------- snapshot
     def snapshot(self) -> dict:
@@ -326,7 +355,8 @@ class Trainer:
         meta = {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"],
                 "samples_in_epoch": self.sampler.samples_before(st["batch"]), "epochs": self.cfg.train.epochs,
                 "batches_per_epoch": self.sampler.batches_per_epoch(), "total_steps": self.total_steps,
-                "finished": st["finished"], "reason": reason,
+                "finished": st["finished"], "stopped_early": st["stopped_early"], "run_id": st["run_id"],
+                "reason": reason,
                 "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
                 "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.writer.submit(state, meta, wait=wait)
@@ -416,12 +446,30 @@ class Trainer:
         log.warning("Non-finite loss at step %d (epoch %d, batch %d): step skipped, weights unchanged (%d in a row, "
                     "%d in all).", st["step"], st["epoch"] + 1, st["batch"], st["nonfinite_in_a_row"],
                     st["nonfinite_total"])
+        self._check_caches_once()
         if st["nonfinite_in_a_row"] >= limit:
             raise CloudMLError(
                 f"training stopped: {limit} optimizer steps in a row had a NaN or infinite loss "
-                f"(train.max_nonfinite_steps). The weights were never updated with them, and best.pt and the "
-                f"checkpoints hold finite models. Lower train.learning_rate (now {self.cfg.train.learning_rate}), "
-                "check the data for NaN values, then run the same command to resume from the last checkpoint.")
+                f"(train.max_nonfinite_steps). The preprocessing cache was checked against its checksums and is "
+                f"intact, so the data did not change; the weights were never updated with those steps, and best.pt "
+                f"and the checkpoints hold finite models. Lower train.learning_rate (now "
+                f"{self.cfg.train.learning_rate}), then run the same command to resume from the last checkpoint.")
+
+    def _check_caches_once(self) -> None:
+        """A NaN loss can come from bit rot in the cache rather than the optimisation: the first time one
+        appears, every cache is checked against the checksum recorded when it was built (same files on
+        every process, so all take the same decision)."""
+        if self._caches_checked:
+            return
+        self._caches_checked = True
+        t0 = time.time()
+        problems = [p for p in map(verify_cache, self.train_set.caches + self.val_set.caches) if p]
+        if problems:
+            raise DataError("NaN/inf losses: " + "; ".join(problems) + ". Delete the named cache folder(s): they are "
+                            "rebuilt from the IR files at the next start. Then run the same command again: training "
+                            "resumes from the last checkpoint, whose weights are finite.")
+        log.info("The preprocessing cache matches its checksums (checked in %.1f s): the data is intact",
+                 time.time() - t0)
 
     # ------------------------------------------------------------------------------ the loop
     def train_epoch(self, epoch: int) -> float:
@@ -430,8 +478,10 @@ class Trainer:
         self.sampler.set_epoch(epoch, start_batch=st["batch"])
         self.train_set.set_epoch(epoch)
         n_total = self.sampler.batches_per_epoch()
+        # Only the other processes are switched off here: on rank 0 tqdm's own TQDM_DISABLE decides (the
+        # notebook's subprocess sets it; an explicit disable= would override it and flood the cell).
         bar = tqdm(self.loader, total=n_total, initial=st["batch"], desc=f"epoch {epoch + 1}/{t.epochs}",
-                   unit="batch", leave=False, disable=not self.dist.is_main)
+                   unit="batch", leave=False, **({} if self.dist.is_main else {"disable": True}))
         self._window_t0 = time.time()
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         for batch in bar:
@@ -476,6 +526,7 @@ class Trainer:
         # An epoch's last step is saved right after its validation instead (same step number).
         if (by_steps or by_time) and st["batch"] < self.sampler.batches_per_epoch():
             self.save_checkpoint("every_steps" if by_steps else "every_minutes")
+        self.progress(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
         fault_point("step")
         if stop:
             self._stop_now()
@@ -603,38 +654,43 @@ class Trainer:
                      "step": self.state["step"], "val_loss": self.state["best_val_loss"],
                      "train_mean_km": float(self.train_set.targets_km().mean())}, self.run_dir / "best.pt")
 
-    def finish(self) -> dict:
-        """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
-        if self.writer is not None:
-            self.writer.wait()
-        self.dist.barrier()                                 # rank 0's best.pt is written before anyone reads it
+    def _evaluate_best(self) -> dict:
+        """Full validation with the best weights (the newest if best.pt cannot be used, which is then
+        rewritten); rank 0 writes evaluation.json, predictions.csv and the scatter plot."""
         best = self.run_dir / "best.pt"
         if best.exists():
             try:
                 self.model.load_state_dict(load_checkpoint(best)["model"])
             except (CloudMLError, RuntimeError, KeyError, TypeError) as e:
-                log.warning("best.pt cannot be used (%s). The final evaluation uses the newest weights (epoch %d) "
-                            "instead, and best.pt is rewritten with them.", str(e).splitlines()[0], self.state["epoch"])
+                log.warning("%s cannot be used (%s). The final evaluation uses the newest weights (epoch %d) instead, "
+                            "and best.pt is rewritten with them.", best, str(e).splitlines()[0], self.state["epoch"])
                 self.state["best_epoch"] = self.state["epoch"]
                 if self.dist.is_main:
                     self.save_best()
         _, _, pred_km = self.validate()
+        report = build_report(self.val_set, pred_km, float(self.train_set.targets_km().mean()), self.state["best_epoch"])
+        if self.dist.is_main:
+            write_evaluation(self.run_dir, self.val_set, pred_km, report)
+        return report
+
+    def finish(self) -> dict:
+        """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
+        if self.writer is not None:
+            self.writer.wait()
+        self.dist.barrier()                                 # rank 0's best.pt is written before anyone reads it
+        report = self._evaluate_best()
         self.state["finished"] = True
-        if not self.dist.is_main:
-            self.save_checkpoint("final", wait=True)        # its part of the gathered snapshot
-            self.dist.barrier()
-            return build_report(self.val_set, pred_km, float(self.train_set.targets_km().mean()),
-                                self.state["best_epoch"])
-        train_mean_km = float(self.train_set.targets_km().mean())
-        report = build_report(self.val_set, pred_km, train_mean_km, self.state["best_epoch"])
-        write_evaluation(self.run_dir, self.val_set, pred_km, report)
-        self._append_metrics({"kind": "final", "epoch": self.state["epoch"], "step": self.state["step"],
-                              **report["overall"], "baseline": report["baseline"], "per_flight": report["per_flight"]})
-        if self.state["history"]:
-            plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
-        write_report(self.run_dir)
-        self.save_checkpoint("final", wait=True)
+        if self.dist.is_main:
+            self._append_metrics({"kind": "final", "epoch": self.state["epoch"], "step": self.state["step"],
+                                  **report["overall"], "baseline": report["baseline"],
+                                  "per_flight": report["per_flight"]})
+            if self.state["history"]:
+                plots.save_figure(plots.curves_figure(self.state["history"]), self.run_dir / "plots" / "curves.png")
+            write_report(self.run_dir)
+        self.save_checkpoint("final", wait=True)            # every rank: the snapshot gathers from all of them
         self.dist.barrier()
+        if not self.dist.is_main:
+            return report
         if self.writer.failures_in_a_row:
             raise CloudMLError(f"the final checkpoint could not be written ({self.writer.last_error}); the results "
                                f"are in {self.run_dir}, but the run is not marked finished. Free space or fix the "
@@ -644,19 +700,24 @@ class Trainer:
         return report
 
     def _stored_report(self) -> dict:
+        """A finished run's report; a missing or damaged evaluation.json is computed again from best.pt."""
         path = self.run_dir / "evaluation.json"
-        if not path.exists():
-            raise CloudMLError(f"{self.run_dir} finished but evaluation.json is missing; run "
-                               f"python -m cloudml_lib evaluate --run-dir {self.run_dir}")
-        report = json.loads(path.read_text())
+        try:
+            report = json.loads(path.read_text())
+            format_report(report)                           # the structure a report has
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            why = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({type(e).__name__})"
+            log.warning("%s is %s: scoring best.pt on the validation flights again", path, why)
+            report = self._evaluate_best()
+            if self.dist.is_main:
+                write_report(self.run_dir)
         log.info("Its report:\n%s", format_report(report))
         return report
 
     def _append_metrics(self, record: dict) -> None:
         if not self.dist.is_main:
             return
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(json_safe(record)) + "\n")
+        append_text(self.run_dir / "metrics.jsonl", json.dumps(json_safe(record)) + "\n")
 
     @contextmanager
     def _signals_trapped(self):

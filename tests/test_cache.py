@@ -24,8 +24,8 @@ def test_windows_edge_policies():
 def test_preprocess_crops_normalises_and_fills_nan(tiny_config):
     raw = np.random.default_rng(0).normal(290, 3, (40, 48)).astype(np.float32)
     raw[10, 10] = np.nan
-    frame, n_bad = preprocess_frame(raw, tiny_config.data)
-    assert frame.shape == (32, 48) and n_bad == 1
+    frame, n_bad, blank = preprocess_frame(raw, tiny_config.data)
+    assert frame.shape == (32, 48) and n_bad == 1 and not blank
     assert np.isfinite(frame).all()
     assert abs(frame.mean()) < 1e-4 and abs(frame.std() - 1) < 1e-3
     tiny_config.data.downsample = 2
@@ -146,20 +146,37 @@ def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path):
     assert not list(built.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"
 
 
-def test_a_flight_of_mostly_blank_frames_is_refused(tmp_path):
+def _blank_some_frames(tmp_path, which, value):
+    """Demo flights whose first flight has frames `which` set to `value` (NaN, or one count: no contrast)."""
     import h5py
     from cloudml_lib.data.synthetic import make_demo_flights
-    from cloudml_lib.errors import DataError
     entries = make_demo_flights(tmp_path / "f", n_flights=2, frames_per_flight=120, frame_shape=(40, 48))
     path = tmp_path / "f" / entries[0]["ir_file"]
-    with h5py.File(path, "a") as f:                   # as float, with a third of the frames NaN
+    with h5py.File(path, "a") as f:                   # as float, with the chosen frames blank
         counts = f["Product/Signal"][()].astype("f4")
-        counts[::3] = np.nan
+        counts[which] = value
         del f["Product/Signal"]
         f["Product/Signal"] = counts
-    cfg = build_config({"data": {"dir": str(tmp_path / "f"), "cache_dir": str(tmp_path / "c"), "flights": entries,
-                                 "validation_flights": [entries[1]["name"]], "swath_slice": [4, 36],
-                                 "temporal_frames": 3}})
-    with pytest.raises(DataError, match=r"flight 01Mar25: \d+ of the \d+ frames .* entirely NaN/inf .*5%"):
+    return build_config({"data": {"dir": str(tmp_path / "f"), "cache_dir": str(tmp_path / "c"), "flights": entries,
+                                  "validation_flights": [entries[1]["name"]], "swath_slice": [4, 36],
+                                  "temporal_frames": 3}})
+
+
+@pytest.mark.parametrize("value", [np.nan, 11000.0], ids=["all NaN", "no contrast"])
+def test_a_flight_of_mostly_blank_frames_is_refused(tmp_path, value):
+    from cloudml_lib.errors import DataError
+    cfg = _blank_some_frames(tmp_path, slice(None, None, 3), value)          # a third of the frames
+    with pytest.raises(DataError, match=r"flight 01Mar25: \d+ of the \d+ frames .* blank \(entirely NaN/inf, or every "
+                                        r"pixel equal\).*more than 5%"):
         load_flight_cache(cfg.data.flights[0], cfg.data)
     assert not list((tmp_path / "c").glob("*"))
+
+
+def test_a_label_on_a_blank_frame_is_dropped_and_counted(tmp_path):
+    cfg = _blank_some_frames(tmp_path, [], np.nan)
+    clean = load_flight_cache(cfg.data.flights[0], cfg.data)
+    labelled = int(clean.frame_index[len(clean) // 2])
+    cfg = _blank_some_frames(tmp_path / "again", [labelled], 11000.0)        # one labelled frame without contrast
+    cache = load_flight_cache(cfg.data.flights[0], cfg.data)
+    assert labelled not in cache.frame_index and len(cache) == len(clean) - 1
+    assert cache.meta["counts"]["blank_frame"] == 1 and cache.meta["counts"]["empty_frames"] == 1

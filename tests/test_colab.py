@@ -1,78 +1,244 @@
-"""What the notebook cells display (cloudml_lib.colab, plots): the progress bar's fill, the curves'
-placeholder and axes, tables in Markdown, the preset picker's messages. Headless: the widgets and
-display calls are inspected, not rendered."""
+"""What the notebook cells show and do (cloudml_lib.colab): the picker that comes back with the run the
+user started, the live view (bar, curves, notices, folded log), steps that wait for a finished run,
+user errors without a traceback. Headless: widgets and display calls are inspected, not rendered (the
+browser check, tests/test_browser.py, renders them)."""
 import json
+import os
+import re
 import signal
-import time
+import subprocess
+import sys
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pytest
+import yaml
 
 from cloudml_lib import colab, plots
+from cloudml_lib.colab import drive, live, picker as picker_mod, training
 from cloudml_lib.data.flights import format_table
 from cloudml_lib.evaluate import format_report
+from conftest import tiny_raw
+
+REPO = Path(__file__).parent.parent
 
 
 @pytest.fixture
 def shown(monkeypatch):
-    """Everything passed to IPython's display / handle.update, in order."""
-    import IPython.display as disp
+    """Everything the cells display, in order (widgets, display objects, Markdown text)."""
+    from cloudml_lib.colab import show
     out = []
-
-    class Handle:
-        def update(self, obj):
-            out.append(obj)
-    monkeypatch.setattr(disp, "display", lambda obj, display_id=False, **k: out.append(obj) or Handle())
+    for module in (show, drive, live, picker_mod, training):
+        for name in ("show", "show_markdown"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, out.append)
     return out
 
 
-def write_run(run_dir, total, start, steps, epochs=0):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps({"total_steps": total, "start_step": start, "started_at": time.time()}))
-    rows = [{"kind": "step", "step": s} for s in steps]
-    rows += [{"kind": "epoch", "epoch": e + 1, "step": 0, "train_loss": 1.0, "val_loss": 1.0, "r2": 0.1, "lr": 1e-3}
-             for e in range(epochs)]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+    return colab.workspace()
 
 
-def test_the_progress_bar_fill_follows_the_real_total(tmp_path, shown, monkeypatch):
-    import tqdm.auto
-    import tqdm.notebook
-    monkeypatch.setattr(tqdm.auto, "tqdm", tqdm.notebook.tqdm)             # the widget, as in a notebook
-    live = colab._LiveProgress(tmp_path / "run", time.time())
-    live.refresh()
-    assert live.bar is None                                                 # no "100% 1/1" before the plan is known
-    write_run(tmp_path / "run", total=78, start=25, steps=[30, 35])
-    live.refresh()
-    _, widget, _ = live.bar.container.children
-    assert widget.max == 78 and widget.value == 35                          # the fill is 35/78, not full
-    live.end(130)                                                           # a deliberate stop
-    assert widget.bar_style != "danger" and "stopped with a checkpoint at step 35" in live.bar.desc
-    live2 = colab._LiveProgress(tmp_path / "run", time.time() - 5)
-    live2.refresh()
-    live2.end(-signal.SIGKILL)                                              # a (simulated) disconnect
-    assert live2.bar.container.children[1].bar_style != "danger"
-    live3 = colab._LiveProgress(tmp_path / "run", time.time() - 5)
-    live3.refresh()
-    live3.end(1)                                                            # a real failure: red
-    assert live3.bar.container.children[1].bar_style == "danger"
+def own_flights(ws, n=3, shape=(32, 40)):
+    """Flights of the user's own in the data folder, in the real layout (found by their names)."""
+    from cloudml_lib.data.synthetic import make_demo_flights
+    return make_demo_flights(ws.data / "ER2", n_flights=n, frames_per_flight=40, frame_shape=shape)
 
 
-def test_the_curves_placeholder_is_text_and_is_replaced(tmp_path, shown):
-    from IPython.display import Image, Markdown
-    live = colab._LiveProgress(tmp_path / "run", time.time())
-    assert isinstance(shown[0], Markdown) and "Curves appear after the first epoch" in shown[0].data
-    live.end(-signal.SIGKILL)
-    assert isinstance(shown[-1], Markdown) and "No epoch finished in this run: killed" in shown[-1].data
-    write_run(tmp_path / "run", 78, 0, [6], epochs=1)
-    live = colab._LiveProgress(tmp_path / "run", time.time() - 5)
-    live.refresh()
-    assert isinstance(shown[-1], Image) and shown[-1].data[:4] == b"\x89PNG"  # a picture, not a Figure's repr
-    assert not plt.get_fignums()                                            # nothing left for the inline backend
-    live.end(0)
-    assert isinstance(shown[-1], Image)                                     # the curves stay
+# ------------------------------------------------------------------ the live view
 
+def test_the_bar_follows_every_step_and_keeps_its_colour_by_how_the_run_ended(tmp_path, shown):
+    for code, style in ((0, "success"), (130, ""), (-signal.SIGKILL, ""), (-signal.SIGINT, ""), (1, "danger")):
+        view = live.LiveView(tmp_path / "run")
+        view.line('@progress {"step": 30, "total": 78, "epoch": 2, "epochs": 2, "batch": 4, "batches": 39}')
+        view.refresh()
+        assert (view.bar.max, view.bar.value) == (78, 30) and "step 30 of 78 (38%)" in view.label.value
+        view.end(code, "stopped; the last checkpoint is at step 31 of 78")
+        assert view.bar.bar_style == style, (code, view.bar.bar_style)
+        assert view.bar.value == (78 if code == 0 else 30)          # a stopped run keeps its fill, blue
+    assert all("@progress" not in line for line in view.lines)      # progress lines drive the bar, not the log
+
+
+def test_curves_bar_and_notices_stay_together_and_the_log_is_folded(tmp_path, shown):
+    import ipywidgets as w
+    run = tmp_path / "run"
+    view = live.LiveView(run)
+    box = shown[-1]
+    assert isinstance(box, w.VBox)
+    top, status, notices, placeholder, curves, folded = box.children
+    assert top.children[0] is view.bar and isinstance(folded, w.Accordion) and folded.selected_index is None
+    assert "Curves appear after the first epoch" in placeholder.value and curves.layout.display == "none"
+    table = "flight   IR file                                  frames  labels kept"
+    for text in ("Flights:", table, "Resumed from step 25 (epoch 2, batch 4/39), saved 3 s ago",
+                 "Epoch 2/2 | train_loss 0.089 | val_loss 0.173 | R2 0.61 | MAE 0.223 km | lr 1.8e-03 | 5.6 s",
+                 "Stopped by SIGINT at step 41; checkpoint saved in runs/x/checkpoints. Run the same command again."):
+        view.line(text)
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "epoch", "epoch": 1, "step": 39, "train_loss": 1.0,
+                                                   "val_loss": 0.9, "r2": 0.2, "lr": 1e-3}) + "\n")
+    view.refresh()
+    assert curves.value[:4] == b"\x89PNG" and curves.layout.display is None and placeholder.layout.display == "none"
+    assert "Epoch 2/2" in status.value
+    assert "Resumed from step 25" in notices.value and "Stopped by SIGINT at step 41" in notices.value
+    assert view.log.value.startswith("<pre") and table in view.log.value       # a <pre>: a table never wraps
+    assert view.log.layout.overflow == "auto" and "Log (5 lines" in folded.get_title(0)
+
+
+def test_without_an_epoch_the_placeholder_says_what_happened(tmp_path, shown):
+    view = live.LiveView(tmp_path / "run")
+    view.end(-signal.SIGKILL, "killed (as by a disconnect); no checkpoint was saved yet")
+    assert "No epoch finished in this run: killed (as by a disconnect)" in view.placeholder.value
+
+
+def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_flights, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw(*tiny_flights, tmp_path / "cache")))
+    env = dict(os.environ, TQDM_DISABLE="1", CLOUDML_PROGRESS="1", PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
+                        str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "batch/s" not in out and "it/s" not in out and "frame/s" not in out, out[-3000:]
+    progress = [json.loads(x[len("@progress "):]) for x in r.stdout.splitlines() if x.startswith("@progress ")]
+    assert progress and progress[-1]["total"] == 12 and 1 <= progress[-1]["step"] <= 12
+
+
+def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown, capsys):
+    raw = tiny_raw(*tiny_flights, tmp_path / "cache")
+    raw["checkpoint"] = {"every_steps": 3}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    view = live.LiveView(tmp_path / "run")
+    code = live.run_live(live.command("train", "--config", cfg, "--run-dir", tmp_path / "run"), view,
+                         {"CLOUDML_KILL_AT": "step:8:SIGINT"})
+    assert code == 130
+    live.finish(code, view, "training", tmp_path / "run")
+    out = capsys.readouterr().out
+    step = int(re.search(r"Stopped by SIGINT at step (\d+); checkpoint saved", view.notices.value).group(1))
+    assert step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out   # the saved step
+    assert view.bar.bar_style == ""
+
+
+# ------------------------------------------------------------------ the picker
+
+def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, tmp_path, shown):
+    raw = tiny_raw(*tiny_flights, tmp_path / "cache")
+    raw["checkpoint"] = {"every_steps": 3}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
+                        str(ws.runs / "my_run")], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, CLOUDML_KILL_AT="step:10"))
+    assert r.returncode == -signal.SIGKILL                          # a disconnect in the middle of the run
+    colab.Choice(preset="demo", epochs=3, run_name="my_run", crossval=True, whole_flights=False).save(ws.root)
+    p = colab.Picker(ws)                                             # a new kernel after the disconnect
+    assert p.mode.value == "continue" and p.mode.options[0][0] == "Continue my_run"
+    c = p.choice()
+    assert (c.epochs, c.run_name, c.crossval, c.whole_flights) == (3, "my_run", True, False)
+    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step [69] of 12\)", p.note.value), p.note.value
+    assert p.run_name.disabled and p.preset.disabled
+    p.epochs.value = 1                                               # the note follows every change
+    assert "1 epoch," in p.note.value and "1 epochs" not in p.note.value and "3 epochs" not in p.note.value
+    p.mode.value = "new"                                             # a new run is an explicit choice
+    c = p.choice()
+    assert c.run_name == "demo" and c.epochs == 12 and not c.crossval and not p.run_name.disabled
+    assert "A new run <b>demo</b>" in p.note.value
+
+
+def test_a_finished_run_is_kept_not_trained_again(ws, shown, monkeypatch, tmp_path):
+    (ws.runs / "demo").mkdir()
+    colab.Choice(preset="demo", epochs=12, run_name="demo").save(ws.root)
+    monkeypatch.setattr(picker_mod, "progress", lambda run_dir, choice=None: (False, "finished (12 epochs)"))
+    p = colab.Picker(ws)
+    assert p.mode.value == "continue" and p.mode.options[0][0] == "Keep demo"
+    assert "Run demo is finished (12 epochs)</b>: the cells below show its results without training again" \
+        in p.note.value
+    p.mode.value = "new"
+    assert p.choice().run_name == "demo_2"                           # a new run never reuses a finished one's name
+
+
+def test_the_widgets_show_what_trains_without_a_gpu(ws, shown, monkeypatch):
+    from cloudml_lib import hardware
+    own_flights(ws)
+    monkeypatch.setattr(hardware, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
+    p = colab.Picker(ws)
+    assert p.preset.value == "Auto" and dict(p.preset.options)["Auto: C here"] == "Auto"
+    c = p.choice()
+    assert c.preset == "C" and c.epochs == 50 and c.run_name == "preset_C"
+    assert "Trains preset <b>C</b> (colab_optimized.yaml" in p.note.value and "there is no GPU" in p.note.value
+    assert "preset_Auto" not in p.note.value
+
+
+def test_demo_data_shows_the_demo_configuration(ws, shown):
+    p = colab.Picker(ws)
+    assert p.preset.options == (("demo: CPU demo configuration", "demo"),) and p.preset.disabled
+    assert p.choice().epochs == 12 and p.choice().run_name == "demo" and p.heldout.layout.display == "none"
+    cmd = training.train_command(ws, p.choice())
+    assert cmd[cmd.index("--config") + 1].endswith("demo.yaml") and cmd[cmd.index("--run-dir") + 1] == str(ws.runs / "demo")
+    assert "train.epochs=12" in cmd
+
+
+def test_the_crossval_box_is_short_and_its_warning_is_visible(ws, shown):
+    p = colab.Picker(ws)
+    texts = [getattr(c, "value", "") for c in shown[-1].children]
+    assert len(p.crossval.description) < 60 and not p.crossval.indent
+    assert any("hours on real data" in t for t in texts if isinstance(t, str))
+
+
+def test_a_missing_held_out_flight_is_replaced_and_said(ws, shown):
+    entries = own_flights(ws)                                       # 01Mar25, 03Mar25, 05Mar25: no 12Feb25
+    held, why = drive.default_heldout(ws)
+    assert held == [entries[-1]["name"]] and "12Feb25 is not among the complete flights found" in why
+    p = colab.Picker(ws)
+    assert p.heldout.value == (entries[-1]["name"],) and not p.heldout.disabled
+    assert set(p.heldout.options) == {e["name"] for e in entries}
+    p.heldout.value = (entries[0]["name"],)
+    config, over = colab.run_config(ws, "B", 5, list(p.heldout.value))
+    assert f"data.validation_flights=[{entries[0]['name']}]" in over
+    from cloudml_lib.config import load_config
+    assert load_config(config, over).data.validation_flights == [entries[0]["name"]]
+
+
+def test_the_cache_cell_does_not_depend_on_the_held_out_flight(ws, shown):
+    own_flights(ws, shape=(488, 64))                                 # the presets' 440 rows, narrow for speed
+    cache = colab.build_cache(ws)                                   # 12Feb25 is not there: no ConfigError
+    assert cache["flights"] == 3
+
+
+def test_a_user_error_in_a_cell_shows_its_message_without_a_traceback(ws, shown):
+    entries = own_flights(ws, shape=(488, 64))
+    broken = ws.data / "ER2" / entries[0]["ir_file"]
+    broken.write_bytes(b"not an HDF5 file")
+    with pytest.raises(colab.UserError) as e:
+        colab.build_cache(ws)
+    lines = e.value._render_traceback_()
+    assert "Problem:" in lines[0] and str(broken) in "\n".join(lines) and "is the file complete?" in "\n".join(lines)
+    assert not any("Traceback" in x or 'File "' in x for x in lines)
+
+
+# ------------------------------------------------------------------ steps after training
+
+def test_steps_after_training_wait_for_a_finished_run(ws, shown, capsys):
+    p = colab.Picker(ws)
+    p.crossval.value = True
+    assert colab.whole_flights(ws, p, ws.runs / "demo") is None
+    assert colab.crossval(ws, p, ws.runs / "demo") is None
+    out = capsys.readouterr().out
+    assert "Whole flights wait for training to finish" in out and "Cross-validation waits for training" in out
+
+
+def test_the_smoke_check_says_a_stopped_run_was_not_checked(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CLOUDML_SMOKE", "1")
+    colab.check_smoke_run(tmp_path / "run")                          # stopped before the end: no AssertionError
+    assert "Smoke test not checked: the run was stopped" in capsys.readouterr().out
+    monkeypatch.delenv("CLOUDML_SMOKE")
+    colab.check_smoke_run(tmp_path / "run")
+    assert capsys.readouterr().out == ""                             # nothing at all in normal use
+
+
+# ------------------------------------------------------------------ tables and reports
 
 def test_one_epoch_is_drawn_against_anchored_axes():
     fig = plots.curves_figure([{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "r2": 0.6, "lr": 1e-3}])
@@ -82,82 +248,45 @@ def test_one_epoch_is_drawn_against_anchored_axes():
 
 
 def test_file_names_in_markdown_tables_keep_their_stars():
-    table = format_table([["10Feb25", "*_IRAI_L1B_*_20250210.h5", "-", "CRS_20250210_nav.hdf", "1", "2", "x"]],
+    table = format_table([["10Feb25", "*_IRAI_L1B_*_20250210.h5", "-", "CRS_20250210_nav.hdf", "1", "2", "3", "x"]],
                          markdown=True)
     assert "| `*_IRAI_L1B_*_20250210.h5` | - | `CRS_20250210_nav.hdf` |" in table
 
 
-def test_evaluation_table_columns_never_run_together():
+def test_evaluation_rows_say_whose_numbers_they_are():
     m = {"r2": 0.5, "mae_km": 0.1, "rmse_km": 0.2, "bias_km": -0.01, "std_ratio": 0.9, "n": 12}
-    header = format_report({"overall": m, "baseline": m, "per_flight": {"10Feb25": m}}).splitlines()[0]
+    lines = format_report({"overall": m, "baseline": m, "per_flight": {"10Feb25": m},
+                           "baseline_per_flight": {"10Feb25": m}}).splitlines()
+    names = [line.split("  ")[0] for line in lines[1:]]
+    assert names == ["model: all held-out flights", "model: flight 10Feb25", "baseline (training mean): all",
+                     "baseline (training mean): flight 10Feb25"]
+    assert not any(line.startswith(" ") for line in lines[1:])       # no row looks nested under another
+    header = lines[0]
     for a, b in (("MAE km", "RMSE km"), ("RMSE km", "bias km"), ("bias km", "std ratio"), ("std ratio", "n")):
         assert f"{a}  " in header and header.index(b) > header.index(a) + len(a) + 1
 
 
-def test_the_picker_says_what_trains_without_real_flights(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
-    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
-    ws = colab.workspace()
-    picker = colab.Picker(ws)
-    out = capsys.readouterr().out
-    assert "training uses the demo configuration (demo.yaml, 12 epochs)" in out
-    assert picker.epochs.value == 12 and picker.run_name.value == "demo"
-    _, run_dir, cfg = colab._command(ws, picker)
-    assert cfg.train.epochs == 12 and cfg.data.demo and run_dir.name == "demo"
+def test_a_finished_run_status_shows_no_batch_position():
+    from cloudml_lib.rundir import format_status
+    s = {"run_dir": "runs/demo", "latest_checkpoint": "x", "finished": True, "epochs_completed": 12, "epochs": 12,
+         "step": 468, "total_steps": 468, "batch": 0, "batches_per_epoch": 39, "epoch": 12, "progress": 100.0,
+         "locked_by": None, "best_metric": 0.01, "best_r2": 0.98, "latest_checkpoint_age_s": 60, "rejected": []}
+    head = format_status(s).splitlines()[0]
+    assert head == "runs/demo: finished: 12 of 12 epochs, step 468/468" and "batch" not in head
 
 
-def test_the_run_name_follows_the_preset_until_typed(tmp_path, monkeypatch):
-    from cloudml_lib.data.synthetic import make_demo_flights
-    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
-    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
-    ws = colab.workspace()
-    make_demo_flights(ws.data, n_flights=2, frames_per_flight=30, frame_shape=(32, 40))
-    picker = colab.Picker(ws)
-    picker.preset.value = "C"
-    assert picker.run_name.value == "preset_C" and picker.epochs.value == 50
-    picker.run_name.value = "my_run"
-    picker.preset.value = "B"
-    assert picker.run_name.value == "my_run"
-
-
-def test_the_smoke_test_says_the_picker_is_not_used(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CLOUDML_SMOKE", "1")
-    monkeypatch.chdir(tmp_path)
-    colab.Picker(colab.workspace())
-    assert "Smoke test: the choices above are not used" in capsys.readouterr().out
-
-
-def test_the_report_is_shown_as_text_and_images(tmp_path, shown, monkeypatch):
-    from IPython.display import Image, Markdown
-    monkeypatch.setattr(colab, "_show", lambda text: shown.append(Markdown(text)))    # as in a notebook
+def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
+    from cloudml_lib.colab import show
+    out = []
+    monkeypatch.setattr(show, "in_notebook", lambda: True)
+    monkeypatch.setattr(show, "show", out.append)
+    monkeypatch.setattr(show, "show_markdown", lambda text: out.append(("md", text)))
     run = tmp_path / "run"
     (run / "plots").mkdir(parents=True)
     plots.save_figure(plots.curves_figure([{"epoch": 1, "train_loss": 1, "val_loss": 1, "r2": 0.1, "lr": 1e-3}]),
                       run / "plots" / "curves.png")
     (run / "report.md").write_text("# Run\n\n| a | b |\n|---|---|\n\n## Training curves\n\n"
                                    "![Training curves](plots/curves.png)\n\n## After\ntext\n")
-    colab.show_report(run)
-    kinds = [type(x).__name__ for x in shown]
-    assert kinds == ["Markdown", "Image", "Markdown"] and "| a | b |" in shown[0].data
-    assert isinstance(shown[1], Image) and isinstance(shown[2], Markdown)
-
-
-def test_crossval_from_the_notebook_runs_the_same_command_when_asked(tmp_path, monkeypatch, capsys):
-    import subprocess
-    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
-    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
-    ws = colab.workspace()
-    picker = colab.Picker(ws)
-    assert colab.crossval(ws, picker) is None and "not asked for" in capsys.readouterr().out
-    calls = []
-
-    def fake_run(cmd, **kw):
-        calls.append(cmd)
-        out = Path(cmd[cmd.index("--run-dir") + 1])
-        out.mkdir(parents=True)
-        (out / "crossval.md").write_text("# table")
-        return subprocess.CompletedProcess(cmd, 0, "done", "")
-    monkeypatch.setattr(colab.subprocess, "run", fake_run)
-    picker.crossval.value = True
-    cv = colab.crossval(ws, picker)
-    assert calls[0][3] == "crossval" and cv == ws.runs / "demo_crossval"
+    show.show_report(run)
+    assert out[0][0] == "md" and "| a | b |" in out[0][1]
+    assert type(out[1]).__name__ == "Image" and out[2][0] == "md"

@@ -159,9 +159,9 @@ def test_big_endian_unsigned_frames_preprocess_like_floats(tmp_path):
     with h5py.File(tmp_path / entry["ir_file"]) as f:
         raw = f["Product/Signal"]
         assert raw.dtype == np.dtype(">u2")
-        frame, n_bad = preprocess_frame(raw[3], cfg.data)
-        expected, _ = preprocess_frame(raw[3].astype(np.float32), cfg.data)
-    assert n_bad == 0 and np.isfinite(frame).all()
+        frame, n_bad, blank = preprocess_frame(raw[3], cfg.data)
+        expected = preprocess_frame(raw[3].astype(np.float32), cfg.data).frame
+    assert n_bad == 0 and not blank and np.isfinite(frame).all()
     np.testing.assert_array_equal(frame, expected)
     assert abs(frame.mean()) < 1e-4 and abs(frame.std() - 1) < 1e-3
 

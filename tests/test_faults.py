@@ -212,4 +212,4 @@ def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, m
     err = capsys.readouterr().err
     assert "no space left on the disk holding" in err and "metrics.jsonl" in err and "Free space there" in err
     assert cli.explain_os_error(PermissionError(errno.EROFS, "Read-only file system", "/x")).startswith(
-        "cannot write /x: the folder is read-only")
+        "cannot write /x: the disk or folder is read-only")

@@ -7,8 +7,9 @@ Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 - `meta.json`   the settings, counts, sizes and frames.npy's sha256; written last, so a folder
   without it is incomplete.
 
-The key hashes the flight's files (name, size, modification time) and every setting that changes
-the arrays, so a change rebuilds only what it affects and an unchanged cache is reused. A folder
+The key hashes the flight's files (name, size, modification time, and a sample of their content:
+17 blocks of 64 KiB spread over each file) and every setting that changes the arrays, so a change
+rebuilds only what it affects and an unchanged cache is reused. A folder
 is built under a temporary name and renamed into place, so an interrupted build leaves nothing
 that looks complete. Reading a sample is one positioned read of the .npy file (FrameStore):
 no HDF5 reopen, no CLAHE, and no memory map whose pages would add to the process's RSS.
@@ -28,6 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from skimage import exposure
@@ -39,30 +41,40 @@ from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3       # 3: blank (constant) frames flagged, labels on blank frames dropped
 READ_RUN = 32          # frames read from HDF5 at once while building
 COPY_CHUNK = 16 << 20
-MAX_EMPTY_FRAME_SHARE = 0.05   # above this share of entirely non-finite frames a flight is refused
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10      # the content check of the cache key: 1 MiB per file
+MAX_EMPTY_FRAME_SHARE = 0.05   # above this share of blank frames (no usable pixel) a flight is refused
 
 
-def preprocess_frame(raw: np.ndarray, data: DataConfig) -> tuple[np.ndarray, int]:
-    """Crop, downsample, min-max, CLAHE, z-score one raw frame; returns (frame, non-finite pixels filled)."""
+class Preprocessed(NamedTuple):
+    frame: np.ndarray        # (H, W) float32, z-scored
+    filled: int              # non-finite pixels replaced by the frame's median (0 for a blank frame)
+    blank: bool              # no usable pixel: all non-finite, or every pixel equal (no contrast)
+
+
+def preprocess_frame(raw: np.ndarray, data: DataConfig) -> Preprocessed:
+    """Crop, downsample, min-max, CLAHE, z-score one raw frame. A blank frame (no finite pixel, or no
+    contrast at all) comes out as zeros, the z-scored mean, and is flagged: it carries no image."""
     x = np.asarray(raw[data.swath_slice[0]:data.swath_slice[1]], dtype=np.float32)
     bad = ~np.isfinite(x)
     n_bad = int(bad.sum())
     if n_bad:
         if n_bad == x.size:
-            return np.zeros(_output_shape(x.shape, data.downsample), np.float32), n_bad
+            return Preprocessed(np.zeros(_output_shape(x.shape, data.downsample), np.float32), 0, True)
         x = np.where(bad, np.float32(np.median(x[~bad])), x)
     k = data.downsample
     if k > 1:
         h, w = (x.shape[0] // k) * k, (x.shape[1] // k) * k
         x = x[:h, :w].reshape(h // k, k, w // k, k).mean(axis=(1, 3))
     lo, hi = float(x.min()), float(x.max())
-    x = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    if not hi > lo:
+        return Preprocessed(np.zeros(x.shape, np.float32), 0, True)
+    x = (x - lo) / (hi - lo)
     if data.clahe_clip_limit > 0:
         x = exposure.equalize_adapthist(x, clip_limit=data.clahe_clip_limit).astype(np.float32)
-    return ((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32), n_bad
+    return Preprocessed(((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32), n_bad, False)
 
 
 def _output_shape(cropped: tuple[int, int], k: int) -> tuple[int, int]:
@@ -89,11 +101,23 @@ def build_windows(frame_index: np.ndarray, n_frames: int, t: int, policy: str) -
     return start[:, None] + np.arange(t)[None, :], np.ones(len(raw), bool)
 
 
+def content_sample(path: Path) -> str:
+    """A cheap content check: the hash of SAMPLE_BLOCKS blocks spread over the file and its last block.
+    A file rewritten with the same name, size and time (a copy that keeps times, a reprocessed file)
+    almost always changes some of them; a change confined to the bytes between them is not seen."""
+    h, size = hashlib.sha256(), path.stat().st_size
+    with open(path, "rb") as f:
+        for k in range(SAMPLE_BLOCKS + 1):
+            f.seek(max(0, min(size - SAMPLE_BYTES, k * size // SAMPLE_BLOCKS)))
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
 def cache_key(flight: FlightConfig, data: DataConfig) -> str:
     files = []
     for role, path in er2.flight_paths(flight, data).items():
         st = path.stat()
-        files.append([role, path.name, st.st_size, st.st_mtime_ns])
+        files.append([role, path.name, st.st_size, st.st_mtime_ns, content_sample(path)])
     settings = {
         "version": CACHE_VERSION, "files": files, "date": flight.date, "swath_slice": data.swath_slice,
         "downsample": data.downsample, "clahe_clip_limit": data.clahe_clip_limit, "t": data.temporal_frames,
@@ -180,11 +204,31 @@ def _open(path: Path) -> FlightCache:
                        saa_deg=arrays["saa_deg"], meta=meta)
 
 
+def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConfig, desc: str) -> tuple[int, np.ndarray]:
+    """Preprocess the raw frames `needed` (sorted indices) into `out`, reading runs of consecutive frames
+    at once. Returns (non-finite pixels filled, blank flag per needed frame)."""
+    filled, blank = 0, np.zeros(len(needed), bool)
+    # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
+    bar = tqdm(total=len(needed), desc=desc, unit="frame")
+    i = 0
+    while i < len(needed):
+        j = i + 1                                              # a run of consecutive frames
+        while j < len(needed) and j - i < READ_RUN and needed[j] == needed[j - 1] + 1:
+            j += 1
+        block = signal[int(needed[i]):int(needed[j - 1]) + 1]
+        for r in range(j - i):
+            out[i + r], n_bad, blank[i + r] = preprocess_frame(block[r], data)
+            filled += n_bad
+        bar.update(j - i)
+        i = j
+    bar.close()
+    return filled, blank
+
+
 def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     labels = er2.read_flight_labels(flight, data)
     windows, kept = build_windows(labels.frame_index, labels.n_frames, data.temporal_frames, data.edge_policy)
     needed = np.unique(windows)                                   # sorted raw frame indices
-    rows = np.searchsorted(needed, windows).astype(np.int32)      # (N, T) rows of frames.npy
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -196,40 +240,30 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
         raise DataError(f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
                         f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
                         "data.downsample: 2 (a quarter of the size)")
+    ir = er2.flight_paths(flight, data)["ir"]
     out = np.lib.format.open_memmap(tmp / "frames.npy", mode="w+", dtype=np.float16, shape=shape)
-    filled, empty = 0, 0
-    with er2.open_h5(er2.flight_paths(flight, data)["ir"], flight.name) as f:
-        signal = f[data.keys.ir_signal]
-        # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
-        bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame")
-        i = 0
-        while i < len(needed):
-            j = i + 1                                              # a run of consecutive frames
-            while j < len(needed) and j - i < READ_RUN and needed[j] == needed[j - 1] + 1:
-                j += 1
-            block = signal[int(needed[i]):int(needed[j - 1]) + 1]
-            for r in range(j - i):
-                frame, n_bad = preprocess_frame(block[r], data)
-                out[i + r] = frame
-                filled += n_bad
-                empty += n_bad == block[r][data.swath_slice[0]:data.swath_slice[1]].size
-            bar.update(j - i)
-            i = j
-        bar.close()
+    with er2.open_h5(ir, flight.name) as f:
+        filled, blank = _preprocess_into(out, f[data.keys.ir_signal], needed, data, f"cache {flight.name}")
     out.flush()
     del out
-    if empty > MAX_EMPTY_FRAME_SHARE * len(needed):
+    if blank.sum() > MAX_EMPTY_FRAME_SHARE * len(needed):
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"flight {flight.name}: {empty} of the {len(needed)} frames its samples use are entirely "
-                        f"NaN/inf (more than {MAX_EMPTY_FRAME_SHARE:.0%}) in "
-                        f"{er2.flight_paths(flight, data)['ir']} '{data.keys.ir_signal}'; training on them would "
-                        "learn from blank images. Check the file (a failed download or conversion?), or leave the "
-                        "flight out (data.flights).")
-    np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[kept], cbh_km=labels.cbh_km[kept],
-             sza_deg=labels.sza_deg[kept], saa_deg=labels.saa_deg[kept], lat=labels.lat[kept], lon=labels.lon[kept])
-    counts = dict(labels.counts, edge_dropped=int((~kept).sum()), samples=int(kept.sum()),
-                  nan_sza=int(np.isnan(labels.sza_deg[kept]).sum()), nan_saa=int(np.isnan(labels.saa_deg[kept]).sum()),
-                  filled_pixels=filled, empty_frames=int(empty))
+        raise DataError(f"flight {flight.name}: {int(blank.sum())} of the {len(needed)} frames its samples use are "
+                        f"blank (entirely NaN/inf, or every pixel equal) in {ir} '{data.keys.ir_signal}', more "
+                        f"than {MAX_EMPTY_FRAME_SHARE:.0%}; training on them would learn from empty images. Check the "
+                        "file (a failed download or conversion?), or leave the flight out (data.flights).")
+    # A label whose own frame is blank has no image to learn from: dropped (its neighbours stay zeros).
+    on_blank = np.zeros_like(kept)
+    on_blank[kept] = blank[np.searchsorted(needed, labels.frame_index[kept])]
+    keep = kept & ~on_blank
+    windows = windows[keep[kept]]                                 # windows holds the kept labels' rows only
+    rows = np.searchsorted(needed, windows).astype(np.int32)      # (N, T) rows of frames.npy
+    np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[keep], cbh_km=labels.cbh_km[keep],
+             sza_deg=labels.sza_deg[keep], saa_deg=labels.saa_deg[keep], lat=labels.lat[keep], lon=labels.lon[keep])
+    counts = dict(labels.counts, edge_dropped=int((~kept).sum()), blank_frame=int(on_blank.sum()),
+                  samples=int(keep.sum()), nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
+                  nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()), filled_pixels=filled,
+                  empty_frames=int(blank.sum()))
     meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
@@ -239,13 +273,31 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    if filled:
-        log.warning("flight %s: %d non-finite pixels replaced by their frame's median (%d frames entirely "
-                    "non-finite, set to zero)", flight.name, filled, empty)
+    if filled or blank.any():
+        log.warning("flight %s: %d non-finite pixels replaced by their frame's median; %d blank frames (no usable "
+                    "pixel or no contrast) set to zero, %d labels on them dropped", flight.name, filled,
+                    int(blank.sum()), int(on_blank.sum()))
 
 
 def cache_root(data: DataConfig) -> Path:
     return Path(data.cache_dir) if data.cache_dir else Path(data.dir) / "cache"
+
+
+def check_folder_settings(data: DataConfig) -> None:
+    """data.dir, the cache and its copy must be folders (or not exist yet): a file there is named
+    before any work, not met as NotADirectoryError halfway through."""
+    settings = [("data.dir", data.dir), ("data.cache_dir", str(cache_root(data)) if data.cache_dir else ""),
+                ("data.cache_copy_dir", data.cache_copy_dir)]
+    for key, value in settings:
+        if not value:
+            continue
+        for p in [Path(value), *Path(value).parents]:
+            if p.exists():
+                if not p.is_dir():
+                    what = "is a file" if p == Path(value) else f"lies inside {p}, which is a file"
+                    raise DataError(f"{key}: {value} {what}; it must be a folder. Point {key} at a folder "
+                                    "(it is created when missing), or move the file away.")
+                break
 
 
 def _sha256(path: Path) -> str:
@@ -254,6 +306,19 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def verify_cache(cache: FlightCache) -> str | None:
+    """None if frames.npy still matches the checksum recorded when it was built; otherwise why not."""
+    expected = cache.meta.get("frames_sha256")
+    try:
+        actual = _sha256(cache.frames.path)
+    except OSError as e:
+        return f"flight {cache.name}: cannot read the preprocessing cache {cache.frames.path} ({e.strerror or e})"
+    if expected and actual != expected:
+        return (f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer matches "
+                "the checksum recorded when it was built (bit rot on the disk, or a damaged copy)")
+    return None
 
 
 def _try_open(path: Path) -> FlightCache | None:
@@ -337,6 +402,7 @@ def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
 
 def load_caches(data: DataConfig) -> list[FlightCache]:
     """Caches of every configured flight; every missing file is reported at once."""
+    check_folder_settings(data)
     problems = []
     for flight in data.flights:
         try:

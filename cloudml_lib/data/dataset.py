@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from cloudml_lib.config import Config
 from cloudml_lib.data.cache import FlightCache, load_caches
-from cloudml_lib.data.flights import FoundFlight, format_table, summary_rows
+from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
 from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,9 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDat
     The training set carries `flight_table`: each flight's files, frames, labels kept and removed by
     each filter (the trainer logs it once the run's log file exists)."""
     caches = load_caches(cfg.data)
-    table = format_table(summary_rows(cfg.data, caches, list(skipped)))
+    notes = Notes()
+    table = format_table(summary_rows(cfg.data, caches, list(skipped), notes))
+    table += ("\n" + notes.text()) if notes else ""
     train, val = split_flights(caches, cfg)
     empty = [c.name for c in train + val if len(c) == 0]
     if empty:

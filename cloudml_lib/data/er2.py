@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from cloudml_lib.config import DataConfig, FlightConfig
+from cloudml_lib.config import MIN_FRAME_SIDE, DataConfig, FlightConfig
 from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -109,10 +109,32 @@ def dataset(f: h5py.File, key: str, flight: str, config_key: str) -> h5py.Datase
     return f[key]
 
 
+def numbers(f: h5py.File, key: str, flight: str, config_key: str, expected: str = "numbers") -> np.ndarray:
+    """A dataset's values as float64. Numbers stored as text are read (and logged); anything else that is
+    not numbers (words, dates as text, compound records) is a DataError naming the dataset and its key."""
+    ds = dataset(f, key, flight, config_key)
+    raw = np.asarray(ds[()])
+    where = f"flight {flight}: {f.filename} '{key}' (data.keys.{config_key})"
+    if raw.dtype.kind in "biuf":
+        return raw.astype(np.float64)
+    if raw.dtype.kind in "SUO":
+        try:
+            values = raw.astype(np.float64)
+        except (ValueError, TypeError):
+            example = raw.reshape(-1)[0] if raw.size else ""
+            example = example.decode(errors="replace") if isinstance(example, bytes) else example
+            raise DataError(f"{where} holds text ({raw.dtype}, e.g. {str(example)[:40]!r}), not {expected}. Is it "
+                            f"the right dataset? Set data.keys.{config_key} to the dataset that holds {expected}."
+                            ) from None
+        log.info("%s: stored as text (%s); read as numbers", where, raw.dtype)
+        return values
+    raise DataError(f"{where} holds {raw.dtype} values, not {expected}. Is it the right dataset? Set "
+                    f"data.keys.{config_key} to the dataset that holds {expected}.")
+
+
 def _column(f: h5py.File, key: str, flight: str, config_key: str, pick: int = 1) -> np.ndarray:
     """A per-profile array: (N,) as is, (N, 3) first/mean/last -> column `pick`, (N, 1) -> column 0."""
-    ds = dataset(f, key, flight, config_key)
-    x = np.asarray(ds[()], dtype=np.float64)
+    x = numbers(f, key, flight, config_key)
     if x.ndim == 2 and x.shape[1] == 1:
         return x[:, 0]
     if x.ndim == 2 and x.shape[1] == 3:
@@ -177,6 +199,12 @@ def to_epoch_seconds(t: np.ndarray, fmt: str, date: dt.date, where: str) -> tupl
         else:
             raise DataError(f"{where}: cannot tell the time format from values around {median:.1f}; expected "
                             "epoch seconds (> 1e8) or seconds of day (0..86400); set data.ir_time_format")
+    looks = "epoch" if median > 1e8 else "seconds_of_day" if median < 2 * 86400 else "neither"
+    if fmt != looks:                          # only a forced format can disagree with the values
+        raise DataError(f"{where}: data.ir_time_format is '{fmt}', but the values (median {median:.1f}) are "
+                        + ("epoch seconds" if looks == "epoch" else "seconds of day" if looks == "seconds_of_day"
+                           else "neither epoch seconds (> 1e8) nor seconds of day (0..172800)")
+                        + f". Set data.ir_time_format: auto (detects it){'' if looks == 'neither' else f' or {looks}'}.")
     out = np.full(t.shape, np.nan)
     if fmt == "epoch":
         ok = positive & (np.abs(t - median) <= STRAY_TIME_S)
@@ -267,18 +295,19 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
     k, name = data.keys, flight.name
     with open_h5(path, name) as f:
         julian = _column(f, k.cpl_time, name, "cpl_time")
-        base = np.asarray(dataset(f, k.cpl_base, name, "cpl_base")[()], np.float64)
+        base = numbers(f, k.cpl_base, name, "cpl_base", "heights in km")
         base = base[:, None] if base.ndim == 1 else base
         if base.ndim != 2:
             raise DataError(f"flight {name}: {path} '{k.cpl_base}' (data.keys.cpl_base) has shape {base.shape}; "
                             "expected (profiles, layers)")
         if k.cpl_layer_count and k.cpl_layer_count in f:
-            n_layers = np.asarray(f[k.cpl_layer_count][()]).reshape(-1)
+            n_layers = numbers(f, k.cpl_layer_count, name, "cpl_layer_count", "layer counts").reshape(-1)
         else:                                             # layers are packed from index 0
             n_layers = (base > FILL_BELOW).sum(axis=1)
         surface = _column(f, k.cpl_lidar_surface, name, "cpl_lidar_surface")
         dem = _column(f, k.cpl_dem_surface, name, "cpl_dem_surface")
-        year = int(np.asarray(f[k.cpl_year][()]).reshape(-1)[0]) if k.cpl_year and k.cpl_year in f else None
+        year = (int(numbers(f, k.cpl_year, name, "cpl_year", "a year").reshape(-1)[0])
+                if k.cpl_year and k.cpl_year in f else None)
         angles = {}
         if data.angles_source == "cpl":
             angles = {"sza": _column(f, k.cpl_zenith, name, "cpl_zenith"),
@@ -312,7 +341,10 @@ def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[n
             raise DataError(f"flight {name}: {path} '{k.ir_signal}' has shape {signal.shape}; "
                             "expected (frames, rows, columns)")
         n_frames, rows, cols = signal.shape
-        raw_t = np.asarray(dataset(f, k.ir_time, name, "ir_time")[()]).reshape(-1)
+        if signal.dtype.kind not in "biuf":
+            raise DataError(f"flight {name}: {path} '{k.ir_signal}' (data.keys.ir_signal) holds {signal.dtype} "
+                            "values, not image counts or temperatures; set data.keys.ir_signal to the frames")
+        raw_t = numbers(f, k.ir_time, name, "ir_time", "times (epoch seconds)").reshape(-1)
     where = f"flight {name}: {path} '{k.ir_time}'"
     if raw_t.size < n_frames:
         raise DataError(f"{where}: {raw_t.size} times for {n_frames} frames; every frame needs a time")
@@ -328,6 +360,11 @@ def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[n
     if data.swath_slice[1] > rows:
         raise DataError(f"flight {name}: data.swath_slice {data.swath_slice} needs {data.swath_slice[1]} "
                         f"sensor rows but {path} frames have {rows}; valid: end_row <= {rows}")
+    if cols // data.downsample < MIN_FRAME_SIDE:
+        raise DataError(f"flight {name}: {path} frames are {cols} columns wide, {cols // data.downsample} after "
+                        f"data.downsample {data.downsample}; the network's three blocks need at least {MIN_FRAME_SIDE}"
+                        + (f": set data.downsample to at most {cols // MIN_FRAME_SIDE}" if cols >= MIN_FRAME_SIDE
+                           else ": these frames are too narrow for the network"))
     return frame_t, n_frames, rows, cols
 
 
@@ -337,10 +374,10 @@ def read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
     Matched by time, a frame without a nav record keeps NaN angles (filled later, and counted)."""
     k, n_frames = data.keys, frame_t.size
     with open_h5(path, flight.name) as f:
-        cols = {name: np.asarray(dataset(f, getattr(k, key), flight.name, key)[()], dtype=np.float64).reshape(-1)
+        cols = {name: numbers(f, getattr(k, key), flight.name, key, "angles or coordinates in degrees").reshape(-1)
                 for name, key in (("sza", "nav_zenith"), ("saa", "nav_azimuth"), ("lat", "nav_lat"),
                                   ("lon", "nav_lon"))}
-        nav_t = f[k.nav_time][()] if k.nav_time and k.nav_time in f else None
+        nav_t = numbers(f, k.nav_time, flight.name, "nav_time", "times") if k.nav_time and k.nav_time in f else None
     lengths = {v.size for v in cols.values()}
     if len(lengths) != 1:
         raise DataError(f"flight {flight.name}: nav datasets in {path} have different lengths {sorted(lengths)}")
@@ -398,8 +435,8 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     if counts["kept"] == 0:
         label_t = cpl["t"][np.isfinite(cpl["t"])]
         cam = frame_t[np.isfinite(frame_t)]
-        span = (f"camera {_utc(cam.min())}..{_utc(cam.max())}, lidar "
-                + (f"{_utc(label_t.min())}..{_utc(label_t.max())}" if label_t.size else "no usable times"))
+        span = lambda x: f"{_utc(x.min())}..{_utc(x.max())}" if x.size else "no usable times"  # noqa: E731
+        span = f"camera {span(cam)}, lidar {span(label_t)}"
         raise DataError(f"flight {flight.name}: no lidar label survives the filters and time matching "
                         f"({counts}); time spans: {span}. Check data.ir_time_format, data.label_layer, "
                         "the data.cbh_* range and the flight date.")

@@ -29,7 +29,7 @@ ROLE_WORDS = {"ir": "IR", "cpl": "CPL", "nav": "nav"}
 REMOVED_WORDS = {"bad_time": "bad time", "no_layer": "no layer", "multi_layer": "multi-layer",
                  "out_of_range": "out of range", "over_land": "over land", "bad_surface": "surface",
                  "unmatched": "no frame in time", "duplicate_frame": "same frame",
-                 "beyond_nav": "beyond nav", "edge_dropped": "at edges"}
+                 "beyond_nav": "beyond nav", "edge_dropped": "at edges", "blank_frame": "blank frame"}
 
 
 @dataclass
@@ -182,9 +182,10 @@ def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFli
     (the cache folders are not searched). Returns the flights skipped as incomplete.
     `check_names=False` (cross-validation, which sets the validation flight of each fold) skips
     the checks of data.validation_flights and data.overweight_flight."""
-    from cloudml_lib.data.cache import cache_root
+    from cloudml_lib.data.cache import cache_root, check_folder_settings
     from cloudml_lib.data.synthetic import ensure_demo_flights
 
+    check_folder_settings(data)
     ensure_demo_flights(data)
     skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
     return resolve_flights(data, skip, check_names)
@@ -193,7 +194,8 @@ def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFli
 # ------------------------------------------------------------------------------------ the table
 
 FOUND_HEADER = ["flight", "IR file", "CPL file", "nav file", "status"]
-HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "labels kept", "removed by filter"]
+HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "lidar profiles", "labels kept", "removed by filter"]
+NOTE_AFTER = 48          # a problem longer than this goes under the table as a numbered note
 
 
 def found_rows(found: list[FoundFlight]) -> list[list[str]]:
@@ -202,39 +204,58 @@ def found_rows(found: list[FoundFlight]) -> list[list[str]]:
 
 
 def _removed(counts: dict) -> str:
-    removed = ", ".join(f"{word} {counts[k]}" for k, word in REMOVED_WORDS.items() if counts.get(k))
-    return f"{counts['profiles']} profiles; " + (removed or "none removed")
+    """What each filter removed (the profiles' total is a column of its own)."""
+    return ", ".join(f"{word} {counts[k]}" for k, word in REMOVED_WORDS.items() if counts.get(k)) or "none"
 
 
 def _file_cells(files: dict) -> list[str]:
     return [Path(files[r]).name if files.get(r) else "-" for r in ("ir", "cpl", "nav")]
 
 
-def summary_rows(data: DataConfig, caches: list, skipped: list[FoundFlight]) -> list[list[str]]:
-    """One row per flight: its files, frames, labels kept and labels removed by each filter."""
+class Notes(list):
+    """Problems too long for a table cell, numbered in the order they are met."""
+
+    def cell(self, prefix: str, text: str) -> str:
+        if len(text) <= NOTE_AFTER:
+            return f"{prefix}: {text}"
+        self.append(text)
+        return f"{prefix}: see note {len(self)}"
+
+    def text(self, markdown: bool = False) -> str:
+        return "\n".join(f"{i}. {t}" if markdown else f"  ({i}) {t}" for i, t in enumerate(self, 1))
+
+
+def summary_rows(data: DataConfig, caches: list, skipped: list[FoundFlight],
+                 notes: Notes | None = None) -> list[list[str]]:
+    """One row per flight: its files, frames, lidar profiles, labels kept and labels removed by each filter."""
+    notes = Notes() if notes is None else notes
     files = {f.name: {"ir": f.ir_file, "cpl": f.cpl_file, "nav": f.nav_file} for f in data.flights}
-    rows = [[c.name] + _file_cells(files.get(c.name, {})) + [str(c.meta["n_frames"]), str(c.meta["counts"]["samples"]),
+    rows = [[c.name] + _file_cells(files.get(c.name, {})) + [str(c.meta["n_frames"]), str(c.meta["counts"]["profiles"]),
+                                                               str(c.meta["counts"]["samples"]),
                                                                _removed(c.meta["counts"])] for c in caches]
-    return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "skipped: " + "; ".join(f.problems)] for f in skipped]
+    return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems))]
+                   for f in skipped]
 
 
-def check_rows(data: DataConfig) -> tuple[list[list[str]], bool]:
+def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[str]], bool]:
     """The same table before any cache exists, reading each flight's labels (not its frames).
-    Returns (rows, whether every flight is usable)."""
+    Returns (rows, whether every flight is usable); long problems go to `notes`."""
+    notes = Notes() if notes is None else notes
     found = _found_from_config(data) if data.flights else find_flights(data)
     rows, ok = [], bool(found)
     for f in found:
         if f.problems:
-            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "missing: " + "; ".join(f.problems)])
+            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("missing", "; ".join(f.problems))])
             ok = False
             continue
         try:
             labels = er2.read_flight_labels(f.config() if not data.flights else
                                             next(x for x in data.flights if x.name == f.name), data)
-            rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(len(labels.cbh_km)),
-                                                           _removed(labels.counts)])
+            rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(labels.counts["profiles"]),
+                                                           str(len(labels.cbh_km)), _removed(labels.counts)])
         except DataError as e:
-            rows.append([f.name] + _file_cells(f.files) + ["-", "-", str(e).split(": ", 1)[-1]])
+            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-",
+                                                           notes.cell("not usable", str(e).split(": ", 1)[-1])])
             ok = False
     return rows, ok
 

@@ -1,0 +1,21 @@
+"""What the two Colab notebooks call, one function per cell.
+
+- drive.py      the CloudML folder on Drive, the data check, the preprocessing cache, diagnostics
+- picker.py     the preset picker, which comes back with the run the user started
+- live.py       a command as a subprocess with a live view (bar, curves, notices, folded log)
+- training.py   train, cross-validate, predict whole flights, and the smoke test's checks
+- show.py       Markdown, user errors without a traceback, presets, status, evaluation, report
+
+With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
+workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
+"""
+from cloudml_lib.colab.picker import Choice, Picker, newest_run, preset_picker
+from cloudml_lib.colab.show import UserError, show_evaluation, show_presets, show_report, show_status
+from cloudml_lib.colab.training import check_smoke_run, crossval, train, whole_flights
+from cloudml_lib.colab.drive import (Workspace, build_cache, check_setup, free_gpu_memory, run_config, show_diagnostics,
+                                         show_environment, smoke, uses_demo_data, verify_data, workspace)
+
+__all__ = ["Choice", "Picker", "UserError", "Workspace", "build_cache", "check_setup", "check_smoke_run", "crossval",
+           "free_gpu_memory", "newest_run", "preset_picker", "run_config", "show_diagnostics", "show_environment",
+           "show_evaluation", "show_presets", "show_report", "show_status", "smoke", "train", "uses_demo_data",
+           "verify_data", "whole_flights", "workspace"]

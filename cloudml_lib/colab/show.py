@@ -1,0 +1,153 @@
+"""What the notebooks show: Markdown and tables, user errors without a traceback, the presets, a run's
+status, its evaluation and its report.
+
+A mistake the user can fix (a config, data or folder problem; a full disk) reaches a notebook as a
+`UserError`: IPython shows its message and what to do instead of a traceback (`_render_traceback_`),
+and "Run all" stops there, as it should before work that depends on the failed step.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+from cloudml_lib import hardware
+from cloudml_lib.config import load_config
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.evaluate import format_report
+from cloudml_lib.rundir import format_status, run_status
+
+
+def in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+        return get_ipython() is not None
+    except ImportError:
+        return False
+
+
+def show(obj) -> None:
+    """A widget or display object in a notebook; its text elsewhere."""
+    if in_notebook():
+        from IPython.display import display
+        display(obj)
+    else:
+        print(getattr(obj, "data", obj))
+
+
+def show_markdown(text: str) -> None:
+    if in_notebook():
+        from IPython.display import Markdown
+        show(Markdown(text))
+    else:
+        print(text)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+class UserError(Exception):
+    """A problem the user can fix, shown in a notebook as its message alone (no traceback)."""
+
+    def _render_traceback_(self) -> list[str]:
+        red, bold, reset = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+        first, *rest = str(self).splitlines() or [""]
+        return [f"{red}{bold}Problem:{reset} {first}", *rest,
+                "(Nothing was lost. Fix this, then run this cell again, or Runtime > Run all.)"]
+
+
+def user_errors(fn):
+    """A notebook cell's function: CloudMLError and disk errors become a UserError (no traceback)."""
+    @functools.wraps(fn)
+    def cell(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CloudMLError as e:
+            raise UserError(str(e)) from None
+        except OSError as e:
+            from cloudml_lib.cli import explain_os_error
+            message = explain_os_error(e)
+            if message is None:
+                raise
+            raise UserError(message) from None
+    return cell
+
+
+# ------------------------------------------------------------------------------- presets
+
+def show_presets() -> None:
+    """The presets with their memory on a T4: measured where benchmarks/results/gpu.json has it."""
+    measured = {}
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu.json"
+    if results.is_file():
+        measured = {k: v.get("peak_reserved_gib") for k, v in json.loads(results.read_text())["presets"].items()}
+    rows = []
+    for name in ("A", "B", "C"):
+        cfg = load_config(hardware.preset_config_path(name))
+        mem = (f"{measured[name]:.1f} GiB (measured)" if measured.get(name)
+               else f"about {hardware.PRESET_PEAK_GIB[name]:.0f} GiB (estimate, users' T4 runs)")
+        rows.append([name, "/".join(map(str, cfg.channels)), "on" if cfg.model.gradient_checkpointing else "off",
+                     cfg.train.torch_compile_mode if cfg.train.torch_compile else "no", cfg.train.batch_size, mem])
+    show_markdown(table(["preset", "channels", "checkpointing", "compile", "batch", "GPU memory on a T4"], rows))
+
+
+# ------------------------------------------------------------------------------- a run
+
+def show_status(run_dir: Path | None) -> None:
+    """Where the run stands: for a second browser tab, or after a reconnect."""
+    if run_dir is None:
+        print("No run yet: choose a preset and run the Train cell.")
+        return
+    try:
+        status = run_status(run_dir)
+    except CloudMLError as e:
+        print(e)
+        return
+    print(format_status(status))
+    if not status.get("crossval") and status["latest_checkpoint_age_s"] is not None and not status["finished"]:
+        print(f"Minutes since the last checkpoint: {status['latest_checkpoint_age_s'] / 60:.1f}")
+
+
+def show_evaluation(run_dir: Path | None) -> None:
+    """Per-flight and overall metrics against the baseline, the scatter plot, and where the files are."""
+    path = None if run_dir is None else Path(run_dir) / "evaluation.json"
+    if path is None or not path.exists():
+        print("No evaluation yet: it is written when training finishes.")
+        return
+    print(format_report(json.loads(path.read_text())))
+    scatter = run_dir / "plots" / "scatter.png"
+    if scatter.exists() and in_notebook():
+        from IPython.display import Image
+        show(Image(filename=str(scatter)))
+    print(f"Predictions: {run_dir / 'predictions.csv'}\nPlots: {run_dir / 'plots'}\nBest model: {run_dir / 'best.pt'}")
+
+
+def show_report(run_dir: Path | None) -> None:
+    """RUN_DIR/report.md: its text as Markdown, each linked plot as an image (a notebook does not
+    resolve the report's relative image paths itself)."""
+    path = None if run_dir is None else Path(run_dir) / "report.md"
+    if path is None or not path.is_file():
+        print("No report yet: it is written when training finishes.")
+        return
+    text = []
+    for line in path.read_text().splitlines() + [""]:
+        image = re.fullmatch(r"!\[[^\]]*\]\(([^)]+)\)", line.strip())
+        if image is None:
+            text.append(line)
+            continue
+        if "".join(text).strip():
+            show_markdown("\n".join(text))
+        text = []
+        if (run_dir / image.group(1)).is_file() and in_notebook():
+            from IPython.display import Image
+            show(Image(filename=str(run_dir / image.group(1))))
+    if "".join(text).strip():
+        show_markdown("\n".join(text))
+    print(f"The same page for GitHub or a Markdown viewer: {path}")
