@@ -109,6 +109,11 @@ def save_atomic(obj: dict, path: str | Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        raise (e if e.filename else OSError(e.errno, e.strerror or str(e), str(path))) from None
+    except RuntimeError as e:         # torch reports a full disk as "[enforce fail at inline_container.cc...]"
+        raise OSError(errno.ENOSPC, f"No space left on device? torch could not write it: "
+                                    f"{str(e).splitlines()[0][:120]}", str(path)) from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -10,8 +10,11 @@ import argparse
 import errno
 import json
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from cloudml_lib.errors import CloudMLError
@@ -20,7 +23,6 @@ log = logging.getLogger(__name__)
 
 
 def threading_main() -> bool:
-    import threading
     return threading.current_thread() is threading.main_thread()
 
 
@@ -241,6 +243,23 @@ def trap_stop_signals() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def watch_parent() -> None:
+    """With CLOUDML_PARENT_PID (a notebook started this command in a session of its own, out of reach of the
+    kernel's interrupts): when that process is gone (the kernel restarted or died), stop as on SIGTERM, at
+    the next step with a checkpoint, instead of running on unseen and holding the run's lock."""
+    parent = int(os.environ.get("CLOUDML_PARENT_PID", "0") or 0)
+    if not parent:
+        return
+
+    def watch():
+        while True:
+            time.sleep(2.0)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+    threading.Thread(target=watch, name="cloudml-parent-watch", daemon=True).start()
+
+
 def _places(args) -> dict[str, str]:
     import tempfile
     return {"run folder": getattr(args, "run_dir", None), "output folder": getattr(args, "out", None),
@@ -252,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     trap_stop_signals()
+    watch_parent()
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
     handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status,
                 "diagnose": _diagnose,

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from cloudml_lib.errors import ConfigError
+from cloudml_lib.outputs import free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -145,22 +146,12 @@ def compile_available() -> tuple[bool, str]:
     return True, "available"
 
 
-def _disk_free(path: str | Path) -> int | None:
-    p = Path(path).resolve()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return shutil.disk_usage(p).free
-    except OSError:
-        return None
-
-
 def system_report(paths: dict[str, str] | None = None) -> dict:
     """Everything `diagnose` shows: versions, GPU, host RAM, free disk where the run and cache live, CPUs."""
     return {
         "colab": is_colab(), "python": platform.python_version(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "gpu": gpu_report(), "host_memory": host_memory(), "cpus": os.cpu_count(),
-        "disk_free": {name: _disk_free(p) for name, p in (paths or {}).items()},
+        "disk_free": {name: free_bytes(Path(p).resolve()) for name, p in (paths or {}).items()},
         "compile": dict(zip(("available", "reason"), compile_available())),
     }
 

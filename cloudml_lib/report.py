@@ -17,8 +17,10 @@ REPORT = "report.md"
 def _metrics_table(report: dict) -> list[str]:
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio", "n")
     num = lambda v: "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")  # noqa: E731
-    rows = [("overall", report["overall"]), ("baseline: training mean", report["baseline"])]
-    rows += [(f"flight {k}", v) for k, v in report["per_flight"].items()]
+    rows = [("model: all held-out flights", report["overall"])]
+    rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
+    rows += [("baseline (training mean): all", report["baseline"])]
+    rows += [(f"baseline (training mean): flight {k}", v) for k, v in (report.get("baseline_per_flight") or {}).items()]
     lines = ["| | R2 | MAE km | RMSE km | bias km | std(pred)/std(true) | n |", "|" + "---|" * 7]
     return lines + [f"| {name} | " + " | ".join(num(m.get(k)) for k in keys) + " |" for name, m in rows]
 
@@ -37,15 +39,32 @@ def build_report_md(run_dir: Path) -> str:
     flights = sorted((run_dir / "predictions").glob("*_cbh.nc"))
     if flights:
         out += ["## Whole flights", ""]
+        counts = _read_json(run_dir / "predictions" / "summary.json")
         for nc in flights:
             flight = nc.name[:-len("_cbh.nc")]
-            out += [f"### {flight}", "", f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`.", "",
+            c = counts.get(flight)
+            said = "" if not c else (
+                f"{c['predicted']} of {c['frames']} frames predicted"
+                + (f"; {c['blank']} blank frames (no finite pixel, or no contrast) have no height" if c["blank"] else "")
+                + (f"; {c['no_time']} frame{'s' * (c['no_time'] != 1)} without a usable time left out"
+                   if c["no_time"] else "")
+                + (f"; {c['filled_pixels']} non-finite pixels filled with their frame's median" if c["filled_pixels"]
+                   else "") + ".")
+            out += [f"### {flight}", "", f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`. "
+                    + said, "",
                     f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)", "",
                     f"![Track of flight {flight}](predictions/{flight}_track.png)", ""]
     crossval = run_dir / "crossval.md"
     if crossval.is_file():
         out += ["## Cross-validation", "", *crossval.read_text().splitlines()[1:], ""]
     return "\n".join(out)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def write_report(run_dir: str | Path) -> Path:

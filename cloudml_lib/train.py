@@ -107,8 +107,11 @@ class ProgressLines:
         if not self.enabled or time.monotonic() - self.last < self.EVERY_S:
             return
         self.last = time.monotonic()
-        print(self.PREFIX + json.dumps({"step": state["step"], "total": total, "epoch": state["epoch"] + 1,
-                                        "epochs": epochs, "batch": state["batch"], "batches": batches}), flush=True)
+        try:
+            print(self.PREFIX + json.dumps({"step": state["step"], "total": total, "epoch": state["epoch"] + 1,
+                                            "epochs": epochs, "batch": state["batch"], "batches": batches}), flush=True)
+        except OSError:                  # the notebook is gone (a closed pipe): training goes on without it
+            self.enabled = False
 
 
 def _ago(seconds: float) -> str:

@@ -241,6 +241,10 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
         assert np.isfinite(cbh[~np.isin(index, [10, 11, 13])]).all()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())[held["name"]]
     assert summary["blank"] == 3 and summary["filled_pixels"] == 240
+    from cloudml_lib.report import build_report_md
+    shutil.copytree(run, tmp_path / "run")
+    shutil.copytree(tmp_path / "out", tmp_path / "run" / "predictions")
+    assert "3 blank frames (no finite pixel, or no contrast) have no height" in build_report_md(tmp_path / "run")
 
 
 def test_predict_refuses_two_nav_files_or_two_copies_of_a_flight(finished, data, tmp_path):

@@ -121,6 +121,35 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     assert view.bar.bar_style == ""
 
 
+def test_the_kernels_interrupt_does_not_reach_the_run_and_a_dead_kernel_stops_it(tiny_flights, tmp_path):
+    """Jupyter interrupts the kernel's whole process group: a second SIGINT would stop the run at once,
+    without a checkpoint. The run has a session of its own, and stops with a checkpoint when the kernel dies."""
+    import time
+    raw = tiny_raw(*tiny_flights, tmp_path / "cache")
+    raw["train"]["epochs"] = 200
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    kernel_code = (f"from cloudml_lib.colab import live\n"
+                   f"view = type('View', (), {{'line': lambda s, t: None, 'refresh': lambda s: None}})()\n"
+                   f"live.run_live(live.command('train', '--config', {str(cfg)!r}, '--run-dir', {str(run)!r}), view)\n")
+    kernel = subprocess.Popen([sys.executable, "-c", kernel_code], cwd=REPO, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "run.json").exists():
+        time.sleep(0.5)
+    time.sleep(3)
+    children = subprocess.run(["pgrep", "-P", str(kernel.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "the training subprocess did not start"
+    assert os.getpgid(int(children[0])) != os.getpgid(kernel.pid)        # out of reach of the group's SIGINT
+    os.killpg(kernel.pid, signal.SIGKILL)                                # the kernel dies (restart, crash)
+    kernel.wait()
+    while time.time() < deadline and (run / ".lock").exists():
+        time.sleep(0.5)
+    log = (run / "train.log").read_text()
+    assert "Stopped by SIGTERM" in log and "checkpoint saved" in log, log[-2000:]
+    assert not (run / ".lock").exists()                                   # the run is free to continue
+
+
 # ------------------------------------------------------------------ the picker
 
 def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, tmp_path, shown):

@@ -62,12 +62,14 @@ def test_the_training_notebook_has_each_section():
     nb = nbformat.read(REPO / "colab_training.ipynb", as_version=4)
     titles = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
     for section in ("## Presets", "## Choose a preset", "## Train", "## Monitor", "## Evaluation",
-                    "## Troubleshooting"):
+                    "## Whole flights (optional)", "## Cross-validation (optional)", "## Troubleshooting",
+                    "## Automated test only"):
         assert section in titles
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     for call in ("colab.preset_picker(", "colab.train(", "colab.check_smoke_run(", "colab.show_status(",
-                 "colab.show_evaluation("):
+                 "colab.show_evaluation(", "colab.whole_flights(", "colab.crossval("):
         assert call in code
+    assert titles[-1] == "## Automated test only"          # the smoke test's check comes last, out of the way
 
 
 def test_real_flights_are_used_when_found_in_the_data_folder(tmp_path, monkeypatch):

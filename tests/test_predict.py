@@ -77,7 +77,7 @@ def test_the_report_links_what_the_run_holds(run):
     run_dir, _, entries = run
     pr.predict_flights(run_dir)
     report = (run_dir / "report.md").read_text()
-    assert "## Held-out flights" in report and "| baseline: training mean |" in report
+    assert "## Held-out flights" in report and "| baseline (training mean): all |" in report
     assert f"### {entries[2]['name']}" in report
     links = [line[line.index("(") + 1:-1] for line in report.splitlines() if line.startswith("![")]
     assert len(links) == 4 and all((run_dir / link).is_file() for link in links)

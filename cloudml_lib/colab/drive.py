@@ -48,6 +48,7 @@ class Workspace:
         return self.root / "demo_flights"
 
 
+@user_errors
 def workspace() -> Workspace:
     """The CloudML folder: on Drive in Colab (mounted if needed), ./CloudML elsewhere
     (CLOUDML_HOME overrides), .cloudml_smoke in the smoke test. Creates data/, runs/, cache/."""
@@ -185,6 +186,7 @@ def build_cache(ws: Workspace) -> dict:
             "copy_dir": cfg.data.cache_copy_dir}
 
 
+@user_errors
 def show_diagnostics(ws: Workspace) -> None:
     frames = list(ws.cache.rglob("frames.npy"))
     report = hardware.system_report({"data": str(ws.data), "cache": str(ws.cache), "runs": str(ws.runs)})

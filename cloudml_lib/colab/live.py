@@ -79,6 +79,8 @@ class LiveView:
             self.bar.max, self.bar.value = max(1, p["total"]), min(p["step"], p["total"])
             self.label.value = (f"epoch {p['epoch']} of {p['epochs']} &middot; step {p['step']} of {p['total']} "
                                 f"({100 * p['step'] / max(1, p['total']):.0f}%)")
+        elif self.lines:                                           # no steps (prediction): the latest line
+            self.label.value = html.escape(self.lines[-1][:160])
         self.log.value = "<pre style='margin:0'>" + html.escape("\n".join(self.lines)) + "</pre>"
         self.folded.set_title(0, f"Log ({plural(len(self.lines), 'line')}; click to open)")
         self._refresh_curves()
@@ -101,13 +103,16 @@ class LiveView:
     def end(self, code: int, words: str) -> None:
         """Finished: a full green bar. Stopped or disconnected: the bar stays as it stands, blue (it can
         continue). Failed: red."""
+        if code == 0 and self.progress:                           # progress lines come at most twice a second
+            self.progress = dict(self.progress, step=self.progress["total"], epoch=self.progress["epochs"])
         self.refresh()
         if code == 0:
             self.bar.value, self.bar.bar_style = self.bar.max, "success"
         elif code not in RESUMABLE:
             self.bar.bar_style = "danger"
-        self.label.value += f" &middot; <b>{html.escape(words)}</b>"
-        if not self.shown_epochs:
+        self.label.value = (self.label.value if self.progress else "") + (" &middot; " if self.progress else "") \
+            + f"<b>{html.escape(words)}</b>"
+        if not self.shown_epochs and self.placeholder.value:
             self.placeholder.value = f"<i>No epoch finished in this run: {html.escape(words)}.</i>"
 
 
@@ -128,8 +133,13 @@ def read_records(path: Path) -> list[dict]:
 def run_live(cmd: list[str], view: LiveView, env: dict | None = None) -> int:
     """Run `cmd`, feeding its output to `view` until it ends; the interrupt button stops it with a
     checkpoint (a second press stops it at once). Returns its exit status."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", CLOUDML_PROGRESS="1", **(env or {}))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", CLOUDML_PROGRESS="1",
+               CLOUDML_PARENT_PID=str(os.getpid()), **(env or {}))
+    # A session of its own: Jupyter interrupts the kernel's whole process group, and the SIGINT it would
+    # deliver besides ours counts as a second Ctrl-C, which stops at once without a checkpoint. The
+    # command stops by itself if this kernel dies (CLOUDML_PARENT_PID, cli.watch_parent).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x.rstrip("\n")) for x in proc.stdout], daemon=True)
     reader.start()

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cloudml_lib import hardware
-from cloudml_lib.colab.show import plural, show
+from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.colab.drive import Workspace, complete_flights, default_heldout, smoke, uses_demo_data
 from cloudml_lib.config import load_config
 from cloudml_lib.errors import CloudMLError
@@ -241,5 +241,6 @@ class Picker:
         return "<br>".join(lines)
 
 
+@user_errors
 def preset_picker(ws: Workspace) -> Picker:
     return Picker(ws)

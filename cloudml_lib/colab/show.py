@@ -82,6 +82,7 @@ def user_errors(fn):
 
 # ------------------------------------------------------------------------------- presets
 
+@user_errors
 def show_presets() -> None:
     """The presets with their memory on a T4: measured where benchmarks/results/gpu.json has it."""
     measured = {}
@@ -100,6 +101,7 @@ def show_presets() -> None:
 
 # ------------------------------------------------------------------------------- a run
 
+@user_errors
 def show_status(run_dir: Path | None) -> None:
     """Where the run stands: for a second browser tab, or after a reconnect."""
     if run_dir is None:
@@ -115,6 +117,7 @@ def show_status(run_dir: Path | None) -> None:
         print(f"Minutes since the last checkpoint: {status['latest_checkpoint_age_s'] / 60:.1f}")
 
 
+@user_errors
 def show_evaluation(run_dir: Path | None) -> None:
     """Per-flight and overall metrics against the baseline, the scatter plot, and where the files are."""
     path = None if run_dir is None else Path(run_dir) / "evaluation.json"
@@ -129,6 +132,7 @@ def show_evaluation(run_dir: Path | None) -> None:
     print(f"Predictions: {run_dir / 'predictions.csv'}\nPlots: {run_dir / 'plots'}\nBest model: {run_dir / 'best.pt'}")
 
 
+@user_errors
 def show_report(run_dir: Path | None) -> None:
     """RUN_DIR/report.md: its text as Markdown, each linked plot as an image (a notebook does not
     resolve the report's relative image paths itself)."""

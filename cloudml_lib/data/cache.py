@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import er2
 from cloudml_lib.errors import DataError
+from cloudml_lib.outputs import named
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +385,10 @@ def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
         except (DataError, OSError) as e:
             log.warning("flight %s: could not use the cache copy in %s (%s); rebuilding", flight.name, copy, e)
     if cache is None:
-        _build(flight, data, final)
+        try:
+            _build(flight, data, final)
+        except OSError as e:                      # e.g. a full disk: name the cache, not "the disk"
+            raise named(e, final) from None
         cache, source = _open(final), "built"
         _log_built(cache, data, time.time() - t0)
         if copy is not None:

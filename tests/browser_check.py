@@ -1,0 +1,299 @@
+"""Both notebooks in a real browser: what nbmake cannot see (widgets rendered, the bar's fill and colour,
+Markdown tables, the folded log, the page's length, tracebacks on the page).
+
+    python tests/browser_check.py [--python PYTHON] [--out DIR] [--notebooks colab_setup.ipynb ...]
+
+starts JupyterLab from PYTHON's environment (default: this one; e.g. a venv with JupyterLab 3.6 and
+ipywidgets 7.7.1, Colab's versions) on a copy of the notebooks, drives Debian's Chromium through
+Playwright ("Run All Cells" with CLOUDML_SMOKE=1), checks the page and saves screenshots in DIR.
+Exit status 0 when every check passed. tests/test_browser.py runs it where Chromium, Playwright and
+JupyterLab are installed, and is skipped elsewhere.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path(os.environ.get("CLOUDML_CHROMIUM", "/usr/bin/chromium"))
+RUN_TIMEOUT_S = 900
+MAX_TRAIN_OUTPUT_PX = 3000          # the flooded Train cell was 14,567 px tall
+VISIBLE_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden):not(.p-mod-hidden)"
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", "--disable-quic"]
+FINAL_MARKS = {"colab_setup.ipynb": "Smoke test: setup checks passed", "colab_training.ipynb": "Smoke test passed"}
+
+
+def missing_tools(python: str = sys.executable) -> list[str]:
+    """What this check needs and this machine lacks (empty: it can run)."""
+    out = [] if CHROMIUM.is_file() else [f"Chromium ({CHROMIUM})"]
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        out.append("the playwright package (pip install playwright)")
+    probe = subprocess.run([python, "-c", "import jupyterlab, ipywidgets"], capture_output=True)
+    if probe.returncode:
+        out.append(f"JupyterLab and ipywidgets in {python}")
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_lab(python: str, root: Path, log: Path, smoke: bool = True) -> tuple[subprocess.Popen, str]:
+    port, token = _free_port(), secrets.token_hex(8)
+    env = {k: v for k, v in os.environ.items() if k != "CLOUDML_SMOKE"}
+    env.update(PYTHONPATH=str(REPO), JUPYTER_CONFIG_DIR=str(root / ".jupyter"), CLOUDML_HOME=str(root / "CloudML"),
+               **({"CLOUDML_SMOKE": "1"} if smoke else {}))
+    cmd = [python, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--allow-root"]
+    settings = root / ".jupyter" / "lab" / "user-settings" / "@jupyterlab"
+    for path, value in (("notebook-extension/tracker", {"windowingMode": "none"}),       # every cell in the page
+                        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})):
+        (settings / path).parent.mkdir(parents=True, exist_ok=True)
+        (settings / f"{path}.jupyterlab-settings").write_text(json.dumps(value))
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            return proc, f"{url}/lab/tree/{{}}?token={token}"
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("JupyterLab did not answer within 60 s")
+
+
+# Read in the page: every progress bar's fill and style, tables, folded logs, errors, the Train cell's height.
+PAGE_FACTS = """() => {
+  const bars = [...document.querySelectorAll('.progress-bar')].map(b => ({
+      fill: b.parentElement.getBoundingClientRect().width ?
+            b.getBoundingClientRect().width / b.parentElement.getBoundingClientRect().width : 0,
+      classes: b.className}));
+  const text = document.body.innerText;
+  const cells = [...document.querySelectorAll('.jp-CodeCell')];
+  const train = cells.find(c => (c.innerText || '').includes('colab.train(ws, picker)'));
+  const pres = [...document.querySelectorAll('.jp-OutputArea-output pre')];
+  return {bars, text,
+          tables: document.querySelectorAll('.jp-RenderedMarkdown table').length,
+          images: document.querySelectorAll('.jp-OutputArea-output img').length,
+          widget_errors: (text.match(/Error displaying widget|model not found/g) || []).length,
+          tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
+          train_output_px: train ? train.querySelector('.jp-Cell-outputWrapper').getBoundingClientRect().height : -1,
+          visible_logs: pres.filter(p => p.textContent.includes('Flights:') && p.offsetParent !== null).length,
+          accordions: document.querySelectorAll('.jupyter-widget-Accordion, .p-Accordion, .widget-accordion, .lm-Accordion').length};
+}"""
+
+
+def run_notebook(page, url: str, name: str, out: Path) -> dict:
+    page.goto(url.format(name))
+    page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-Toolbar-kernelStatus", timeout=120_000)
+    time.sleep(3)                                              # the kernel connects
+    page.click("text=Run", timeout=30_000)                     # the menu bar's Run menu
+    page.click("text=Run All Cells", timeout=30_000)
+    deadline, done, idle = time.time() + RUN_TIMEOUT_S, False, 0
+    while time.time() < deadline and not done:
+        time.sleep(3)
+        text = page.inner_text("body")
+        busy = page.query_selector_all(".jp-InputArea-prompt:has-text('[*]')")
+        idle = 0 if busy else idle + 1
+        done = FINAL_MARKS[name] in text or idle >= 5          # the last cell's words, or stopped (an error)
+    for button in page.query_selector_all(".jp-toast-button:has-text('No')"):    # the news question
+        button.click()
+    time.sleep(2)                                            # the last outputs render
+    facts = page.evaluate(PAGE_FACTS)
+    facts["finished"] = FINAL_MARKS[name] in facts["text"]
+    page.screenshot(path=str(out / f"{Path(name).stem}.png"), full_page=True)
+    for i, cell in enumerate(page.query_selector_all(".jp-CodeCell")):     # each cell's output, for a person to look at
+        if cell.query_selector(".jp-OutputArea-output"):
+            cell.screenshot(path=str(out / f"{Path(name).stem}-cell{i:02d}.png"))
+    return facts
+
+
+def judge(name: str, facts: dict) -> list[str]:
+    """What is wrong on the page (empty: all good)."""
+    bad = []
+    if not facts["finished"]:
+        bad.append("the notebook did not finish running")
+    if facts["widget_errors"]:
+        bad.append(f"{facts['widget_errors']} widget(s) not rendered ('Error displaying widget')")
+    if facts["tracebacks"]:
+        bad.append(f"{facts['tracebacks']} traceback(s) on the page")
+    if facts["tables"] < 1:
+        bad.append("no Markdown table rendered as a table")
+    if name == "colab_training.ipynb":
+        fills = [(round(b["fill"], 2), b["classes"]) for b in facts["bars"]]
+        if not any(f >= 0.99 and "success" in c for f, c in fills):
+            bad.append(f"no full green bar for the finished training: {fills}")
+        if not any(0.05 < f < 0.95 and "danger" not in c for f, c in fills):
+            bad.append(f"no partly filled, not red bar for the simulated disconnect: {fills}")
+        if any("danger" in c for _, c in fills):
+            bad.append(f"a red bar: {fills}")
+        if "Smoke test passed" not in facts["text"]:
+            bad.append("the smoke test's final check did not pass")
+        if facts["visible_logs"]:
+            bad.append("the training log is unfolded (it should be folded under the curves)")
+        if not 0 < facts["train_output_px"] <= MAX_TRAIN_OUTPUT_PX:
+            bad.append(f"the Train cell's output is {facts['train_output_px']:.0f} px tall (at most {MAX_TRAIN_OUTPUT_PX})")
+        if facts["images"] < 2:
+            bad.append(f"{facts['images']} images (curves, scatter, along-flight figure expected)")
+    if name == "colab_setup.ipynb":
+        fills = [round(b["fill"], 2) for b in facts["bars"]]
+        if not fills or min(fills) < 0.99:
+            bad.append(f"a cache or demo progress bar is not full: {fills}")
+        if "Smoke test: setup checks passed" not in facts["text"]:
+            bad.append("the setup notebook's check did not pass")
+    return bad
+
+
+def _menu(page, menu: str, item: str) -> None:
+    page.click(f".lm-MenuBar-itemLabel:text-is('{menu}'), .p-MenuBar-itemLabel:text-is('{menu}')", timeout=30_000)
+    page.click(f".lm-Menu-itemLabel:text-is('{item}'), .p-Menu-itemLabel:text-is('{item}')", timeout=30_000)
+
+
+def _wait_for(page, predicate, timeout_s: float, what: str):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _train_label(page) -> str:
+    """The latest training view's label ('epoch e of E · step s of S ...')."""
+    labels = page.eval_on_selector_all(".widget-html-content, .widget-html", "xs => xs.map(x => x.textContent)")
+    return next((x for x in reversed(labels) if x.startswith("epoch ") and " · step " in x), "")
+
+
+def scenario_continue(page, url: str, out: Path) -> list[str]:
+    """Issue 15 A1, as a user does it (not the smoke test): pick 3 epochs, train, press stop; restart the
+    kernel and Run all: the picker must come back with 3 epochs and the same run, and the run continue."""
+    bad = []
+    page.goto(url.format("colab_training.ipynb"))
+    page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
+    time.sleep(3)
+    _menu(page, "Run", "Run All Cells")
+    _wait_for(page, lambda: "step" in _train_label(page), 300, "training to start")
+    _menu(page, "Kernel", "Interrupt Kernel")                  # stop the default run: a checkpoint is saved
+    _wait_for(page, lambda: "stopped" in _train_label(page), 120, "the stop")
+    epochs = page.locator(".jp-OutputArea input[type='number']").first
+    epochs.fill("3")
+    epochs.press("Tab")                                         # the widget syncs its value
+    train = page.locator(".jp-CodeCell:has-text('colab.train(ws, picker)')").first
+    train.locator(".jp-InputArea-prompt").click()
+    page.keyboard.press("Shift+Enter")                          # train again: 3 epochs now
+    _wait_for(page, lambda: "of 117" in _train_label(page) and "stopped" not in _train_label(page), 300,
+              "the 3-epoch run")
+    time.sleep(4)
+    _menu(page, "Kernel", "Interrupt Kernel")
+    _wait_for(page, lambda: "stopped" in _train_label(page), 120, "the second stop")
+    page.screenshot(path=str(out / "continue-1-stopped.png"), full_page=True)
+    _menu(page, "Kernel", "Restart Kernel and Run All Cells…")  # a new kernel, as after a disconnect
+    page.click(".jp-Dialog-button.jp-mod-accept", timeout=30_000)
+    _wait_for(page, lambda: "finished" in _train_label(page), 600, "the continued run to finish")
+    note = page.inner_text(".jp-CodeCell:has-text('colab.preset_picker(ws)')")
+    value = page.locator(".jp-OutputArea input[type='number']").first.input_value()
+    label = _train_label(page)
+    page.screenshot(path=str(out / "continue-2-run-all.png"), full_page=True)
+    if value != "3":
+        bad.append(f"after Run all the picker shows {value} epochs, not the 3 chosen")
+    if "Continuing run demo" not in note:
+        bad.append("the picker does not say it continues run demo")
+    elif "of 117)" not in note:                     # the stop saved a checkpoint of the 3-epoch run
+        bad.append(f"the stop did not save a checkpoint of the 3-epoch run: {note[:300]!r}")
+    if "of 117" not in label:
+        bad.append(f"the continued run is not the 3-epoch run (bar: {label!r})")
+    return bad
+
+
+def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -> dict:
+    from playwright.sync_api import sync_playwright
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="cloudml-browser-"))
+    for name in notebooks:
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "configs", root / "configs")
+    lab, url = start_lab(python, root, out / "jupyterlab.log")
+    results = {}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+            # Tall: JupyterLab scrolls inside its panel, so the page is as long as the window.
+            page = browser.new_page(viewport={"width": 1400, "height": 4200})
+            for name in notebooks:
+                facts = run_notebook(page, url, name, out)
+                results[name] = {"problems": judge(name, facts),
+                                 **{k: v for k, v in facts.items() if k != "text"}}
+            browser.close()
+    finally:
+        _stop(lab)
+    if scenario:                                # without the smoke test: the user's own flow
+        lab, url = start_lab(python, root, out / "jupyterlab-continue.log", smoke=False)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+                page = browser.new_page(viewport={"width": 1400, "height": 4200})
+                try:
+                    results["continue after stop and restart"] = {"problems": scenario_continue(page, url, out)}
+                except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
+                    page.screenshot(path=str(out / "continue-failed.png"), full_page=True)
+                    results["continue after stop and restart"] = {"problems": [f"{type(e).__name__}: {e}"]}
+                browser.close()
+        finally:
+            _stop(lab)
+    shutil.rmtree(root, ignore_errors=True)
+    results["versions"] = subprocess.run([python, "-c", "import ipywidgets, jupyterlab; print(f'ipywidgets "
+                                          "{ipywidgets.__version__}, JupyterLab {jupyterlab.__version__}')"],
+                                         capture_output=True, text=True).stdout.strip()
+    (out / "browser_check.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def _stop(lab: subprocess.Popen) -> None:
+    lab.terminate()
+    try:
+        lab.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        lab.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default=sys.executable, help="the Python whose JupyterLab and kernel are used")
+    ap.add_argument("--out", default="browser-check", help="folder for screenshots and browser_check.json")
+    ap.add_argument("--notebooks", nargs="+", default=["colab_setup.ipynb", "colab_training.ipynb"])
+    ap.add_argument("--no-scenario", action="store_true", help="skip the stop / restart / Run all scenario")
+    args = ap.parse_args()
+    lacking = missing_tools(args.python)
+    if lacking:
+        print("cannot run the browser check; missing: " + "; ".join(lacking), file=sys.stderr)
+        return 2
+    results = check(args.python, Path(args.out), args.notebooks, not args.no_scenario)
+    print(results.pop("versions"))
+    for name, r in results.items():
+        print(f"{name}: " + ("OK" if not r["problems"] else "PROBLEMS:\n  - " + "\n  - ".join(r["problems"])))
+    return 0 if all(not r["problems"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

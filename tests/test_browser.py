@@ -1,0 +1,21 @@
+"""Both notebooks in a real browser (tests/browser_check.py): widgets rendered, the bar's fill and colour,
+Markdown tables, the folded log, the Train cell's height, no traceback on the page, and the picker
+continuing the run the user started after a stop and a kernel restart. Needs Debian's Chromium, the
+playwright package and JupyterLab; skipped where any is missing (CI has none of them)."""
+import sys
+
+import pytest
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+import browser_check  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(browser_check.missing_tools()),
+                                reason="browser check needs: " + "; ".join(browser_check.missing_tools()))
+
+
+@pytest.mark.slow
+def test_the_notebooks_in_a_real_browser(tmp_path):
+    results = browser_check.check(sys.executable, tmp_path, ["colab_setup.ipynb", "colab_training.ipynb"])
+    results.pop("versions")
+    problems = {name: r["problems"] for name, r in results.items() if r["problems"]}
+    assert not problems, f"{problems} (screenshots in {tmp_path})"
