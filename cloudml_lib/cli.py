@@ -199,15 +199,17 @@ def _file_in_the_way(path: Path) -> Path | None:
     return None
 
 
-def explain_os_error(e: OSError, places: dict[str, str] | None = None) -> str | None:
+def explain_os_error(e: OSError, places: dict[str, str] | None = None, resumes: bool = True) -> str | None:
     """A full or read-only disk, a permission, a file where a folder belongs, in words; None for other
-    OS errors. Without a file name in the error, `places` (what the command writes to) are named."""
+    OS errors. Without a file name in the error, `places` (what the command writes to) are named.
+    `resumes`: the command continues from a checkpoint (train, crossval) when run again."""
     if e.filename:
         where = str(e.filename)
     else:
         known = [f"{k} {v}" for k, v in (places or {}).items() if v]
         where = "a disk this command writes to (" + (", ".join(known) or "its output folders") + ")"
-    again = "then run the same command again: it continues from the last checkpoint, nothing written before is lost."
+    again = ("then run the same command again: it continues from the last checkpoint, nothing written before is "
+             "lost." if resumes else "then run the same command again; nothing written before is lost.")
     if e.errno in DISK_FULL:
         return (f"no space left on the disk holding {where} ({e.strerror or e}). Free space there (old runs, "
                 f"caches you no longer use), {again}")
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        message = explain_os_error(e, _places(args))
+        message = explain_os_error(e, _places(args), resumes=args.command in ("train", "crossval"))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

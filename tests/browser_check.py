@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -56,9 +57,12 @@ def _free_port() -> int:
 def start_lab(python: str, root: Path, log: Path, smoke: bool = True) -> tuple[subprocess.Popen, str]:
     port, token = _free_port(), secrets.token_hex(8)
     env = {k: v for k, v in os.environ.items() if k != "CLOUDML_SMOKE"}
+    # PYTHON's own bin first: `jupyter` would otherwise start whichever jupyter-lab comes first on PATH, and
+    # the kernel is the server's own Python (so its ipywidgets is the one checked).
     env.update(PYTHONPATH=str(REPO), JUPYTER_CONFIG_DIR=str(root / ".jupyter"), CLOUDML_HOME=str(root / "CloudML"),
+               PATH=str(Path(python).parent) + os.pathsep + env.get("PATH", ""),
                **({"CLOUDML_SMOKE": "1"} if smoke else {}))
-    cmd = [python, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+    cmd = [python, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
            f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
            "--allow-root"]
@@ -107,8 +111,7 @@ def run_notebook(page, url: str, name: str, out: Path) -> dict:
     page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-Toolbar-kernelStatus", timeout=120_000)
     time.sleep(3)                                              # the kernel connects
-    page.click("text=Run", timeout=30_000)                     # the menu bar's Run menu
-    page.click("text=Run All Cells", timeout=30_000)
+    _menu(page, "Run", "Run All Cells")
     deadline, done, idle = time.time() + RUN_TIMEOUT_S, False, 0
     while time.time() < deadline and not done:
         time.sleep(3)
@@ -126,6 +129,10 @@ def run_notebook(page, url: str, name: str, out: Path) -> dict:
         if cell.query_selector(".jp-OutputArea-output"):
             cell.screenshot(path=str(out / f"{Path(name).stem}-cell{i:02d}.png"))
     return facts
+
+
+def lab_version(python: str) -> str:
+    return subprocess.run([python, "-m", "jupyterlab", "--version"], capture_output=True, text=True).stdout.strip()
 
 
 def judge(name: str, facts: dict) -> list[str]:
@@ -234,7 +241,7 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "configs", root / "configs")
     lab, url = start_lab(python, root, out / "jupyterlab.log")
-    results = {}
+    results, kernel_versions = {}, "unknown"
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
@@ -242,6 +249,8 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
             page = browser.new_page(viewport={"width": 1400, "height": 4200})
             for name in notebooks:
                 facts = run_notebook(page, url, name, out)
+                found = re.search(r"Python [\d.]+, ipywidgets [\d.]+", facts["text"])
+                kernel_versions = found.group(0) if found else "unknown"
                 results[name] = {"problems": judge(name, facts),
                                  **{k: v for k, v in facts.items() if k != "text"}}
             browser.close()
@@ -262,9 +271,7 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
         finally:
             _stop(lab)
     shutil.rmtree(root, ignore_errors=True)
-    results["versions"] = subprocess.run([python, "-c", "import ipywidgets, jupyterlab; print(f'ipywidgets "
-                                          "{ipywidgets.__version__}, JupyterLab {jupyterlab.__version__}')"],
-                                         capture_output=True, text=True).stdout.strip()
+    results["versions"] = f"server: JupyterLab {lab_version(python)}; kernel: {kernel_versions}"
     (out / "browser_check.json").write_text(json.dumps(results, indent=1))
     return results
 

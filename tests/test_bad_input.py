@@ -334,6 +334,23 @@ def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
     assert f"a disk this command writes to (run folder {tmp_path / 'run'})" in text
 
 
+def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_path, monkeypatch):
+    from cloudml_lib import checkpoint
+    from cloudml_lib.cli import explain_os_error
+
+    def full(obj, f):                                   # what torch raises when the disk fills mid-write
+        f.write(b"x" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 105408 vs 105296")
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    (tmp_path / "best.pt").write_bytes(b"the previous best")
+    with pytest.raises(OSError) as e:
+        checkpoint.save_atomic({"model": {}}, tmp_path / "best.pt")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "best.pt")
+    assert (tmp_path / "best.pt").read_bytes() == b"the previous best" and len(list(tmp_path.iterdir())) == 1
+    text = explain_os_error(e.value, resumes=False)
+    assert text.startswith(f"no space left on the disk holding {tmp_path / 'best.pt'}") and "checkpoint" not in text
+
+
 def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkeypatch, capsys):
     import csv
 

@@ -7,6 +7,7 @@ workspace in `.cloudml_smoke/`.
 from __future__ import annotations
 
 import os
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,17 @@ def workspace() -> Workspace:
         d.mkdir(parents=True, exist_ok=True)
     where = "Google Drive" if str(root).startswith("/content/drive") else "this machine"
     print(f"CloudML folder on {where}: {root}\n  data/  your flights, as they came (one folder per flight is fine)\n"
-          f"  runs/  one folder per training run\n  cache/ a lasting copy of the preprocessed frames")
+          f"  runs/  one folder per training run\n  cache/ a lasting copy of the preprocessed frames\n"
+          f"(Python {platform.python_version()}, ipywidgets {_widgets_version()}: worth quoting when reporting a problem)")
     return ws
+
+
+def _widgets_version() -> str:
+    try:
+        import ipywidgets
+        return ipywidgets.__version__
+    except ImportError:
+        return "not installed"
 
 
 def show_environment() -> None:
