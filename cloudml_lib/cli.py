@@ -221,10 +221,10 @@ def explain_os_error(e: OSError, places: dict[str, str] | None = None, resumes: 
                 f"permissions (chmod), or choose another --run-dir / data.cache_dir, {again}")
     if e.errno in (errno.ENOTDIR, errno.EEXIST) and e.filename:
         blocker = _file_in_the_way(Path(e.filename))
-        if blocker is not None and blocker.is_file():
-            return (f"{blocker} is a file, but a folder is needed there (for {e.filename}). Point the setting "
+        if blocker is not None:
+            return (f"{blocker} is not a folder, but a folder is needed there (for {e.filename}). Point the setting "
                     "that names it (--run-dir, --out, data.cache_dir, data.cache_copy_dir) at a folder, or move "
-                    "the file away.")
+                    "it away.")
     if e.errno == errno.EISDIR and e.filename:
         return f"{e.filename} is a folder, but a file is needed there. Move the folder away or choose another path."
     if e.errno == errno.EIO:

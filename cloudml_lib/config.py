@@ -391,6 +391,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        examples = ", ".join(str(p) for p in sorted(path.glob("*.yaml"))[:4]) or "e.g. configs/demo.yaml"
+        raise ConfigError(f"{path} is a folder; --config takes a YAML file in it ({examples})")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

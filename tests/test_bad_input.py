@@ -114,6 +114,16 @@ def test_a_cache_folder_that_is_a_file_is_named(data, tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "keep me" and not (tmp_path / "run").exists()
 
 
+def test_paths_of_the_wrong_kind_are_named(tmp_path):
+    r = run_cli("make-demo-data", "--out", "/dev/null")                 # a device where a folder belongs
+    refused(r, "/dev/null is not a folder, but a folder is needed there")
+    r = run_cli("train", "--config", REPO / "configs", "--run-dir", tmp_path / "run")
+    refused(r, "configs is a folder; --config takes a YAML file in it", "demo.yaml")
+    (tmp_path / "out").write_text("notes")
+    r = run_cli("predict", "--run-dir", tmp_path / "no_run", "--out", tmp_path / "out")
+    refused(r, "has no best.pt")
+
+
 def _replace_dataset(path: Path, key: str, value) -> None:
     with h5py.File(path, "a") as f:
         del f[key]
