@@ -1,7 +1,7 @@
 """Run every benchmark, then write benchmarks/RESULTS.md from benchmarks/results/*.json.
 
     pip install -r benchmarks/requirements.txt
-    python -m benchmarks                         # all of them (about 15 minutes on a 2-core CPU)
+    python -m benchmarks                         # all of them (about 25 minutes on a 2-core CPU)
     python -m benchmarks --only trainers         # one or more, comma-separated
     python -m benchmarks --report-only           # RESULTS.md from the results already there
 
@@ -21,7 +21,7 @@ from benchmarks import describe
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHMARKS = ("data_path", "checkpoint", "trainers", "gpu")
+BENCHMARKS = ("data_path", "checkpoint", "trainers", "compile", "gpu")
 
 
 def run(names: list[str]) -> None:
@@ -109,6 +109,39 @@ def trainers_md(d: dict) -> list[str]:
     return lines
 
 
+def compile_md(d: dict) -> list[str]:
+    names = {"region": "frame encoder (CloudML)", "whole": "whole model"}
+    lines = [f"Machine: {describe(d['machine'])}; inductor cache {d['inductor_cache']}. Each row: eager and "
+             "compiled steps alternating in one process (forward, backward, AdamW).", "",
+             "| model | checkpointing | compiled | eager step | compiled step | speed vs eager | cold compile | "
+             "pays off after | kept for backward, eager / compiled | graphs, breaks |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in ("demo", "full", "cuda_demo", "cuda_full"):
+        runs = d.get(key)
+        if not runs:
+            continue
+        for name, r in runs.items():
+            variant, ckpt = name.split("_")
+            if "failed" in r:
+                lines.append(f"| {key} | {ckpt} | {names[variant]} | failed: {r['failed']} |||||||")
+                continue
+            model = f"{key} ({'/'.join(map(str, r['channels']))}, {r['frame'][0]} x {r['frame'][1]}, batch {r['batch']})"
+            pays = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:,} steps"
+            lines.append(f"| {model} | {'on' if ckpt == 'ckpt' else 'off'} | {names[variant]} | "
+                         f"{r['eager_step_ms']:.0f} ms | {r['step_ms']:.0f} ms | {r['speed_vs_eager']:.2f}x | "
+                         f"{r['compile_s']:.0f} s | {pays} | {r['eager_saved_for_backward_mb']:.1f} / "
+                         f"{r['saved_for_backward_mb']:.1f} MB | {r['graphs']}, {r['graph_breaks']} |")
+    modes = d.get("cuda_modes")
+    if modes:
+        lines += ["", "CUDA compile modes (full model, frame encoder compiled):", "", "| mode | result |", "|---|---|"]
+        for k, r in modes.items():
+            said = (f"refused by the config: {r['refused_by_config']}" if "refused_by_config" in r else
+                    f"failed: {r['failed']}" if "failed" in r else
+                    f"{r['speed_vs_eager']:.2f}x eager, {r['compile_s']:.0f} s compile, "
+                    f"peak {r.get('peak_allocated_gib', 0):.2f} GiB")
+            lines.append(f"| {k} | {said} |")
+    return lines
+
+
 def gpu_md(d: dict | None) -> list[str]:
     if d is None:
         return ["Not measured: no CUDA GPU was available where these results were made. `python "
@@ -124,7 +157,8 @@ def gpu_md(d: dict | None) -> list[str]:
 def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Path:
     sections = [("Data path: the cached loader against the research loader", "data_path", data_path_md),
                 ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
-                ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md)]
+                ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
+                ("torch.compile against eager", "compile", compile_md)]
     lines = ["# Benchmark results", "",
              "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
              "Ratios are measured side by side in one run; no number here is typed by hand.", ""]

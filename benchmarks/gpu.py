@@ -32,16 +32,17 @@ def build(preset: str, device: torch.device):
     from cloudml_lib.config import load_config
     from cloudml_lib.hardware import choose_precision
     from cloudml_lib.model import build_model
-    from cloudml_lib.train import apply_compile
+    from cloudml_lib.compile import apply_compile
     cfg = load_config(REPO / "configs" / PRESETS[preset])
     model = build_model(cfg).to(device)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
-    forward = apply_compile(model, cfg, device)
+    watch = apply_compile(model, cfg.train.torch_compile, cfg.train.torch_compile_mode, device)
+    forward = model                              # the frame encoder inside is compiled in place when asked
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     p = choose_precision(device)
     autocast = (lambda: torch.autocast(device.type, dtype=p.dtype)) if p.dtype else nullcontext
     scaler = torch.amp.GradScaler(device.type, enabled=p.use_grad_scaler)
-    return cfg, model, forward, opt, autocast, scaler
+    return cfg, model, forward, opt, autocast, scaler, watch
 
 
 def make_step(forward, opt, autocast, scaler, frames, scalars, target):
@@ -57,7 +58,7 @@ def make_step(forward, opt, autocast, scaler, frames, scalars, target):
 
 
 def measure_preset(preset: str, device: torch.device, shape, warmup: int, steps: int) -> dict:
-    cfg, model, forward, opt, autocast, scaler = build(preset, device)
+    cfg, model, forward, opt, autocast, scaler, watch = build(preset, device)
     b, t = cfg.train.batch_size, cfg.data.temporal_frames
     gen = torch.Generator(device=device).manual_seed(0)
     frames = torch.randn(b, t, *shape, device=device, generator=gen)
@@ -83,6 +84,7 @@ def measure_preset(preset: str, device: torch.device, shape, warmup: int, steps:
         out["samples_per_s"] = out["steps_per_s"] * b
     except torch.cuda.OutOfMemoryError as e:
         out["out_of_memory"] = str(e).splitlines()[0]
+    out["compile"] = watch.update().describe()
     probe = probe_prediction(preset, device, shape)
     out["probe"] = probe
     if probe and "peak_allocated_gib" in out:
@@ -99,7 +101,7 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
     if device.type != "cuda":
         return None
     from cloudml_lib.hardware import probe_batch_size
-    cfg, model, _, opt, autocast, scaler = build(preset, device)
+    cfg, model, _, opt, autocast, scaler, _ = build(preset, device)
     t = cfg.data.temporal_frames
 
     def step(b):

@@ -143,7 +143,8 @@ class TrainConfig:
     log_every_steps: int = _f(10, "optimizer steps between metrics.jsonl step records", range=(1, 1_000_000))
     seed: int = _f(42, "seeds data order, augmentation and initialisation", range=(0, 2**31 - 1))
     device: str = _f("auto", "auto: CUDA when available, else CPU", choices=("auto", "cuda", "cpu"))
-    torch_compile: bool = _f(False, "compile the model with torch.compile (CUDA only; ignored on CPU)")
+    torch_compile: bool = _f(False, "compile the frame encoder with torch.compile (on a CPU too: needs a C++ "
+                             "compiler; a failure falls back to eager)")
     torch_compile_mode: str = _f("default", "compile mode; CUDA-graph modes cannot be combined with checkpointing",
                                  choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 
@@ -330,8 +331,11 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
         problems.append("train.batch_size: 'auto' measures one batch per optimizer step; set a number when "
                         "train.grad_accum_steps > 1")
     if t.torch_compile and t.torch_compile_mode in CUDA_GRAPH_COMPILE_MODES and m.gradient_checkpointing:
-        problems.append(
-            f"train.torch_compile_mode: {t.torch_compile_mode!r} captures CUDA graphs, which crash under "
+        problems.append(cuda_graph_refusal(t.torch_compile_mode))
+
+
+def cuda_graph_refusal(mode: str) -> str:
+    return (f"train.torch_compile_mode: {mode!r} captures CUDA graphs, which crash under "
             "model.gradient_checkpointing ('static input data pointer changed'); use 'default' (or "
             "'max-autotune-no-cudagraphs'), or set model.gradient_checkpointing: false")
 

@@ -92,7 +92,12 @@ class MultimodalRegressionModel(nn.Module):
         return self.encoder(frame.unsqueeze(1))                             # (B, C)
 
     def _encode_checkpointed(self, frame):
-        # context_fn: (context of the first forward, context of the recomputation in backward)
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: the checkpointed region is recomputed inside the compiled backward
+            # graph, where BatchNorm's running statistics are outputs of the forward alone, so the
+            # recomputation never updates them a second time (and Dynamo cannot trace a context_fn).
+            return checkpoint(self._encode, frame, use_reentrant=False)
+        # Eager: context_fn gives (context of the first forward, context of the recomputation in backward).
         return checkpoint(self._encode, frame, use_reentrant=False,
                           context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)))
 

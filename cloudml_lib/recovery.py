@@ -92,14 +92,13 @@ def halve_eval_batch(state: dict) -> None:
                 state["eval_batch_size"])
 
 
-def eager_after_compile_failure(model: torch.nn.Module, failure: str) -> torch.nn.Module:
-    """The forward to use from now on: the plain model."""
+def eager_after_compile_failure(model: torch.nn.Module, watch, failure: str) -> torch.nn.Module:
+    """The forward to use from now on: the plain model, its compiled encoder undone (compile.undo_compile)."""
+    from cloudml_lib.checkpoint import unwrap_model
+    from cloudml_lib.compile import undo_compile
     log.warning("torch.compile failed (%s). Continuing in eager mode from the same step; nothing is lost. "
                 "Set train.torch_compile: false to skip compiling next time.", failure)
-    try:
-        torch._dynamo.reset()
-    except Exception:  # noqa: BLE001 - clearing compile caches is best effort
-        pass
+    undo_compile(unwrap_model(model), watch, failure)
     return model
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cloudml_lib.compile import describe_saved
 from cloudml_lib.outputs import write_text
 
 REPORT = "report.md"
@@ -33,6 +34,11 @@ def build_report_md(run_dir: Path) -> str:
         report = json.loads(evaluation.read_text())
         out += ["## Held-out flights", "", f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
         out += _metrics_table(report) + [""]
+    run = _read_json(run_dir / "run.json")
+    if run:
+        out += ["## Training", "", f"Device: {run.get('device', '?')}; {run.get('processes', 1)} process(es); batch "
+                f"size {run.get('batch_size', '?')}; {run.get('total_steps', '?')} optimizer steps planned.", "",
+                f"torch.compile: {describe_saved(run.get('compile'))}.", ""]
     for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
         if (run_dir / name).is_file():
             out += [f"## {title}", "", f"![{title}]({name})", ""]

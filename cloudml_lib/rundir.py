@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.checkpoint import (META, STATE, Found, check_folder, find_checkpoints, find_latest_valid,
                                     set_aside_rejected, step_of)
+from cloudml_lib.compile import describe_saved
 from cloudml_lib.errors import CloudMLError
 
 log = logging.getLogger(__name__)
@@ -384,7 +385,8 @@ def run_status(run_dir: str | Path) -> dict:
               "total_steps": None, "batch": 0,
               "batches_per_epoch": None, "progress": 0.0, "best_metric": None, "best_r2": None,
               "latest_checkpoint": None, "latest_checkpoint_age_s": None, "finished": False,
-              "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None}
+              "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None,
+              "compile": _read_run_info(run_dir).get("compile")}
     if found.folder is not None:
         meta = found.meta
         status.update({k: meta.get(k) for k in ("epochs", "step", "total_steps", "batch",
@@ -404,6 +406,15 @@ def run_status(run_dir: str | Path) -> dict:
         except (OSError, ValueError):
             pass
     return status
+
+
+def _read_run_info(run_dir: Path) -> dict:
+    """run.json (the plan of the latest start and what torch.compile did); {} when missing or damaged."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def format_status(s: dict) -> str:
@@ -428,6 +439,8 @@ def format_status(s: dict) -> str:
         lines.append(f"best validation loss {s['best_metric']:.4f}{r2}")
     if s["latest_checkpoint"]:
         lines.append(f"latest checkpoint: {s['latest_checkpoint']} ({s['latest_checkpoint_age_s'] / 60:.1f} min ago)")
+    if s.get("compile") is not None:
+        lines.append(f"torch.compile: {describe_saved(s['compile'])}")
     for r in s["rejected"]:
         lines.append(f"rejected: {r['path']}: {r['reason']}")
     return "\n".join(lines)

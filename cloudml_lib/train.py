@@ -36,6 +36,7 @@ from cloudml_lib import plots
 from cloudml_lib.checkpoint import (FORMAT_VERSION, CheckpointWriter, Found, capture_rng, check_folder,
                                     clean_leftovers, cpu_state_dict, fault_point, load_checkpoint, read_meta,
                                     restore_rng, save_atomic, to_cpu)
+from cloudml_lib.compile import apply_compile
 from cloudml_lib.config import Config, check_pretrain_flight, config_from_dict, save_config
 from cloudml_lib.data.cache import verify_cache
 from cloudml_lib.data.dataset import EpochBatchSampler, prepare_data, quick_subset
@@ -83,17 +84,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def apply_compile(model, cfg: Config, device: torch.device):
-    """torch.compile from outside the model; the plain module stays the one that is saved."""
-    if not cfg.train.torch_compile:
-        return model
-    if device.type != "cuda":
-        log.info("train.torch_compile is on, but compiling pays off only on CUDA; running eager on %s", device.type)
-        return model
-    log.info("compiling the model with torch.compile(mode=%r); the first steps are slow", cfg.train.torch_compile_mode)
-    return torch.compile(model, mode=cfg.train.torch_compile_mode)
-
-
 class ProgressLines:
     """With CLOUDML_PROGRESS=1 (the notebook's training subprocess), one `@progress {json}` line on stdout
     after an optimizer step, at most twice a second: the notebook's bar follows every step, not only the
@@ -135,7 +125,7 @@ class Trainer:
         self.writer = None
         self._stop_signal = None
         self.checkpoint_stalls: list[float] = []     # seconds the loop waited per save (benchmarks read it)
-        self._caches_checked = False
+        self._caches_checked, self._compile_said = False, False
         self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
     # ---------------------------------------------------------------------------------- set-up
@@ -240,9 +230,10 @@ class Trainer:
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.precision.dtype)
                          if self.precision.dtype else nullcontext)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.use_grad_scaler)
+        self.compile = apply_compile(self.model, t.torch_compile, t.torch_compile_mode, self.device)
         self.ddp = (apply_ddp(self.model, self.dist, self.device, unused_parameters=cfg.model.scalars_only)
                     if self.dist.active else self.model)
-        self.forward = apply_compile(self.ddp, cfg, self.device)
+        self.forward = self.ddp                # what a training step calls (tests may wrap it)
         if t.batch_size == "auto":             # per process; the global batch is what every process can hold
             per_process = measure_batch_size(self.model, self.autocast, self.device, cfg.data.temporal_frames,
                                              self.train_set.caches[0].frame_shape)
@@ -305,16 +296,27 @@ class Trainer:
         log.info("Resumed from step %d (%s), saved %s%s", st["step"], where, _ago(time.time() - meta["saved_at"]),
                  rejected)
 
-    def _write_run_info(self, found: Found | None) -> None:
-        """run.json: the plan of this (re)start, for progress bars and monitors (rewritten at each start)."""
-        if not self.dist.is_main:
-            return
-        info = {"processes": self.dist.world, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
-                "epochs": self.cfg.train.epochs,
-                "batch_size": self.cfg.train.batch_size, "device": describe_device(self.device),
-                "started_at": time.time(), "start_step": self.state["step"],
+    def _write_run_info(self, found: Found | None = None) -> None:
+        """run.json: the plan of this (re)start, for progress bars and monitors, and what torch.compile did
+        (rewritten at each start, after the first step and at each epoch's end)."""
+        if found is not None or not hasattr(self, "_run_info"):
+            self._run_info = {
+                "processes": self.dist.world, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
+                "epochs": self.cfg.train.epochs, "batch_size": self.cfg.train.batch_size,
+                "device": describe_device(self.device), "started_at": time.time(), "start_step": self.state["step"],
                 "resumed_from": str(found.folder) if found is not None else None}
-        write_text(self.run_dir / "run.json", json.dumps(info, indent=1))
+        if self.dist.is_main:
+            info = dict(self._run_info, compile=self.compile.update().to_dict())
+            write_text(self.run_dir / "run.json", json.dumps(json_safe(info), indent=1))
+
+    def _report_compile(self) -> None:
+        """After this start's first step (when compiling happened): say what was compiled, once."""
+        if self._compile_said or not (self.compile.report.requested or self.compile.report.fallback):
+            return
+        self._compile_said = True
+        report = self.compile.update()
+        (log.info if report.active else log.warning)("torch.compile: %s", report.describe())
+        self._write_run_info()
 
     # ----------------------------------------------------------------------------- snapshot
     def snapshot(self) -> dict:
@@ -381,7 +383,8 @@ class Trainer:
         keep_grads = bool(self.state["batch"] % self.cfg.train.grad_accum_steps)
         for _ in range(MAX_ATTEMPTS):
             before = capture_undo(self.model, self.device, keep_grads)
-            loss, failure = run_attempt(lambda: self._forward_backward(batch), self.forward is not self.ddp)
+            compiled = self.compile.report.active or self.forward is not self.ddp
+            loss, failure = run_attempt(lambda: self._forward_backward(batch), compiled)
             if failure is None:
                 return loss
             if self.dist.active:            # the other processes are inside this step's collectives
@@ -394,7 +397,8 @@ class Trainer:
             if failure == "oom":
                 halve_micro_batch(self.state, len(batch["target"]), self.cfg.train.batch_size)
             else:
-                self.forward = eager_after_compile_failure(self.ddp, failure)
+                self.forward = eager_after_compile_failure(self.ddp, self.compile, failure)
+                self._write_run_info()
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
 
     def _forward_backward(self, batch: dict) -> torch.Tensor:
@@ -530,6 +534,7 @@ class Trainer:
         if (by_steps or by_time) and st["batch"] < self.sampler.batches_per_epoch():
             self.save_checkpoint("every_steps" if by_steps else "every_minutes")
         self.progress(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
+        self._report_compile()
         fault_point("step")
         if stop:
             self._stop_now()
@@ -573,7 +578,7 @@ class Trainer:
             forward = self.model if self.dist.active else self.forward
             result, failure = run_attempt(lambda: predict(
                 self.model, self.val_set, self.device, self.state["eval_batch_size"], self.autocast, mine,
-                self.num_workers, forward=forward), forward is not self.model)
+                self.num_workers, forward=forward), self.compile.report.active or forward is not self.model)
             if failure is None:
                 pred, target = (np.concatenate(p) for p in zip(*self.dist.gather(result)))
                 break
@@ -581,7 +586,8 @@ class Trainer:
             if failure == "oom":
                 halve_eval_batch(self.state)
             else:
-                self.forward = eager_after_compile_failure(self.model, failure)
+                self.forward = eager_after_compile_failure(self.ddp, self.compile, failure)
+                self._write_run_info()
         else:
             raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
         loss = float(F.huber_loss(torch.from_numpy(pred), torch.from_numpy(target), delta=self.cfg.train.huber_delta))
@@ -623,6 +629,7 @@ class Trainer:
         st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
         self.acc["epoch_loss"] = torch.zeros((), device=self.device)
         self.acc["epoch_batches"] = torch.zeros((), device=self.device)
+        self._write_run_info()                              # recompiles for validation show here
         if stop or st["epoch"] >= t.epochs:
             return True
         self.save_checkpoint("epoch_end")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from cloudml_lib import colab, plots
@@ -319,3 +320,30 @@ def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
     show.show_report(run)
     assert out[0][0] == "md" and "| a | b |" in out[0][1]
     assert type(out[1]).__name__ == "Image" and out[2][0] == "md"
+
+
+def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, monkeypatch):
+    from cloudml_lib.colab import show
+    from cloudml_lib.compile import plan
+    cpu = torch.device("cpu")
+    show.show_presets()
+    table = shown[-1]
+    assert "torch.compile here" in table
+    a_row = next(line for line in table.splitlines() if line.startswith("| A |"))
+    assert plan(True, "default", cpu) in a_row and "| B | 64/128/256 | on | off |" in table
+    own_flights(ws)
+    p = colab.Picker(ws)
+    p.preset.value = "A"
+    assert f"torch.compile: {plan(True, 'default', cpu)}." in p.note.value
+    p.preset.value = "B"
+    assert "torch.compile: off." in p.note.value
+
+
+def test_a_compile_fall_back_is_a_visible_warning_in_the_live_view(tmp_path, shown):
+    view = live.LiveView(tmp_path, bar=True)
+    view.line("torch.compile: compiled the frame encoder (...): 1 graph(s), no graph break, 0 recompile(s), 2.0 s")
+    view.line("torch.compile failed (InductorError: InvalidCxxCompiler: No working C++ compiler found). Continuing "
+              "in eager mode from the same step; nothing is lost.")
+    first, second = view.notices.value.split("<br>")
+    assert first.startswith("&#9656; torch.compile: compiled")
+    assert second.startswith('<span style="color:#b45309">&#9888; torch.compile failed (InductorError')

@@ -74,8 +74,10 @@ def test_scalars_only_model_ignores_the_frames():
 
 
 def test_model_module_has_no_device_amp_or_compile_code():
+    """Compiling is applied from outside (compile.py); the model only asks whether it is being traced,
+    to checkpoint in a way Dynamo can trace when a whole-model compile wraps it."""
     src = inspect.getsource(model_mod)
-    for word in ("cuda", "autocast", "torch.compile", "GradScaler", ".to("):
+    for word in ("cuda", "autocast", "torch.compile(", "GradScaler", ".to("):
         assert word not in src, word
 
 

@@ -32,10 +32,19 @@ from cloudml_lib.train import ProgressLines
 # (a disconnect, or a stop that arrived before Python could catch it).
 RESUMABLE = {130, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL}
 NOTICE = re.compile(r"Resumed from|Stopped by|received: stopping|Rejected|Moved the rejected|[Ww]arning|"
-                    r"out of memory|torch\.compile failed|Non-finite|Early stopping|Taking over|skipped|"
+                    r"out of memory|torch\.compile|torch_compile is on|Non-finite|Early stopping|Taking over|skipped|"
                     r"already finished|changed settings|Fold \w+:|Phase \d of 2")
+# notices shown as warnings (amber, with a sign): something the user should read and may act on
+WARN = re.compile(r"[Ww]arning|failed|out of memory|Non-finite|Rejected|not compiled|runs? eager|cannot")
 EPOCH = re.compile(r"^Epoch \d+/\d+ \|")
 LOG_LINES, NOTICES = 400, 8
+
+
+def notice_html(text: str) -> str:
+    """One notice line: a warning in amber with a warning sign, anything else plain."""
+    if WARN.search(text):
+        return f'<span style="color:#b45309">&#9888; {html.escape(text)}</span>'
+    return f"&#9656; {html.escape(text)}"
 
 
 class LiveView:
@@ -71,7 +80,7 @@ class LiveView:
             self.status.value = f"<code>{html.escape(text)}</code>"
         if NOTICE.search(text):
             self.notice_lines = (self.notice_lines + [text])[-NOTICES:]
-            self.notices.value = "<br>".join(f"&#9656; {html.escape(t)}" for t in self.notice_lines)
+            self.notices.value = "<br>".join(notice_html(t) for t in self.notice_lines)
 
     def refresh(self) -> None:
         p = self.progress

@@ -18,6 +18,7 @@ from pathlib import Path
 from cloudml_lib import hardware
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.colab.drive import Workspace, complete_flights, default_heldout, smoke, uses_demo_data
+from cloudml_lib.compile import plan, this_device
 from cloudml_lib.config import load_config
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.rundir import has_run, run_status
@@ -232,6 +233,9 @@ class Picker:
                 f"your {plural(len(self.found), 'flight')}, holding out {', '.join(c.heldout) or 'none (choose one)'}")
         lines.append(f"Trains preset <b>{c.preset}</b> ({config}: {PRESET_WORDS[c.preset]}) on {data}, "
                      f"{plural(c.epochs, 'epoch')}, into <code>{self.ws.runs / c.run_name}</code>.")
+        preset_cfg = load_config(hardware.preset_config_path(c.preset))
+        lines.append("torch.compile: " + plan(preset_cfg.train.torch_compile, preset_cfg.train.torch_compile_mode,
+                                              this_device()) + ".")
         if self.preset.value == "Auto" or self.demo:
             lines.append(f"Auto chose {self.auto} because {self.auto_why}.")
         if not self.demo and not self.continuing:

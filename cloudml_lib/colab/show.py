@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from cloudml_lib import hardware
+from cloudml_lib.compile import plan, this_device
 from cloudml_lib.config import load_config
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import format_report
@@ -89,14 +90,15 @@ def show_presets() -> None:
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu.json"
     if results.is_file():
         measured = {k: v.get("peak_reserved_gib") for k, v in json.loads(results.read_text())["presets"].items()}
-    rows = []
+    rows, device = [], this_device()
     for name in ("A", "B", "C"):
         cfg = load_config(hardware.preset_config_path(name))
         mem = (f"{measured[name]:.1f} GiB (measured)" if measured.get(name)
                else f"about {hardware.PRESET_PEAK_GIB[name]:.0f} GiB (estimate, users' T4 runs)")
         rows.append([name, "/".join(map(str, cfg.channels)), "on" if cfg.model.gradient_checkpointing else "off",
-                     cfg.train.torch_compile_mode if cfg.train.torch_compile else "no", cfg.train.batch_size, mem])
-    show_markdown(table(["preset", "channels", "checkpointing", "compile", "batch", "GPU memory on a T4"], rows))
+                     plan(cfg.train.torch_compile, cfg.train.torch_compile_mode, device), cfg.train.batch_size, mem])
+    show_markdown(table(["preset", "channels", "checkpointing", "torch.compile here", "batch", "GPU memory on a T4"],
+                        rows))
 
 
 # ------------------------------------------------------------------------------- a run
