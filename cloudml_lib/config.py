@@ -22,6 +22,7 @@ CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
 # The network's three conv blocks each halve a frame (model.py): a side below 8 pixels after the
 # crop and downsampling leaves nothing for the last block.
 MIN_FRAME_SIDE = 8
+MAX_DEM_SURFACE_M = 10.0          # above this a "sea level" threshold keeps coastal land
 
 
 def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, auto: bool = False):
@@ -50,7 +51,8 @@ class DataKeys:
     ir_signal: str = _f("Product/Signal", "IR frames, first axis = frame (float or big-endian uint16 counts)")
     ir_time: str = _f("Time/TimeUTC", "one time per IR frame (epoch seconds in the real files); may be longer")
     cpl_time: str = _f("layer_descriptor/Profile_Decimal_Julian_Day",
-                       "decimal day of year per profile, (N, 3) first/mean/last: the mean is used; (N,) accepted")
+                       "decimal day of year per profile, (N, 3) start/centre/end: the column data.cpl_time_column "
+                       "is used; (N,) accepted")
     cpl_base: str = _f("layer_descriptor/Layer_Base_Altitude", "(profiles, 10) km, layer 0 on top, -9999 = none")
     cpl_layer_count: str = _f("layer_descriptor/Number_Layers", "valid layers per profile; when absent, "
                               "counted from the non-fill bases")
@@ -96,6 +98,19 @@ class DataConfig:
     label_layer: str = _f("lowest", "which layer's base is the label: lowest (the physical cloud base), top (the "
                           "users' published labels, base of layer 0) or single (single-layer profiles only)",
                           choices=("lowest", "top", "single"))
+    layer_order: str = _f("top_first", "order of the 10 layers in the CPL file: top_first (layer 0 is the top "
+                          "layer, as in the real files; checked on every flight) or bottom_first",
+                          choices=("top_first", "bottom_first"))
+    cpl_time_column: str = _f("centre", "which time of a ~5 s lidar profile is matched to a frame: start, centre "
+                              "or end (columns 0, 1, 2 of Profile_Decimal_Julian_Day); the users' published "
+                              "labels used start", choices=("start", "centre", "end"))
+    cpl_time_round: bool = _f(False, "round each lidar time to whole seconds before matching (as the users' "
+                              "published labels)")
+    cpl_time_offset_s: float = _f(0.0, "seconds added to every lidar time before matching (a clock offset "
+                                  "between lidar and camera; the log estimates it when few labels match)",
+                                  range=(-3600.0, 3600.0))
+    max_dem_surface_m: float = _f(0.0, "profiles whose DEM_Surface_Altitude (metres) is above this are over land "
+                                  "and dropped; 0: ocean only (DEM exactly 0, the only safe value)")
     angles_source: str = _f("nav", "sun angles of a label from the nav file (row = IR frame) or from the CPL "
                             "profile itself", choices=("nav", "cpl"))
     match_tolerance_s: float = _f(0.5, "a label is matched to the nearest IR frame within this time",
@@ -324,6 +339,12 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
                                                  f"keep at least {MIN_FRAME_SIDE} rows in data.swath_slice"))
     if d.cbh_min_km >= d.cbh_max_km:
         problems.append(f"data.cbh_min_km ({d.cbh_min_km}) must be below data.cbh_max_km ({d.cbh_max_km})")
+    if isinstance(d.max_dem_surface_m, (int, float)) and not 0 <= d.max_dem_surface_m <= MAX_DEM_SURFACE_M:
+        problems.append(
+            f"data.max_dem_surface_m: {d.max_dem_surface_m!r} " + (
+                "would drop every ocean profile (their DEM is 0)" if d.max_dem_surface_m < 0 else
+                f"would keep land (coasts rise above {MAX_DEM_SURFACE_M:.0f} m within a few km; the DEM's unit is "
+                "not certain either)") + f"; valid: 0 to {MAX_DEM_SURFACE_M:.0f} (metres), 0 = ocean only")
     if m.channels and not (len(m.channels) == 3 and all(isinstance(c, int) and c > 0 for c in m.channels)):
         problems.append(f"model.channels: {m.channels!r} is not valid; expected three positive integers, "
                         "e.g. [64, 128, 256], or [] to follow model.memory_optimized")

@@ -42,7 +42,7 @@ from cloudml_lib.outputs import named
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3       # 3: blank (constant) frames flagged, labels on blank frames dropped
+CACHE_VERSION = 4       # 3: blank (constant) frames flagged, labels on blank frames dropped; 4: match statistics
 READ_RUN = 32          # frames read from HDF5 at once while building
 COPY_CHUNK = 16 << 20
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10      # the content check of the cache key: 1 MiB per file
@@ -123,8 +123,7 @@ def cache_key(flight: FlightConfig, data: DataConfig) -> str:
         "version": CACHE_VERSION, "files": files, "date": flight.date, "swath_slice": data.swath_slice,
         "downsample": data.downsample, "clahe_clip_limit": data.clahe_clip_limit, "t": data.temporal_frames,
         "edge_policy": data.edge_policy, "cbh": [data.cbh_min_km, data.cbh_max_km],
-        "surface": data.max_lidar_surface_km, "tolerance": data.match_tolerance_s,
-        "time_format": data.ir_time_format, "keys": vars(data.keys), "label_layer": data.label_layer,
+        "time_format": data.ir_time_format, "keys": vars(data.keys), "labels": er2.label_definition(data),
         "angles_source": data.angles_source,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
@@ -268,6 +267,7 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
+            "match": labels.match, "labels": er2.label_definition(data),
             "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": _sha256(tmp / "frames.npy"),
             "created": time.time()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

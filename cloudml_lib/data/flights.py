@@ -194,7 +194,8 @@ def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFli
 # ------------------------------------------------------------------------------------ the table
 
 FOUND_HEADER = ["flight", "IR file", "CPL file", "nav file", "status"]
-HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "lidar profiles", "labels kept", "removed by filter"]
+HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "lidar profiles", "labels kept", "removed by filter",
+          "matched in camera span", "|dt| median / p95"]
 NOTE_AFTER = 48          # a problem longer than this goes under the table as a numbered note
 
 
@@ -206,6 +207,14 @@ def found_rows(found: list[FoundFlight]) -> list[list[str]]:
 def _removed(counts: dict) -> str:
     """What each filter removed (the profiles' total is a column of its own)."""
     return ", ".join(f"{word} {counts[k]}" for k, word in REMOVED_WORDS.items() if counts.get(k)) or "none"
+
+
+def _match_cells(match: dict | None) -> list[str]:
+    """The match rate of the filtered profiles inside the camera's time span, and the time differences."""
+    if not match or match.get("match_rate") is None:
+        return ["-", "-"]
+    dt = "-" if match["dt_median_s"] is None else f"{match['dt_median_s']:.2f} / {match['dt_p95_s']:.2f} s"
+    return [f"{match['matched']} of {match['inside_camera']} ({100 * match['match_rate']:.0f}%)", dt]
 
 
 def _file_cells(files: dict) -> list[str]:
@@ -232,9 +241,10 @@ def summary_rows(data: DataConfig, caches: list, skipped: list[FoundFlight],
     files = {f.name: {"ir": f.ir_file, "cpl": f.cpl_file, "nav": f.nav_file} for f in data.flights}
     rows = [[c.name] + _file_cells(files.get(c.name, {})) + [str(c.meta["n_frames"]), str(c.meta["counts"]["profiles"]),
                                                                str(c.meta["counts"]["samples"]),
-                                                               _removed(c.meta["counts"])] for c in caches]
-    return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems))]
-                   for f in skipped]
+                                                               _removed(c.meta["counts"])]
+            + _match_cells(c.meta.get("match")) for c in caches]
+    return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems)),
+                                                      "-", "-"] for f in skipped]
 
 
 def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[str]], bool]:
@@ -245,17 +255,19 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
     rows, ok = [], bool(found)
     for f in found:
         if f.problems:
-            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("missing", "; ".join(f.problems))])
+            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("missing", "; ".join(f.problems)),
+                                                           "-", "-"])
             ok = False
             continue
         try:
             labels = er2.read_flight_labels(f.config() if not data.flights else
                                             next(x for x in data.flights if x.name == f.name), data)
             rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(labels.counts["profiles"]),
-                                                           str(len(labels.cbh_km)), _removed(labels.counts)])
+                                                           str(len(labels.cbh_km)), _removed(labels.counts)]
+                        + _match_cells(labels.match))
         except DataError as e:
             rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-",
-                                                           notes.cell("not usable", str(e).split(": ", 1)[-1])])
+                                                           notes.cell("not usable", str(e).split(": ", 1)[-1]), "-", "-"])
             ok = False
     return rows, ok
 

@@ -7,7 +7,8 @@ files hold (ER2_DATA.md, "Corrections from public evidence"):
 - IR frames as big-endian unsigned 16-bit counts (100 counts per kelvin above 180 K) and
   `Time/TimeUTC` in Unix epoch seconds, on some flights longer than the frames, with a stray 0 or
   fill value;
-- CPL `Profile_Decimal_Julian_Day` (N, 3) (first, mean, last of a ~5 s profile), `File_Year`,
+- CPL `Profile_Decimal_Julian_Day` (N, 3) (start, centre, end of a ~5 s profile), `File_Year` as a
+  byte string (`b'2025'`), the second flight crossing 00 UTC (its day of year goes past the next day),
   `Layer_Base_Altitude` / `Layer_Top_Altitude` (N, 10) km with layer 0 on top, `Number_Layers`,
   `Lidar_Surface_Altitude` in km, the sun angles and position per profile, a few duplicated
   profiles;
@@ -172,6 +173,8 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
         sza_c, saa_c, h_mean = sza_c + rng.uniform(-4, 4), saa_c + rng.uniform(-20, 20), h_mean + rng.uniform(-.1, .1)
     midnight = float(calendar.timegm(date.timetuple()))
     t0 = midnight + 64800.0 + 600.0 * index                          # 18:00 UTC and later, epoch seconds
+    if index == 1:                                                   # this flight crosses 00 UTC half way
+        t0 = midnight + 86400.0 - n_frames // 2
     frame_t = t0 + np.arange(n_frames) + rng.uniform(-0.02, 0.02, n_frames)
     height = np.clip(h_mean + 0.38 * _smooth_series(rng, n_frames, 6.0), 0.05, 2.3)
     cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)   # bursts and clear gaps
@@ -198,7 +201,7 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
     lat = 34.0 + dist_km * np.cos(heading) / 111.0
     lon = -122.0 + dist_km * np.sin(heading) / 92.0
     with h5py.File(out / entry["cpl_file"], "w") as f:
-        f.create_dataset("metadata_parameters/File_Year", data=np.array([date.year], np.int32))
+        f.create_dataset("metadata_parameters/File_Year", data=np.array([str(date.year).encode()]))   # b'2025'
         g = f.create_group("layer_descriptor")
         g.create_dataset("Profile_Decimal_Julian_Day", data=julian)
         g.create_dataset("Layer_Base_Altitude", data=p["base"])
