@@ -87,7 +87,7 @@ def test_make_demo_data_writes_the_real_layout(tmp_path):
     with h5py.File(tmp_path / "01Mar25" / "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5") as f:
         g = f["layer_descriptor"]
         julian, base, n = g["Profile_Decimal_Julian_Day"][()], g["Layer_Base_Altitude"][()], g["Number_Layers"][()]
-        assert julian.shape == (len(n), 3) and base.shape == (len(n), 10) and f["metadata_parameters/File_Year"][0] == 2025
+        assert julian.shape == (len(n), 3) and base.shape == (len(n), 10) and f["metadata_parameters/File_Year"][0] == b"2025"
         assert np.all(np.diff(julian[:, 1]) * 86400 < 6)                               # ~5 s apart
         two = n == 2
         assert two.any() and (base[two, 0] > base[two, 1]).all()                        # layer 0 is the top one
