@@ -25,6 +25,13 @@ JULIAN = "layer_descriptor/Profile_Decimal_Julian_Day"
 BASE = "layer_descriptor/Layer_Base_Altitude"
 
 
+@pytest.fixture(autouse=True)
+def logs_reach_caplog(monkeypatch, caplog):
+    """A training run earlier in the session stops cloudml_lib's records at its own handlers (rundir.py)."""
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="cloudml_lib")
+
+
 @pytest.fixture
 def flights(tiny_flights, tmp_path):
     """A private copy of the tiny flights (tests edit their files) and a function making its data config."""
@@ -48,7 +55,6 @@ def labels(data, i=0):
 
 def test_the_time_column_is_a_setting_and_the_log_says_what_it_moves(flights, caplog):
     root, entries, data = flights
-    caplog.set_level(logging.INFO, logger="cloudml_lib.data.er2")
     centre, start = labels(data()), labels(data(cpl_time_column="start"))
     assert centre.match["matched"] > 20 and start.match["matched"] > 20
     # the start is 2.5 s before the centre: at one frame per second, labels sit 2-3 frames earlier
