@@ -102,6 +102,7 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
         return None
     from cloudml_lib.hardware import probe_batch_size
     cfg, model, _, opt, autocast, scaler, _ = build(preset, device)
+    vars(model.encoder).pop("forward", None)          # the trainer's probe runs the eager model, before compiling
     t = cfg.data.temporal_frames
 
     def step(b):

@@ -103,8 +103,8 @@ def _counters() -> dict:
     try:
         from torch._dynamo.utils import compile_times, counters
         names, values = compile_times(repr="csv")
-        seconds = sum(float(v) for n, v in zip(names, values) if n == "_compile.compile_inner"
-                      for v in v.split(","))
+        seconds = sum(float(x) for name, row in zip(names, values) if name == "_compile.compile_inner"
+                      for x in row.split(","))
         return {"graphs": counters["stats"].get("unique_graphs", 0), "frames": counters["frames"].get("ok", 0),
                 "breaks": dict(counters["graph_break"]), "seconds": seconds}
     except Exception:  # noqa: BLE001 - the report is best effort; compiling itself does not depend on it

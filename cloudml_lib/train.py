@@ -230,7 +230,6 @@ class Trainer:
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.precision.dtype)
                          if self.precision.dtype else nullcontext)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.use_grad_scaler)
-        self.compile = apply_compile(self.model, t.torch_compile, t.torch_compile_mode, self.device)
         self.ddp = (apply_ddp(self.model, self.dist, self.device, unused_parameters=cfg.model.scalars_only)
                     if self.dist.active else self.model)
         self.forward = self.ddp                # what a training step calls (tests may wrap it)
@@ -238,6 +237,8 @@ class Trainer:
             per_process = measure_batch_size(self.model, self.autocast, self.device, cfg.data.temporal_frames,
                                              self.train_set.caches[0].frame_shape)
             t.batch_size = min(self.dist.gather(per_process)) * self.dist.world
+        # after the batch-size probe, whose copy of the model must not share the compiled encoder
+        self.compile = apply_compile(self.model, t.torch_compile, t.torch_compile_mode, self.device)
         self.state["micro_batch_size"] = t.batch_size         # a resumed run restores its own below
         self.state["eval_batch_size"] = 2 * t.batch_size
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)

@@ -32,7 +32,7 @@ from cloudml_lib.train import ProgressLines
 # (a disconnect, or a stop that arrived before Python could catch it).
 RESUMABLE = {130, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL}
 NOTICE = re.compile(r"Resumed from|Stopped by|received: stopping|Rejected|Moved the rejected|[Ww]arning|"
-                    r"out of memory|torch\.compile|torch_compile is on|Non-finite|Early stopping|Taking over|skipped|"
+                    r"out of memory|torch\.compile|Non-finite|Early stopping|Taking over|skipped|"
                     r"already finished|changed settings|Fold \w+:|Phase \d of 2")
 # notices shown as warnings (amber, with a sign): something the user should read and may act on
 WARN = re.compile(r"[Ww]arning|failed|out of memory|Non-finite|Rejected|not compiled|runs? eager|cannot")
