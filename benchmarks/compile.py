@@ -68,7 +68,7 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1)
     frames = torch.randn(batch, cfg.data.temporal_frames, *shape, generator=gen).to(device)
-    scalars = torch.randn(batch, 2, generator=gen).to(device)
+    scalars = torch.randn(batch, 3, generator=gen).to(device)
     target = torch.randn(batch, generator=gen).to(device)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else torch.autocast("cpu", enabled=False))

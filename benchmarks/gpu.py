@@ -62,7 +62,7 @@ def measure_preset(preset: str, device: torch.device, shape, warmup: int, steps:
     b, t = cfg.train.batch_size, cfg.data.temporal_frames
     gen = torch.Generator(device=device).manual_seed(0)
     frames = torch.randn(b, t, *shape, device=device, generator=gen)
-    scalars = torch.randn(b, 2, device=device, generator=gen)
+    scalars = torch.randn(b, 3, device=device, generator=gen)
     target = torch.randn(b, device=device, generator=gen)
     step = make_step(forward, opt, autocast, scaler, frames, scalars, target)
     out = {"batch_size": b, "channels": cfg.channels, "gradient_checkpointing": cfg.model.gradient_checkpointing,
@@ -107,7 +107,7 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
 
     def step(b):
         frames = torch.randn(b, t, *shape, device=device)
-        make_step(model, opt, autocast, scaler, frames, torch.randn(b, 2, device=device),
+        make_step(model, opt, autocast, scaler, frames, torch.randn(b, 3, device=device),
                   torch.randn(b, device=device))()
 
     result = probe_batch_size(step, device, budget=int(T4_GIB * 2 ** 30))

@@ -41,7 +41,8 @@ class FlightConfig:
     ir_file: str = _f("", "IRAI L1B camera file (.h5), e.g. 10Feb25/GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5; "
                       "a path or a glob pattern matching exactly one file")
     cpl_file: str = _f("", "CPL L2 layer file (.hdf5); its name carries the date, e.g. _10feb25")
-    nav_file: str = _f("", "navigation file (.hdf, HDF5 inside); not needed with data.angles_source: cpl")
+    nav_file: str = _f("", "navigation file: .hdf (HDF5 inside) or ICARTT text (*_MetNav_ER2_*.ict, matched by "
+                       "time); not needed with data.angles_source: cpl")
     date: str = _f("", "YYYY-MM-DD; empty: taken from the CPL file name")
 
 
@@ -70,6 +71,16 @@ class DataKeys:
     nav_lon: str = _f("nav/IWG_lon", "longitude, degrees")
     nav_time: str = _f("nav/Time", "nav time axis, if the file has one; the users' files have none, and then "
                        "nav row i is IR frame i")
+    nav_heading: str = _f("nav/trueHdg", "aircraft true heading, degrees from north (IWG1 True_Hdg, named like "
+                          "sunAzGrd); absent: flips are off for that flight")
+    ict_time: str = _f("Time_Start", "ICARTT nav (*_MetNav_ER2_*.ict): seconds of day of each record; the other "
+                       "ict_* keys name its columns, | separates alternatives")
+    ict_lat: str = _f("Latitude|Lat", "ICARTT nav: latitude column")
+    ict_lon: str = _f("Longitude|Lon", "ICARTT nav: longitude column")
+    ict_heading: str = _f("True_Heading|True_Hdg", "ICARTT nav: true heading column")
+    ict_zenith: str = _f("Solar_Zenith_Angle|Solar_Zenith|SZA", "ICARTT nav: solar zenith angle column")
+    ict_azimuth: str = _f("Sun_Azimuth|Sun_Az_Grd|Solar_Azimuth_Angle", "ICARTT nav: sun azimuth from the ground "
+                          "column, degrees from north")
 
 
 @dataclass
@@ -111,6 +122,12 @@ class DataConfig:
                                   range=(-3600.0, 3600.0))
     max_dem_surface_m: float = _f(0.0, "profiles whose DEM_Surface_Altitude (metres) is above this are over land "
                                   "and dropped; 0: ocean only (DEM exactly 0, the only safe value)")
+    sun_azimuth: str = _f("relative", "the sun azimuth the network sees: relative (to the aircraft heading, where "
+                          "the sun acts on the image; unknown, and filled, where a flight has no heading) or ground "
+                          "(from north, as nav/sunAzGrd)", choices=("relative", "ground"))
+    along_track_axis: str = _f("rows", "the image axis the aircraft flies along; the horizontal flip mirrors the "
+                               "columns, so across the flight axis for rows, along it for columns",
+                               choices=("rows", "columns"))
     angles_source: str = _f("nav", "sun angles of a label from the nav file (row = IR frame) or from the CPL "
                             "profile itself", choices=("nav", "cpl"))
     match_tolerance_s: float = _f(0.5, "a label is matched to the nearest IR frame within this time",
@@ -119,7 +136,8 @@ class DataConfig:
     keys: DataKeys = field(default_factory=DataKeys, metadata={"help": "HDF5 dataset names"})
     overweight_flight: str = _f("", "training flight whose samples weigh more in the loss (empty: none)")
     overweight_factor: float = _f(1.0, "loss weight of overweight_flight's samples", range=(1.0, 100.0))
-    augment: bool = _f(True, "training-only augmentation: flip, brightness/contrast jitter, erasing")
+    augment: bool = _f(True, "training-only augmentation: flip (mirroring the sun azimuth; off for a flight "
+                       "without a heading), brightness/contrast jitter, erasing")
     num_workers: int = _f("auto", "DataLoader worker processes; auto: 0 on Colab, else up to 4", range=(0, 64),
                           auto=True)
 

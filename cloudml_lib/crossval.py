@@ -27,7 +27,7 @@ import numpy as np
 
 from cloudml_lib.config import Config, config_from_dict
 from cloudml_lib.data.cache import load_caches
-from cloudml_lib.data.dataset import CloudDataset, prepare_data
+from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
 from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.evaluate import json_safe, regression_metrics
@@ -56,7 +56,7 @@ def fold_config(cfg: Config, held: str, scalars_only: bool = False) -> Config:
 
 def image_statistics(dataset: CloudDataset) -> np.ndarray:
     """Per sample: statistics of the centre frame, the mean frame-to-frame change (which carries the
-    parallax of the cloud layer), and the raw sun angles. (N, 9)."""
+    parallax of the cloud layer), the zenith angle and the azimuth the network sees (sine, cosine). (N, 10)."""
     rows = []
     for i in range(len(dataset)):
         c, j = dataset.caches[dataset.flight_of[i]], dataset.local[i]
@@ -64,7 +64,8 @@ def image_statistics(dataset: CloudDataset) -> np.ndarray:
         centre = frames[len(frames) // 2]
         change = np.abs(np.diff(frames, axis=0)).mean() if len(frames) > 1 else 0.0
         rows.append([centre.mean(), centre.std(), *np.percentile(centre, [5, 50, 95]), change,
-                     float(np.abs(centre[:, 1:] - centre[:, :-1]).mean()), c.sza_deg[j], c.saa_deg[j]])
+                     float(np.abs(centre[:, 1:] - centre[:, :-1]).mean()), c.sza_deg[j],
+                     *scalar_inputs(c.sza_deg[j], dataset.azimuth[dataset.flight_of[i]][j], dataset.scalers)[0, 1:]])
     return np.asarray(rows, np.float64)
 
 

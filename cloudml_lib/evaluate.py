@@ -160,6 +160,11 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     if data_dir:
         cfg.data.dir = data_dir
     model = build_model(cfg)
+    film = ckpt["model"].get("film.0.weight") if isinstance(ckpt["model"], dict) else None
+    if film is not None and film.shape[-1] != model.film[0].in_features:
+        raise CloudMLError(f"{best} was trained by an earlier CloudML with {film.shape[-1]} angle inputs (this version "
+                           f"takes {model.film[0].in_features}: the zenith angle and the sine and cosine of the sun "
+                           "azimuth); retrain the run with this version, or use the version that trained it.")
     try:
         model.load_state_dict(ckpt["model"])
     except (RuntimeError, TypeError, AttributeError) as e:
@@ -179,7 +184,8 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     rm = load_run_model(run_dir, data_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
-    dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]))
+    dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]),
+                           sun_azimuth=cfg.data.sun_azimuth)
     pred, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
     s = dataset.scalers
     pred_km = pred * s.cbh_std + s.cbh_mean

@@ -73,7 +73,7 @@ def frozen_batchnorm_stats(module: nn.Module):
 
 
 class MultimodalRegressionModel(nn.Module):
-    def __init__(self, channels: list[int] = (64, 128, 256), n_scalars: int = 2, dropout: float = 0.3,
+    def __init__(self, channels: list[int] = (64, 128, 256), n_scalars: int = 3, dropout: float = 0.3,
                  scalars_only: bool = False):
         super().__init__()
         c = channels[-1]
@@ -101,7 +101,7 @@ class MultimodalRegressionModel(nn.Module):
         return checkpoint(self._encode, frame, use_reentrant=False,
                           context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)))
 
-    def forward(self, frames, scalars):                                     # (B, T, H, W), (B, 2)
+    def forward(self, frames, scalars):                                     # (B, T, H, W), (B, 3)
         b, t = frames.shape[:2]
         if self.scalars_only:
             feats = torch.zeros(b, t, self.temporal[0].in_features, device=frames.device, dtype=scalars.dtype)

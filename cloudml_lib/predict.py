@@ -28,7 +28,7 @@ from cloudml_lib import plots
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import er2
 from cloudml_lib.data.cache import preprocess_frame
-from cloudml_lib.data.dataset import Scalers
+from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
@@ -45,11 +45,14 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
     root = Path(data.dir)
     ir = root / flight.ir_file
     frame_t, n_frames, _, _ = er2.read_ir_times(ir, flight, data)
-    out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "lat", "lon", "label")}}
+    out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "heading", "lat", "lon", "label")}}
     has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
     if has_nav:
-        nav, _ = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
-        out.update({k: nav[k] for k in ("sza", "saa", "lat", "lon")})
+        nav = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
+        out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
+        if data.sun_azimuth == "relative" and not np.isfinite(out["heading"]).any():
+            log.warning("flight %s: %s: the sun azimuth relative to it is unknown (no direction)", flight.name,
+                        nav.heading_note)
     else:
         log.warning("flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name)
     if flight.cpl_file and (root / flight.cpl_file).is_file():
@@ -73,9 +76,7 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
         raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
-    sza = np.where(np.isfinite(inputs["sza"]), inputs["sza"], scalers.sza_mean)
-    saa = np.where(np.isfinite(inputs["saa"]), inputs["saa"], scalers.saa_mean)
-    scalars = np.stack([(sza - scalers.sza_mean) / scalers.sza_std, (saa - scalers.saa_mean) / scalers.saa_std], 1)
+    scalars = scalar_inputs(inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers)
     pred, blank, filled = np.full(n, np.nan), np.zeros(n, bool), 0
     half = t // 2
     with er2.open_h5(Path(data.dir) / flight.ir_file, flight.name) as f:

@@ -210,7 +210,7 @@ class Trainer:
         out = {}
         for c in self.train_set.caches + self.val_set.caches:
             h = hashlib.sha256()
-            for a in (c.frame_index, c.cbh_km, c.sza_deg, c.saa_deg, c.windows):
+            for a in (c.frame_index, c.cbh_km, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
                 h.update(np.ascontiguousarray(a).tobytes())
             h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
             out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16]}

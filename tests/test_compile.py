@@ -67,7 +67,7 @@ def test_a_compiled_checkpointed_step_matches_eager():
     eager.set_grad_checkpointing(True)
     compiled = copy.deepcopy(eager)
     watch = apply_compile(compiled, True, "default", CPU)
-    frames, scalars = torch.randn(4, 3, 24, 32), torch.randn(4, 2)
+    frames, scalars = torch.randn(4, 3, 24, 32), torch.randn(4, 3)
     for m in (eager, compiled):
         m(frames, scalars).square().mean().backward()
     report = watch.update()

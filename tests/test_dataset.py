@@ -30,6 +30,9 @@ def test_items_are_standardised_and_nan_angles_filled(tiny_config):
     item = ds[0]
     assert item["frames"].shape == (3, 32, 48) and item["frames"].dtype == torch.float32
     assert item["scalars"][0].item() == 0.0                              # filled with the training mean
+    assert item["scalars"].shape == (3,)                                 # zenith, sine and cosine of the azimuth
+    az = np.radians((train[0].saa_deg[0] - train[0].heading_deg[0]) % 360)   # relative to the heading
+    np.testing.assert_allclose(item["scalars"][1:].numpy(), [np.sin(az), np.cos(az)], atol=1e-6)
     expected = (train[0].cbh_km[0] - scalers.cbh_mean) / scalers.cbh_std
     assert abs(item["target"].item() - expected) < 1e-5
 
@@ -54,10 +57,13 @@ def test_flip_mirrors_frames_and_azimuth(monkeypatch):
     monkeypatch.setattr(ds_mod, "CONTRAST", 0.0)
     monkeypatch.setattr(ds_mod, "BRIGHTNESS", 0.0)
     frames = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
-    out, saa = augment_sample(frames, 100.0, np.random.default_rng(0))
-    assert saa == 260.0
+    out, az = augment_sample(frames, 100.0, np.random.default_rng(0), 0.0)      # relative azimuth, flight axis
+    assert az == 260.0
     assert torch.equal(out, frames.flip(-1))
-    assert augment_sample(frames, 0.0, np.random.default_rng(0))[1] == 0.0
+    assert augment_sample(frames, 100.0, np.random.default_rng(0), 30.0)[1] == 320.0   # ground: 2 * heading - a
+    assert augment_sample(frames, 100.0, np.random.default_rng(0), 90.0)[1] == 80.0    # across the cross-track axis
+    out, az = augment_sample(frames, 100.0, np.random.default_rng(0), None)     # no heading: never flipped
+    assert az == 100.0 and torch.equal(out, frames)
 
 
 def test_erasing_blanks_one_rectangle_in_every_frame(monkeypatch):
@@ -65,7 +71,7 @@ def test_erasing_blanks_one_rectangle_in_every_frame(monkeypatch):
     monkeypatch.setattr(ds_mod, "FLIP_PROB", 0.0)
     monkeypatch.setattr(ds_mod, "ERASE_PROB", 1.0)
     frames = torch.ones(3, 20, 30)
-    out, _ = augment_sample(frames, 50.0, np.random.default_rng(1))
+    out, _ = augment_sample(frames, 50.0, np.random.default_rng(1), 0.0)
     zero = out == 0
     assert zero.any() and torch.equal(zero[0], zero[1]) and torch.equal(zero[0], zero[2])
     assert 0.01 < zero[0].float().mean() < 0.15

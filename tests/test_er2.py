@@ -88,7 +88,7 @@ def test_real_layout_filters_matching_and_counts(tmp_path):
     np.testing.assert_allclose(labels.cbh_km, [1.0, 0.5, 0.6, 1.1])       # the lowest layer's base by default
     assert labels.counts == {"profiles": 11, "bad_time": 0, "no_layer": 1, "multi_layer": 0, "out_of_range": 1,
                              "over_land": 1, "bad_surface": 2, "unmatched": 1, "duplicate_frame": 1,
-                             "beyond_nav": 0, "kept": 4, "multi_layer_profiles": 1}
+                             "beyond_nav": 0, "kept": 4, "multi_layer_profiles": 1, "no_heading": 4}
     np.testing.assert_allclose(labels.sza_deg, [32, 35, 37, 44])          # nav row i = frame i
 
 

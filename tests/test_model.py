@@ -13,7 +13,7 @@ from cloudml_lib.model import MultimodalRegressionModel, build_model, count_para
 
 def batch(b=4, t=3, h=32, w=40, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, t, h, w, generator=g), torch.randn(b, 2, generator=g)
+    return torch.randn(b, t, h, w, generator=g), torch.randn(b, 3, generator=g)
 
 
 def test_output_is_one_value_per_sample_even_for_one_sample():

@@ -3,7 +3,7 @@
 Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 - `frames.npy`  (M, H, W) float16: every frame some sample's window uses, preprocessed;
 - `samples.npz` per sample: `windows` (N, T) rows of frames.npy, `frame_index`, `cbh_km`,
-  `sza_deg`, `saa_deg`, `lat`, `lon`;
+  `sza_deg`, `saa_deg`, `heading_deg` (NaN: none, flips off), `lat`, `lon`;
 - `meta.json`   the settings, counts, sizes and frames.npy's sha256; written last, so a folder
   without it is incomplete.
 
@@ -42,7 +42,7 @@ from cloudml_lib.outputs import named
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 4       # 3: blank (constant) frames flagged, labels on blank frames dropped; 4: match statistics
+CACHE_VERSION = 5       # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading
 READ_RUN = 32          # frames read from HDF5 at once while building
 COPY_CHUNK = 16 << 20
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10      # the content check of the cache key: 1 MiB per file
@@ -179,7 +179,8 @@ class FlightCache:
     frame_index: np.ndarray   # (N,) labelled IR frame
     cbh_km: np.ndarray        # (N,)
     sza_deg: np.ndarray       # (N,)
-    saa_deg: np.ndarray       # (N,)
+    saa_deg: np.ndarray       # (N,) sun azimuth from the ground, degrees from north
+    heading_deg: np.ndarray   # (N,) aircraft true heading, NaN where none
     meta: dict
     source: str = "reused"    # reused, copied (from data.cache_copy_dir) or built
     seconds: float = 0.0      # time to make it ready
@@ -201,7 +202,7 @@ def _open(path: Path) -> FlightCache:
         raise DataError(f"cache {path} is incomplete (frames.npy has the wrong size); delete the folder to rebuild")
     return FlightCache(name=meta["flight"], path=path, frames=store, windows=arrays["windows"],
                        frame_index=arrays["frame_index"], cbh_km=arrays["cbh_km"], sza_deg=arrays["sza_deg"],
-                       saa_deg=arrays["saa_deg"], meta=meta)
+                       saa_deg=arrays["saa_deg"], heading_deg=arrays["heading_deg"], meta=meta)
 
 
 def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConfig, desc: str) -> tuple[int, np.ndarray]:
@@ -259,15 +260,17 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     windows = windows[keep[kept]]                                 # windows holds the kept labels' rows only
     rows = np.searchsorted(needed, windows).astype(np.int32)      # (N, T) rows of frames.npy
     np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[keep], cbh_km=labels.cbh_km[keep],
-             sza_deg=labels.sza_deg[keep], saa_deg=labels.saa_deg[keep], lat=labels.lat[keep], lon=labels.lon[keep])
+             sza_deg=labels.sza_deg[keep], saa_deg=labels.saa_deg[keep], heading_deg=labels.heading_deg[keep],
+             lat=labels.lat[keep], lon=labels.lon[keep])
     counts = dict(labels.counts, edge_dropped=int((~kept).sum()), blank_frame=int(on_blank.sum()),
                   samples=int(keep.sum()), nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
-                  nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()), filled_pixels=filled,
+                  nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()),
+                  no_heading=int(np.isnan(labels.heading_deg[keep]).sum()), filled_pixels=filled,
                   empty_frames=int(blank.sum()))
     meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
-            "match": labels.match, "labels": er2.label_definition(data),
+            "match": labels.match, "labels": er2.label_definition(data), "heading": labels.heading_note,
             "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": _sha256(tmp / "frames.npy"),
             "created": time.time()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -2,9 +2,14 @@
 
 - Splits are by flight: `data.validation_flights` are held out, and scalers (angles, target) are
   fitted on the training flights only.
+- The sun azimuth the network sees is relative to the aircraft heading (`data.sun_azimuth: relative`,
+  where the sun acts on the image), or from the ground (`ground`, as nav/sunAzGrd).
 - Augmentation works on the float tensors (never through an 8-bit image), on training samples
-  only, and is a function of (seed, epoch, sample): a horizontal flip (azimuth a -> 360 - a),
-  brightness/contrast jitter and random erasing.
+  only, and is a function of (seed, epoch, sample): a horizontal flip, brightness/contrast jitter
+  and random erasing. The flip mirrors the image across a line fixed to the aircraft (its flight
+  axis when rows run along-track), so it mirrors the azimuth across that line: a relative azimuth
+  r -> -r, a ground azimuth a -> 2 * heading - a (`360 - a` is right only when heading north).
+  Without a heading no flip can keep image and angle consistent: such samples are never flipped.
 - The epoch order is a function of (seed, epoch), so a resumed run can slice it instead of
   replaying batches.
 """
@@ -30,11 +35,10 @@ CONTRAST, BRIGHTNESS = 0.15, 0.15        # multiplicative and additive jitter on
 
 @dataclass
 class Scalers:
-    """Standardisation of the solar angles and the target, fitted on training flights."""
+    """Standardisation of the solar zenith angle and the target, fitted on training flights (the azimuth
+    enters as its sine and cosine, which need none)."""
     sza_mean: float
     sza_std: float
-    saa_mean: float
-    saa_std: float
     cbh_mean: float
     cbh_std: float
 
@@ -43,7 +47,7 @@ class Scalers:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Scalers":
-        return cls(**{k: float(v) for k, v in d.items()})
+        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
 
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
@@ -53,10 +57,36 @@ def _mean_std(x: np.ndarray) -> tuple[float, float]:
     return float(x.mean()), float(max(x.std(), 1e-6))
 
 
+def model_azimuth(saa_deg: np.ndarray, heading_deg: np.ndarray, mode: str) -> np.ndarray:
+    """The sun azimuth the network sees (degrees, 0..360): relative to the heading (NaN where there is none),
+    or from the ground as read."""
+    saa = np.asarray(saa_deg, np.float64)
+    return np.mod(saa - np.asarray(heading_deg, np.float64), 360.0) if mode == "relative" else saa
+
+
+def mirror_line(heading_deg: np.ndarray, mode: str, along_track_axis: str) -> np.ndarray:
+    """The azimuth (in the network's convention) of the line the horizontal flip mirrors across; NaN where no
+    heading is known (no flip). Flipping the columns mirrors across the rows' direction: the flight axis
+    when the aircraft flies along the rows, the cross-track axis (90 degrees off) when along the columns."""
+    axis = 0.0 if along_track_axis == "rows" else 90.0
+    heading = np.asarray(heading_deg, np.float64)
+    return np.where(np.isfinite(heading), axis + (heading if mode == "ground" else 0.0), np.nan)
+
+
+def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers) -> np.ndarray:
+    """(N, 3) float32 network scalars: the standardised zenith angle (the training mean where unknown) and
+    the azimuth's sine and cosine (0, 0 where unknown: no direction), so 359 and 1 degrees lie close."""
+    sza = np.asarray(sza_deg, np.float64).reshape(-1)
+    az = np.radians(np.asarray(azimuth_deg, np.float64).reshape(-1))
+    z = np.where(np.isfinite(sza), (sza - scalers.sza_mean) / scalers.sza_std, 0.0)
+    known = np.isfinite(az)
+    return np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1).astype(np.float32)
+
+
 def fit_scalers(train: list[FlightCache]) -> Scalers:
     cat = lambda attr: np.concatenate([getattr(c, attr) for c in train]).astype(np.float64)  # noqa: E731
-    sza, saa, cbh = _mean_std(cat("sza_deg")), _mean_std(cat("saa_deg")), _mean_std(cat("cbh_km"))
-    return Scalers(sza[0], sza[1], saa[0], saa[1], cbh[0], cbh[1])
+    sza, cbh = _mean_std(cat("sza_deg")), _mean_std(cat("cbh_km"))
+    return Scalers(sza[0], sza[1], cbh[0], cbh[1])
 
 
 def split_flights(caches: list[FlightCache], cfg: Config) -> tuple[list[FlightCache], list[FlightCache]]:
@@ -65,21 +95,31 @@ def split_flights(caches: list[FlightCache], cfg: Config) -> tuple[list[FlightCa
 
 
 class CloudDataset(Dataset):
-    """All samples of some flights; item i -> frames (T, H, W), scalars (2,), target, weight, index."""
+    """All samples of some flights; item i -> frames (T, H, W), scalars (3,), target, weight, index."""
 
     def __init__(self, caches: list[FlightCache], scalers: Scalers, augment: bool = False, seed: int = 0,
-                 flight_weights: dict[str, float] | None = None):
+                 flight_weights: dict[str, float] | None = None, sun_azimuth: str = "relative",
+                 along_track_axis: str = "rows"):
         self.caches, self.scalers, self.augment, self.seed = caches, scalers, augment, seed
+        self.azimuth = [model_azimuth(c.saa_deg, c.heading_deg, sun_azimuth) for c in caches]
+        # no flip where the azimuth is unknown either: a filled-in mean mirrored is no angle of this image
+        self.mirror = [np.where(np.isfinite(a), mirror_line(c.heading_deg, sun_azimuth, along_track_axis), np.nan)
+                       for a, c in zip(self.azimuth, caches)]
         sizes = [len(c) for c in caches]
         self.flight_of = np.repeat(np.arange(len(caches)), sizes)
         self.local = np.concatenate([np.arange(n) for n in sizes]) if sizes else np.zeros(0, int)
         weights = flight_weights or {}
         self.weight_of = [float(weights.get(c.name, 1.0)) for c in caches]
         self.epoch = 0
-        nan = sum(int((~np.isfinite(c.sza_deg)).sum() + (~np.isfinite(c.saa_deg)).sum()) for c in caches)
+        nan = sum(int((~np.isfinite(c.sza_deg)).sum() + (~np.isfinite(a)).sum()) for c, a in zip(caches, self.azimuth))
         if nan:
-            log.info("%d missing solar angles in %s filled with the training mean", nan,
+            log.info("%d missing solar angles in %s: a zenith angle is filled with the training mean, an azimuth "
+                     "has no direction (sine and cosine 0)", nan,
                      ", ".join(c.name for c in caches))
+        no_flip = {c.name: int((~np.isfinite(m)).sum()) for c, m in zip(caches, self.mirror)}
+        if augment and any(no_flip.values()):
+            log.info("never flipped (no heading or no azimuth): %s", ", ".join(
+                f"{n} {k} of {len(c)}" for (n, k), c in zip(no_flip.items(), caches) if k))
 
     def __len__(self) -> int:
         return len(self.flight_of)
@@ -96,13 +136,15 @@ class CloudDataset(Dataset):
         return c.name, int(c.frame_index[self.local[i]])
 
     def __getitem__(self, i: int) -> dict:
-        c, j, s = self.caches[self.flight_of[i]], self.local[i], self.scalers
+        k, j, s = self.flight_of[i], self.local[i], self.scalers
+        c = self.caches[k]
         frames = torch.from_numpy(c.frames.read(c.windows[j]).astype(np.float32))     # (T, H, W)
-        sza = float(c.sza_deg[j]) if np.isfinite(c.sza_deg[j]) else s.sza_mean
-        saa = float(c.saa_deg[j]) if np.isfinite(c.saa_deg[j]) else s.saa_mean
+        azimuth = float(self.azimuth[k][j])
         if self.augment:
-            frames, saa = augment_sample(frames, saa, np.random.default_rng([self.seed, self.epoch, int(i)]))
-        scalars = torch.tensor([(sza - s.sza_mean) / s.sza_std, (saa - s.saa_mean) / s.saa_std], dtype=torch.float32)
+            line = float(self.mirror[k][j])
+            frames, azimuth = augment_sample(frames, azimuth, np.random.default_rng([self.seed, self.epoch, int(i)]),
+                                             line if np.isfinite(line) else None)
+        scalars = torch.from_numpy(scalar_inputs(c.sza_deg[j], azimuth, s)[0])
         target = torch.tensor((float(c.cbh_km[j]) - s.cbh_mean) / s.cbh_std, dtype=torch.float32)
         weight = torch.tensor(self.weight_of[self.flight_of[i]], dtype=torch.float32)
         return {"frames": frames, "scalars": scalars, "target": target, "weight": weight, "index": int(i)}
@@ -126,16 +168,20 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDat
     log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
              ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
              sum(map(len, val)))
-    train_set = CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights)
+    train_set = CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights,
+                             sun_azimuth=cfg.data.sun_azimuth, along_track_axis=cfg.data.along_track_axis)
     train_set.flight_table = table
-    return train_set, CloudDataset(val, scalers)
+    return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth)
 
 
-def augment_sample(frames: torch.Tensor, saa: float, rng: np.random.Generator) -> tuple[torch.Tensor, float]:
-    """Flip, jitter and erase one (T, H, W) float sample; the same change applies to all T frames."""
-    if rng.random() < FLIP_PROB:
+def augment_sample(frames: torch.Tensor, azimuth: float, rng: np.random.Generator,
+                   mirror_deg: float | None) -> tuple[torch.Tensor, float]:
+    """Flip, jitter and erase one (T, H, W) float sample; the same change applies to all T frames.
+    The flip mirrors the columns and the azimuth across the line at `mirror_deg` (mirror_line); None: no
+    flip (the random draw is made all the same, so the other changes do not depend on it)."""
+    if rng.random() < FLIP_PROB and mirror_deg is not None:
         frames = frames.flip(-1)
-        saa = (360.0 - saa) % 360.0          # mirrored columns mirror the sun's azimuth
+        azimuth = (2.0 * mirror_deg - azimuth) % 360.0
     contrast = 1.0 + rng.uniform(-CONTRAST, CONTRAST)
     brightness = rng.uniform(-BRIGHTNESS, BRIGHTNESS)
     frames = frames * contrast + brightness
@@ -147,7 +193,7 @@ def augment_sample(frames: torch.Tensor, saa: float, rng: np.random.Generator) -
         top, left = int(rng.integers(0, h - eh + 1)), int(rng.integers(0, w - ew + 1))
         frames = frames.clone()
         frames[:, top:top + eh, left:left + ew] = 0.0     # 0 is the z-scored frame mean
-    return frames, saa
+    return frames, azimuth
 
 
 def quick_subset(n: int, fraction: float) -> np.ndarray:

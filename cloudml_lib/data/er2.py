@@ -9,7 +9,9 @@ they are (ER2_DATA.md, "Corrections from public evidence"):
 - IR `Time/TimeUTC` is Unix epoch seconds, may hold a stray 0 or fill value, and may be longer
   than the frames.
 - The nav file has no time axis: nav row i is IR frame i, and its arrays may be longer or
-  shorter than the frames.
+  shorter than the frames. Public ICARTT nav text (`*_MetNav_ER2_*.ict`) has one and is matched by
+  time. The heading (IWG1 True_Hdg) lets the flip mirror the sun azimuth across the flight axis;
+  without it flips are off for the flight.
 Every missing file, dataset or inconsistent value raises DataError naming the flight, the file and the key.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import calendar
 import datetime as dt
 import logging
 import re
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +63,8 @@ class FlightLabels:
     lon: np.ndarray                              # (N,)
     counts: dict = field(default_factory=dict)   # profiles seen and removed, by reason
     match: dict = field(default_factory=dict)    # match rate and time differences (match_statistics)
+    heading_deg: np.ndarray | None = None        # (N,) aircraft true heading, NaN where none (flips off there)
+    heading_note: str = ""                       # where the heading came from, or why there is none
 
 
 # ------------------------------------------------------------------------------------ files
@@ -500,37 +505,116 @@ def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[n
     return frame_t, n_frames, rows, cols
 
 
-def read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray) -> tuple[dict, np.ndarray]:
-    """Sun angles and position per IR frame: matched by time when the nav file has a time axis,
-    else nav row i is frame i. Returns (arrays of length n_frames; mask of the frames the file covers).
-    Matched by time, a frame without a nav record keeps NaN angles (filled later, and counted)."""
-    k, n_frames = data.keys, frame_t.size
+NAV_COLUMNS = (("sza", "nav_zenith", "ict_zenith"), ("saa", "nav_azimuth", "ict_azimuth"),
+               ("lat", "nav_lat", "ict_lat"), ("lon", "nav_lon", "ict_lon"), ("heading", "nav_heading", "ict_heading"))
+
+
+@dataclass
+class Nav:
+    """Nav values per IR frame (NaN where unknown), the frames the file covers, and where the heading came from."""
+    values: dict                 # sza, saa, lat, lon, heading -> (n_frames,)
+    covered: np.ndarray          # (n_frames,) bool
+    heading_note: str            # "nav/trueHdg", or why there is none
+
+
+def is_icartt(path: Path) -> bool:
+    return Path(path).suffix.lower() == ".ict"
+
+
+def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[dict, np.ndarray, str | None]:
+    """Columns (heading None when absent), epoch times and the heading column's name of an ICARTT nav file."""
+    try:
+        import icartt
+    except ImportError:
+        raise DataError(f"flight {flight.name}: {path} is ICARTT text; reading it needs the icartt package: "
+                        "pip install icartt") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # missing normal-comment keywords: not our concern here
+            ds = icartt.Dataset(str(path))
+        table, date = ds.data.data, dt.date(*[int(x) for x in ds.dateOfCollection])
+    except Exception as e:                           # the parser raises many types on a malformed file
+        raise DataError(f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({type(e).__name__}: {e}); "
+                        "is it a complete *_MetNav_ER2_*.ict file?") from None
+    if table is None or len(table) == 0:
+        raise DataError(f"flight {flight.name}: {path} holds no data records")
+    present = {n.lower(): n for n in table.dtype.names}
+
+    def column(key: str, required: bool = True) -> tuple[np.ndarray | None, str | None]:
+        for name in getattr(data.keys, key).split("|"):
+            if name.strip().lower() in present:
+                real = present[name.strip().lower()]
+                v = np.asarray(table[real], np.float64)
+                return np.where(v > FILL_BELOW, v, np.nan), real
+        if required:
+            raise DataError(f"flight {flight.name}: {path} has no column {getattr(data.keys, key)!r} (data.keys.{key});"
+                            f" columns present: {', '.join(table.dtype.names)}")
+        return None, None
+    seconds, _ = column("ict_time")
+    epoch = _midnight_epoch(date) + seconds           # ICARTT seconds keep counting past 24 h after midnight
+    cols = {name: column(ict)[0] for name, _, ict in NAV_COLUMNS if name != "heading"}
+    heading, heading_name = column("ict_heading", required=False)
+    cols["heading"] = heading
+    return cols, epoch, heading_name
+
+
+def _read_hdf_nav(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[dict, np.ndarray | None, str | None]:
+    k = data.keys
     with open_h5(path, flight.name) as f:
         cols = {name: numbers(f, getattr(k, key), flight.name, key, "angles or coordinates in degrees").reshape(-1)
-                for name, key in (("sza", "nav_zenith"), ("saa", "nav_azimuth"), ("lat", "nav_lat"),
-                                  ("lon", "nav_lon"))}
+                for name, key, _ in NAV_COLUMNS if name != "heading"}
+        has_heading = bool(k.nav_heading) and k.nav_heading in f
+        cols["heading"] = (numbers(f, k.nav_heading, flight.name, "nav_heading", "a heading in degrees").reshape(-1)
+                           if has_heading else None)
         nav_t = numbers(f, k.nav_time, flight.name, "nav_time", "times") if k.nav_time and k.nav_time in f else None
+    if nav_t is not None:
+        nav_t, _, _ = to_epoch_seconds(nav_t, "auto", flight_date(flight), f"flight {flight.name}: {path} '{k.nav_time}'")
+    return cols, nav_t, k.nav_heading if has_heading else None
+
+
+def read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray) -> Nav:
+    """Sun angles, position and heading per IR frame: matched by time when the nav file has a time axis (an
+    ICARTT file always has), else nav row i is frame i. A frame without a nav record keeps NaN values (angles
+    are filled later, and counted); a file without a heading gives NaN headings, and flips are off."""
+    n_frames = frame_t.size
+    icartt_file = is_icartt(path)
+    cols, nav_epoch, heading_name = (_read_icartt if icartt_file else _read_hdf_nav)(path, flight, data)
+    if heading_name is None:
+        where = f"data.keys.{'ict_heading' if icartt_file else 'nav_heading'}"
+        note = f"no heading ({where} {getattr(data.keys, where.split('.')[-1])!r} not in {path.name})"
+        cols["heading"] = np.full(next(iter(cols.values())).size, np.nan)
+    else:
+        note = f"heading from {path.name} '{heading_name}'"
+        cols["heading"] = np.mod(cols["heading"], 360.0)
     lengths = {v.size for v in cols.values()}
     if len(lengths) != 1:
         raise DataError(f"flight {flight.name}: nav datasets in {path} have different lengths {sorted(lengths)}")
     n_nav = lengths.pop()
-    if nav_t is not None:
-        where = f"flight {flight.name}: {path} '{k.nav_time}'"
-        nav_epoch, _, _ = to_epoch_seconds(nav_t, "auto", flight_date(flight), where)
+    if nav_epoch is not None:
         if nav_epoch.size != n_nav:
-            raise DataError(f"{where}: {nav_epoch.size} times for {n_nav} nav rows")
+            raise DataError(f"flight {flight.name}: {path}: {nav_epoch.size} times for {n_nav} nav rows")
         rows, ok = match_to_frames(frame_t, nav_epoch, NAV_MATCH_TOLERANCE_S)
-        log.info("flight %s: nav rows matched to IR frames by time ('%s')", flight.name, k.nav_time)
-        return {name: np.where(ok, v[rows], np.nan) for name, v in cols.items()}, np.ones(n_frames, bool)
-    note = (f"the first {n_frames} of its {n_nav} rows used" if n_nav > n_frames else
+        log.info("flight %s: nav records of %s matched to IR frames by time (%d of %d frames within %g s)",
+                 flight.name, path.name, int(ok.sum()), n_frames, NAV_MATCH_TOLERANCE_S)
+        return Nav({name: np.where(ok, v[rows], np.nan) for name, v in cols.items()}, np.ones(n_frames, bool), note)
+    span = (f"the first {n_frames} of its {n_nav} rows used" if n_nav > n_frames else
             f"it covers frames 0..{n_nav - 1} of {n_frames}" if n_nav < n_frames else "same length")
     log.info("flight %s: %s has no time axis, as in the users' files: nav row i is taken to be IR frame i (%s)",
-             flight.name, path.name, note)
+             flight.name, path.name, span)
     out = {name: np.full(n_frames, np.nan) for name in cols}
     m = min(n_nav, n_frames)
     for name, v in cols.items():
         out[name][:m] = v[:m]
-    return out, np.arange(n_frames) < n_nav
+    return Nav(out, np.arange(n_frames) < n_nav, note)
+
+
+def _heading_only(flight: FlightConfig, data: DataConfig, frame_t: np.ndarray) -> tuple[np.ndarray, str]:
+    """With data.angles_source: cpl, the heading still comes from the nav file when the flight has one."""
+    path = Path(data.dir) / flight.nav_file if flight.nav_file else None
+    if path is None or not path.is_file():
+        return np.full(frame_t.size, np.nan), "no heading (no nav file)"
+    nav = read_nav(flight, data, path, frame_t)
+    return nav.values["heading"], nav.heading_note
 
 
 def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
@@ -549,15 +633,25 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     counts["duplicate_frame"] = int((keep & ~single).sum())
     keep = single
     if data.angles_source == "nav":
-        nav, covered = read_nav(flight, data, paths["nav"], frame_t)
-        beyond = keep & ~covered[frames]
+        nav = read_nav(flight, data, paths["nav"], frame_t)
+        beyond = keep & ~nav.covered[frames]
         counts["beyond_nav"] = int(beyond.sum())
         keep &= ~beyond
         sel = frames[keep]
-        angles = {a: nav[a][sel] for a in ("sza", "saa", "lat", "lon")}
+        angles = {a: nav.values[a][sel] for a in ("sza", "saa", "lat", "lon", "heading")}
+        heading_note = nav.heading_note
     else:
         counts["beyond_nav"] = 0
         angles = {a: cpl[a][keep] for a in ("sza", "saa", "lat", "lon")}
+        heading, heading_note = _heading_only(flight, data, frame_t)
+        angles["heading"] = heading[frames[keep]]
+    counts["no_heading"] = int((~np.isfinite(angles["heading"])).sum())
+    if counts["no_heading"]:
+        log.warning("flight %s: %s for %d of %d labels: the horizontal flip is off for them (it could not keep the "
+                    "image and the sun azimuth consistent)%s", flight.name, heading_note if heading_note.startswith(
+                        "no heading") else "no heading", counts["no_heading"], int(keep.sum()),
+                    "; with data.sun_azimuth: relative their azimuth is unknown (the network gets no direction)"
+                    if data.sun_azimuth == "relative" else "")
     counts["kept"] = int(keep.sum())
     counts["multi_layer_profiles"] = cpl["multi_layer_profiles"]
     if counts["duplicate_frame"]:
@@ -576,7 +670,8 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
                         "the data.cbh_* range and the flight date.")
     return FlightLabels(name=flight.name, n_frames=n_frames, frame_shape=(rows, cols), frame_index=frames[keep],
                         cbh_km=cpl["height"][keep].astype(np.float32), sza_deg=angles["sza"], saa_deg=angles["saa"],
-                        lat=angles["lat"], lon=angles["lon"], counts=counts, match=match)
+                        lat=angles["lat"], lon=angles["lon"], heading_deg=angles["heading"], counts=counts,
+                        match=match, heading_note=heading_note)
 
 
 def _say_match(name: str, cpl: dict, frame_t: np.ndarray, frames: np.ndarray, filtered: np.ndarray,

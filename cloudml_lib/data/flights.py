@@ -3,7 +3,8 @@
 The users keep one folder per flight (`data/10Feb25/...`), with names such as
 `GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5` (IR, date YYYYMMDD, optional revision suffix),
 `CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5` (CPL layers, date ddmmmyy) and `CRS_20250210_nav.hdf`
-(navigation, YYYYMMDD). Discovery scans `data.dir` recursively, groups the files by date, names the
+(navigation, YYYYMMDD) or the public ICARTT nav `IMPACTS_MetNav_ER2_20250210_R0.ict` (preferred when
+both are there: it has a time axis). Discovery scans `data.dir` recursively, groups the files by date, names the
 flight after it (`10Feb25`), and picks the newest IR revision when there are several. A flight that
 lacks a file is listed with what is missing, and skipped only with `data.skip_incomplete_flights`.
 """
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 IR_NAME = re.compile(r"IRAI_L1B.*_(\d{8})(?:-(\d+))?\.h5$", re.IGNORECASE)
 CPL_NAME = re.compile(r"^CPL_L2_.*Lay.*_\d{2}[a-z]{3}\d{2}\.hdf5?$", re.IGNORECASE)
 NAV_NAME = re.compile(r"_(\d{8})_nav\.hdf5?$", re.IGNORECASE)
+ICARTT_NAV_NAME = re.compile(r"MetNav_ER2_(\d{8})(?:_[A-Z0-9]+)*\.ict$", re.IGNORECASE)
 ROLE_WORDS = {"ir": "IR", "cpl": "CPL", "nav": "nav"}
 REMOVED_WORDS = {"bad_time": "bad time", "no_layer": "no layer", "multi_layer": "multi-layer",
                  "out_of_range": "out of range", "over_land": "over land", "bad_surface": "surface",
@@ -63,7 +65,7 @@ def classify(name: str) -> tuple[str, dt.date, int] | None:
         return "ir", _yyyymmdd(m.group(1)), int(m.group(2)) if m.group(2) else -1
     if CPL_NAME.search(name) and er2.date_from_cpl_name(name):
         return "cpl", er2.date_from_cpl_name(name), -1
-    m = NAV_NAME.search(name)
+    m = NAV_NAME.search(name) or ICARTT_NAV_NAME.search(name)
     if m and _yyyymmdd(m.group(1)):
         return "nav", _yyyymmdd(m.group(1)), -1
     return None
@@ -76,6 +78,8 @@ def _pick(role: str, candidates: list[tuple[int, str]], flight: str) -> tuple[st
         candidates = [c for c in candidates if c[0] == best]
     if role == "cpl" and len(candidates) > 1:
         candidates = [c for c in candidates if "01kmlay" in c[1].lower()] or candidates
+    if role == "nav" and len(candidates) > 1:       # ICARTT text has a time axis (and a heading): matched by time
+        candidates = [c for c in candidates if c[1].lower().endswith(".ict")] or candidates
     if len(candidates) == 1:
         return candidates[0][1], None
     names = ", ".join(p for _, p in candidates)
@@ -106,6 +110,9 @@ def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[Fou
             chosen, problem = _pick(role, candidates, f.name)
             if chosen:
                 f.files[role] = chosen
+                if role == "nav" and len(candidates) > 1:
+                    log.info("flight %s: using the ICARTT nav %s (it has a time axis) rather than %s", f.name, chosen,
+                             ", ".join(p for _, p in candidates if p != chosen))
                 if role == "ir" and len(candidates) > 1:
                     log.info("flight %s: using %s, the newest of %d IR revisions", f.name, chosen, len(candidates))
             else:
@@ -195,7 +202,7 @@ def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFli
 
 FOUND_HEADER = ["flight", "IR file", "CPL file", "nav file", "status"]
 HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "lidar profiles", "labels kept", "removed by filter",
-          "matched in camera span", "|dt| median / p95"]
+          "matched in camera span", "|dt| median / p95", "flips"]
 NOTE_AFTER = 48          # a problem longer than this goes under the table as a numbered note
 
 
@@ -215,6 +222,16 @@ def _match_cells(match: dict | None) -> list[str]:
         return ["-", "-"]
     dt = "-" if match["dt_median_s"] is None else f"{match['dt_median_s']:.2f} / {match['dt_p95_s']:.2f} s"
     return [f"{match['matched']} of {match['inside_camera']} ({100 * match['match_rate']:.0f}%)", dt]
+
+
+def flip_cell(no_heading: int | None, labels: int, note: str = "") -> str:
+    """Whether the flip augmentation can run on a flight: it needs the aircraft heading."""
+    if no_heading is None:
+        return "-"
+    if no_heading == 0:
+        return "on"
+    why = "no heading" if not note.startswith("no heading") else note.split(" (")[0]
+    return f"off: {why}" if no_heading >= labels else f"off for {no_heading} of {labels}: {why}"
 
 
 def _file_cells(files: dict) -> list[str]:
@@ -242,9 +259,11 @@ def summary_rows(data: DataConfig, caches: list, skipped: list[FoundFlight],
     rows = [[c.name] + _file_cells(files.get(c.name, {})) + [str(c.meta["n_frames"]), str(c.meta["counts"]["profiles"]),
                                                                str(c.meta["counts"]["samples"]),
                                                                _removed(c.meta["counts"])]
-            + _match_cells(c.meta.get("match")) for c in caches]
+            + _match_cells(c.meta.get("match"))
+            + [flip_cell(c.meta["counts"].get("no_heading"), c.meta["counts"]["samples"], c.meta.get("heading", ""))]
+            for c in caches]
     return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems)),
-                                                      "-", "-"] for f in skipped]
+                                                      "-", "-", "-"] for f in skipped]
 
 
 def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[str]], bool]:
@@ -256,7 +275,7 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
     for f in found:
         if f.problems:
             rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("missing", "; ".join(f.problems)),
-                                                           "-", "-"])
+                                                           "-", "-", "-"])
             ok = False
             continue
         try:
@@ -264,10 +283,12 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
                                             next(x for x in data.flights if x.name == f.name), data)
             rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(labels.counts["profiles"]),
                                                            str(len(labels.cbh_km)), _removed(labels.counts)]
-                        + _match_cells(labels.match))
+                        + _match_cells(labels.match)
+                        + [flip_cell(labels.counts["no_heading"], len(labels.cbh_km), labels.heading_note)])
         except DataError as e:
             rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-",
-                                                           notes.cell("not usable", str(e).split(": ", 1)[-1]), "-", "-"])
+                                                           notes.cell("not usable", str(e).split(": ", 1)[-1]), "-", "-",
+                                                           "-"])
             ok = False
     return rows, ok
 

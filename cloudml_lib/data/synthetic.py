@@ -12,8 +12,9 @@ files hold (ER2_DATA.md, "Corrections from public evidence"):
   `Layer_Base_Altitude` / `Layer_Top_Altitude` (N, 10) km with layer 0 on top, `Number_Layers`,
   `Lidar_Surface_Altitude` in km, the sun angles and position per profile, a few duplicated
   profiles;
-- a nav file with no time axis (row i = frame i), longer or shorter than the frames, and about 1%
-  NaN solar zenith angles.
+- a nav file with no time axis (row i = frame i), longer or shorter than the frames, about 1%
+  NaN solar zenith angles, and the aircraft's true heading (`nav/trueHdg`); one flight's nav is
+  public-style ICARTT text instead (`*_MetNav_ER2_YYYYMMDD_R0.ict`, with a time axis, fill -9999).
 
 The scene (all sizes scale with the frame width; "px" is one camera pixel at nadir):
 - A low cloud layer with a known base height h(t) (km) that drifts along the flight, present in
@@ -25,8 +26,11 @@ The scene (all sizes scale with the frame width; "px" is one camera pixel at nad
 - The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud layer appears
   magnified by H / (H - h) and moves across the frame faster than the sea surface, by the same
   factor: the apparent motion between consecutive frames depends on h (parallax).
-- The sun, at zenith angle sza and azimuth saa, casts each cloud's shadow on the sea,
-  displaced by h * tan(sza) away from the sun: the shadow offset depends on h and the angles.
+- The aircraft flies straight legs joined by turns, so its heading changes along a flight. The sun,
+  at zenith angle sza and azimuth saa from north, casts each cloud's shadow on the sea, displaced
+  by h * tan(sza) away from the sun in the direction of saa - heading in the image: the shadow
+  offset depends on h and on the azimuth *relative to the heading*, so a flip that mirrored the
+  azimuth as if the aircraft headed north would teach wrong shadow directions.
 - Brightness temperature: a warm sea (about 290 K, with a gentle gradient), cooled by 1.5 K in
   shadow; cloud pixels at the cloud's own temperature, colder with height (6.5 K/km lapse rate);
   sensor noise of 0.15 K.
@@ -69,6 +73,7 @@ FLIGHT_SETTINGS = (
 DEMO_VALIDATION_INDEX = 2
 DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
 DEMO_FRAME_SHAPE = (80, 96)          # raw sensor rows x columns of the demo camera
+ICARTT_NAV_INDEX = 4                 # this demo flight's navigation is ICARTT text with a time axis
 
 
 def demo_flight_names(n_flights: int, dates: list[dt.date] | None = None) -> list[tuple[str, dt.date]]:
@@ -86,7 +91,8 @@ def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> l
             "name": name,
             "ir_file": f"{name}/{campaign}_IRAI_L1B_Rev-_{date:%Y%m%d}{REVISIONS[i % len(REVISIONS)]}.h5",
             "cpl_file": f"{name}/CPL_L2_V1-02_01kmLay_{900001 + i}_{cpl_date}.hdf5",
-            "nav_file": f"{name}/CRS_{date:%Y%m%d}_nav.hdf",
+            "nav_file": (f"{name}/{campaign}_MetNav_ER2_{date:%Y%m%d}_R0.ict" if i == ICARTT_NAV_INDEX
+                         else f"{name}/CRS_{date:%Y%m%d}_nav.hdf"),
         })
     return entries
 
@@ -104,7 +110,42 @@ def _cloud_field(rng: np.random.Generator, shape: tuple[int, int], scale_px: flo
     return 1.0 / (1.0 + np.exp(-(noise - 0.25) / 0.12))
 
 
-def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, saa_deg, height_km, cloudy):
+def track_heading(rng: np.random.Generator, n: int, start_deg: float) -> np.ndarray:
+    """True heading (degrees) per second: straight legs of 4-8 minutes joined by turns of 60-150 degrees at
+    3 degrees per second, so the sun's azimuth relative to the aircraft changes along a flight."""
+    rate = np.zeros(n)
+    k = int(rng.integers(120, 300))
+    while k < n:
+        turn = rng.uniform(60.0, 150.0) * rng.choice([-1.0, 1.0])
+        length = int(abs(turn) / 3.0)
+        rate[k:k + length] = np.sign(turn) * 3.0
+        k += length + int(rng.integers(240, 480))
+    return (start_deg + np.cumsum(rate)) % 360.0
+
+
+def scene_layers(field: np.ndarray, cam_row: float, rows: int, cols: int, h_km: float, sza_deg: float,
+                 rel_az_deg: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cloud and shadow opacity (rows, cols) seen by the camera over `field`, the cloud layer in the aircraft's
+    frame (rows along-track, the camera's centre column at the field's centre column).
+
+    The cloud layer is nearer the camera than the sea: magnified by H / (H - h), and moving across the
+    frame faster (parallax). Its shadow on the sea at ground point g comes from the cloud at g + d toward
+    the sun, d = h tan(sza) in the direction of the sun azimuth *relative to the heading* (`rel_az_deg`,
+    clockwise from the flight axis): the direction is fixed to the aircraft, so mirroring the image across
+    the flight axis is the scene with the field mirrored and the relative azimuth negated."""
+    px_km = SWATH_KM / cols
+    u_r, u_c = np.meshgrid(np.arange(rows) - rows / 2, np.arange(cols) - (cols - 1) / 2, indexing="ij")
+    centre_c = (field.shape[1] - 1) / 2
+    shrink = (AIRCRAFT_ALTITUDE_KM - h_km) / AIRCRAFT_ALTITUDE_KM
+    cloud = ndimage.map_coordinates(field, [cam_row + u_r * shrink, centre_c + u_c * shrink], order=1)
+    d_px = h_km * np.tan(np.radians(sza_deg)) / px_km
+    az = np.radians(rel_az_deg)
+    shadow = ndimage.map_coordinates(field, [cam_row + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)],
+                                     order=1)
+    return cloud, shadow
+
+
+def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg, height_km, cloudy):
     """Brightness-temperature frames (n, rows, cols) in K for one flight."""
     px_km = SWATH_KM / cols
     speed_px = AIRCRAFT_SPEED_KM_S / px_km
@@ -113,20 +154,13 @@ def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, saa_deg, h
     canvas = (int(n_frames * speed_px) + rows + 2 * margin, cols + 2 * margin)
     field = _cloud_field(rng, canvas, scale_px=cols / 24.0)
     u_r, u_c = np.meshgrid(np.arange(rows) - rows / 2, np.arange(cols) - cols / 2, indexing="ij")
-    centre_r, centre_c = margin + rows / 2, margin + cols / 2
     sea = 290.0 + 0.8 * (u_c / cols) + 0.5 * (u_r / rows)
     frames = np.empty((n_frames, rows, cols), np.float32)
     for k in range(n_frames):
         h = float(height_km[k])
-        cam = centre_r + k * speed_px
-        # The cloud layer is nearer the camera: magnified, and it moves faster (parallax).
-        shrink = (AIRCRAFT_ALTITUDE_KM - h) / AIRCRAFT_ALTITUDE_KM
-        cloud = cloudy[k] * ndimage.map_coordinates(field, [cam + u_r * shrink, centre_c + u_c * shrink], order=1)
-        # Shadow on the sea at ground point g comes from the cloud at g + d toward the sun.
-        d_px = h * np.tan(np.radians(sza_deg[k])) / px_km
-        az = np.radians(saa_deg[k])
-        shadow = cloudy[k] * ndimage.map_coordinates(
-            field, [cam + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)], order=1)
+        cloud, shadow = scene_layers(field, margin + rows / 2 + k * speed_px, rows, cols, h, float(sza_deg[k]),
+                                     float(rel_az_deg[k]))
+        cloud, shadow = cloudy[k] * cloud, cloudy[k] * shadow
         t_cloud = 290.0 - 1.0 - LAPSE_RATE_K_PER_KM * (h + 0.3)
         ground = sea - 1.5 * shadow
         frames[k] = (1 - cloud) * ground + cloud * t_cloud + rng.normal(0.0, 0.15, (rows, cols))
@@ -180,7 +214,10 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
     cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)   # bursts and clear gaps
     sza = sza_c + 3.0 * _smooth_series(rng, n_frames, 40.0)
     saa = (saa_c + 8.0 * _smooth_series(rng, n_frames, 40.0)) % 360.0
-    frames = _render_flight(rng, n_frames, rows, cols, sza, saa, height, cloudy)
+    heading = track_heading(rng, n_frames, (saa_c + 90.0 + rng.uniform(-30, 30)) % 360.0)
+    frames = _render_flight(rng, n_frames, rows, cols, sza, (saa - heading) % 360.0, height, cloudy)
+    step = AIRCRAFT_SPEED_KM_S * np.stack([np.cos(np.radians(heading)), np.sin(np.radians(heading))], 1)
+    north_east = np.cumsum(step, axis=0) - step[0]                   # km from the first frame, per frame
     counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
 
     (out / entry["ir_file"]).parent.mkdir(parents=True, exist_ok=True)
@@ -196,10 +233,8 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
     p = _profiles(rng, t0, n_frames, height, cloudy, sza, saa)
     doy = (p["t"] - float(calendar.timegm(dt.date(date.year, 1, 1).timetuple()))) / 86400.0 + 1.0
     julian = np.stack([doy - p["half_day"], doy, doy + p["half_day"]], axis=1)          # (N, 3)
-    dist_km = (p["t"] - t0) * AIRCRAFT_SPEED_KM_S
-    heading = np.radians(saa_c + 90.0)
-    lat = 34.0 + dist_km * np.cos(heading) / 111.0
-    lon = -122.0 + dist_km * np.sin(heading) / 92.0
+    lat = 34.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 0]) / 111.0
+    lon = -122.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 1]) / 92.0
     with h5py.File(out / entry["cpl_file"], "w") as f:
         f.create_dataset("metadata_parameters/File_Year", data=np.array([str(date.year).encode()]))   # b'2025'
         g = f.create_group("layer_descriptor")
@@ -215,18 +250,57 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
         geo.create_dataset("CPL_Latitude", data=np.stack([lat - 0.005, lat, lat + 0.005], axis=1))
         geo.create_dataset("CPL_Longitude", data=np.stack([lon - 0.005, lon, lon + 0.005], axis=1))
 
+    nav = {"sza": sza, "saa": saa, "heading": heading, "lat": 34.0 + north_east[:, 0] / 111.0,
+           "lon": -122.0 + north_east[:, 1] / 92.0}
+    if index == ICARTT_NAV_INDEX:
+        write_icartt_nav(out / entry["nav_file"], date, frame_t - midnight, nav, rng)
+        return
     # Navigation: no time axis (row i = frame i); longer than the frames, or on one flight shorter.
     n_nav = n_frames - n_frames // 20 if index % 4 == 3 else n_frames + 25 + 10 * index
     idx = np.minimum(np.arange(n_nav), n_frames - 1)
     nav_sza = sza[idx].astype(np.float64)
     nav_sza[rng.random(n_nav) < 0.01] = np.nan
-    nav_dist = (idx - 0.0) * AIRCRAFT_SPEED_KM_S
     with h5py.File(out / entry["nav_file"], "w") as f:
         g = f.create_group("nav")
         g.create_dataset("solarZenith", data=nav_sza)
         g.create_dataset("sunAzGrd", data=saa[idx].astype(np.float64))
-        g.create_dataset("IWG_lat", data=34.0 + nav_dist * np.cos(heading) / 111.0)
-        g.create_dataset("IWG_lon", data=-122.0 + nav_dist * np.sin(heading) / 92.0)
+        g.create_dataset("trueHdg", data=heading[idx].astype(np.float64))
+        g.create_dataset("IWG_lat", data=nav["lat"][idx])
+        g.create_dataset("IWG_lon", data=nav["lon"][idx])
+
+
+ICARTT_COLUMNS = (("Latitude", "degN", "lat"), ("Longitude", "degE", "lon"), ("True_Heading", "degT", "heading"),
+                  ("Solar_Zenith_Angle", "deg", "sza"), ("Sun_Azimuth", "degT", "saa"))
+ICARTT_KEYWORDS = ("PI_CONTACT_INFO", "PLATFORM", "LOCATION", "ASSOCIATED_DATA", "INSTRUMENT_INFO", "DATA_INFO",
+                   "UNCERTAINTY", "ULOD_FLAG", "ULOD_VALUE", "LLOD_FLAG", "LLOD_VALUE", "DM_CONTACT_INFO",
+                   "PROJECT_INFO", "STIPULATIONS_ON_USE", "OTHER_COMMENTS", "REVISION", "R0")
+
+
+def write_icartt_nav(path: Path, date: dt.date, seconds_of_day: np.ndarray, per_frame: dict,
+                     rng: np.random.Generator, fill: float = -9999.0) -> None:
+    """ER-2 navigation as public ICARTT 1001 text (`*_MetNav_ER2_YYYYMMDD_R0.ict`): one record per whole second
+    from 10 s before the first frame to 10 s after the last, Time_Start in seconds since 00 UTC of `date` (going
+    past 86400 after midnight), the values of the nearest frame, about 1% fill values."""
+    frame_s = np.asarray(seconds_of_day, np.float64)
+    ok = np.isfinite(frame_s) & (frame_s > -86400) & (frame_s < 2 * 86400)
+    t = np.arange(np.floor(frame_s[ok].min()) - 10, np.ceil(frame_s[ok].max()) + 11)
+    nearest = np.flatnonzero(ok)[np.abs(frame_s[ok][None, :] - t[:, None]).argmin(axis=1)]
+    values = np.stack([per_frame[key][nearest] for _, _, key in ICARTT_COLUMNS], 1)
+    values[rng.random(values.shape) < 0.01] = fill
+    values[:, 2] = per_frame["heading"][nearest]                                # heading always present
+    names = ["Time_Start"] + [n for n, _, _ in ICARTT_COLUMNS]
+    comments = [f"{k}: demo" for k in ICARTT_KEYWORDS[:-1]] + ["R0: synthetic CloudML demo", ", ".join(names)]
+    header = ["1001", "CloudML demo", "CloudML", "ER-2 meteorological and navigation data (synthetic)", "DEMO",
+              "1, 1", f"{date:%Y, %m, %d}, {date:%Y, %m, %d}", "1.0", "Time_Start, seconds, Time_Start",
+              str(len(ICARTT_COLUMNS)), ", ".join(["1"] * len(ICARTT_COLUMNS)),
+              ", ".join([f"{fill:g}"] * len(ICARTT_COLUMNS)),
+              *[f"{n}, {u}, {n}" for n, u, _ in ICARTT_COLUMNS], "0", str(len(comments)), *comments]
+    header[0] = f"{len(header)}, 1001"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(header) + "\n")
+        for ti, row in zip(t, values):
+            f.write(f"{ti:.0f}, " + ", ".join(f"{v:.6g}" for v in row) + "\n")
 
 
 def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, frames_per_flight: int = DEMO_FRAMES,
