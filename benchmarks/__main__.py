@@ -1,7 +1,7 @@
 """Run every benchmark, then write benchmarks/RESULTS.md from benchmarks/results/*.json.
 
     pip install -r benchmarks/requirements.txt
-    python -m benchmarks                         # all of them (about 25 minutes on a 2-core CPU)
+    python -m benchmarks                         # all of them (about 35 minutes on a 2-core CPU)
     python -m benchmarks --only trainers         # one or more, comma-separated
     python -m benchmarks --report-only           # RESULTS.md from the results already there
 
@@ -21,7 +21,7 @@ from benchmarks import describe
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHMARKS = ("data_path", "checkpoint", "trainers", "compile", "gpu")
+BENCHMARKS = ("data_path", "checkpoint", "trainers", "compile", "flip_rule", "gpu")
 
 
 def run(names: list[str]) -> None:
@@ -142,6 +142,18 @@ def compile_md(d: dict) -> list[str]:
     return lines
 
 
+def flip_rule_md(d: dict) -> list[str]:
+    words = {"old_rule": "ground azimuth, flip a -> 360 - a (before issue 17)",
+             "ground_heading": "ground azimuth, flip a -> 2 heading - a",
+             "relative": "azimuth relative to the heading, flip r -> -r (default)", "no_flip": "default, no flip"}
+    lines = [f"Machine: {describe(d['machine'])}. The demo run ({d['config']}) on turning demo flights; held-out "
+             "flight metrics of the best model, each run its own seed.", "",
+             "| flip rule | seed | R2 | MAE km | RMSE km |", "|---|---|---|---|---|"]
+    for r in d["runs"]:
+        lines.append(f"| {words[r['variant']]} | {r['seed']} | {r['r2']:.3f} | {r['mae_km']:.4f} | {r['rmse_km']:.4f} |")
+    return lines + ["", f"Mean RMSE, old rule over the relative rule: {d['old_over_new_rmse']:.2f}x."]
+
+
 def gpu_md(d: dict | None) -> list[str]:
     if d is None:
         return ["Not measured: no CUDA GPU was available where these results were made. `python "
@@ -158,7 +170,8 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
     sections = [("Data path: the cached loader against the research loader", "data_path", data_path_md),
                 ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
                 ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
-                ("torch.compile against eager", "compile", compile_md)]
+                ("torch.compile against eager", "compile", compile_md),
+                ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md)]
     lines = ["# Benchmark results", "",
              "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
              "Ratios are measured side by side in one run; no number here is typed by hand.", ""]

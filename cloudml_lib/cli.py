@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
+    lb = sub.add_parser("labels", help="the labels a config yields, per flight and filter (no frames read, no "
+                                       "training), e.g. with configs/reproduce_published.yaml")
+    lb.add_argument("--config", required=True, help="YAML file, e.g. configs/reproduce_published.yaml")
+    lb.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
+    lb.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config value; repeatable, e.g. --set data.label_layer=top")
+
     g = sub.add_parser("diagnose", help="the machine, its memory and what to use on it")
     g.add_argument("--config", help="also check the disk and cache for this config")
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -120,6 +127,28 @@ def _predict(args) -> int:
     for path in predict_flights(args.run_dir, args.flights, args.out, args.data_dir):
         print(f"wrote {path}")
     return 0
+
+
+def _labels(args) -> int:
+    """Print the flight table (files, profiles, labels kept, removed by each filter, match rate, flips) and the
+    label definition; exit 1 when a flight is unusable."""
+    from cloudml_lib.config import load_config
+    from cloudml_lib.data import er2, flights
+    from cloudml_lib.data.synthetic import ensure_demo_flights
+
+    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
+    cfg = load_config(args.config, overrides)
+    ensure_demo_flights(cfg.data)
+    notes = flights.Notes()
+    rows, ok = flights.check_rows(cfg.data, notes)
+    if not rows:
+        raise CloudMLError(f"no ER-2 flight files found in data.dir ({cfg.data.dir}) or its sub-folders; point "
+                           "--data-dir at the folder holding your flights")
+    print(flights.format_table(rows) + ("\n" + notes.text() if notes else ""))
+    total = sum(int(r[6]) for r in rows if r[6].isdigit())
+    print(f"\n{total} labels in {len(rows)} flights. Label definition: "
+          + ", ".join(f"{k} {v}" for k, v in er2.label_definition(cfg.data).items()))
+    return 0 if ok else 1
 
 
 def _diagnose(args) -> int:
@@ -276,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     watch_parent()
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
     handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status,
-                "diagnose": _diagnose,
+                "diagnose": _diagnose, "labels": _labels,
                 "make-demo-data": _make_demo}
     try:
         return handlers[args.command](args)

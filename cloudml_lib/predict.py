@@ -27,12 +27,13 @@ from tqdm.auto import tqdm
 from cloudml_lib import plots
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import er2
-from cloudml_lib.data.cache import preprocess_frame
+from cloudml_lib.data.cache import cache_root, preprocess_frame
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
 from cloudml_lib.outputs import atomic_path, write_text
+from cloudml_lib.provenance import input_files
 from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,12 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         counts = result["counts"]
         nc.comment = (f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
                       f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median")
+        record = result.get("provenance") or {}
+        # JSON text: the label definition of the CPL labels here (and of the model's training data), the SHA-256
+        # of this flight's input files, and the training data's record (per-flight counts and files)
+        nc.label_definition = json.dumps(record.get("label_definition"))
+        nc.input_files = json.dumps(record.get("input_files"))
+        nc.training_data_provenance = json.dumps(record.get("trained_on"))
         nc.createDimension("time", len(result["t"]))
         spec = [("time", "t", "f8", {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00",
                                      "calendar": "standard", "axis": "T"}),
@@ -232,6 +239,11 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
         result = predict_flight(rm.model, chosen[name], data, Scalers.from_dict(ckpt["scalers"]), rm.device,
                                 2 * int(cfg.train.batch_size), rm.autocast)
         nc = out / f"{name}_cbh.nc"
+        paths = {role: Path(data.dir) / getattr(chosen[name], f"{role}_file") for role in ("ir", "cpl", "nav")}
+        result["provenance"] = {
+            "label_definition": er2.label_definition(data), "trained_on": ckpt.get("provenance"),
+            "input_files": input_files({r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)},
+                                       cache_root(data))}
         write_netcdf(nc, name, result, run_dir)
         write_csv(out / f"{name}_cbh.csv", result)
         along, track = flight_figures(name, result)

@@ -1,7 +1,7 @@
 """RUN_DIR/report.md: a run's results in one page, readable on GitHub and in the notebook.
 
 It is rewritten from the files the run already holds (evaluation.json, plots/, predictions/,
-crossval.md), so any command that adds results (train, evaluate, predict, crossval) refreshes it.
+crossval.md, provenance.json), so any command that adds results (train, evaluate, predict, crossval) refreshes it.
 Images are linked by paths relative to the run directory.
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cloudml_lib import provenance
 from cloudml_lib.compile import describe_saved
 from cloudml_lib.outputs import write_text
 
@@ -39,6 +40,7 @@ def build_report_md(run_dir: Path) -> str:
         out += ["## Training", "", f"Device: {run.get('device', '?')}; {run.get('processes', 1)} process(es); batch "
                 f"size {run.get('batch_size', '?')}; {run.get('total_steps', '?')} optimizer steps planned.", "",
                 f"torch.compile: {describe_saved(run.get('compile'))}.", ""]
+    out += provenance.markdown(_read_json(run_dir / "provenance.json"))
     for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
         if (run_dir / name).is_file():
             out += [f"## {title}", "", f"![{title}]({name})", ""]

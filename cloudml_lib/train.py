@@ -50,6 +50,7 @@ from cloudml_lib.hardware import (choose_device, choose_precision, default_num_w
                                   format_memory, memory_readings)
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.outputs import append_text, write_text
+from cloudml_lib.provenance import run_provenance, write_run_provenance
 from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, eager_after_compile_failure, halve_eval_batch,
                                   halve_micro_batch, measure_batch_size, release_memory, run_attempt, undo)
 from cloudml_lib.report import write_report
@@ -140,6 +141,7 @@ class Trainer:
         self.train_set, self.val_set = self.dist.main_first(lambda: prepare_data(cfg, prepare_flights(cfg.data)))
         self._check_batch_size()
         self.fingerprint = self.data_fingerprint()          # fixed for the run; stored in every checkpoint
+        self.provenance = run_provenance(self.train_set.caches + self.val_set.caches, cfg.data)   # the same
         try:
             found = self._claim_run_dir()
             seed_everything(t.seed)
@@ -309,6 +311,8 @@ class Trainer:
         if self.dist.is_main:
             info = dict(self._run_info, compile=self.compile.update().to_dict())
             write_text(self.run_dir / "run.json", json.dumps(json_safe(info), indent=1))
+            if found is not None or not (self.run_dir / "provenance.json").is_file():
+                write_run_provenance(self.run_dir, json_safe(self.provenance))
 
     def _report_compile(self) -> None:
         """After this start's first step (when compiling happened): say what was compiled, once."""
@@ -339,7 +343,7 @@ class Trainer:
                 "rng": rng_ranks[0], "rng_ranks": rng_ranks if self.dist.active else None,
                 "processes": self.dist.world, "config": self.cfg.to_dict(),
                 "scalers": self.val_set.scalers.to_dict(), "data_fingerprint": self.fingerprint,
-                "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
+                "provenance": self.provenance, "metrics_bytes": (self.run_dir / "metrics.jsonl").stat().st_size}
 
     def save_checkpoint(self, reason: str, wait: bool = False) -> float:
         """Snapshot now (a step boundary) and commit in the background; returns the caller's stall.
@@ -663,7 +667,8 @@ class Trainer:
         save_atomic({"format": FORMAT_VERSION, "model": cpu_state_dict(self.model), "config": self.cfg.to_dict(),
                      "scalers": self.val_set.scalers.to_dict(), "epoch": self.state["best_epoch"],
                      "step": self.state["step"], "val_loss": self.state["best_val_loss"],
-                     "train_mean_km": float(self.train_set.targets_km().mean())}, self.run_dir / "best.pt")
+                     "train_mean_km": float(self.train_set.targets_km().mean()), "provenance": self.provenance},
+                    self.run_dir / "best.pt")
 
     def _evaluate_best(self) -> dict:
         """Full validation with the best weights (the newest if best.pt cannot be used, which is then

@@ -178,3 +178,39 @@ def test_the_label_definition_is_part_of_the_cache_key(flights):
              {"layer_order": "bottom_first"}, {"max_dem_surface_m": 2.0})}
     assert len(keys) == 6
     assert copy.deepcopy(er2.label_definition(d))["time_column"] == "centre"
+
+
+def test_a_changed_label_definition_is_refused_on_resume(flights):
+    from cloudml_lib.rundir import compare_configs
+    root, entries, data = flights
+    raw = tiny_raw(root, entries, root / "cache")
+    saved = build_config(raw).to_dict()
+    for key, value in (("cpl_time_column", "start"), ("cpl_time_round", True), ("label_layer", "top"),
+                       ("max_dem_surface_m", 2.0), ("sun_azimuth", "ground")):
+        changed = copy.deepcopy(raw)
+        changed["data"][key] = value
+        math, _ = compare_configs(saved, build_config(changed).to_dict())
+        assert any(line.startswith(f"data.{key}") for line in math), (key, math)
+
+
+def test_the_published_label_sets_are_one_config_away(flights, capsys):
+    from pathlib import Path
+
+    from cloudml_lib.cli import main
+    from cloudml_lib.config import load_config
+    root, entries, data = flights
+    config = Path(__file__).resolve().parent.parent / "configs" / "reproduce_published.yaml"
+    cfg = load_config(config)
+    assert er2.label_definition(cfg.data) == {
+        "layer": "single", "layer_order": "top_first", "time_column": "start", "time_round": True, "time_offset_s": 0.0,
+        "cbh_km": [0.1, 2.0], "max_lidar_surface_km": 0.9, "max_dem_surface_m": 0.0, "match_tolerance_s": 0.5}
+    counts = {}
+    for layer in ("single", "top"):
+        assert main(["labels", "--config", str(config), "--data-dir", str(root), "--set", "data.swath_slice=[4,36]",
+                     "--set", f"data.label_layer={layer}"]) == 0
+        out = capsys.readouterr().out
+        counts[layer] = int(re.search(r"(\d+) labels in 3 flights", out).group(1))
+        assert "time_column start, time_round True" in out
+        same = labels(data(label_layer=layer, cpl_time_column="start", cpl_time_round=True)).cbh_km.size
+        assert re.search(rf"\n{entries[0]['name']} .* {same} ", out)          # the table's "labels kept"
+    assert 0 < counts["single"] < counts["top"]          # requiring a single layer is the largest cut

@@ -113,3 +113,38 @@ def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(run, tmp_path):
         assert np.isfinite(np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)).sum() > 10
         assert np.isnan(np.ma.filled(nc["lat"][:], np.nan)).all()             # no position without nav
         assert np.isfinite(nc["cloud_base_height"][:]).all()                   # angles: the training mean
+
+
+def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
+    import hashlib
+    import json
+
+    from cloudml_lib.checkpoint import check_folder, find_checkpoints, load_checkpoint
+    from cloudml_lib.config import config_from_dict
+    from cloudml_lib.data import er2
+
+    run_dir, data, entries = run
+    sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    best = load_checkpoint(run_dir / "best.pt")
+    cfg = config_from_dict(best["config"])
+    committed = [check_folder(p)[1] for p in find_checkpoints(run_dir)]
+    assert committed and all(c is not None for c in committed)
+    for ckpt in [best] + committed:
+        record = ckpt["provenance"]
+        assert record["label_definition"] == er2.label_definition(cfg.data)
+        assert set(record["flights"]) == {e["name"] for e in entries}
+        for e in entries:
+            f = record["flights"][e["name"]]
+            assert f["counts"]["profiles"] > f["samples"] > 0 and f["match"]["matched"] > 0
+            assert {r: v["sha256"] for r, v in f["files"].items()} == {
+                r: sha(data / e[f"{r}_file"]) for r in ("ir", "cpl", "nav")}
+    report = (run_dir / "report.md").read_text()
+    assert "## Data provenance" in report and sha(data / entries[0]["ir_file"]) in report
+    assert "time_column centre" in report
+    held = entries[2]
+    (path,) = pr.predict_flights(run_dir)
+    with netCDF4.Dataset(path) as nc:
+        files = json.loads(nc.input_files)
+        assert files["ir"]["sha256"] == sha(data / held["ir_file"]) and files["cpl"]["name"].endswith(".hdf5")
+        assert json.loads(nc.label_definition)["time_column"] == "centre"
+        assert set(json.loads(nc.training_data_provenance)["flights"]) == {e["name"] for e in entries}

@@ -39,6 +39,7 @@ from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import er2
 from cloudml_lib.errors import DataError
 from cloudml_lib.outputs import named
+from cloudml_lib.provenance import input_files
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,7 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
             "match": labels.match, "labels": er2.label_definition(data), "heading": labels.heading_note,
+            "files": input_files(er2.flight_paths(flight, data), cache_root(data)),
             "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": _sha256(tmp / "frames.npy"),
             "created": time.time()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -22,7 +22,9 @@ The scene (all sizes scale with the frame width; "px" is one camera pixel at nad
   field (smoothed noise, soft edges) moves with the layer.
 - About half the cloudy profiles also see a thin cirrus layer at 8-11 km above it (layer 0, the
   top); it is transparent in the frames. Its base is the users' `top` label; the low cloud's base
-  is the `lowest` label (the default), the height the frames show.
+  is the `lowest` label (the default), the height the frames show. A third of the others see a
+  second low layer 0.2-0.8 km above the low cloud (also layer 0), so `top` and `single` differ, as
+  on the real flights (933 against ~380 labels).
 - The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud layer appears
   magnified by H / (H - h) and moves across the frame faster than the sea surface, by the same
   factor: the apparent motion between consecutive frames depends on h (parallax).
@@ -195,6 +197,14 @@ def _profiles(rng, t0: float, n_frames: int, height, cloudy, sza, saa) -> dict:
     surface[(bad >= 0.09) & (bad < 0.10)] = -9999.0                  # fill value
     out_of_range = has_low & (bad >= 0.10) & (bad < 0.12)
     base[out_of_range, j[out_of_range]] = 2.61                       # above the label range
+    # a second low layer 0.2-0.8 km above the low cloud on a third of its cirrus-free profiles: the users'
+    # `top` label (layer 0) is then its base, and `single` drops the profile
+    upper = has_low & ~cirrus & (n_layers == 1) & (rng.random(n) < 0.35)
+    lift = rng.uniform(0.2, 0.8, n)
+    base[upper, 1], top[upper, 1] = base[upper, 0], top[upper, 0]
+    base[upper, 0] = np.round((base[upper, 0] + lift[upper]) / 0.03) * 0.03
+    top[upper, 0] = base[upper, 0] + 0.2
+    n_layers[upper] = 2
     half = PROFILE_SPACING_S / 2 / 86400.0
     return {"t": t, "base": base, "top": top, "n_layers": n_layers, "dem": dem, "surface": surface,
             "half_day": half, "sza": sza[k], "saa": saa[k]}

@@ -1,0 +1,98 @@
+"""What a result was made from, so that two results can be told apart: the label definition (layer, time
+column, rounding, offset, filters), each flight's counts (profiles, removed by each filter, matched, kept)
+and each input file's SHA-256.
+
+A file's SHA-256 is computed once, when its flight's cache is built, and kept in the cache's meta.json;
+a memo in the cache folder (`file_sha256.json`, keyed by path, size and modification time) spares a
+rebuild with other settings from reading a multi-GB IR file again. Every checkpoint, `provenance.json`
+and `report.md` in the run directory, and the NetCDF files of `predict` carry the record.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from cloudml_lib.outputs import write_text
+
+log = logging.getLogger(__name__)
+
+MEMO = "file_sha256.json"
+CHUNK = 1 << 20          # small: a whole-flight predict keeps its memory flat
+
+
+def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
+    """The SHA-256 of a whole file, remembered in `memo_dir` by (resolved path, size, mtime)."""
+    path = Path(path)
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    memo_path = Path(memo_dir) / MEMO if memo_dir else None
+    memo = {}
+    if memo_path and memo_path.is_file():
+        try:
+            memo = json.loads(memo_path.read_text())
+        except (OSError, ValueError):
+            memo = {}
+    if key in memo:
+        return memo[key]
+    t0, h = time.time(), hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if st.st_size > (256 << 20):
+        log.info("SHA-256 of %s (%.1f GB) for the provenance record: %.0f s, once", path.name, st.st_size / 1e9,
+                 time.time() - t0)
+    if memo_path:
+        memo[key] = digest
+        try:
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_path.with_name(f"{MEMO}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(memo, indent=0))
+            os.replace(tmp, memo_path)
+        except OSError as e:                          # a memo that cannot be written costs time, not results
+            log.debug("could not write %s (%s)", memo_path, e)
+    return digest
+
+
+def input_files(paths: dict[str, Path], memo_dir: Path | None = None) -> dict:
+    """{role: {name, bytes, sha256}} of one flight's files."""
+    return {role: {"name": Path(p).name, "bytes": Path(p).stat().st_size, "sha256": file_sha256(p, memo_dir)}
+            for role, p in paths.items()}
+
+
+def run_provenance(caches: list, data) -> dict:
+    """The record of a run's data, from its flight caches (their meta.json holds counts, match and files)."""
+    from cloudml_lib.data.er2 import label_definition
+
+    return {"label_definition": label_definition(data),
+            "inputs": {"sun_azimuth": data.sun_azimuth, "along_track_axis": data.along_track_axis,
+                       "angles_source": data.angles_source},
+            "flights": {c.name: {"samples": len(c), "counts": c.meta.get("counts", {}), "match": c.meta.get("match", {}),
+                                 "heading": c.meta.get("heading", ""), "files": c.meta.get("files", {})}
+                        for c in caches}}
+
+
+def write_run_provenance(run_dir: Path, record: dict) -> Path:
+    return write_text(Path(run_dir) / "provenance.json", json.dumps(record, indent=1))
+
+
+def markdown(record: dict) -> list[str]:
+    """report.md's section: the label definition in one line, then one row per flight and file."""
+    if not record:
+        return []
+    label = ", ".join(f"{k} {v}" for k, v in record.get("label_definition", {}).items())
+    inputs = ", ".join(f"{k} {v}" for k, v in record.get("inputs", {}).items())
+    out = ["## Data provenance", "", f"Labels: {label}.", "", f"Inputs: {inputs}.", "",
+           "| flight | samples | lidar profiles | matched | file | SHA-256 |", "|---|---|---|---|---|---|"]
+    for name, f in record.get("flights", {}).items():
+        c, m = f.get("counts", {}), f.get("match", {})
+        files = list(f.get("files", {}).values()) or [{"name": "-", "sha256": "-"}]
+        for i, info in enumerate(files):
+            lead = [name, str(f.get("samples", "-")), str(c.get("profiles", "-")),
+                    f"{m.get('matched', '-')} of {m.get('inside_camera', '-')}"] if i == 0 else ["", "", "", ""]
+            out.append("| " + " | ".join(lead + [f"`{info['name']}`", f"`{info['sha256']}`"]) + " |")
+    return out + ["", "The whole record (counts by filter, match statistics, file sizes): `provenance.json`.", ""]
