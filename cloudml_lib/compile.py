@@ -146,7 +146,10 @@ def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.devi
     # silently runs eager. Start from a clean slate; inductor's disk cache keeps recompiling cheap.
     torch._dynamo.reset()
     encoder = model.encoder
-    encoder.forward = torch.compile(encoder.forward, mode=mode)       # an instance attribute: keys unchanged
+    # dynamic=False: each batch shape gets its own static kernels, whatever order the shapes come in, so a
+    # resumed run (which may meet the short last batch first, or never) computes bit for bit as an
+    # uninterrupted one; automatic dynamic shapes would switch kernels after the first shape change
+    encoder.forward = torch.compile(encoder.forward, mode=mode, dynamic=False)   # instance attribute: keys unchanged
     log.info("compiling %s with torch.compile(mode=%r); the first steps are slow", WHAT, mode)
     return CompileWatch(report)
 

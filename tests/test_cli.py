@@ -94,7 +94,7 @@ def test_make_demo_data_writes_the_real_layout(tmp_path):
         assert np.abs(g["Lidar_Surface_Altitude"][()][g["Lidar_Surface_Altitude"][()] > -999]).max() < 2  # km
         assert {"Solar_Zenith_Angle", "Solar_Azimuth_Angle", "CPL_Latitude"} <= set(f["geolocation"])
     with h5py.File(tmp_path / "01Mar25" / "CRS_20250301_nav.hdf") as f:
-        assert set(f["nav"]) == {"solarZenith", "sunAzGrd", "IWG_lat", "IWG_lon"}      # no time axis
+        assert set(f["nav"]) == {"solarZenith", "sunAzGrd", "trueHdg", "IWG_lat", "IWG_lon"}   # no time axis
         assert f["nav/solarZenith"].shape[0] != 40
     assert run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "1").returncode == 2
 
