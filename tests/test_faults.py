@@ -1,6 +1,7 @@
 """Fault injection, end to end through the command line: corrupt and hostile checkpoints, a changed
 dataset, leftovers of killed processes, signals during set-up, and data errors before any file is
 written. Each test failed before its fix (issue 9)."""
+import re
 import io
 import json
 import os
@@ -119,7 +120,8 @@ def test_a_corrupt_best_model_falls_back_to_the_newest_weights(tiny_config, tmp_
         return stop
     trainer._update_best = update_then_corrupt
     report = trainer.fit()
-    assert "best.pt cannot be used" in (tmp_path / "run" / "train.log").read_text() and report["overall"]["n"] == 23
+    assert "best.pt cannot be used" in (tmp_path / "run" / "train.log").read_text()
+    assert report["overall"]["n"] == len(trainer.val_set) > 0
     assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2        # rewritten with the newest weights
 
 
@@ -174,7 +176,8 @@ def test_a_data_error_creates_no_run_folder(cfg_file, tmp_path):
 def test_a_batch_larger_than_the_training_set_is_refused(cfg_file, tmp_path):
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(tmp_path / "run"), "--set",
                 "train.batch_size=500")
-    assert r.returncode == 2 and "larger than the training set (48 samples)" in r.stderr
+    found = re.search(r"larger than the training set \((\d+) samples\)", r.stderr)
+    assert r.returncode == 2 and found and f"Choose train.batch_size <= {found.group(1)}." in r.stderr
 
 
 def test_sigterm_during_set_up_stops_cleanly(cfg_file, tmp_path):
