@@ -66,7 +66,8 @@ def measure_research(n_flights: int, limit: int) -> dict:
     import h5py
     import numpy as np
     from cloudml_lib.data.cache import build_windows, preprocess_frame
-    from cloudml_lib.data.er2 import flight_paths, read_flight_labels
+    from cloudml_lib.data.cpl import read_flight_labels
+    from cloudml_lib.data.er2 import flight_paths
     cfg = config(n_flights)
     samples = []
     for flight in cfg.data.flights:

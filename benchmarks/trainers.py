@@ -307,7 +307,7 @@ def main() -> None:
     if args.child:
         child(args.child, Path(args.run_dir), args.every_steps, args.kill_step)
         return
-    from cloudml_lib.data.synthetic import ensure_demo_flights
+    from cloudml_lib.data.flights import ensure_demo_flights
     cfg = config()
     ensure_demo_flights(cfg.data)
     data(cfg)                                            # build the cache once, outside the timings

@@ -1,7 +1,7 @@
 """What a checkpoint holds, how it is committed to a disk that may be Google Drive, found and verified.
 
 A checkpoint is a folder `RUN_DIR/checkpoints/step-00000400/` with
-- `state.pt`   everything a bit-exact resume needs (see Trainer.snapshot), tensors and plain
+- `state.pt`   everything a bit-exact resume needs (see train/state.py), tensors and plain
                Python types only, so it loads with `torch.load(..., weights_only=True)`;
 - `meta.json`  the human-readable manifest: step, epoch, time, metric, size and sha256 of state.pt;
 - `COMMITTED`  the commit marker, written last.
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 COMMITTED, STATE, META = "COMMITTED", "state.pt", "meta.json"
 REJECTED_DIR = "rejected"
-# What a resumable state.pt must hold (Trainer.snapshot); checked after the checksum, before use.
+# What a resumable state.pt must hold (train/state.py: snapshot); checked after the checksum, before use.
 REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "scaler", "loop", "sampler", "rng", "config",
                  "scalers", "metrics_bytes")
 STAGING_PREFIX = "cloudml-ckpt-"
@@ -347,41 +347,6 @@ def set_aside_rejected(run_dir: Path, rejected: list[dict]) -> None:
             _delete(folder)
 
 
-def _pid_of(name: str) -> int | None:
-    m = re.search(r"(?:tmp-|ckpt-)(\d+)", name)
-    return int(m.group(1)) if m else None
-
-
-def _dead(pid: int | None) -> bool:
-    """Is the process that owns a leftover gone? Unknown owners are kept."""
-    if pid is None or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def clean_leftovers(run_dir: Path) -> list[str]:
-    """What a killed process left behind: temporary best.pt files, checkpoint folders half-written or
-    half-deleted, and staging folders in the temp directory. Only files of processes that are gone."""
-    run_dir, removed = Path(run_dir), []
-    candidates = list(run_dir.glob(".best.pt.tmp-*")) + list(run_dir.glob(".lock.tmp-*"))
-    candidates += list(checkpoints_dir(run_dir).glob(".step-*.tmp-*"))
-    candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
-    candidates += list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*"))
-    for p in candidates:
-        if _dead(_pid_of(p.name)) or p.name.startswith(".trash-"):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            removed.append(p.name)
-    if removed:
-        log.info("Removed %d leftovers of an interrupted run: %s", len(removed), ", ".join(sorted(removed)[:5]))
-    return removed
-
-
 def prune(run_dir: Path, keep_last: int) -> None:
     """Keep the newest `keep_last` committed checkpoints; drop older ones and stale leftovers."""
     committed = [p for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file()]
@@ -466,35 +431,3 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise CloudMLError(f"{path} is not a CloudML checkpoint (no 'model' and 'config' entries)")
     return ckpt
-
-
-# ------------------------------------------------------------------------------------- RNG
-
-def capture_rng(*generators: torch.Generator) -> dict:
-    """Every random number generator a resumed run must continue exactly."""
-    import random
-
-    import numpy as np
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(),
-            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "torch": torch.get_rng_state(),
-            "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
-            "generators": [g.get_state() for g in generators]}
-
-
-def restore_rng(state: dict, *generators: torch.Generator) -> None:
-    import random
-
-    import numpy as np
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    for g, s in zip(generators, state["generators"]):
-        g.set_state(s)

@@ -133,8 +133,8 @@ def _labels(args) -> int:
     """Print the flight table (files, profiles, labels kept, removed by each filter, match rate, flips) and the
     label definition; exit 1 when a flight is unusable."""
     from cloudml_lib.config import load_config
-    from cloudml_lib.data import er2, flights
-    from cloudml_lib.data.synthetic import ensure_demo_flights
+    from cloudml_lib.data import cpl, flights
+    from cloudml_lib.data.flights import ensure_demo_flights
 
     overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
     cfg = load_config(args.config, overrides)
@@ -147,7 +147,7 @@ def _labels(args) -> int:
     print(flights.format_table(rows) + ("\n" + notes.text() if notes else ""))
     total = sum(int(r[6]) for r in rows if r[6].isdigit())
     print(f"\n{total} labels in {len(rows)} flights. Label definition: "
-          + ", ".join(f"{k} {v}" for k, v in er2.label_definition(cfg.data).items()))
+          + ", ".join(f"{k} {v}" for k, v in cpl.label_definition(cfg.data).items()))
     return 0 if ok else 1
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from cloudml_lib.errors import ConfigError
+from cloudml_lib.yamlfile import read_yaml
 
 # Compile modes that capture CUDA graphs: their replay needs every input at a fixed address,
 # which gradient checkpointing's recomputation breaks ("static input data pointer changed").
@@ -310,20 +311,6 @@ def check_flight_names(d: DataConfig, names: list[str], where: str = "data.fligh
     return problems
 
 
-def check_pretrain_flight(cfg: "Config", names: list[str]) -> list[str]:
-    p = cfg.train.pretrain_flight
-    if not p:
-        return []
-    if p not in names:
-        return [f"train.pretrain_flight: {p!r} is not one of the flights ({', '.join(names)})"]
-    if p in cfg.data.validation_flights:
-        return [f"train.pretrain_flight: {p!r} is a validation flight; pre-train on a training flight"]
-    if cfg.data.overweight_flight and cfg.data.overweight_flight != p:
-        return [f"train.pretrain_flight: {p!r} and data.overweight_flight {cfg.data.overweight_flight!r} differ; "
-                "in the two-phase protocol the pre-training flight is the over-weighted one"]
-    return []
-
-
 def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     """Rules that involve more than one key."""
     d, m, t = cfg.data, cfg.model, cfg.train
@@ -414,49 +401,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 node[part] = nxt
             node = nxt
         node[path[-1]] = value
-    return raw
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise ConfigError(f"{self.name}: key {key!r} appears twice (lines {seen[key] + 1} and "
-                                  f"{key_node.start_mark.line + 1}); the second would silently replace the first. "
-                                  "Merge them into one.")
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        examples = ", ".join(str(p) for p in sorted(path.glob("*.yaml"))[:4]) or "e.g. configs/demo.yaml"
-        raise ConfigError(f"{path} is a folder; --config takes a YAML file in it ({examples})")
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path} is not a UTF-8 text file (byte {e.start}: {e.reason}); a config is a YAML "
-                          "text file such as configs/demo.yaml") from None
-    try:
-        loader = _UniqueKeyLoader(text)
-        loader.name = str(path)
-        try:
-            raw = loader.get_single_data()
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected sections data/model/train/checkpoint at the top level")
     return raw
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from contextlib import nullcontext
 from datetime import timedelta
 
 import torch
@@ -51,6 +52,10 @@ class Dist:
         out = t.detach().clone()
         tdist.all_reduce(out, op=tdist.ReduceOp.SUM)
         return out
+
+    def sum_int(self, n: int, device: torch.device) -> int:
+        """Sum of a Python int over ranks."""
+        return int(self.all_sum(torch.tensor(n, device=device))) if self.active else n
 
     def any_true(self, *flags: bool, device: torch.device) -> list[bool]:
         """For each flag: is it true on any rank? (one collective for all of them)"""
@@ -230,3 +235,8 @@ def apply_ddp(model: nn.Module, dist: Dist, device: torch.device, unused_paramet
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
     return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused_parameters, **no_sync)
+
+
+def no_sync(model: nn.Module, skip: bool):
+    """DDP's gradient all-reduce skipped for this backward (`skip`); nothing to skip with one process."""
+    return model.no_sync() if skip and hasattr(model, "no_sync") else nullcontext()

@@ -1,6 +1,6 @@
 """MultimodalRegressionModel: cloud base height from T thermal-IR frames and the solar angles.
 
-The network only: no device, AMP or compile code (train.py applies those from outside).
+The network only: no device, AMP or compile code (train/build.py applies those from outside).
 
     frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
     angles (B, 2) --> FiLM: gamma, beta (B, C) modulate every frame's features

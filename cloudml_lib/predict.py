@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from cloudml_lib import plots
 from cloudml_lib.config import DataConfig, FlightConfig
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_root, preprocess_frame
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
@@ -59,7 +59,7 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
     if flight.cpl_file and (root / flight.cpl_file).is_file():
         try:
             # without a nav file the labels are read with the CPL file's own angles (the nav is not needed)
-            labels = er2.read_flight_labels(flight, data if has_nav else DataConfig(**{**vars(data),
+            labels = cpl.read_flight_labels(flight, data if has_nav else DataConfig(**{**vars(data),
                                                                                         "angles_source": "cpl"}))
             out["label"][labels.frame_index] = labels.cbh_km
         except DataError as e:
@@ -241,7 +241,7 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
         nc = out / f"{name}_cbh.nc"
         paths = {role: Path(data.dir) / getattr(chosen[name], f"{role}_file") for role in ("ir", "cpl", "nav")}
         result["provenance"] = {
-            "label_definition": er2.label_definition(data), "trained_on": ckpt.get("provenance"),
+            "label_definition": cpl.label_definition(data), "trained_on": ckpt.get("provenance"),
             "input_files": input_files({r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)},
                                        cache_root(data))}
         write_netcdf(nc, name, result, run_dir)

@@ -66,7 +66,7 @@ def input_files(paths: dict[str, Path], memo_dir: Path | None = None) -> dict:
 
 def run_provenance(caches: list, data) -> dict:
     """The record of a run's data, from its flight caches (their meta.json holds counts, match and files)."""
-    from cloudml_lib.data.er2 import label_definition
+    from cloudml_lib.data.cpl import label_definition
 
     return {"label_definition": label_definition(data),
             "inputs": {"sun_azimuth": data.sun_azimuth, "along_track_axis": data.along_track_axis,

@@ -440,7 +440,7 @@ def test_a_damaged_best_model_is_named(run_copy):
 
 def test_a_fresh_unreadable_lock_is_explained(tmp_path):
     from cloudml_lib.errors import CloudMLError
-    from cloudml_lib.rundir import RunLock
+    from cloudml_lib.runlock import RunLock
     (tmp_path / ".lock").write_text("{not json")
     with pytest.raises(CloudMLError, match=r"exists but cannot be read \(not the JSON a lock holds\).*delete "):
         RunLock(tmp_path).acquire()

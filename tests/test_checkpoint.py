@@ -7,7 +7,9 @@ import numpy as np
 import torch
 
 from cloudml_lib import checkpoint as ck
+from cloudml_lib.rundir import clean_leftovers
 from cloudml_lib.train import Trainer
+from cloudml_lib.train.state import capture_rng, restore_rng
 
 
 def small_state(step):
@@ -76,9 +78,9 @@ def test_a_kill_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypat
 
 def test_rng_state_round_trips():
     g = torch.Generator().manual_seed(3)
-    saved = ck.capture_rng(g)
+    saved = capture_rng(g)
     a = (random.random(), np.random.rand(), torch.rand(2), torch.rand(1, generator=g))
-    ck.restore_rng(saved, g)
+    restore_rng(saved, g)
     b = (random.random(), np.random.rand(), torch.rand(2), torch.rand(1, generator=g))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])
 
@@ -197,6 +199,6 @@ def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeyp
     (run / "checkpoints" / f".step-00000004.tmp-{dead.pid}").mkdir()
     (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc").mkdir()
     (tmp_path / "tmp" / "cloudml-ckpt-abc").mkdir()                       # owner unknown: kept
-    removed = ck.clean_leftovers(run)
+    removed = clean_leftovers(run)
     assert len(removed) == 3
     assert (run / f".best.pt.tmp-{os.getpid()}").exists() and (tmp_path / "tmp" / "cloudml-ckpt-abc").exists()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cloudml_lib.config import build_config
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import preprocess_frame
 from cloudml_lib.errors import DataError
 
@@ -79,7 +79,7 @@ def labels_for(root, entry, **data):
     other = dict(entry, name="other")
     cfg = build_config({"data": {"dir": str(root), "flights": [entry, other], "validation_flights": ["other"],
                                  "swath_slice": [2, 10], **data}})
-    return er2.read_flight_labels(cfg.data.flights[0], cfg.data)
+    return cpl.read_flight_labels(cfg.data.flights[0], cfg.data)
 
 
 def test_real_layout_filters_matching_and_counts(tmp_path):

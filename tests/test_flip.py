@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cloudml_lib.config import build_config
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl
 from cloudml_lib.data import dataset as ds_mod
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, augment_sample, fit_scalers, mirror_line, model_azimuth
@@ -110,7 +110,7 @@ def test_without_a_heading_flips_are_off_and_the_log_and_table_say_so(copied, ca
     with h5py.File(root / entries[0]["nav_file"], "r+") as f:
         del f["nav/trueHdg"]
     cfg = config()
-    labels = er2.read_flight_labels(cfg.data.flights[0], cfg.data)
+    labels = cpl.read_flight_labels(cfg.data.flights[0], cfg.data)
     assert np.isnan(labels.heading_deg).all() and labels.counts["no_heading"] == len(labels.cbh_km)
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "data.keys.nav_heading 'nav/trueHdg' not in" in warned and "flip is off" in warned

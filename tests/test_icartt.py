@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cloudml_lib.config import build_config
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.synthetic import ICARTT_NAV_INDEX, make_demo_flights, write_icartt_nav
 from cloudml_lib.errors import DataError
@@ -42,7 +42,7 @@ def test_the_demo_flight_with_icartt_nav_is_found_and_matched_by_time(five):
     found = {f.name: f for f in find_flights(data(flights=[]))}
     assert found["09Mar25"].files["nav"] == ict
     d = data()
-    labels = er2.read_flight_labels(d.flights[ICARTT_NAV_INDEX], d)
+    labels = cpl.read_flight_labels(d.flights[ICARTT_NAV_INDEX], d)
     assert labels.heading_note.startswith("heading from") and np.isfinite(labels.heading_deg).all()
     # the file holds one record per whole second; each label's frame takes the nearest record
     import icartt
@@ -77,7 +77,7 @@ def test_icartt_nav_across_midnight_fills_and_a_preferred_time_axis(five):
     np.testing.assert_allclose(nav.values["heading"][usable], per_frame["heading"][usable] % 360, atol=1e-3)
     filled = usable & np.isnan(nav.values["sza"])            # about 1% fill values (-9999) come back as NaN
     assert 0 < filled.sum() < 0.05 * usable.sum()
-    assert er2.read_flight_labels(d.flights[1], d).counts["kept"] > 5
+    assert cpl.read_flight_labels(d.flights[1], d).counts["kept"] > 5
 
 
 def test_icartt_problems_name_the_file_and_key(five, monkeypatch):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cloudml_lib.config import build_config
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_key
 from cloudml_lib.data.flights import HEADER, check_rows
 from cloudml_lib.errors import ConfigError, DataError
@@ -50,7 +50,7 @@ def cpl_path(root, entry):
 
 
 def labels(data, i=0):
-    return er2.read_flight_labels(data.flights[i], data)
+    return cpl.read_flight_labels(data.flights[i], data)
 
 
 def test_the_time_column_is_a_setting_and_the_log_says_what_it_moves(flights, caplog):
@@ -69,7 +69,7 @@ def test_the_time_column_is_a_setting_and_the_log_says_what_it_moves(flights, ca
 def test_rounding_and_offset_apply_to_the_lidar_times():
     d = build_config({"data": {"demo": True, "cpl_time_round": True, "cpl_time_offset_s": -2.0}}).data
     t = np.array([100.4, 100.6, np.nan])
-    out = er2.lidar_times(t, d)
+    out = cpl.lidar_times(t, d)
     assert out[0] == 98.0 and out[1] == 99.0 and np.isnan(out[2])
 
 
@@ -177,7 +177,7 @@ def test_the_label_definition_is_part_of_the_cache_key(flights):
             ({}, {"cpl_time_column": "start"}, {"cpl_time_round": True}, {"cpl_time_offset_s": 1.0},
              {"layer_order": "bottom_first"}, {"max_dem_surface_m": 2.0})}
     assert len(keys) == 6
-    assert copy.deepcopy(er2.label_definition(d))["time_column"] == "centre"
+    assert copy.deepcopy(cpl.label_definition(d))["time_column"] == "centre"
 
 
 def test_a_changed_label_definition_is_refused_on_resume(flights):
@@ -201,7 +201,7 @@ def test_the_published_label_sets_are_one_config_away(flights, capsys):
     root, entries, data = flights
     config = Path(__file__).resolve().parent.parent / "configs" / "reproduce_published.yaml"
     cfg = load_config(config)
-    assert er2.label_definition(cfg.data) == {
+    assert cpl.label_definition(cfg.data) == {
         "layer": "single", "layer_order": "top_first", "time_column": "start", "time_round": True, "time_offset_s": 0.0,
         "cbh_km": [0.1, 2.0], "max_lidar_surface_km": 0.9, "max_dem_surface_m": 0.0, "match_tolerance_s": 0.5}
     counts = {}

@@ -121,7 +121,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
 
     from cloudml_lib.checkpoint import check_folder, find_checkpoints, load_checkpoint
     from cloudml_lib.config import config_from_dict
-    from cloudml_lib.data import er2
+    from cloudml_lib.data import cpl
 
     run_dir, data, entries = run
     sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
@@ -131,7 +131,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
     assert committed and all(c is not None for c in committed)
     for ckpt in [best] + committed:
         record = ckpt["provenance"]
-        assert record["label_definition"] == er2.label_definition(cfg.data)
+        assert record["label_definition"] == cpl.label_definition(cfg.data)
         assert set(record["flights"]) == {e["name"] for e in entries}
         for e in entries:
             f = record["flights"][e["name"]]

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.rundir import STALE_S, RunLock, compare_configs
+from cloudml_lib.rundir import compare_configs
+from cloudml_lib.runlock import STALE_S, RunLock
 
 
 def write_lock(run, **info):

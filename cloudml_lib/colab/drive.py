@@ -16,7 +16,7 @@ from cloudml_lib import hardware
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.config import Config, load_config
 from cloudml_lib.data import flights
-from cloudml_lib.data.synthetic import ensure_demo_flights
+from cloudml_lib.data.flights import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
 
 DRIVE_ROOT = Path("/content/drive/MyDrive/CloudML")

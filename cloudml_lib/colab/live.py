@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cloudml_lib import plots
 from cloudml_lib.checkpoint import find_latest_valid
-from cloudml_lib.colab.show import UserError, plural, show, show_markdown
+from cloudml_lib.colab.show import UserError, plural, show
 from cloudml_lib.train import ProgressLines
 
 # How a run can end and still be continued: exit 130 (stopped with a checkpoint), or killed by a signal

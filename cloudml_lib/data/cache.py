@@ -36,7 +36,7 @@ from skimage import exposure
 from tqdm.auto import tqdm
 
 from cloudml_lib.config import DataConfig, FlightConfig
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl, er2
 from cloudml_lib.errors import DataError
 from cloudml_lib.outputs import named
 from cloudml_lib.provenance import input_files
@@ -124,7 +124,7 @@ def cache_key(flight: FlightConfig, data: DataConfig) -> str:
         "version": CACHE_VERSION, "files": files, "date": flight.date, "swath_slice": data.swath_slice,
         "downsample": data.downsample, "clahe_clip_limit": data.clahe_clip_limit, "t": data.temporal_frames,
         "edge_policy": data.edge_policy, "cbh": [data.cbh_min_km, data.cbh_max_km],
-        "time_format": data.ir_time_format, "keys": vars(data.keys), "labels": er2.label_definition(data),
+        "time_format": data.ir_time_format, "keys": vars(data.keys), "labels": cpl.label_definition(data),
         "angles_source": data.angles_source,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
@@ -228,7 +228,7 @@ def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConf
 
 
 def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
-    labels = er2.read_flight_labels(flight, data)
+    labels = cpl.read_flight_labels(flight, data)
     windows, kept = build_windows(labels.frame_index, labels.n_frames, data.temporal_frames, data.edge_policy)
     needed = np.unique(windows)                                   # sorted raw frame indices
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
@@ -271,7 +271,7 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
-            "match": labels.match, "labels": er2.label_definition(data), "heading": labels.heading_note,
+            "match": labels.match, "labels": cpl.label_definition(data), "heading": labels.heading_note,
             "files": input_files(er2.flight_paths(flight, data), cache_root(data)),
             "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": _sha256(tmp / "frames.npy"),
             "created": time.time()}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudml_lib.config import DataConfig, FlightConfig, check_flight_names
-from cloudml_lib.data import er2
+from cloudml_lib.data import cpl, er2, synthetic
 from cloudml_lib.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -184,13 +184,25 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (), check_na
     return incomplete
 
 
+def ensure_demo_flights(data) -> None:
+    """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
+    then found there like real flights), and hold out the demo's validation flight when none is named."""
+    if not data.demo:
+        return
+    if not data.validation_flights:
+        names = [n for n, _ in synthetic.demo_flight_names(synthetic.DEMO_FLIGHTS)]
+        data.validation_flights = [names[synthetic.DEMO_VALIDATION_INDEX]]
+    if not data.flights and not (Path(data.dir).is_dir() and find_flights(data)):
+        log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
+        synthetic.make_demo_flights(data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED)
+
+
 def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFlight]:
     """What a run does first: write the demo flights if asked to, then resolve the flights
     (the cache folders are not searched). Returns the flights skipped as incomplete.
     `check_names=False` (cross-validation, which sets the validation flight of each fold) skips
     the checks of data.validation_flights and data.overweight_flight."""
     from cloudml_lib.data.cache import cache_root, check_folder_settings
-    from cloudml_lib.data.synthetic import ensure_demo_flights
 
     check_folder_settings(data)
     ensure_demo_flights(data)
@@ -279,7 +291,7 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
             ok = False
             continue
         try:
-            labels = er2.read_flight_labels(f.config() if not data.flights else
+            labels = cpl.read_flight_labels(f.config() if not data.flights else
                                             next(x for x in data.flights if x.name == f.name), data)
             rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(labels.counts["profiles"]),
                                                            str(len(labels.cbh_km)), _removed(labels.counts)]

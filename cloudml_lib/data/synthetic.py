@@ -330,18 +330,3 @@ def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, fr
         _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, rows, cols)
     log.info("wrote %d demo flights (%d frames of %dx%d each) to %s", n_flights, frames_per_flight, rows, cols, out)
     return entries
-
-
-def ensure_demo_flights(data) -> None:
-    """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
-    then found there like real flights), and hold out the demo's validation flight when none is named."""
-    from cloudml_lib.data.flights import find_flights
-
-    if not data.demo:
-        return
-    if not data.validation_flights:
-        names = [n for n, _ in demo_flight_names(DEMO_FLIGHTS)]
-        data.validation_flights = [names[DEMO_VALIDATION_INDEX]]
-    if not data.flights and not (Path(data.dir).is_dir() and find_flights(data)):
-        log.info("data.demo: generating %d demo flights into %s", DEMO_FLIGHTS, data.dir)
-        make_demo_flights(data.dir, n_flights=DEMO_FLIGHTS, seed=DEMO_SEED)

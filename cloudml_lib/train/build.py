@@ -1,0 +1,256 @@
+"""The ordered set-up of a run: what the loop needs, built once, in the order that matters.
+
+1. data (rank 0 builds any missing cache; the others then read it) and its checks: a data or
+   config error must not leave a run folder behind;
+2. the run folder claimed: locked, leftovers cleaned, the checkpoint to resume from chosen and
+   checked against this config and this data;
+3. seeds, then the model (initial weights), on its device, BatchNorm over the global batch;
+4. precision, decided once: autocast and a GradScaler (disabled, it passes values through), so the
+   loop has no AMP branches;
+5. DDP, the `auto` batch probe, then torch.compile (after the probe, whose copy of the model must
+   not share the compiled encoder);
+6. the optimizer over the parameters that will be trained (never re-allocated after), the
+   scheduler, the sampler and the loader.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from cloudml_lib.checkpoint import Found, check_folder, fault_point, load_checkpoint
+from cloudml_lib.compile import CompileWatch, apply_compile
+from cloudml_lib.config import Config, save_config
+from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
+from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
+from cloudml_lib.errors import CloudMLError, ConfigError
+from cloudml_lib.hardware import Precision, choose_device, choose_precision, default_num_workers, describe_device
+from cloudml_lib.model import build_model, count_parameters
+from cloudml_lib.provenance import run_provenance
+from cloudml_lib.recovery import measure_batch_size
+from cloudml_lib.rundir import (attach_run_log, check_data_fingerprint, check_folder_kind, check_resume_config,
+                                clean_leftovers, find_resume_point, truncate_metrics)
+from cloudml_lib.runlock import RunLock
+from cloudml_lib.train.progress import RunInfo
+from cloudml_lib.train.saving import Checkpoints
+from cloudml_lib.train.state import LoopState, restore
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warm-up, then cosine decay."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def check_batch_size(cfg: Config, n_train: int, world: int) -> None:
+    """train.batch_size (the global batch) against the process count and the training set."""
+    t, n = cfg.train, n_train
+    if t.batch_size != "auto" and t.batch_size < world:
+        raise ConfigError(f"train.batch_size {t.batch_size} is the global batch, shared by the {world} "
+                          f"processes: it must be at least {world}")
+    if t.batch_size != "auto" and t.batch_size * t.grad_accum_steps > n:
+        fixes = ([f"train.batch_size <= {n // t.grad_accum_steps}"] if n // t.grad_accum_steps >= 1 else []) + \
+            ([f"train.grad_accum_steps <= {n // t.batch_size} (with train.batch_size {t.batch_size})"]
+             if n // t.batch_size >= 1 else [])
+        fix = " or ".join(fixes) or f"train.batch_size <= {n} with train.grad_accum_steps: 1"
+        raise ConfigError(f"train.batch_size {t.batch_size} x train.grad_accum_steps {t.grad_accum_steps} = "
+                          f"{t.batch_size * t.grad_accum_steps} samples per optimizer step, larger than the training "
+                          f"set ({n} samples): every epoch would be a single step. Choose {fix}.")
+
+
+def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
+    """What the run trains and validates on, by content: per flight its sample count and a hash of
+    its labelled frames, labels and angles. A resumed run must see the same (file times may differ)."""
+    out = {}
+    for c in train_set.caches + val_set.caches:
+        h = hashlib.sha256()
+        for a in (c.frame_index, c.cbh_km, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
+        out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16]}
+    return out
+
+
+def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerprint: dict,
+                  flight_table: str) -> tuple[RunLock | None, Found | None]:
+    """Rank 0 locks the run folder, cleans leftovers and picks the checkpoint to resume from; every
+    other rank then loads that same committed checkpoint (its checksums verified again).
+    Returns the lock (rank 0's; to release at the end) and the checkpoint to resume from, if any."""
+    lock = None
+
+    def claim():
+        nonlocal lock
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(run_dir)
+        lock.acquire()
+        attach_run_log(run_dir)
+        clean_leftovers(run_dir)
+        found = find_resume_point(run_dir, resume)
+        if found is not None:
+            check_resume_config(cfg, found.state["config"])
+            check_data_fingerprint(found.state.get("data_fingerprint"), fingerprint)
+        save_config(cfg, run_dir / "config.yaml")
+        log.info("Flights:\n%s", flight_table)
+        return found
+
+    try:
+        found = dist.main_first(claim if dist.is_main else lambda: None)     # rank 0's error stops all
+        folder = dist.from_main(None if found is None else str(found.folder))
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if dist.is_main or folder is None:
+        return lock, found
+    reason, state, meta = check_folder(Path(folder))
+    if reason is not None:
+        raise CloudMLError(f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
+                           f"{reason}. Every process must see the same run folder (a shared disk).")
+    return lock, Found(Path(folder), state, [], meta)
+
+
+@dataclass
+class Run:
+    """What the loop needs; its fields become the Trainer's attributes (trainer.model, trainer.optimizer, ...)."""
+    train_set: CloudDataset
+    val_set: CloudDataset
+    quick_val: np.ndarray             # the validation samples scored after each epoch
+    fingerprint: dict                 # what the run trains on, by content (checked on resume)
+    provenance: dict                  # label definition, per-flight counts, input files' SHA-256
+    lock: RunLock | None              # rank 0's lock on the run folder
+    model: torch.nn.Module            # the plain module: what is saved and evaluated
+    ddp: torch.nn.Module              # what a training step calls: the model, or DDP around it
+    forward: torch.nn.Module          # the same, until a compile failure switches to eager (tests may wrap it)
+    device: torch.device
+    precision: Precision
+    autocast: Callable                # a context manager factory: autocast, or nothing in float32
+    scaler: torch.amp.GradScaler
+    compile: CompileWatch
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: EpochBatchSampler
+    loader_rng: torch.Generator       # the loader's worker seeds (kept apart from the global RNG)
+    loader: DataLoader
+    num_workers: int
+    steps_per_epoch: int
+    total_steps: int
+    loop: LoopState                   # progress and loss sums: what the loop changes
+    checkpoints: Checkpoints
+    run_info: RunInfo
+
+
+def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, dist: Dist) -> Run:
+    """Everything in the order above; the run starts from the resume point, or from `init_from`'s weights
+    (fine-tuning), or fresh. On any error the run folder is released."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
+    check_folder_kind(run_dir, "train")
+    fault_point("setup")
+    train_set, val_set = dist.main_first(lambda: prepare_data(cfg, prepare_flights(cfg.data)))
+    check_batch_size(cfg, len(train_set), dist.world)
+    fingerprint = data_fingerprint(train_set, val_set)        # fixed for the run; stored in every checkpoint
+    provenance = run_provenance(train_set.caches + val_set.caches, cfg.data)
+    lock = checkpoints = None
+    try:
+        lock, found = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
+        seed_everything(cfg.train.seed)
+        quick_val = quick_subset(len(val_set), cfg.train.quick_val_fraction)
+        parts = build_parts(cfg, dist, train_set)
+        checkpoints = Checkpoints(run_dir, cfg.checkpoint, dist)
+        run = Run(train_set=train_set, val_set=val_set, quick_val=quick_val, fingerprint=fingerprint,
+                  provenance=provenance, lock=lock, **parts, checkpoints=checkpoints,
+                  loop=LoopState(dist, parts["device"], cfg.train.batch_size),
+                  run_info=RunInfo(run_dir, dist, parts["compile"], provenance))
+        start(run, found, run_dir, cfg, dist, init_from)
+    except BaseException:
+        if checkpoints is not None:
+            checkpoints.close()
+        if lock is not None:
+            lock.release()
+        raise
+    checkpoints.last_save = time.monotonic()
+    return run
+
+
+def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> dict:
+    """Steps 3-6 above, after the seeds are set. `train.batch_size: auto` is resolved here (in cfg)."""
+    t = cfg.train
+    model = build_model(cfg)
+    model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
+    device = choose_device(t.device)
+    if device.type == "cuda" and dist.active:
+        device = torch.device("cuda", dist.local_rank)
+    model.to(device)
+    if dist.active:
+        model = apply_global_batchnorm(model, device)
+    precision = choose_precision(device)
+    autocast = partial(torch.autocast, device.type, dtype=precision.dtype) if precision.dtype else nullcontext
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
+    ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
+    if t.batch_size == "auto":             # per process; the global batch is what every process can hold
+        per_process = measure_batch_size(model, autocast, device, cfg.data.temporal_frames,
+                                         train_set.caches[0].frame_shape)
+        t.batch_size = min(dist.gather(per_process)) * dist.world
+    watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
+    sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed, rank=dist.rank, world=dist.world)
+    if dist.active:
+        torch.manual_seed(t.seed + dist.rank)      # each process its own dropout masks
+    steps_per_epoch = math.ceil(sampler.batches_per_epoch() / t.grad_accum_steps)
+    total_steps = steps_per_epoch * t.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(lr_factor, warmup_steps=t.warmup_steps, total_steps=total_steps, min_ratio=t.min_lr_ratio))
+    # The loader draws its worker seed from its own generator, not the global RNG, so that
+    # starting a fresh iterator on resume does not shift the dropout masks that follow.
+    loader_rng = torch.Generator().manual_seed(t.seed)
+    num_workers = default_num_workers() if cfg.data.num_workers == "auto" else cfg.data.num_workers
+    loader = DataLoader(train_set, batch_sampler=sampler, num_workers=num_workers,
+                        pin_memory=device.type == "cuda", generator=loader_rng)
+    log.info("model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
+             "batch %d%s, %d optimizer steps per epoch, %d loader workers", f"{count_parameters(model):,}",
+             cfg.channels, "on" if cfg.model.gradient_checkpointing else "off", describe_device(device),
+             precision.name, t.batch_size,
+             f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
+             steps_per_epoch, num_workers)
+    return dict(model=model, ddp=ddp, forward=ddp, device=device, precision=precision, autocast=autocast,
+                scaler=scaler, compile=watch, optimizer=optimizer, scheduler=scheduler, sampler=sampler,
+                loader_rng=loader_rng, loader=loader, num_workers=num_workers, steps_per_epoch=steps_per_epoch,
+                total_steps=total_steps)
+
+
+def start(run: Run, found: Found | None, run_dir: Path, cfg: Config, dist: Dist, init_from: Path | None) -> None:
+    """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given."""
+    if found is not None:
+        restore(found, run, run_dir, cfg, dist)
+    else:
+        truncate_metrics(run_dir, 0)
+        if init_from is not None:
+            run.model.load_state_dict(load_checkpoint(init_from)["model"])      # in place
+            log.info("Starting from the weights of %s", init_from)
+    run.run_info.start({"processes": dist.world, "total_steps": run.total_steps,
+                        "steps_per_epoch": run.steps_per_epoch, "epochs": cfg.train.epochs,
+                        "batch_size": cfg.train.batch_size, "device": describe_device(run.device),
+                        "start_step": run.loop.progress["step"],
+                        "resumed_from": str(found.folder) if found is not None else None}, found is not None)

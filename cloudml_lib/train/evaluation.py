@@ -1,0 +1,137 @@
+"""Scoring during and after training: validation after each epoch (with its own recoveries), the best
+model kept, and the end of a run: full validation with the best weights, predictions, report, plots
+and the final checkpoint. Functions of the Trainer, whose attributes they read."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cloudml_lib import plots
+from cloudml_lib.checkpoint import load_checkpoint
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.evaluate import build_report, format_report, predict, regression_metrics, write_evaluation
+from cloudml_lib.recovery import MAX_ATTEMPTS, eager_after_compile_failure, halve_eval_batch, release_memory, run_attempt
+from cloudml_lib.report import write_report
+
+log = logging.getLogger(__name__)
+
+
+def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, np.ndarray]:
+    """Validation loss (standardised Huber), metrics in km and predictions in km.
+
+    Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
+    switches to eager mode. Predictions do not depend on the evaluation batch size.
+    """
+    indices = np.arange(len(tr.val_set)) if indices is None else indices
+    mine = indices[tr.dist.shard(len(indices))]            # each process scores its part; all get the whole
+    for _ in range(MAX_ATTEMPTS):
+        # With several processes, the plain module: DDP's forward (compiled or not) would wait for
+        # matching calls in the others, whose parts may hold one batch more or less.
+        forward = tr.model if tr.dist.active else tr.forward
+        result, failure = run_attempt(lambda: predict(
+            tr.model, tr.val_set, tr.device, tr.state["eval_batch_size"], tr.autocast, mine,
+            tr.num_workers, forward=forward), tr.compile.report.active or forward is not tr.model)
+        if failure is None:
+            pred, target = (np.concatenate(p) for p in zip(*tr.dist.gather(result)))
+            break
+        release_memory(tr.device)
+        if failure == "oom":
+            halve_eval_batch(tr.state)
+        else:
+            tr.forward = eager_after_compile_failure(tr.ddp, tr.compile, failure)
+            tr.run_info.write()
+    else:
+        raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
+    loss = float(F.huber_loss(torch.from_numpy(pred), torch.from_numpy(target), delta=tr.cfg.train.huber_delta))
+    s = tr.val_set.scalers
+    pred_km, true_km = pred * s.cbh_std + s.cbh_mean, target * s.cbh_std + s.cbh_mean
+    return loss, regression_metrics(true_km, pred_km), pred_km
+
+
+def update_best(tr, val_loss: float, epoch: int) -> bool:
+    """Save a better model; returns True when early stopping says stop."""
+    s = tr.state
+    finite_model = all(bool(torch.isfinite(p).all()) for p in tr.model.parameters())
+    if not finite_model:
+        log.warning("The model has NaN/inf weights after epoch %d: it is not saved as best", epoch)
+    if finite_model and math.isfinite(val_loss) and val_loss < s["best_val_loss"]:
+        s["best_val_loss"], s["best_epoch"], s["bad_epochs"] = val_loss, epoch, 0
+        if tr.dist.is_main:
+            tr.save_best()
+        log.info("New best model saved (val_loss %.4f, epoch %d) -> %s", val_loss, epoch, tr.run_dir / "best.pt")
+        return False
+    s["bad_epochs"] += 1
+    patience = tr.cfg.train.early_stopping_patience
+    if patience and s["bad_epochs"] >= patience:
+        log.info("Early stopping: no better validation loss for %d epochs (best %.4f at epoch %d)",
+                 s["bad_epochs"], s["best_val_loss"], s["best_epoch"])
+        return True
+    return False
+
+
+def evaluate_best(tr) -> dict:
+    """Full validation with the best weights (the newest if best.pt cannot be used, which is then
+    rewritten); rank 0 writes evaluation.json, predictions.csv and the scatter plot."""
+    best = tr.run_dir / "best.pt"
+    if best.exists():
+        try:
+            tr.model.load_state_dict(load_checkpoint(best)["model"])
+        except (CloudMLError, RuntimeError, KeyError, TypeError) as e:
+            log.warning("%s cannot be used (%s). The final evaluation uses the newest weights (epoch %d) instead, "
+                        "and best.pt is rewritten with them.", best, str(e).splitlines()[0], tr.state["epoch"])
+            tr.state["best_epoch"] = tr.state["epoch"]
+            if tr.dist.is_main:
+                tr.save_best()
+    _, _, pred_km = tr.validate()
+    report = build_report(tr.val_set, pred_km, float(tr.train_set.targets_km().mean()), tr.state["best_epoch"])
+    if tr.dist.is_main:
+        write_evaluation(tr.run_dir, tr.val_set, pred_km, report)
+    return report
+
+
+def finish(tr) -> dict:
+    """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
+    writer = tr.checkpoints.writer
+    if writer is not None:
+        writer.wait()
+    tr.dist.barrier()                                 # rank 0's best.pt is written before anyone reads it
+    report = evaluate_best(tr)
+    tr.state["finished"] = True
+    if tr.dist.is_main:
+        tr._append_metrics({"kind": "final", "epoch": tr.state["epoch"], "step": tr.state["step"],
+                            **report["overall"], "baseline": report["baseline"], "per_flight": report["per_flight"]})
+        if tr.state["history"]:
+            plots.save_figure(plots.curves_figure(tr.state["history"]), tr.run_dir / "plots" / "curves.png")
+        write_report(tr.run_dir)
+    tr.save_checkpoint("final", wait=True)            # every rank: the snapshot gathers from all of them
+    tr.dist.barrier()
+    if not tr.dist.is_main:
+        return report
+    if writer.failures_in_a_row:
+        raise CloudMLError(f"the final checkpoint could not be written ({writer.last_error}); the results "
+                           f"are in {tr.run_dir}, but the run is not marked finished. Free space or fix the "
+                           "folder's permissions, then run the same command again.")
+    log.info("Full validation with the best model (epoch %d):\n%s", tr.state["best_epoch"], format_report(report))
+    log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", tr.run_dir)
+    return report
+
+
+def stored_report(tr) -> dict:
+    """A finished run's report; a missing or damaged evaluation.json is computed again from best.pt."""
+    path = tr.run_dir / "evaluation.json"
+    try:
+        report = json.loads(path.read_text())
+        format_report(report)                           # the structure a report has
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({type(e).__name__})"
+        log.warning("%s is %s: scoring best.pt on the validation flights again", path, why)
+        report = evaluate_best(tr)
+        if tr.dist.is_main:
+            write_report(tr.run_dir)
+    log.info("Its report:\n%s", format_report(report))
+    return report

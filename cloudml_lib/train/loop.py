@@ -1,0 +1,257 @@
+"""The training loop, top to bottom: fit -> epoch -> step. Set-up is `build.py`, what survives a
+restart `state.py`, checkpoints `saving.py`, validation and the end of a run `evaluation.py`; this
+file holds what runs every epoch and step.
+
+A step: forward and backward of each batch (micro-batch by micro-batch), the optimizer step once per
+train.grad_accum_steps batches, skipped when its loss is NaN/inf; out-of-memory and compile failures
+are recovered from (`recovery.py`); then the checkpoint cadence and a stop asked for by a signal.
+With several processes the loop reads the same: the collectives are `Dist` helpers, no-ops with one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from cloudml_lib.checkpoint import fault_point
+from cloudml_lib.config import Config
+from cloudml_lib.distributed import SINGLE, Dist, no_sync
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.evaluate import json_safe
+from cloudml_lib.hardware import format_memory, memory_readings
+from cloudml_lib.outputs import append_text
+from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, count_nonfinite_step, eager_after_compile_failure,
+                                  halve_micro_batch, refuse_retry_across_processes, run_attempt, undo)
+from cloudml_lib.train.build import build_run
+from cloudml_lib.train.evaluation import finish, stored_report, update_best, validate
+from cloudml_lib.train.progress import ProgressLines, log_step, mean_loss
+from cloudml_lib.train.saving import save_best, save_checkpoint
+from cloudml_lib.train.state import snapshot
+from cloudml_lib.train.loss import weighted_huber
+from cloudml_lib.train.signals import StopRequest
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto", init_from: Path | None = None,
+                 dist: Dist = SINGLE):
+        """`init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
+        `dist`: this process's place in a torchrun job; only rank 0 writes files."""
+        self.cfg, self.run_dir, self.resume, self.init_from, self.dist = cfg, Path(run_dir), resume, init_from, dist
+        self.lock, self.checkpoints, self.stop = None, None, StopRequest()   # until setup() builds the run
+        self.caches_checked = False
+        self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
+
+    def setup(self) -> "Trainer":
+        """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
+        and the resume point. Its parts become this trainer's attributes."""
+        vars(self).update(vars(build_run(self.cfg, self.run_dir, self.resume, self.init_from, self.dist)))
+        self.state = self.loop.progress                  # the loop's progress: one dict, saved in every checkpoint
+        self.writer, self.checkpoint_stalls = self.checkpoints.writer, self.checkpoints.stalls
+        return self
+
+    # ------------------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        t, st = self.cfg.train, self.state
+        try:
+            if st["finished"]:
+                log.info("This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
+                         "longer, or use another --run-dir for a new run.", st["epoch"], t.epochs)
+                return stored_report(self)
+            with self.stop.trapped():
+                while st["epoch"] < t.epochs and not self.run_epoch():
+                    pass
+                return finish(self)
+        finally:
+            self.close()
+
+    def run_epoch(self) -> bool:
+        """Train the rest of the current epoch, validate, save; returns True when training should stop."""
+        t, st = self.cfg.train, self.state
+        epoch, t0 = st["epoch"], time.time()
+        train_loss = self.train_epoch(epoch)
+        val_loss, m, _ = self.validate(self.quick_val)
+        memory = memory_readings(self.device)
+        record = {"epoch": epoch + 1, "step": st["step"], "train_loss": train_loss, "val_loss": val_loss,
+                  "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"],
+                  "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
+        st["history"].append(record)
+        self._append_metrics({"kind": "epoch", **record, "memory": memory})
+        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km | lr %.1e | %.1f s | %s",
+                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], record["lr"], record["time_s"],
+                 format_memory(memory))
+        stop = self._update_best(val_loss, epoch + 1)
+        st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
+        self.loop.reset_epoch()
+        self.run_info.write()                              # recompiles for validation show here
+        if stop or st["epoch"] >= t.epochs:
+            return True
+        self.save_checkpoint("epoch_end")
+        if self.dist.any_true(self.stop.asked, device=self.device)[0]:
+            self.stop.ask()
+            self._stop_now()
+        return False
+
+    def train_epoch(self, epoch: int) -> float:
+        t, st = self.cfg.train, self.state
+        self.model.train()
+        self.sampler.set_epoch(epoch, start_batch=st["batch"])
+        self.train_set.set_epoch(epoch)
+        n_total = self.sampler.batches_per_epoch()
+        # Only the other processes are switched off here: on rank 0 tqdm's own TQDM_DISABLE decides (the
+        # notebook's subprocess sets it; an explicit disable= would override it and flood the cell).
+        bar = tqdm(self.loader, total=n_total, initial=st["batch"], desc=f"epoch {epoch + 1}/{t.epochs}",
+                   unit="batch", leave=False, **({} if self.dist.is_main else {"disable": True}))
+        self.loop.window_t0 = time.time()
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        for batch in bar:
+            loss = self.train_step(batch)
+            ok = torch.isfinite(loss)
+            finite &= ok
+            acc = self.loop.acc             # device-side sums: no sync per batch; a NaN batch adds nothing
+            acc["epoch_loss"] += torch.where(ok, loss, 0.0)
+            acc["window_loss"] += torch.where(ok, loss, 0.0)
+            acc["epoch_batches"] += ok
+            acc["window_batches"] += ok
+            acc["window_samples"] += len(batch["target"])
+            st["batch"] += 1
+            if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
+                # One sync per optimizer step, as a GradScaler has; all processes skip a step together.
+                if not self.dist.any_true(not bool(finite), device=self.device)[0]:
+                    st["nonfinite_in_a_row"] = 0
+                    self.optimizer_step()
+                    if st["step"] % t.log_every_steps == 0:
+                        log_step(self, epoch, bar)
+                else:
+                    self.skip_step()
+                    finite.fill_(True)
+                self._after_step()
+        bar.close()
+        return mean_loss(self.dist, self.loop.acc["epoch_loss"], self.loop.acc["epoch_batches"])
+
+    def train_step(self, batch: dict) -> torch.Tensor:
+        """Forward and backward of one batch, recovering from GPU out-of-memory and compile failures.
+
+        Out of memory: the batch is redone in micro-batches of half the size (the effective batch
+        and the learning rate stay; BatchNorm then normalises each micro-batch on its own), up to
+        micro-batches of one sample. A torch.compile failure: the batch is redone in eager mode.
+        Either way the attempt's partial effects (gradients, BatchNorm statistics, RNG) are undone
+        first, so nothing is counted twice.
+        """
+        keep_grads = bool(self.state["batch"] % self.cfg.train.grad_accum_steps)
+        for _ in range(MAX_ATTEMPTS):
+            before = capture_undo(self.model, self.device, keep_grads)
+            compiled = self.compile.report.active or self.forward is not self.ddp
+            loss, failure = run_attempt(lambda: self._forward_backward(batch), compiled)
+            if failure is None:
+                return loss
+            refuse_retry_across_processes(self.dist, failure, self.state["step"])
+            undo(before, self.model, self.optimizer, self.device)
+            if failure == "oom":
+                halve_micro_batch(self.state, len(batch["target"]), self.cfg.train.batch_size)
+            else:
+                self.forward = eager_after_compile_failure(self.ddp, self.compile, failure)
+                self.run_info.write()
+        raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
+
+    def _forward_backward(self, batch: dict) -> torch.Tensor:
+        """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
+        t, st = self.cfg.train, self.state
+        n, mb = len(batch["target"]), st["micro_batch_size"]
+        # The weighted mean is over the global batch: each process's gradients are its share of it,
+        # scaled by the process count because DDP averages them.
+        weight_total = self.dist.all_sum(batch["weight"].sum().to(self.device))
+        last_of_step = (st["batch"] + 1) % t.grad_accum_steps == 0 or \
+            st["batch"] + 1 == self.sampler.batches_per_epoch()
+        total = torch.zeros((), device=self.device)
+        for lo in range(0, n, mb):
+            part = slice(lo, min(n, lo + mb))
+            frames = batch["frames"][part].to(self.device, non_blocking=True)          # (b, T, H, W)
+            scalars = batch["scalars"][part].to(self.device, non_blocking=True)        # (b, 3)
+            target = batch["target"][part].to(self.device, non_blocking=True)          # (b,)
+            weight = batch["weight"][part].to(self.device, non_blocking=True)          # (b,)
+            # Gradients are averaged across processes once per optimizer step, in its last backward.
+            with no_sync(self.ddp, skip=not (last_of_step and lo + mb >= n)):
+                with self.autocast():
+                    pred = self.forward(frames, scalars)
+                # This part's share of the batch's weighted mean (exactly the mean when not split).
+                share = weight.sum() / weight_total
+                loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight) * share
+                self.scaler.scale(loss * self.dist.world / t.grad_accum_steps).backward()
+            total += loss.detach()
+        return total
+
+    def optimizer_step(self) -> None:
+        self.scaler.unscale_(self.optimizer)
+        if self.cfg.train.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.state["step"] += 1
+
+    def skip_step(self) -> None:
+        """A step whose loss was NaN/inf: its gradients are dropped and the weights stay as they were."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.caches_checked = count_nonfinite_step(self.state, self.cfg.train, self.train_set.caches +
+                                                   self.val_set.caches, self.caches_checked)
+
+    def _after_step(self) -> None:
+        """Checkpoint cadence, test fault point, and a stop asked for by a signal."""
+        st, batches = self.state, self.sampler.batches_per_epoch()
+        by_steps, by_time = self.checkpoints.due(st["step"])
+        # Clocks and signals differ between processes: they agree on both (one small collective).
+        by_time, stop = self.dist.any_true(by_time, self.stop.asked, device=self.device)
+        if stop:
+            self.stop.ask()                                     # maybe another process was asked
+        # An epoch's last step is saved right after its validation instead (same step number).
+        if (by_steps or by_time) and st["batch"] < batches:
+            self.save_checkpoint("every_steps" if by_steps else "every_minutes")
+        self.progress(st, self.total_steps, self.cfg.train.epochs, batches)
+        self.run_info.report_compile()
+        fault_point("step")
+        if stop:
+            self._stop_now()
+
+    def _stop_now(self) -> None:
+        self.save_checkpoint(self.stop.name, wait=True)
+        self.dist.barrier()                                     # no process leaves before the save is committed
+        log.warning("Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
+                    self.stop.name, self.state["step"], self.run_dir / "checkpoints")
+        raise KeyboardInterrupt(f"stopped by {self.stop.name}; progress saved")
+
+    def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, np.ndarray]:
+        return validate(self, indices)
+
+    def _update_best(self, val_loss: float, epoch: int) -> bool:
+        return update_best(self, val_loss, epoch)
+
+    # ------------------------------------------------------------------------ saving, closing
+    def snapshot(self) -> dict:
+        return snapshot(self)
+
+    def save_checkpoint(self, reason: str, wait: bool = False) -> float:
+        return save_checkpoint(self, reason, wait)
+
+    def save_best(self) -> None:
+        save_best(self)
+
+    def _append_metrics(self, record: dict) -> None:
+        if self.dist.is_main:
+            append_text(self.run_dir / "metrics.jsonl", json.dumps(json_safe(record)) + "\n")
+
+    def close(self) -> None:
+        """Let an in-flight checkpoint finish, then release the run directory."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

@@ -1,0 +1,93 @@
+"""What the outside sees of a running run: run.json (the plan of this start and what torch.compile
+did), provenance.json, the `@progress` lines the notebook's bar follows, and the step records of
+metrics.jsonl."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from cloudml_lib.compile import CompileWatch
+from cloudml_lib.distributed import Dist
+from cloudml_lib.evaluate import json_safe
+from cloudml_lib.outputs import write_text
+from cloudml_lib.provenance import write_run_provenance
+
+log = logging.getLogger(__name__)
+
+
+class ProgressLines:
+    """With CLOUDML_PROGRESS=1 (the notebook's training subprocess), one `@progress {json}` line on stdout
+    after an optimizer step, at most twice a second: the notebook's bar follows every step, not only the
+    logged ones, while tqdm's own bar is off (TQDM_DISABLE=1)."""
+    PREFIX, EVERY_S = "@progress ", 0.5
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.last = enabled, 0.0
+
+    def __call__(self, state: dict, total: int, epochs: int, batches: int) -> None:
+        if not self.enabled or time.monotonic() - self.last < self.EVERY_S:
+            return
+        self.last = time.monotonic()
+        try:
+            print(self.PREFIX + json.dumps({"step": state["step"], "total": total, "epoch": state["epoch"] + 1,
+                                            "epochs": epochs, "batch": state["batch"], "batches": batches}), flush=True)
+        except OSError:                  # the notebook is gone (a closed pipe): training goes on without it
+            self.enabled = False
+
+
+class RunInfo:
+    """run.json: the plan of this (re)start, for progress bars and monitors, and what torch.compile did
+    (rewritten at each start, after the first step and at each epoch's end). Only rank 0 writes."""
+
+    def __init__(self, run_dir: Path, dist: Dist, watch: CompileWatch, provenance: dict):
+        self.run_dir, self.dist, self.watch, self.provenance = run_dir, dist, watch, provenance
+        self.plan: dict = {}
+        self.compile_said = False
+
+    def start(self, plan: dict, resumed: bool) -> None:
+        """At set-up: the plan of this start; provenance.json when resuming or when it is missing."""
+        self.plan = dict(plan, started_at=time.time())
+        self.write(provenance=resumed)
+
+    def write(self, provenance: bool = False) -> None:
+        """run.json; provenance.json too when asked or when it went missing."""
+        if not self.dist.is_main:
+            return
+        info = dict(self.plan, compile=self.watch.update().to_dict())
+        write_text(self.run_dir / "run.json", json.dumps(json_safe(info), indent=1))
+        if provenance or not (self.run_dir / "provenance.json").is_file():
+            write_run_provenance(self.run_dir, json_safe(self.provenance))
+
+    def report_compile(self) -> None:
+        """After this start's first step (when compiling happened): say what was compiled, once."""
+        if self.compile_said or not (self.watch.report.requested or self.watch.report.fallback):
+            return
+        self.compile_said = True
+        report = self.watch.update()
+        (log.info if report.active else log.warning)("torch.compile: %s", report.describe())
+        self.write()
+
+
+def log_step(tr, epoch: int, bar) -> None:
+    """A metrics.jsonl step record and the progress bar's postfix (one device sync per log interval)."""
+    acc, dist = tr.loop.acc, tr.dist
+    loss_sum, batches, samples = dist.all_sum(torch.stack([
+        acc["window_loss"], acc["window_batches"].float(),
+        torch.tensor(float(acc["window_samples"]), device=tr.device)])).tolist()
+    rate = samples / max(1e-9, time.time() - tr.loop.window_t0)
+    record = {"kind": "step", "epoch": epoch + 1, "step": tr.state["step"],
+              "loss": loss_sum / max(1.0, batches / dist.world),
+              "lr": tr.optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
+    tr._append_metrics(record)
+    bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
+    tr.loop.reset_window()
+
+
+def mean_loss(dist: Dist, loss_sum: torch.Tensor, batches: torch.Tensor) -> float:
+    """Mean batch loss: each process holds its parts of the global batches' losses."""
+    loss_sum, batches = dist.all_sum(torch.stack([loss_sum, batches.float()])).tolist()
+    return loss_sum / max(1.0, batches / dist.world)

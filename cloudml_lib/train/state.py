@@ -1,0 +1,165 @@
+"""What survives a restart: each piece behind `state_dict()` / `load_state_dict()` under a constant key.
+
+A checkpoint's state.pt is `{key: piece.state_dict()}` for the pieces the Trainer registers
+(`Trainer.stateful`: model, optimizer, scheduler, scaler, loop), every RNG of every process, and a
+header saying what the run is (config, scalers, data fingerprint, provenance, metrics file length).
+Adding a piece of state is one entry in that registry. Everything is CPU tensors and plain types,
+so a checkpoint loads with `weights_only=True`.
+
+Resume is exact: the loop's progress is one dict, the data order is a function of (seed, epoch)
+sliced at the saved batch, and every RNG, the optimizer, scheduler and scaler are restored. A run
+killed at any moment and resumed ends bit-identical to one never interrupted.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cloudml_lib.checkpoint import FORMAT_VERSION, Found, read_meta, to_cpu, unwrap_model
+from cloudml_lib.config import Config
+from cloudml_lib.distributed import Dist
+from cloudml_lib.rundir import truncate_metrics
+
+log = logging.getLogger(__name__)
+
+
+def new_progress() -> dict:
+    """The loop's progress: everything about where the run is, in one dict (saved in every checkpoint)."""
+    return {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
+            "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
+            "micro_batch_size": None, "eval_batch_size": None, "oom_recoveries": 0,
+            "nonfinite_in_a_row": 0, "nonfinite_total": 0,
+            "run_id": uuid.uuid4().hex[:12]}          # which run a checkpoint belongs to (--resume PATH)
+
+
+class LoopState:
+    """The progress dict and the device-side loss sums of the epoch and of the log window (summed
+    without a device sync per batch). Saved as the sums over all processes; on restore rank 0
+    carries them on and the others add from zero."""
+
+    def __init__(self, dist: Dist, device: torch.device, batch_size: int):
+        self.dist, self.device = dist, device
+        self.progress = new_progress()
+        # out of memory halves these; a resumed run restores its own
+        self.progress["micro_batch_size"], self.progress["eval_batch_size"] = batch_size, 2 * batch_size
+        self.acc: dict = {}
+        self.reset_epoch()
+        self.reset_window()
+
+    def reset_epoch(self) -> None:
+        self.acc["epoch_loss"] = torch.zeros((), device=self.device)
+        self.acc["epoch_batches"] = torch.zeros((), device=self.device)
+
+    def reset_window(self) -> None:
+        self.acc["window_loss"] = torch.zeros((), device=self.device)
+        self.acc["window_batches"] = torch.zeros((), device=self.device)
+        self.acc["window_samples"] = 0
+        self.window_t0 = time.time()                # not saved: a resumed window's rate starts anew
+
+    def state_dict(self) -> dict:
+        """Collective: every process calls it (the sums are over all of them)."""
+        acc = {k: self.dist.all_sum(v) for k, v in self.acc.items() if isinstance(v, torch.Tensor)}
+        acc["window_samples"] = self.dist.sum_int(self.acc["window_samples"], self.device)
+        return dict(self.progress, acc=acc)
+
+    def load_state_dict(self, saved: dict) -> None:
+        saved = dict(saved)
+        self.acc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) * self.dist.is_main
+                    for k, v in saved.pop("acc").items()}
+        self.progress.update(saved)                 # in place: the Trainer's `state` is this dict
+
+
+class Weights:
+    """The plain model's weights (no `_orig_mod.` keys); loaded in place into the existing parameters."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict:
+        return dict(unwrap_model(self.model).state_dict())
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.model.load_state_dict(saved)
+
+
+def snapshot(tr) -> dict:
+    """Everything a bit-exact resume needs, as CPU copies (a writer thread serialises it while the loop
+    goes on). Every process calls it, in the same order (collectives inside); rank 0 gets the state,
+    the others {}. Rank 0's RNGs are under "rng", every process's under "rng_ranks" (with several)."""
+    states = {key: piece.state_dict() for key, piece in stateful(tr).items()}
+    rng_ranks = tr.dist.gather(capture_rng(tr.loader_rng))
+    if not tr.dist.is_main:
+        return {}
+    st, sampler = tr.state, tr.sampler
+    return {"format": FORMAT_VERSION, **to_cpu(states), "rng": rng_ranks[0],
+            "rng_ranks": rng_ranks if len(rng_ranks) > 1 else None,
+            "sampler": {"seed": sampler.seed, "epoch": st["epoch"], "position": st["batch"],
+                        "samples": sampler.samples_before(st["batch"])},
+            "processes": tr.dist.world, "config": tr.cfg.to_dict(), "scalers": tr.val_set.scalers.to_dict(),
+            "data_fingerprint": tr.fingerprint, "provenance": tr.provenance,
+            "metrics_bytes": (tr.run_dir / "metrics.jsonl").stat().st_size}
+
+
+def stateful(run) -> dict:
+    """What a checkpoint holds, by constant key (of a Trainer or a build.Run): a new piece of state
+    (a second output's head, a tracker's position) is one more entry here."""
+    return {"model": Weights(run.model), "optimizer": run.optimizer, "scheduler": run.scheduler,
+            "scaler": run.scaler, "loop": run.loop}
+
+
+def restore(found: Found, run, run_dir: Path, cfg: Config, dist: Dist) -> None:
+    """Each registered piece from its key, this process's RNGs, the metrics file cut back to the
+    checkpoint's length; a finished run given more epochs carries on."""
+    saved = found.state
+    for key, piece in stateful(run).items():
+        piece.load_state_dict(saved[key])
+    per_rank = saved.get("rng_ranks") or [saved["rng"]]
+    if len(per_rank) != dist.world:
+        log.warning("This run was saved by %d process(es) and resumes with %d: the data order and batches are "
+                    "the same, the dropout random streams start anew (the result is not bit-identical to an "
+                    "uninterrupted run).", len(per_rank), dist.world)
+    restore_rng(per_rank[dist.rank % len(per_rank)], run.loader_rng)
+    truncate_metrics(run_dir, saved["metrics_bytes"])
+    st = run.loop.progress
+    if st["finished"] and cfg.train.epochs > saved["config"]["train"]["epochs"] and not st["stopped_early"]:
+        st["finished"] = False                          # more epochs asked for: carry on
+    where = "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/" \
+        f"{run.sampler.batches_per_epoch()}"
+    rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
+    log.info("Resumed from step %d (%s), saved %s%s", st["step"], where,
+             ago(time.time() - read_meta(found.folder)["saved_at"]), rejected)
+
+
+def ago(seconds: float) -> str:
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+def capture_rng(*generators: torch.Generator) -> dict:
+    """Every random number generator a resumed run must continue exactly."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "torch": torch.get_rng_state(),
+            "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+            "generators": [g.get_state() for g in generators]}
+
+
+def restore_rng(state: dict, *generators: torch.Generator) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for g, s in zip(generators, state["generators"]):
+        g.set_state(s)
