@@ -60,7 +60,7 @@ def test_config_differences_are_sorted_into_math_and_harmless():
 
 def _acquire_at_once(run_dir, barrier, results):
     from cloudml_lib.errors import CloudMLError as Refused
-    from cloudml_lib.rundir import RunLock as Lock
+    from cloudml_lib.runlock import RunLock as Lock
     lock = Lock(run_dir)
     barrier.wait()
     try:
@@ -83,4 +83,5 @@ def test_two_trainers_starting_at_the_same_moment_never_both_get_the_lock(tmp_pa
             p.start()
         for p in procs:
             p.join(30)
-        assert sorted([results.get(), results.get()]) == [0, 1], f"trial {trial}"
+        # a child that died before answering (an import error) fails here instead of hanging
+        assert sorted([results.get(timeout=30), results.get(timeout=30)]) == [0, 1], f"trial {trial}"
