@@ -10,7 +10,9 @@
 5. DDP, the `auto` batch probe, then torch.compile (after the probe, whose copy of the model must
    not share the compiled encoder);
 6. the optimizer over the parameters that will be trained (never re-allocated after), the
-   scheduler, the sampler and the loader.
+   scheduler, the sampler and the loader;
+7. the start: every piece of state restored from the resume point (state.py), or a fresh run,
+   from `init_from`'s weights when fine-tuning.
 """
 from __future__ import annotations
 
