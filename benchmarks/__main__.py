@@ -21,7 +21,7 @@ from benchmarks import describe
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHMARKS = ("data_path", "checkpoint", "trainers", "compile", "flip_rule", "gpu")
+BENCHMARKS = ("data_path", "checkpoint", "trainers", "compile", "flip_rule", "cloud_head", "gpu")
 
 
 def run(names: list[str]) -> None:
@@ -142,6 +142,23 @@ def compile_md(d: dict) -> list[str]:
     return lines
 
 
+def cloud_head_md(d: dict) -> list[str]:
+    runs = d["runs"]
+    num = lambda m, k: "-" if not m or m.get(k) is None else fmt(m[k], 3)  # noqa: E731
+    lines = [f"Machine: {describe(d['machine'])}. Each row the full demo run ({d['config']}), held-out flight.", "",
+             "| variant | height R2 | height MAE km | cloud accuracy | cloud F1 | cloud ROC-AUC | BT threshold accuracy "
+             "| time s |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        m, bt = r.get("cloud_model"), r.get("cloud_bt_threshold")
+        height = name != "cloud_only"
+        lines.append(f"| {name} | {fmt(r['r2'], 3) if height else '-'} | {fmt(r['mae_km'], 3) if height else '-'} | "
+                     f"{num(m, 'accuracy')} | {num(m, 'f1')} | {num(m, 'roc_auc')} | {num(bt, 'accuracy')} | "
+                     f"{r['seconds']:.0f} |")
+    return lines + ["", f"Height MAE joint / height-only: {d['height_mae_joint_over_height_only']:.2f}x; cloud accuracy "
+                    f"joint - cloud-only: {d['cloud_accuracy_joint_minus_cloud_only']:+.3f}; training time of the joint "
+                    f"model / the two separate models: {d['time_joint_over_two_models']:.2f}x."]
+
+
 def flip_rule_md(d: dict) -> list[str]:
     words = {"old_rule": "ground azimuth, flip a -> 360 - a (before issue 17)",
              "ground_heading": "ground azimuth, flip a -> 2 heading - a",
@@ -171,7 +188,8 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
                 ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
                 ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
                 ("torch.compile against eager", "compile", compile_md),
-                ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md)]
+                ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
+                ("Cloud / no-cloud: one joint model or a second model", "cloud_head", cloud_head_md)]
     lines = ["# Benchmark results", "",
              "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
              "Ratios are measured side by side in one run; no number here is typed by hand.", ""]

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "flights); any flight found in data.dir, the CPL file optional")
     pr.add_argument("--out", help="folder for the files (default: RUN_DIR/predictions)")
     pr.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
+    pr.add_argument("--calibration", metavar="DIR", help="calibrate the prediction intervals with DIR/intervals.json "
+                    "(a cross-validation's: the error on flights never seen); default: the run's own")
 
     s = sub.add_parser("status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint")
     s.add_argument("run_dir")
@@ -124,7 +126,7 @@ def _crossval(args) -> int:
 def _predict(args) -> int:
     from cloudml_lib.predict import predict_flights
 
-    for path in predict_flights(args.run_dir, args.flights, args.out, args.data_dir):
+    for path in predict_flights(args.run_dir, args.flights, args.out, args.data_dir, args.calibration):
         print(f"wrote {path}")
     return 0
 

@@ -150,6 +150,10 @@ class ModelConfig:
     gradient_checkpointing: bool = _f(False, "recompute each frame's CNN pass in backward: less memory, ~15% slower")
     dropout: float = _f(0.3, "dropout before the regression head", range=(0.0, 0.9))
     scalars_only: bool = _f(False, "control model that sees only the solar angles, not the frames")
+    cloud_head: bool = _f(True, "a cloud / no-cloud output beside the height, trained on every frame a CPL profile "
+                          "matches (clear sky included)")
+    cloud_threshold: float = _f(0.5, "cloud probability at or above which a frame is flagged cloudy (predict)",
+                                range=(0.0, 1.0))
 
 
 @dataclass
@@ -165,6 +169,12 @@ class TrainConfig:
     grad_clip_norm: float = _f(1.0, "gradient norm clip; 0 disables", range=(0.0, 1e6))
     huber_delta: float = _f(1.0, "Huber loss delta on the standardised target", range=(1e-6, 100.0))
     hard_example_weight: float = _f(0.0, "extra loss weight on hard examples (0: off)", range=(0.0, 10.0))
+    height_loss_weight: float = _f(1.0, "weight of the height's Huber loss (0 with model.cloud_head: a cloud-only "
+                                   "model, as in the benchmark of a separate cloud model)", range=(0.0, 100.0))
+    cloud_loss_weight: float = _f(0.5, "weight of the cloud / no-cloud loss (binary cross-entropy) beside the "
+                                  "height's Huber loss (model.cloud_head)", range=(0.0, 100.0))
+    interval_coverage: float = _f(0.9, "share of true heights the prediction intervals should hold",
+                                  range=(0.5, 0.99))
     pretrain_flight: str = _f("", "two-phase protocol: first train on this flight alone (RUN_DIR/pretrain), then "
                               "fine-tune on all training flights with it weighted by data.overweight_factor; "
                               "empty: one phase")

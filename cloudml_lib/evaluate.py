@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from cloudml_lib import plots
+from cloudml_lib import intervals, plots
 from cloudml_lib.checkpoint import load_checkpoint
 from cloudml_lib.config import Config, config_from_dict
 from cloudml_lib.data.cache import load_flight_cache
@@ -49,7 +49,8 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
 @torch.no_grad()
 def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int, autocast=nullcontext,
             indices: np.ndarray | None = None, num_workers: int = 0, forward=None) -> tuple[np.ndarray, np.ndarray]:
-    """Standardised predictions and targets for `indices` of `dataset` (all by default), in order.
+    """Model outputs ((N,) standardised height, or (N, 2) with the cloud logit) and standardised targets for
+    `indices` of `dataset` (all by default), in order.
 
     `model` is the module (put in eval mode meanwhile); `forward` what computes (e.g. its compiled form).
     """
@@ -70,10 +71,30 @@ def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int,
     return torch.cat(preds).numpy().astype(np.float64), torch.cat(targets).numpy().astype(np.float64)
 
 
-def build_report(dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: float, best_epoch: int) -> dict:
-    """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline."""
-    true_km = dataset.targets_km()
-    flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
+@dataclass
+class Scored:
+    """A model's answers for the samples of a dataset, in order."""
+    height_km: np.ndarray              # (N,) predicted height for every sample (with a height label or not)
+    cloud_prob: np.ndarray | None      # (N,) cloud probability; None: the model has no cloud output
+
+    @classmethod
+    def from_outputs(cls, out: np.ndarray, scalers: Scalers) -> "Scored":
+        height, logit = (out[:, 0], out[:, 1]) if out.ndim == 2 else (out, None)
+        prob = None if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))
+        return cls(height * scalers.cbh_std + scalers.cbh_mean, prob)
+
+
+def build_report(dataset: CloudDataset, scored: Scored, train_mean_km: float, best_epoch: int, train_set=None,
+                 cloud_threshold: float = 0.5, calibration: dict | None = None) -> dict:
+    """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline,
+    over the samples with a height; with `train_set`, cloud / no-cloud metrics against their baselines (all
+    samples); with `calibration`, the intervals' coverage and width per flight."""
+    from cloudml_lib import intervals
+    from cloudml_lib.clouds import cloud_report
+
+    has = dataset.has_height()
+    true_km, pred_km = dataset.targets_km()[has], scored.height_km[has]
+    flights = dataset.flight_names()[has]
     baseline = np.full_like(true_km, train_mean_km)
     report = {"overall": regression_metrics(true_km, pred_km), "baseline": regression_metrics(true_km, baseline),
               "per_flight": {}, "baseline_per_flight": {}, "train_mean_km": train_mean_km, "best_epoch": best_epoch}
@@ -81,17 +102,32 @@ def build_report(dataset: CloudDataset, pred_km: np.ndarray, train_mean_km: floa
         m = flights == name
         report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
         report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
+    if train_set is not None:
+        report["cloud"] = cloud_report(dataset.cloud_flags(), scored.cloud_prob, dataset.flight_names(),
+                                       dataset.frame_p10(), {"flag": train_set.cloud_flags(), "p10": train_set.frame_p10()},
+                                       cloud_threshold)
+    if calibration is not None:
+        lower, upper = intervals.bounds(pred_km, calibration)
+        report["intervals"] = {"method": calibration["method"], "coverage_target": calibration["coverage"],
+                               "calibration": calibration["source"], "overall": intervals.scores(true_km, lower, upper),
+                               "per_flight": {str(f): intervals.scores(true_km[flights == f], lower[flights == f],
+                                                                       upper[flights == f])
+                                              for f in dict.fromkeys(flights)}}
     return report
 
 
-def write_predictions(path: Path, dataset: CloudDataset, pred_km: np.ndarray) -> None:
-    true_km = dataset.targets_km()
+def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None:
+    """One row per sample: flight, frame, true and predicted height (empty where no height label), the CPL
+    cloud flag and the predicted cloud probability (empty without a cloud output)."""
+    true_km, flags, prob = dataset.targets_km(), dataset.cloud_flags(), scored.cloud_prob
+    cell = lambda v: f"{v:.4f}" if np.isfinite(v) else ""  # noqa: E731
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["flight", "frame_index", "true_km", "pred_km"])
+        w.writerow(["flight", "frame_index", "true_km", "pred_km", "cpl_cloud", "cloud_probability"])
         for i in range(len(dataset)):
             flight, frame = dataset.identity(i)
-            w.writerow([flight, frame, f"{true_km[i]:.4f}", f"{pred_km[i]:.4f}"])
+            w.writerow([flight, frame, cell(true_km[i]), cell(scored.height_km[i]), int(flags[i]),
+                        "" if prob is None else f"{prob[i]:.4f}"])
 
 
 def json_safe(obj):
@@ -111,6 +147,15 @@ def format_report(report: dict) -> str:
     rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
     rows += [("baseline (training mean): all", report["baseline"])]
     rows += [(f"baseline (training mean): flight {k}", v) for k, v in (report.get("baseline_per_flight") or {}).items()]
+    extra = ""
+    if report.get("cloud"):
+        from cloudml_lib.clouds import format_cloud
+        extra += "\n\n" + format_cloud(report["cloud"])
+    if report.get("intervals"):
+        iv = report["intervals"]
+        extra += (f"\n\n{iv['coverage_target']:.0%} intervals ({iv['method']}, calibrated on {iv['calibration']}): "
+                  + "; ".join(f"flight {k} coverage {_pct(v['coverage'])}, mean width {_km(v['mean_width_km'])}"
+                              for k, v in iv["per_flight"].items()))
     # every column 10 wide with two spaces between: no two column names can run together
     head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
     width = max(28, *(len(name) for name, _ in rows))
@@ -119,7 +164,15 @@ def format_report(report: dict) -> str:
     for name, m in rows:
         cells = [num(m[k]) for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")] + [f"{m['n']:10d}"]
         lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
-    return "\n".join(lines)
+    return "\n".join(lines) + extra
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def _km(v) -> str:
+    return "-" if v is None else f"{v:.2f} km"
 
 
 @dataclass
@@ -159,6 +212,11 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
     if data_dir:
         cfg.data.dir = data_dir
+    last = ckpt["model"].get("head.4.weight") if isinstance(ckpt["model"], dict) else None
+    if cfg.model.cloud_head and last is not None and last.shape[0] == 1:
+        cfg.model.cloud_head = False
+        log.warning("%s was trained without the cloud / no-cloud output (an earlier CloudML): heights are given for "
+                    "every frame, with no cloud flag or probability; retrain with this version to get them.", best)
     model = build_model(cfg)
     film = ckpt["model"].get("film.0.weight") if isinstance(ckpt["model"], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
@@ -186,22 +244,27 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
     dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]),
                            sun_azimuth=cfg.data.sun_azimuth)
-    pred, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
-    s = dataset.scalers
-    pred_km = pred * s.cbh_std + s.cbh_mean
-    report = build_report(dataset, pred_km, float(ckpt["train_mean_km"]), int(ckpt["epoch"]))
+    out, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
+    scored = Scored.from_outputs(out, dataset.scalers)
+    train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]
+    train_set = CloudDataset([load_flight_cache(f, cfg.data) for f in train_flights], dataset.scalers)
+    report = build_report(dataset, scored, float(ckpt["train_mean_km"]), int(ckpt["epoch"]), train_set,
+                          cfg.model.cloud_threshold, intervals.load(run_dir))
+    if scored.cloud_prob is None:
+        log.info("%s was trained without a cloud / no-cloud output (an earlier CloudML, or model.cloud_head: false): "
+                 "the cloud metrics show the baselines only. Retrain to get the cloud output.", run_dir / "best.pt")
     if write:
-        write_evaluation(run_dir, dataset, pred_km, report)
+        write_evaluation(run_dir, dataset, scored, report)
         from cloudml_lib.report import write_report
         write_report(run_dir)
     return report
 
 
-def write_evaluation(run_dir: Path, dataset: CloudDataset, pred_km: np.ndarray, report: dict) -> None:
+def write_evaluation(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
     """The held-out results of a run: evaluation.json, predictions.csv and plots/scatter.png."""
-    write_predictions(run_dir / "predictions.csv", dataset, pred_km)
+    write_predictions(run_dir / "predictions.csv", dataset, scored)
     write_text(run_dir / "evaluation.json", json.dumps(json_safe(report), indent=1))
-    flights = np.array([c.name for c in dataset.caches])[dataset.flight_of]
-    plots.save_figure(plots.scatter_figure(dataset.targets_km(), pred_km, flights,
+    has = dataset.has_height()
+    plots.save_figure(plots.scatter_figure(dataset.targets_km()[has], scored.height_km[has], dataset.flight_names()[has],
                                            f"Held-out flights, R2 {report['overall']['r2']:.2f}"),
                       run_dir / "plots" / "scatter.png")

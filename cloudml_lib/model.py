@@ -5,6 +5,9 @@ The network only: no device, AMP or compile code (train/build.py applies those f
     frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
     angles (B, 2) --> FiLM: gamma, beta (B, C) modulate every frame's features
     softmax attention over the T frames -> (B, C) -> MLP head -> (B,) standardised height
+                                                                 or (B, 2): height and cloud logit (cloud_head)
+
+`split_output` turns either form into (height, cloud logit or None).
 """
 from __future__ import annotations
 
@@ -74,15 +77,15 @@ def frozen_batchnorm_stats(module: nn.Module):
 
 class MultimodalRegressionModel(nn.Module):
     def __init__(self, channels: list[int] = (64, 128, 256), n_scalars: int = 3, dropout: float = 0.3,
-                 scalars_only: bool = False):
+                 scalars_only: bool = False, cloud_head: bool = False):
         super().__init__()
         c = channels[-1]
-        self.scalars_only = scalars_only
+        self.scalars_only, self.cloud_head = scalars_only, cloud_head
         self.encoder = FrameEncoder(list(channels))
         self.film = nn.Sequential(nn.Linear(n_scalars, 64), nn.ReLU(), nn.Linear(64, 2 * c))
         self.temporal = nn.Sequential(nn.Linear(c, 64), nn.Tanh(), nn.Linear(64, 1))
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(c + n_scalars, 128), nn.ReLU(),
-                                  nn.Dropout(dropout / 2), nn.Linear(128, 1))
+                                  nn.Dropout(dropout / 2), nn.Linear(128, 2 if cloud_head else 1))
         self.grad_checkpointing = False
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -115,7 +118,13 @@ class MultimodalRegressionModel(nn.Module):
         feats = feats * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
         weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)    # (B, T)
         pooled = (weights.unsqueeze(-1) * feats).sum(dim=1)                 # (B, C)
-        return self.head(torch.cat([pooled, scalars], dim=-1)).reshape(b)  # (B,)
+        out = self.head(torch.cat([pooled, scalars], dim=-1))               # (B, 1) or (B, 2)
+        return out if self.cloud_head else out.reshape(b)                  # (B, 2) or (B,)
+
+
+def split_output(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(standardised height (B,), cloud logit (B,) or None) from a model output of either form."""
+    return (out[:, 0], out[:, 1]) if out.ndim == 2 else (out, None)
 
 
 @contextmanager
@@ -125,7 +134,7 @@ def _null():
 
 def build_model(cfg) -> MultimodalRegressionModel:
     return MultimodalRegressionModel(channels=cfg.channels, dropout=cfg.model.dropout,
-                                     scalars_only=cfg.model.scalars_only)
+                                     scalars_only=cfg.model.scalars_only, cloud_head=cfg.model.cloud_head)
 
 
 def count_parameters(model: nn.Module) -> int:

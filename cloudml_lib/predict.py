@@ -7,9 +7,15 @@ float16, as the cache stores them), so host memory stays flat whatever the fligh
 flight needs only its IR file: the nav file gives position and sun angles (filled with the training
 mean where absent), the CPL file the lidar label where one exists.
 
-Per flight: `<name>_cbh.nc` (NetCDF-4, CF-1.8: time, lat, lon, cloud_base_height, the CPL label),
-`<name>_cbh.csv`, and two plots: CBH along the flight (predictions as a line, CPL labels as
-points) and the track coloured by predicted CBH.
+With a cloud output the model also gives each frame a cloud probability; the flag (probability at
+or above model.cloud_threshold) decides where a height is given: none over clear sky. With a
+calibration (`intervals.json` of the run, or of a cross-validation via `--calibration`), each
+height gets a prediction interval (`intervals.py`).
+
+Per flight: `<name>_cbh.nc` (NetCDF-4, CF-1.8: time, lat, lon, cloud_probability, cloud_flag,
+cloud_base_height with its lower and upper bounds, the CPL label and cloud flag), `<name>_cbh.csv`,
+and two plots: CBH along the flight (the interval shaded, clear sky greyed, CPL labels as points)
+and the track coloured by predicted CBH.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from cloudml_lib import plots
+from cloudml_lib import intervals, plots
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_root, preprocess_frame
@@ -32,6 +38,7 @@ from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
+from cloudml_lib.model import split_output
 from cloudml_lib.outputs import atomic_path, write_text
 from cloudml_lib.provenance import input_files
 from cloudml_lib.report import write_report
@@ -46,7 +53,8 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
     root = Path(data.dir)
     ir = root / flight.ir_file
     frame_t, n_frames, _, _ = er2.read_ir_times(ir, flight, data)
-    out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "heading", "lat", "lon", "label")}}
+    out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "heading", "lat", "lon", "label",
+                                                                    "cpl_cloud")}}
     has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
     if has_nav:
         nav = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
@@ -62,6 +70,7 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
             labels = cpl.read_flight_labels(flight, data if has_nav else DataConfig(**{**vars(data),
                                                                                         "angles_source": "cpl"}))
             out["label"][labels.frame_index] = labels.cbh_km
+            out["cpl_cloud"][labels.frame_index] = labels.cloud
         except DataError as e:
             log.warning("flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1])
     return out
@@ -78,7 +87,7 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
     if n < t:
         raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
     scalars = scalar_inputs(inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers)
-    pred, blank, filled = np.full(n, np.nan), np.zeros(n, bool), 0
+    pred, prob, blank, filled = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), 0
     half = t // 2
     with er2.open_h5(Path(data.dir) / flight.ir_file, flight.name) as f:
         signal = f[data.keys.ir_signal]
@@ -96,10 +105,13 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
                 for i in range(0, len(windows), batch_size):
                     x = torch.from_numpy(windows[i:i + batch_size]).to(device)
                     s = torch.from_numpy(scalars[start + i:start + i + len(x)].astype(np.float32)).to(device)
-                    pred[start + i:start + i + len(x)] = model(x, s).float().cpu().numpy()
+                    height, logit = split_output(model(x, s).float())
+                    pred[start + i:start + i + len(x)] = height.cpu().numpy()
+                    if logit is not None:
+                        prob[start + i:start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()
             bar.update(stop - start)
         bar.close()
-    pred[blank] = np.nan                                   # no image, no height (as training drops such labels)
+    pred[blank] = prob[blank] = np.nan                     # no image, no answer (as training drops such labels)
     keep = np.isfinite(inputs["t"])
     counts = {"frames": int(n), "no_time": int((~keep).sum()), "blank": int((blank & keep).sum()),
               "filled_pixels": int(filled)}
@@ -115,9 +127,35 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
                     filled)
     out = {k: v[keep] for k, v in inputs.items()}
     out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
+    out["cloud_probability"] = prob[keep] if getattr(model, "cloud_head", False) else None
     out["frame_index"] = np.flatnonzero(keep)
     out["counts"] = counts
     return out
+
+
+def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None) -> None:
+    """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud output),
+    the height kept only under cloud, and its interval bounds; counts added to result["counts"]."""
+    prob, counts = result["cloud_probability"], result["counts"]
+    flag = np.full(len(result["t"]), -1, np.int8)
+    if prob is not None:
+        ok = np.isfinite(prob)
+        flag[ok] = (prob[ok] >= threshold).astype(np.int8)
+        result["cbh_km"] = np.where(flag == 0, np.nan, result["cbh_km"])          # no height over clear sky
+        counts["clear_sky"], counts["cloud"] = int((flag == 0).sum()), int((flag == 1).sum())
+        truth = np.isfinite(result["cpl_cloud"]) & (flag >= 0)
+        counts["cpl_cloud_agreement"] = (float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any()
+                                         else None)
+    result["cloud_flag"] = flag if prob is not None else None          # no cloud output: no cloud variables
+    result["lower"], result["upper"] = (intervals.bounds(result["cbh_km"], calibration) if calibration
+                                        else (np.full(len(flag), np.nan),) * 2)
+    if calibration:
+        has = np.isfinite(result["label"]) & np.isfinite(result["lower"])
+        counts["cpl_inside_interval"] = float(((result["label"][has] >= result["lower"][has]) &
+                                               (result["label"][has] <= result["upper"][has])).mean()) if has.any() else None
+
+
+FILL = -9999.0       # CF _FillValue of the float variables
 
 
 def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
@@ -132,6 +170,11 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         counts = result["counts"]
         nc.comment = (f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
                       f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median")
+        cal = result.get("calibration")
+        nc.cloud_threshold = float(result.get("cloud_threshold", 0.5))
+        nc.interval_method = cal["method"] + " (MAPIE split conformal)" if cal else "none"
+        nc.interval_coverage = float(cal["coverage"]) if cal else np.nan
+        nc.interval_calibration = f"{cal['n']} held-out heights from {cal['source']}" if cal else "none"
         record = result.get("provenance") or {}
         # JSON text: the label definition of the CPL labels here (and of the model's training data), the SHA-256
         # of this flight's input files, and the training data's record (per-flight counts and files)
@@ -139,45 +182,89 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         nc.input_files = json.dumps(record.get("input_files"))
         nc.training_data_provenance = json.dumps(record.get("trained_on"))
         nc.createDimension("time", len(result["t"]))
+        coverage = f"{cal['coverage']:.0%}" if cal else "no"
+        height = {"units": "km", "coordinates": "time lat lon"}
         spec = [("time", "t", "f8", {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00",
                                      "calendar": "standard", "axis": "T"}),
                 ("lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}),
                 ("lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}),
+                ("cloud_probability", "cloud_probability", "f4",
+                 {"long_name": "probability of a cloud layer below the aircraft", "units": "1", "valid_range":
+                  np.array([0.0, 1.0], np.float32), "coordinates": "time lat lon"}),
+                ("cloud_flag", "cloud_flag", "i1", {"long_name": "cloud below the aircraft (cloud_probability >= "
+                                                    "cloud_threshold)", "flag_values": np.array([0, 1], np.int8),
+                                                    "flag_meanings": "clear_sky cloud", "coordinates": "time lat lon"}),
                 ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level "
-                                                        "(missing where the frame is blank)",
-                                                        "units": "km", "coordinates": "time lat lon"}),
+                                                       "(missing over clear sky and where the frame is blank)",
+                                                       "ancillary_variables": "cloud_base_height_lower "
+                                                       "cloud_base_height_upper cloud_flag", **height}),
+                ("cloud_base_height_lower", "lower", "f4", {"long_name": f"lower bound of the {coverage} prediction "
+                                                            "interval of cloud_base_height", **height}),
+                ("cloud_base_height_upper", "upper", "f4", {"long_name": f"upper bound of the {coverage} prediction "
+                                                            "interval of cloud_base_height", **height}),
                 ("cpl_cloud_base_height", "label", "f4", {"long_name": "CPL lidar cloud base height (label) where "
                                                           "one was matched to the frame", "units": "km"}),
+                ("cpl_cloud_flag", "cpl_cloud", "i1", {"long_name": "CPL lidar: a layer in the profile matched to the "
+                                                       "frame (Number_Layers > 0)", "flag_values": np.array([0, 1], np.int8),
+                                                       "flag_meanings": "clear_sky cloud"}),
                 ("frame_index", "frame_index", "i4", {"long_name": "frame index in the IR file"})]
         for name, key, dtype, attrs in spec:
-            fill = {"fill_value": np.nan} if dtype.startswith("f") and name != "time" else {}
+            values = result.get(key)
+            if values is None:                       # a model without a cloud output: no cloud variables
+                continue
+            values = np.asarray(values, np.float64)
+            fill = {"fill_value": FILL if dtype.startswith("f") else -1} if name not in ("time", "frame_index") else {}
             var = nc.createVariable(name, dtype, ("time",), zlib=True, **fill)
             var.setncatts(attrs)
-            var[:] = result[key]
+            missing = ~np.isfinite(values) | ((values < 0) if dtype == "i1" else False)
+            var[:] = np.ma.masked_array(np.where(missing, 0, values).astype(dtype), mask=missing)
 
 
 def write_csv(path: Path, result: dict) -> None:
+    cols = [("cloud_probability", "cloud_probability"), ("cloud_flag", "cloud_flag"), ("cbh_km", "cbh_km"),
+            ("cbh_lower_km", "lower"), ("cbh_upper_km", "upper"), ("cpl_cbh_km", "label"), ("cpl_cloud", "cpl_cloud")]
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["time_utc_s", "frame_index", "lat", "lon", "cbh_km", "cpl_cbh_km"])
-        for row in zip(result["t"], result["frame_index"], result["lat"], result["lon"], result["cbh_km"],
-                       result["label"]):
-            w.writerow([f"{row[0]:.2f}", row[1]] + [f"{v:.4f}" if np.isfinite(v) else "" for v in row[2:]])
+        w.writerow(["time_utc_s", "frame_index", "lat", "lon"] + [c for c, _ in cols])
+        n = len(result["t"])
+        values = [np.asarray(result[k], np.float64) if result.get(k) is not None else np.full(n, np.nan)
+                  for _, k in cols]
+        for i in range(n):
+            cells = [f"{result['lat'][i]:.4f}" if np.isfinite(result["lat"][i]) else "",
+                     f"{result['lon'][i]:.4f}" if np.isfinite(result["lon"][i]) else ""]
+            for (name, _), v in zip(cols, values):
+                x = v[i]
+                cells.append("" if not np.isfinite(x) or (name in ("cloud_flag", "cpl_cloud") and x < 0) else
+                             f"{x:.0f}" if name in ("cloud_flag", "cpl_cloud") else f"{x:.4f}")
+            w.writerow([f"{result['t'][i]:.2f}", result["frame_index"][i]] + cells)
 
 
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     hours = (result["t"] - result["t"][0]) / 3600.0
     along = Figure(figsize=(11, 3.6))
     ax = along.subplots()
+    flag = result.get("cloud_flag")
+    clear = np.zeros(len(hours), bool) if flag is None else np.asarray(flag) == 0
+    if clear.any():
+        ax.fill_between(hours, 0, 1, where=clear, transform=ax.get_xaxis_transform(), color="0.85", step="mid",
+                        lw=0, label="clear sky (predicted)")
+    lower, upper = result.get("lower"), result.get("upper")
+    if lower is not None and np.isfinite(lower).any():
+        cal = result.get("calibration") or {}
+        ax.fill_between(hours, lower, upper, color="tab:blue", alpha=0.25, lw=0,
+                        label=f"{cal.get('coverage', 0):.0%} interval")
     ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
     has = np.isfinite(result["label"])
     ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
     ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
-    ax.legend()
+    ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
     along.tight_layout()
     track = Figure(figsize=(6, 5))
     ax = track.subplots()
+    if clear.any():
+        ax.scatter(result["lon"][clear], result["lat"][clear], s=4, color="0.8", label="clear sky")
+        ax.legend(loc="best", fontsize=8)
     sc = ax.scatter(result["lon"], result["lat"], c=result["cbh_km"], s=4, cmap="viridis")
     track.colorbar(sc, ax=ax, label="predicted cloud base height (km)")
     ax.set(xlabel="longitude (deg)", ylabel="latitude (deg)", title=f"Flight {flight}: track")
@@ -220,12 +307,15 @@ def resolve_flights(cfg, names: list[str]) -> dict[str, FlightConfig]:
 
 
 def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_dir: str | Path | None = None,
-                    data_dir: str | None = None) -> list[Path]:
+                    data_dir: str | None = None, calibration_dir: str | Path | None = None) -> list[Path]:
     """Predict whole flights with a run's best model; returns the NetCDF files written.
-    `flights`: names from the run's config or found in data.dir (default: its validation flights)."""
+    `flights`: names from the run's config or found in data.dir (default: its validation flights).
+    `calibration_dir`: a folder whose intervals.json calibrates the intervals (a cross-validation's, whose
+    leave-one-flight-out residuals show the error on a flight never seen); default the run's own."""
     run_dir = Path(run_dir)
     rm = load_run_model(run_dir, data_dir, command="predict")
     cfg, ckpt = rm.cfg, rm.ckpt
+    calibration = _calibration(run_dir, calibration_dir)
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
     names = flights or list(cfg.data.validation_flights)
     chosen = resolve_flights(cfg, names)
@@ -238,6 +328,8 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     for name in names:
         result = predict_flight(rm.model, chosen[name], data, Scalers.from_dict(ckpt["scalers"]), rm.device,
                                 2 * int(cfg.train.batch_size), rm.autocast)
+        cloud_and_intervals(result, cfg.model.cloud_threshold, calibration)
+        result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
         nc = out / f"{name}_cbh.nc"
         paths = {role: Path(data.dir) / getattr(chosen[name], f"{role}_file") for role in ("ir", "cpl", "nav")}
         result["provenance"] = {
@@ -257,6 +349,23 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     if out == run_dir / "predictions":
         write_report(run_dir)
     return written
+
+
+def _calibration(run_dir: Path, calibration_dir) -> dict | None:
+    """The intervals' calibration: --calibration's folder, else the run's; None (said) when there is none."""
+    folder = Path(calibration_dir) if calibration_dir else run_dir
+    if calibration_dir and not (folder / intervals.FILE).is_file():
+        raise CloudMLError(f"--calibration {folder}: no {intervals.FILE} there; point it at a finished cross-validation "
+                           "(python -m cloudml_lib crossval ...) or a finished run")
+    cal = intervals.load(folder)
+    if cal is None:
+        log.warning("%s has no usable %s (a run from an earlier CloudML, or too few held-out heights): heights without "
+                    "prediction intervals. Finish training with this version, or pass --calibration CROSSVAL_DIR.",
+                    folder, intervals.FILE)
+    else:
+        log.info("prediction intervals: %s, %.0f%% target, calibrated on %d held-out heights from %s", cal["method"],
+                 100 * cal["coverage"], cal["n"], cal["source"])
+    return cal
 
 
 def _read_summary(path: Path) -> dict:

@@ -27,6 +27,40 @@ def _metrics_table(report: dict) -> list[str]:
     return lines + [f"| {name} | " + " | ".join(num(m.get(k)) for k in keys) + " |" for name, m in rows]
 
 
+def cloud_table(report: dict) -> list[str]:
+    """Markdown: cloud / no-cloud metrics of the model and its baselines, overall and per flight."""
+    cloud = report.get("cloud")
+    if not cloud:
+        return []
+    num = lambda v: "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")  # noqa: E731
+    words = {"model": "model", "majority": "baseline (majority class)",
+             "bt_threshold": "baseline (brightness-temperature threshold)"}
+    lines = ["| cloud / no-cloud | accuracy | F1 | ROC-AUC | cloudy share | n |", "|" + "---|" * 6]
+    for method in [m for m in words if m in cloud]:
+        rows = [("all", cloud[method]["overall"])] + [(f"flight {k}", v) for k, v in cloud[method]["per_flight"].items()]
+        lines += [f"| {words[method]}: {name} | " + " | ".join(num(m.get(k)) for k in
+                                                               ("accuracy", "f1", "roc_auc", "cloud_share", "n")) + " |"
+                  for name, m in rows]
+    if "model" not in cloud:
+        lines += ["", "This model has no cloud output (trained by an earlier CloudML or with model.cloud_head: false): "
+                  "only the baselines are scored."]
+    return lines
+
+
+def interval_lines(report: dict) -> list[str]:
+    iv = report.get("intervals")
+    if not iv:
+        return []
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    km = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = [f"{iv['coverage_target']:.0%} prediction intervals ({iv['method']}, MAPIE), calibrated on "
+             f"{iv['calibration']}: on the same flights the coverage is near the target by construction; on flights "
+             "never seen it is what cross-validation measures.", "",
+             "| flight | coverage | mean width km | n |", "|---|---|---|---|"]
+    return lines + [f"| {k} | {pct(v['coverage'])} | {km(v['mean_width_km'])} | {v['n']} |"
+                    for k, v in iv["per_flight"].items()]
+
+
 def build_report_md(run_dir: Path) -> str:
     run_dir = Path(run_dir)
     out = [f"# CloudML run `{run_dir.name}`", ""]
@@ -35,6 +69,8 @@ def build_report_md(run_dir: Path) -> str:
         report = json.loads(evaluation.read_text())
         out += ["## Held-out flights", "", f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
         out += _metrics_table(report) + [""]
+        out += cloud_table(report) + [""] if report.get("cloud") else []
+        out += interval_lines(report) + [""] if report.get("intervals") else []
     run = _read_json(run_dir / "run.json")
     if run:
         out += ["## Training", "", f"Device: {run.get('device', '?')}; {run.get('processes', 1)} process(es); batch "
@@ -57,7 +93,12 @@ def build_report_md(run_dir: Path) -> str:
                 + (f"; {c['no_time']} frame{'s' * (c['no_time'] != 1)} without a usable time left out"
                    if c["no_time"] else "")
                 + (f"; {c['filled_pixels']} non-finite pixels filled with their frame's median" if c["filled_pixels"]
-                   else "") + ".")
+                   else "")
+                + (f"; {c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)" if "cloud" in c else "")
+                + (f"; the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of the frames it "
+                   "profiled" if c.get("cpl_cloud_agreement") is not None else "")
+                + (f"; {c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals"
+                   if c.get("cpl_inside_interval") is not None else "") + ".")
             out += [f"### {flight}", "", f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`. "
                     + said, "",
                     f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)", "",

@@ -35,7 +35,9 @@ def test_preprocess_crops_normalises_and_fills_nan(tiny_config):
 def test_cache_holds_the_preprocessed_windows(tiny_config):
     cache = load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
     meta = json.loads((cache.path / "meta.json").read_text())
-    assert meta["counts"]["samples"] == len(cache) > 0
+    assert meta["counts"]["cloud_samples"] == len(cache) > meta["counts"]["samples"] == cache.has_height.sum() > 0
+    assert set(np.unique(cache.cloud)) == {0, 1} and (cache.cloud[cache.has_height] == 1).all()
+    assert np.isfinite(cache.frame_p10).all()
     assert cache.windows.shape == (len(cache), 3)
     assert cache.frame_shape == (32, 48)
     # the window's middle frame is the labelled frame (shift policy moves only edge windows)

@@ -76,7 +76,7 @@ def test_evaluate_without_a_run_exits_2(tmp_path):
 def test_make_demo_data_writes_the_real_layout(tmp_path):
     r = run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "2", "--frames", "40", "--size", "32x40")
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["01Mar25", "03Mar25"]          # one folder per flight
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["01Mar25", "03Mar25"]          # one folder per flight
     assert sorted(p.name for p in (tmp_path / "01Mar25").iterdir()) == [
         "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5", "CRS_20250301_nav.hdf", "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5"]
     assert (tmp_path / "03Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250303.h5").is_file()     # no revision suffix

@@ -52,9 +52,26 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
         assert fold["model"]["n"] == fold["trees"]["n"] > 10
         preds = (ref / "folds" / name / "model" / "predictions.csv").read_text().splitlines()[1:]
         assert {line.split(",")[0] for line in preds} == {name}           # only the held-out flight is scored
-    assert set(result["summary"]) == {"model", "mean", "scalars_only", "trees"}
+    assert set(result["summary"]) == {"model", "mean", "scalars_only", "trees", "cloud_model", "cloud_majority",
+                                      "cloud_bt_threshold"}
+    for name, fold in result["folds"].items():                             # cloud metrics per fold, baselines
+        assert fold["cloud"]["model"]["overall"]["n"] > fold["model"]["n"]
+        assert set(fold["cloud"]) >= {"model", "majority", "bt_threshold"}
     md = (ref / "crossval.md").read_text()
     assert "| held-out flight |" in md and "The image model beats the training mean on" in md
+    assert "The cloud output beats the brightness-temperature threshold on" in md
+    # intervals measured on each flight never seen, per method; calibrations written for predict
+    iv = result["intervals"]
+    assert iv["chosen"] in ("conformal_absolute", "conformal_gamma") and set(iv["methods"]) == {
+        "conformal_absolute", "conformal_gamma"}
+    for method in iv["methods"].values():
+        assert set(method["per_flight"]) == set(names)
+        assert all(0 <= p["coverage"] <= 1 and p["mean_width_km"] > 0 for p in method["per_flight"].values())
+    assert "Prediction intervals (90% target) on each flight never seen" in md
+    pooled = json.loads((ref / "intervals.json").read_text())
+    assert pooled["method"] == iv["chosen"] and pooled["n"] == sum(f["model"]["n"] for f in result["folds"].values())
+    own = json.loads((ref / "folds" / names[0] / "model" / "intervals.json").read_text())
+    assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]      # the other folds' errors only
 
 
 def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
@@ -71,9 +88,10 @@ def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
 def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, tmp_path):
     cfg, ref, names = reference
     run = tmp_path / "cv"
-    # Fold 1 takes 7 + 7 steps (model, scalars-only control); step 19 is the 2nd fold's step 5, after its
-    # step-4 save waited for the step-2 one to commit (step 3 would race the background writer).
-    r = crossval(cfg, run, kill_at="step:19")
+    # Fold 1 takes 12 + 12 steps (model, scalars-only control; the frames with only a cloud flag train too);
+    # step 29 is the 2nd fold's step 5, after its step-4 save waited for the step-2 one to commit (step 3
+    # would race the background writer).
+    r = crossval(cfg, run, kill_at="step:29")
     assert r.returncode == -signal.SIGKILL
     assert (run / "folds" / names[0] / "fold.json").is_file() and not (run / "folds" / names[1] / "fold.json").exists()
     r = crossval(cfg, run)

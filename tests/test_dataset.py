@@ -17,8 +17,8 @@ def test_split_is_by_flight_and_scalers_ignore_the_validation_flight(tiny_config
     train, val, scalers = datasets(tiny_config)
     assert [c.name for c in val] == tiny_config.data.validation_flights
     assert not {c.name for c in train} & {c.name for c in val}
-    train_cbh = np.concatenate([c.cbh_km for c in train])
-    all_cbh = np.concatenate([c.cbh_km for c in train + val])
+    train_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train])     # heights only: NaN is "no height"
+    all_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train + val])
     assert scalers.cbh_mean == float(train_cbh.astype(np.float64).mean())
     assert scalers.cbh_mean != float(all_cbh.astype(np.float64).mean())
 

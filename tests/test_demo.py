@@ -28,6 +28,13 @@ def test_demo_learns_height_from_the_frames(tmp_path):
     assert report["overall"]["n"] == held_out["n"] > 100
     assert held_out["r2"] >= 0.75, report
     assert report["baseline"]["r2"] < 0.05
+    cloud = report["cloud"]                                     # clear sky, cirrus alone and low cloud
+    model, majority, threshold = (cloud[m]["per_flight"]["05Mar25"] for m in ("model", "majority", "bt_threshold"))
+    assert model["n"] > held_out["n"] and 0.1 < 1 - model["cloud_share"] < 0.6     # clear frames are a real class
+    assert model["accuracy"] > majority["accuracy"] + 0.15 and model["roc_auc"] > 0.85
+    assert model["accuracy"] >= threshold["accuracy"] - 0.05
+    intervals = report["intervals"]["per_flight"]["05Mar25"]
+    assert 0.85 <= intervals["coverage"] <= 0.95 and intervals["mean_width_km"] < 1.0   # calibrated on this flight
     control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true")
     assert control["overall"]["r2"] < 0.3                       # the angles alone do not give the height
     assert held_out["r2"] - control["overall"]["r2"] > 0.5

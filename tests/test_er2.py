@@ -79,7 +79,7 @@ def labels_for(root, entry, **data):
     other = dict(entry, name="other")
     cfg = build_config({"data": {"dir": str(root), "flights": [entry, other], "validation_flights": ["other"],
                                  "swath_slice": [2, 10], **data}})
-    return cpl.read_flight_labels(cfg.data.flights[0], cfg.data)
+    return cpl.read_flight_labels(cfg.data.flights[0], cfg.data).with_heights()
 
 
 def test_real_layout_filters_matching_and_counts(tmp_path):
@@ -88,7 +88,8 @@ def test_real_layout_filters_matching_and_counts(tmp_path):
     np.testing.assert_allclose(labels.cbh_km, [1.0, 0.5, 0.6, 1.1])       # the lowest layer's base by default
     assert labels.counts == {"profiles": 11, "bad_time": 0, "no_layer": 1, "multi_layer": 0, "out_of_range": 1,
                              "over_land": 1, "bad_surface": 2, "unmatched": 1, "duplicate_frame": 1,
-                             "beyond_nav": 0, "kept": 4, "multi_layer_profiles": 1, "no_heading": 4}
+                             "beyond_nav": 0, "kept": 4, "multi_layer_profiles": 1, "no_heading": 4,
+                             "cloud_labels": 8, "clear_sky": 1}   # every usable matched profile: a cloud flag
     np.testing.assert_allclose(labels.sza_deg, [32, 35, 37, 44])          # nav row i = frame i
 
 

@@ -111,7 +111,7 @@ def test_without_a_heading_flips_are_off_and_the_log_and_table_say_so(copied, ca
         del f["nav/trueHdg"]
     cfg = config()
     labels = cpl.read_flight_labels(cfg.data.flights[0], cfg.data)
-    assert np.isnan(labels.heading_deg).all() and labels.counts["no_heading"] == len(labels.cbh_km)
+    assert np.isnan(labels.heading_deg).all() and labels.counts["no_heading"] == labels.heights
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "data.keys.nav_heading 'nav/trueHdg' not in" in warned and "flip is off" in warned
     rows, ok = check_rows(cfg.data)

@@ -31,11 +31,23 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
     assert path == run_dir / "predictions" / f"{held}_cbh.nc"
     with netCDF4.Dataset(path) as nc:
         assert nc.Conventions == "CF-1.8" and set(nc.variables) == {
-            "time", "lat", "lon", "cloud_base_height", "cpl_cloud_base_height", "frame_index"}
+            "time", "lat", "lon", "cloud_probability", "cloud_flag", "cloud_base_height", "cloud_base_height_lower",
+            "cloud_base_height_upper", "cpl_cloud_base_height", "cpl_cloud_flag", "frame_index"}
         n = len(nc.dimensions["time"])
         assert n == 240 - 1                                        # every frame but one stray time value
         assert nc["time"].units == "seconds since 1970-01-01 00:00:00" and nc["lat"].units == "degrees_north"
-        assert nc["cloud_base_height"].units == "km" and np.isfinite(nc["cloud_base_height"][:]).all()
+        assert nc["cloud_base_height"].units == "km" and nc["cloud_base_height"]._FillValue == pr.FILL
+        prob, flag = nc["cloud_probability"][:], nc["cloud_flag"][:]
+        assert ((prob >= 0) & (prob <= 1)).all() and list(nc["cloud_flag"].flag_values) == [0, 1]
+        np.testing.assert_array_equal(flag, (prob >= nc.cloud_threshold).astype(np.int8))
+        cbh = nc["cloud_base_height"][:]
+        assert (np.ma.getmaskarray(cbh) == (flag == 0)).all()     # missing exactly over clear sky
+        lower, upper = nc["cloud_base_height_lower"][:], nc["cloud_base_height_upper"][:]
+        cloudy = flag == 1
+        assert (lower[cloudy] <= cbh[cloudy]).all() and (cbh[cloudy] <= upper[cloudy]).all()
+        assert (upper[cloudy] - lower[cloudy]).min() > 0.01
+        assert nc.interval_method.startswith("conformal_absolute") and nc.interval_coverage == pytest.approx(0.9)
+        assert "held-out heights from this run's held-out flights" in nc.interval_calibration
         t = nc["time"][:]
         assert np.all(np.diff(t) > 0) and 1.7e9 < t[0] < 1.8e9
         labels = np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)
@@ -112,7 +124,8 @@ def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(run, tmp_path):
     with netCDF4.Dataset(path) as nc:
         assert np.isfinite(np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)).sum() > 10
         assert np.isnan(np.ma.filled(nc["lat"][:], np.nan)).all()             # no position without nav
-        assert np.isfinite(nc["cloud_base_height"][:]).all()                   # angles: the training mean
+        cbh = nc["cloud_base_height"][:]                                    # angles: the training mean
+        assert cbh.count() > 0 and np.isfinite(cbh.compressed()).all()
 
 
 def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
@@ -148,3 +161,31 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
         assert files["ir"]["sha256"] == sha(data / held["ir_file"]) and files["cpl"]["name"].endswith(".hdf5")
         assert json.loads(nc.label_definition)["time_column"] == "centre"
         assert set(json.loads(nc.training_data_provenance)["flights"]) == {e["name"] for e in entries}
+
+
+def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_missing(run, tmp_path, caplog,
+                                                                                     monkeypatch):
+    import logging
+
+    import torch
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # the run's handler stops it
+
+    from cloudml_lib.evaluate import evaluate_run
+    run_dir, _, _ = run
+    old = tmp_path / "old_run"
+    shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("predictions", "checkpoints"))
+    best = torch.load(old / "best.pt", weights_only=False)
+    for key in ("head.4.weight", "head.4.bias"):                 # the height row only, as earlier models had
+        best["model"][key] = best["model"][key][:1]
+    del best["config"]["model"]["cloud_head"]
+    torch.save(best, old / "best.pt")
+    (old / "intervals.json").unlink()
+    (path,) = pr.predict_flights(old, out_dir=tmp_path / "out")
+    said = caplog.text
+    assert "trained without the cloud / no-cloud output" in said and "no usable intervals.json" in said
+    with netCDF4.Dataset(path) as nc:
+        assert "cloud_flag" not in nc.variables and "cloud_probability" not in nc.variables
+        assert nc["cloud_base_height"][:].count() == len(nc.dimensions["time"])    # a height everywhere
+        assert nc["cloud_base_height_lower"][:].count() == 0 and nc.interval_method == "none"
+    report = evaluate_run(old, write=False)
+    assert "model" not in report["cloud"] and report["cloud"]["bt_threshold"]["overall"]["n"] > 0

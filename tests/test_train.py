@@ -55,7 +55,7 @@ def test_console_and_log_lines(finished_run):
     _, _, run = finished_run
     log = (run / "train.log").read_text()
     pattern = (r"Epoch 2/2 \| train_loss \d+\.\d{3} \| val_loss \d+\.\d{3} \| R2 -?\d+\.\d{2} \| "
-               r"MAE \d+\.\d{3} km \| lr \d\.\de-\d\d \| \d+\.\d s")
+               r"MAE \d+\.\d{3} km \| cloud acc \d\.\d\d \| lr \d\.\de-\d\d \| \d+\.\d s")
     assert re.search(pattern, log), log
     assert "New best model saved (val_loss" in log
     assert "baseline (training mean)" in log
@@ -89,10 +89,13 @@ def test_best_checkpoint_is_plain_and_loads_weights_only(finished_run):
 def test_predictions_and_report_are_in_km(finished_run):
     trainer, report, run = finished_run
     lines = (run / "predictions.csv").read_text().splitlines()
-    assert lines[0] == "flight,frame_index,true_km,pred_km"
-    assert len(lines) - 1 == len(trainer.val_set) == report["overall"]["n"]
-    true = np.array([float(x.split(",")[2]) for x in lines[1:]])
+    assert lines[0] == "flight,frame_index,true_km,pred_km,cpl_cloud,cloud_probability"
+    assert len(lines) - 1 == len(trainer.val_set) == report["cloud"]["model"]["overall"]["n"]
+    true = np.array([float(x.split(",")[2]) for x in lines[1:] if x.split(",")[2]])
+    assert len(true) == report["overall"]["n"] < len(lines) - 1             # rows with only a cloud flag too
     assert 0.1 <= true.min() and true.max() <= 2.0
+    prob = np.array([float(x.split(",")[5]) for x in lines[1:]])
+    assert ((prob >= 0) & (prob <= 1)).all()
     assert report["baseline"]["r2"] <= 0.0 + 1e-9 or report["baseline"]["std_ratio"] < 1e-6
     assert set(report["per_flight"]) == set(trainer.cfg.data.validation_flights)
 

@@ -2,8 +2,10 @@
 
 Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 - `frames.npy`  (M, H, W) float16: every frame some sample's window uses, preprocessed;
-- `samples.npz` per sample: `windows` (N, T) rows of frames.npy, `frame_index`, `cbh_km`,
-  `sza_deg`, `saa_deg`, `heading_deg` (NaN: none, flips off), `lat`, `lon`;
+- `samples.npz` per sample (every frame a usable CPL profile matched): `windows` (N, T) rows of
+  frames.npy, `frame_index`, `cbh_km` (NaN: no height label), `cloud` (1 cloud, 0 clear sky),
+  `frame_p10` (the 10th percentile of the labelled frame's raw values, for the brightness-temperature
+  baseline), `sza_deg`, `saa_deg`, `heading_deg` (NaN: none, flips off), `lat`, `lon`;
 - `meta.json`   the settings, counts, sizes and frames.npy's sha256; written last, so a folder
   without it is incomplete.
 
@@ -43,7 +45,8 @@ from cloudml_lib.provenance import input_files
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 5       # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading
+CACHE_VERSION = 6       # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
+                        # 6: cloud / no-cloud samples and the frame statistic of the baseline
 READ_RUN = 32          # frames read from HDF5 at once while building
 COPY_CHUNK = 16 << 20
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10      # the content check of the cache key: 1 MiB per file
@@ -77,6 +80,14 @@ def preprocess_frame(raw: np.ndarray, data: DataConfig) -> Preprocessed:
     if data.clahe_clip_limit > 0:
         x = exposure.equalize_adapthist(x, clip_limit=data.clahe_clip_limit).astype(np.float32)
     return Preprocessed(((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32), n_bad, False)
+
+
+def frame_p10(raw: np.ndarray, data: DataConfig) -> float:
+    """The 10th percentile of a raw frame's finite values in the swath (the file's units): cold cloud pixels
+    pull it down. The brightness-temperature baseline of cloud / no-cloud thresholds it; NaN for a blank frame."""
+    x = np.asarray(raw[data.swath_slice[0]:data.swath_slice[1]], dtype=np.float32)
+    x = x[np.isfinite(x)]
+    return float(np.percentile(x, 10)) if x.size else float("nan")
 
 
 def _output_shape(cropped: tuple[int, int], k: int) -> tuple[int, int]:
@@ -178,7 +189,9 @@ class FlightCache:
     frames: FrameStore
     windows: np.ndarray       # (N, T) rows of frames.npy
     frame_index: np.ndarray   # (N,) labelled IR frame
-    cbh_km: np.ndarray        # (N,)
+    cbh_km: np.ndarray        # (N,) NaN: no height label (clear sky, or a cloud outside the label range)
+    cloud: np.ndarray         # (N,) int8: 1 cloud below the aircraft, 0 clear sky
+    frame_p10: np.ndarray     # (N,) 10th percentile of the labelled frame's raw values (frame_p10)
     sza_deg: np.ndarray       # (N,)
     saa_deg: np.ndarray       # (N,) sun azimuth from the ground, degrees from north
     heading_deg: np.ndarray   # (N,) aircraft true heading, NaN where none
@@ -188,6 +201,10 @@ class FlightCache:
 
     def __len__(self) -> int:
         return len(self.cbh_km)
+
+    @property
+    def has_height(self) -> np.ndarray:
+        return np.isfinite(self.cbh_km)
 
     @property
     def frame_shape(self) -> tuple[int, int]:
@@ -202,14 +219,16 @@ def _open(path: Path) -> FlightCache:
     if (path / "frames.npy").stat().st_size != expected or store.shape[0] != meta["cached_frames"]:
         raise DataError(f"cache {path} is incomplete (frames.npy has the wrong size); delete the folder to rebuild")
     return FlightCache(name=meta["flight"], path=path, frames=store, windows=arrays["windows"],
-                       frame_index=arrays["frame_index"], cbh_km=arrays["cbh_km"], sza_deg=arrays["sza_deg"],
+                       frame_index=arrays["frame_index"], cbh_km=arrays["cbh_km"], cloud=arrays["cloud"],
+                       frame_p10=arrays["frame_p10"], sza_deg=arrays["sza_deg"],
                        saa_deg=arrays["saa_deg"], heading_deg=arrays["heading_deg"], meta=meta)
 
 
-def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConfig, desc: str) -> tuple[int, np.ndarray]:
+def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConfig,
+                     desc: str) -> tuple[int, np.ndarray, np.ndarray]:
     """Preprocess the raw frames `needed` (sorted indices) into `out`, reading runs of consecutive frames
-    at once. Returns (non-finite pixels filled, blank flag per needed frame)."""
-    filled, blank = 0, np.zeros(len(needed), bool)
+    at once. Returns (non-finite pixels filled, blank flag and frame_p10 per needed frame)."""
+    filled, blank, p10 = 0, np.zeros(len(needed), bool), np.zeros(len(needed), np.float32)
     # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
     bar = tqdm(total=len(needed), desc=desc, unit="frame")
     i = 0
@@ -220,11 +239,12 @@ def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConf
         block = signal[int(needed[i]):int(needed[j - 1]) + 1]
         for r in range(j - i):
             out[i + r], n_bad, blank[i + r] = preprocess_frame(block[r], data)
+            p10[i + r] = frame_p10(block[r], data)
             filled += n_bad
         bar.update(j - i)
         i = j
     bar.close()
-    return filled, blank
+    return filled, blank, p10
 
 
 def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
@@ -245,7 +265,7 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     ir = er2.flight_paths(flight, data)["ir"]
     out = np.lib.format.open_memmap(tmp / "frames.npy", mode="w+", dtype=np.float16, shape=shape)
     with er2.open_h5(ir, flight.name) as f:
-        filled, blank = _preprocess_into(out, f[data.keys.ir_signal], needed, data, f"cache {flight.name}")
+        filled, blank, p10 = _preprocess_into(out, f[data.keys.ir_signal], needed, data, f"cache {flight.name}")
     out.flush()
     del out
     if blank.sum() > MAX_EMPTY_FRAME_SHARE * len(needed):
@@ -260,11 +280,14 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
     keep = kept & ~on_blank
     windows = windows[keep[kept]]                                 # windows holds the kept labels' rows only
     rows = np.searchsorted(needed, windows).astype(np.int32)      # (N, T) rows of frames.npy
+    own = np.searchsorted(needed, labels.frame_index[keep])        # each sample's own (labelled) frame
     np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[keep], cbh_km=labels.cbh_km[keep],
-             sza_deg=labels.sza_deg[keep], saa_deg=labels.saa_deg[keep], heading_deg=labels.heading_deg[keep],
+             cloud=labels.cloud[keep], frame_p10=p10[own], sza_deg=labels.sza_deg[keep], saa_deg=labels.saa_deg[keep], heading_deg=labels.heading_deg[keep],
              lat=labels.lat[keep], lon=labels.lon[keep])
-    counts = dict(labels.counts, edge_dropped=int((~kept).sum()), blank_frame=int(on_blank.sum()),
-                  samples=int(keep.sum()), nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
+    height = np.isfinite(labels.cbh_km)
+    counts = dict(labels.counts, edge_dropped=int((~kept & height).sum()), blank_frame=int((on_blank & height).sum()),
+                  samples=int((keep & height).sum()), cloud_samples=int(keep.sum()),
+                  clear_sky=int((keep & (labels.cloud == 0)).sum()), nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
                   nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()),
                   no_heading=int(np.isnan(labels.heading_deg[keep]).sum()), filled_pixels=filled,
                   empty_frames=int(blank.sum()))
@@ -369,8 +392,9 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
 
 def _log_built(cache: FlightCache, data: DataConfig, seconds: float) -> None:
     c = cache.meta["counts"]
-    log.info("flight %s: cached %d samples (%d frames, %.1f MB) in %.1f s; %d of %d lidar profiles kept "
-             "(edge policy %s)", cache.name, c["samples"], cache.meta["cached_frames"], cache.meta["bytes"] / 1e6,
+    log.info("flight %s: cached %d samples with a height and %d with a cloud flag only (%d clear sky) (%d frames, "
+             "%.1f MB) in %.1f s; %d of %d lidar profiles kept as heights (edge policy %s)", cache.name, c["samples"],
+             c["cloud_samples"] - c["samples"], c["clear_sky"], cache.meta["cached_frames"], cache.meta["bytes"] / 1e6,
              seconds, c["samples"], c["profiles"], data.edge_policy)
 
 

@@ -37,12 +37,13 @@ REMOVAL_REASONS = ("bad_time", "no_layer", "multi_layer", "out_of_range", "over_
 
 @dataclass
 class FlightLabels:
-    """The labelled frames of one flight, after filtering and matching."""
+    """The labelled frames of one flight, after filtering and matching: every frame a usable profile matched,
+    with its cloud flag, and a height where the profile passed the height filters (NaN elsewhere)."""
     name: str
     n_frames: int
     frame_shape: tuple[int, int]                 # raw (rows, cols)
-    frame_index: np.ndarray                      # (N,) int, matched IR frame
-    cbh_km: np.ndarray                           # (N,) float
+    frame_index: np.ndarray                      # (N,) int, matched IR frame, increasing
+    cbh_km: np.ndarray                           # (N,) float, NaN: no height label (clear, or cloud not labelled)
     sza_deg: np.ndarray                          # (N,) float, NaN where the source has none
     saa_deg: np.ndarray                          # (N,)
     lat: np.ndarray                              # (N,)
@@ -51,6 +52,17 @@ class FlightLabels:
     match: dict = field(default_factory=dict)    # match rate and time differences (match_statistics)
     heading_deg: np.ndarray | None = None        # (N,) aircraft true heading, NaN where none (flips off there)
     heading_note: str = ""                       # where the heading came from, or why there is none
+    cloud: np.ndarray | None = None              # (N,) int8: 1 a layer below the aircraft, 0 clear sky
+
+    @property
+    def heights(self) -> int:
+        return int(np.isfinite(self.cbh_km).sum())
+
+    def with_heights(self) -> "FlightLabels":
+        """Only the samples with a height label (the arrays of the height task)."""
+        keep = np.isfinite(self.cbh_km)
+        per_sample = {k: v[keep] for k, v in vars(self).items() if isinstance(v, np.ndarray) and len(v) == len(keep)}
+        return FlightLabels(**{**vars(self), **per_sample})
 
 
 # ------------------------------------------------------------------------------------ labels
@@ -268,6 +280,7 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
     check_times_increase(t, name, path)
     other = None if julian_other is None else lidar_times(julian_to_epoch(julian_other, year or date.year), data)
     return {"t": lidar_times(t, data), "t_other": other, "column_note": column_note, "height": height, "multi": multi,
+            "n_layers": n_layers,
             "surface": surface, "dem": dem, "multi_layer_profiles": int((n_layers > 1).sum()), **angles}
 
 
@@ -283,30 +296,39 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     match = match_statistics(cpl["t"], frame_t, frames, keep, matched, data.match_tolerance_s)
     _say_match(flight.name, cpl, frame_t, frames, keep, matched, match, data)
     keep &= matched
-    single = one_label_per_frame(frames, np.abs(frame_t[frames] - cpl["t"]), keep)
+    gap = np.abs(frame_t[frames] - cpl["t"])
+    single = one_label_per_frame(frames, gap, keep)
     counts["duplicate_frame"] = int((keep & ~single).sum())
     keep = single
+    # Cloud / no-cloud: every other frame a usable profile (a time, over ocean) matched, flagged by its layer
+    # count; a frame with a height label keeps that profile (it has a layer: cloud).
+    usable = np.isfinite(cpl["t"]) & matched & (cpl["dem"] >= 0) & (cpl["dem"] <= data.max_dem_surface_m)
+    extra = one_label_per_frame(frames, gap, usable & ~np.isin(frames, frames[keep]))
+    pick = np.flatnonzero(keep | extra)
+    pick = pick[np.argsort(frames[pick], kind="stable")]
     if data.angles_source == "nav":
         nav = read_nav(flight, data, paths["nav"], frame_t)
-        beyond = keep & ~nav.covered[frames]
-        counts["beyond_nav"] = int(beyond.sum())
-        keep &= ~beyond
-        sel = frames[keep]
-        angles = {a: nav.values[a][sel] for a in ("sza", "saa", "lat", "lon", "heading")}
+        beyond = ~nav.covered[frames[pick]]
+        counts["beyond_nav"] = int((beyond & keep[pick]).sum())
+        pick = pick[~beyond]
+        angles = {a: nav.values[a][frames[pick]] for a in ("sza", "saa", "lat", "lon", "heading")}
         heading_note = nav.heading_note
     else:
         counts["beyond_nav"] = 0
-        angles = {a: cpl[a][keep] for a in ("sza", "saa", "lat", "lon")}
+        angles = {a: cpl[a][pick] for a in ("sza", "saa", "lat", "lon")}
         heading, heading_note = er2.heading_only(flight, data, frame_t)
-        angles["heading"] = heading[frames[keep]]
-    counts["no_heading"] = int((~np.isfinite(angles["heading"])).sum())
+        angles["heading"] = heading[frames[pick]]
+    has_height = keep[pick]
+    cloud = (cpl["n_layers"][pick] > 0).astype(np.int8)
+    counts["no_heading"] = int((~np.isfinite(angles["heading"][has_height])).sum())
     if counts["no_heading"]:
         log.warning("flight %s: %s for %d of %d labels: the horizontal flip is off for them (it could not keep the "
                     "image and the sun azimuth consistent)%s", flight.name, heading_note if heading_note.startswith(
-                        "no heading") else "no heading", counts["no_heading"], int(keep.sum()),
+                        "no heading") else "no heading", counts["no_heading"], int(has_height.sum()),
                     "; with data.sun_azimuth: relative their azimuth is unknown (the network gets no direction)"
                     if data.sun_azimuth == "relative" else "")
-    counts["kept"] = int(keep.sum())
+    counts["kept"] = int(has_height.sum())
+    counts["cloud_labels"], counts["clear_sky"] = int(len(pick)), int((cloud == 0).sum())
     counts["multi_layer_profiles"] = cpl["multi_layer_profiles"]
     if counts["duplicate_frame"]:
         log.info("flight %s: %d profiles matched a frame that already had a nearer one; one label per frame "
@@ -322,10 +344,11 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
         raise DataError(f"flight {flight.name}: no lidar label survives the filters and time matching "
                         f"({counts}); time spans: {span}. Check data.ir_time_format, data.label_layer, "
                         "the data.cbh_* range and the flight date.")
-    return FlightLabels(name=flight.name, n_frames=n_frames, frame_shape=(rows, cols), frame_index=frames[keep],
-                        cbh_km=cpl["height"][keep].astype(np.float32), sza_deg=angles["sza"], saa_deg=angles["saa"],
-                        lat=angles["lat"], lon=angles["lon"], heading_deg=angles["heading"], counts=counts,
-                        match=match, heading_note=heading_note)
+    return FlightLabels(name=flight.name, n_frames=n_frames, frame_shape=(rows, cols), frame_index=frames[pick],
+                        cbh_km=np.where(has_height, cpl["height"][pick], np.nan).astype(np.float32),
+                        sza_deg=angles["sza"], saa_deg=angles["saa"], lat=angles["lat"], lon=angles["lon"],
+                        heading_deg=angles["heading"], counts=counts, match=match, heading_note=heading_note,
+                        cloud=cloud)
 
 
 def _say_match(name: str, cpl: dict, frame_t: np.ndarray, frames: np.ndarray, filtered: np.ndarray,

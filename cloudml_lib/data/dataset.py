@@ -95,19 +95,23 @@ def split_flights(caches: list[FlightCache], cfg: Config) -> tuple[list[FlightCa
 
 
 class CloudDataset(Dataset):
-    """All samples of some flights; item i -> frames (T, H, W), scalars (3,), target, weight, index."""
+    """The samples of some flights; item i -> frames (T, H, W), scalars (3,), target (standardised height,
+    0 where none), has_height (1/0), cloud (1 cloud, 0 clear sky), weight, index.
+
+    `cloud`: also the samples with a cloud flag but no height (clear sky, cloud outside the label range),
+    for a model with a cloud output; without it only the samples with a height."""
 
     def __init__(self, caches: list[FlightCache], scalers: Scalers, augment: bool = False, seed: int = 0,
                  flight_weights: dict[str, float] | None = None, sun_azimuth: str = "relative",
-                 along_track_axis: str = "rows"):
+                 along_track_axis: str = "rows", cloud: bool = True):
         self.caches, self.scalers, self.augment, self.seed = caches, scalers, augment, seed
         self.azimuth = [model_azimuth(c.saa_deg, c.heading_deg, sun_azimuth) for c in caches]
         # no flip where the azimuth is unknown either: a filled-in mean mirrored is no angle of this image
         self.mirror = [np.where(np.isfinite(a), mirror_line(c.heading_deg, sun_azimuth, along_track_axis), np.nan)
                        for a, c in zip(self.azimuth, caches)]
-        sizes = [len(c) for c in caches]
-        self.flight_of = np.repeat(np.arange(len(caches)), sizes)
-        self.local = np.concatenate([np.arange(n) for n in sizes]) if sizes else np.zeros(0, int)
+        rows = [np.arange(len(c)) if cloud else np.flatnonzero(c.has_height) for c in caches]
+        self.flight_of = np.repeat(np.arange(len(caches)), [len(r) for r in rows])
+        self.local = np.concatenate(rows) if rows else np.zeros(0, int)
         weights = flight_weights or {}
         self.weight_of = [float(weights.get(c.name, 1.0)) for c in caches]
         self.epoch = 0
@@ -127,8 +131,30 @@ class CloudDataset(Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _per_sample(self, attr: str) -> np.ndarray:
+        if not len(self):
+            return np.zeros(0)
+        return np.concatenate([getattr(c, attr) for c in self.caches])[self._global()]
+
+    def _global(self) -> np.ndarray:
+        starts = np.cumsum([0] + [len(c) for c in self.caches])[:-1]
+        return starts[self.flight_of] + self.local
+
     def targets_km(self) -> np.ndarray:
-        return np.concatenate([c.cbh_km for c in self.caches]).astype(np.float64)
+        """Height per sample (km), NaN where the sample has only a cloud flag."""
+        return self._per_sample("cbh_km").astype(np.float64)
+
+    def has_height(self) -> np.ndarray:
+        return np.isfinite(self.targets_km())
+
+    def cloud_flags(self) -> np.ndarray:
+        return self._per_sample("cloud").astype(np.int64)
+
+    def frame_p10(self) -> np.ndarray:
+        return self._per_sample("frame_p10").astype(np.float64)
+
+    def flight_names(self) -> np.ndarray:
+        return np.array([c.name for c in self.caches] or [""])[self.flight_of]
 
     def identity(self, i: int) -> tuple[str, int]:
         """(flight name, IR frame index) of sample i."""
@@ -145,9 +171,12 @@ class CloudDataset(Dataset):
             frames, azimuth = augment_sample(frames, azimuth, np.random.default_rng([self.seed, self.epoch, int(i)]),
                                              line if np.isfinite(line) else None)
         scalars = torch.from_numpy(scalar_inputs(c.sza_deg[j], azimuth, s)[0])
-        target = torch.tensor((float(c.cbh_km[j]) - s.cbh_mean) / s.cbh_std, dtype=torch.float32)
+        height = float(c.cbh_km[j])
+        has = np.isfinite(height)
+        target = torch.tensor((height - s.cbh_mean) / s.cbh_std if has else 0.0, dtype=torch.float32)
         weight = torch.tensor(self.weight_of[self.flight_of[i]], dtype=torch.float32)
-        return {"frames": frames, "scalars": scalars, "target": target, "weight": weight, "index": int(i)}
+        return {"frames": frames, "scalars": scalars, "target": target, "has_height": torch.tensor(float(has)),
+                "cloud": torch.tensor(float(c.cloud[j])), "weight": weight, "index": int(i)}
 
 
 def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDataset, CloudDataset]:
@@ -159,19 +188,20 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDat
     table = format_table(summary_rows(cfg.data, caches, list(skipped), notes))
     table += ("\n" + notes.text()) if notes else ""
     train, val = split_flights(caches, cfg)
-    empty = [c.name for c in train + val if len(c) == 0]
+    empty = [c.name for c in train + val if not c.has_height.any()]
     if empty:
-        raise DataError(f"flights with no usable samples: {', '.join(empty)}; see the counts in the log, "
+        raise DataError(f"flights with no usable height label: {', '.join(empty)}; see the counts in the log, "
                         "and the data.cbh_* / match_tolerance_s filters")
     scalers = fit_scalers(train)
     weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
     log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
              ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
              sum(map(len, val)))
+    cloud = cfg.model.cloud_head
     train_set = CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights,
-                             sun_azimuth=cfg.data.sun_azimuth, along_track_axis=cfg.data.along_track_axis)
+                             sun_azimuth=cfg.data.sun_azimuth, along_track_axis=cfg.data.along_track_axis, cloud=cloud)
     train_set.flight_table = table
-    return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth)
+    return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth, cloud=cloud)
 
 
 def augment_sample(frames: torch.Tensor, azimuth: float, rng: np.random.Generator,

@@ -192,7 +192,12 @@ def ensure_demo_flights(data) -> None:
     if not data.validation_flights:
         names = [n for n, _ in synthetic.demo_flight_names(synthetic.DEMO_FLIGHTS)]
         data.validation_flights = [names[synthetic.DEMO_VALIDATION_INDEX]]
-    if not data.flights and not (Path(data.dir).is_dir() and find_flights(data)):
+    marker = Path(data.dir) / synthetic.VERSION_FILE
+    old = marker.is_file() and marker.read_text().strip() != str(synthetic.DEMO_VERSION)
+    if old:
+        log.info("data.demo: the demo flights in %s were written by an earlier CloudML (demo version %s, now %d); "
+                 "writing them again", data.dir, marker.read_text().strip(), synthetic.DEMO_VERSION)
+    if old or (not data.flights and not (Path(data.dir).is_dir() and find_flights(data))):
         log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
         synthetic.make_demo_flights(data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED)
 
@@ -294,9 +299,9 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
             labels = cpl.read_flight_labels(f.config() if not data.flights else
                                             next(x for x in data.flights if x.name == f.name), data)
             rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(labels.counts["profiles"]),
-                                                           str(len(labels.cbh_km)), _removed(labels.counts)]
+                                                           str(labels.heights), _removed(labels.counts)]
                         + _match_cells(labels.match)
-                        + [flip_cell(labels.counts["no_heading"], len(labels.cbh_km), labels.heading_note)])
+                        + [flip_cell(labels.counts["no_heading"], labels.heights, labels.heading_note)])
         except DataError as e:
             rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-",
                                                            notes.cell("not usable", str(e).split(": ", 1)[-1]), "-", "-",

@@ -20,11 +20,15 @@ The scene (all sizes scale with the frame width; "px" is one camera pixel at nad
 - A low cloud layer with a known base height h(t) (km) that drifts along the flight, present in
   bursts separated by clear stretches, so labels come in bursts with long gaps; its random cloud
   field (smoothed noise, soft edges) moves with the layer.
-- About half the cloudy profiles also see a thin cirrus layer at 8-11 km above it (layer 0, the
-  top); it is transparent in the frames. Its base is the users' `top` label; the low cloud's base
-  is the `lowest` label (the default), the height the frames show. A third of the others see a
-  second low layer 0.2-0.8 km above the low cloud (also layer 0), so `top` and `single` differ, as
-  on the real flights (933 against ~380 labels).
+- Stretches of thin cirrus at 8-11 km (layer 0, the top) come and go independently of the low
+  cloud, over about 40% of a flight: a faint, streaky veil in the frames (emissivity 0.01-0.04, so
+  one to three kelvin colder), over the low cloud or over clear sea. Its base is the users' `top` label;
+  the low cloud's base is the `lowest` label (the default), the height the frames show. A third of
+  the cirrus-free low-cloud profiles see a second low layer 0.2-0.8 km above the low cloud (also
+  layer 0), so `top` and `single` differ, as on the real flights (933 against ~380 labels).
+- Cloud / no-cloud (`Number_Layers == 0` is clear sky) is of varying difficulty: clear sea (easy
+  against low cloud), faint cirrus alone (cloud, but no height in the label range: hard), and low
+  cloud under cirrus.
 - The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud layer appears
   magnified by H / (H - h) and moves across the frame faster than the sea surface, by the same
   factor: the apparent motion between consecutive frames depends on h (parallax).
@@ -60,6 +64,7 @@ AIRCRAFT_ALTITUDE_KM = 20.0
 AIRCRAFT_SPEED_KM_S = 0.2
 SWATH_KM = 24.0
 LAPSE_RATE_K_PER_KM = 6.5
+CIRRUS_K = 225.0                                  # cirrus at 8-11 km
 COUNTS_PER_K, COUNTS_ZERO_K = 100.0, 180.0       # IR counts = 100 x (T - 180 K), big-endian uint16
 PROFILE_SPACING_S = 5.0                           # one averaged CPL profile every ~5 s (1 km)
 MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
@@ -73,6 +78,8 @@ FLIGHT_SETTINGS = (
     (58.0, 150.0, 1.10), (45.0, 225.0, 0.80),
 )
 DEMO_VALIDATION_INDEX = 2
+DEMO_VERSION = 2                     # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud)
+VERSION_FILE = ".cloudml_demo_version"   # written beside the flights; an older one is rewritten
 DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
 DEMO_FRAME_SHAPE = (80, 96)          # raw sensor rows x columns of the demo camera
 ICARTT_NAV_INDEX = 4                 # this demo flight's navigation is ICARTT text with a time axis
@@ -147,8 +154,9 @@ def scene_layers(field: np.ndarray, cam_row: float, rows: int, cols: int, h_km: 
     return cloud, shadow
 
 
-def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg, height_km, cloudy):
-    """Brightness-temperature frames (n, rows, cols) in K for one flight."""
+def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg, height_km, cloudy, cirrus):
+    """Brightness-temperature frames (n, rows, cols) in K for one flight. `cloudy`: low-cloud opacity per
+    frame (0: none); `cirrus`: cirrus emissivity per frame (0: none)."""
     px_km = SWATH_KM / cols
     speed_px = AIRCRAFT_SPEED_KM_S / px_km
     max_shadow_px = 2.5 * np.tan(np.radians(65.0)) / px_km
@@ -165,11 +173,17 @@ def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg
         cloud, shadow = cloudy[k] * cloud, cloudy[k] * shadow
         t_cloud = 290.0 - 1.0 - LAPSE_RATE_K_PER_KM * (h + 0.3)
         ground = sea - 1.5 * shadow
-        frames[k] = (1 - cloud) * ground + cloud * t_cloud + rng.normal(0.0, 0.15, (rows, cols))
+        below = (1 - cloud) * ground + cloud * t_cloud
+        if cirrus[k] > 0:           # streaks: the cloud field stretched along-track, far from the low cloud's part
+            streak = ndimage.map_coordinates(field, [(margin + rows / 2 + k * speed_px + u_r * 0.25) % field.shape[0],
+                                                     (field.shape[1] - 1) / 2 - u_c * 1.5], order=1, mode="wrap")
+            emissivity = cirrus[k] * (0.4 + 0.6 * streak)
+            below = (1 - emissivity) * below + emissivity * CIRRUS_K
+        frames[k] = below + rng.normal(0.0, 0.15, (rows, cols))
     return frames
 
 
-def _profiles(rng, t0: float, n_frames: int, height, cloudy, sza, saa) -> dict:
+def _profiles(rng, t0: float, n_frames: int, height, cloudy, cirrus_frames, sza, saa) -> dict:
     """CPL layer profiles every ~5 s from 20 s before the camera to 20 s after it, in the real shapes."""
     t = np.arange(t0 - 20.0, t0 + n_frames + 20.0, PROFILE_SPACING_S) + rng.uniform(-0.3, 0.3)
     dup = np.flatnonzero(rng.random(t.size) < 0.02)                  # duplicated profile times occur
@@ -178,9 +192,9 @@ def _profiles(rng, t0: float, n_frames: int, height, cloudy, sza, saa) -> dict:
     k = np.clip(np.round(t - t0).astype(int), 0, n_frames - 1)       # the frame under each profile
     base, top = np.full((n, 10), -9999.0, np.float32), np.full((n, 10), -9999.0, np.float32)
     low = np.round((height[k] + rng.normal(0.0, 0.02, n)) / 0.03) * 0.03       # 30 m steps
-    cirrus = rng.random(n) < 0.5
+    cirrus = cirrus_frames[k] > 0
     cirrus_base = np.round(rng.uniform(8.0, 11.0, n) / 0.03) * 0.03
-    has_low = cloudy[k] > 0.5
+    has_low = cloudy[k] > 0
     n_layers = has_low.astype(np.int32) + cirrus
     # layer 0 is the top layer: the cirrus when present, then the low cloud
     base[cirrus, 0], top[cirrus, 0] = cirrus_base[cirrus], cirrus_base[cirrus] + 0.6
@@ -222,10 +236,12 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
     frame_t = t0 + np.arange(n_frames) + rng.uniform(-0.02, 0.02, n_frames)
     height = np.clip(h_mean + 0.38 * _smooth_series(rng, n_frames, 6.0), 0.05, 2.3)
     cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)   # bursts and clear gaps
+    cirrus = np.where(_smooth_series(rng, n_frames, 50.0) > 0.25,
+                      0.01 + 0.03 / (1.0 + np.exp(-_smooth_series(rng, n_frames, 30.0))), 0.0)
     sza = sza_c + 3.0 * _smooth_series(rng, n_frames, 40.0)
     saa = (saa_c + 8.0 * _smooth_series(rng, n_frames, 40.0)) % 360.0
     heading = track_heading(rng, n_frames, (saa_c + 90.0 + rng.uniform(-30, 30)) % 360.0)
-    frames = _render_flight(rng, n_frames, rows, cols, sza, (saa - heading) % 360.0, height, cloudy)
+    frames = _render_flight(rng, n_frames, rows, cols, sza, (saa - heading) % 360.0, height, cloudy, cirrus)
     step = AIRCRAFT_SPEED_KM_S * np.stack([np.cos(np.radians(heading)), np.sin(np.radians(heading))], 1)
     north_east = np.cumsum(step, axis=0) - step[0]                   # km from the first frame, per frame
     counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
@@ -240,7 +256,7 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
         f.create_dataset("Time/TimeUTC", data=time_utc)
         f["Time/TimeUTC"].attrs["units"] = "seconds since 1970-01-01 00:00:00 UTC"
 
-    p = _profiles(rng, t0, n_frames, height, cloudy, sza, saa)
+    p = _profiles(rng, t0, n_frames, height, cloudy, cirrus, sza, saa)
     doy = (p["t"] - float(calendar.timegm(dt.date(date.year, 1, 1).timetuple()))) / 86400.0 + 1.0
     julian = np.stack([doy - p["half_day"], doy, doy + p["half_day"]], axis=1)          # (N, 3)
     lat = 34.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 0]) / 111.0
@@ -328,5 +344,6 @@ def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, fr
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):
         rng = np.random.default_rng([seed, i])
         _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, rows, cols)
+    (out / VERSION_FILE).write_text(f"{DEMO_VERSION}\n")
     log.info("wrote %d demo flights (%d frames of %dx%d each) to %s", n_flights, frames_per_flight, rows, cols, out)
     return entries

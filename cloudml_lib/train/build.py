@@ -88,7 +88,7 @@ def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
     out = {}
     for c in train_set.caches + val_set.caches:
         h = hashlib.sha256()
-        for a in (c.frame_index, c.cbh_km, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
+        for a in (c.frame_index, c.cbh_km, c.cloud, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
         out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16]}

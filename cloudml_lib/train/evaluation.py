@@ -11,18 +11,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cloudml_lib import plots
+from cloudml_lib import intervals, plots
 from cloudml_lib.checkpoint import load_checkpoint
+from cloudml_lib.clouds import cloud_metrics
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import build_report, format_report, predict, regression_metrics, write_evaluation
+from cloudml_lib.evaluate import Scored, build_report, format_report, predict, regression_metrics, write_evaluation
 from cloudml_lib.recovery import MAX_ATTEMPTS, eager_after_compile_failure, halve_eval_batch, release_memory, run_attempt
 from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
 
 
-def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, np.ndarray]:
-    """Validation loss (standardised Huber), metrics in km and predictions in km.
+def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, Scored]:
+    """Validation loss (the training objective: standardised Huber on the samples with a height, plus the
+    weighted cloud cross-entropy), metrics (km; with a cloud output its accuracy and ROC-AUC) and the
+    model's answers (`Scored`, in km) for `indices`.
 
     Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
     switches to eager mode. Predictions do not depend on the evaluation batch size.
@@ -47,10 +50,19 @@ def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, np.nda
             tr.run_info.write()
     else:
         raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
-    loss = float(F.huber_loss(torch.from_numpy(pred), torch.from_numpy(target), delta=tr.cfg.train.huber_delta))
-    s = tr.val_set.scalers
-    pred_km, true_km = pred * s.cbh_std + s.cbh_mean, target * s.cbh_std + s.cbh_mean
-    return loss, regression_metrics(true_km, pred_km), pred_km
+    scored = Scored.from_outputs(pred, tr.val_set.scalers)
+    has = tr.val_set.has_height()[indices]
+    height = pred[:, 0] if pred.ndim == 2 else pred
+    loss = tr.cfg.train.height_loss_weight * float(F.huber_loss(torch.from_numpy(height[has]), torch.from_numpy(
+        target[has]), delta=tr.cfg.train.huber_delta)) if has.any() else 0.0
+    metrics = regression_metrics(tr.val_set.targets_km()[indices][has], scored.height_km[has])
+    if scored.cloud_prob is not None:
+        flags = tr.val_set.cloud_flags()[indices]
+        bce = F.binary_cross_entropy_with_logits(torch.from_numpy(pred[:, 1]), torch.from_numpy(flags.astype(np.float64)))
+        loss += tr.cfg.train.cloud_loss_weight * float(bce)
+        cloud = cloud_metrics(flags, scored.cloud_prob, tr.cfg.model.cloud_threshold)
+        metrics.update(cloud_accuracy=cloud["accuracy"], cloud_auc=cloud["roc_auc"])
+    return loss, metrics, scored
 
 
 def update_best(tr, val_loss: float, epoch: int) -> bool:
@@ -87,10 +99,16 @@ def evaluate_best(tr) -> dict:
             tr.state["best_epoch"] = tr.state["epoch"]
             if tr.dist.is_main:
                 tr.save_best()
-    _, _, pred_km = tr.validate()
-    report = build_report(tr.val_set, pred_km, float(tr.train_set.targets_km().mean()), tr.state["best_epoch"])
+    _, _, scored = tr.validate()
+    has = tr.val_set.has_height()
+    names = ", ".join(c.name for c in tr.val_set.caches)
+    calibration = intervals.calibrate(scored.height_km[has], tr.val_set.targets_km()[has], "conformal_absolute",
+                                      tr.cfg.train.interval_coverage, f"this run's held-out flights ({names})")
+    report = build_report(tr.val_set, scored, float(np.nanmean(tr.train_set.targets_km())), tr.state["best_epoch"],
+                          tr.train_set, tr.cfg.model.cloud_threshold, calibration)
     if tr.dist.is_main:
-        write_evaluation(tr.run_dir, tr.val_set, pred_km, report)
+        write_evaluation(tr.run_dir, tr.val_set, scored, report)
+        intervals.save(tr.run_dir, calibration)
     return report
 
 

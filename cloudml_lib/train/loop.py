@@ -33,7 +33,7 @@ from cloudml_lib.train.evaluation import finish, stored_report, update_best, val
 from cloudml_lib.train.progress import ProgressLines, log_step, mean_loss
 from cloudml_lib.train.saving import save_best, save_checkpoint
 from cloudml_lib.train.state import snapshot
-from cloudml_lib.train.loss import weighted_huber
+from cloudml_lib.train.loss import global_totals, part_loss
 from cloudml_lib.train.signals import StopRequest
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,14 @@ class Trainer:
         val_loss, m, _ = self.validate(self.quick_val)
         memory = memory_readings(self.device)
         record = {"epoch": epoch + 1, "step": st["step"], "train_loss": train_loss, "val_loss": val_loss,
-                  "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"],
+                  "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"], "cloud_accuracy": m.get("cloud_accuracy"),
                   "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
         st["history"].append(record)
         self._append_metrics({"kind": "epoch", **record, "memory": memory})
-        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km | lr %.1e | %.1f s | %s",
-                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], record["lr"], record["time_s"],
-                 format_memory(memory))
+        cloud = "" if m.get("cloud_accuracy") is None else f" | cloud acc {m['cloud_accuracy']:.2f}"
+        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km%s | lr %.1e | %.1f s | %s",
+                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], cloud, record["lr"],
+                 record["time_s"], format_memory(memory))
         stop = self._update_best(val_loss, epoch + 1)
         st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
         self.loop.reset_epoch()
@@ -167,7 +168,7 @@ class Trainer:
         n, mb = len(batch["target"]), st["micro_batch_size"]
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
-        weight_total = self.dist.all_sum(batch["weight"].sum().to(self.device))
+        totals = global_totals({k: batch[k].to(self.device) for k in ("weight", "has_height")}, self.dist.all_sum)
         last_of_step = (st["batch"] + 1) % t.grad_accum_steps == 0 or \
             st["batch"] + 1 == self.sampler.batches_per_epoch()
         total = torch.zeros((), device=self.device)
@@ -175,15 +176,16 @@ class Trainer:
             part = slice(lo, min(n, lo + mb))
             frames = batch["frames"][part].to(self.device, non_blocking=True)          # (b, T, H, W)
             scalars = batch["scalars"][part].to(self.device, non_blocking=True)        # (b, 3)
-            target = batch["target"][part].to(self.device, non_blocking=True)          # (b,)
-            weight = batch["weight"][part].to(self.device, non_blocking=True)          # (b,)
+            # (b,) each: standardised height, 1 where it has one, cloud flag, sample weight
+            labels = {k: batch[k][part].to(self.device, non_blocking=True)
+                      for k in ("target", "has_height", "cloud", "weight")}
             # Gradients are averaged across processes once per optimizer step, in its last backward.
             with no_sync(self.ddp, skip=not (last_of_step and lo + mb >= n)):
                 with self.autocast():
-                    pred = self.forward(frames, scalars)
-                # This part's share of the batch's weighted mean (exactly the mean when not split).
-                share = weight.sum() / weight_total
-                loss = weighted_huber(pred.float(), target, weight, t.huber_delta, t.hard_example_weight) * share
+                    out = self.forward(frames, scalars)
+                # This part's share of the batch's weighted means (exactly the means when not split).
+                loss = part_loss(out, labels, totals, t.huber_delta, t.hard_example_weight, t.cloud_loss_weight,
+                                 t.height_loss_weight)
                 self.scaler.scale(loss * self.dist.world / t.grad_accum_steps).backward()
             total += loss.detach()
         return total

@@ -1,14 +1,43 @@
-"""The training objective: a Huber loss on the standardised cloud base height, each sample weighted
-(data.overweight_factor), with optional extra weight on the hardest examples of the batch."""
+"""The training objective: a Huber loss on the standardised cloud base height of the samples that have
+one, each sample weighted (data.overweight_factor), with optional extra weight on the hardest examples;
+plus, with a cloud output, a binary cross-entropy on cloud / no-cloud over every sample, weighted by
+train.cloud_loss_weight. Both are weighted means over the global batch, whatever its split into
+micro-batches and processes."""
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
+
+from cloudml_lib.model import split_output
 
 
 def weighted_huber(pred, target, weight, delta: float, hard_example_weight: float):
-    """Huber loss on the standardised target; optional extra weight on examples with large errors."""
+    """Huber loss on the standardised target, the weighted mean over samples of non-zero weight (0 when none);
+    optional extra weight on examples with large errors."""
     per_sample = F.huber_loss(pred, target, reduction="none", delta=delta)
     if hard_example_weight > 0:
-        err = (pred - target).abs().detach()
-        weight = weight * (1.0 + hard_example_weight * err / (err.mean() + 1e-6))
-    return (per_sample * weight).sum() / weight.sum()
+        used = (weight > 0).float()
+        err = (pred - target).abs().detach() * used
+        weight = weight * (1.0 + hard_example_weight * err / (err.sum() / used.sum().clamp_min(1) + 1e-6))
+    return (per_sample * weight).sum() / weight.sum().clamp_min(1e-12)
+
+
+def global_totals(batch: dict, all_sum) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch's total weight of the samples with a height and of all samples (`all_sum` adds
+    them over processes)."""
+    weight = batch["weight"]
+    return all_sum(torch.stack([(weight * batch["has_height"]).sum(), weight.sum()]))
+
+
+def part_loss(out, part: dict, totals: torch.Tensor, delta: float, hard_example_weight: float,
+              cloud_weight: float, height_weight: float = 1.0) -> torch.Tensor:
+    """This part of the global batch's share of its loss (exactly the loss when the batch is one part).
+    `part`: target, has_height, cloud, weight on the device; `totals` from global_totals."""
+    height, logit = split_output(out.float())
+    w_height = part["weight"] * part["has_height"]
+    loss = height_weight * weighted_huber(height, part["target"], w_height, delta, hard_example_weight) * (
+        w_height.sum() / totals[0].clamp_min(1e-12))
+    if logit is not None and cloud_weight > 0:
+        bce = F.binary_cross_entropy_with_logits(logit, part["cloud"], reduction="none")
+        loss = loss + cloud_weight * (bce * part["weight"]).sum() / totals[1].clamp_min(1e-12)
+    return loss

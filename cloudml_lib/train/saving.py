@@ -6,6 +6,8 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
+
 from cloudml_lib.checkpoint import FORMAT_VERSION, CheckpointWriter, save_atomic, to_cpu, unwrap_model
 from cloudml_lib.config import CheckpointConfig, Config
 from cloudml_lib.distributed import Dist
@@ -81,5 +83,5 @@ def save_best(tr) -> None:
     save_atomic({"format": FORMAT_VERSION, "model": to_cpu(dict(unwrap_model(tr.model).state_dict())),
                  "config": tr.cfg.to_dict(), "scalers": tr.val_set.scalers.to_dict(), "epoch": st["best_epoch"],
                  "step": st["step"], "val_loss": st["best_val_loss"],
-                 "train_mean_km": float(tr.train_set.targets_km().mean()), "provenance": tr.provenance},
+                 "train_mean_km": float(np.nanmean(tr.train_set.targets_km())), "provenance": tr.provenance},
                 tr.run_dir / "best.pt")

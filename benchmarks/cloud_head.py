@@ -1,0 +1,67 @@
+"""One model with a cloud output, or a second model for cloud / no-cloud? Measured on the demo.
+
+    python benchmarks/cloud_head.py           # writes benchmarks/results/cloud_head.json (about 8 minutes)
+
+Variants, each the full demo run (configs/demo.yaml, the same flights, the same held-out flight),
+one after the other in one process:
+- `joint`: the default, one network with a height and a cloud output (train.cloud_loss_weight 0.5);
+- `height_only`: the same network without the cloud output, trained on the frames with a height;
+- `cloud_only`: the same network trained on cloud / no-cloud alone (train.height_loss_weight 0): the
+  "second small model" that would sit beside `height_only`.
+Compared: the held-out height error (joint against height_only), the held-out cloud accuracy, F1 and
+ROC-AUC (joint against cloud_only, and both against the brightness-temperature threshold), and the
+training time of one joint model against the two separate ones.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks import machine  # noqa: E402
+
+SCRATCH = REPO / "benchmarks" / ".scratch" / "cloud_head"
+VARIANTS = {"joint": [], "height_only": ["model.cloud_head=false"], "cloud_only": ["train.height_loss_weight=0"]}
+
+
+def run(variant: str) -> dict:
+    from cloudml_lib.config import load_config
+    from cloudml_lib.train import train
+
+    overrides = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cache'}", *VARIANTS[variant]]
+    cfg = load_config(REPO / "configs" / "demo.yaml", overrides)
+    t0 = time.perf_counter()
+    report = train(cfg, SCRATCH / "runs" / variant, resume="never")
+    seconds = time.perf_counter() - t0
+    cloud = report.get("cloud") or {}
+    row = {"variant": variant, "seconds": round(seconds, 1),
+           **{k: report["overall"][k] for k in ("r2", "mae_km", "rmse_km")}}
+    for method in ("model", "bt_threshold", "majority"):
+        if method in cloud:
+            row[f"cloud_{method}"] = {k: cloud[method]["overall"][k] for k in ("accuracy", "f1", "roc_auc")}
+    return row
+
+
+def main() -> None:
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    rows = {}
+    for variant in VARIANTS:
+        rows[variant] = run(variant)
+        print(json.dumps(rows[variant]), flush=True)
+    j, h, c = rows["joint"], rows["height_only"], rows["cloud_only"]
+    out = {"machine": machine(), "config": "configs/demo.yaml", "runs": rows,
+           "height_mae_joint_over_height_only": j["mae_km"] / h["mae_km"],
+           "cloud_accuracy_joint_minus_cloud_only": j["cloud_model"]["accuracy"] - c["cloud_model"]["accuracy"],
+           "time_joint_over_two_models": j["seconds"] / (h["seconds"] + c["seconds"])}
+    path = REPO / "benchmarks" / "results" / "cloud_head.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(f"wrote {path}")
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

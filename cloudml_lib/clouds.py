@@ -1,0 +1,89 @@
+"""Cloud / no-cloud: metrics of the model's cloud output and the two baselines it must beat.
+
+Truth: the CPL layer count of the profile matched to a frame (`Number_Layers == 0` is clear sky).
+Metrics per set of frames: accuracy, F1 of the cloud class, ROC-AUC (scikit-learn), n and the
+share of cloudy frames. Baselines, fitted on the training flights only:
+- `majority`: always the training flights' majority class;
+- `bt_threshold`: cloud where the frame's 10th-percentile brightness (`frame_p10`, the raw file
+  units, monotonic in brightness temperature) lies below a threshold, the one that classifies
+  the training flights best.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BASELINES = ("majority", "bt_threshold")
+
+
+def cloud_metrics(flag: np.ndarray, score: np.ndarray, threshold: float = 0.5) -> dict:
+    """`flag` true 0/1, `score` the cloud probability (or any score increasing with cloud) and the threshold
+    that turns it into a flag."""
+    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+
+    flag, score = np.asarray(flag, np.int64), np.asarray(score, np.float64)
+    ok = np.isfinite(score)
+    flag, score = flag[ok], score[ok]
+    if flag.size == 0:
+        return {"accuracy": None, "f1": None, "roc_auc": None, "n": 0, "cloud_share": None}
+    guess = (score >= threshold).astype(np.int64)
+    return {"accuracy": float(accuracy_score(flag, guess)), "f1": float(f1_score(flag, guess, zero_division=0.0)),
+            "roc_auc": float(roc_auc_score(flag, score)) if 0 < flag.sum() < flag.size else None,
+            "n": int(flag.size), "cloud_share": float(flag.mean())}
+
+
+def fit_threshold(p10: np.ndarray, flag: np.ndarray) -> float:
+    """The frame_p10 threshold (cloud below it) that classifies the training frames best."""
+    p10, flag = np.asarray(p10, np.float64), np.asarray(flag, np.int64)
+    ok = np.isfinite(p10)
+    p10, flag = p10[ok], flag[ok]
+    if p10.size == 0:
+        return float("nan")
+    order = np.argsort(p10)
+    x, y = p10[order], flag[order]
+    # threshold between x[k-1] and x[k]: frames 0..k-1 called cloud; correct = clouds among them + clear after
+    correct = np.concatenate([[0], np.cumsum(y)]) + (np.sum(1 - y) - np.concatenate([[0], np.cumsum(1 - y)]))
+    k = int(np.argmax(correct))
+    if k == 0:
+        return float(np.nextafter(x[0], -np.inf))            # nothing below: every frame clear
+    if k == len(x):
+        return float(np.nextafter(x[-1], np.inf))            # every frame cloud
+    return float((x[k - 1] + x[k]) / 2)
+
+
+def baseline_scores(name: str, train: dict, p10: np.ndarray) -> tuple[np.ndarray, float]:
+    """(score per frame, threshold on it) of a baseline fitted on `train` ({"flag", "p10"})."""
+    n = len(p10)
+    if name == "majority":
+        share = float(np.mean(train["flag"])) if len(train["flag"]) else 0.0
+        return np.full(n, share), 0.5                        # the majority class everywhere, AUC 0.5
+    threshold = fit_threshold(train["p10"], train["flag"])
+    return -np.asarray(p10, np.float64), -threshold          # colder (lower) means cloud
+
+
+def cloud_report(flags: np.ndarray, prob: np.ndarray | None, flights: np.ndarray, p10: np.ndarray, train: dict,
+                 threshold: float) -> dict:
+    """Overall and per-flight metrics of the model (when it has a cloud output) and of both baselines."""
+    methods = {name: baseline_scores(name, train, p10) for name in BASELINES}
+    if prob is not None:
+        methods = {"model": (prob, threshold), **methods}
+    out = {"threshold": threshold, "train_cloud_share": float(np.mean(train["flag"])) if len(train["flag"]) else None,
+           "bt_threshold": fit_threshold(train["p10"], train["flag"])}
+    for name, (score, thr) in methods.items():
+        out[name] = {"overall": cloud_metrics(flags, score, thr),
+                     "per_flight": {str(f): cloud_metrics(flags[flights == f], score[flights == f], thr)
+                                    for f in dict.fromkeys(flights)}}
+    return out
+
+
+def format_cloud(report: dict) -> str:
+    """A plain-text table: accuracy, F1 and ROC-AUC per method, overall and per flight."""
+    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731
+    rows = []
+    for method in [m for m in ("model", *BASELINES) if m in report]:
+        rows.append((f"{method}: all", report[method]["overall"]))
+        rows += [(f"{method}: flight {k}", v) for k, v in report[method]["per_flight"].items()]
+    width = max(28, *(len(r[0]) for r in rows))
+    lines = [f"{'cloud / no-cloud':{width}s}" + "".join(f"  {h:>10s}" for h in ("accuracy", "F1", "ROC-AUC", "n"))]
+    for name, m in rows:
+        lines.append(f"{name:{width}s}  {num(m['accuracy'])}  {num(m['f1'])}  {num(m['roc_auc'])}  {m['n']:10d}")
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""Cloud / no-cloud: labels on every frame a profile matches (clear sky included), the metrics and the
+two baselines, the joint loss, and prediction intervals (MAPIE) measured on flights never seen."""
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from cloudml_lib import intervals
+from cloudml_lib.clouds import cloud_metrics, cloud_report, fit_threshold
+from cloudml_lib.data import cpl
+from cloudml_lib.model import MultimodalRegressionModel, split_output
+from cloudml_lib.train.loss import global_totals, part_loss
+
+
+def test_every_matched_profile_labels_its_frame_clear_sky_included(tiny_config):
+    data = tiny_config.data
+    flight = data.flights[0]
+    labels = cpl.read_flight_labels(flight, data)
+    with h5py.File(f"{data.dir}/{flight.cpl_file}") as f:
+        n_layers = f["layer_descriptor/Number_Layers"][:]
+    assert labels.counts["cloud_labels"] == len(labels.frame_index) > labels.heights == labels.counts["kept"]
+    assert np.all(np.diff(labels.frame_index) > 0)                          # one sample per frame, in order
+    clear = labels.cloud == 0
+    assert clear.sum() == labels.counts["clear_sky"] > 3 and (n_layers == 0).sum() >= clear.sum()
+    assert np.isnan(labels.cbh_km[clear]).all()                           # no height over clear sky
+    assert (labels.cloud[np.isfinite(labels.cbh_km)] == 1).all()          # every height comes with a cloud
+    # clouds outside the label range (the cirrus-only profiles) are cloud without a height
+    assert ((labels.cloud == 1) & np.isnan(labels.cbh_km)).sum() > 0
+
+
+def test_cloud_metrics_and_the_brightness_temperature_threshold():
+    flag = np.array([1, 1, 1, 0, 0, 0, 1, 0])
+    m = cloud_metrics(flag, np.array([0.9, 0.8, 0.4, 0.1, 0.2, 0.6, 0.7, 0.3]))
+    assert m["accuracy"] == pytest.approx(6 / 8) and m["f1"] == pytest.approx(0.75)
+    assert m["roc_auc"] == pytest.approx(15 / 16) and m["cloud_share"] == 0.5
+    assert cloud_metrics(np.ones(4), np.full(4, 0.9))["roc_auc"] is None    # one class: no AUC, no crash
+    p10 = np.array([210.0, 215, 220, 280, 285, 290])                      # cold frames are cloudy
+    assert 220 < fit_threshold(p10, np.array([1, 1, 1, 0, 0, 0])) < 280
+    train = {"flag": np.array([1, 1, 1, 0]), "p10": np.array([200.0, 210, 220, 290])}
+    report = cloud_report(np.array([1, 0, 1]), np.array([0.8, 0.3, 0.2]), np.array(["a", "a", "b"]),
+                          np.array([205.0, 295, 230]), train, 0.5)
+    assert report["majority"]["overall"]["accuracy"] == pytest.approx(2 / 3)   # always "cloud"
+    assert report["bt_threshold"]["overall"]["accuracy"] == 1.0
+    assert report["model"]["per_flight"]["b"]["accuracy"] == 0.0
+    assert set(report["model"]["per_flight"]) == {"a", "b"}
+
+
+def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
+    torch.manual_seed(0)
+    out = torch.randn(6, 2, requires_grad=True)
+    part = {"target": torch.randn(6), "has_height": torch.tensor([1.0, 0, 1, 1, 0, 1]),
+            "cloud": torch.tensor([1.0, 0, 1, 1, 1, 1]), "weight": torch.tensor([1.0, 1, 2, 1, 1, 1])}
+    totals = global_totals(part, lambda x: x)
+    whole = part_loss(out, part, totals, 1.0, 0.0, 0.5)
+    h = part["has_height"] > 0
+    w = part["weight"][h]
+    huber = torch.nn.functional.huber_loss(out[h, 0], part["target"][h], reduction="none")
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(out[:, 1], part["cloud"], reduction="none")
+    expected = (huber * w).sum() / w.sum() + 0.5 * (bce * part["weight"]).sum() / part["weight"].sum()
+    assert float(whole.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
+    pieces = sum(part_loss(out[s], {k: v[s] for k, v in part.items()}, totals, 1.0, 0.0, 0.5)
+                 for s in (slice(0, 1), slice(1, 4), slice(4, 6)))       # micro-batches, one without a height
+    assert float(pieces) == pytest.approx(float(whole), rel=1e-6)
+    # the target of a sample without a height never matters
+    changed = dict(part, target=torch.where(h, part["target"], torch.tensor(1e6)))
+    assert float(part_loss(out, changed, totals, 1.0, 0.0, 0.5)) == pytest.approx(float(whole), rel=1e-6)
+
+
+def test_the_model_has_a_cloud_output_only_when_asked():
+    frames, scalars = torch.randn(3, 2, 16, 16), torch.randn(3, 3)
+    joint = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head=True).eval()
+    height, logit = split_output(joint(frames, scalars))
+    assert height.shape == logit.shape == (3,)
+    plain = MultimodalRegressionModel(channels=[4, 4, 4]).eval()
+    height, logit = split_output(plain(frames, scalars))
+    assert height.shape == (3,) and logit is None
+
+
+def test_conformal_intervals_match_the_split_conformal_quantile():
+    rng = np.random.default_rng(0)
+    pred = rng.uniform(0.3, 2.0, 400)
+    true = pred + rng.normal(0, 0.1, 400)
+    cal = intervals.calibrate(pred, true, "conformal_absolute", 0.9, "test")
+    lower, upper = intervals.bounds(np.array([1.0, 0.5]), cal)
+    scores = np.sort(np.abs(true - pred))
+    q = scores[int(np.ceil(401 * 0.9)) - 1]                                 # the conformal quantile
+    np.testing.assert_allclose(upper - [1.0, 0.5], q, atol=1e-4)
+    np.testing.assert_allclose([1.0, 0.5] - lower, q, atol=1e-4)
+    gamma = intervals.calibrate(pred, true, "conformal_gamma", 0.9, "test")
+    lo, up = intervals.bounds(np.array([0.5, 2.0]), gamma)
+    assert (up - lo)[1] == pytest.approx(4 * (up - lo)[0], rel=1e-6)       # width proportional to the height
+    assert intervals.calibrate(pred[:5], true[:5], "conformal_absolute", 0.9, "test") is None   # too few
+
+
+def test_coverage_on_a_flight_never_seen_and_the_verdict():
+    rng = np.random.default_rng(1)
+    by_flight = {}
+    for name, noise in (("calm1", 0.05), ("calm2", 0.05), ("calm3", 0.05), ("rough", 0.4)):
+        pred = rng.uniform(0.3, 2.0, 300)
+        by_flight[name] = (pred, pred + rng.normal(0, noise, 300))
+    result = intervals.leave_one_flight_out(by_flight, 0.9)
+    absolute = result["methods"]["conformal_absolute"]["per_flight"]
+    # calibrated on the other flights: the rough flight's intervals are too narrow, the calm ones too wide
+    assert absolute["rough"]["coverage"] < 0.6 and absolute["calm1"]["coverage"] > 0.95
+    assert result["chosen"] in intervals.METHODS
+    assert any("On flight rough" in v and "far below the target" in v for v in result["verdicts"])
+    assert not any("On flight calm1" in v for v in result["verdicts"])
