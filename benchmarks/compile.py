@@ -53,6 +53,7 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
     from cloudml_lib.compile import CompileReport, CompileWatch, apply_compile
     from cloudml_lib.config import load_config
     from cloudml_lib.model import build_model
+    from cloudml_lib.train import batch_loss
     torch.manual_seed(0)
     config, shape, batch, warmup, steps = MODELS[model_name]
     device = torch.device(device_name)
@@ -80,7 +81,7 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
         hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
                                                           lambda t: t) if saved is not None else nullcontext())
         with hooks, autocast:                     # saved: count the bytes autograd keeps for backward
-            loss = torch.nn.functional.huber_loss(forward(frames, scalars).float(), target)
+            loss = batch_loss(forward(frames, scalars), {"target": target}, cfg.train)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -45,11 +45,13 @@ def build(preset: str, device: torch.device):
     return cfg, model, forward, opt, autocast, scaler, watch
 
 
-def make_step(forward, opt, autocast, scaler, frames, scalars, target):
+def make_step(forward, opt, autocast, scaler, frames, scalars, target, train_cfg):
+    from cloudml_lib.train import batch_loss
+
     def step():
         with autocast():
             pred = forward(frames, scalars)
-        loss = torch.nn.functional.huber_loss(pred.float(), target)
+        loss = batch_loss(pred, {"target": target}, train_cfg)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -64,7 +66,7 @@ def measure_preset(preset: str, device: torch.device, shape, warmup: int, steps:
     frames = torch.randn(b, t, *shape, device=device, generator=gen)
     scalars = torch.randn(b, 3, device=device, generator=gen)
     target = torch.randn(b, device=device, generator=gen)
-    step = make_step(forward, opt, autocast, scaler, frames, scalars, target)
+    step = make_step(forward, opt, autocast, scaler, frames, scalars, target, cfg.train)
     out = {"batch_size": b, "channels": cfg.channels, "gradient_checkpointing": cfg.model.gradient_checkpointing,
            "torch_compile": cfg.train.torch_compile}
     try:
@@ -108,7 +110,7 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
     def step(b):
         frames = torch.randn(b, t, *shape, device=device)
         make_step(model, opt, autocast, scaler, frames, torch.randn(b, 3, device=device),
-                  torch.randn(b, device=device))()
+                  torch.randn(b, device=device), cfg.train)()
 
     result = probe_batch_size(step, device, budget=int(T4_GIB * 2 ** 30))
     model = opt = None

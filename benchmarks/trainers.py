@@ -82,9 +82,8 @@ def bare_step(model, optimizer, scheduler, batch: dict, t) -> None:
     """One optimizer step of the hand-written loop (the reference for both measurements)."""
     import torch
 
-    from cloudml_lib.train import weighted_huber
-    loss = weighted_huber(model(batch["frames"], batch["scalars"]), batch["target"], batch["weight"],
-                          t.huber_delta, t.hard_example_weight)
+    from cloudml_lib.train import batch_loss
+    loss = batch_loss(model(batch["frames"], batch["scalars"]), batch, t)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
     optimizer.step()
@@ -152,7 +151,7 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
 
     from cloudml_lib.data.dataset import EpochBatchSampler
     from cloudml_lib.model import build_model
-    from cloudml_lib.train import seed_everything, weighted_huber
+    from cloudml_lib.train import batch_loss, seed_everything
     t = cfg.train
     seed_everything(t.seed)
     train_set, _ = data(cfg)
@@ -164,8 +163,7 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
             self.net = build_model(cfg)
 
         def training_step(self, batch, _):
-            return weighted_huber(self.net(batch["frames"], batch["scalars"]), batch["target"], batch["weight"],
-                                  t.huber_delta, t.hard_example_weight)
+            return batch_loss(self.net(batch["frames"], batch["scalars"]), batch, t)
 
         def configure_optimizers(self):
             optimizer = torch.optim.AdamW(self.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)

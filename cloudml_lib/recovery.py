@@ -118,7 +118,7 @@ def measure_batch_size(model: torch.nn.Module, autocast, device: torch.device, f
     def step(b: int) -> None:
         gen = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(b, frames, h, w, device=device, generator=gen)             # (b, T, H, W)
-        scalars = torch.randn(b, 2, device=device, generator=gen)
+        scalars = torch.randn(b, probe_model.film[0].in_features, device=device, generator=gen)   # (b, 3)
         with autocast():
             loss = probe_model(x, scalars).float().pow(2).mean()
         loss.backward()

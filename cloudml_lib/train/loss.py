@@ -41,3 +41,14 @@ def part_loss(out, part: dict, totals: torch.Tensor, delta: float, hard_example_
         bce = F.binary_cross_entropy_with_logits(logit, part["cloud"], reduction="none")
         loss = loss + cloud_weight * (bce * part["weight"]).sum() / totals[1].clamp_min(1e-12)
     return loss
+
+
+def batch_loss(out, batch: dict, t) -> torch.Tensor:
+    """The loss of one whole batch on one process (`t`: the train config): for loops written by hand, such as
+    the benchmarks' reference loop. A batch without has_height / cloud (a plain height batch) counts every
+    sample as a cloudy frame with a height."""
+    ones = torch.ones_like(batch["target"])
+    part = {"target": batch["target"], "weight": batch.get("weight", ones),
+            "has_height": batch.get("has_height", ones), "cloud": batch.get("cloud", ones)}
+    return part_loss(out, part, global_totals(part, lambda x: x), t.huber_delta, t.hard_example_weight,
+                     t.cloud_loss_weight, t.height_loss_weight)
