@@ -147,18 +147,20 @@ def cloud_head_md(d: dict) -> list[str]:
     num = lambda m, k: "-" if not m or m.get(k) is None else fmt(m[k], 3)  # noqa: E731
     lines = [f"Machine: {describe(d['machine'])}. Each row the full demo run ({d['config']}), held-out flight.", "",
              "| variant-seed | height R2 | height MAE km | cloud accuracy | cloud F1 | cloud ROC-AUC | BT threshold accuracy "
-             "| epochs' time s |", "|---|---|---|---|---|---|---|---|"]
+             "| epochs' time s | whole run s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         m = r.get("cloud_model")
         bt = r.get("cloud_bt_threshold") if m else None      # without a cloud output the val set has no clear frame
         height = not name.startswith("cloud_only")
         lines.append(f"| {name} | {fmt(r['r2'], 3) if height else '-'} | {fmt(r['mae_km'], 3) if height else '-'} | "
                      f"{num(m, 'accuracy')} | {num(m, 'f1')} | {num(m, 'roc_auc')} | {num(bt, 'accuracy')} | "
-                     f"{r['epoch_seconds']:.0f} |")
-    return lines + ["", f"Height MAE joint / height-only (mean over seeds): {d['height_mae_joint_over_height_only']:.2f}x; "
-                    "cloud accuracy "
-                    f"joint - cloud-only: {d['cloud_accuracy_joint_minus_cloud_only']:+.3f}; training time of the joint "
-                    f"model / the two separate models: {d['time_joint_over_two_models']:.2f}x."]
+                     f"{r['epoch_seconds']:.0f} | {r['seconds']:.0f} |")
+    return lines + ["", f"Height MAE over height-only (mean over seeds): probe {d['height_mae_probe_over_height_only']:.2f}x, "
+                    f"joint {d['height_mae_joint_over_height_only']:.2f}x. Cloud accuracy probe - joint: "
+                    f"{d['cloud_accuracy_probe_minus_joint']:+.3f}; joint - cloud-only: "
+                    f"{d['cloud_accuracy_joint_minus_cloud_only']:+.3f}. Whole run, probe / height-only: "
+                    f"{d['time_probe_over_height_only']:.2f}x; epochs' time, joint / the two separate models: "
+                    f"{d['time_joint_over_two_models']:.2f}x."]
 
 
 def flip_rule_md(d: dict) -> list[str]:
@@ -191,7 +193,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
                 ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
                 ("torch.compile against eager", "compile", compile_md),
                 ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
-                ("Cloud / no-cloud: one joint model or a second model", "cloud_head", cloud_head_md)]
+                ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md)]
     lines = ["# Benchmark results", "",
              "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
              "Ratios are measured side by side in one run; no number here is typed by hand.", ""]

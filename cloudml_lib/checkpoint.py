@@ -149,7 +149,8 @@ def fault_point(name: str) -> None:
     time `name` is reached.
 
     Points: "setup" (the trainer's set-up begins), "step" (after each optimizer step), "commit-copied"
-    (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet).
+    (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet),
+    "probe-fitted" (the cloud probe is in best.pt, the final evaluation and checkpoint are not written).
     Unset, this does nothing. Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r.
     """
     spec = os.environ.get("CLOUDML_KILL_AT")

@@ -87,3 +87,26 @@ def format_cloud(report: dict) -> str:
     for name, m in rows:
         lines.append(f"{name:{width}s}  {num(m['accuracy'])}  {num(m['f1'])}  {num(m['roc_auc'])}  {m['n']:10d}")
     return "\n".join(lines)
+
+
+def fit_probe(features: np.ndarray, flag: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """model.cloud_head probe: a logistic regression (scikit-learn, L2, C=1) of the cloud flag on the
+    features, standardised for the fit; returned as weights and bias on the raw features. None when the
+    frames do not hold both classes (nothing to separate) or no frame has finite features."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    features, flag = np.asarray(features, np.float64), np.asarray(flag, np.int64)
+    ok = np.isfinite(features).all(axis=1)
+    features, flag = features[ok], flag[ok]
+    if not 0 < flag.sum() < flag.size:
+        return None
+    mean, std = features.mean(axis=0), features.std(axis=0)
+    std[std < 1e-12] = 1.0                                   # a constant feature: weight 0 either way
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # the weights after max_iter are still usable
+        clf = LogisticRegression(C=1.0, max_iter=5000).fit((features - mean) / std, flag)
+    weight = clf.coef_[0] / std
+    return weight, float(clf.intercept_[0] - weight @ mean)

@@ -24,12 +24,16 @@ CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
 # crop and downsampling leaves nothing for the last block.
 MIN_FRAME_SIDE = 8
 MAX_DEM_SURFACE_M = 10.0          # above this a "sea level" threshold keeps coastal land
+# model.cloud_head: how the cloud / no-cloud output is made (model.py; benchmarks/cloud_head.py chose probe)
+CLOUD_HEADS = ("probe", "joint", "none")
 
 
-def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, auto: bool = False):
+def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, auto: bool = False,
+       legacy: dict | None = None):
     """A dataclass field with its help text and valid values, used by validation and docs.
-    `auto`: the string "auto" is also valid (resolved when the run starts)."""
-    meta = {"help": help, "range": range, "choices": choices, "auto": auto}
+    `auto`: the string "auto" is also valid (resolved when the run starts). `legacy`: values an earlier
+    version wrote (in run folders and checkpoints) and what they mean now."""
+    meta = {"help": help, "range": range, "choices": choices, "auto": auto, "legacy": legacy or {}}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -150,8 +154,11 @@ class ModelConfig:
     gradient_checkpointing: bool = _f(False, "recompute each frame's CNN pass in backward: less memory, ~15% slower")
     dropout: float = _f(0.3, "dropout before the regression head", range=(0.0, 0.9))
     scalars_only: bool = _f(False, "control model that sees only the solar angles, not the frames")
-    cloud_head: bool = _f(True, "a cloud / no-cloud output beside the height, trained on every frame a CPL profile "
-                          "matches (clear sky included)")
+    cloud_head: str = _f("probe", "the cloud / no-cloud output. probe: fitted when training ends (a logistic "
+                         "regression on the trained network's features, every frame a CPL profile matches, clear "
+                         "sky included); the height is trained as without it. joint: a second output trained with "
+                         "the height (train.cloud_loss_weight). none: height only. true/false in older runs mean "
+                         "joint/none", choices=CLOUD_HEADS, legacy={True: "joint", False: "none"})
     cloud_threshold: float = _f(0.5, "cloud probability at or above which a frame is flagged cloudy (predict)",
                                 range=(0.0, 1.0))
 
@@ -169,10 +176,11 @@ class TrainConfig:
     grad_clip_norm: float = _f(1.0, "gradient norm clip; 0 disables", range=(0.0, 1e6))
     huber_delta: float = _f(1.0, "Huber loss delta on the standardised target", range=(1e-6, 100.0))
     hard_example_weight: float = _f(0.0, "extra loss weight on hard examples (0: off)", range=(0.0, 10.0))
-    height_loss_weight: float = _f(1.0, "weight of the height's Huber loss (0 with model.cloud_head: a cloud-only "
-                                   "model, as in the benchmark of a separate cloud model)", range=(0.0, 100.0))
+    height_loss_weight: float = _f(1.0, "weight of the height's Huber loss (0 with model.cloud_head: joint: a "
+                                   "cloud-only model, as in the benchmark of a separate cloud model)",
+                                   range=(0.0, 100.0))
     cloud_loss_weight: float = _f(0.5, "weight of the cloud / no-cloud loss (binary cross-entropy) beside the "
-                                  "height's Huber loss (model.cloud_head)", range=(0.0, 100.0))
+                                  "height's Huber loss (model.cloud_head: joint only)", range=(0.0, 100.0))
     interval_coverage: float = _f(0.9, "share of true heights the prediction intervals should hold",
                                   range=(0.5, 0.99))
     pretrain_flight: str = _f("", "two-phase protocol: first train on this flight alone (RUN_DIR/pretrain), then "
@@ -229,6 +237,9 @@ def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
     """Check one leaf value against its declared type, range and choices."""
     if meta.get("auto") and value == "auto":
         return value
+    legacy = meta.get("legacy") or {}
+    if any(value is k for k in legacy):                      # `is`: True must not match 1
+        return legacy[value]
     if tp is bool:
         if not isinstance(value, bool):
             problems.append(f"{key}: expected true/false, got {value!r}")
@@ -363,6 +374,10 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     if m.channels and not (len(m.channels) == 3 and all(isinstance(c, int) and c > 0 for c in m.channels)):
         problems.append(f"model.channels: {m.channels!r} is not valid; expected three positive integers, "
                         "e.g. [64, 128, 256], or [] to follow model.memory_optimized")
+    if t.height_loss_weight == 0 and m.cloud_head != "joint":
+        problems.append(f"train.height_loss_weight: 0 leaves nothing to train with model.cloud_head: {m.cloud_head} "
+                        "(only the height is trained; the probe is fitted afterwards); use a weight above 0, or "
+                        "model.cloud_head: joint for a cloud-only model")
     if t.batch_size == "auto" and t.grad_accum_steps > 1:
         problems.append("train.batch_size: 'auto' measures one batch per optimizer step; set a number when "
                         "train.grad_accum_steps > 1")

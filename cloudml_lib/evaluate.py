@@ -212,11 +212,16 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
     if data_dir:
         cfg.data.dir = data_dir
-    last = ckpt["model"].get("head.4.weight") if isinstance(ckpt["model"], dict) else None
-    if cfg.model.cloud_head and last is not None and last.shape[0] == 1:
-        cfg.model.cloud_head = False
-        log.warning("%s was trained without the cloud / no-cloud output (an earlier CloudML): heights are given for "
-                    "every frame, with no cloud flag or probability; retrain with this version to get them.", best)
+    stored = cloud_head_of(ckpt["model"])
+    if stored is not None and stored != cfg.model.cloud_head:
+        log.warning("%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
+                    best, stored, cfg.model.cloud_head, stored)
+        cfg.model.cloud_head = stored
+    if stored == "none" or (stored == "probe" and not int(ckpt["model"]["cloud_fitted"])):
+        log.warning("%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag or "
+                    "probability. %s", best, "trained without one" if stored == "none" else
+                    "it is fitted when training ends, and this run has not ended", "Retrain with model.cloud_head: "
+                    "probe to get them." if stored == "none" else f"Finish the run (train again on {run_dir}).")
     model = build_model(cfg)
     film = ckpt["model"].get("film.0.weight") if isinstance(ckpt["model"], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
@@ -236,6 +241,14 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     return RunModel(model, cfg, ckpt, device, autocast)
 
 
+def cloud_head_of(state: dict) -> str | None:
+    """The model.cloud_head a model's weights were made with (None: not a state dict of this model)."""
+    last = state.get("head.4.weight") if isinstance(state, dict) else None
+    if last is None:
+        return None
+    return "joint" if last.shape[0] == 2 else "probe" if "cloud.weight" in state else "none"
+
+
 def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool = True) -> dict:
     """Score a run's best model on its validation flights; writes predictions.csv and evaluation.json."""
     run_dir = Path(run_dir)
@@ -251,8 +264,8 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     report = build_report(dataset, scored, float(ckpt["train_mean_km"]), int(ckpt["epoch"]), train_set,
                           cfg.model.cloud_threshold, intervals.load(run_dir))
     if scored.cloud_prob is None:
-        log.info("%s was trained without a cloud / no-cloud output (an earlier CloudML, or model.cloud_head: false): "
-                 "the cloud metrics show the baselines only. Retrain to get the cloud output.", run_dir / "best.pt")
+        log.info("%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
+                 run_dir / "best.pt")
     if write:
         write_evaluation(run_dir, dataset, scored, report)
         from cloudml_lib.report import write_report

@@ -5,7 +5,15 @@ The network only: no device, AMP or compile code (train/build.py applies those f
     frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
     angles (B, 2) --> FiLM: gamma, beta (B, C) modulate every frame's features
     softmax attention over the T frames -> (B, C) -> MLP head -> (B,) standardised height
-                                                                 or (B, 2): height and cloud logit (cloud_head)
+                                                                 or (B, 2): height and cloud logit
+
+The cloud logit (`cloud_head`):
+- "probe": a linear layer on the head's input (pooled features and angles), not trained with the
+  network: `fit_cloud_probe` sets it when training ends (train/evaluation.py). Until then the model
+  answers the height alone, and the height is trained exactly as with "none" (the layer is made
+  without drawing from the random generator, and gets no gradient).
+- "joint": the MLP head's second output, trained with the height (train/loss.py).
+- "none": no cloud output.
 
 `split_output` turns either form into (height, cloud logit or None).
 """
@@ -16,6 +24,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from cloudml_lib.config import CLOUD_HEADS
 
 
 class ConvBlock(nn.Module):
@@ -77,16 +87,49 @@ def frozen_batchnorm_stats(module: nn.Module):
 
 class MultimodalRegressionModel(nn.Module):
     def __init__(self, channels: list[int] = (64, 128, 256), n_scalars: int = 3, dropout: float = 0.3,
-                 scalars_only: bool = False, cloud_head: bool = False):
+                 scalars_only: bool = False, cloud_head: str = "none"):
         super().__init__()
+        if cloud_head not in CLOUD_HEADS:
+            raise ValueError(f"cloud_head: {cloud_head!r}; expected one of {CLOUD_HEADS}")
         c = channels[-1]
         self.scalars_only, self.cloud_head = scalars_only, cloud_head
         self.encoder = FrameEncoder(list(channels))
         self.film = nn.Sequential(nn.Linear(n_scalars, 64), nn.ReLU(), nn.Linear(64, 2 * c))
         self.temporal = nn.Sequential(nn.Linear(c, 64), nn.Tanh(), nn.Linear(64, 1))
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(c + n_scalars, 128), nn.ReLU(),
-                                  nn.Dropout(dropout / 2), nn.Linear(128, 2 if cloud_head else 1))
+                                  nn.Dropout(dropout / 2), nn.Linear(128, 2 if cloud_head == "joint" else 1))
+        if cloud_head == "probe":
+            with torch.random.fork_rng(devices=[]):          # the other layers' draws stay those of "none"
+                self.cloud = nn.Linear(c + n_scalars, 1)
+            nn.init.zeros_(self.cloud.weight)
+            nn.init.zeros_(self.cloud.bias)
+            self.cloud.requires_grad_(False)
+            self.register_buffer("cloud_fitted", torch.zeros((), dtype=torch.uint8))
+            self.register_load_state_dict_post_hook(lambda module, _keys: module._sync_cloud_output())
+        # a Python flag, not a tensor read in forward: the output's shape must be fixed for torch.compile
+        self.cloud_output = cloud_head == "joint"
         self.grad_checkpointing = False
+
+    def _sync_cloud_output(self) -> None:
+        if self.cloud_head == "probe":
+            self.cloud_output = bool(self.cloud_fitted)
+
+    def clear_cloud_probe(self) -> None:
+        """Back to no fitted probe (training again): the model answers the height alone."""
+        if self.cloud_head == "probe":
+            with torch.no_grad():
+                self.cloud.weight.zero_()
+                self.cloud.bias.zero_()
+                self.cloud_fitted.zero_()
+            self._sync_cloud_output()
+
+    def set_cloud_probe(self, weight: torch.Tensor, bias: float) -> None:
+        """Put a fitted probe (weights over `features`, bias) in place; the model then answers (B, 2)."""
+        with torch.no_grad():
+            self.cloud.weight.copy_(weight.reshape(self.cloud.weight.shape))
+            self.cloud.bias.fill_(float(bias))
+            self.cloud_fitted.fill_(1)
+        self._sync_cloud_output()
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
@@ -105,6 +148,16 @@ class MultimodalRegressionModel(nn.Module):
                           context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)))
 
     def forward(self, frames, scalars):                                     # (B, T, H, W), (B, 3)
+        features = self.features(frames, scalars)
+        out = self.head(features)                                           # (B, 1) or (B, 2)
+        if self.cloud_head == "joint":
+            return out
+        if self.cloud_output:                                               # a fitted probe
+            return torch.cat([out, self.cloud(features.detach())], dim=1)   # (B, 2)
+        return out.reshape(-1)                                              # (B,)
+
+    def features(self, frames, scalars):                                    # (B, T, H, W), (B, 3)
+        """The head's input: the frames' pooled features and the angles, (B, C + 3)."""
         b, t = frames.shape[:2]
         if self.scalars_only:
             feats = torch.zeros(b, t, self.temporal[0].in_features, device=frames.device, dtype=scalars.dtype)
@@ -118,8 +171,7 @@ class MultimodalRegressionModel(nn.Module):
         feats = feats * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
         weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)    # (B, T)
         pooled = (weights.unsqueeze(-1) * feats).sum(dim=1)                 # (B, C)
-        out = self.head(torch.cat([pooled, scalars], dim=-1))               # (B, 1) or (B, 2)
-        return out if self.cloud_head else out.reshape(b)                  # (B, 2) or (B,)
+        return torch.cat([pooled, scalars], dim=-1)
 
 
 def split_output(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

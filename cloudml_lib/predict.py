@@ -127,7 +127,7 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
                     filled)
     out = {k: v[keep] for k, v in inputs.items()}
     out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
-    out["cloud_probability"] = prob[keep] if getattr(model, "cloud_head", False) else None
+    out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
     out["frame_index"] = np.flatnonzero(keep)
     out["counts"] = counts
     return out

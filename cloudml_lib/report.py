@@ -42,8 +42,8 @@ def cloud_table(report: dict) -> list[str]:
                                                                ("accuracy", "f1", "roc_auc", "cloud_share", "n")) + " |"
                   for name, m in rows]
     if "model" not in cloud:
-        lines += ["", "This model has no cloud output (trained by an earlier CloudML or with model.cloud_head: false): "
-                  "only the baselines are scored."]
+        lines += ["", "This model has no cloud output (trained by an earlier CloudML, with model.cloud_head: none, or "
+                  "not finished: a probe is fitted when training ends): only the baselines are scored."]
     return lines
 
 

@@ -209,8 +209,8 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     train = page.locator(".jp-CodeCell:has-text('colab.train(ws, picker)')").first
     train.locator(".jp-InputArea-prompt").click()
     page.keyboard.press("Shift+Enter")                          # train again: 3 epochs now
-    # 3 epochs x 67 steps of the demo (frames with only a cloud flag train too)
-    _wait_for(page, lambda: "of 201" in _train_label(page) and "stopped" not in _train_label(page), 300,
+    # 3 epochs x 40 steps of the demo
+    _wait_for(page, lambda: "of 120" in _train_label(page) and "stopped" not in _train_label(page), 300,
               "the 3-epoch run")
     time.sleep(4)
     _menu(page, "Kernel", "Interrupt Kernel")
@@ -227,9 +227,9 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
         bad.append(f"after Run all the picker shows {value} epochs, not the 3 chosen")
     if "Continuing run demo" not in note:
         bad.append("the picker does not say it continues run demo")
-    elif "of 201)" not in note:                     # the stop saved a checkpoint of the 3-epoch run
+    elif "of 120)" not in note:                     # the stop saved a checkpoint of the 3-epoch run
         bad.append(f"the stop did not save a checkpoint of the 3-epoch run: {note[:300]!r}")
-    if "of 201" not in label:
+    if "of 120" not in label:
         bad.append(f"the continued run is not the 3-epoch run (bar: {label!r})")
     return bad
 

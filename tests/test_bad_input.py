@@ -248,8 +248,12 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
     with netCDF4.Dataset(tmp_path / "out" / f"{held['name']}_cbh.nc") as nc:
         index = nc["frame_index"][:]
         cbh = np.ma.filled(nc["cloud_base_height"][:], np.nan)
-        assert np.isnan(cbh[np.isin(index, [10, 11, 13])]).all()
-        assert np.isfinite(cbh[~np.isin(index, [10, 11, 13])]).all()
+        prob = np.ma.filled(nc["cloud_probability"][:], np.nan)
+        cloudy = np.ma.filled(nc["cloud_flag"][:], 0) == 1
+        blank = np.isin(index, [10, 11, 13])
+        assert np.isnan(cbh[blank]).all() and np.isnan(prob[blank]).all()
+        assert np.isfinite(prob[~blank]).all()                      # every other frame answered, frame 12 too
+        assert np.isfinite(cbh[~blank & cloudy]).all() and np.isnan(cbh[~cloudy]).all()   # no height over clear sky
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())[held["name"]]
     assert summary["blank"] == 3 and summary["filled_pixels"] == 240
     from cloudml_lib.report import build_report_md

@@ -1,5 +1,8 @@
 """Cloud / no-cloud: labels on every frame a profile matches (clear sky included), the metrics and the
-two baselines, the joint loss, and prediction intervals (MAPIE) measured on flights never seen."""
+two baselines, the joint loss, the probe fitted after training, and prediction intervals (MAPIE)
+measured on flights never seen."""
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -68,12 +71,72 @@ def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
 
 def test_the_model_has_a_cloud_output_only_when_asked():
     frames, scalars = torch.randn(3, 2, 16, 16), torch.randn(3, 3)
-    joint = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head=True).eval()
+    joint = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="joint").eval()
     height, logit = split_output(joint(frames, scalars))
     assert height.shape == logit.shape == (3,)
     plain = MultimodalRegressionModel(channels=[4, 4, 4]).eval()
     height, logit = split_output(plain(frames, scalars))
     assert height.shape == (3,) and logit is None
+    with pytest.raises(ValueError, match="cloud_head"):
+        MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="both")
+
+
+def test_a_probe_leaves_the_height_network_as_without_one_until_it_is_fitted():
+    frames, scalars = torch.randn(5, 3, 16, 16), torch.randn(5, 3)
+    torch.manual_seed(3)
+    plain = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="none")
+    after_plain = torch.rand(4)
+    torch.manual_seed(3)
+    probe = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="probe")
+    assert torch.equal(torch.rand(4), after_plain)               # the same draws: the same training after it
+    shared = plain.state_dict()
+    assert all(torch.equal(v, probe.state_dict()[k]) for k, v in shared.items())
+    assert set(probe.state_dict()) - set(shared) == {"cloud.weight", "cloud.bias", "cloud_fitted"}
+    # unfitted: the height alone, and the probe gets no gradient from training
+    out = probe.train()(frames, scalars)
+    assert out.shape == (5,)
+    out.sum().backward()
+    assert probe.cloud.weight.grad is None and not probe.cloud.weight.requires_grad
+    probe.eval()
+    height_before = probe(frames, scalars).detach()
+    weight = torch.randn(probe.cloud.in_features)
+    probe.set_cloud_probe(weight, 0.25)
+    height, logit = split_output(probe(frames, scalars))
+    assert torch.equal(height, height_before)                    # the height is not touched by the fit
+    torch.testing.assert_close(logit, probe.features(frames, scalars) @ weight + 0.25)
+    # the fitted flag travels with the weights; a model loaded from them answers (B, 2) at once
+    again = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="probe").eval()
+    assert not again.cloud_output
+    again.load_state_dict(probe.state_dict())
+    assert again.cloud_output and again(frames, scalars).shape == (5, 2)
+    again.clear_cloud_probe()
+    assert again(frames, scalars).shape == (5,)
+
+
+def test_the_probe_is_a_logistic_regression_on_the_raw_features():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    from cloudml_lib.clouds import fit_probe
+
+    rng = np.random.default_rng(0)
+    n = 600
+    flag = (rng.random(n) < 0.6).astype(int)
+    features = np.c_[rng.normal(0, 1, (n, 3)) * [1.0, 10.0, 0.01], np.full(n, 7.0)]   # scales 0.01 to 10, a constant
+    features[:, 1] += 80.0 * flag                          # the one informative feature, on a large scale
+    weight, bias = fit_probe(features, flag)
+    logit = features @ weight + bias
+    assert roc_auc_score(flag, logit) > 0.99
+    assert np.mean((logit > 0) == flag) > 0.95
+    assert weight[3] == 0.0                                # a constant feature carries no weight
+    # the same as scikit-learn's fit on the standardised features
+    z = (features[:, :3] - features[:, :3].mean(0)) / features[:, :3].std(0)
+    ref = LogisticRegression(C=1.0, max_iter=5000).fit(z, flag)
+    np.testing.assert_allclose(logit, ref.decision_function(z), rtol=1e-4, atol=1e-4)
+    # rows with non-finite features are left out; one class only: nothing to fit
+    features[:5] = np.nan
+    assert fit_probe(features, flag) is not None
+    assert fit_probe(features, np.ones(n, int)) is None
 
 
 def test_conformal_intervals_match_the_split_conformal_quantile():
@@ -105,3 +168,39 @@ def test_coverage_on_a_flight_never_seen_and_the_verdict():
     assert result["chosen"] in intervals.METHODS
     assert any("On flight rough" in v and "far below the target" in v for v in result["verdicts"])
     assert not any("On flight calm1" in v for v in result["verdicts"])
+
+
+def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_output(tiny_raw_config, tmp_path):
+    import copy
+
+    from cloudml_lib.config import build_config
+    from cloudml_lib.train import train
+
+    reports = {}
+    for mode in ("probe", "none"):
+        raw = copy.deepcopy(tiny_raw_config)
+        raw["model"]["cloud_head"] = mode
+        raw["train"]["epochs"] = 1
+        reports[mode] = train(build_config(raw), tmp_path / mode, resume="never")
+    probe, plain = reports["probe"], reports["none"]
+
+    def epochs(mode):
+        rows = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+        return [(r["train_loss"], r["val_loss"], r["mae_km"]) for r in rows if r["kind"] == "epoch"]
+
+    assert epochs("probe") == epochs("none")                     # trained and scored exactly alike
+    # the final scoring batches the clear-sky frames in too: the same heights to float32 rounding
+    for k in ("r2", "mae_km", "rmse_km", "n"):
+        assert probe["overall"][k] == pytest.approx(plain["overall"][k], rel=1e-5)
+    assert "model" in probe["cloud"] and "model" not in plain["cloud"]
+    model, bt = probe["cloud"]["model"]["overall"], probe["cloud"]["bt_threshold"]["overall"]
+    assert model["n"] == bt["n"] > probe["overall"]["n"]         # scored on the clear-sky frames as well
+    assert 0.0 <= model["accuracy"] <= 1.0 and model["roc_auc"] is not None
+    # the brightness baseline is fitted on every matched training frame (clear sky included), as evaluate does
+    from cloudml_lib.evaluate import evaluate_run
+    again = evaluate_run(tmp_path / "probe", write=False)["cloud"]
+    for method in ("model", "bt_threshold", "majority"):
+        for k in ("accuracy", "f1", "roc_auc", "n"):
+            assert again[method]["overall"][k] == pytest.approx(probe["cloud"][method]["overall"][k], rel=1e-9)
+    said = (tmp_path / "probe" / "train.log").read_text()
+    assert "Cloud / no-cloud output fitted on the trained network's features" in said and "clear sky)" in said

@@ -103,7 +103,7 @@ def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_
     out = r.stdout + r.stderr
     assert "batch/s" not in out and "it/s" not in out and "frame/s" not in out, out[-3000:]
     progress = [json.loads(x[len("@progress "):]) for x in r.stdout.splitlines() if x.startswith("@progress ")]
-    assert progress and progress[-1]["total"] == 24 and 1 <= progress[-1]["step"] <= 24
+    assert progress and progress[-1]["total"] == 12 and 1 <= progress[-1]["step"] <= 12
 
 
 def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown, capsys):
@@ -118,7 +118,7 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     live.finish(code, view, "training", tmp_path / "run")
     out = capsys.readouterr().out
     step = int(re.search(r"Stopped by SIGINT at step (\d+); checkpoint saved", view.notices.value).group(1))
-    assert step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 24" in out   # the saved step
+    assert step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out   # the saved step
     assert view.bar.bar_style == ""
 
 
@@ -160,14 +160,14 @@ def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, t
     cfg.write_text(yaml.safe_dump(raw))
     r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
                         str(ws.runs / "my_run")], cwd=REPO, capture_output=True, text=True,
-                       env=dict(os.environ, CLOUDML_KILL_AT="step:20"))
+                       env=dict(os.environ, CLOUDML_KILL_AT="step:10"))
     assert r.returncode == -signal.SIGKILL                          # a disconnect in the middle of the run
     colab.Choice(preset="demo", epochs=3, run_name="my_run", crossval=True, whole_flights=False).save(ws.root)
     p = colab.Picker(ws)                                             # a new kernel after the disconnect
     assert p.mode.value == "continue" and p.mode.options[0][0] == "Continue my_run"
     c = p.choice()
     assert (c.epochs, c.run_name, c.crossval, c.whole_flights) == (3, "my_run", True, False)
-    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step 1[58] of 24\)", p.note.value), p.note.value
+    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step [69] of 12\)", p.note.value), p.note.value
     assert p.run_name.disabled and p.preset.disabled
     p.epochs.value = 1                                               # the note follows every change
     assert "1 epoch," in p.note.value and "1 epochs" not in p.note.value and "3 epochs" not in p.note.value

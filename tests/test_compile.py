@@ -117,7 +117,7 @@ def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_con
     compiled.fit()
     eager = Trainer(build_config(compiled_raw(tiny_raw_config, False)), tmp_path / "eager").setup()
     eager.fit()
-    assert compiled.state["step"] == eager.state["step"] == 24
+    assert compiled.state["step"] == eager.state["step"] == 12
     diff = max_diff(weights(compiled.model), weights(eager.model))
     assert 0 < diff < 2e-3, f"compiled vs eager weights differ by {diff}"   # 0 would mean nothing compiled
     report = compiled.compile.report
@@ -159,7 +159,7 @@ def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_ba
     reference.state["micro_batch_size"] = 2
     reference.fit()
     assert calls[:3] == [8, 4, 2] and max(calls[3:]) <= 2
-    assert injected.state["oom_recoveries"] == 2 and injected.state["step"] == reference.state["step"] == 24
+    assert injected.state["oom_recoveries"] == 2 and injected.state["step"] == reference.state["step"] == 12
     report = injected.compile.update()
     assert report.active and not report.fallback and report.recompiles >= 1 and report.graph_breaks == 0, report
     # the two runs compiled different shape specialisations (8 then dynamic, against 2 then dynamic):
@@ -199,11 +199,11 @@ def last_weights(run: Path) -> dict:
 def test_a_compiled_run_killed_mid_epoch_and_resumed_is_bit_identical(cfg_file, tmp_path):
     cfg = cfg_file()
     assert train(cfg, tmp_path / "whole").returncode == 0
-    killed = train(cfg, tmp_path / "killed", CLOUDML_KILL_AT="step:18")        # saved at step 16: epoch 2, batch 4
+    killed = train(cfg, tmp_path / "killed", CLOUDML_KILL_AT="step:10")        # saved at step 8: epoch 2, batch 2
     assert killed.returncode != 0
     resumed = train(cfg, tmp_path / "killed")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Resumed from step 16 (epoch 2, batch 4/12)" in resumed.stdout
+    assert "Resumed from step 8 (epoch 2, batch 2/6)" in resumed.stdout
     assert "torch.compile: compiled the frame encoder" in resumed.stdout
     for get in (last_weights, best_weights):
         a, b = get(tmp_path / "whole"), get(tmp_path / "killed")

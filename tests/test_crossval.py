@@ -88,10 +88,9 @@ def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
 def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, tmp_path):
     cfg, ref, names = reference
     run = tmp_path / "cv"
-    # Fold 1 takes 12 + 12 steps (model, scalars-only control; the frames with only a cloud flag train too);
-    # step 29 is the 2nd fold's step 5, after its step-4 save waited for the step-2 one to commit (step 3
-    # would race the background writer).
-    r = crossval(cfg, run, kill_at="step:29")
+    # Fold 1 takes 7 + 7 steps (model, scalars-only control); step 19 is the 2nd fold's step 5, after its
+    # step-4 save waited for the step-2 one to commit (step 3 would race the background writer).
+    r = crossval(cfg, run, kill_at="step:19")
     assert r.returncode == -signal.SIGKILL
     assert (run / "folds" / names[0] / "fold.json").is_file() and not (run / "folds" / names[1] / "fold.json").exists()
     r = crossval(cfg, run)

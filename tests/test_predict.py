@@ -175,14 +175,15 @@ def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_miss
     old = tmp_path / "old_run"
     shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("predictions", "checkpoints"))
     best = torch.load(old / "best.pt", weights_only=False)
-    for key in ("head.4.weight", "head.4.bias"):                 # the height row only, as earlier models had
-        best["model"][key] = best["model"][key][:1]
+    assert int(best["model"]["cloud_fitted"]) == 1              # this version's run: a fitted probe
+    for key in ("cloud.weight", "cloud.bias", "cloud_fitted"):  # the height output only, as earlier models had
+        del best["model"][key]
     del best["config"]["model"]["cloud_head"]
     torch.save(best, old / "best.pt")
     (old / "intervals.json").unlink()
     (path,) = pr.predict_flights(old, out_dir=tmp_path / "out")
     said = caplog.text
-    assert "trained without the cloud / no-cloud output" in said and "no usable intervals.json" in said
+    assert "has no cloud / no-cloud output (trained without one)" in said and "no usable intervals.json" in said
     with netCDF4.Dataset(path) as nc:
         assert "cloud_flag" not in nc.variables and "cloud_probability" not in nc.variables
         assert nc["cloud_base_height"][:].count() == len(nc.dimensions["time"])    # a height everywhere

@@ -91,8 +91,7 @@ def test_oom_during_validation_halves_the_evaluation_batch(tiny_config, tmp_path
     assert loss == pytest.approx(plain_loss, abs=1e-6)
     torch.testing.assert_close(torch.from_numpy(pred.height_km), torch.from_numpy(plain_pred.height_km), rtol=1e-5,
                                atol=1e-6)
-    torch.testing.assert_close(torch.from_numpy(pred.cloud_prob), torch.from_numpy(plain_pred.cloud_prob), rtol=1e-5,
-                               atol=1e-6)
+    assert pred.cloud_prob is None and plain_pred.cloud_prob is None  # the probe is fitted when training ends
 
 
 def test_compile_failure_falls_back_to_eager_and_loses_nothing(tiny_config, tmp_path):

@@ -69,13 +69,16 @@ def assert_same_run(run_dir, ref):
             assert torch.equal(a["optimizer"]["state"][k][name], t), (k, name)
     best_a = torch.load(Path(run_dir) / "best.pt", weights_only=True)["model"]
     best_b = torch.load(Path(ref) / "best.pt", weights_only=True)["model"]
-    assert all(torch.equal(best_a[k], best_b[k]) for k in best_b)
+    assert int(best_b["cloud_fitted"]) == 1 and best_b["cloud.weight"].abs().sum() > 0   # the cloud probe too
+    assert best_a.keys() == best_b.keys() and all(torch.equal(best_a[k], best_b[k]) for k in best_b)
     assert metrics(run_dir) == metrics(ref)
 
 
 # Saves every 3 steps, written in the background: step 2 comes before any save; from step 7 on, the step-6
 # save has waited for the step-3 one to commit; the commit-* points kill inside the 2nd and 3rd commits.
-@pytest.mark.parametrize("kill_at", ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3"])
+# probe-fitted: after the training, the cloud probe written into best.pt, no final checkpoint yet.
+@pytest.mark.parametrize("kill_at", ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3",
+                                     "probe-fitted:1"])
 def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     cfg, ref, _ = setup
     run = tmp_path / "run"

@@ -55,7 +55,7 @@ def test_console_and_log_lines(finished_run):
     _, _, run = finished_run
     log = (run / "train.log").read_text()
     pattern = (r"Epoch 2/2 \| train_loss \d+\.\d{3} \| val_loss \d+\.\d{3} \| R2 -?\d+\.\d{2} \| "
-               r"MAE \d+\.\d{3} km \| cloud acc \d\.\d\d \| lr \d\.\de-\d\d \| \d+\.\d s")
+               r"MAE \d+\.\d{3} km \| lr \d\.\de-\d\d \| \d+\.\d s")
     assert re.search(pattern, log), log
     assert "New best model saved (val_loss" in log
     assert "baseline (training mean)" in log

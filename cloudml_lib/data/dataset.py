@@ -197,11 +197,14 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDat
     log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
              ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
              sum(map(len, val)))
-    cloud = cfg.model.cloud_head
+    # the frames with only a cloud flag: trained on by a joint model; a probe is fitted on them after training
+    # (train/evaluation.py), and both are scored on them
+    mode = cfg.model.cloud_head
     train_set = CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights,
-                             sun_azimuth=cfg.data.sun_azimuth, along_track_axis=cfg.data.along_track_axis, cloud=cloud)
+                             sun_azimuth=cfg.data.sun_azimuth, along_track_axis=cfg.data.along_track_axis,
+                             cloud=mode == "joint")
     train_set.flight_table = table
-    return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth, cloud=cloud)
+    return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth, cloud=mode != "none")
 
 
 def augment_sample(frames: torch.Tensor, azimuth: float, rng: np.random.Generator,

@@ -178,7 +178,11 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     try:
         lock, found = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
         seed_everything(cfg.train.seed)
-        quick_val = quick_subset(len(val_set), cfg.train.quick_val_fraction)
+        scored = np.arange(len(val_set))
+        if cfg.model.cloud_head == "probe":
+            # until the probe is fitted the model answers the height alone: each epoch scores the frames with one
+            scored = np.flatnonzero(val_set.has_height())
+        quick_val = scored[quick_subset(len(scored), cfg.train.quick_val_fraction)]
         parts = build_parts(cfg, dist, train_set)
         checkpoints = Checkpoints(run_dir, cfg.checkpoint, dist)
         run = Run(train_set=train_set, val_set=val_set, quick_val=quick_val, fingerprint=fingerprint,

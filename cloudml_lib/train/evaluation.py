@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from cloudml_lib import intervals, plots
-from cloudml_lib.checkpoint import load_checkpoint
-from cloudml_lib.clouds import cloud_metrics
+from cloudml_lib.checkpoint import fault_point, load_checkpoint, save_atomic, to_cpu, unwrap_model
+from cloudml_lib.clouds import cloud_metrics, fit_probe
+from cloudml_lib.data.dataset import CloudDataset
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import Scored, build_report, format_report, predict, regression_metrics, write_evaluation
 from cloudml_lib.recovery import MAX_ATTEMPTS, eager_after_compile_failure, halve_eval_batch, release_memory, run_attempt
@@ -23,33 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, Scored]:
-    """Validation loss (the training objective: standardised Huber on the samples with a height, plus the
-    weighted cloud cross-entropy), metrics (km; with a cloud output its accuracy and ROC-AUC) and the
-    model's answers (`Scored`, in km) for `indices`.
-
-    Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
-    switches to eager mode. Predictions do not depend on the evaluation batch size.
-    """
+    """Validation loss (the training objective: standardised Huber on the samples with a height, plus, for
+    a joint cloud output, the weighted cloud cross-entropy), metrics (km; with a cloud output its accuracy
+    and ROC-AUC) and the model's answers (`Scored`, in km) for `indices` (run_model's recoveries)."""
     indices = np.arange(len(tr.val_set)) if indices is None else indices
-    mine = indices[tr.dist.shard(len(indices))]            # each process scores its part; all get the whole
-    for _ in range(MAX_ATTEMPTS):
-        # With several processes, the plain module: DDP's forward (compiled or not) would wait for
-        # matching calls in the others, whose parts may hold one batch more or less.
-        forward = tr.model if tr.dist.active else tr.forward
-        result, failure = run_attempt(lambda: predict(
-            tr.model, tr.val_set, tr.device, tr.state["eval_batch_size"], tr.autocast, mine,
-            tr.num_workers, forward=forward), tr.compile.report.active or forward is not tr.model)
-        if failure is None:
-            pred, target = (np.concatenate(p) for p in zip(*tr.dist.gather(result)))
-            break
-        release_memory(tr.device)
-        if failure == "oom":
-            halve_eval_batch(tr.state)
-        else:
-            tr.forward = eager_after_compile_failure(tr.ddp, tr.compile, failure)
-            tr.run_info.write()
-    else:
-        raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
+    pred, target = run_model(tr, tr.val_set, indices)
     scored = Scored.from_outputs(pred, tr.val_set.scalers)
     has = tr.val_set.has_height()[indices]
     height = pred[:, 0] if pred.ndim == 2 else pred
@@ -58,11 +38,77 @@ def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, Scored
     metrics = regression_metrics(tr.val_set.targets_km()[indices][has], scored.height_km[has])
     if scored.cloud_prob is not None:
         flags = tr.val_set.cloud_flags()[indices]
-        bce = F.binary_cross_entropy_with_logits(torch.from_numpy(pred[:, 1]), torch.from_numpy(flags.astype(np.float64)))
-        loss += tr.cfg.train.cloud_loss_weight * float(bce)
+        if tr.cfg.model.cloud_head == "joint":            # part of the objective only when trained with it
+            bce = F.binary_cross_entropy_with_logits(torch.from_numpy(pred[:, 1]),
+                                                     torch.from_numpy(flags.astype(np.float64)))
+            loss += tr.cfg.train.cloud_loss_weight * float(bce)
         cloud = cloud_metrics(flags, scored.cloud_prob, tr.cfg.model.cloud_threshold)
         metrics.update(cloud_accuracy=cloud["accuracy"], cloud_auc=cloud["roc_auc"])
     return loss, metrics, scored
+
+
+def run_model(tr, dataset, indices: np.ndarray, features: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The model's outputs (or, with `features`, the head's input: model.features) and the standardised
+    targets for `indices` of `dataset`, in order, on every process (each computes its part).
+
+    Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
+    switches to eager mode. The results do not depend on the evaluation batch size.
+    """
+    mine = indices[tr.dist.shard(len(indices))]
+    for _ in range(MAX_ATTEMPTS):
+        # With several processes, the plain module: DDP's forward (compiled or not) would wait for
+        # matching calls in the others, whose parts may hold one batch more or less.
+        forward = unwrap_model(tr.model).features if features else tr.model if tr.dist.active else tr.forward
+        compiled = not features and (tr.compile.report.active or forward is not tr.model)
+        result, failure = run_attempt(lambda: predict(
+            tr.model, dataset, tr.device, tr.state["eval_batch_size"], tr.autocast, mine,
+            tr.num_workers, forward=forward), compiled)
+        if failure is None:
+            return tuple(np.concatenate(p) for p in zip(*tr.dist.gather(result)))
+        release_memory(tr.device)
+        if failure == "oom":
+            halve_eval_batch(tr.state)
+        else:
+            tr.forward = eager_after_compile_failure(tr.ddp, tr.compile, failure)
+            tr.run_info.write()
+    raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
+
+
+def matched_training_frames(tr) -> CloudDataset:
+    """Every frame of the training flights that a CPL profile matches, without augmentation: what the probe
+    and the cloud baselines are fitted on (the training set itself holds only the frames with a height,
+    unless the cloud output is joint)."""
+    if tr.cfg.model.cloud_head == "joint":
+        return tr.train_set
+    return CloudDataset(tr.train_set.caches, tr.train_set.scalers, sun_azimuth=tr.cfg.data.sun_azimuth, cloud=True)
+
+
+def fit_cloud_probe(tr, frames: CloudDataset) -> None:
+    """model.cloud_head probe: fit the cloud output on the loaded (best) weights' features of every frame of
+    the training flights that a CPL profile matches (clear sky and cloud without a height included; no
+    augmentation), put it in the model and into best.pt. Deterministic, so a run stopped here and
+    continued fits the same probe again."""
+    model = unwrap_model(tr.model)
+    t0 = time.perf_counter()
+    features, _ = run_model(tr, frames, np.arange(len(frames)), features=True)
+    flags = frames.cloud_flags()
+    fitted = fit_probe(features, flags)
+    if fitted is None:
+        log.warning("The cloud / no-cloud output cannot be fitted: the training flights' %d matched frames are all %s. "
+                    "The model answers heights only (predict flags no frame). Add a flight with %s frames to train "
+                    "it.", len(flags), "cloudy" if flags.all() else "clear", "clear-sky" if flags.all() else "cloudy")
+        return
+    weight, bias = fitted
+    model.set_cloud_probe(torch.as_tensor(weight, dtype=model.cloud.weight.dtype), bias)
+    log.info("Cloud / no-cloud output fitted on the trained network's features (logistic regression) over %d frames "
+             "of the training flights (%d clear sky) in %.1f s", len(flags), int((flags == 0).sum()),
+             time.perf_counter() - t0)
+    best = tr.run_dir / "best.pt"
+    if tr.dist.is_main and best.exists():
+        ckpt = load_checkpoint(best)
+        ckpt["model"] = to_cpu(dict(model.state_dict()))
+        save_atomic(ckpt, best)
+    fault_point("probe-fitted")
 
 
 def update_best(tr, val_loss: float, epoch: int) -> bool:
@@ -99,13 +145,16 @@ def evaluate_best(tr) -> dict:
             tr.state["best_epoch"] = tr.state["epoch"]
             if tr.dist.is_main:
                 tr.save_best()
+    frames = matched_training_frames(tr)
+    if tr.cfg.model.cloud_head == "probe":
+        fit_cloud_probe(tr, frames)
     _, _, scored = tr.validate()
     has = tr.val_set.has_height()
     names = ", ".join(c.name for c in tr.val_set.caches)
     calibration = intervals.calibrate(scored.height_km[has], tr.val_set.targets_km()[has], "conformal_absolute",
                                       tr.cfg.train.interval_coverage, f"this run's held-out flights ({names})")
     report = build_report(tr.val_set, scored, float(np.nanmean(tr.train_set.targets_km())), tr.state["best_epoch"],
-                          tr.train_set, tr.cfg.model.cloud_threshold, calibration)
+                          frames, tr.cfg.model.cloud_threshold, calibration)
     if tr.dist.is_main:
         write_evaluation(tr.run_dir, tr.val_set, scored, report)
         intervals.save(tr.run_dir, calibration)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cloudml_lib.checkpoint import fault_point
+from cloudml_lib.checkpoint import fault_point, unwrap_model
 from cloudml_lib.config import Config
 from cloudml_lib.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.errors import CloudMLError
@@ -65,6 +65,7 @@ class Trainer:
                 log.info("This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
                          "longer, or use another --run-dir for a new run.", st["epoch"], t.epochs)
                 return stored_report(self)
+            unwrap_model(self.model).clear_cloud_probe()   # a probe is fitted when training ends, not before
             with self.stop.trapped():
                 while st["epoch"] < t.epochs and not self.run_epoch():
                     pass
@@ -184,8 +185,8 @@ class Trainer:
                 with self.autocast():
                     out = self.forward(frames, scalars)
                 # This part's share of the batch's weighted means (exactly the means when not split).
-                loss = part_loss(out, labels, totals, t.huber_delta, t.hard_example_weight, t.cloud_loss_weight,
-                                 t.height_loss_weight)
+                loss = part_loss(out, labels, totals, t.huber_delta, t.hard_example_weight,   # only joint trains
+                                 t.cloud_loss_weight * (self.cfg.model.cloud_head == "joint"), t.height_loss_weight)
                 self.scaler.scale(loss * self.dist.world / t.grad_accum_steps).backward()
             total += loss.detach()
         return total
