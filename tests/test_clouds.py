@@ -204,3 +204,26 @@ def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_o
             assert again[method]["overall"][k] == pytest.approx(probe["cloud"][method]["overall"][k], rel=1e-9)
     said = (tmp_path / "probe" / "train.log").read_text()
     assert "Cloud / no-cloud output fitted on the trained network's features" in said and "clear sky)" in said
+
+
+def test_a_joint_run_trains_both_outputs_and_evaluates_as_saved(tiny_raw_config, tmp_path):
+    import copy
+
+    from cloudml_lib.config import build_config
+    from cloudml_lib.evaluate import evaluate_run
+    from cloudml_lib.train import train
+
+    raw = copy.deepcopy(tiny_raw_config)
+    raw["model"]["cloud_head"] = "joint"
+    raw["train"]["epochs"] = 1
+    report = train(build_config(raw), tmp_path / "joint", resume="never")
+    best = torch.load(tmp_path / "joint" / "best.pt", weights_only=True)
+    assert best["model"]["head.4.weight"].shape[0] == 2 and "cloud.weight" not in best["model"]
+    model = report["cloud"]["model"]["overall"]
+    assert model["n"] == report["cloud"]["bt_threshold"]["overall"]["n"] > report["overall"]["n"]
+    epoch = [json.loads(line) for line in (tmp_path / "joint" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "epoch"]
+    assert epoch and epoch[0]["cloud_accuracy"] is not None       # scored every epoch: trained with the height
+    again = evaluate_run(tmp_path / "joint", write=False)
+    assert again["cloud"]["model"]["overall"]["accuracy"] == pytest.approx(model["accuracy"])
+    assert again["overall"]["mae_km"] == pytest.approx(report["overall"]["mae_km"], rel=1e-5)
