@@ -1,7 +1,7 @@
 """Run every benchmark, then write benchmarks/RESULTS.md from benchmarks/results/*.json.
 
     pip install -r benchmarks/requirements.txt
-    python -m benchmarks                         # all of them (about 35 minutes on a 2-core CPU)
+    python -m benchmarks                         # all of them (about 50 minutes on a 2-core CPU)
     python -m benchmarks --only trainers         # one or more, comma-separated
     python -m benchmarks --report-only           # RESULTS.md from the results already there
 
@@ -21,7 +21,7 @@ from benchmarks import describe
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHMARKS = ("data_path", "checkpoint", "trainers", "compile", "flip_rule", "cloud_head", "gpu")
+BENCHMARKS = ("data_path", "preprocess", "checkpoint", "trainers", "compile", "flip_rule", "cloud_head", "gpu")
 
 
 def run(names: list[str]) -> None:
@@ -187,8 +187,53 @@ def gpu_md(d: dict | None) -> list[str]:
     return lines
 
 
+def preprocess_md(d: dict) -> list[str]:
+    c, s, p, x = d["cache_build"], d["predict_stream"], d["predict"], d["extrapolated_12000_frames"]
+    rate = lambda r: f"{r['frames_per_s']:.1f}"  # noqa: E731
+    lines = [f"Machine: {describe(d['machine'])}; {d['cores']} cores this process may use. Frames {d['frame']}.", "",
+             "| stage | 1 process, frames/s | all cores, frames/s | ratio | 12,000 frames, all cores |",
+             "|---|---|---|---|---|",
+             f"| cache build | {rate(c['1_process'])} | {rate(c['all_cores'])} | {c['ratio']:.2f}x | "
+             f"{x['cache_all_cores_min']:.1f} min (1 process: {x['cache_1_process_min']:.1f} min) |",
+             f"| predict's frame stream (read + preprocess) | {rate(s['1_process'])} | {rate(s['all_cores'])} | "
+             f"{s['ratio']:.2f}x | {x['preprocess_stream_all_cores_min']:.1f} min |",
+             f"| predict on the CPU, {p['all_cores']['model']} | {rate(p['1_process'])} | {rate(p['all_cores'])} | "
+             f"{p['ratio']:.2f}x | {x['predict_cpu_all_cores_min']:.0f} min (the network alone: "
+             f"{p['model_only']['frames_per_s']:.1f} frames/s) |", "",
+             "Each rate is the median of alternated rounds (frames/s, 1 process / all cores): cache build "
+             + " / ".join(str(c.get("rounds_frames_per_s", {}).get(k, "-")) for k in ("1_process", "all_cores"))
+             + "; frame stream "
+             + " / ".join(str(s.get("rounds_frames_per_s", {}).get(k, "-")) for k in ("1_process", "all_cores"))
+             + f". Target: at least 0.8 x the cores ({0.8 * d['cores']:.1f}x here) for the CPU path. Predict on "
+             "the CPU is the network's speed: the workers run below it (nice 10) and take nothing from it.", "",
+             "| flight length, frames | cache build: main process peak RSS | largest worker | predict stream: main "
+             "| largest worker |", "|---|---|---|---|---|"]
+    for n, r in c["rss_by_flight_length"].items():
+        t = s["rss_by_flight_length"][n]
+        lines.append(f"| {n} | {r['main_peak_rss_mb']:.0f} MB | {r['worker_peak_rss_mb']:.0f} MB | "
+                     f"{t['main_peak_rss_mb']:.0f} MB | {t['worker_peak_rss_mb']:.0f} MB |")
+    g = d.get("gpu")
+    lines += ["", (f"GPU ({d['machine'].get('gpu')}): kornia's CLAHE stream {rate(g['stream_kornia'])} frames/s, "
+                   f"predict {rate(g['predict'])} frames/s ({g['predict']['model']}): a 12,000-frame flight in "
+                   f"{x['predict_gpu_min']:.1f} min (target under 2)." if g else
+                   "GPU path (kornia on CUDA): not measured, no CUDA GPU where these results were made.")]
+    lines += ["", "| kornia against scikit-image, frames as cached (z-scored units) | max abs | mean abs | 99th pct | "
+              "correlation |", "|---|---|---|---|---|"]
+    for name, r in d["kornia_vs_skimage"].items():
+        lines.append(f"| {name.replace('_', ' ')} | {r['max_abs']:.3f} | {r['mean_abs']:.4f} | {r['p99_abs']:.3f} | "
+                     f"{r['correlation']:.4f} |")
+    words = {"trained_skimage": "trained and evaluated on scikit-image frames",
+             "trained_kornia": "trained and evaluated on kornia frames",
+             "trained_skimage_evaluated_on_kornia": "trained on scikit-image, evaluated on kornia frames"}
+    lines += ["", "| demo, held-out flight | R2 | MAE km | RMSE km |", "|---|---|---|---|"]
+    for k, r in d["demo_held_out"].items():
+        lines.append(f"| {words[k]} | {r['r2']:.3f} | {r['mae_km']:.4f} | {r['rmse_km']:.4f} |")
+    return lines
+
+
 def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Path:
     sections = [("Data path: the cached loader against the research loader", "data_path", data_path_md),
+                ("Preprocessing on every core and the GPU: cache build and predict", "preprocess", preprocess_md),
                 ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
                 ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
                 ("torch.compile against eager", "compile", compile_md),

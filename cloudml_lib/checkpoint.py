@@ -148,7 +148,8 @@ def fault_point(name: str) -> None:
     """Test hook: CLOUDML_KILL_AT="name:n[:SIGNAL]" sends this process SIGKILL (or SIGNAL) the n-th
     time `name` is reached.
 
-    Points: "setup" (the trainer's set-up begins), "step" (after each optimizer step), "commit-copied"
+    Points: "setup" (the trainer's set-up begins), "cache-block" (a block of frames written to a cache being
+    built), "step" (after each optimizer step), "commit-copied"
     (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet),
     "probe-fitted" (the cloud probe is in best.pt, the final evaluation and checkpoint are not written).
     Unset, this does nothing. Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r.

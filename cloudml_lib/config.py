@@ -145,6 +145,11 @@ class DataConfig:
                        "without a heading), brightness/contrast jitter, erasing")
     num_workers: int = _f("auto", "DataLoader worker processes; auto: 0 on Colab, else up to 4", range=(0, 64),
                           auto=True)
+    preprocess_workers: int = _f("auto", "processes that preprocess frames (cache build, predict); auto: every "
+                                 "core this process may use; 0: none, in the main process", range=(0, 256), auto=True)
+    preprocess_device: str = _f("auto", "where CLAHE runs: cpu (scikit-image), cuda (kornia on the GPU; pip install "
+                                "kornia; slightly other frames) or auto (cuda with a GPU and kornia, else cpu; a "
+                                "model's own in predict, evaluate, resume)", choices=("auto", "cpu", "cuda"))
 
 
 @dataclass

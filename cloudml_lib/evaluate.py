@@ -22,10 +22,12 @@ from cloudml_lib.checkpoint import load_checkpoint
 from cloudml_lib.config import Config, config_from_dict
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers
+from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.hardware import choose_device, choose_precision
 from cloudml_lib.model import build_model
 from cloudml_lib.outputs import atomic_path, write_text
+from cloudml_lib.provenance import trained_backend
 
 log = logging.getLogger(__name__)
 
@@ -255,12 +257,15 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     rm = load_run_model(run_dir, data_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
-    dataset = CloudDataset([load_flight_cache(f, cfg.data) for f in held], Scalers.from_dict(ckpt["scalers"]),
-                           sun_azimuth=cfg.data.sun_azimuth)
+    train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get("provenance")))
+    with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
+        held_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in held]
+        train_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in train_flights]
+    dataset = CloudDataset(held_caches, Scalers.from_dict(ckpt["scalers"]), sun_azimuth=cfg.data.sun_azimuth)
     out, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
     scored = Scored.from_outputs(out, dataset.scalers)
-    train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]
-    train_set = CloudDataset([load_flight_cache(f, cfg.data) for f in train_flights], dataset.scalers)
+    train_set = CloudDataset(train_caches, dataset.scalers)
     report = build_report(dataset, scored, float(ckpt["train_mean_km"]), int(ckpt["epoch"]), train_set,
                           cfg.model.cloud_threshold, intervals.load(run_dir))
     if scored.cloud_prob is None:

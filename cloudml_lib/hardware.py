@@ -207,6 +207,7 @@ def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
     workers = default_num_workers(report["colab"], report["cpus"])
     out.append(f"DataLoader workers: {workers} (" + ("Colab: 2 cores and little shared memory; loading in the "
                "training process is fastest" if report["colab"] else f"{report['cpus']} CPUs") + ").")
+    out.append(preprocessing_advice(bool(gpu)))
     avail = report["host_memory"]["available"]
     if cache_bytes is not None and avail:
         fits = cache_bytes < 0.8 * avail
@@ -219,6 +220,18 @@ def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
             out.append(f"Only {free / GIB:.1f} GiB free where the {name} lives: checkpoints and the cache may "
                        "not fit; free space or choose another folder.")
     return out
+
+
+def preprocessing_advice(gpu: bool) -> str:
+    """Where the frames' CLAHE will run with data.preprocess_device: auto, and how to move it to the GPU."""
+    from cloudml_lib.data.preprocess import INSTALL_KORNIA, available_cores, has_kornia
+
+    cores = available_cores()
+    if gpu and has_kornia():
+        return f"Preprocessing: CLAHE on the GPU (kornia), frames read by {cores} worker processes."
+    return (f"Preprocessing: {cores} worker processes (one per core this process may use), scikit-image."
+            + (f" {INSTALL_KORNIA} to equalise the frames on the GPU (data.preprocess_device: auto then uses it; "
+               "its frames differ slightly from scikit-image's, see the README)." if gpu else ""))
 
 
 def format_report(report: dict) -> str:

@@ -3,7 +3,8 @@
 `predict_flights` applies a run's best model to every frame of a flight that has a full window
 (T frames centred on it, shifted inside the flight at its ends) and a usable time. Frames are
 streamed from the IR file in blocks and preprocessed exactly as for training (then rounded to
-float16, as the cache stores them), so host memory stays flat whatever the flight's length. A
+float16, as the cache stores them) by worker processes (data/preprocess.py) that prepare the next
+blocks while the network runs, so host memory stays flat whatever the flight's length. A
 flight needs only its IR file: the nav file gives position and sun angles (filled with the training
 mean where absent), the CPL file the lidar label where one exists.
 
@@ -33,14 +34,15 @@ from tqdm.auto import tqdm
 from cloudml_lib import intervals, plots
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
-from cloudml_lib.data.cache import cache_root, preprocess_frame
+from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
+from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, FrameSpec, resolve_backend, resolve_workers
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
 from cloudml_lib.model import split_output
 from cloudml_lib.outputs import atomic_path, write_text
-from cloudml_lib.provenance import input_files
+from cloudml_lib.provenance import input_files, trained_backend
 from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
@@ -77,11 +79,13 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
 
 
 def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scalers, device, batch_size: int,
-                   autocast=nullcontext) -> dict:
+                   autocast=nullcontext, backend: Backend = SKIMAGE, pool: FramePool | None = None) -> dict:
     """Predicted CBH (km) for every frame with a usable time; arrays over those frames.
 
-    The data checks of training apply: a blank frame (no finite pixel, or no contrast) gets no height
-    (NaN), non-finite pixels are filled with the frame's median; both are counted in `counts`."""
+    Frames come preprocessed from `pool` (worker processes; default none: this process), which prepares the
+    next blocks while the current one runs through the model. The data checks of training apply: a blank
+    frame (no finite pixel, or no contrast) gets no height (NaN), non-finite pixels are filled with the
+    frame's median; both are counted in `counts`."""
     inputs = _flight_inputs(flight, data)
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
@@ -89,16 +93,23 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
     scalars = scalar_inputs(inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers)
     pred, prob, blank, filled = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), 0
     half = t // 2
-    with er2.open_h5(Path(data.dir) / flight.ir_file, flight.name) as f:
-        signal = f[data.keys.ir_signal]
-        bar = tqdm(total=n, desc=f"predict {flight.name}", unit="frame")
+    pool = pool or FramePool(0)
+    stream = pool.blocks(Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name, np.arange(n),
+                         FrameSpec.of(data), backend, ahead=BLOCK)
+    buf, buf_lo = None, 0                                     # preprocessed frames buf_lo, buf_lo + 1, ...
+    bar = tqdm(total=n, desc=f"predict {flight.name}", unit="frame")
+    try:
         for start in range(0, n, BLOCK):
             stop = min(n, start + BLOCK)
             lo, hi = max(0, min(start - half, n - t)), min(n, max(stop + half, t))     # frames the windows need
-            done = [preprocess_frame(x, data) for x in signal[lo:hi]]
-            frames = np.stack([d.frame for d in done]).astype(np.float16).astype(np.float32)
-            blank[lo:hi] = [d.blank for d in done]
-            filled += sum(d.filled for d in done[max(0, start - lo):stop - lo])          # each frame counted once
+            while buf is None or buf_lo + len(buf) < hi:
+                block = next(stream)
+                blank[block.index], filled = block.blank, filled + int(block.filled.sum())
+                if buf is None:
+                    buf = block.frames
+                else:                                       # lo never decreases: frames before it are done
+                    buf, buf_lo = np.concatenate([buf[lo - buf_lo:], block.frames]), lo
+            frames = buf[lo - buf_lo:hi - buf_lo].astype(np.float32)
             first = np.clip(np.arange(start, stop) - half, 0, n - t)                    # shift policy at the ends
             windows = frames[(first - lo)[:, None] + np.arange(t)[None, :]]            # (B, T, H, W)
             with torch.no_grad(), autocast():
@@ -110,7 +121,9 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
                     if logit is not None:
                         prob[start + i:start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()
             bar.update(stop - start)
+    finally:
         bar.close()
+        stream.close()
     pred[blank] = prob[blank] = np.nan                     # no image, no answer (as training drops such labels)
     keep = np.isfinite(inputs["t"])
     counts = {"frames": int(n), "no_time": int((~keep).sum()), "blank": int((blank & keep).sum()),
@@ -181,6 +194,7 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         nc.label_definition = json.dumps(record.get("label_definition"))
         nc.input_files = json.dumps(record.get("input_files"))
         nc.training_data_provenance = json.dumps(record.get("trained_on"))
+        nc.preprocessing = json.dumps(record.get("preprocess"))        # the CLAHE backend, its device, workers
         nc.createDimension("time", len(result["t"]))
         coverage = f"{cal['coverage']:.0%}" if cal else "no"
         height = {"units": "km", "coordinates": "time lat lon"}
@@ -325,30 +339,41 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     out.mkdir(parents=True, exist_ok=True)
     written, summary_path = [], out / "summary.json"
     summary = _read_summary(summary_path)
-    for name in names:
-        result = predict_flight(rm.model, chosen[name], data, Scalers.from_dict(ckpt["scalers"]), rm.device,
-                                2 * int(cfg.train.batch_size), rm.autocast)
-        cloud_and_intervals(result, cfg.model.cloud_threshold, calibration)
-        result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
-        nc = out / f"{name}_cbh.nc"
-        paths = {role: Path(data.dir) / getattr(chosen[name], f"{role}_file") for role in ("ir", "cpl", "nav")}
-        result["provenance"] = {
-            "label_definition": cpl.label_definition(data), "trained_on": ckpt.get("provenance"),
-            "input_files": input_files({r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)},
-                                       cache_root(data))}
-        write_netcdf(nc, name, result, run_dir)
-        write_csv(out / f"{name}_cbh.csv", result)
-        along, track = flight_figures(name, result)
-        plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
-        plots.save_figure(track, out / f"{name}_track.png")
-        summary[name] = result["counts"]
-        write_text(summary_path, json.dumps(summary, indent=1))
-        log.info("flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)", name,
-                 result["counts"]["predicted"], result["counts"]["frames"], nc)
-        written.append(nc)
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get("provenance")))
+    with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
+        for name in names:
+            written.append(_predict_one(rm, chosen[name], name, data, out, backend, pool, calibration, summary,
+                                        summary_path, run_dir))
     if out == run_dir / "predictions":
         write_report(run_dir)
     return written
+
+
+def _predict_one(rm, flight: FlightConfig, name: str, data: DataConfig, out: Path, backend: Backend, pool: FramePool,
+                 calibration: dict | None, summary: dict, summary_path: Path, run_dir: Path) -> Path:
+    """One flight: predicted, then its NetCDF, CSV, plots and line of summary.json written."""
+    cfg, ckpt = rm.cfg, rm.ckpt
+    result = predict_flight(rm.model, flight, data, Scalers.from_dict(ckpt["scalers"]), rm.device,
+                            2 * int(cfg.train.batch_size), rm.autocast, backend, pool)
+    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration)
+    result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
+    nc = out / f"{name}_cbh.nc"
+    paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}
+    result["provenance"] = {
+        "label_definition": cpl.label_definition(data), "trained_on": ckpt.get("provenance"),
+        "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers},
+        "input_files": input_files({r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)},
+                                   cache_root(data))}
+    write_netcdf(nc, name, result, run_dir)
+    write_csv(out / f"{name}_cbh.csv", result)
+    along, track = flight_figures(name, result)
+    plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
+    plots.save_figure(track, out / f"{name}_track.png")
+    summary[name] = result["counts"]
+    write_text(summary_path, json.dumps(summary, indent=1))
+    log.info("flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)", name,
+             result["counts"]["predicted"], result["counts"]["frames"], nc)
+    return nc
 
 
 def _calibration(run_dir: Path, calibration_dir) -> dict | None:

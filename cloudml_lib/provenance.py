@@ -70,10 +70,25 @@ def run_provenance(caches: list, data) -> dict:
 
     return {"label_definition": label_definition(data),
             "inputs": {"sun_azimuth": data.sun_azimuth, "along_track_axis": data.along_track_axis,
-                       "angles_source": data.angles_source},
+                       "angles_source": data.angles_source,
+                       "preprocess_backend": caches[0].backend if caches else "skimage"},
             "flights": {c.name: {"samples": len(c), "counts": c.meta.get("counts", {}), "match": c.meta.get("match", {}),
                                  "heading": c.meta.get("heading", ""), "files": c.meta.get("files", {})}
                         for c in caches}}
+
+
+def trained_backend(record: dict | None) -> str | None:
+    """The CLAHE backend a run's frames were made with (None: no record); records before the choice: skimage."""
+    if not record:
+        return None
+    return record.get("inputs", {}).get("preprocess_backend", "skimage")
+
+
+def read_run_provenance(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / "provenance.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def write_run_provenance(run_dir: Path, record: dict) -> Path:

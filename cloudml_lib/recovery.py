@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from cloudml_lib.data.cache import verify_cache
+from cloudml_lib.data.cachefiles import verify_cache
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.hardware import probe_batch_size
 

@@ -33,7 +33,8 @@ PACKAGE_LOGGER = "cloudml_lib"
 
 # Settings a resumed run may change; every other setting is part of the run's math.
 HARMLESS = {
-    "data.dir", "data.cache_dir", "data.cache_copy_dir", "data.num_workers", "data.demo",
+    "data.dir", "data.cache_dir", "data.cache_copy_dir", "data.num_workers", "data.demo", "data.preprocess_workers",
+    "data.preprocess_device",
     "data.skip_incomplete_flights",
     "train.epochs", "train.early_stopping_patience", "train.log_every_steps", "train.device",
     "train.max_nonfinite_steps",

@@ -10,7 +10,7 @@ import pytest
 
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cpl, er2
-from cloudml_lib.data.cache import preprocess_frame
+from cloudml_lib.data.preprocess import preprocess_frame
 from cloudml_lib.errors import DataError
 
 DATE = dt.date(2025, 2, 10)

@@ -1,12 +1,15 @@
 """Whole-flight prediction: the NetCDF file's variables, units and lengths, a flight without its CPL
 file, and streaming in blocks (bounded reads, the same numbers as one pass over the flight)."""
+import json
 import shutil
 
 import netCDF4
 import numpy as np
 import pytest
+import torch
 
 from cloudml_lib import predict as pr
+from cloudml_lib.data import preprocess
 from cloudml_lib.train import Trainer
 
 
@@ -70,19 +73,70 @@ def test_a_flight_with_only_ir_and_nav_files_is_predicted(run, tmp_path):
         pr.predict_flights(run_dir, ["12Feb25"], out_dir=tmp_path / "out")
 
 
-def test_streaming_in_blocks_reads_little_and_changes_nothing(run, tmp_path, monkeypatch):
+def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(run, tmp_path, monkeypatch):
     run_dir, _, entries = run
-    held = entries[2]["name"]
     (whole,) = pr.predict_flights(run_dir, out_dir=tmp_path / "whole")
-    reads = []
-    real_preprocess = pr.preprocess_frame
+    prepared = []
+    real_prepare = preprocess.prepare
     monkeypatch.setattr(pr, "BLOCK", 16)
-    monkeypatch.setattr(pr, "preprocess_frame", lambda x, d: (reads.append(1), real_preprocess(x, d))[1])
+    monkeypatch.setattr(pr, "resolve_workers", lambda setting: 0)          # in this process, where the count is
+    monkeypatch.setattr(preprocess, "prepare", lambda x, s: (prepared.append(1), real_prepare(x, s))[1])
     (blocks,) = pr.predict_flights(run_dir, out_dir=tmp_path / "blocks")
     with netCDF4.Dataset(whole) as a, netCDF4.Dataset(blocks) as b:
-        np.testing.assert_allclose(a["cloud_base_height"][:], b["cloud_base_height"][:], rtol=1e-5, atol=1e-6)
-    assert len(reads) <= 240 + (240 // 16 + 1) * 2                 # each frame once, plus the window overlaps
-    assert held
+        np.testing.assert_array_equal(a["cloud_base_height"][:], b["cloud_base_height"][:])
+    assert len(prepared) == 240                          # the held-out flight's frames, each exactly once
+
+
+def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run, tmp_path, monkeypatch):
+    """Serial (0 workers) and 2 worker processes: identical files; while the model runs on a block, the
+    workers have already been given the frames of the next one."""
+    run_dir, _, entries = run
+    monkeypatch.setattr(pr, "BLOCK", 64)
+    monkeypatch.setattr(pr, "resolve_workers", lambda setting: 0)
+    (serial,) = pr.predict_flights(run_dir, out_dir=tmp_path / "serial")
+    pools, ahead = [], []
+    real_pool = pr.FramePool
+
+    def pool(workers):
+        pools.append(real_pool(2))
+        return pools[-1]
+
+    real_predict = pr.predict_flight
+
+    def watched(model, *args, **kwargs):
+        def forward(x, s):
+            ahead.append(pools[-1].submitted)
+            return model(x, s)
+        forward.cloud_output = getattr(model, "cloud_output", False)
+        return real_predict(forward, *args, **kwargs)
+
+    monkeypatch.setattr(pr, "FramePool", pool)
+    monkeypatch.setattr(pr, "predict_flight", watched)
+    (parallel,) = pr.predict_flights(run_dir, out_dir=tmp_path / "parallel")
+    with netCDF4.Dataset(serial) as a, netCDF4.Dataset(parallel) as b:
+        for name in ("cloud_base_height", "cloud_probability", "cloud_base_height_upper"):
+            np.testing.assert_array_equal(a[name][:], b[name][:])
+    assert pools[-1].workers == 2 and not pools[-1]._procs                 # used, then stopped
+    # the first model batch (frames 0-63, windows to 65) runs while frames beyond the next block are queued
+    assert ahead[0] >= 64 + 64 + 2, ahead
+
+
+def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(run, tmp_path):
+    """The backend recorded in best.pt is the one predict uses (auto), on the CPU here; its heights are close to
+    those from scikit-image frames, not equal, and the NetCDF file says which made them."""
+    pytest.importorskip("kornia")
+    run_dir, _, _ = run
+    (skimage,) = pr.predict_flights(run_dir, out_dir=tmp_path / "skimage")
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    best = torch.load(copy / "best.pt", weights_only=True)
+    best["provenance"]["inputs"]["preprocess_backend"] = "kornia"
+    torch.save(best, copy / "best.pt")
+    (kornia,) = pr.predict_flights(copy, out_dir=tmp_path / "kornia")
+    with netCDF4.Dataset(skimage) as a, netCDF4.Dataset(kornia) as b:
+        assert json.loads(b.preprocessing)["backend"] == "kornia" and json.loads(a.preprocessing)["backend"] == "skimage"
+        diff = np.abs(a["cloud_base_height"][:] - b["cloud_base_height"][:])
+        assert 0 < float(diff.mean()) < 0.3
 
 
 def test_the_report_links_what_the_run_holds(run):

@@ -10,7 +10,8 @@ Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
   without it is incomplete.
 
 The key hashes the flight's files (name, size, modification time, and a sample of their content:
-17 blocks of 64 KiB spread over each file) and every setting that changes the arrays, so a change
+17 blocks of 64 KiB spread over each file) and every setting that changes the arrays, the CLAHE
+backend included (preprocess.py; the frames are made by its worker processes), so a change
 rebuilds only what it affects and an unchanged cache is reused. A folder
 is built under a temporary name and renamed into place, so an interrupted build leaves nothing
 that looks complete. Reading a sample is one positioned read of the .npy file (FrameStore):
@@ -31,14 +32,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
-from skimage import exposure
 from tqdm.auto import tqdm
 
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
+from cloudml_lib.data.cachefiles import copy_flight_cache, in_background, remove_stale_builds, write_frames
+from cloudml_lib.data.preprocess import (SKIMAGE, Backend, FramePool, FrameSpec, output_shape, resolve_backend,
+                                         resolve_workers)
 from cloudml_lib.errors import DataError
 from cloudml_lib.outputs import named
 from cloudml_lib.provenance import input_files
@@ -47,51 +49,8 @@ log = logging.getLogger(__name__)
 
 CACHE_VERSION = 6       # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
                         # 6: cloud / no-cloud samples and the frame statistic of the baseline
-READ_RUN = 32          # frames read from HDF5 at once while building
-COPY_CHUNK = 16 << 20
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10      # the content check of the cache key: 1 MiB per file
 MAX_EMPTY_FRAME_SHARE = 0.05   # above this share of blank frames (no usable pixel) a flight is refused
-
-
-class Preprocessed(NamedTuple):
-    frame: np.ndarray        # (H, W) float32, z-scored
-    filled: int              # non-finite pixels replaced by the frame's median (0 for a blank frame)
-    blank: bool              # no usable pixel: all non-finite, or every pixel equal (no contrast)
-
-
-def preprocess_frame(raw: np.ndarray, data: DataConfig) -> Preprocessed:
-    """Crop, downsample, min-max, CLAHE, z-score one raw frame. A blank frame (no finite pixel, or no
-    contrast at all) comes out as zeros, the z-scored mean, and is flagged: it carries no image."""
-    x = np.asarray(raw[data.swath_slice[0]:data.swath_slice[1]], dtype=np.float32)
-    bad = ~np.isfinite(x)
-    n_bad = int(bad.sum())
-    if n_bad:
-        if n_bad == x.size:
-            return Preprocessed(np.zeros(_output_shape(x.shape, data.downsample), np.float32), 0, True)
-        x = np.where(bad, np.float32(np.median(x[~bad])), x)
-    k = data.downsample
-    if k > 1:
-        h, w = (x.shape[0] // k) * k, (x.shape[1] // k) * k
-        x = x[:h, :w].reshape(h // k, k, w // k, k).mean(axis=(1, 3))
-    lo, hi = float(x.min()), float(x.max())
-    if not hi > lo:
-        return Preprocessed(np.zeros(x.shape, np.float32), 0, True)
-    x = (x - lo) / (hi - lo)
-    if data.clahe_clip_limit > 0:
-        x = exposure.equalize_adapthist(x, clip_limit=data.clahe_clip_limit).astype(np.float32)
-    return Preprocessed(((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32), n_bad, False)
-
-
-def frame_p10(raw: np.ndarray, data: DataConfig) -> float:
-    """The 10th percentile of a raw frame's finite values in the swath (the file's units): cold cloud pixels
-    pull it down. The brightness-temperature baseline of cloud / no-cloud thresholds it; NaN for a blank frame."""
-    x = np.asarray(raw[data.swath_slice[0]:data.swath_slice[1]], dtype=np.float32)
-    x = x[np.isfinite(x)]
-    return float(np.percentile(x, 10)) if x.size else float("nan")
-
-
-def _output_shape(cropped: tuple[int, int], k: int) -> tuple[int, int]:
-    return cropped[0] // k, cropped[1] // k
 
 
 def build_windows(frame_index: np.ndarray, n_frames: int, t: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +85,7 @@ def content_sample(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(flight: FlightConfig, data: DataConfig) -> str:
+def cache_key(flight: FlightConfig, data: DataConfig, backend: Backend = SKIMAGE) -> str:
     files = []
     for role, path in er2.flight_paths(flight, data).items():
         st = path.stat()
@@ -138,6 +97,8 @@ def cache_key(flight: FlightConfig, data: DataConfig) -> str:
         "time_format": data.ir_time_format, "keys": vars(data.keys), "labels": cpl.label_definition(data),
         "angles_source": data.angles_source,
     }
+    if backend.name != SKIMAGE.name:      # absent: scikit-image, so the caches of earlier versions stay valid
+        settings["clahe_backend"] = backend.name
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -207,6 +168,11 @@ class FlightCache:
         return np.isfinite(self.cbh_km)
 
     @property
+    def backend(self) -> str:
+        """The CLAHE backend its frames were made with (caches before the choice: scikit-image)."""
+        return self.meta.get("preprocess", {}).get("backend", SKIMAGE.name)
+
+    @property
     def frame_shape(self) -> tuple[int, int]:
         return tuple(self.frames.shape[1:])
 
@@ -224,52 +190,43 @@ def _open(path: Path) -> FlightCache:
                        saa_deg=arrays["saa_deg"], heading_deg=arrays["heading_deg"], meta=meta)
 
 
-def _preprocess_into(out: np.ndarray, signal, needed: np.ndarray, data: DataConfig,
-                     desc: str) -> tuple[int, np.ndarray, np.ndarray]:
-    """Preprocess the raw frames `needed` (sorted indices) into `out`, reading runs of consecutive frames
-    at once. Returns (non-finite pixels filled, blank flag and frame_p10 per needed frame)."""
-    filled, blank, p10 = 0, np.zeros(len(needed), bool), np.zeros(len(needed), np.float32)
-    # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
-    bar = tqdm(total=len(needed), desc=desc, unit="frame")
-    i = 0
-    while i < len(needed):
-        j = i + 1                                              # a run of consecutive frames
-        while j < len(needed) and j - i < READ_RUN and needed[j] == needed[j - 1] + 1:
-            j += 1
-        block = signal[int(needed[i]):int(needed[j - 1]) + 1]
-        for r in range(j - i):
-            out[i + r], n_bad, blank[i + r] = preprocess_frame(block[r], data)
-            p10[i + r] = frame_p10(block[r], data)
-            filled += n_bad
-        bar.update(j - i)
-        i = j
-    bar.close()
-    return filled, blank, p10
+def _build(flight: FlightConfig, data: DataConfig, final: Path, backend: Backend, pool: FramePool) -> None:
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    remove_stale_builds(final)
+    try:
+        _build_into(tmp, flight, data, final, backend, pool)
+    except BaseException:                 # Ctrl-C, SIGTERM, a bad file, a full disk: no half cache stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
-def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
+def _build_into(tmp: Path, flight: FlightConfig, data: DataConfig, final: Path, backend: Backend,
+                pool: FramePool) -> None:
     labels = cpl.read_flight_labels(flight, data)
     windows, kept = build_windows(labels.frame_index, labels.n_frames, data.temporal_frames, data.edge_policy)
     needed = np.unique(windows)                                   # sorted raw frame indices
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    crop = (data.swath_slice[1] - data.swath_slice[0], labels.frame_shape[1])
-    shape = (len(needed),) + _output_shape(crop, data.downsample)
+    spec = FrameSpec.of(data)
+    shape = (len(needed),) + output_shape(spec, labels.frame_shape[1])
     need, free = int(np.prod(shape)) * 2, shutil.disk_usage(tmp).free
     if need > 0.95 * free:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
                         f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
                         "data.downsample: 2 (a quarter of the size)")
     ir = er2.flight_paths(flight, data)["ir"]
-    out = np.lib.format.open_memmap(tmp / "frames.npy", mode="w+", dtype=np.float16, shape=shape)
-    with er2.open_h5(ir, flight.name) as f:
-        filled, blank, p10 = _preprocess_into(out, f[data.keys.ir_signal], needed, data, f"cache {flight.name}")
-    out.flush()
-    del out
+    files = in_background(input_files, er2.flight_paths(flight, data), cache_root(data))   # a full read of each file
+    t0 = time.perf_counter()
+    # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
+    bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame")
+    blocks = pool.blocks(ir, data.keys.ir_signal, flight.name, needed, spec, backend)
+    try:
+        sha, filled, blank, p10 = write_frames(tmp / "frames.npy", shape, blocks, bar)
+    finally:
+        blocks.close()                    # on a stop: the workers are stopped before the folder is removed
+        bar.close()
+    seconds = time.perf_counter() - t0
     if blank.sum() > MAX_EMPTY_FRAME_SHARE * len(needed):
-        shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"flight {flight.name}: {int(blank.sum())} of the {len(needed)} frames its samples use are "
                         f"blank (entirely NaN/inf, or every pixel equal) in {ir} '{data.keys.ir_signal}', more "
                         f"than {MAX_EMPTY_FRAME_SHARE:.0%}; training on them would learn from empty images. Check the "
@@ -295,8 +252,10 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path) -> None:
             "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
             "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
             "match": labels.match, "labels": cpl.label_definition(data), "heading": labels.heading_note,
-            "files": input_files(er2.flight_paths(flight, data), cache_root(data)),
-            "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": _sha256(tmp / "frames.npy"),
+            "files": files(),
+            "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": sha,
+            "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers,
+                           "seconds": round(seconds, 2), "frames_per_s": round(len(needed) / max(seconds, 1e-9), 1)},
             "created": time.time()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     if final.exists():
@@ -329,27 +288,6 @@ def check_folder_settings(data: DataConfig) -> None:
                 break
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verify_cache(cache: FlightCache) -> str | None:
-    """None if frames.npy still matches the checksum recorded when it was built; otherwise why not."""
-    expected = cache.meta.get("frames_sha256")
-    try:
-        actual = _sha256(cache.frames.path)
-    except OSError as e:
-        return f"flight {cache.name}: cannot read the preprocessing cache {cache.frames.path} ({e.strerror or e})"
-    if expected and actual != expected:
-        return (f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer matches "
-                "the checksum recorded when it was built (bit rot on the disk, or a damaged copy)")
-    return None
-
-
 def _try_open(path: Path) -> FlightCache | None:
     if not (path / "meta.json").is_file():
         return None
@@ -360,50 +298,28 @@ def _try_open(path: Path) -> FlightCache | None:
         return None
 
 
-def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
-    """Copy one complete flight cache folder: under a temporary name, meta.json last, frames.npy's
-    sha256 checked against the one recorded when it was built, then renamed into place."""
-    meta = json.loads((src / "meta.json").read_text())
-    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    names = ("samples.npz", "frames.npy", "meta.json")
-    bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc)
-    try:
-        for name in names:
-            h = hashlib.sha256()
-            with open(src / name, "rb") as fin, open(tmp / name, "wb") as fout:
-                for chunk in iter(lambda: fin.read(COPY_CHUNK), b""):
-                    fout.write(chunk)
-                    h.update(chunk)
-                    bar.update(len(chunk))
-                fout.flush()
-                os.fsync(fout.fileno())
-            expected = meta.get("frames_sha256")
-            if name == "frames.npy" and expected and h.hexdigest() != expected:
-                raise DataError(f"{src / name} does not match its recorded checksum (corrupted copy)")
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
-    finally:
-        bar.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _log_built(cache: FlightCache, data: DataConfig, seconds: float) -> None:
-    c = cache.meta["counts"]
+    c, how = cache.meta["counts"], cache.meta["preprocess"]
+    workers = f"{how['workers']} worker processes" if how["workers"] else "this process"
     log.info("flight %s: cached %d samples with a height and %d with a cloud flag only (%d clear sky) (%d frames, "
-             "%.1f MB) in %.1f s; %d of %d lidar profiles kept as heights (edge policy %s)", cache.name, c["samples"],
-             c["cloud_samples"] - c["samples"], c["clear_sky"], cache.meta["cached_frames"], cache.meta["bytes"] / 1e6,
-             seconds, c["samples"], c["profiles"], data.edge_policy)
+             "%.1f MB) in %.1f s (%.0f frames/s, %s, %s on %s); %d of %d lidar profiles kept as heights (edge "
+             "policy %s)", cache.name, c["samples"], c["cloud_samples"] - c["samples"], c["clear_sky"],
+             cache.meta["cached_frames"], cache.meta["bytes"] / 1e6, seconds, how["frames_per_s"], workers,
+             how["backend"], how["device"], c["samples"], c["profiles"], data.edge_policy)
 
 
-def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
+def load_flight_cache(flight: FlightConfig, data: DataConfig, backend: Backend | None = None,
+                      pool: FramePool | None = None) -> FlightCache:
     """Open this flight's cache for the current settings: local, else copied from data.cache_copy_dir,
-    else built (and then copied there)."""
+    else built (and then copied there). `backend`: the equaliser (default: data.preprocess_device's);
+    `pool`: the worker processes that build it (default: data.preprocess_workers of them, for this flight)."""
     er2.check_files(flight, data)
+    if pool is None:
+        with FramePool(resolve_workers(data.preprocess_workers)) as own:
+            return load_flight_cache(flight, data, backend, own)
+    backend = backend or resolve_backend(data.preprocess_device)
     t0 = time.time()
-    final = cache_root(data) / f"{flight.name}-{cache_key(flight, data)}"
+    final = cache_root(data) / f"{flight.name}-{cache_key(flight, data, backend)}"
     cache, source = _try_open(final), "reused"
     copy = Path(data.cache_copy_dir) / final.name if data.cache_copy_dir else None
     if cache is None and copy is not None and _try_open(copy) is not None:
@@ -415,7 +331,7 @@ def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
             log.warning("flight %s: could not use the cache copy in %s (%s); rebuilding", flight.name, copy, e)
     if cache is None:
         try:
-            _build(flight, data, final)
+            _build(flight, data, final, backend, pool)
         except OSError as e:                      # e.g. a full disk: name the cache, not "the disk"
             raise named(e, final) from None
         cache, source = _open(final), "built"
@@ -433,8 +349,9 @@ def load_flight_cache(flight: FlightConfig, data: DataConfig) -> FlightCache:
     return cache
 
 
-def load_caches(data: DataConfig) -> list[FlightCache]:
-    """Caches of every configured flight; every missing file is reported at once."""
+def load_caches(data: DataConfig, backend: Backend | None = None) -> list[FlightCache]:
+    """Caches of every configured flight, those to build built by one pool of worker processes; every
+    missing file is reported at once. `backend`: as load_flight_cache."""
     check_folder_settings(data)
     problems = []
     for flight in data.flights:
@@ -444,4 +361,6 @@ def load_caches(data: DataConfig) -> list[FlightCache]:
             problems.append(str(e))
     if problems:
         raise DataError("\n".join(problems))
-    return [load_flight_cache(flight, data) for flight in data.flights]
+    backend = backend or resolve_backend(data.preprocess_device)
+    with FramePool(resolve_workers(data.preprocess_workers)) as pool:
+        return [load_flight_cache(flight, data, backend, pool) for flight in data.flights]

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from cloudml_lib.config import Config
 from cloudml_lib.data.cache import FlightCache, load_caches
+from cloudml_lib.data.preprocess import Backend
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
 from cloudml_lib.errors import DataError
 
@@ -179,11 +180,12 @@ class CloudDataset(Dataset):
                 "cloud": torch.tensor(float(c.cloud[j])), "weight": weight, "index": int(i)}
 
 
-def prepare_data(cfg: Config, skipped: list[FoundFlight] = ()) -> tuple[CloudDataset, CloudDataset]:
+def prepare_data(cfg: Config, skipped: list[FoundFlight] = (), backend: Backend | None = None
+                 ) -> tuple[CloudDataset, CloudDataset]:
     """Caches of all (resolved) flights, split by flight, scalers fitted on the training flights only.
     The training set carries `flight_table`: each flight's files, frames, labels kept and removed by
     each filter (the trainer logs it once the run's log file exists)."""
-    caches = load_caches(cfg.data)
+    caches = load_caches(cfg.data, backend)
     notes = Notes()
     table = format_table(summary_rows(cfg.data, caches, list(skipped), notes))
     table += ("\n" + notes.text()) if notes else ""

@@ -36,11 +36,12 @@ from cloudml_lib.compile import CompileWatch, apply_compile
 from cloudml_lib.config import Config, save_config
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
 from cloudml_lib.errors import CloudMLError, ConfigError
 from cloudml_lib.hardware import Precision, choose_device, choose_precision, default_num_workers, describe_device
 from cloudml_lib.model import build_model, count_parameters
-from cloudml_lib.provenance import run_provenance
+from cloudml_lib.provenance import read_run_provenance, run_provenance, trained_backend
 from cloudml_lib.recovery import measure_batch_size
 from cloudml_lib.rundir import (attach_run_log, check_data_fingerprint, check_folder_kind, check_resume_config,
                                 clean_leftovers, find_resume_point, truncate_metrics)
@@ -170,7 +171,9 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     check_folder_kind(run_dir, "train")
     fault_point("setup")
-    train_set, val_set = dist.main_first(lambda: prepare_data(cfg, prepare_flights(cfg.data)))
+    # a resumed run keeps the CLAHE backend it started with (auto), or is warned that it changes
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(read_run_provenance(run_dir)))
+    train_set, val_set = dist.main_first(lambda: prepare_data(cfg, prepare_flights(cfg.data), backend))
     check_batch_size(cfg, len(train_set), dist.world)
     fingerprint = data_fingerprint(train_set, val_set)        # fixed for the run; stored in every checkpoint
     provenance = run_provenance(train_set.caches + val_set.caches, cfg.data)

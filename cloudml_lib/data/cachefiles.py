@@ -1,0 +1,139 @@
+"""The files of a cache folder: frames.npy written block by block with its sha256, checked against it later,
+copied whole to and from the lasting copy (data.cache_copy_dir), and the leftovers of killed builds removed."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from cloudml_lib.checkpoint import fault_point
+from cloudml_lib.errors import DataError
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK = 16 << 20
+
+
+def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.ndarray, np.ndarray]:
+    """frames.npy from the preprocessed blocks, in order, with plain writes (a memory map's dirty pages would
+    count in the process's RSS); returns (sha256, non-finite pixels filled, blank flag and frame_p10 per row)."""
+    blank, p10, filled, row = np.zeros(shape[0], bool), np.zeros(shape[0], np.float32), 0, 0
+    h = hashlib.sha256()
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)),
+                                                  "fortran_order": False, "shape": shape})
+    h.update(header.getvalue())                          # frames_sha256 covers the whole file
+    with open(path, "wb") as f:
+        f.write(header.getvalue())
+        for block in blocks:
+            data = np.ascontiguousarray(block.frames, np.float16).tobytes()
+            f.write(data)
+            h.update(data)
+            n = len(block.index)
+            blank[row:row + n], p10[row:row + n] = block.blank, block.p10
+            filled += int(block.filled.sum())
+            row += n
+            bar.update(n)
+            fault_point("cache-block")
+        f.flush()
+        os.fsync(f.fileno())
+    assert row == shape[0], f"{path}: {row} frames written of {shape[0]}"
+    return h.hexdigest(), filled, blank, p10
+
+
+def in_background(fn, *args):
+    """Run fn(*args) in a daemon thread (hashing and file reads release the GIL) while the workers preprocess;
+    returns a function that waits for its result. A stop does not wait for it."""
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as e:               # handed to the caller, in its thread
+            out["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name="cloudml-input-sha256")
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+    return result
+
+
+def remove_stale_builds(final: Path) -> None:
+    """Folders `<final>.tmp-<pid>` left by a build or copy that was killed: removed once their process is gone."""
+    for p in final.parent.glob(f"{final.name}.tmp-*"):
+        try:
+            pid = int(p.name.rsplit("-", 1)[-1])
+            os.kill(pid, 0)
+            alive = pid != os.getpid()
+        except ProcessLookupError:
+            alive = False
+        except (ValueError, PermissionError):
+            alive = True                                   # not ours to judge
+        if not alive:
+            log.info("removing %s, left by an interrupted cache build", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_cache(cache) -> str | None:
+    """None if frames.npy still matches the checksum recorded when it was built; otherwise why not."""
+    expected = cache.meta.get("frames_sha256")
+    try:
+        actual = sha256_of(cache.frames.path)
+    except OSError as e:
+        return f"flight {cache.name}: cannot read the preprocessing cache {cache.frames.path} ({e.strerror or e})"
+    if expected and actual != expected:
+        return (f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer matches "
+                "the checksum recorded when it was built (bit rot on the disk, or a damaged copy)")
+    return None
+
+
+def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
+    """Copy one complete flight cache folder: under a temporary name, meta.json last, frames.npy's
+    sha256 checked against the one recorded when it was built, then renamed into place."""
+    meta = json.loads((src / "meta.json").read_text())
+    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
+    remove_stale_builds(dst)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    names = ("samples.npz", "frames.npy", "meta.json")
+    bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc)
+    try:
+        for name in names:
+            h = hashlib.sha256()
+            with open(src / name, "rb") as fin, open(tmp / name, "wb") as fout:
+                for chunk in iter(lambda: fin.read(COPY_CHUNK), b""):
+                    fout.write(chunk)
+                    h.update(chunk)
+                    bar.update(len(chunk))
+                fout.flush()
+                os.fsync(fout.fileno())
+            expected = meta.get("frames_sha256")
+            if name == "frames.npy" and expected and h.hexdigest() != expected:
+                raise DataError(f"{src / name} does not match its recorded checksum (corrupted copy)")
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    finally:
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,395 @@
+"""Frame preprocessing at the hardware's speed: raw IR frames -> the network's input, on every core and,
+optionally, on the GPU.
+
+One frame goes through two stages: `prepare` (crop the swath, fill non-finite pixels with the frame's
+median, block-average, min-max to [0, 1]) and `equalise` (CLAHE, then z-score). Two backends equalise:
+- skimage (scikit-image's `equalize_adapthist`, on the CPU): the reference; every earlier cache used it;
+- kornia (`kornia.enhance.equalize_clahe`, torch, batched): on the GPU. Its output differs a little from
+  scikit-image's (benchmarks/preprocess.py measures by how much), so it is part of the cache key, and the
+  backend a model was trained on is the one predict and evaluate use when they can.
+
+`FramePool` streams blocks of frames, in order, from worker processes that each open the IR file, read
+their block and prepare (and, for skimage, equalise) it: the bytes are those of the serial path, at most
+a bounded number of blocks is in flight (memory stays flat whatever a flight's length), and the next blocks
+are prepared while the caller works on the current one. The workers ignore Ctrl-C (the parent stops them)
+and leave on their own when the parent dies (SIGKILL included): no orphans.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection as mp_connection
+import os
+import pickle
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from cloudml_lib.config import DataConfig
+from cloudml_lib.data import er2
+from cloudml_lib.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+BLOCK_FRAMES = 32          # frames one worker task reads and preprocesses (~0.6 s at the real size on one core)
+READ_RUN = 32              # consecutive frames read from HDF5 at once
+KORNIA_CLIP_SCALE = 256.0  # kornia's clip limit is per histogram bin (OpenCV's), scikit-image's a share of the tile
+KORNIA_GRID = (8, 8)       # scikit-image's default kernel is 1/8 of each side: 8 x 8 tiles
+INSTALL_KORNIA = "pip install kornia"
+WORKER_NICENESS = 10
+
+
+class FrameSpec(NamedTuple):
+    """What preprocessing needs from the config; small and picklable for the workers."""
+    row0: int
+    row1: int
+    downsample: int
+    clip_limit: float
+
+    @classmethod
+    def of(cls, data: DataConfig) -> FrameSpec:
+        return cls(int(data.swath_slice[0]), int(data.swath_slice[1]), int(data.downsample),
+                   float(data.clahe_clip_limit))
+
+
+class Preprocessed(NamedTuple):
+    frame: np.ndarray        # (H, W) float32, z-scored
+    filled: int              # non-finite pixels replaced by the frame's median (0 for a blank frame)
+    blank: bool              # no usable pixel: all non-finite, or every pixel equal (no contrast)
+
+
+class Block(NamedTuple):
+    """Consecutive items of a `FramePool.blocks` stream."""
+    index: np.ndarray        # (n,) raw frame indices
+    frames: np.ndarray       # (n, H, W) float16, as cached; zeros for a blank frame
+    filled: np.ndarray       # (n,) non-finite pixels filled per frame
+    blank: np.ndarray        # (n,) bool
+    p10: np.ndarray          # (n,) float32, frame_p10 of the raw frame
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str                # skimage | kornia
+    device: str              # cpu | cuda
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.device}"
+
+
+SKIMAGE = Backend("skimage", "cpu")
+
+
+def output_shape(spec: FrameSpec, columns: int) -> tuple[int, int]:
+    return (spec.row1 - spec.row0) // spec.downsample, columns // spec.downsample
+
+
+def prepare(raw: np.ndarray, spec: FrameSpec) -> tuple[np.ndarray, int, bool]:
+    """(x, filled, blank): the cropped, filled, block-averaged frame min-maxed to [0, 1] (float32); a blank
+    frame (no finite pixel, or no contrast at all) comes out as zeros."""
+    x = np.asarray(raw[spec.row0:spec.row1], dtype=np.float32)
+    bad = ~np.isfinite(x)
+    n_bad = int(bad.sum())
+    k = spec.downsample
+    if n_bad:
+        if n_bad == x.size:
+            return np.zeros((x.shape[0] // k, x.shape[1] // k), np.float32), 0, True
+        x = np.where(bad, np.float32(np.median(x[~bad])), x)
+    if k > 1:
+        h, w = (x.shape[0] // k) * k, (x.shape[1] // k) * k
+        x = x[:h, :w].reshape(h // k, k, w // k, k).mean(axis=(1, 3))
+    lo, hi = float(x.min()), float(x.max())
+    if not hi > lo:
+        return np.zeros(x.shape, np.float32), 0, True
+    return (x - lo) / (hi - lo), n_bad, False
+
+
+def zscore(x: np.ndarray) -> np.ndarray:
+    return ((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32)
+
+
+def equalise_skimage(x: np.ndarray, clip_limit: float) -> np.ndarray:
+    from skimage import exposure
+
+    if clip_limit > 0:
+        x = exposure.equalize_adapthist(x, clip_limit=clip_limit).astype(np.float32)
+    return zscore(x)
+
+
+def preprocess_frame(raw: np.ndarray, data: DataConfig | FrameSpec) -> Preprocessed:
+    """One raw frame through both stages with the reference backend (scikit-image)."""
+    spec = data if isinstance(data, FrameSpec) else FrameSpec.of(data)
+    x, filled, blank = prepare(raw, spec)
+    return Preprocessed(x if blank else equalise_skimage(x, spec.clip_limit), filled, blank)
+
+
+def frame_p10(raw: np.ndarray, data: DataConfig | FrameSpec) -> float:
+    """The 10th percentile of a raw frame's finite values in the swath (the file's units): cold cloud pixels
+    pull it down. The brightness-temperature baseline of cloud / no-cloud thresholds it; NaN for a blank frame."""
+    spec = data if isinstance(data, FrameSpec) else FrameSpec.of(data)
+    x = np.asarray(raw[spec.row0:spec.row1], dtype=np.float32)
+    x = x[np.isfinite(x)]
+    return float(np.percentile(x, 10)) if x.size else float("nan")
+
+
+def equalise_torch(x: np.ndarray, blank: np.ndarray, clip_limit: float, device: str) -> np.ndarray:
+    """kornia's CLAHE and the z-score of (n, H, W) [0, 1] frames on `device` -> float16 (n, H, W)."""
+    import kornia
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device)[:, None]      # (n, 1, H, W)
+    if clip_limit > 0:
+        t = kornia.enhance.equalize_clahe(t, clip_limit=clip_limit * KORNIA_CLIP_SCALE, grid_size=KORNIA_GRID)
+    mean = t.mean(dim=(2, 3), keepdim=True)
+    std = t.std(dim=(2, 3), keepdim=True, correction=0)
+    t = ((t - mean) / (std + 1e-6))[:, 0]
+    t[torch.from_numpy(np.asarray(blank, bool)).to(device)] = 0.0
+    return t.to(torch.float16).cpu().numpy()
+
+
+def read_block(path: str, key: str, flight: str, index: np.ndarray, spec: FrameSpec, equalise: bool) -> Block:
+    """Read the raw frames `index` (sorted) of one IR file and preprocess them; without `equalise` the frames
+    are only prepared ([0, 1] float32, for the torch backend). A worker task, and the serial path."""
+    n = len(index)
+    filled, blank, p10 = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.float32)
+    frames = None
+    with er2.open_h5(Path(path), flight) as f:
+        signal_ = er2.dataset(f, key, flight, "data.keys.ir_signal")
+        i = 0
+        while i < n:
+            j = i + 1                                          # a run of consecutive frames, read at once
+            while j < n and j - i < READ_RUN and index[j] == index[j - 1] + 1:
+                j += 1
+            run = signal_[int(index[i]):int(index[j - 1]) + 1]
+            for r in range(j - i):
+                x, filled[i + r], blank[i + r] = prepare(run[r], spec)
+                p10[i + r] = frame_p10(run[r], spec)
+                if frames is None:
+                    frames = np.empty((n,) + x.shape, np.float16 if equalise else np.float32)
+                frames[i + r] = x if blank[i + r] or not equalise else equalise_skimage(x, spec.clip_limit)
+            i = j
+    return Block(np.asarray(index), frames, filled, blank, p10)
+
+
+def _worker_start(parent: int) -> None:
+    """In each worker: Ctrl-C is the parent's to handle (it stops the workers), and a worker whose parent
+    is gone (killed, even by SIGKILL) exits within a second instead of waiting on its queue forever."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # below the main process: on a CPU that also runs the network (predict), its threads come first and
+    # the workers fill the idle moments; with nothing else to run (a cache build) this changes nothing
+    os.nice(WORKER_NICENESS)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="cloudml-parent-watch").start()
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                                     # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(setting) -> int:
+    """data.preprocess_workers: auto -> every core this process may use; 0 -> in this process."""
+    return available_cores() if setting == "auto" else int(setting)
+
+
+class FramePool:
+    """Worker processes that read and preprocess blocks of frames, started on first use and stopped by
+    `close()` (or the `with` block). workers 0: everything in this process, one block after another.
+
+    Each worker has its own pipe, and block k goes to worker k % n, so the results come back in order
+    without a queue. No helper thread sits between: a stop kills the workers and nothing is left to wait
+    on (a ProcessPoolExecutor's feeder thread can hang its shutdown once its workers are killed)."""
+
+    def __init__(self, workers: int = 0):
+        self.workers = int(workers)
+        self.submitted = 0                   # frames handed to the workers so far (tests watch the read-ahead)
+        self._procs: list = []
+        self._pipes: list = []
+
+    def __enter__(self) -> FramePool:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        self.close(kill=kind is not None)
+
+    def blocks(self, path: Path, key: str, flight: str, index: np.ndarray, spec: FrameSpec, backend: Backend,
+               ahead: int = 0) -> Iterator[Block]:
+        """The frames `index` (sorted) of one IR file, preprocessed, in blocks, in order. `ahead`: frames to
+        keep in preparation beyond the block being consumed (predict: one model block)."""
+        chunks = [index[i:i + BLOCK_FRAMES] for i in range(0, len(index), BLOCK_FRAMES)]
+        equalise = backend.name == "skimage"
+        stream = self._stream((str(path), key, flight), chunks, spec, equalise, ahead)
+        try:
+            for block in stream:
+                if not equalise:
+                    block = block._replace(frames=equalise_torch(block.frames, block.blank, spec.clip_limit,
+                                                                 backend.device))
+                yield block
+        finally:
+            stream.close()
+
+    def _stream(self, where: tuple, chunks: list, spec: FrameSpec, equalise: bool, ahead: int) -> Iterator[Block]:
+        if self.workers < 1 or len(chunks) < 2 or not self._start():
+            for chunk in chunks:
+                self.submitted += len(chunk)
+                yield read_block(*where, chunk, spec, equalise)
+            return
+        n = len(self._procs)
+        depth = max(2 * n, math.ceil(ahead / BLOCK_FRAMES) + n)        # blocks in flight, all workers together
+        sent = 0
+        try:
+            for k in range(len(chunks)):
+                while sent < len(chunks) and sent - k < depth:
+                    try:
+                        self._pipes[sent % n].send((*where, chunks[sent], spec, equalise))
+                    except OSError:                    # its worker is gone (the pipe is reset)
+                        raise self._died(sent % n, where[2]) from None
+                    self.submitted += len(chunks[sent])
+                    sent += 1
+                yield self._receive(k % n, where[2])
+        except BaseException:
+            self.close(kill=True)            # Ctrl-C, SIGTERM, an error, or the consumer stopping early
+            raise
+
+    def _receive(self, i: int, flight: str) -> Block:
+        pipe, proc = self._pipes[i], self._procs[i]
+        mp_connection.wait([pipe, proc.sentinel])
+        try:
+            if not pipe.poll():
+                raise EOFError
+            kind, value = pipe.recv()
+        except (EOFError, OSError):          # the worker is gone without an answer (its pipe ended or reset)
+            raise self._died(i, flight) from None
+        if kind == "error":
+            raise value
+        return value
+
+    def _died(self, i: int, flight: str) -> DataError:
+        proc = self._procs[i]
+        proc.join(timeout=1)
+        self.close(kill=True)
+        return DataError(f"flight {flight}: a preprocessing worker process died (exit {proc.exitcode}; out of host "
+                         "memory?). Set data.preprocess_workers to fewer processes (0: none, in the main process), "
+                         "then run the same command again; nothing finished is lost.")
+
+    def _start(self) -> bool:
+        """Workers running (started now if needed); False (and from then on no workers, said) where processes
+        cannot be started."""
+        if self._procs:
+            return True
+        # fork, not spawn: spawn runs the caller's main script again in every worker (a script without
+        # `if __name__ == "__main__":` would repeat its work there). Fork is safe here: the workers run
+        # numpy, h5py and scikit-image on files they open themselves, never torch or CUDA, and the pool
+        # starts from the thread that uses h5py. Python 3.12 warns about fork in any threaded process.
+        ctx = multiprocessing.get_context("fork")
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+                for _ in range(self.workers):
+                    mine, theirs = ctx.Pipe()
+                    # the child closes its copies of the main process's ends, or a closed pipe would never end
+                    proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, [*self._pipes, mine]),
+                                       daemon=True, name="cloudml-preprocess")
+                    proc.start()
+                    theirs.close()
+                    self._procs.append(proc)
+                    self._pipes.append(mine)
+        except OSError as e:                                   # e.g. a process or memory limit of the machine
+            log.warning("could not start %d preprocessing worker processes (%s); preprocessing in this process "
+                        "instead (slower). Set data.preprocess_workers: 0 to skip trying.", self.workers, e)
+            self.close(kill=True)
+            self.workers = 0
+            return False
+        return True
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers: after their current block (they read the end of their pipe), or at once (`kill`)."""
+        procs, pipes, self._procs, self._pipes = self._procs, self._pipes, [], []
+        for pipe in pipes:
+            pipe.close()
+        for proc in procs:
+            if kill and proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _worker_main(parent: int, pipe, inherited: list) -> None:
+    """A worker: blocks to preprocess from its pipe, results (or the error) back, until the pipe closes."""
+    for other in inherited:
+        other.close()
+    _worker_start(parent)
+    while True:
+        try:
+            task = pipe.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            pipe.send(("ok", read_block(*task)))
+        except Exception as e:              # a bad file or frame: raised in the main process, naming it
+            pipe.send(("error", e if _picklable(e) else DataError(f"{type(e).__name__}: {e}")))
+
+
+def _picklable(e: BaseException) -> bool:
+    try:
+        pickle.dumps(e)
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend(setting: str, trained: str | None = None) -> Backend:
+    """The backend for data.preprocess_device (auto | cpu | cuda). `trained`: the backend the model in use was
+    trained on (predict, evaluate, a resumed run); auto then keeps it, and another choice is warned about."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    kornia_ok = has_kornia()
+    if setting == "cuda":
+        if not cuda:
+            raise ConfigError("data.preprocess_device: cuda, but this machine has no CUDA GPU that torch can use; "
+                              "set it to auto or cpu")
+        if not kornia_ok:
+            raise ConfigError(f"data.preprocess_device: cuda needs the kornia package ({INSTALL_KORNIA}); or set it "
+                              "to auto or cpu (scikit-image on the CPU cores)")
+        chosen = Backend("kornia", "cuda")
+    elif setting == "cpu":
+        chosen = SKIMAGE
+    elif trained == "kornia":
+        chosen = Backend("kornia", "cuda" if cuda else "cpu") if kornia_ok else SKIMAGE
+    elif trained == "skimage":
+        chosen = SKIMAGE
+    else:
+        chosen = Backend("kornia", "cuda") if cuda and kornia_ok else SKIMAGE
+        if cuda and not kornia_ok:
+            log.info("preprocessing on the CPU cores (scikit-image); %s to equalise the frames on the GPU",
+                     INSTALL_KORNIA)
+    if trained and chosen.name != trained:
+        log.warning("the model was trained on frames equalised by %s, but %s is used now (data.preprocess_device: "
+                    "%s%s). The frames differ slightly, and a model can lose most of its accuracy on the other "
+                    "backend's frames (the demo's did: benchmarks/RESULTS.md). Use data.preprocess_device: auto%s to "
+                    "match the training.", trained, chosen.name,
+                    setting, "" if kornia_ok or trained != "kornia" else ", and kornia is not installed",
+                    f" (and {INSTALL_KORNIA})" if trained == "kornia" and not kornia_ok else "")
+    return chosen
+
+
+def has_kornia() -> bool:
+    return importlib.util.find_spec("kornia") is not None

@@ -1,0 +1,284 @@
+"""Preprocessing on every core and the GPU path: worker processes give the serial bytes, stop on Ctrl-C,
+SIGTERM and a kill without a half cache or an orphan, and the kornia backend is keyed, recorded and
+warned about (issue 20). The kornia path runs for real here, on the CPU."""
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from cloudml_lib.data import cache as cache_mod
+from cloudml_lib.data import cachefiles
+from cloudml_lib.data import preprocess
+from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_backend
+from cloudml_lib.errors import ConfigError, DataError
+from conftest import tiny_raw
+
+REPO = Path(__file__).parent.parent
+
+
+def build(cfg, workers: int, cache_dir: Path, backend=SKIMAGE):
+    cfg.data.cache_dir = str(cache_dir)
+    with FramePool(workers) as pool:
+        return [cache_mod.load_flight_cache(f, cfg.data, backend, pool) for f in cfg.data.flights]
+
+
+def test_worker_processes_write_the_bytes_of_the_serial_path(tiny_config, tmp_path):
+    serial, parallel = build(tiny_config, 0, tmp_path / "serial"), build(tiny_config, 2, tmp_path / "parallel")
+    for a, b in zip(serial, parallel):
+        assert a.path.name == b.path.name                     # same key: the worker count is not a setting of the data
+        assert (a.path / "frames.npy").read_bytes() == (b.path / "frames.npy").read_bytes()
+        with np.load(a.path / "samples.npz") as x, np.load(b.path / "samples.npz") as y:
+            for k in x.files:
+                np.testing.assert_array_equal(x[k], y[k])
+        assert a.meta["frames_sha256"] == b.meta["frames_sha256"] and a.meta["counts"] == b.meta["counts"]
+        assert (a.meta["preprocess"]["workers"], b.meta["preprocess"]["workers"]) == (0, 2)
+        assert cachefiles.verify_cache(b) is None              # the sha256 computed while writing is the file's
+
+
+def test_blocks_come_in_order_with_a_bounded_read_ahead(tiny_config, tmp_path):
+    data = tiny_config.data
+    flight = data.flights[0]
+    path = Path(data.dir) / flight.ir_file
+    index = np.r_[0:70, 75:140, 200:230]                                   # runs with gaps, as a cache needs
+    spec = preprocess.FrameSpec.of(data)
+    with FramePool(2) as pool:
+        seen = []
+        for block in pool.blocks(path, data.keys.ir_signal, flight.name, index, spec, SKIMAGE):
+            seen.append(block)
+            assert pool.submitted - sum(len(b.index) for b in seen) <= 4 * preprocess.BLOCK_FRAMES   # 2 x workers
+    np.testing.assert_array_equal(np.concatenate([b.index for b in seen]), index)
+    serial = [preprocess.preprocess_frame(raw, data).frame.astype(np.float16) for raw in _raw(path, index)]
+    np.testing.assert_array_equal(np.concatenate([b.frames for b in seen]), np.stack(serial))
+
+
+def _raw(path: Path, index: np.ndarray) -> np.ndarray:
+    import h5py
+    with h5py.File(path) as f:
+        return f["Product/Signal"][list(index)]
+
+
+def test_workers_ignore_ctrl_c_and_leave_when_their_parent_is_killed(tiny_config, tmp_path):
+    """Ctrl-C in a terminal reaches every process of the group: the workers leave it to the parent. A parent
+    killed with SIGKILL cannot stop its workers: they notice and exit on their own."""
+    data = tiny_config.data
+    flight = data.flights[0]
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        import numpy as np
+        sys.path.insert(0, {str(REPO)!r})
+        from cloudml_lib.data.preprocess import FramePool, FrameSpec, SKIMAGE
+        pool = FramePool(2)
+        assert pool._start()
+        pids = [p.pid for p in pool._procs]
+        os.kill(pids[0], signal.SIGINT)                    # as a Ctrl-C in a terminal would
+        time.sleep(0.5)
+        spec = FrameSpec({data.swath_slice[0]}, {data.swath_slice[1]}, 1, 0.01)
+        blocks = list(pool.blocks({str(Path(data.dir) / flight.ir_file)!r}, "Product/Signal", "f", np.arange(100),
+                                  spec, SKIMAGE))
+        assert sum(len(b.index) for b in blocks) == 100 and all(p.is_alive() for p in pool._procs)
+        print(" ".join(map(str, pids)), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    pids = [int(p) for p in r.stdout.split()]
+    assert len(pids) == 2
+    assert _gone(pids), f"worker processes {pids} outlived their killed parent"
+
+
+def _gone(pids, seconds: float = 5.0) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"          # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+_real_read_block = preprocess.read_block
+
+
+def _killed_for_memory(path, key, flight, index, spec, equalise):
+    """A worker task (module level: it is pickled by name) that dies as the kernel's OOM killer would."""
+    if index[0] >= 64:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _real_read_block(path, key, flight, index, spec, equalise)
+
+
+def test_a_worker_that_dies_is_a_clear_error_and_leaves_no_half_cache(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(preprocess, "read_block", _killed_for_memory)
+    tiny_config.data.preprocess_workers = 2
+    tiny_config.data.cache_dir = str(tmp_path / "cache")
+    with pytest.raises(DataError, match="worker process died.*data.preprocess_workers"):
+        cache_mod.load_caches(tiny_config.data, SKIMAGE)
+    # neither a cache nor a temporary folder (the input files' SHA-256 memo may stay)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] in ([], ["file_sha256.json"])
+
+
+def cli_config(tiny_flights, tmp_path) -> Path:
+    root, entries = tiny_flights
+    raw = tiny_raw(root, entries, tmp_path / "cache")
+    raw["data"]["preprocess_workers"] = 2
+    raw["train"]["epochs"] = 1
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def processes_with(text: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().decode(errors="replace") and _alive(int(d.name)):
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_stop_during_the_cache_build_leaves_no_half_cache_and_no_orphan(tiny_flights, tmp_path, sig):
+    cfg = cli_config(tiny_flights, tmp_path)
+    env = {**os.environ, "CLOUDML_KILL_AT": f"cache-block:3:{sig}", "TQDM_DISABLE": "1"}
+    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
+                        str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == (-9 if sig == "SIGKILL" else 130), r.stderr[-2000:]
+    assert _gone_all(str(cfg)), "preprocessing workers outlived the stopped run"
+    cache = tmp_path / "cache"
+    assert not list(cache.glob("*/meta.json"))                     # nothing that looks complete
+    leftovers = list(cache.glob("*.tmp-*"))
+    assert (len(leftovers) == 1) if sig == "SIGKILL" else not leftovers
+    if sig == "SIGKILL":                                           # the next start removes it and builds
+        env.pop("CLOUDML_KILL_AT")
+        r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
+                            str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert not list(cache.glob("*.tmp-*")) and len(list(cache.glob("*/meta.json"))) == 3
+
+
+def _gone_all(text: str, seconds: float = 5.0) -> bool:
+    deadline = time.time() + seconds
+    while processes_with(text):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_the_kornia_backend_is_close_to_scikit_image_keyed_apart_and_recorded(tiny_config, tmp_path):
+    pytest.importorskip("kornia", reason="the GPU path's library: pip install kornia")
+    (sk,) = build(tiny_config, 0, tmp_path / "c", SKIMAGE)[:1]
+    tiny_config.data.flights = tiny_config.data.flights[:1]
+    (ko,) = build(tiny_config, 2, tmp_path / "c", Backend("kornia", "cpu"))
+    assert sk.path != ko.path and sk.path.parent == ko.path.parent        # a cache is never reused across backends
+    assert (sk.backend, ko.backend) == ("skimage", "kornia")
+    a, b = (np.load(c.path / "frames.npy").astype(np.float32) for c in (sk, ko))
+    diff = np.abs(a - b)
+    assert 0 < diff.mean() < 0.25 and diff.max() < 3.0                     # z-scored units: close, not equal
+    np.testing.assert_allclose(b.mean(axis=(1, 2)), 0, atol=2e-3)
+    np.testing.assert_allclose(b.std(axis=(1, 2)), 1, atol=2e-3)
+    from cloudml_lib.provenance import run_provenance, trained_backend
+    assert trained_backend(run_provenance([ko], tiny_config.data)) == "kornia"
+    assert trained_backend({"inputs": {}}) == "skimage" and trained_backend(None) is None
+
+
+def test_the_backend_follows_the_model_and_says_when_it_cannot(monkeypatch, caplog):
+    import torch
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # a run's handler stops it
+    pytest.importorskip("kornia", reason="the GPU path's library: pip install kornia")
+    caplog.set_level(logging.INFO, logger="cloudml_lib")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="data.preprocess_device: cuda.*no CUDA GPU.*auto or cpu"):
+            resolve_backend("cuda")
+        assert resolve_backend("auto") == SKIMAGE
+    assert resolve_backend("auto", trained="kornia").name == "kornia"    # kornia runs on the CPU too
+    assert resolve_backend("auto", trained="skimage") == SKIMAGE and "trained on" not in caplog.text
+    assert resolve_backend("cpu", trained="kornia") == SKIMAGE
+    assert "trained on frames equalised by kornia, but skimage is used now" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(preprocess, "has_kornia", lambda: False)
+    assert resolve_backend("auto", trained="kornia") == SKIMAGE
+    assert "pip install kornia" in caplog.text
+    if torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="needs the kornia package"):
+            resolve_backend("cuda")
+
+
+def test_the_workers_setting(tiny_config):
+    assert preprocess.resolve_workers("auto") == len(os.sched_getaffinity(0))
+    assert preprocess.resolve_workers(0) == 0 and preprocess.resolve_workers(3) == 3
+
+
+def test_meta_records_the_backend_and_speed(tiny_config, tmp_path):
+    (c,) = build(tiny_config, 2, tmp_path / "c")[:1]
+    info = json.loads((c.path / "meta.json").read_text())["preprocess"]
+    assert info["backend"] == "skimage" and info["device"] == "cpu" and info["workers"] == 2
+    assert info["frames_per_s"] > 0 and info["seconds"] >= 0
+
+
+def test_a_machine_that_cannot_start_processes_preprocesses_in_this_one(tiny_config, monkeypatch, caplog):
+    import multiprocessing
+
+    class NoFork:                                   # as under a process limit: fork fails with EAGAIN
+        def Pipe(self):
+            return multiprocessing.Pipe()
+
+        def Process(self, **kwargs):
+            raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(preprocess.multiprocessing, "get_context", lambda method: NoFork())
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # a run's handler stops it
+    data = tiny_config.data
+    flight = data.flights[0]
+    index = np.arange(100)
+    with FramePool(2) as pool:
+        blocks = list(pool.blocks(Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name, index,
+                                  preprocess.FrameSpec.of(data), SKIMAGE))
+        assert pool.workers == 0
+    assert "could not start 2 preprocessing worker processes" in caplog.text
+    assert "data.preprocess_workers: 0" in caplog.text
+    serial = [preprocess.preprocess_frame(raw, data).frame.astype(np.float16)
+              for raw in _raw(Path(data.dir) / flight.ir_file, index)]
+    np.testing.assert_array_equal(np.concatenate([b.frames for b in blocks]), np.stack(serial))
+
+
+def test_the_progress_bar_counts_each_frame_once_as_the_blocks_arrive(tiny_config, tmp_path, monkeypatch):
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc, unit):
+            self.total, self.desc, self.n, self.closed = total, desc, 0, False
+            bars.append(self)
+
+        def update(self, k):
+            assert not self.closed and k > 0
+            self.n += k
+            assert self.n <= self.total
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(cache_mod, "tqdm", Bar)
+    caches = build(tiny_config, 2, tmp_path / "c")
+    assert [b.desc for b in bars] == [f"cache {c.name}" for c in caches]
+    assert all(b.closed and b.n == b.total == c.meta["cached_frames"] for b, c in zip(bars, caches))
