@@ -163,6 +163,7 @@ def test_a_stop_during_the_cache_build_leaves_no_half_cache_and_no_orphan(tiny_f
     r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
                         str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == (-9 if sig == "SIGKILL" else 130), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]      # the stopped workers are quiet too
     assert _gone_all(str(cfg)), "preprocessing workers outlived the stopped run"
     cache = tmp_path / "cache"
     assert not list(cache.glob("*/meta.json"))                     # nothing that looks complete

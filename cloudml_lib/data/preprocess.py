@@ -182,6 +182,7 @@ def _worker_start(parent: int) -> None:
     """In each worker: Ctrl-C is the parent's to handle (it stops the workers), and a worker whose parent
     is gone (killed, even by SIGKILL) exits within a second instead of waiting on its queue forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # stopped by the parent: quietly, not the CLI's handler
     # below the main process: on a CPU that also runs the network (predict), its threads come first and
     # the workers fill the idle moments; with nothing else to run (a cache build) this changes nothing
     os.nice(WORKER_NICENESS)
@@ -319,11 +320,11 @@ class FramePool:
     def close(self, kill: bool = False) -> None:
         """Stop the workers: after their current block (they read the end of their pipe), or at once (`kill`)."""
         procs, pipes, self._procs, self._pipes = self._procs, self._pipes, [], []
-        for pipe in pipes:
-            pipe.close()
-        for proc in procs:
+        for proc in procs:                   # before the pipes close, or a worker mid-send meets a broken pipe
             if kill and proc.is_alive():
                 proc.terminate()
+        for pipe in pipes:
+            pipe.close()
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
@@ -342,9 +343,13 @@ def _worker_main(parent: int, pipe, inherited: list) -> None:
         except (EOFError, OSError):
             return
         try:
-            pipe.send(("ok", read_block(*task)))
-        except Exception as e:              # a bad file or frame: raised in the main process, naming it
-            pipe.send(("error", e if _picklable(e) else DataError(f"{type(e).__name__}: {e}")))
+            try:
+                result = ("ok", read_block(*task))
+            except Exception as e:          # a bad file or frame: raised in the main process, naming it
+                result = ("error", e if _picklable(e) else DataError(f"{type(e).__name__}: {e}"))
+            pipe.send(result)
+        except OSError:                     # the main process closed the pipe: it is stopping
+            return
 
 
 def _picklable(e: BaseException) -> bool:
