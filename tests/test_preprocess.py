@@ -283,3 +283,23 @@ def test_the_progress_bar_counts_each_frame_once_as_the_blocks_arrive(tiny_confi
     caches = build(tiny_config, 2, tmp_path / "c")
     assert [b.desc for b in bars] == [f"cache {c.name}" for c in caches]
     assert all(b.closed and b.n == b.total == c.meta["cached_frames"] for b, c in zip(bars, caches))
+
+
+def test_leftovers_are_judged_by_host_and_process(tmp_path):
+    """A killed build's folder goes; one that another machine (a second Colab VM on the same Drive) is still
+    writing stays until it has not changed for the run lock's stale time."""
+    import socket
+    final = tmp_path / "01Mar25-abc"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    here, old_format = tmp_path / f"01Mar25-abc.tmp-{socket.gethostname()}-{dead}", tmp_path / f"01Mar25-abc.tmp-{dead}"
+    mine = cachefiles.temporary(final)
+    busy, abandoned = tmp_path / "01Mar25-abc.tmp-other-vm-123", tmp_path / "01Mar25-abc.tmp-other-vm-456"
+    for folder in (here, old_format, mine, busy, abandoned):
+        folder.mkdir()
+        (folder / "frames.npy").write_bytes(b"x")
+    hour_ago = time.time() - 3600
+    for path in (abandoned, abandoned / "frames.npy"):
+        os.utime(path, (hour_ago, hour_ago))
+    cachefiles.remove_stale_builds(final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, busy.name])

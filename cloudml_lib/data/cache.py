@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
-from cloudml_lib.data.cachefiles import copy_flight_cache, in_background, remove_stale_builds, write_frames
+from cloudml_lib.data.cachefiles import copy_flight_cache, in_background, remove_stale_builds, temporary, write_frames
 from cloudml_lib.data.preprocess import (SKIMAGE, Backend, FramePool, FrameSpec, output_shape, resolve_backend,
                                          resolve_workers)
 from cloudml_lib.errors import DataError
@@ -191,7 +191,7 @@ def _open(path: Path) -> FlightCache:
 
 
 def _build(flight: FlightConfig, data: DataConfig, final: Path, backend: Backend, pool: FramePool) -> None:
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    tmp = temporary(final)
     remove_stale_builds(final)
     try:
         _build_into(tmp, flight, data, final, backend, pool)

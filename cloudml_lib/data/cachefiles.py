@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import threading
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.checkpoint import fault_point
 from cloudml_lib.errors import DataError
+from cloudml_lib.runlock import holder_alive
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +73,29 @@ def in_background(fn, *args):
     return result
 
 
+def temporary(final: Path) -> Path:
+    """Where `final` is built or copied first: named after this host and process, so a leftover can be judged."""
+    return final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
 def remove_stale_builds(final: Path) -> None:
-    """Folders `<final>.tmp-<pid>` left by a build or copy that was killed: removed once their process is gone."""
+    """Folders `<final>.tmp-<host>-<pid>` left by a build or copy that was killed: removed once their process is
+    gone. The run lock's rule judges them (runlock.holder_alive): on this host the pid tells; a folder written
+    from another machine (a second Colab VM on the same Drive) counts as alive while a file in it changed in the
+    last STALE_S seconds."""
     for p in final.parent.glob(f"{final.name}.tmp-*"):
+        host, _, pid = p.name[len(final.name) + len(".tmp-"):].rpartition("-")
+        if not pid.isdigit():
+            continue
+        host = host or socket.gethostname()             # `.tmp-<pid>`: an earlier version, on this host
+        if host == socket.gethostname() and int(pid) == os.getpid():
+            continue
         try:
-            pid = int(p.name.rsplit("-", 1)[-1])
-            os.kill(pid, 0)
-            alive = pid != os.getpid()
-        except ProcessLookupError:
-            alive = False
-        except (ValueError, PermissionError):
-            alive = True                                   # not ours to judge
-        if not alive:
-            log.info("removing %s, left by an interrupted cache build", p)
+            newest = max([f.stat().st_mtime for f in p.iterdir()] + [p.stat().st_mtime])
+        except OSError:
+            continue
+        if not holder_alive({"host": host, "pid": int(pid), "heartbeat": newest}):
+            log.info("removing %s, left by an interrupted cache build or copy", p)
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -112,7 +124,7 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
     """Copy one complete flight cache folder: under a temporary name, meta.json last, frames.npy's
     sha256 checked against the one recorded when it was built, then renamed into place."""
     meta = json.loads((src / "meta.json").read_text())
-    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
+    tmp = temporary(dst)
     remove_stale_builds(dst)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
