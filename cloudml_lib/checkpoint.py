@@ -151,7 +151,8 @@ def fault_point(name: str) -> None:
     Points: "setup" (the trainer's set-up begins), "cache-block" (a block of frames written to a cache being
     built), "step" (after each optimizer step), "commit-copied"
     (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet),
-    "probe-fitted" (the cloud probe is in best.pt, the final evaluation and checkpoint are not written).
+    "probe-fitted" (the cloud probe is in best.pt, the final evaluation and checkpoint are not written),
+    "sweep-told" (a sweep trial's result is in the local study, its copy in the sweep folder not refreshed).
     Unset, this does nothing. Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r.
     """
     spec = os.environ.get("CLOUDML_KILL_AT")
@@ -390,11 +391,12 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self.failures, self.failures_in_a_row, self.last_error = 0, 0, None
 
-    def submit(self, state: dict, meta: dict, wait: bool = False) -> float:
-        """Start writing `state` (already a CPU snapshot); returns how long the caller waited."""
+    def submit(self, state: dict, meta: dict, wait: bool = False, before=None) -> float:
+        """Start writing `state` (already a CPU snapshot), after `before()` (files that must not lag behind the
+        checkpoint: the TensorBoard events); returns how long the caller waited."""
         t0 = time.perf_counter()
         self.wait()
-        self._thread = threading.Thread(target=self._write, args=(state, meta), name="cloudml-checkpoint",
+        self._thread = threading.Thread(target=self._write, args=(state, meta, before), name="cloudml-checkpoint",
                                         daemon=True)
         self._thread.start()
         if wait:
@@ -406,7 +408,13 @@ class CheckpointWriter:
             self._thread.join()
             self._thread = None
 
-    def _write(self, state: dict, meta: dict) -> None:
+    def _write(self, state: dict, meta: dict, before=None) -> None:
+        if before is not None:
+            try:
+                before()
+            except OSError as e:           # the checkpoint matters more: the next save copies the events again
+                log.warning("TensorBoard events could not be copied into %s (%s); the checkpoint is written all "
+                            "the same, and the next one copies them again.", self.run_dir, e)
         try:
             commit(state, meta, self.run_dir, self.local_dir)
             prune(self.run_dir, self.keep_last)

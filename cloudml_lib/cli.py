@@ -1,4 +1,5 @@
-"""`python -m cloudml_lib ...`: train, crossval, predict, evaluate, status, diagnose, make-demo-data.
+"""`python -m cloudml_lib ...`: train, crossval, sweep, compare, predict, evaluate, status, diagnose, labels,
+make-demo-data.
 
 Exit status: 0 on success; 2 for a usage, config or data error, a full or read-only disk (one
 short message, no traceback); 130 when stopped by Ctrl-C or SIGTERM at any moment, set-up included
@@ -56,6 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value; repeatable")
     c.add_argument("--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)")
+
+    sw = sub.add_parser("sweep", help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
+                                      "it continues where it stopped")
+    sw.add_argument("--config", required=True, help="YAML file the trials start from, e.g. configs/demo.yaml")
+    sw.add_argument("--space", required=True, help="YAML search space, e.g. configs/sweeps/demo.yaml")
+    sw.add_argument("--trials", type=int, required=True, help="how many trials in all (raise it to add trials)")
+    sw.add_argument("--run-dir", required=True, help="the sweep folder: trials/<n>, study.journal, report.md")
+    sw.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
+    sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config value for every trial; repeatable")
+
+    cm = sub.add_parser("compare", help="runs, cross-validations or sweep trials side by side: the settings that "
+                                        "differ, held-out metrics, epochs, time, compiled")
+    cm.add_argument("run_dirs", nargs="+", metavar="DIR")
+    cm.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
 
     pr = sub.add_parser("predict", help="cloud base height for every frame of whole flights (NetCDF, CSV, plots)")
     pr.add_argument("--run-dir", required=True, help="a trained run (its best.pt is used)")
@@ -123,6 +139,29 @@ def _crossval(args) -> int:
     return 0
 
 
+def _sweep(args) -> int:
+    from cloudml_lib.sweep import sweep
+
+    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
+    result = sweep(args.config, args.space, args.trials, args.run_dir, overrides)
+    if result.get("best"):
+        b = result["best"]
+        print(f"best: trial {b['number']}, {result['metric']} {b['value']:.4g}, "
+              + ", ".join(f"{k}={v}" for k, v in b["params"].items()))
+    if result:
+        print(f"report: {Path(args.run_dir) / 'report.md'}")
+    return 0
+
+
+def _compare(args) -> int:
+    from cloudml_lib.compare import compare_runs, format_table
+    from cloudml_lib.evaluate import json_safe
+
+    rows = compare_runs(args.run_dirs)
+    print(json.dumps(json_safe(rows)) if args.json else format_table(rows))
+    return 0
+
+
 def _predict(args) -> int:
     from cloudml_lib.predict import predict_flights
 
@@ -179,6 +218,8 @@ def _diagnose(args) -> int:
 def _status(args) -> int:
     from cloudml_lib.rundir import format_status, run_status
 
+    if (Path(args.run_dir) / "sweep.json").is_file():          # a sweep: where each of its trials stands
+        return _compare(argparse.Namespace(run_dirs=[args.run_dir], json=args.json))
     status = run_status(args.run_dir)
     print(json.dumps(status) if args.json else format_status(status))
     return 0
@@ -306,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     trap_stop_signals()
     watch_parent()
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "crossval": _crossval, "predict": _predict, "evaluate": _evaluate, "status": _status,
+    handlers = {"train": _train, "crossval": _crossval, "sweep": _sweep, "compare": _compare, "predict": _predict, "evaluate": _evaluate, "status": _status,
                 "diagnose": _diagnose, "labels": _labels,
                 "make-demo-data": _make_demo}
     try:
@@ -315,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        message = explain_os_error(e, _places(args), resumes=args.command in ("train", "crossval"))
+        message = explain_os_error(e, _places(args), resumes=args.command in ("train", "crossval", "sweep"))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -258,8 +258,9 @@ def _interval_lines(iv: dict | None) -> list[str]:
     return lines
 
 
-def crossval(cfg: Config, run_dir: str | Path, controls: bool = True) -> dict:
-    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files."""
+def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None) -> dict:
+    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `dist`: a
+    process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, "crossval")
     prepare_flights(cfg.data, check_names=False)       # each fold names its own validation flight
@@ -269,7 +270,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True) -> dict:
     from cloudml_lib.distributed import init_distributed
 
     # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
-    workers = init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
+    workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
     try:
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))     # no two processes build one cache
@@ -279,7 +280,8 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True) -> dict:
         done = {name: run_fold(cfg, run_dir, name, controls) for name in mine}
         workers.barrier()
     finally:
-        workers.close()
+        if dist is None:
+            workers.close()
     if not workers.is_main:
         return {}
     folds = {name: done[name] if name in done else

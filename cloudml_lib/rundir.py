@@ -78,11 +78,11 @@ def clean_leftovers(run_dir: Path) -> list[str]:
     return removed
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten_keys(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_keys(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -90,7 +90,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)'."""
-    a, b = _flatten(saved), _flatten(current)
+    a, b = flatten_keys(saved), flatten_keys(current)
     math, harmless = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
@@ -116,6 +116,12 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
     """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
     cross-validation folder. The wrong kind is named, with the command that fits it."""
     run_dir = Path(run_dir)
+    if (run_dir / "sweep.json").is_file():
+        trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
+        raise CloudMLError(f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
+                           f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
+                           "to continue the sweep: python -m cloudml_lib sweep ... with the same --run-dir. "
+                           "Nothing was changed.")
     if command == "crossval":
         if has_run(run_dir) and not is_crossval(run_dir):
             raise CloudMLError(f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "

@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -97,6 +98,7 @@ PAGE_FACTS = """() => {
   const pres = [...document.querySelectorAll('.jp-OutputArea-output pre')];
   return {bars, text,
           tables: document.querySelectorAll('.jp-RenderedMarkdown table').length,
+          tensorboard_frames: document.querySelectorAll('iframe[id^="tensorboard-frame"]').length,
           images: document.querySelectorAll('.jp-OutputArea-output img').length,
           widget_errors: (text.match(/Error displaying widget|model not found/g) || []).length,
           tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
@@ -162,6 +164,8 @@ def judge(name: str, facts: dict) -> list[str]:
             bad.append(f"the Train cell's output is {facts['train_output_px']:.0f} px tall (at most {MAX_TRAIN_OUTPUT_PX})")
         if facts["images"] < 2:
             bad.append(f"{facts['images']} images (curves, scatter, along-flight figure expected)")
+        if has_tensorboard() and facts["tensorboard_frames"] != 1:
+            bad.append(f"{facts['tensorboard_frames']} TensorBoard frames in the TensorBoard cell (1 expected)")
     if name == "colab_setup.ipynb":
         fills = [round(b["fill"], 2) for b in facts["bars"]]
         if not fills or min(fills) < 0.99:
@@ -271,10 +275,29 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
                 browser.close()
         finally:
             _stop(lab)
+    _stop_tensorboards(root)
     shutil.rmtree(root, ignore_errors=True)
     results["versions"] = f"server: JupyterLab {lab_version(python)}; kernel: {kernel_versions}"
     (out / "browser_check.json").write_text(json.dumps(results, indent=1))
     return results
+
+
+def has_tensorboard() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def _stop_tensorboards(root: Path) -> None:
+    """TensorBoard servers the notebooks started over `root` (a kernel's end leaves them running)."""
+    if not has_tensorboard():
+        return
+    from tensorboard import manager
+    for info in manager.get_all():
+        if str(info.logdir).startswith(str(root)):
+            try:
+                os.kill(info.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 def _stop(lab: subprocess.Popen) -> None:

@@ -6,7 +6,6 @@ import json
 import re
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +78,7 @@ def run_copy(finished, tmp_path):
 def test_frames_too_small_for_the_network_are_refused_before_any_work(data, tmp_path):
     cfg = write_config(tmp_path, *data)
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "data.swath_slice=[20,26]")
-    refused(r, "data.swath_slice [20, 26]", "6 rows high", "at least 8", f"keep at least 8 rows")
+    refused(r, "data.swath_slice [20, 26]", "6 rows high", "at least 8", "keep at least 8 rows")
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "data.downsample=16")
     refused(r, "data.downsample 16", "2 rows high", "set data.downsample to at most 4")
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

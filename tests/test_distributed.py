@@ -74,6 +74,7 @@ def test_two_processes_train_the_same_model_as_one(runs):
         a_ep = [r[key] for r in map(json.loads, (one / "metrics.jsonl").read_text().splitlines())
                 if r["kind"] == "epoch"]
         assert [r[key] for r in records if r["kind"] == "epoch"] == pytest.approx(a_ep, rel=1e-4)
+    assert len(list((two / "tensorboard").glob("events.out.tfevents.*"))) == 1      # rank 0's only
 
 
 def test_a_killed_process_ends_the_job_and_a_relaunch_resumes_bit_identically(runs, tmp_path):
@@ -137,3 +138,28 @@ def test_a_world_size_without_torchrun_is_explained(runs, tmp_path):
     r = launch(train_args(cfg, tmp_path / "run"), nproc=1, env={"WORLD_SIZE": "2"})
     assert r.returncode == 2 and "WORLD_SIZE=2 is set but RANK or MASTER_ADDR is not" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_runs_each_trial_with_all_processes_and_rank_0_writes(runs, tmp_path):
+    """Two trials under torchrun: the values one process draws and nearly its results; one study, one
+    event file per trial (rank 0's)."""
+    optuna = pytest.importorskip("optuna")
+    cfg, _, _ = runs
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"seed": 5, "params": {"train.learning_rate": {"low": 1e-3, "high": 1e-2}}}))
+    results = {}
+    for nproc in (1, 2):
+        run = tmp_path / f"sweep{nproc}"
+        r = launch(["sweep", "--config", str(cfg), "--space", str(space), "--trials", "2", "--run-dir", str(run)], nproc)
+        assert r.returncode == 0, r.stderr[-3000:]
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run / "study.journal")))
+        results[nproc] = optuna.load_study(study_name="cloudml-sweep", storage=storage).trials
+    one, two = results[1], results[2]
+    assert [t.state.name for t in two] == ["COMPLETE", "COMPLETE"]
+    assert [t.params for t in two] == [t.params for t in one]
+    assert [t.value for t in two] == pytest.approx([t.value for t in one], rel=1e-3)
+    for n in (0, 1):
+        trial = tmp_path / "sweep2" / "trials" / str(n)
+        assert json.loads((trial / "run.json").read_text())["processes"] == 2
+        assert len(list((trial / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert not list((tmp_path / "sweep2").glob(".lock*"))

@@ -63,11 +63,13 @@ def test_the_training_notebook_has_each_section():
     titles = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
     for section in ("## Presets", "## Choose a preset", "## Train", "## Monitor", "## Evaluation",
                     "## Whole flights (optional)", "## Cross-validation (optional)", "## Troubleshooting",
+                    "## TensorBoard", "## Compare runs",
                     "## Automated test only"):
         assert section in titles
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     for call in ("colab.preset_picker(", "colab.train(", "colab.check_smoke_run(", "colab.show_status(",
-                 "colab.show_evaluation(", "colab.whole_flights(", "colab.crossval("):
+                 "colab.show_evaluation(", "colab.whole_flights(", "colab.crossval(", "colab.show_tensorboard(",
+                 "colab.show_comparison("):
         assert call in code
     assert titles[-1] == "## Automated test only"          # the smoke test's check comes last, out of the way
 

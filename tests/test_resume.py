@@ -59,6 +59,16 @@ def metrics(run_dir):
     return [{k: v for k, v in r.items() if k not in MEASURED_KEYS} for r in rows]
 
 
+def tensorboard_scalars(run_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (purges applied), measured tags left out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(Path(run_dir) / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+            if not tag.endswith(("samples_per_s", "time_s"))}
+
+
 def assert_same_run(run_dir, ref):
     a, b = final_state(run_dir), final_state(ref)
     assert a["model"].keys() == b["model"].keys()
@@ -72,6 +82,10 @@ def assert_same_run(run_dir, ref):
     assert int(best_b["cloud_fitted"]) == 1 and best_b["cloud.weight"].abs().sum() > 0   # the cloud probe too
     assert best_a.keys() == best_b.keys() and all(torch.equal(best_a[k], best_b[k]) for k in best_b)
     assert metrics(run_dir) == metrics(ref)
+    # TensorBoard's curves: one value per step, the very values of the run never interrupted
+    curves, ref_curves = tensorboard_scalars(run_dir), tensorboard_scalars(ref)
+    assert {"train/loss", "val/mae_km", "epoch/lr", "final/mae_km"} <= set(ref_curves)
+    assert curves == ref_curves
 
 
 # Saves every 3 steps, written in the background: step 2 comes before any save; from step 7 on, the step-6

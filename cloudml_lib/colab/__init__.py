@@ -10,12 +10,13 @@ With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tin
 workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
 """
 from cloudml_lib.colab.picker import Choice, Picker, newest_run, preset_picker
-from cloudml_lib.colab.show import UserError, show_evaluation, show_presets, show_report, show_status
+from cloudml_lib.colab.show import (UserError, show_comparison, show_evaluation, show_presets, show_report, show_status,
+                                    show_tensorboard)
 from cloudml_lib.colab.training import check_smoke_run, crossval, train, whole_flights
 from cloudml_lib.colab.drive import (Workspace, build_cache, check_setup, free_gpu_memory, run_config, show_diagnostics,
                                          show_environment, smoke, uses_demo_data, verify_data, workspace)
 
 __all__ = ["Choice", "Picker", "UserError", "Workspace", "build_cache", "check_setup", "check_smoke_run", "crossval",
            "free_gpu_memory", "newest_run", "preset_picker", "run_config", "show_diagnostics", "show_environment",
-           "show_evaluation", "show_presets", "show_report", "show_status", "smoke", "train", "uses_demo_data",
+           "show_comparison", "show_evaluation", "show_presets", "show_report", "show_status", "show_tensorboard", "smoke", "train", "uses_demo_data",
            "verify_data", "whole_flights", "workspace"]

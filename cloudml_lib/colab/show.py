@@ -157,3 +157,49 @@ def show_report(run_dir: Path | None) -> None:
     if "".join(text).strip():
         show_markdown("\n".join(text))
     print(f"The same page for GitHub or a Markdown viewer: {path}")
+
+
+@user_errors
+def show_tensorboard(run_dir: Path | None) -> None:
+    """TensorBoard over the runs folder (every run's curves side by side), in the notebook; how to install
+    it when it is missing. Its events are committed with each checkpoint, so after a disconnect it shows
+    the run up to its last checkpoint."""
+    from cloudml_lib.train.events import INSTALL_HINT, has_tensorboard
+
+    if run_dir is None:
+        return
+    logdir = Path(run_dir).parent
+    if not has_tensorboard():
+        show_markdown(f"TensorBoard is not installed, so runs write no event files (the live curves above need "
+                      f"nothing). To have it: `!{INSTALL_HINT}` in a cell, then **Run all** again: the run resumes "
+                      "and writes its events from then on.")
+        return
+    if not in_notebook():
+        print(f"tensorboard --logdir {logdir}")
+        return
+    from IPython import get_ipython
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "tensorboard")
+    ip.run_line_magic("tensorboard", f'--logdir "{logdir}" --reload_interval 30')
+
+
+@user_errors
+def show_comparison(folders) -> None:
+    """Runs, cross-validations or sweeps side by side (`compare.py`): the settings that differ, held-out
+    metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run folders."""
+    from cloudml_lib.compare import compare_runs, format_table
+    from cloudml_lib.rundir import has_run, is_crossval
+
+    base = None
+    if isinstance(folders, (str, Path)) and not has_run(folders) and not is_crossval(folders) \
+            and not (Path(folders) / "sweep.json").is_file():
+        base = Path(folders)
+        folders = sorted(p for p in base.iterdir() if has_run(p) or is_crossval(p) or (p / "sweep.json").is_file())
+        if not folders:
+            show_markdown(f"No runs in {base} yet.")
+            return
+    rows = compare_runs(folders if isinstance(folders, list) else [folders])
+    for row in rows:
+        if base is not None:                                  # names as in the runs folder, not full paths
+            row["run"] = str(Path(row["run"]).relative_to(base))
+    show_markdown(format_table(rows))

@@ -130,5 +130,42 @@ def check_smoke_run(run_dir: Path | None) -> None:
     assert load_checkpoint(run_dir / "best.pt")["model"]
     assert "## Held-out flights" in (run_dir / "report.md").read_text(), "no report.md"
     assert list((run_dir / "predictions").glob("*_cbh.nc")), "no whole-flight prediction"
+    board = check_tensorboard_served(run_dir)
     print(f"Smoke test passed: trained {SMOKE_EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
-          f"{SMOKE_DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}), whole flight predicted.")
+          f"{SMOKE_DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}), whole flight predicted"
+          f"{board}.")
+
+
+def check_tensorboard_served(run_dir: Path, wait_s: float = 60.0) -> str:
+    """Smoke test: the TensorBoard the notebook started serves this run's curves (one value per step); then
+    it is stopped, as the headless kernel's end would leave it running."""
+    import os
+    import time
+    import urllib.parse
+    import urllib.request
+
+    from cloudml_lib.train.events import has_tensorboard
+    if not has_tensorboard():
+        return ""
+    from tensorboard import manager
+    mine = [i for i in manager.get_all() if Path(i.logdir).resolve() == run_dir.parent.resolve()]
+    assert mine, f"no TensorBoard was started for {run_dir.parent}"
+    name = f"{run_dir.name}/tensorboard"
+    url = f"http://localhost:{mine[0].port}/data/plugin/scalars/scalars?" + urllib.parse.urlencode(
+        {"run": name, "tag": "train/loss"})
+    try:
+        deadline, steps = time.time() + wait_s, []
+        while time.time() < deadline and not steps:
+            try:
+                steps = [row[1] for row in json.loads(urllib.request.urlopen(url, timeout=5).read())]
+            except OSError:                                   # not loaded yet (400 until the run is found)
+                time.sleep(1.0)
+        assert steps, f"TensorBoard at port {mine[0].port} did not serve {name}'s train/loss within {wait_s:.0f} s"
+        assert steps == sorted(set(steps)), f"TensorBoard shows repeated steps after the resume: {steps}"
+    finally:
+        for info in mine:
+            try:
+                os.kill(info.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    return f", TensorBoard served {len(steps)} loss values, one per step"

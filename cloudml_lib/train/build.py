@@ -47,6 +47,7 @@ from cloudml_lib.rundir import (attach_run_log, check_data_fingerprint, check_fo
                                 clean_leftovers, find_resume_point, truncate_metrics)
 from cloudml_lib.runlock import RunLock
 from cloudml_lib.train.progress import RunInfo
+from cloudml_lib.train.events import Events
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.state import LoopState, restore
 
@@ -162,6 +163,7 @@ class Run:
     loop: LoopState                   # progress and loss sums: what the loop changes
     checkpoints: Checkpoints
     run_info: RunInfo
+    events: Events | None = None      # TensorBoard (train/events.py), opened once the resume point is known
 
 
 def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, dist: Dist) -> Run:
@@ -193,6 +195,8 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
                   loop=LoopState(dist, parts["device"], cfg.train.batch_size),
                   run_info=RunInfo(run_dir, dist, parts["compile"], provenance))
         start(run, found, run_dir, cfg, dist, init_from)
+        run.events = Events(run_dir, checkpoints.writer.local_dir if checkpoints.writer else None,
+                            run.loop.progress["step"], fresh=found is None)
     except BaseException:
         if checkpoints is not None:
             checkpoints.close()

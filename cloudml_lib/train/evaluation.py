@@ -175,6 +175,8 @@ def finish(tr) -> dict:
         if tr.state["history"]:
             plots.save_figure(plots.curves_figure(tr.state["history"]), tr.run_dir / "plots" / "curves.png")
         write_report(tr.run_dir)
+        tr.events.scalars(tr.state["step"], {f"final/{k}": v for k, v in report["overall"].items()})
+        tr.events.image(tr.state["step"], "evaluation/scatter", tr.run_dir / "plots" / "scatter.png")
     tr.save_checkpoint("final", wait=True)            # every rank: the snapshot gathers from all of them
     tr.dist.barrier()
     if not tr.dist.is_main:

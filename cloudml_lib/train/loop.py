@@ -45,7 +45,7 @@ class Trainer:
         """`init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
         `dist`: this process's place in a torchrun job; only rank 0 writes files."""
         self.cfg, self.run_dir, self.resume, self.init_from, self.dist = cfg, Path(run_dir), resume, init_from, dist
-        self.lock, self.checkpoints, self.stop = None, None, StopRequest()   # until setup() builds the run
+        self.lock, self.checkpoints, self.events, self.stop = None, None, None, StopRequest()   # until setup()
         self.caches_checked = False
         self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
@@ -58,8 +58,10 @@ class Trainer:
         return self
 
     # ------------------------------------------------------------------------------ the loop
-    def fit(self) -> dict:
-        t, st = self.cfg.train, self.state
+    def fit(self, after_epoch=None) -> dict:
+        """Train to the last epoch (or early stop), then evaluate the best model. `after_epoch(history)`: a
+        sweep's pruner, asked after each epoch (and at a resumed start) and free to end the run by raising."""
+        t, st, after_epoch = self.cfg.train, self.state, after_epoch or (lambda history: None)
         try:
             if st["finished"]:
                 log.info("This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
@@ -67,9 +69,13 @@ class Trainer:
                 return stored_report(self)
             unwrap_model(self.model).clear_cloud_probe()   # a probe is fitted when training ends, not before
             with self.stop.trapped():
-                while st["epoch"] < t.epochs and not self.run_epoch():
-                    pass
-                return finish(self)
+                done = st["epoch"] >= t.epochs
+                while True:
+                    if st["history"]:
+                        after_epoch(st["history"])
+                    if done:
+                        return finish(self)
+                    done = self.run_epoch()
         finally:
             self.close()
 
@@ -85,6 +91,7 @@ class Trainer:
                   "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
         st["history"].append(record)
         self._append_metrics({"kind": "epoch", **record, "memory": memory})
+        self.events.epoch(record, format_memory(memory), self.compile.update().describe())
         cloud = "" if m.get("cloud_accuracy") is None else f" | cloud acc {m['cloud_accuracy']:.2f}"
         log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km%s | lr %.1e | %.1f s | %s",
                  epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], cloud, record["lr"],
@@ -252,9 +259,9 @@ class Trainer:
             append_text(self.run_dir / "metrics.jsonl", json.dumps(json_safe(record)) + "\n")
 
     def close(self) -> None:
-        """Let an in-flight checkpoint finish, then release the run directory."""
+        """Let an in-flight checkpoint finish, commit the TensorBoard events, then release the run directory."""
         if self.checkpoints is not None:
-            self.checkpoints.close()
+            self.checkpoints.close(self.events)
         if self.lock is not None:
             self.lock.release()
             self.lock = None

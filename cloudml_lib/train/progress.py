@@ -83,6 +83,8 @@ def log_step(tr, epoch: int, bar) -> None:
               "loss": loss_sum / max(1.0, batches / dist.world),
               "lr": tr.optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
     tr._append_metrics(record)
+    tr.events.scalars(record["step"], {"train/loss": record["loss"], "train/lr": record["lr"],
+                                       "train/samples_per_s": rate})
     bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
     tr.loop.reset_window()
 

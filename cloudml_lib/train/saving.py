@@ -30,7 +30,7 @@ class Checkpoints:
         """(by steps, by this process's clock): the clocks of several processes are agreed on by the caller."""
         return step % self.cfg.every_steps == 0, time.monotonic() - self.last_save >= 60 * self.cfg.every_minutes
 
-    def commit(self, state: dict, meta: dict | None, wait: bool, t0: float) -> float:
+    def commit(self, state: dict, meta: dict | None, wait: bool, t0: float, before=None) -> float:
         """Hand rank 0's snapshot to the writer (others pass meta None); returns the stall since `t0`.
         After MAX_FAILED_SAVES failed saves in a row training stops: work that cannot be saved is at risk."""
         if self.writer is None:
@@ -43,14 +43,18 @@ class Checkpoints:
                 f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more work goes "
                 "unsaved. Free space there or make it writable, then run the same command again to resume from "
                 "the last checkpoint that was written.")
-        self.writer.submit(state, meta, wait=wait)
+        self.writer.submit(state, meta, wait=wait, before=before)
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.last_save = time.monotonic()
         return stall
 
-    def close(self) -> None:
-        """Let an in-flight checkpoint finish."""
+    def close(self, events=None) -> None:
+        """Let an in-flight checkpoint finish (it may be copying the events), then commit the events."""
+        if self.writer is not None:
+            self.writer.wait()
+        if events is not None:
+            events.close()
         if self.writer is not None:
             self.writer.close()
 
@@ -74,7 +78,8 @@ def save_checkpoint(tr, reason: str, wait: bool) -> float:
     st = tr.state
     meta = manifest(st, tr.cfg, tr.sampler.batches_per_epoch(), tr.sampler.samples_before(st["batch"]),
                     tr.total_steps, reason)
-    return tr.checkpoints.commit(snap, meta, wait, t0)
+    marks = tr.events.mark()                             # the events up to this step go first (events.py)
+    return tr.checkpoints.commit(snap, meta, wait, t0, before=lambda: tr.events.commit(marks))
 
 
 def save_best(tr) -> None:

@@ -1,0 +1,100 @@
+"""TensorBoard events (train/events.py): what a run writes, the purge marker a resume starts with,
+and a run without the tensorboard package. Kills and resumes: test_resume.py compares the curves of
+every killed-and-resumed run with the uninterrupted one."""
+from pathlib import Path
+
+import pytest
+
+from cloudml_lib.train import events as events_module
+from cloudml_lib.train import train
+from test_resume import tensorboard_scalars
+
+pytest.importorskip("tensorboard")
+
+
+def raw_events(path: Path) -> list:
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    return list(EventFileLoader(str(path)).Load())
+
+
+def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    train(tiny_config, run)
+    files = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    curves = tensorboard_scalars(run)
+    steps = [s for s, _ in curves["train/loss"]]
+    assert steps == sorted(set(steps)) and steps[0] == 2                        # log_every_steps: 2
+    assert len(curves["val/mae_km"]) == 2 and len(curves["epoch/lr"]) == 2        # one per epoch
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    assert acc.Tags()["images"] == ["evaluation/scatter"]
+    image = acc.Images("evaluation/scatter")[0]
+    assert image.width > 100 and image.height > 100
+    assert {"memory/text_summary", "compile/text_summary"} <= set(acc.Tags()["tensors"])
+    text = acc.Tensors("compile/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "compile" in text.lower() or "eager" in text.lower()
+
+
+def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_path, monkeypatch):
+    """A SIGTERM stop mid-run (a checkpoint there), then the resume: its file opens with the purge marker."""
+    from cloudml_lib.config import build_config
+    tiny_raw_config["checkpoint"] = {"every_steps": 3}
+    run = tmp_path / "run"
+    monkeypatch.setenv("CLOUDML_KILL_AT", "step:5:SIGTERM")
+    with pytest.raises(KeyboardInterrupt):
+        train(build_config(tiny_raw_config), run)
+    monkeypatch.delenv("CLOUDML_KILL_AT")
+    first = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(first) == 1                                 # committed with the stop's checkpoint
+    stopped_at = max(e.step for e in raw_events(first[0]))
+    assert stopped_at == max(int(p.name[5:]) for p in (run / "checkpoints").glob("step-*"))
+    train(build_config(tiny_raw_config), run)
+    second = [p for p in (run / "tensorboard").glob("events.out.tfevents.*") if p not in first]
+    assert len(second) == 1
+    opening = [e for e in raw_events(second[0]) if e.HasField("session_log")]
+    assert opening and opening[0].session_log.status == opening[0].session_log.START and opening[0].step == stopped_at + 1
+    steps = [s for s, _ in tensorboard_scalars(run)["train/loss"]]
+    assert steps == sorted(set(steps)) and stopped_at in steps and stopped_at + 2 in steps
+
+
+def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(events_module, "has_tensorboard", lambda: False)
+    run = tmp_path / "run"
+    report = train(tiny_config, run)
+    assert report["overall"]["mae_km"] > 0 and (run / "best.pt").is_file()
+    assert not (run / "tensorboard").exists()
+    assert "TensorBoard curves are off: the tensorboard package is not installed. To have them, run `pip install " \
+           "tensorboard`" in (run / "train.log").read_text()
+
+
+def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
+    """Files of an attempt killed before its first checkpoint belong to no resume point."""
+    stale = tmp_path / "run" / "tensorboard" / "events.out.tfevents.1.host.1.0"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    train(tiny_config, tmp_path / "run")
+    assert not stale.exists() and len(list(stale.parent.glob("events.out.tfevents.*"))) == 1
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    ev = events_module.Events(tmp_path, None, 0, fresh=True)
+    ev.scalars(1, {"train/loss": 1.0})
+    ev.text(1, "memory", "x")
+    assert ev.mark() == {} and not (tmp_path / "tensorboard").exists()
+    ev.close()
+
+
+def test_events_that_cannot_be_copied_never_cost_a_checkpoint(tiny_config, tmp_path, monkeypatch):
+    import errno
+
+    def disk_full(self, marks):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(events_module.Events, "commit", disk_full)
+    run = tmp_path / "run"
+    train(tiny_config, run)
+    assert list((run / "checkpoints").glob("step-*/COMMITTED")) and (run / "best.pt").is_file()
+    log = (run / "train.log").read_text()
+    assert "TensorBoard events could not be copied" in log and "the checkpoint is written all the same" in log
