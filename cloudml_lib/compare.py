@@ -81,7 +81,8 @@ def crossval_row(folder: Path, name: str) -> dict:
     model = result.get("summary", {}).get("model", {})
     rows = [run_row(f, name) for f in folds]
     return {"run": name, "config": first["config"], "state": "finished" if result else "stopped (resumable)",
-            "epochs": f"{len(folds)} folds", "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
+            "epochs": f"{len(folds)} folds",
+            "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
             "minutes": sum(r["minutes"] for r in rows), "compiled": first["compiled"]}
 
 
@@ -189,8 +190,9 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
     """report.md: the objective, the best trial, the trials table and Optuna's two plots."""
     summary = sweep_summary(study, space)
     finished = complete_trials(study)
+    scored_on = "cross-validated folds" if space.objective == "crossval" else "held-out flights"
     lines = [f"# Sweep {run_dir.name}", "",
-             f"Objective: {space.metric} ({space.direction}) on the {'cross-validated folds' if space.objective == 'crossval' else 'held-out flights'}; "
+             f"Objective: {space.metric} ({space.direction}) on the {scored_on}; "
              f"sampler {space.sampler} (seed {space.seed}), pruner {space.pruner}. "
              f"{len(study.trials)} trial(s), {len(finished)} finished, "
              f"{sum(t.state.name == 'PRUNED' for t in study.trials)} pruned.", ""]

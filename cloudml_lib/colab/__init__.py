@@ -18,5 +18,5 @@ from cloudml_lib.colab.drive import (Workspace, build_cache, check_setup, free_g
 
 __all__ = ["Choice", "Picker", "UserError", "Workspace", "build_cache", "check_setup", "check_smoke_run", "crossval",
            "free_gpu_memory", "newest_run", "preset_picker", "run_config", "show_diagnostics", "show_environment",
-           "show_comparison", "show_evaluation", "show_presets", "show_report", "show_status", "show_tensorboard", "smoke", "train", "uses_demo_data",
-           "verify_data", "whole_flights", "workspace"]
+           "show_comparison", "show_evaluation", "show_presets", "show_report", "show_status", "show_tensorboard",
+           "smoke", "train", "uses_demo_data", "verify_data", "whole_flights", "workspace"]
