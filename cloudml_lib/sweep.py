@@ -149,21 +149,24 @@ class Pruning:
     def __call__(self, history: list[dict]) -> None:
         why = None
         if self.dist.is_main:
-            storage = self.trial.study._storage
-            reported = storage.get_trial(self.trial._trial_id).intermediate_values
+            reported = self.stored().intermediate_values
             for h in history:
                 if h["epoch"] not in reported:
                     value = h[self.space.metric]
                     self.trial.report(float("nan") if value is None else value, h["epoch"])
             if self.trial.should_prune():
                 # the newest report decides, which a resumed trial may hold from before its checkpoint
-                epoch, value = max(storage.get_trial(self.trial._trial_id).intermediate_values.items())
+                epoch, value = max(self.stored().intermediate_values.items())
                 why = (f"after epoch {epoch}, its {self.space.metric} ({value:.4g}) was worse than the median of the "
                        "earlier trials at that epoch")
             self.store.save()
         why = self.dist.from_main(why)
         if why is not None:
             raise self.optuna.TrialPruned(why)
+
+    def stored(self):
+        """The trial as the study holds it now (its reports, including those made before a resume)."""
+        return next(t for t in self.trial.study.get_trials(deepcopy=False) if t.number == self.trial.number)
 
 
 def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: Dist) -> float:
@@ -239,7 +242,8 @@ def sweep(config: str | Path, space_path: str | Path, n_trials: int, run_dir: st
             if job is None:
                 break
             number, params = job
-            log.info("Trial %d of %d: %s", number, n_trials, ", ".join(f"{k}={v}" for k, v in params.items()))
+            log.info("Trial %d (%d of %d): %s", number, number + 1, n_trials,
+                     ", ".join(f"{k}={v}" for k, v in params.items()))
             state, value, note = run_trial(optuna, trial, number, params, base, space, run_dir, store, dist)
             if dist.is_main:
                 attach_run_log(run_dir)
