@@ -141,10 +141,12 @@ def next_trial(optuna, study, space: Space, n_trials: int):
 
 class Pruning:
     """After each epoch: rank 0 reports the epochs not yet reported and asks the pruner; every rank stops
-    the trial together (optuna.TrialPruned)."""
+    the trial together (optuna.TrialPruned). After the last epoch nothing is pruned: the trial has cost
+    all its training already, and its evaluation is its result."""
 
-    def __init__(self, optuna, trial, space: Space, store: StudyFile | None, dist: Dist):
+    def __init__(self, optuna, trial, space: Space, store: StudyFile | None, dist: Dist, epochs: int):
         self.optuna, self.trial, self.space, self.store, self.dist = optuna, trial, space, store, dist
+        self.epochs = epochs
 
     def __call__(self, history: list[dict]) -> None:
         why = None
@@ -154,7 +156,7 @@ class Pruning:
                 if h["epoch"] not in reported:
                     value = h[self.space.metric]
                     self.trial.report(float("nan") if value is None else value, h["epoch"])
-            if self.trial.should_prune():
+            if history[-1]["epoch"] < self.epochs and self.trial.should_prune():
                 # the newest report decides, which a resumed trial may hold from before its checkpoint
                 epoch, value = max(self.stored().intermediate_values.items())
                 why = (f"after epoch {epoch}, its {self.space.metric} ({value:.4g}) was worse than the median of the "
@@ -198,7 +200,8 @@ def run_trial(optuna, trial, number: int, params: dict, base: dict, space: Space
         write_text(trial_dir / "trial.json", json.dumps(json_safe({"number": number, "params": params,
                                                                    "state": "running"}), indent=1))
     try:
-        value = objective_value(space, cfg, trial_dir, Pruning(optuna, trial, space, store, dist), dist)
+        pruning = Pruning(optuna, trial, space, store, dist, cfg.train.epochs)
+        value = objective_value(space, cfg, trial_dir, pruning, dist)
     except optuna.TrialPruned as e:
         return "pruned", None, str(e)
     if value is None or not math.isfinite(value):

@@ -27,6 +27,7 @@ def files(tiny_flights, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     raw = tiny_raw(root, entries, tmp / "cache")
     raw["checkpoint"] = {"every_steps": 3}
+    raw["train"]["epochs"] = 3                    # 6 steps each; pruning may stop a trial after epoch 1 or 2
     cfg, space = tmp / "c.yaml", tmp / "space.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     space.write_text(yaml.safe_dump(SPACE))
@@ -67,14 +68,16 @@ def test_an_uninterrupted_sweep(reference):
     assert trials[0][1] == "COMPLETE" and 0 < trials[0][3] < 2          # mae_km of the held-out flight
     assert all(set(t[2]) == {"train.learning_rate", "model.dropout"} for t in trials)
     assert len({t[2]["train.learning_rate"] for t in trials}) == 3         # three different draws
-    assert all(sorted(t[4]) == [1, 2] for t in trials if t[1] == "COMPLETE")  # one report per epoch
+    assert all(sorted(t[4]) == [1, 2, 3] for t in trials if t[1] == "COMPLETE")  # one report per epoch
+    assert [t[1] for t in trials].count("PRUNED") >= 1                   # the kill tests replay a pruning too
+    assert all(max(t[4]) < 3 for t in trials if t[1] == "PRUNED")        # never after the last epoch
     for n in range(3):
         info = json.loads((reference / "trials" / str(n) / "trial.json").read_text())
         assert info["params"] == trials[n][2] and info["state"] == trials[n][1].lower().replace("fail", "failed")
         assert (reference / "trials" / str(n) / "checkpoints").is_dir()    # an ordinary resumable run
 
 
-@pytest.mark.parametrize("kill_at,new_machine", [("step:17", False), ("step:17", True), ("sweep-told:2", True)])
+@pytest.mark.parametrize("kill_at,new_machine", [("step:23", False), ("step:23", True), ("sweep-told:2", True)])
 def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, kill_at, new_machine):
     """Killed in trial 1's training (its 5th step) or right after trial 1's result was told, before the copy
     on "Drive" was refreshed; then run again on the same machine or on a new one (no local study)."""
@@ -130,7 +133,7 @@ def test_report_and_compare(files, tmp_path):
     rows = json.loads(subprocess.run([sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"], cwd=REPO,
                                      capture_output=True, text=True).stdout)
     assert [r["metrics"]["mae_km"] for r in rows] == pytest.approx([t[3] for t in study_of(run)])
-    assert all(r["epochs"] == "2/2" and r["compiled"] == "no" and r["state"] == "finished" for r in rows)
+    assert all(r["epochs"] == "3/3" and r["compiled"] == "no" and r["state"] == "finished" for r in rows)
 
 
 def test_compare_refuses_a_folder_without_runs(tmp_path):
