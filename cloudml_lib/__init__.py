@@ -1,6 +1,22 @@
 """CloudML: cloud base height from ER-2 thermal-IR frame sequences, trained on a small GPU."""
+import json as _json
+from pathlib import Path as _Path
+
 from cloudml_lib.config import Config, load_config
 from cloudml_lib.errors import CloudMLError, ConfigError, DataError
 
-__version__ = "0.1.0"
-__all__ = ["Config", "load_config", "CloudMLError", "ConfigError", "DataError", "__version__"]
+__version__ = "0.2.0"
+
+
+def _source() -> dict:
+    """What the Colab install recorded (colab/install.py): the Drive copy's fingerprint, version and time;
+    {} for any other install (a checkout, a wheel)."""
+    try:
+        record = _json.loads((_Path(__file__).parent / "_source.json").read_text())
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+SOURCE = _source()
+__all__ = ["Config", "load_config", "CloudMLError", "ConfigError", "DataError", "SOURCE", "__version__"]

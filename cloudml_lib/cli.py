@@ -37,11 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cloudml_lib", description="CloudML: cloud base height from ER-2 IR frames")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    t = sub.add_parser("train", help="train a model (on the demo flights with configs/demo.yaml)")
-    which = t.add_mutually_exclusive_group(required=True)
-    which.add_argument("--config", help="YAML file, e.g. configs/demo.yaml")
-    which.add_argument("--preset", choices=["auto", "A", "B", "C", "demo"],
-                       help="a preset from configs/; auto: chosen for the GPU at hand (demo without one)")
+    t = sub.add_parser("train", help="train a model (on the demo flights with --preset demo)")
+    _config_arguments(t)
     t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
     t.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -51,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "never: refuse to touch an existing run; PATH: continue from that checkpoint")
 
     c = sub.add_parser("crossval", help="leave-one-flight-out cross-validation with baselines (resumable)")
-    c.add_argument("--config", required=True, help="YAML file, e.g. configs/demo.yaml")
+    _config_arguments(c)
     c.add_argument("--run-dir", required=True, help="where the folds, crossval.json and crossval.md go")
     c.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -60,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
                                       "it continues where it stopped")
-    sw.add_argument("--config", required=True, help="YAML file the trials start from, e.g. configs/demo.yaml")
-    sw.add_argument("--space", required=True, help="YAML search space, e.g. configs/sweeps/demo.yaml")
+    _config_arguments(sw, "the config the trials start from")
+    sw.add_argument("--space", help="YAML search space (default: the packaged configs/sweeps/demo.yaml, made for "
+                                    "--preset demo)")
     sw.add_argument("--trials", type=int, required=True, help="how many trials in all (raise it to add trials)")
     sw.add_argument("--run-dir", required=True, help="the sweep folder: trials/<n>, study.journal, report.md")
     sw.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
@@ -93,13 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     lb = sub.add_parser("labels", help="the labels a config yields, per flight and filter (no frames read, no "
                                        "training), e.g. with configs/reproduce_published.yaml")
-    lb.add_argument("--config", required=True, help="YAML file, e.g. configs/reproduce_published.yaml")
+    _config_arguments(lb, "e.g. --preset published: the users' published label sets")
     lb.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
     lb.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one config value; repeatable, e.g. --set data.label_layer=top")
 
     g = sub.add_parser("diagnose", help="the machine, its memory and what to use on it")
-    g.add_argument("--config", help="also check the disk and cache for this config")
+    _config_arguments(g, "also check the disk and cache for this config", required=False)
     g.add_argument("--json", action="store_true", help="print one JSON object")
 
     d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
@@ -111,20 +109,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PRESETS = ("auto", "A", "B", "C", "demo", "published")
+
+
+def _config_arguments(parser, what: str = "", required: bool = True) -> None:
+    """--config FILE or --preset NAME (the presets travel with the package: no checkout needed)."""
+    which = parser.add_mutually_exclusive_group(required=required)
+    which.add_argument("--config", metavar="FILE", help="YAML file, e.g. configs/demo.yaml" + (f"; {what}" if what
+                                                                                              else ""))
+    which.add_argument("--preset", choices=PRESETS, help="a packaged config: A, B, C (Colab GPU presets), demo (CPU "
+                       "demo flights), published (the users' published labels); auto: for the GPU at hand")
+
+
+def config_path(args) -> Path | None:
+    """The YAML file of --config, or of --preset (auto resolved for this machine)."""
+    from cloudml_lib.hardware import choose_preset, preset_config_path, system_report
+
+    if not getattr(args, "preset", None):
+        return Path(args.config) if getattr(args, "config", None) else None
+    name = args.preset
+    if name == "auto":
+        name, why = choose_preset(system_report())
+        log.info("Preset auto: %s, because %s", name, why)
+    return preset_config_path(name)
+
+
+def _overrides(args) -> list[str]:
+    return list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
+
+
 def _train(args) -> int:
     from cloudml_lib.config import load_config
-    from cloudml_lib.hardware import choose_preset, preset_config_path, system_report
     from cloudml_lib.train import train
 
-    config = args.config
-    if args.preset:
-        name = args.preset
-        if name == "auto":
-            name, why = choose_preset(system_report())
-            log.info("Preset auto: %s, because %s", name, why)
-        config = preset_config_path(name)
-    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
-    cfg = load_config(config, overrides)
+    config = config_path(args)
+    cfg = load_config(config, _overrides(args))
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(config).stem
     train(cfg, run_dir, resume=args.resume)
     return 0
@@ -134,16 +153,16 @@ def _crossval(args) -> int:
     from cloudml_lib.config import load_config
     from cloudml_lib.crossval import crossval
 
-    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
-    crossval(load_config(args.config, overrides), Path(args.run_dir), controls=not args.no_controls)
+    crossval(load_config(config_path(args), _overrides(args)), Path(args.run_dir), controls=not args.no_controls)
     return 0
 
 
 def _sweep(args) -> int:
+    from cloudml_lib.resources import config_file
     from cloudml_lib.sweep import sweep
 
-    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
-    result = sweep(args.config, args.space, args.trials, args.run_dir, overrides)
+    space = args.space or config_file("sweeps/demo.yaml")
+    result = sweep(config_path(args), space, args.trials, args.run_dir, _overrides(args))
     if result.get("best"):
         b = result["best"]
         print(f"best: trial {b['number']}, {result['metric']} {b['value']:.4g}, "
@@ -177,8 +196,7 @@ def _labels(args) -> int:
     from cloudml_lib.data import cpl, flights
     from cloudml_lib.data.flights import ensure_demo_flights
 
-    overrides = list(args.overrides) + ([f"data.dir={args.data_dir}"] if args.data_dir else [])
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(config_path(args), _overrides(args))
     ensure_demo_flights(cfg.data)
     notes = flights.Notes()
     rows, ok = flights.check_rows(cfg.data, notes)
@@ -196,10 +214,10 @@ def _diagnose(args) -> int:
     from cloudml_lib.hardware import format_report, recommendations, system_report
 
     paths, cache_bytes = {}, None
-    if args.config:
+    if args.config or args.preset:
         from cloudml_lib.config import load_config
         from cloudml_lib.data.cache import cache_root
-        cfg = load_config(args.config)
+        cfg = load_config(config_path(args))
         paths = {"data": cfg.data.dir, "cache": str(cache_root(cfg.data))}
         frames = list(cache_root(cfg.data).glob("*/frames.npy"))
         cache_bytes = sum(f.stat().st_size for f in frames) if frames else None

@@ -18,32 +18,42 @@ back to eager with a warning (recovery.py).
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
 from cloudml_lib.config import CUDA_GRAPH_COMPILE_MODES, cuda_graph_refusal
 from cloudml_lib.errors import ConfigError
+from cloudml_lib.resources import measured
 
 log = logging.getLogger(__name__)
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "compile.json"
 WHAT = "the frame encoder (3 conv blocks + spatial attention, once per frame)"
+# Compiling the frame encoder inside gradient checkpointing (preset A) needs this torch release, by public
+# reports; pyproject.toml's floor (2.3) is lower, so older releases run such a model eager, with a warning.
+CHECKPOINTED_COMPILE_TORCH = (2, 10)
+
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the torch in use, e.g. (2, 11) for "2.11.0+cu128"."""
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (99, 0)                            # an unparseable (development) version: assume a new one
 
 
 def cpu_ratio() -> str:
     """What compiling measured on a CPU, in words (benchmarks/compile.py, the frame encoder compiled)."""
+    d = measured("compile")
     try:
-        d = json.loads(RESULTS.read_text())
         demo, full = d["demo"]["region_ckpt"], d["full"]["region_ckpt"]
         return (f"on a CPU ({d['machine']['cpu']}, {d['machine']['cores']} cores) compiled steps measured "
                 f"{demo['speed_vs_eager']:.2f}x eager's speed for the demo model and {full['speed_vs_eager']:.2f}x "
                 f"for the full model, after {full['compile_s']:.0f} s of compiling: it pays off after about "
                 f"{full['break_even_steps'] or 0:,} steps of the full model")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "on a CPU, see benchmarks/compile.py for what compiling gains"
 
 
@@ -137,6 +147,13 @@ def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.devi
     report = CompileReport(requested=bool(setting), active=bool(setting), what=WHAT if setting else "", mode=mode,
                            why=f"train.torch_compile is {'on' if setting else 'off'}")
     if not setting:
+        return CompileWatch(report)
+    if getattr(model, "grad_checkpointing", False) and torch_release() < CHECKPOINTED_COMPILE_TORCH:
+        report.active, report.what = False, ""
+        report.why = (f"torch {torch.__version__} is older than {'.'.join(map(str, CHECKPOINTED_COMPILE_TORCH))}, the "
+                      "first release that compiles a region inside gradient checkpointing reliably; the run is eager "
+                      "(the same results, without compile's speed-up)")
+        log.warning("Not compiled: %s. A newer torch (pip install -U torch) compiles it.", report.why)
         return CompileWatch(report)
     if device.type != "cuda":
         log.info("torch.compile on the CPU: %s. It needs a C++ compiler (without one the run falls back to eager). "

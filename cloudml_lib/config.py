@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,7 @@ class DataKeys:
 @dataclass
 class DataConfig:
     dir: str = _f("data", "folder holding the flight files, searched recursively (absolute, or relative to the "
-                  "working directory)")
+                  "working directory when the config is loaded; a run records it absolute)")
     cache_dir: str = _f("", "preprocessing cache, best on a fast local disk; empty: <data.dir>/cache")
     cache_copy_dir: str = _f("", "a lasting copy of the cache (e.g. on Drive): a flight's cache is copied from it "
                              "when data.cache_dir lacks it, and copied to it after being built; empty: none")
@@ -396,6 +397,18 @@ def cuda_graph_refusal(mode: str) -> str:
             "'max-autotune-no-cudagraphs'), or set model.gradient_checkpointing: false")
 
 
+# Folders a config names: made absolute when the config is built, so that a run records where its data and
+# cache are, and every later command (evaluate, predict, resume) finds them from any working directory.
+PATH_KEYS = ("dir", "cache_dir", "cache_copy_dir")
+
+
+def _absolute_paths(d: DataConfig) -> None:
+    for key in PATH_KEYS:
+        value = getattr(d, key)
+        if value:
+            setattr(d, key, os.path.abspath(os.path.expanduser(value)))
+
+
 def build_config(raw: dict | None, source: str = "config") -> Config:
     problems: list[str] = []
     cfg = _build(Config, raw or {}, "", problems)
@@ -403,6 +416,7 @@ def build_config(raw: dict | None, source: str = "config") -> Config:
         _check_cross_field(cfg, problems)
     if problems:
         raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    _absolute_paths(cfg.data)
     return cfg
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,7 +214,7 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     except CloudMLError as e:
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
     if data_dir:
-        cfg.data.dir = data_dir
+        cfg.data.dir = os.path.abspath(os.path.expanduser(data_dir))
     stored = cloud_head_of(ckpt["model"])
     if stored is not None and stored != cfg.model.cloud_head:
         log.warning("%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",

@@ -17,6 +17,7 @@ import torch
 
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.outputs import free_bytes
+from cloudml_lib.resources import PRESET_FILES, config_file
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,6 @@ MARGIN = 0.15                   # memory head-room kept free by the probe and th
 # 440 x 640 x T=5 samples: the upper end of what the users measured (seeds), used until the GPU
 # benchmark (benchmarks/gpu.py) has measured them on the machine at hand.
 PRESET_PEAK_GIB = {"A": 10.0, "B": 9.0, "C": 8.0}
-PRESET_FILES = {"A": "colab_optimized_full.yaml", "B": "colab_full_stable.yaml", "C": "colab_optimized.yaml",
-                "demo": "demo.yaml"}
 
 
 @dataclass(frozen=True)
@@ -177,15 +176,14 @@ def choose_preset(report: dict) -> tuple[str, str]:
 
 
 def preset_config_path(name: str) -> Path:
-    """The YAML of a preset: ./configs, the checkout this package sits in, or the installed package."""
+    """The YAML of a preset, from the package (configs/ in a checkout): never from the working directory."""
     if name not in PRESET_FILES:
-        raise ConfigError(f"--preset {name!r}: choose auto, A, B, C or demo")
-    here = Path(__file__).resolve().parent
-    for root in (Path.cwd() / "configs", here.parent / "configs", here / "configs"):
-        if (root / PRESET_FILES[name]).is_file():
-            return root / PRESET_FILES[name]
-    raise ConfigError(f"preset file {PRESET_FILES[name]} not found in ./configs; run from the CloudML folder "
-                      "or pass --config PATH")
+        raise ConfigError(f"--preset {name!r}: choose one of auto, {', '.join(PRESET_FILES)}")
+    path = config_file(PRESET_FILES[name])
+    if path is None:
+        raise ConfigError(f"preset file {PRESET_FILES[name]} is missing from this CloudML installation; reinstall "
+                          "it (pip install of the CloudML folder), or pass --config PATH")
+    return path
 
 
 def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
@@ -217,20 +215,21 @@ def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
                       "from disk each epoch (memory use stays flat; put the cache on local disk for speed)."))
     for name, free in report["disk_free"].items():
         if free is not None and free < 2 * GIB:
-            out.append(f"Only {free / GIB:.1f} GiB free where the {name} lives: checkpoints and the cache may "
-                       "not fit; free space or choose another folder.")
+            out.append(f"Only {free / GIB:.1f} GiB free on the disk of the {name} folder: checkpoints and the cache "
+                       "may not fit; free space or choose another folder.")
     return out
 
 
 def preprocessing_advice(gpu: bool) -> str:
     """Where the frames' CLAHE will run with data.preprocess_device: auto, and how to move it to the GPU."""
-    from cloudml_lib.data.preprocess import INSTALL_KORNIA, available_cores, has_kornia
+    from cloudml_lib.data.preprocess import available_cores, has_kornia
+    from cloudml_lib.errors import install_command
 
     cores = available_cores()
     if gpu and has_kornia():
         return f"Preprocessing: CLAHE on the GPU (kornia), frames read by {cores} worker processes."
     return (f"Preprocessing: {cores} worker processes (one per core this process may use), scikit-image."
-            + (f" {INSTALL_KORNIA} to equalise the frames on the GPU (data.preprocess_device: auto then uses it; "
+            + (f" {install_command('kornia')} to equalise the frames on the GPU (data.preprocess_device: auto then uses it; "
                "its frames differ slightly from scikit-image's, see the README)." if gpu else ""))
 
 
@@ -249,7 +248,7 @@ def format_report(report: dict) -> str:
     mem = report["host_memory"]
     lines.append(f"Host RAM: {mem['available'] / GIB:.1f} of {mem['total'] / GIB:.1f} GiB available")
     for name, free in report["disk_free"].items():
-        lines.append(f"Free disk where the {name} lives: " + (f"{free / GIB:.1f} GiB" if free is not None else "?"))
+        lines.append(f"Free disk for the {name} folder: " + (f"{free / GIB:.1f} GiB" if free is not None else "?"))
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.errors import CloudMLError, install_command
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ def _mapie(pred_km: np.ndarray, true_km: np.ndarray, method: str, coverage: floa
         from mapie.regression import SplitConformalRegressor
         from sklearn.base import BaseEstimator, RegressorMixin
     except ImportError:
-        raise CloudMLError("prediction intervals need MAPIE: pip install 'mapie>=1.0' (it is in requirements.txt)") \
-            from None
+        raise CloudMLError(f"prediction intervals need MAPIE, which is not installed (it comes with CloudML): "
+                           f"{install_command('mapie>=1.0,<2')}, then run the same command again") from None
 
     class GivenPredictions(RegressorMixin, BaseEstimator):
         """The trained network's predictions, passed in as the only feature: MAPIE's prefit estimator."""

@@ -16,7 +16,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-# netCDF4 and HDF5 report a full disk as RuntimeError("NetCDF: HDF error"); below this much free
+# HDF5-based writers may report a full disk as RuntimeError("NetCDF: HDF error"); below this much free
 # space such an error is taken to be a full disk.
 NEARLY_FULL_BYTES = 64 << 20
 

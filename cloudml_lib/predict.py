@@ -172,66 +172,77 @@ FILL = -9999.0       # CF _FillValue of the float variables
 
 
 def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
-    """The NetCDF file, written under a temporary name and renamed when complete (atomic_path): a full
-    disk leaves no half file, and its error names the file."""
-    import netCDF4
+    """The NetCDF-4 file (CF-1.8), written with xarray's h5netcdf engine (both preinstalled on Colab) under a
+    temporary name and renamed when complete (atomic_path): a full disk leaves no half file, and its error
+    names the file. Missing values are NaN in `result`; the file stores them as each variable's _FillValue."""
+    import xarray as xr
 
-    with atomic_path(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
-        nc.Conventions = "CF-1.8"
-        nc.title = f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames"
-        nc.source = f"CloudML model {run_dir / 'best.pt'}"
-        counts = result["counts"]
-        nc.comment = (f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
-                      f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median")
-        cal = result.get("calibration")
-        nc.cloud_threshold = float(result.get("cloud_threshold", 0.5))
-        nc.interval_method = cal["method"] + " (MAPIE split conformal)" if cal else "none"
-        nc.interval_coverage = float(cal["coverage"]) if cal else np.nan
-        nc.interval_calibration = f"{cal['n']} held-out heights from {cal['source']}" if cal else "none"
-        record = result.get("provenance") or {}
+    counts, cal = result["counts"], result.get("calibration")
+    record = result.get("provenance") or {}
+    attrs = {
+        "Conventions": "CF-1.8",
+        "title": f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames",
+        "source": f"CloudML model {run_dir / 'best.pt'}",
+        "comment": (f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
+                    f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median"),
+        "cloud_threshold": float(result.get("cloud_threshold", 0.5)),
+        "interval_method": cal["method"] + " (MAPIE split conformal)" if cal else "none",
+        "interval_coverage": float(cal["coverage"]) if cal else np.nan,
+        "interval_calibration": f"{cal['n']} held-out heights from {cal['source']}" if cal else "none",
         # JSON text: the label definition of the CPL labels here (and of the model's training data), the SHA-256
         # of this flight's input files, and the training data's record (per-flight counts and files)
-        nc.label_definition = json.dumps(record.get("label_definition"))
-        nc.input_files = json.dumps(record.get("input_files"))
-        nc.training_data_provenance = json.dumps(record.get("trained_on"))
-        nc.preprocessing = json.dumps(record.get("preprocess"))        # the CLAHE backend, its device, workers
-        nc.createDimension("time", len(result["t"]))
-        coverage = f"{cal['coverage']:.0%}" if cal else "no"
-        height = {"units": "km", "coordinates": "time lat lon"}
-        spec = [("time", "t", "f8", {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00",
-                                     "calendar": "standard", "axis": "T"}),
-                ("lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}),
-                ("lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}),
-                ("cloud_probability", "cloud_probability", "f4",
-                 {"long_name": "probability of a cloud layer below the aircraft", "units": "1", "valid_range":
-                  np.array([0.0, 1.0], np.float32), "coordinates": "time lat lon"}),
-                ("cloud_flag", "cloud_flag", "i1", {"long_name": "cloud below the aircraft (cloud_probability >= "
-                                                    "cloud_threshold)", "flag_values": np.array([0, 1], np.int8),
-                                                    "flag_meanings": "clear_sky cloud", "coordinates": "time lat lon"}),
-                ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level "
-                                                       "(missing over clear sky and where the frame is blank)",
-                                                       "ancillary_variables": "cloud_base_height_lower "
-                                                       "cloud_base_height_upper cloud_flag", **height}),
-                ("cloud_base_height_lower", "lower", "f4", {"long_name": f"lower bound of the {coverage} prediction "
-                                                            "interval of cloud_base_height", **height}),
-                ("cloud_base_height_upper", "upper", "f4", {"long_name": f"upper bound of the {coverage} prediction "
-                                                            "interval of cloud_base_height", **height}),
-                ("cpl_cloud_base_height", "label", "f4", {"long_name": "CPL lidar cloud base height (label) where "
-                                                          "one was matched to the frame", "units": "km"}),
-                ("cpl_cloud_flag", "cpl_cloud", "i1", {"long_name": "CPL lidar: a layer in the profile matched to the "
-                                                       "frame (Number_Layers > 0)", "flag_values": np.array([0, 1], np.int8),
-                                                       "flag_meanings": "clear_sky cloud"}),
-                ("frame_index", "frame_index", "i4", {"long_name": "frame index in the IR file"})]
-        for name, key, dtype, attrs in spec:
-            values = result.get(key)
-            if values is None:                       # a model without a cloud output: no cloud variables
-                continue
-            values = np.asarray(values, np.float64)
-            fill = {"fill_value": FILL if dtype.startswith("f") else -1} if name not in ("time", "frame_index") else {}
-            var = nc.createVariable(name, dtype, ("time",), zlib=True, **fill)
-            var.setncatts(attrs)
-            missing = ~np.isfinite(values) | ((values < 0) if dtype == "i1" else False)
-            var[:] = np.ma.masked_array(np.where(missing, 0, values).astype(dtype), mask=missing)
+        "label_definition": json.dumps(record.get("label_definition")),
+        "input_files": json.dumps(record.get("input_files")),
+        "training_data_provenance": json.dumps(record.get("trained_on")),
+        "preprocessing": json.dumps(record.get("preprocess")),        # the CLAHE backend, its device, workers
+    }
+    coverage = f"{cal['coverage']:.0%}" if cal else "no"
+    height = {"units": "km"}
+    spec = [("cloud_probability", "cloud_probability", "f4",
+             {"long_name": "probability of a cloud layer below the aircraft", "units": "1", "valid_range":
+              np.array([0.0, 1.0], np.float32)}),
+            ("cloud_flag", "cloud_flag", "i1", {"long_name": "cloud below the aircraft (cloud_probability >= "
+                                                "cloud_threshold)", "flag_values": np.array([0, 1], np.int8),
+                                                "flag_meanings": "clear_sky cloud"}),
+            ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level "
+                                                   "(missing over clear sky and where the frame is blank)",
+                                                   "ancillary_variables": "cloud_base_height_lower "
+                                                   "cloud_base_height_upper cloud_flag", **height}),
+            ("cloud_base_height_lower", "lower", "f4", {"long_name": f"lower bound of the {coverage} prediction "
+                                                        "interval of cloud_base_height", **height}),
+            ("cloud_base_height_upper", "upper", "f4", {"long_name": f"upper bound of the {coverage} prediction "
+                                                        "interval of cloud_base_height", **height}),
+            ("cpl_cloud_base_height", "label", "f4", {"long_name": "CPL lidar cloud base height (label) where "
+                                                      "one was matched to the frame", "units": "km"}),
+            ("cpl_cloud_flag", "cpl_cloud", "i1", {"long_name": "CPL lidar: a layer in the profile matched to the "
+                                                   "frame (Number_Layers > 0)", "flag_values": np.array([0, 1], np.int8),
+                                                   "flag_meanings": "clear_sky cloud"}),
+            ("frame_index", "frame_index", "i4", {"long_name": "frame index in the IR file"})]
+    time = {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00", "calendar": "standard", "axis": "T"}
+    # lat and lon are coordinates: xarray writes "coordinates: lat lon" on every variable along the flight
+    coords = {"time": ("time", np.asarray(result["t"], np.float64), time),
+              "lat": ("time", np.asarray(result["lat"], np.float64), {"standard_name": "latitude",
+                                                                      "units": "degrees_north"}),
+              "lon": ("time", np.asarray(result["lon"], np.float64), {"standard_name": "longitude",
+                                                                      "units": "degrees_east"})}
+    encoding = {"time": {"dtype": "f8", "_FillValue": None}, "lat": {"dtype": "f8", "_FillValue": FILL},
+                "lon": {"dtype": "f8", "_FillValue": FILL}}
+    variables = {}
+    for name, key, dtype, var_attrs in spec:
+        values = result.get(key)
+        if values is None:                           # a model without a cloud output: no cloud variables
+            continue
+        values = np.asarray(values, np.float64)
+        if name == "frame_index":                    # never missing
+            variables[name] = ("time", values.astype(dtype), var_attrs)
+            encoding[name] = {"dtype": dtype, "_FillValue": None}
+            continue
+        missing = ~np.isfinite(values) | ((values < 0) if dtype == "i1" else False)
+        variables[name] = ("time", np.where(missing, np.nan, values), var_attrs)
+        encoding[name] = {"dtype": dtype, "_FillValue": FILL if dtype.startswith("f") else -1, "zlib": True}
+    ds = xr.Dataset(variables, coords=coords, attrs=attrs)
+    with atomic_path(path) as tmp:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
 
 
 def write_csv(path: Path, result: dict) -> None:

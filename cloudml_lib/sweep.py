@@ -28,7 +28,7 @@ from pathlib import Path
 from cloudml_lib.checkpoint import fault_point, write_durable
 from cloudml_lib.config import apply_overrides, build_config
 from cloudml_lib.distributed import Dist, init_distributed
-from cloudml_lib.errors import CloudMLError, ConfigError
+from cloudml_lib.errors import CloudMLError, ConfigError, install_command
 from cloudml_lib.evaluate import json_safe
 from cloudml_lib.outputs import atomic_path, write_text
 from cloudml_lib.rundir import flatten_keys, attach_run_log, has_run, is_crossval
@@ -46,7 +46,7 @@ def require_optuna():
     try:
         import optuna
     except ImportError:
-        raise ConfigError("sweeps run on Optuna, which is not installed: pip install optuna (and matplotlib for "
+        raise ConfigError(f"sweeps run on Optuna, which is not installed: {install_command('optuna>=4.0')} (and matplotlib for "
                           "the report's images), then run the same command again") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)        # the sweep says what happens, once
     return optuna

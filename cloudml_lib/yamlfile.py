@@ -32,7 +32,8 @@ def read_yaml(path: str | Path, what: str = "--config", example: str = "configs/
         examples = ", ".join(str(p) for p in sorted(path.glob("*.yaml"))[:4]) or f"e.g. {example}"
         raise ConfigError(f"{path} is a folder; {what} takes a YAML file in it ({examples})")
     if not path.is_file():
-        raise ConfigError(f"{what.lstrip('-')} file not found: {path}")
+        from cloudml_lib.resources import packaged_alternative
+        raise ConfigError(f"{what.lstrip('-')} file not found: {path}{packaged_alternative(path, what)}")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:

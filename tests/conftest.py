@@ -41,3 +41,10 @@ def tiny_raw_config(tiny_flights, tmp_path):
 @pytest.fixture
 def tiny_config(tiny_raw_config):
     return build_config(tiny_raw_config)
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    """The wheel of a clean copy of this checkout (tests/install_helpers.py)."""
+    from install_helpers import build_wheel
+    return build_wheel(tmp_path_factory.mktemp("wheel"))

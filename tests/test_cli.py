@@ -128,3 +128,30 @@ def test_run_dir_that_is_a_file_is_explained(tmp_path):
     r = run_cli("train", "--config", "configs/demo.yaml", "--run-dir", str(target))
     assert r.returncode == 2 and "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
     assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", ["train", "crossval", "sweep", "labels", "diagnose"])
+def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_folder(command, tmp_path, monkeypatch):
+    """--preset NAME works where --config FILE does, away from the checkout: the file comes from the package."""
+    from cloudml_lib import cli
+    monkeypatch.chdir(tmp_path)
+    extra = {"crossval": ["--run-dir", "cv"], "sweep": ["--trials", "1", "--run-dir", "sw"]}.get(command, [])
+    args = cli.build_parser().parse_args([command, "--preset", "demo", *extra])
+    path = cli.config_path(args)
+    assert path.is_file() and path.name == "demo.yaml" and path.parent.name == "configs"
+    seen = {}
+    monkeypatch.setattr("cloudml_lib.sweep.sweep", lambda config, space, *a: seen.update(config=config, space=space)
+                        or {})
+    if command == "sweep":                                 # --space left out: the packaged demo space
+        assert cli.main(["sweep", "--preset", "demo", "--trials", "1", "--run-dir", "sw"]) == 0
+        assert seen["config"] == path and Path(seen["space"]).as_posix().endswith("configs/sweeps/demo.yaml")
+
+
+def test_a_config_path_from_the_checkout_used_elsewhere_names_the_preset(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["labels", "--config", "configs/reproduce_published.yaml"]) == 2
+    assert "config file not found: configs/reproduce_published.yaml; that file comes with CloudML: use --preset " \
+           "published" in capsys.readouterr().err
+    assert main(["sweep", "--preset", "demo", "--space", "configs/sweeps/demo.yaml", "--trials", "1",
+                 "--run-dir", "sw"]) == 2
+    assert "leave --space out to use it" in capsys.readouterr().err

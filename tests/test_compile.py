@@ -94,6 +94,20 @@ def test_cuda_graph_modes_with_checkpointing_are_refused_by_config_and_by_compil
     assert "forward" not in vars(model.encoder)
 
 
+def test_a_torch_too_old_to_compile_under_checkpointing_runs_eager_with_a_warning(monkeypatch, caplog):
+    """pyproject.toml admits torch 2.3; compiling inside gradient checkpointing needs 2.10. On an older torch the
+    model runs eager, the report says why, and a model without checkpointing still compiles."""
+    monkeypatch.setattr(torch, "__version__", "2.8.0+cu126")
+    model = MultimodalRegressionModel(channels=[4, 8, 8])
+    model.set_grad_checkpointing(True)
+    with caplog.at_level("WARNING", logger="cloudml_lib"):
+        report = apply_compile(model, True, "default", CPU).update()
+    assert not report.active and report.requested and "forward" not in vars(model.encoder)
+    assert "torch 2.8.0+cu126 is older than 2.10" in report.describe() and "Not compiled" in caplog.text
+    plain = MultimodalRegressionModel(channels=[4, 8, 8])
+    assert apply_compile(plain, True, "default", CPU).report.active and "forward" in vars(plain.encoder)
+
+
 def test_the_plan_in_words_states_what_compiling_measured_on_a_cpu():
     results = json.loads((REPO / "benchmarks" / "results" / "compile.json").read_text())
     full = results["full"]["region_ckpt"]

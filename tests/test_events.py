@@ -1,6 +1,7 @@
 """TensorBoard events (train/events.py): what a run writes, the purge marker a resume starts with,
 and a run without the tensorboard package. Kills and resumes: test_resume.py compares the curves of
 every killed-and-resumed run with the uninterrupted one."""
+import os
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,29 @@ def test_events_that_cannot_be_copied_never_cost_a_checkpoint(tiny_config, tmp_p
     assert list((run / "checkpoints").glob("step-*/COMMITTED")) and (run / "best.pt").is_file()
     log = (run / "train.log").read_text()
     assert "TensorBoard events could not be copied" in log and "the checkpoint is written all the same" in log
+
+
+def test_the_notebook_starts_this_kernels_own_tensorboard_whatever_path_holds(tmp_path, monkeypatch):
+    """A kernel run from a virtual environment that is not activated has no `tensorboard` on PATH (issue: "Could
+    not find `tensorboard`"): %tensorboard is pointed at the one beside this Python, or at a launcher that runs
+    `python -m tensorboard.main` with it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("tensorboard")
+    from cloudml_lib.colab.show import use_this_pythons_tensorboard
+    monkeypatch.setenv("PATH", str(tmp_path))                        # nothing on PATH at all
+    monkeypatch.delenv("TENSORBOARD_BINARY", raising=False)
+    lonely = tmp_path / "bin"                                       # a Python with no tensorboard beside it
+    lonely.mkdir()
+    (lonely / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(lonely / "python"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    binary = use_this_pythons_tensorboard()
+    assert binary.startswith(str(tmp_path)) and os.environ["TENSORBOARD_BINARY"] == binary
+    r = subprocess.run([binary, "--version_tb"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip()[:1].isdigit(), r.stderr[-1000:]
+    (lonely / "tensorboard").write_text("#!/bin/sh\necho beside\n")
+    (lonely / "tensorboard").chmod(0o755)
+    monkeypatch.delenv("TENSORBOARD_BINARY")
+    assert use_this_pythons_tensorboard() == str(lonely / "tensorboard")

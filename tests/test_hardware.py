@@ -65,7 +65,7 @@ def test_recommendations_in_plain_words():
     assert "1 other process(es) hold 5000 MiB of GPU memory (999999)" in text
     assert "DataLoader workers: 0 (Colab" in text
     assert "larger than 80% of the free RAM" in text
-    assert "Only 1.0 GiB free where the cache lives" in text
+    assert "Only 1.0 GiB free on the disk of the cache folder" in text
 
 
 def test_preset_files_resolve_and_unknown_names_are_explained():

@@ -98,5 +98,5 @@ def test_icartt_problems_name_the_file_and_key(five, monkeypatch):
     with pytest.raises(DataError, match=rf"cannot read {path} as ICARTT 1001 nav"):
         er2.read_nav(flight, d, path, t)
     monkeypatch.setitem(sys.modules, "icartt", None)
-    with pytest.raises(DataError, match="needs the icartt package: pip install icartt"):
+    with pytest.raises(DataError, match="needs the icartt package: pip install 'icartt>=2.0'"):
         er2.read_nav(flight, d, path, t)

@@ -50,12 +50,29 @@ def test_cells_are_thin_and_titled(notebook):
         if cell.cell_type != "code":
             continue
         lines = [x for x in cell.source.splitlines() if x.strip() and not x.strip().startswith("#")]
-        if "find_spec" in cell.source:                          # the bootstrap that installs the library
+        if "ensure_installed" in cell.source:                   # the install cell: colab/install.py does the work
             assert len(lines) <= 14
             continue
         assert len(lines) <= 2, f"{name} cell {i} holds logic: {cell.source}"
         assert "colab." in cell.source, f"{name} cell {i} does not call the library"
         assert any(c.cell_type == "markdown" for c in cells[max(0, i - 2):i]), f"{name} cell {i} has no title"
+
+
+def install_cell(name: str) -> str:
+    cells = [c.source for c in nbformat.read(REPO / name, as_version=4).cells if "ensure_installed" in c.source]
+    assert len(cells) == 1, f"{name}: expected one install cell, found {len(cells)}"
+    return cells[0]
+
+
+def test_both_notebooks_install_the_library_with_the_same_cell():
+    """One install cell, the same in both notebooks (a fix to one cannot miss the other), first in each, and
+    running colab/install.py from the Drive copy by its path: nothing is installed before it runs."""
+    setup, training = (install_cell(n) for n in NOTEBOOKS)
+    assert setup == training
+    assert "runpy.run_path" in setup and "cloudml_lib/colab/install.py" in setup
+    for name in NOTEBOOKS:
+        first_code = next(c for c in nbformat.read(REPO / name, as_version=4).cells if c.cell_type == "code")
+        assert first_code.source == setup, f"{name}: the install cell is not the first code cell"
 
 
 def test_the_training_notebook_has_each_section():

@@ -195,7 +195,7 @@ def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkey
         return real(name, *a, **k)
     monkeypatch.setattr(builtins, "__import__", no_optuna)
     cfg, space, _, _ = files
-    with pytest.raises(ConfigError, match="pip install optuna"):
+    with pytest.raises(ConfigError, match="pip install 'optuna>=4.0'"):
         sweep_module.sweep(cfg, space, 2, tmp_path / "sweep")
     assert not (tmp_path / "sweep").exists()
 

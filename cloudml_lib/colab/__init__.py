@@ -14,9 +14,9 @@ from cloudml_lib.colab.show import (UserError, show_comparison, show_evaluation,
                                     show_tensorboard)
 from cloudml_lib.colab.training import check_smoke_run, crossval, train, whole_flights
 from cloudml_lib.colab.drive import (Workspace, build_cache, check_setup, free_gpu_memory, run_config, show_diagnostics,
-                                         show_environment, smoke, uses_demo_data, verify_data, workspace)
+                                         show_environment, smoke, uses_demo_data, verify_data, version, workspace)
 
 __all__ = ["Choice", "Picker", "UserError", "Workspace", "build_cache", "check_setup", "check_smoke_run", "crossval",
            "free_gpu_memory", "newest_run", "preset_picker", "run_config", "show_diagnostics", "show_environment",
            "show_comparison", "show_evaluation", "show_presets", "show_report", "show_status", "show_tensorboard",
-           "smoke", "train", "uses_demo_data", "verify_data", "whole_flights", "workspace"]
+           "smoke", "train", "uses_demo_data", "verify_data", "version", "whole_flights", "workspace"]

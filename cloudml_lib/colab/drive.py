@@ -19,13 +19,27 @@ from cloudml_lib.data import flights
 from cloudml_lib.data.flights import ensure_demo_flights
 from cloudml_lib.errors import CloudMLError
 
-DRIVE_ROOT = Path("/content/drive/MyDrive/CloudML")
-VM_CACHE = Path("/content/cloudml_cache")       # the Colab VM's local disk: fast, lost at a disconnect
+# Colab's /content (CLOUDML_CONTENT moves it: the tests' twin of Colab), the Drive mounted in it, the CloudML
+# folder on Drive, and the cache on the VM's local disk (fast, lost at a disconnect)
+CONTENT = Path(os.environ.get("CLOUDML_CONTENT", "/content"))
+DRIVE_ROOT = CONTENT / "drive" / "MyDrive" / "CloudML"
+VM_CACHE = CONTENT / "cloudml_cache"
 SMOKE_OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
 
 
 def smoke() -> bool:
     return os.environ.get("CLOUDML_SMOKE") == "1"
+
+
+def version() -> str:
+    """The CloudML in use, in words: its version and, after a Colab install, the Drive copy it came from."""
+    import cloudml_lib
+
+    s = cloudml_lib.SOURCE
+    if s.get("fingerprint"):
+        return (f"{cloudml_lib.__version__} (copy {s['fingerprint'][:10]} of {s.get('copied_from')}, installed "
+                f"{s.get('installed_at')})")
+    return f"{cloudml_lib.__version__} (from {Path(cloudml_lib.__file__).parent})"
 
 
 @dataclass
@@ -56,16 +70,16 @@ def workspace() -> Workspace:
     if smoke():
         root = Path(".cloudml_smoke").resolve()
     elif hardware.is_colab():
-        if not Path("/content/drive/MyDrive").is_dir():
+        if not (CONTENT / "drive" / "MyDrive").is_dir():
             from google.colab import drive
-            drive.mount("/content/drive")
+            drive.mount(str(CONTENT / "drive"))
         root = DRIVE_ROOT
     else:
         root = Path(os.environ.get("CLOUDML_HOME", "CloudML")).resolve()
     ws = Workspace(root)
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)
-    where = "Google Drive" if str(root).startswith("/content/drive") else "this machine"
+    where = "Google Drive" if str(root).startswith(str(CONTENT / "drive")) else "this machine"
     print(f"CloudML folder on {where}: {root}\n  data/  your flights, as they came (one folder per flight is fine)\n"
           f"  runs/  one folder per training run\n  cache/ a lasting copy of the preprocessed frames\n"
           f"(Python {platform.python_version()}, ipywidgets {_widgets_version()}: worth quoting when reporting a problem)")

@@ -8,8 +8,12 @@ and "Run all" stops there, as it should before work that depends on the failed s
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 
 from cloudml_lib import hardware
@@ -85,11 +89,12 @@ def user_errors(fn):
 
 @user_errors
 def show_presets() -> None:
-    """The presets with their memory on a T4: measured where benchmarks/results/gpu.json has it."""
-    measured = {}
-    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu.json"
-    if results.is_file():
-        measured = {k: v.get("peak_reserved_gib") for k, v in json.loads(results.read_text())["presets"].items()}
+    """The presets with their memory on a T4: measured where the GPU benchmark has measured it."""
+    from cloudml_lib.resources import measured as results
+
+    gpu = results("gpu") or {}
+    presets = gpu.get("presets") if isinstance(gpu.get("presets"), dict) else {}
+    measured = {k: v.get("peak_reserved_gib") for k, v in presets.items() if isinstance(v, dict)}
     rows, device = [], this_device()
     for name in ("A", "B", "C"):
         cfg = load_config(hardware.preset_config_path(name))
@@ -164,14 +169,15 @@ def show_tensorboard(run_dir: Path | None) -> None:
     """TensorBoard over the runs folder (every run's curves side by side), in the notebook; how to install
     it when it is missing. Its events are committed with each checkpoint, so after a disconnect it shows
     the run up to its last checkpoint."""
-    from cloudml_lib.train.events import INSTALL_HINT, has_tensorboard
+    from cloudml_lib.errors import install_command
+    from cloudml_lib.train.events import has_tensorboard
 
     if run_dir is None:
         return
     logdir = Path(run_dir).parent
     if not has_tensorboard():
         show_markdown(f"TensorBoard is not installed, so runs write no event files (the live curves above need "
-                      f"nothing). To have it: `!{INSTALL_HINT}` in a cell, then **Run all** again: the run resumes "
+                      f"nothing). To have it: `{install_command('tensorboard')}` in a cell, then **Run all** again: the run resumes "
                       "and writes its events from then on.")
         return
     if not in_notebook():
@@ -179,8 +185,29 @@ def show_tensorboard(run_dir: Path | None) -> None:
         return
     from IPython import get_ipython
     ip = get_ipython()
+    use_this_pythons_tensorboard()
     ip.run_line_magic("load_ext", "tensorboard")
     ip.run_line_magic("tensorboard", f'--logdir "{logdir}" --reload_interval 30')
+
+
+def use_this_pythons_tensorboard() -> str:
+    """Point %tensorboard at this kernel's own TensorBoard. The magic starts the `tensorboard` executable on PATH
+    (or $TENSORBOARD_BINARY); a kernel whose Python runs from a virtual environment that is not activated (a
+    registered Jupyter kernel) has none there, or another environment's. Used: the executable beside this
+    Python, else a small launcher that runs `python -m tensorboard.main` with this Python. Returns it."""
+    given = os.environ.get("TENSORBOARD_BINARY")
+    if given and Path(given).is_file():
+        return given
+    beside = Path(sys.executable).parent / "tensorboard"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        binary = beside
+    else:
+        key = hashlib.sha1(sys.executable.encode()).hexdigest()[:10]
+        binary = Path(tempfile.gettempdir()) / f"cloudml-tensorboard-{key}"
+        binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tensorboard.main "$@"\n')
+        binary.chmod(0o755)
+    os.environ["TENSORBOARD_BINARY"] = str(binary)
+    return str(binary)
 
 
 @user_errors

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from cloudml_lib.config import MIN_FRAME_SIDE, DataConfig, FlightConfig
-from cloudml_lib.errors import DataError
+from cloudml_lib.errors import DataError, install_command
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ def check_files(flight: FlightConfig, data: DataConfig) -> None:
     missing = [f"{role} file {p}" for role, p in flight_paths(flight, data).items() if not p.is_file()]
     if missing:
         raise DataError(f"flight {flight.name}: missing {'; '.join(missing)}. Put the file in data.dir "
-                        f"({data.dir}), fix its name in data.flights, or remove the flight from data.flights.")
+                        f"({data.dir}), fix its name in data.flights, or remove the flight from data.flights. If the "
+                        "flights have moved since this run was trained, pass --data-dir with the folder that now "
+                        "holds them.")
 
 
 @contextmanager
@@ -280,7 +282,7 @@ def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[di
         import icartt
     except ImportError:
         raise DataError(f"flight {flight.name}: {path} is ICARTT text; reading it needs the icartt package: "
-                        "pip install icartt") from None
+                        f"{install_command('icartt>=2.0')}") from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # missing normal-comment keywords: not our concern here

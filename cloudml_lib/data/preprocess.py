@@ -35,7 +35,7 @@ import numpy as np
 
 from cloudml_lib.config import DataConfig
 from cloudml_lib.data import er2
-from cloudml_lib.errors import ConfigError, DataError
+from cloudml_lib.errors import ConfigError, DataError, install_command
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ BLOCK_FRAMES = 32          # frames one worker task reads and preprocesses (~0.6
 READ_RUN = 32              # consecutive frames read from HDF5 at once
 KORNIA_CLIP_SCALE = 256.0  # kornia's clip limit is per histogram bin (OpenCV's), scikit-image's a share of the tile
 KORNIA_GRID = (8, 8)       # scikit-image's default kernel is 1/8 of each side: 8 x 8 tiles
-INSTALL_KORNIA = "pip install kornia"
 WORKER_NICENESS = 10
 
 
@@ -372,7 +371,7 @@ def resolve_backend(setting: str, trained: str | None = None) -> Backend:
             raise ConfigError("data.preprocess_device: cuda, but this machine has no CUDA GPU that torch can use; "
                               "set it to auto or cpu")
         if not kornia_ok:
-            raise ConfigError(f"data.preprocess_device: cuda needs the kornia package ({INSTALL_KORNIA}); or set it "
+            raise ConfigError(f"data.preprocess_device: cuda needs the kornia package ({install_command('kornia')}); or set it "
                               "to auto or cpu (scikit-image on the CPU cores)")
         chosen = Backend("kornia", "cuda")
     elif setting == "cpu":
@@ -385,14 +384,14 @@ def resolve_backend(setting: str, trained: str | None = None) -> Backend:
         chosen = Backend("kornia", "cuda") if cuda and kornia_ok else SKIMAGE
         if cuda and not kornia_ok:
             log.info("preprocessing on the CPU cores (scikit-image); %s to equalise the frames on the GPU",
-                     INSTALL_KORNIA)
+                     install_command("kornia"))
     if trained and chosen.name != trained:
         log.warning("the model was trained on frames equalised by %s, but %s is used now (data.preprocess_device: "
                     "%s%s). The frames differ slightly, and a model can lose most of its accuracy on the other "
                     "backend's frames (the demo's did: benchmarks/RESULTS.md). Use data.preprocess_device: auto%s to "
                     "match the training.", trained, chosen.name,
                     setting, "" if kornia_ok or trained != "kornia" else ", and kornia is not installed",
-                    f" (and {INSTALL_KORNIA})" if trained == "kornia" and not kornia_ok else "")
+                    f" (and {install_command('kornia')})" if trained == "kornia" and not kornia_ok else "")
     return chosen
 
 

@@ -21,12 +21,12 @@ import logging
 import shutil
 from pathlib import Path
 
+from cloudml_lib.errors import install_command
 from cloudml_lib.outputs import atomic_path
 
 log = logging.getLogger(__name__)
 
 EVENTS_DIR = "tensorboard"
-INSTALL_HINT = "pip install tensorboard"
 
 
 def has_tensorboard() -> bool:
@@ -49,7 +49,7 @@ class Events:
         if not has_tensorboard():
             log.info("TensorBoard curves are off: the tensorboard package is not installed. To have them, run "
                      "`%s` and start the run again (it resumes); metrics.jsonl and the live curves work "
-                     "without it.", INSTALL_HINT)
+                     "without it.", install_command("tensorboard"))
             return
         if fresh:                                               # a previous attempt's files, never checkpointed
             shutil.rmtree(events_dir(self.run_dir), ignore_errors=True)

@@ -1,0 +1,172 @@
+"""The package as installed: the wheel holds every module and data file of the checkout, declares every
+package the code imports, and the Colab install script (colab/install.py) fingerprints the Drive copy,
+installs only when it changed, and says when the session must be restarted."""
+from __future__ import annotations
+
+import ast
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from install_helpers import REPO, expected_wheel_files, wheel_files, wheel_requirements
+
+INSTALL = REPO / "cloudml_lib" / "colab" / "install.py"
+# import name -> distribution name, where they differ
+DISTRIBUTIONS = {"yaml": "pyyaml", "skimage": "scikit-image", "sklearn": "scikit-learn"}
+# imported only where present, each with its install command when missing (or only in a notebook / on Colab)
+OPTIONAL = {"optuna", "kornia", "tensorboard", "ipywidgets", "IPython", "google"}
+
+
+def test_the_wheel_holds_every_module_and_data_file_of_the_checkout(wheel):
+    """Nothing to list by hand: a new sub-package, module, preset or sweep space is in the wheel, and nothing
+    that is not in the checkout (a stale build/) is."""
+    have, want = wheel_files(wheel), expected_wheel_files()
+    assert want - have == set(), f"missing from the wheel: {sorted(want - have)}"
+    assert have - want == set(), f"in the wheel but not in the checkout: {sorted(have - want)}"
+    for must in ("cloudml_lib/train/loop.py", "cloudml_lib/configs/sweeps/demo.yaml", "cloudml_lib/configs/demo.yaml",
+                 "cloudml_lib/colab/install.py", "cloudml_lib/measured/compile.json"):
+        assert must in have
+
+
+def _third_party_imports() -> set[str]:
+    stdlib = set(sys.stdlib_module_names)
+    found = set()
+    for path in (REPO / "cloudml_lib").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found |= {n.split(".")[0] for n in names}
+    return {n for n in found if n not in stdlib and n != "cloudml_lib"}
+
+
+def test_every_package_the_code_imports_is_a_declared_dependency(wheel):
+    """mapie was imported but not declared: the Colab install trained every epoch, then stopped."""
+    required = {re.split(r"[ <>=!;\[]", r)[0].lower() for r in wheel_requirements(wheel) if "extra ==" not in r}
+    for name in sorted(_third_party_imports() - OPTIONAL):
+        assert DISTRIBUTIONS.get(name, name).lower() in required, f"cloudml_lib imports {name}, not declared"
+    assert "netcdf4" not in required and {"xarray", "h5netcdf", "mapie", "icartt"} <= required
+    torch = next(r for r in wheel_requirements(wheel) if r.startswith("torch"))
+    assert torch.replace(" ", "") == "torch>=2.3"       # never a floor that makes Colab (2.8-2.11) replace its torch
+    assert not any(r.startswith("ipywidgets") for r in wheel_requirements(wheel) if "extra ==" not in r)
+
+
+def test_the_install_script_uses_the_standard_library_only():
+    """It runs from the Drive copy before anything is installed: an import of the package would fail there."""
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for node in ast.walk(ast.parse(INSTALL.read_text())):
+        if isinstance(node, ast.Import):
+            assert {a.name.split(".")[0] for a in node.names} <= stdlib, ast.dump(node)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module.split(".")[0] in stdlib, ast.dump(node)
+
+
+def test_the_install_script_fingerprints_what_setup_py_packages():
+    """The folders it copies and fingerprints are the ones setup.py builds from."""
+    install = runpy.run_path(str(INSTALL))
+    setup_text = (REPO / "setup.py").read_text()
+    for folder in re.findall(r'"cloudml_lib\.\w+": "([\w/]+)"', setup_text):
+        assert folder in install["SOURCES"], folder
+    assert {"cloudml_lib", "pyproject.toml", "setup.py"} <= set(install["SOURCES"])
+
+
+# ------------------------------------------------------------------------------ colab/install.py, in parts
+
+@pytest.fixture
+def bootstrap(tmp_path, monkeypatch):
+    """install.py loaded as the notebook loads it, with a Drive copy of the checkout under CLOUDML_CONTENT."""
+    from install_helpers import copy_checkout
+    content = tmp_path / "content"
+    code = content / "drive" / "MyDrive" / "CloudML" / "code"
+    copy_checkout(code)
+    monkeypatch.setenv("CLOUDML_CONTENT", str(content))
+    return runpy.run_path(str(INSTALL)), code
+
+
+def test_the_fingerprint_follows_the_sources_and_nothing_else(bootstrap):
+    install, code = bootstrap
+    first = install["fingerprint"](code)
+    (code / "cloudml_lib" / "__pycache__").mkdir(exist_ok=True)
+    (code / "cloudml_lib" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    (code / "README.md").write_text("edited")
+    (code / "notes.txt").write_text("a user's file beside the code")
+    assert install["fingerprint"](code) == first
+    (code / "cloudml_lib" / "colab" / "extra.py").write_text("X = 1\n")
+    second = install["fingerprint"](code)
+    assert second != first
+    (code / "configs" / "demo.yaml").write_text((code / "configs" / "demo.yaml").read_text() + "\n# changed\n")
+    assert install["fingerprint"](code) not in (first, second)
+    assert install["version_of"](code) == __import__("cloudml_lib").__version__
+
+
+def test_an_installed_copy_with_the_same_fingerprint_is_not_installed_again(bootstrap, monkeypatch):
+    install, code = bootstrap
+    ensure = install["ensure_installed"]
+    record = {"fingerprint": install["fingerprint"](code), "version": "0.2.0"}
+    ensure.__globals__["installed_record"] = lambda: record
+    ensure.__globals__["imported_record"] = lambda: None
+    ensure.__globals__["build_and_install"] = lambda *a: pytest.fail("installed although nothing changed")
+    assert f"copy {record['fingerprint'][:10]}" in ensure()
+
+
+def test_a_changed_copy_is_installed_and_an_imported_old_version_asks_for_a_restart(bootstrap, capsys):
+    install, code = bootstrap
+    ensure, built = install["ensure_installed"], []
+    ensure.__globals__["installed_record"] = lambda: {"fingerprint": "0" * 64, "version": "0.1.0"}
+    ensure.__globals__["build_and_install"] = lambda src, record: built.append((src, record))
+    ensure.__globals__["imported_record"] = lambda: None
+    ensure()
+    assert built and built[0][0] == code and built[0][1]["fingerprint"] == install["fingerprint"](code)
+    assert "Installing CloudML" in capsys.readouterr().out
+    ensure.__globals__["imported_record"] = lambda: {"fingerprint": "0" * 64, "version": "0.1.0"}
+    with pytest.raises(install["InstallProblem"]) as e:
+        ensure()
+    assert "Runtime > Restart session" in str(e.value) and "CloudML 0.1.0" in str(e.value)
+    lines = e.value._render_traceback_()
+    assert "Problem:" in lines[0] and not any("Traceback" in x for x in lines)
+
+
+def test_without_a_copy_on_drive_it_says_where_to_put_it(bootstrap, tmp_path):
+    install, _ = bootstrap
+    with pytest.raises(install["InstallProblem"], match="Put the CloudML repository there"):
+        install["ensure_installed"](tmp_path / "empty")
+
+
+def test_a_failed_pip_install_is_shown_with_what_pip_said(bootstrap, monkeypatch):
+    install, code = bootstrap
+    (code / "pyproject.toml").write_text("this is not TOML [")
+    with pytest.raises(install["InstallProblem"], match="pip exit status") as e:
+        install["build_and_install"](code, {"fingerprint": "x"})
+    assert "pip said" in str(e.value)
+
+
+def test_the_install_record_is_what_the_package_reports(monkeypatch):
+    """cloudml_lib.SOURCE holds the record a Colab install wrote; colab.version() says it in words."""
+    import cloudml_lib
+    from cloudml_lib.colab import drive
+    record = {"fingerprint": "ab" * 32, "version": "0.2.0", "copied_from": "/content/drive/MyDrive/CloudML/code",
+              "installed_at": "2026-11-24 10:00:00"}
+    monkeypatch.setattr(cloudml_lib, "SOURCE", record)
+    assert drive.version() == ("0.2.0 (copy ababababab of /content/drive/MyDrive/CloudML/code, installed "
+                               "2026-11-24 10:00:00)")
+    monkeypatch.setattr(cloudml_lib, "SOURCE", {})
+    assert drive.version() == f"{cloudml_lib.__version__} (from {Path(cloudml_lib.__file__).parent})"
+
+
+def test_a_missing_optional_package_is_named_with_the_command_that_fits_where_the_user_is(monkeypatch):
+    """In a terminal `pip install ...`; in a notebook, or in a command a notebook started, `%pip install ...`
+    (it installs into the kernel's environment, which a bare `!pip` may not)."""
+    import types
+
+    from cloudml_lib.errors import install_command
+    monkeypatch.delenv("CLOUDML_PARENT_PID", raising=False)
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
+    assert install_command("optuna>=4.0") == "pip install 'optuna>=4.0'"
+    assert install_command("kornia") == "pip install kornia"
+    monkeypatch.setenv("CLOUDML_PARENT_PID", "123")
+    assert install_command("optuna>=4.0") == "%pip install 'optuna>=4.0'"
+    monkeypatch.delenv("CLOUDML_PARENT_PID")
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    assert install_command("tensorboard") == "%pip install tensorboard"
