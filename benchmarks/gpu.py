@@ -102,7 +102,7 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
     """What the batch-size probe predicts for this preset's batch (eager, as the probe runs)."""
     if device.type != "cuda":
         return None
-    from cloudml_lib.hardware import probe_batch_size
+    from cloudml_lib.memory import probe_batch_size
     cfg, model, _, opt, autocast, scaler, _ = build(preset, device)
     vars(model.encoder).pop("forward", None)          # the trainer's probe runs the eager model, before compiling
     t = cfg.data.temporal_frames

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from cloudml_lib.errors import CloudMLError
+from cloudml_lib.runlock import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,6 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
-
-
-def cpu_state_dict(model: nn.Module) -> dict:
-    """Weights of the unwrapped module (no `_orig_mod.` keys), copied tensor by tensor to the CPU."""
-    return to_cpu(dict(unwrap_model(model).state_dict()))
 
 
 # ------------------------------------------------------------------------------ small files
@@ -361,9 +357,9 @@ def prune(run_dir: Path, keep_last: int) -> None:
     for p in find_checkpoints(run_dir):
         if not (p / COMMITTED).is_file() and step_of(p) < newest:
             _delete(p)
-    for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):
+    for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):          # a write whose process is gone
         pid = p.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) != os.getpid():
+        if not pid.isdigit() or (int(pid) != os.getpid() and not process_alive(int(pid))):
             shutil.rmtree(p, ignore_errors=True)
     for p in checkpoints_dir(run_dir).glob(".trash-*"):
         shutil.rmtree(p, ignore_errors=True)

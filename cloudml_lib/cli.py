@@ -8,7 +8,6 @@ short message, no traceback); 130 when stopped by Ctrl-C or SIGTERM at any momen
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.errors import CloudMLError, explain_os_error
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +172,11 @@ def _sweep(args) -> int:
 
 
 def _compare(args) -> int:
-    from cloudml_lib.compare import compare_runs, format_table
-    from cloudml_lib.evaluate import json_safe
+    from cloudml_lib.compare import compare_runs, format_comparison
+    from cloudml_lib.outputs import json_safe
 
     rows = compare_runs(args.run_dirs)
-    print(json.dumps(json_safe(rows)) if args.json else format_table(rows))
+    print(json.dumps(json_safe(rows)) if args.json else format_comparison(rows))
     return 0
 
 
@@ -211,7 +210,7 @@ def _labels(args) -> int:
 
 
 def _diagnose(args) -> int:
-    from cloudml_lib.hardware import format_report, recommendations, system_report
+    from cloudml_lib.hardware import format_machine, recommendations, system_report
 
     paths, cache_bytes = {}, None
     if args.config or args.preset:
@@ -226,7 +225,7 @@ def _diagnose(args) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(format_report(report))
+        print(format_machine(report))
         print("\nRecommendations:")
         for line in report["recommendations"]:
             print(f"  - {line}")
@@ -244,7 +243,8 @@ def _status(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from cloudml_lib.evaluate import evaluate_run, format_report, json_safe
+    from cloudml_lib.evaluate import evaluate_run, format_report
+    from cloudml_lib.outputs import json_safe
 
     report = evaluate_run(args.run_dir, data_dir=args.data_dir)
     if args.json:
@@ -274,53 +274,6 @@ def _make_demo(args) -> int:
           "data.flights empty), e.g.\n  python -m cloudml_lib train --config configs/demo.yaml "
           f"--set data.dir={args.out}")
     return 0
-
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-READ_ONLY = (errno.EROFS,)
-NO_PERMISSION = (errno.EACCES, errno.EPERM)
-
-
-def _file_in_the_way(path: Path) -> Path | None:
-    """The first part of `path` that exists and is a file (where a folder was expected)."""
-    for p in [path, *path.parents]:
-        if p.exists():
-            return p if not p.is_dir() else None
-    return None
-
-
-def explain_os_error(e: OSError, places: dict[str, str] | None = None, resumes: bool = True) -> str | None:
-    """A full or read-only disk, a permission, a file where a folder belongs, in words; None for other
-    OS errors. Without a file name in the error, `places` (what the command writes to) are named.
-    `resumes`: the command continues from a checkpoint (train, crossval) when run again."""
-    if e.filename:
-        where = str(e.filename)
-    else:
-        known = [f"{k} {v}" for k, v in (places or {}).items() if v]
-        where = "a disk this command writes to (" + (", ".join(known) or "its output folders") + ")"
-    again = ("then run the same command again: it continues from the last checkpoint, nothing written before is "
-             "lost." if resumes else "then run the same command again; nothing written before is lost.")
-    if e.errno in DISK_FULL:
-        return (f"no space left on the disk holding {where} ({e.strerror or e}). Free space there (old runs, "
-                f"caches you no longer use), {again}")
-    if e.errno in READ_ONLY:
-        return (f"cannot write {where}: the disk or folder is read-only ({e.strerror}). Make it writable, or "
-                f"choose another --run-dir / data.cache_dir, {again}")
-    if e.errno in NO_PERMISSION:
-        return (f"permission denied for {where} ({e.strerror}): this user may not read or write it. Fix its "
-                f"permissions (chmod), or choose another --run-dir / data.cache_dir, {again}")
-    if e.errno in (errno.ENOTDIR, errno.EEXIST) and e.filename:
-        blocker = _file_in_the_way(Path(e.filename))
-        if blocker is not None:
-            return (f"{blocker} is not a folder, but a folder is needed there (for {e.filename}). Point the setting "
-                    "that names it (--run-dir, --out, data.cache_dir, data.cache_copy_dir) at a folder, or move "
-                    "it away.")
-    if e.errno == errno.EISDIR and e.filename:
-        return f"{e.filename} is a folder, but a file is needed there. Move the folder away or choose another path."
-    if e.errno == errno.EIO:
-        return (f"input/output error on {where} ({e.strerror}). On Colab this happens when Google Drive "
-                f"disconnects: run the first cells again to remount it, {again}")
-    return None
 
 
 def _stop_on_sigterm(signum, frame):
@@ -359,7 +312,7 @@ def _places(args) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cloudml_lib.rundir import attach_run_log
+    from cloudml_lib.logs import attach_run_log
 
     args = build_parser().parse_args(argv)
     trap_stop_signals()

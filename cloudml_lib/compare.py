@@ -128,7 +128,7 @@ def _cell(value) -> str:
     return str(value).replace("|", "/")
 
 
-def format_table(rows: list[dict]) -> str:
+def format_comparison(rows: list[dict]) -> str:
     """The Markdown table: run, the settings that differ, state, epochs, metrics, time, compiled."""
     keys = differing_settings(rows)
     head = ["run", *keys, "state", "epochs", *(label for _, label in METRIC_COLUMNS), "time (min)", "compiled"]
@@ -200,7 +200,7 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
         b = summary["best"]
         lines += [f"Best: trial {b['number']}, {space.metric} {b['value']:.4g}, with "
                   + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items()) + ".", ""]
-    lines += ["## Trials", "", format_table(trial_rows(run_dir, "."))]
+    lines += ["## Trials", "", format_comparison(trial_rows(run_dir, "."))]
     lines += ["", "## Optimisation history", ""]
     reason = _optuna_figure("history", study, run_dir / "plots" / "optimization_history.png", space.metric)
     lines.append(reason or "![optimisation history](plots/optimization_history.png)")

@@ -234,11 +234,6 @@ class Config:
 # ---------------------------------------------------------------------------------------------
 # Building a Config from nested dicts, collecting every problem.
 
-def _type_name(tp) -> str:
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-            list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
 def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
     """Check one leaf value against its declared type, range and choices."""
     if meta.get("auto") and value == "auto":

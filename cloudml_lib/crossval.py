@@ -40,14 +40,14 @@ from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
 from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.errors import ConfigError
-from cloudml_lib.evaluate import json_safe, regression_metrics
-from cloudml_lib.outputs import write_text
+from cloudml_lib.evaluate import regression_metrics
+from cloudml_lib.outputs import json_safe, write_text
 from cloudml_lib.report import write_report
 from cloudml_lib.rundir import check_folder_kind
 
 log = logging.getLogger(__name__)
 
-METHODS = ("model", "mean", "scalars_only", "trees")
+COMPARED = ("model", "mean", "scalars_only", "trees")
 COLLAPSE_STD_RATIO = 0.3
 OUT_OF_RANGE_SHARE = 0.1        # held-out heights outside the training range above this share: warn
 
@@ -130,7 +130,7 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool) -> dict:
 def summarise(folds: dict) -> dict:
     """Mean and spread (std over folds) of each metric of each method, and the plain verdicts."""
     summary = {}
-    for method in METHODS:
+    for method in COMPARED:
         rows = [f[method] for f in folds.values() if method in f]
         if rows:
             summary[method] = {k: {"mean": float(np.nanmean([r[k] for r in rows])),
@@ -208,12 +208,12 @@ def format_markdown(result: dict) -> str:
     for name, f in result["folds"].items():
         get = f.get
         lines.append(f"| {name} | {f['model']['n']} | " + " | ".join(
-            [num(get(m), "r2") for m in METHODS] + [num(get(m), "mae_km") for m in METHODS]
+            [num(get(m), "r2") for m in COMPARED] + [num(get(m), "mae_km") for m in COMPARED]
             + [num(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]) + " |")
     s = result["summary"]
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
     lines += ["", "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |", "|" + "---|" * 6]
-    for method, m in ((k, s[k]) for k in METHODS if k in s):
+    for method, m in ((k, s[k]) for k in COMPARED if k in s):
         lines.append(f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}" for k in keys) + " |")
     lines += _cloud_lines(result) + _interval_lines(result.get("intervals"))
     lines += ["", *[f"- {v}" for v in result["verdicts"]]]

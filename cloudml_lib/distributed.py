@@ -116,10 +116,6 @@ class Dist:
 SINGLE = Dist()
 
 
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 def init_distributed(device_preference: str = "auto", backend: str | None = None,
                      timeout: timedelta = TIMEOUT) -> Dist:
     """The process group torchrun asked for (or the single process). Call once per process.

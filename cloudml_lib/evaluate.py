@@ -27,7 +27,7 @@ from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_work
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.hardware import choose_device, choose_precision
 from cloudml_lib.model import build_model
-from cloudml_lib.outputs import atomic_path, write_text
+from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.provenance import trained_backend
 
 log = logging.getLogger(__name__)
@@ -131,17 +131,6 @@ def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None
             flight, frame = dataset.identity(i)
             w.writerow([flight, frame, cell(true_km[i]), cell(scored.height_km[i]), int(flags[i]),
                         "" if prob is None else f"{prob[i]:.4f}"])
-
-
-def json_safe(obj):
-    """NaN and infinity (e.g. R2 of a constant target) become null, which every JSON reader accepts."""
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
 
 
 def format_report(report: dict) -> str:

@@ -1,5 +1,5 @@
-"""The machine: device and precision choice, a report of GPU and host memory, presets by GPU,
-the memory probe behind `train.batch_size: auto`, and peak-memory readings for the epoch line."""
+"""The machine: device and precision choice, a report of GPU and host memory, presets by GPU, and
+peak-memory readings for the epoch line (the batch probe of `train.batch_size: auto` is memory.py's)."""
 from __future__ import annotations
 
 import gc
@@ -16,13 +16,12 @@ from pathlib import Path
 import torch
 
 from cloudml_lib.errors import ConfigError
+from cloudml_lib.memory import GIB, MARGIN
 from cloudml_lib.outputs import free_bytes
 from cloudml_lib.resources import PRESET_FILES, config_file
 
 log = logging.getLogger(__name__)
 
-GIB = 2 ** 30
-MARGIN = 0.15                   # memory head-room kept free by the probe and the preset choice
 # Peak GPU memory of one training step at each preset's batch size, in GiB, on a T4 with the real
 # 440 x 640 x T=5 samples: the upper end of what the users measured (seeds), used until the GPU
 # benchmark (benchmarks/gpu.py) has measured them on the machine at hand.
@@ -233,7 +232,7 @@ def preprocessing_advice(gpu: bool) -> str:
                "its frames differ slightly from scikit-image's, see the README)." if gpu else ""))
 
 
-def format_report(report: dict) -> str:
+def format_machine(report: dict) -> str:
     lines = [f"Environment: {'Google Colab' if report['colab'] else 'local'}; Python {report['python']}, "
              f"torch {report['torch']}, CUDA {report['cuda'] or 'none'}; {report['cpus']} CPUs"]
     gpu = report["gpu"]
@@ -252,7 +251,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def free_gpu_memory() -> str:
+def release_gpu_memory() -> str:
     """Release cached GPU memory of this process (the notebook's clean-up cell)."""
     gc.collect()
     if not torch.cuda.is_available():
@@ -263,56 +262,6 @@ def free_gpu_memory() -> str:
     return (f"Released {(before - torch.cuda.memory_reserved()) / GIB:.2f} GiB held by this process; "
             f"{free / GIB:.1f} of {total / GIB:.1f} GiB free. Memory held by other processes is freed only by "
             "stopping them (Runtime > Restart session).")
-
-
-# -------------------------------------------------------------------------- memory probe
-
-@dataclass
-class ProbeResult:
-    batch_sizes: tuple[int, int]
-    peaks_bytes: tuple[int, int]
-    fixed_bytes: float
-    per_sample_bytes: float
-    budget_bytes: int
-    recommended: int
-
-    def predicted_peak(self, batch: int) -> float:
-        return self.fixed_bytes + self.per_sample_bytes * batch
-
-    def describe(self) -> str:
-        return (f"memory probe: one step takes {self.fixed_bytes / GIB:.2f} GiB + {self.per_sample_bytes / GIB:.3f} "
-                f"GiB per sample (measured at batch {self.batch_sizes[0]} and {self.batch_sizes[1]}); with a 15% "
-                f"margin on {self.budget_bytes / GIB:.1f} GiB the largest batch that fits is {self.recommended} "
-                f"(predicted peak {self.predicted_peak(self.recommended) / GIB:.2f} GiB)")
-
-
-def fit_batch_size(sizes: tuple[int, int], peaks: tuple[int, int], budget: int, cap: int = 256) -> ProbeResult:
-    """Line through two (batch, peak) points; the largest batch whose peak x 1.15 fits the budget."""
-    (b1, b2), (p1, p2) = sizes, peaks
-    per_sample = max((p2 - p1) / (b2 - b1), 1.0)
-    fixed = max(p1 - per_sample * b1, 0.0)
-    best = int((budget / (1 + MARGIN) - fixed) // per_sample)
-    return ProbeResult(sizes, peaks, fixed, per_sample, budget, max(1, min(cap, best)))
-
-
-def measure_step_peak(step, batch_size: int, device: torch.device) -> int:
-    """Peak GPU memory of `step(batch_size)` (a full training step), in bytes."""
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    step(batch_size)
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device)
-
-
-def probe_batch_size(step, device: torch.device, sizes: tuple[int, int] = (2, 4), measure=measure_step_peak,
-                     budget: int | None = None) -> ProbeResult:
-    """Measure one training step at two small batch sizes and fit the per-sample cost."""
-    if budget is None:
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = free + torch.cuda.memory_allocated(device)
-    peaks = tuple(measure(step, b, device) for b in sizes)
-    return fit_batch_size(sizes, peaks, budget)
 
 
 def memory_readings(device: torch.device) -> dict:

@@ -1,5 +1,6 @@
 """How result files are written: atomically, and with the file named in any disk error.
 
+JSON for the user is `json_safe` first: NaN and infinity become null, which every JSON reader accepts.
 Every file a command writes for the user (evaluation.json, predictions.csv, report.md, plots,
 NetCDF, crossval.md, run.json, config.yaml) goes through `atomic_path`: it is written under a
 hidden temporary name in its own folder and renamed into place only when complete, so a full
@@ -11,6 +12,7 @@ user sees always names the file. Checkpoints have their own commit protocol (che
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 from contextlib import contextmanager
@@ -71,3 +73,14 @@ def append_text(path: str | Path, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise named(e, path) from None
+
+
+def json_safe(obj):
+    """NaN and infinity (e.g. R2 of a constant target) become null, which every JSON reader accepts."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

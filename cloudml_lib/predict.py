@@ -297,7 +297,7 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     return along, track
 
 
-def resolve_flights(cfg, names: list[str]) -> dict[str, FlightConfig]:
+def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     """The files of each flight to predict, with train's checks: the run's own entry (its files as
     trained), else the flight found in data.dir by its file names; only the IR file is required. Two
     candidate files of one role (two nav files, two copies of a flight folder) are refused, as in train."""
@@ -343,7 +343,7 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     calibration = _calibration(run_dir, calibration_dir)
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
     names = flights or list(cfg.data.validation_flights)
-    chosen = resolve_flights(cfg, names)
+    chosen = flights_to_predict(cfg, names)
     out = Path(out_dir) if out_dir else run_dir / "predictions"
     if out.exists() and not out.is_dir():
         raise CloudMLError(f"--out {out} is a file; choose a folder for the predictions")

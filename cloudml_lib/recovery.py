@@ -5,11 +5,10 @@ attempt could change (BatchNorm buffers, the RNG, gradients accumulated so far);
 `undo` puts them back, so the redone batch counts once and a later resume stays bit-exact. Out of
 memory halves the micro-batch (training) or the evaluation batch (validation); a compile failure
 switches to the eager model. A NaN/inf loss skips the step (`count_nonfinite_step`), and the first
-one checks the cache for bit rot. `measure_batch_size` is `train.batch_size: auto`.
+one checks the cache for bit rot.
 """
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import time
@@ -18,11 +17,9 @@ import torch
 
 from cloudml_lib.data.cachefiles import verify_cache
 from cloudml_lib.errors import CloudMLError, DataError
-from cloudml_lib.hardware import probe_batch_size
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 16        # recoveries of one step: halvings of the micro-batch, one fall-back to eager
-CPU_AUTO_BATCH = 16
 
 
 def run_attempt(fn, compiled: bool):
@@ -103,41 +100,6 @@ def eager_after_compile_failure(model: torch.nn.Module, watch, failure: str) -> 
                 "Set train.torch_compile: false to skip compiling next time.", failure)
     undo_compile(unwrap_model(model), watch, failure)
     return model
-
-
-def measure_batch_size(model: torch.nn.Module, autocast, device: torch.device, frames: int,
-                       frame_shape: tuple[int, int]) -> int:
-    """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data."""
-    if device.type != "cuda":
-        log.info("train.batch_size is 'auto', but measuring needs a GPU; using %d on the CPU", CPU_AUTO_BATCH)
-        return CPU_AUTO_BATCH
-    h, w = frame_shape
-    probe_model = copy.deepcopy(model).train()
-    probe_opt = torch.optim.AdamW(probe_model.parameters(), lr=1e-6)
-
-    def step(b: int) -> None:
-        gen = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(b, frames, h, w, device=device, generator=gen)             # (b, T, H, W)
-        scalars = torch.randn(b, probe_model.film[0].in_features, device=device, generator=gen)   # (b, 3)
-        with autocast():
-            loss = probe_model(x, scalars).float().pow(2).mean()
-        loss.backward()
-        probe_opt.step()
-        probe_opt.zero_grad(set_to_none=True)
-
-    with torch.random.fork_rng(devices=[device]):       # the run's RNG stream is untouched
-        try:
-            result = probe_batch_size(step, device)
-        except torch.cuda.OutOfMemoryError:
-            result = None
-    probe_model = probe_opt = None         # release the copy before training allocates
-    torch.cuda.empty_cache()
-    if result is None:
-        log.warning("train.batch_size auto: even batch 2 does not fit on this GPU; using 1. Choose preset C "
-                    "(model.memory_optimized: true) or turn on model.gradient_checkpointing.")
-        return 1
-    log.info("train.batch_size auto: %s", result.describe())
-    return result.recommended
 
 
 def refuse_retry_across_processes(dist, failure: str, step: int) -> None:

@@ -1,6 +1,6 @@
 """A run directory over time: what an interrupted run left behind, where a run resumes from and what
-a resumed run may change, where it stands (status), and its log (train.log). Who may write into it
-is runlock.py's.
+a resumed run may change, where it stands (status). Who may write into it is runlock.py's; its log
+(train.log) is logs.py's.
 
 When a resumed run's config differs from the checkpoint's, settings that change the run's math
 (data, model, seed, batch size, optimizer and schedule settings) are an error naming each one;
@@ -14,22 +14,17 @@ import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from cloudml_lib.checkpoint import (META, STAGING_PREFIX, STATE, Found, check_folder, checkpoints_dir,
                                     find_checkpoints, find_latest_valid, set_aside_rejected, step_of)
 from cloudml_lib.compile import describe_saved
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.runlock import LOCK, holder_alive
+from cloudml_lib.runlock import LOCK, holder_alive, process_alive
 
 log = logging.getLogger(__name__)
-
-PACKAGE_LOGGER = "cloudml_lib"
 
 # Settings a resumed run may change; every other setting is part of the run's math.
 HARMLESS = {
@@ -48,19 +43,6 @@ def _pid_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _dead(pid: int | None) -> bool:
-    """Is the process that owns a leftover gone? Unknown owners are kept."""
-    if pid is None or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def clean_leftovers(run_dir: Path) -> list[str]:
     """What a killed process left behind: temporary best.pt files, checkpoint folders half-written or
     half-deleted, and staging folders in the temp directory. Only files of processes that are gone."""
@@ -70,7 +52,8 @@ def clean_leftovers(run_dir: Path) -> list[str]:
     candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
     candidates += list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*"))
     for p in candidates:
-        if _dead(_pid_of(p.name)) or p.name.startswith(".trash-"):
+        pid = _pid_of(p.name)
+        if p.name.startswith(".trash-") or (pid is not None and pid != os.getpid() and not process_alive(pid)):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             removed.append(p.name)
     if removed:
@@ -342,67 +325,3 @@ def format_status(s: dict) -> str:
     for r in s["rejected"]:
         lines.append(f"rejected: {r['path']}: {r['reason']}")
     return "\n".join(lines)
-
-
-class _TqdmHandler(logging.StreamHandler):
-    """Console lines that do not break a running progress bar."""
-
-    def emit(self, record):
-        try:
-            tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # noqa: BLE001 - logging must never raise
-            self.handleError(record)
-
-    def handleError(self, record):
-        pass                          # the console is gone (a closed pipe): there is no one to tell
-
-
-class _RunLogFile(logging.FileHandler):
-    """train.log. A line that cannot be written (a full disk) is said once on screen, in words, instead
-    of logging's "--- Logging error ---" traceback at every line; the run goes on, and so does the log
-    on screen. Once writing works again (space freed), the file continues."""
-
-    def __init__(self, path: Path):
-        super().__init__(path)
-        self.failing, self._failed_now = False, False
-
-    def emit(self, record):
-        self._failed_now = False
-        super().emit(record)
-        if not self._failed_now:
-            self.failing = False
-
-    def handleError(self, record):
-        self._failed_now = True
-        if self.failing:
-            return
-        self.failing = True
-        e = sys.exc_info()[1]
-        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
-        print(f"warning: {self.baseFilename} cannot be written ({why}); the log continues on screen only. "
-              "Free space on that disk to keep the file complete.", file=sys.stderr, flush=True)
-
-
-def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
-    """The package logger prints to the console and, with a run directory, to train.log.
-
-    It does not propagate: Colab's root logger already has a handler, which would print twice.
-    `console` is the stream for screen lines (default stdout).
-    """
-    logger = logging.getLogger(PACKAGE_LOGGER)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
-        logger.removeHandler(h)
-        h.close()
-    screen = _TqdmHandler(console or sys.stdout)
-    screen.setFormatter(logging.Formatter("%(message)s"))
-    handlers = [screen]
-    if run_dir is not None:
-        file = _RunLogFile(Path(run_dir) / "train.log")
-        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-        handlers.append(file)
-    for h in handlers:
-        h._cloudml = True
-        logger.addHandler(h)
-    return logger

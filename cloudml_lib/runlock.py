@@ -22,7 +22,8 @@ HEARTBEAT_S, STALE_S = 20.0, 90.0
 LOCK = ".lock"
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Is process `pid` of this host running (a pid we may not signal counts as running)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -37,7 +38,7 @@ def holder_alive(info: dict) -> bool:
     (a new Colab VM on the same Drive): only a heartbeat fresher than STALE_S."""
     if info.get("host") == socket.gethostname():
         pid = int(info.get("pid", -1))
-        return pid != os.getpid() and _pid_alive(pid)
+        return pid != os.getpid() and process_alive(pid)
     return time.time() - float(info.get("heartbeat", 0)) < STALE_S
 
 

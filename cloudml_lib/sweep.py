@@ -29,9 +29,9 @@ from cloudml_lib.checkpoint import fault_point, write_durable
 from cloudml_lib.config import apply_overrides, build_config
 from cloudml_lib.distributed import Dist, init_distributed
 from cloudml_lib.errors import CloudMLError, ConfigError, install_command
-from cloudml_lib.evaluate import json_safe
-from cloudml_lib.outputs import atomic_path, write_text
-from cloudml_lib.rundir import flatten_keys, attach_run_log, has_run, is_crossval
+from cloudml_lib.outputs import atomic_path, json_safe, write_text
+from cloudml_lib.logs import attach_run_log
+from cloudml_lib.rundir import flatten_keys, has_run, is_crossval
 from cloudml_lib.runlock import RunLock
 from cloudml_lib.space import Space, load_space, suggest, trial_raw
 from cloudml_lib.yamlfile import read_yaml

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from cloudml_lib.config import build_config
+from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, prepare
 from cloudml_lib.data.synthetic import make_demo_flights
 
 TINY_SHAPE = (40, 48)         # raw rows x columns of the test camera
@@ -48,3 +50,17 @@ def wheel(tmp_path_factory):
     """The wheel of a clean copy of this checkout (tests/install_helpers.py)."""
     from install_helpers import build_wheel
     return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def with_heights(labels):
+    """A FlightLabels with only the samples that have a height label (the arrays of the height task)."""
+    keep = np.isfinite(labels.cbh_km)
+    per_sample = {k: v[keep] for k, v in vars(labels).items() if isinstance(v, np.ndarray) and len(v) == len(keep)}
+    return type(labels)(**{**vars(labels), **per_sample})
+
+
+def preprocess_frame(raw, data):
+    """One raw frame through both stages with the reference backend (scikit-image): (frame, filled, blank)."""
+    spec = FrameSpec.of(data)
+    x, filled, blank = prepare(raw, spec)
+    return (x if blank else equalise_skimage(x, spec.clip_limit)), filled, blank

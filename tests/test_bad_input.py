@@ -194,7 +194,7 @@ def test_predict_on_a_full_disk_names_the_file_and_leaves_no_half_file(finished,
 def test_a_log_file_on_a_full_disk_is_said_once_in_words(tmp_path, capsys):
     import logging
 
-    from cloudml_lib.rundir import attach_run_log
+    from cloudml_lib.logs import attach_run_log
     logger = attach_run_log(tmp_path)
     handler = next(h for h in logger.handlers if hasattr(h, "baseFilename"))
     handler.stream = open(os.devnull, "w")
@@ -340,7 +340,7 @@ def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from
 # ------------------------------------------------------------------ E. messages that misled
 
 def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
-    from cloudml_lib.cli import explain_os_error
+    from cloudml_lib.errors import explain_os_error
     text = explain_os_error(OSError(errno.ENOSPC, "No space left on device"),
                             {"run folder": str(tmp_path / "run"), "output folder": None})
     assert "the disk holding the disk" not in text
@@ -349,7 +349,7 @@ def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
 
 def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_path, monkeypatch):
     from cloudml_lib import checkpoint
-    from cloudml_lib.cli import explain_os_error
+    from cloudml_lib.errors import explain_os_error
 
     def full(obj, f):                                   # what torch raises when the disk fills mid-write
         f.write(b"x" * 100)

@@ -4,10 +4,10 @@ import os
 import numpy as np
 import pytest
 
+from conftest import preprocess_frame
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data.cache import build_windows, load_caches, load_flight_cache
-from cloudml_lib.data.preprocess import preprocess_frame
 
 
 def test_windows_edge_policies():

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import preprocess_frame, with_heights
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cpl, er2
-from cloudml_lib.data.preprocess import preprocess_frame
 from cloudml_lib.errors import DataError
 
 DATE = dt.date(2025, 2, 10)
@@ -79,7 +79,7 @@ def labels_for(root, entry, **data):
     other = dict(entry, name="other")
     cfg = build_config({"data": {"dir": str(root), "flights": [entry, other], "validation_flights": ["other"],
                                  "swath_slice": [2, 10], **data}})
-    return cpl.read_flight_labels(cfg.data.flights[0], cfg.data).with_heights()
+    return with_heights(cpl.read_flight_labels(cfg.data.flights[0], cfg.data))
 
 
 def test_real_layout_filters_matching_and_counts(tmp_path):
@@ -161,7 +161,7 @@ def test_big_endian_unsigned_frames_preprocess_like_floats(tmp_path):
         raw = f["Product/Signal"]
         assert raw.dtype == np.dtype(">u2")
         frame, n_bad, blank = preprocess_frame(raw[3], cfg.data)
-        expected = preprocess_frame(raw[3].astype(np.float32), cfg.data).frame
+        expected = preprocess_frame(raw[3].astype(np.float32), cfg.data)[0]
     assert n_bad == 0 and not blank and np.isfinite(frame).all()
     np.testing.assert_array_equal(frame, expected)
     assert abs(frame.mean()) < 1e-4 and abs(frame.std() - 1) < 1e-3

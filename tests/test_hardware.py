@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cloudml_lib import hardware as hw
+from cloudml_lib import memory
 from cloudml_lib.errors import ConfigError
 
 REPO = Path(__file__).parent.parent
@@ -16,7 +17,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 def test_batch_size_fit_from_two_points():
     # peak = 1 GiB + 0.5 GiB per sample; budget 14.7 GiB; 15% margin -> (14.7/1.15 - 1)/0.5 = 23.57
-    r = hw.fit_batch_size((2, 4), (int(2 * GIB), int(3 * GIB)), int(14.7 * GIB))
+    r = memory.fit_batch_size((2, 4), (int(2 * GIB), int(3 * GIB)), int(14.7 * GIB))
     assert r.fixed_bytes == pytest.approx(GIB) and r.per_sample_bytes == pytest.approx(0.5 * GIB)
     assert r.recommended == 23
     assert r.predicted_peak(23) * 1.15 <= 14.7 * GIB < r.predicted_peak(24) * 1.15
@@ -30,7 +31,7 @@ def test_probe_measures_two_steps_and_never_recommends_zero():
         seen.append(b)
         return int((3 + 2 * b) * GIB)
 
-    r = hw.probe_batch_size(lambda b: None, torch.device("cpu"), measure=fake_measure, budget=int(4 * GIB))
+    r = memory.probe_batch_size(lambda b: None, torch.device("cpu"), measure=fake_measure, budget=int(4 * GIB))
     assert seen == [2, 4] and r.recommended == 1
 
 
@@ -105,7 +106,7 @@ def test_memory_readings_on_cpu():
 
 
 def test_free_gpu_memory_says_what_it_did():
-    assert hw.free_gpu_memory().startswith("No GPU" if not torch.cuda.is_available() else "Released")
+    assert hw.release_gpu_memory().startswith("No GPU" if not torch.cuda.is_available() else "Released")
 
 
 @pytest.mark.gpu
@@ -119,7 +120,7 @@ def test_probe_on_a_real_gpu(tiny_config, tmp_path):
 
 
 def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
-    from cloudml_lib.recovery import CPU_AUTO_BATCH
+    from cloudml_lib.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
     tiny_config.train.batch_size = "auto"
     trainer = Trainer(tiny_config, tmp_path / "run").setup()

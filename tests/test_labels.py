@@ -19,7 +19,7 @@ from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_key
 from cloudml_lib.data.flights import HEADER, check_rows
 from cloudml_lib.errors import ConfigError, DataError
-from conftest import tiny_raw
+from conftest import tiny_raw, with_heights
 
 JULIAN = "layer_descriptor/Profile_Decimal_Julian_Day"
 BASE = "layer_descriptor/Layer_Base_Altitude"
@@ -50,7 +50,7 @@ def cpl_path(root, entry):
 
 
 def labels(data, i=0):
-    return cpl.read_flight_labels(data.flights[i], data).with_heights()
+    return with_heights(cpl.read_flight_labels(data.flights[i], data))
 
 
 def test_the_time_column_is_a_setting_and_the_log_says_what_it_moves(flights, caplog):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cloudml_lib import model as model_mod
-from cloudml_lib.checkpoint import cpu_state_dict
+from cloudml_lib.checkpoint import to_cpu, unwrap_model
 from cloudml_lib.config import build_config
 from cloudml_lib.model import MultimodalRegressionModel, build_model, count_parameters
 
@@ -84,10 +84,10 @@ def test_model_module_has_no_device_amp_or_compile_code():
 def test_compiled_wrapper_saves_plain_keys():
     m = MultimodalRegressionModel([4, 8, 8])
     compiled = torch.compile(m)          # wrapping is lazy: nothing is compiled by this test
-    keys = list(cpu_state_dict(compiled))
+    keys = list(to_cpu(dict(unwrap_model(compiled).state_dict())))
     assert keys == list(m.state_dict()) and not any("_orig_mod" in k for k in keys)
     p = next(m.parameters())
-    assert cpu_state_dict(compiled)[next(iter(m.state_dict()))].data_ptr() != p.data_ptr()   # a copy
+    assert to_cpu(dict(unwrap_model(compiled).state_dict()))[next(iter(m.state_dict()))].data_ptr() != p.data_ptr()   # a copy
 
 
 @pytest.mark.parametrize("t", [1, 5])

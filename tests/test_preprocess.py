@@ -20,7 +20,7 @@ from cloudml_lib.data import cachefiles
 from cloudml_lib.data import preprocess
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_backend
 from cloudml_lib.errors import ConfigError, DataError
-from conftest import tiny_raw
+from conftest import preprocess_frame, tiny_raw
 
 REPO = Path(__file__).parent.parent
 
@@ -56,7 +56,7 @@ def test_blocks_come_in_order_with_a_bounded_read_ahead(tiny_config, tmp_path):
             seen.append(block)
             assert pool.submitted - sum(len(b.index) for b in seen) <= 4 * preprocess.BLOCK_FRAMES   # 2 x workers
     np.testing.assert_array_equal(np.concatenate([b.index for b in seen]), index)
-    serial = [preprocess.preprocess_frame(raw, data).frame.astype(np.float16) for raw in _raw(path, index)]
+    serial = [preprocess_frame(raw, data)[0].astype(np.float16) for raw in _raw(path, index)]
     np.testing.assert_array_equal(np.concatenate([b.frames for b in seen]), np.stack(serial))
 
 
@@ -258,7 +258,7 @@ def test_a_machine_that_cannot_start_processes_preprocesses_in_this_one(tiny_con
         assert pool.workers == 0
     assert "could not start 2 preprocessing worker processes" in caplog.text
     assert "data.preprocess_workers: 0" in caplog.text
-    serial = [preprocess.preprocess_frame(raw, data).frame.astype(np.float16)
+    serial = [preprocess_frame(raw, data)[0].astype(np.float16)
               for raw in _raw(Path(data.dir) / flight.ir_file, index)]
     np.testing.assert_array_equal(np.concatenate([b.frames for b in blocks]), np.stack(serial))
 

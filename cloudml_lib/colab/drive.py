@@ -96,7 +96,7 @@ def _widgets_version() -> str:
 
 def show_environment() -> None:
     report = hardware.system_report()
-    print(hardware.format_report(report))
+    print(hardware.format_machine(report))
     if not report["gpu"]:
         print("No GPU: in Colab choose Runtime > Change runtime type > T4 GPU, then run all cells again.")
 
@@ -214,14 +214,14 @@ def build_cache(ws: Workspace) -> dict:
 def show_diagnostics(ws: Workspace) -> None:
     frames = list(ws.cache.rglob("frames.npy"))
     report = hardware.system_report({"data": str(ws.data), "cache": str(ws.cache), "runs": str(ws.runs)})
-    print(hardware.format_report(report))
+    print(hardware.format_machine(report))
     print("\nRecommendations:")
     for line in hardware.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None):
         print(f"  - {line}")
 
 
 def free_gpu_memory() -> None:
-    print(hardware.free_gpu_memory())
+    print(hardware.release_gpu_memory())
 
 
 def check_setup(ws: Workspace, cache: dict | None) -> None:

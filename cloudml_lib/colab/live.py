@@ -180,7 +180,7 @@ def error_text(view: LiveView) -> str:
     return "\n".join(lines[starts[-1]:])[len("error: "):] if starts else "\n".join(lines[-8:])
 
 
-def finish(code: int, view: LiveView, what: str, run_dir: Path | None) -> None:
+def report_end(code: int, view: LiveView, what: str, run_dir: Path | None) -> None:
     """Say how the command ended; a user error becomes a UserError, anything else unexpected a RuntimeError."""
     if code == 0:
         view.end(code, "finished")

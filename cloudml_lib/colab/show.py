@@ -19,7 +19,7 @@ from pathlib import Path
 from cloudml_lib import hardware
 from cloudml_lib.compile import plan, this_device
 from cloudml_lib.config import load_config
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.errors import CloudMLError, explain_os_error
 from cloudml_lib.evaluate import format_report
 from cloudml_lib.rundir import format_status, run_status
 
@@ -77,7 +77,6 @@ def user_errors(fn):
         except CloudMLError as e:
             raise UserError(str(e)) from None
         except OSError as e:
-            from cloudml_lib.cli import explain_os_error
             message = explain_os_error(e)
             if message is None:
                 raise
@@ -214,7 +213,7 @@ def use_this_pythons_tensorboard() -> str:
 def show_comparison(folders) -> None:
     """Runs, cross-validations or sweeps side by side (`compare.py`): the settings that differ, held-out
     metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run folders."""
-    from cloudml_lib.compare import compare_runs, format_table
+    from cloudml_lib.compare import compare_runs, format_comparison
     from cloudml_lib.rundir import has_run, is_crossval
 
     base = None
@@ -229,4 +228,4 @@ def show_comparison(folders) -> None:
     for row in rows:
         if base is not None:                                  # names as in the runs folder, not full paths
             row["run"] = str(Path(row["run"]).relative_to(base))
-    show_markdown(format_table(rows))
+    show_markdown(format_comparison(rows))

@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 from cloudml_lib.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
-from cloudml_lib.colab.live import LiveView, command, finish, read_records, run_live
+from cloudml_lib.colab.live import LiveView, command, read_records, report_end, run_live
 from cloudml_lib.colab.picker import SMOKE_EPOCHS, Choice, Picker
 from cloudml_lib.colab.show import in_notebook, plural, show, show_markdown, user_errors
 from cloudml_lib.colab.drive import Workspace, run_config, smoke
@@ -53,7 +53,7 @@ def train(ws: Workspace, picker: Picker) -> Path:
                   "The interrupt button (&#9632;) stops it at the next step with a checkpoint.")
     view = LiveView(run_dir)
     code = run_live(train_command(ws, c), view)
-    finish(code, view, "training", run_dir)
+    report_end(code, view, "training", run_dir)
     return run_dir
 
 
@@ -64,7 +64,7 @@ def _simulated_disconnect(ws: Workspace, c: Choice) -> None:
     view = LiveView(run_dir)
     code = run_live(train_command(ws, c), view, {"CLOUDML_KILL_AT": f"step:{SMOKE_DISCONNECT_STEP}"})
     assert code == -signal.SIGKILL, f"the simulated disconnect did not happen (exit status {code})"
-    finish(code, view, "training", run_dir)
+    report_end(code, view, "training", run_dir)
 
 
 @user_errors
@@ -79,7 +79,7 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
         return None
     out = run_dir / "predictions"
     view = LiveView(None, bar=False)
-    finish(run_live(command("predict", "--run-dir", run_dir), view), view, "prediction", None)
+    report_end(run_live(command("predict", "--run-dir", run_dir), view), view, "prediction", None)
     for png in sorted(out.glob("*_cbh_along_flight.png")):
         flight = png.name[:-len("_cbh_along_flight.png")]
         show_markdown(f"**{flight}**: `{out / (flight + '_cbh.nc')}` (NetCDF, CF-1.8) and `{flight}_cbh.csv`")
@@ -107,7 +107,7 @@ def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path
     show_markdown(f"**Cross-validation** into `{cv_dir}`: one run per flight; run this cell again after a "
                   "disconnect and it continues with the unfinished fold.")
     view = LiveView(None)
-    finish(run_live(cmd, view), view, "cross-validation", None)
+    report_end(run_live(cmd, view), view, "cross-validation", None)
     show_markdown((cv_dir / "crossval.md").read_text())
     return cv_dir
 

@@ -30,10 +30,6 @@ TIME_JUMP_S = 600.0              # a forward gap between two profiles larger tha
 LOW_MATCH_RATE = 0.5             # of the filtered profiles: fewer matched is a warning with the likely cause
 LAYER_ORDER_TOLERANCE = 0.02     # share of multi-layer profiles that may contradict the configured order
 
-# The order in which filters remove profiles; `counts` in FlightLabels and the cache use these names.
-REMOVAL_REASONS = ("bad_time", "no_layer", "multi_layer", "out_of_range", "over_land", "bad_surface",
-                   "unmatched", "duplicate_frame", "beyond_nav")
-
 
 @dataclass
 class FlightLabels:
@@ -58,11 +54,6 @@ class FlightLabels:
     def heights(self) -> int:
         return int(np.isfinite(self.cbh_km).sum())
 
-    def with_heights(self) -> "FlightLabels":
-        """Only the samples with a height label (the arrays of the height task)."""
-        keep = np.isfinite(self.cbh_km)
-        per_sample = {k: v[keep] for k, v in vars(self).items() if isinstance(v, np.ndarray) and len(v) == len(keep)}
-        return FlightLabels(**{**vars(self), **per_sample})
 
 
 # ------------------------------------------------------------------------------------ labels

@@ -37,6 +37,11 @@ STRAY_TIME_S = 86400.0           # epoch times further than this from the flight
 CPL_DATE = re.compile(r"_(\d{2})([a-z]{3})(\d{2})\.hdf5?$", re.IGNORECASE)
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 
+
+def cpl_file_date(date: dt.date) -> str:
+    """A date as a CPL file name writes it (10feb25): what `date_from_cpl_name` reads."""
+    return f"{date.day:02d}{calendar.month_abbr[date.month].lower()}{date.year % 100:02d}"
+
 # ------------------------------------------------------------------------------------ files
 
 def required_roles(data: DataConfig) -> tuple[str, ...]:

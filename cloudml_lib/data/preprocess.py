@@ -59,12 +59,6 @@ class FrameSpec(NamedTuple):
                    float(data.clahe_clip_limit))
 
 
-class Preprocessed(NamedTuple):
-    frame: np.ndarray        # (H, W) float32, z-scored
-    filled: int              # non-finite pixels replaced by the frame's median (0 for a blank frame)
-    blank: bool              # no usable pixel: all non-finite, or every pixel equal (no contrast)
-
-
 class Block(NamedTuple):
     """Consecutive items of a `FramePool.blocks` stream."""
     index: np.ndarray        # (n,) raw frame indices
@@ -120,13 +114,6 @@ def equalise_skimage(x: np.ndarray, clip_limit: float) -> np.ndarray:
     if clip_limit > 0:
         x = exposure.equalize_adapthist(x, clip_limit=clip_limit).astype(np.float32)
     return zscore(x)
-
-
-def preprocess_frame(raw: np.ndarray, data: DataConfig | FrameSpec) -> Preprocessed:
-    """One raw frame through both stages with the reference backend (scikit-image)."""
-    spec = data if isinstance(data, FrameSpec) else FrameSpec.of(data)
-    x, filled, blank = prepare(raw, spec)
-    return Preprocessed(x if blank else equalise_skimage(x, spec.clip_limit), filled, blank)
 
 
 def frame_p10(raw: np.ndarray, data: DataConfig | FrameSpec) -> float:

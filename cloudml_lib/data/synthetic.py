@@ -58,6 +58,8 @@ import numpy as np
 from scipy import ndimage
 from tqdm.auto import tqdm
 
+from cloudml_lib.data import er2
+
 log = logging.getLogger(__name__)
 
 AIRCRAFT_ALTITUDE_KM = 20.0
@@ -67,7 +69,6 @@ LAPSE_RATE_K_PER_KM = 6.5
 CIRRUS_K = 225.0                                  # cirrus at 8-11 km
 COUNTS_PER_K, COUNTS_ZERO_K = 100.0, 180.0       # IR counts = 100 x (T - 180 K), big-endian uint16
 PROFILE_SPACING_S = 5.0                           # one averaged CPL profile every ~5 s (1 km)
-MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 REVISIONS = ("-003", "", "-005", "-008", "-003")  # IR file name suffixes, as in the users' folders
 
 # Per-flight sun and height settings: (sza centre deg, saa centre deg, mean height km).
@@ -94,7 +95,7 @@ def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> l
     """The `data.flights` entries of the demo flights: one folder per flight, real naming style."""
     entries = []
     for i, (name, date) in enumerate(demo_flight_names(n_flights, dates)):
-        cpl_date = f"{date.day:02d}{MONTHS[date.month - 1]}{date.year % 100:02d}"
+        cpl_date = er2.cpl_file_date(date)
         campaign = "GLOVE2025" if date.year >= 2025 else "WHYMSIE2024"
         entries.append({
             "name": name,

@@ -42,8 +42,9 @@ from cloudml_lib.errors import CloudMLError, ConfigError
 from cloudml_lib.hardware import Precision, choose_device, choose_precision, default_num_workers, describe_device
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.provenance import read_run_provenance, run_provenance, trained_backend
-from cloudml_lib.recovery import measure_batch_size
-from cloudml_lib.rundir import (attach_run_log, check_data_fingerprint, check_folder_kind, check_resume_config,
+from cloudml_lib.memory import measure_batch_size
+from cloudml_lib.logs import attach_run_log
+from cloudml_lib.rundir import (check_data_fingerprint, check_folder_kind, check_resume_config,
                                 clean_leftovers, find_resume_point, truncate_metrics)
 from cloudml_lib.runlock import RunLock
 from cloudml_lib.train.progress import RunInfo

@@ -23,9 +23,8 @@ from cloudml_lib.checkpoint import fault_point, unwrap_model
 from cloudml_lib.config import Config
 from cloudml_lib.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import json_safe
 from cloudml_lib.hardware import format_memory, memory_readings
-from cloudml_lib.outputs import append_text
+from cloudml_lib.outputs import append_text, json_safe
 from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, count_nonfinite_step, eager_after_compile_failure,
                                   halve_micro_batch, refuse_retry_across_processes, run_attempt, undo)
 from cloudml_lib.train.build import build_run

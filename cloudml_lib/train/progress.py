@@ -12,8 +12,7 @@ import torch
 
 from cloudml_lib.compile import CompileWatch
 from cloudml_lib.distributed import Dist
-from cloudml_lib.evaluate import json_safe
-from cloudml_lib.outputs import write_text
+from cloudml_lib.outputs import json_safe, write_text
 from cloudml_lib.provenance import write_run_provenance
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,76 @@
+"""The package's log: every module logs through `logging.getLogger(__name__)` under "cloudml_lib"; this
+module decides where those lines go: the console (without breaking a progress bar) and, for a run,
+RUN_DIR/train.log (a full disk said once, in words)."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+PACKAGE_LOGGER = "cloudml_lib"
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console lines that do not break a running progress bar."""
+
+    def emit(self, record):
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+    def handleError(self, record):
+        pass                          # the console is gone (a closed pipe): there is no one to tell
+
+
+class _RunLogFile(logging.FileHandler):
+    """train.log. A line that cannot be written (a full disk) is said once on screen, in words, instead
+    of logging's "--- Logging error ---" traceback at every line; the run goes on, and so does the log
+    on screen. Once writing works again (space freed), the file continues."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.failing, self._failed_now = False, False
+
+    def emit(self, record):
+        self._failed_now = False
+        super().emit(record)
+        if not self._failed_now:
+            self.failing = False
+
+    def handleError(self, record):
+        self._failed_now = True
+        if self.failing:
+            return
+        self.failing = True
+        e = sys.exc_info()[1]
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        print(f"warning: {self.baseFilename} cannot be written ({why}); the log continues on screen only. "
+              "Free space on that disk to keep the file complete.", file=sys.stderr, flush=True)
+
+
+def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
+    """The package logger prints to the console and, with a run directory, to train.log.
+
+    It does not propagate: Colab's root logger already has a handler, which would print twice.
+    `console` is the stream for screen lines (default stdout).
+    """
+    logger = logging.getLogger(PACKAGE_LOGGER)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
+        logger.removeHandler(h)
+        h.close()
+    screen = _TqdmHandler(console or sys.stdout)
+    screen.setFormatter(logging.Formatter("%(message)s"))
+    handlers = [screen]
+    if run_dir is not None:
+        file = _RunLogFile(Path(run_dir) / "train.log")
+        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        handlers.append(file)
+    for h in handlers:
+        h._cloudml = True
+        logger.addHandler(h)
+    return logger
