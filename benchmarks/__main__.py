@@ -1,7 +1,7 @@
 """Run every benchmark, then write benchmarks/RESULTS.md from benchmarks/results/*.json.
 
     pip install -r benchmarks/requirements.txt
-    python -m benchmarks                         # all of them (about 50 minutes on a 2-core CPU)
+    python -m benchmarks                         # all of them (about an hour on a 2-core CPU)
     python -m benchmarks --only trainers         # one or more, comma-separated
     python -m benchmarks --report-only           # RESULTS.md from the results already there
 
@@ -21,7 +21,8 @@ from benchmarks import describe
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHMARKS = ("data_path", "preprocess", "checkpoint", "trainers", "compile", "flip_rule", "cloud_head", "gpu")
+BENCHMARKS = ("data_path", "preprocess", "checkpoint", "trainers", "compile", "flip_rule", "cloud_head", "predict",
+              "gpu")
 
 
 def run(names: list[str]) -> None:
@@ -231,6 +232,31 @@ def preprocess_md(d: dict) -> list[str]:
     return lines
 
 
+def predict_md(d: dict) -> list[str]:
+    words = {"per_window": "each window through the network (previous release)", "per_frame": "each frame encoded "
+             "once (CloudML)", "per_frame_cl": "each frame encoded once, channels_last"}
+    lines = [f"Machine: {describe(d['machine'])}. Whole processes (start, reading, preprocessing by the worker "
+             "processes, the model), the paths alternated over rounds; T = 5; random (seeded) weights.", "",
+             "| device | model | frames | path | whole process, frames/s | x previous | prediction alone, frames/s "
+             "| x previous | a 12,000-frame flight | max difference |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for device in ("cpu", "cuda"):
+        for name, r in (d.get(device) or {}).items():
+            label = {"demo": "demo (16/32/64, 64 x 96)", "full": "preset B (64/128/256, 440 x 640)"}[name]
+            for path, words_ in words.items():
+                x = r[path]
+                lines.append(f"| {device} | {label} | {r['frames']} | {words_} | {x['whole_process_frames_per_s']:.2f} | "
+                             f"{x.get('whole_process_speedup', 1.0):.2f}x | {x['predict_frames_per_s']:.2f} | "
+                             f"{x.get('predict_speedup', 1.0):.2f}x | {x['flight_12000_min']:.1f} min | "
+                             f"{x['max_diff_km_vs_per_window']:.1e} km |")
+    cl = d.get("channels_last", {})
+    lines += ["", "channels_last, each frame encoded once, whole process over contiguous: " + "; ".join(
+        f"{dev} {c['speedup']:.2f}x ({'used' if c['use'] else 'not used'})" for dev, c in cl.items())
+        + ". The library follows this file: channels_last where it paid (at least 1.05x), on that kind of device.",
+        "" if "cuda" in d else "CUDA: not measured, no GPU where these results were made (channels_last stays off "
+        "there, and a 12,000-frame flight on a T4 is not measured)."]
+    return lines
+
+
 def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Path:
     sections = [("Data path: the cached loader against the research loader", "data_path", data_path_md),
                 ("Preprocessing on every core and the GPU: cache build and predict", "preprocess", preprocess_md),
@@ -238,7 +264,8 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
                 ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
                 ("torch.compile against eager", "compile", compile_md),
                 ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
-                ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md)]
+                ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
+                ("Whole flights: each frame encoded once against each window", "predict", predict_md)]
     lines = ["# Benchmark results", "",
              "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
              "Ratios are measured side by side in one run; no number here is typed by hand.", ""]

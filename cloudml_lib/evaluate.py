@@ -26,6 +26,7 @@ from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.hardware import choose_device, choose_precision
+from cloudml_lib.inference import dataset_outputs, prepare_model
 from cloudml_lib.model import build_model
 from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.provenance import trained_backend
@@ -49,26 +50,38 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
             "n": n}
 
 
-@torch.no_grad()
 def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int, autocast=nullcontext,
-            indices: np.ndarray | None = None, num_workers: int = 0, forward=None) -> tuple[np.ndarray, np.ndarray]:
-    """Model outputs ((N,) standardised height, or (N, 2) with the cloud logit) and standardised targets for
-    `indices` of `dataset` (all by default), in order.
+            indices: np.ndarray | None = None, num_workers: int = 0, forward=None,
+            features: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Model outputs ((N,) standardised height, or (N, 2) with the cloud logit; with `features`, the head's input
+    (N, C + 3)) and standardised targets for `indices` of `dataset` (all by default), in order.
 
-    `model` is the module (put in eval mode meanwhile); `forward` what computes (e.g. its compiled form).
+    `model` is the module (put in eval mode meanwhile). Each distinct frame of the windows is encoded once
+    (inference.py), `batch_size` windows' worth of frames at a time. A dataset with augmentation (whose windows
+    differ from their frames) goes window by window through `forward` (e.g. its compiled form).
     """
-    forward = forward or model
     was_training = model.training
     model.eval()
-    subset = dataset if indices is None else Subset(dataset, indices.tolist())
-    loader = DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    try:
+        indices = np.arange(len(dataset)) if indices is None else np.asarray(indices, np.int64)
+        if not dataset.augment:
+            return dataset_outputs(model, dataset, indices, device, batch_size, autocast, features)
+        return _window_by_window(forward or (model.features if features else model), dataset, device, batch_size,
+                                 autocast, indices, num_workers)
+    finally:
+        model.train(was_training)
+
+
+@torch.inference_mode()
+def _window_by_window(forward, dataset, device, batch_size, autocast, indices, num_workers):
+    loader = DataLoader(Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False,
+                        num_workers=num_workers)
     preds, targets = [], []
     for batch in loader:
         with autocast():
             out = forward(batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True))
         preds.append(out.float().cpu())
         targets.append(batch["target"])
-    model.train(was_training)
     if not preds:
         return np.zeros(0), np.zeros(0)
     return torch.cat(preds).numpy().astype(np.float64), torch.cat(targets).numpy().astype(np.float64)
@@ -228,6 +241,7 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
                            f"{run_dir} again to rewrite it from the checkpoints.") from None
     device = choose_device(cfg.train.device)
     model.to(device).eval()
+    prepare_model(model, device)
     dtype = choose_precision(device).dtype
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
     return RunModel(model, cfg, ckpt, device, autocast)

@@ -3,9 +3,13 @@
 The network only: no device, AMP or compile code (train/build.py applies those from outside).
 
     frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
-    angles (B, 2) --> FiLM: gamma, beta (B, C) modulate every frame's features
+    angles (B, 3) --> FiLM: gamma, beta (B, C) modulate every frame's features
     softmax attention over the T frames -> (B, C) -> MLP head -> (B,) standardised height
                                                                  or (B, 2): height and cloud logit
+
+In eval mode a frame's encoding does not depend on its neighbours, so consecutive windows (a whole
+flight, one window per frame) need each frame encoded once: `encode_frames` then `forward_encoded`
+give the numbers of `forward` (inference.py does this). Training keeps the per-window path.
 
 The cloud logit (`cloud_head`):
 - "probe": a linear layer on the head's input (pooled features and angles), not trained with the
@@ -148,7 +152,16 @@ class MultimodalRegressionModel(nn.Module):
                           context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)))
 
     def forward(self, frames, scalars):                                     # (B, T, H, W), (B, 3)
-        features = self.features(frames, scalars)
+        return self.output(self.features(frames, scalars))
+
+    def forward_encoded(self, frame_features, scalars):                     # (B, T, C), (B, 3)
+        """forward from frames already encoded one by one (encode_frames): the same numbers as forward on
+        their frames in eval mode, where a frame's encoding does not depend on the other frames in its batch
+        (BatchNorm uses its running statistics). Sliding windows share frames: each is encoded once."""
+        return self.output(self.pool_frames(frame_features, scalars))
+
+    def output(self, features):                                             # (B, C + 3)
+        """The head on `features`: (B,) standardised height, or (B, 2) with the cloud logit."""
         out = self.head(features)                                           # (B, 1) or (B, 2)
         if self.cloud_head == "joint":
             return out
@@ -156,17 +169,33 @@ class MultimodalRegressionModel(nn.Module):
             return torch.cat([out, self.cloud(features.detach())], dim=1)   # (B, 2)
         return out.reshape(-1)                                              # (B,)
 
+    @property
+    def feature_width(self) -> int:
+        """C, the width of one frame's encoding."""
+        return self.temporal[0].in_features
+
+    def encode_frames(self, frames):                                        # (N, H, W)
+        """Each frame's encoding, (N, C): the frame encoder alone (zeros for a scalars-only model)."""
+        if self.scalars_only:
+            return torch.zeros(frames.shape[0], self.feature_width, device=frames.device, dtype=frames.dtype)
+        return self._encode(frames)
+
     def features(self, frames, scalars):                                    # (B, T, H, W), (B, 3)
         """The head's input: the frames' pooled features and the angles, (B, C + 3)."""
         b, t = frames.shape[:2]
         if self.scalars_only:
-            feats = torch.zeros(b, t, self.temporal[0].in_features, device=frames.device, dtype=scalars.dtype)
+            feats = torch.zeros(b, t, self.feature_width, device=frames.device, dtype=scalars.dtype)
         else:
             # One CNN pass per frame, checkpointed or not, so BatchNorm sees the same batches
             # (and updates its running statistics the same T times) either way.
             encode = (self._encode_checkpointed if self.grad_checkpointing and self.training
                       and torch.is_grad_enabled() else self._encode)
             feats = torch.stack([encode(frames[:, i]) for i in range(t)], dim=1)      # (B, T, C)
+        return self.pool_frames(feats, scalars)
+
+    def pool_frames(self, feats, scalars):                                  # (B, T, C), (B, 3)
+        """The angles' FiLM on each frame's features, attention over the T frames, pooled; with the angles
+        appended: the head's input (B, C + 3)."""
         gamma, beta = self.film(scalars).chunk(2, dim=-1)                   # (B, C) each
         feats = feats * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
         weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)    # (B, T)

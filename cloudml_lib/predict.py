@@ -4,7 +4,9 @@
 (T frames centred on it, shifted inside the flight at its ends) and a usable time. Frames are
 streamed from the IR file in blocks and preprocessed exactly as for training (then rounded to
 float16, as the cache stores them) by worker processes (data/preprocess.py) that prepare the next
-blocks while the network runs, so host memory stays flat whatever the flight's length. A
+blocks while the network runs. Each frame is encoded once, not once for each of the T windows it
+sits in (inference.py: the same numbers, T times less encoder work), and only its encoding (C
+numbers) is kept, so host memory stays flat whatever the flight's length. A
 flight needs only its IR file: the nav file gives position and sun angles (filled with the training
 mean where absent), the CPL file the lidar label where one exists.
 
@@ -27,7 +29,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
-import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
@@ -40,14 +41,14 @@ from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, FrameSpec, resolve_backend, resolve_workers
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
-from cloudml_lib.model import split_output
+from cloudml_lib.inference import FrameEncoder, windows_forward
 from cloudml_lib.outputs import atomic_path, write_text
 from cloudml_lib.provenance import input_files, trained_backend
 from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
 
-BLOCK = 256          # frames preprocessed and predicted at a time
+BLOCK = 256          # frames preprocessed at a time (the pool prepares the next blocks while these are encoded)
 
 
 def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
@@ -82,48 +83,46 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
                    autocast=nullcontext, backend: Backend = SKIMAGE, pool: FramePool | None = None) -> dict:
     """Predicted CBH (km) for every frame with a usable time; arrays over those frames.
 
-    Frames come preprocessed from `pool` (worker processes; default none: this process), which prepares the
-    next blocks while the current one runs through the model. The data checks of training apply: a blank
-    frame (no finite pixel, or no contrast) gets no height (NaN), non-finite pixels are filled with the
-    frame's median; both are counted in `counts`."""
+    Every frame is encoded once (inference.py), `batch_size` frames at a time, as its block arrives from
+    `pool` (worker processes; default none: this process), which prepares the next blocks meanwhile; then
+    each frame's window (T frames centred on it, shifted inside the flight at its ends) goes through the head.
+    Host memory holds one block of frames and C numbers per frame. The data checks of training apply: a
+    blank frame (no finite pixel, or no contrast) gets no height (NaN), non-finite pixels are filled with
+    the frame's median; both are counted in `counts`."""
     inputs = _flight_inputs(flight, data)
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
         raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
     scalars = scalar_inputs(inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers)
-    pred, prob, blank, filled = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), 0
-    half = t // 2
+    blank, filled = np.zeros(n, bool), 0
+    encodings = np.empty((n, model.feature_width), np.float32)                # (n, C): small, whatever n is
     pool = pool or FramePool(0)
     stream = pool.blocks(Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name, np.arange(n),
                          FrameSpec.of(data), backend, ahead=BLOCK)
-    buf, buf_lo = None, 0                                     # preprocessed frames buf_lo, buf_lo + 1, ...
+    encode = FrameEncoder(model, device, batch_size, autocast)
     bar = tqdm(total=n, desc=f"predict {flight.name}", unit="frame")
+    index, frames = np.zeros(0, np.int64), None                  # frames received, not encoded yet (< one batch)
     try:
-        for start in range(0, n, BLOCK):
-            stop = min(n, start + BLOCK)
-            lo, hi = max(0, min(start - half, n - t)), min(n, max(stop + half, t))     # frames the windows need
-            while buf is None or buf_lo + len(buf) < hi:
-                block = next(stream)
-                blank[block.index], filled = block.blank, filled + int(block.filled.sum())
-                if buf is None:
-                    buf = block.frames
-                else:                                       # lo never decreases: frames before it are done
-                    buf, buf_lo = np.concatenate([buf[lo - buf_lo:], block.frames]), lo
-            frames = buf[lo - buf_lo:hi - buf_lo].astype(np.float32)
-            first = np.clip(np.arange(start, stop) - half, 0, n - t)                    # shift policy at the ends
-            windows = frames[(first - lo)[:, None] + np.arange(t)[None, :]]            # (B, T, H, W)
-            with torch.no_grad(), autocast():
-                for i in range(0, len(windows), batch_size):
-                    x = torch.from_numpy(windows[i:i + batch_size]).to(device)
-                    s = torch.from_numpy(scalars[start + i:start + i + len(x)].astype(np.float32)).to(device)
-                    height, logit = split_output(model(x, s).float())
-                    pred[start + i:start + i + len(x)] = height.cpu().numpy()
-                    if logit is not None:
-                        prob[start + i:start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()
-            bar.update(stop - start)
+        done = 0
+        while done < n:
+            block = next(stream)
+            blank[block.index], filled = block.blank, filled + int(block.filled.sum())
+            index = np.concatenate([index, block.index])
+            frames = block.frames if frames is None else np.concatenate([frames, block.frames])
+            done += len(block.index)
+            ready = len(index) if done >= n else len(index) // encode.batch * encode.batch      # whole batches
+            if ready:
+                encodings[index[:ready]] = encode(frames[:ready])
+                index, frames = index[ready:], frames[ready:]
+                bar.update(ready)
     finally:
         bar.close()
         stream.close()
+    first = np.clip(np.arange(n) - t // 2, 0, n - t)                             # shift policy at the ends
+    out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
+    height, logit = (out[:, 0], out[:, 1]) if out.ndim == 2 else (out, None)
+    pred = height.astype(np.float64)
+    prob = np.full(n, np.nan) if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
     pred[blank] = prob[blank] = np.nan                     # no image, no answer (as training drops such labels)
     keep = np.isfinite(inputs["t"])
     counts = {"frames": int(n), "no_time": int((~keep).sum()), "blank": int((blank & keep).sum()),

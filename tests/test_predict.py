@@ -88,8 +88,8 @@ def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(run, tmp_
 
 
 def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run, tmp_path, monkeypatch):
-    """Serial (0 workers) and 2 worker processes: identical files; while the model runs on a block, the
-    workers have already been given the frames of the next one."""
+    """Serial (0 workers) and 2 worker processes: identical files; while the model encodes a block's frames,
+    the workers have already been given the frames beyond it."""
     run_dir, _, entries = run
     monkeypatch.setattr(pr, "BLOCK", 64)
     monkeypatch.setattr(pr, "resolve_workers", lambda setting: 0)
@@ -104,11 +104,13 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run
     real_predict = pr.predict_flight
 
     def watched(model, *args, **kwargs):
-        def forward(x, s):
-            ahead.append(pools[-1].submitted)
-            return model(x, s)
-        forward.cloud_output = getattr(model, "cloud_output", False)
-        return real_predict(forward, *args, **kwargs)
+        real_encode = model.encode_frames
+
+        def encode(frames):
+            ahead.append((len(frames), pools[-1].submitted))
+            return real_encode(frames)
+        monkeypatch.setattr(model, "encode_frames", encode)
+        return real_predict(model, *args, **kwargs)
 
     monkeypatch.setattr(pr, "FramePool", pool)
     monkeypatch.setattr(pr, "predict_flight", watched)
@@ -117,8 +119,10 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run
         for name in ("cloud_base_height", "cloud_probability", "cloud_base_height_upper"):
             np.testing.assert_array_equal(a[name][:], b[name][:])
     assert pools[-1].workers == 2 and not pools[-1]._procs                 # used, then stopped
-    # the first model batch (frames 0-63, windows to 65) runs while frames beyond the next block are queued
-    assert ahead[0] >= 64 + 64 + 2, ahead
+    # the first frames are encoded while the next block (BLOCK frames) and more are already queued
+    encoded, queued = ahead[0]
+    assert queued >= encoded + 64, ahead
+    assert sum(n for n, _ in ahead) == 240                                # each frame encoded once
 
 
 def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(run, tmp_path):

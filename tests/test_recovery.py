@@ -84,7 +84,13 @@ def test_oom_at_one_sample_stops_with_advice(tiny_config, tmp_path):
 def test_oom_during_validation_halves_the_evaluation_batch(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     plain_loss, plain_metrics, plain_pred = trainer.validate()
-    trainer.forward = oom_above(3)(trainer.forward)
+    encode = trainer.model.encode_frames                               # validation encodes frames, not windows
+
+    def small_gpu(frames):
+        if len(frames) > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected above 3 frames)")
+        return encode(frames)
+    trainer.model.encode_frames = small_gpu
     loss, metrics, pred = trainer.validate()
     trainer.close()
     assert trainer.state["eval_batch_size"] == 2                      # 16 -> 8 -> 4 -> 2

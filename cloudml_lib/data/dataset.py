@@ -162,6 +162,20 @@ class CloudDataset(Dataset):
         c = self.caches[self.flight_of[i]]
         return c.name, int(c.frame_index[self.local[i]])
 
+    def inputs(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(angles (N, 3), standardised targets (N,), 0 where a sample has no height) of samples `indices`, as
+        __getitem__ gives them without augmentation, but without reading their frames."""
+        indices = np.asarray(indices, np.int64)
+        s = self.scalers
+        scalars, targets = np.zeros((len(indices), 3), np.float32), np.zeros(len(indices), np.float32)
+        for k, c in enumerate(self.caches):
+            mine = self.flight_of[indices] == k
+            j = self.local[indices[mine]]
+            scalars[mine] = scalar_inputs(c.sza_deg[j], self.azimuth[k][j], s)
+            height = c.cbh_km[j].astype(np.float64)
+            targets[mine] = np.where(np.isfinite(height), (height - s.cbh_mean) / s.cbh_std, 0.0)
+        return scalars, targets
+
     def __getitem__(self, i: int) -> dict:
         k, j, s = self.flight_of[i], self.local[i], self.scalers
         c = self.caches[k]

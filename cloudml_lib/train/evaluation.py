@@ -59,10 +59,10 @@ def run_model(tr, dataset, indices: np.ndarray, features: bool = False) -> tuple
         # With several processes, the plain module: DDP's forward (compiled or not) would wait for
         # matching calls in the others, whose parts may hold one batch more or less.
         forward = unwrap_model(tr.model).features if features else tr.model if tr.dist.active else tr.forward
-        compiled = not features and (tr.compile.report.active or forward is not tr.model)
+        compiled = tr.compile.report.active or (not features and forward is not tr.model)
         result, failure = run_attempt(lambda: predict(
-            tr.model, dataset, tr.device, tr.state["eval_batch_size"], tr.autocast, mine,
-            tr.num_workers, forward=forward), compiled)
+            unwrap_model(tr.model), dataset, tr.device, tr.state["eval_batch_size"], tr.autocast, mine,
+            tr.num_workers, forward=forward, features=features), compiled)
         if failure is None:
             return tuple(np.concatenate(p) for p in zip(*tr.dist.gather(result)))
         release_memory(tr.device)
