@@ -106,13 +106,13 @@ def child(model_name: str, path: str, frames: int, device_name: str, out: Path) 
     from cloudml_lib.hardware import choose_precision
     from cloudml_lib.inference import prepare_model
     from cloudml_lib.model import build_model
-    from cloudml_lib.predict import predict_flight, resolve_flights
+    from cloudml_lib.predict import flights_to_predict, predict_flight
     from cloudml_lib.resources import config_file
 
     folder = flight_dir(model_name, frames)
     cfg = load_config(config_file(MODELS[model_name][0]), [f"data.dir={folder}", "data.flights=[]"])
     name = sorted(p.name for p in folder.iterdir() if p.is_dir())[0]
-    flight = resolve_flights(cfg, [name])[name]
+    flight = flights_to_predict(cfg, [name])[name]
     device = torch.device(device_name)
     torch.manual_seed(0)
     model = build_model(cfg).to(device).eval()

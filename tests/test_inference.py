@@ -22,7 +22,7 @@ from cloudml_lib.data.flights import prepare_flights
 from cloudml_lib.data.preprocess import SKIMAGE, FramePool
 from cloudml_lib.data.synthetic import make_demo_flights
 from cloudml_lib.model import MultimodalRegressionModel
-from cloudml_lib.predict import predict_flight, resolve_flights
+from cloudml_lib.predict import flights_to_predict, predict_flight
 from conftest import tiny_raw
 
 CPU = torch.device("cpu")
@@ -43,7 +43,7 @@ def model_with_cloud(channels, head: str, seed: int = 0) -> MultimodalRegression
 
 
 def both_paths(model, cfg, name: str, batch: int = 8):
-    flight = resolve_flights(cfg, [name])[name]
+    flight = flights_to_predict(cfg, [name])[name]
     with FramePool(0) as pool:
         ref_h, ref_p = predict_per_window(model, flight, cfg.data, SCALERS, CPU, batch, torch.no_grad, SKIMAGE, pool)
         new = predict_flight(model, flight, cfg.data, SCALERS, CPU, batch, backend=SKIMAGE, pool=pool)
