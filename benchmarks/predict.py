@@ -48,7 +48,6 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
 
     from cloudml_lib.data.dataset import model_azimuth, scalar_inputs
     from cloudml_lib.data.preprocess import FrameSpec
-    from cloudml_lib.model import split_output
     from cloudml_lib.predict import BLOCK, _flight_inputs
 
     inputs = _flight_inputs(flight, data)
@@ -75,7 +74,7 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
                 for i in range(0, len(windows), batch_size):
                     x = torch.from_numpy(windows[i:i + batch_size]).to(device)
                     s = torch.from_numpy(scalars[start + i:start + i + len(x)].astype(np.float32)).to(device)
-                    height, logit = split_output(model(x, s).float())
+                    height, logit = model(x, s).float()
                     pred[start + i:start + i + len(x)] = height.cpu().numpy()
                     if logit is not None:
                         prob[start + i:start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()

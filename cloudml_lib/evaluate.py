@@ -26,7 +26,7 @@ from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.hardware import choose_device, choose_precision
-from cloudml_lib.inference import dataset_outputs, prepare_model
+from cloudml_lib.inference import concat, dataset_outputs, prepare_model, to_numpy
 from cloudml_lib.model import build_model
 from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.provenance import trained_backend
@@ -52,9 +52,10 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
 
 def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int, autocast=nullcontext,
             indices: np.ndarray | None = None, num_workers: int = 0, forward=None,
-            features: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Model outputs ((N,) standardised height, or (N, 2) with the cloud logit; with `features`, the head's input
-    (N, C + 3)) and standardised targets for `indices` of `dataset` (all by default), in order.
+            features: bool = False) -> tuple[dict | np.ndarray, np.ndarray]:
+    """Model outputs by name (inference.to_numpy: standardised `height`, `cloud_logit` or None; with `features`,
+    the head's input, an (N, C + 3) array) and standardised targets for `indices` of `dataset` (all by
+    default), in order.
 
     `model` is the module (put in eval mode meanwhile). Each distinct frame of the windows is encoded once
     (inference.py), `batch_size` windows' worth of frames at a time. A dataset with augmentation (whose windows
@@ -80,11 +81,12 @@ def _window_by_window(forward, dataset, device, batch_size, autocast, indices, n
     for batch in loader:
         with autocast():
             out = forward(batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True))
-        preds.append(out.float().cpu())
-        targets.append(batch["target"])
-    if not preds:
-        return np.zeros(0), np.zeros(0)
-    return torch.cat(preds).numpy().astype(np.float64), torch.cat(targets).numpy().astype(np.float64)
+        preds.append(out.float().cpu().numpy() if isinstance(out, torch.Tensor) else to_numpy(out))
+        targets.append(batch["target"].numpy())
+    target = np.concatenate(targets).astype(np.float64) if targets else np.zeros(0)
+    if preds and isinstance(preds[0], np.ndarray):                          # features
+        return np.concatenate(preds).astype(np.float64), target
+    return {k: None if v is None else v.astype(np.float64) for k, v in concat(preds).items()}, target
 
 
 @dataclass
@@ -94,10 +96,11 @@ class Scored:
     cloud_prob: np.ndarray | None      # (N,) cloud probability; None: the model has no cloud output
 
     @classmethod
-    def from_outputs(cls, out: np.ndarray, scalers: Scalers) -> "Scored":
-        height, logit = (out[:, 0], out[:, 1]) if out.ndim == 2 else (out, None)
+    def from_outputs(cls, out: dict, scalers: Scalers) -> "Scored":
+        """From the model's outputs by name (predict)."""
+        logit = out["cloud_logit"]
         prob = None if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))
-        return cls(height * scalers.cbh_std + scalers.cbh_mean, prob)
+        return cls(out["height"] * scalers.cbh_std + scalers.cbh_mean, prob)
 
 
 def build_report(dataset: CloudDataset, scored: Scored, train_mean_km: float, best_epoch: int, train_set=None,

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from cloudml_lib.errors import CloudMLError
+from cloudml_lib.model import Outputs
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +69,22 @@ class FrameEncoder:
                             "numbers do not change)", self.batch)
 
 
+def to_numpy(out: Outputs) -> dict:
+    """A batch's Outputs as float32 arrays by name (None where the model has no such output)."""
+    return {k: None if v is None else v.float().cpu().numpy() for k, v in out._asdict().items()}
+
+
+def concat(parts: list[dict]) -> dict:
+    """Outputs of consecutive batches (to_numpy's dicts) as one dict of arrays; an empty list: zero rows."""
+    if not parts:
+        return {k: np.zeros(0, np.float32) for k in Outputs._fields}
+    return {k: None if parts[0][k] is None else np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
 def windows_forward(model, encodings: np.ndarray, rows: np.ndarray, scalars: np.ndarray, device: torch.device,
-                    autocast=nullcontext, features: bool = False) -> np.ndarray:
-    """The model's outputs ((N,) or (N, 2); with `features`, the head's input (N, C + 3)) for N windows whose
-    frames are rows (N, T) of `encodings`, with their angles `scalars` (N, 3)."""
+                    autocast=nullcontext, features: bool = False) -> dict | np.ndarray:
+    """The model's outputs by name (to_numpy; with `features`, the head's input, an (N, C + 3) array) for N
+    windows whose frames are rows (N, T) of `encodings`, with their angles `scalars` (N, 3)."""
     outs = []
     with torch.inference_mode():
         for i in range(0, len(rows), HEAD_BATCH):
@@ -79,20 +92,20 @@ def windows_forward(model, encodings: np.ndarray, rows: np.ndarray, scalars: np.
             s = torch.from_numpy(np.ascontiguousarray(scalars[i:i + HEAD_BATCH], np.float32)).to(device)
             with autocast():
                 pooled = model.pool_frames(feats, s)
-                out = pooled if features else model.output(pooled)
-            outs.append(out.float().cpu().numpy())
-    if not outs:
-        return np.zeros((0, model.feature_width + 3) if features else 0, np.float32)
-    return np.concatenate(outs)
+                outs.append(pooled.float().cpu().numpy() if features else to_numpy(model.output(pooled)))
+    if features:
+        return np.concatenate(outs) if outs else np.zeros((0, model.feature_width + 3), np.float32)
+    return concat(outs)
 
 
 def dataset_outputs(model, dataset, indices: np.ndarray, device: torch.device, window_batch: int,
-                    autocast=nullcontext, features: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(outputs, standardised targets) for samples `indices` of a CloudDataset without augmentation, in order:
-    the frames of their windows read from the cache and encoded once per flight."""
+                    autocast=nullcontext, features: bool = False) -> tuple[dict | np.ndarray, np.ndarray]:
+    """(outputs by name, or with `features` the head's input; standardised targets) for samples `indices` of a
+    CloudDataset without augmentation, in order: the frames of their windows read from the cache and encoded
+    once per flight."""
     indices = np.asarray(indices, np.int64)
     scalars, targets = dataset.inputs(indices)
-    out = None
+    parts = {}
     for k, cache in enumerate(dataset.caches):
         mine = np.flatnonzero(dataset.flight_of[indices] == k)
         if not len(mine):
@@ -104,14 +117,14 @@ def dataset_outputs(model, dataset, indices: np.ndarray, device: torch.device, w
         for i in range(0, len(needed), batch):                             # a batch of frames in memory at a time
             encodings[i:i + batch] = encode_frames(model, cache.frames.read(needed[i:i + batch]), device, batch,
                                                    autocast)
-        result = windows_forward(model, encodings, rows.reshape(windows.shape), scalars[mine], device, autocast,
-                                 features)
-        if out is None:
-            out = np.zeros((len(indices),) + result.shape[1:], np.float32)
-        out[mine] = result
-    if out is None:
-        return np.zeros(0), np.zeros(0)
-    return out.astype(np.float64), targets.astype(np.float64)
+        parts[k] = (mine, windows_forward(model, encodings, rows.reshape(windows.shape), scalars[mine], device,
+                                          autocast, features))
+    order = np.argsort(np.concatenate([m for m, _ in parts.values()] or [np.zeros(0, np.int64)]), kind="stable")
+    if features:
+        out = np.concatenate([r for _, r in parts.values()]) if parts else np.zeros((0, model.feature_width + 3))
+        return out[order].astype(np.float64), targets.astype(np.float64)
+    out = concat([r for _, r in parts.values()])
+    return {k: None if v is None else v[order].astype(np.float64) for k, v in out.items()}, targets.astype(np.float64)
 
 
 def prepare_model(model, device: torch.device, channels_last: bool | None = None) -> bool:

@@ -79,7 +79,7 @@ def measure_batch_size(model: torch.nn.Module, autocast, device: torch.device, f
         x = torch.randn(b, frames, h, w, device=device, generator=gen)             # (b, T, H, W)
         scalars = torch.randn(b, probe_model.film[0].in_features, device=device, generator=gen)   # (b, 3)
         with autocast():
-            loss = probe_model(x, scalars).float().pow(2).mean()
+            loss = probe_model(x, scalars).height.float().pow(2).mean()
         loss.backward()
         probe_opt.step()
         probe_opt.zero_grad(set_to_none=True)

@@ -4,8 +4,7 @@ The network only: no device, AMP or compile code (train/build.py applies those f
 
     frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
     angles (B, 3) --> FiLM: gamma, beta (B, C) modulate every frame's features
-    softmax attention over the T frames -> (B, C) -> MLP head -> (B,) standardised height
-                                                                 or (B, 2): height and cloud logit
+    softmax attention over the T frames -> (B, C) -> MLP head -> Outputs(height, cloud_logit)
 
 In eval mode a frame's encoding does not depend on its neighbours, so consecutive windows (a whole
 flight, one window per frame) need each frame encoded once: `encode_frames` then `forward_encoded`
@@ -19,17 +18,28 @@ The cloud logit (`cloud_head`):
 - "joint": the MLP head's second output, trained with the height (train/loss.py).
 - "none": no cloud output.
 
-`split_output` turns either form into (height, cloud logit or None).
+The model answers `Outputs`, named fields of shape (B,): `height` (standardised) and `cloud_logit` (None
+without a cloud output), whatever the cloud head; a new output is one more field there.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cloudml_lib.config import CLOUD_HEADS
+
+
+class Outputs(NamedTuple):
+    """What the model answers for each of B windows."""
+    height: torch.Tensor                      # (B,) standardised cloud base height
+    cloud_logit: torch.Tensor | None          # (B,) logit of a cloud below the aircraft; None: no cloud output
+
+    def float(self) -> "Outputs":
+        return Outputs(*(None if t is None else t.float() for t in self))
 
 
 class ConvBlock(nn.Module):
@@ -128,7 +138,7 @@ class MultimodalRegressionModel(nn.Module):
             self._sync_cloud_output()
 
     def set_cloud_probe(self, weight: torch.Tensor, bias: float) -> None:
-        """Put a fitted probe (weights over `features`, bias) in place; the model then answers (B, 2)."""
+        """Put a fitted probe (weights over `features`, bias) in place; the model then answers a cloud logit too."""
         with torch.no_grad():
             self.cloud.weight.copy_(weight.reshape(self.cloud.weight.shape))
             self.cloud.bias.fill_(float(bias))
@@ -160,14 +170,14 @@ class MultimodalRegressionModel(nn.Module):
         (BatchNorm uses its running statistics). Sliding windows share frames: each is encoded once."""
         return self.output(self.pool_frames(frame_features, scalars))
 
-    def output(self, features):                                             # (B, C + 3)
-        """The head on `features`: (B,) standardised height, or (B, 2) with the cloud logit."""
+    def output(self, features) -> Outputs:                                  # (B, C + 3)
+        """The head on `features`: the standardised height and, with a cloud output, the cloud logit."""
         out = self.head(features)                                           # (B, 1) or (B, 2)
         if self.cloud_head == "joint":
-            return out
+            return Outputs(out[:, 0], out[:, 1])
         if self.cloud_output:                                               # a fitted probe
-            return torch.cat([out, self.cloud(features.detach())], dim=1)   # (B, 2)
-        return out.reshape(-1)                                              # (B,)
+            return Outputs(out[:, 0], self.cloud(features.detach())[:, 0])
+        return Outputs(out[:, 0], None)
 
     @property
     def feature_width(self) -> int:
@@ -201,11 +211,6 @@ class MultimodalRegressionModel(nn.Module):
         weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)    # (B, T)
         pooled = (weights.unsqueeze(-1) * feats).sum(dim=1)                 # (B, C)
         return torch.cat([pooled, scalars], dim=-1)
-
-
-def split_output(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(standardised height (B,), cloud logit (B,) or None) from a model output of either form."""
-    return (out[:, 0], out[:, 1]) if out.ndim == 2 else (out, None)
 
 
 @contextmanager

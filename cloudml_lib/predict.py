@@ -32,7 +32,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from cloudml_lib import intervals, plots
+from cloudml_lib import intervals, plots, products
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_root
@@ -120,8 +120,8 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
         stream.close()
     first = np.clip(np.arange(n) - t // 2, 0, n - t)                             # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
-    height, logit = (out[:, 0], out[:, 1]) if out.ndim == 2 else (out, None)
-    pred = height.astype(np.float64)
+    logit = out["cloud_logit"]
+    pred = out["height"].astype(np.float64)
     prob = np.full(n, np.nan) if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
     pred[blank] = prob[blank] = np.nan                     # no image, no answer (as training drops such labels)
     keep = np.isfinite(inputs["t"])
@@ -167,15 +167,10 @@ def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None
                                                (result["label"][has] <= result["upper"][has])).mean()) if has.any() else None
 
 
-FILL = -9999.0       # CF _FillValue of the float variables
-
-
 def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
-    """The NetCDF-4 file (CF-1.8), written with xarray's h5netcdf engine (both preinstalled on Colab) under a
-    temporary name and renamed when complete (atomic_path): a full disk leaves no half file, and its error
-    names the file. Missing values are NaN in `result`; the file stores them as each variable's _FillValue."""
-    import xarray as xr
-
+    """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both preinstalled
+    on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves no half file,
+    and its error names the file."""
     counts, cal = result["counts"], result.get("calibration")
     record = result.get("provenance") or {}
     attrs = {
@@ -195,72 +190,16 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         "training_data_provenance": json.dumps(record.get("trained_on")),
         "preprocessing": json.dumps(record.get("preprocess")),        # the CLAHE backend, its device, workers
     }
-    coverage = f"{cal['coverage']:.0%}" if cal else "no"
-    height = {"units": "km"}
-    spec = [("cloud_probability", "cloud_probability", "f4",
-             {"long_name": "probability of a cloud layer below the aircraft", "units": "1", "valid_range":
-              np.array([0.0, 1.0], np.float32)}),
-            ("cloud_flag", "cloud_flag", "i1", {"long_name": "cloud below the aircraft (cloud_probability >= "
-                                                "cloud_threshold)", "flag_values": np.array([0, 1], np.int8),
-                                                "flag_meanings": "clear_sky cloud"}),
-            ("cloud_base_height", "cbh_km", "f4", {"long_name": "predicted cloud base height above sea level "
-                                                   "(missing over clear sky and where the frame is blank)",
-                                                   "ancillary_variables": "cloud_base_height_lower "
-                                                   "cloud_base_height_upper cloud_flag", **height}),
-            ("cloud_base_height_lower", "lower", "f4", {"long_name": f"lower bound of the {coverage} prediction "
-                                                        "interval of cloud_base_height", **height}),
-            ("cloud_base_height_upper", "upper", "f4", {"long_name": f"upper bound of the {coverage} prediction "
-                                                        "interval of cloud_base_height", **height}),
-            ("cpl_cloud_base_height", "label", "f4", {"long_name": "CPL lidar cloud base height (label) where "
-                                                      "one was matched to the frame", "units": "km"}),
-            ("cpl_cloud_flag", "cpl_cloud", "i1", {"long_name": "CPL lidar: a layer in the profile matched to the "
-                                                   "frame (Number_Layers > 0)", "flag_values": np.array([0, 1], np.int8),
-                                                   "flag_meanings": "clear_sky cloud"}),
-            ("frame_index", "frame_index", "i4", {"long_name": "frame index in the IR file"})]
-    time = {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00", "calendar": "standard", "axis": "T"}
-    # lat and lon are coordinates: xarray writes "coordinates: lat lon" on every variable along the flight
-    coords = {"time": ("time", np.asarray(result["t"], np.float64), time),
-              "lat": ("time", np.asarray(result["lat"], np.float64), {"standard_name": "latitude",
-                                                                      "units": "degrees_north"}),
-              "lon": ("time", np.asarray(result["lon"], np.float64), {"standard_name": "longitude",
-                                                                      "units": "degrees_east"})}
-    encoding = {"time": {"dtype": "f8", "_FillValue": None}, "lat": {"dtype": "f8", "_FillValue": FILL},
-                "lon": {"dtype": "f8", "_FillValue": FILL}}
-    variables = {}
-    for name, key, dtype, var_attrs in spec:
-        values = result.get(key)
-        if values is None:                           # a model without a cloud output: no cloud variables
-            continue
-        values = np.asarray(values, np.float64)
-        if name == "frame_index":                    # never missing
-            variables[name] = ("time", values.astype(dtype), var_attrs)
-            encoding[name] = {"dtype": dtype, "_FillValue": None}
-            continue
-        missing = ~np.isfinite(values) | ((values < 0) if dtype == "i1" else False)
-        variables[name] = ("time", np.where(missing, np.nan, values), var_attrs)
-        encoding[name] = {"dtype": dtype, "_FillValue": FILL if dtype.startswith("f") else -1, "zlib": True}
-    ds = xr.Dataset(variables, coords=coords, attrs=attrs)
+    ds, encoding = products.netcdf_dataset(result, attrs, f"{cal['coverage']:.0%}" if cal else "no")
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
 
 
 def write_csv(path: Path, result: dict) -> None:
-    cols = [("cloud_probability", "cloud_probability"), ("cloud_flag", "cloud_flag"), ("cbh_km", "cbh_km"),
-            ("cbh_lower_km", "lower"), ("cbh_upper_km", "upper"), ("cpl_cbh_km", "label"), ("cpl_cloud", "cpl_cloud")]
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["time_utc_s", "frame_index", "lat", "lon"] + [c for c, _ in cols])
-        n = len(result["t"])
-        values = [np.asarray(result[k], np.float64) if result.get(k) is not None else np.full(n, np.nan)
-                  for _, k in cols]
-        for i in range(n):
-            cells = [f"{result['lat'][i]:.4f}" if np.isfinite(result["lat"][i]) else "",
-                     f"{result['lon'][i]:.4f}" if np.isfinite(result["lon"][i]) else ""]
-            for (name, _), v in zip(cols, values):
-                x = v[i]
-                cells.append("" if not np.isfinite(x) or (name in ("cloud_flag", "cpl_cloud") and x < 0) else
-                             f"{x:.0f}" if name in ("cloud_flag", "cpl_cloud") else f"{x:.4f}")
-            w.writerow([f"{result['t'][i]:.2f}", result["frame_index"][i]] + cells)
+        w.writerow(products.csv_header())
+        w.writerows(products.csv_rows(result))
 
 
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
@@ -379,7 +318,7 @@ def _predict_one(rm, flight: FlightConfig, name: str, data: DataConfig, out: Pat
     along, track = flight_figures(name, result)
     plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
     plots.save_figure(track, out / f"{name}_track.png")
-    summary[name] = result["counts"]
+    summary[name] = dict(result["counts"], variables=products.summary(result))
     write_text(summary_path, json.dumps(summary, indent=1))
     log.info("flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)", name,
              result["counts"]["predicted"], result["counts"]["frames"], nc)

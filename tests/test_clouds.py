@@ -11,7 +11,7 @@ import torch
 from cloudml_lib import intervals
 from cloudml_lib.clouds import cloud_metrics, cloud_report, fit_threshold
 from cloudml_lib.data import cpl
-from cloudml_lib.model import MultimodalRegressionModel, split_output
+from cloudml_lib.model import MultimodalRegressionModel, Outputs
 from cloudml_lib.train.loss import global_totals, part_loss
 
 
@@ -50,18 +50,19 @@ def test_cloud_metrics_and_the_brightness_temperature_threshold():
 
 def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
     torch.manual_seed(0)
-    out = torch.randn(6, 2, requires_grad=True)
+    raw = torch.randn(6, 2, requires_grad=True)
+    out = Outputs(raw[:, 0], raw[:, 1])
     part = {"target": torch.randn(6), "has_height": torch.tensor([1.0, 0, 1, 1, 0, 1]),
             "cloud": torch.tensor([1.0, 0, 1, 1, 1, 1]), "weight": torch.tensor([1.0, 1, 2, 1, 1, 1])}
     totals = global_totals(part, lambda x: x)
     whole = part_loss(out, part, totals, 1.0, 0.0, 0.5)
     h = part["has_height"] > 0
     w = part["weight"][h]
-    huber = torch.nn.functional.huber_loss(out[h, 0], part["target"][h], reduction="none")
-    bce = torch.nn.functional.binary_cross_entropy_with_logits(out[:, 1], part["cloud"], reduction="none")
+    huber = torch.nn.functional.huber_loss(raw[h, 0], part["target"][h], reduction="none")
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(raw[:, 1], part["cloud"], reduction="none")
     expected = (huber * w).sum() / w.sum() + 0.5 * (bce * part["weight"]).sum() / part["weight"].sum()
     assert float(whole.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
-    pieces = sum(part_loss(out[s], {k: v[s] for k, v in part.items()}, totals, 1.0, 0.0, 0.5)
+    pieces = sum(part_loss(Outputs(raw[s, 0], raw[s, 1]), {k: v[s] for k, v in part.items()}, totals, 1.0, 0.0, 0.5)
                  for s in (slice(0, 1), slice(1, 4), slice(4, 6)))       # micro-batches, one without a height
     assert float(pieces) == pytest.approx(float(whole), rel=1e-6)
     # the target of a sample without a height never matters
@@ -72,10 +73,10 @@ def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
 def test_the_model_has_a_cloud_output_only_when_asked():
     frames, scalars = torch.randn(3, 2, 16, 16), torch.randn(3, 3)
     joint = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="joint").eval()
-    height, logit = split_output(joint(frames, scalars))
+    height, logit = joint(frames, scalars)
     assert height.shape == logit.shape == (3,)
     plain = MultimodalRegressionModel(channels=[4, 4, 4]).eval()
-    height, logit = split_output(plain(frames, scalars))
+    height, logit = plain(frames, scalars)
     assert height.shape == (3,) and logit is None
     with pytest.raises(ValueError, match="cloud_head"):
         MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="both")
@@ -94,23 +95,23 @@ def test_a_probe_leaves_the_height_network_as_without_one_until_it_is_fitted():
     assert set(probe.state_dict()) - set(shared) == {"cloud.weight", "cloud.bias", "cloud_fitted"}
     # unfitted: the height alone, and the probe gets no gradient from training
     out = probe.train()(frames, scalars)
-    assert out.shape == (5,)
-    out.sum().backward()
+    assert out.height.shape == (5,) and out.cloud_logit is None
+    out.height.sum().backward()
     assert probe.cloud.weight.grad is None and not probe.cloud.weight.requires_grad
     probe.eval()
-    height_before = probe(frames, scalars).detach()
+    height_before = probe(frames, scalars).height.detach()
     weight = torch.randn(probe.cloud.in_features)
     probe.set_cloud_probe(weight, 0.25)
-    height, logit = split_output(probe(frames, scalars))
+    height, logit = probe(frames, scalars)
     assert torch.equal(height, height_before)                    # the height is not touched by the fit
     torch.testing.assert_close(logit, probe.features(frames, scalars) @ weight + 0.25)
-    # the fitted flag travels with the weights; a model loaded from them answers (B, 2) at once
+    # the fitted flag travels with the weights; a model loaded from them answers a cloud logit at once
     again = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="probe").eval()
     assert not again.cloud_output
     again.load_state_dict(probe.state_dict())
-    assert again.cloud_output and again(frames, scalars).shape == (5, 2)
+    assert again.cloud_output and again(frames, scalars).cloud_logit.shape == (5,)
     again.clear_cloud_probe()
-    assert again(frames, scalars).shape == (5,)
+    assert again(frames, scalars).cloud_logit is None
 
 
 def test_the_probe_is_a_logistic_regression_on_the_raw_features():

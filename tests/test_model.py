@@ -20,7 +20,7 @@ def test_output_is_one_value_per_sample_even_for_one_sample():
     m = MultimodalRegressionModel([4, 8, 8]).eval()
     for b in (1, 3):
         frames, scalars = batch(b)
-        assert m(frames, scalars).shape == (b,)
+        assert m(frames, scalars).height.shape == (b,)
 
 
 def test_widths_follow_memory_optimized():
@@ -34,7 +34,7 @@ def test_widths_follow_memory_optimized():
 
 def _step(m, frames, scalars):
     m.train()
-    m(frames, scalars).pow(2).mean().backward()
+    m(frames, scalars).height.pow(2).mean().backward()
     bn = {k: v.clone() for k, v in m.state_dict().items() if "running_" in k or "num_batches" in k}
     grads = {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
     return bn, grads
@@ -70,7 +70,7 @@ def test_scalars_only_model_ignores_the_frames():
     m = MultimodalRegressionModel([4, 8, 8], scalars_only=True).eval()
     f1, s = batch(seed=1)
     f2, _ = batch(seed=2)
-    assert torch.equal(m(f1, s), m(f2, s))
+    assert torch.equal(m(f1, s).height, m(f2, s).height)
 
 
 def test_model_module_has_no_device_amp_or_compile_code():
@@ -93,4 +93,4 @@ def test_compiled_wrapper_saves_plain_keys():
 @pytest.mark.parametrize("t", [1, 5])
 def test_any_number_of_frames(t):
     m = MultimodalRegressionModel([4, 8, 8]).eval()
-    assert m(*batch(t=t)).shape == (4,)
+    assert m(*batch(t=t)).height.shape == (4,)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cloudml_lib import predict as pr
+from cloudml_lib import products
 from cloudml_lib.data import preprocess
 from cloudml_lib.train import Trainer
 
@@ -39,7 +40,7 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
         n = len(nc.dimensions["time"])
         assert n == 240 - 1                                        # every frame but one stray time value
         assert nc["time"].units == "seconds since 1970-01-01 00:00:00" and nc["lat"].units == "degrees_north"
-        assert nc["cloud_base_height"].units == "km" and nc["cloud_base_height"]._FillValue == pr.FILL
+        assert nc["cloud_base_height"].units == "km" and nc["cloud_base_height"]._FillValue == products.FILL
         prob, flag = nc["cloud_probability"][:], nc["cloud_flag"][:]
         assert ((prob >= 0) & (prob <= 1)).all() and list(nc["cloud_flag"].flag_values) == [0, 1]
         np.testing.assert_array_equal(flag, (prob >= nc.cloud_threshold).astype(np.int8))
@@ -248,3 +249,30 @@ def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_miss
         assert nc["cloud_base_height_lower"][:].count() == 0 and nc.interval_method == "none"
     report = evaluate_run(old, write=False)
     assert "model" not in report["cloud"] and report["cloud"]["bt_threshold"]["overall"]["n"] > 0
+
+
+def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(run, tmp_path, monkeypatch):
+    """A new output variable is one entry in products.VARIABLES: it then appears in the NetCDF file with its CF
+    attributes, as a CSV column and in summary.json, with nothing else changed."""
+    import xarray as xr
+
+    run_dir, _, entries = run
+    extra = products.Variable("cloud_base_height_doubled", "doubled", "f4", {"long_name": "twice the height",
+                                                                         "units": "km"}, "doubled_km", 3)
+    monkeypatch.setattr(products, "VARIABLES", products.VARIABLES + (extra,))
+    real = pr.cloud_and_intervals
+
+    def and_doubled(result, *a):
+        real(result, *a)
+        result["doubled"] = 2 * result["cbh_km"]
+    monkeypatch.setattr(pr, "cloud_and_intervals", and_doubled)
+    (path,) = pr.predict_flights(run_dir, out_dir=tmp_path)
+    with xr.open_dataset(path) as ds:
+        np.testing.assert_allclose(ds["cloud_base_height_doubled"].values, 2 * ds["cloud_base_height"].values,
+                                   rtol=1e-6)
+        assert ds["cloud_base_height_doubled"].attrs["long_name"] == "twice the height"
+        assert set(ds.coords) == {"time", "lat", "lon"} and ds["cloud_base_height"].attrs["units"] == "km"
+    rows = (tmp_path / path.name.replace(".nc", ".csv")).read_text().splitlines()
+    assert rows[0].split(",") == [v.csv for v in products.VARIABLES] and rows[0].endswith("doubled_km")
+    summary = json.loads((tmp_path / "summary.json").read_text())[entries[2]["name"]]["variables"]
+    assert summary["cloud_base_height_doubled"]["max"] == pytest.approx(2 * summary["cloud_base_height"]["max"])

@@ -29,17 +29,16 @@ def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, Scored
     a joint cloud output, the weighted cloud cross-entropy), metrics (km; with a cloud output its accuracy
     and ROC-AUC) and the model's answers (`Scored`, in km) for `indices` (run_model's recoveries)."""
     indices = np.arange(len(tr.val_set)) if indices is None else indices
-    pred, target = run_model(tr, tr.val_set, indices)
-    scored = Scored.from_outputs(pred, tr.val_set.scalers)
+    out, target = run_model(tr, tr.val_set, indices)
+    scored = Scored.from_outputs(out, tr.val_set.scalers)
     has = tr.val_set.has_height()[indices]
-    height = pred[:, 0] if pred.ndim == 2 else pred
-    loss = tr.cfg.train.height_loss_weight * float(F.huber_loss(torch.from_numpy(height[has]), torch.from_numpy(
+    loss = tr.cfg.train.height_loss_weight * float(F.huber_loss(torch.from_numpy(out["height"][has]), torch.from_numpy(
         target[has]), delta=tr.cfg.train.huber_delta)) if has.any() else 0.0
     metrics = regression_metrics(tr.val_set.targets_km()[indices][has], scored.height_km[has])
     if scored.cloud_prob is not None:
         flags = tr.val_set.cloud_flags()[indices]
         if tr.cfg.model.cloud_head == "joint":            # part of the objective only when trained with it
-            bce = F.binary_cross_entropy_with_logits(torch.from_numpy(pred[:, 1]),
+            bce = F.binary_cross_entropy_with_logits(torch.from_numpy(out["cloud_logit"]),
                                                      torch.from_numpy(flags.astype(np.float64)))
             loss += tr.cfg.train.cloud_loss_weight * float(bce)
         cloud = cloud_metrics(flags, scored.cloud_prob, tr.cfg.model.cloud_threshold)
@@ -47,9 +46,9 @@ def validate(tr, indices: np.ndarray | None = None) -> tuple[float, dict, Scored
     return loss, metrics, scored
 
 
-def run_model(tr, dataset, indices: np.ndarray, features: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The model's outputs (or, with `features`, the head's input: model.features) and the standardised
-    targets for `indices` of `dataset`, in order, on every process (each computes its part).
+def run_model(tr, dataset, indices: np.ndarray, features: bool = False) -> tuple[dict | np.ndarray, np.ndarray]:
+    """The model's outputs by name (or, with `features`, the head's input: model.features) and the
+    standardised targets for `indices` of `dataset`, in order, on every process (each computes its part).
 
     Out of memory halves the evaluation batch (kept for the rest of the run); a compile failure
     switches to eager mode. The results do not depend on the evaluation batch size.
@@ -64,7 +63,12 @@ def run_model(tr, dataset, indices: np.ndarray, features: bool = False) -> tuple
             unwrap_model(tr.model), dataset, tr.device, tr.state["eval_batch_size"], tr.autocast, mine,
             tr.num_workers, forward=forward, features=features), compiled)
         if failure is None:
-            return tuple(np.concatenate(p) for p in zip(*tr.dist.gather(result)))
+            parts = tr.dist.gather(result)                          # each process's (outputs, targets), in rank order
+            targets = np.concatenate([t for _, t in parts])
+            if features:
+                return np.concatenate([o for o, _ in parts]), targets
+            return {k: None if parts[0][0][k] is None else np.concatenate([o[k] for o, _ in parts])
+                    for k in parts[0][0]}, targets
         release_memory(tr.device)
         if failure == "oom":
             halve_eval_batch(tr.state)

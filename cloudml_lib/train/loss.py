@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cloudml_lib.model import split_output
+from cloudml_lib.model import Outputs
 
 
 def weighted_huber(pred, target, weight, delta: float, hard_example_weight: float):
@@ -29,11 +29,11 @@ def global_totals(batch: dict, all_sum) -> tuple[torch.Tensor, torch.Tensor]:
     return all_sum(torch.stack([(weight * batch["has_height"]).sum(), weight.sum()]))
 
 
-def part_loss(out, part: dict, totals: torch.Tensor, delta: float, hard_example_weight: float,
+def part_loss(out: Outputs, part: dict, totals: torch.Tensor, delta: float, hard_example_weight: float,
               cloud_weight: float, height_weight: float = 1.0) -> torch.Tensor:
     """This part of the global batch's share of its loss (exactly the loss when the batch is one part).
     `part`: target, has_height, cloud, weight on the device; `totals` from global_totals."""
-    height, logit = split_output(out.float())
+    height, logit = out.float()
     w_height = part["weight"] * part["has_height"]
     loss = height_weight * weighted_huber(height, part["target"], w_height, delta, hard_example_weight) * (
         w_height.sum() / totals[0].clamp_min(1e-12))
@@ -43,7 +43,7 @@ def part_loss(out, part: dict, totals: torch.Tensor, delta: float, hard_example_
     return loss
 
 
-def batch_loss(out, batch: dict, t) -> torch.Tensor:
+def batch_loss(out: Outputs, batch: dict, t) -> torch.Tensor:
     """The loss of one whole batch on one process (`t`: the train config): for loops written by hand, such as
     the benchmarks' reference loop. A batch without has_height / cloud (a plain height batch) counts every
     sample as a cloudy frame with a height."""
