@@ -50,10 +50,10 @@ def stall_per_save(n: int = 10) -> dict:
     asynchronous, synchronous = [], []
     for i in range(n):
         trainer.state["step"] += 1
-        asynchronous.append(trainer.save_checkpoint("bench"))
-        trainer.writer.wait()                              # measure each save alone
+        asynchronous.append(trainer.checkpoints.save("bench"))
+        trainer.checkpoints.wait()                              # measure each save alone
         trainer.state["step"] += 1
-        synchronous.append(trainer.save_checkpoint("bench", wait=True))
+        synchronous.append(trainer.checkpoints.save("bench", wait=True))
     size = (find_checkpoints(run)[0] / "state.pt").stat().st_size
     params = count_parameters(trainer.model)
     trainer.close()
@@ -76,9 +76,9 @@ def run_overhead() -> dict:
         t0 = time.perf_counter()
         trainer.fit()
         wall = time.perf_counter() - t0
-        out[name] = {"wall_s": wall, "saves": len(trainer.checkpoint_stalls), "steps": trainer.state["step"],
-                     "stall_s_total": sum(trainer.checkpoint_stalls),
-                     "overhead_percent": 100.0 * sum(trainer.checkpoint_stalls) / wall}
+        out[name] = {"wall_s": wall, "saves": len(trainer.checkpoints.stalls), "steps": trainer.state["step"],
+                     "stall_s_total": sum(trainer.checkpoints.stalls),
+                     "overhead_percent": 100.0 * sum(trainer.checkpoints.stalls) / wall}
     out["wall_ratio_every_steps_100_vs_epoch_end_only"] = (out["every_steps_100"]["wall_s"]
                                                           / out["epoch_end_only"]["wall_s"])
     return out

@@ -62,9 +62,9 @@ def config():
 
 def data(cfg):
     from cloudml_lib.data.dataset import prepare_data
-    from cloudml_lib.data.flights import prepare_flights
-    prepare_flights(cfg.data)
-    return prepare_data(cfg)
+    from cloudml_lib.data.flights import resolve_config
+    cfg, skipped = resolve_config(cfg)
+    return prepare_data(cfg, skipped)
 
 
 def schedule(optimizer, cfg, steps_per_epoch):
@@ -130,8 +130,8 @@ def run_cloudml(cfg, run_dir: Path) -> float:
         for epoch in range(trainer.state["epoch"], cfg.train.epochs):      # fit() without the validation
             trainer.train_epoch(epoch)
             trainer.state["epoch"], trainer.state["batch"] = epoch + 1, 0
-            trainer.save_checkpoint("epoch_end")
-        trainer.writer.wait()
+            trainer.checkpoints.save("epoch_end")
+        trainer.checkpoints.wait()
         seconds = time.perf_counter() - t0
         save_weights(trainer.model, run_dir)
         return seconds

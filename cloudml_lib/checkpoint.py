@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from cloudml_lib import faults
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.runlock import process_alive
 
@@ -41,9 +41,23 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 COMMITTED, STATE, META = "COMMITTED", "state.pt", "meta.json"
 REJECTED_DIR = "rejected"
-# What a resumable state.pt must hold (train/state.py: snapshot); checked after the checksum, before use.
-REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "scaler", "loop", "sampler", "rng", "config",
-                 "scalers", "metrics_bytes")
+
+
+class Key:
+    """The keys of a checkpoint's dict, one spelling each: written by train/state.py (state.pt) and
+    train/saving.py (best.pt), verified here, read by resume, evaluate and predict."""
+    FORMAT, MODEL, OPTIMIZER, SCHEDULER, SCALER, LOOP = "format", "model", "optimizer", "scheduler", "scaler", "loop"
+    SAMPLER, RNG, RNG_RANKS, PROCESSES = "sampler", "rng", "rng_ranks", "processes"
+    CONFIG, SCALERS, FINGERPRINT, PROVENANCE = "config", "scalers", "data_fingerprint", "provenance"
+    METRICS_BYTES, EPOCH, STEP, VAL_LOSS, TRAIN_MEAN_KM = "metrics_bytes", "epoch", "step", "val_loss", "train_mean_km"
+
+
+# The pieces of a run's state, each its state_dict() under its key (train/state.py: stateful)
+PIECES = (Key.MODEL, Key.OPTIMIZER, Key.SCHEDULER, Key.SCALER, Key.LOOP)
+# What a resumable state.pt must hold; checked after the checksum, before use.
+REQUIRED_KEYS = (Key.FORMAT, *PIECES, Key.SAMPLER, Key.RNG, Key.CONFIG, Key.SCALERS, Key.METRICS_BYTES)
+# What best.pt must hold to evaluate or predict with it
+BEST_KEYS = (Key.MODEL, Key.CONFIG, Key.SCALERS, Key.TRAIN_MEAN_KM, Key.EPOCH)
 STAGING_PREFIX = "cloudml-ckpt-"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _CHUNK = 4 << 20
@@ -137,29 +151,6 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
 
 # ------------------------------------------------------------------------- fault injection
 
-_fault_counts: dict[str, int] = {}
-
-
-def fault_point(name: str) -> None:
-    """Test hook: CLOUDML_KILL_AT="name:n[:SIGNAL]" sends this process SIGKILL (or SIGNAL) the n-th
-    time `name` is reached.
-
-    Points: "setup" (the trainer's set-up begins), "cache-block" (a block of frames written to a cache being
-    built), "step" (after each optimizer step), "commit-copied"
-    (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet),
-    "probe-fitted" (the cloud probe is in best.pt, the final evaluation and checkpoint are not written),
-    "sweep-told" (a sweep trial's result is in the local study, its copy in the sweep folder not refreshed).
-    Unset, this does nothing. Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r.
-    """
-    spec = os.environ.get("CLOUDML_KILL_AT")
-    if not spec or os.environ.get("CLOUDML_KILL_RANK", os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
-        return
-    point, n, sig = (spec.split(":") + ["", ""])[:3]
-    if point != name:
-        return
-    _fault_counts[name] = _fault_counts.get(name, 0) + 1
-    if _fault_counts[name] == int(n or 1):
-        os.kill(os.getpid(), getattr(signal, sig) if sig else signal.SIGKILL)
 
 
 # ------------------------------------------------------------------ commit, verify, find
@@ -195,13 +186,13 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
     tmp.mkdir()
     try:
         size, digest = _copy_hashing(local, tmp / STATE)
-        fault_point("commit-copied")
+        faults.point("commit-copied")
         meta = dict(meta, file=STATE, bytes=size, sha256=digest, saved_at=time.time(), format=FORMAT_VERSION)
         write_durable(tmp / META, json.dumps(meta, indent=1).encode())
         if final.exists():                               # an uncommitted leftover of this step
             _delete(final)
         os.replace(tmp, final)
-        fault_point("commit-renamed")
+        faults.point("commit-renamed")
         write_durable(final / COMMITTED, digest.encode())
         _fsync_dir(ckpt_dir)
     finally:
@@ -251,7 +242,7 @@ def check_manifest(meta: dict, state: dict) -> str | None:
     """None if meta.json (which its checksum does not cover) agrees with the verified state.pt: an edited or
     damaged manifest must not make `status` or a resume believe another position."""
     try:
-        loop, epochs = state["loop"], state["config"]["train"]["epochs"]
+        loop, epochs = state[Key.LOOP], state[Key.CONFIG]["train"]["epochs"]
         same = {"step": int(loop["step"]), "epoch": int(loop["epoch"]), "batch": int(loop["batch"]),
                 "finished": bool(loop["finished"]), "epochs": int(epochs)}
     except (KeyError, TypeError, ValueError) as e:
@@ -268,8 +259,8 @@ def check_structure(state) -> str | None:
     """None if a loaded state.pt has this format's structure; otherwise why it cannot be resumed."""
     if not isinstance(state, dict):
         return f"not a checkpoint (a {type(state).__name__}, not a dict)"
-    if state.get("format") != FORMAT_VERSION:
-        return f"format {state.get('format')!r}, this version reads format {FORMAT_VERSION}"
+    if state.get(Key.FORMAT) != FORMAT_VERSION:
+        return f"format {state.get(Key.FORMAT)!r}, this version reads format {FORMAT_VERSION}"
     missing = [k for k in REQUIRED_KEYS if k not in state]
     return f"incomplete: no {', '.join(missing)}" if missing else None
 
@@ -434,6 +425,6 @@ def load_checkpoint(path: str | Path) -> dict:
     if not path.is_file():
         raise CloudMLError(f"checkpoint not found: {path}")
     ckpt = load_state(path)
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+    if not isinstance(ckpt, dict) or Key.MODEL not in ckpt or Key.CONFIG not in ckpt:
         raise CloudMLError(f"{path} is not a CloudML checkpoint (no 'model' and 'config' entries)")
     return ckpt

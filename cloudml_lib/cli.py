@@ -196,16 +196,16 @@ def _labels(args) -> int:
     from cloudml_lib.data.flights import ensure_demo_flights
 
     cfg = load_config(config_path(args), _overrides(args))
-    ensure_demo_flights(cfg.data)
+    data = ensure_demo_flights(cfg.data)
     notes = flights.Notes()
-    rows, ok = flights.check_rows(cfg.data, notes)
+    rows, ok = flights.check_rows(data, notes)
     if not rows:
-        raise CloudMLError(f"no ER-2 flight files found in data.dir ({cfg.data.dir}) or its sub-folders; point "
+        raise CloudMLError(f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; point "
                            "--data-dir at the folder holding your flights")
     print(flights.format_table(rows) + ("\n" + notes.text() if notes else ""))
     total = sum(int(r[6]) for r in rows if r[6].isdigit())
     print(f"\n{total} labels in {len(rows)} flights. Label definition: "
-          + ", ".join(f"{k} {v}" for k, v in cpl.label_definition(cfg.data).items()))
+          + ", ".join(f"{k} {v}" for k, v in cpl.label_definition(data).items()))
     return 0 if ok else 1
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -27,14 +29,19 @@ MIN_FRAME_SIDE = 8
 MAX_DEM_SURFACE_M = 10.0          # above this a "sea level" threshold keeps coastal land
 # model.cloud_head: how the cloud / no-cloud output is made (model.py; benchmarks/cloud_head.py chose probe)
 CLOUD_HEADS = ("probe", "joint", "none")
+# A setting's rule when a stopped run resumes (_f's `resume`)
+SAME, NEW = "must stay the same", "may change"
+AUTO = Literal["auto"]           # a value resolved when the run starts (measured, or chosen for the machine)
 
 
-def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, auto: bool = False,
-       legacy: dict | None = None):
-    """A dataclass field with its help text and valid values, used by validation and docs.
-    `auto`: the string "auto" is also valid (resolved when the run starts). `legacy`: values an earlier
-    version wrote (in run folders and checkpoints) and what they mean now."""
-    meta = {"help": help, "range": range, "choices": choices, "auto": auto, "legacy": legacy or {}}
+def _f(default, help: str, range: tuple | None = None, choices: tuple | None = None, legacy: dict | None = None,
+       resume: str = SAME):
+    """A dataclass field with its help text, valid values and resume rule, used by validation, resume and docs.
+    `legacy`: values an earlier version wrote (in run folders and checkpoints) and what they mean now.
+    `resume`: SAME, the setting is part of the run's math (a resumed run must keep it); NEW, a resumed run takes
+    the new value (paths, cadences, devices, the number of epochs) and says so."""
+    assert resume in (SAME, NEW), resume
+    meta = {"help": help, "range": range, "choices": choices, "legacy": legacy or {}, "resume": resume}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -92,14 +99,14 @@ class DataKeys:
 @dataclass
 class DataConfig:
     dir: str = _f("data", "folder holding the flight files, searched recursively (absolute, or relative to the "
-                  "working directory when the config is loaded; a run records it absolute)")
-    cache_dir: str = _f("", "preprocessing cache, best on a fast local disk; empty: <data.dir>/cache")
+                  "working directory when the config is loaded; a run records it absolute)", resume=NEW)
+    cache_dir: str = _f("", "preprocessing cache, best on a fast local disk; empty: <data.dir>/cache", resume=NEW)
     cache_copy_dir: str = _f("", "a lasting copy of the cache (e.g. on Drive): a flight's cache is copied from it "
-                             "when data.cache_dir lacks it, and copied to it after being built; empty: none")
-    demo: bool = _f(False, "generate the built-in demo flights into data.dir when they are missing")
+                             "when data.cache_dir lacks it, and copied to it after being built; empty: none", resume=NEW)
+    demo: bool = _f(False, "generate the built-in demo flights into data.dir when they are missing", resume=NEW)
     flights: list = _f([], "list of {name, ir_file, cpl_file, nav_file}; empty: found in data.dir by their names")
     skip_incomplete_flights: bool = _f(False, "skip (and list) a flight that lacks a file instead of "
-                                       "stopping the run")
+                                       "stopping the run", resume=NEW)
     validation_flights: list = _f([], "flight names held out for validation (never used to fit scalers)")
     temporal_frames: int = _f(5, "T, frames per sample, centred on the labelled frame (odd: 1, 3, 5, 7, ...)",
                               range=(1, 31))
@@ -144,13 +151,14 @@ class DataConfig:
     overweight_factor: float = _f(1.0, "loss weight of overweight_flight's samples", range=(1.0, 100.0))
     augment: bool = _f(True, "training-only augmentation: flip (mirroring the sun azimuth; off for a flight "
                        "without a heading), brightness/contrast jitter, erasing")
-    num_workers: int = _f("auto", "DataLoader worker processes; auto: 0 on Colab, else up to 4", range=(0, 64),
-                          auto=True)
-    preprocess_workers: int = _f("auto", "processes that preprocess frames (cache build, predict); auto: every "
-                                 "core this process may use; 0: none, in the main process", range=(0, 256), auto=True)
+    num_workers: int | AUTO = _f("auto", "DataLoader worker processes; auto: 0 on Colab, else up to 4", range=(0, 64),
+                          resume=NEW)
+    preprocess_workers: int | AUTO = _f("auto", "processes that preprocess frames (cache build, predict); auto: every "
+                                 "core this process may use; 0: none, in the main process", range=(0, 256),
+                                 resume=NEW)
     preprocess_device: str = _f("auto", "where CLAHE runs: cpu (scikit-image), cuda (kornia on the GPU; pip install "
                                 "kornia; slightly other frames) or auto (cuda with a GPU and kornia, else cpu; a "
-                                "model's own in predict, evaluate, resume)", choices=("auto", "cpu", "cuda"))
+                                "model's own in predict, evaluate, resume)", choices=("auto", "cpu", "cuda"), resume=NEW)
 
 
 @dataclass
@@ -171,9 +179,9 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = _f(50, "passes over the training flights", range=(1, 10000))
-    batch_size: int = _f(16, "samples per optimizer step (before accumulation); auto: the largest that fits "
-                         "the GPU, measured", range=(1, 4096), auto=True)
+    epochs: int = _f(50, "passes over the training flights", range=(1, 10000), resume=NEW)
+    batch_size: int | AUTO = _f(16, "samples per optimizer step (before accumulation); auto: the largest that fits "
+                         "the GPU, measured", range=(1, 4096))
     grad_accum_steps: int = _f(1, "batches whose gradients add up to one optimizer step", range=(1, 1024))
     learning_rate: float = _f(1e-3, "peak AdamW learning rate", range=(1e-7, 1.0))
     min_lr_ratio: float = _f(0.01, "final learning rate as a fraction of the peak", range=(0.0, 1.0))
@@ -194,24 +202,24 @@ class TrainConfig:
                               "empty: one phase")
     pretrain_epochs: int = _f(10, "epochs of the pre-training phase (train.pretrain_flight)", range=(1, 10000))
     early_stopping_patience: int = _f(10, "epochs without a better validation loss before stopping; 0: never",
-                                      range=(0, 10000))
+                                      range=(0, 10000), resume=NEW)
     quick_val_fraction: float = _f(0.1, "fixed share of validation samples scored every epoch", range=(0.001, 1.0))
     max_nonfinite_steps: int = _f(10, "optimizer steps in a row with a NaN/inf loss (each skipped) before "
-                                  "training stops", range=(1, 100000))
-    log_every_steps: int = _f(10, "optimizer steps between metrics.jsonl step records", range=(1, 1_000_000))
+                                  "training stops", range=(1, 100000), resume=NEW)
+    log_every_steps: int = _f(10, "optimizer steps between metrics.jsonl step records", range=(1, 1_000_000), resume=NEW)
     seed: int = _f(42, "seeds data order, augmentation and initialisation", range=(0, 2**31 - 1))
-    device: str = _f("auto", "auto: CUDA when available, else CPU", choices=("auto", "cuda", "cpu"))
+    device: str = _f("auto", "auto: CUDA when available, else CPU", choices=("auto", "cuda", "cpu"), resume=NEW)
     torch_compile: bool = _f(False, "compile the frame encoder with torch.compile (on a CPU too: needs a C++ "
-                             "compiler; a failure falls back to eager)")
+                             "compiler; a failure falls back to eager)", resume=NEW)
     torch_compile_mode: str = _f("default", "compile mode; CUDA-graph modes cannot be combined with checkpointing",
-                                 choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+                                 choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), resume=NEW)
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = _f(100, "optimizer steps between checkpoints", range=(1, 10_000_000))
-    every_minutes: float = _f(10.0, "minutes between checkpoints, whichever comes first", range=(0.1, 10_000.0))
-    keep_last: int = _f(2, "committed checkpoints kept besides the best", range=(1, 100))
+    every_steps: int = _f(100, "optimizer steps between checkpoints", range=(1, 10_000_000), resume=NEW)
+    every_minutes: float = _f(10.0, "minutes between checkpoints, whichever comes first", range=(0.1, 10_000.0), resume=NEW)
+    keep_last: int = _f(2, "committed checkpoints kept besides the best", range=(1, 100), resume=NEW)
 
 
 @dataclass
@@ -234,16 +242,27 @@ class Config:
 # ---------------------------------------------------------------------------------------------
 # Building a Config from nested dicts, collecting every problem.
 
+def value_type(tp) -> tuple[type, tuple]:
+    """(the type, the words also accepted) of a field: `int | AUTO` is (int, ("auto",)); `int` is (int, ())."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        words = tuple(w for a in args if typing.get_origin(a) is Literal for w in typing.get_args(a))
+        return next(a for a in args if typing.get_origin(a) is not Literal), words
+    return tp, ()
+
+
 def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
     """Check one leaf value against its declared type, range and choices."""
-    if meta.get("auto") and value == "auto":
+    tp, words = value_type(tp)
+    if value in words:
         return value
+    alt = "".join(f" or {w!r}" for w in words)            # "an integer or 'auto'"
     legacy = meta.get("legacy") or {}
     if any(value is k for k in legacy):                      # `is`: True must not match 1
         return legacy[value]
     if tp is bool:
         if not isinstance(value, bool):
-            problems.append(f"{key}: expected true/false, got {value!r}")
+            problems.append(f"{key}: expected true/false{alt}, got {value!r}")
             return None
         return value
     if tp is int:
@@ -251,20 +270,20 @@ def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                problems.append(f"{key}: expected an integer, got {value!r}")
+                problems.append(f"{key}: expected an integer{alt}, got {value!r}")
                 return None
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{key}: expected a number, got {value!r}")
+            problems.append(f"{key}: expected a number{alt}, got {value!r}")
             return None
         value = float(value)
     elif tp is str:
         if not isinstance(value, str):
-            problems.append(f"{key}: expected a string, got {value!r}")
+            problems.append(f"{key}: expected a string{alt}, got {value!r}")
             return None
     elif tp is list:
         if not isinstance(value, list):
-            problems.append(f"{key}: expected a list, got {value!r}")
+            problems.append(f"{key}: expected a list{alt}, got {value!r}")
             return None
     lo_hi = meta.get("range")
     if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
@@ -413,6 +432,41 @@ def build_config(raw: dict | None, source: str = "config") -> Config:
         raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
     _absolute_paths(cfg.data)
     return cfg
+
+
+def resume_rules(cls=None, prefix: str = "") -> dict[str, str]:
+    """Each leaf key ("train.epochs") and its rule when a stopped run resumes (SAME or NEW, from its field)."""
+    out = {}
+    cls = cls or Config
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(resume_rules(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = f.metadata.get("resume", SAME)
+    return out
+
+
+def derive(cfg: Config, changes: dict) -> Config:
+    """A new Config: `cfg` with `changes` ({"section.key": value}), validated like a loaded one. The config a
+    user loaded is never changed: a run's resolved values (its flights, a measured batch size), a fold's held-out
+    flight or a phase's flights are a derived config, recorded in the run."""
+    raw = cfg.to_dict()
+    for key, value in changes.items():
+        *path, last = key.split(".")
+        node = raw
+        for part in path:
+            node = node[part]
+        node[last] = _plain(value)
+    return build_config(raw, source="derived config")
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def parse_override(text: str) -> tuple[list[str], object]:

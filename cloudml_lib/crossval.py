@@ -35,10 +35,10 @@ import numpy as np
 
 from cloudml_lib import intervals
 from cloudml_lib.clouds import BASELINES
-from cloudml_lib.config import Config, config_from_dict
+from cloudml_lib.config import Config, derive
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
-from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.evaluate import regression_metrics
 from cloudml_lib.outputs import json_safe, write_text
@@ -53,15 +53,13 @@ OUT_OF_RANGE_SHARE = 0.1        # held-out heights outside the training range ab
 
 
 def fold_config(cfg: Config, held: str, scalars_only: bool = False) -> Config:
-    """The run of one fold: `held` is the only validation flight; nothing else changes."""
-    fold = config_from_dict(cfg.to_dict())
-    fold.data.validation_flights = [held]
-    if fold.data.overweight_flight == held:
-        fold.data.overweight_flight = ""          # it is held out in this fold; weighted in the others
-    if fold.train.pretrain_flight == held:
-        fold.train.pretrain_flight = ""           # held out: this fold trains in one phase
-    fold.model.scalars_only = scalars_only
-    return fold
+    """The run of one fold (a derived config): `held` is the only validation flight; nothing else changes."""
+    changes = {"data.validation_flights": [held], "model.scalars_only": scalars_only}
+    if cfg.data.overweight_flight == held:
+        changes["data.overweight_flight"] = ""           # it is held out in this fold; weighted in the others
+    if cfg.train.pretrain_flight == held:
+        changes["train.pretrain_flight"] = ""            # held out: this fold trains in one phase
+    return derive(cfg, changes)
 
 
 def image_statistics(dataset: CloudDataset, samples: np.ndarray | None = None) -> np.ndarray:
@@ -263,7 +261,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, "crossval")
-    prepare_flights(cfg.data, check_names=False)       # each fold names its own validation flight
+    cfg, _ = resolve_config(cfg, check_names=False)    # each fold names its own validation flight
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
         raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")

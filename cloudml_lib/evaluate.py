@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from cloudml_lib import intervals, plots
-from cloudml_lib.checkpoint import load_checkpoint
-from cloudml_lib.config import Config, config_from_dict
+from cloudml_lib.checkpoint import BEST_KEYS, Key, load_checkpoint
+from cloudml_lib.config import Config, config_from_dict, derive
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
@@ -193,7 +192,6 @@ class RunModel:
     autocast: object           # a context-manager factory (mixed precision on a GPU)
 
 
-BEST_KEYS = ("model", "config", "scalers", "train_mean_km", "epoch")
 
 
 def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: str = "evaluate") -> RunModel:
@@ -215,29 +213,29 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
         raise CloudMLError(f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
                            f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it.")
     try:
-        cfg = config_from_dict(ckpt["config"])
+        cfg = config_from_dict(ckpt[Key.CONFIG])
     except CloudMLError as e:
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
-    if data_dir:
-        cfg.data.dir = os.path.abspath(os.path.expanduser(data_dir))
-    stored = cloud_head_of(ckpt["model"])
+    if data_dir:                                       # the flights moved since training
+        cfg = derive(cfg, {"data.dir": data_dir})
+    stored = cloud_head_of(ckpt[Key.MODEL])
     if stored is not None and stored != cfg.model.cloud_head:
         log.warning("%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
                     best, stored, cfg.model.cloud_head, stored)
-        cfg.model.cloud_head = stored
-    if stored == "none" or (stored == "probe" and not int(ckpt["model"]["cloud_fitted"])):
+        cfg = derive(cfg, {"model.cloud_head": stored})
+    if stored == "none" or (stored == "probe" and not int(ckpt[Key.MODEL]["cloud_fitted"])):
         log.warning("%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag or "
                     "probability. %s", best, "trained without one" if stored == "none" else
                     "it is fitted when training ends, and this run has not ended", "Retrain with model.cloud_head: "
                     "probe to get them." if stored == "none" else f"Finish the run (train again on {run_dir}).")
     model = build_model(cfg)
-    film = ckpt["model"].get("film.0.weight") if isinstance(ckpt["model"], dict) else None
+    film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
         raise CloudMLError(f"{best} was trained by an earlier CloudML with {film.shape[-1]} angle inputs (this version "
                            f"takes {model.film[0].in_features}: the zenith angle and the sine and cosine of the sun "
                            "azimuth); retrain the run with this version, or use the version that trained it.")
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt[Key.MODEL])
     except (RuntimeError, TypeError, AttributeError) as e:
         raise CloudMLError(f"{best}: its weights do not fit the model its config describes "
                            f"({str(e).strip().splitlines()[0][:200]}); the file was damaged or edited. Run train on "
@@ -265,15 +263,15 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     cfg, ckpt = rm.cfg, rm.ckpt
     held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
     train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]
-    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get("provenance")))
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
         held_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in held]
         train_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in train_flights]
-    dataset = CloudDataset(held_caches, Scalers.from_dict(ckpt["scalers"]), sun_azimuth=cfg.data.sun_azimuth)
+    dataset = CloudDataset(held_caches, Scalers.from_dict(ckpt[Key.SCALERS]), sun_azimuth=cfg.data.sun_azimuth)
     out, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
     scored = Scored.from_outputs(out, dataset.scalers)
     train_set = CloudDataset(train_caches, dataset.scalers)
-    report = build_report(dataset, scored, float(ckpt["train_mean_km"]), int(ckpt["epoch"]), train_set,
+    report = build_report(dataset, scored, float(ckpt[Key.TRAIN_MEAN_KM]), int(ckpt[Key.EPOCH]), train_set,
                           cfg.model.cloud_threshold, intervals.load(run_dir))
     if scored.cloud_prob is None:
         log.info("%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",

@@ -40,6 +40,7 @@ from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, FrameSpec, resolve_backend, resolve_workers
 from cloudml_lib.errors import CloudMLError, DataError
+from cloudml_lib.checkpoint import Key
 from cloudml_lib.evaluate import load_run_model
 from cloudml_lib.inference import FrameEncoder, windows_forward
 from cloudml_lib.outputs import atomic_path, write_text
@@ -288,7 +289,7 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     out.mkdir(parents=True, exist_ok=True)
     written, summary_path = [], out / "summary.json"
     summary = _read_summary(summary_path)
-    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get("provenance")))
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
         for name in names:
             written.append(_predict_one(rm, chosen[name], name, data, out, backend, pool, calibration, summary,
@@ -302,14 +303,14 @@ def _predict_one(rm, flight: FlightConfig, name: str, data: DataConfig, out: Pat
                  calibration: dict | None, summary: dict, summary_path: Path, run_dir: Path) -> Path:
     """One flight: predicted, then its NetCDF, CSV, plots and line of summary.json written."""
     cfg, ckpt = rm.cfg, rm.ckpt
-    result = predict_flight(rm.model, flight, data, Scalers.from_dict(ckpt["scalers"]), rm.device,
+    result = predict_flight(rm.model, flight, data, Scalers.from_dict(ckpt[Key.SCALERS]), rm.device,
                             2 * int(cfg.train.batch_size), rm.autocast, backend, pool)
     cloud_and_intervals(result, cfg.model.cloud_threshold, calibration)
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
     nc = out / f"{name}_cbh.nc"
     paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}
     result["provenance"] = {
-        "label_definition": cpl.label_definition(data), "trained_on": ckpt.get("provenance"),
+        "label_definition": cpl.label_definition(data), "trained_on": ckpt.get(Key.PROVENANCE),
         "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers},
         "input_files": input_files({r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)},
                                    cache_root(data))}

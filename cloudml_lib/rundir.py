@@ -21,22 +21,11 @@ from pathlib import Path
 from cloudml_lib.checkpoint import (META, STAGING_PREFIX, STATE, Found, check_folder, checkpoints_dir,
                                     find_checkpoints, find_latest_valid, set_aside_rejected, step_of)
 from cloudml_lib.compile import describe_saved
+from cloudml_lib.config import NEW, config_from_dict, derive, resume_rules
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.runlock import LOCK, holder_alive, process_alive
 
 log = logging.getLogger(__name__)
-
-# Settings a resumed run may change; every other setting is part of the run's math.
-HARMLESS = {
-    "data.dir", "data.cache_dir", "data.cache_copy_dir", "data.num_workers", "data.demo", "data.preprocess_workers",
-    "data.preprocess_device",
-    "data.skip_incomplete_flights",
-    "train.epochs", "train.early_stopping_patience", "train.log_every_steps", "train.device",
-    "train.max_nonfinite_steps",
-    "train.torch_compile", "train.torch_compile_mode",
-    "checkpoint.every_steps", "checkpoint.every_minutes", "checkpoint.keep_last",
-}
-
 
 def _pid_of(name: str) -> int | None:
     m = re.search(r"(?:tmp-|ckpt-)(\d+)", name)
@@ -72,13 +61,19 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
 
 
 def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)'."""
-    a, b = flatten_keys(saved), flatten_keys(current)
+    """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)', by each field's
+    resume rule (config.py). The saved config is read by today's rules first: a setting added since it was
+    saved has its default there, the behaviour of the version that saved it."""
+    try:
+        saved = config_from_dict(saved).to_dict()
+    except CloudMLError:
+        pass                                   # compared as it was written; every difference is then named
+    a, b, rules = flatten_keys(saved), flatten_keys(current), resume_rules()
     math, harmless = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             line = f"{key} (checkpoint {a.get(key)!r}, now {b.get(key)!r})"
-            (harmless if key in HARMLESS else math).append(line)
+            (harmless if rules.get(key) == NEW else math).append(line)
     return math, harmless
 
 
@@ -205,10 +200,17 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
         log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
 
 
+def resumed_config(cfg, saved: dict):
+    """The config a resumed run goes on with: `cfg`, with a batch size of "auto" as the run measured it when it
+    started (`cfg` itself is not changed)."""
+    if cfg.train.batch_size == "auto":          # measured once, when the run started
+        return derive(cfg, {"train.batch_size": saved["train"]["batch_size"]})
+    return cfg
+
+
 def check_resume_config(cfg, saved: dict) -> None:
     """Refuse math-changing differences from the checkpoint's config; take harmless ones with a warning."""
-    if cfg.train.batch_size == "auto":          # measured once, when the run started
-        cfg.train.batch_size = saved["train"]["batch_size"]
+    cfg = resumed_config(cfg, saved)
     math_changes, harmless = compare_configs(saved, cfg.to_dict())
     if math_changes:
         raise CloudMLError(
@@ -241,9 +243,9 @@ def check_data_fingerprint(saved: dict | None, current: dict) -> None:
                              "(files, data.* filters), or start a new run with --run-dir NEW. Nothing was changed.")
 
 
-def truncate_metrics(run_dir: Path, size: int) -> None:
-    """metrics.jsonl continues exactly where the checkpoint left it: later lines are work to redo."""
-    path = Path(run_dir) / "metrics.jsonl"
+def truncate_metrics(path: Path, size: int) -> None:
+    """metrics.jsonl (`path`) continues exactly where the checkpoint left it: later lines are work to redo."""
+    path = Path(path)
     if path.exists() and path.stat().st_size > size:
         with open(path, "r+b") as f:
             f.truncate(size)

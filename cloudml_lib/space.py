@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from cloudml_lib.config import Config, build_config
+from cloudml_lib.config import value_type, Config, build_config
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.yamlfile import read_yaml
 
@@ -68,7 +68,7 @@ def config_fields() -> dict[str, type]:
         cls = typing.get_type_hints(Config)[section.name]
         for f in dataclasses.fields(cls):
             tp = typing.get_type_hints(cls)[f.name]
-            out[f"{section.name}.{f.name}"] = "section" if dataclasses.is_dataclass(tp) else tp
+            out[f"{section.name}.{f.name}"] = "section" if dataclasses.is_dataclass(tp) else value_type(tp)[0]
     return out
 
 

@@ -25,7 +25,8 @@ import math
 import tempfile
 from pathlib import Path
 
-from cloudml_lib.checkpoint import fault_point, write_durable
+from cloudml_lib import faults
+from cloudml_lib.checkpoint import write_durable
 from cloudml_lib.config import apply_overrides, build_config
 from cloudml_lib.distributed import Dist, init_distributed
 from cloudml_lib.errors import CloudMLError, ConfigError, install_command
@@ -284,4 +285,4 @@ def finish_trial(optuna, study, trial, result: tuple, params: dict, space: Space
                  study.best_trial.number, study.best_value)
     else:
         log.warning("Trial %d %s: %s", trial.number, state, note)
-    fault_point("sweep-told")
+    faults.point("sweep-told")

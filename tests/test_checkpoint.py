@@ -87,7 +87,7 @@ def test_rng_state_round_trips():
 
 def test_checkpoint_is_weights_only_loadable(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
-    state = trainer.snapshot()
+    state = trainer.checkpoints.snapshot()
     trainer.close()
     path = tmp_path / "s.pt"
     torch.save(state, path)
@@ -115,7 +115,7 @@ def test_a_failed_write_is_logged_and_training_goes_on(tiny_config, tmp_path, mo
     monkeypatch.setattr(ck, "_copy_hashing", disk_full)
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     report = trainer.fit()
-    assert report["overall"]["n"] > 0 and trainer.writer.failures == 1
+    assert report["overall"]["n"] > 0 and trainer.checkpoints.writer.failures == 1
     log = (tmp_path / "run" / "train.log").read_text()
     assert "could not be written (OSError: [Errno 28] No space left on device)" in log
     assert "the previous checkpoint is intact" in log
@@ -130,7 +130,7 @@ def test_snapshot_is_taken_at_the_step_boundary(tiny_config, tmp_path):
     batches = iter(trainer.loader)
     trainer.train_step(next(batches))
     trainer.optimizer_step()
-    snap = trainer.snapshot()
+    snap = trainer.checkpoints.snapshot()
     w = snap["model"]["encoder.blocks.0.conv.weight"].clone()
     trainer.train_step(next(batches))
     trainer.optimizer_step()
@@ -141,11 +141,30 @@ def test_snapshot_is_taken_at_the_step_boundary(tiny_config, tmp_path):
         trainer.model.encoder.blocks[0].conv.weight.data_ptr()
 
 
-def test_fault_point_is_inert_without_the_variable(monkeypatch):
-    monkeypatch.delenv("CLOUDML_KILL_AT", raising=False)
-    for _ in range(3):
-        ck.fault_point("step")
-    assert os.getpid() > 0
+def test_a_fault_point_fires_only_where_and_when_it_is_asked(monkeypatch):
+    """The tests' fault injection (faults.py): inert without CLOUDML_KILL_AT, another point's name or rank;
+    the n-th arrival at the named point sends the signal (here SIGUSR1, caught)."""
+    import signal
+
+    from cloudml_lib import faults
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    try:
+        monkeypatch.setattr(faults, "_counts", {})
+        monkeypatch.delenv("CLOUDML_KILL_AT", raising=False)
+        for _ in range(3):
+            faults.point("step")
+        monkeypatch.setenv("CLOUDML_KILL_AT", "step:2:SIGUSR1")
+        faults.point("setup")                       # another point
+        faults.point("step")                        # the first arrival
+        assert received == []
+        monkeypatch.setenv("CLOUDML_KILL_RANK", "1")
+        faults.point("step")                        # rank 0 is not the one asked for
+        monkeypatch.delenv("CLOUDML_KILL_RANK")
+        faults.point("step")                        # the second arrival at "step" of this rank
+        assert received == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def test_structure_is_part_of_verification(tmp_path):

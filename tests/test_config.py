@@ -1,3 +1,4 @@
+import copy
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_all_problems_are_reported_together():
                       "data": {"edge_policy": "wrap"}})
     msg = str(e.value)
     assert "4 problem(s)" in msg
-    assert "train.batch_size: expected an integer, got 'big'" in msg
+    assert "train.batch_size: expected an integer or 'auto', got 'big'" in msg
     assert "train.learning_rate: 5.0 is out of range; valid: 1e-07 to 1.0" in msg
     assert "did you mean 'model.gradient_checkpointing'" in msg
     assert "data.edge_policy: 'wrap' is not valid; choose one of 'shift', 'pad', 'drop'" in msg
@@ -126,3 +127,50 @@ def test_duplicate_keys_binary_files_and_even_windows_are_refused(tmp_path):
         load_config(binary)
     with pytest.raises(ConfigError, match="data.temporal_frames: 4 is even.*3 or 5"):
         load_config(None, ["data.temporal_frames=4", "data.demo=true"])
+
+
+def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_raw_config, tmp_path):
+    """What a run resolves (the flights found in data.dir, a measured batch size) is the run's plan, a derived
+    config recorded in config.yaml and run.json; the config the user loaded stays as it was, through a fresh
+    start, a resume, a fold of cross-validation and a moved data folder."""
+    import json
+
+    from cloudml_lib.crossval import fold_config
+    from cloudml_lib.memory import CPU_AUTO_BATCH
+    from cloudml_lib.train import Trainer
+    raw = copy.deepcopy(tiny_raw_config)
+    entries = raw["data"].pop("flights")
+    raw["train"].update(batch_size="auto", epochs=1)
+    cfg = build_config(raw)
+    before = copy.deepcopy(cfg.to_dict())
+    trainer = Trainer(cfg, tmp_path / "run").setup()
+    trainer.fit()
+    assert cfg.to_dict() == before and cfg.data.flights == [] and cfg.train.batch_size == "auto"
+    assert trainer.cfg is not cfg and trainer.cfg.train.batch_size == CPU_AUTO_BATCH
+    assert sorted(f.name for f in trainer.cfg.data.flights) == sorted(e["name"] for e in entries)
+    plan = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert plan["batch_size"] == CPU_AUTO_BATCH and sorted(plan["flights"]) == sorted(e["name"] for e in entries)
+    stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert stored["train"]["batch_size"] == CPU_AUTO_BATCH and len(stored["data"]["flights"]) == len(entries)
+    Trainer(cfg, tmp_path / "run").setup().fit()                     # resumed (finished): still unchanged
+    fold = fold_config(cfg, entries[0]["name"], scalars_only=True)
+    assert cfg.to_dict() == before and fold.data.validation_flights == [entries[0]["name"]] and fold.model.scalars_only
+    from cloudml_lib.evaluate import load_run_model
+    moved = load_run_model(tmp_path / "run", data_dir=str(tmp_path / "elsewhere")).cfg
+    assert moved.data.dir == str(tmp_path / "elsewhere") and cfg.to_dict() == before
+
+
+def test_each_setting_says_whether_a_resumed_run_may_change_it():
+    from cloudml_lib.config import NEW, SAME, resume_rules
+    from cloudml_lib.rundir import compare_configs
+    rules = resume_rules()
+    assert rules["train.epochs"] == NEW and rules["data.dir"] == NEW and rules["checkpoint.every_steps"] == NEW
+    assert rules["train.learning_rate"] == SAME and rules["data.temporal_frames"] == SAME
+    assert rules["data.keys.ir_signal"] == SAME
+    saved = build_config({"data": {"demo": True}}).to_dict()
+    now = build_config({"data": {"demo": True}, "train": {"epochs": 3, "learning_rate": 0.5}}).to_dict()
+    math, harmless = compare_configs(saved, now)
+    assert [m.split(" ")[0] for m in math] == ["train.learning_rate"]
+    assert [h.split(" ")[0] for h in harmless] == ["train.epochs"]
+    del saved["train"]["height_loss_weight"]            # a setting an older version did not have: its default
+    assert compare_configs(saved, build_config({"data": {"demo": True}}).to_dict()) == ([], [])

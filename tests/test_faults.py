@@ -204,15 +204,16 @@ def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, m
     import errno
 
     from cloudml_lib import cli
-    from cloudml_lib.train import Trainer
+    from cloudml_lib.errors import explain_os_error
+    from cloudml_lib.train.progress import MetricsFile
 
     def full(self, record):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self.run_dir / "metrics.jsonl"))
-    monkeypatch.setattr(Trainer, "_append_metrics", full)
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+    monkeypatch.setattr(MetricsFile, "append", full)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw_config))
     assert cli.main(["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "no space left on the disk holding" in err and "metrics.jsonl" in err and "Free space there" in err
-    assert cli.explain_os_error(PermissionError(errno.EROFS, "Read-only file system", "/x")).startswith(
+    assert explain_os_error(PermissionError(errno.EROFS, "Read-only file system", "/x")).startswith(
         "cannot write /x: the disk or folder is read-only")

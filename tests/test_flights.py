@@ -107,8 +107,9 @@ def test_a_flight_missing_a_file_is_a_clear_error_listing_what_is_missing(incomp
 def test_skipping_incomplete_flights_is_explicit_and_listed(incomplete, tmp_path):
     data = data_config(incomplete, skip_incomplete_flights=True, cache_dir=str(tmp_path / "cache"),
                        temporal_frames=3, swath_slice=[4, 36])
-    skipped = flights.resolve_flights(data)
-    assert [f.name for f in data.flights] == ["01Mar25", "05Mar25"]
+    resolved, skipped = flights.resolve_flights(data)
+    assert data.flights == [] and [f.name for f in resolved.flights] == ["01Mar25", "05Mar25"]   # data not changed
+    data = resolved
     assert [f.name for f in skipped] == ["03Mar25", "04Mar25"]
     from cloudml_lib.data.cache import load_caches
     table = flights.format_table(flights.summary_rows(data, load_caches(data), skipped))

@@ -18,7 +18,7 @@ from benchmarks.predict import predict_per_window
 from cloudml_lib import evaluate, inference
 from cloudml_lib.config import build_config
 from cloudml_lib.data.dataset import CloudDataset, Scalers, prepare_data
-from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import SKIMAGE, FramePool
 from cloudml_lib.data.synthetic import make_demo_flights
 from cloudml_lib.model import MultimodalRegressionModel
@@ -112,8 +112,7 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(tin
     root, entries = tiny_flights
     raw = tiny_raw(root, entries, tmp_path / "cache")
     raw["data"]["temporal_frames"] = t
-    cfg = build_config(raw)
-    prepare_flights(cfg.data)
+    cfg, _ = resolve_config(build_config(raw))
     train_set, val_set = prepare_data(cfg)
     model = model_with_cloud([4, 8, 8], "probe")
     encoded = []
@@ -137,8 +136,7 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(tin
 
 def test_a_model_in_training_mode_is_scored_in_eval_mode_and_left_as_it_was(tiny_flights, tmp_path):
     root, entries = tiny_flights
-    cfg = build_config(tiny_raw(root, entries, tmp_path / "cache"))
-    prepare_flights(cfg.data)
+    cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
     _, val_set = prepare_data(cfg)
     model = model_with_cloud([4, 8, 8], "none").train()
     stats = [b.clone() for b in model.buffers()]
@@ -154,8 +152,7 @@ def test_a_compiled_encoder_meets_one_batch_shape(tiny_flights, tmp_path):
         pytest.skip("torch.compile on the CPU needs a C++ compiler")
     from cloudml_lib.compile import apply_compile
     root, entries = tiny_flights
-    cfg = build_config(tiny_raw(root, entries, tmp_path / "cache"))
-    prepare_flights(cfg.data)
+    cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
     _, val_set = prepare_data(cfg)
     model = model_with_cloud([4, 8, 8], "none")
     eager, _ = evaluate.predict(model, val_set, CPU, 8)

@@ -24,7 +24,6 @@ from cloudml_lib.errors import CloudMLError
 from cloudml_lib.rundir import has_run, run_status
 
 LAST_RUN = "last_run.json"           # in the CloudML folder (on Drive): the choice the newest run started with
-SMOKE_EPOCHS = 2
 PRESET_WORDS = {"A": "full model, torch.compile, batch 20", "B": "full model, no compile, batch 16",
                 "C": "small model, batch 16", "demo": "CPU demo configuration"}
 
@@ -150,7 +149,8 @@ class Picker:
 
     def _preset_epochs(self, preset: str) -> int:
         if smoke():
-            return SMOKE_EPOCHS
+            from cloudml_lib.colab.smoke import EPOCHS
+            return EPOCHS
         resolved = self.auto if preset == "Auto" else preset
         return load_config(hardware.preset_config_path(resolved)).train.epochs
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from cloudml_lib.checkpoint import fault_point
+from cloudml_lib import faults
 from cloudml_lib.errors import DataError
 from cloudml_lib.runlock import holder_alive
 
@@ -44,7 +44,7 @@ def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.nd
             filled += int(block.filled.sum())
             row += n
             bar.update(n)
-            fault_point("cache-block")
+            faults.point("cache-block")
         f.flush()
         os.fsync(f.fileno())
     assert row == shape[0], f"{path}: {row} frames written of {shape[0]}"

@@ -14,10 +14,10 @@ import datetime as dt
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cloudml_lib.config import DataConfig, FlightConfig, check_flight_names
+from cloudml_lib.config import Config, DataConfig, FlightConfig, check_flight_names
 from cloudml_lib.data import cpl, er2, synthetic
 from cloudml_lib.errors import ConfigError, DataError
 
@@ -139,10 +139,10 @@ def _found_from_config(data: DataConfig) -> list[FoundFlight]:
     return out
 
 
-def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (), check_names: bool = True) -> list[FoundFlight]:
-    """Fill data.flights with the complete flights (listed or found) and check the flight names.
-
-    Returns the flights skipped as incomplete. Raises DataError naming every incomplete flight and
+def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (),
+                    check_names: bool = True) -> tuple[DataConfig, list[FoundFlight]]:
+    """(`data` with data.flights the complete flights, listed or found, and their names checked; the flights
+    skipped as incomplete). `data` itself is not changed. Raises DataError naming every incomplete flight and
     what it lacks (unless data.skip_incomplete_flights), and ConfigError for names that do not exist.
     """
     explicit = bool(data.flights)
@@ -173,25 +173,26 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (), check_na
                                   f"file {rel}; its samples would be trained twice. Give each flight its own files.")
             owners[path] = f.name
     if not explicit:
-        data.flights = [f.config() for f in complete]
+        data = replace(data, flights=[f.config() for f in complete])
         log.info("found %d flights in %s: %s", len(complete), data.dir, ", ".join(f.name for f in complete))
     else:
-        data.flights = [fl for fl in data.flights if fl.name in {f.name for f in complete}]
+        data = replace(data, flights=[fl for fl in data.flights if fl.name in {f.name for f in complete}])
     where = "data.flights" if explicit else f"the flights found in {data.dir}"
     problems = check_flight_names(data, [f.name for f in data.flights], where) if check_names else []
     if problems:
         raise ConfigError("the flights do not fit the config:\n  - " + "\n  - ".join(problems))
-    return incomplete
+    return data, incomplete
 
 
-def ensure_demo_flights(data) -> None:
+def ensure_demo_flights(data: DataConfig) -> DataConfig:
     """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
-    then found there like real flights), and hold out the demo's validation flight when none is named."""
+    then found there like real flights); returns `data` holding out the demo's validation flight when it
+    names none (`data` itself is not changed)."""
     if not data.demo:
-        return
+        return data
     if not data.validation_flights:
         names = [n for n, _ in synthetic.demo_flight_names(synthetic.DEMO_FLIGHTS)]
-        data.validation_flights = [names[synthetic.DEMO_VALIDATION_INDEX]]
+        data = replace(data, validation_flights=[names[synthetic.DEMO_VALIDATION_INDEX]])
     marker = Path(data.dir) / synthetic.VERSION_FILE
     old = marker.is_file() and marker.read_text().strip() != str(synthetic.DEMO_VERSION)
     if old:
@@ -200,19 +201,26 @@ def ensure_demo_flights(data) -> None:
     if old or (not data.flights and not (Path(data.dir).is_dir() and find_flights(data))):
         log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
         synthetic.make_demo_flights(data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED)
+    return data
 
 
-def prepare_flights(data: DataConfig, check_names: bool = True) -> list[FoundFlight]:
-    """What a run does first: write the demo flights if asked to, then resolve the flights
-    (the cache folders are not searched). Returns the flights skipped as incomplete.
-    `check_names=False` (cross-validation, which sets the validation flight of each fold) skips
+def prepare_flights(data: DataConfig, check_names: bool = True) -> tuple[DataConfig, list[FoundFlight]]:
+    """What a run does first: write the demo flights if asked to, then resolve the flights (the cache folders
+    are not searched). Returns (the data settings with the flights resolved, the flights skipped as
+    incomplete). `check_names=False` (cross-validation, which sets the validation flight of each fold) skips
     the checks of data.validation_flights and data.overweight_flight."""
     from cloudml_lib.data.cache import cache_root, check_folder_settings
 
     check_folder_settings(data)
-    ensure_demo_flights(data)
+    data = ensure_demo_flights(data)
     skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
     return resolve_flights(data, skip, check_names)
+
+
+def resolve_config(cfg: Config, check_names: bool = True) -> tuple[Config, list[FoundFlight]]:
+    """prepare_flights for a whole config: (a new Config with the flights resolved, the flights skipped)."""
+    data, skipped = prepare_flights(cfg.data, check_names)
+    return replace(cfg, data=data), skipped
 
 
 # ------------------------------------------------------------------------------------ the table

@@ -31,26 +31,27 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from cloudml_lib.checkpoint import Found, check_folder, fault_point, load_checkpoint
+from cloudml_lib import faults
+from cloudml_lib.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
 from cloudml_lib.compile import CompileWatch, apply_compile
-from cloudml_lib.config import Config, save_config
+from cloudml_lib.config import Config, derive, save_config
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
-from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
 from cloudml_lib.errors import CloudMLError, ConfigError
-from cloudml_lib.hardware import Precision, choose_device, choose_precision, default_num_workers, describe_device
+from cloudml_lib.hardware import choose_device, choose_precision, default_num_workers, describe_device
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.provenance import read_run_provenance, run_provenance, trained_backend
 from cloudml_lib.memory import measure_batch_size
 from cloudml_lib.logs import attach_run_log
 from cloudml_lib.rundir import (check_data_fingerprint, check_folder_kind, check_resume_config,
-                                clean_leftovers, find_resume_point, truncate_metrics)
+                                clean_leftovers, find_resume_point, resumed_config, truncate_metrics)
 from cloudml_lib.runlock import RunLock
-from cloudml_lib.train.progress import RunInfo
+from cloudml_lib.train.progress import MetricsFile, RunInfo
 from cloudml_lib.train.events import Events
 from cloudml_lib.train.saving import Checkpoints
-from cloudml_lib.train.state import LoopState, restore
+from cloudml_lib.train.state import LoopState, restore, stateful
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,11 @@ def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
 
 
 def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerprint: dict,
-                  flight_table: str) -> tuple[RunLock | None, Found | None]:
-    """Rank 0 locks the run folder, cleans leftovers and picks the checkpoint to resume from; every
-    other rank then loads that same committed checkpoint (its checksums verified again).
-    Returns the lock (rank 0's; to release at the end) and the checkpoint to resume from, if any."""
+                  flight_table: str) -> tuple[RunLock | None, Found | None, Config]:
+    """Rank 0 locks the run folder, cleans leftovers, picks the checkpoint to resume from and checks this
+    config and data against it; every other rank then loads that same committed checkpoint (its checksums
+    verified again). Returns the lock (rank 0's; to release at the end), the checkpoint to resume from (if
+    any), and the config the run goes on with (check_resume_config: `cfg` itself is not changed)."""
     lock = None
 
     def claim():
@@ -114,9 +116,8 @@ def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerpri
         clean_leftovers(run_dir)
         found = find_resume_point(run_dir, resume)
         if found is not None:
-            check_resume_config(cfg, found.state["config"])
-            check_data_fingerprint(found.state.get("data_fingerprint"), fingerprint)
-        save_config(cfg, run_dir / "config.yaml")
+            check_resume_config(cfg, found.state[Key.CONFIG])
+            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint)
         log.info("Flights:\n%s", flight_table)
         return found
 
@@ -127,89 +128,107 @@ def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerpri
         if lock is not None:
             lock.release()
         raise
-    if dist.is_main or folder is None:
-        return lock, found
-    reason, state, meta = check_folder(Path(folder))
-    if reason is not None:
-        raise CloudMLError(f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
-                           f"{reason}. Every process must see the same run folder (a shared disk).")
-    return lock, Found(Path(folder), state, [], meta)
+    if not dist.is_main and folder is not None:
+        reason, state, meta = check_folder(Path(folder))
+        if reason is not None:
+            raise CloudMLError(f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
+                               f"{reason}. Every process must see the same run folder (a shared disk).")
+        found = Found(Path(folder), state, [], meta)
+    return lock, found, (cfg if found is None else resumed_config(cfg, found.state[Key.CONFIG]))
 
 
 @dataclass
 class Run:
-    """What the loop needs; its fields become the Trainer's attributes (trainer.model, trainer.optimizer, ...)."""
+    """What the loop needs, built in the order above; the Trainer assigns each of these to itself."""
+    config: Config                    # the run's plan: the config loaded, with its flights and batch size resolved
     train_set: CloudDataset
     val_set: CloudDataset
     quick_val: np.ndarray             # the validation samples scored after each epoch
-    fingerprint: dict                 # what the run trains on, by content (checked on resume)
-    provenance: dict                  # label definition, per-flight counts, input files' SHA-256
     lock: RunLock | None              # rank 0's lock on the run folder
     model: torch.nn.Module            # the plain module: what is saved and evaluated
     ddp: torch.nn.Module              # what a training step calls: the model, or DDP around it
-    forward: torch.nn.Module          # the same, until a compile failure switches to eager (tests may wrap it)
     device: torch.device
-    precision: Precision
     autocast: Callable                # a context manager factory: autocast, or nothing in float32
     scaler: torch.amp.GradScaler
     compile: CompileWatch
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     sampler: EpochBatchSampler
-    loader_rng: torch.Generator       # the loader's worker seeds (kept apart from the global RNG)
     loader: DataLoader
     num_workers: int
-    steps_per_epoch: int
+    steps_per_epoch: int              # optimizer steps
     total_steps: int
     loop: LoopState                   # progress and loss sums: what the loop changes
-    checkpoints: Checkpoints
+    checkpoints: Checkpoints          # when to save, and the whole save in one call
+    metrics: MetricsFile
     run_info: RunInfo
-    events: Events | None = None      # TensorBoard (train/events.py), opened once the resume point is known
+    events: Events
 
 
 def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, dist: Dist) -> Run:
     """Everything in the order above; the run starts from the resume point, or from `init_from`'s weights
-    (fine-tuning), or fresh. On any error the run folder is released."""
+    (fine-tuning), or fresh. `cfg` is not changed: what the run resolves (its flights, a measured batch
+    size) is in Run.config and run.json. On any error the run folder is released."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     check_folder_kind(run_dir, "train")
-    fault_point("setup")
+    faults.point("setup")
     # a resumed run keeps the CLAHE backend it started with (auto), or is warned that it changes
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(read_run_provenance(run_dir)))
-    train_set, val_set = dist.main_first(lambda: prepare_data(cfg, prepare_flights(cfg.data), backend))
+
+    def data():
+        resolved, skipped = resolve_config(cfg)
+        return resolved, prepare_data(resolved, skipped, backend)
+    cfg, (train_set, val_set) = dist.main_first(data)
     check_batch_size(cfg, len(train_set), dist.world)
     fingerprint = data_fingerprint(train_set, val_set)        # fixed for the run; stored in every checkpoint
     provenance = run_provenance(train_set.caches + val_set.caches, cfg.data)
-    lock = checkpoints = None
+    lock = writer = None
     try:
-        lock, found = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
+        lock, found, cfg = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
         seed_everything(cfg.train.seed)
-        scored = np.arange(len(val_set))
-        if cfg.model.cloud_head == "probe":
-            # until the probe is fitted the model answers the height alone: each epoch scores the frames with one
-            scored = np.flatnonzero(val_set.has_height())
-        quick_val = scored[quick_subset(len(scored), cfg.train.quick_val_fraction)]
-        parts = build_parts(cfg, dist, train_set)
-        checkpoints = Checkpoints(run_dir, cfg.checkpoint, dist)
-        run = Run(train_set=train_set, val_set=val_set, quick_val=quick_val, fingerprint=fingerprint,
-                  provenance=provenance, lock=lock, **parts, checkpoints=checkpoints,
-                  loop=LoopState(dist, parts["device"], cfg.train.batch_size),
-                  run_info=RunInfo(run_dir, dist, parts["compile"], provenance))
-        start(run, found, run_dir, cfg, dist, init_from)
-        run.events = Events(run_dir, checkpoints.writer.local_dir if checkpoints.writer else None,
-                            run.loop.progress["step"], fresh=found is None)
+        parts, cfg = build_parts(cfg, dist, train_set)
+        writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
+        loop = LoopState(dist, parts["device"], cfg.train.batch_size)
+        metrics = MetricsFile(run_dir, dist)
+        header = {Key.SCALERS: val_set.scalers.to_dict(), Key.FINGERPRINT: fingerprint, Key.PROVENANCE: provenance}
+        pieces = stateful(parts["model"], parts["optimizer"], parts["scheduler"], parts["scaler"], loop)
+        checkpoints = Checkpoints(run_dir, cfg, dist, writer, pieces, parts["loader_rng"], parts["sampler"], header,
+                                  metrics, parts["total_steps"])
+        run_info = RunInfo(run_dir, dist, parts["compile"], provenance)
+        if dist.is_main:
+            save_config(cfg, run_dir / "config.yaml")          # the run's plan, as it trains
+        start(found, pieces, parts, metrics, run_info, run_dir, cfg, dist, init_from)
+        events = Events(run_dir, writer.local_dir if writer else None, loop.progress["step"], fresh=found is None)
+        checkpoints.events = events
     except BaseException:
-        if checkpoints is not None:
-            checkpoints.close()
+        if writer is not None:
+            writer.close()
         if lock is not None:
             lock.release()
         raise
     checkpoints.last_save = time.monotonic()
-    return run
+    return Run(config=cfg, train_set=train_set, val_set=val_set, quick_val=quick_validation(cfg, val_set), lock=lock,
+               model=parts["model"], ddp=parts["ddp"], device=parts["device"], autocast=parts["autocast"],
+               scaler=parts["scaler"], compile=parts["compile"], optimizer=parts["optimizer"],
+               scheduler=parts["scheduler"], sampler=parts["sampler"], loader=parts["loader"],
+               num_workers=parts["num_workers"], steps_per_epoch=parts["steps_per_epoch"],
+               total_steps=parts["total_steps"], loop=loop, checkpoints=checkpoints,
+               metrics=metrics, run_info=run_info, events=events)
 
 
-def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> dict:
-    """Steps 3-6 above, after the seeds are set. `train.batch_size: auto` is resolved here (in cfg)."""
+def quick_validation(cfg: Config, val_set: CloudDataset) -> np.ndarray:
+    """The validation samples scored after each epoch: a fixed share, evenly spread. Until the probe is fitted
+    the model answers the height alone: each epoch then scores the frames with a height."""
+    scored = np.arange(len(val_set))
+    if cfg.model.cloud_head == "probe":
+        scored = np.flatnonzero(val_set.has_height())
+    return scored[quick_subset(len(scored), cfg.train.quick_val_fraction)]
+
+
+def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[dict, Config]:
+    """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
+    Config: `cfg` is not changed)."""
     t = cfg.train
     model = build_model(cfg)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
@@ -226,7 +245,8 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> dict:
     if t.batch_size == "auto":             # per process; the global batch is what every process can hold
         per_process = measure_batch_size(model, autocast, device, cfg.data.temporal_frames,
                                          train_set.caches[0].frame_shape)
-        t.batch_size = min(dist.gather(per_process)) * dist.world
+        cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
+        t = cfg.train
     watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed, rank=dist.rank, world=dist.world)
@@ -248,23 +268,28 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> dict:
              precision.name, t.batch_size,
              f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
              steps_per_epoch, num_workers)
-    return dict(model=model, ddp=ddp, forward=ddp, device=device, precision=precision, autocast=autocast,
-                scaler=scaler, compile=watch, optimizer=optimizer, scheduler=scheduler, sampler=sampler,
-                loader_rng=loader_rng, loader=loader, num_workers=num_workers, steps_per_epoch=steps_per_epoch,
-                total_steps=total_steps)
+    return dict(model=model, ddp=ddp, device=device, autocast=autocast, scaler=scaler, compile=watch,
+                optimizer=optimizer, scheduler=scheduler, sampler=sampler, loader_rng=loader_rng, loader=loader,
+                num_workers=num_workers, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+                precision=precision), cfg
 
 
-def start(run: Run, found: Found | None, run_dir: Path, cfg: Config, dist: Dist, init_from: Path | None) -> None:
-    """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given."""
+def start(found: Found | None, pieces: dict, parts: dict, metrics: MetricsFile, run_info: RunInfo, run_dir: Path,
+          cfg: Config, dist: Dist, init_from: Path | None) -> None:
+    """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
+    records the plan of this start: what was resolved, and how."""
+    sampler = parts["sampler"]
     if found is not None:
-        restore(found, run, run_dir, cfg, dist)
+        restore(found, pieces, parts["loader_rng"], metrics.path, cfg, dist, sampler.batches_per_epoch())
     else:
-        truncate_metrics(run_dir, 0)
+        truncate_metrics(metrics.path, 0)
         if init_from is not None:
-            run.model.load_state_dict(load_checkpoint(init_from)["model"])      # in place
+            parts["model"].load_state_dict(load_checkpoint(init_from)[Key.MODEL])      # in place
             log.info("Starting from the weights of %s", init_from)
-    run.run_info.start({"processes": dist.world, "total_steps": run.total_steps,
-                        "steps_per_epoch": run.steps_per_epoch, "epochs": cfg.train.epochs,
-                        "batch_size": cfg.train.batch_size, "device": describe_device(run.device),
-                        "start_step": run.loop.progress["step"],
-                        "resumed_from": str(found.folder) if found is not None else None}, found is not None)
+    run_info.start({"processes": dist.world, "total_steps": parts["total_steps"],
+                    "steps_per_epoch": parts["steps_per_epoch"], "epochs": cfg.train.epochs,
+                    "batch_size": cfg.train.batch_size, "device": describe_device(parts["device"]),
+                    "start_step": pieces[Key.LOOP].progress["step"],
+                    "resumed_from": str(found.folder) if found is not None else None,
+                    "flights": [f.name for f in cfg.data.flights],
+                    "validation_flights": list(cfg.data.validation_flights)}, found is not None)

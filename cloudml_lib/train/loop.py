@@ -1,39 +1,46 @@
-"""The training loop, top to bottom: fit -> epoch -> step. Set-up is `build.py`, what survives a
-restart `state.py`, checkpoints `saving.py`, validation and the end of a run `evaluation.py`; this
-file holds what runs every epoch and step.
+"""The training loop, top to bottom: fit -> epoch -> step, and the end of a run. Set-up is `build.py`, what
+survives a restart `state.py`, checkpoints `saving.py`, scoring `evaluation.py`; this file holds what
+runs every epoch and step, and puts the end of a run together.
 
 A step: forward and backward of each batch (micro-batch by micro-batch), the optimizer step once per
 train.grad_accum_steps batches, skipped when its loss is NaN/inf; out-of-memory and compile failures
-are recovered from (`recovery.py`); then the checkpoint cadence and a stop asked for by a signal.
+are recovered from (`recovery.py`); then the checkpoint if one is due, and a stop asked for by a signal.
 With several processes the loop reads the same: the collectives are `Dist` helpers, no-ops with one.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from cloudml_lib.checkpoint import fault_point, unwrap_model
+from cloudml_lib import faults, plots
+from cloudml_lib.compile import CompileWatch
 from cloudml_lib.config import Config
+from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
 from cloudml_lib.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.errors import CloudMLError
+from cloudml_lib.evaluate import Scored, format_report
 from cloudml_lib.hardware import format_memory, memory_readings
-from cloudml_lib.outputs import append_text, json_safe
 from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, count_nonfinite_step, eager_after_compile_failure,
                                   halve_micro_batch, refuse_retry_across_processes, run_attempt, undo)
+from cloudml_lib.report import write_report
+from cloudml_lib.runlock import RunLock
 from cloudml_lib.train.build import build_run
-from cloudml_lib.train.evaluation import finish, stored_report, update_best, validate
-from cloudml_lib.train.progress import ProgressLines, log_step, mean_loss
-from cloudml_lib.train.saving import save_best, save_checkpoint
-from cloudml_lib.train.state import snapshot
+from cloudml_lib.train.evaluation import (Evaluator, fit_cloud_probe, held_out_report, load_best_weights,
+                                          matched_training_frames, read_stored_report, update_best, write_held_out)
+from cloudml_lib.train.events import Events
 from cloudml_lib.train.loss import global_totals, part_loss
+from cloudml_lib.train.progress import MetricsFile, ProgressLines, RunInfo, log_step, mean_loss
+from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.signals import StopRequest
+from cloudml_lib.train.state import LoopState
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +48,47 @@ log = logging.getLogger(__name__)
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto", init_from: Path | None = None,
                  dist: Dist = SINGLE):
-        """`init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
+        """`cfg`: the config as loaded (never changed: the run's resolved plan is `self.cfg` after setup()).
+        `init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
         `dist`: this process's place in a torchrun job; only rank 0 writes files."""
         self.cfg, self.run_dir, self.resume, self.init_from, self.dist = cfg, Path(run_dir), resume, init_from, dist
-        self.lock, self.checkpoints, self.events, self.stop = None, None, None, StopRequest()   # until setup()
+        self.lock: RunLock | None = None
+        self.checkpoints: Checkpoints | None = None
+        self.stop = StopRequest()
         self.caches_checked = False
         self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
     def setup(self) -> "Trainer":
         """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
-        and the resume point. Its parts become this trainer's attributes."""
-        vars(self).update(vars(build_run(self.cfg, self.run_dir, self.resume, self.init_from, self.dist)))
-        self.state = self.loop.progress                  # the loop's progress: one dict, saved in every checkpoint
-        self.writer, self.checkpoint_stalls = self.checkpoints.writer, self.checkpoints.stalls
+        checkpoints and the resume point; each part is assigned here."""
+        run = build_run(self.cfg, self.run_dir, self.resume, self.init_from, self.dist)
+        self.cfg: Config = run.config                     # the run's plan: flights and batch size resolved
+        self.train_set: CloudDataset = run.train_set
+        self.val_set: CloudDataset = run.val_set
+        self.quick_val: np.ndarray = run.quick_val
+        self.lock = run.lock
+        self.model: torch.nn.Module = run.model           # the plain module: saved and evaluated
+        self.ddp: torch.nn.Module = run.ddp               # the model, or DDP around it
+        self.forward: Callable = run.ddp                  # what a training step calls (eager after a compile failure)
+        self.device: torch.device = run.device
+        self.autocast: Callable = run.autocast
+        self.scaler: torch.amp.GradScaler = run.scaler
+        self.compile: CompileWatch = run.compile
+        self.optimizer: torch.optim.Optimizer = run.optimizer
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR = run.scheduler
+        self.sampler: EpochBatchSampler = run.sampler
+        self.loader: DataLoader = run.loader
+        self.num_workers: int = run.num_workers
+        self.steps_per_epoch: int = run.steps_per_epoch
+        self.total_steps: int = run.total_steps
+        self.loop: LoopState = run.loop
+        self.state: dict = run.loop.progress              # the loop's progress: one dict, saved in every checkpoint
+        self.checkpoints = run.checkpoints
+        self.metrics: MetricsFile = run.metrics
+        self.run_info: RunInfo = run.run_info
+        self.events: Events = run.events
+        self.evaluator = Evaluator(self.model, self.device, self.autocast, self.dist, self.num_workers, self.compile,
+                                   self.state, self._eager_after_compile_failure)
         return self
 
     # ------------------------------------------------------------------------------ the loop
@@ -65,15 +100,15 @@ class Trainer:
             if st["finished"]:
                 log.info("This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
                          "longer, or use another --run-dir for a new run.", st["epoch"], t.epochs)
-                return stored_report(self)
-            unwrap_model(self.model).clear_cloud_probe()   # a probe is fitted when training ends, not before
+                return self.stored_report()
+            self.model.clear_cloud_probe()                   # a probe is fitted when training ends, not before
             with self.stop.trapped():
                 done = st["epoch"] >= t.epochs
                 while True:
                     if st["history"]:
                         after_epoch(st["history"])
                     if done:
-                        return finish(self)
+                        return self.finish()
                     done = self.run_epoch()
         finally:
             self.close()
@@ -89,7 +124,7 @@ class Trainer:
                   "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"], "cloud_accuracy": m.get("cloud_accuracy"),
                   "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
         st["history"].append(record)
-        self._append_metrics({"kind": "epoch", **record, "memory": memory})
+        self.metrics.append({"kind": "epoch", **record, "memory": memory})
         self.events.epoch(record, format_memory(memory), self.compile.update().describe())
         cloud = "" if m.get("cloud_accuracy") is None else f" | cloud acc {m['cloud_accuracy']:.2f}"
         log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km%s | lr %.1e | %.1f s | %s",
@@ -101,7 +136,7 @@ class Trainer:
         self.run_info.write()                              # recompiles for validation show here
         if stop or st["epoch"] >= t.epochs:
             return True
-        self.save_checkpoint("epoch_end")
+        self.checkpoints.save("epoch_end")
         if self.dist.any_true(self.stop.asked, device=self.device)[0]:
             self.stop.ask()
             self._stop_now()
@@ -123,12 +158,7 @@ class Trainer:
             loss = self.train_step(batch)
             ok = torch.isfinite(loss)
             finite &= ok
-            acc = self.loop.acc             # device-side sums: no sync per batch; a NaN batch adds nothing
-            acc["epoch_loss"] += torch.where(ok, loss, 0.0)
-            acc["window_loss"] += torch.where(ok, loss, 0.0)
-            acc["epoch_batches"] += ok
-            acc["window_batches"] += ok
-            acc["window_samples"] += len(batch["target"])
+            self.loop.add(loss, ok, len(batch["target"]))   # device-side sums: no sync per batch
             st["batch"] += 1
             if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
                 # One sync per optimizer step, as a GradScaler has; all processes skip a step together.
@@ -136,7 +166,7 @@ class Trainer:
                     st["nonfinite_in_a_row"] = 0
                     self.optimizer_step()
                     if st["step"] % t.log_every_steps == 0:
-                        log_step(self, epoch, bar)
+                        log_step(self.loop, self.optimizer, self.metrics, self.events, epoch, bar)
                 else:
                     self.skip_step()
                     finite.fill_(True)
@@ -165,8 +195,7 @@ class Trainer:
             if failure == "oom":
                 halve_micro_batch(self.state, len(batch["target"]), self.cfg.train.batch_size)
             else:
-                self.forward = eager_after_compile_failure(self.ddp, self.compile, failure)
-                self.run_info.write()
+                self._eager_after_compile_failure(failure)
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
 
     def _forward_backward(self, batch: dict) -> torch.Tensor:
@@ -214,53 +243,98 @@ class Trainer:
                                                    self.val_set.caches, self.caches_checked)
 
     def _after_step(self) -> None:
-        """Checkpoint cadence, test fault point, and a stop asked for by a signal."""
-        st, batches = self.state, self.sampler.batches_per_epoch()
-        by_steps, by_time = self.checkpoints.due(st["step"])
-        # Clocks and signals differ between processes: they agree on both (one small collective).
-        by_time, stop = self.dist.any_true(by_time, self.stop.asked, device=self.device)
+        """A checkpoint if one is due, the notebook's progress line, the test fault point, a stop asked for."""
+        st = self.state
+        self.checkpoints.save_if_due(st["step"])
+        stop = self.dist.any_true(self.stop.asked, device=self.device)[0]   # signals differ between processes
         if stop:
             self.stop.ask()                                     # maybe another process was asked
-        # An epoch's last step is saved right after its validation instead (same step number).
-        if (by_steps or by_time) and st["batch"] < batches:
-            self.save_checkpoint("every_steps" if by_steps else "every_minutes")
-        self.progress(st, self.total_steps, self.cfg.train.epochs, batches)
+        self.progress(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
         self.run_info.report_compile()
-        fault_point("step")
+        faults.point("step")
         if stop:
             self._stop_now()
 
     def _stop_now(self) -> None:
-        self.save_checkpoint(self.stop.name, wait=True)
+        self.checkpoints.save(self.stop.name, wait=True)
         self.dist.barrier()                                     # no process leaves before the save is committed
         log.warning("Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
                     self.stop.name, self.state["step"], self.run_dir / "checkpoints")
         raise KeyboardInterrupt(f"stopped by {self.stop.name}; progress saved")
 
-    def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, np.ndarray]:
-        return validate(self, indices)
+    def _eager_after_compile_failure(self, failure: str) -> None:
+        self.forward = eager_after_compile_failure(self.ddp, self.compile, failure)
+        self.run_info.write()
+
+    # ------------------------------------------------------------------------------ scoring
+    def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, Scored]:
+        indices = np.arange(len(self.val_set)) if indices is None else indices
+        return self.evaluator.validate(self.val_set, indices, self.cfg)
 
     def _update_best(self, val_loss: float, epoch: int) -> bool:
-        return update_best(self, val_loss, epoch)
-
-    # ------------------------------------------------------------------------ saving, closing
-    def snapshot(self) -> dict:
-        return snapshot(self)
-
-    def save_checkpoint(self, reason: str, wait: bool = False) -> float:
-        return save_checkpoint(self, reason, wait)
+        return update_best(self.state, val_loss, epoch, self.model, self.cfg.train.early_stopping_patience,
+                           self.save_best, self.run_dir / "best.pt")
 
     def save_best(self) -> None:
-        save_best(self)
+        self.checkpoints.save_best(self.model, float(np.nanmean(self.train_set.targets_km())))
 
-    def _append_metrics(self, record: dict) -> None:
+    # ------------------------------------------------------------------------------ the end of a run
+    def finish(self) -> dict:
+        """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
+        self.checkpoints.wait()
+        self.dist.barrier()                                  # rank 0's best.pt is written before anyone reads it
+        report = self.evaluate_best()
+        st = self.state
+        st["finished"] = True
         if self.dist.is_main:
-            append_text(self.run_dir / "metrics.jsonl", json.dumps(json_safe(record)) + "\n")
+            self.metrics.append({"kind": "final", "epoch": st["epoch"], "step": st["step"], **report["overall"],
+                                 "baseline": report["baseline"], "per_flight": report["per_flight"]})
+            if st["history"]:
+                plots.save_figure(plots.curves_figure(st["history"]), self.run_dir / "plots" / "curves.png")
+            write_report(self.run_dir)
+            self.events.scalars(st["step"], {f"final/{k}": v for k, v in report["overall"].items()})
+            self.events.image(st["step"], "evaluation/scatter", self.run_dir / "plots" / "scatter.png")
+        self.checkpoints.save("final", wait=True)            # every rank: the snapshot gathers from all of them
+        self.dist.barrier()
+        if not self.dist.is_main:
+            return report
+        if self.checkpoints.failed_last:
+            raise CloudMLError(f"the final checkpoint could not be written ({self.checkpoints.failed_last}); the "
+                               f"results are in {self.run_dir}, but the run is not marked finished. Free space or fix "
+                               "the folder's permissions, then run the same command again.")
+        log.info("Full validation with the best model (epoch %d):\n%s", st["best_epoch"], format_report(report))
+        log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", self.run_dir)
+        return report
+
+    def evaluate_best(self) -> dict:
+        """The best weights loaded back (the newest if best.pt cannot be used), the cloud probe fitted, the full
+        evaluation with its intervals; rank 0 writes evaluation.json, predictions.csv, intervals.json, the plot."""
+        best = self.run_dir / "best.pt"
+        load_best_weights(self.model, best, self.state, self.save_best)
+        frames = matched_training_frames(self.cfg, self.train_set)
+        if self.cfg.model.cloud_head == "probe":
+            fit_cloud_probe(self.evaluator, frames, best, self.dist)
+        _, _, scored = self.validate()
+        report, calibration = held_out_report(self.cfg, scored, self.train_set, self.val_set, frames,
+                                              self.state["best_epoch"])
+        if self.dist.is_main:
+            write_held_out(self.run_dir, self.val_set, scored, report, calibration)
+        return report
+
+    def stored_report(self) -> dict:
+        """A finished run's report; a missing or damaged evaluation.json is computed again from best.pt."""
+        report = read_stored_report(self.run_dir / "evaluation.json")
+        if report is None:
+            report = self.evaluate_best()
+            if self.dist.is_main:
+                write_report(self.run_dir)
+        log.info("Its report:\n%s", format_report(report))
+        return report
 
     def close(self) -> None:
         """Let an in-flight checkpoint finish, commit the TensorBoard events, then release the run directory."""
         if self.checkpoints is not None:
-            self.checkpoints.close(self.events)
+            self.checkpoints.close()
         if self.lock is not None:
             self.lock.release()
             self.lock = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from cloudml_lib.config import Config, config_from_dict
-from cloudml_lib.data.flights import prepare_flights
+from cloudml_lib.config import Config, derive
+from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
 from cloudml_lib.errors import CloudMLError, ConfigError
 from cloudml_lib.train.loop import Trainer
@@ -51,20 +51,18 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
     fine-tunes from its best weights on all training flights, the pre-training flight weighted by
     data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
     An interrupted phase resumes; a finished phase 1 is not trained again."""
-    prepare_flights(cfg.data)
+    cfg, _ = resolve_config(cfg)
     names = [f.name for f in cfg.data.flights]
     problems = check_pretrain_flight(cfg, names)
     if problems:
         raise ConfigError("; ".join(problems))
     keep = {cfg.train.pretrain_flight, *cfg.data.validation_flights}
-    phase1 = config_from_dict(cfg.to_dict())
-    phase1.data.flights = [f for f in phase1.data.flights if f.name in keep]
-    phase1.data.overweight_flight, phase1.train.pretrain_flight = "", ""
-    phase1.train.epochs = cfg.train.pretrain_epochs
+    phase1 = derive(cfg, {"data.flights": [f for f in cfg.data.flights if f.name in keep],
+                          "data.overweight_flight": "", "train.pretrain_flight": "",
+                          "train.epochs": cfg.train.pretrain_epochs})
     log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
     Trainer(phase1, run_dir / "pretrain", resume, dist=dist).setup().fit()
-    phase2 = config_from_dict(cfg.to_dict())
-    phase2.data.overweight_flight = cfg.train.pretrain_flight
+    phase2 = derive(cfg, {"data.overweight_flight": cfg.train.pretrain_flight})
     log.info("Phase 2 of 2: fine-tuning on %s (%s weighted x%g)", ", ".join(n for n in names
              if n not in cfg.data.validation_flights), cfg.train.pretrain_flight, cfg.data.overweight_factor)
     return Trainer(phase2, run_dir, resume, init_from=run_dir / "pretrain" / "best.pt", dist=dist).setup().fit()

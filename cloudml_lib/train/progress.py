@@ -1,6 +1,6 @@
-"""What the outside sees of a running run: run.json (the plan of this start and what torch.compile
-did), provenance.json, the `@progress` lines the notebook's bar follows, and the step records of
-metrics.jsonl."""
+"""What the outside sees of a running run: metrics.jsonl (MetricsFile, its one writer), run.json (the plan
+of this start and what torch.compile did), provenance.json, and the `@progress` lines the notebook's bar
+follows."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,25 @@ import torch
 
 from cloudml_lib.compile import CompileWatch
 from cloudml_lib.distributed import Dist
-from cloudml_lib.outputs import json_safe, write_text
+from cloudml_lib.outputs import append_text, json_safe, write_text
 from cloudml_lib.provenance import write_run_provenance
 
 log = logging.getLogger(__name__)
+
+
+class MetricsFile:
+    """RUN_DIR/metrics.jsonl: one JSON object a line (step records, epoch records, the final record); the
+    notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
+
+    def __init__(self, run_dir: Path, dist: Dist):
+        self.path, self.dist = Path(run_dir) / "metrics.jsonl", dist
+
+    def append(self, record: dict) -> None:
+        if self.dist.is_main:
+            append_text(self.path, json.dumps(json_safe(record)) + "\n")
+
+    def size(self) -> int:
+        return self.path.stat().st_size
 
 
 class ProgressLines:
@@ -71,21 +86,22 @@ class RunInfo:
         self.write()
 
 
-def log_step(tr, epoch: int, bar) -> None:
-    """A metrics.jsonl step record and the progress bar's postfix (one device sync per log interval)."""
-    acc, dist = tr.loop.acc, tr.dist
+def log_step(loop, optimizer, metrics: MetricsFile, events, epoch: int, bar) -> None:
+    """A metrics.jsonl step record, TensorBoard's step scalars and the progress bar's postfix, from the loop's
+    window sums (one device sync per log interval)."""
+    acc, dist = loop.acc, loop.dist
     loss_sum, batches, samples = dist.all_sum(torch.stack([
         acc["window_loss"], acc["window_batches"].float(),
-        torch.tensor(float(acc["window_samples"]), device=tr.device)])).tolist()
-    rate = samples / max(1e-9, time.time() - tr.loop.window_t0)
-    record = {"kind": "step", "epoch": epoch + 1, "step": tr.state["step"],
+        torch.tensor(float(acc["window_samples"]), device=loop.device)])).tolist()
+    rate = samples / max(1e-9, time.time() - loop.window_t0)
+    record = {"kind": "step", "epoch": epoch + 1, "step": loop.progress["step"],
               "loss": loss_sum / max(1.0, batches / dist.world),
-              "lr": tr.optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
-    tr._append_metrics(record)
-    tr.events.scalars(record["step"], {"train/loss": record["loss"], "train/lr": record["lr"],
-                                       "train/samples_per_s": rate})
+              "lr": optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
+    metrics.append(record)
+    events.scalars(record["step"], {"train/loss": record["loss"], "train/lr": record["lr"],
+                                    "train/samples_per_s": rate})
     bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
-    tr.loop.reset_window()
+    loop.reset_window()
 
 
 def mean_loss(dist: Dist, loss_sum: torch.Tensor, batches: torch.Tensor) -> float:

@@ -1,38 +1,73 @@
-"""When the loop's state is committed and what goes with it: the cadence (every N steps, every N
-minutes, each epoch's end), the manifest a human reads, the stop when saves keep failing, and best.pt."""
+"""The run's checkpoints: when the loop's state is committed (every N steps, every N minutes, each epoch's
+end), the whole save in one call (snapshot, manifest, the TensorBoard events before it, the background
+commit), the stop when saves keep failing, and best.pt. The loop calls `save_if_due` after each step and
+`save` at an epoch's end or a stop; nothing else of saving is its concern."""
 from __future__ import annotations
 
 import math
 import time
 from pathlib import Path
 
-import numpy as np
+import torch
 
-from cloudml_lib.checkpoint import FORMAT_VERSION, CheckpointWriter, save_atomic, to_cpu, unwrap_model
-from cloudml_lib.config import CheckpointConfig, Config
+from cloudml_lib.checkpoint import FORMAT_VERSION, CheckpointWriter, Key, save_atomic, to_cpu, unwrap_model
+from cloudml_lib.config import Config
+from cloudml_lib.data.dataset import EpochBatchSampler
 from cloudml_lib.distributed import Dist
 from cloudml_lib.errors import CloudMLError
+from cloudml_lib.train.events import Events
+from cloudml_lib.train.progress import MetricsFile
+from cloudml_lib.train.state import snapshot
 
 MAX_FAILED_SAVES = 3          # checkpoints in a row that could not be written before training stops
 
 
 class Checkpoints:
-    """Rank 0's background writer, the time of the last save, and how long each save stalled the loop
-    (`stalls`, in seconds; the benchmarks read it)."""
+    """Rank 0's background writer and the run's save cadence. Built with the parts a checkpoint is made of:
+    `pieces` (train/state.py: stateful), the loader's RNG, the sampler (the position in the epoch), the run's
+    header (config, scalers, data fingerprint, provenance), metrics.jsonl (its length goes into the header)
+    and, once opened, TensorBoard's events (committed before each checkpoint). `stalls`: how long each save
+    held the loop, in seconds (the benchmarks read it)."""
 
-    def __init__(self, run_dir: Path, cfg: CheckpointConfig, dist: Dist):
-        self.run_dir, self.cfg = run_dir, cfg
-        self.writer = CheckpointWriter(run_dir, cfg.keep_last) if dist.is_main else None
+    def __init__(self, run_dir: Path, cfg: Config, dist: Dist, writer: CheckpointWriter | None, pieces: dict,
+                 loader_rng: torch.Generator, sampler: EpochBatchSampler, header: dict, metrics: MetricsFile,
+                 total_steps: int):
+        self.run_dir, self.cfg, self.dist, self.writer = Path(run_dir), cfg, dist, writer
+        self.pieces, self.loader_rng, self.sampler, self.header = pieces, loader_rng, sampler, header
+        self.metrics, self.total_steps = metrics, total_steps
+        self.events: Events | None = None               # opened once the resume point is known (build.py)
         self.stalls: list[float] = []
         self.last_save = time.monotonic()
 
-    def due(self, step: int) -> tuple[bool, bool]:
-        """(by steps, by this process's clock): the clocks of several processes are agreed on by the caller."""
-        return step % self.cfg.every_steps == 0, time.monotonic() - self.last_save >= 60 * self.cfg.every_minutes
+    @property
+    def progress(self) -> dict:
+        return self.pieces[Key.LOOP].progress
 
-    def commit(self, state: dict, meta: dict | None, wait: bool, t0: float, before=None) -> float:
-        """Hand rank 0's snapshot to the writer (others pass meta None); returns the stall since `t0`.
-        After MAX_FAILED_SAVES failed saves in a row training stops: work that cannot be saved is at risk."""
+    def snapshot(self) -> dict:
+        """The state a resume needs, as CPU copies (collective: every process calls it; rank 0 gets it)."""
+        header = dict(self.header, **{Key.CONFIG: self.cfg.to_dict(), Key.METRICS_BYTES: self.metrics_bytes()})
+        return snapshot(self.pieces, self.loader_rng, self.sampler, self.dist, header)
+
+    def metrics_bytes(self) -> int:
+        return self.metrics.size() if self.dist.is_main else 0
+
+    def save_if_due(self, step: int) -> bool:
+        """After an optimizer step: save when N steps or N minutes have passed (the processes agree on the
+        clock), except on an epoch's last batch, which is saved right after its validation (the same step)."""
+        by_steps = step % self.cfg.checkpoint.every_steps == 0
+        by_time = time.monotonic() - self.last_save >= 60 * self.cfg.checkpoint.every_minutes
+        by_time = self.dist.any_true(by_time, device=self.pieces[Key.LOOP].device)[0]
+        if not (by_steps or by_time) or self.progress["batch"] >= self.sampler.batches_per_epoch():
+            return False
+        self.save("every_steps" if by_steps else "every_minutes")
+        return True
+
+    def save(self, reason: str, wait: bool = False) -> float:
+        """Snapshot now (a step boundary), write the manifest, and commit in the background after the events up to
+        this step; returns how long the loop stalled. After MAX_FAILED_SAVES failed saves in a row training
+        stops: work that cannot be saved is at risk."""
+        t0 = time.perf_counter()
+        state = self.snapshot()                          # every rank: the snapshot gathers from all of them
         if self.writer is None:
             self.last_save = time.monotonic()
             return 0.0
@@ -43,50 +78,50 @@ class Checkpoints:
                 f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more work goes "
                 "unsaved. Free space there or make it writable, then run the same command again to resume from "
                 "the last checkpoint that was written.")
-        self.writer.submit(state, meta, wait=wait, before=before)
+        marks = self.events.mark() if self.events else None          # the events up to this step go first
+        self.writer.submit(state, self.manifest(reason), wait=wait,
+                           before=(lambda: self.events.commit(marks)) if self.events else None)
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.last_save = time.monotonic()
         return stall
 
-    def close(self, events=None) -> None:
-        """Let an in-flight checkpoint finish (it may be copying the events), then commit the events."""
+    def manifest(self, reason: str) -> dict:
+        """meta.json: where the run is, in words a person (and `status`) reads without loading the state."""
+        st = self.progress
+        best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
+        return {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"],
+                "samples_in_epoch": self.sampler.samples_before(st["batch"]), "epochs": self.cfg.train.epochs,
+                "batches_per_epoch": self.sampler.batches_per_epoch(), "total_steps": self.total_steps,
+                "finished": st["finished"], "stopped_early": st["stopped_early"], "run_id": st["run_id"],
+                "reason": reason, "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
+                "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def save_best(self, model: torch.nn.Module, train_mean_km: float) -> None:
+        """best.pt (rank 0): the weights and what evaluating or predicting with them needs (no optimizer)."""
+        if not self.dist.is_main:
+            return
+        st = self.progress
+        save_atomic({Key.FORMAT: FORMAT_VERSION, Key.MODEL: to_cpu(dict(unwrap_model(model).state_dict())),
+                     Key.CONFIG: self.cfg.to_dict(), Key.SCALERS: self.header[Key.SCALERS],
+                     Key.EPOCH: st["best_epoch"], Key.STEP: st["step"], Key.VAL_LOSS: st["best_val_loss"],
+                     Key.TRAIN_MEAN_KM: float(train_mean_km), Key.PROVENANCE: self.header[Key.PROVENANCE]},
+                    self.run_dir / "best.pt")
+
+    def wait(self) -> None:
         if self.writer is not None:
             self.writer.wait()
-        if events is not None:
-            events.close()
+
+    @property
+    def failed_last(self) -> str | None:
+        """Why the newest save failed, if it did (rank 0; None elsewhere or when it was written)."""
+        return self.writer.last_error if self.writer is not None and self.writer.failures_in_a_row else None
+
+    def close(self) -> None:
+        """Let an in-flight checkpoint finish (it may be copying the events), then commit the events."""
+        self.wait()
+        if self.events is not None:
+            self.events.close()
         if self.writer is not None:
             self.writer.close()
 
-
-def manifest(st: dict, cfg: Config, batches_per_epoch: int, samples_in_epoch: int, total_steps: int,
-             reason: str) -> dict:
-    """meta.json: where the run is, in words a person (and `status`) reads without loading the state."""
-    best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
-    return {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"], "samples_in_epoch": samples_in_epoch,
-            "epochs": cfg.train.epochs, "batches_per_epoch": batches_per_epoch, "total_steps": total_steps,
-            "finished": st["finished"], "stopped_early": st["stopped_early"], "run_id": st["run_id"],
-            "reason": reason, "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
-            "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
-def save_checkpoint(tr, reason: str, wait: bool) -> float:
-    """The Trainer's state snapshotted now (a step boundary) and committed in the background;
-    returns how long the loop stalled."""
-    t0 = time.perf_counter()
-    snap = tr.snapshot()                                 # every rank: the snapshot gathers from all of them
-    st = tr.state
-    meta = manifest(st, tr.cfg, tr.sampler.batches_per_epoch(), tr.sampler.samples_before(st["batch"]),
-                    tr.total_steps, reason)
-    marks = tr.events.mark()                             # the events up to this step go first (events.py)
-    return tr.checkpoints.commit(snap, meta, wait, t0, before=lambda: tr.events.commit(marks))
-
-
-def save_best(tr) -> None:
-    """best.pt: the weights and what evaluating or predicting with them needs (no optimizer)."""
-    st = tr.state
-    save_atomic({"format": FORMAT_VERSION, "model": to_cpu(dict(unwrap_model(tr.model).state_dict())),
-                 "config": tr.cfg.to_dict(), "scalers": tr.val_set.scalers.to_dict(), "epoch": st["best_epoch"],
-                 "step": st["step"], "val_loss": st["best_val_loss"],
-                 "train_mean_km": float(np.nanmean(tr.train_set.targets_km())), "provenance": tr.provenance},
-                tr.run_dir / "best.pt")

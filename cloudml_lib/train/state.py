@@ -1,8 +1,9 @@
 """What survives a restart: each piece behind `state_dict()` / `load_state_dict()` under a constant key.
 
-A checkpoint's state.pt is `{key: piece.state_dict()}` for the pieces the Trainer registers
-(`Trainer.stateful`: model, optimizer, scheduler, scaler, loop), every RNG of every process, and a
-header saying what the run is (config, scalers, data fingerprint, provenance, metrics file length).
+A checkpoint's state.pt is `{key: piece.state_dict()}` for the pieces `stateful` registers (model,
+optimizer, scheduler, scaler, loop: checkpoint.PIECES), every RNG of every process, and a header saying
+what the run is (config, scalers, data fingerprint, provenance, metrics file length), under the keys of
+checkpoint.Key, which the verifier checks.
 Adding a piece of state is one entry in that registry. Everything is CPU tensors and plain types,
 so a checkpoint loads with `weights_only=True`.
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cloudml_lib.checkpoint import FORMAT_VERSION, Found, read_meta, to_cpu, unwrap_model
+from cloudml_lib.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
 from cloudml_lib.config import Config
 from cloudml_lib.distributed import Dist
 from cloudml_lib.rundir import truncate_metrics
@@ -57,6 +58,15 @@ class LoopState:
         self.acc["epoch_loss"] = torch.zeros((), device=self.device)
         self.acc["epoch_batches"] = torch.zeros((), device=self.device)
 
+    def add(self, loss: torch.Tensor, ok: torch.Tensor, samples: int) -> None:
+        """One batch's loss into the epoch's and the log window's sums (a NaN batch adds nothing; no sync)."""
+        acc = self.acc
+        acc["epoch_loss"] += torch.where(ok, loss, 0.0)
+        acc["window_loss"] += torch.where(ok, loss, 0.0)
+        acc["epoch_batches"] += ok
+        acc["window_batches"] += ok
+        acc["window_samples"] += samples
+
     def reset_window(self) -> None:
         self.acc["window_loss"] = torch.zeros((), device=self.device)
         self.acc["window_batches"] = torch.zeros((), device=self.device)
@@ -89,49 +99,50 @@ class Weights:
         self.model.load_state_dict(saved)
 
 
-def snapshot(tr) -> dict:
-    """Everything a bit-exact resume needs, as CPU copies (a writer thread serialises it while the loop
-    goes on). Every process calls it, in the same order (collectives inside); rank 0 gets the state,
-    the others {}. Rank 0's RNGs are under "rng", every process's under "rng_ranks" (with several)."""
-    states = {key: piece.state_dict() for key, piece in stateful(tr).items()}
-    rng_ranks = tr.dist.gather(capture_rng(tr.loader_rng))
-    if not tr.dist.is_main:
+def stateful(model, optimizer, scheduler, scaler, loop: LoopState) -> dict:
+    """What a checkpoint holds, by constant key (checkpoint.PIECES): a new piece of state (a second output's
+    head, a tracker's position) is one more entry here."""
+    pieces = {Key.MODEL: Weights(model), Key.OPTIMIZER: optimizer, Key.SCHEDULER: scheduler, Key.SCALER: scaler,
+              Key.LOOP: loop}
+    assert tuple(pieces) == PIECES, "the pieces a checkpoint holds are checkpoint.PIECES"
+    return pieces
+
+
+def snapshot(pieces: dict, loader_rng: torch.Generator, sampler, dist: Dist, header: dict) -> dict:
+    """Everything a bit-exact resume needs, as CPU copies (a writer thread serialises it while the loop goes
+    on). Every process calls it, in the same order (collectives inside); rank 0 gets the state, the others {}.
+    Rank 0's RNGs are under Key.RNG, every process's under Key.RNG_RANKS (with several). `header`: what the
+    run is (config, scalers, data fingerprint, provenance, metrics file length)."""
+    states = {key: piece.state_dict() for key, piece in pieces.items()}
+    rng_ranks = dist.gather(capture_rng(loader_rng))
+    if not dist.is_main:
         return {}
-    st, sampler = tr.state, tr.sampler
-    return {"format": FORMAT_VERSION, **to_cpu(states), "rng": rng_ranks[0],
-            "rng_ranks": rng_ranks if len(rng_ranks) > 1 else None,
-            "sampler": {"seed": sampler.seed, "epoch": st["epoch"], "position": st["batch"],
-                        "samples": sampler.samples_before(st["batch"])},
-            "processes": tr.dist.world, "config": tr.cfg.to_dict(), "scalers": tr.val_set.scalers.to_dict(),
-            "data_fingerprint": tr.fingerprint, "provenance": tr.provenance,
-            "metrics_bytes": (tr.run_dir / "metrics.jsonl").stat().st_size}
+    progress = pieces[Key.LOOP].progress
+    return {Key.FORMAT: FORMAT_VERSION, **to_cpu(states), Key.RNG: rng_ranks[0],
+            Key.RNG_RANKS: rng_ranks if len(rng_ranks) > 1 else None,
+            Key.SAMPLER: {"seed": sampler.seed, "epoch": progress["epoch"], "position": progress["batch"],
+                          "samples": sampler.samples_before(progress["batch"])},
+            Key.PROCESSES: dist.world, **header}
 
 
-def stateful(run) -> dict:
-    """What a checkpoint holds, by constant key (of a Trainer or a build.Run): a new piece of state
-    (a second output's head, a tracker's position) is one more entry here."""
-    return {"model": Weights(run.model), "optimizer": run.optimizer, "scheduler": run.scheduler,
-            "scaler": run.scaler, "loop": run.loop}
-
-
-def restore(found: Found, run, run_dir: Path, cfg: Config, dist: Dist) -> None:
+def restore(found: Found, pieces: dict, loader_rng: torch.Generator, metrics_path: Path, cfg: Config, dist: Dist,
+            batches_per_epoch: int) -> None:
     """Each registered piece from its key, this process's RNGs, the metrics file cut back to the
     checkpoint's length; a finished run given more epochs carries on."""
     saved = found.state
-    for key, piece in stateful(run).items():
+    for key, piece in pieces.items():
         piece.load_state_dict(saved[key])
-    per_rank = saved.get("rng_ranks") or [saved["rng"]]
+    per_rank = saved.get(Key.RNG_RANKS) or [saved[Key.RNG]]
     if len(per_rank) != dist.world:
         log.warning("This run was saved by %d process(es) and resumes with %d: the data order and batches are "
                     "the same, the dropout random streams start anew (the result is not bit-identical to an "
                     "uninterrupted run).", len(per_rank), dist.world)
-    restore_rng(per_rank[dist.rank % len(per_rank)], run.loader_rng)
-    truncate_metrics(run_dir, saved["metrics_bytes"])
-    st = run.loop.progress
-    if st["finished"] and cfg.train.epochs > saved["config"]["train"]["epochs"] and not st["stopped_early"]:
+    restore_rng(per_rank[dist.rank % len(per_rank)], loader_rng)
+    truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
+    st = pieces[Key.LOOP].progress
+    if st["finished"] and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st["stopped_early"]:
         st["finished"] = False                          # more epochs asked for: carry on
-    where = "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/" \
-        f"{run.sampler.batches_per_epoch()}"
+    where = "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/{batches_per_epoch}"
     rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
     log.info("Resumed from step %d (%s), saved %s%s", st["step"], where,
              ago(time.time() - read_meta(found.folder)["saved_at"]), rejected)
