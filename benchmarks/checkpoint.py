@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from benchmarks import machine  # noqa: E402
+
 SCRATCH = REPO / "benchmarks" / ".scratch" / "checkpoint"
 DEMO_DATA = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cache'}"]
 
@@ -48,7 +49,7 @@ def stall_per_save(n: int = 10) -> dict:
         trainer.train_step(next(batches))
         trainer.optimizer_step()
     asynchronous, synchronous = [], []
-    for i in range(n):
+    for _ in range(n):
         trainer.state["step"] += 1
         asynchronous.append(trainer.checkpoints.save("bench"))
         trainer.checkpoints.wait()                              # measure each save alone

@@ -65,10 +65,11 @@ def measure_research(n_flights: int, limit: int) -> dict:
     """The research way: per sample, reopen the IR file, read T frames, preprocess each."""
     import h5py
     import numpy as np
+
     from cloudml_lib.data.cache import build_windows
-    from cloudml_lib.data.preprocess import preprocess_frame
     from cloudml_lib.data.cpl import read_flight_labels
     from cloudml_lib.data.er2 import flight_paths
+    from cloudml_lib.data.preprocess import preprocess_frame
     cfg = config(n_flights)
     samples = []
     for flight in cfg.data.flights:

@@ -29,10 +29,10 @@ PRESETS = {"A": "colab_optimized_full.yaml", "B": "colab_full_stable.yaml", "C":
 
 
 def build(preset: str, device: torch.device):
+    from cloudml_lib.compile import apply_compile
     from cloudml_lib.config import load_config
     from cloudml_lib.hardware import choose_precision
     from cloudml_lib.model import build_model
-    from cloudml_lib.compile import apply_compile
     cfg = load_config(REPO / "configs" / PRESETS[preset])
     model = build_model(cfg).to(device)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)

@@ -78,7 +78,7 @@ def measure_cache(frames: int, workers) -> dict:
 
 def measure_stream(frames: int, workers, device: str) -> dict:
     """What predict's model is fed: every frame of the flight read and preprocessed, in order."""
-    from cloudml_lib.data.preprocess import Backend, FramePool, FrameSpec, resolve_workers, SKIMAGE
+    from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, FrameSpec, resolve_workers
     cfg = config(frames, workers)
     flight = cfg.data.flights[0]
     backend = SKIMAGE if device == "cpu" else Backend("kornia", "cuda")
@@ -96,9 +96,10 @@ def measure_stream(frames: int, workers, device: str) -> dict:
 def measure_predict(frames: int, workers, device: str) -> dict:
     """predict_flight over the first `frames` frames of a flight (the rest of predict writes files)."""
     import torch
+
     from cloudml_lib import predict as pr
     from cloudml_lib.data.dataset import Scalers
-    from cloudml_lib.data.preprocess import Backend, FramePool, resolve_workers, SKIMAGE
+    from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_workers
     from cloudml_lib.model import build_model
     cfg = config(min(n for n in LENGTHS if n >= frames), workers, demo_model=device == "cpu")
     model = build_model(cfg).to(device).eval()
@@ -123,6 +124,7 @@ def measure_predict(frames: int, workers, device: str) -> dict:
 def measure_model(device: str) -> dict:
     """The network alone on random real-size windows: the rate predict cannot exceed."""
     import torch
+
     from cloudml_lib.model import build_model
     cfg = config(SPEED_FRAMES, 0, demo_model=device == "cpu")
     model = build_model(cfg).to(device).eval()
@@ -163,6 +165,7 @@ def side_by_side(kind: str, frames: int, *rest) -> dict:
 def frame_difference() -> dict:
     """kornia against scikit-image on the same prepared frames, as cached (float16, z-scored units)."""
     import h5py
+
     from cloudml_lib.config import load_config
     from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, equalise_torch, prepare
     out = {}
@@ -188,7 +191,7 @@ def demo_accuracy() -> dict:
     """The demo trained on each backend; the scikit-image model also evaluated on kornia frames."""
     from cloudml_lib import evaluate
     from cloudml_lib.config import load_config
-    from cloudml_lib.data.preprocess import Backend, SKIMAGE
+    from cloudml_lib.data.preprocess import SKIMAGE, Backend
     from cloudml_lib.train import build, train
 
     def overrides():
@@ -224,6 +227,7 @@ def main() -> None:
         print(json.dumps(fn()))
         return
     import torch
+
     from cloudml_lib.data.preprocess import available_cores
     from cloudml_lib.data.synthetic import make_demo_flights
 

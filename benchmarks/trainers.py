@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from benchmarks import machine  # noqa: E402
+
 SCRATCH = REPO / "benchmarks" / ".scratch" / "trainers"
 RESULTS = REPO / "benchmarks" / "results" / "trainers.json"
 METHODS = ("bare", "cloudml", "lightning")

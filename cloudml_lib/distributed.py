@@ -214,7 +214,7 @@ def apply_global_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
     """Every BatchNorm2d normalises over the global batch (in place; same parameters and buffers)."""
     if device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    for name, child in list(model.named_children()):
+    for _, child in list(model.named_children()):
         if type(child) is nn.BatchNorm2d:
             child.__class__ = GlobalBatchNorm2d          # same object, same tensors: the optimizer still holds them
         else:

@@ -6,7 +6,6 @@ import errno
 from pathlib import Path
 
 
-
 class CloudMLError(Exception):
     """A problem the user can fix (config, data, paths); the message says what and how."""
 

@@ -95,7 +95,7 @@ class Scored:
     cloud_prob: np.ndarray | None      # (N,) cloud probability; None: the model has no cloud output
 
     @classmethod
-    def from_outputs(cls, out: dict, scalers: Scalers) -> "Scored":
+    def from_outputs(cls, out: dict, scalers: Scalers) -> Scored:
         """From the model's outputs by name (predict)."""
         logit = out["cloud_logit"]
         prob = None if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))

@@ -38,7 +38,7 @@ class Outputs(NamedTuple):
     height: torch.Tensor                      # (B,) standardised cloud base height
     cloud_logit: torch.Tensor | None          # (B,) logit of a cloud below the aircraft; None: no cloud output
 
-    def float(self) -> "Outputs":
+    def float(self) -> Outputs:
         return Outputs(*(None if t is None else t.float() for t in self))
 
 

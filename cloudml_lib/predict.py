@@ -33,14 +33,21 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from cloudml_lib import intervals, plots, products
+from cloudml_lib.checkpoint import Key
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
-from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, FrameSpec, resolve_backend, resolve_workers
+from cloudml_lib.data.preprocess import (
+    SKIMAGE,
+    Backend,
+    FramePool,
+    FrameSpec,
+    resolve_backend,
+    resolve_workers,
+)
 from cloudml_lib.errors import CloudMLError, DataError
-from cloudml_lib.checkpoint import Key
 from cloudml_lib.evaluate import load_run_model
 from cloudml_lib.inference import FrameEncoder, windows_forward
 from cloudml_lib.outputs import atomic_path, write_text

@@ -18,8 +18,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from cloudml_lib.checkpoint import (META, STAGING_PREFIX, STATE, Found, check_folder, checkpoints_dir,
-                                    find_checkpoints, find_latest_valid, set_aside_rejected, step_of)
+from cloudml_lib.checkpoint import (
+    META,
+    STAGING_PREFIX,
+    STATE,
+    Found,
+    check_folder,
+    checkpoints_dir,
+    find_checkpoints,
+    find_latest_valid,
+    set_aside_rejected,
+    step_of,
+)
 from cloudml_lib.compile import describe_saved
 from cloudml_lib.config import NEW, config_from_dict, derive, resume_rules
 from cloudml_lib.errors import CloudMLError

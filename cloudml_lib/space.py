@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from cloudml_lib.config import value_type, Config, build_config
+from cloudml_lib.config import Config, build_config, value_type
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.yamlfile import read_yaml
 

@@ -30,8 +30,8 @@ from cloudml_lib.checkpoint import write_durable
 from cloudml_lib.config import apply_overrides, build_config
 from cloudml_lib.distributed import Dist, init_distributed
 from cloudml_lib.errors import CloudMLError, ConfigError, install_command
-from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.logs import attach_run_log
+from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.rundir import flatten_keys, has_run, is_crossval
 from cloudml_lib.runlock import RunLock
 from cloudml_lib.space import Space, load_space, suggest, trial_raw

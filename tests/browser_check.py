@@ -80,7 +80,7 @@ def start_lab(python: str, root: Path, log: Path, smoke: bool = True) -> tuple[s
             return proc, f"{url}/lab/tree/{{}}?token={token}"
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"JupyterLab did not start: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"JupyterLab did not start: {log.read_text()[-2000:]}") from None
             time.sleep(0.5)
     proc.kill()
     raise RuntimeError("JupyterLab did not answer within 60 s")

@@ -3,8 +3,8 @@ parts C to E): each case ends with exit status 2 and a message naming the key, f
 would be valid, never a traceback, and loses nothing. Each test failed before its fix."""
 import errno
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import tiny_raw
 
 from cloudml_lib.checkpoint import META, find_checkpoints, read_meta
-from conftest import tiny_raw
 
 REPO = Path(__file__).parent.parent
 

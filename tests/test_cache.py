@@ -3,8 +3,8 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import preprocess_frame
+
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data.cache import build_windows, load_caches, load_flight_cache
@@ -152,6 +152,7 @@ def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path):
 def _blank_some_frames(tmp_path, which, value):
     """Demo flights whose first flight has frames `which` set to `value` (NaN, or one count: no contrast)."""
     import h5py
+
     from cloudml_lib.data.synthetic import make_demo_flights
     entries = make_demo_flights(tmp_path / "f", n_flights=2, frames_per_flight=120, frame_shape=(40, 48))
     path = tmp_path / "f" / entries[0]["ir_file"]

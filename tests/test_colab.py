@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import tiny_raw
 
 from cloudml_lib import colab, plots
-from cloudml_lib.colab import drive, live, picker as picker_mod, training
+from cloudml_lib.colab import drive, live, training
+from cloudml_lib.colab import picker as picker_mod
 from cloudml_lib.data.flights import format_table
 from cloudml_lib.evaluate import format_report
-from conftest import tiny_raw
 
 REPO = Path(__file__).parent.parent
 

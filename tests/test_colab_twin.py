@@ -18,13 +18,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
 import pytest
-
 from install_helpers import NOT_ON_COLAB, REPO, copy_checkout, make_colab_venv, minimal_path, pip
 
 pytestmark = pytest.mark.slow

@@ -3,8 +3,14 @@ import pytest
 import torch
 
 from cloudml_lib.data.cache import load_caches
-from cloudml_lib.data.dataset import (CloudDataset, EpochBatchSampler, augment_sample, fit_scalers, quick_subset,
-                                      split_flights)
+from cloudml_lib.data.dataset import (
+    CloudDataset,
+    EpochBatchSampler,
+    augment_sample,
+    fit_scalers,
+    quick_subset,
+    split_flights,
+)
 
 
 def datasets(cfg):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import tiny_raw
 
 from cloudml_lib.checkpoint import STATE, find_checkpoints, read_meta
-from conftest import tiny_raw
 
 REPO = Path(__file__).parent.parent
 # Its gradient is zero in exact arithmetic (the softmax over frames ignores a shift shared by all

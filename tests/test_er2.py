@@ -7,8 +7,8 @@ import logging
 import h5py
 import numpy as np
 import pytest
-
 from conftest import preprocess_frame, with_heights
+
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.errors import DataError

@@ -5,10 +5,10 @@ import os
 from pathlib import Path
 
 import pytest
+from test_resume import tensorboard_scalars
 
 from cloudml_lib.train import events as events_module
 from cloudml_lib.train import train
-from test_resume import tensorboard_scalars
 
 pytest.importorskip("tensorboard")
 

@@ -1,11 +1,11 @@
 """Fault injection, end to end through the command line: corrupt and hostile checkpoints, a changed
 dataset, leftovers of killed processes, signals during set-up, and data errors before any file is
 written. Each test failed before its fix (issue 9)."""
-import re
 import io
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from cloudml_lib.checkpoint import COMMITTED, META, STATE, find_checkpoints, load_checkpoint, read_meta, sha256_file
 from conftest import tiny_raw
+
+from cloudml_lib.checkpoint import (
+    COMMITTED,
+    META,
+    STATE,
+    find_checkpoints,
+    load_checkpoint,
+    read_meta,
+    sha256_file,
+)
 
 REPO = Path(__file__).parent.parent
 

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_FRAMES, TINY_SHAPE
 
 from cloudml_lib.config import build_config
 from cloudml_lib.data import flights
 from cloudml_lib.data.synthetic import make_demo_flights
 from cloudml_lib.errors import ConfigError, DataError
-
-from conftest import TINY_FRAMES, TINY_SHAPE
 
 REPO = Path(__file__).parent.parent
 

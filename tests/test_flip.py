@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_raw
 
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cpl
@@ -20,7 +21,6 @@ from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, augment_sample, fit_scalers, mirror_line, model_azimuth
 from cloudml_lib.data.flights import check_rows
 from cloudml_lib.data.synthetic import _cloud_field, scene_layers
-from conftest import tiny_raw
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,13 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from conftest import tiny_raw
 
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.synthetic import ICARTT_NAV_INDEX, make_demo_flights, write_icartt_nav
 from cloudml_lib.errors import DataError
-from conftest import tiny_raw
 
 
 @pytest.fixture

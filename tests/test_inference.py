@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_raw
 
 from benchmarks.predict import predict_per_window
 from cloudml_lib import evaluate, inference
@@ -23,7 +24,6 @@ from cloudml_lib.data.preprocess import SKIMAGE, FramePool
 from cloudml_lib.data.synthetic import make_demo_flights
 from cloudml_lib.model import MultimodalRegressionModel
 from cloudml_lib.predict import flights_to_predict, predict_flight
-from conftest import tiny_raw
 
 CPU = torch.device("cpu")
 SCALERS = Scalers(45.0, 5.0, 1.0, 0.5)

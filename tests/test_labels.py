@@ -13,13 +13,13 @@ import shutil
 import h5py
 import numpy as np
 import pytest
+from conftest import tiny_raw, with_heights
 
 from cloudml_lib.config import build_config
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_key
 from cloudml_lib.data.flights import HEADER, check_rows
 from cloudml_lib.errors import ConfigError, DataError
-from conftest import tiny_raw, with_heights
 
 JULIAN = "layer_descriptor/Profile_Decimal_Julian_Day"
 BASE = "layer_descriptor/Layer_Base_Altitude"

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from install_helpers import REPO, expected_wheel_files, wheel_files, wheel_requirements
 
 INSTALL = REPO / "cloudml_lib" / "colab" / "install.py"

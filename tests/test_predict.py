@@ -17,6 +17,7 @@ from cloudml_lib.train import Trainer
 @pytest.fixture(scope="module")
 def run(tiny_flights, tmp_path_factory):
     from conftest import tiny_raw
+
     from cloudml_lib.config import build_config
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("predict")
@@ -157,8 +158,9 @@ def test_the_report_links_what_the_run_holds(run):
 def test_host_memory_stays_flat_as_flights_get_longer(run, tmp_path, monkeypatch):
     import tracemalloc
 
-    from cloudml_lib.data.synthetic import make_demo_flights
     from conftest import TINY_SHAPE
+
+    from cloudml_lib.data.synthetic import make_demo_flights
     run_dir, data, entries = run
     monkeypatch.setattr(pr, "BLOCK", 16)
     peaks = {}

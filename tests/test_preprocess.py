@@ -14,13 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import preprocess_frame, tiny_raw
 
 from cloudml_lib.data import cache as cache_mod
-from cloudml_lib.data import cachefiles
-from cloudml_lib.data import preprocess
+from cloudml_lib.data import cachefiles, preprocess
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_backend
 from cloudml_lib.errors import ConfigError, DataError
-from conftest import preprocess_frame, tiny_raw
 
 REPO = Path(__file__).parent.parent
 

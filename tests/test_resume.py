@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import tiny_raw
 
 from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
-from conftest import tiny_raw
 
 REPO = Path(__file__).parent.parent
 MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}   # the machine, not the math

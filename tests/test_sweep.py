@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tiny_raw
 
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.space import build_space
-from conftest import tiny_raw
 
 optuna = pytest.importorskip("optuna")
 REPO = Path(__file__).parent.parent
@@ -186,6 +186,7 @@ def test_a_sweep_folder_keeps_its_space_and_is_not_a_run(files, reference, tmp_p
 
 def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkeypatch):
     import builtins
+
     from cloudml_lib import sweep as sweep_module
     real = builtins.__import__
 
@@ -225,7 +226,7 @@ def test_a_crossval_objective_scores_each_trial_by_its_folds(files, tmp_path):
     run = tmp_path / "sweep"
     r = sweep_cli(cfg, space, run, 2, None, tmp_path / "vm")
     assert r.returncode == 0, r.stderr[-2000:]
-    for number, state, params, value, _, _ in study_of(run):
+    for number, state, _, value, _, _ in study_of(run):
         summary = json.loads((run / "trials" / str(number) / "crossval.json").read_text())["summary"]
         assert state == "COMPLETE" and value == pytest.approx(summary["model"]["r2"]["mean"])
         assert len(list((run / "trials" / str(number) / "folds").iterdir())) == 3     # every flight held out once

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_raw
 
 from cloudml_lib import hardware
 from cloudml_lib.checkpoint import load_checkpoint
 from cloudml_lib.config import build_config
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.train import Trainer, lr_factor, weighted_huber
-from conftest import tiny_raw
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,31 @@
 With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
 workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
 """
+from cloudml_lib.colab.drive import (
+                                    Workspace,
+                                    build_cache,
+                                    check_setup,
+                                    free_gpu_memory,
+                                    run_config,
+                                    show_diagnostics,
+                                    show_environment,
+                                    smoke,
+                                    uses_demo_data,
+                                    verify_data,
+                                    version,
+                                    workspace,
+)
 from cloudml_lib.colab.picker import Choice, Picker, newest_run, preset_picker
-from cloudml_lib.colab.show import (UserError, show_comparison, show_evaluation, show_presets, show_report, show_status,
-                                    show_tensorboard)
+from cloudml_lib.colab.show import (
+                                    UserError,
+                                    show_comparison,
+                                    show_evaluation,
+                                    show_presets,
+                                    show_report,
+                                    show_status,
+                                    show_tensorboard,
+)
 from cloudml_lib.colab.training import check_smoke_run, crossval, train, whole_flights
-from cloudml_lib.colab.drive import (Workspace, build_cache, check_setup, free_gpu_memory, run_config, show_diagnostics,
-                                         show_environment, smoke, uses_demo_data, verify_data, version, workspace)
 
 __all__ = ["Choice", "Picker", "UserError", "Workspace", "build_cache", "check_setup", "check_smoke_run", "crossval",
            "free_gpu_memory", "newest_run", "preset_picker", "run_config", "show_diagnostics", "show_environment",

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cloudml_lib import hardware
-from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.colab.drive import Workspace, complete_flights, default_heldout, smoke, uses_demo_data
+from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.compile import plan, this_device
 from cloudml_lib.config import load_config
 from cloudml_lib.errors import CloudMLError
@@ -44,7 +44,7 @@ class Choice:
         write_text(Path(root) / LAST_RUN, json.dumps(dict(asdict(self), started=time.time()), indent=1))
 
     @classmethod
-    def load(cls, root: Path) -> "Choice | None":
+    def load(cls, root: Path) -> Choice | None:
         try:
             raw = json.loads((Path(root) / LAST_RUN).read_text())
             return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cloudml_lib.colab.drive import Workspace, run_config, smoke
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import in_notebook, plural, show, show_markdown, user_errors
-from cloudml_lib.colab.drive import Workspace, run_config, smoke
 from cloudml_lib.rundir import has_run, run_status
+
 
 def train_command(ws: Workspace, c: Choice) -> list[str]:
     config, overrides = run_config(ws, c.preset, c.epochs, c.heldout)

@@ -38,9 +38,22 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import cpl, er2
-from cloudml_lib.data.cachefiles import copy_flight_cache, in_background, remove_stale_builds, temporary, write_frames
-from cloudml_lib.data.preprocess import (SKIMAGE, Backend, FramePool, FrameSpec, output_shape, resolve_backend,
-                                         resolve_workers)
+from cloudml_lib.data.cachefiles import (
+    copy_flight_cache,
+    in_background,
+    remove_stale_builds,
+    temporary,
+    write_frames,
+)
+from cloudml_lib.data.preprocess import (
+    SKIMAGE,
+    Backend,
+    FramePool,
+    FrameSpec,
+    output_shape,
+    resolve_backend,
+    resolve_workers,
+)
 from cloudml_lib.errors import DataError
 from cloudml_lib.outputs import named
 from cloudml_lib.provenance import input_files

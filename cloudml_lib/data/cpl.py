@@ -17,9 +17,20 @@ import numpy as np
 
 from cloudml_lib.config import DataConfig, FlightConfig
 from cloudml_lib.data import er2
-from cloudml_lib.data.er2 import (FILL_BELOW, check_files, flight_date, flight_paths, julian_to_epoch,
-                                  match_to_frames, numbers, open_h5, read_column, read_ir_times, read_nav,
-                                  utc_text)
+from cloudml_lib.data.er2 import (
+    FILL_BELOW,
+    check_files,
+    flight_date,
+    flight_paths,
+    julian_to_epoch,
+    match_to_frames,
+    numbers,
+    open_h5,
+    read_column,
+    read_ir_times,
+    read_nav,
+    utc_text,
+)
 from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from torch.utils.data import Dataset
 
 from cloudml_lib.config import Config
 from cloudml_lib.data.cache import FlightCache, load_caches
-from cloudml_lib.data.preprocess import Backend
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
+from cloudml_lib.data.preprocess import Backend
 from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Scalers:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Scalers":
+    def from_dict(cls, d: dict) -> Scalers:
         return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
 
 

@@ -21,11 +21,11 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -41,15 +41,22 @@ from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
 from cloudml_lib.errors import CloudMLError, ConfigError
 from cloudml_lib.hardware import choose_device, choose_precision, default_num_workers, describe_device
+from cloudml_lib.logs import attach_run_log
+from cloudml_lib.memory import measure_batch_size
 from cloudml_lib.model import build_model, count_parameters
 from cloudml_lib.provenance import read_run_provenance, run_provenance, trained_backend
-from cloudml_lib.memory import measure_batch_size
-from cloudml_lib.logs import attach_run_log
-from cloudml_lib.rundir import (check_data_fingerprint, check_folder_kind, check_resume_config,
-                                clean_leftovers, find_resume_point, resumed_config, truncate_metrics)
+from cloudml_lib.rundir import (
+    check_data_fingerprint,
+    check_folder_kind,
+    check_resume_config,
+    clean_leftovers,
+    find_resume_point,
+    resumed_config,
+    truncate_metrics,
+)
 from cloudml_lib.runlock import RunLock
-from cloudml_lib.train.progress import MetricsFile, RunInfo
 from cloudml_lib.train.events import Events
+from cloudml_lib.train.progress import MetricsFile, RunInfo
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.state import LoopState, restore, stateful
 

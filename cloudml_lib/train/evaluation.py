@@ -8,8 +8,8 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -23,7 +23,14 @@ from cloudml_lib.config import Config
 from cloudml_lib.data.dataset import CloudDataset
 from cloudml_lib.distributed import Dist
 from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import Scored, build_report, format_report, predict, regression_metrics, write_evaluation
+from cloudml_lib.evaluate import (
+    Scored,
+    build_report,
+    format_report,
+    predict,
+    regression_metrics,
+    write_evaluation,
+)
 from cloudml_lib.recovery import MAX_ATTEMPTS, halve_eval_batch, release_memory, run_attempt
 
 log = logging.getLogger(__name__)

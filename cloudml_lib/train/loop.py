@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -28,13 +28,29 @@ from cloudml_lib.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import Scored, format_report
 from cloudml_lib.hardware import format_memory, memory_readings
-from cloudml_lib.recovery import (MAX_ATTEMPTS, capture_undo, count_nonfinite_step, eager_after_compile_failure,
-                                  halve_micro_batch, refuse_retry_across_processes, run_attempt, undo)
+from cloudml_lib.recovery import (
+    MAX_ATTEMPTS,
+    capture_undo,
+    count_nonfinite_step,
+    eager_after_compile_failure,
+    halve_micro_batch,
+    refuse_retry_across_processes,
+    run_attempt,
+    undo,
+)
 from cloudml_lib.report import write_report
 from cloudml_lib.runlock import RunLock
 from cloudml_lib.train.build import build_run
-from cloudml_lib.train.evaluation import (Evaluator, fit_cloud_probe, held_out_report, load_best_weights,
-                                          matched_training_frames, read_stored_report, update_best, write_held_out)
+from cloudml_lib.train.evaluation import (
+    Evaluator,
+    fit_cloud_probe,
+    held_out_report,
+    load_best_weights,
+    matched_training_frames,
+    read_stored_report,
+    update_best,
+    write_held_out,
+)
 from cloudml_lib.train.events import Events
 from cloudml_lib.train.loss import global_totals, part_loss
 from cloudml_lib.train.progress import MetricsFile, ProgressLines, RunInfo, log_step, mean_loss
@@ -58,7 +74,7 @@ class Trainer:
         self.caches_checked = False
         self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
-    def setup(self) -> "Trainer":
+    def setup(self) -> Trainer:
         """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
         checkpoints and the resume point; each part is assigned here."""
         run = build_run(self.cfg, self.run_dir, self.resume, self.init_from, self.dist)
