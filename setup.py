@@ -6,9 +6,11 @@ Drive copy) reads them without a checkout:
 - benchmarks/results/ -> cloudml_lib/measured   the figures the library quotes (compile, GPU memory)
 
 cloudml_lib/resources.py finds the same files in either layout. cloudml_lib/_source.json exists only in a
-Colab install (colab/install.py writes it into its build copy): the Drive copy's fingerprint. tests/test_packaging.py builds the wheel
-and compares its contents with the checkout, so a new module or data file cannot be left out.
+Colab install (colab/install.py writes it into its build copy): the Drive copy's fingerprint.
+tests/test_packaging.py builds the wheel and compares its contents with the checkout, so a new module or data
+file cannot be left out.
 """
+
 from pathlib import Path
 
 from setuptools import find_packages, setup

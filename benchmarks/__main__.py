@@ -8,6 +8,7 @@
 Each benchmark is its own script (and process), run one after the other so they do not compete
 for the machine; `gpu` runs only where CUDA is available. Nothing here times anything itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,22 @@ from benchmarks import describe
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHMARKS = ("data_path", "preprocess", "checkpoint", "trainers", "compile", "flip_rule", "cloud_head", "predict",
-              "gpu")
+BENCHMARKS = (
+    "data_path",
+    "preprocess",
+    "checkpoint",
+    "trainers",
+    "compile",
+    "flip_rule",
+    "cloud_head",
+    "predict",
+    "gpu",
+)
 
 
 def run(names: list[str]) -> None:
     import torch
+
     for name in names:
         if name == "gpu" and not torch.cuda.is_available():
             print("gpu: skipped, no CUDA GPU here (its results file, if any, is kept)", flush=True)
@@ -50,72 +61,109 @@ def fmt(x: float, digits: int = 2) -> str:
 
 def data_path_md(d: dict) -> list[str]:
     r, c2, c4 = d["research_loader_2_flights"], d["cached_loader_2_flights"], d["cached_loader_4_flights"]
-    return [f"Machine: {describe(d['machine'])}. Frames {d['frame']}.", "",
-            "| loader | samples/s | peak RSS, 2 flights | peak RSS, 4 flights |", "|---|---|---|---|",
-            f"| reopen HDF5 + preprocess per sample | {fmt(r['samples_per_s'], 1)} | {r['peak_rss_mb']:.0f} MB | - |",
-            f"| preprocessed cache | {fmt(c2['samples_per_s'], 0)} | {c2['peak_rss_mb']:.0f} MB | "
-            f"{c4['peak_rss_mb']:.0f} MB |", "",
-            f"Cache over research loader: {d['throughput_ratio']:.1f}x (target {d['targets']['throughput_ratio']}); "
-            f"peak RSS 4 vs 2 flights: {d['peak_rss_ratio_4_vs_2_flights']:.2f}x (target flat)."]
+    return [
+        f"Machine: {describe(d['machine'])}. Frames {d['frame']}.",
+        "",
+        "| loader | samples/s | peak RSS, 2 flights | peak RSS, 4 flights |",
+        "|---|---|---|---|",
+        f"| reopen HDF5 + preprocess per sample | {fmt(r['samples_per_s'], 1)} | {r['peak_rss_mb']:.0f} MB | "
+        "- |",
+        f"| preprocessed cache | {fmt(c2['samples_per_s'], 0)} | {c2['peak_rss_mb']:.0f} MB | "
+        f"{c4['peak_rss_mb']:.0f} MB |",
+        "",
+        f"Cache over research loader: {d['throughput_ratio']:.1f}x (target "
+        f"{d['targets']['throughput_ratio']}); "
+        f"peak RSS 4 vs 2 flights: {d['peak_rss_ratio_4_vs_2_flights']:.2f}x (target flat).",
+    ]
 
 
 def checkpoint_md(d: dict) -> list[str]:
     s, o, r = d["stall_per_save"], d["run_overhead"], d["resume_startup"]
     med = r["seconds_to_first_step_median"]
-    return [f"Machine: {describe(d['machine'])}, {d.get('setting', 'local disk, CPU training')}.", "",
-            "| measure | result | target |", "|---|---|---|",
-            f"| loop stall per save, asynchronous ({s['parameters']:,} parameters + AdamW, "
-            f"{s['checkpoint_mb']:.1f} MB) | {s['async_stall_ms_median']:.1f} ms | |",
-            f"| the same, synchronous | {s['sync_stall_ms_median']:.1f} ms ({s['sync_over_async']:.1f}x) | |",
-            f"| checkpoint overhead of a demo run at every_steps=100 (sum of stalls / wall time) | "
-            f"{o['every_steps_100']['overhead_percent']:.2f}% | at most 0.5% |",
-            f"| process start to first step, resumed early in an epoch, over a fresh start | "
-            f"{r['resume_early_over_fresh']:.2f}x ({med['resume_early']:.2f} s vs {med['fresh']:.2f} s) | at most 1.2x |",
-            f"| the same, resumed late in an epoch | {r['resume_late_over_fresh']:.2f}x ({med['resume_late']:.2f} s) "
-            "| at most 1.2x |"]
+    return [
+        f"Machine: {describe(d['machine'])}, {d.get('setting', 'local disk, CPU training')}.",
+        "",
+        "| measure | result | target |",
+        "|---|---|---|",
+        f"| loop stall per save, asynchronous ({s['parameters']:,} parameters + AdamW, "
+        f"{s['checkpoint_mb']:.1f} MB) | {s['async_stall_ms_median']:.1f} ms | |",
+        f"| the same, synchronous | {s['sync_stall_ms_median']:.1f} ms ({s['sync_over_async']:.1f}x) | |",
+        f"| checkpoint overhead of a demo run at every_steps=100 (sum of stalls / wall time) | "
+        f"{o['every_steps_100']['overhead_percent']:.2f}% | at most 0.5% |",
+        f"| process start to first step, resumed early in an epoch, over a fresh start | "
+        f"{r['resume_early_over_fresh']:.2f}x ({med['resume_early']:.2f} s vs {med['fresh']:.2f} s) | at "
+        "most 1.2x |",
+        f"| the same, resumed late in an epoch | {r['resume_late_over_fresh']:.2f}x "
+        f"({med['resume_late']:.2f} s) "
+        "| at most 1.2x |",
+    ]
 
 
 def trainers_md(d: dict) -> list[str]:
     m, s, o = d["machine"], d["summary"], d["per_step_overhead"]
-    names = {"bare": "bare hand-written loop", "cloudml": "CloudML Trainer, defaults",
-             "lightning": "Lightning `Trainer` + `ModelCheckpoint(every_n_train_steps=100)`"}
-    lines = [f"Machine: {describe(m)}. {d['optimizer_steps']} optimizer steps ({d['epochs']} epochs), {d['repeats']} "
-             "interleaved repeats, each run its own process.", "",
-             "| | training part, median (spread) | x bare | training part, best run | x bare | "
-             "whole process, median (spread) | x bare |", "|---|---|---|---|---|---|---|"]
+    names = {
+        "bare": "bare hand-written loop",
+        "cloudml": "CloudML Trainer, defaults",
+        "lightning": "Lightning `Trainer` + `ModelCheckpoint(every_n_train_steps=100)`",
+    }
+    lines = [
+        f"Machine: {describe(m)}. {d['optimizer_steps']} optimizer steps ({d['epochs']} epochs), "
+        f"{d['repeats']} "
+        "interleaved repeats, each run its own process.",
+        "",
+        "| | training part, median (spread) | x bare | training part, best run | x bare | "
+        "whole process, median (spread) | x bare |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for k, label in names.items():
         row = s[k]
         best = row.get("train_s_best")
-        lines.append(f"| {label} | {fmt(row['train_s_median'])} s ({fmt(row['train_s_spread'])}) | "
-                     f"{fmt(row.get('train_vs_bare', 1.0), 3)} | "
-                     + (f"{fmt(best)} s | {fmt(row.get('train_best_vs_bare', 1.0), 3)} | " if best else "- | - | ")
-                     + f"{fmt(row['process_s_median'])} s ({fmt(row['process_s_spread'])}) | "
-                     f"{fmt(row.get('process_vs_bare', 1.0), 3)} |")
-    lines += ["", f"Per-step overhead of the CloudML trainer, measured directly (one process, {o['pairs']} "
-              f"alternating pairs of epochs over the same preloaded batches): {o['overhead_ms_per_step']:.2f} ms "
-              f"on a {o['bare_step_ms']:.0f} ms step, {o['overhead_ratio']:.3f}x; ratio per pair: median "
-              f"{o['pair_ratio_median']:.3f}, quartiles {o['pair_ratio_q1']:.3f}..{o['pair_ratio_q3']:.3f} "
-              "(target: at most 1.03x)."]
+        lines.append(
+            f"| {label} | {fmt(row['train_s_median'])} s ({fmt(row['train_s_spread'])}) | "
+            f"{fmt(row.get('train_vs_bare', 1.0), 3)} | "
+            + (f"{fmt(best)} s | {fmt(row.get('train_best_vs_bare', 1.0), 3)} | " if best else "- | - | ")
+            + f"{fmt(row['process_s_median'])} s ({fmt(row['process_s_spread'])}) | "
+            f"{fmt(row.get('process_vs_bare', 1.0), 3)} |"
+        )
+    lines += [
+        "",
+        f"Per-step overhead of the CloudML trainer, measured directly (one process, {o['pairs']} "
+        f"alternating pairs of epochs over the same preloaded batches): {o['overhead_ms_per_step']:.2f} ms "
+        f"on a {o['bare_step_ms']:.0f} ms step, {o['overhead_ratio']:.3f}x; ratio per pair: median "
+        f"{o['pair_ratio_median']:.3f}, quartiles {o['pair_ratio_q1']:.3f}..{o['pair_ratio_q3']:.3f} "
+        "(target: at most 1.03x).",
+    ]
     r = d.get("resume")
     if r:
-        lines += ["", f"Resume: saves every {r['every_steps']} steps, SIGKILL at step {r['killed_at_step']} "
-                  "(mid-epoch 2), the same command again:", "",
-                  "| | launch to first step, fresh | launch to first step, resumed | final weights vs uninterrupted |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            f"Resume: saves every {r['every_steps']} steps, SIGKILL at step {r['killed_at_step']} "
+            "(mid-epoch 2), the same command again:",
+            "",
+            "| | launch to first step, fresh | launch to first step, resumed | final weights vs "
+            "uninterrupted |",
+            "|---|---|---|---|",
+        ]
         for k in ("cloudml", "lightning"):
             x = r[k]
             same = "bit-identical" if x["bit_identical"] else f"differ, max abs diff {x['max_abs_diff']:.3g}"
-            lines.append(f"| {names[k].split(' +')[0].split(',')[0]} | {fmt(x['fresh_to_first_step_s'])} s | "
-                         f"{fmt(x['resumed_to_first_step_s'])} s | {same} |")
+            lines.append(
+                f"| {names[k].split(' +')[0].split(',')[0]} | {fmt(x['fresh_to_first_step_s'])} s | "
+                f"{fmt(x['resumed_to_first_step_s'])} s | {same} |"
+            )
     return lines
 
 
 def compile_md(d: dict) -> list[str]:
     names = {"region": "frame encoder (CloudML)", "whole": "whole model"}
-    lines = [f"Machine: {describe(d['machine'])}; inductor cache {d['inductor_cache']}. Each row: eager and "
-             "compiled steps alternating in one process (forward, backward, AdamW).", "",
-             "| model | checkpointing | compiled | eager step | compiled step | speed vs eager | cold compile | "
-             "pays off after | kept for backward, eager / compiled | graphs, breaks |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {describe(d['machine'])}; inductor cache {d['inductor_cache']}. Each row: eager and "
+        "compiled steps alternating in one process (forward, backward, AdamW).",
+        "",
+        "| model | checkpointing | compiled | eager step | compiled step | speed vs eager | cold compile | "
+        "pays off after | kept for backward, eager / compiled | graphs, breaks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for key in ("demo", "full", "cuda_demo", "cuda_full"):
         runs = d.get(key)
         if not runs:
@@ -127,18 +175,30 @@ def compile_md(d: dict) -> list[str]:
                 continue
             model = f"{key} ({'/'.join(map(str, r['channels']))}, {r['frame'][0]} x {r['frame'][1]}, batch {r['batch']})"
             pays = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:,} steps"
-            lines.append(f"| {model} | {'on' if ckpt == 'ckpt' else 'off'} | {names[variant]} | "
-                         f"{r['eager_step_ms']:.0f} ms | {r['step_ms']:.0f} ms | {r['speed_vs_eager']:.2f}x | "
-                         f"{r['compile_s']:.0f} s | {pays} | {r['eager_saved_for_backward_mb']:.1f} / "
-                         f"{r['saved_for_backward_mb']:.1f} MB | {r['graphs']}, {r['graph_breaks']} |")
+            lines.append(
+                f"| {model} | {'on' if ckpt == 'ckpt' else 'off'} | {names[variant]} | "
+                f"{r['eager_step_ms']:.0f} ms | {r['step_ms']:.0f} ms | {r['speed_vs_eager']:.2f}x | "
+                f"{r['compile_s']:.0f} s | {pays} | {r['eager_saved_for_backward_mb']:.1f} / "
+                f"{r['saved_for_backward_mb']:.1f} MB | {r['graphs']}, {r['graph_breaks']} |"
+            )
     modes = d.get("cuda_modes")
     if modes:
-        lines += ["", "CUDA compile modes (full model, frame encoder compiled):", "", "| mode | result |", "|---|---|"]
+        lines += [
+            "",
+            "CUDA compile modes (full model, frame encoder compiled):",
+            "",
+            "| mode | result |",
+            "|---|---|",
+        ]
         for k, r in modes.items():
-            said = (f"refused by the config: {r['refused_by_config']}" if "refused_by_config" in r else
-                    f"failed: {r['failed']}" if "failed" in r else
-                    f"{r['speed_vs_eager']:.2f}x eager, {r['compile_s']:.0f} s compile, "
-                    f"peak {r.get('peak_allocated_gib', 0):.2f} GiB")
+            said = (
+                f"refused by the config: {r['refused_by_config']}"
+                if "refused_by_config" in r
+                else f"failed: {r['failed']}"
+                if "failed" in r
+                else f"{r['speed_vs_eager']:.2f}x eager, {r['compile_s']:.0f} s compile, "
+                f"peak {r.get('peak_allocated_gib', 0):.2f} GiB"
+            )
             lines.append(f"| {k} | {said} |")
     return lines
 
@@ -146,86 +206,143 @@ def compile_md(d: dict) -> list[str]:
 def cloud_head_md(d: dict) -> list[str]:
     runs = d["runs"]
     num = lambda m, k: "-" if not m or m.get(k) is None else fmt(m[k], 3)  # noqa: E731
-    lines = [f"Machine: {describe(d['machine'])}. Each row the full demo run ({d['config']}), held-out flight.", "",
-             "| variant-seed | height R2 | height MAE km | cloud accuracy | cloud F1 | cloud ROC-AUC | BT threshold accuracy "
-             "| epochs' time s | whole run s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {describe(d['machine'])}. Each row the full demo run ({d['config']}), held-out flight.",
+        "",
+        "| variant-seed | height R2 | height MAE km | cloud accuracy | cloud F1 | cloud ROC-AUC | BT "
+        "threshold accuracy "
+        "| epochs' time s | whole run s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in runs.items():
         m = r.get("cloud_model")
-        bt = r.get("cloud_bt_threshold") if m else None      # without a cloud output the val set has no clear frame
+        bt = (
+            r.get("cloud_bt_threshold") if m else None
+        )  # without a cloud output the val set has no clear frame
         height = not name.startswith("cloud_only")
-        lines.append(f"| {name} | {fmt(r['r2'], 3) if height else '-'} | {fmt(r['mae_km'], 3) if height else '-'} | "
-                     f"{num(m, 'accuracy')} | {num(m, 'f1')} | {num(m, 'roc_auc')} | {num(bt, 'accuracy')} | "
-                     f"{r['epoch_seconds']:.0f} | {r['seconds']:.0f} |")
-    return lines + ["", f"Height MAE over height-only (mean over seeds): probe {d['height_mae_probe_over_height_only']:.2f}x, "
-                    f"joint {d['height_mae_joint_over_height_only']:.2f}x. Cloud accuracy probe - joint: "
-                    f"{d['cloud_accuracy_probe_minus_joint']:+.3f}; joint - cloud-only: "
-                    f"{d['cloud_accuracy_joint_minus_cloud_only']:+.3f}. Whole run, probe / height-only: "
-                    f"{d['time_probe_over_height_only']:.2f}x; epochs' time, joint / the two separate models: "
-                    f"{d['time_joint_over_two_models']:.2f}x."]
+        lines.append(
+            f"| {name} | {fmt(r['r2'], 3) if height else '-'} | {fmt(r['mae_km'], 3) if height else '-'} | "
+            f"{num(m, 'accuracy')} | {num(m, 'f1')} | {num(m, 'roc_auc')} | {num(bt, 'accuracy')} | "
+            f"{r['epoch_seconds']:.0f} | {r['seconds']:.0f} |"
+        )
+    return lines + [
+        "",
+        "Height MAE over height-only (mean over seeds): probe "
+        f"{d['height_mae_probe_over_height_only']:.2f}x, "
+        f"joint {d['height_mae_joint_over_height_only']:.2f}x. Cloud accuracy probe - joint: "
+        f"{d['cloud_accuracy_probe_minus_joint']:+.3f}; joint - cloud-only: "
+        f"{d['cloud_accuracy_joint_minus_cloud_only']:+.3f}. Whole run, probe / height-only: "
+        f"{d['time_probe_over_height_only']:.2f}x; epochs' time, joint / the two separate models: "
+        f"{d['time_joint_over_two_models']:.2f}x.",
+    ]
 
 
 def flip_rule_md(d: dict) -> list[str]:
-    words = {"old_rule": "ground azimuth, flip a -> 360 - a (before issue 17)",
-             "ground_heading": "ground azimuth, flip a -> 2 heading - a",
-             "relative": "azimuth relative to the heading, flip r -> -r (default)", "no_flip": "default, no flip"}
-    lines = [f"Machine: {describe(d['machine'])}. The demo run ({d['config']}) on turning demo flights; held-out "
-             "flight metrics of the best model, each run its own seed.", "",
-             "| flip rule | seed | R2 | MAE km | RMSE km |", "|---|---|---|---|---|"]
+    words = {
+        "old_rule": "ground azimuth, flip a -> 360 - a (before issue 17)",
+        "ground_heading": "ground azimuth, flip a -> 2 heading - a",
+        "relative": "azimuth relative to the heading, flip r -> -r (default)",
+        "no_flip": "default, no flip",
+    }
+    lines = [
+        f"Machine: {describe(d['machine'])}. The demo run ({d['config']}) on turning demo flights; held-out "
+        "flight metrics of the best model, each run its own seed.",
+        "",
+        "| flip rule | seed | R2 | MAE km | RMSE km |",
+        "|---|---|---|---|---|",
+    ]
     for r in d["runs"]:
-        lines.append(f"| {words[r['variant']]} | {r['seed']} | {r['r2']:.3f} | {r['mae_km']:.4f} | {r['rmse_km']:.4f} |")
+        lines.append(
+            f"| {words[r['variant']]} | {r['seed']} | {r['r2']:.3f} | {r['mae_km']:.4f} | {r['rmse_km']:.4f} "
+            "|"
+        )
     return lines + ["", f"Mean RMSE, old rule over the relative rule: {d['old_over_new_rmse']:.2f}x."]
 
 
 def gpu_md(d: dict | None) -> list[str]:
     if d is None:
-        return ["Not measured: no CUDA GPU was available where these results were made. `python "
-                "benchmarks/gpu.py` on a GPU machine writes results/gpu.json."]
-    lines = [f"Device: {d['device']} (memory capped at {d['memory_cap_gib']} GiB), frames {d['frame']}, "
-             f"T = {d['temporal_frames']}, torch {d['torch']}.", "", "| preset | result |", "|---|---|"]
+        return [
+            "Not measured: no CUDA GPU was available where these results were made. `python "
+            "benchmarks/gpu.py` on a GPU machine writes results/gpu.json."
+        ]
+    lines = [
+        f"Device: {d['device']} (memory capped at {d['memory_cap_gib']} GiB), frames {d['frame']}, "
+        f"T = {d['temporal_frames']}, torch {d['torch']}.",
+        "",
+        "| preset | result |",
+        "|---|---|",
+    ]
     for name, p in d["presets"].items():
-        lines.append(f"| {name} | " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                for k, v in p.items()) + " |")
+        lines.append(
+            f"| {name} | "
+            + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items())
+            + " |"
+        )
     return lines
 
 
 def preprocess_md(d: dict) -> list[str]:
     c, s, p, x = d["cache_build"], d["predict_stream"], d["predict"], d["extrapolated_12000_frames"]
     rate = lambda r: f"{r['frames_per_s']:.1f}"  # noqa: E731
-    lines = [f"Machine: {describe(d['machine'])}; {d['cores']} cores this process may use. Frames {d['frame']}.", "",
-             "| stage | 1 process, frames/s | all cores, frames/s | ratio | 12,000 frames, all cores |",
-             "|---|---|---|---|---|",
-             f"| cache build | {rate(c['1_process'])} | {rate(c['all_cores'])} | {c['ratio']:.2f}x | "
-             f"{x['cache_all_cores_min']:.1f} min (1 process: {x['cache_1_process_min']:.1f} min) |",
-             f"| predict's frame stream (read + preprocess) | {rate(s['1_process'])} | {rate(s['all_cores'])} | "
-             f"{s['ratio']:.2f}x | {x['preprocess_stream_all_cores_min']:.1f} min |",
-             f"| predict on the CPU, {p['all_cores']['model']} | {rate(p['1_process'])} | {rate(p['all_cores'])} | "
-             f"{p['ratio']:.2f}x | {x['predict_cpu_all_cores_min']:.0f} min (the network alone: "
-             f"{p['model_only']['frames_per_s']:.1f} frames/s) |", "",
-             "Each rate is the median of alternated rounds (frames/s, 1 process / all cores): cache build "
-             + " / ".join(str(c.get("rounds_frames_per_s", {}).get(k, "-")) for k in ("1_process", "all_cores"))
-             + "; frame stream "
-             + " / ".join(str(s.get("rounds_frames_per_s", {}).get(k, "-")) for k in ("1_process", "all_cores"))
-             + f". Target: at least 0.8 x the cores ({0.8 * d['cores']:.1f}x here) for the CPU path. Predict on "
-             "the CPU is the network's speed: the workers run below it (nice 10) and take nothing from it.", "",
-             "| flight length, frames | cache build: main process peak RSS | largest worker | predict stream: main "
-             "| largest worker |", "|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {describe(d['machine'])}; {d['cores']} cores this process may use. Frames {d['frame']}.",
+        "",
+        "| stage | 1 process, frames/s | all cores, frames/s | ratio | 12,000 frames, all cores |",
+        "|---|---|---|---|---|",
+        f"| cache build | {rate(c['1_process'])} | {rate(c['all_cores'])} | {c['ratio']:.2f}x | "
+        f"{x['cache_all_cores_min']:.1f} min (1 process: {x['cache_1_process_min']:.1f} min) |",
+        f"| predict's frame stream (read + preprocess) | {rate(s['1_process'])} | {rate(s['all_cores'])} | "
+        f"{s['ratio']:.2f}x | {x['preprocess_stream_all_cores_min']:.1f} min |",
+        f"| predict on the CPU, {p['all_cores']['model']} | {rate(p['1_process'])} | {rate(p['all_cores'])} "
+        "| "
+        f"{p['ratio']:.2f}x | {x['predict_cpu_all_cores_min']:.0f} min (the network alone: "
+        f"{p['model_only']['frames_per_s']:.1f} frames/s) |",
+        "",
+        "Each rate is the median of alternated rounds (frames/s, 1 process / all cores): cache build "
+        + " / ".join(str(c.get("rounds_frames_per_s", {}).get(k, "-")) for k in ("1_process", "all_cores"))
+        + "; frame stream "
+        + " / ".join(str(s.get("rounds_frames_per_s", {}).get(k, "-")) for k in ("1_process", "all_cores"))
+        + f". Target: at least 0.8 x the cores ({0.8 * d['cores']:.1f}x here) for the CPU path. Predict on "
+        "the CPU is the network's speed: the workers run below it (nice 10) and take nothing from it.",
+        "",
+        "| flight length, frames | cache build: main process peak RSS | largest worker | predict stream: "
+        "main "
+        "| largest worker |",
+        "|---|---|---|---|---|",
+    ]
     for n, r in c["rss_by_flight_length"].items():
         t = s["rss_by_flight_length"][n]
-        lines.append(f"| {n} | {r['main_peak_rss_mb']:.0f} MB | {r['worker_peak_rss_mb']:.0f} MB | "
-                     f"{t['main_peak_rss_mb']:.0f} MB | {t['worker_peak_rss_mb']:.0f} MB |")
+        lines.append(
+            f"| {n} | {r['main_peak_rss_mb']:.0f} MB | {r['worker_peak_rss_mb']:.0f} MB | "
+            f"{t['main_peak_rss_mb']:.0f} MB | {t['worker_peak_rss_mb']:.0f} MB |"
+        )
     g = d.get("gpu")
-    lines += ["", (f"GPU ({d['machine'].get('gpu')}): kornia's CLAHE stream {rate(g['stream_kornia'])} frames/s, "
-                   f"predict {rate(g['predict'])} frames/s ({g['predict']['model']}): a 12,000-frame flight in "
-                   f"{x['predict_gpu_min']:.1f} min (target under 2)." if g else
-                   "GPU path (kornia on CUDA): not measured, no CUDA GPU where these results were made.")]
-    lines += ["", "| kornia against scikit-image, frames as cached (z-scored units) | max abs | mean abs | 99th pct | "
-              "correlation |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        (
+            f"GPU ({d['machine'].get('gpu')}): kornia's CLAHE stream {rate(g['stream_kornia'])} frames/s, "
+            f"predict {rate(g['predict'])} frames/s ({g['predict']['model']}): a 12,000-frame flight in "
+            f"{x['predict_gpu_min']:.1f} min (target under 2)."
+            if g
+            else "GPU path (kornia on CUDA): not measured, no CUDA GPU where these results were made."
+        ),
+    ]
+    lines += [
+        "",
+        "| kornia against scikit-image, frames as cached (z-scored units) | max abs | mean abs | 99th pct | "
+        "correlation |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in d["kornia_vs_skimage"].items():
-        lines.append(f"| {name.replace('_', ' ')} | {r['max_abs']:.3f} | {r['mean_abs']:.4f} | {r['p99_abs']:.3f} | "
-                     f"{r['correlation']:.4f} |")
-    words = {"trained_skimage": "trained and evaluated on scikit-image frames",
-             "trained_kornia": "trained and evaluated on kornia frames",
-             "trained_skimage_evaluated_on_kornia": "trained on scikit-image, evaluated on kornia frames"}
+        lines.append(
+            f"| {name.replace('_', ' ')} | {r['max_abs']:.3f} | {r['mean_abs']:.4f} | {r['p99_abs']:.3f} | "
+            f"{r['correlation']:.4f} |"
+        )
+    words = {
+        "trained_skimage": "trained and evaluated on scikit-image frames",
+        "trained_kornia": "trained and evaluated on kornia frames",
+        "trained_skimage_evaluated_on_kornia": "trained on scikit-image, evaluated on kornia frames",
+    }
     lines += ["", "| demo, held-out flight | R2 | MAE km | RMSE km |", "|---|---|---|---|"]
     for k, r in d["demo_held_out"].items():
         lines.append(f"| {words[k]} | {r['r2']:.3f} | {r['mae_km']:.4f} | {r['rmse_km']:.4f} |")
@@ -233,45 +350,75 @@ def preprocess_md(d: dict) -> list[str]:
 
 
 def predict_md(d: dict) -> list[str]:
-    words = {"per_window": "each window through the network (previous release)", "per_frame": "each frame encoded "
-             "once (CloudML)", "per_frame_cl": "each frame encoded once, channels_last"}
-    lines = [f"Machine: {describe(d['machine'])}. Whole processes (start, reading, preprocessing by the worker "
-             "processes, the model), the paths alternated over rounds; T = 5; random (seeded) weights.", "",
-             "| device | model | frames | path | whole process, frames/s | x previous | prediction alone, frames/s "
-             "| x previous | a 12,000-frame flight | max difference |", "|---|---|---|---|---|---|---|---|---|---|"]
+    words = {
+        "per_window": "each window through the network (previous release)",
+        "per_frame": "each frame encoded once (CloudML)",
+        "per_frame_cl": "each frame encoded once, channels_last",
+    }
+    lines = [
+        f"Machine: {describe(d['machine'])}. Whole processes (start, reading, preprocessing by the worker "
+        "processes, the model), the paths alternated over rounds; T = 5; random (seeded) weights.",
+        "",
+        "| device | model | frames | path | whole process, frames/s | x previous | prediction alone, "
+        "frames/s "
+        "| x previous | a 12,000-frame flight | max difference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for device in ("cpu", "cuda"):
         for name, r in (d.get(device) or {}).items():
             label = {"demo": "demo (16/32/64, 64 x 96)", "full": "preset B (64/128/256, 440 x 640)"}[name]
             for path, words_ in words.items():
                 x = r[path]
-                lines.append(f"| {device} | {label} | {r['frames']} | {words_} | {x['whole_process_frames_per_s']:.2f} | "
-                             f"{x.get('whole_process_speedup', 1.0):.2f}x | {x['predict_frames_per_s']:.2f} | "
-                             f"{x.get('predict_speedup', 1.0):.2f}x | {x['flight_12000_min']:.1f} min | "
-                             f"{x['max_diff_km_vs_per_window']:.1e} km |")
+                lines.append(
+                    f"| {device} | {label} | {r['frames']} | {words_} | "
+                    f"{x['whole_process_frames_per_s']:.2f} | "
+                    f"{x.get('whole_process_speedup', 1.0):.2f}x | {x['predict_frames_per_s']:.2f} | "
+                    f"{x.get('predict_speedup', 1.0):.2f}x | {x['flight_12000_min']:.1f} min | "
+                    f"{x['max_diff_km_vs_per_window']:.1e} km |"
+                )
     cl = d.get("channels_last", {})
-    lines += ["", "channels_last, each frame encoded once, whole process over contiguous: " + "; ".join(
-        f"{dev} {c['speedup']:.2f}x ({'used' if c['use'] else 'not used'})" for dev, c in cl.items())
-        + ". The library follows this file: channels_last where it paid (at least 1.05x), on that kind of device.",
-        "" if "cuda" in d else "CUDA: not measured, no GPU where these results were made (channels_last stays off "
-        "there, and a 12,000-frame flight on a T4 is not measured)."]
+    lines += [
+        "",
+        "channels_last, each frame encoded once, whole process over contiguous: "
+        + "; ".join(
+            f"{dev} {c['speedup']:.2f}x ({'used' if c['use'] else 'not used'})" for dev, c in cl.items()
+        )
+        + ". The library follows this file: channels_last where it paid (at least 1.05x), on that kind of "
+        "device.",
+        ""
+        if "cuda" in d
+        else "CUDA: not measured, no GPU where these results were made (channels_last stays off "
+        "there, and a 12,000-frame flight on a T4 is not measured).",
+    ]
     return lines
 
 
 def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Path:
-    sections = [("Data path: the cached loader against the research loader", "data_path", data_path_md),
-                ("Preprocessing on every core and the GPU: cache build and predict", "preprocess", preprocess_md),
-                ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
-                ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
-                ("torch.compile against eager", "compile", compile_md),
-                ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
-                ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
-                ("Whole flights: each frame encoded once against each window", "predict", predict_md)]
-    lines = ["# Benchmark results", "",
-             "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
-             "Ratios are measured side by side in one run; no number here is typed by hand.", ""]
+    sections = [
+        ("Data path: the cached loader against the research loader", "data_path", data_path_md),
+        ("Preprocessing on every core and the GPU: cache build and predict", "preprocess", preprocess_md),
+        ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
+        ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
+        ("torch.compile against eager", "compile", compile_md),
+        ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
+        ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
+        ("Whole flights: each frame encoded once against each window", "predict", predict_md),
+    ]
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `python -m benchmarks` from `benchmarks/results/*.json` (each file names its machine). "
+        "Ratios are measured side by side in one run; no number here is typed by hand.",
+        "",
+    ]
     for title, name, render in sections:
         d = load(results, name)
-        lines += [f"## {title}", "", *(render(d) if d else [f"Not run yet: `python benchmarks/{name}.py`."]), ""]
+        lines += [
+            f"## {title}",
+            "",
+            *(render(d) if d else [f"Not run yet: `python benchmarks/{name}.py`."]),
+            "",
+        ]
     lines += ["## GPU presets", "", *gpu_md(load(results, "gpu")), ""]
     out.write_text("\n".join(lines))
     return out
@@ -280,7 +427,9 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks")
     p.add_argument("--only", help=f"comma-separated, from {', '.join(BENCHMARKS)}")
-    p.add_argument("--report-only", action="store_true", help="only rewrite RESULTS.md from the results files")
+    p.add_argument(
+        "--report-only", action="store_true", help="only rewrite RESULTS.md from the results files"
+    )
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]

@@ -13,6 +13,7 @@
 All on this machine's local disk; on Google Drive the background commit takes longer, which the
 asynchronous path hides from the loop as long as a commit finishes within one checkpoint interval.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ DEMO_DATA = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cac
 
 def demo_config(*overrides: str):
     from cloudml_lib.config import load_config
+
     return load_config(REPO / "configs" / "demo.yaml", [*DEMO_DATA, *overrides])
 
 
@@ -41,55 +43,82 @@ def stall_per_save(n: int = 10) -> dict:
     from cloudml_lib.checkpoint import find_checkpoints
     from cloudml_lib.model import count_parameters
     from cloudml_lib.train import Trainer
+
     run = SCRATCH / "stall"
     shutil.rmtree(run, ignore_errors=True)
     trainer = Trainer(demo_config("model.channels=[]", "checkpoint.keep_last=2"), run).setup()
     batches = iter(trainer.loader)
-    for _ in range(3):                                     # AdamW state exists after a step
+    for _ in range(3):  # AdamW state exists after a step
         trainer.train_step(next(batches))
         trainer.optimizer_step()
     asynchronous, synchronous = [], []
     for _ in range(n):
         trainer.state["step"] += 1
         asynchronous.append(trainer.checkpoints.save("bench"))
-        trainer.checkpoints.wait()                              # measure each save alone
+        trainer.checkpoints.wait()  # measure each save alone
         trainer.state["step"] += 1
         synchronous.append(trainer.checkpoints.save("bench", wait=True))
     size = (find_checkpoints(run)[0] / "state.pt").stat().st_size
     params = count_parameters(trainer.model)
     trainer.close()
-    return {"parameters": params, "checkpoint_mb": size / 1e6, "saves": n,
-            "async_stall_ms_median": 1e3 * statistics.median(asynchronous),
-            "sync_stall_ms_median": 1e3 * statistics.median(synchronous),
-            "async_stall_ms_max": 1e3 * max(asynchronous), "sync_stall_ms_max": 1e3 * max(synchronous),
-            "sync_over_async": statistics.median(synchronous) / statistics.median(asynchronous)}
+    return {
+        "parameters": params,
+        "checkpoint_mb": size / 1e6,
+        "saves": n,
+        "async_stall_ms_median": 1e3 * statistics.median(asynchronous),
+        "sync_stall_ms_median": 1e3 * statistics.median(synchronous),
+        "async_stall_ms_max": 1e3 * max(asynchronous),
+        "sync_stall_ms_max": 1e3 * max(synchronous),
+        "sync_over_async": statistics.median(synchronous) / statistics.median(asynchronous),
+    }
 
 
 def run_overhead() -> dict:
     from cloudml_lib.train import Trainer
+
     out = {}
-    for name, overrides in (("every_steps_100", ["checkpoint.every_steps=100"]),
-                            ("epoch_end_only", ["checkpoint.every_steps=10000000",
-                                                "checkpoint.every_minutes=10000"])):
+    for name, overrides in (
+        ("every_steps_100", ["checkpoint.every_steps=100"]),
+        ("epoch_end_only", ["checkpoint.every_steps=10000000", "checkpoint.every_minutes=10000"]),
+    ):
         run = SCRATCH / f"overhead-{name}"
         shutil.rmtree(run, ignore_errors=True)
         trainer = Trainer(demo_config(*overrides), run).setup()
         t0 = time.perf_counter()
         trainer.fit()
         wall = time.perf_counter() - t0
-        out[name] = {"wall_s": wall, "saves": len(trainer.checkpoints.stalls), "steps": trainer.state["step"],
-                     "stall_s_total": sum(trainer.checkpoints.stalls),
-                     "overhead_percent": 100.0 * sum(trainer.checkpoints.stalls) / wall}
-    out["wall_ratio_every_steps_100_vs_epoch_end_only"] = (out["every_steps_100"]["wall_s"]
-                                                          / out["epoch_end_only"]["wall_s"])
+        out[name] = {
+            "wall_s": wall,
+            "saves": len(trainer.checkpoints.stalls),
+            "steps": trainer.state["step"],
+            "stall_s_total": sum(trainer.checkpoints.stalls),
+            "overhead_percent": 100.0 * sum(trainer.checkpoints.stalls) / wall,
+        }
+    out["wall_ratio_every_steps_100_vs_epoch_end_only"] = (
+        out["every_steps_100"]["wall_s"] / out["epoch_end_only"]["wall_s"]
+    )
     return out
 
 
 def _train_cli(run: Path, kill_at: str) -> tuple[int, float]:
     env = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
     env["CLOUDML_KILL_AT"] = kill_at
-    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", "configs/demo.yaml", "--run-dir", str(run),
-           "--set", "train.epochs=1", "--set", "train.log_every_steps=1", "--set", "checkpoint.every_steps=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cloudml_lib",
+        "train",
+        "--config",
+        "configs/demo.yaml",
+        "--run-dir",
+        str(run),
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.log_every_steps=1",
+        "--set",
+        "checkpoint.every_steps=4",
+    ]
     for o in DEMO_DATA:
         cmd += ["--set", o]
     t0 = time.time()
@@ -118,30 +147,40 @@ def resume_startup(repeats: int = 3) -> dict:
     for i in range(repeats):
         run = SCRATCH / f"startup-{i}"
         shutil.rmtree(run, ignore_errors=True)
-        _, t0 = _train_cli(run, kill_at="step:5")               # checkpoint at step 4, killed at 5
+        _, t0 = _train_cli(run, kill_at="step:5")  # checkpoint at step 4, killed at 5
         times["fresh"].append(_first_step_after(run, t0))
-        _, t0 = _train_cli(run, kill_at="step:1")               # resume at step 4, stop after one step
+        _, t0 = _train_cli(run, kill_at="step:1")  # resume at step 4, stop after one step
         _check_resumed_at(run, 4)
         times["resume_early"].append(_first_step_after(run, t0))
         shutil.rmtree(run, ignore_errors=True)
-        _train_cli(run, kill_at="step:34")                      # checkpoint at step 32, killed at 34
+        _train_cli(run, kill_at="step:34")  # checkpoint at step 32, killed at 34
         _, t0 = _train_cli(run, kill_at="step:1")
         _check_resumed_at(run, 32)
         times["resume_late"].append(_first_step_after(run, t0))
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"seconds_to_first_step_median": med, "runs": times,
-            "resume_early_over_fresh": med["resume_early"] / med["fresh"],
-            "resume_late_over_fresh": med["resume_late"] / med["fresh"]}
+    return {
+        "seconds_to_first_step_median": med,
+        "runs": times,
+        "resume_early_over_fresh": med["resume_early"] / med["fresh"],
+        "resume_late_over_fresh": med["resume_late"] / med["fresh"],
+    }
 
 
 def main() -> None:
     from cloudml_lib.data.flights import ensure_demo_flights
+
     ensure_demo_flights(demo_config().data)
-    result = {"what": "checkpoint stall, run overhead and resume start-up (see the module docstring)",
-              "machine": machine(), "setting": "local disk, CPU training",
-              "stall_per_save": stall_per_save(), "run_overhead": run_overhead(),
-              "targets": {"overhead_percent at every_steps=100": "<= 0.5",
-                          "resume start-up over fresh start": "<= 1.2, early or late in an epoch"}}
+    result = {
+        "what": "checkpoint stall, run overhead and resume start-up (see the module docstring)",
+        "machine": machine(),
+        "setting": "local disk, CPU training",
+        "stall_per_save": stall_per_save(),
+        "run_overhead": run_overhead(),
+        "targets": {
+            "overhead_percent at every_steps=100": "<= 0.5",
+            "resume start-up over fresh start": "<= 1.2, early or late in an epoch",
+        },
+    }
     result["resume_startup"] = resume_startup()
     out = REPO / "benchmarks" / "results" / "checkpoint.json"
     out.write_text(json.dumps(result, indent=1))

@@ -16,6 +16,7 @@ F1 and ROC-AUC (against each other and the brightness-temperature threshold), an
 whole run against height_only's, the joint model's epochs against two separate models'. probe, joint
 and height_only are repeated with a second seed (the demo's held-out error moves with the seed).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,20 +32,34 @@ sys.path.insert(0, str(REPO))
 from benchmarks import machine  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "cloud_head"
-VARIANTS = {"probe": ["model.cloud_head=probe"], "joint": ["model.cloud_head=joint"],
-            "height_only": ["model.cloud_head=none"],
-            "cloud_only": ["model.cloud_head=joint", "train.height_loss_weight=0"]}
+VARIANTS = {
+    "probe": ["model.cloud_head=probe"],
+    "joint": ["model.cloud_head=joint"],
+    "height_only": ["model.cloud_head=none"],
+    "cloud_only": ["model.cloud_head=joint", "train.height_loss_weight=0"],
+}
 # the first run also writes the demo flights and builds the caches: joint, compared by its epochs' time only
-RUNS = (("joint", 42), ("height_only", 42), ("probe", 42), ("cloud_only", 42), ("joint", 7), ("height_only", 7),
-        ("probe", 7))
+RUNS = (
+    ("joint", 42),
+    ("height_only", 42),
+    ("probe", 42),
+    ("cloud_only", 42),
+    ("joint", 7),
+    ("height_only", 7),
+    ("probe", 7),
+)
 
 
 def run(variant: str, seed: int) -> dict:
     from cloudml_lib.config import load_config
     from cloudml_lib.train import train
 
-    overrides = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cache'}", f"train.seed={seed}",
-                 *VARIANTS[variant]]
+    overrides = [
+        f"data.dir={SCRATCH / 'flights'}",
+        f"data.cache_dir={SCRATCH / 'cache'}",
+        f"train.seed={seed}",
+        *VARIANTS[variant],
+    ]
     cfg = load_config(REPO / "configs" / "demo.yaml", overrides)
     t0 = time.perf_counter()
     report = train(cfg, SCRATCH / "runs" / f"{variant}-{seed}", resume="never")
@@ -52,10 +67,15 @@ def run(variant: str, seed: int) -> dict:
     cloud = report.get("cloud") or {}
     metrics = (SCRATCH / "runs" / f"{variant}-{seed}" / "metrics.jsonl").read_text().splitlines()
     epochs = sum(r.get("time_s", 0.0) for r in map(json.loads, metrics) if r.get("kind") == "epoch")
-    # seconds: the whole run (the first one also writes the demo flights and builds the caches); epoch_seconds:
-    # training and validation only, what the comparison of times uses
-    row = {"variant": variant, "seed": seed, "seconds": round(seconds, 1), "epoch_seconds": round(epochs, 1),
-           **{k: report["overall"][k] for k in ("r2", "mae_km", "rmse_km")}}
+    # seconds: the whole run (the first one also writes the demo flights and builds the caches);
+    # epoch_seconds: training and validation only, what the comparison of times uses
+    row = {
+        "variant": variant,
+        "seed": seed,
+        "seconds": round(seconds, 1),
+        "epoch_seconds": round(epochs, 1),
+        **{k: report["overall"][k] for k in ("r2", "mae_km", "rmse_km")},
+    }
     for method in ("model", "bt_threshold", "majority"):
         if method in cloud:
             row[f"cloud_{method}"] = {k: cloud[method]["overall"][k] for k in ("accuracy", "f1", "roc_auc")}
@@ -69,15 +89,22 @@ def main() -> None:
         rows[f"{variant}-{seed}"] = run(variant, seed)
         print(json.dumps(rows[f"{variant}-{seed}"]), flush=True)
     j, h, c, p = rows["joint-42"], rows["height_only-42"], rows["cloud_only-42"], rows["probe-42"]
-    mae = {v: float(np.mean([r["mae_km"] for r in rows.values() if r["variant"] == v]))
-           for v in ("probe", "joint", "height_only")}
-    out = {"machine": machine(), "config": "configs/demo.yaml", "runs": rows, "mean_mae_km": mae,
-           "height_mae_probe_over_height_only": mae["probe"] / mae["height_only"],
-           "height_mae_joint_over_height_only": mae["joint"] / mae["height_only"],
-           "cloud_accuracy_probe_minus_joint": p["cloud_model"]["accuracy"] - j["cloud_model"]["accuracy"],
-           "cloud_accuracy_joint_minus_cloud_only": j["cloud_model"]["accuracy"] - c["cloud_model"]["accuracy"],
-           "time_probe_over_height_only": p["seconds"] / h["seconds"],
-           "time_joint_over_two_models": j["epoch_seconds"] / (h["epoch_seconds"] + c["epoch_seconds"])}
+    mae = {
+        v: float(np.mean([r["mae_km"] for r in rows.values() if r["variant"] == v]))
+        for v in ("probe", "joint", "height_only")
+    }
+    out = {
+        "machine": machine(),
+        "config": "configs/demo.yaml",
+        "runs": rows,
+        "mean_mae_km": mae,
+        "height_mae_probe_over_height_only": mae["probe"] / mae["height_only"],
+        "height_mae_joint_over_height_only": mae["joint"] / mae["height_only"],
+        "cloud_accuracy_probe_minus_joint": p["cloud_model"]["accuracy"] - j["cloud_model"]["accuracy"],
+        "cloud_accuracy_joint_minus_cloud_only": j["cloud_model"]["accuracy"] - c["cloud_model"]["accuracy"],
+        "time_probe_over_height_only": p["seconds"] / h["seconds"],
+        "time_joint_over_two_models": j["epoch_seconds"] / (h["epoch_seconds"] + c["epoch_seconds"]),
+    }
     path = REPO / "benchmarks" / "results" / "cloud_head.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")

@@ -19,6 +19,7 @@ counts.
 With CUDA, the same on the GPU at the real frame size, plus each compile mode the config allows, with
 and without checkpointing (CUDA-graph modes with checkpointing: the config's refusal is recorded).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,10 @@ from benchmarks import machine  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "compile.json"
 # name: (config, frame rows x columns, batch, warm-up steps, timed steps) on a CPU
-MODELS = {"demo": ("demo.yaml", (64, 96), 16, 2, 12),
-          "full": ("colab_optimized_full.yaml", (110, 160), 4, 2, 8)}
+MODELS = {
+    "demo": ("demo.yaml", (64, 96), 16, 2, 12),
+    "full": ("colab_optimized_full.yaml", (110, 160), 4, 2, 8),
+}
 CUDA_FRAME = (440, 640)
 VARIANTS = ("region", "whole")
 
@@ -54,6 +57,7 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
     from cloudml_lib.config import load_config
     from cloudml_lib.model import build_model
     from cloudml_lib.train import batch_loss
+
     torch.manual_seed(0)
     config, shape, batch, warmup, steps = MODELS[model_name]
     device = torch.device(device_name)
@@ -71,16 +75,24 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
     frames = torch.randn(batch, cfg.data.temporal_frames, *shape, generator=gen).to(device)
     scalars = torch.randn(batch, 3, generator=gen).to(device)
     target = torch.randn(batch, generator=gen).to(device)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
 
     def step(forward, saved: list | None = None) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                          lambda t: t) if saved is not None else nullcontext())
-        with hooks, autocast:                     # saved: count the bytes autograd keeps for backward
+        hooks = (
+            torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+            )
+            if saved is not None
+            else nullcontext()
+        )
+        with hooks, autocast:  # saved: count the bytes autograd keeps for backward
             loss = batch_loss(forward(frames, scalars), {"target": target}, cfg.train)
         loss.backward()
         opt.step()
@@ -107,11 +119,12 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
 
         def use(compiled: bool):
             return whole if compiled else model
+
     first = step(use(True))
     for _ in range(warmup):
         step(use(True))
     eager_s, compiled_s = [], []
-    for _ in range(steps):                        # alternating pairs
+    for _ in range(steps):  # alternating pairs
         eager_s.append(step(use(False)))
         compiled_s.append(step(use(True)))
     saved_eager, saved_compiled = [], []
@@ -121,17 +134,29 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
     step(use(True), saved_compiled)
     report = watch.update()
     med_e, med_c = statistics.median(eager_s), statistics.median(compiled_s)
-    out = {"eager_step_ms": med_e * 1e3, "step_ms": med_c * 1e3, "steps_per_s": 1 / med_c,
-           "eager_steps_per_s": 1 / med_e, "speed_vs_eager": med_e / med_c,
-           "pair_ratio_median": statistics.median(e / c for e, c in zip(eager_s, compiled_s)),
-           "first_step_s": first, "compile_s": max(0.0, first - med_c),
-           "saved_for_backward_mb": sum(saved_compiled) / 1e6, "eager_saved_for_backward_mb": sum(saved_eager) / 1e6,
-           "graphs": report.graphs, "graph_breaks": report.graph_breaks, "break_reasons": report.break_reasons,
-           "frame": list(shape), "batch": batch, "channels": list(cfg.channels), "pairs": steps}
+    out = {
+        "eager_step_ms": med_e * 1e3,
+        "step_ms": med_c * 1e3,
+        "steps_per_s": 1 / med_c,
+        "eager_steps_per_s": 1 / med_e,
+        "speed_vs_eager": med_e / med_c,
+        "pair_ratio_median": statistics.median(e / c for e, c in zip(eager_s, compiled_s)),
+        "first_step_s": first,
+        "compile_s": max(0.0, first - med_c),
+        "saved_for_backward_mb": sum(saved_compiled) / 1e6,
+        "eager_saved_for_backward_mb": sum(saved_eager) / 1e6,
+        "graphs": report.graphs,
+        "graph_breaks": report.graph_breaks,
+        "break_reasons": report.break_reasons,
+        "frame": list(shape),
+        "batch": batch,
+        "channels": list(cfg.channels),
+        "pairs": steps,
+    }
     gain_s = med_e - med_c
     out["break_even_steps"] = round(out["compile_s"] / gain_s) if gain_s > 0 else None
     if device.type == "cuda":
-        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return out
 
 
@@ -140,7 +165,9 @@ def child(model_name: str, variant: str, ckpt: bool, mode: str, device: str, smo
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
         cmd = [sys.executable, __file__, "--child", model_name, variant, str(int(ckpt)), mode, device]
-        r = subprocess.run(cmd + (["--smoke"] if smoke else []), cwd=REPO, env=env, capture_output=True, text=True)
+        r = subprocess.run(
+            cmd + (["--smoke"] if smoke else []), cwd=REPO, env=env, capture_output=True, text=True
+        )
     if r.returncode != 0:
         return {"failed": (r.stderr.strip().splitlines() or ["no message"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -149,13 +176,16 @@ def child(model_name: str, variant: str, ckpt: bool, mode: str, device: str, smo
 def cuda_modes(smoke: bool) -> dict:
     """Each compile mode the config allows, with and without checkpointing, on the full model (CUDA)."""
     from cloudml_lib.config import CUDA_GRAPH_COMPILE_MODES, ConfigError, load_config
+
     out = {}
     for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         for ckpt in (True, False):
             key = f"{mode}_{'ckpt' if ckpt else 'nockpt'}"
             try:
-                load_config(REPO / "configs" / "colab_optimized_full.yaml",
-                            [f"train.torch_compile_mode={mode}", f"model.gradient_checkpointing={str(ckpt).lower()}"])
+                load_config(
+                    REPO / "configs" / "colab_optimized_full.yaml",
+                    [f"train.torch_compile_mode={mode}", f"model.gradient_checkpointing={str(ckpt).lower()}"],
+                )
             except ConfigError as e:
                 out[key] = {"refused_by_config": str(e).splitlines()[-1]}
                 continue
@@ -167,17 +197,24 @@ def cuda_modes(smoke: bool) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--smoke", action="store_true", help="tiny model, two steps: check the code path, write nothing")
-    p.add_argument("--child", nargs=5, metavar=("MODEL", "VARIANT", "CKPT", "MODE", "DEVICE"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model, two steps: check the code path, write nothing"
+    )
+    p.add_argument(
+        "--child", nargs=5, metavar=("MODEL", "VARIANT", "CKPT", "MODE", "DEVICE"), help=argparse.SUPPRESS
+    )
     args = p.parse_args()
     if args.child:
         name, variant, ckpt, mode, device = args.child
         print(json.dumps(one(name, variant, ckpt == "1", mode, device, args.smoke)))
         return
     import torch
+
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     out = {"machine": machine(), "inductor_cache": "empty for every variant (cold compile)"}
-    models, ckpts, variants = (["demo"], (True,), VARIANTS[:1]) if args.smoke else (MODELS, (True, False), VARIANTS)
+    models, ckpts, variants = (
+        (["demo"], (True,), VARIANTS[:1]) if args.smoke else (MODELS, (True, False), VARIANTS)
+    )
     for device in devices:
         for name in models:
             runs = {}
@@ -190,8 +227,13 @@ def main() -> None:
         if device == "cuda":
             out["cuda_modes"] = cuda_modes(args.smoke)
     print(json.dumps(out, indent=1))
-    failed = [f"{m}.{k}: {v['failed']}" for m, runs in out.items() if isinstance(runs, dict)
-              for k, v in runs.items() if isinstance(v, dict) and "failed" in v]
+    failed = [
+        f"{m}.{k}: {v['failed']}"
+        for m, runs in out.items()
+        if isinstance(runs, dict)
+        for k, v in runs.items()
+        if isinstance(v, dict) and "failed" in v
+    ]
     if failed:
         sys.exit("compile benchmark: some variants failed:\n" + "\n".join(failed))
     if not args.smoke:

@@ -6,6 +6,7 @@ positioned read. Each measurement runs in its own process so its peak RSS is its
 
     python benchmarks/data_path.py            # writes benchmarks/results/data_path.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,17 +22,27 @@ sys.path.insert(0, str(REPO))
 from benchmarks import machine  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "data_path"
-RAW_SHAPE = (512, 640)          # sensor rows x columns; swath_slice [40, 480] keeps 440 x 640
+RAW_SHAPE = (512, 640)  # sensor rows x columns; swath_slice [40, 480] keeps 440 x 640
 FRAMES_PER_FLIGHT = 150
 
 
 def config(n_flights: int):
     from cloudml_lib.config import build_config
     from cloudml_lib.data.synthetic import demo_flight_entries
+
     entries = demo_flight_entries(n_flights)
-    return build_config({"data": {"dir": str(SCRATCH / "flights"), "cache_dir": str(SCRATCH / "cache"),
-                                  "flights": entries, "validation_flights": [entries[-1]["name"]],
-                                  "temporal_frames": 5, "swath_slice": [40, 480]}})
+    return build_config(
+        {
+            "data": {
+                "dir": str(SCRATCH / "flights"),
+                "cache_dir": str(SCRATCH / "cache"),
+                "flights": entries,
+                "validation_flights": [entries[-1]["name"]],
+                "temporal_frames": 5,
+                "swath_slice": [40, 480],
+            }
+        }
+    )
 
 
 def peak_rss_mb() -> float:
@@ -47,6 +58,7 @@ def measure_cached(n_flights: int, passes: int) -> dict:
     """Every sample of every flight, `passes` times, through the training Dataset."""
     from cloudml_lib.data.cache import load_caches
     from cloudml_lib.data.dataset import CloudDataset, fit_scalers
+
     cfg = config(n_flights)
     caches = load_caches(cfg.data)
     ds = CloudDataset(caches, fit_scalers(caches), augment=False)
@@ -56,9 +68,14 @@ def measure_cached(n_flights: int, passes: int) -> dict:
         for i in range(len(ds)):
             ds[i]
             n += 1
-    return {"samples": n, "samples_per_s": n / (time.perf_counter() - t0), "peak_rss_mb": peak_rss_mb(),
-            "rss_before_reading_mb": rss_ready, "dataset_samples": len(ds),
-            "cache_mb": sum(c.meta["bytes"] for c in caches) / 1e6}
+    return {
+        "samples": n,
+        "samples_per_s": n / (time.perf_counter() - t0),
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_before_reading_mb": rss_ready,
+        "dataset_samples": len(ds),
+        "cache_mb": sum(c.meta["bytes"] for c in caches) / 1e6,
+    }
 
 
 def measure_research(n_flights: int, limit: int) -> dict:
@@ -70,6 +87,7 @@ def measure_research(n_flights: int, limit: int) -> dict:
     from cloudml_lib.data.cpl import read_flight_labels
     from cloudml_lib.data.er2 import flight_paths
     from cloudml_lib.data.preprocess import preprocess_frame
+
     cfg = config(n_flights)
     samples = []
     for flight in cfg.data.flights:
@@ -83,8 +101,12 @@ def measure_research(n_flights: int, limit: int) -> dict:
             frames = np.stack([preprocess_frame(f[cfg.data.keys.ir_signal][int(k)], cfg.data)[0] for k in w])
         assert frames.shape == (5, 440, 640)
         n += 1
-    return {"samples": n, "samples_per_s": n / (time.perf_counter() - t0), "peak_rss_mb": peak_rss_mb(),
-            "rss_before_reading_mb": rss_ready}
+    return {
+        "samples": n,
+        "samples_per_s": n / (time.perf_counter() - t0),
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_before_reading_mb": rss_ready,
+    }
 
 
 def child(kind: str, n_flights: int) -> dict:
@@ -107,12 +129,14 @@ def main() -> None:
 
     from cloudml_lib.data.cache import load_caches
     from cloudml_lib.data.synthetic import make_demo_flights
+
     t0 = time.perf_counter()
-    make_demo_flights(SCRATCH / "flights", n_flights=4, seed=0, frames_per_flight=FRAMES_PER_FLIGHT,
-                      frame_shape=RAW_SHAPE)
+    make_demo_flights(
+        SCRATCH / "flights", n_flights=4, seed=0, frames_per_flight=FRAMES_PER_FLIGHT, frame_shape=RAW_SHAPE
+    )
     t_gen = time.perf_counter() - t0
     t0 = time.perf_counter()
-    load_caches(config(4).data)                       # build once, outside the timed children
+    load_caches(config(4).data)  # build once, outside the timed children
     t_cache = time.perf_counter() - t0
 
     research = child("research", 2)
@@ -122,8 +146,11 @@ def main() -> None:
         "what": "samples/s and peak RSS of the cached loader vs reopening HDF5 + preprocessing per sample",
         "frame": "440 x 640 (swath_slice [40, 480] of 512 x 640), T = 5, float16 cache",
         "machine": machine(),
-        "generate_4_flights_s": t_gen, "build_cache_4_flights_s": t_cache,
-        "research_loader_2_flights": research, "cached_loader_2_flights": cached2, "cached_loader_4_flights": cached4,
+        "generate_4_flights_s": t_gen,
+        "build_cache_4_flights_s": t_cache,
+        "research_loader_2_flights": research,
+        "cached_loader_2_flights": cached2,
+        "cached_loader_4_flights": cached4,
         "throughput_ratio": cached2["samples_per_s"] / research["samples_per_s"],
         "peak_rss_ratio_4_vs_2_flights": cached4["peak_rss_mb"] / cached2["peak_rss_mb"],
         "targets": {"throughput_ratio": ">= 5", "peak_rss_ratio_4_vs_2_flights": "flat (about 1.0)"},

@@ -14,6 +14,7 @@ of the sun azimuth relative to the heading, as a real camera's would. Variants, 
 By default only `old_rule` and `relative` run, with one seed (RUNS below lists the others); the numbers
 are what the runs gave, noise included.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import machine  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "flip_rule"
-RUNS = (("old_rule", 42), ("relative", 42))     # add ("old_rule", 7), ("relative", 7), ("ground_heading", 42),
+RUNS = (("old_rule", 42), ("relative", 42))  # add ("old_rule", 7), ("relative", 7), ("ground_heading", 42),
 # ("no_flip", 42) for the full comparison (about 10 more minutes); results/flip_rule.json holds the two above
 
 
@@ -38,11 +39,15 @@ def run(variant: str, seed: int) -> dict:
     from cloudml_lib.data import dataset as ds_mod
     from cloudml_lib.train import train
 
-    overrides = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cache'}", f"train.seed={seed}",
-                 f"data.sun_azimuth={'relative' if variant in ('relative', 'no_flip') else 'ground'}"]
+    overrides = [
+        f"data.dir={SCRATCH / 'flights'}",
+        f"data.cache_dir={SCRATCH / 'cache'}",
+        f"train.seed={seed}",
+        f"data.sun_azimuth={'relative' if variant in ('relative', 'no_flip') else 'ground'}",
+    ]
     cfg = load_config(REPO / "configs" / "demo.yaml", overrides)
     saved = ds_mod.mirror_line, ds_mod.FLIP_PROB
-    if variant == "old_rule":                       # 360 - a: a mirror line at 0 degrees from north
+    if variant == "old_rule":  # 360 - a: a mirror line at 0 degrees from north
         ds_mod.mirror_line = lambda heading, mode, axis: np.zeros(np.shape(heading))
     if variant == "no_flip":
         ds_mod.FLIP_PROB = 0.0
@@ -53,8 +58,12 @@ def run(variant: str, seed: int) -> dict:
     finally:
         ds_mod.mirror_line, ds_mod.FLIP_PROB = saved
     overall = result["overall"]
-    return {"variant": variant, "seed": seed, "seconds": round(seconds, 1),
-            **{k: overall[k] for k in ("r2", "mae_km", "rmse_km", "bias_km")}}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "seconds": round(seconds, 1),
+        **{k: overall[k] for k in ("r2", "mae_km", "rmse_km", "bias_km")},
+    }
 
 
 def main() -> None:
@@ -63,10 +72,17 @@ def main() -> None:
     for variant, seed in RUNS:
         rows.append(run(variant, seed))
         print(json.dumps(rows[-1]), flush=True)
-    mean = {v: {k: float(np.mean([r[k] for r in rows if r["variant"] == v])) for k in ("r2", "mae_km", "rmse_km")}
-            for v in dict.fromkeys(r["variant"] for r in rows)}
-    out = {"machine": machine(), "config": "configs/demo.yaml", "runs": rows, "mean_by_variant": mean,
-           "old_over_new_rmse": mean["old_rule"]["rmse_km"] / mean["relative"]["rmse_km"]}
+    mean = {
+        v: {k: float(np.mean([r[k] for r in rows if r["variant"] == v])) for k in ("r2", "mae_km", "rmse_km")}
+        for v in dict.fromkeys(r["variant"] for r in rows)
+    }
+    out = {
+        "machine": machine(),
+        "config": "configs/demo.yaml",
+        "runs": rows,
+        "mean_by_variant": mean,
+        "old_over_new_rmse": mean["old_rule"]["rmse_km"] / mean["relative"]["rmse_km"],
+    }
     path = REPO / "benchmarks" / "results" / "flip_rule.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")

@@ -9,6 +9,7 @@ checkpointing and compile settings) on synthetic 440 x 640 x T=5 batches at its 
 with the process capped to 14.7 GiB (`torch.cuda.set_per_process_memory_fraction`) to stand for a
 T4. Steps/s are timed after warm-up (compilation included in warm-up), with CUDA synchronised.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,12 @@ def build(preset: str, device: torch.device):
     from cloudml_lib.config import load_config
     from cloudml_lib.hardware import choose_precision
     from cloudml_lib.model import build_model
+
     cfg = load_config(REPO / "configs" / PRESETS[preset])
     model = build_model(cfg).to(device)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
     watch = apply_compile(model, cfg.train.torch_compile, cfg.train.torch_compile_mode, device)
-    forward = model                              # the frame encoder inside is compiled in place when asked
+    forward = model  # the frame encoder inside is compiled in place when asked
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     p = choose_precision(device)
     autocast = (lambda: torch.autocast(device.type, dtype=p.dtype)) if p.dtype else nullcontext
@@ -56,6 +58,7 @@ def make_step(forward, opt, autocast, scaler, frames, scalars, target, train_cfg
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -67,8 +70,12 @@ def measure_preset(preset: str, device: torch.device, shape, warmup: int, steps:
     scalars = torch.randn(b, 3, device=device, generator=gen)
     target = torch.randn(b, device=device, generator=gen)
     step = make_step(forward, opt, autocast, scaler, frames, scalars, target, cfg.train)
-    out = {"batch_size": b, "channels": cfg.channels, "gradient_checkpointing": cfg.model.gradient_checkpointing,
-           "torch_compile": cfg.train.torch_compile}
+    out = {
+        "batch_size": b,
+        "channels": cfg.channels,
+        "gradient_checkpointing": cfg.model.gradient_checkpointing,
+        "torch_compile": cfg.train.torch_compile,
+    }
     try:
         for _ in range(warmup):
             step()
@@ -80,8 +87,8 @@ def measure_preset(preset: str, device: torch.device, shape, warmup: int, steps:
             step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-            out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-            out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+            out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
         out["steps_per_s"] = steps / (time.perf_counter() - t0)
         out["samples_per_s"] = out["steps_per_s"] * b
     except torch.cuda.OutOfMemoryError as e:
@@ -103,26 +110,40 @@ def probe_prediction(preset: str, device: torch.device, shape) -> dict | None:
     if device.type != "cuda":
         return None
     from cloudml_lib.memory import probe_batch_size
+
     cfg, model, _, opt, autocast, scaler, _ = build(preset, device)
-    vars(model.encoder).pop("forward", None)          # the trainer's probe runs the eager model, before compiling
+    vars(model.encoder).pop("forward", None)  # the trainer's probe runs the eager model, before compiling
     t = cfg.data.temporal_frames
 
     def step(b):
         frames = torch.randn(b, t, *shape, device=device)
-        make_step(model, opt, autocast, scaler, frames, torch.randn(b, 3, device=device),
-                  torch.randn(b, device=device), cfg.train)()
+        make_step(
+            model,
+            opt,
+            autocast,
+            scaler,
+            frames,
+            torch.randn(b, 3, device=device),
+            torch.randn(b, device=device),
+            cfg.train,
+        )()
 
-    result = probe_batch_size(step, device, budget=int(T4_GIB * 2 ** 30))
+    result = probe_batch_size(step, device, budget=int(T4_GIB * 2**30))
     model = opt = None
     torch.cuda.empty_cache()
-    return {"recommended_batch": result.recommended,
-            "predicted_peak_gib": result.predicted_peak(cfg.train.batch_size) / 2 ** 30,
-            "per_sample_gib": result.per_sample_bytes / 2 ** 30, "fixed_gib": result.fixed_bytes / 2 ** 30}
+    return {
+        "recommended_batch": result.recommended,
+        "predicted_peak_gib": result.predicted_peak(cfg.train.batch_size) / 2**30,
+        "per_sample_gib": result.per_sample_bytes / 2**30,
+        "fixed_gib": result.fixed_bytes / 2**30,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny frames: check the code path, write nothing")
+    p.add_argument(
+        "--smoke", action="store_true", help="CPU, tiny frames: check the code path, write nothing"
+    )
     args = p.parse_args()
     if args.smoke:
         device, shape, warmup, steps = torch.device("cpu"), (32, 40), 1, 1
@@ -130,12 +151,17 @@ def main() -> None:
         sys.exit("benchmarks/gpu.py needs a CUDA GPU (use --smoke to check the code on the CPU)")
     else:
         device, shape, warmup, steps = torch.device("cuda"), (440, 640), 3, 10
-        total = torch.cuda.get_device_properties(0).total_memory / 2 ** 30
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
         torch.cuda.set_per_process_memory_fraction(min(1.0, T4_GIB / total))
     results = {name: measure_preset(name, device, shape, warmup, steps) for name in PRESETS}
-    out = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (smoke)",
-           "memory_cap_gib": T4_GIB if device.type == "cuda" else None, "frame": list(shape), "temporal_frames": 5,
-           "torch": torch.__version__, "presets": results}
+    out = {
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (smoke)",
+        "memory_cap_gib": T4_GIB if device.type == "cuda" else None,
+        "frame": list(shape),
+        "temporal_frames": 5,
+        "torch": torch.__version__,
+        "presets": results,
+    }
     if "steps_per_s" in results["A"] and "steps_per_s" in results["B"]:
         out["A_over_B_samples_per_s"] = results["A"]["samples_per_s"] / results["B"]["samples_per_s"]
     print(json.dumps(out, indent=1))

@@ -1,8 +1,8 @@
 """Whole flights: each frame encoded once (CloudML) against once for each window it sits in (the previous
 release, kept here as the reference), side by side.
 
-    python benchmarks/predict.py            # writes benchmarks/results/predict.json (about 15 minutes, 2-core CPU)
-    python benchmarks/predict.py --smoke    # a tiny flight: checks the code path, writes nothing
+    python benchmarks/predict.py            # writes benchmarks/results/predict.json (about 15 minutes, 2-core
+    CPU) python benchmarks/predict.py --smoke    # a tiny flight: checks the code path, writes nothing
 
 Two models, each on a synthetic flight in the real file layout (data/synthetic.py), with the preset's
 frame crop and T = 5:
@@ -18,6 +18,7 @@ The weights are random (seeded): speed does not depend on them; the paths' heigh
 and the time of a 12,000-frame flight (start + 12,000 frames at the prediction's rate). With CUDA, the
 same on the GPU with the real flight size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,8 @@ FLIGHT_FRAMES = 12_000
 
 
 def predict_per_window(model, flight, data, scalers, device, batch_size, autocast, backend, pool):
-    """The previous release's predict: every window's T frames through the whole network. Returns the height (km)
-    and the cloud probability (NaN without a cloud output) of every frame."""
+    """The previous release's predict: every window's T frames through the whole network. Returns the height
+    (km) and the cloud probability (NaN without a cloud output) of every frame."""
     import numpy as np
     import torch
 
@@ -52,10 +53,19 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
 
     inputs = _flight_inputs(flight, data)
     n, t = inputs["t"].size, data.temporal_frames
-    scalars = scalar_inputs(inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers)
+    scalars = scalar_inputs(
+        inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers
+    )
     pred, prob, half = np.full(n, np.nan), np.full(n, np.nan), t // 2
-    stream = pool.blocks(Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name, np.arange(n),
-                         FrameSpec.of(data), backend, ahead=BLOCK)
+    stream = pool.blocks(
+        Path(data.dir) / flight.ir_file,
+        data.keys.ir_signal,
+        flight.name,
+        np.arange(n),
+        FrameSpec.of(data),
+        backend,
+        ahead=BLOCK,
+    )
     buf, buf_lo = None, 0
     try:
         for start in range(0, n, BLOCK):
@@ -66,18 +76,20 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
                 if buf is None:
                     buf = block.frames
                 else:
-                    buf, buf_lo = np.concatenate([buf[lo - buf_lo:], block.frames]), lo
-            frames = buf[lo - buf_lo:hi - buf_lo].astype(np.float32)
+                    buf, buf_lo = np.concatenate([buf[lo - buf_lo :], block.frames]), lo
+            frames = buf[lo - buf_lo : hi - buf_lo].astype(np.float32)
             first = np.clip(np.arange(start, stop) - half, 0, n - t)
-            windows = frames[(first - lo)[:, None] + np.arange(t)[None, :]]            # (B, T, H, W)
+            windows = frames[(first - lo)[:, None] + np.arange(t)[None, :]]  # (B, T, H, W)
             with torch.no_grad(), autocast():
                 for i in range(0, len(windows), batch_size):
-                    x = torch.from_numpy(windows[i:i + batch_size]).to(device)
-                    s = torch.from_numpy(scalars[start + i:start + i + len(x)].astype(np.float32)).to(device)
+                    x = torch.from_numpy(windows[i : i + batch_size]).to(device)
+                    s = torch.from_numpy(scalars[start + i : start + i + len(x)].astype(np.float32)).to(
+                        device
+                    )
                     height, logit = model(x, s).float()
-                    pred[start + i:start + i + len(x)] = height.cpu().numpy()
+                    pred[start + i : start + i + len(x)] = height.cpu().numpy()
                     if logit is not None:
-                        prob[start + i:start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()
+                        prob[start + i : start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()
     finally:
         stream.close()
     return pred * scalers.cbh_std + scalers.cbh_mean, prob
@@ -86,15 +98,19 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
 def flight_dir(model_name: str, frames: int) -> Path:
     """One synthetic flight (and a second the generator needs) in the real layout, written once."""
     from cloudml_lib.data.synthetic import make_demo_flights
+
     folder = SCRATCH / f"{model_name}_{frames}"
     if not (folder / "done").exists():
-        make_demo_flights(folder, n_flights=2, seed=3, frames_per_flight=frames, frame_shape=MODELS[model_name][1])
+        make_demo_flights(
+            folder, n_flights=2, seed=3, frames_per_flight=frames, frame_shape=MODELS[model_name][1]
+        )
         (folder / "done").write_text("")
     return folder
 
 
 def child(model_name: str, path: str, frames: int, device_name: str, out: Path) -> None:
-    """One whole process: build the model, read and preprocess the flight, predict every frame; timings to `out`."""
+    """One whole process: build the model, read and preprocess the flight, predict every frame; timings to
+    `out`."""
     started = time.perf_counter()
     import numpy as np
     import torch
@@ -117,16 +133,20 @@ def child(model_name: str, path: str, frames: int, device_name: str, out: Path) 
     model = build_model(cfg).to(device).eval()
     prepare_model(model, device, channels_last=path == "per_frame_cl")
     dtype = choose_precision(device).dtype
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else __import__("contextlib").nullcontext
+    autocast = (
+        (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else __import__("contextlib").nullcontext
+    )
     scalers, batch = Scalers(45.0, 5.0, 1.0, 0.5), 2 * int(cfg.train.batch_size)
     with FramePool(resolve_workers("auto")) as pool:
         ready = time.perf_counter()
         if path == "per_window":
-            heights, _ = predict_per_window(model, flight, cfg.data, scalers, device, batch, autocast, SKIMAGE, pool)
+            heights, _ = predict_per_window(
+                model, flight, cfg.data, scalers, device, batch, autocast, SKIMAGE, pool
+            )
         else:
             r = predict_flight(model, flight, cfg.data, scalers, device, batch, autocast, SKIMAGE, pool)
             heights = np.full(r["counts"]["frames"], np.nan)
-            heights[r["frame_index"]] = r["cbh_km"]                     # frames with a usable time
+            heights[r["frame_index"]] = r["cbh_km"]  # frames with a usable time
         if device.type == "cuda":
             torch.cuda.synchronize()
         done = time.perf_counter()
@@ -137,29 +157,40 @@ def child(model_name: str, path: str, frames: int, device_name: str, out: Path) 
 def run_child(model_name: str, path: str, frames: int, device: str) -> dict:
     out = SCRATCH / f"timing_{model_name}_{path}_{device}.json"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, __file__, "--child", model_name, path, str(frames), device, str(out)],
-                   check=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, __file__, "--child", model_name, path, str(frames), device, str(out)],
+        check=True,
+        cwd=REPO,
+    )
     whole = time.perf_counter() - t0
     r = json.loads(out.read_text())
     import numpy as np
+
     r["whole_s"], r["heights"] = whole, np.load(out.with_suffix(".npy"))
     return r
 
 
 def measure(model_name: str, device: str, frames: int, rounds: int) -> dict:
-    flight_dir(model_name, frames)                        # written before any timing
+    flight_dir(model_name, frames)  # written before any timing
     runs = {p: [] for p in PATHS}
     for _ in range(rounds):
         for p in PATHS:
             runs[p].append(run_child(model_name, p, frames, device))
     import numpy as np
+
     out = {"frames": frames, "rounds": rounds}
     for p, rs in runs.items():
-        whole, pred, start = (statistics.median(r[k] for r in rs) for k in ("whole_s", "predict_s", "start_s"))
-        out[p] = {"whole_process_s": whole, "whole_process_frames_per_s": frames / whole,
-                  "predict_frames_per_s": frames / pred, "start_s": start,
-                  "flight_12000_min": (start + FLIGHT_FRAMES * pred / frames) / 60.0,
-                  "rounds_whole_s": [round(r["whole_s"], 2) for r in rs]}
+        whole, pred, start = (
+            statistics.median(r[k] for r in rs) for k in ("whole_s", "predict_s", "start_s")
+        )
+        out[p] = {
+            "whole_process_s": whole,
+            "whole_process_frames_per_s": frames / whole,
+            "predict_frames_per_s": frames / pred,
+            "start_s": start,
+            "flight_12000_min": (start + FLIGHT_FRAMES * pred / frames) / 60.0,
+            "rounds_whole_s": [round(r["whole_s"], 2) for r in rs],
+        }
         ref = runs["per_window"][0]["heights"]
         both = np.isfinite(ref) & np.isfinite(rs[0]["heights"])
         out[p]["max_diff_km_vs_per_window"] = float(np.abs(ref[both] - rs[0]["heights"][both]).max())
@@ -167,7 +198,9 @@ def measure(model_name: str, device: str, frames: int, rounds: int) -> dict:
     for p in PATHS[1:]:
         out[p]["whole_process_speedup"] = w["whole_process_s"] / out[p]["whole_process_s"]
         out[p]["predict_speedup"] = out[p]["predict_frames_per_s"] / w["predict_frames_per_s"]
-    out["channels_last_speedup"] = out["per_frame"]["whole_process_s"] / out["per_frame_cl"]["whole_process_s"]
+    out["channels_last_speedup"] = (
+        out["per_frame"]["whole_process_s"] / out["per_frame_cl"]["whole_process_s"]
+    )
     return out
 
 
@@ -181,17 +214,30 @@ def main() -> None:
         child(m, path, int(frames), device, Path(out))
         return
     import torch
+
     if args.smoke:
-        print(json.dumps({k: v for k, v in measure("demo", "cpu", 40, 1).items() if k != "frames"}, default=str)[:600])
+        print(
+            json.dumps(
+                {k: v for k, v in measure("demo", "cpu", 40, 1).items() if k != "frames"}, default=str
+            )[:600]
+        )
         return
-    results = {"machine": machine(), "flight_frames_extrapolated": FLIGHT_FRAMES,
-               "cpu": {name: measure(name, "cpu", MODELS[name][2], 3 if name == "demo" else 2) for name in MODELS}}
+    results = {
+        "machine": machine(),
+        "flight_frames_extrapolated": FLIGHT_FRAMES,
+        "cpu": {name: measure(name, "cpu", MODELS[name][2], 3 if name == "demo" else 2) for name in MODELS},
+    }
     if torch.cuda.is_available():
         results["cuda"] = {name: measure(name, "cuda", MODELS[name][3], 3) for name in MODELS}
     # what the library follows (inference.prepare_model): channels_last where it was measured to pay
-    results["channels_last"] = {dev: {"speedup": r["full"]["channels_last_speedup"],
-                                      "use": r["full"]["channels_last_speedup"] >= 1.05}
-                                for dev, r in results.items() if dev in ("cpu", "cuda")}
+    results["channels_last"] = {
+        dev: {
+            "speedup": r["full"]["channels_last_speedup"],
+            "use": r["full"]["channels_last_speedup"] >= 1.05,
+        }
+        for dev, r in results.items()
+        if dev in ("cpu", "cuda")
+    }
     RESULTS.write_text(json.dumps(results, indent=1))
     print(f"wrote {RESULTS}")
 

@@ -19,6 +19,7 @@ method's uninterrupted run (bit-identical or the largest difference).
 
 Writes benchmarks/results/trainers.json. Needs `pip install -r benchmarks/requirements.txt`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,13 @@ SCRATCH = REPO / "benchmarks" / ".scratch" / "trainers"
 RESULTS = REPO / "benchmarks" / "results" / "trainers.json"
 METHODS = ("bare", "cloudml", "lightning")
 EPOCHS, REPEATS = 3, 5
-RESUME_EVERY, KILL_STEP = 20, 50          # saves at steps 20, 40; killed at 50 (epoch 2, batch 11 of 39)
+RESUME_EVERY, KILL_STEP = 20, 50  # saves at steps 20, 40; killed at 50 (epoch 2, batch 11 of 39)
 OVERHEAD_PAIRS = 9
 
 
 class FirstStep:
     """time.time() of this process's first optimizer step."""
+
     at: float | None = None
 
     @classmethod
@@ -56,14 +58,17 @@ class FirstStep:
 
 def config():
     from cloudml_lib.config import load_config
-    return load_config(REPO / "configs" / "demo.yaml", [f"data.dir={SCRATCH / 'flights'}",
-                                                         f"data.cache_dir={SCRATCH / 'cache'}",
-                                                         f"train.epochs={EPOCHS}"])
+
+    return load_config(
+        REPO / "configs" / "demo.yaml",
+        [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cache'}", f"train.epochs={EPOCHS}"],
+    )
 
 
 def data(cfg):
     from cloudml_lib.data.dataset import prepare_data
     from cloudml_lib.data.flights import resolve_config
+
     cfg, skipped = resolve_config(cfg)
     return prepare_data(cfg, skipped)
 
@@ -74,9 +79,17 @@ def schedule(optimizer, cfg, steps_per_epoch):
     import torch
 
     from cloudml_lib.train import lr_factor
+
     t = cfg.train
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
-        lr_factor, warmup_steps=t.warmup_steps, total_steps=steps_per_epoch * t.epochs, min_ratio=t.min_lr_ratio))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        functools.partial(
+            lr_factor,
+            warmup_steps=t.warmup_steps,
+            total_steps=steps_per_epoch * t.epochs,
+            min_ratio=t.min_lr_ratio,
+        ),
+    )
 
 
 def bare_step(model, optimizer, scheduler, batch: dict, t) -> None:
@@ -84,6 +97,7 @@ def bare_step(model, optimizer, scheduler, batch: dict, t) -> None:
     import torch
 
     from cloudml_lib.train import batch_loss
+
     loss = batch_loss(model(batch["frames"], batch["scalars"]), batch, t)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip_norm)
@@ -100,6 +114,7 @@ def run_bare(cfg) -> float:
     from cloudml_lib.data.dataset import EpochBatchSampler
     from cloudml_lib.model import build_model
     from cloudml_lib.train import seed_everything
+
     t = cfg.train
     seed_everything(t.seed)
     train_set, _ = data(cfg)
@@ -118,7 +133,8 @@ def run_bare(cfg) -> float:
 
 def run_cloudml(cfg, run_dir: Path) -> float:
     from cloudml_lib.train import Trainer
-    trainer = Trainer(cfg, run_dir).setup()               # resumes from run_dir's newest checkpoint
+
+    trainer = Trainer(cfg, run_dir).setup()  # resumes from run_dir's newest checkpoint
     step = trainer.optimizer_step
 
     def marked_step():
@@ -128,7 +144,7 @@ def run_cloudml(cfg, run_dir: Path) -> float:
     trainer.optimizer_step = marked_step
     t0 = time.perf_counter()
     try:
-        for epoch in range(trainer.state["epoch"], cfg.train.epochs):      # fit() without the validation
+        for epoch in range(trainer.state["epoch"], cfg.train.epochs):  # fit() without the validation
             trainer.train_epoch(epoch)
             trainer.state["epoch"], trainer.state["batch"] = epoch + 1, 0
             trainer.checkpoints.save("epoch_end")
@@ -142,6 +158,7 @@ def run_cloudml(cfg, run_dir: Path) -> float:
 
 def save_weights(model, run_dir: Path) -> None:
     import torch
+
     torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, run_dir / "final.pt")
 
 
@@ -153,6 +170,7 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
     from cloudml_lib.data.dataset import EpochBatchSampler
     from cloudml_lib.model import build_model
     from cloudml_lib.train import batch_loss, seed_everything
+
     t = cfg.train
     seed_everything(t.seed)
     train_set, _ = data(cfg)
@@ -168,8 +186,13 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
 
         def configure_optimizers(self):
             optimizer = torch.optim.AdamW(self.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
-            return {"optimizer": optimizer, "lr_scheduler": {
-                "scheduler": schedule(optimizer, cfg, sampler.batches_per_epoch()), "interval": "step"}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {
+                    "scheduler": schedule(optimizer, cfg, sampler.batches_per_epoch()),
+                    "interval": "step",
+                },
+            }
 
     class SetEpoch(L.Callback):
         def on_train_epoch_start(self, trainer, module):
@@ -182,21 +205,39 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             FirstStep.mark()
             if kill_step and trainer.global_step == kill_step:
-                os.kill(os.getpid(), signal.SIGKILL)        # as a disconnect would
+                os.kill(os.getpid(), signal.SIGKILL)  # as a disconnect would
 
         def on_train_end(self, trainer, module):
             self.seconds = time.perf_counter() - self.t0
 
     clock = Clock()
     last = run_dir / "checkpoints" / "last.ckpt"
-    trainer = L.Trainer(max_epochs=t.epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=True,
-                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                        gradient_clip_val=t.grad_clip_norm, use_distributed_sampler=False, default_root_dir=run_dir,
-                        callbacks=[SetEpoch(), clock, L.pytorch.callbacks.ModelCheckpoint(
-                            dirpath=run_dir / "checkpoints", every_n_train_steps=every_steps, save_last=True)])
+    trainer = L.Trainer(
+        max_epochs=t.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=True,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=t.grad_clip_norm,
+        use_distributed_sampler=False,
+        default_root_dir=run_dir,
+        callbacks=[
+            SetEpoch(),
+            clock,
+            L.pytorch.callbacks.ModelCheckpoint(
+                dirpath=run_dir / "checkpoints", every_n_train_steps=every_steps, save_last=True
+            ),
+        ],
+    )
     module = Module()
-    trainer.fit(module, DataLoader(train_set, batch_sampler=sampler, num_workers=0),
-                ckpt_path=last if last.exists() else None)
+    trainer.fit(
+        module,
+        DataLoader(train_set, batch_sampler=sampler, num_workers=0),
+        ckpt_path=last if last.exists() else None,
+    )
     save_weights(module.net, run_dir)
     return clock.seconds
 
@@ -206,9 +247,10 @@ def per_step_overhead(run_dir: Path, pairs: int = OVERHEAD_PAIRS) -> dict:
     preloaded (data loading is out of both), alternate an epoch of the bare step with an epoch of
     Trainer.train_epoch over the same batches and the same model. Overhead = difference of the
     medians / steps; beside it, the ratio of each adjacent pair (its quartiles say whether the
-    difference stands out of the noise). Includes everything train_epoch adds: recovery snapshots, accumulators, one
-    sync per step, metrics records, the progress bar, the checkpoint cadence."""
+    difference stands out of the noise). Includes everything train_epoch adds: recovery snapshots,
+    accumulators, one sync per step, metrics records, the progress bar, the checkpoint cadence."""
     from cloudml_lib.train import Trainer
+
     cfg = config()
     t = cfg.train
     trainer = Trainer(cfg, run_dir).setup()
@@ -236,11 +278,18 @@ def per_step_overhead(run_dir: Path, pairs: int = OVERHEAD_PAIRS) -> dict:
         med = {k: statistics.median(v) for k, v in times.items()}
         ratios = sorted(c / b for b, c in zip(times["bare"], times["cloudml"]))
         q1, _, q3 = statistics.quantiles(ratios, n=4)
-        return {"steps_per_epoch": steps, "pairs": pairs, "epoch_s": times,
-                "pair_ratio_median": statistics.median(ratios), "pair_ratio_q1": q1, "pair_ratio_q3": q3,
-                "bare_step_ms": 1000 * med["bare"] / steps, "cloudml_step_ms": 1000 * med["cloudml"] / steps,
-                "overhead_ms_per_step": 1000 * (med["cloudml"] - med["bare"]) / steps,
-                "overhead_ratio": med["cloudml"] / med["bare"]}
+        return {
+            "steps_per_epoch": steps,
+            "pairs": pairs,
+            "epoch_s": times,
+            "pair_ratio_median": statistics.median(ratios),
+            "pair_ratio_q1": q1,
+            "pair_ratio_q3": q3,
+            "bare_step_ms": 1000 * med["bare"] / steps,
+            "cloudml_step_ms": 1000 * med["cloudml"] / steps,
+            "overhead_ms_per_step": 1000 * (med["cloudml"] - med["bare"]) / steps,
+            "overhead_ratio": med["cloudml"] / med["bare"],
+        }
     finally:
         trainer.close()
 
@@ -251,18 +300,36 @@ def child(method: str, run_dir: Path, every_steps: int, kill_step: int) -> None:
         print(json.dumps(per_step_overhead(run_dir)))
         return
     if kill_step:
-        os.environ["CLOUDML_KILL_AT"] = f"step:{kill_step}"     # the CloudML trainer's own fault point
+        os.environ["CLOUDML_KILL_AT"] = f"step:{kill_step}"  # the CloudML trainer's own fault point
     cfg.checkpoint.every_steps = every_steps
-    seconds = {"bare": lambda: run_bare(cfg), "cloudml": lambda: run_cloudml(cfg, run_dir),
-               "lightning": lambda: run_lightning(cfg, run_dir, every_steps, kill_step)}[method]()
+    seconds = {
+        "bare": lambda: run_bare(cfg),
+        "cloudml": lambda: run_cloudml(cfg, run_dir),
+        "lightning": lambda: run_lightning(cfg, run_dir, every_steps, kill_step),
+    }[method]()
     print(json.dumps({"train_s": seconds, "first_step_at": FirstStep.at}))
 
 
 def launch(method: str, run_dir: Path, every_steps: int = 100, kill_step: int = 0) -> dict:
     """One child process: its JSON line, the whole process's seconds, and launch to first step."""
     t0, launched = time.perf_counter(), time.time()
-    r = subprocess.run([sys.executable, __file__, "--child", method, "--run-dir", str(run_dir), "--every-steps",
-                        str(every_steps), "--kill-step", str(kill_step)], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            method,
+            "--run-dir",
+            str(run_dir),
+            "--every-steps",
+            str(every_steps),
+            "--kill-step",
+            str(kill_step),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     whole = time.perf_counter() - t0
     if kill_step:
         if r.returncode != -signal.SIGKILL:
@@ -278,6 +345,7 @@ def resume_runs() -> dict:
     """Per method: uninterrupted, killed + resumed; launch-to-first-step of a fresh and a resumed
     start; the final weights of the resumed run against the uninterrupted one."""
     import torch
+
     out = {}
     for method in ("cloudml", "lightning"):
         base = SCRATCH / "runs" / f"resume-{method}"
@@ -288,11 +356,17 @@ def resume_runs() -> dict:
         resumed = launch(method, cut, RESUME_EVERY)
         a, b = (torch.load(d / "final.pt", weights_only=True) for d in (straight, cut))
         diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-        out[method] = {"fresh_to_first_step_s": fresh["to_first_step_s"],
-                       "resumed_to_first_step_s": resumed["to_first_step_s"],
-                       "bit_identical": all(torch.equal(a[k], b[k]) for k in a), "max_abs_diff": diff}
-        print(f"{method:9s} resume: first step {resumed['to_first_step_s']:.2f} s after launch (fresh start "
-              f"{fresh['to_first_step_s']:.2f} s); final weights max |diff| {diff:.3g}", flush=True)
+        out[method] = {
+            "fresh_to_first_step_s": fresh["to_first_step_s"],
+            "resumed_to_first_step_s": resumed["to_first_step_s"],
+            "bit_identical": all(torch.equal(a[k], b[k]) for k in a),
+            "max_abs_diff": diff,
+        }
+        print(
+            f"{method:9s} resume: first step {resumed['to_first_step_s']:.2f} s after launch (fresh start "
+            f"{fresh['to_first_step_s']:.2f} s); final weights max |diff| {diff:.3g}",
+            flush=True,
+        )
     return out
 
 
@@ -307,43 +381,64 @@ def main() -> None:
         child(args.child, Path(args.run_dir), args.every_steps, args.kill_step)
         return
     from cloudml_lib.data.flights import ensure_demo_flights
+
     cfg = config()
     ensure_demo_flights(cfg.data)
-    data(cfg)                                            # build the cache once, outside the timings
+    data(cfg)  # build the cache once, outside the timings
     runs = {m: [] for m in METHODS}
     for repeat in range(REPEATS):
-        for method in METHODS:                           # interleaved: drift hits all three alike
+        for method in METHODS:  # interleaved: drift hits all three alike
             run_dir = SCRATCH / "runs" / f"{method}-{repeat}"
             shutil.rmtree(run_dir, ignore_errors=True)
             row = launch(method, run_dir)
             runs[method].append(row)
-            print(f"{method:9s} repeat {repeat}: training {row['train_s']:.2f} s, whole process "
-                  f"{row['process_s']:.2f} s", flush=True)
+            print(
+                f"{method:9s} repeat {repeat}: training {row['train_s']:.2f} s, whole process "
+                f"{row['process_s']:.2f} s",
+                flush=True,
+            )
     summary = {}
     for m, rows in runs.items():
         tr, pr = [r["train_s"] for r in rows], [r["process_s"] for r in rows]
-        summary[m] = {"train_s_median": statistics.median(tr), "train_s_spread": max(tr) - min(tr),
-                      "train_s_best": min(tr),
-                      "process_s_median": statistics.median(pr), "process_s_spread": max(pr) - min(pr)}
+        summary[m] = {
+            "train_s_median": statistics.median(tr),
+            "train_s_spread": max(tr) - min(tr),
+            "train_s_best": min(tr),
+            "process_s_median": statistics.median(pr),
+            "process_s_spread": max(pr) - min(pr),
+        }
     for m in ("cloudml", "lightning"):
         summary[m]["train_vs_bare"] = summary[m]["train_s_median"] / summary["bare"]["train_s_median"]
         summary[m]["train_best_vs_bare"] = summary[m]["train_s_best"] / summary["bare"]["train_s_best"]
         summary[m]["process_vs_bare"] = summary[m]["process_s_median"] / summary["bare"]["process_s_median"]
     run_dir = SCRATCH / "runs" / "overhead"
     shutil.rmtree(run_dir, ignore_errors=True)
-    r = subprocess.run([sys.executable, __file__, "--child", "overhead", "--run-dir", str(run_dir)],
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, __file__, "--child", "overhead", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     if r.returncode != 0:
         raise SystemExit(f"overhead failed:\n{r.stderr[-3000:]}")
     overhead = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"per-step overhead of the CloudML trainer: {overhead['overhead_ms_per_step']:.2f} ms "
-          f"({overhead['overhead_ratio']:.3f}x the bare step; pairs {overhead['pair_ratio_q1']:.3f}.."
-          f"{overhead['pair_ratio_q3']:.3f})")
+    print(
+        f"per-step overhead of the CloudML trainer: {overhead['overhead_ms_per_step']:.2f} ms "
+        f"({overhead['overhead_ratio']:.3f}x the bare step; pairs {overhead['pair_ratio_q1']:.3f}.."
+        f"{overhead['pair_ratio_q3']:.3f})"
+    )
     resume = resume_runs()
     steps = EPOCHS * 39
-    result = {"machine": machine(), "epochs": EPOCHS, "optimizer_steps": steps, "repeats": REPEATS,
-              "summary": summary, "per_step_overhead": overhead,
-              "resume": {"every_steps": RESUME_EVERY, "killed_at_step": KILL_STEP, **resume}, "runs": runs}
+    result = {
+        "machine": machine(),
+        "epochs": EPOCHS,
+        "optimizer_steps": steps,
+        "repeats": REPEATS,
+        "summary": summary,
+        "per_step_overhead": overhead,
+        "resume": {"every_steps": RESUME_EVERY, "killed_at_step": KILL_STEP, **resume},
+        "runs": runs,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1))
     print(json.dumps(summary, indent=1))

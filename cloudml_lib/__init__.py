@@ -1,4 +1,5 @@
 """CloudML: cloud base height from ER-2 thermal-IR frame sequences, trained on a small GPU."""
+
 import json as _json
 from pathlib import Path as _Path
 

@@ -14,6 +14,7 @@ new one is committed, and each is renamed out of sight before its files go, so a
 never leaves half a checkpoint. Writes run in a background thread, at most one in flight; a failed
 write (disk full, Drive gone) is logged and training goes on.
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,10 +47,24 @@ REJECTED_DIR = "rejected"
 class Key:
     """The keys of a checkpoint's dict, one spelling each: written by train/state.py (state.pt) and
     train/saving.py (best.pt), verified here, read by resume, evaluate and predict."""
-    FORMAT, MODEL, OPTIMIZER, SCHEDULER, SCALER, LOOP = "format", "model", "optimizer", "scheduler", "scaler", "loop"
+
+    FORMAT, MODEL, OPTIMIZER, SCHEDULER, SCALER, LOOP = (
+        "format",
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "loop",
+    )
     SAMPLER, RNG, RNG_RANKS, PROCESSES = "sampler", "rng", "rng_ranks", "processes"
     CONFIG, SCALERS, FINGERPRINT, PROVENANCE = "config", "scalers", "data_fingerprint", "provenance"
-    METRICS_BYTES, EPOCH, STEP, VAL_LOSS, TRAIN_MEAN_KM = "metrics_bytes", "epoch", "step", "val_loss", "train_mean_km"
+    METRICS_BYTES, EPOCH, STEP, VAL_LOSS, TRAIN_MEAN_KM = (
+        "metrics_bytes",
+        "epoch",
+        "step",
+        "val_loss",
+        "train_mean_km",
+    )
 
 
 # The pieces of a run's state, each its state_dict() under its key (train/state.py: stateful)
@@ -64,6 +79,7 @@ _CHUNK = 4 << 20
 
 
 # ------------------------------------------------------------------------------------ weights
+
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module inside torch.compile / DataParallel wrappers."""
@@ -89,6 +105,7 @@ def to_cpu(obj):
 
 # ------------------------------------------------------------------------------ small files
 
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -97,7 +114,7 @@ def _fsync_dir(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass                      # some FUSE file systems (Drive) do not fsync folders
+        pass  # some FUSE file systems (Drive) do not fsync folders
     finally:
         os.close(fd)
 
@@ -121,9 +138,12 @@ def save_atomic(obj: dict, path: str | Path) -> None:
         os.replace(tmp, path)
     except OSError as e:
         raise (e if e.filename else OSError(e.errno, e.strerror or str(e), str(path))) from None
-    except RuntimeError as e:         # torch reports a full disk as "[enforce fail at inline_container.cc...]"
-        raise OSError(errno.ENOSPC, f"No space left on device? torch could not write it: "
-                                    f"{str(e).splitlines()[0][:120]}", str(path)) from None
+    except RuntimeError as e:  # torch reports a full disk as "[enforce fail at inline_container.cc...]"
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device? torch could not write it: {str(e).splitlines()[0][:120]}",
+            str(path),
+        ) from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -152,8 +172,8 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
 # ------------------------------------------------------------------------- fault injection
 
 
-
 # ------------------------------------------------------------------ commit, verify, find
+
 
 def checkpoints_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
@@ -171,16 +191,19 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
     name = f"step-{meta['step']:08d}"
     final = ckpt_dir / name
     if (final / COMMITTED).exists():
-        return final                                     # this step is already safe on disk
+        return final  # this step is already safe on disk
     local = Path(local_dir) / f"{name}.pt"
     try:
         torch.save(state, local)
-    except RuntimeError as e:         # torch reports a full disk as "[enforce fail at inline_container.cc...]"
+    except RuntimeError as e:  # torch reports a full disk as "[enforce fail at inline_container.cc...]"
         local.unlink(missing_ok=True)
         free = shutil.disk_usage(local_dir).free
-        raise OSError(errno.ENOSPC, f"no space left on the local disk for the checkpoint's staging copy "
-                                    f"({free / 1e6:.0f} MB free in {local_dir}; torch said: "
-                                    f"{str(e).splitlines()[0][:120]})") from None
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left on the local disk for the checkpoint's staging copy "
+            f"({free / 1e6:.0f} MB free in {local_dir}; torch said: "
+            f"{str(e).splitlines()[0][:120]})",
+        ) from None
     tmp = ckpt_dir / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -189,7 +212,7 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
         faults.point("commit-copied")
         meta = dict(meta, file=STATE, bytes=size, sha256=digest, saved_at=time.time(), format=FORMAT_VERSION)
         write_durable(tmp / META, json.dumps(meta, indent=1).encode())
-        if final.exists():                               # an uncommitted leftover of this step
+        if final.exists():  # an uncommitted leftover of this step
             _delete(final)
         os.replace(tmp, final)
         faults.point("commit-renamed")
@@ -243,16 +266,32 @@ def check_manifest(meta: dict, state: dict) -> str | None:
     damaged manifest must not make `status` or a resume believe another position."""
     try:
         loop, epochs = state[Key.LOOP], state[Key.CONFIG]["train"]["epochs"]
-        same = {"step": int(loop["step"]), "epoch": int(loop["epoch"]), "batch": int(loop["batch"]),
-                "finished": bool(loop["finished"]), "epochs": int(epochs)}
+        same = {
+            "step": int(loop["step"]),
+            "epoch": int(loop["epoch"]),
+            "batch": int(loop["batch"]),
+            "finished": bool(loop["finished"]),
+            "epochs": int(epochs),
+        }
     except (KeyError, TypeError, ValueError) as e:
         return f"incomplete: the loop state lacks {e}"
     wrong = [f"{k} {meta.get(k)!r} (state.pt: {v!r})" for k, v in same.items() if meta.get(k) != v]
     total, per_epoch = meta.get("total_steps"), meta.get("batches_per_epoch")
-    if not (isinstance(total, int) and isinstance(per_epoch, int) and 0 <= same["step"] <= total
-            and 0 <= same["batch"] <= per_epoch and per_epoch > 0):
-        wrong.append(f"total_steps {total!r} / batches_per_epoch {per_epoch!r} do not fit step {loop['step']}")
-    return f"meta.json disagrees with state.pt ({'; '.join(wrong)}): the manifest was edited or damaged" if wrong else None
+    if not (
+        isinstance(total, int)
+        and isinstance(per_epoch, int)
+        and 0 <= same["step"] <= total
+        and 0 <= same["batch"] <= per_epoch
+        and per_epoch > 0
+    ):
+        wrong.append(
+            f"total_steps {total!r} / batches_per_epoch {per_epoch!r} do not fit step {loop['step']}"
+        )
+    return (
+        f"meta.json disagrees with state.pt ({'; '.join(wrong)}): the manifest was edited or damaged"
+        if wrong
+        else None
+    )
 
 
 def check_structure(state) -> str | None:
@@ -268,6 +307,7 @@ def check_structure(state) -> str | None:
 @dataclass
 class Found:
     """The checkpoint to resume from (or None), its manifest, and what was rejected on the way."""
+
     folder: Path | None
     state: dict | None
     rejected: list[dict]
@@ -311,11 +351,12 @@ def find_latest_valid(run_dir: Path, load: bool = True) -> Found:
                 reason, state, meta = check_folder(folder, load)
                 if reason is None:
                     return Found(folder, state, rejected, meta)
-                rejected.append({"path": str(folder), "reason": reason,
-                                 "committed": (folder / COMMITTED).is_file()})
+                rejected.append(
+                    {"path": str(folder), "reason": reason, "committed": (folder / COMMITTED).is_file()}
+                )
             return Found(None, None, rejected)
         except FileNotFoundError:
-            time.sleep(0.05)                                # pruned under our feet: walk again
+            time.sleep(0.05)  # pruned under our feet: walk again
     return Found(None, None, rejected)
 
 
@@ -348,7 +389,7 @@ def prune(run_dir: Path, keep_last: int) -> None:
     for p in find_checkpoints(run_dir):
         if not (p / COMMITTED).is_file() and step_of(p) < newest:
             _delete(p)
-    for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):          # a write whose process is gone
+    for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):  # a write whose process is gone
         pid = p.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or (int(pid) != os.getpid() and not process_alive(int(pid))):
             shutil.rmtree(p, ignore_errors=True)
@@ -369,6 +410,7 @@ def _delete(folder: Path) -> None:
 
 # --------------------------------------------------------------------- background writer
 
+
 class CheckpointWriter:
     """Commits snapshots in a background thread, at most one in flight."""
 
@@ -379,12 +421,13 @@ class CheckpointWriter:
         self.failures, self.failures_in_a_row, self.last_error = 0, 0, None
 
     def submit(self, state: dict, meta: dict, wait: bool = False, before=None) -> float:
-        """Start writing `state` (already a CPU snapshot), after `before()` (files that must not lag behind the
-        checkpoint: the TensorBoard events); returns how long the caller waited."""
+        """Start writing `state` (already a CPU snapshot), after `before()` (files that must not lag behind
+        the checkpoint: the TensorBoard events); returns how long the caller waited."""
         t0 = time.perf_counter()
         self.wait()
-        self._thread = threading.Thread(target=self._write, args=(state, meta, before), name="cloudml-checkpoint",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._write, args=(state, meta, before), name="cloudml-checkpoint", daemon=True
+        )
         self._thread.start()
         if wait:
             self.wait()
@@ -399,9 +442,13 @@ class CheckpointWriter:
         if before is not None:
             try:
                 before()
-            except OSError as e:           # the checkpoint matters more: the next save copies the events again
-                log.warning("TensorBoard events could not be copied into %s (%s); the checkpoint is written all "
-                            "the same, and the next one copies them again.", self.run_dir, e)
+            except OSError as e:  # the checkpoint matters more: the next save copies the events again
+                log.warning(
+                    "TensorBoard events could not be copied into %s (%s); the checkpoint is written all "
+                    "the same, and the next one copies them again.",
+                    self.run_dir,
+                    e,
+                )
         try:
             commit(state, meta, self.run_dir, self.local_dir)
             prune(self.run_dir, self.keep_last)
@@ -410,9 +457,13 @@ class CheckpointWriter:
             self.failures += 1
             self.failures_in_a_row += 1
             self.last_error = f"{type(e).__name__}: {e}"
-            log.error("Checkpoint at step %d could not be written (%s: %s). Training continues; the previous "
-                      "checkpoint is intact. Free space on the disk or check that Drive is still mounted.",
-                      meta.get("step", -1), type(e).__name__, e)
+            log.error(
+                "Checkpoint at step %d could not be written (%s: %s). Training continues; the previous "
+                "checkpoint is intact. Free space on the disk or check that Drive is still mounted.",
+                meta.get("step", -1),
+                type(e).__name__,
+                e,
+            )
 
     def close(self) -> None:
         self.wait()

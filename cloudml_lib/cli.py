@@ -5,6 +5,7 @@ Exit status: 0 on success; 2 for a usage, config or data error, a full or read-o
 short message, no traceback); 130 when stopped by Ctrl-C or SIGTERM at any moment, set-up included
 (progress saved); 1 for anything unexpected (with the traceback, to report).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ def threading_main() -> bool:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):                      # argparse's own exit code is 2 as well
+    def error(self, message):  # argparse's own exit code is 2 as well
         self.print_usage(sys.stderr)
         self.exit(2, f"error: {message}\n")
 
@@ -40,46 +41,93 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arguments(t)
     t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
     t.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value; repeatable, e.g. --set train.epochs=3")
-    t.add_argument("--resume", default="auto", metavar="auto|never|PATH",
-                   help="auto (default): continue from the newest valid checkpoint in the run directory; "
-                        "never: refuse to touch an existing run; PATH: continue from that checkpoint")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value; repeatable, e.g. --set train.epochs=3",
+    )
+    t.add_argument(
+        "--resume",
+        default="auto",
+        metavar="auto|never|PATH",
+        help="auto (default): continue from the newest valid checkpoint in the run directory; "
+        "never: refuse to touch an existing run; PATH: continue from that checkpoint",
+    )
 
     c = sub.add_parser("crossval", help="leave-one-flight-out cross-validation with baselines (resumable)")
     _config_arguments(c)
     c.add_argument("--run-dir", required=True, help="where the folds, crossval.json and crossval.md go")
     c.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value; repeatable")
-    c.add_argument("--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)")
+    c.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value; repeatable",
+    )
+    c.add_argument(
+        "--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)"
+    )
 
-    sw = sub.add_parser("sweep", help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
-                                      "it continues where it stopped")
+    sw = sub.add_parser(
+        "sweep",
+        help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
+        "it continues where it stopped",
+    )
     _config_arguments(sw, "the config the trials start from")
-    sw.add_argument("--space", help="YAML search space (default: the packaged configs/sweeps/demo.yaml, made for "
-                                    "--preset demo)")
-    sw.add_argument("--trials", type=int, required=True, help="how many trials in all (raise it to add trials)")
+    sw.add_argument(
+        "--space",
+        help="YAML search space (default: the packaged configs/sweeps/demo.yaml, made for --preset demo)",
+    )
+    sw.add_argument(
+        "--trials", type=int, required=True, help="how many trials in all (raise it to add trials)"
+    )
     sw.add_argument("--run-dir", required=True, help="the sweep folder: trials/<n>, study.journal, report.md")
     sw.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override one config value for every trial; repeatable")
+    sw.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value for every trial; repeatable",
+    )
 
-    cm = sub.add_parser("compare", help="runs, cross-validations or sweep trials side by side: the settings that "
-                                        "differ, held-out metrics, epochs, time, compiled")
+    cm = sub.add_parser(
+        "compare",
+        help="runs, cross-validations or sweep trials side by side: the settings that "
+        "differ, held-out metrics, epochs, time, compiled",
+    )
     cm.add_argument("run_dirs", nargs="+", metavar="DIR")
     cm.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
 
-    pr = sub.add_parser("predict", help="cloud base height for every frame of whole flights (NetCDF, CSV, plots)")
+    pr = sub.add_parser(
+        "predict", help="cloud base height for every frame of whole flights (NetCDF, CSV, plots)"
+    )
     pr.add_argument("--run-dir", required=True, help="a trained run (its best.pt is used)")
-    pr.add_argument("--flights", nargs="+", metavar="NAME", help="flights to predict (default: the run's validation "
-                    "flights); any flight found in data.dir, the CPL file optional")
+    pr.add_argument(
+        "--flights",
+        nargs="+",
+        metavar="NAME",
+        help="flights to predict (default: the run's validation "
+        "flights); any flight found in data.dir, the CPL file optional",
+    )
     pr.add_argument("--out", help="folder for the files (default: RUN_DIR/predictions)")
     pr.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
-    pr.add_argument("--calibration", metavar="DIR", help="calibrate the prediction intervals with DIR/intervals.json "
-                    "(a cross-validation's: the error on flights never seen); default: the run's own")
+    pr.add_argument(
+        "--calibration",
+        metavar="DIR",
+        help="calibrate the prediction intervals with DIR/intervals.json "
+        "(a cross-validation's: the error on flights never seen); default: the run's own",
+    )
 
-    s = sub.add_parser("status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint")
+    s = sub.add_parser(
+        "status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint"
+    )
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -88,12 +136,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
-    lb = sub.add_parser("labels", help="the labels a config yields, per flight and filter (no frames read, no "
-                                       "training), e.g. with configs/reproduce_published.yaml")
+    lb = sub.add_parser(
+        "labels",
+        help="the labels a config yields, per flight and filter (no frames read, no "
+        "training), e.g. with configs/reproduce_published.yaml",
+    )
     _config_arguments(lb, "e.g. --preset published: the users' published label sets")
     lb.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    lb.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override one config value; repeatable, e.g. --set data.label_layer=top")
+    lb.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value; repeatable, e.g. --set data.label_layer=top",
+    )
 
     g = sub.add_parser("diagnose", help="the machine, its memory and what to use on it")
     _config_arguments(g, "also check the disk and cache for this config", required=False)
@@ -104,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--frames", type=int, default=1400, help="frames per flight (default 1400)")
-    d.add_argument("--size", default="80x96", help="raw frame ROWSxCOLS (default 80x96; the real camera: 512x640)")
+    d.add_argument(
+        "--size", default="80x96", help="raw frame ROWSxCOLS (default 80x96; the real camera: 512x640)"
+    )
     return p
 
 
@@ -114,10 +173,15 @@ PRESETS = ("auto", "A", "B", "C", "demo", "published")
 def _config_arguments(parser, what: str = "", required: bool = True) -> None:
     """--config FILE or --preset NAME (the presets travel with the package: no checkout needed)."""
     which = parser.add_mutually_exclusive_group(required=required)
-    which.add_argument("--config", metavar="FILE", help="YAML file, e.g. configs/demo.yaml" + (f"; {what}" if what
-                                                                                              else ""))
-    which.add_argument("--preset", choices=PRESETS, help="a packaged config: A, B, C (Colab GPU presets), demo (CPU "
-                       "demo flights), published (the users' published labels); auto: for the GPU at hand")
+    which.add_argument(
+        "--config", metavar="FILE", help="YAML file, e.g. configs/demo.yaml" + (f"; {what}" if what else "")
+    )
+    which.add_argument(
+        "--preset",
+        choices=PRESETS,
+        help="a packaged config: A, B, C (Colab GPU presets), demo (CPU "
+        "demo flights), published (the users' published labels); auto: for the GPU at hand",
+    )
 
 
 def config_path(args) -> Path | None:
@@ -152,7 +216,9 @@ def _crossval(args) -> int:
     from cloudml_lib.config import load_config
     from cloudml_lib.crossval import crossval
 
-    crossval(load_config(config_path(args), _overrides(args)), Path(args.run_dir), controls=not args.no_controls)
+    crossval(
+        load_config(config_path(args), _overrides(args)), Path(args.run_dir), controls=not args.no_controls
+    )
     return 0
 
 
@@ -164,8 +230,10 @@ def _sweep(args) -> int:
     result = sweep(config_path(args), space, args.trials, args.run_dir, _overrides(args))
     if result.get("best"):
         b = result["best"]
-        print(f"best: trial {b['number']}, {result['metric']} {b['value']:.4g}, "
-              + ", ".join(f"{k}={v}" for k, v in b["params"].items()))
+        print(
+            f"best: trial {b['number']}, {result['metric']} {b['value']:.4g}, "
+            + ", ".join(f"{k}={v}" for k, v in b["params"].items())
+        )
     if result:
         print(f"report: {Path(args.run_dir) / 'report.md'}")
     return 0
@@ -189,8 +257,8 @@ def _predict(args) -> int:
 
 
 def _labels(args) -> int:
-    """Print the flight table (files, profiles, labels kept, removed by each filter, match rate, flips) and the
-    label definition; exit 1 when a flight is unusable."""
+    """Print the flight table (files, profiles, labels kept, removed by each filter, match rate, flips) and
+    the label definition; exit 1 when a flight is unusable."""
     from cloudml_lib.config import load_config
     from cloudml_lib.data import cpl, flights
     from cloudml_lib.data.flights import ensure_demo_flights
@@ -200,12 +268,16 @@ def _labels(args) -> int:
     notes = flights.Notes()
     rows, ok = flights.check_rows(data, notes)
     if not rows:
-        raise CloudMLError(f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; point "
-                           "--data-dir at the folder holding your flights")
+        raise CloudMLError(
+            f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; point "
+            "--data-dir at the folder holding your flights"
+        )
     print(flights.format_table(rows) + ("\n" + notes.text() if notes else ""))
     total = sum(int(r[6]) for r in rows if r[6].isdigit())
-    print(f"\n{total} labels in {len(rows)} flights. Label definition: "
-          + ", ".join(f"{k} {v}" for k, v in cpl.label_definition(data).items()))
+    print(
+        f"\n{total} labels in {len(rows)} flights. Label definition: "
+        + ", ".join(f"{k} {v}" for k, v in cpl.label_definition(data).items())
+    )
     return 0 if ok else 1
 
 
@@ -216,6 +288,7 @@ def _diagnose(args) -> int:
     if args.config or args.preset:
         from cloudml_lib.config import load_config
         from cloudml_lib.data.cache import cache_root
+
         cfg = load_config(config_path(args))
         paths = {"data": cfg.data.dir, "cache": str(cache_root(cfg.data))}
         frames = list(cache_root(cfg.data).glob("*/frames.npy"))
@@ -235,7 +308,7 @@ def _diagnose(args) -> int:
 def _status(args) -> int:
     from cloudml_lib.rundir import format_status, run_status
 
-    if (Path(args.run_dir) / "sweep.json").is_file():          # a sweep: where each of its trials stands
+    if (Path(args.run_dir) / "sweep.json").is_file():  # a sweep: where each of its trials stands
         return _compare(argparse.Namespace(run_dirs=[args.run_dir], json=args.json))
     status = run_status(args.run_dir)
     print(json.dumps(status) if args.json else format_status(status))
@@ -265,19 +338,27 @@ def _make_demo(args) -> int:
     if rows < 16 or cols < 16 or args.frames < 10:
         raise CloudMLError("--size must be at least 16x16 and --frames at least 10")
     try:
-        entries = make_demo_flights(args.out, n_flights=args.flights, seed=args.seed, frames_per_flight=args.frames,
-                                    frame_shape=(rows, cols))
+        entries = make_demo_flights(
+            args.out,
+            n_flights=args.flights,
+            seed=args.seed,
+            frames_per_flight=args.frames,
+            frame_shape=(rows, cols),
+        )
     except ValueError as e:
         raise CloudMLError(str(e)) from None
-    print(f"wrote {len(entries)} flights to {args.out}, one folder each: {', '.join(e['name'] for e in entries)}.\n"
-          f"They are found by their file names, like real flights: set data.dir: {args.out} (and leave "
-          "data.flights empty), e.g.\n  python -m cloudml_lib train --config configs/demo.yaml "
-          f"--set data.dir={args.out}")
+    print(
+        f"wrote {len(entries)} flights to {args.out}, one folder each: "
+        f"{', '.join(e['name'] for e in entries)}.\n"
+        f"They are found by their file names, like real flights: set data.dir: {args.out} (and leave "
+        "data.flights empty), e.g.\n  python -m cloudml_lib train --config configs/demo.yaml "
+        f"--set data.dir={args.out}"
+    )
     return 0
 
 
 def _stop_on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")          # before the training loop traps it: stop cleanly, exit 130
+    raise KeyboardInterrupt("SIGTERM")  # before the training loop traps it: stop cleanly, exit 130
 
 
 def trap_stop_signals() -> None:
@@ -302,13 +383,18 @@ def watch_parent() -> None:
             if os.getppid() != parent:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
+
     threading.Thread(target=watch, name="cloudml-parent-watch", daemon=True).start()
 
 
 def _places(args) -> dict[str, str]:
     import tempfile
-    return {"run folder": getattr(args, "run_dir", None), "output folder": getattr(args, "out", None),
-            "temporary folder": tempfile.gettempdir()}
+
+    return {
+        "run folder": getattr(args, "run_dir", None),
+        "output folder": getattr(args, "out", None),
+        "temporary folder": tempfile.gettempdir(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,9 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     trap_stop_signals()
     watch_parent()
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
-    handlers = {"train": _train, "crossval": _crossval, "sweep": _sweep, "compare": _compare, "predict": _predict, "evaluate": _evaluate, "status": _status,
-                "diagnose": _diagnose, "labels": _labels,
-                "make-demo-data": _make_demo}
+    handlers = {
+        "train": _train,
+        "crossval": _crossval,
+        "sweep": _sweep,
+        "compare": _compare,
+        "predict": _predict,
+        "evaluate": _evaluate,
+        "status": _status,
+        "diagnose": _diagnose,
+        "labels": _labels,
+        "make-demo-data": _make_demo,
+    }
     try:
         return handlers[args.command](args)
     except CloudMLError as e:
@@ -333,5 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"interrupted{': ' + str(e) if str(e) else ''}. Run the same command again to resume.", file=sys.stderr)
+        print(
+            f"interrupted{': ' + str(e) if str(e) else ''}. Run the same command again to resume.",
+            file=sys.stderr,
+        )
         return 130

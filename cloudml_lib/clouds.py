@@ -8,6 +8,7 @@ share of cloudy frames. Baselines, fitted on the training flights only:
   units, monotonic in brightness temperature) lies below a threshold, the one that classifies
   the training flights best.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +27,13 @@ def cloud_metrics(flag: np.ndarray, score: np.ndarray, threshold: float = 0.5) -
     if flag.size == 0:
         return {"accuracy": None, "f1": None, "roc_auc": None, "n": 0, "cloud_share": None}
     guess = (score >= threshold).astype(np.int64)
-    return {"accuracy": float(accuracy_score(flag, guess)), "f1": float(f1_score(flag, guess, zero_division=0.0)),
-            "roc_auc": float(roc_auc_score(flag, score)) if 0 < flag.sum() < flag.size else None,
-            "n": int(flag.size), "cloud_share": float(flag.mean())}
+    return {
+        "accuracy": float(accuracy_score(flag, guess)),
+        "f1": float(f1_score(flag, guess, zero_division=0.0)),
+        "roc_auc": float(roc_auc_score(flag, score)) if 0 < flag.sum() < flag.size else None,
+        "n": int(flag.size),
+        "cloud_share": float(flag.mean()),
+    }
 
 
 def fit_threshold(p10: np.ndarray, flag: np.ndarray) -> float:
@@ -44,9 +49,9 @@ def fit_threshold(p10: np.ndarray, flag: np.ndarray) -> float:
     correct = np.concatenate([[0], np.cumsum(y)]) + (np.sum(1 - y) - np.concatenate([[0], np.cumsum(1 - y)]))
     k = int(np.argmax(correct))
     if k == 0:
-        return float(np.nextafter(x[0], -np.inf))            # nothing below: every frame clear
+        return float(np.nextafter(x[0], -np.inf))  # nothing below: every frame clear
     if k == len(x):
-        return float(np.nextafter(x[-1], np.inf))            # every frame cloud
+        return float(np.nextafter(x[-1], np.inf))  # every frame cloud
     return float((x[k - 1] + x[k]) / 2)
 
 
@@ -55,23 +60,36 @@ def baseline_scores(name: str, train: dict, p10: np.ndarray) -> tuple[np.ndarray
     n = len(p10)
     if name == "majority":
         share = float(np.mean(train["flag"])) if len(train["flag"]) else 0.0
-        return np.full(n, share), 0.5                        # the majority class everywhere, AUC 0.5
+        return np.full(n, share), 0.5  # the majority class everywhere, AUC 0.5
     threshold = fit_threshold(train["p10"], train["flag"])
-    return -np.asarray(p10, np.float64), -threshold          # colder (lower) means cloud
+    return -np.asarray(p10, np.float64), -threshold  # colder (lower) means cloud
 
 
-def cloud_report(flags: np.ndarray, prob: np.ndarray | None, flights: np.ndarray, p10: np.ndarray, train: dict,
-                 threshold: float) -> dict:
+def cloud_report(
+    flags: np.ndarray,
+    prob: np.ndarray | None,
+    flights: np.ndarray,
+    p10: np.ndarray,
+    train: dict,
+    threshold: float,
+) -> dict:
     """Overall and per-flight metrics of the model (when it has a cloud output) and of both baselines."""
     methods = {name: baseline_scores(name, train, p10) for name in BASELINES}
     if prob is not None:
         methods = {"model": (prob, threshold), **methods}
-    out = {"threshold": threshold, "train_cloud_share": float(np.mean(train["flag"])) if len(train["flag"]) else None,
-           "bt_threshold": fit_threshold(train["p10"], train["flag"])}
+    out = {
+        "threshold": threshold,
+        "train_cloud_share": float(np.mean(train["flag"])) if len(train["flag"]) else None,
+        "bt_threshold": fit_threshold(train["p10"], train["flag"]),
+    }
     for name, (score, thr) in methods.items():
-        out[name] = {"overall": cloud_metrics(flags, score, thr),
-                     "per_flight": {str(f): cloud_metrics(flags[flights == f], score[flights == f], thr)
-                                    for f in dict.fromkeys(flights)}}
+        out[name] = {
+            "overall": cloud_metrics(flags, score, thr),
+            "per_flight": {
+                str(f): cloud_metrics(flags[flights == f], score[flights == f], thr)
+                for f in dict.fromkeys(flights)
+            },
+        }
     return out
 
 
@@ -83,9 +101,13 @@ def format_cloud(report: dict) -> str:
         rows.append((f"{method}: all", report[method]["overall"]))
         rows += [(f"{method}: flight {k}", v) for k, v in report[method]["per_flight"].items()]
     width = max(28, *(len(r[0]) for r in rows))
-    lines = [f"{'cloud / no-cloud':{width}s}" + "".join(f"  {h:>10s}" for h in ("accuracy", "F1", "ROC-AUC", "n"))]
+    lines = [
+        f"{'cloud / no-cloud':{width}s}" + "".join(f"  {h:>10s}" for h in ("accuracy", "F1", "ROC-AUC", "n"))
+    ]
     for name, m in rows:
-        lines.append(f"{name:{width}s}  {num(m['accuracy'])}  {num(m['f1'])}  {num(m['roc_auc'])}  {m['n']:10d}")
+        lines.append(
+            f"{name:{width}s}  {num(m['accuracy'])}  {num(m['f1'])}  {num(m['roc_auc'])}  {m['n']:10d}"
+        )
     return "\n".join(lines)
 
 
@@ -104,7 +126,7 @@ def fit_probe(features: np.ndarray, flag: np.ndarray) -> tuple[np.ndarray, float
     if not 0 < flag.sum() < flag.size:
         return None
     mean, std = features.mean(axis=0), features.std(axis=0)
-    std[std < 1e-12] = 1.0                                   # a constant feature: weight 0 either way
+    std[std < 1e-12] = 1.0  # a constant feature: weight 0 either way
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # the weights after max_iter are still usable
         clf = LogisticRegression(C=1.0, max_iter=5000).fit((features - mean) / std, flag)

@@ -6,6 +6,7 @@ mean over folds) or a sweep (each of its trials). Everything is read from the fi
 (config.yaml, evaluation.json, metrics.jsonl, run.json, crossval.json, trial.json); nothing is loaded
 into torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from cloudml_lib.rundir import flatten_keys, has_run, is_crossval
 log = logging.getLogger(__name__)
 
 # Where the data is and what differs between folds by design: never a "setting that differs".
-NOT_SETTINGS = ("data.dir", "data.cache_dir", "data.cache_copy_dir", "data.flights", "data.validation_flights")
-MIN_FOR_IMPORTANCE = 3           # fANOVA over fewer finished trials splits the importance evenly: noise
+NOT_SETTINGS = (
+    "data.dir",
+    "data.cache_dir",
+    "data.cache_copy_dir",
+    "data.flights",
+    "data.validation_flights",
+)
+MIN_FOR_IMPORTANCE = 3  # fANOVA over fewer finished trials splits the importance evenly: noise
 METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"))
 
 
@@ -44,7 +51,7 @@ def _records(run: Path) -> list[dict]:
         try:
             out.append(json.loads(line))
         except ValueError:
-            continue                                         # a line cut by a kill
+            continue  # a line cut by a kill
     return out
 
 
@@ -60,17 +67,26 @@ def run_row(run: Path, name: str) -> dict:
     overall = _json(run / "evaluation.json").get("overall") or final
     trial = _json(run / "trial.json")
     planned = config.get("train", {}).get("epochs")
-    state = trial.get("state") or ("finished" if final else "stopped (resumable)" if epochs or
-                                   (run / "checkpoints").is_dir() else "not started")
-    if not overall and epochs:                   # no final evaluation (pruned, stopped): the last epoch's scores
+    state = trial.get("state") or (
+        "finished"
+        if final
+        else "stopped (resumable)"
+        if epochs or (run / "checkpoints").is_dir()
+        else "not started"
+    )
+    if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
     overall = overall or {}
     compile_info = _json(run / "run.json").get("compile") or {}
-    return {"run": name, "config": config, "state": "finished" if state == "complete" else state,
-            "epochs": f"{len(epochs)}/{planned}" if planned else str(len(epochs)),
-            "metrics": {k: overall.get(k) for k, _ in METRIC_COLUMNS},
-            "minutes": sum(r.get("time_s") or 0.0 for r in epochs) / 60,
-            "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no"}
+    return {
+        "run": name,
+        "config": config,
+        "state": "finished" if state == "complete" else state,
+        "epochs": f"{len(epochs)}/{planned}" if planned else str(len(epochs)),
+        "metrics": {k: overall.get(k) for k, _ in METRIC_COLUMNS},
+        "minutes": sum(r.get("time_s") or 0.0 for r in epochs) / 60,
+        "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no",
+    }
 
 
 def crossval_row(folder: Path, name: str) -> dict:
@@ -80,10 +96,15 @@ def crossval_row(folder: Path, name: str) -> dict:
     first = run_row(folds[0], name) if folds else {"config": {}, "compiled": "no"}
     model = result.get("summary", {}).get("model", {})
     rows = [run_row(f, name) for f in folds]
-    return {"run": name, "config": first["config"], "state": "finished" if result else "stopped (resumable)",
-            "epochs": f"{len(folds)} folds",
-            "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
-            "minutes": sum(r["minutes"] for r in rows), "compiled": first["compiled"]}
+    return {
+        "run": name,
+        "config": first["config"],
+        "state": "finished" if result else "stopped (resumable)",
+        "epochs": f"{len(folds)} folds",
+        "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
+        "minutes": sum(r["minutes"] for r in rows),
+        "compiled": first["compiled"],
+    }
 
 
 def trial_rows(folder: Path, name: str) -> list[dict]:
@@ -98,7 +119,8 @@ def trial_rows(folder: Path, name: str) -> list[dict]:
 
 
 def compare_runs(folders: list[str | Path]) -> list[dict]:
-    """A row per run, cross-validation or sweep trial in `folders`; a folder holding none is refused by name."""
+    """A row per run, cross-validation or sweep trial in `folders`; a folder holding none is refused by
+    name."""
     rows = []
     for f in folders:
         folder = Path(f)
@@ -109,15 +131,19 @@ def compare_runs(folders: list[str | Path]) -> list[dict]:
         elif has_run(folder):
             rows.append(run_row(folder, str(f)))
         else:
-            raise CloudMLError(f"{f} holds no run, cross-validation or sweep (no config.yaml, metrics.jsonl, "
-                               "crossval.json or sweep.json); give folders made by train, crossval or sweep")
+            raise CloudMLError(
+                f"{f} holds no run, cross-validation or sweep (no config.yaml, metrics.jsonl, "
+                "crossval.json or sweep.json); give folders made by train, crossval or sweep"
+            )
     return rows
 
 
 def differing_settings(rows: list[dict]) -> list[str]:
     flat = [flatten_keys(r["config"]) for r in rows]
     keys = sorted(set().union(*flat)) if flat else []
-    return [k for k in keys if not k.startswith(NOT_SETTINGS) and len({json.dumps(f.get(k)) for f in flat}) > 1]
+    return [
+        k for k in keys if not k.startswith(NOT_SETTINGS) and len({json.dumps(f.get(k)) for f in flat}) > 1
+    ]
 
 
 def _cell(value) -> str:
@@ -131,12 +157,27 @@ def _cell(value) -> str:
 def format_comparison(rows: list[dict]) -> str:
     """The Markdown table: run, the settings that differ, state, epochs, metrics, time, compiled."""
     keys = differing_settings(rows)
-    head = ["run", *keys, "state", "epochs", *(label for _, label in METRIC_COLUMNS), "time (min)", "compiled"]
+    head = [
+        "run",
+        *keys,
+        "state",
+        "epochs",
+        *(label for _, label in METRIC_COLUMNS),
+        "time (min)",
+        "compiled",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         flat = flatten_keys(r["config"])
-        cells = [r["run"], *(flat.get(k) for k in keys), r["state"], r["epochs"],
-                 *(r["metrics"][k] for k, _ in METRIC_COLUMNS), round(r["minutes"], 2), r["compiled"]]
+        cells = [
+            r["run"],
+            *(flat.get(k) for k in keys),
+            r["state"],
+            r["epochs"],
+            *(r["metrics"][k] for k, _ in METRIC_COLUMNS),
+            round(r["minutes"], 2),
+            r["compiled"],
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if len(rows) > 1 and not keys:
         lines.append("\nNo setting differs between these runs.")
@@ -145,22 +186,31 @@ def format_comparison(rows: list[dict]) -> str:
 
 # ------------------------------------------------------------------------------- a sweep's report
 
+
 def complete_trials(study) -> list:
     """Trials that ran to the end (a pruned trial carries its last epoch's value, not a result)."""
     import optuna
+
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
 def sweep_summary(study, space) -> dict:
-    trials = [{"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params}
-              for t in study.trials]
+    trials = [
+        {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params}
+        for t in study.trials
+    ]
     done = complete_trials(study)
     best = None
     if done:
         b = study.best_trial
         best = {"number": b.number, "value": b.value, "params": b.params}
-    return {"metric": space.metric, "direction": space.direction, "objective": space.objective, "best": best,
-            "trials": trials}
+    return {
+        "metric": space.metric,
+        "direction": space.direction,
+        "objective": space.objective,
+        "best": best,
+        "trials": trials,
+    }
 
 
 def _optuna_figure(kind: str, study, path: Path, metric: str) -> str | None:
@@ -169,14 +219,16 @@ def _optuna_figure(kind: str, study, path: Path, metric: str) -> str | None:
     from optuna.visualization import matplotlib as ovm
 
     from cloudml_lib.plots import save_figure
+
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                      # Optuna marks its matplotlib plots experimental
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
         try:
             if kind == "history":
                 ax = ovm.plot_optimization_history(study, target_name=metric)
             else:
-                ax = ovm.plot_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
-                                                target_name=metric)
+                ax = ovm.plot_param_importances(
+                    study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), target_name=metric
+                )
         except (ValueError, RuntimeError, ImportError) as e:
             return f"not drawn yet ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
@@ -191,22 +243,33 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
     summary = sweep_summary(study, space)
     finished = complete_trials(study)
     scored_on = "cross-validated folds" if space.objective == "crossval" else "held-out flights"
-    lines = [f"# Sweep {run_dir.name}", "",
-             f"Objective: {space.metric} ({space.direction}) on the {scored_on}; "
-             f"sampler {space.sampler} (seed {space.seed}), pruner {space.pruner}. "
-             f"{len(study.trials)} trial(s), {len(finished)} finished, "
-             f"{sum(t.state.name == 'PRUNED' for t in study.trials)} pruned.", ""]
+    lines = [
+        f"# Sweep {run_dir.name}",
+        "",
+        f"Objective: {space.metric} ({space.direction}) on the {scored_on}; "
+        f"sampler {space.sampler} (seed {space.seed}), pruner {space.pruner}. "
+        f"{len(study.trials)} trial(s), {len(finished)} finished, "
+        f"{sum(t.state.name == 'PRUNED' for t in study.trials)} pruned.",
+        "",
+    ]
     if summary["best"]:
         b = summary["best"]
-        lines += [f"Best: trial {b['number']}, {space.metric} {b['value']:.4g}, with "
-                  + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items()) + ".", ""]
+        lines += [
+            f"Best: trial {b['number']}, {space.metric} {b['value']:.4g}, with "
+            + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items())
+            + ".",
+            "",
+        ]
     lines += ["## Trials", "", format_comparison(trial_rows(run_dir, "."))]
     lines += ["", "## Optimisation history", ""]
     reason = _optuna_figure("history", study, run_dir / "plots" / "optimization_history.png", space.metric)
     lines.append(reason or "![optimisation history](plots/optimization_history.png)")
     lines += ["", "## Importance of each parameter", ""]
-    reason = _optuna_figure("importance", study, run_dir / "plots" / "param_importances.png", space.metric) \
-        if len(finished) >= MIN_FOR_IMPORTANCE else f"Not drawn yet: it needs {MIN_FOR_IMPORTANCE} finished trials " \
+    reason = (
+        _optuna_figure("importance", study, run_dir / "plots" / "param_importances.png", space.metric)
+        if len(finished) >= MIN_FOR_IMPORTANCE
+        else f"Not drawn yet: it needs {MIN_FOR_IMPORTANCE} finished trials "
         f"(not pruned), this sweep has {len(finished)}."
+    )
     lines.append(reason or "![parameter importances](plots/param_importances.png) (fANOVA, seed 0)")
     return write_text(run_dir / "report.md", "\n".join(lines) + "\n")

@@ -16,6 +16,7 @@ breaks (with their reasons), recompiles and compile seconds from Dynamo's counte
 it after the first step, writes it to run.json (status and report.md read it), and a failure falls
 back to eager with a warning (recovery.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,7 @@ def torch_release() -> tuple[int, int]:
     try:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        return (99, 0)                            # an unparseable (development) version: assume a new one
+        return (99, 0)  # an unparseable (development) version: assume a new one
 
 
 def cpu_ratio() -> str:
@@ -49,10 +50,13 @@ def cpu_ratio() -> str:
     d = measured("compile")
     try:
         demo, full = d["demo"]["region_ckpt"], d["full"]["region_ckpt"]
-        return (f"on a CPU ({d['machine']['cpu']}, {d['machine']['cores']} cores) compiled steps measured "
-                f"{demo['speed_vs_eager']:.2f}x eager's speed for the demo model and {full['speed_vs_eager']:.2f}x "
-                f"for the full model, after {full['compile_s']:.0f} s of compiling: it pays off after about "
-                f"{full['break_even_steps'] or 0:,} steps of the full model")
+        return (
+            f"on a CPU ({d['machine']['cpu']}, {d['machine']['cores']} cores) compiled steps measured "
+            f"{demo['speed_vs_eager']:.2f}x eager's speed for the demo model and "
+            f"{full['speed_vs_eager']:.2f}x "
+            f"for the full model, after {full['compile_s']:.0f} s of compiling: it pays off after about "
+            f"{full['break_even_steps'] or 0:,} steps of the full model"
+        )
     except (KeyError, TypeError):
         return "on a CPU, see benchmarks/compile.py for what compiling gains"
 
@@ -74,17 +78,18 @@ def plan(setting, mode: str, device: torch.device) -> str:
 @dataclass
 class CompileReport:
     """What torch.compile did in this run (written to run.json under "compile")."""
+
     requested: bool = False
-    active: bool = False                      # compiled now (False after a fall-back to eager)
+    active: bool = False  # compiled now (False after a fall-back to eager)
     what: str = ""
     mode: str = ""
-    why: str = ""                             # why it is on or off
+    why: str = ""  # why it is on or off
     graphs: int = 0
     graph_breaks: int = 0
     break_reasons: list = field(default_factory=list)
     recompiles: int = 0
     compile_s: float = 0.0
-    fallback: str = ""                        # the error that sent the run back to eager
+    fallback: str = ""  # the error that sent the run back to eager
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,10 +99,15 @@ class CompileReport:
             return f"not compiled: torch.compile failed ({self.fallback}); the run continued in eager mode"
         if not self.active:
             return f"not compiled ({self.why})"
-        breaks = ("no graph break" if not self.graph_breaks else
-                  f"{self.graph_breaks} graph break(s): {'; '.join(self.break_reasons[:3])}")
-        return (f"compiled {self.what} with torch.compile(mode={self.mode!r}): {self.graphs} graph(s), {breaks}, "
-                f"{self.recompiles} recompile(s), {self.compile_s:.1f} s of compiling")
+        breaks = (
+            "no graph break"
+            if not self.graph_breaks
+            else f"{self.graph_breaks} graph break(s): {'; '.join(self.break_reasons[:3])}"
+        )
+        return (
+            f"compiled {self.what} with torch.compile(mode={self.mode!r}): {self.graphs} graph(s), {breaks}, "
+            f"{self.recompiles} recompile(s), {self.compile_s:.1f} s of compiling"
+        )
 
 
 def describe_saved(d: dict | None) -> str:
@@ -112,11 +122,20 @@ def _counters() -> dict:
     """Dynamo's process-wide counters, as plain numbers (private API: anything missing reads as zero)."""
     try:
         from torch._dynamo.utils import compile_times, counters
+
         names, values = compile_times(repr="csv")
-        seconds = sum(float(x) for name, row in zip(names, values) if name == "_compile.compile_inner"
-                      for x in row.split(","))
-        return {"graphs": counters["stats"].get("unique_graphs", 0), "frames": counters["frames"].get("ok", 0),
-                "breaks": dict(counters["graph_break"]), "seconds": seconds}
+        seconds = sum(
+            float(x)
+            for name, row in zip(names, values)
+            if name == "_compile.compile_inner"
+            for x in row.split(",")
+        )
+        return {
+            "graphs": counters["stats"].get("unique_graphs", 0),
+            "frames": counters["frames"].get("ok", 0),
+            "breaks": dict(counters["graph_break"]),
+            "seconds": seconds,
+        }
     except Exception:  # noqa: BLE001 - the report is best effort; compiling itself does not depend on it
         return {"graphs": 0, "frames": 0, "breaks": {}, "seconds": 0.0}
 
@@ -143,21 +162,32 @@ class CompileWatch:
 def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.device) -> CompileWatch:
     """Compile the frame encoder of `model` (the unwrapped module) in place when `setting` asks for it."""
     if setting and mode in CUDA_GRAPH_COMPILE_MODES and getattr(model, "grad_checkpointing", False):
-        raise ConfigError(cuda_graph_refusal(mode))      # the config refuses it first; this guards direct use
-    report = CompileReport(requested=bool(setting), active=bool(setting), what=WHAT if setting else "", mode=mode,
-                           why=f"train.torch_compile is {'on' if setting else 'off'}")
+        raise ConfigError(cuda_graph_refusal(mode))  # the config refuses it first; this guards direct use
+    report = CompileReport(
+        requested=bool(setting),
+        active=bool(setting),
+        what=WHAT if setting else "",
+        mode=mode,
+        why=f"train.torch_compile is {'on' if setting else 'off'}",
+    )
     if not setting:
         return CompileWatch(report)
     if getattr(model, "grad_checkpointing", False) and torch_release() < CHECKPOINTED_COMPILE_TORCH:
         report.active, report.what = False, ""
-        report.why = (f"torch {torch.__version__} is older than {'.'.join(map(str, CHECKPOINTED_COMPILE_TORCH))}, the "
-                      "first release that compiles a region inside gradient checkpointing reliably; the run is eager "
-                      "(the same results, without compile's speed-up)")
+        report.why = (
+            f"torch {torch.__version__} is older than {'.'.join(map(str, CHECKPOINTED_COMPILE_TORCH))}, the "
+            "first release that compiles a region inside gradient checkpointing reliably; the run is eager "
+            "(the same results, without compile's speed-up)"
+        )
         log.warning("Not compiled: %s. A newer torch (pip install -U torch) compiles it.", report.why)
         return CompileWatch(report)
     if device.type != "cuda":
-        log.info("torch.compile on the CPU: %s. It needs a C++ compiler (without one the run falls back to eager). "
-                 "Set train.torch_compile: false to run eager.", cpu_ratio())
+        log.info(
+            "torch.compile on the CPU: %s. It needs a C++ compiler (without one the run falls back to "
+            "eager). "
+            "Set train.torch_compile: false to run eager.",
+            cpu_ratio(),
+        )
     # Dynamo keeps compiled code per code object, guarded on the module: every earlier model of this
     # process (cross-validation folds, tests) would count against its recompile limit, after which it
     # silently runs eager. Start from a clean slate; inductor's disk cache keeps recompiling cheap.
@@ -166,7 +196,9 @@ def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.devi
     # dynamic=False: each batch shape gets its own static kernels, whatever order the shapes come in, so a
     # resumed run (which may meet the short last batch first, or never) computes bit for bit as an
     # uninterrupted one; automatic dynamic shapes would switch kernels after the first shape change
-    encoder.forward = torch.compile(encoder.forward, mode=mode, dynamic=False)   # instance attribute: keys unchanged
+    encoder.forward = torch.compile(
+        encoder.forward, mode=mode, dynamic=False
+    )  # instance attribute: keys unchanged
     log.info("compiling %s with torch.compile(mode=%r); the first steps are slow", WHAT, mode)
     return CompileWatch(report)
 

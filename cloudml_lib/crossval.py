@@ -23,6 +23,7 @@ On several GPUs, `torchrun --nproc_per_node N -m cloudml_lib crossval ...` train
 process (fold i on process i mod N, each on its own GPU): simpler and faster than DDP for runs this
 small. Rank 0 builds any missing cache first and writes the summary once every fold is done.
 """
+
 from __future__ import annotations
 
 import csv
@@ -49,16 +50,16 @@ log = logging.getLogger(__name__)
 
 COMPARED = ("model", "mean", "scalars_only", "trees")
 COLLAPSE_STD_RATIO = 0.3
-OUT_OF_RANGE_SHARE = 0.1        # held-out heights outside the training range above this share: warn
+OUT_OF_RANGE_SHARE = 0.1  # held-out heights outside the training range above this share: warn
 
 
 def fold_config(cfg: Config, held: str, scalars_only: bool = False) -> Config:
     """The run of one fold (a derived config): `held` is the only validation flight; nothing else changes."""
     changes = {"data.validation_flights": [held], "model.scalars_only": scalars_only}
     if cfg.data.overweight_flight == held:
-        changes["data.overweight_flight"] = ""           # it is held out in this fold; weighted in the others
+        changes["data.overweight_flight"] = ""  # it is held out in this fold; weighted in the others
     if cfg.train.pretrain_flight == held:
-        changes["train.pretrain_flight"] = ""            # held out: this fold trains in one phase
+        changes["train.pretrain_flight"] = ""  # held out: this fold trains in one phase
     return derive(cfg, changes)
 
 
@@ -67,14 +68,24 @@ def image_statistics(dataset: CloudDataset, samples: np.ndarray | None = None) -
     carries the parallax of the cloud layer), the zenith angle and the azimuth the network sees (sine,
     cosine). (N, 10)."""
     rows = []
-    for i in (range(len(dataset)) if samples is None else samples):
+    for i in range(len(dataset)) if samples is None else samples:
         c, j = dataset.caches[dataset.flight_of[i]], dataset.local[i]
-        frames = c.frames.read(c.windows[j]).astype(np.float32)          # (T, H, W)
+        frames = c.frames.read(c.windows[j]).astype(np.float32)  # (T, H, W)
         centre = frames[len(frames) // 2]
         change = np.abs(np.diff(frames, axis=0)).mean() if len(frames) > 1 else 0.0
-        rows.append([centre.mean(), centre.std(), *np.percentile(centre, [5, 50, 95]), change,
-                     float(np.abs(centre[:, 1:] - centre[:, :-1]).mean()), c.sza_deg[j],
-                     *scalar_inputs(c.sza_deg[j], dataset.azimuth[dataset.flight_of[i]][j], dataset.scalers)[0, 1:]])
+        rows.append(
+            [
+                centre.mean(),
+                centre.std(),
+                *np.percentile(centre, [5, 50, 95]),
+                change,
+                float(np.abs(centre[:, 1:] - centre[:, :-1]).mean()),
+                c.sza_deg[j],
+                *scalar_inputs(c.sza_deg[j], dataset.azimuth[dataset.flight_of[i]][j], dataset.scalers)[
+                    0, 1:
+                ],
+            ]
+        )
     return np.asarray(rows, np.float64)
 
 
@@ -85,22 +96,30 @@ def tree_baseline(train_set: CloudDataset, val_set: CloudDataset, seed: int) -> 
 
     model = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.05, random_state=seed)
     train_rows = np.flatnonzero(train_set.has_height())
-    model.fit(image_statistics(train_set, train_rows), train_set.targets_km()[train_rows])   # NaN angles: native
+    model.fit(
+        image_statistics(train_set, train_rows), train_set.targets_km()[train_rows]
+    )  # NaN angles: native
     return model.predict(image_statistics(val_set, np.flatnonzero(val_set.has_height())))
 
 
 def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.ndarray) -> list[str]:
     out, m, mean = [], result["model"], result["mean"]
     if m["std_ratio"] is not None and np.isfinite(m["std_ratio"]) and m["std_ratio"] < COLLAPSE_STD_RATIO:
-        out.append(f"{flight}: predictions collapse towards a constant (std(pred)/std(true) {m['std_ratio']:.2f} "
-                   f"< {COLLAPSE_STD_RATIO})")
+        out.append(
+            f"{flight}: predictions collapse towards a constant (std(pred)/std(true) {m['std_ratio']:.2f} "
+            f"< {COLLAPSE_STD_RATIO})"
+        )
     if m["mae_km"] >= mean["mae_km"]:
-        out.append(f"{flight}: the model is no better than predicting the training mean (MAE {m['mae_km']:.3f} "
-                   f"vs {mean['mae_km']:.3f} km)")
+        out.append(
+            f"{flight}: the model is no better than predicting the training mean (MAE {m['mae_km']:.3f} "
+            f"vs {mean['mae_km']:.3f} km)"
+        )
     outside = float(((val_km < train_km.min()) | (val_km > train_km.max())).mean()) if len(val_km) else 0.0
     if outside > OUT_OF_RANGE_SHARE:
-        out.append(f"{flight}: {outside:.0%} of its heights lie outside the training flights' range "
-                   f"{train_km.min():.2f}..{train_km.max():.2f} km")
+        out.append(
+            f"{flight}: {outside:.0%} of its heights lie outside the training flights' range "
+            f"{train_km.min():.2f}..{train_km.max():.2f} km"
+        )
     return out
 
 
@@ -111,7 +130,7 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool) -> dict:
     fold_dir = Path(run_dir) / "folds" / held
     model_cfg = fold_config(cfg, held)
     log.info("Fold %s: training on the other flights, %s held out", held, held)
-    report = train(model_cfg, fold_dir / "model", dist=SINGLE)          # one process per fold
+    report = train(model_cfg, fold_dir / "model", dist=SINGLE)  # one process per fold
     result = {"model": report["overall"], "mean": report["baseline"]}
     if controls:
         control = train(fold_config(cfg, held, scalars_only=True), fold_dir / "scalars_only", dist=SINGLE)
@@ -131,29 +150,46 @@ def summarise(folds: dict) -> dict:
     for method in COMPARED:
         rows = [f[method] for f in folds.values() if method in f]
         if rows:
-            summary[method] = {k: {"mean": float(np.nanmean([r[k] for r in rows])),
-                                   "std": float(np.nanstd([r[k] for r in rows]))}
-                               for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")}
+            summary[method] = {
+                k: {
+                    "mean": float(np.nanmean([r[k] for r in rows])),
+                    "std": float(np.nanstd([r[k] for r in rows])),
+                }
+                for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
+            }
     cloud = [f["cloud"] for f in folds.values() if f.get("cloud")]
     for method in ("model", *BASELINES):
         rows = [c[method]["overall"] for c in cloud if method in c]
         if rows:
-            summary[f"cloud_{method}"] = {k: {"mean": _nanmean([r[k] for r in rows]), "std": _nanstd([r[k] for r in rows])}
-                                          for k in ("accuracy", "f1", "roc_auc")}
+            summary[f"cloud_{method}"] = {
+                k: {"mean": _nanmean([r[k] for r in rows]), "std": _nanstd([r[k] for r in rows])}
+                for k in ("accuracy", "f1", "roc_auc")
+            }
     verdicts = []
-    pairs = [(c["model"]["overall"]["accuracy"], c["bt_threshold"]["overall"]["accuracy"]) for c in cloud if "model" in c]
+    pairs = [
+        (c["model"]["overall"]["accuracy"], c["bt_threshold"]["overall"]["accuracy"])
+        for c in cloud
+        if "model" in c
+    ]
     if pairs:
         wins = sum(a > b for a, b in pairs)
-        verdicts.append(f"The cloud output beats the brightness-temperature threshold on {wins} of {len(pairs)} "
-                        "held-out flights (accuracy)." + ("" if wins == len(pairs) else
-                                                          f" It does NOT beat it on {len(pairs) - wins}."))
-    for method, words in (("mean", "the training mean"), ("scalars_only", "the scalars-only control"),
-                          ("trees", "gradient-boosted trees on image statistics")):
+        verdicts.append(
+            f"The cloud output beats the brightness-temperature threshold on {wins} of {len(pairs)} "
+            "held-out flights (accuracy)."
+            + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
+        )
+    for method, words in (
+        ("mean", "the training mean"),
+        ("scalars_only", "the scalars-only control"),
+        ("trees", "gradient-boosted trees on image statistics"),
+    ):
         pairs = [(f["model"]["mae_km"], f[method]["mae_km"]) for f in folds.values() if method in f]
         if pairs:
             wins = sum(a < b for a, b in pairs)
-            verdicts.append(f"The image model beats {words} on {wins} of {len(pairs)} held-out flights (MAE)."
-                            + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}."))
+            verdicts.append(
+                f"The image model beats {words} on {wins} of {len(pairs)} held-out flights (MAE)."
+                + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
+            )
     return {"summary": summary, "verdicts": verdicts}
 
 
@@ -185,34 +221,60 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
     result = intervals.leave_one_flight_out(by_flight, coverage)
     if result["chosen"]:
         everything = [np.concatenate(x) for x in zip(*by_flight.values())]
-        intervals.save(run_dir, intervals.calibrate(*everything, result["chosen"], coverage,
-                                                    f"leave-one-flight-out residuals of {len(names)} flights "
-                                                    f"({run_dir})"))
+        intervals.save(
+            run_dir,
+            intervals.calibrate(
+                *everything,
+                result["chosen"],
+                coverage,
+                f"leave-one-flight-out residuals of {len(names)} flights ({run_dir})",
+            ),
+        )
         for name in names:
             others = [np.concatenate(x) for x in zip(*(v for k, v in by_flight.items() if k != name))]
-            intervals.save(run_dir / "folds" / name / "model",
-                           intervals.calibrate(*others, result["chosen"], coverage,
-                                               f"the other {len(names) - 1} folds' held-out flights"))
+            intervals.save(
+                run_dir / "folds" / name / "model",
+                intervals.calibrate(
+                    *others, result["chosen"], coverage, f"the other {len(names) - 1} folds' held-out flights"
+                ),
+            )
     return result
 
 
 def format_markdown(result: dict) -> str:
-    lines = ["# Leave-one-flight-out cross-validation", "",
-             "Each flight held out once; metrics in km on the held-out flight (model: R2, MAE, RMSE, bias, "
-             "std(pred)/std(true), n; beside it the R2 and MAE of the baselines on the same fold).", "",
-             "| held-out flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE mean | "
-             "MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |", "|" + "---|" * 13]
+    lines = [
+        "# Leave-one-flight-out cross-validation",
+        "",
+        "Each flight held out once; metrics in km on the held-out flight (model: R2, MAE, RMSE, bias, "
+        "std(pred)/std(true), n; beside it the R2 and MAE of the baselines on the same fold).",
+        "",
+        "| held-out flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE mean | "
+        "MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |",
+        "|" + "---|" * 13,
+    ]
     num = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.3f}"  # noqa: E731
     for name, f in result["folds"].items():
         get = f.get
-        lines.append(f"| {name} | {f['model']['n']} | " + " | ".join(
-            [num(get(m), "r2") for m in COMPARED] + [num(get(m), "mae_km") for m in COMPARED]
-            + [num(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]) + " |")
+        lines.append(
+            f"| {name} | {f['model']['n']} | "
+            + " | ".join(
+                [num(get(m), "r2") for m in COMPARED]
+                + [num(get(m), "mae_km") for m in COMPARED]
+                + [num(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
+            )
+            + " |"
+        )
     s = result["summary"]
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
-    lines += ["", "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |", "|" + "---|" * 6]
+    lines += [
+        "",
+        "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |",
+        "|" + "---|" * 6,
+    ]
     for method, m in ((k, s[k]) for k in COMPARED if k in s):
-        lines.append(f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}" for k in keys) + " |")
+        lines.append(
+            f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}" for k in keys) + " |"
+        )
     lines += _cloud_lines(result) + _interval_lines(result.get("intervals"))
     lines += ["", *[f"- {v}" for v in result["verdicts"]]]
     if result["warnings"]:
@@ -226,18 +288,35 @@ def _cloud_lines(result: dict) -> list[str]:
         return []
     num = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.3f}"  # noqa: E731
     methods = [m for m in ("model", *BASELINES) if any(m in c for c in folds.values())]
-    lines = ["", "Cloud / no-cloud on the held-out flight (CPL Number_Layers > 0 is cloud); baselines fitted on the "
-             "training flights: majority class, brightness-temperature threshold.", "",
-             "| held-out flight | n | cloudy share | " + " | ".join(f"{k} {m}" for k in ("accuracy", "F1", "ROC-AUC")
-                                                            for m in methods) + " |", "|" + "---|" * (3 + 3 * len(methods))]
+    lines = [
+        "",
+        "Cloud / no-cloud on the held-out flight (CPL Number_Layers > 0 is cloud); baselines fitted on the "
+        "training flights: majority class, brightness-temperature threshold.",
+        "",
+        "| held-out flight | n | cloudy share | "
+        + " | ".join(f"{k} {m}" for k in ("accuracy", "F1", "ROC-AUC") for m in methods)
+        + " |",
+        "|" + "---|" * (3 + 3 * len(methods)),
+    ]
     for name, c in folds.items():
         first = c[methods[0]]["overall"]
-        lines.append(f"| {name} | {first['n']} | {num(first, 'cloud_share')} | " + " | ".join(
-            num(c.get(m, {}).get("overall"), k) for k in ("accuracy", "f1", "roc_auc") for m in methods) + " |")
+        lines.append(
+            f"| {name} | {first['n']} | {num(first, 'cloud_share')} | "
+            + " | ".join(
+                num(c.get(m, {}).get("overall"), k) for k in ("accuracy", "f1", "roc_auc") for m in methods
+            )
+            + " |"
+        )
     s = result["summary"]
-    lines.append("| mean over folds | | | " + " | ".join(
-        num({k: (s.get(f"cloud_{m}") or {}).get(k, {}).get("mean")}, k) for k in ("accuracy", "f1", "roc_auc")
-        for m in methods) + " |")
+    lines.append(
+        "| mean over folds | | | "
+        + " | ".join(
+            num({k: (s.get(f"cloud_{m}") or {}).get(k, {}).get("mean")}, k)
+            for k in ("accuracy", "f1", "roc_auc")
+            for m in methods
+        )
+        + " |"
+    )
     return lines
 
 
@@ -246,13 +325,35 @@ def _interval_lines(iv: dict | None) -> list[str]:
         return []
     methods = list(iv["methods"])
     pct = lambda p: "-" if p.get("coverage") is None else f"{p['coverage']:.0%} / {p['mean_width_km']:.2f}"  # noqa: E731
-    lines = ["", f"Prediction intervals ({iv['coverage']:.0%} target) on each flight never seen, calibrated on the other "
-             "flights' held-out residuals: coverage / mean width km" + (f"; chosen: {iv['chosen']}" if iv["chosen"] else ""),
-             "", "| held-out flight | " + " | ".join(methods) + " |", "|" + "---|" * (1 + len(methods))]
+    lines = [
+        "",
+        f"Prediction intervals ({iv['coverage']:.0%} target) on each flight never seen, calibrated on the "
+        "other "
+        "flights' held-out residuals: coverage / mean width km"
+        + (f"; chosen: {iv['chosen']}" if iv["chosen"] else ""),
+        "",
+        "| held-out flight | " + " | ".join(methods) + " |",
+        "|" + "---|" * (1 + len(methods)),
+    ]
     for name in dict.fromkeys(n for m in methods for n in iv["methods"][m]["per_flight"]):
-        lines.append(f"| {name} | " + " | ".join(pct(iv["methods"][m]["per_flight"].get(name, {})) for m in methods) + " |")
-    lines.append("| mean | " + " | ".join(pct({"coverage": iv["methods"][m]["mean_coverage"],
-                                                  "mean_width_km": iv["methods"][m]["mean_width_km"]}) for m in methods) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(pct(iv["methods"][m]["per_flight"].get(name, {})) for m in methods)
+            + " |"
+        )
+    lines.append(
+        "| mean | "
+        + " | ".join(
+            pct(
+                {
+                    "coverage": iv["methods"][m]["mean_coverage"],
+                    "mean_width_km": iv["methods"][m]["mean_width_km"],
+                }
+            )
+            for m in methods
+        )
+        + " |"
+    )
     return lines
 
 
@@ -261,7 +362,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, "crossval")
-    cfg, _ = resolve_config(cfg, check_names=False)    # each fold names its own validation flight
+    cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own validation flight
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
         raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
@@ -271,8 +372,8 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
     try:
         if workers.active:
-            workers.main_first(lambda: load_caches(cfg.data))     # no two processes build one cache
-        mine = names[workers.rank::workers.world]
+            workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
+        mine = names[workers.rank :: workers.world]
         if workers.active:
             log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
         done = {name: run_fold(cfg, run_dir, name, controls) for name in mine}
@@ -282,10 +383,15 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
             workers.close()
     if not workers.is_main:
         return {}
-    folds = {name: done[name] if name in done else
-             json.loads((run_dir / "folds" / name / "fold.json").read_text()) for name in names}
-    result = {"folds": folds, **summarise(folds),
-              "warnings": [w for f in folds.values() for w in f["warnings"]]}
+    folds = {
+        name: done[name] if name in done else json.loads((run_dir / "folds" / name / "fold.json").read_text())
+        for name in names
+    }
+    result = {
+        "folds": folds,
+        **summarise(folds),
+        "warnings": [w for f in folds.values() for w in f["warnings"]],
+    }
     result["intervals"] = interval_step(run_dir, names, cfg.train.interval_coverage)
     result["verdicts"] += result["intervals"]["verdicts"]
     run_dir.mkdir(parents=True, exist_ok=True)

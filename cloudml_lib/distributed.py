@@ -11,6 +11,7 @@ What this module owns:
   torch's SyncBatchNorm refuses to run). So N processes normalise over the same samples one process
   would, and the same config trains the same model on 1 or N processes (to float tolerance).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -97,6 +98,7 @@ class Dist:
             raise error
         if message is not None:
             from cloudml_lib.errors import CloudMLError
+
             raise CloudMLError(f"rank 0 stopped during set-up ({message.splitlines()[0]}); see its message")
         return result if self.is_main else fn()
 
@@ -116,8 +118,9 @@ class Dist:
 SINGLE = Dist()
 
 
-def init_distributed(device_preference: str = "auto", backend: str | None = None,
-                     timeout: timedelta = TIMEOUT) -> Dist:
+def init_distributed(
+    device_preference: str = "auto", backend: str | None = None, timeout: timedelta = TIMEOUT
+) -> Dist:
     """The process group torchrun asked for (or the single process). Call once per process.
     `backend`: by default nccl when this process gets a GPU, gloo otherwise."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -125,8 +128,11 @@ def init_distributed(device_preference: str = "auto", backend: str | None = None
         return SINGLE
     if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
         from cloudml_lib.errors import ConfigError
-        raise ConfigError(f"WORLD_SIZE={world} is set but RANK or MASTER_ADDR is not: start several processes with "
-                          "torchrun --nproc_per_node N -m cloudml_lib ..., or unset WORLD_SIZE for one process")
+
+        raise ConfigError(
+            f"WORLD_SIZE={world} is set but RANK or MASTER_ADDR is not: start several processes with "
+            "torchrun --nproc_per_node N -m cloudml_lib ..., or unset WORLD_SIZE for one process"
+        )
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if tdist.is_initialized():
         return Dist(rank, world, local_rank)
@@ -134,9 +140,12 @@ def init_distributed(device_preference: str = "auto", backend: str | None = None
     if cuda:
         if local_rank >= torch.cuda.device_count():
             from cloudml_lib.errors import ConfigError
-            raise ConfigError(f"torchrun started {os.environ.get('LOCAL_WORLD_SIZE', '?')} processes on this machine "
-                              f"but it has {torch.cuda.device_count()} GPU(s): use --nproc_per_node "
-                              f"{torch.cuda.device_count()} or fewer")
+
+            raise ConfigError(
+                f"torchrun started {os.environ.get('LOCAL_WORLD_SIZE', '?')} processes on this machine "
+                f"but it has {torch.cuda.device_count()} GPU(s): use --nproc_per_node "
+                f"{torch.cuda.device_count()} or fewer"
+            )
         torch.cuda.set_device(local_rank)
     else:
         # The cores are shared by the processes of this machine: no oversubscription.
@@ -145,7 +154,7 @@ def init_distributed(device_preference: str = "auto", backend: str | None = None
     backend = backend or ("nccl" if cuda else "gloo")
     tdist.init_process_group(backend, timeout=timeout)
     if rank != 0:
-        logging.getLogger("cloudml_lib").setLevel(logging.WARNING)     # one copy of each progress line: rank 0's
+        logging.getLogger("cloudml_lib").setLevel(logging.WARNING)  # one copy of each progress line: rank 0's
     log.info("Distributed: %d processes (%s), this is rank %d", world, backend, rank)
     return Dist(rank, world, local_rank)
 
@@ -153,13 +162,20 @@ def init_distributed(device_preference: str = "auto", backend: str | None = None
 def explain_peer_failure(e: BaseException, dist: Dist) -> str | None:
     """A collective that failed because another process of the job died, in words (None otherwise)."""
     text = str(e)
-    lost = ("Connection reset by peer", "Connection closed by peer", "NCCL communicator was aborted",
-            "Socket Timeout", "Broken pipe")
+    lost = (
+        "Connection reset by peer",
+        "Connection closed by peer",
+        "NCCL communicator was aborted",
+        "Socket Timeout",
+        "Broken pipe",
+    )
     if not dist.active or not (isinstance(e, tdist.DistError) or any(w in text for w in lost)):
         return None
-    return (f"another process of this {dist.world}-process job stopped, so process {dist.rank} stops too "
-            f"({text.splitlines()[0][:200]}). Its own message (or torchrun's summary) says why. Nothing "
-            "committed is lost: run the same torchrun command again to resume from the last checkpoint.")
+    return (
+        f"another process of this {dist.world}-process job stopped, so process {dist.rank} stops too "
+        f"({text.splitlines()[0][:200]}). Its own message (or torchrun's summary) says why. Nothing "
+        "committed is lost: run the same torchrun command again to resume from the last checkpoint."
+    )
 
 
 class _SumAcrossRanks(torch.autograd.Function):
@@ -187,7 +203,7 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
     and state-dict keys are BatchNorm2d's: checkpoints move freely between 1 and N processes.
     """
 
-    def forward(self, x):                                           # (N, C, H, W)
+    def forward(self, x):  # (N, C, H, W)
         if not (self.training and tdist.is_available() and tdist.is_initialized()):
             return super().forward(x)
         xf = x.float()
@@ -196,7 +212,7 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
         c = x.shape[1]
         n = stats[2 * c]
         mean = stats[:c] / n
-        var = (stats[c:2 * c] / n - mean * mean).clamp_min(0.0)   # biased, as BatchNorm normalises with
+        var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0.0)  # biased, as BatchNorm normalises with
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
@@ -216,7 +232,7 @@ def apply_global_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     for _, child in list(model.named_children()):
         if type(child) is nn.BatchNorm2d:
-            child.__class__ = GlobalBatchNorm2d          # same object, same tensors: the optimizer still holds them
+            child.__class__ = GlobalBatchNorm2d  # same object, same tensors: the optimizer still holds them
         else:
             apply_global_batchnorm(child, device)
     return model
@@ -225,11 +241,14 @@ def apply_global_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
 def apply_ddp(model: nn.Module, dist: Dist, device: torch.device, unused_parameters: bool) -> nn.Module:
     """The module the loop calls; `model` stays the plain module that is saved."""
     from torch.nn.parallel import DistributedDataParallel
+
     ids = [device.index] if device.type == "cuda" else None
     # No buffer broadcast before each forward: the BatchNorm buffers are updated from the global
     # statistics on every rank alike. (torch 2.13 renamed the option; Colab's 2.11 has the old name.)
     params = inspect.signature(DistributedDataParallel.__init__).parameters
-    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    no_sync = (
+        {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    )
     return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused_parameters, **no_sync)
 
 

@@ -1,5 +1,6 @@
-"""Exceptions a user can cause, and what a disk error means in words. The CLI prints these as one short message
-and exits with status 2; a notebook shows them as a red Problem (colab/show.py)."""
+"""Exceptions a user can cause, and what a disk error means in words. The CLI prints these as one short
+message and exits with status 2; a notebook shows them as a red Problem (colab/show.py)."""
+
 from __future__ import annotations
 
 import errno
@@ -64,26 +65,41 @@ def explain_os_error(e: OSError, places: dict[str, str] | None = None, resumes: 
     else:
         known = [f"{k} {v}" for k, v in (places or {}).items() if v]
         where = "a disk this command writes to (" + (", ".join(known) or "its output folders") + ")"
-    again = ("then run the same command again: it continues from the last checkpoint, nothing written before is "
-             "lost." if resumes else "then run the same command again; nothing written before is lost.")
+    again = (
+        "then run the same command again: it continues from the last checkpoint, nothing written before is "
+        "lost."
+        if resumes
+        else "then run the same command again; nothing written before is lost."
+    )
     if e.errno in DISK_FULL:
-        return (f"no space left on the disk holding {where} ({e.strerror or e}). Free space there (old runs, "
-                f"caches you no longer use), {again}")
+        return (
+            f"no space left on the disk holding {where} ({e.strerror or e}). Free space there (old runs, "
+            f"caches you no longer use), {again}"
+        )
     if e.errno in READ_ONLY:
-        return (f"cannot write {where}: the disk or folder is read-only ({e.strerror}). Make it writable, or "
-                f"choose another --run-dir / data.cache_dir, {again}")
+        return (
+            f"cannot write {where}: the disk or folder is read-only ({e.strerror}). Make it writable, or "
+            f"choose another --run-dir / data.cache_dir, {again}"
+        )
     if e.errno in NO_PERMISSION:
-        return (f"permission denied for {where} ({e.strerror}): this user may not read or write it. Fix its "
-                f"permissions (chmod), or choose another --run-dir / data.cache_dir, {again}")
+        return (
+            f"permission denied for {where} ({e.strerror}): this user may not read or write it. Fix its "
+            f"permissions (chmod), or choose another --run-dir / data.cache_dir, {again}"
+        )
     if e.errno in (errno.ENOTDIR, errno.EEXIST) and e.filename:
         blocker = _file_in_the_way(Path(e.filename))
         if blocker is not None:
-            return (f"{blocker} is not a folder, but a folder is needed there (for {e.filename}). Point the setting "
-                    "that names it (--run-dir, --out, data.cache_dir, data.cache_copy_dir) at a folder, or move "
-                    "it away.")
+            return (
+                f"{blocker} is not a folder, but a folder is needed there (for {e.filename}). Point the "
+                "setting "
+                "that names it (--run-dir, --out, data.cache_dir, data.cache_copy_dir) at a folder, or move "
+                "it away."
+            )
     if e.errno == errno.EISDIR and e.filename:
         return f"{e.filename} is a folder, but a file is needed there. Move the folder away or choose another path."
     if e.errno == errno.EIO:
-        return (f"input/output error on {where} ({e.strerror}). On Colab this happens when Google Drive "
-                f"disconnects: run the first cells again to remount it, {again}")
+        return (
+            f"input/output error on {where} ({e.strerror}). On Colab this happens when Google Drive "
+            f"disconnects: run the first cells again to remount it, {again}"
+        )
     return None

@@ -4,6 +4,7 @@ Every metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), 
 (std(pred) / std(true)) and n. The baseline always predicts the training flights' mean height,
 so a model is only useful where it beats it.
 """
+
 from __future__ import annotations
 
 import csv
@@ -37,28 +38,45 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
     true_km, pred_km = np.asarray(true_km, np.float64), np.asarray(pred_km, np.float64)
     n = int(true_km.size)
     if n == 0:
-        return {"r2": float("nan"), "mae_km": float("nan"), "rmse_km": float("nan"), "bias_km": float("nan"),
-                "std_ratio": float("nan"), "n": 0}
+        return {
+            "r2": float("nan"),
+            "mae_km": float("nan"),
+            "rmse_km": float("nan"),
+            "bias_km": float("nan"),
+            "std_ratio": float("nan"),
+            "n": 0,
+        }
     err = pred_km - true_km
     ss_tot = float(((true_km - true_km.mean()) ** 2).sum())
     std_true = float(true_km.std())
-    return {"r2": 1.0 - float((err ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
-            "mae_km": float(np.abs(err).mean()), "rmse_km": float(np.sqrt((err ** 2).mean())),
-            "bias_km": float(err.mean()),
-            "std_ratio": float(pred_km.std()) / std_true if std_true > 0 else float("nan"),
-            "n": n}
+    return {
+        "r2": 1.0 - float((err**2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
+        "mae_km": float(np.abs(err).mean()),
+        "rmse_km": float(np.sqrt((err**2).mean())),
+        "bias_km": float(err.mean()),
+        "std_ratio": float(pred_km.std()) / std_true if std_true > 0 else float("nan"),
+        "n": n,
+    }
 
 
-def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int, autocast=nullcontext,
-            indices: np.ndarray | None = None, num_workers: int = 0, forward=None,
-            features: bool = False) -> tuple[dict | np.ndarray, np.ndarray]:
-    """Model outputs by name (inference.to_numpy: standardised `height`, `cloud_logit` or None; with `features`,
-    the head's input, an (N, C + 3) array) and standardised targets for `indices` of `dataset` (all by
-    default), in order.
+def predict(
+    model,
+    dataset: CloudDataset,
+    device: torch.device,
+    batch_size: int,
+    autocast=nullcontext,
+    indices: np.ndarray | None = None,
+    num_workers: int = 0,
+    forward=None,
+    features: bool = False,
+) -> tuple[dict | np.ndarray, np.ndarray]:
+    """Model outputs by name (inference.to_numpy: standardised `height`, `cloud_logit` or None; with
+    `features`, the head's input, an (N, C + 3) array) and standardised targets for `indices` of `dataset`
+    (all by default), in order.
 
     `model` is the module (put in eval mode meanwhile). Each distinct frame of the windows is encoded once
-    (inference.py), `batch_size` windows' worth of frames at a time. A dataset with augmentation (whose windows
-    differ from their frames) goes window by window through `forward` (e.g. its compiled form).
+    (inference.py), `batch_size` windows' worth of frames at a time. A dataset with augmentation (whose
+    windows differ from their frames) goes window by window through `forward` (e.g. its compiled form).
     """
     was_training = model.training
     model.eval()
@@ -66,24 +84,34 @@ def predict(model, dataset: CloudDataset, device: torch.device, batch_size: int,
         indices = np.arange(len(dataset)) if indices is None else np.asarray(indices, np.int64)
         if not dataset.augment:
             return dataset_outputs(model, dataset, indices, device, batch_size, autocast, features)
-        return _window_by_window(forward or (model.features if features else model), dataset, device, batch_size,
-                                 autocast, indices, num_workers)
+        return _window_by_window(
+            forward or (model.features if features else model),
+            dataset,
+            device,
+            batch_size,
+            autocast,
+            indices,
+            num_workers,
+        )
     finally:
         model.train(was_training)
 
 
 @torch.inference_mode()
 def _window_by_window(forward, dataset, device, batch_size, autocast, indices, num_workers):
-    loader = DataLoader(Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers)
+    loader = DataLoader(
+        Subset(dataset, indices.tolist()), batch_size=batch_size, shuffle=False, num_workers=num_workers
+    )
     preds, targets = [], []
     for batch in loader:
         with autocast():
-            out = forward(batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True))
+            out = forward(
+                batch["frames"].to(device, non_blocking=True), batch["scalars"].to(device, non_blocking=True)
+            )
         preds.append(out.float().cpu().numpy() if isinstance(out, torch.Tensor) else to_numpy(out))
         targets.append(batch["target"].numpy())
     target = np.concatenate(targets).astype(np.float64) if targets else np.zeros(0)
-    if preds and isinstance(preds[0], np.ndarray):                          # features
+    if preds and isinstance(preds[0], np.ndarray):  # features
         return np.concatenate(preds).astype(np.float64), target
     return {k: None if v is None else v.astype(np.float64) for k, v in concat(preds).items()}, target
 
@@ -91,8 +119,9 @@ def _window_by_window(forward, dataset, device, batch_size, autocast, indices, n
 @dataclass
 class Scored:
     """A model's answers for the samples of a dataset, in order."""
-    height_km: np.ndarray              # (N,) predicted height for every sample (with a height label or not)
-    cloud_prob: np.ndarray | None      # (N,) cloud probability; None: the model has no cloud output
+
+    height_km: np.ndarray  # (N,) predicted height for every sample (with a height label or not)
+    cloud_prob: np.ndarray | None  # (N,) cloud probability; None: the model has no cloud output
 
     @classmethod
     def from_outputs(cls, out: dict, scalers: Scalers) -> Scored:
@@ -102,8 +131,15 @@ class Scored:
         return cls(out["height"] * scalers.cbh_std + scalers.cbh_mean, prob)
 
 
-def build_report(dataset: CloudDataset, scored: Scored, train_mean_km: float, best_epoch: int, train_set=None,
-                 cloud_threshold: float = 0.5, calibration: dict | None = None) -> dict:
+def build_report(
+    dataset: CloudDataset,
+    scored: Scored,
+    train_mean_km: float,
+    best_epoch: int,
+    train_set=None,
+    cloud_threshold: float = 0.5,
+    calibration: dict | None = None,
+) -> dict:
     """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline,
     over the samples with a height; with `train_set`, cloud / no-cloud metrics against their baselines (all
     samples); with `calibration`, the intervals' coverage and width per flight."""
@@ -114,23 +150,39 @@ def build_report(dataset: CloudDataset, scored: Scored, train_mean_km: float, be
     true_km, pred_km = dataset.targets_km()[has], scored.height_km[has]
     flights = dataset.flight_names()[has]
     baseline = np.full_like(true_km, train_mean_km)
-    report = {"overall": regression_metrics(true_km, pred_km), "baseline": regression_metrics(true_km, baseline),
-              "per_flight": {}, "baseline_per_flight": {}, "train_mean_km": train_mean_km, "best_epoch": best_epoch}
+    report = {
+        "overall": regression_metrics(true_km, pred_km),
+        "baseline": regression_metrics(true_km, baseline),
+        "per_flight": {},
+        "baseline_per_flight": {},
+        "train_mean_km": train_mean_km,
+        "best_epoch": best_epoch,
+    }
     for name in dict.fromkeys(flights):
         m = flights == name
         report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
         report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
     if train_set is not None:
-        report["cloud"] = cloud_report(dataset.cloud_flags(), scored.cloud_prob, dataset.flight_names(),
-                                       dataset.frame_p10(), {"flag": train_set.cloud_flags(), "p10": train_set.frame_p10()},
-                                       cloud_threshold)
+        report["cloud"] = cloud_report(
+            dataset.cloud_flags(),
+            scored.cloud_prob,
+            dataset.flight_names(),
+            dataset.frame_p10(),
+            {"flag": train_set.cloud_flags(), "p10": train_set.frame_p10()},
+            cloud_threshold,
+        )
     if calibration is not None:
         lower, upper = intervals.bounds(pred_km, calibration)
-        report["intervals"] = {"method": calibration["method"], "coverage_target": calibration["coverage"],
-                               "calibration": calibration["source"], "overall": intervals.scores(true_km, lower, upper),
-                               "per_flight": {str(f): intervals.scores(true_km[flights == f], lower[flights == f],
-                                                                       upper[flights == f])
-                                              for f in dict.fromkeys(flights)}}
+        report["intervals"] = {
+            "method": calibration["method"],
+            "coverage_target": calibration["coverage"],
+            "calibration": calibration["source"],
+            "overall": intervals.scores(true_km, lower, upper),
+            "per_flight": {
+                str(f): intervals.scores(true_km[flights == f], lower[flights == f], upper[flights == f])
+                for f in dict.fromkeys(flights)
+            },
+        }
     return report
 
 
@@ -144,8 +196,16 @@ def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None
         w.writerow(["flight", "frame_index", "true_km", "pred_km", "cpl_cloud", "cloud_probability"])
         for i in range(len(dataset)):
             flight, frame = dataset.identity(i)
-            w.writerow([flight, frame, cell(true_km[i]), cell(scored.height_km[i]), int(flags[i]),
-                        "" if prob is None else f"{prob[i]:.4f}"])
+            w.writerow(
+                [
+                    flight,
+                    frame,
+                    cell(true_km[i]),
+                    cell(scored.height_km[i]),
+                    int(flags[i]),
+                    "" if prob is None else f"{prob[i]:.4f}",
+                ]
+            )
 
 
 def format_report(report: dict) -> str:
@@ -153,16 +213,24 @@ def format_report(report: dict) -> str:
     rows = [("model: all held-out flights", report["overall"])]
     rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
     rows += [("baseline (training mean): all", report["baseline"])]
-    rows += [(f"baseline (training mean): flight {k}", v) for k, v in (report.get("baseline_per_flight") or {}).items()]
+    rows += [
+        (f"baseline (training mean): flight {k}", v)
+        for k, v in (report.get("baseline_per_flight") or {}).items()
+    ]
     extra = ""
     if report.get("cloud"):
         from cloudml_lib.clouds import format_cloud
+
         extra += "\n\n" + format_cloud(report["cloud"])
     if report.get("intervals"):
         iv = report["intervals"]
-        extra += (f"\n\n{iv['coverage_target']:.0%} intervals ({iv['method']}, calibrated on {iv['calibration']}): "
-                  + "; ".join(f"flight {k} coverage {_pct(v['coverage'])}, mean width {_km(v['mean_width_km'])}"
-                              for k, v in iv["per_flight"].items()))
+        extra += (
+            f"\n\n{iv['coverage_target']:.0%} intervals ({iv['method']}, calibrated on {iv['calibration']}): "
+            + "; ".join(
+                f"flight {k} coverage {_pct(v['coverage'])}, mean width {_km(v['mean_width_km'])}"
+                for k, v in iv["per_flight"].items()
+            )
+        )
     # every column 10 wide with two spaces between: no two column names can run together
     head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
     width = max(28, *(len(name) for name, _ in rows))
@@ -185,13 +253,12 @@ def _km(v) -> str:
 @dataclass
 class RunModel:
     """A finished run's best model, ready to predict: on its device, in eval mode."""
+
     model: torch.nn.Module
     cfg: Config
     ckpt: dict
     device: torch.device
-    autocast: object           # a context-manager factory (mixed precision on a GPU)
-
-
+    autocast: object  # a context-manager factory (mixed precision on a GPU)
 
 
 def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: str = "evaluate") -> RunModel:
@@ -204,42 +271,65 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     best = run_dir / "best.pt"
     if not best.is_file():
         if has_run(run_dir):
-            raise CloudMLError(f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
-                               f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again.")
-        raise CloudMLError(f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})")
+            raise CloudMLError(
+                f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
+                f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again."
+            )
+        raise CloudMLError(
+            f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})"
+        )
     ckpt = load_checkpoint(best)
     missing = [k for k in BEST_KEYS if k not in ckpt]
     if missing:
-        raise CloudMLError(f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
-                           f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it.")
+        raise CloudMLError(
+            f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
+            f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it."
+        )
     try:
         cfg = config_from_dict(ckpt[Key.CONFIG])
     except CloudMLError as e:
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
-    if data_dir:                                       # the flights moved since training
+    if data_dir:  # the flights moved since training
         cfg = derive(cfg, {"data.dir": data_dir})
     stored = cloud_head_of(ckpt[Key.MODEL])
     if stored is not None and stored != cfg.model.cloud_head:
-        log.warning("%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
-                    best, stored, cfg.model.cloud_head, stored)
+        log.warning(
+            "%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
+            best,
+            stored,
+            cfg.model.cloud_head,
+            stored,
+        )
         cfg = derive(cfg, {"model.cloud_head": stored})
     if stored == "none" or (stored == "probe" and not int(ckpt[Key.MODEL]["cloud_fitted"])):
-        log.warning("%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag or "
-                    "probability. %s", best, "trained without one" if stored == "none" else
-                    "it is fitted when training ends, and this run has not ended", "Retrain with model.cloud_head: "
-                    "probe to get them." if stored == "none" else f"Finish the run (train again on {run_dir}).")
+        log.warning(
+            "%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag "
+            "or "
+            "probability. %s",
+            best,
+            "trained without one"
+            if stored == "none"
+            else "it is fitted when training ends, and this run has not ended",
+            "Retrain with model.cloud_head: probe to get them."
+            if stored == "none"
+            else f"Finish the run (train again on {run_dir}).",
+        )
     model = build_model(cfg)
     film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
-        raise CloudMLError(f"{best} was trained by an earlier CloudML with {film.shape[-1]} angle inputs (this version "
-                           f"takes {model.film[0].in_features}: the zenith angle and the sine and cosine of the sun "
-                           "azimuth); retrain the run with this version, or use the version that trained it.")
+        raise CloudMLError(
+            f"{best} was trained by an earlier CloudML with {film.shape[-1]} angle inputs (this version "
+            f"takes {model.film[0].in_features}: the zenith angle and the sine and cosine of the sun "
+            "azimuth); retrain the run with this version, or use the version that trained it."
+        )
     try:
         model.load_state_dict(ckpt[Key.MODEL])
     except (RuntimeError, TypeError, AttributeError) as e:
-        raise CloudMLError(f"{best}: its weights do not fit the model its config describes "
-                           f"({str(e).strip().splitlines()[0][:200]}); the file was damaged or edited. Run train on "
-                           f"{run_dir} again to rewrite it from the checkpoints.") from None
+        raise CloudMLError(
+            f"{best}: its weights do not fit the model its config describes "
+            f"({str(e).strip().splitlines()[0][:200]}); the file was damaged or edited. Run train on "
+            f"{run_dir} again to rewrite it from the checkpoints."
+        ) from None
     device = choose_device(cfg.train.device)
     model.to(device).eval()
     prepare_model(model, device)
@@ -267,18 +357,30 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
         held_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in held]
         train_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in train_flights]
-    dataset = CloudDataset(held_caches, Scalers.from_dict(ckpt[Key.SCALERS]), sun_azimuth=cfg.data.sun_azimuth)
+    dataset = CloudDataset(
+        held_caches, Scalers.from_dict(ckpt[Key.SCALERS]), sun_azimuth=cfg.data.sun_azimuth
+    )
     out, _ = predict(rm.model, dataset, rm.device, 2 * cfg.train.batch_size, rm.autocast)
     scored = Scored.from_outputs(out, dataset.scalers)
     train_set = CloudDataset(train_caches, dataset.scalers)
-    report = build_report(dataset, scored, float(ckpt[Key.TRAIN_MEAN_KM]), int(ckpt[Key.EPOCH]), train_set,
-                          cfg.model.cloud_threshold, intervals.load(run_dir))
+    report = build_report(
+        dataset,
+        scored,
+        float(ckpt[Key.TRAIN_MEAN_KM]),
+        int(ckpt[Key.EPOCH]),
+        train_set,
+        cfg.model.cloud_threshold,
+        intervals.load(run_dir),
+    )
     if scored.cloud_prob is None:
-        log.info("%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
-                 run_dir / "best.pt")
+        log.info(
+            "%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
+            run_dir / "best.pt",
+        )
     if write:
         write_evaluation(run_dir, dataset, scored, report)
         from cloudml_lib.report import write_report
+
         write_report(run_dir)
     return report
 
@@ -288,6 +390,12 @@ def write_evaluation(run_dir: Path, dataset: CloudDataset, scored: Scored, repor
     write_predictions(run_dir / "predictions.csv", dataset, scored)
     write_text(run_dir / "evaluation.json", json.dumps(json_safe(report), indent=1))
     has = dataset.has_height()
-    plots.save_figure(plots.scatter_figure(dataset.targets_km()[has], scored.height_km[has], dataset.flight_names()[has],
-                                           f"Held-out flights, R2 {report['overall']['r2']:.2f}"),
-                      run_dir / "plots" / "scatter.png")
+    plots.save_figure(
+        plots.scatter_figure(
+            dataset.targets_km()[has],
+            scored.height_km[has],
+            dataset.flight_names()[has],
+            f"Held-out flights, R2 {report['overall']['r2']:.2f}",
+        ),
+        run_dir / "plots" / "scatter.png",
+    )

@@ -8,6 +8,7 @@ commit marker yet), "probe-fitted" (the cloud probe is in best.pt, the final eva
 not written), "sweep-told" (a sweep trial's result is in the local study, its copy in the sweep folder not
 refreshed). Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,9 @@ _counts: dict[str, int] = {}
 def point(name: str) -> None:
     """A fault point: returns at once unless CLOUDML_KILL_AT names it (and this process's rank)."""
     spec = os.environ.get("CLOUDML_KILL_AT")
-    if not spec or os.environ.get("CLOUDML_KILL_RANK", os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
+    if not spec or os.environ.get("CLOUDML_KILL_RANK", os.environ.get("RANK", "0")) != os.environ.get(
+        "RANK", "0"
+    ):
         return
     where, n, sig = (spec.split(":") + ["", ""])[:3]
     if where != name:

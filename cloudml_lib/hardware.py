@@ -1,5 +1,6 @@
 """The machine: device and precision choice, a report of GPU and host memory, presets by GPU, and
 peak-memory readings for the epoch line (the batch probe of `train.batch_size: auto` is memory.py's)."""
+
 from __future__ import annotations
 
 import gc
@@ -31,6 +32,7 @@ PRESET_PEAK_GIB = {"A": 10.0, "B": 9.0, "C": 8.0}
 @dataclass(frozen=True)
 class Precision:
     """Autocast dtype (None: full fp32) and whether fp16 loss scaling is needed."""
+
     dtype: torch.dtype | None
     use_grad_scaler: bool
 
@@ -41,8 +43,10 @@ class Precision:
 
 def choose_device(preference: str = "auto") -> torch.device:
     if preference == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: 'cuda' was asked for but no CUDA GPU is visible; use 'auto' or 'cpu' "
-                          "(on Colab: Runtime > Change runtime type > GPU)")
+        raise ConfigError(
+            "train.device: 'cuda' was asked for but no CUDA GPU is visible; use 'auto' or 'cpu' "
+            "(on Colab: Runtime > Change runtime type > GPU)"
+        )
     if preference == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda")
@@ -65,12 +69,13 @@ def describe_device(device: torch.device) -> str:
 
 # ------------------------------------------------------------------------------ the report
 
+
 def is_colab() -> bool:
     if "COLAB_RELEASE_TAG" in os.environ or "google.colab" in sys.modules:
         return True
     try:
         return importlib.util.find_spec("google.colab") is not None
-    except (ImportError, ValueError):          # no "google" package at all
+    except (ImportError, ValueError):  # no "google" package at all
         return False
 
 
@@ -102,6 +107,7 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -110,16 +116,29 @@ def gpu_processes() -> list[dict]:
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-compute-apps=pid,process_name,used_memory",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     procs = []
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and parts[0].isdigit():
-            procs.append({"pid": int(parts[0]), "name": parts[1],
-                          "used_mib": int(parts[2]) if parts[2].isdigit() else None})
+            procs.append(
+                {
+                    "pid": int(parts[0]),
+                    "name": parts[1],
+                    "used_mib": int(parts[2]) if parts[2].isdigit() else None,
+                }
+            )
     return procs
 
 
@@ -128,8 +147,14 @@ def gpu_report() -> dict | None:
         return None
     p = torch.cuda.get_device_properties(0)
     free, total = torch.cuda.mem_get_info(0)
-    return {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "total_bytes": total, "free_bytes": free,
-            "allocated_by_this_process": torch.cuda.memory_allocated(0), "processes": gpu_processes()}
+    return {
+        "name": p.name,
+        "compute_capability": f"{p.major}.{p.minor}",
+        "total_bytes": total,
+        "free_bytes": free,
+        "allocated_by_this_process": torch.cuda.memory_allocated(0),
+        "processes": gpu_processes(),
+    }
 
 
 def compile_available() -> tuple[bool, str]:
@@ -147,8 +172,13 @@ def compile_available() -> tuple[bool, str]:
 def system_report(paths: dict[str, str] | None = None) -> dict:
     """Everything `diagnose` shows: versions, GPU, host RAM, free disk where the run and cache live, CPUs."""
     return {
-        "colab": is_colab(), "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "gpu": gpu_report(), "host_memory": host_memory(), "cpus": os.cpu_count(),
+        "colab": is_colab(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": gpu_report(),
+        "host_memory": host_memory(),
+        "cpus": os.cpu_count(),
         "disk_free": {name: free_bytes(Path(p).resolve()) for name, p in (paths or {}).items()},
         "compile": dict(zip(("available", "reason"), compile_available())),
     }
@@ -163,15 +193,22 @@ def choose_preset(report: dict) -> tuple[str, str]:
     need = {k: v * (1 + MARGIN) for k, v in PRESET_PEAK_GIB.items()}
     compile_ok = report["compile"]["available"]
     if free >= need["A"] and compile_ok:
-        return "A", (f"{gpu['name']} has {free:.1f} GiB free, enough for the full model with torch.compile at "
-                     f"batch 20 (about {PRESET_PEAK_GIB['A']:.0f} GiB + 15% margin)")
+        return "A", (
+            f"{gpu['name']} has {free:.1f} GiB free, enough for the full model with torch.compile at "
+            f"batch 20 (about {PRESET_PEAK_GIB['A']:.0f} GiB + 15% margin)"
+        )
     if free >= need["B"]:
-        why = "torch.compile is not available (" + report["compile"]["reason"] + ")" if not compile_ok else \
-            f"{free:.1f} GiB free is not enough for preset A ({need['A']:.1f} GiB with margin)"
+        why = (
+            "torch.compile is not available (" + report["compile"]["reason"] + ")"
+            if not compile_ok
+            else f"{free:.1f} GiB free is not enough for preset A ({need['A']:.1f} GiB with margin)"
+        )
         return "B", f"{gpu['name']}: {why}; the full model without compile at batch 16 fits"
-    return "C", (f"{gpu['name']} has only {free:.1f} GiB free (A and B need about {need['A']:.1f} and "
-                 f"{need['B']:.1f} GiB with margin): the memory-optimized model; batch_size auto lowers the "
-                 "batch further if needed")
+    return "C", (
+        f"{gpu['name']} has only {free:.1f} GiB free (A and B need about {need['A']:.1f} and "
+        f"{need['B']:.1f} GiB with margin): the memory-optimized model; batch_size auto lowers the "
+        "batch further if needed"
+    )
 
 
 def preset_config_path(name: str) -> Path:
@@ -180,8 +217,10 @@ def preset_config_path(name: str) -> Path:
         raise ConfigError(f"--preset {name!r}: choose one of auto, {', '.join(PRESET_FILES)}")
     path = config_file(PRESET_FILES[name])
     if path is None:
-        raise ConfigError(f"preset file {PRESET_FILES[name]} is missing from this CloudML installation; reinstall "
-                          "it (pip install of the CloudML folder), or pass --config PATH")
+        raise ConfigError(
+            f"preset file {PRESET_FILES[name]} is missing from this CloudML installation; reinstall "
+            "it (pip install of the CloudML folder), or pass --config PATH"
+        )
     return path
 
 
@@ -195,27 +234,47 @@ def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
         others = [p for p in gpu["processes"] if p["pid"] != os.getpid()]
         if others:
             used = sum(p["used_mib"] or 0 for p in others)
-            out.append(f"{len(others)} other process(es) hold {used} MiB of GPU memory "
-                       f"({', '.join(str(p['pid']) for p in others)}); stop them or restart the runtime to free it.")
-        out.append("Batch size: set train.batch_size: auto to measure the largest batch that fits this GPU "
-                   "(two probe steps, 15% margin).")
+            out.append(
+                f"{len(others)} other process(es) hold {used} MiB of GPU memory "
+                f"({', '.join(str(p['pid']) for p in others)}); stop them or restart the runtime to free it."
+            )
+        out.append(
+            "Batch size: set train.batch_size: auto to measure the largest batch that fits this GPU "
+            "(two probe steps, 15% margin)."
+        )
     else:
-        out.append("Batch size: the presets' batch sizes are for a GPU; on the CPU use the demo or a small batch.")
+        out.append(
+            "Batch size: the presets' batch sizes are for a GPU; on the CPU use the demo or a small batch."
+        )
     workers = default_num_workers(report["colab"], report["cpus"])
-    out.append(f"DataLoader workers: {workers} (" + ("Colab: 2 cores and little shared memory; loading in the "
-               "training process is fastest" if report["colab"] else f"{report['cpus']} CPUs") + ").")
+    out.append(
+        f"DataLoader workers: {workers} ("
+        + (
+            "Colab: 2 cores and little shared memory; loading in the training process is fastest"
+            if report["colab"]
+            else f"{report['cpus']} CPUs"
+        )
+        + ")."
+    )
     out.append(preprocessing_advice(bool(gpu)))
     avail = report["host_memory"]["available"]
     if cache_bytes is not None and avail:
         fits = cache_bytes < 0.8 * avail
-        out.append(f"Preprocessing cache: {cache_bytes / 1e9:.2f} GB; "
-                   + ("it fits in the free RAM, so after the first epoch reads come from the page cache."
-                      if fits else f"larger than 80% of the free RAM ({avail / 1e9:.1f} GB): samples are read "
-                      "from disk each epoch (memory use stays flat; put the cache on local disk for speed)."))
+        out.append(
+            f"Preprocessing cache: {cache_bytes / 1e9:.2f} GB; "
+            + (
+                "it fits in the free RAM, so after the first epoch reads come from the page cache."
+                if fits
+                else f"larger than 80% of the free RAM ({avail / 1e9:.1f} GB): samples are read "
+                "from disk each epoch (memory use stays flat; put the cache on local disk for speed)."
+            )
+        )
     for name, free in report["disk_free"].items():
         if free is not None and free < 2 * GIB:
-            out.append(f"Only {free / GIB:.1f} GiB free on the disk of the {name} folder: checkpoints and the cache "
-                       "may not fit; free space or choose another folder.")
+            out.append(
+                f"Only {free / GIB:.1f} GiB free on the disk of the {name} folder: checkpoints and the cache "
+                "may not fit; free space or choose another folder."
+            )
     return out
 
 
@@ -227,19 +286,27 @@ def preprocessing_advice(gpu: bool) -> str:
     cores = available_cores()
     if gpu and has_kornia():
         return f"Preprocessing: CLAHE on the GPU (kornia), frames read by {cores} worker processes."
-    return (f"Preprocessing: {cores} worker processes (one per core this process may use), scikit-image."
-            + (f" {install_command('kornia')} to equalise the frames on the GPU (data.preprocess_device: auto then uses it; "
-               "its frames differ slightly from scikit-image's, see the README)." if gpu else ""))
+    return f"Preprocessing: {cores} worker processes (one per core this process may use), scikit-image." + (
+        f" {install_command('kornia')} to equalise the frames on the GPU (data.preprocess_device: auto then "
+        "uses it; "
+        "its frames differ slightly from scikit-image's, see the README)."
+        if gpu
+        else ""
+    )
 
 
 def format_machine(report: dict) -> str:
-    lines = [f"Environment: {'Google Colab' if report['colab'] else 'local'}; Python {report['python']}, "
-             f"torch {report['torch']}, CUDA {report['cuda'] or 'none'}; {report['cpus']} CPUs"]
+    lines = [
+        f"Environment: {'Google Colab' if report['colab'] else 'local'}; Python {report['python']}, "
+        f"torch {report['torch']}, CUDA {report['cuda'] or 'none'}; {report['cpus']} CPUs"
+    ]
     gpu = report["gpu"]
     if gpu:
-        lines.append(f"GPU: {gpu['name']} (compute capability {gpu['compute_capability']}), "
-                     f"{gpu['free_bytes'] / GIB:.1f} of {gpu['total_bytes'] / GIB:.1f} GiB free; torch.compile: "
-                     f"{report['compile']['reason']}")
+        lines.append(
+            f"GPU: {gpu['name']} (compute capability {gpu['compute_capability']}), "
+            f"{gpu['free_bytes'] / GIB:.1f} of {gpu['total_bytes'] / GIB:.1f} GiB free; torch.compile: "
+            f"{report['compile']['reason']}"
+        )
         for p in gpu["processes"]:
             lines.append(f"  GPU process {p['pid']} {p['name']}: {p['used_mib']} MiB")
     else:
@@ -247,7 +314,9 @@ def format_machine(report: dict) -> str:
     mem = report["host_memory"]
     lines.append(f"Host RAM: {mem['available'] / GIB:.1f} of {mem['total'] / GIB:.1f} GiB available")
     for name, free in report["disk_free"].items():
-        lines.append(f"Free disk for the {name} folder: " + (f"{free / GIB:.1f} GiB" if free is not None else "?"))
+        lines.append(
+            f"Free disk for the {name} folder: " + (f"{free / GIB:.1f} GiB" if free is not None else "?")
+        )
     return "\n".join(lines)
 
 
@@ -259,18 +328,22 @@ def release_gpu_memory() -> str:
     before = torch.cuda.memory_reserved()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    return (f"Released {(before - torch.cuda.memory_reserved()) / GIB:.2f} GiB held by this process; "
-            f"{free / GIB:.1f} of {total / GIB:.1f} GiB free. Memory held by other processes is freed only by "
-            "stopping them (Runtime > Restart session).")
+    return (
+        f"Released {(before - torch.cuda.memory_reserved()) / GIB:.2f} GiB held by this process; "
+        f"{free / GIB:.1f} of {total / GIB:.1f} GiB free. Memory held by other processes is freed only by "
+        "stopping them (Runtime > Restart session)."
+    )
 
 
 def memory_readings(device: torch.device) -> dict:
     """Peak memory since the last reset, for the epoch line and metrics.jsonl; resets the peak."""
     if device.type == "cuda":
         stats = torch.cuda.memory_stats(device)
-        out = {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-               "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-               "alloc_retries": int(stats.get("num_alloc_retries", 0))}
+        out = {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+            "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        }
         torch.cuda.reset_peak_memory_stats(device)
         return out
     return {"peak_rss_gib": peak_rss_bytes() / GIB}
@@ -278,6 +351,8 @@ def memory_readings(device: torch.device) -> dict:
 
 def format_memory(m: dict) -> str:
     if "peak_allocated_gib" in m:
-        return (f"GPU peak {m['peak_allocated_gib']:.1f}/{m['peak_reserved_gib']:.1f} GiB alloc/reserved, "
-                f"{m['alloc_retries']} retries")
+        return (
+            f"GPU peak {m['peak_allocated_gib']:.1f}/{m['peak_reserved_gib']:.1f} GiB alloc/reserved, "
+            f"{m['alloc_retries']} retries"
+        )
     return f"peak RSS {m['peak_rss_gib']:.2f} GiB"

@@ -15,6 +15,7 @@ Methods (MAPIE conformity scores): `conformal_absolute`, a constant width |y - y
 `intervals.json` in a run folder holds the method, the target coverage and the calibration pairs
 (predicted and true km), from which `predict` recomputes the bounds with MAPIE.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,8 @@ from cloudml_lib.errors import CloudMLError, install_command
 log = logging.getLogger(__name__)
 
 METHODS = {"conformal_absolute": "absolute", "conformal_gamma": "gamma"}
-MIN_CALIBRATION = 20           # fewer calibration heights: no interval (a 90% quantile of 10 numbers means little)
-FAR_BELOW = 0.15               # coverage this far under the target on a flight: a plain warning
+MIN_CALIBRATION = 20  # fewer calibration heights: no interval (a 90% quantile of 10 numbers means little)
+FAR_BELOW = 0.15  # coverage this far under the target on a flight: a plain warning
 FILE = "intervals.json"
 
 
@@ -38,8 +39,10 @@ def _mapie(pred_km: np.ndarray, true_km: np.ndarray, method: str, coverage: floa
         from mapie.regression import SplitConformalRegressor
         from sklearn.base import BaseEstimator, RegressorMixin
     except ImportError:
-        raise CloudMLError(f"prediction intervals need MAPIE, which is not installed (it comes with CloudML): "
-                           f"{install_command('mapie>=1.0,<2')}, then run the same command again") from None
+        raise CloudMLError(
+            f"prediction intervals need MAPIE, which is not installed (it comes with CloudML): "
+            f"{install_command('mapie>=1.0,<2')}, then run the same command again"
+        ) from None
 
     class GivenPredictions(RegressorMixin, BaseEstimator):
         """The trained network's predictions, passed in as the only feature: MAPIE's prefit estimator."""
@@ -51,14 +54,18 @@ def _mapie(pred_km: np.ndarray, true_km: np.ndarray, method: str, coverage: floa
         def predict(self, X):
             return np.asarray(X, np.float64)[:, 0]
 
-    conformal = SplitConformalRegressor(GivenPredictions().fit(pred_km[:, None]), confidence_level=coverage,
-                                        conformity_score=METHODS[method], prefit=True)
+    conformal = SplitConformalRegressor(
+        GivenPredictions().fit(pred_km[:, None]),
+        confidence_level=coverage,
+        conformity_score=METHODS[method],
+        prefit=True,
+    )
     return conformal.conformalize(pred_km[:, None], true_km)
 
 
 def _pairs(pred_km, true_km) -> tuple[np.ndarray, np.ndarray]:
     pred, true = np.asarray(pred_km, np.float64), np.asarray(true_km, np.float64)
-    ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)     # gamma needs positive heights
+    ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)  # gamma needs positive heights
     return pred[ok], true[ok]
 
 
@@ -70,7 +77,8 @@ def bounds(pred_km: np.ndarray, calibration: dict) -> tuple[np.ndarray, np.ndarr
     if ok.any():
         cal_pred, cal_true = np.asarray(calibration["pred_km"]), np.asarray(calibration["true_km"])
         _, iv = _mapie(cal_pred, cal_true, calibration["method"], calibration["coverage"]).predict_interval(
-            pred[ok][:, None], allow_infinite_bounds=False)
+            pred[ok][:, None], allow_infinite_bounds=False
+        )
         lower[ok], upper[ok] = iv[:, 0, 0], iv[:, 1, 0]
     return lower, upper
 
@@ -79,11 +87,21 @@ def calibrate(pred_km, true_km, method: str, coverage: float, source: str) -> di
     """A calibration from held-out (predicted, true) heights; None (with a warning) when too few."""
     pred, true = _pairs(pred_km, true_km)
     if pred.size < MIN_CALIBRATION:
-        log.warning("no prediction intervals: %d held-out heights to calibrate them on (%s), fewer than %d",
-                    pred.size, source, MIN_CALIBRATION)
+        log.warning(
+            "no prediction intervals: %d held-out heights to calibrate them on (%s), fewer than %d",
+            pred.size,
+            source,
+            MIN_CALIBRATION,
+        )
         return None
-    return {"method": method, "coverage": float(coverage), "n": int(pred.size), "source": source,
-            "pred_km": [round(float(x), 5) for x in pred], "true_km": [round(float(x), 5) for x in true]}
+    return {
+        "method": method,
+        "coverage": float(coverage),
+        "n": int(pred.size),
+        "source": source,
+        "pred_km": [round(float(x), 5) for x in pred],
+        "true_km": [round(float(x), 5) for x in true],
+    }
 
 
 def scores(true_km, lower, upper) -> dict:
@@ -93,7 +111,11 @@ def scores(true_km, lower, upper) -> dict:
     if not ok.any():
         return {"coverage": None, "mean_width_km": None, "n": 0}
     inside = (true[ok] >= lower[ok]) & (true[ok] <= upper[ok])
-    return {"coverage": float(inside.mean()), "mean_width_km": float((upper[ok] - lower[ok]).mean()), "n": int(ok.sum())}
+    return {
+        "coverage": float(inside.mean()),
+        "mean_width_km": float((upper[ok] - lower[ok]).mean()),
+        "n": int(ok.sum()),
+    }
 
 
 def leave_one_flight_out(by_flight: dict[str, tuple[np.ndarray, np.ndarray]], coverage: float) -> dict:
@@ -107,30 +129,46 @@ def leave_one_flight_out(by_flight: dict[str, tuple[np.ndarray, np.ndarray]], co
             others = [by_flight[o] for o in by_flight if o != name]
             if not others:
                 continue
-            cal = calibrate(np.concatenate([p for p, _ in others]), np.concatenate([t for _, t in others]), method,
-                            coverage, f"the other {len(others)} flights")
+            cal = calibrate(
+                np.concatenate([p for p, _ in others]),
+                np.concatenate([t for _, t in others]),
+                method,
+                coverage,
+                f"the other {len(others)} flights",
+            )
             if cal is None:
                 continue
             per[name] = scores(true, *bounds(pred, cal))
         got = [p for p in per.values() if p["coverage"] is not None]
-        out[method] = {"per_flight": per,
-                       "mean_coverage": float(np.mean([p["coverage"] for p in got])) if got else None,
-                       "mean_shortfall": float(np.mean([max(0.0, coverage - p["coverage"]) for p in got]))
-                       if got else None,
-                       "mean_width_km": float(np.mean([p["mean_width_km"] for p in got])) if got else None}
+        out[method] = {
+            "per_flight": per,
+            "mean_coverage": float(np.mean([p["coverage"] for p in got])) if got else None,
+            "mean_shortfall": float(np.mean([max(0.0, coverage - p["coverage"]) for p in got]))
+            if got
+            else None,
+            "mean_width_km": float(np.mean([p["mean_width_km"] for p in got])) if got else None,
+        }
     usable = [m for m in out if out[m]["mean_shortfall"] is not None]
-    chosen = min(usable, key=lambda m: (round(out[m]["mean_shortfall"], 3), out[m]["mean_width_km"])) if usable else None
+    chosen = (
+        min(usable, key=lambda m: (round(out[m]["mean_shortfall"], 3), out[m]["mean_width_km"]))
+        if usable
+        else None
+    )
     verdicts = []
     if chosen:
         m = out[chosen]
-        verdicts.append(f"Intervals: {chosen} chosen (smallest shortfall from the {coverage:.0%} target, then the "
-                        f"narrowest): on a flight never seen they held {m['mean_coverage']:.0%} of the true heights "
-                        f"on average, {m['mean_width_km']:.2f} km wide.")
+        verdicts.append(
+            f"Intervals: {chosen} chosen (smallest shortfall from the {coverage:.0%} target, then the "
+            f"narrowest): on a flight never seen they held {m['mean_coverage']:.0%} of the true heights "
+            f"on average, {m['mean_width_km']:.2f} km wide."
+        )
         for name, p in m["per_flight"].items():
             if p["coverage"] is not None and p["coverage"] < coverage - FAR_BELOW:
-                verdicts.append(f"On flight {name} the {coverage:.0%} intervals held only {p['coverage']:.0%} of the "
-                                "true heights: far below the target. Its errors are larger than on the other flights "
-                                "(a different cloud regime?): do not trust the error bars there.")
+                verdicts.append(
+                    f"On flight {name} the {coverage:.0%} intervals held only {p['coverage']:.0%} of the "
+                    "true heights: far below the target. Its errors are larger than on the other flights "
+                    "(a different cloud regime?): do not trust the error bars there."
+                )
     return {"coverage": coverage, "methods": out, "chosen": chosen, "verdicts": verdicts}
 
 

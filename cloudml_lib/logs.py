@@ -1,6 +1,7 @@
 """The package's log: every module logs through `logging.getLogger(__name__)` under "cloudml_lib"; this
 module decides where those lines go: the console (without breaking a progress bar) and, for a run,
 RUN_DIR/train.log (a full disk said once, in words)."""
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,7 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
     def handleError(self, record):
-        pass                          # the console is gone (a closed pipe): there is no one to tell
+        pass  # the console is gone (a closed pipe): there is no one to tell
 
 
 class _RunLogFile(logging.FileHandler):
@@ -47,8 +48,12 @@ class _RunLogFile(logging.FileHandler):
         self.failing = True
         e = sys.exc_info()[1]
         why = getattr(e, "strerror", None) or str(e) or type(e).__name__
-        print(f"warning: {self.baseFilename} cannot be written ({why}); the log continues on screen only. "
-              "Free space on that disk to keep the file complete.", file=sys.stderr, flush=True)
+        print(
+            f"warning: {self.baseFilename} cannot be written ({why}); the log continues on screen only. "
+            "Free space on that disk to keep the file complete.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:

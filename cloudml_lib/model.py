@@ -21,6 +21,7 @@ The cloud logit (`cloud_head`):
 The model answers `Outputs`, named fields of shape (B,): `height` (standardised) and `cloud_logit` (None
 without a cloud output), whatever the cloud head; a new output is one more field there.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -35,8 +36,9 @@ from cloudml_lib.config import CLOUD_HEADS
 
 class Outputs(NamedTuple):
     """What the model answers for each of B windows."""
-    height: torch.Tensor                      # (B,) standardised cloud base height
-    cloud_logit: torch.Tensor | None          # (B,) logit of a cloud below the aircraft; None: no cloud output
+
+    height: torch.Tensor  # (B,) standardised cloud base height
+    cloud_logit: torch.Tensor | None  # (B,) logit of a cloud below the aircraft; None: no cloud output
 
     def float(self) -> Outputs:
         return Outputs(*(None if t is None else t.float() for t in self))
@@ -60,7 +62,7 @@ class SpatialAttention(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(2, 1, kernel, padding=kernel // 2)
 
-    def forward(self, x):                                                   # (N, C, h, w)
+    def forward(self, x):  # (N, C, h, w)
         desc = torch.cat([x.mean(1, keepdim=True), x.amax(1, keepdim=True)], dim=1)
         return x * torch.sigmoid(self.conv(desc))
 
@@ -74,8 +76,8 @@ class FrameEncoder(nn.Module):
         self.blocks = nn.Sequential(ConvBlock(1, c1), ConvBlock(c1, c2), ConvBlock(c2, c3))
         self.attention = SpatialAttention()
 
-    def forward(self, x):                                                   # (N, 1, H, W)
-        return self.attention(self.blocks(x)).mean(dim=(2, 3))              # (N, C)
+    def forward(self, x):  # (N, 1, H, W)
+        return self.attention(self.blocks(x)).mean(dim=(2, 3))  # (N, C)
 
 
 @contextmanager
@@ -87,7 +89,11 @@ def frozen_batchnorm_stats(module: nn.Module):
     twice per step. The layers compute exactly as in the first pass (same batch statistics, same
     saved tensors, as checkpointing requires); only their buffers are put back afterwards.
     """
-    bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    bns = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
     saved = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)] for m in bns]
     try:
         yield
@@ -100,8 +106,14 @@ def frozen_batchnorm_stats(module: nn.Module):
 
 
 class MultimodalRegressionModel(nn.Module):
-    def __init__(self, channels: list[int] = (64, 128, 256), n_scalars: int = 3, dropout: float = 0.3,
-                 scalars_only: bool = False, cloud_head: str = "none"):
+    def __init__(
+        self,
+        channels: list[int] = (64, 128, 256),
+        n_scalars: int = 3,
+        dropout: float = 0.3,
+        scalars_only: bool = False,
+        cloud_head: str = "none",
+    ):
         super().__init__()
         if cloud_head not in CLOUD_HEADS:
             raise ValueError(f"cloud_head: {cloud_head!r}; expected one of {CLOUD_HEADS}")
@@ -110,10 +122,15 @@ class MultimodalRegressionModel(nn.Module):
         self.encoder = FrameEncoder(list(channels))
         self.film = nn.Sequential(nn.Linear(n_scalars, 64), nn.ReLU(), nn.Linear(64, 2 * c))
         self.temporal = nn.Sequential(nn.Linear(c, 64), nn.Tanh(), nn.Linear(64, 1))
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(c + n_scalars, 128), nn.ReLU(),
-                                  nn.Dropout(dropout / 2), nn.Linear(128, 2 if cloud_head == "joint" else 1))
+        self.head = nn.Sequential(
+            nn.Dropout(dropout),
+            nn.Linear(c + n_scalars, 128),
+            nn.ReLU(),
+            nn.Dropout(dropout / 2),
+            nn.Linear(128, 2 if cloud_head == "joint" else 1),
+        )
         if cloud_head == "probe":
-            with torch.random.fork_rng(devices=[]):          # the other layers' draws stay those of "none"
+            with torch.random.fork_rng(devices=[]):  # the other layers' draws stay those of "none"
                 self.cloud = nn.Linear(c + n_scalars, 1)
             nn.init.zeros_(self.cloud.weight)
             nn.init.zeros_(self.cloud.bias)
@@ -138,7 +155,8 @@ class MultimodalRegressionModel(nn.Module):
             self._sync_cloud_output()
 
     def set_cloud_probe(self, weight: torch.Tensor, bias: float) -> None:
-        """Put a fitted probe (weights over `features`, bias) in place; the model then answers a cloud logit too."""
+        """Put a fitted probe (weights over `features`, bias) in place; the model then answers a cloud logit
+        too."""
         with torch.no_grad():
             self.cloud.weight.copy_(weight.reshape(self.cloud.weight.shape))
             self.cloud.bias.fill_(float(bias))
@@ -148,8 +166,8 @@ class MultimodalRegressionModel(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    def _encode(self, frame):                                               # (B, H, W)
-        return self.encoder(frame.unsqueeze(1))                             # (B, C)
+    def _encode(self, frame):  # (B, H, W)
+        return self.encoder(frame.unsqueeze(1))  # (B, C)
 
     def _encode_checkpointed(self, frame):
         if torch.compiler.is_compiling():
@@ -158,24 +176,28 @@ class MultimodalRegressionModel(nn.Module):
             # recomputation never updates them a second time (and Dynamo cannot trace a context_fn).
             return checkpoint(self._encode, frame, use_reentrant=False)
         # Eager: context_fn gives (context of the first forward, context of the recomputation in backward).
-        return checkpoint(self._encode, frame, use_reentrant=False,
-                          context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)))
+        return checkpoint(
+            self._encode,
+            frame,
+            use_reentrant=False,
+            context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)),
+        )
 
-    def forward(self, frames, scalars):                                     # (B, T, H, W), (B, 3)
+    def forward(self, frames, scalars):  # (B, T, H, W), (B, 3)
         return self.output(self.features(frames, scalars))
 
-    def forward_encoded(self, frame_features, scalars):                     # (B, T, C), (B, 3)
+    def forward_encoded(self, frame_features, scalars):  # (B, T, C), (B, 3)
         """forward from frames already encoded one by one (encode_frames): the same numbers as forward on
         their frames in eval mode, where a frame's encoding does not depend on the other frames in its batch
         (BatchNorm uses its running statistics). Sliding windows share frames: each is encoded once."""
         return self.output(self.pool_frames(frame_features, scalars))
 
-    def output(self, features) -> Outputs:                                  # (B, C + 3)
+    def output(self, features) -> Outputs:  # (B, C + 3)
         """The head on `features`: the standardised height and, with a cloud output, the cloud logit."""
-        out = self.head(features)                                           # (B, 1) or (B, 2)
+        out = self.head(features)  # (B, 1) or (B, 2)
         if self.cloud_head == "joint":
             return Outputs(out[:, 0], out[:, 1])
-        if self.cloud_output:                                               # a fitted probe
+        if self.cloud_output:  # a fitted probe
             return Outputs(out[:, 0], self.cloud(features.detach())[:, 0])
         return Outputs(out[:, 0], None)
 
@@ -184,13 +206,13 @@ class MultimodalRegressionModel(nn.Module):
         """C, the width of one frame's encoding."""
         return self.temporal[0].in_features
 
-    def encode_frames(self, frames):                                        # (N, H, W)
+    def encode_frames(self, frames):  # (N, H, W)
         """Each frame's encoding, (N, C): the frame encoder alone (zeros for a scalars-only model)."""
         if self.scalars_only:
             return torch.zeros(frames.shape[0], self.feature_width, device=frames.device, dtype=frames.dtype)
         return self._encode(frames)
 
-    def features(self, frames, scalars):                                    # (B, T, H, W), (B, 3)
+    def features(self, frames, scalars):  # (B, T, H, W), (B, 3)
         """The head's input: the frames' pooled features and the angles, (B, C + 3)."""
         b, t = frames.shape[:2]
         if self.scalars_only:
@@ -198,18 +220,21 @@ class MultimodalRegressionModel(nn.Module):
         else:
             # One CNN pass per frame, checkpointed or not, so BatchNorm sees the same batches
             # (and updates its running statistics the same T times) either way.
-            encode = (self._encode_checkpointed if self.grad_checkpointing and self.training
-                      and torch.is_grad_enabled() else self._encode)
-            feats = torch.stack([encode(frames[:, i]) for i in range(t)], dim=1)      # (B, T, C)
+            encode = (
+                self._encode_checkpointed
+                if self.grad_checkpointing and self.training and torch.is_grad_enabled()
+                else self._encode
+            )
+            feats = torch.stack([encode(frames[:, i]) for i in range(t)], dim=1)  # (B, T, C)
         return self.pool_frames(feats, scalars)
 
-    def pool_frames(self, feats, scalars):                                  # (B, T, C), (B, 3)
+    def pool_frames(self, feats, scalars):  # (B, T, C), (B, 3)
         """The angles' FiLM on each frame's features, attention over the T frames, pooled; with the angles
         appended: the head's input (B, C + 3)."""
-        gamma, beta = self.film(scalars).chunk(2, dim=-1)                   # (B, C) each
+        gamma, beta = self.film(scalars).chunk(2, dim=-1)  # (B, C) each
         feats = feats * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
-        weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)    # (B, T)
-        pooled = (weights.unsqueeze(-1) * feats).sum(dim=1)                 # (B, C)
+        weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)  # (B, T)
+        pooled = (weights.unsqueeze(-1) * feats).sum(dim=1)  # (B, C)
         return torch.cat([pooled, scalars], dim=-1)
 
 
@@ -219,8 +244,12 @@ def _null():
 
 
 def build_model(cfg) -> MultimodalRegressionModel:
-    return MultimodalRegressionModel(channels=cfg.channels, dropout=cfg.model.dropout,
-                                     scalars_only=cfg.model.scalars_only, cloud_head=cfg.model.cloud_head)
+    return MultimodalRegressionModel(
+        channels=cfg.channels,
+        dropout=cfg.model.dropout,
+        scalars_only=cfg.model.scalars_only,
+        cloud_head=cfg.model.cloud_head,
+    )
 
 
 def count_parameters(model: nn.Module) -> int:

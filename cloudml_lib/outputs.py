@@ -9,6 +9,7 @@ temporary file is removed on failure. An OSError raised without a file name (a `
 full disk says only "No space left on device") gets the final path attached, so the message a
 user sees always names the file. Checkpoints have their own commit protocol (checkpoint.py).
 """
+
 from __future__ import annotations
 
 import errno
@@ -52,7 +53,7 @@ def atomic_path(path: str | Path):
         raise named(e, path) from None
     except RuntimeError as e:
         free = free_bytes(path.parent)
-        if free is not None and free < NEARLY_FULL_BYTES:       # a library's disk error in other words
+        if free is not None and free < NEARLY_FULL_BYTES:  # a library's disk error in other words
             raise OSError(errno.ENOSPC, f"No space left on device ({e})", str(path)) from None
         raise
     finally:

@@ -1,4 +1,5 @@
 """Training curves and predicted-vs-true scatter, as PNG files and for live notebook display."""
+
 from __future__ import annotations
 
 import io
@@ -7,7 +8,7 @@ from pathlib import Path
 import matplotlib
 
 if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline", "inline"):
-    matplotlib.use("Agg")                         # headless by default; notebooks keep their own backend
+    matplotlib.use("Agg")  # headless by default; notebooks keep their own backend
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
@@ -39,7 +40,7 @@ def curves_figure(history: list[dict]) -> Figure:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlim(0.5, max(max(epochs), 2) + 0.5)          # one epoch is a point, not a whole axis
+        ax.set_xlim(0.5, max(max(epochs), 2) + 0.5)  # one epoch is a point, not a whole axis
     fig.tight_layout()
     return fig
 
@@ -62,6 +63,7 @@ def scatter_figure(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     from cloudml_lib.outputs import atomic_path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:

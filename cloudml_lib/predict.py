@@ -20,6 +20,7 @@ cloud_base_height with its lower and upper bounds, the CPL label and cloud flag)
 and two plots: CBH along the flight (the interval shaded, clear sky greyed, CPL labels as points)
 and the track coloured by predicted CBH.
 """
+
 from __future__ import annotations
 
 import csv
@@ -56,7 +57,7 @@ from cloudml_lib.report import write_report
 
 log = logging.getLogger(__name__)
 
-BLOCK = 256          # frames preprocessed at a time (the pool prepares the next blocks while these are encoded)
+BLOCK = 256  # frames preprocessed at a time (the pool prepares the next blocks while these are encoded)
 
 
 def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
@@ -64,31 +65,53 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
     root = Path(data.dir)
     ir = root / flight.ir_file
     frame_t, n_frames, _, _ = er2.read_ir_times(ir, flight, data)
-    out = {"t": frame_t, **{k: np.full(n_frames, np.nan) for k in ("sza", "saa", "heading", "lat", "lon", "label",
-                                                                    "cpl_cloud")}}
+    out = {
+        "t": frame_t,
+        **{
+            k: np.full(n_frames, np.nan)
+            for k in ("sza", "saa", "heading", "lat", "lon", "label", "cpl_cloud")
+        },
+    }
     has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
     if has_nav:
         nav = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
         out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
         if data.sun_azimuth == "relative" and not np.isfinite(out["heading"]).any():
-            log.warning("flight %s: %s: the sun azimuth relative to it is unknown (no direction)", flight.name,
-                        nav.heading_note)
+            log.warning(
+                "flight %s: %s: the sun azimuth relative to it is unknown (no direction)",
+                flight.name,
+                nav.heading_note,
+            )
     else:
-        log.warning("flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name)
+        log.warning(
+            "flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name
+        )
     if flight.cpl_file and (root / flight.cpl_file).is_file():
         try:
             # without a nav file the labels are read with the CPL file's own angles (the nav is not needed)
-            labels = cpl.read_flight_labels(flight, data if has_nav else DataConfig(**{**vars(data),
-                                                                                        "angles_source": "cpl"}))
+            labels = cpl.read_flight_labels(
+                flight, data if has_nav else DataConfig(**{**vars(data), "angles_source": "cpl"})
+            )
             out["label"][labels.frame_index] = labels.cbh_km
             out["cpl_cloud"][labels.frame_index] = labels.cloud
         except DataError as e:
-            log.warning("flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1])
+            log.warning(
+                "flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1]
+            )
     return out
 
 
-def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scalers, device, batch_size: int,
-                   autocast=nullcontext, backend: Backend = SKIMAGE, pool: FramePool | None = None) -> dict:
+def predict_flight(
+    model,
+    flight: FlightConfig,
+    data: DataConfig,
+    scalers: Scalers,
+    device,
+    batch_size: int,
+    autocast=nullcontext,
+    backend: Backend = SKIMAGE,
+    pool: FramePool | None = None,
+) -> dict:
     """Predicted CBH (km) for every frame with a usable time; arrays over those frames.
 
     Every frame is encoded once (inference.py), `batch_size` frames at a time, as its block arrives from
@@ -101,15 +124,24 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
         raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
-    scalars = scalar_inputs(inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers)
+    scalars = scalar_inputs(
+        inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers
+    )
     blank, filled = np.zeros(n, bool), 0
-    encodings = np.empty((n, model.feature_width), np.float32)                # (n, C): small, whatever n is
+    encodings = np.empty((n, model.feature_width), np.float32)  # (n, C): small, whatever n is
     pool = pool or FramePool(0)
-    stream = pool.blocks(Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name, np.arange(n),
-                         FrameSpec.of(data), backend, ahead=BLOCK)
+    stream = pool.blocks(
+        Path(data.dir) / flight.ir_file,
+        data.keys.ir_signal,
+        flight.name,
+        np.arange(n),
+        FrameSpec.of(data),
+        backend,
+        ahead=BLOCK,
+    )
     encode = FrameEncoder(model, device, batch_size, autocast)
     bar = tqdm(total=n, desc=f"predict {flight.name}", unit="frame")
-    index, frames = np.zeros(0, np.int64), None                  # frames received, not encoded yet (< one batch)
+    index, frames = np.zeros(0, np.int64), None  # frames received, not encoded yet (< one batch)
     try:
         done = 0
         while done < n:
@@ -118,7 +150,7 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
             index = np.concatenate([index, block.index])
             frames = block.frames if frames is None else np.concatenate([frames, block.frames])
             done += len(block.index)
-            ready = len(index) if done >= n else len(index) // encode.batch * encode.batch      # whole batches
+            ready = len(index) if done >= n else len(index) // encode.batch * encode.batch  # whole batches
             if ready:
                 encodings[index[:ready]] = encode(frames[:ready])
                 index, frames = index[ready:], frames[ready:]
@@ -126,25 +158,40 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
     finally:
         bar.close()
         stream.close()
-    first = np.clip(np.arange(n) - t // 2, 0, n - t)                             # shift policy at the ends
+    first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
     logit = out["cloud_logit"]
     pred = out["height"].astype(np.float64)
-    prob = np.full(n, np.nan) if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
-    pred[blank] = prob[blank] = np.nan                     # no image, no answer (as training drops such labels)
+    prob = (
+        np.full(n, np.nan)
+        if logit is None
+        else 1.0 / (1.0 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
+    )
+    pred[blank] = prob[blank] = np.nan  # no image, no answer (as training drops such labels)
     keep = np.isfinite(inputs["t"])
-    counts = {"frames": int(n), "no_time": int((~keep).sum()), "blank": int((blank & keep).sum()),
-              "filled_pixels": int(filled)}
+    counts = {
+        "frames": int(n),
+        "no_time": int((~keep).sum()),
+        "blank": int((blank & keep).sum()),
+        "filled_pixels": int(filled),
+    }
     counts["predicted"] = int((keep & ~blank).sum())
     if counts["no_time"]:
         log.info("flight %s: %d frames without a usable time are left out", flight.name, counts["no_time"])
     if counts["blank"]:
-        log.warning("flight %s: %d frames are blank (no finite pixel, or every pixel equal): no height for them "
-                    "(NaN in the files)%s", flight.name, counts["blank"],
-                    "; more than 5% of the flight, check the IR file" if counts["blank"] > 0.05 * n else "")
+        log.warning(
+            "flight %s: %d frames are blank (no finite pixel, or every pixel equal): no height for them "
+            "(NaN in the files)%s",
+            flight.name,
+            counts["blank"],
+            "; more than 5% of the flight, check the IR file" if counts["blank"] > 0.05 * n else "",
+        )
     if filled:
-        log.warning("flight %s: %d non-finite pixels replaced by their frame's median, as in training", flight.name,
-                    filled)
+        log.warning(
+            "flight %s: %d non-finite pixels replaced by their frame's median, as in training",
+            flight.name,
+            filled,
+        )
     out = {k: v[keep] for k, v in inputs.items()}
     out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
     out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
@@ -154,49 +201,61 @@ def predict_flight(model, flight: FlightConfig, data: DataConfig, scalers: Scale
 
 
 def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None) -> None:
-    """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud output),
-    the height kept only under cloud, and its interval bounds; counts added to result["counts"]."""
+    """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud
+    output), the height kept only under cloud, and its interval bounds; counts added to result["counts"]."""
     prob, counts = result["cloud_probability"], result["counts"]
     flag = np.full(len(result["t"]), -1, np.int8)
     if prob is not None:
         ok = np.isfinite(prob)
         flag[ok] = (prob[ok] >= threshold).astype(np.int8)
-        result["cbh_km"] = np.where(flag == 0, np.nan, result["cbh_km"])          # no height over clear sky
+        result["cbh_km"] = np.where(flag == 0, np.nan, result["cbh_km"])  # no height over clear sky
         counts["clear_sky"], counts["cloud"] = int((flag == 0).sum()), int((flag == 1).sum())
         truth = np.isfinite(result["cpl_cloud"]) & (flag >= 0)
-        counts["cpl_cloud_agreement"] = (float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any()
-                                         else None)
-    result["cloud_flag"] = flag if prob is not None else None          # no cloud output: no cloud variables
-    result["lower"], result["upper"] = (intervals.bounds(result["cbh_km"], calibration) if calibration
-                                        else (np.full(len(flag), np.nan),) * 2)
+        counts["cpl_cloud_agreement"] = (
+            float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any() else None
+        )
+    result["cloud_flag"] = flag if prob is not None else None  # no cloud output: no cloud variables
+    result["lower"], result["upper"] = (
+        intervals.bounds(result["cbh_km"], calibration) if calibration else (np.full(len(flag), np.nan),) * 2
+    )
     if calibration:
         has = np.isfinite(result["label"]) & np.isfinite(result["lower"])
-        counts["cpl_inside_interval"] = float(((result["label"][has] >= result["lower"][has]) &
-                                               (result["label"][has] <= result["upper"][has])).mean()) if has.any() else None
+        counts["cpl_inside_interval"] = (
+            float(
+                (
+                    (result["label"][has] >= result["lower"][has])
+                    & (result["label"][has] <= result["upper"][has])
+                ).mean()
+            )
+            if has.any()
+            else None
+        )
 
 
 def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
-    """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both preinstalled
-    on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves no half file,
-    and its error names the file."""
+    """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both
+    preinstalled on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves
+    no half file, and its error names the file."""
     counts, cal = result["counts"], result.get("calibration")
     record = result.get("provenance") or {}
     attrs = {
         "Conventions": "CF-1.8",
         "title": f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames",
         "source": f"CloudML model {run_dir / 'best.pt'}",
-        "comment": (f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
-                    f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median"),
+        "comment": (
+            f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
+            f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median"
+        ),
         "cloud_threshold": float(result.get("cloud_threshold", 0.5)),
         "interval_method": cal["method"] + " (MAPIE split conformal)" if cal else "none",
         "interval_coverage": float(cal["coverage"]) if cal else np.nan,
         "interval_calibration": f"{cal['n']} held-out heights from {cal['source']}" if cal else "none",
-        # JSON text: the label definition of the CPL labels here (and of the model's training data), the SHA-256
-        # of this flight's input files, and the training data's record (per-flight counts and files)
+        # JSON text: the label definition of the CPL labels here (and of the model's training data), the
+        # SHA-256 of this flight's input files, and the training data's record (per-flight counts and files)
         "label_definition": json.dumps(record.get("label_definition")),
         "input_files": json.dumps(record.get("input_files")),
         "training_data_provenance": json.dumps(record.get("trained_on")),
-        "preprocessing": json.dumps(record.get("preprocess")),        # the CLAHE backend, its device, workers
+        "preprocessing": json.dumps(record.get("preprocess")),  # the CLAHE backend, its device, workers
     }
     ds, encoding = products.netcdf_dataset(result, attrs, f"{cal['coverage']:.0%}" if cal else "no")
     with atomic_path(path) as tmp:
@@ -217,13 +276,29 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     flag = result.get("cloud_flag")
     clear = np.zeros(len(hours), bool) if flag is None else np.asarray(flag) == 0
     if clear.any():
-        ax.fill_between(hours, 0, 1, where=clear, transform=ax.get_xaxis_transform(), color="0.85", step="mid",
-                        lw=0, label="clear sky (predicted)")
+        ax.fill_between(
+            hours,
+            0,
+            1,
+            where=clear,
+            transform=ax.get_xaxis_transform(),
+            color="0.85",
+            step="mid",
+            lw=0,
+            label="clear sky (predicted)",
+        )
     lower, upper = result.get("lower"), result.get("upper")
     if lower is not None and np.isfinite(lower).any():
         cal = result.get("calibration") or {}
-        ax.fill_between(hours, lower, upper, color="tab:blue", alpha=0.25, lw=0,
-                        label=f"{cal.get('coverage', 0):.0%} interval")
+        ax.fill_between(
+            hours,
+            lower,
+            upper,
+            color="tab:blue",
+            alpha=0.25,
+            lw=0,
+            label=f"{cal.get('coverage', 0):.0%} interval",
+        )
     ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
     has = np.isfinite(result["label"])
     ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
@@ -252,24 +327,31 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     data = cfg.data
     root = Path(data.dir)
     skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
-    found = ({f.name: f for f in find_flights(DataConfig(**{**vars(data), "angles_source": "nav"}), skip)}
-             if root.is_dir() else {})
+    found = (
+        {f.name: f for f in find_flights(DataConfig(**{**vars(data), "angles_source": "nav"}), skip)}
+        if root.is_dir()
+        else {}
+    )
     listed = {f.name: f for f in data.flights}
     unknown = [n for n in names if n not in listed and not (n in found and "ir" in found[n].files)]
     if unknown:
         known = sorted(set(listed) | {n for n, f in found.items() if "ir" in f.files})
-        raise CloudMLError(f"--flights: {', '.join(unknown)} not found in {root} (known: {', '.join(known) or 'none'})")
+        raise CloudMLError(
+            f"--flights: {', '.join(unknown)} not found in {root} (known: {', '.join(known) or 'none'})"
+        )
     out = {}
     for name in names:
         disc = found.get(name)
         several = [p for p in (disc.problems if disc else []) if p.startswith("several")]
         if several:
-            raise DataError(f"flight {name}: {'; '.join(several)}. Predict uses the same files train would, so "
-                            "the choice must be unambiguous.")
+            raise DataError(
+                f"flight {name}: {'; '.join(several)}. Predict uses the same files train would, so "
+                "the choice must be unambiguous."
+            )
         entry = listed.get(name)
         if entry is None or not (root / entry.ir_file).is_file():
             entry = disc.config()
-        elif disc is not None:                               # an optional file renamed or moved since training
+        elif disc is not None:  # an optional file renamed or moved since training
             for role in ("cpl", "nav"):
                 if not (root / getattr(entry, f"{role}_file")).is_file() and role in disc.files:
                     entry = FlightConfig(**{**vars(entry), f"{role}_file": disc.files[role]})
@@ -277,8 +359,13 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     return out
 
 
-def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_dir: str | Path | None = None,
-                    data_dir: str | None = None, calibration_dir: str | Path | None = None) -> list[Path]:
+def predict_flights(
+    run_dir: str | Path,
+    flights: list[str] | None = None,
+    out_dir: str | Path | None = None,
+    data_dir: str | None = None,
+    calibration_dir: str | Path | None = None,
+) -> list[Path]:
     """Predict whole flights with a run's best model; returns the NetCDF files written.
     `flights`: names from the run's config or found in data.dir (default: its validation flights).
     `calibration_dir`: a folder whose intervals.json calibrates the intervals (a cross-validation's, whose
@@ -299,28 +386,64 @@ def predict_flights(run_dir: str | Path, flights: list[str] | None = None, out_d
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
         for name in names:
-            written.append(_predict_one(rm, chosen[name], name, data, out, backend, pool, calibration, summary,
-                                        summary_path, run_dir))
+            written.append(
+                _predict_one(
+                    rm,
+                    chosen[name],
+                    name,
+                    data,
+                    out,
+                    backend,
+                    pool,
+                    calibration,
+                    summary,
+                    summary_path,
+                    run_dir,
+                )
+            )
     if out == run_dir / "predictions":
         write_report(run_dir)
     return written
 
 
-def _predict_one(rm, flight: FlightConfig, name: str, data: DataConfig, out: Path, backend: Backend, pool: FramePool,
-                 calibration: dict | None, summary: dict, summary_path: Path, run_dir: Path) -> Path:
+def _predict_one(
+    rm,
+    flight: FlightConfig,
+    name: str,
+    data: DataConfig,
+    out: Path,
+    backend: Backend,
+    pool: FramePool,
+    calibration: dict | None,
+    summary: dict,
+    summary_path: Path,
+    run_dir: Path,
+) -> Path:
     """One flight: predicted, then its NetCDF, CSV, plots and line of summary.json written."""
     cfg, ckpt = rm.cfg, rm.ckpt
-    result = predict_flight(rm.model, flight, data, Scalers.from_dict(ckpt[Key.SCALERS]), rm.device,
-                            2 * int(cfg.train.batch_size), rm.autocast, backend, pool)
+    result = predict_flight(
+        rm.model,
+        flight,
+        data,
+        Scalers.from_dict(ckpt[Key.SCALERS]),
+        rm.device,
+        2 * int(cfg.train.batch_size),
+        rm.autocast,
+        backend,
+        pool,
+    )
     cloud_and_intervals(result, cfg.model.cloud_threshold, calibration)
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
     nc = out / f"{name}_cbh.nc"
     paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}
     result["provenance"] = {
-        "label_definition": cpl.label_definition(data), "trained_on": ckpt.get(Key.PROVENANCE),
+        "label_definition": cpl.label_definition(data),
+        "trained_on": ckpt.get(Key.PROVENANCE),
         "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers},
-        "input_files": input_files({r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)},
-                                   cache_root(data))}
+        "input_files": input_files(
+            {r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)}, cache_root(data)
+        ),
+    }
     write_netcdf(nc, name, result, run_dir)
     write_csv(out / f"{name}_cbh.csv", result)
     along, track = flight_figures(name, result)
@@ -328,8 +451,13 @@ def _predict_one(rm, flight: FlightConfig, name: str, data: DataConfig, out: Pat
     plots.save_figure(track, out / f"{name}_track.png")
     summary[name] = dict(result["counts"], variables=products.summary(result))
     write_text(summary_path, json.dumps(summary, indent=1))
-    log.info("flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)", name,
-             result["counts"]["predicted"], result["counts"]["frames"], nc)
+    log.info(
+        "flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)",
+        name,
+        result["counts"]["predicted"],
+        result["counts"]["frames"],
+        nc,
+    )
     return nc
 
 
@@ -337,16 +465,27 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
     """The intervals' calibration: --calibration's folder, else the run's; None (said) when there is none."""
     folder = Path(calibration_dir) if calibration_dir else run_dir
     if calibration_dir and not (folder / intervals.FILE).is_file():
-        raise CloudMLError(f"--calibration {folder}: no {intervals.FILE} there; point it at a finished cross-validation "
-                           "(python -m cloudml_lib crossval ...) or a finished run")
+        raise CloudMLError(
+            f"--calibration {folder}: no {intervals.FILE} there; point it at a finished cross-validation "
+            "(python -m cloudml_lib crossval ...) or a finished run"
+        )
     cal = intervals.load(folder)
     if cal is None:
-        log.warning("%s has no usable %s (a run from an earlier CloudML, or too few held-out heights): heights without "
-                    "prediction intervals. Finish training with this version, or pass --calibration CROSSVAL_DIR.",
-                    folder, intervals.FILE)
+        log.warning(
+            "%s has no usable %s (a run from an earlier CloudML, or too few held-out heights): heights "
+            "without "
+            "prediction intervals. Finish training with this version, or pass --calibration CROSSVAL_DIR.",
+            folder,
+            intervals.FILE,
+        )
     else:
-        log.info("prediction intervals: %s, %.0f%% target, calibrated on %d held-out heights from %s", cal["method"],
-                 100 * cal["coverage"], cal["n"], cal["source"])
+        log.info(
+            "prediction intervals: %s, %.0f%% target, calibrated on %d held-out heights from %s",
+            cal["method"],
+            100 * cal["coverage"],
+            cal["n"],
+            cal["source"],
+        )
     return cal
 
 

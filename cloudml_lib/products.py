@@ -6,26 +6,27 @@ also -1); the NetCDF file stores a missing value as the variable's _FillValue, t
 variable the model cannot give (no cloud output: None in the result) is left out of the NetCDF file and
 empty in the CSV.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-FILL = -9999.0                     # CF _FillValue of the float variables
-FLAG_FILL = -1                     # of the flags
+FILL = -9999.0  # CF _FillValue of the float variables
+FLAG_FILL = -1  # of the flags
 
 
 @dataclass(frozen=True)
 class Variable:
-    name: str                      # in the NetCDF file
-    key: str                       # in predict's result
-    dtype: str                     # f8, f4, i4 or i1 (a flag)
-    attrs: dict = field(default_factory=dict)   # CF attributes; "{coverage}" is the intervals' coverage
-    csv: str = ""                  # its column in the CSV
-    digits: int | None = 4         # decimals in the CSV; None: a whole number
-    coordinate: bool = False       # time, lat, lon: the coordinates of every other variable
-    always: bool = False           # never missing (no _FillValue)
+    name: str  # in the NetCDF file
+    key: str  # in predict's result
+    dtype: str  # f8, f4, i4 or i1 (a flag)
+    attrs: dict = field(default_factory=dict)  # CF attributes; "{coverage}" is the intervals' coverage
+    csv: str = ""  # its column in the CSV
+    digits: int | None = 4  # decimals in the CSV; None: a whole number
+    coordinate: bool = False  # time, lat, lon: the coordinates of every other variable
+    always: bool = False  # never missing (no _FillValue)
 
     @property
     def flag(self) -> bool:
@@ -35,32 +36,97 @@ class Variable:
 FLAGS = {"flag_values": np.array([0, 1], np.int8), "flag_meanings": "clear_sky cloud"}
 HEIGHT = {"units": "km"}
 VARIABLES = (
-    Variable("time", "t", "f8", {"standard_name": "time", "units": "seconds since 1970-01-01 00:00:00",
-                                 "calendar": "standard", "axis": "T"}, "time_utc_s", 2, coordinate=True, always=True),
-    Variable("frame_index", "frame_index", "i4", {"long_name": "frame index in the IR file"}, "frame_index", None,
-             always=True),
-    Variable("lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}, "lat", coordinate=True),
-    Variable("lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}, "lon", coordinate=True),
-    Variable("cloud_probability", "cloud_probability", "f4",
-             {"long_name": "probability of a cloud layer below the aircraft", "units": "1",
-              "valid_range": np.array([0.0, 1.0], np.float32)}, "cloud_probability"),
-    Variable("cloud_flag", "cloud_flag", "i1", {"long_name": "cloud below the aircraft (cloud_probability >= "
-                                                "cloud_threshold)", **FLAGS}, "cloud_flag", None),
-    Variable("cloud_base_height", "cbh_km", "f4",
-             {"long_name": "predicted cloud base height above sea level (missing over clear sky and where the frame "
-                           "is blank)", "ancillary_variables": "cloud_base_height_lower cloud_base_height_upper "
-                                                               "cloud_flag", **HEIGHT}, "cbh_km"),
-    Variable("cloud_base_height_lower", "lower", "f4",
-             {"long_name": "lower bound of the {coverage} prediction interval of cloud_base_height", **HEIGHT},
-             "cbh_lower_km"),
-    Variable("cloud_base_height_upper", "upper", "f4",
-             {"long_name": "upper bound of the {coverage} prediction interval of cloud_base_height", **HEIGHT},
-             "cbh_upper_km"),
-    Variable("cpl_cloud_base_height", "label", "f4",
-             {"long_name": "CPL lidar cloud base height (label) where one was matched to the frame", **HEIGHT},
-             "cpl_cbh_km"),
-    Variable("cpl_cloud_flag", "cpl_cloud", "i1", {"long_name": "CPL lidar: a layer in the profile matched to the "
-                                                   "frame (Number_Layers > 0)", **FLAGS}, "cpl_cloud", None),
+    Variable(
+        "time",
+        "t",
+        "f8",
+        {
+            "standard_name": "time",
+            "units": "seconds since 1970-01-01 00:00:00",
+            "calendar": "standard",
+            "axis": "T",
+        },
+        "time_utc_s",
+        2,
+        coordinate=True,
+        always=True,
+    ),
+    Variable(
+        "frame_index",
+        "frame_index",
+        "i4",
+        {"long_name": "frame index in the IR file"},
+        "frame_index",
+        None,
+        always=True,
+    ),
+    Variable(
+        "lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}, "lat", coordinate=True
+    ),
+    Variable(
+        "lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}, "lon", coordinate=True
+    ),
+    Variable(
+        "cloud_probability",
+        "cloud_probability",
+        "f4",
+        {
+            "long_name": "probability of a cloud layer below the aircraft",
+            "units": "1",
+            "valid_range": np.array([0.0, 1.0], np.float32),
+        },
+        "cloud_probability",
+    ),
+    Variable(
+        "cloud_flag",
+        "cloud_flag",
+        "i1",
+        {"long_name": "cloud below the aircraft (cloud_probability >= cloud_threshold)", **FLAGS},
+        "cloud_flag",
+        None,
+    ),
+    Variable(
+        "cloud_base_height",
+        "cbh_km",
+        "f4",
+        {
+            "long_name": "predicted cloud base height above sea level (missing over clear sky and where the "
+            "frame "
+            "is blank)",
+            "ancillary_variables": "cloud_base_height_lower cloud_base_height_upper cloud_flag",
+            **HEIGHT,
+        },
+        "cbh_km",
+    ),
+    Variable(
+        "cloud_base_height_lower",
+        "lower",
+        "f4",
+        {"long_name": "lower bound of the {coverage} prediction interval of cloud_base_height", **HEIGHT},
+        "cbh_lower_km",
+    ),
+    Variable(
+        "cloud_base_height_upper",
+        "upper",
+        "f4",
+        {"long_name": "upper bound of the {coverage} prediction interval of cloud_base_height", **HEIGHT},
+        "cbh_upper_km",
+    ),
+    Variable(
+        "cpl_cloud_base_height",
+        "label",
+        "f4",
+        {"long_name": "CPL lidar cloud base height (label) where one was matched to the frame", **HEIGHT},
+        "cpl_cbh_km",
+    ),
+    Variable(
+        "cpl_cloud_flag",
+        "cpl_cloud",
+        "i1",
+        {"long_name": "CPL lidar: a layer in the profile matched to the frame (Number_Layers > 0)", **FLAGS},
+        "cpl_cloud",
+        None,
+    ),
 )
 
 
@@ -75,19 +141,22 @@ def attributes(v: Variable, coverage: str) -> dict:
 
 
 def netcdf_dataset(result: dict, attrs: dict, coverage: str):
-    """An xarray Dataset of the variables the result holds, and the encoding (dtype, _FillValue, compression)."""
+    """An xarray Dataset of the variables the result holds, and the encoding (dtype, _FillValue,
+    compression)."""
     import xarray as xr
 
     coords, variables, encoding = {}, {}, {}
     for v in VARIABLES:
         values = result.get(v.key)
-        if values is None:                               # a model without a cloud output: no cloud variables
+        if values is None:  # a model without a cloud output: no cloud variables
             continue
         values = np.asarray(values, np.float64)
         data = values.astype(v.dtype) if v.always else np.where(missing(v, values), np.nan, values)
         (coords if v.coordinate else variables)[v.name] = ("time", data, attributes(v, coverage))
-        encoding[v.name] = {"dtype": v.dtype, "_FillValue": None if v.always else
-                            (FILL if v.dtype.startswith("f") else FLAG_FILL)}
+        encoding[v.name] = {
+            "dtype": v.dtype,
+            "_FillValue": None if v.always else (FILL if v.dtype.startswith("f") else FLAG_FILL),
+        }
         if not v.coordinate and not v.always:
             encoding[v.name]["zlib"] = True
     return xr.Dataset(variables, coords=coords, attrs=attrs), encoding
@@ -119,6 +188,9 @@ def summary(result: dict) -> dict:
             continue
         values = np.asarray(values, np.float64)
         ok = values[~missing(v, values)]
-        out[v.name] = {"valid": int(ok.size), "min": float(ok.min()) if ok.size else None,
-                       "max": float(ok.max()) if ok.size else None}
+        out[v.name] = {
+            "valid": int(ok.size),
+            "min": float(ok.min()) if ok.size else None,
+            "max": float(ok.max()) if ok.size else None,
+        }
     return out

@@ -7,6 +7,7 @@ a memo in the cache folder (`file_sha256.json`, keyed by path, size and modifica
 rebuild with other settings from reading a multi-GB IR file again. Every checkpoint, `provenance.json`
 and `report.md` in the run directory, and the NetCDF files of `predict` carry the record.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,7 @@ from cloudml_lib.outputs import write_text
 log = logging.getLogger(__name__)
 
 MEMO = "file_sha256.json"
-CHUNK = 1 << 20          # small: a whole-flight predict keeps its memory flat
+CHUNK = 1 << 20  # small: a whole-flight predict keeps its memory flat
 
 
 def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
@@ -44,8 +45,12 @@ def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
             h.update(chunk)
     digest = h.hexdigest()
     if st.st_size > (256 << 20):
-        log.info("SHA-256 of %s (%.1f GB) for the provenance record: %.0f s, once", path.name, st.st_size / 1e9,
-                 time.time() - t0)
+        log.info(
+            "SHA-256 of %s (%.1f GB) for the provenance record: %.0f s, once",
+            path.name,
+            st.st_size / 1e9,
+            time.time() - t0,
+        )
     if memo_path:
         memo[key] = digest
         try:
@@ -53,32 +58,47 @@ def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
             tmp = memo_path.with_name(f"{MEMO}.tmp-{os.getpid()}")
             tmp.write_text(json.dumps(memo, indent=0))
             os.replace(tmp, memo_path)
-        except OSError as e:                          # a memo that cannot be written costs time, not results
+        except OSError as e:  # a memo that cannot be written costs time, not results
             log.debug("could not write %s (%s)", memo_path, e)
     return digest
 
 
 def input_files(paths: dict[str, Path], memo_dir: Path | None = None) -> dict:
     """{role: {name, bytes, sha256}} of one flight's files."""
-    return {role: {"name": Path(p).name, "bytes": Path(p).stat().st_size, "sha256": file_sha256(p, memo_dir)}
-            for role, p in paths.items()}
+    return {
+        role: {"name": Path(p).name, "bytes": Path(p).stat().st_size, "sha256": file_sha256(p, memo_dir)}
+        for role, p in paths.items()
+    }
 
 
 def run_provenance(caches: list, data) -> dict:
     """The record of a run's data, from its flight caches (their meta.json holds counts, match and files)."""
     from cloudml_lib.data.cpl import label_definition
 
-    return {"label_definition": label_definition(data),
-            "inputs": {"sun_azimuth": data.sun_azimuth, "along_track_axis": data.along_track_axis,
-                       "angles_source": data.angles_source,
-                       "preprocess_backend": caches[0].backend if caches else "skimage"},
-            "flights": {c.name: {"samples": len(c), "counts": c.meta.get("counts", {}), "match": c.meta.get("match", {}),
-                                 "heading": c.meta.get("heading", ""), "files": c.meta.get("files", {})}
-                        for c in caches}}
+    return {
+        "label_definition": label_definition(data),
+        "inputs": {
+            "sun_azimuth": data.sun_azimuth,
+            "along_track_axis": data.along_track_axis,
+            "angles_source": data.angles_source,
+            "preprocess_backend": caches[0].backend if caches else "skimage",
+        },
+        "flights": {
+            c.name: {
+                "samples": len(c),
+                "counts": c.meta.get("counts", {}),
+                "match": c.meta.get("match", {}),
+                "heading": c.meta.get("heading", ""),
+                "files": c.meta.get("files", {}),
+            }
+            for c in caches
+        },
+    }
 
 
 def trained_backend(record: dict | None) -> str | None:
-    """The CLAHE backend a run's frames were made with (None: no record); records before the choice: skimage."""
+    """The CLAHE backend a run's frames were made with (None: no record); records before the choice:
+    skimage."""
     if not record:
         return None
     return record.get("inputs", {}).get("preprocess_backend", "skimage")
@@ -101,13 +121,33 @@ def markdown(record: dict) -> list[str]:
         return []
     label = ", ".join(f"{k} {v}" for k, v in record.get("label_definition", {}).items())
     inputs = ", ".join(f"{k} {v}" for k, v in record.get("inputs", {}).items())
-    out = ["## Data provenance", "", f"Labels: {label}.", "", f"Inputs: {inputs}.", "",
-           "| flight | samples | lidar profiles | matched | file | SHA-256 |", "|---|---|---|---|---|---|"]
+    out = [
+        "## Data provenance",
+        "",
+        f"Labels: {label}.",
+        "",
+        f"Inputs: {inputs}.",
+        "",
+        "| flight | samples | lidar profiles | matched | file | SHA-256 |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, f in record.get("flights", {}).items():
         c, m = f.get("counts", {}), f.get("match", {})
         files = list(f.get("files", {}).values()) or [{"name": "-", "sha256": "-"}]
         for i, info in enumerate(files):
-            lead = [name, str(f.get("samples", "-")), str(c.get("profiles", "-")),
-                    f"{m.get('matched', '-')} of {m.get('inside_camera', '-')}"] if i == 0 else ["", "", "", ""]
+            lead = (
+                [
+                    name,
+                    str(f.get("samples", "-")),
+                    str(c.get("profiles", "-")),
+                    f"{m.get('matched', '-')} of {m.get('inside_camera', '-')}",
+                ]
+                if i == 0
+                else ["", "", "", ""]
+            )
             out.append("| " + " | ".join(lead + [f"`{info['name']}`", f"`{info['sha256']}`"]) + " |")
-    return out + ["", "The whole record (counts by filter, match statistics, file sizes): `provenance.json`.", ""]
+    return out + [
+        "",
+        "The whole record (counts by filter, match statistics, file sizes): `provenance.json`.",
+        "",
+    ]

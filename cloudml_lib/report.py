@@ -1,9 +1,10 @@
 """RUN_DIR/report.md: a run's results in one page, readable on GitHub and in the notebook.
 
 It is rewritten from the files the run already holds (evaluation.json, plots/, predictions/,
-crossval.md, provenance.json), so any command that adds results (train, evaluate, predict, crossval) refreshes it.
-Images are linked by paths relative to the run directory.
+crossval.md, provenance.json), so any command that adds results (train, evaluate, predict, crossval) refreshes
+it. Images are linked by paths relative to the run directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,10 @@ def _metrics_table(report: dict) -> list[str]:
     rows = [("model: all held-out flights", report["overall"])]
     rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
     rows += [("baseline (training mean): all", report["baseline"])]
-    rows += [(f"baseline (training mean): flight {k}", v) for k, v in (report.get("baseline_per_flight") or {}).items()]
+    rows += [
+        (f"baseline (training mean): flight {k}", v)
+        for k, v in (report.get("baseline_per_flight") or {}).items()
+    ]
     lines = ["| | R2 | MAE km | RMSE km | bias km | std(pred)/std(true) | n |", "|" + "---|" * 7]
     return lines + [f"| {name} | " + " | ".join(num(m.get(k)) for k in keys) + " |" for name, m in rows]
 
@@ -33,17 +37,28 @@ def cloud_table(report: dict) -> list[str]:
     if not cloud:
         return []
     num = lambda v: "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")  # noqa: E731
-    words = {"model": "model", "majority": "baseline (majority class)",
-             "bt_threshold": "baseline (brightness-temperature threshold)"}
+    words = {
+        "model": "model",
+        "majority": "baseline (majority class)",
+        "bt_threshold": "baseline (brightness-temperature threshold)",
+    }
     lines = ["| cloud / no-cloud | accuracy | F1 | ROC-AUC | cloudy share | n |", "|" + "---|" * 6]
     for method in [m for m in words if m in cloud]:
-        rows = [("all", cloud[method]["overall"])] + [(f"flight {k}", v) for k, v in cloud[method]["per_flight"].items()]
-        lines += [f"| {words[method]}: {name} | " + " | ".join(num(m.get(k)) for k in
-                                                               ("accuracy", "f1", "roc_auc", "cloud_share", "n")) + " |"
-                  for name, m in rows]
+        rows = [("all", cloud[method]["overall"])] + [
+            (f"flight {k}", v) for k, v in cloud[method]["per_flight"].items()
+        ]
+        lines += [
+            f"| {words[method]}: {name} | "
+            + " | ".join(num(m.get(k)) for k in ("accuracy", "f1", "roc_auc", "cloud_share", "n"))
+            + " |"
+            for name, m in rows
+        ]
     if "model" not in cloud:
-        lines += ["", "This model has no cloud output (trained by an earlier CloudML, with model.cloud_head: none, or "
-                  "not finished: a probe is fitted when training ends): only the baselines are scored."]
+        lines += [
+            "",
+            "This model has no cloud output (trained by an earlier CloudML, with model.cloud_head: none, or "
+            "not finished: a probe is fitted when training ends): only the baselines are scored.",
+        ]
     return lines
 
 
@@ -53,12 +68,19 @@ def interval_lines(report: dict) -> list[str]:
         return []
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     km = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    lines = [f"{iv['coverage_target']:.0%} prediction intervals ({iv['method']}, MAPIE), calibrated on "
-             f"{iv['calibration']}: on the same flights the coverage is near the target by construction; on flights "
-             "never seen it is what cross-validation measures.", "",
-             "| flight | coverage | mean width km | n |", "|---|---|---|---|"]
-    return lines + [f"| {k} | {pct(v['coverage'])} | {km(v['mean_width_km'])} | {v['n']} |"
-                    for k, v in iv["per_flight"].items()]
+    lines = [
+        f"{iv['coverage_target']:.0%} prediction intervals ({iv['method']}, MAPIE), calibrated on "
+        f"{iv['calibration']}: on the same flights the coverage is near the target by construction; on "
+        "flights "
+        "never seen it is what cross-validation measures.",
+        "",
+        "| flight | coverage | mean width km | n |",
+        "|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {k} | {pct(v['coverage'])} | {km(v['mean_width_km'])} | {v['n']} |"
+        for k, v in iv["per_flight"].items()
+    ]
 
 
 def build_report_md(run_dir: Path) -> str:
@@ -67,15 +89,26 @@ def build_report_md(run_dir: Path) -> str:
     evaluation = run_dir / "evaluation.json"
     if evaluation.is_file():
         report = json.loads(evaluation.read_text())
-        out += ["## Held-out flights", "", f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
+        out += [
+            "## Held-out flights",
+            "",
+            f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.",
+            "",
+        ]
         out += _metrics_table(report) + [""]
         out += cloud_table(report) + [""] if report.get("cloud") else []
         out += interval_lines(report) + [""] if report.get("intervals") else []
     run = _read_json(run_dir / "run.json")
     if run:
-        out += ["## Training", "", f"Device: {run.get('device', '?')}; {run.get('processes', 1)} process(es); batch "
-                f"size {run.get('batch_size', '?')}; {run.get('total_steps', '?')} optimizer steps planned.", "",
-                f"torch.compile: {describe_saved(run.get('compile'))}.", ""]
+        out += [
+            "## Training",
+            "",
+            f"Device: {run.get('device', '?')}; {run.get('processes', 1)} process(es); batch "
+            f"size {run.get('batch_size', '?')}; {run.get('total_steps', '?')} optimizer steps planned.",
+            "",
+            f"torch.compile: {describe_saved(run.get('compile'))}.",
+            "",
+        ]
     out += provenance.markdown(_read_json(run_dir / "provenance.json"))
     for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
         if (run_dir / name).is_file():
@@ -85,24 +118,58 @@ def build_report_md(run_dir: Path) -> str:
         out += ["## Whole flights", ""]
         counts = _read_json(run_dir / "predictions" / "summary.json")
         for nc in flights:
-            flight = nc.name[:-len("_cbh.nc")]
+            flight = nc.name[: -len("_cbh.nc")]
             c = counts.get(flight)
-            said = "" if not c else (
-                f"{c['predicted']} of {c['frames']} frames predicted"
-                + (f"; {c['blank']} blank frames (no finite pixel, or no contrast) have no height" if c["blank"] else "")
-                + (f"; {c['no_time']} frame{'s' * (c['no_time'] != 1)} without a usable time left out"
-                   if c["no_time"] else "")
-                + (f"; {c['filled_pixels']} non-finite pixels filled with their frame's median" if c["filled_pixels"]
-                   else "")
-                + (f"; {c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)" if "cloud" in c else "")
-                + (f"; the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of the frames it "
-                   "profiled" if c.get("cpl_cloud_agreement") is not None else "")
-                + (f"; {c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals"
-                   if c.get("cpl_inside_interval") is not None else "") + ".")
-            out += [f"### {flight}", "", f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`. "
-                    + said, "",
-                    f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)", "",
-                    f"![Track of flight {flight}](predictions/{flight}_track.png)", ""]
+            said = (
+                ""
+                if not c
+                else (
+                    f"{c['predicted']} of {c['frames']} frames predicted"
+                    + (
+                        f"; {c['blank']} blank frames (no finite pixel, or no contrast) have no height"
+                        if c["blank"]
+                        else ""
+                    )
+                    + (
+                        f"; {c['no_time']} frame{'s' * (c['no_time'] != 1)} without a usable time left out"
+                        if c["no_time"]
+                        else ""
+                    )
+                    + (
+                        f"; {c['filled_pixels']} non-finite pixels filled with their frame's median"
+                        if c["filled_pixels"]
+                        else ""
+                    )
+                    + (
+                        f"; {c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)"
+                        if "cloud" in c
+                        else ""
+                    )
+                    + (
+                        f"; the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of "
+                        "the frames it "
+                        "profiled"
+                        if c.get("cpl_cloud_agreement") is not None
+                        else ""
+                    )
+                    + (
+                        f"; {c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals"
+                        if c.get("cpl_inside_interval") is not None
+                        else ""
+                    )
+                    + "."
+                )
+            )
+            out += [
+                f"### {flight}",
+                "",
+                f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`. " + said,
+                "",
+                f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)",
+                "",
+                f"![Track of flight {flight}](predictions/{flight}_track.png)",
+                "",
+            ]
     crossval = run_dir / "crossval.md"
     if crossval.is_file():
         out += ["## Cross-validation", "", *crossval.read_text().splitlines()[1:], ""]
@@ -118,4 +185,3 @@ def _read_json(path: Path) -> dict:
 
 def write_report(run_dir: str | Path) -> Path:
     return write_text(Path(run_dir) / REPORT, build_report_md(Path(run_dir)))
-

@@ -9,6 +9,7 @@ installed place first, then in the checkout beside the package (a source tree, a
 
 Nothing here depends on the working directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ PACKAGE = Path(__file__).resolve().parent
 # installed folder inside the package -> the checkout's folder (setup.py maps the same pairs)
 FOLDERS = {"configs": "configs", "measured": "benchmarks/results"}
 # --preset NAME -> its file under configs/
-PRESET_FILES = {"A": "colab_optimized_full.yaml", "B": "colab_full_stable.yaml", "C": "colab_optimized.yaml",
-                "demo": "demo.yaml", "published": "reproduce_published.yaml"}
+PRESET_FILES = {
+    "A": "colab_optimized_full.yaml",
+    "B": "colab_full_stable.yaml",
+    "C": "colab_optimized.yaml",
+    "demo": "demo.yaml",
+    "published": "reproduce_published.yaml",
+}
 
 
 def folder(kind: str) -> Path | None:
@@ -38,7 +44,8 @@ def config_file(name: str) -> Path | None:
 
 
 def packaged_alternative(path: str | Path, what: str) -> str:
-    """For a --config or --space file that is not there: the packaged one of that name, in words ("" if none)."""
+    """For a --config or --space file that is not there: the packaged one of that name, in words ("" if
+    none)."""
     name = Path(path).name
     if what == "--config":
         preset = next((k for k, v in PRESET_FILES.items() if v == name), None)
@@ -49,7 +56,8 @@ def packaged_alternative(path: str | Path, what: str) -> str:
 
 
 def measured(name: str) -> dict | None:
-    """A benchmark's results (e.g. "gpu" for gpu.json), or None where it was never measured or is unreadable."""
+    """A benchmark's results (e.g. "gpu" for gpu.json), or None where it was never measured or is
+    unreadable."""
     root = folder("measured")
     try:
         data = json.loads((root / f"{name}.json").read_text()) if root else None

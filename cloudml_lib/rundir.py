@@ -7,6 +7,7 @@ When a resumed run's config differs from the checkpoint's, settings that change 
 harmless ones (epochs, patience, devices, compile, logging and checkpoint cadence, paths) are taken
 from the new config with a warning.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ from cloudml_lib.runlock import LOCK, holder_alive, process_alive
 
 log = logging.getLogger(__name__)
 
+
 def _pid_of(name: str) -> int | None:
     m = re.search(r"(?:tmp-|ckpt-)(\d+)", name)
     return int(m.group(1)) if m else None
@@ -52,11 +54,15 @@ def clean_leftovers(run_dir: Path) -> list[str]:
     candidates += list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*"))
     for p in candidates:
         pid = _pid_of(p.name)
-        if p.name.startswith(".trash-") or (pid is not None and pid != os.getpid() and not process_alive(pid)):
+        if p.name.startswith(".trash-") or (
+            pid is not None and pid != os.getpid() and not process_alive(pid)
+        ):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             removed.append(p.name)
     if removed:
-        log.info("Removed %d leftovers of an interrupted run: %s", len(removed), ", ".join(sorted(removed)[:5]))
+        log.info(
+            "Removed %d leftovers of an interrupted run: %s", len(removed), ", ".join(sorted(removed)[:5])
+        )
     return removed
 
 
@@ -77,7 +83,7 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     try:
         saved = config_from_dict(saved).to_dict()
     except CloudMLError:
-        pass                                   # compared as it was written; every difference is then named
+        pass  # compared as it was written; every difference is then named
     a, b, rules = flatten_keys(saved), flatten_keys(current), resume_rules()
     math, harmless = [], []
     for key in sorted(set(a) | set(b)):
@@ -106,37 +112,48 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
     run_dir = Path(run_dir)
     if (run_dir / "sweep.json").is_file():
         trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
-        raise CloudMLError(f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
-                           f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
-                           "to continue the sweep: python -m cloudml_lib sweep ... with the same --run-dir. "
-                           "Nothing was changed.")
+        raise CloudMLError(
+            f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
+            f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
+            "to continue the sweep: python -m cloudml_lib sweep ... with the same --run-dir. "
+            "Nothing was changed."
+        )
     if command == "crossval":
         if has_run(run_dir) and not is_crossval(run_dir):
-            raise CloudMLError(f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
-                               "choose another --run-dir for the cross-validation. Nothing was changed.")
+            raise CloudMLError(
+                f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
+                "choose another --run-dir for the cross-validation. Nothing was changed."
+            )
         return
     if not is_crossval(run_dir):
         return
     folds = fold_models(run_dir)
     example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
     if command == "train":
-        raise CloudMLError(f"{run_dir} is a cross-validation folder (it holds folds/): train would write a separate "
-                           f"run beside its folds. To continue the cross-validation: python -m cloudml_lib crossval "
-                           f"--config FILE --run-dir {run_dir}; to train one model, choose another --run-dir. "
-                           "Nothing was changed.")
-    raise CloudMLError(f"{run_dir} is a cross-validation folder: its results are in {run_dir / 'crossval.md'}. Each "
-                       f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
-                       + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else ""))
+        raise CloudMLError(
+            f"{run_dir} is a cross-validation folder (it holds folds/): train would write a separate "
+            f"run beside its folds. To continue the cross-validation: python -m cloudml_lib crossval "
+            f"--config FILE --run-dir {run_dir}; to train one model, choose another --run-dir. "
+            "Nothing was changed."
+        )
+    raise CloudMLError(
+        f"{run_dir} is a cross-validation folder: its results are in {run_dir / 'crossval.md'}. Each "
+        f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
+        + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else "")
+    )
 
 
 # ------------------------------------------------------------------------- resuming
+
 
 def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     """The checkpoint a run continues from (None: start afresh), by --resume auto|never|PATH."""
     if mode == "never":
         if has_run(run_dir):
-            raise CloudMLError(f"{run_dir} already holds a run and --resume never refuses to touch it; "
-                               "choose another --run-dir, or use --resume auto to continue it")
+            raise CloudMLError(
+                f"{run_dir} already holds a run and --resume never refuses to touch it; "
+                "choose another --run-dir, or use --resume auto to continue it"
+            )
         return None
     if mode == "auto":
         if not find_checkpoints(run_dir):
@@ -147,30 +164,42 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
         for r in found.rejected:
             log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
         if found.folder is not None:
-            set_aside_rejected(run_dir, found.rejected)       # never met again: the run re-commits those steps
+            set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
         elif not any(r["committed"] for r in found.rejected):
-            set_aside_rejected(run_dir, found.rejected)       # only interrupted first writes: nothing to keep
-            log.info("%s has no committed checkpoint yet (the first write was interrupted): starting this run "
-                     "from the beginning", run_dir)
+            set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
+            log.info(
+                "%s has no committed checkpoint yet (the first write was interrupted): starting this run "
+                "from the beginning",
+                run_dir,
+            )
             return None
         else:
             raise CloudMLError(
                 f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
                 f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
-                f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over.")
+                f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
+            )
         return found
     folder = Path(mode)
     if folder.is_file() and folder.name != "state.pt":
-        raise CloudMLError(f"--resume {mode}: give a checkpoint folder (RUN_DIR/checkpoints/step-N) or its state.pt. "
-                           + ("best.pt holds the best model's weights only, not a resumable state (no optimizer, "
-                              "schedule or position). " if folder.name == "best.pt" else "")
-                           + "--resume auto continues from the newest valid checkpoint.")
+        raise CloudMLError(
+            f"--resume {mode}: give a checkpoint folder (RUN_DIR/checkpoints/step-N) or its state.pt. "
+            + (
+                "best.pt holds the best model's weights only, not a resumable state (no optimizer, "
+                "schedule or position). "
+                if folder.name == "best.pt"
+                else ""
+            )
+            + "--resume auto continues from the newest valid checkpoint."
+        )
     folder = folder.parent if folder.is_file() else folder
     if not folder.is_dir():
         raise CloudMLError(f"--resume {mode}: no such checkpoint folder")
     if not (folder / META).is_file() and not (folder / STATE).is_file():
-        raise CloudMLError(f"--resume {mode}: not a checkpoint folder (no {STATE}, no {META}); checkpoints are "
-                           "RUN_DIR/checkpoints/step-N")
+        raise CloudMLError(
+            f"--resume {mode}: not a checkpoint folder (no {STATE}, no {META}); checkpoints are "
+            "RUN_DIR/checkpoints/step-N"
+        )
     reason, state, meta = check_folder(folder)
     if reason:
         raise CloudMLError(f"--resume {mode}: {reason}")
@@ -193,11 +222,18 @@ def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
     if theirs is not None and theirs == ours:
         return
     if has_run(run_dir):
-        raise CloudMLError(f"--resume {folder}: that checkpoint belongs to another run than the one in {run_dir}. "
-                           f"To continue that run, use --run-dir with its own folder ({folder.parent.parent}); to "
-                           f"continue this one, use --resume auto. Nothing was changed.")
-    log.warning("Continuing in %s from %s, a checkpoint of another run folder: this folder becomes a copy of that "
-                "run from step %d", run_dir, folder, state["loop"]["step"])
+        raise CloudMLError(
+            f"--resume {folder}: that checkpoint belongs to another run than the one in {run_dir}. "
+            f"To continue that run, use --run-dir with its own folder ({folder.parent.parent}); to "
+            f"continue this one, use --resume auto. Nothing was changed."
+        )
+    log.warning(
+        "Continuing in %s from %s, a checkpoint of another run folder: this folder becomes a copy of that "
+        "run from step %d",
+        run_dir,
+        folder,
+        state["loop"]["step"],
+    )
 
 
 def _set_aside_newer(run_dir: Path, step: int) -> None:
@@ -211,9 +247,9 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
 
 
 def resumed_config(cfg, saved: dict):
-    """The config a resumed run goes on with: `cfg`, with a batch size of "auto" as the run measured it when it
-    started (`cfg` itself is not changed)."""
-    if cfg.train.batch_size == "auto":          # measured once, when the run started
+    """The config a resumed run goes on with: `cfg`, with a batch size of "auto" as the run measured it when
+    it started (`cfg` itself is not changed)."""
+    if cfg.train.batch_size == "auto":  # measured once, when the run started
         return derive(cfg, {"train.batch_size": saved["train"]["batch_size"]})
     return cfg
 
@@ -227,11 +263,14 @@ def check_resume_config(cfg, saved: dict) -> None:
             "the config differs from the checkpoint's in settings that change the run's math:\n  - "
             + "\n  - ".join(math_changes)
             + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
-              "run with --run-dir NEW. Nothing was changed.")
+            "run with --run-dir NEW. Nothing was changed."
+        )
     if harmless:
         log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
         if any(h.startswith("train.epochs ") for h in harmless):
-            log.warning("train.epochs changed: the cosine learning-rate decay is re-planned over the new length")
+            log.warning(
+                "train.epochs changed: the cosine learning-rate decay is re-planned over the new length"
+            )
 
 
 def check_data_fingerprint(saved: dict | None, current: dict) -> None:
@@ -246,11 +285,16 @@ def check_data_fingerprint(saved: dict | None, current: dict) -> None:
         if a["samples"] != b["samples"]:
             changes.append(f"flight {n}: {a['samples']} samples in the checkpoint, {b['samples']} now")
         elif a["sha256"] != b["sha256"]:
-            changes.append(f"flight {n}: same number of samples, different content (labels, angles or frames)")
+            changes.append(
+                f"flight {n}: same number of samples, different content (labels, angles or frames)"
+            )
     if changes:
-        raise CloudMLError("the data differs from the data this run was trained on:\n  - " + "\n  - ".join(changes)
-                           + "\nContinuing would mix two datasets in one run. Resume with the original data "
-                             "(files, data.* filters), or start a new run with --run-dir NEW. Nothing was changed.")
+        raise CloudMLError(
+            "the data differs from the data this run was trained on:\n  - "
+            + "\n  - ".join(changes)
+            + "\nContinuing would mix two datasets in one run. Resume with the original data "
+            "(files, data.* filters), or start a new run with --run-dir NEW. Nothing was changed."
+        )
 
 
 def truncate_metrics(path: Path, size: int) -> None:
@@ -269,21 +313,52 @@ def run_status(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if is_crossval(run_dir):
         folds = {m.parent.name: run_status(m) if has_run(m) else None for m in fold_models(run_dir)}
-        return {"run_dir": str(run_dir), "crossval": True, "folds": folds,
-                "finished": (run_dir / "crossval.json").is_file()}
+        return {
+            "run_dir": str(run_dir),
+            "crossval": True,
+            "folds": folds,
+            "finished": (run_dir / "crossval.json").is_file(),
+        }
     if not has_run(run_dir):
         raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
-    found = find_latest_valid(run_dir)                     # the same verification as resume
-    status = {"run_dir": str(run_dir), "epoch": 0, "epochs_completed": 0, "epochs": None, "step": 0,
-              "total_steps": None, "batch": 0,
-              "batches_per_epoch": None, "progress": 0.0, "best_metric": None, "best_r2": None,
-              "latest_checkpoint": None, "latest_checkpoint_age_s": None, "finished": False,
-              "rejected": found.rejected, "checkpoints": len(find_checkpoints(run_dir)), "locked_by": None,
-              "compile": _read_run_info(run_dir).get("compile")}
+    found = find_latest_valid(run_dir)  # the same verification as resume
+    status = {
+        "run_dir": str(run_dir),
+        "epoch": 0,
+        "epochs_completed": 0,
+        "epochs": None,
+        "step": 0,
+        "total_steps": None,
+        "batch": 0,
+        "batches_per_epoch": None,
+        "progress": 0.0,
+        "best_metric": None,
+        "best_r2": None,
+        "latest_checkpoint": None,
+        "latest_checkpoint_age_s": None,
+        "finished": False,
+        "rejected": found.rejected,
+        "checkpoints": len(find_checkpoints(run_dir)),
+        "locked_by": None,
+        "compile": _read_run_info(run_dir).get("compile"),
+    }
     if found.folder is not None:
         meta = found.meta
-        status.update({k: meta.get(k) for k in ("epochs", "step", "total_steps", "batch",
-                                                "batches_per_epoch", "finished", "best_metric", "best_r2")})
+        status.update(
+            {
+                k: meta.get(k)
+                for k in (
+                    "epochs",
+                    "step",
+                    "total_steps",
+                    "batch",
+                    "batches_per_epoch",
+                    "finished",
+                    "best_metric",
+                    "best_r2",
+                )
+            }
+        )
         # `epoch` is the epoch in progress (1-based), as in the resume banner; a finished run shows its last
         status["epochs_completed"] = meta["epoch"]
         status["epoch"] = meta["epoch"] if meta["finished"] else min(meta["epoch"] + 1, meta["epochs"])
@@ -313,25 +388,37 @@ def _read_run_info(run_dir: Path) -> dict:
 def format_status(s: dict) -> str:
     if s.get("crossval"):
         done = sum(1 for f in s["folds"].values() if f and f["finished"])
-        lines = [f"{s['run_dir']}: cross-validation, " + ("finished (crossval.md)" if s["finished"] else
-                                                           f"{done} of {len(s['folds'])} folds trained")]
+        lines = [
+            f"{s['run_dir']}: cross-validation, "
+            + ("finished (crossval.md)" if s["finished"] else f"{done} of {len(s['folds'])} folds trained")
+        ]
         for name, f in s["folds"].items():
-            lines.append(f"  fold {name}: " + (format_status(f).splitlines()[0].split(": ", 1)[1] if f else "not started"))
+            lines.append(
+                f"  fold {name}: "
+                + (format_status(f).splitlines()[0].split(": ", 1)[1] if f else "not started")
+            )
         return "\n".join(lines)
     if s["latest_checkpoint"] is None:
         head = "no valid checkpoint yet"
     elif s["finished"]:
-        head = f"finished: {s['epochs_completed']} of {s['epochs']} epochs, step {s['step']}/{s['total_steps']}"
+        head = (
+            f"finished: {s['epochs_completed']} of {s['epochs']} epochs, step {s['step']}/{s['total_steps']}"
+        )
     else:
         state = "running" if s["locked_by"] else "stopped (resumable)"
-        head = (f"{state}: epoch {s['epoch']}/{s['epochs']} ({s['epochs_completed']} completed), batch "
-                f"{s['batch']}/{s['batches_per_epoch']}, step {s['step']}/{s['total_steps']} ({s['progress']:.1f}%)")
+        head = (
+            f"{state}: epoch {s['epoch']}/{s['epochs']} ({s['epochs_completed']} completed), batch "
+            f"{s['batch']}/{s['batches_per_epoch']}, step {s['step']}/{s['total_steps']} "
+            f"({s['progress']:.1f}%)"
+        )
     lines = [f"{s['run_dir']}: {head}"]
     if s["best_metric"] is not None:
         r2 = f", R2 {s['best_r2']:.3f}" if s["best_r2"] is not None else ""
         lines.append(f"best validation loss {s['best_metric']:.4f}{r2}")
     if s["latest_checkpoint"]:
-        lines.append(f"latest checkpoint: {s['latest_checkpoint']} ({s['latest_checkpoint_age_s'] / 60:.1f} min ago)")
+        lines.append(
+            f"latest checkpoint: {s['latest_checkpoint']} ({s['latest_checkpoint_age_s'] / 60:.1f} min ago)"
+        )
     if s.get("compile") is not None:
         lines.append(f"torch.compile: {describe_saved(s['compile'])}")
     for r in s["rejected"]:

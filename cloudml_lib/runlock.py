@@ -4,6 +4,7 @@ holder is alive: same host and its pid exists, or another host whose heartbeat i
 by a dead runtime (its pid is gone, or its heartbeat is over 90 s old, as after a Colab disconnect)
 is taken over with a warning.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,7 @@ class RunLock:
             if self._create():
                 break
             other = self._read()
-            if other is None and self.path.exists():   # being created right now, or damaged
+            if other is None and self.path.exists():  # being created right now, or damaged
                 age = time.time() - self._mtime()
                 unreadable_since = unreadable_since or time.monotonic()
                 if age < STALE_S:
@@ -77,17 +78,23 @@ class RunLock:
                         time.sleep(0.05)
                         continue
                     raise CloudMLError(
-                        f"the run lock {self.path} exists but cannot be read ({self._why_unreadable()}); it was written "
-                        f"{age:.0f} s ago. If another trainer is starting on this run right now, wait for it. If not, "
-                        f"delete {self.path}, or wait {STALE_S - age:.0f} s: a damaged lock is taken over once it is "
-                        f"{STALE_S:.0f} s old.")
+                        f"the run lock {self.path} exists but cannot be read ({self._why_unreadable()}); it "
+                        "was written "
+                        f"{age:.0f} s ago. If another trainer is starting on this run right now, wait for "
+                        "it. If not, "
+                        f"delete {self.path}, or wait {STALE_S - age:.0f} s: a damaged lock is taken over "
+                        "once it is "
+                        f"{STALE_S:.0f} s old."
+                    )
             elif other is not None and holder_alive(other):
                 age = time.time() - float(other.get("heartbeat", 0))
                 raise CloudMLError(
                     f"{self.path.parent} is in use by another trainer (host {other.get('host')}, pid "
-                    f"{other.get('pid')}, last heartbeat {age:.0f} s ago). Wait for it to finish or stop it; if that "
+                    f"{other.get('pid')}, last heartbeat {age:.0f} s ago). Wait for it to finish or stop it; "
+                    "if that "
                     f"runtime is gone, the lock is taken over automatically {STALE_S:.0f} s after its last "
-                    f"heartbeat (or delete {self.path}).")
+                    f"heartbeat (or delete {self.path})."
+                )
             if self._take_over(other):
                 break
         else:
@@ -135,15 +142,20 @@ class RunLock:
             moved = None
         if moved != stale:
             try:
-                os.link(aside, self.path)            # fails if a lock exists again: then that one stands
+                os.link(aside, self.path)  # fails if a lock exists again: then that one stands
             except FileExistsError:
                 pass
             aside.unlink(missing_ok=True)
             return False
         aside.unlink(missing_ok=True)
         if stale is not None:
-            log.warning("Taking over the run lock left by host %s, pid %s (last heartbeat %.0f s ago; that process "
-                        "is gone)", stale.get("host"), stale.get("pid"), time.time() - float(stale.get("heartbeat", 0)))
+            log.warning(
+                "Taking over the run lock left by host %s, pid %s (last heartbeat %.0f s ago; that process "
+                "is gone)",
+                stale.get("host"),
+                stale.get("pid"),
+                time.time() - float(stale.get("heartbeat", 0)),
+            )
         return self._create()
 
     def _beat(self) -> None:

@@ -16,6 +16,7 @@ Validated like a config before any work: each key must be a config key that chan
 training, and every value the space can produce is checked against the user's config (its range, its
 choices and the rules between keys), so a bad key or range is refused with the key named.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,10 +37,18 @@ METRICS = {"mae_km": "minimize", "rmse_km": "minimize", "r2": "maximize"}
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("none", "median")
 # Where the data lives and how runs are saved: not hyperparameters.
-NOT_SWEPT = ("data.dir", "data.cache_dir", "data.cache_copy_dir", "data.flights", "data.validation_flights",
-             "data.keys", "checkpoint", "train.device")
+NOT_SWEPT = (
+    "data.dir",
+    "data.cache_dir",
+    "data.cache_copy_dir",
+    "data.flights",
+    "data.validation_flights",
+    "data.keys",
+    "checkpoint",
+    "train.device",
+)
 RANGE_KEYS, CHOICE_KEYS = {"low", "high", "log", "step"}, {"choices"}
-MAX_CHECKED = 64                 # an integer range with at most this many values has each one checked
+MAX_CHECKED = 64  # an integer range with at most this many values has each one checked
 
 
 @dataclass
@@ -51,7 +60,7 @@ class Space:
     pruner: str = "none"
     prune_after_epochs: int = 1
     prune_startup_trials: int = 2
-    params: dict = field(default_factory=dict)      # config key -> {"low", "high", "log", "step"} or {"choices"}
+    params: dict = field(default_factory=dict)  # config key -> {"low", "high", "log", "step"} or {"choices"}
 
     @property
     def direction(self) -> str:
@@ -79,8 +88,10 @@ def _number(v) -> bool:
 def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
     where = f"params.{key}"
     if not isinstance(spec, dict) or not spec:
-        problems.append(f"{where}: expected {{low: .., high: ..}} (a range, optional log: true / step) or "
-                        f"{{choices: [..]}}, got {spec!r}")
+        problems.append(
+            f"{where}: expected {{low: .., high: ..}} (a range, optional log: true / step) or "
+            f"{{choices: [..]}}, got {spec!r}"
+        )
         return
     keys = set(spec)
     if keys & CHOICE_KEYS:
@@ -91,8 +102,10 @@ def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
         return
     unknown = keys - RANGE_KEYS
     if unknown:
-        problems.append(f"{where}: unknown {', '.join(sorted(unknown))}; a range has low, high, and optionally "
-                        "log (true/false) or step; a list of values is choices: [..]")
+        problems.append(
+            f"{where}: unknown {', '.join(sorted(unknown))}; a range has low, high, and optionally "
+            "log (true/false) or step; a list of values is choices: [..]"
+        )
         return
     if tp not in (int, float):
         problems.append(f"{where}: {key} is not a number, so it takes choices: [..], not a range")
@@ -110,9 +123,13 @@ def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
         problems.append(f"{where}.log: expected true/false, got {spec['log']!r}")
     step = spec.get("step")
     if step is not None and (not _number(step) or step <= 0 or (tp is int and not float(step).is_integer())):
-        problems.append(f"{where}.step: expected a positive {'integer' if tp is int else 'number'}, got {step!r}")
+        problems.append(
+            f"{where}.step: expected a positive {'integer' if tp is int else 'number'}, got {step!r}"
+        )
     elif step is not None and spec.get("log"):
-        problems.append(f"{where}: step and log cannot be combined (Optuna samples a log range without steps)")
+        problems.append(
+            f"{where}: step and log cannot be combined (Optuna samples a log range without steps)"
+        )
 
 
 def values_to_check(spec: dict, tp) -> list:
@@ -149,35 +166,57 @@ def build_space(raw: dict, base: dict, source: str = "space") -> Space:
     for key, value in (raw or {}).items():
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.5)
-            problems.append(f"{key}: unknown key" + (f"; did you mean '{close[0]}'?" if close else
-                                                     f"; valid keys: {', '.join(sorted(known))}"))
+            problems.append(
+                f"{key}: unknown key"
+                + (f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(known))}")
+            )
             continue
         kwargs[key] = value
     space = Space(**kwargs)
-    for name, valid in (("objective", OBJECTIVES), ("metric", tuple(METRICS)), ("sampler", SAMPLERS),
-                        ("pruner", PRUNERS)):
+    for name, valid in (
+        ("objective", OBJECTIVES),
+        ("metric", tuple(METRICS)),
+        ("sampler", SAMPLERS),
+        ("pruner", PRUNERS),
+    ):
         if getattr(space, name) not in valid:
-            problems.append(f"{name}: {getattr(space, name)!r} is not valid; choose one of {', '.join(valid)}")
+            problems.append(
+                f"{name}: {getattr(space, name)!r} is not valid; choose one of {', '.join(valid)}"
+            )
     for name in ("seed", "prune_after_epochs", "prune_startup_trials"):
         value = getattr(space, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             problems.append(f"{name}: expected a whole number >= 0, got {value!r}")
     if space.pruner != "none" and space.objective == "crossval":
-        problems.append("pruner: pruning stops a trial on its per-epoch metric, which a cross-validation (several "
-                        "runs per trial) does not have; use pruner: none with objective: crossval")
+        problems.append(
+            "pruner: pruning stops a trial on its per-epoch metric, which a cross-validation (several "
+            "runs per trial) does not have; use pruner: none with objective: crossval"
+        )
     fields = config_fields()
     if not isinstance(space.params, dict) or not space.params:
-        problems.append("params: expected a mapping of config keys to ranges or choices, e.g. "
-                        "train.learning_rate: {low: 1.0e-4, high: 1.0e-2, log: true}")
+        problems.append(
+            "params: expected a mapping of config keys to ranges or choices, e.g. "
+            "train.learning_rate: {low: 1.0e-4, high: 1.0e-2, log: true}"
+        )
         space.params = {}
     for key, spec in space.params.items():
         if key not in fields or fields[key] == "section":
-            close = difflib.get_close_matches(str(key), sorted(k for k, t in fields.items() if t != "section"), n=1)
-            problems.append(f"params.{key}: not a config key" + (f"; did you mean '{close[0]}'?" if close else
-                                                                  " (keys are section.name, e.g. train.learning_rate)"))
+            close = difflib.get_close_matches(
+                str(key), sorted(k for k, t in fields.items() if t != "section"), n=1
+            )
+            problems.append(
+                f"params.{key}: not a config key"
+                + (
+                    f"; did you mean '{close[0]}'?"
+                    if close
+                    else " (keys are section.name, e.g. train.learning_rate)"
+                )
+            )
         elif any(key == n or key.startswith(n + ".") for n in NOT_SWEPT):
-            problems.append(f"params.{key}: says where the data is or how runs are saved, not how the model learns; "
-                            "it cannot be swept")
+            problems.append(
+                f"params.{key}: says where the data is or how runs are saved, not how the model learns; "
+                "it cannot be swept"
+            )
         else:
             _check_spec(key, spec, fields[key], problems)
     if not problems:
@@ -189,18 +228,25 @@ def build_space(raw: dict, base: dict, source: str = "space") -> Space:
 
 def load_space(path: str | Path, base: dict) -> Space:
     """The search space file, validated against the user's config `base` (a raw config dict)."""
-    raw = read_yaml(path, what="--space", example="configs/sweeps/demo.yaml",
-                    sections="objective, metric, sampler, seed, pruner and params")
+    raw = read_yaml(
+        path,
+        what="--space",
+        example="configs/sweeps/demo.yaml",
+        sections="objective, metric, sampler, seed, pruner and params",
+    )
     return build_space(raw, base, source=str(path))
 
 
 def _label(value) -> object:
     """Optuna's choices are plain scalars: a list (model.channels) is offered as its YAML text."""
-    return yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, dict)) else value
+    return (
+        yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, dict)) else value
+    )
 
 
 def suggest(trial, space: Space) -> dict:
-    """The trial's values: drawn by the sampler, or the stored ones for a trial already asked (a resumed one)."""
+    """The trial's values: drawn by the sampler, or the stored ones for a trial already asked (a resumed
+    one)."""
     fields = config_fields()
     params = {}
     for key, spec in space.params.items():
@@ -208,11 +254,17 @@ def suggest(trial, space: Space) -> dict:
             labels = [_label(c) for c in spec["choices"]]
             params[key] = spec["choices"][labels.index(trial.suggest_categorical(key, labels))]
         elif fields[key] is int:
-            params[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), step=int(spec.get("step") or 1),
-                                            log=bool(spec.get("log")))
+            params[key] = trial.suggest_int(
+                key,
+                int(spec["low"]),
+                int(spec["high"]),
+                step=int(spec.get("step") or 1),
+                log=bool(spec.get("log")),
+            )
         else:
-            params[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]), step=spec.get("step"),
-                                              log=bool(spec.get("log")))
+            params[key] = trial.suggest_float(
+                key, float(spec["low"]), float(spec["high"]), step=spec.get("step"), log=bool(spec.get("log"))
+            )
     return params
 
 

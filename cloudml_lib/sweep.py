@@ -16,6 +16,7 @@ and the pruner decides from stored values only.
 
 Under torchrun, rank 0 asks, reports and writes the study; every trial runs with all processes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,9 +48,12 @@ def require_optuna():
     try:
         import optuna
     except ImportError:
-        raise ConfigError(f"sweeps run on Optuna, which is not installed: {install_command('optuna>=4.0')} (and matplotlib for "
-                          "the report's images), then run the same command again") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)        # the sweep says what happens, once
+        raise ConfigError(
+            f"sweeps run on Optuna, which is not installed: {install_command('optuna>=4.0')} (and matplotlib "
+            "for "
+            "the report's images), then run the same command again"
+        ) from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep says what happens, once
     return optuna
 
 
@@ -69,12 +73,12 @@ class StudyFile:
         """The local journal: kept when it extends the copy (this machine ran ahead of its last copy), else
         the copy. The journal only grows, so "extends" is "starts with the copy's bytes"."""
         self.local.parent.mkdir(parents=True, exist_ok=True)
-        for stale in self.local.parent.glob(f"{JOURNAL}.lock*"):     # a killed writer's; the sweep lock is ours
+        for stale in self.local.parent.glob(f"{JOURNAL}.lock*"):  # a killed writer's; the sweep lock is ours
             stale.unlink(missing_ok=True)
         saved = self.copy.read_bytes() if self.copy.is_file() else None
         here = self.local.read_bytes() if self.local.is_file() else None
         if saved is None:
-            self.local.unlink(missing_ok=True)             # the study of a sweep folder since deleted
+            self.local.unlink(missing_ok=True)  # the study of a sweep folder since deleted
         elif here is None or not here.startswith(saved):
             self.local.write_bytes(saved)
             log.info("Study restored from %s", self.copy)
@@ -86,6 +90,7 @@ class StudyFile:
 
     def storage(self, optuna):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
+
         return JournalStorage(JournalFileBackend(str(self.local)))
 
 
@@ -93,18 +98,25 @@ def check_sweep_folder(run_dir: Path, record: dict) -> None:
     """A sweep folder is not a run's; a sweep started again keeps its config and space (more trials may be
     asked for)."""
     if has_run(run_dir) or is_crossval(run_dir):
-        raise CloudMLError(f"{run_dir} holds a training run or cross-validation, not a sweep; choose another "
-                           "--run-dir for the sweep. Nothing was changed.")
+        raise CloudMLError(
+            f"{run_dir} holds a training run or cross-validation, not a sweep; choose another "
+            "--run-dir for the sweep. Nothing was changed."
+        )
     path = run_dir / "sweep.json"
     if not path.is_file():
         return
     saved = json.loads(path.read_text())
-    diffs = [f"{k} (sweep {a!r}, now {b!r})" for part in ("config", "space")
-             for k, a, b in _differences(saved[part], record[part], part)]
+    diffs = [
+        f"{k} (sweep {a!r}, now {b!r})"
+        for part in ("config", "space")
+        for k, a, b in _differences(saved[part], record[part], part)
+    ]
     if diffs:
-        raise ConfigError(f"{run_dir} is a sweep with other settings: {'; '.join(diffs)}. Its trials would not be "
-                          "comparable: use the same config and space to continue it, or another --run-dir for a "
-                          "new sweep. Nothing was changed.")
+        raise ConfigError(
+            f"{run_dir} is a sweep with other settings: {'; '.join(diffs)}. Its trials would not be "
+            "comparable: use the same config and space to continue it, or another --run-dir for a "
+            "new sweep. Nothing was changed."
+        )
 
 
 def _differences(a: dict, b: dict, prefix: str) -> list[tuple[str, object, object]]:
@@ -122,8 +134,9 @@ def make_sampler(optuna, space: Space, number: int):
 
 def make_pruner(optuna, space: Space):
     if space.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=space.prune_startup_trials,
-                                           n_warmup_steps=space.prune_after_epochs)
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=space.prune_startup_trials, n_warmup_steps=space.prune_after_epochs
+        )
     return optuna.pruners.NopPruner()
 
 
@@ -131,8 +144,12 @@ def next_trial(optuna, study, space: Space, n_trials: int):
     """The trial left running by an interrupted sweep, else a new one while fewer than `n_trials` exist."""
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running:
-        log.info("Trial %d was interrupted: it resumes from its checkpoint with its values", running[0].number)
-        study.sampler = make_sampler(optuna, space, running[0].number)     # for a value not drawn before the kill
+        log.info(
+            "Trial %d was interrupted: it resumes from its checkpoint with its values", running[0].number
+        )
+        study.sampler = make_sampler(
+            optuna, space, running[0].number
+        )  # for a value not drawn before the kill
         return optuna.trial.Trial(study, running[0]._trial_id)
     if len(study.trials) >= n_trials:
         return None
@@ -160,8 +177,11 @@ class Pruning:
             if history[-1]["epoch"] < self.epochs and self.trial.should_prune():
                 # the newest report decides, which a resumed trial may hold from before its checkpoint
                 epoch, value = max(self.stored().intermediate_values.items())
-                why = (f"after epoch {epoch}, its {self.space.metric} ({value:.4g}) was worse than the median of the "
-                       "earlier trials at that epoch")
+                why = (
+                    f"after epoch {epoch}, its {self.space.metric} ({value:.4g}) was worse than the median "
+                    "of the "
+                    "earlier trials at that epoch"
+                )
             self.store.save()
         why = self.dist.from_main(why)
         if why is not None:
@@ -176,10 +196,12 @@ def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: 
     """The trial's held-out (or cross-validated) metric; its run resumes from its own checkpoint."""
     if space.objective == "crossval":
         from cloudml_lib.crossval import crossval
+
         result = crossval(cfg, trial_dir, controls=False, dist=dist)
         value = dist.from_main(result["summary"]["model"][space.metric]["mean"] if dist.is_main else None)
         return value
     from cloudml_lib.train import Trainer, train_two_phase
+
     if cfg.train.pretrain_flight:
         report = train_two_phase(cfg, trial_dir, "auto", dist)
     else:
@@ -187,8 +209,17 @@ def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: 
     return report["overall"][space.metric]
 
 
-def run_trial(optuna, trial, number: int, params: dict, base: dict, space: Space, run_dir: Path,
-              store: StudyFile | None, dist: Dist) -> tuple[str, float | None, str]:
+def run_trial(
+    optuna,
+    trial,
+    number: int,
+    params: dict,
+    base: dict,
+    space: Space,
+    run_dir: Path,
+    store: StudyFile | None,
+    dist: Dist,
+) -> tuple[str, float | None, str]:
     """(state, value, note): complete, pruned or failed (a config the values make invalid, a metric that is
     not a number). Other errors stop the sweep with the trial left running, to be resumed."""
     trial_dir = run_dir / "trials" / str(number)
@@ -198,8 +229,10 @@ def run_trial(optuna, trial, number: int, params: dict, base: dict, space: Space
         return "failed", None, str(e)
     if dist.is_main:
         trial_dir.mkdir(parents=True, exist_ok=True)
-        write_text(trial_dir / "trial.json", json.dumps(json_safe({"number": number, "params": params,
-                                                                   "state": "running"}), indent=1))
+        write_text(
+            trial_dir / "trial.json",
+            json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
+        )
     try:
         pruning = Pruning(optuna, trial, space, store, dist, cfg.train.epochs)
         value = objective_value(space, cfg, trial_dir, pruning, dist)
@@ -210,12 +243,18 @@ def run_trial(optuna, trial, number: int, params: dict, base: dict, space: Space
     return "complete", float(value), ""
 
 
-def sweep(config: str | Path, space_path: str | Path, n_trials: int, run_dir: str | Path,
-          overrides: list[str] | tuple = (), dist: Dist | None = None) -> dict:
+def sweep(
+    config: str | Path,
+    space_path: str | Path,
+    n_trials: int,
+    run_dir: str | Path,
+    overrides: list[str] | tuple = (),
+    dist: Dist | None = None,
+) -> dict:
     """Run (or continue) a sweep of `n_trials` trials; returns {"best": ..., "trials": [...]} on rank 0."""
     run_dir = Path(run_dir)
     base = apply_overrides(read_yaml(config), list(overrides))
-    build_config(base, source=str(config))                     # the config itself first, then the space over it
+    build_config(base, source=str(config))  # the config itself first, then the space over it
     space = load_space(space_path, base)
     if not isinstance(n_trials, int) or n_trials < 1:
         raise ConfigError(f"--trials {n_trials!r}: expected a whole number of trials >= 1")
@@ -232,8 +271,13 @@ def sweep(config: str | Path, space_path: str | Path, n_trials: int, run_dir: st
             write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
             store = StudyFile(run_dir)
             store.restore()
-            study = optuna.create_study(study_name=STUDY_NAME, storage=store.storage(optuna), load_if_exists=True,
-                                        direction=space.direction, pruner=make_pruner(optuna, space))
+            study = optuna.create_study(
+                study_name=STUDY_NAME,
+                storage=store.storage(optuna),
+                load_if_exists=True,
+                direction=space.direction,
+                pruner=make_pruner(optuna, space),
+            )
             store.save()
         while True:
             trial = None
@@ -241,23 +285,30 @@ def sweep(config: str | Path, space_path: str | Path, n_trials: int, run_dir: st
                 attach_run_log(run_dir)
                 trial = next_trial(optuna, study, space, n_trials)
                 job = None if trial is None else (trial.number, suggest(trial, space))
-                store.save()                                   # the trial and its values, before any training
+                store.save()  # the trial and its values, before any training
             job = dist.from_main(job if dist.is_main else None)
             if job is None:
                 break
             number, params = job
-            log.info("Trial %d (%d of %d): %s", number, number + 1, n_trials,
-                     ", ".join(f"{k}={v}" for k, v in params.items()))
+            log.info(
+                "Trial %d (%d of %d): %s",
+                number,
+                number + 1,
+                n_trials,
+                ", ".join(f"{k}={v}" for k, v in params.items()),
+            )
             state, value, note = run_trial(optuna, trial, number, params, base, space, run_dir, store, dist)
             if dist.is_main:
                 attach_run_log(run_dir)
                 finish_trial(optuna, study, trial, (state, value, note), params, space, run_dir)
                 store.save()
                 from cloudml_lib.compare import write_sweep_report
+
                 write_sweep_report(study, run_dir, space)
         if not dist.is_main:
             return {}
         from cloudml_lib.compare import sweep_summary, write_sweep_report
+
         write_sweep_report(study, run_dir, space)
         return sweep_summary(study, space)
     finally:
@@ -270,19 +321,34 @@ def sweep(config: str | Path, space_path: str | Path, n_trials: int, run_dir: st
 def finish_trial(optuna, study, trial, result: tuple, params: dict, space: Space, run_dir: Path) -> None:
     """Tell the study the trial's (state, value, note), write trial.json, and say it."""
     state, value, note = result
-    states = {"complete": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED,
-              "failed": optuna.trial.TrialState.FAIL}
+    states = {
+        "complete": optuna.trial.TrialState.COMPLETE,
+        "pruned": optuna.trial.TrialState.PRUNED,
+        "failed": optuna.trial.TrialState.FAIL,
+    }
     if note:
         trial.set_user_attr("note", note)
     study.tell(trial, value if state == "complete" else None, state=states[state])
     trial_dir = run_dir / "trials" / str(trial.number)
     trial_dir.mkdir(parents=True, exist_ok=True)
-    write_text(trial_dir / "trial.json", json.dumps(json_safe({"number": trial.number, "params": params,
-                                                               "state": state, "value": value, "note": note}),
-                                                    indent=1))
+    write_text(
+        trial_dir / "trial.json",
+        json.dumps(
+            json_safe(
+                {"number": trial.number, "params": params, "state": state, "value": value, "note": note}
+            ),
+            indent=1,
+        ),
+    )
     if state == "complete":
-        log.info("Trial %d: %s %.4f (best so far: trial %d, %.4f)", trial.number, space.metric, value,
-                 study.best_trial.number, study.best_value)
+        log.info(
+            "Trial %d: %s %.4f (best so far: trial %d, %.4f)",
+            trial.number,
+            space.metric,
+            value,
+            study.best_trial.number,
+            study.best_value,
+        )
     else:
         log.warning("Trial %d %s: %s", trial.number, state, note)
     faults.point("sweep-told")

@@ -9,6 +9,7 @@ Playwright ("Run All Cells" with CLOUDML_SMOKE=1), checks the page and saves scr
 Exit status 0 when every check passed. tests/test_browser.py runs it where Chromium, Playwright and
 JupyterLab are installed, and is skipped elsewhere.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path(os.environ.get("CLOUDML_CHROMIUM", "/usr/bin/chromium"))
 RUN_TIMEOUT_S = 900
-MAX_TRAIN_OUTPUT_PX = 3000          # the flooded Train cell was 14,567 px tall
+MAX_TRAIN_OUTPUT_PX = 3000  # the flooded Train cell was 14,567 px tall
 VISIBLE_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden):not(.p-mod-hidden)"
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-quic"]
-FINAL_MARKS = {"colab_setup.ipynb": "Smoke test: setup checks passed", "colab_training.ipynb": "Smoke test passed"}
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+FINAL_MARKS = {
+    "colab_setup.ipynb": "Smoke test: setup checks passed",
+    "colab_training.ipynb": "Smoke test passed",
+}
 
 
 def missing_tools(python: str = sys.executable) -> list[str]:
@@ -60,16 +71,32 @@ def start_lab(python: str, root: Path, log: Path, smoke: bool = True) -> tuple[s
     env = {k: v for k, v in os.environ.items() if k != "CLOUDML_SMOKE"}
     # PYTHON's own bin first: `jupyter` would otherwise start whichever jupyter-lab comes first on PATH, and
     # the kernel is the server's own Python (so its ipywidgets is the one checked).
-    env.update(PYTHONPATH=str(REPO), JUPYTER_CONFIG_DIR=str(root / ".jupyter"), CLOUDML_HOME=str(root / "CloudML"),
-               PATH=str(Path(python).parent) + os.pathsep + env.get("PATH", ""),
-               **({"CLOUDML_SMOKE": "1"} if smoke else {}))
-    cmd = [python, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--allow-root"]
+    env.update(
+        PYTHONPATH=str(REPO),
+        JUPYTER_CONFIG_DIR=str(root / ".jupyter"),
+        CLOUDML_HOME=str(root / "CloudML"),
+        PATH=str(Path(python).parent) + os.pathsep + env.get("PATH", ""),
+        **({"CLOUDML_SMOKE": "1"} if smoke else {}),
+    )
+    cmd = [
+        python,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--ServerApp.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.open_browser=False",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--allow-root",
+    ]
     settings = root / ".jupyter" / "lab" / "user-settings" / "@jupyterlab"
-    for path, value in (("notebook-extension/tracker", {"windowingMode": "none"}),       # every cell in the page
-                        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})):
+    for path, value in (
+        ("notebook-extension/tracker", {"windowingMode": "none"}),  # every cell in the page
+        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
+    ):
         (settings / path).parent.mkdir(parents=True, exist_ok=True)
         (settings / f"{path}.jupyterlab-settings").write_text(json.dumps(value))
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
@@ -111,8 +138,10 @@ PAGE_FACTS = """() => {
 def run_notebook(page, url: str, name: str, out: Path) -> dict:
     page.goto(url.format(name))
     page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-Toolbar-kernelStatus", timeout=120_000)
-    time.sleep(3)                                              # the kernel connects
+    page.wait_for_selector(
+        ".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-Toolbar-kernelStatus", timeout=120_000
+    )
+    time.sleep(3)  # the kernel connects
     _menu(page, "Run", "Run All Cells")
     deadline, done, idle = time.time() + RUN_TIMEOUT_S, False, 0
     while time.time() < deadline and not done:
@@ -120,21 +149,25 @@ def run_notebook(page, url: str, name: str, out: Path) -> dict:
         text = page.inner_text("body")
         busy = page.query_selector_all(".jp-InputArea-prompt:has-text('[*]')")
         idle = 0 if busy else idle + 1
-        done = FINAL_MARKS[name] in text or idle >= 5          # the last cell's words, or stopped (an error)
-    for button in page.query_selector_all(".jp-toast-button:has-text('No')"):    # the news question
+        done = FINAL_MARKS[name] in text or idle >= 5  # the last cell's words, or stopped (an error)
+    for button in page.query_selector_all(".jp-toast-button:has-text('No')"):  # the news question
         button.click()
-    time.sleep(2)                                            # the last outputs render
+    time.sleep(2)  # the last outputs render
     facts = page.evaluate(PAGE_FACTS)
     facts["finished"] = FINAL_MARKS[name] in facts["text"]
     page.screenshot(path=str(out / f"{Path(name).stem}.png"), full_page=True)
-    for i, cell in enumerate(page.query_selector_all(".jp-CodeCell")):     # each cell's output, for a person to look at
+    for i, cell in enumerate(
+        page.query_selector_all(".jp-CodeCell")
+    ):  # each cell's output, for a person to look at
         if cell.query_selector(".jp-OutputArea-output"):
             cell.screenshot(path=str(out / f"{Path(name).stem}-cell{i:02d}.png"))
     return facts
 
 
 def lab_version(python: str) -> str:
-    return subprocess.run([python, "-m", "jupyterlab", "--version"], capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [python, "-m", "jupyterlab", "--version"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def judge(name: str, facts: dict) -> list[str]:
@@ -161,11 +194,16 @@ def judge(name: str, facts: dict) -> list[str]:
         if facts["visible_logs"]:
             bad.append("the training log is unfolded (it should be folded under the curves)")
         if not 0 < facts["train_output_px"] <= MAX_TRAIN_OUTPUT_PX:
-            bad.append(f"the Train cell's output is {facts['train_output_px']:.0f} px tall (at most {MAX_TRAIN_OUTPUT_PX})")
+            bad.append(
+                f"the Train cell's output is {facts['train_output_px']:.0f} px tall (at most "
+                f"{MAX_TRAIN_OUTPUT_PX})"
+            )
         if facts["images"] < 2:
             bad.append(f"{facts['images']} images (curves, scatter, along-flight figure expected)")
         if has_tensorboard() and facts["tensorboard_frames"] != 1:
-            bad.append(f"{facts['tensorboard_frames']} TensorBoard frames in the TensorBoard cell (1 expected)")
+            bad.append(
+                f"{facts['tensorboard_frames']} TensorBoard frames in the TensorBoard cell (1 expected)"
+            )
     if name == "colab_setup.ipynb":
         fills = [round(b["fill"], 2) for b in facts["bars"]]
         if not fills or min(fills) < 0.99:
@@ -176,7 +214,9 @@ def judge(name: str, facts: dict) -> list[str]:
 
 
 def _menu(page, menu: str, item: str) -> None:
-    page.click(f".lm-MenuBar-itemLabel:text-is('{menu}'), .p-MenuBar-itemLabel:text-is('{menu}')", timeout=30_000)
+    page.click(
+        f".lm-MenuBar-itemLabel:text-is('{menu}'), .p-MenuBar-itemLabel:text-is('{menu}')", timeout=30_000
+    )
     page.click(f".lm-Menu-itemLabel:text-is('{item}'), .p-Menu-itemLabel:text-is('{item}')", timeout=30_000)
 
 
@@ -192,7 +232,9 @@ def _wait_for(page, predicate, timeout_s: float, what: str):
 
 def _train_label(page) -> str:
     """The latest training view's label ('epoch e of E · step s of S ...')."""
-    labels = page.eval_on_selector_all(".widget-html-content, .widget-html", "xs => xs.map(x => x.textContent)")
+    labels = page.eval_on_selector_all(
+        ".widget-html-content, .widget-html", "xs => xs.map(x => x.textContent)"
+    )
     return next((x for x in reversed(labels) if x.startswith("epoch ") and " · step " in x), "")
 
 
@@ -205,17 +247,21 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     time.sleep(3)
     _menu(page, "Run", "Run All Cells")
     _wait_for(page, lambda: "step" in _train_label(page), 300, "training to start")
-    _menu(page, "Kernel", "Interrupt Kernel")                  # stop the default run: a checkpoint is saved
+    _menu(page, "Kernel", "Interrupt Kernel")  # stop the default run: a checkpoint is saved
     _wait_for(page, lambda: "stopped" in _train_label(page), 120, "the stop")
     epochs = page.locator(".jp-OutputArea input[type='number']").first
     epochs.fill("3")
-    epochs.press("Tab")                                         # the widget syncs its value
+    epochs.press("Tab")  # the widget syncs its value
     train = page.locator(".jp-CodeCell:has-text('colab.train(ws, picker)')").first
     train.locator(".jp-InputArea-prompt").click()
-    page.keyboard.press("Shift+Enter")                          # train again: 3 epochs now
+    page.keyboard.press("Shift+Enter")  # train again: 3 epochs now
     # 3 epochs x 40 steps of the demo
-    _wait_for(page, lambda: "of 120" in _train_label(page) and "stopped" not in _train_label(page), 300,
-              "the 3-epoch run")
+    _wait_for(
+        page,
+        lambda: "of 120" in _train_label(page) and "stopped" not in _train_label(page),
+        300,
+        "the 3-epoch run",
+    )
     time.sleep(4)
     _menu(page, "Kernel", "Interrupt Kernel")
     _wait_for(page, lambda: "stopped" in _train_label(page), 120, "the second stop")
@@ -231,7 +277,7 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
         bad.append(f"after Run all the picker shows {value} epochs, not the 3 chosen")
     if "Continuing run demo" not in note:
         bad.append("the picker does not say it continues run demo")
-    elif "of 120)" not in note:                     # the stop saved a checkpoint of the 3-epoch run
+    elif "of 120)" not in note:  # the stop saved a checkpoint of the 3-epoch run
         bad.append(f"the stop did not save a checkpoint of the 3-epoch run: {note[:300]!r}")
     if "of 120" not in label:
         bad.append(f"the continued run is not the 3-epoch run (bar: {label!r})")
@@ -240,6 +286,7 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
 
 def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -> dict:
     from playwright.sync_api import sync_playwright
+
     out.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="cloudml-browser-"))
     for name in notebooks:
@@ -256,19 +303,23 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
                 facts = run_notebook(page, url, name, out)
                 found = re.search(r"Python [\d.]+, ipywidgets [\d.]+", facts["text"])
                 kernel_versions = found.group(0) if found else "unknown"
-                results[name] = {"problems": judge(name, facts),
-                                 **{k: v for k, v in facts.items() if k != "text"}}
+                results[name] = {
+                    "problems": judge(name, facts),
+                    **{k: v for k, v in facts.items() if k != "text"},
+                }
             browser.close()
     finally:
         _stop(lab)
-    if scenario:                                # without the smoke test: the user's own flow
+    if scenario:  # without the smoke test: the user's own flow
         lab, url = start_lab(python, root, out / "jupyterlab-continue.log", smoke=False)
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
                 page = browser.new_page(viewport={"width": 1400, "height": 4200})
                 try:
-                    results["continue after stop and restart"] = {"problems": scenario_continue(page, url, out)}
+                    results["continue after stop and restart"] = {
+                        "problems": scenario_continue(page, url, out)
+                    }
                 except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
                     page.screenshot(path=str(out / "continue-failed.png"), full_page=True)
                     results["continue after stop and restart"] = {"problems": [f"{type(e).__name__}: {e}"]}
@@ -284,6 +335,7 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
 
 def has_tensorboard() -> bool:
     import importlib.util
+
     return importlib.util.find_spec("tensorboard") is not None
 
 
@@ -292,6 +344,7 @@ def _stop_tensorboards(root: Path) -> None:
     if not has_tensorboard():
         return
     from tensorboard import manager
+
     for info in manager.get_all():
         if str(info.logdir).startswith(str(root)):
             try:
@@ -310,7 +363,9 @@ def _stop(lab: subprocess.Popen) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--python", default=sys.executable, help="the Python whose JupyterLab and kernel are used")
+    ap.add_argument(
+        "--python", default=sys.executable, help="the Python whose JupyterLab and kernel are used"
+    )
     ap.add_argument("--out", default="browser-check", help="folder for screenshots and browser_check.json")
     ap.add_argument("--notebooks", nargs="+", default=["colab_setup.ipynb", "colab_training.ipynb"])
     ap.add_argument("--no-scenario", action="store_true", help="skip the stop / restart / Run all scenario")

@@ -1,4 +1,5 @@
 """Shared fixtures: small demo flights written once per session, and a tiny config over them."""
+
 from __future__ import annotations
 
 import copy
@@ -10,7 +11,7 @@ from cloudml_lib.config import build_config
 from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, prepare
 from cloudml_lib.data.synthetic import make_demo_flights
 
-TINY_SHAPE = (40, 48)         # raw rows x columns of the test camera
+TINY_SHAPE = (40, 48)  # raw rows x columns of the test camera
 TINY_FRAMES = 240
 
 
@@ -18,19 +19,34 @@ TINY_FRAMES = 240
 def tiny_flights(tmp_path_factory):
     """Three demo flights of 240 frames at 40x48: (data dir, data.flights entries)."""
     root = tmp_path_factory.mktemp("flights")
-    entries = make_demo_flights(root, n_flights=3, seed=1, frames_per_flight=TINY_FRAMES, frame_shape=TINY_SHAPE)
+    entries = make_demo_flights(
+        root, n_flights=3, seed=1, frames_per_flight=TINY_FRAMES, frame_shape=TINY_SHAPE
+    )
     return root, entries
 
 
 def tiny_raw(data_dir, entries, cache_dir) -> dict:
     """A raw config dict that trains a very small model for two short epochs."""
     return {
-        "data": {"dir": str(data_dir), "cache_dir": str(cache_dir), "flights": copy.deepcopy(entries),
-                 "validation_flights": [entries[2]["name"]], "temporal_frames": 3, "swath_slice": [4, 36],
-                 "num_workers": 0},
+        "data": {
+            "dir": str(data_dir),
+            "cache_dir": str(cache_dir),
+            "flights": copy.deepcopy(entries),
+            "validation_flights": [entries[2]["name"]],
+            "temporal_frames": 3,
+            "swath_slice": [4, 36],
+            "num_workers": 0,
+        },
         "model": {"channels": [4, 8, 8], "dropout": 0.0},
-        "train": {"epochs": 2, "batch_size": 8, "learning_rate": 0.003, "warmup_steps": 3,
-                  "early_stopping_patience": 0, "log_every_steps": 2, "quick_val_fraction": 0.5},
+        "train": {
+            "epochs": 2,
+            "batch_size": 8,
+            "learning_rate": 0.003,
+            "warmup_steps": 3,
+            "early_stopping_patience": 0,
+            "log_every_steps": 2,
+            "quick_val_fraction": 0.5,
+        },
     }
 
 
@@ -49,13 +65,16 @@ def tiny_config(tiny_raw_config):
 def wheel(tmp_path_factory):
     """The wheel of a clean copy of this checkout (tests/install_helpers.py)."""
     from install_helpers import build_wheel
+
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def with_heights(labels):
     """A FlightLabels with only the samples that have a height label (the arrays of the height task)."""
     keep = np.isfinite(labels.cbh_km)
-    per_sample = {k: v[keep] for k, v in vars(labels).items() if isinstance(v, np.ndarray) and len(v) == len(keep)}
+    per_sample = {
+        k: v[keep] for k, v in vars(labels).items() if isinstance(v, np.ndarray) and len(v) == len(keep)
+    }
     return type(labels)(**{**vars(labels), **per_sample})
 
 

@@ -1,5 +1,6 @@
 """Helpers of the packaging tests: the checkout's files, a clean copy of them, the wheel built from it, and
 a virtual environment with what Colab preinstalls (the Colab twin). Not a test module itself."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,23 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# What Colab preinstalls that CloudML uses (Colab runtime of 2026-08); NOT there: netCDF4, icartt, mapie, optuna,
-# kornia. torch is this machine's CPU build: the twin tests packaging, paths and the notebooks' flow.
-COLAB_PACKAGES = ["numpy", "scipy", "h5py", "pyyaml", "tqdm", "matplotlib", "scikit-learn", "scikit-image",
-                  "tensorboard", "xarray", "h5netcdf", "ipykernel", "ipywidgets==7.7.1"]
+# What Colab preinstalls that CloudML uses (Colab runtime of 2026-08); NOT there: netCDF4, icartt, mapie,
+# optuna, kornia. torch is this machine's CPU build: the twin tests packaging, paths and the notebooks' flow.
+COLAB_PACKAGES = [
+    "numpy",
+    "scipy",
+    "h5py",
+    "pyyaml",
+    "tqdm",
+    "matplotlib",
+    "scikit-learn",
+    "scikit-image",
+    "tensorboard",
+    "xarray",
+    "h5netcdf",
+    "ipykernel",
+    "ipywidgets==7.7.1",
+]
 NOT_ON_COLAB = ["netCDF4", "icartt", "mapie", "optuna", "kornia"]
 CACHES = ("__pycache__", ".pyc")
 
@@ -22,12 +36,23 @@ def checkout_files() -> list[Path]:
     """The files of the checkout, relative to it: what git tracks or would track (new files included,
     ignored ones such as caches, runs and build/ left out)."""
     try:
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         files = [Path(line) for line in out.splitlines() if line and (REPO / line).is_file()]
-    except (OSError, subprocess.CalledProcessError):          # not a git checkout: every file but the usual junk
-        files = [p.relative_to(REPO) for p in REPO.rglob("*") if p.is_file()
-                 and not any(part.startswith(".") or part in ("build", "dist") for part in p.relative_to(REPO).parts)]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file but the usual junk
+        files = [
+            p.relative_to(REPO)
+            for p in REPO.rglob("*")
+            if p.is_file()
+            and not any(
+                part.startswith(".") or part in ("build", "dist") for part in p.relative_to(REPO).parts
+            )
+        ]
     return sorted(f for f in files if not any(c in f.parts or f.name.endswith(c) for c in CACHES))
 
 
@@ -39,8 +64,9 @@ def copy_checkout(dest: Path) -> Path:
 
 
 def expected_wheel_files() -> set[str]:
-    """What the wheel must hold, from the checkout: every file under cloudml_lib/, and the data folders setup.py
-    maps into the package (configs/ -> cloudml_lib/configs/, benchmarks/results/ -> cloudml_lib/measured/)."""
+    """What the wheel must hold, from the checkout: every file under cloudml_lib/, and the data folders
+    setup.py maps into the package (configs/ -> cloudml_lib/configs/, benchmarks/results/ ->
+    cloudml_lib/measured/)."""
     mapped = {"configs/": "cloudml_lib/configs/", "benchmarks/results/": "cloudml_lib/measured/"}
     out = set()
     for rel in checkout_files():
@@ -49,16 +75,31 @@ def expected_wheel_files() -> set[str]:
             out.add(path)
         for source, target in mapped.items():
             if path.startswith(source):
-                out.add(target + path[len(source):])
+                out.add(target + path[len(source) :])
     return out
 
 
 def build_wheel(work: Path) -> Path:
     """The wheel of a clean copy of the checkout (a build/ left in the checkout can never leak into it)."""
     src = copy_checkout(work / "src")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(work / "dist"), str(src)], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(work / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (wheel,) = (work / "dist").glob("cloudml-*.whl")
     return wheel
 
@@ -76,8 +117,12 @@ def wheel_requirements(wheel: Path) -> list[str]:
 
 
 def pip(python: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "install", "--quiet", *args],
-                       capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "install", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode == 0, f"pip install {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r
 
@@ -90,24 +135,35 @@ def make_colab_venv(where: Path) -> Path:
     python = where / "bin" / "python"
     pip(python, f"torch=={torch_version()}")
     pip(python, *COLAB_PACKAGES)
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    stub = site / "google" / "colab"              # no google/__init__.py: "google" stays a namespace (protobuf)
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    stub = site / "google" / "colab"  # no google/__init__.py: "google" stays a namespace (protobuf)
     stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text('"""A stand-in for Colab\'s google.colab, for the tests\' Colab twin."""\n')
+    (stub / "__init__.py").write_text(
+        '"""A stand-in for Colab\'s google.colab, for the tests\' Colab twin."""\n'
+    )
     (stub / "drive.py").write_text(
-        '"""drive.mount of the Colab twin: links the mount point to $CLOUDML_TWIN_DRIVE (Google Drive\'s stand-in)."""\n'
+        '"""drive.mount of the Colab twin: links the mount point to $CLOUDML_TWIN_DRIVE (Google Drive\'s '
+        'stand-in)."""\n'
         "import os\n\n\n"
         "def mount(mountpoint, force_remount=False, **kwargs):\n"
         "    if not os.path.isdir(os.path.join(mountpoint, 'MyDrive')):\n"
         "        os.makedirs(os.path.dirname(mountpoint), exist_ok=True)\n"
         "        os.symlink(os.environ['CLOUDML_TWIN_DRIVE'], mountpoint)\n"
-        "    print('Mounted at', mountpoint)\n")
+        "    print('Mounted at', mountpoint)\n"
+    )
     return python
 
 
 def torch_version() -> str:
     import torch
+
     return torch.__version__.split("+")[0]
 
 

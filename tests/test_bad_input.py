@@ -1,6 +1,7 @@
 """Bad input, wrong folders and misleading messages, end to end through the command line (issue 15,
 parts C to E): each case ends with exit status 2 and a message naming the key, file or value and what
 would be valid, never a traceback, and loses nothing. Each test failed before its fix."""
+
 import errno
 import json
 import os
@@ -25,8 +26,13 @@ REPO = Path(__file__).parent.parent
 def run_cli(*args, env=None):
     full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "cloudml_lib", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=full,
+    )
 
 
 def refused(r, *words):
@@ -75,6 +81,7 @@ def run_copy(finished, tmp_path):
 
 # ------------------------------------------------------------------ C. tracebacks that became messages
 
+
 def test_frames_too_small_for_the_network_are_refused_before_any_work(data, tmp_path):
     cfg = write_config(tmp_path, *data)
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "data.swath_slice=[20,26]")
@@ -86,19 +93,30 @@ def test_frames_too_small_for_the_network_are_refused_before_any_work(data, tmp_
 
 def test_frames_too_narrow_for_the_network_are_named_with_their_file(tmp_path):
     from cloudml_lib.data.synthetic import make_demo_flights
+
     entries = make_demo_flights(tmp_path / "narrow", n_flights=3, frames_per_flight=40, frame_shape=(64, 40))
     cfg = write_config(tmp_path, tmp_path / "narrow", entries, data={"swath_slice": [0, 64], "downsample": 6})
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run")
-    refused(r, "frames are 40 columns wide, 6 after data.downsample 6", "set data.downsample to at most 5",
-            entries[0]["ir_file"].split("/")[-1])
+    refused(
+        r,
+        "frames are 40 columns wide, 6 after data.downsample 6",
+        "set data.downsample to at most 5",
+        entries[0]["ir_file"].split("/")[-1],
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_a_wrong_ir_time_format_is_named(data, tmp_path):
     cfg = write_config(tmp_path, *data)
-    r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "data.ir_time_format=seconds_of_day")
-    refused(r, "data.ir_time_format is 'seconds_of_day', but the values", "are epoch seconds",
-            "Set data.ir_time_format: auto")
+    r = run_cli(
+        "train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "data.ir_time_format=seconds_of_day"
+    )
+    refused(
+        r,
+        "data.ir_time_format is 'seconds_of_day', but the values",
+        "are epoch seconds",
+        "Set data.ir_time_format: auto",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -106,16 +124,31 @@ def test_a_cache_folder_that_is_a_file_is_named(data, tmp_path):
     cfg = write_config(tmp_path, *data)
     (tmp_path / "notes.txt").write_text("keep me")
     for key in ("data.cache_dir", "data.cache_copy_dir"):
-        r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", f"{key}={tmp_path / 'notes.txt'}")
+        r = run_cli(
+            "train",
+            "--config",
+            cfg,
+            "--run-dir",
+            tmp_path / "run",
+            "--set",
+            f"{key}={tmp_path / 'notes.txt'}",
+        )
         refused(r, f"{key}: {tmp_path / 'notes.txt'} is a file; it must be a folder")
-    r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set",
-                f"data.cache_dir={tmp_path / 'notes.txt' / 'cache'}")
+    r = run_cli(
+        "train",
+        "--config",
+        cfg,
+        "--run-dir",
+        tmp_path / "run",
+        "--set",
+        f"data.cache_dir={tmp_path / 'notes.txt' / 'cache'}",
+    )
     refused(r, f"lies inside {tmp_path / 'notes.txt'}, which is a file")
     assert (tmp_path / "notes.txt").read_text() == "keep me" and not (tmp_path / "run").exists()
 
 
 def test_paths_of_the_wrong_kind_are_named(tmp_path):
-    r = run_cli("make-demo-data", "--out", "/dev/null")                 # a device where a folder belongs
+    r = run_cli("make-demo-data", "--out", "/dev/null")  # a device where a folder belongs
     refused(r, "/dev/null is not a folder, but a folder is needed there")
     r = run_cli("train", "--config", REPO / "configs", "--run-dir", tmp_path / "run")
     refused(r, "configs is a folder; --config takes a YAML file in it", "demo.yaml")
@@ -130,13 +163,30 @@ def _replace_dataset(path: Path, key: str, value) -> None:
         f[key] = value
 
 
-@pytest.mark.parametrize("role,key,value,words", [
-    ("ir_file", "Time/TimeUTC", np.array([b"10:00:%02d" % (i % 60) for i in range(243)]),
-     ["'Time/TimeUTC' (data.keys.ir_time) holds text", "not times (epoch seconds)", "'10:00:00'"]),
-    ("cpl_file", "layer_descriptor/Lidar_Surface_Altitude", None,
-     ["'layer_descriptor/Lidar_Surface_Altitude' (data.keys.cpl_lidar_surface) holds", "not numbers"]),
-    ("nav_file", "nav/sunAzGrd", None, ["'nav/sunAzGrd' (data.keys.nav_azimuth) holds text", "not angles"]),
-], ids=["IR times as text", "CPL records", "nav text"])
+@pytest.mark.parametrize(
+    "role,key,value,words",
+    [
+        (
+            "ir_file",
+            "Time/TimeUTC",
+            np.array([b"10:00:%02d" % (i % 60) for i in range(243)]),
+            ["'Time/TimeUTC' (data.keys.ir_time) holds text", "not times (epoch seconds)", "'10:00:00'"],
+        ),
+        (
+            "cpl_file",
+            "layer_descriptor/Lidar_Surface_Altitude",
+            None,
+            ["'layer_descriptor/Lidar_Surface_Altitude' (data.keys.cpl_lidar_surface) holds", "not numbers"],
+        ),
+        (
+            "nav_file",
+            "nav/sunAzGrd",
+            None,
+            ["'nav/sunAzGrd' (data.keys.nav_azimuth) holds text", "not angles"],
+        ),
+    ],
+    ids=["IR times as text", "CPL records", "nav text"],
+)
 def test_datasets_of_the_wrong_kind_are_named(data, tmp_path, role, key, value, words):
     root, entries = data
     copy = tmp_path / "flights"
@@ -145,7 +195,7 @@ def test_datasets_of_the_wrong_kind_are_named(data, tmp_path, role, key, value, 
     with h5py.File(path) as f:
         n = f[key].shape[0]
     if value is None and role == "cpl_file":
-        value = np.zeros(n, dtype=[("a", "f4"), ("b", "i2")])            # compound records
+        value = np.zeros(n, dtype=[("a", "f4"), ("b", "i2")])  # compound records
     elif value is None:
         value = np.array([b"south"] * n)
     _replace_dataset(path, key, value)
@@ -158,6 +208,7 @@ def test_datasets_of_the_wrong_kind_are_named(data, tmp_path, role, key, value, 
 def test_numbers_stored_as_text_are_read(data, tmp_path):
     from cloudml_lib.config import build_config
     from cloudml_lib.data import er2
+
     root, entries = data
     copy = tmp_path / "flights"
     shutil.copytree(root, copy)
@@ -170,37 +221,46 @@ def test_numbers_stored_as_text_are_read(data, tmp_path):
     assert n == 240 and np.nanmax(np.abs(read - times[:240].astype(float))) < 1e-3
 
 
-def test_predict_on_a_full_disk_names_the_file_and_leaves_no_half_file(finished, tmp_path, monkeypatch, capsys):
+def test_predict_on_a_full_disk_names_the_file_and_leaves_no_half_file(
+    finished, tmp_path, monkeypatch, capsys
+):
     import xarray
 
     from cloudml_lib import cli
+
     _, run = finished
     out = tmp_path / "out"
     real = xarray.Dataset.to_netcdf
 
-    def fills_the_disk(self, path, *a, **k):         # what h5py raises on a full disk, after writing part of it
+    def fills_the_disk(self, path, *a, **k):  # what h5py raises on a full disk, after writing part of it
         Path(path).write_bytes(b"\0" * 1000)
-        raise OSError(errno.ENOSPC, "Can't synchronously write data (file write failed: errno = 28, error message "
-                      "= 'No space left on device')")
+        raise OSError(
+            errno.ENOSPC,
+            "Can't synchronously write data (file write failed: errno = 28, error message "
+            "= 'No space left on device')",
+        )
+
     monkeypatch.setattr(xarray.Dataset, "to_netcdf", fills_the_disk)
     assert cli.main(["predict", "--run-dir", str(run), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "no space left on the disk holding" in err and f"{out}/" in err and "_cbh.nc" in err
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
     monkeypatch.setattr(xarray.Dataset, "to_netcdf", real)
-    assert cli.main(["predict", "--run-dir", str(run), "--out", str(out)]) == 0     # space freed: it works
+    assert cli.main(["predict", "--run-dir", str(run), "--out", str(out)]) == 0  # space freed: it works
 
 
 def test_a_log_file_on_a_full_disk_is_said_once_in_words(tmp_path, capsys):
     import logging
 
     from cloudml_lib.logs import attach_run_log
+
     logger = attach_run_log(tmp_path)
     handler = next(h for h in logger.handlers if hasattr(h, "baseFilename"))
     handler.stream = open(os.devnull, "w")
 
     def full(text):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     handler.stream.write = full
     for i in range(3):
         logging.getLogger("cloudml_lib.test").info("line %d", i)
@@ -213,7 +273,7 @@ def test_a_log_file_on_a_full_disk_is_said_once_in_words(tmp_path, capsys):
 def test_a_damaged_evaluation_is_computed_again_from_the_best_model(run_copy):
     cfg, run = run_copy
     good = json.loads((run / "evaluation.json").read_text())
-    (run / "evaluation.json").write_text('{"overall": {"r2": 0.9')              # cut off by a disconnect
+    (run / "evaluation.json").write_text('{"overall": {"r2": 0.9')  # cut off by a disconnect
     r = run_cli("train", "--config", cfg, "--run-dir", run)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "evaluation.json is damaged" in r.stdout and "already finished" in r.stdout
@@ -224,8 +284,10 @@ def test_a_damaged_evaluation_is_computed_again_from_the_best_model(run_copy):
 
 # ------------------------------------------------------------------ D. accepted silently
 
+
 def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data, tmp_path):
     import netCDF4
+
     root, entries = data
     _, run = finished
     copy = tmp_path / "flights"
@@ -233,10 +295,10 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
     held = entries[2]
     with h5py.File(copy / held["ir_file"], "a") as f:
         frames = f["Product/Signal"][()].astype("f4")
-        frames[10] = np.nan                                # all NaN
-        frames[11] = np.inf                                # all inf
-        frames[12, 4:9] = np.nan                           # partly NaN (5 of the 32 rows kept): filled, predicted
-        frames[13] = 11000.0                               # every pixel equal: no contrast
+        frames[10] = np.nan  # all NaN
+        frames[11] = np.inf  # all inf
+        frames[12, 4:9] = np.nan  # partly NaN (5 of the 32 rows kept): filled, predicted
+        frames[13] = 11000.0  # every pixel equal: no contrast
         del f["Product/Signal"]
         f["Product/Signal"] = frames
     r = run_cli("predict", "--run-dir", run, "--data-dir", copy, "--out", tmp_path / "out")
@@ -250,14 +312,19 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
         cloudy = np.ma.filled(nc["cloud_flag"][:], 0) == 1
         blank = np.isin(index, [10, 11, 13])
         assert np.isnan(cbh[blank]).all() and np.isnan(prob[blank]).all()
-        assert np.isfinite(prob[~blank]).all()                      # every other frame answered, frame 12 too
-        assert np.isfinite(cbh[~blank & cloudy]).all() and np.isnan(cbh[~cloudy]).all()   # no height over clear sky
+        assert np.isfinite(prob[~blank]).all()  # every other frame answered, frame 12 too
+        assert (
+            np.isfinite(cbh[~blank & cloudy]).all() and np.isnan(cbh[~cloudy]).all()
+        )  # no height over clear sky
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())[held["name"]]
     assert summary["blank"] == 3 and summary["filled_pixels"] == 240
     from cloudml_lib.report import build_report_md
+
     shutil.copytree(run, tmp_path / "run")
     shutil.copytree(tmp_path / "out", tmp_path / "run" / "predictions")
-    assert "3 blank frames (no finite pixel, or no contrast) have no height" in build_report_md(tmp_path / "run")
+    assert "3 blank frames (no finite pixel, or no contrast) have no height" in build_report_md(
+        tmp_path / "run"
+    )
 
 
 def test_predict_refuses_two_nav_files_or_two_copies_of_a_flight(finished, data, tmp_path):
@@ -278,6 +345,7 @@ def test_predict_refuses_two_nav_files_or_two_copies_of_a_flight(finished, data,
 
 def test_status_checks_meta_json_against_the_verified_state(run_copy):
     from cloudml_lib.rundir import format_status, run_status
+
     _, run = run_copy
     real = run_status(run)
     newest = find_checkpoints(run)[0]
@@ -300,7 +368,9 @@ def test_resume_from_another_runs_checkpoint_is_refused(run_copy, finished, tmp_
     refused(r, "that checkpoint belongs to another run", f"use --run-dir with its own folder ({run})")
     r = run_cli("train", "--config", cfg, "--run-dir", other, "--resume", run / "best.pt")
     refused(r, "best.pt holds the best model's weights only, not a resumable state")
-    r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "fresh", "--resume", theirs)   # an empty folder
+    r = run_cli(
+        "train", "--config", cfg, "--run-dir", tmp_path / "fresh", "--resume", theirs
+    )  # an empty folder
     assert r.returncode == 0 and "becomes a copy of that run" in r.stdout, r.stderr[-2000:]
 
 
@@ -319,9 +389,12 @@ def test_commands_on_a_crossval_folder_say_which_command_fits(finished, tmp_path
     refused(r, "holds a training run", "not a cross-validation")
 
 
-def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from_the_old_cache(data, tmp_path):
+def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from_the_old_cache(
+    data, tmp_path
+):
     from cloudml_lib.config import build_config
     from cloudml_lib.data.cache import load_flight_cache
+
     root, entries = data
     copy = tmp_path / "flights"
     shutil.copytree(root, copy)
@@ -329,7 +402,7 @@ def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from
     first = load_flight_cache(cfg.data.flights[0], cfg.data)
     path = copy / entries[0]["ir_file"]
     stat = path.stat()
-    with h5py.File(path, "a") as f:                                        # reprocessed in place, same size
+    with h5py.File(path, "a") as f:  # reprocessed in place, same size
         f["Product/Signal"][...] = f["Product/Signal"][()][::-1]
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
@@ -339,10 +412,14 @@ def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from
 
 # ------------------------------------------------------------------ E. messages that misled
 
+
 def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
     from cloudml_lib.errors import explain_os_error
-    text = explain_os_error(OSError(errno.ENOSPC, "No space left on device"),
-                            {"run folder": str(tmp_path / "run"), "output folder": None})
+
+    text = explain_os_error(
+        OSError(errno.ENOSPC, "No space left on device"),
+        {"run folder": str(tmp_path / "run"), "output folder": None},
+    )
     assert "the disk holding the disk" not in text
     assert f"a disk this command writes to (run folder {tmp_path / 'run'})" in text
 
@@ -351,9 +428,10 @@ def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_
     from cloudml_lib import checkpoint
     from cloudml_lib.errors import explain_os_error
 
-    def full(obj, f):                                   # what torch raises when the disk fills mid-write
+    def full(obj, f):  # what torch raises when the disk fills mid-write
         f.write(b"x" * 100)
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 105408 vs 105296")
+
     monkeypatch.setattr(checkpoint.torch, "save", full)
     (tmp_path / "best.pt").write_bytes(b"the previous best")
     with pytest.raises(OSError) as e:
@@ -361,13 +439,17 @@ def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_
     assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "best.pt")
     assert (tmp_path / "best.pt").read_bytes() == b"the previous best" and len(list(tmp_path.iterdir())) == 1
     text = explain_os_error(e.value, resumes=False)
-    assert text.startswith(f"no space left on the disk holding {tmp_path / 'best.pt'}") and "checkpoint" not in text
+    assert (
+        text.startswith(f"no space left on the disk holding {tmp_path / 'best.pt'}")
+        and "checkpoint" not in text
+    )
 
 
 def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkeypatch, capsys):
     import csv
 
     from cloudml_lib import cli
+
     _, run = run_copy
     before = (run / "predictions.csv").read_text()
 
@@ -379,6 +461,7 @@ def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkey
             self.rows += 1
             if self.rows > 3:
                 raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(csv, "writer", Full)
     assert cli.main(["evaluate", "--run-dir", str(run)]) == 2
     err = capsys.readouterr().err
@@ -390,6 +473,7 @@ def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkey
 def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_copy, monkeypatch):
     from cloudml_lib import checkpoint
     from cloudml_lib.rundir import run_status
+
     _, run = run_copy
     newest = find_checkpoints(run)[0]
     real = checkpoint.sha256_file
@@ -398,6 +482,7 @@ def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_co
         if Path(path).parent == newest:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path)
+
     monkeypatch.setattr(checkpoint, "sha256_file", denied)
     s = run_status(run)
     assert s["rejected"][0]["reason"].startswith("cannot read state.pt (Permission denied)")
@@ -411,7 +496,7 @@ def test_bit_rot_in_the_cache_is_named_instead_of_blaming_the_learning_rate(data
     name = data[1][0]["name"]
     (folder,) = (tmp_path / "cache").glob(f"{name}-*")
     frames = np.load(folder / "frames.npy", mmap_mode="r+")
-    frames[::2] = np.float16("nan")                      # bit rot: half the frames unreadable numbers
+    frames[::2] = np.float16("nan")  # bit rot: half the frames unreadable numbers
     frames.flush()
     del frames
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "second")
@@ -421,10 +506,16 @@ def test_bit_rot_in_the_cache_is_named_instead_of_blaming_the_learning_rate(data
 
 def test_advice_in_messages_can_fix_what_they_describe(data, tmp_path):
     cfg = write_config(tmp_path, *data)
-    r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "train.grad_accum_steps=1024")
+    r = run_cli(
+        "train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "train.grad_accum_steps=1024"
+    )
     n = int(re.search(r"larger than the training set \((\d+) samples\)", r.stderr).group(1))
-    refused(r, "train.batch_size 8 x train.grad_accum_steps 1024", f"larger than the training set ({n} samples)",
-            f"Choose train.grad_accum_steps <= {n // 8} (with train.batch_size 8)")
+    refused(
+        r,
+        "train.batch_size 8 x train.grad_accum_steps 1024",
+        f"larger than the training set ({n} samples)",
+        f"Choose train.grad_accum_steps <= {n // 8} (with train.batch_size 8)",
+    )
     assert "train.batch_size <= 1" not in r.stderr
 
 
@@ -437,17 +528,22 @@ def test_a_damaged_best_model_is_named(run_copy):
     refused(r, f"{run / 'best.pt'}: its weights do not fit the model its config describes")
     del best["scalers"]
     torch.save(best, run / "best.pt")
-    refused(run_cli("predict", "--run-dir", run), f"{run / 'best.pt'} is not a complete best model (no scalers)")
+    refused(
+        run_cli("predict", "--run-dir", run), f"{run / 'best.pt'} is not a complete best model (no scalers)"
+    )
 
 
 def test_a_fresh_unreadable_lock_is_explained(tmp_path):
     from cloudml_lib.errors import CloudMLError
     from cloudml_lib.runlock import RunLock
+
     (tmp_path / ".lock").write_text("{not json")
-    with pytest.raises(CloudMLError, match=r"exists but cannot be read \(not the JSON a lock holds\).*delete "):
+    with pytest.raises(
+        CloudMLError, match=r"exists but cannot be read \(not the JSON a lock holds\).*delete "
+    ):
         RunLock(tmp_path).acquire()
     old = 1_000_000_000
-    os.utime(tmp_path / ".lock", (old, old))                   # a damaged lock long left behind: taken over
+    os.utime(tmp_path / ".lock", (old, old))  # a damaged lock long left behind: taken over
     lock = RunLock(tmp_path)
     lock.acquire()
     lock.release()
@@ -457,6 +553,8 @@ def test_a_fresh_unreadable_lock_is_explained(tmp_path):
 def test_a_stop_at_any_moment_exits_130(data, tmp_path, sig):
     cfg = write_config(tmp_path, *data)
     for point in ("start:1", "setup:1"):
-        r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", env={"CLOUDML_KILL_AT": f"{point}:{sig}"})
+        r = run_cli(
+            "train", "--config", cfg, "--run-dir", tmp_path / "run", env={"CLOUDML_KILL_AT": f"{point}:{sig}"}
+        )
         assert r.returncode == 130, (point, r.returncode, r.stderr[-1000:])
         assert "Run the same command again" in r.stderr

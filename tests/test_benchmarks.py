@@ -1,4 +1,5 @@
 """benchmarks/RESULTS.md is rendered from the results files, never typed by hand."""
+
 import json
 import shutil
 from pathlib import Path
@@ -10,8 +11,9 @@ REPO = Path(__file__).parent.parent
 
 def test_results_md_is_what_the_results_files_say(tmp_path):
     out = write_report(REPO / "benchmarks" / "results", tmp_path / "RESULTS.md")
-    assert out.read_text() == (REPO / "benchmarks" / "RESULTS.md").read_text(), \
+    assert out.read_text() == (REPO / "benchmarks" / "RESULTS.md").read_text(), (
         "RESULTS.md is stale: run python -m benchmarks --report-only"
+    )
 
 
 def test_the_report_carries_the_measured_numbers(tmp_path):
@@ -30,7 +32,7 @@ def test_the_report_carries_the_measured_numbers(tmp_path):
 
 def test_readme_tables_come_from_results_md():
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Benchmarks"):readme.index("## Design decisions")]
+    section = readme[readme.index("## Benchmarks") : readme.index("## Design decisions")]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     results = (REPO / "benchmarks" / "RESULTS.md").read_text().splitlines()
     assert len(rows) >= 15

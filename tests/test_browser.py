@@ -2,6 +2,7 @@
 Markdown tables, the folded log, the Train cell's height, no traceback on the page, and the picker
 continuing the run the user started after a stop and a kernel restart. Needs Debian's Chromium, the
 playwright package and JupyterLab; skipped where any is missing (CI has none of them)."""
+
 import sys
 
 import pytest
@@ -9,8 +10,10 @@ import pytest
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 import browser_check  # noqa: E402
 
-pytestmark = pytest.mark.skipif(bool(browser_check.missing_tools()),
-                                reason="browser check needs: " + "; ".join(browser_check.missing_tools()))
+pytestmark = pytest.mark.skipif(
+    bool(browser_check.missing_tools()),
+    reason="browser check needs: " + "; ".join(browser_check.missing_tools()),
+)
 
 
 @pytest.mark.slow

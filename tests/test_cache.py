@@ -36,7 +36,13 @@ def test_preprocess_crops_normalises_and_fills_nan(tiny_config):
 def test_cache_holds_the_preprocessed_windows(tiny_config):
     cache = load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
     meta = json.loads((cache.path / "meta.json").read_text())
-    assert meta["counts"]["cloud_samples"] == len(cache) > meta["counts"]["samples"] == cache.has_height.sum() > 0
+    assert (
+        meta["counts"]["cloud_samples"]
+        == len(cache)
+        > meta["counts"]["samples"]
+        == cache.has_height.sum()
+        > 0
+    )
     assert set(np.unique(cache.cloud)) == {0, 1} and (cache.cloud[cache.has_height] == 1).all()
     assert np.isfinite(cache.frame_p10).all()
     assert cache.windows.shape == (len(cache), 3)
@@ -47,6 +53,7 @@ def test_cache_holds_the_preprocessed_windows(tiny_config):
     assert store.dtype == np.float16
     np.testing.assert_array_equal(cache.frames.read(cache.windows[i]), store[cache.windows[i]])
     import h5py
+
     with h5py.File(tiny_config.data.dir + "/" + tiny_config.data.flights[0].ir_file) as f:
         raw = f["Product/Signal"][int(cache.frame_index[i])]
     expected = preprocess_frame(raw, tiny_config.data)[0].astype(np.float16)
@@ -105,9 +112,12 @@ def test_reading_samples_does_not_grow_memory(tiny_config):
 def test_a_cache_that_would_not_fit_on_disk_is_refused_before_writing(tiny_config, monkeypatch):
     import shutil as sh
     from collections import namedtuple
+
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(sh, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
-    with pytest.raises(Exception, match=r"its cache needs 0\.\d+ GB but only 0\.00 GB are free .*data.downsample: 2"):
+    with pytest.raises(
+        Exception, match=r"its cache needs 0\.\d+ GB but only 0\.00 GB are free .*data.downsample: 2"
+    ):
         load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
     assert not list(cache_mod.cache_root(tiny_config.data).glob("*.tmp-*"))
 
@@ -123,7 +133,8 @@ def test_cache_copy_is_written_and_copied_back_instead_of_rebuilt(tiny_config, t
     assert (copy / "frames.npy").read_bytes() == (built.path / "frames.npy").read_bytes()
     expected = np.load(built.path / "frames.npy")
     import shutil
-    shutil.rmtree(built.path)                                  # a new Colab VM: the local disk is empty
+
+    shutil.rmtree(built.path)  # a new Colab VM: the local disk is empty
     monkeypatch.setattr(cache_mod, "_build", lambda *a: pytest.fail("rebuilt although a valid copy exists"))
     copied = load_flight_cache(flight, data)
     assert copied.source == "copied" and copied.path == built.path
@@ -138,14 +149,15 @@ def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path):
     expected = np.load(built.path / "frames.npy")
     copy = tmp_path / "drive_cache" / built.path.name / "frames.npy"
     raw = bytearray(copy.read_bytes())
-    raw[-3] ^= 0xFF                                            # same size, one byte changed
+    raw[-3] ^= 0xFF  # same size, one byte changed
     copy.write_bytes(bytes(raw))
     import shutil
+
     shutil.rmtree(built.path)
     again = load_flight_cache(flight, data)
     assert again.source == "built"
     np.testing.assert_array_equal(np.load(again.path / "frames.npy"), expected)
-    assert copy.read_bytes() == (again.path / "frames.npy").read_bytes()        # the copy is repaired too
+    assert copy.read_bytes() == (again.path / "frames.npy").read_bytes()  # the copy is repaired too
     assert not list(built.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"
 
 
@@ -154,24 +166,38 @@ def _blank_some_frames(tmp_path, which, value):
     import h5py
 
     from cloudml_lib.data.synthetic import make_demo_flights
+
     entries = make_demo_flights(tmp_path / "f", n_flights=2, frames_per_flight=120, frame_shape=(40, 48))
     path = tmp_path / "f" / entries[0]["ir_file"]
-    with h5py.File(path, "a") as f:                   # as float, with the chosen frames blank
+    with h5py.File(path, "a") as f:  # as float, with the chosen frames blank
         counts = f["Product/Signal"][()].astype("f4")
         counts[which] = value
         del f["Product/Signal"]
         f["Product/Signal"] = counts
-    return build_config({"data": {"dir": str(tmp_path / "f"), "cache_dir": str(tmp_path / "c"), "flights": entries,
-                                  "validation_flights": [entries[1]["name"]], "swath_slice": [4, 36],
-                                  "temporal_frames": 3}})
+    return build_config(
+        {
+            "data": {
+                "dir": str(tmp_path / "f"),
+                "cache_dir": str(tmp_path / "c"),
+                "flights": entries,
+                "validation_flights": [entries[1]["name"]],
+                "swath_slice": [4, 36],
+                "temporal_frames": 3,
+            }
+        }
+    )
 
 
 @pytest.mark.parametrize("value", [np.nan, 11000.0], ids=["all NaN", "no contrast"])
 def test_a_flight_of_mostly_blank_frames_is_refused(tmp_path, value):
     from cloudml_lib.errors import DataError
-    cfg = _blank_some_frames(tmp_path, slice(None, None, 3), value)          # a third of the frames
-    with pytest.raises(DataError, match=r"flight 01Mar25: \d+ of the \d+ frames .* blank \(entirely NaN/inf, or every "
-                                        r"pixel equal\).*more than 5%"):
+
+    cfg = _blank_some_frames(tmp_path, slice(None, None, 3), value)  # a third of the frames
+    with pytest.raises(
+        DataError,
+        match=r"flight 01Mar25: \d+ of the \d+ frames .* blank \(entirely NaN/inf, or every "
+        r"pixel equal\).*more than 5%",
+    ):
         load_flight_cache(cfg.data.flights[0], cfg.data)
     # no cache folder, finished or not; the input files' SHA-256 memo (read while the frames were) may stay
     assert [p.name for p in (tmp_path / "c").glob("*")] in ([], ["file_sha256.json"])
@@ -181,7 +207,7 @@ def test_a_label_on_a_blank_frame_is_dropped_and_counted(tmp_path):
     cfg = _blank_some_frames(tmp_path, [], np.nan)
     clean = load_flight_cache(cfg.data.flights[0], cfg.data)
     labelled = int(clean.frame_index[len(clean) // 2])
-    cfg = _blank_some_frames(tmp_path / "again", [labelled], 11000.0)        # one labelled frame without contrast
+    cfg = _blank_some_frames(tmp_path / "again", [labelled], 11000.0)  # one labelled frame without contrast
     cache = load_flight_cache(cfg.data.flights[0], cfg.data)
     assert labelled not in cache.frame_index and len(cache) == len(clean) - 1
     assert cache.meta["counts"]["blank_frame"] == 1 and cache.meta["counts"]["empty_frames"] == 1

@@ -25,7 +25,7 @@ def test_commit_writes_state_manifest_and_marker(tmp_path):
     assert meta["sha256"] == ck.sha256_file(folder / "state.pt") == (folder / "COMMITTED").read_text()
     assert ck.verify(folder) is None
     assert torch.equal(ck.load_state(folder / "state.pt")["model"]["w"], torch.full((3,), 4.0))
-    assert not list(tmp_path.glob("*.pt"))                     # the local copy is gone
+    assert not list(tmp_path.glob("*.pt"))  # the local copy is gone
 
 
 def test_verify_names_each_defect(tmp_path):
@@ -43,7 +43,7 @@ def test_verify_names_each_defect(tmp_path):
 def test_prune_keeps_the_newest_committed_and_drops_leftovers(tmp_path):
     for step in (1, 2, 3, 4):
         ck.commit(small_state(step), {"step": step}, tmp_path, tmp_path)
-    (tmp_path / "checkpoints" / "step-00000002" / "COMMITTED").unlink()       # an interrupted one
+    (tmp_path / "checkpoints" / "step-00000002" / "COMMITTED").unlink()  # an interrupted one
     stale = tmp_path / "checkpoints" / ".step-00000009.tmp-999999"
     stale.mkdir()
     ck.prune(tmp_path, keep_last=2)
@@ -60,8 +60,8 @@ def test_a_kill_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypat
         if not os.path.isdir(path):
             return
         files = sorted(p.path for p in os.scandir(path) if p.is_file())
-        os.unlink(files[0])                              # the marker or the state goes first ...
-        raise SystemExit("killed")                       # ... and the process dies mid-delete
+        os.unlink(files[0])  # the marker or the state goes first ...
+        raise SystemExit("killed")  # ... and the process dies mid-delete
 
     monkeypatch.setattr(ck.shutil, "rmtree", dies_after_one_file)
     try:
@@ -71,8 +71,8 @@ def test_a_kill_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypat
     monkeypatch.setattr(ck.shutil, "rmtree", real_rmtree)
     left = ck.find_checkpoints(tmp_path)
     assert [p.name for p in left] == ["step-00000003", "step-00000002"]
-    assert all(ck.verify(p) is None for p in left)       # every folder a resume can be pointed at is whole
-    ck.prune(tmp_path, keep_last=2)                      # the next prune clears the half-deleted leftover
+    assert all(ck.verify(p) is None for p in left)  # every folder a resume can be pointed at is whole
+    ck.prune(tmp_path, keep_last=2)  # the next prune clears the half-deleted leftover
     assert not list((tmp_path / "checkpoints").glob(".trash-*"))
 
 
@@ -92,10 +92,28 @@ def test_checkpoint_is_weights_only_loadable(tiny_config, tmp_path):
     path = tmp_path / "s.pt"
     torch.save(state, path)
     loaded = torch.load(path, weights_only=True)
-    assert set(loaded) >= {"model", "optimizer", "scheduler", "scaler", "loop", "sampler", "rng", "config",
-                           "scalers", "metrics_bytes"}
-    assert set(loaded["loop"]) >= {"epoch", "step", "batch", "best_val_loss", "bad_epochs", "history",
-                                   "micro_batch_size", "acc"}
+    assert set(loaded) >= {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "loop",
+        "sampler",
+        "rng",
+        "config",
+        "scalers",
+        "metrics_bytes",
+    }
+    assert set(loaded["loop"]) >= {
+        "epoch",
+        "step",
+        "batch",
+        "best_val_loss",
+        "bad_epochs",
+        "history",
+        "micro_batch_size",
+        "acc",
+    }
     assert set(loaded["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}
     assert loaded["sampler"] == {"seed": tiny_config.train.seed, "epoch": 0, "position": 0, "samples": 0}
 
@@ -137,8 +155,10 @@ def test_snapshot_is_taken_at_the_step_boundary(tiny_config, tmp_path):
     trainer.close()
     assert torch.equal(snap["model"]["encoder.blocks.0.conv.weight"], w)
     assert not torch.equal(trainer.model.encoder.blocks[0].conv.weight.detach(), w)
-    assert snap["model"]["encoder.blocks.0.conv.weight"].data_ptr() != \
-        trainer.model.encoder.blocks[0].conv.weight.data_ptr()
+    assert (
+        snap["model"]["encoder.blocks.0.conv.weight"].data_ptr()
+        != trainer.model.encoder.blocks[0].conv.weight.data_ptr()
+    )
 
 
 def test_a_fault_point_fires_only_where_and_when_it_is_asked(monkeypatch):
@@ -147,6 +167,7 @@ def test_a_fault_point_fires_only_where_and_when_it_is_asked(monkeypatch):
     import signal
 
     from cloudml_lib import faults
+
     received = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
     try:
@@ -155,13 +176,13 @@ def test_a_fault_point_fires_only_where_and_when_it_is_asked(monkeypatch):
         for _ in range(3):
             faults.point("step")
         monkeypatch.setenv("CLOUDML_KILL_AT", "step:2:SIGUSR1")
-        faults.point("setup")                       # another point
-        faults.point("step")                        # the first arrival
+        faults.point("setup")  # another point
+        faults.point("step")  # the first arrival
         assert received == []
         monkeypatch.setenv("CLOUDML_KILL_RANK", "1")
-        faults.point("step")                        # rank 0 is not the one asked for
+        faults.point("step")  # rank 0 is not the one asked for
         monkeypatch.delenv("CLOUDML_KILL_RANK")
-        faults.point("step")                        # the second arrival at "step" of this rank
+        faults.point("step")  # the second arrival at "step" of this rank
         assert received == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, previous)
@@ -171,7 +192,7 @@ def test_structure_is_part_of_verification(tmp_path):
     assert "incomplete: no optimizer" in ck.check_structure({"format": ck.FORMAT_VERSION, "model": {}})
     assert "format 7" in ck.check_structure({"format": 7})
     assert "not a checkpoint" in ck.check_structure([1, 2])
-    folder = ck.commit(small_state(5), {"step": 5}, tmp_path, tmp_path)       # verifies, but has no optimizer...
+    folder = ck.commit(small_state(5), {"step": 5}, tmp_path, tmp_path)  # verifies, but has no optimizer...
     reason, state, _ = ck.check_folder(folder)
     assert state is None and reason.startswith("format None")
 
@@ -179,6 +200,7 @@ def test_structure_is_part_of_verification(tmp_path):
 def test_a_full_staging_disk_is_said_in_words(tmp_path, monkeypatch):
     def full(obj, f, *a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
     monkeypatch.setattr(ck.torch, "save", full)
     try:
         ck.commit(small_state(1), {"step": 1}, tmp_path / "run", tmp_path)
@@ -198,8 +220,9 @@ def test_a_folder_pruned_while_being_read_is_walked_past(tmp_path, monkeypatch):
     def racing(folder, load=True):
         calls.append(folder.name)
         if len(calls) == 1:
-            raise FileNotFoundError(folder / "meta.json")     # pruned by another process's save
+            raise FileNotFoundError(folder / "meta.json")  # pruned by another process's save
         return real(folder, load=False)
+
     monkeypatch.setattr(ck, "check_folder", racing)
     found = ck.find_latest_valid(run)
     assert found.folder.name == "step-00000002" and found.meta["step"] == 2
@@ -207,6 +230,7 @@ def test_a_folder_pruned_while_being_read_is_walked_past(tmp_path, monkeypatch):
 
 def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeypatch):
     import subprocess
+
     dead = subprocess.Popen(["true"])
     dead.wait()
     monkeypatch.setattr(ck.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
@@ -214,10 +238,10 @@ def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeyp
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / f".best.pt.tmp-{dead.pid}").write_bytes(b"x")
-    (run / f".best.pt.tmp-{os.getpid()}").write_bytes(b"mine")           # a live process's: kept
+    (run / f".best.pt.tmp-{os.getpid()}").write_bytes(b"mine")  # a live process's: kept
     (run / "checkpoints" / f".step-00000004.tmp-{dead.pid}").mkdir()
     (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc").mkdir()
-    (tmp_path / "tmp" / "cloudml-ckpt-abc").mkdir()                       # owner unknown: kept
+    (tmp_path / "tmp" / "cloudml-ckpt-abc").mkdir()  # owner unknown: kept
     removed = clean_leftovers(run)
     assert len(removed) == 3
     assert (run / f".best.pt.tmp-{os.getpid()}").exists() and (tmp_path / "tmp" / "cloudml-ckpt-abc").exists()

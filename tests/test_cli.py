@@ -14,7 +14,9 @@ REPO = Path(__file__).parent.parent
 
 
 def run_cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "cloudml_lib", *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", *args], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def test_bad_config_exits_2_with_a_short_message(tmp_path):
@@ -63,8 +65,17 @@ def test_data_dir_flag_overrides_the_config(tiny_raw_config, tiny_flights, tmp_p
     tiny_raw_config["data"]["dir"] = str(tmp_path / "nowhere")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw_config))
-    r = run_cli("train", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--data-dir",
-                str(tiny_flights[0]), "--set", "train.epochs=1")
+    r = run_cli(
+        "train",
+        "--config",
+        str(cfg),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--data-dir",
+        str(tiny_flights[0]),
+        "--set",
+        "train.epochs=1",
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -74,44 +85,73 @@ def test_evaluate_without_a_run_exits_2(tmp_path):
 
 
 def test_make_demo_data_writes_the_real_layout(tmp_path):
-    r = run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "2", "--frames", "40", "--size", "32x40")
+    r = run_cli(
+        "make-demo-data", "--out", str(tmp_path), "--flights", "2", "--frames", "40", "--size", "32x40"
+    )
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["01Mar25", "03Mar25"]          # one folder per flight
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
+        "01Mar25",
+        "03Mar25",
+    ]  # one folder per flight
     assert sorted(p.name for p in (tmp_path / "01Mar25").iterdir()) == [
-        "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5", "CRS_20250301_nav.hdf", "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5"]
-    assert (tmp_path / "03Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250303.h5").is_file()     # no revision suffix
+        "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5",
+        "CRS_20250301_nav.hdf",
+        "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5",
+    ]
+    assert (tmp_path / "03Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250303.h5").is_file()  # no revision suffix
     with h5py.File(tmp_path / "01Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5") as f:
         signal, t = f["Product/Signal"], f["Time/TimeUTC"][()]
-        assert signal.shape == (40, 32, 40) and signal.dtype == np.dtype(">u2")        # big-endian counts
-        assert t.shape == (43,) and 1.7e9 < np.median(t) < 1.8e9                        # epoch s, longer than frames
+        assert signal.shape == (40, 32, 40) and signal.dtype == np.dtype(">u2")  # big-endian counts
+        assert t.shape == (43,) and 1.7e9 < np.median(t) < 1.8e9  # epoch s, longer than frames
     with h5py.File(tmp_path / "01Mar25" / "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5") as f:
         g = f["layer_descriptor"]
-        julian, base, n = g["Profile_Decimal_Julian_Day"][()], g["Layer_Base_Altitude"][()], g["Number_Layers"][()]
-        assert julian.shape == (len(n), 3) and base.shape == (len(n), 10) and f["metadata_parameters/File_Year"][0] == b"2025"
-        assert np.all(np.diff(julian[:, 1]) * 86400 < 6)                               # ~5 s apart
+        julian, base, n = (
+            g["Profile_Decimal_Julian_Day"][()],
+            g["Layer_Base_Altitude"][()],
+            g["Number_Layers"][()],
+        )
+        assert (
+            julian.shape == (len(n), 3)
+            and base.shape == (len(n), 10)
+            and f["metadata_parameters/File_Year"][0] == b"2025"
+        )
+        assert np.all(np.diff(julian[:, 1]) * 86400 < 6)  # ~5 s apart
         two = n == 2
-        assert two.any() and (base[two, 0] > base[two, 1]).all()                        # layer 0 is the top one
+        assert two.any() and (base[two, 0] > base[two, 1]).all()  # layer 0 is the top one
         assert np.abs(g["Lidar_Surface_Altitude"][()][g["Lidar_Surface_Altitude"][()] > -999]).max() < 2  # km
         assert {"Solar_Zenith_Angle", "Solar_Azimuth_Angle", "CPL_Latitude"} <= set(f["geolocation"])
     with h5py.File(tmp_path / "01Mar25" / "CRS_20250301_nav.hdf") as f:
-        assert set(f["nav"]) == {"solarZenith", "sunAzGrd", "trueHdg", "IWG_lat", "IWG_lon"}   # no time axis
+        assert set(f["nav"]) == {"solarZenith", "sunAzGrd", "trueHdg", "IWG_lat", "IWG_lon"}  # no time axis
         assert f["nav/solarZenith"].shape[0] != 40
     assert run_cli("make-demo-data", "--out", str(tmp_path), "--flights", "1").returncode == 2
 
 
 def test_unexpected_errors_are_not_disguised(monkeypatch):
     from cloudml_lib import cli
+
     monkeypatch.setattr(cli, "_evaluate", lambda args: 1 / 0)
-    with pytest.raises(ZeroDivisionError):           # python -m then exits 1 with the traceback
+    with pytest.raises(ZeroDivisionError):  # python -m then exits 1 with the traceback
         main(["evaluate", "--run-dir", "x"])
 
 
 def test_preset_auto_picks_the_demo_without_a_gpu(tmp_path):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: auto would pick A, B or C")
-    r = run_cli("train", "--preset", "auto", "--run-dir", str(tmp_path / "run"), "--set", "train.epochs=1",
-                "--set", f"data.dir={tmp_path / 'flights'}", "--set", f"data.cache_dir={tmp_path / 'cache'}")
+    r = run_cli(
+        "train",
+        "--preset",
+        "auto",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "train.epochs=1",
+        "--set",
+        f"data.dir={tmp_path / 'flights'}",
+        "--set",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Preset auto: demo, because no CUDA GPU was found" in r.stdout
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"]["channels"] == [16, 32, 64]
@@ -131,18 +171,23 @@ def test_run_dir_that_is_a_file_is_explained(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["train", "crossval", "sweep", "labels", "diagnose"])
-def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_folder(command, tmp_path, monkeypatch):
-    """--preset NAME works where --config FILE does, away from the checkout: the file comes from the package."""
+def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_folder(
+    command, tmp_path, monkeypatch
+):
+    """--preset NAME works where --config FILE does, away from the checkout: the file comes from the
+    package."""
     from cloudml_lib import cli
+
     monkeypatch.chdir(tmp_path)
     extra = {"crossval": ["--run-dir", "cv"], "sweep": ["--trials", "1", "--run-dir", "sw"]}.get(command, [])
     args = cli.build_parser().parse_args([command, "--preset", "demo", *extra])
     path = cli.config_path(args)
     assert path.is_file() and path.name == "demo.yaml" and path.parent.name == "configs"
     seen = {}
-    monkeypatch.setattr("cloudml_lib.sweep.sweep", lambda config, space, *a: seen.update(config=config, space=space)
-                        or {})
-    if command == "sweep":                                 # --space left out: the packaged demo space
+    monkeypatch.setattr(
+        "cloudml_lib.sweep.sweep", lambda config, space, *a: seen.update(config=config, space=space) or {}
+    )
+    if command == "sweep":  # --space left out: the packaged demo space
         assert cli.main(["sweep", "--preset", "demo", "--trials", "1", "--run-dir", "sw"]) == 0
         assert seen["config"] == path and Path(seen["space"]).as_posix().endswith("configs/sweeps/demo.yaml")
 
@@ -150,8 +195,24 @@ def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_fold
 def test_a_config_path_from_the_checkout_used_elsewhere_names_the_preset(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["labels", "--config", "configs/reproduce_published.yaml"]) == 2
-    assert "config file not found: configs/reproduce_published.yaml; that file comes with CloudML: use --preset " \
-           "published" in capsys.readouterr().err
-    assert main(["sweep", "--preset", "demo", "--space", "configs/sweeps/demo.yaml", "--trials", "1",
-                 "--run-dir", "sw"]) == 2
+    assert (
+        "config file not found: configs/reproduce_published.yaml; that file comes with CloudML: use --preset "
+        "published" in capsys.readouterr().err
+    )
+    assert (
+        main(
+            [
+                "sweep",
+                "--preset",
+                "demo",
+                "--space",
+                "configs/sweeps/demo.yaml",
+                "--trials",
+                "1",
+                "--run-dir",
+                "sw",
+            ]
+        )
+        == 2
+    )
     assert "leave --space out to use it" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Cloud / no-cloud: labels on every frame a profile matches (clear sky included), the metrics and the
 two baselines, the joint loss, the probe fitted after training, and prediction intervals (MAPIE)
 measured on flights never seen."""
+
 import json
 
 import h5py
@@ -22,11 +23,11 @@ def test_every_matched_profile_labels_its_frame_clear_sky_included(tiny_config):
     with h5py.File(f"{data.dir}/{flight.cpl_file}") as f:
         n_layers = f["layer_descriptor/Number_Layers"][:]
     assert labels.counts["cloud_labels"] == len(labels.frame_index) > labels.heights == labels.counts["kept"]
-    assert np.all(np.diff(labels.frame_index) > 0)                          # one sample per frame, in order
+    assert np.all(np.diff(labels.frame_index) > 0)  # one sample per frame, in order
     clear = labels.cloud == 0
     assert clear.sum() == labels.counts["clear_sky"] > 3 and (n_layers == 0).sum() >= clear.sum()
-    assert np.isnan(labels.cbh_km[clear]).all()                           # no height over clear sky
-    assert (labels.cloud[np.isfinite(labels.cbh_km)] == 1).all()          # every height comes with a cloud
+    assert np.isnan(labels.cbh_km[clear]).all()  # no height over clear sky
+    assert (labels.cloud[np.isfinite(labels.cbh_km)] == 1).all()  # every height comes with a cloud
     # clouds outside the label range (the cirrus-only profiles) are cloud without a height
     assert ((labels.cloud == 1) & np.isnan(labels.cbh_km)).sum() > 0
 
@@ -36,13 +37,19 @@ def test_cloud_metrics_and_the_brightness_temperature_threshold():
     m = cloud_metrics(flag, np.array([0.9, 0.8, 0.4, 0.1, 0.2, 0.6, 0.7, 0.3]))
     assert m["accuracy"] == pytest.approx(6 / 8) and m["f1"] == pytest.approx(0.75)
     assert m["roc_auc"] == pytest.approx(15 / 16) and m["cloud_share"] == 0.5
-    assert cloud_metrics(np.ones(4), np.full(4, 0.9))["roc_auc"] is None    # one class: no AUC, no crash
-    p10 = np.array([210.0, 215, 220, 280, 285, 290])                      # cold frames are cloudy
+    assert cloud_metrics(np.ones(4), np.full(4, 0.9))["roc_auc"] is None  # one class: no AUC, no crash
+    p10 = np.array([210.0, 215, 220, 280, 285, 290])  # cold frames are cloudy
     assert 220 < fit_threshold(p10, np.array([1, 1, 1, 0, 0, 0])) < 280
     train = {"flag": np.array([1, 1, 1, 0]), "p10": np.array([200.0, 210, 220, 290])}
-    report = cloud_report(np.array([1, 0, 1]), np.array([0.8, 0.3, 0.2]), np.array(["a", "a", "b"]),
-                          np.array([205.0, 295, 230]), train, 0.5)
-    assert report["majority"]["overall"]["accuracy"] == pytest.approx(2 / 3)   # always "cloud"
+    report = cloud_report(
+        np.array([1, 0, 1]),
+        np.array([0.8, 0.3, 0.2]),
+        np.array(["a", "a", "b"]),
+        np.array([205.0, 295, 230]),
+        train,
+        0.5,
+    )
+    assert report["majority"]["overall"]["accuracy"] == pytest.approx(2 / 3)  # always "cloud"
     assert report["bt_threshold"]["overall"]["accuracy"] == 1.0
     assert report["model"]["per_flight"]["b"]["accuracy"] == 0.0
     assert set(report["model"]["per_flight"]) == {"a", "b"}
@@ -52,8 +59,12 @@ def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
     torch.manual_seed(0)
     raw = torch.randn(6, 2, requires_grad=True)
     out = Outputs(raw[:, 0], raw[:, 1])
-    part = {"target": torch.randn(6), "has_height": torch.tensor([1.0, 0, 1, 1, 0, 1]),
-            "cloud": torch.tensor([1.0, 0, 1, 1, 1, 1]), "weight": torch.tensor([1.0, 1, 2, 1, 1, 1])}
+    part = {
+        "target": torch.randn(6),
+        "has_height": torch.tensor([1.0, 0, 1, 1, 0, 1]),
+        "cloud": torch.tensor([1.0, 0, 1, 1, 1, 1]),
+        "weight": torch.tensor([1.0, 1, 2, 1, 1, 1]),
+    }
     totals = global_totals(part, lambda x: x)
     whole = part_loss(out, part, totals, 1.0, 0.0, 0.5)
     h = part["has_height"] > 0
@@ -62,8 +73,10 @@ def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
     bce = torch.nn.functional.binary_cross_entropy_with_logits(raw[:, 1], part["cloud"], reduction="none")
     expected = (huber * w).sum() / w.sum() + 0.5 * (bce * part["weight"]).sum() / part["weight"].sum()
     assert float(whole.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
-    pieces = sum(part_loss(Outputs(raw[s, 0], raw[s, 1]), {k: v[s] for k, v in part.items()}, totals, 1.0, 0.0, 0.5)
-                 for s in (slice(0, 1), slice(1, 4), slice(4, 6)))       # micro-batches, one without a height
+    pieces = sum(
+        part_loss(Outputs(raw[s, 0], raw[s, 1]), {k: v[s] for k, v in part.items()}, totals, 1.0, 0.0, 0.5)
+        for s in (slice(0, 1), slice(1, 4), slice(4, 6))
+    )  # micro-batches, one without a height
     assert float(pieces) == pytest.approx(float(whole), rel=1e-6)
     # the target of a sample without a height never matters
     changed = dict(part, target=torch.where(h, part["target"], torch.tensor(1e6)))
@@ -89,7 +102,7 @@ def test_a_probe_leaves_the_height_network_as_without_one_until_it_is_fitted():
     after_plain = torch.rand(4)
     torch.manual_seed(3)
     probe = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="probe")
-    assert torch.equal(torch.rand(4), after_plain)               # the same draws: the same training after it
+    assert torch.equal(torch.rand(4), after_plain)  # the same draws: the same training after it
     shared = plain.state_dict()
     assert all(torch.equal(v, probe.state_dict()[k]) for k, v in shared.items())
     assert set(probe.state_dict()) - set(shared) == {"cloud.weight", "cloud.bias", "cloud_fitted"}
@@ -103,7 +116,7 @@ def test_a_probe_leaves_the_height_network_as_without_one_until_it_is_fitted():
     weight = torch.randn(probe.cloud.in_features)
     probe.set_cloud_probe(weight, 0.25)
     height, logit = probe(frames, scalars)
-    assert torch.equal(height, height_before)                    # the height is not touched by the fit
+    assert torch.equal(height, height_before)  # the height is not touched by the fit
     torch.testing.assert_close(logit, probe.features(frames, scalars) @ weight + 0.25)
     # the fitted flag travels with the weights; a model loaded from them answers a cloud logit at once
     again = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="probe").eval()
@@ -123,13 +136,15 @@ def test_the_probe_is_a_logistic_regression_on_the_raw_features():
     rng = np.random.default_rng(0)
     n = 600
     flag = (rng.random(n) < 0.6).astype(int)
-    features = np.c_[rng.normal(0, 1, (n, 3)) * [1.0, 10.0, 0.01], np.full(n, 7.0)]   # scales 0.01 to 10, a constant
-    features[:, 1] += 80.0 * flag                          # the one informative feature, on a large scale
+    features = np.c_[
+        rng.normal(0, 1, (n, 3)) * [1.0, 10.0, 0.01], np.full(n, 7.0)
+    ]  # scales 0.01 to 10, a constant
+    features[:, 1] += 80.0 * flag  # the one informative feature, on a large scale
     weight, bias = fit_probe(features, flag)
     logit = features @ weight + bias
     assert roc_auc_score(flag, logit) > 0.99
     assert np.mean((logit > 0) == flag) > 0.95
-    assert weight[3] == 0.0                                # a constant feature carries no weight
+    assert weight[3] == 0.0  # a constant feature carries no weight
     # the same as scikit-learn's fit on the standardised features
     z = (features[:, :3] - features[:, :3].mean(0)) / features[:, :3].std(0)
     ref = LogisticRegression(C=1.0, max_iter=5000).fit(z, flag)
@@ -147,13 +162,13 @@ def test_conformal_intervals_match_the_split_conformal_quantile():
     cal = intervals.calibrate(pred, true, "conformal_absolute", 0.9, "test")
     lower, upper = intervals.bounds(np.array([1.0, 0.5]), cal)
     scores = np.sort(np.abs(true - pred))
-    q = scores[int(np.ceil(401 * 0.9)) - 1]                                 # the conformal quantile
+    q = scores[int(np.ceil(401 * 0.9)) - 1]  # the conformal quantile
     np.testing.assert_allclose(upper - [1.0, 0.5], q, atol=1e-4)
     np.testing.assert_allclose([1.0, 0.5] - lower, q, atol=1e-4)
     gamma = intervals.calibrate(pred, true, "conformal_gamma", 0.9, "test")
     lo, up = intervals.bounds(np.array([0.5, 2.0]), gamma)
-    assert (up - lo)[1] == pytest.approx(4 * (up - lo)[0], rel=1e-6)       # width proportional to the height
-    assert intervals.calibrate(pred[:5], true[:5], "conformal_absolute", 0.9, "test") is None   # too few
+    assert (up - lo)[1] == pytest.approx(4 * (up - lo)[0], rel=1e-6)  # width proportional to the height
+    assert intervals.calibrate(pred[:5], true[:5], "conformal_absolute", 0.9, "test") is None  # too few
 
 
 def test_coverage_on_a_flight_never_seen_and_the_verdict():
@@ -171,7 +186,9 @@ def test_coverage_on_a_flight_never_seen_and_the_verdict():
     assert not any("On flight calm1" in v for v in result["verdicts"])
 
 
-def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_output(tiny_raw_config, tmp_path):
+def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_output(
+    tiny_raw_config, tmp_path
+):
     import copy
 
     from cloudml_lib.config import build_config
@@ -189,20 +206,23 @@ def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_o
         rows = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
         return [(r["train_loss"], r["val_loss"], r["mae_km"]) for r in rows if r["kind"] == "epoch"]
 
-    assert epochs("probe") == epochs("none")                     # trained and scored exactly alike
+    assert epochs("probe") == epochs("none")  # trained and scored exactly alike
     # the final scoring batches the clear-sky frames in too: the same heights to float32 rounding
     for k in ("r2", "mae_km", "rmse_km", "n"):
         assert probe["overall"][k] == pytest.approx(plain["overall"][k], rel=1e-5)
     assert "model" in probe["cloud"] and "model" not in plain["cloud"]
     model, bt = probe["cloud"]["model"]["overall"], probe["cloud"]["bt_threshold"]["overall"]
-    assert model["n"] == bt["n"] > probe["overall"]["n"]         # scored on the clear-sky frames as well
+    assert model["n"] == bt["n"] > probe["overall"]["n"]  # scored on the clear-sky frames as well
     assert 0.0 <= model["accuracy"] <= 1.0 and model["roc_auc"] is not None
     # the brightness baseline is fitted on every matched training frame (clear sky included), as evaluate does
     from cloudml_lib.evaluate import evaluate_run
+
     again = evaluate_run(tmp_path / "probe", write=False)["cloud"]
     for method in ("model", "bt_threshold", "majority"):
         for k in ("accuracy", "f1", "roc_auc", "n"):
-            assert again[method]["overall"][k] == pytest.approx(probe["cloud"][method]["overall"][k], rel=1e-9)
+            assert again[method]["overall"][k] == pytest.approx(
+                probe["cloud"][method]["overall"][k], rel=1e-9
+            )
     said = (tmp_path / "probe" / "train.log").read_text()
     assert "Cloud / no-cloud output fitted on the trained network's features" in said and "clear sky)" in said
 
@@ -222,9 +242,12 @@ def test_a_joint_run_trains_both_outputs_and_evaluates_as_saved(tiny_raw_config,
     assert best["model"]["head.4.weight"].shape[0] == 2 and "cloud.weight" not in best["model"]
     model = report["cloud"]["model"]["overall"]
     assert model["n"] == report["cloud"]["bt_threshold"]["overall"]["n"] > report["overall"]["n"]
-    epoch = [json.loads(line) for line in (tmp_path / "joint" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "epoch"]
-    assert epoch and epoch[0]["cloud_accuracy"] is not None       # scored every epoch: trained with the height
+    epoch = [
+        json.loads(line)
+        for line in (tmp_path / "joint" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "epoch"
+    ]
+    assert epoch and epoch[0]["cloud_accuracy"] is not None  # scored every epoch: trained with the height
     again = evaluate_run(tmp_path / "joint", write=False)
     assert again["cloud"]["model"]["overall"]["accuracy"] == pytest.approx(model["accuracy"])
     assert again["overall"]["mae_km"] == pytest.approx(report["overall"]["mae_km"], rel=1e-5)

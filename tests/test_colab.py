@@ -2,6 +2,7 @@
 user started, the live view (bar, curves, notices, folded log), steps that wait for a finished run,
 user errors without a traceback. Headless: widgets and display calls are inspected, not rendered (the
 browser check, tests/test_browser.py, renders them)."""
+
 import json
 import os
 import re
@@ -28,6 +29,7 @@ REPO = Path(__file__).parent.parent
 def shown(monkeypatch):
     """Everything the cells display, in order (widgets, display objects, Markdown text)."""
     from cloudml_lib.colab import show
+
     out = []
     for module in (show, drive, live, picker_mod, training):
         for name in ("show", "show_markdown"):
@@ -46,25 +48,34 @@ def ws(tmp_path, monkeypatch):
 def own_flights(ws, n=3, shape=(32, 40)):
     """Flights of the user's own in the data folder, in the real layout (found by their names)."""
     from cloudml_lib.data.synthetic import make_demo_flights
+
     return make_demo_flights(ws.data / "ER2", n_flights=n, frames_per_flight=40, frame_shape=shape)
 
 
 # ------------------------------------------------------------------ the live view
 
+
 def test_the_bar_follows_every_step_and_keeps_its_colour_by_how_the_run_ended(tmp_path, shown):
-    for code, style in ((0, "success"), (130, ""), (-signal.SIGKILL, ""), (-signal.SIGINT, ""), (1, "danger")):
+    for code, style in (
+        (0, "success"),
+        (130, ""),
+        (-signal.SIGKILL, ""),
+        (-signal.SIGINT, ""),
+        (1, "danger"),
+    ):
         view = live.LiveView(tmp_path / "run")
         view.line('@progress {"step": 30, "total": 78, "epoch": 2, "epochs": 2, "batch": 4, "batches": 39}')
         view.refresh()
         assert (view.bar.max, view.bar.value) == (78, 30) and "step 30 of 78 (38%)" in view.label.value
         view.end(code, "stopped; the last checkpoint is at step 31 of 78")
         assert view.bar.bar_style == style, (code, view.bar.bar_style)
-        assert view.bar.value == (78 if code == 0 else 30)          # a stopped run keeps its fill, blue
-    assert all("@progress" not in line for line in view.lines)      # progress lines drive the bar, not the log
+        assert view.bar.value == (78 if code == 0 else 30)  # a stopped run keeps its fill, blue
+    assert all("@progress" not in line for line in view.lines)  # progress lines drive the bar, not the log
 
 
 def test_curves_bar_and_notices_stay_together_and_the_log_is_folded(tmp_path, shown):
     import ipywidgets as w
+
     run = tmp_path / "run"
     view = live.LiveView(run)
     box = shown[-1]
@@ -73,18 +84,38 @@ def test_curves_bar_and_notices_stay_together_and_the_log_is_folded(tmp_path, sh
     assert top.children[0] is view.bar and isinstance(folded, w.Accordion) and folded.selected_index is None
     assert "Curves appear after the first epoch" in placeholder.value and curves.layout.display == "none"
     table = "flight   IR file                                  frames  labels kept"
-    for text in ("Flights:", table, "Resumed from step 25 (epoch 2, batch 4/39), saved 3 s ago",
-                 "Epoch 2/2 | train_loss 0.089 | val_loss 0.173 | R2 0.61 | MAE 0.223 km | lr 1.8e-03 | 5.6 s",
-                 "Stopped by SIGINT at step 41; checkpoint saved in runs/x/checkpoints. Run the same command again."):
+    for text in (
+        "Flights:",
+        table,
+        "Resumed from step 25 (epoch 2, batch 4/39), saved 3 s ago",
+        "Epoch 2/2 | train_loss 0.089 | val_loss 0.173 | R2 0.61 | MAE 0.223 km | lr 1.8e-03 | 5.6 s",
+        "Stopped by SIGINT at step 41; checkpoint saved in runs/x/checkpoints. Run the same command again.",
+    ):
         view.line(text)
     run.mkdir()
-    (run / "metrics.jsonl").write_text(json.dumps({"kind": "epoch", "epoch": 1, "step": 39, "train_loss": 1.0,
-                                                   "val_loss": 0.9, "r2": 0.2, "lr": 1e-3}) + "\n")
+    (run / "metrics.jsonl").write_text(
+        json.dumps(
+            {
+                "kind": "epoch",
+                "epoch": 1,
+                "step": 39,
+                "train_loss": 1.0,
+                "val_loss": 0.9,
+                "r2": 0.2,
+                "lr": 1e-3,
+            }
+        )
+        + "\n"
+    )
     view.refresh()
-    assert curves.value[:4] == b"\x89PNG" and curves.layout.display is None and placeholder.layout.display == "none"
+    assert (
+        curves.value[:4] == b"\x89PNG"
+        and curves.layout.display is None
+        and placeholder.layout.display == "none"
+    )
     assert "Epoch 2/2" in status.value
     assert "Resumed from step 25" in notices.value and "Stopped by SIGINT at step 41" in notices.value
-    assert view.log.value.startswith("<pre") and table in view.log.value       # a <pre>: a table never wraps
+    assert view.log.value.startswith("<pre") and table in view.log.value  # a <pre>: a table never wraps
     assert view.log.layout.overflow == "auto" and "Log (5 lines" in folded.get_title(0)
 
 
@@ -98,12 +129,28 @@ def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw(*tiny_flights, tmp_path / "cache")))
     env = dict(os.environ, TQDM_DISABLE="1", CLOUDML_PROGRESS="1", PYTHONUNBUFFERED="1")
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
-                        str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloudml_lib",
+            "train",
+            "--config",
+            str(cfg),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "batch/s" not in out and "it/s" not in out and "frame/s" not in out, out[-3000:]
-    progress = [json.loads(x[len("@progress "):]) for x in r.stdout.splitlines() if x.startswith("@progress ")]
+    progress = [
+        json.loads(x[len("@progress ") :]) for x in r.stdout.splitlines() if x.startswith("@progress ")
+    ]
     assert progress and progress[-1]["total"] == 12 and 1 <= progress[-1]["step"] <= 12
 
 
@@ -113,28 +160,37 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     view = live.LiveView(tmp_path / "run")
-    code = live.run_live(live.command("train", "--config", cfg, "--run-dir", tmp_path / "run"), view,
-                         {"CLOUDML_KILL_AT": "step:8:SIGINT"})
+    code = live.run_live(
+        live.command("train", "--config", cfg, "--run-dir", tmp_path / "run"),
+        view,
+        {"CLOUDML_KILL_AT": "step:8:SIGINT"},
+    )
     assert code == 130
     live.finish(code, view, "training", tmp_path / "run")
     out = capsys.readouterr().out
     step = int(re.search(r"Stopped by SIGINT at step (\d+); checkpoint saved", view.notices.value).group(1))
-    assert step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out   # the saved step
+    assert (
+        step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out
+    )  # the saved step
     assert view.bar.bar_style == ""
 
 
 def test_the_kernels_interrupt_does_not_reach_the_run_and_a_dead_kernel_stops_it(tiny_flights, tmp_path):
     """Jupyter interrupts the kernel's whole process group: a second SIGINT would stop the run at once,
-    without a checkpoint. The run has a session of its own, and stops with a checkpoint when the kernel dies."""
+    without a checkpoint. The run has a session of its own, and stops with a checkpoint when the kernel
+    dies."""
     import time
+
     raw = tiny_raw(*tiny_flights, tmp_path / "cache")
     raw["train"]["epochs"] = 200
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
-    kernel_code = (f"from cloudml_lib.colab import live\n"
-                   f"view = type('View', (), {{'line': lambda s, t: None, 'refresh': lambda s: None}})()\n"
-                   f"live.run_live(live.command('train', '--config', {str(cfg)!r}, '--run-dir', {str(run)!r}), view)\n")
+    kernel_code = (
+        f"from cloudml_lib.colab import live\n"
+        f"view = type('View', (), {{'line': lambda s, t: None, 'refresh': lambda s: None}})()\n"
+        f"live.run_live(live.command('train', '--config', {str(cfg)!r}, '--run-dir', {str(run)!r}), view)\n"
+    )
     kernel = subprocess.Popen([sys.executable, "-c", kernel_code], cwd=REPO, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (run / "run.json").exists():
@@ -142,37 +198,53 @@ def test_the_kernels_interrupt_does_not_reach_the_run_and_a_dead_kernel_stops_it
     time.sleep(3)
     children = subprocess.run(["pgrep", "-P", str(kernel.pid)], capture_output=True, text=True).stdout.split()
     assert children, "the training subprocess did not start"
-    assert os.getpgid(int(children[0])) != os.getpgid(kernel.pid)        # out of reach of the group's SIGINT
-    os.killpg(kernel.pid, signal.SIGKILL)                                # the kernel dies (restart, crash)
+    assert os.getpgid(int(children[0])) != os.getpgid(kernel.pid)  # out of reach of the group's SIGINT
+    os.killpg(kernel.pid, signal.SIGKILL)  # the kernel dies (restart, crash)
     kernel.wait()
     while time.time() < deadline and (run / ".lock").exists():
         time.sleep(0.5)
     log = (run / "train.log").read_text()
     assert "Stopped by SIGTERM" in log and "checkpoint saved" in log, log[-2000:]
-    assert not (run / ".lock").exists()                                   # the run is free to continue
+    assert not (run / ".lock").exists()  # the run is free to continue
 
 
 # ------------------------------------------------------------------ the picker
+
 
 def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, tmp_path, shown):
     raw = tiny_raw(*tiny_flights, tmp_path / "cache")
     raw["checkpoint"] = {"every_steps": 3}
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
-                        str(ws.runs / "my_run")], cwd=REPO, capture_output=True, text=True,
-                       env=dict(os.environ, CLOUDML_KILL_AT="step:10"))
-    assert r.returncode == -signal.SIGKILL                          # a disconnect in the middle of the run
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloudml_lib",
+            "train",
+            "--config",
+            str(cfg),
+            "--run-dir",
+            str(ws.runs / "my_run"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, CLOUDML_KILL_AT="step:10"),
+    )
+    assert r.returncode == -signal.SIGKILL  # a disconnect in the middle of the run
     colab.Choice(preset="demo", epochs=3, run_name="my_run", crossval=True, whole_flights=False).save(ws.root)
-    p = colab.Picker(ws)                                             # a new kernel after the disconnect
+    p = colab.Picker(ws)  # a new kernel after the disconnect
     assert p.mode.value == "continue" and p.mode.options[0][0] == "Continue my_run"
     c = p.choice()
     assert (c.epochs, c.run_name, c.crossval, c.whole_flights) == (3, "my_run", True, False)
-    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step [69] of 12\)", p.note.value), p.note.value
+    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step [69] of 12\)", p.note.value), (
+        p.note.value
+    )
     assert p.run_name.disabled and p.preset.disabled
-    p.epochs.value = 1                                               # the note follows every change
+    p.epochs.value = 1  # the note follows every change
     assert "1 epoch," in p.note.value and "1 epochs" not in p.note.value and "3 epochs" not in p.note.value
-    p.mode.value = "new"                                             # a new run is an explicit choice
+    p.mode.value = "new"  # a new run is an explicit choice
     c = p.choice()
     assert c.run_name == "demo" and c.epochs == 12 and not c.crossval and not p.run_name.disabled
     assert "A new run <b>demo</b>" in p.note.value
@@ -184,21 +256,26 @@ def test_a_finished_run_is_kept_not_trained_again(ws, shown, monkeypatch, tmp_pa
     monkeypatch.setattr(picker_mod, "progress", lambda run_dir, choice=None: (False, "finished (12 epochs)"))
     p = colab.Picker(ws)
     assert p.mode.value == "continue" and p.mode.options[0][0] == "Keep demo"
-    assert "Run demo is finished (12 epochs)</b>: the cells below show its results without training again" \
+    assert (
+        "Run demo is finished (12 epochs)</b>: the cells below show its results without training again"
         in p.note.value
+    )
     p.mode.value = "new"
-    assert p.choice().run_name == "demo_2"                           # a new run never reuses a finished one's name
+    assert p.choice().run_name == "demo_2"  # a new run never reuses a finished one's name
 
 
 def test_the_widgets_show_what_trains_without_a_gpu(ws, shown, monkeypatch):
     from cloudml_lib import hardware
+
     own_flights(ws)
     monkeypatch.setattr(hardware, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
     p = colab.Picker(ws)
     assert p.preset.value == "Auto" and dict(p.preset.options)["Auto: C here"] == "Auto"
     c = p.choice()
     assert c.preset == "C" and c.epochs == 50 and c.run_name == "preset_C"
-    assert "Trains preset <b>C</b> (colab_optimized.yaml" in p.note.value and "there is no GPU" in p.note.value
+    assert (
+        "Trains preset <b>C</b> (colab_optimized.yaml" in p.note.value and "there is no GPU" in p.note.value
+    )
     assert "preset_Auto" not in p.note.value
 
 
@@ -207,7 +284,9 @@ def test_demo_data_shows_the_demo_configuration(ws, shown):
     assert p.preset.options == (("demo: CPU demo configuration", "demo"),) and p.preset.disabled
     assert p.choice().epochs == 12 and p.choice().run_name == "demo" and p.heldout.layout.display == "none"
     cmd = training.train_command(ws, p.choice())
-    assert cmd[cmd.index("--config") + 1].endswith("demo.yaml") and cmd[cmd.index("--run-dir") + 1] == str(ws.runs / "demo")
+    assert cmd[cmd.index("--config") + 1].endswith("demo.yaml") and cmd[cmd.index("--run-dir") + 1] == str(
+        ws.runs / "demo"
+    )
     assert "train.epochs=12" in cmd
 
 
@@ -219,7 +298,7 @@ def test_the_crossval_box_is_short_and_its_warning_is_visible(ws, shown):
 
 
 def test_a_missing_held_out_flight_is_replaced_and_said(ws, shown):
-    entries = own_flights(ws)                                       # 01Mar25, 03Mar25, 05Mar25: no 12Feb25
+    entries = own_flights(ws)  # 01Mar25, 03Mar25, 05Mar25: no 12Feb25
     held, why = drive.default_heldout(ws)
     assert held == [entries[-1]["name"]] and "12Feb25 is not among the complete flights found" in why
     p = colab.Picker(ws)
@@ -229,12 +308,13 @@ def test_a_missing_held_out_flight_is_replaced_and_said(ws, shown):
     config, over = colab.run_config(ws, "B", 5, list(p.heldout.value))
     assert f"data.validation_flights=[{entries[0]['name']}]" in over
     from cloudml_lib.config import load_config
+
     assert load_config(config, over).data.validation_flights == [entries[0]["name"]]
 
 
 def test_the_cache_cell_does_not_depend_on_the_held_out_flight(ws, shown):
-    own_flights(ws, shape=(488, 64))                                 # the presets' 440 rows, narrow for speed
-    cache = colab.build_cache(ws)                                   # 12Feb25 is not there: no ConfigError
+    own_flights(ws, shape=(488, 64))  # the presets' 440 rows, narrow for speed
+    cache = colab.build_cache(ws)  # 12Feb25 is not there: no ConfigError
     assert cache["flights"] == 3
 
 
@@ -245,11 +325,16 @@ def test_a_user_error_in_a_cell_shows_its_message_without_a_traceback(ws, shown)
     with pytest.raises(colab.UserError) as e:
         colab.build_cache(ws)
     lines = e.value._render_traceback_()
-    assert "Problem:" in lines[0] and str(broken) in "\n".join(lines) and "is the file complete?" in "\n".join(lines)
+    assert (
+        "Problem:" in lines[0]
+        and str(broken) in "\n".join(lines)
+        and "is the file complete?" in "\n".join(lines)
+    )
     assert not any("Traceback" in x or 'File "' in x for x in lines)
 
 
 # ------------------------------------------------------------------ steps after training
+
 
 def test_steps_after_training_wait_for_a_finished_run(ws, shown, capsys):
     p = colab.Picker(ws)
@@ -262,14 +347,15 @@ def test_steps_after_training_wait_for_a_finished_run(ws, shown, capsys):
 
 def test_the_smoke_check_says_a_stopped_run_was_not_checked(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CLOUDML_SMOKE", "1")
-    colab.check_smoke_run(tmp_path / "run")                          # stopped before the end: no AssertionError
+    colab.check_smoke_run(tmp_path / "run")  # stopped before the end: no AssertionError
     assert "Smoke test not checked: the run was stopped" in capsys.readouterr().out
     monkeypatch.delenv("CLOUDML_SMOKE")
     colab.check_smoke_run(tmp_path / "run")
-    assert capsys.readouterr().out == ""                             # nothing at all in normal use
+    assert capsys.readouterr().out == ""  # nothing at all in normal use
 
 
 # ------------------------------------------------------------------ tables and reports
+
 
 def test_one_epoch_is_drawn_against_anchored_axes():
     fig = plots.curves_figure([{"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "r2": 0.6, "lr": 1e-3}])
@@ -279,19 +365,26 @@ def test_one_epoch_is_drawn_against_anchored_axes():
 
 
 def test_file_names_in_markdown_tables_keep_their_stars():
-    table = format_table([["10Feb25", "*_IRAI_L1B_*_20250210.h5", "-", "CRS_20250210_nav.hdf", "1", "2", "3", "x"]],
-                         markdown=True)
+    table = format_table(
+        [["10Feb25", "*_IRAI_L1B_*_20250210.h5", "-", "CRS_20250210_nav.hdf", "1", "2", "3", "x"]],
+        markdown=True,
+    )
     assert "| `*_IRAI_L1B_*_20250210.h5` | - | `CRS_20250210_nav.hdf` |" in table
 
 
 def test_evaluation_rows_say_whose_numbers_they_are():
     m = {"r2": 0.5, "mae_km": 0.1, "rmse_km": 0.2, "bias_km": -0.01, "std_ratio": 0.9, "n": 12}
-    lines = format_report({"overall": m, "baseline": m, "per_flight": {"10Feb25": m},
-                           "baseline_per_flight": {"10Feb25": m}}).splitlines()
+    lines = format_report(
+        {"overall": m, "baseline": m, "per_flight": {"10Feb25": m}, "baseline_per_flight": {"10Feb25": m}}
+    ).splitlines()
     names = [line.split("  ")[0] for line in lines[1:]]
-    assert names == ["model: all held-out flights", "model: flight 10Feb25", "baseline (training mean): all",
-                     "baseline (training mean): flight 10Feb25"]
-    assert not any(line.startswith(" ") for line in lines[1:])       # no row looks nested under another
+    assert names == [
+        "model: all held-out flights",
+        "model: flight 10Feb25",
+        "baseline (training mean): all",
+        "baseline (training mean): flight 10Feb25",
+    ]
+    assert not any(line.startswith(" ") for line in lines[1:])  # no row looks nested under another
     header = lines[0]
     for a, b in (("MAE km", "RMSE km"), ("RMSE km", "bias km"), ("bias km", "std ratio"), ("std ratio", "n")):
         assert f"{a}  " in header and header.index(b) > header.index(a) + len(a) + 1
@@ -299,25 +392,46 @@ def test_evaluation_rows_say_whose_numbers_they_are():
 
 def test_a_finished_run_status_shows_no_batch_position():
     from cloudml_lib.rundir import format_status
-    s = {"run_dir": "runs/demo", "latest_checkpoint": "x", "finished": True, "epochs_completed": 12, "epochs": 12,
-         "step": 468, "total_steps": 468, "batch": 0, "batches_per_epoch": 39, "epoch": 12, "progress": 100.0,
-         "locked_by": None, "best_metric": 0.01, "best_r2": 0.98, "latest_checkpoint_age_s": 60, "rejected": []}
+
+    s = {
+        "run_dir": "runs/demo",
+        "latest_checkpoint": "x",
+        "finished": True,
+        "epochs_completed": 12,
+        "epochs": 12,
+        "step": 468,
+        "total_steps": 468,
+        "batch": 0,
+        "batches_per_epoch": 39,
+        "epoch": 12,
+        "progress": 100.0,
+        "locked_by": None,
+        "best_metric": 0.01,
+        "best_r2": 0.98,
+        "latest_checkpoint_age_s": 60,
+        "rejected": [],
+    }
     head = format_status(s).splitlines()[0]
     assert head == "runs/demo: finished: 12 of 12 epochs, step 468/468" and "batch" not in head
 
 
 def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
     from cloudml_lib.colab import show
+
     out = []
     monkeypatch.setattr(show, "in_notebook", lambda: True)
     monkeypatch.setattr(show, "show", out.append)
     monkeypatch.setattr(show, "show_markdown", lambda text: out.append(("md", text)))
     run = tmp_path / "run"
     (run / "plots").mkdir(parents=True)
-    plots.save_figure(plots.curves_figure([{"epoch": 1, "train_loss": 1, "val_loss": 1, "r2": 0.1, "lr": 1e-3}]),
-                      run / "plots" / "curves.png")
-    (run / "report.md").write_text("# Run\n\n| a | b |\n|---|---|\n\n## Training curves\n\n"
-                                   "![Training curves](plots/curves.png)\n\n## After\ntext\n")
+    plots.save_figure(
+        plots.curves_figure([{"epoch": 1, "train_loss": 1, "val_loss": 1, "r2": 0.1, "lr": 1e-3}]),
+        run / "plots" / "curves.png",
+    )
+    (run / "report.md").write_text(
+        "# Run\n\n| a | b |\n|---|---|\n\n## Training curves\n\n"
+        "![Training curves](plots/curves.png)\n\n## After\ntext\n"
+    )
     show.show_report(run)
     assert out[0][0] == "md" and "| a | b |" in out[0][1]
     assert type(out[1]).__name__ == "Image" and out[2][0] == "md"
@@ -326,6 +440,7 @@ def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
 def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, monkeypatch):
     from cloudml_lib.colab import show
     from cloudml_lib.compile import plan
+
     cpu = torch.device("cpu")
     show.show_presets()
     table = shown[-1]
@@ -342,9 +457,13 @@ def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, mon
 
 def test_a_compile_fall_back_is_a_visible_warning_in_the_live_view(tmp_path, shown):
     view = live.LiveView(tmp_path, bar=True)
-    view.line("torch.compile: compiled the frame encoder (...): 1 graph(s), no graph break, 0 recompile(s), 2.0 s")
-    view.line("torch.compile failed (InductorError: InvalidCxxCompiler: No working C++ compiler found). Continuing "
-              "in eager mode from the same step; nothing is lost.")
+    view.line(
+        "torch.compile: compiled the frame encoder (...): 1 graph(s), no graph break, 0 recompile(s), 2.0 s"
+    )
+    view.line(
+        "torch.compile failed (InductorError: InvalidCxxCompiler: No working C++ compiler found). Continuing "
+        "in eager mode from the same step; nothing is lost."
+    )
     first, second = view.notices.value.split("<br>")
     assert first.startswith("&#9656; torch.compile: compiled")
     assert second.startswith('<span style="color:#b45309">&#9888; torch.compile failed (InductorError')

@@ -12,6 +12,7 @@ the checkout (Colab's /content, moved with CLOUDML_CONTENT), with no environment
 
 Slow (a virtual environment of ~2 GB, about 8 minutes); the environment is built once for the module.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,40 +34,72 @@ KERNEL = "cloudml-colab-twin"
 def twin(tmp_path_factory):
     root = tmp_path_factory.mktemp("twin")
     python = make_colab_venv(root / "venv")
-    missing = subprocess.run([str(python), "-c", "import importlib.util as u, sys; print([m for m in sys.argv[1:] "
-                              "if u.find_spec(m)])", *NOT_ON_COLAB], capture_output=True, text=True, check=True)
+    missing = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])",
+            *NOT_ON_COLAB,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert missing.stdout.strip() == "[]", f"the twin holds packages Colab lacks: {missing.stdout}"
     drive, content = root / "gdrive", root / "content"
     code = copy_checkout(drive / "MyDrive" / "CloudML" / "code")
     content.mkdir()
     kernels = root / "jupyter" / "kernels" / KERNEL
     kernels.mkdir(parents=True)
-    env = {"CLOUDML_SMOKE": "1", "CLOUDML_CONTENT": str(content), "CLOUDML_TWIN_DRIVE": str(drive),
-           "PATH": minimal_path()}
-    (kernels / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Colab twin", "language": "python", "env": env}))
-    assert shutil.which("tensorboard", path=env["PATH"]) is None, "the kernel's PATH must not hold tensorboard"
-    return SimpleNamespace(root=root, python=python, drive=drive, content=content, code=code, jupyter=root / "jupyter")
+    env = {
+        "CLOUDML_SMOKE": "1",
+        "CLOUDML_CONTENT": str(content),
+        "CLOUDML_TWIN_DRIVE": str(drive),
+        "PATH": minimal_path(),
+    }
+    (kernels / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Colab twin",
+                "language": "python",
+                "env": env,
+            }
+        )
+    )
+    assert shutil.which("tensorboard", path=env["PATH"]) is None, (
+        "the kernel's PATH must not hold tensorboard"
+    )
+    return SimpleNamespace(
+        root=root, python=python, drive=drive, content=content, code=code, jupyter=root / "jupyter"
+    )
 
 
 @pytest.fixture
 def kernel_env(twin, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(twin.jupyter))
-    monkeypatch.delenv("PYTHONPATH", raising=False)          # the kernel sees the twin's packages only
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the kernel sees the twin's packages only
     monkeypatch.delenv("TENSORBOARD_BINARY", raising=False)
     return twin
 
 
 def client_for(nb, twin, allow_errors: bool = False):
     from nbclient import NotebookClient
-    return NotebookClient(nb, kernel_name=KERNEL, timeout=900, startup_timeout=180, allow_errors=allow_errors,
-                          resources={"metadata": {"path": str(twin.content)}})
+
+    return NotebookClient(
+        nb,
+        kernel_name=KERNEL,
+        timeout=900,
+        startup_timeout=180,
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(twin.content)}},
+    )
 
 
 def run_notebook(name: str, twin, extra: tuple[str, ...] = ()) -> nbformat.NotebookNode:
     """Run all, as Colab's Runtime > Run all; a cell error fails the test with the cell and its output."""
     from nbclient.exceptions import CellExecutionError
+
     nb = nbformat.read(REPO / name, as_version=4)
     nb.cells += [nbformat.v4.new_code_cell(src) for src in extra]
     try:
@@ -79,25 +112,38 @@ def run_notebook(name: str, twin, extra: tuple[str, ...] = ()) -> nbformat.Noteb
 def text_of(cell) -> str:
     out = []
     for o in cell.get("outputs", []):
-        out.append(o.get("text", "") if o.output_type == "stream" else
-                   "\n".join(o.get("traceback", [])) + o.get("evalue", "") if o.output_type == "error" else
-                   str(o.get("data", {}).get("text/plain", "")))
+        out.append(
+            o.get("text", "")
+            if o.output_type == "stream"
+            else "\n".join(o.get("traceback", [])) + o.get("evalue", "")
+            if o.output_type == "error"
+            else str(o.get("data", {}).get("text/plain", ""))
+        )
     return "\n".join(out)
 
 
 def drive_copy(twin) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(twin.code)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in twin.code.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(twin.code)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in twin.code.rglob("*")
+        if p.is_file()
+    }
 
 
 def cli(twin, *args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CLOUDML_SMOKE")}
-    return subprocess.run([str(twin.python), "-m", "cloudml_lib", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(twin.python), "-m", "cloudml_lib", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, wheel):
-    pip(twin.python, str(wheel))                           # with its dependencies: mapie, icartt from the index
+    pip(twin.python, str(wheel))  # with its dependencies: mapie, icartt from the index
     work, other = twin.root / "elsewhere", twin.root / "third"
     work.mkdir()
     other.mkdir()
@@ -109,16 +155,25 @@ def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, whe
     r = cli(twin, "train", "--preset", "demo", "--set", "train.epochs=1", "--run-dir", "runs/demo", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     stored = (work / "runs" / "demo" / "config.yaml").read_text()
-    assert f"dir: {work / '.cloudml_demo' / 'flights'}" in stored             # recorded absolute
+    assert f"dir: {work / '.cloudml_demo' / 'flights'}" in stored  # recorded absolute
     r = cli(twin, "evaluate", "--run-dir", work / "runs" / "demo", "--json", cwd=other)
     assert r.returncode == 0 and json.loads(r.stdout)["overall"]["n"] > 100, r.stderr[-2000:]
     (work / ".cloudml_demo" / "flights").rename(work / "moved")
     r = cli(twin, "evaluate", "--run-dir", work / "runs" / "demo", cwd=other)
     assert r.returncode == 2 and "--data-dir" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
-    r = cli(twin, "evaluate", "--run-dir", work / "runs" / "demo", "--data-dir", work / "moved", "--json", cwd=other)
+    r = cli(
+        twin,
+        "evaluate",
+        "--run-dir",
+        work / "runs" / "demo",
+        "--data-dir",
+        work / "moved",
+        "--json",
+        cwd=other,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = cli(twin, "sweep", "--preset", "demo", "--trials", "1", "--run-dir", "sweep", cwd=other)
-    assert r.returncode == 2 and "pip install 'optuna>=4.0'" in r.stderr, r.stderr[-2000:]    # not on Colab
+    assert r.returncode == 2 and "pip install 'optuna>=4.0'" in r.stderr, r.stderr[-2000:]  # not on Colab
     assert not (other / "sweep").exists()
     r = cli(twin, "train", "--config", "configs/demo.yaml", cwd=other)
     assert r.returncode == 2 and "use --preset demo" in r.stderr, r.stderr[-2000:]
@@ -134,7 +189,7 @@ def test_both_notebooks_run_all_in_the_colab_twin(kernel_env):
     assert "Smoke test: setup checks passed." in text_of(setup.cells[-1])
     training = run_notebook("colab_training.ipynb", twin)
     first = text_of(next(c for c in training.cells if c.cell_type == "code"))
-    assert "Installing" not in first and f"of {drive_code}, installed" in first, first    # already up to date
+    assert "Installing" not in first and f"of {drive_code}, installed" in first, first  # already up to date
     last = text_of(training.cells[-1])
     assert "Smoke test passed" in last and "TensorBoard served" in last, last
     assert drive_copy(twin) == before, "the install wrote into the Drive copy"
@@ -143,26 +198,30 @@ def test_both_notebooks_run_all_in_the_colab_twin(kernel_env):
 
 def test_a_changed_drive_copy_is_what_the_next_run_imports(kernel_env):
     twin = kernel_env
-    install = next(c for c in nbformat.read(REPO / "colab_setup.ipynb", as_version=4).cells if c.cell_type == "code")
+    install = next(
+        c for c in nbformat.read(REPO / "colab_setup.ipynb", as_version=4).cells if c.cell_type == "code"
+    )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(install.source) for _ in range(2)])
     marker = twin.code / "cloudml_lib" / "twin_marker.py"
     client = client_for(nb, twin, allow_errors=True)
     try:
         with client.setup_kernel():
-            client.execute_cell(nb.cells[0], 0)                  # installs if needed, imports the library
+            client.execute_cell(nb.cells[0], 0)  # installs if needed, imports the library
             assert "error" not in {o.output_type for o in nb.cells[0].outputs}, text_of(nb.cells[0])
             marker.write_text('"""Written by the Colab twin test."""\nVALUE = "changed on Drive"\n')
-            client.execute_cell(nb.cells[1], 1)                  # the same kernel, the copy changed
+            client.execute_cell(nb.cells[1], 1)  # the same kernel, the copy changed
         said = text_of(nb.cells[1])
         assert "Installing CloudML" in said and "Runtime > Restart session" in said, said
         check = "import cloudml_lib.twin_marker as m; print('marker:', m.VALUE)"
         fresh = run_notebook("colab_setup.ipynb", twin, extra=(check,))
         first = text_of(next(c for c in fresh.cells if c.cell_type == "code"))
-        assert "Installing" not in first, first                   # the restart message's install stands
+        assert "Installing" not in first, first  # the restart message's install stands
         assert "marker: changed on Drive" in text_of(fresh.cells[-1])
     finally:
         marker.unlink(missing_ok=True)
     gone = "import importlib.util as u; print('marker installed:', u.find_spec('cloudml_lib.twin_marker') is not None)"
     again = run_notebook("colab_setup.ipynb", twin, extra=(gone,))
     assert "Installing" in text_of(next(c for c in again.cells if c.cell_type == "code"))
-    assert "marker installed: False" in text_of(again.cells[-1])   # a deleted module is not installed from a build/
+    assert "marker installed: False" in text_of(
+        again.cells[-1]
+    )  # a deleted module is not installed from a build/

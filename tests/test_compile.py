@@ -12,6 +12,7 @@ seconds. Tolerances (what "equal" means for compiled kernels):
   - a real compile failure: the run falls back to eager from the same step and ends bit-identical to
     an eager run (nothing counted twice).
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,7 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
-    reason="torch.compile on the CPU needs a C++ compiler (g++ or clang++); install one (apt install g++)")
+    reason="torch.compile on the CPU needs a C++ compiler (g++ or clang++); install one (apt install g++)",
+)
 
 
 def weights(module):
@@ -61,6 +63,7 @@ def compiled_raw(raw: dict, setting=True) -> dict:
 
 # ------------------------------------------------------------------------------ the model alone
 
+
 def test_a_compiled_checkpointed_step_matches_eager():
     """One training step of the tiny model: compiled encoder + checkpointing against plain eager."""
     torch.manual_seed(0)
@@ -73,33 +76,40 @@ def test_a_compiled_checkpointed_step_matches_eager():
         m(frames, scalars).height.square().mean().backward()
     report = watch.update()
     assert report.active and report.graphs >= 1 and report.graph_breaks == 0, report
-    assert list(compiled.state_dict()) == list(eager.state_dict())          # no _orig_mod. in saved keys
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # no _orig_mod. in saved keys
     for (name, pe), (_, pc) in zip(eager.named_parameters(), compiled.named_parameters()):
         torch.testing.assert_close(pc.grad, pe.grad, rtol=1e-4, atol=1e-5, msg=name)
     for (name, be), (_, bc) in zip(eager.named_buffers(), compiled.named_buffers()):
-        torch.testing.assert_close(bc, be, rtol=1e-4, atol=1e-5, msg=name)     # running stats
+        torch.testing.assert_close(bc, be, rtol=1e-4, atol=1e-5, msg=name)  # running stats
         if name.endswith("num_batches_tracked"):
-            assert bc.item() == frames.shape[1], f"{name}: {bc.item()} updates; once per frame, none in the recomputation"
+            assert bc.item() == frames.shape[1], (
+                f"{name}: {bc.item()} updates; once per frame, none in the recomputation"
+            )
     assert "1 graph(s), no graph break" in report.describe() or report.graphs > 1
 
 
 def test_cuda_graph_modes_with_checkpointing_are_refused_by_config_and_by_compile():
-    raw = {"data": {"demo": True}, "model": {"gradient_checkpointing": True},
-           "train": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"}}
+    raw = {
+        "data": {"demo": True},
+        "model": {"gradient_checkpointing": True},
+        "train": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
+    }
     with pytest.raises(ConfigError, match="static input data pointer changed"):
         build_config(raw)
     model = MultimodalRegressionModel(channels=[4, 8, 8])
     model.set_grad_checkpointing(True)
     with pytest.raises(ConfigError, match="'max-autotune' captures CUDA graphs"):
-        apply_compile(model, True, "max-autotune", torch.device("cuda"))        # refused before any compiling
+        apply_compile(model, True, "max-autotune", torch.device("cuda"))  # refused before any compiling
     assert "forward" not in vars(model.encoder)
 
 
 def test_a_torch_too_old_to_compile_under_checkpointing_runs_eager_with_a_warning(monkeypatch, caplog):
-    """pyproject.toml admits torch 2.3; compiling inside gradient checkpointing needs 2.10. On an older torch the
-    model runs eager, the report says why, and a model without checkpointing still compiles."""
+    """pyproject.toml admits torch 2.3; compiling inside gradient checkpointing needs 2.10. On an older torch
+    the model runs eager, the report says why, and a model without checkpointing still compiles."""
     monkeypatch.setattr(torch, "__version__", "2.8.0+cu126")
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # an earlier run may have stopped it
+    monkeypatch.setattr(
+        logging.getLogger("cloudml_lib"), "propagate", True
+    )  # an earlier run may have stopped it
     model = MultimodalRegressionModel(channels=[4, 8, 8])
     model.set_grad_checkpointing(True)
     with caplog.at_level("WARNING", logger="cloudml_lib"):
@@ -122,11 +132,14 @@ def test_the_plan_in_words_states_what_compiling_measured_on_a_cpu():
 
 def test_old_runs_without_a_compile_record_are_described():
     assert describe_saved(None).startswith("not recorded")
-    assert describe_saved({"requested": False, "why": "train.torch_compile is off", "future_key": 1}) == \
-        "not compiled (train.torch_compile is off)"
+    assert (
+        describe_saved({"requested": False, "why": "train.torch_compile is off", "future_key": 1})
+        == "not compiled (train.torch_compile is off)"
+    )
 
 
 # ------------------------------------------------------------------------------- the trainer
+
 
 def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_config, tmp_path):
     compiled = Trainer(build_config(compiled_raw(tiny_raw_config)), tmp_path / "compiled").setup()
@@ -135,7 +148,7 @@ def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_con
     eager.fit()
     assert compiled.state["step"] == eager.state["step"] == 12
     diff = max_diff(weights(compiled.model), weights(eager.model))
-    assert 0 < diff < 2e-3, f"compiled vs eager weights differ by {diff}"   # 0 would mean nothing compiled
+    assert 0 < diff < 2e-3, f"compiled vs eager weights differ by {diff}"  # 0 would mean nothing compiled
     report = compiled.compile.report
     assert report.active and report.graphs >= 1 and report.graph_breaks == 0 and not report.fallback, report
     assert report.compile_s > 0
@@ -148,10 +161,14 @@ def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_con
     assert "torch.compile: compiled the frame encoder" in status
     md = build_report_md(tmp_path / "compiled")
     assert "torch.compile: compiled the frame encoder" in md and "no graph break" in md
-    assert "torch.compile: not compiled (train.torch_compile is off)" in format_status(run_status(tmp_path / "eager"))
+    assert "torch.compile: not compiled (train.torch_compile is off)" in format_status(
+        run_status(tmp_path / "eager")
+    )
 
 
-def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_batches(tiny_raw_config, tmp_path):
+def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_batches(
+    tiny_raw_config, tmp_path
+):
     """The OOM comes after the compiled forward ran at full size (as in backward): the halved micro-batches
     are new shapes for the compiled encoder; it recompiles (or goes dynamic) and the run ends like a
     compiled run that used micro-batches of 2 from the start."""
@@ -165,6 +182,7 @@ def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_ba
                 if len(frames) > 2:
                     raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected above 2)")
             return out
+
         return f
 
     cfg = build_config(compiled_raw(tiny_raw_config))
@@ -177,13 +195,16 @@ def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_ba
     assert calls[:3] == [8, 4, 2] and max(calls[3:]) <= 2
     assert injected.state["oom_recoveries"] == 2 and injected.state["step"] == reference.state["step"] == 12
     report = injected.compile.update()
-    assert report.active and not report.fallback and report.recompiles >= 1 and report.graph_breaks == 0, report
+    assert report.active and not report.fallback and report.recompiles >= 1 and report.graph_breaks == 0, (
+        report
+    )
     # the two runs compiled different shape specialisations (8 then dynamic, against 2 then dynamic):
     # kernels that sum in another order, so the whole-run tolerance applies
     assert max_diff(weights(injected.model), weights(reference.model)) < 2e-3
 
 
 # ------------------------------------------------------------------------- whole runs, in processes
+
 
 @pytest.fixture
 def cfg_file(tiny_raw_config, tmp_path):
@@ -193,13 +214,19 @@ def cfg_file(tiny_raw_config, tmp_path):
         path = tmp_path / f"config_{setting}.yaml"
         path.write_text(yaml.safe_dump(raw))
         return path
+
     return write
 
 
 def train(cfg: Path, run: Path, **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run)],
-                       cwd=REPO, capture_output=True, text=True, env={**full, **env})
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**full, **env},
+    )
     return r
 
 
@@ -209,13 +236,14 @@ def best_weights(run: Path) -> dict:
 
 def last_weights(run: Path) -> dict:
     from cloudml_lib.checkpoint import find_checkpoints, load_state
+
     return load_state(find_checkpoints(run)[0] / "state.pt")["model"]
 
 
 def test_a_compiled_run_killed_mid_epoch_and_resumed_is_bit_identical(cfg_file, tmp_path):
     cfg = cfg_file()
     assert train(cfg, tmp_path / "whole").returncode == 0
-    killed = train(cfg, tmp_path / "killed", CLOUDML_KILL_AT="step:10")        # saved at step 8: epoch 2, batch 2
+    killed = train(cfg, tmp_path / "killed", CLOUDML_KILL_AT="step:10")  # saved at step 8: epoch 2, batch 2
     assert killed.returncode != 0
     resumed = train(cfg, tmp_path / "killed")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -231,10 +259,14 @@ def test_a_real_compile_failure_falls_back_to_eager_and_matches_an_eager_run(cfg
     no_compiler = tmp_path / "bin"
     no_compiler.mkdir()
     with tempfile.TemporaryDirectory() as cache:
-        failing = train(cfg_file(True), tmp_path / "failing", PATH=str(no_compiler),
-                        TORCHINDUCTOR_CACHE_DIR=cache)
+        failing = train(
+            cfg_file(True), tmp_path / "failing", PATH=str(no_compiler), TORCHINDUCTOR_CACHE_DIR=cache
+        )
     assert failing.returncode == 0, failing.stderr[-2000:]
-    assert "torch.compile failed (" in failing.stdout and "Continuing in eager mode from the same step" in failing.stdout
+    assert (
+        "torch.compile failed (" in failing.stdout
+        and "Continuing in eager mode from the same step" in failing.stdout
+    )
     info = json.loads((tmp_path / "failing" / "run.json").read_text())["compile"]
     assert info["requested"] and not info["active"] and "compiler" in info["fallback"].lower(), info
     assert "not compiled: torch.compile failed" in format_status(run_status(tmp_path / "failing"))

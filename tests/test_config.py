@@ -12,7 +12,12 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 def test_configs_folder_has_the_presets():
     names = {p.name for p in CONFIGS}
-    assert {"demo.yaml", "colab_optimized_full.yaml", "colab_full_stable.yaml", "colab_optimized.yaml"} <= names
+    assert {
+        "demo.yaml",
+        "colab_optimized_full.yaml",
+        "colab_full_stable.yaml",
+        "colab_optimized.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -41,8 +46,13 @@ def test_unknown_key_names_the_closest_valid_key():
 
 def test_all_problems_are_reported_together():
     with pytest.raises(ConfigError) as e:
-        build_config({"train": {"batch_size": "big", "learning_rate": 5.0}, "model": {"gradient_checkpoint": True},
-                      "data": {"edge_policy": "wrap"}})
+        build_config(
+            {
+                "train": {"batch_size": "big", "learning_rate": 5.0},
+                "model": {"gradient_checkpoint": True},
+                "data": {"edge_policy": "wrap"},
+            }
+        )
     msg = str(e.value)
     assert "4 problem(s)" in msg
     assert "train.batch_size: expected an integer or 'auto', got 'big'" in msg
@@ -55,9 +65,9 @@ def test_overrides_beat_file_beat_defaults(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"data": {"demo": True}, "train": {"epochs": 7, "batch_size": 4}}))
     cfg = load_config(path, ["train.epochs=3", "model.memory_optimized=true"])
-    assert cfg.train.epochs == 3                  # override
-    assert cfg.train.batch_size == 4              # file
-    assert cfg.train.learning_rate == 1e-3        # default
+    assert cfg.train.epochs == 3  # override
+    assert cfg.train.batch_size == 4  # file
+    assert cfg.train.learning_rate == 1e-3  # default
     assert cfg.channels == [32, 64, 128]
 
 
@@ -68,11 +78,14 @@ def test_bad_override_syntax_is_explained():
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_cuda_graph_compile_with_checkpointing_is_refused(mode):
-    raw = {"data": {"demo": True}, "model": {"gradient_checkpointing": True},
-           "train": {"torch_compile": True, "torch_compile_mode": mode}}
+    raw = {
+        "data": {"demo": True},
+        "model": {"gradient_checkpointing": True},
+        "train": {"torch_compile": True, "torch_compile_mode": mode},
+    }
     with pytest.raises(ConfigError, match="static input data pointer changed"):
         build_config(raw)
-    raw["model"]["gradient_checkpointing"] = False          # without checkpointing the mode is allowed
+    raw["model"]["gradient_checkpointing"] = False  # without checkpointing the mode is allowed
     assert build_config(raw).train.torch_compile_mode == mode
 
 
@@ -91,10 +104,11 @@ def test_flight_lists_are_checked(tiny_raw_config):
 
 def test_a_random_split_is_never_the_default(tiny_raw_config):
     from cloudml_lib.data.flights import resolve_flights
+
     tiny_raw_config["data"]["validation_flights"] = []
-    cfg = build_config(tiny_raw_config)                 # a config alone may leave it to cross-validation
+    cfg = build_config(tiny_raw_config)  # a config alone may leave it to cross-validation
     with pytest.raises(ConfigError, match="name at least one flight to hold out"):
-        resolve_flights(cfg.data)                        # a run refuses before any work
+        resolve_flights(cfg.data)  # a run refuses before any work
 
 
 def test_missing_config_file_and_bad_yaml(tmp_path):
@@ -138,6 +152,7 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
     from cloudml_lib.crossval import fold_config
     from cloudml_lib.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
+
     raw = copy.deepcopy(tiny_raw_config)
     entries = raw["data"].pop("flights")
     raw["train"].update(batch_size="auto", epochs=1)
@@ -149,13 +164,20 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
     assert trainer.cfg is not cfg and trainer.cfg.train.batch_size == CPU_AUTO_BATCH
     assert sorted(f.name for f in trainer.cfg.data.flights) == sorted(e["name"] for e in entries)
     plan = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert plan["batch_size"] == CPU_AUTO_BATCH and sorted(plan["flights"]) == sorted(e["name"] for e in entries)
+    assert plan["batch_size"] == CPU_AUTO_BATCH and sorted(plan["flights"]) == sorted(
+        e["name"] for e in entries
+    )
     stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert stored["train"]["batch_size"] == CPU_AUTO_BATCH and len(stored["data"]["flights"]) == len(entries)
-    Trainer(cfg, tmp_path / "run").setup().fit()                     # resumed (finished): still unchanged
+    Trainer(cfg, tmp_path / "run").setup().fit()  # resumed (finished): still unchanged
     fold = fold_config(cfg, entries[0]["name"], scalars_only=True)
-    assert cfg.to_dict() == before and fold.data.validation_flights == [entries[0]["name"]] and fold.model.scalars_only
+    assert (
+        cfg.to_dict() == before
+        and fold.data.validation_flights == [entries[0]["name"]]
+        and fold.model.scalars_only
+    )
     from cloudml_lib.evaluate import load_run_model
+
     moved = load_run_model(tmp_path / "run", data_dir=str(tmp_path / "elsewhere")).cfg
     assert moved.data.dir == str(tmp_path / "elsewhere") and cfg.to_dict() == before
 
@@ -163,8 +185,11 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
 def test_each_setting_says_whether_a_resumed_run_may_change_it():
     from cloudml_lib.config import NEW, SAME, resume_rules
     from cloudml_lib.rundir import compare_configs
+
     rules = resume_rules()
-    assert rules["train.epochs"] == NEW and rules["data.dir"] == NEW and rules["checkpoint.every_steps"] == NEW
+    assert (
+        rules["train.epochs"] == NEW and rules["data.dir"] == NEW and rules["checkpoint.every_steps"] == NEW
+    )
     assert rules["train.learning_rate"] == SAME and rules["data.temporal_frames"] == SAME
     assert rules["data.keys.ir_signal"] == SAME
     saved = build_config({"data": {"demo": True}}).to_dict()
@@ -172,5 +197,5 @@ def test_each_setting_says_whether_a_resumed_run_may_change_it():
     math, harmless = compare_configs(saved, now)
     assert [m.split(" ")[0] for m in math] == ["train.learning_rate"]
     assert [h.split(" ")[0] for h in harmless] == ["train.epochs"]
-    del saved["train"]["height_loss_weight"]            # a setting an older version did not have: its default
+    del saved["train"]["height_loss_weight"]  # a setting an older version did not have: its default
     assert compare_configs(saved, build_config({"data": {"demo": True}}).to_dict()) == ([], [])

@@ -1,4 +1,5 @@
 """Leave-one-flight-out cross-validation: fold isolation, resuming an interrupted run, the warnings."""
+
 import json
 import os
 import signal
@@ -25,8 +26,13 @@ def crossval(cfg, run_dir, kill_at=None):
     env.pop("CLOUDML_KILL_AT", None)
     if kill_at:
         env["CLOUDML_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "cloudml_lib", "crossval", "--config", str(cfg), "--run-dir",
-                           str(run_dir)], cwd=REPO, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "crossval", "--config", str(cfg), "--run-dir", str(run_dir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +57,17 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
         assert set(fold) >= {"model", "mean", "scalars_only", "trees", "warnings"}
         assert fold["model"]["n"] == fold["trees"]["n"] > 10
         preds = (ref / "folds" / name / "model" / "predictions.csv").read_text().splitlines()[1:]
-        assert {line.split(",")[0] for line in preds} == {name}           # only the held-out flight is scored
-    assert set(result["summary"]) == {"model", "mean", "scalars_only", "trees", "cloud_model", "cloud_majority",
-                                      "cloud_bt_threshold"}
-    for fold in result["folds"].values():                             # cloud metrics per fold, baselines
+        assert {line.split(",")[0] for line in preds} == {name}  # only the held-out flight is scored
+    assert set(result["summary"]) == {
+        "model",
+        "mean",
+        "scalars_only",
+        "trees",
+        "cloud_model",
+        "cloud_majority",
+        "cloud_bt_threshold",
+    }
+    for fold in result["folds"].values():  # cloud metrics per fold, baselines
         assert fold["cloud"]["model"]["overall"]["n"] > fold["model"]["n"]
         assert set(fold["cloud"]) >= {"model", "majority", "bt_threshold"}
     md = (ref / "crossval.md").read_text()
@@ -63,15 +76,19 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     # intervals measured on each flight never seen, per method; calibrations written for predict
     iv = result["intervals"]
     assert iv["chosen"] in ("conformal_absolute", "conformal_gamma") and set(iv["methods"]) == {
-        "conformal_absolute", "conformal_gamma"}
+        "conformal_absolute",
+        "conformal_gamma",
+    }
     for method in iv["methods"].values():
         assert set(method["per_flight"]) == set(names)
         assert all(0 <= p["coverage"] <= 1 and p["mean_width_km"] > 0 for p in method["per_flight"].values())
     assert "Prediction intervals (90% target) on each flight never seen" in md
     pooled = json.loads((ref / "intervals.json").read_text())
-    assert pooled["method"] == iv["chosen"] and pooled["n"] == sum(f["model"]["n"] for f in result["folds"].values())
+    assert pooled["method"] == iv["chosen"] and pooled["n"] == sum(
+        f["model"]["n"] for f in result["folds"].values()
+    )
     own = json.loads((ref / "folds" / names[0] / "model" / "intervals.json").read_text())
-    assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]      # the other folds' errors only
+    assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]  # the other folds' errors only
 
 
 def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
@@ -82,7 +99,7 @@ def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
         assert cfg.data.validation_flights == [held]
         train = [load_flight_cache(f, cfg.data) for f in cfg.data.flights if f.name != held]
         expected = fit_scalers(train).to_dict()
-        assert best["scalers"] == pytest.approx(expected)                  # no statistics of the held-out flight
+        assert best["scalers"] == pytest.approx(expected)  # no statistics of the held-out flight
 
 
 def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, tmp_path):
@@ -92,27 +109,39 @@ def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, t
     # step-4 save waited for the step-2 one to commit (step 3 would race the background writer).
     r = crossval(cfg, run, kill_at="step:19")
     assert r.returncode == -signal.SIGKILL
-    assert (run / "folds" / names[0] / "fold.json").is_file() and not (run / "folds" / names[1] / "fold.json").exists()
+    assert (run / "folds" / names[0] / "fold.json").is_file() and not (
+        run / "folds" / names[1] / "fold.json"
+    ).exists()
     r = crossval(cfg, run)
     assert r.returncode == 0, r.stderr[-2000:]
     first_log = (run / "folds" / names[0] / "model" / "train.log").read_text()
-    assert "already finished" in first_log                                # not trained again
+    assert "already finished" in first_log  # not trained again
     assert "Resumed from step" in (run / "folds" / names[1] / "model" / "train.log").read_text()
     got, want = (json.loads((d / "crossval.json").read_text())["folds"] for d in (run, ref))
     for name in names:
-        assert got[name]["model"] == want[name]["model"]                  # as if never interrupted
+        assert got[name]["model"] == want[name]["model"]  # as if never interrupted
         assert got[name]["trees"] == want[name]["trees"]
 
 
 def test_the_warnings_say_what_went_wrong():
     m = lambda mae, ratio: {"mae_km": mae, "std_ratio": ratio, "r2": 0.0}  # noqa: E731
-    warnings = fold_warnings("10Feb25", {"model": m(0.30, 0.1), "mean": m(0.25, 0.0)},
-                             train_km=np.array([0.3, 0.5, 0.9]), val_km=np.array([0.2, 0.4, 1.5, 1.8]))
+    warnings = fold_warnings(
+        "10Feb25",
+        {"model": m(0.30, 0.1), "mean": m(0.25, 0.0)},
+        train_km=np.array([0.3, 0.5, 0.9]),
+        val_km=np.array([0.2, 0.4, 1.5, 1.8]),
+    )
     assert any("collapse towards a constant (std(pred)/std(true) 0.10" in w for w in warnings)
     assert any("no better than predicting the training mean" in w for w in warnings)
-    assert any("75% of its heights lie outside the training flights' range 0.30..0.90 km" in w for w in warnings)
-    assert fold_warnings("x", {"model": m(0.1, 0.9), "mean": m(0.3, 0.0)}, np.array([0.2, 1.0]),
-                         np.array([0.5, 0.6])) == []
+    assert any(
+        "75% of its heights lie outside the training flights' range 0.30..0.90 km" in w for w in warnings
+    )
+    assert (
+        fold_warnings(
+            "x", {"model": m(0.1, 0.9), "mean": m(0.3, 0.0)}, np.array([0.2, 1.0]), np.array([0.5, 0.6])
+        )
+        == []
+    )
 
 
 def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
@@ -122,7 +151,21 @@ def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
     raw["train"]["epochs"] = 1
     plain = tmp_path / "plain.yaml"
     plain.write_text(yaml.safe_dump(raw))
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "crossval", "--config", str(plain), "--run-dir",
-                        str(tmp_path / "cv"), "--no-controls"], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloudml_lib",
+            "crossval",
+            "--config",
+            str(plain),
+            "--run-dir",
+            str(tmp_path / "cv"),
+            "--no-controls",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(json.loads((tmp_path / "cv" / "crossval.json").read_text())["folds"]) == names

@@ -23,7 +23,7 @@ def test_split_is_by_flight_and_scalers_ignore_the_validation_flight(tiny_config
     train, val, scalers = datasets(tiny_config)
     assert [c.name for c in val] == tiny_config.data.validation_flights
     assert not {c.name for c in train} & {c.name for c in val}
-    train_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train])     # heights only: NaN is "no height"
+    train_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train])  # heights only: NaN is "no height"
     all_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train + val])
     assert scalers.cbh_mean == float(train_cbh.astype(np.float64).mean())
     assert scalers.cbh_mean != float(all_cbh.astype(np.float64).mean())
@@ -35,9 +35,9 @@ def test_items_are_standardised_and_nan_angles_filled(tiny_config):
     ds = CloudDataset(train, scalers)
     item = ds[0]
     assert item["frames"].shape == (3, 32, 48) and item["frames"].dtype == torch.float32
-    assert item["scalars"][0].item() == 0.0                              # filled with the training mean
-    assert item["scalars"].shape == (3,)                                 # zenith, sine and cosine of the azimuth
-    az = np.radians((train[0].saa_deg[0] - train[0].heading_deg[0]) % 360)   # relative to the heading
+    assert item["scalars"][0].item() == 0.0  # filled with the training mean
+    assert item["scalars"].shape == (3,)  # zenith, sine and cosine of the azimuth
+    az = np.radians((train[0].saa_deg[0] - train[0].heading_deg[0]) % 360)  # relative to the heading
     np.testing.assert_allclose(item["scalars"][1:].numpy(), [np.sin(az), np.cos(az)], atol=1e-6)
     expected = (train[0].cbh_km[0] - scalers.cbh_mean) / scalers.cbh_std
     assert abs(item["target"].item() - expected) < 1e-5
@@ -50,30 +50,36 @@ def test_augmentation_is_deterministic_per_seed_epoch_and_sample(tiny_config):
     assert torch.equal(a["frames"], b["frames"]) and torch.equal(a["scalars"], b["scalars"])
     clean = CloudDataset(train, scalers, augment=False)[3]["frames"]
     differs = [not torch.equal(ds[i]["frames"], CloudDataset(train, scalers)[i]["frames"]) for i in range(8)]
-    assert all(differs)                                                  # jitter always applies
+    assert all(differs)  # jitter always applies
     ds.set_epoch(1)
-    assert not torch.equal(ds[3]["frames"], a["frames"])                 # a new epoch, new augmentation
+    assert not torch.equal(ds[3]["frames"], a["frames"])  # a new epoch, new augmentation
     assert not torch.equal(clean, a["frames"])
 
 
 def test_flip_mirrors_frames_and_azimuth(monkeypatch):
     from cloudml_lib.data import dataset as ds_mod
+
     monkeypatch.setattr(ds_mod, "FLIP_PROB", 1.0)
     monkeypatch.setattr(ds_mod, "ERASE_PROB", 0.0)
     monkeypatch.setattr(ds_mod, "CONTRAST", 0.0)
     monkeypatch.setattr(ds_mod, "BRIGHTNESS", 0.0)
     frames = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
-    out, az = augment_sample(frames, 100.0, np.random.default_rng(0), 0.0)      # relative azimuth, flight axis
+    out, az = augment_sample(frames, 100.0, np.random.default_rng(0), 0.0)  # relative azimuth, flight axis
     assert az == 260.0
     assert torch.equal(out, frames.flip(-1))
-    assert augment_sample(frames, 100.0, np.random.default_rng(0), 30.0)[1] == 320.0   # ground: 2 * heading - a
-    assert augment_sample(frames, 100.0, np.random.default_rng(0), 90.0)[1] == 80.0    # across the cross-track axis
-    out, az = augment_sample(frames, 100.0, np.random.default_rng(0), None)     # no heading: never flipped
+    assert (
+        augment_sample(frames, 100.0, np.random.default_rng(0), 30.0)[1] == 320.0
+    )  # ground: 2 * heading - a
+    assert (
+        augment_sample(frames, 100.0, np.random.default_rng(0), 90.0)[1] == 80.0
+    )  # across the cross-track axis
+    out, az = augment_sample(frames, 100.0, np.random.default_rng(0), None)  # no heading: never flipped
     assert az == 100.0 and torch.equal(out, frames)
 
 
 def test_erasing_blanks_one_rectangle_in_every_frame(monkeypatch):
     from cloudml_lib.data import dataset as ds_mod
+
     monkeypatch.setattr(ds_mod, "FLIP_PROB", 0.0)
     monkeypatch.setattr(ds_mod, "ERASE_PROB", 1.0)
     frames = torch.ones(3, 20, 30)
@@ -86,7 +92,9 @@ def test_erasing_blanks_one_rectangle_in_every_frame(monkeypatch):
 def test_validation_samples_are_never_augmented(tiny_config):
     _, val, scalers = datasets(tiny_config)
     ds = CloudDataset(val, scalers)
-    np.testing.assert_array_equal(ds[0]["frames"].numpy(), val[0].frames.read(val[0].windows[0]).astype(np.float32))
+    np.testing.assert_array_equal(
+        ds[0]["frames"].numpy(), val[0].frames.read(val[0].windows[0]).astype(np.float32)
+    )
 
 
 def test_epoch_order_depends_only_on_seed_and_epoch():
@@ -106,24 +114,24 @@ def test_a_last_batch_of_one_is_merged():
     sizes = [len(b) for b in s]
     assert sizes == [8, 9] and len(s) == 2
     assert sorted(i for b in s for i in b) == list(range(17))
-    assert [s.samples_before(b) for b in (0, 1, 2)] == [0, 8, 17]     # resume positions in samples
+    assert [s.samples_before(b) for b in (0, 1, 2)] == [0, 8, 17]  # resume positions in samples
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_process_takes_its_part_of_the_same_global_batches(world):
-    one = EpochBatchSampler(51, 8, seed=3)                         # a last batch of 3: no merge either way
+    one = EpochBatchSampler(51, 8, seed=3)  # a last batch of 3: no merge either way
     parts = [EpochBatchSampler(51, 8, seed=3, rank=r, world=world) for r in range(world)]
     for s in (one, *parts):
         s.set_epoch(2, start_batch=1)
     per_rank = [list(p) for p in parts]
     assert all(len(p) == len(one) == one.batches_per_epoch() - 1 for p in parts)
-    for k, batch in enumerate(one):                 # the order does not depend on the process count
+    for k, batch in enumerate(one):  # the order does not depend on the process count
         assert [i for p in per_rank for i in p[k]] == batch
         assert max(len(p[k]) for p in per_rank) - min(len(p[k]) for p in per_rank) <= 1
 
 
 def test_a_last_batch_smaller_than_the_process_count_is_merged():
-    s = EpochBatchSampler(18, 8, seed=0, rank=0, world=3)          # 8, 8, 2: the 2 go to the batch before
+    s = EpochBatchSampler(18, 8, seed=0, rank=0, world=3)  # 8, 8, 2: the 2 go to the batch before
     assert [len(b) for b in s.batches(0)] == [8, 10] and s.batches_per_epoch() == 2
     assert [len(b) for b in s] == [3, 4]
 

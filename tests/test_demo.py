@@ -1,4 +1,5 @@
 """README's first command, end to end: the demo trains and the height is learned from the frames."""
+
 import json
 import subprocess
 import sys
@@ -10,9 +11,20 @@ REPO = Path(__file__).parent.parent
 
 
 def train_demo(tmp_path, name, *overrides):
-    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", "configs/demo.yaml",
-           "--run-dir", str(tmp_path / name), "--set", f"data.dir={tmp_path / 'flights'}",
-           "--set", f"data.cache_dir={tmp_path / 'cache'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cloudml_lib",
+        "train",
+        "--config",
+        "configs/demo.yaml",
+        "--run-dir",
+        str(tmp_path / name),
+        "--set",
+        f"data.dir={tmp_path / 'flights'}",
+        "--set",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     for o in overrides:
         cmd += ["--set", o]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -28,14 +40,20 @@ def test_demo_learns_height_from_the_frames(tmp_path):
     assert report["overall"]["n"] == held_out["n"] > 100
     assert held_out["r2"] >= 0.75, report
     assert report["baseline"]["r2"] < 0.05
-    cloud = report["cloud"]                                     # clear sky, cirrus alone and low cloud
-    model, majority, threshold = (cloud[m]["per_flight"]["05Mar25"] for m in ("model", "majority", "bt_threshold"))
-    assert model["n"] > held_out["n"] and 0.1 < 1 - model["cloud_share"] < 0.6     # clear frames are a real class
+    cloud = report["cloud"]  # clear sky, cirrus alone and low cloud
+    model, majority, threshold = (
+        cloud[m]["per_flight"]["05Mar25"] for m in ("model", "majority", "bt_threshold")
+    )
+    assert (
+        model["n"] > held_out["n"] and 0.1 < 1 - model["cloud_share"] < 0.6
+    )  # clear frames are a real class
     assert model["accuracy"] > majority["accuracy"] + 0.15 and model["roc_auc"] > 0.85
     assert model["accuracy"] >= threshold["accuracy"] - 0.05
     intervals = report["intervals"]["per_flight"]["05Mar25"]
-    assert 0.85 <= intervals["coverage"] <= 0.95 and intervals["mean_width_km"] < 1.0   # calibrated on this flight
+    assert (
+        0.85 <= intervals["coverage"] <= 0.95 and intervals["mean_width_km"] < 1.0
+    )  # calibrated on this flight
     control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true")
-    assert control["overall"]["r2"] < 0.3                       # the angles alone do not give the height
+    assert control["overall"]["r2"] < 0.3  # the angles alone do not give the height
     assert held_out["r2"] - control["overall"]["r2"] > 0.5
     assert held_out["mae_km"] < 0.6 * control["overall"]["mae_km"]

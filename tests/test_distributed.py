@@ -1,5 +1,6 @@
 """torchrun with 2 processes (gloo on CPU): the same model as one process with the same global batch,
 a killed or stopped process and the relaunch that resumes, cross-validation folds in parallel."""
+
 import json
 import os
 import subprocess
@@ -24,8 +25,17 @@ SHIFT_ONLY = "temporal.2.bias"
 def launch(args: list[str], nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDML_KILL")}
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "cloudml_lib", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "cloudml_lib",
+        *args,
+    ]
     if nproc == 1:
         cmd = [sys.executable, "-m", "cloudml_lib", *args]
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
@@ -44,7 +54,7 @@ def runs(tiny_flights, tmp_path_factory):
     """The same config trained by 1 process and by 2 (global batch 8 either way)."""
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("ddp")
-    raw = tiny_raw(root, entries, tmp / "cache")               # dropout 0: see the README's torchrun section
+    raw = tiny_raw(root, entries, tmp / "cache")  # dropout 0: see the README's torchrun section
     raw["checkpoint"] = {"every_steps": 3}
     cfg = tmp / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
@@ -58,30 +68,33 @@ def runs(tiny_flights, tmp_path_factory):
 def test_two_processes_train_the_same_model_as_one(runs):
     _, one, two = runs
     a, b = weights(one / "best.pt"), weights(two / "best.pt")
-    assert a.keys() == b.keys()                                # checkpoints move between 1 and N processes
+    assert a.keys() == b.keys()  # checkpoints move between 1 and N processes
     for k in a:
         if k != SHIFT_ONLY:
             assert torch.allclose(a[k].double(), b[k].double(), atol=1e-4), k
     pa = np.loadtxt(one / "predictions.csv", delimiter=",", skiprows=1, usecols=3)
     pb = np.loadtxt(two / "predictions.csv", delimiter=",", skiprows=1, usecols=3)
-    assert len(pa) == len(pb) > 10 and np.abs(pa - pb).max() <= 1.5e-4        # written to 0.1 m
+    assert len(pa) == len(pb) > 10 and np.abs(pa - pb).max() <= 1.5e-4  # written to 0.1 m
     assert json.loads((two / "run.json").read_text())["processes"] == 2
     log = (two / "train.log").read_text()
     assert "batch 8 over 2 processes (BatchNorm over the whole batch)" in log
     records = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]        # written once, by rank 0
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]  # written once, by rank 0
     for key in ("train_loss", "val_loss"):
-        a_ep = [r[key] for r in map(json.loads, (one / "metrics.jsonl").read_text().splitlines())
-                if r["kind"] == "epoch"]
+        a_ep = [
+            r[key]
+            for r in map(json.loads, (one / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "epoch"
+        ]
         assert [r[key] for r in records if r["kind"] == "epoch"] == pytest.approx(a_ep, rel=1e-4)
-    assert len(list((two / "tensorboard").glob("events.out.tfevents.*"))) == 1      # rank 0's only
+    assert len(list((two / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0's only
 
 
 def test_a_killed_process_ends_the_job_and_a_relaunch_resumes_bit_identically(runs, tmp_path):
     cfg, _, two = runs
     run = tmp_path / "run"
     r = launch(train_args(cfg, run), env={"CLOUDML_KILL_AT": "step:8", "CLOUDML_KILL_RANK": "1"})
-    assert r.returncode != 0                                   # the job ended (no hang: launch has a timeout)
+    assert r.returncode != 0  # the job ended (no hang: launch has a timeout)
     assert "rank      : 1" in r.stderr and "SIGKILL" in r.stderr
     assert "another process of this 2-process job stopped, so process 0 stops too" in r.stderr
     assert not (run / "evaluation.json").exists()
@@ -89,7 +102,7 @@ def test_a_killed_process_ends_the_job_and_a_relaunch_resumes_bit_identically(ru
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resumed from step 6" in (run / "train.log").read_text()
     a, b = weights(two / "best.pt"), weights(run / "best.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)             # as if never interrupted
+    assert all(torch.equal(a[k], b[k]) for k in a)  # as if never interrupted
     final = torch.load(find_checkpoints(run)[0] / STATE, weights_only=True)
     assert len(final["rng_ranks"]) == 2 and final["processes"] == 2
 
@@ -112,7 +125,9 @@ def test_a_global_batch_smaller_than_the_process_count_is_refused(runs, tmp_path
     cfg, _, _ = runs
     r = launch(train_args(cfg, tmp_path / "run") + ["--set", "train.batch_size=1"])
     assert r.returncode != 0
-    assert "train.batch_size 1 is the global batch, shared by the 2 processes: it must be at least 2" in r.stderr
+    assert (
+        "train.batch_size 1 is the global batch, shared by the 2 processes: it must be at least 2" in r.stderr
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -123,12 +138,12 @@ def test_crossval_trains_one_fold_per_process(runs, tmp_path):
     r = launch(args + [str(par)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Process 0 of 2: folds 01Mar25, 05Mar25" in r.stdout
-    assert (par / "folds" / "03Mar25" / "model" / "best.pt").is_file()           # trained by process 1
+    assert (par / "folds" / "03Mar25" / "model" / "best.pt").is_file()  # trained by process 1
     r = launch(args + [str(seq)], nproc=1)
     assert r.returncode == 0, r.stderr[-3000:]
     got, want = (json.loads((d / "crossval.json").read_text())["folds"] for d in (par, seq))
     assert got.keys() == want.keys()
-    for name in want:                           # each process had 1 thread instead of 2: float rounding only
+    for name in want:  # each process had 1 thread instead of 2: float rounding only
         assert got[name]["model"]["mae_km"] == pytest.approx(want[name]["model"]["mae_km"], rel=1e-5)
         assert got[name]["trees"] == want[name]["trees"]
 
@@ -146,13 +161,20 @@ def test_a_sweep_runs_each_trial_with_all_processes_and_rank_0_writes(runs, tmp_
     optuna = pytest.importorskip("optuna")
     cfg, _, _ = runs
     space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"seed": 5, "params": {"train.learning_rate": {"low": 1e-3, "high": 1e-2}}}))
+    space.write_text(
+        yaml.safe_dump({"seed": 5, "params": {"train.learning_rate": {"low": 1e-3, "high": 1e-2}}})
+    )
     results = {}
     for nproc in (1, 2):
         run = tmp_path / f"sweep{nproc}"
-        r = launch(["sweep", "--config", str(cfg), "--space", str(space), "--trials", "2", "--run-dir", str(run)], nproc)
+        r = launch(
+            ["sweep", "--config", str(cfg), "--space", str(space), "--trials", "2", "--run-dir", str(run)],
+            nproc,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
-        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run / "study.journal")))
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(run / "study.journal"))
+        )
         results[nproc] = optuna.load_study(study_name="cloudml-sweep", storage=storage).trials
     one, two = results[1], results[2]
     assert [t.state.name for t in two] == ["COMPLETE", "COMPLETE"]

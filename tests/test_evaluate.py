@@ -20,10 +20,13 @@ def test_metrics_on_known_numbers():
 
 def test_evaluate_reproduces_the_training_report(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
+
     report = Trainer(tiny_config, tmp_path / "run").setup().fit()
     for name in ("predictions.csv", "plots/scatter.png"):
         (tmp_path / "run" / name).unlink()
     again = evaluate_run(tmp_path / "run")
     assert again["overall"]["r2"] == pytest.approx(report["overall"]["r2"], abs=1e-6)
     assert again["baseline"] == report["baseline"] and again["best_epoch"] == report["best_epoch"]
-    assert (tmp_path / "run" / "predictions.csv").is_file() and (tmp_path / "run" / "plots" / "scatter.png").is_file()
+    assert (tmp_path / "run" / "predictions.csv").is_file() and (
+        tmp_path / "run" / "plots" / "scatter.png"
+    ).is_file()

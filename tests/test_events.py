@@ -1,6 +1,7 @@
 """TensorBoard events (train/events.py): what a run writes, the purge marker a resume starts with,
 and a run without the tensorboard package. Kills and resumes: test_resume.py compares the curves of
 every killed-and-resumed run with the uninterrupted one."""
+
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ pytest.importorskip("tensorboard")
 
 def raw_events(path: Path) -> list:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
     return list(EventFileLoader(str(path)).Load())
 
 
@@ -27,8 +29,8 @@ def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
     assert len(files) == 1
     curves = tensorboard_scalars(run)
     steps = [s for s, _ in curves["train/loss"]]
-    assert steps == sorted(set(steps)) and steps[0] == 2                        # log_every_steps: 2
-    assert len(curves["val/mae_km"]) == 2 and len(curves["epoch/lr"]) == 2        # one per epoch
+    assert steps == sorted(set(steps)) and steps[0] == 2  # log_every_steps: 2
+    assert len(curves["val/mae_km"]) == 2 and len(curves["epoch/lr"]) == 2  # one per epoch
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0})
     acc.Reload()
     assert acc.Tags()["images"] == ["evaluation/scatter"]
@@ -42,6 +44,7 @@ def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
 def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_path, monkeypatch):
     """A SIGTERM stop mid-run (a checkpoint there), then the resume: its file opens with the purge marker."""
     from cloudml_lib.config import build_config
+
     tiny_raw_config["checkpoint"] = {"every_steps": 3}
     run = tmp_path / "run"
     monkeypatch.setenv("CLOUDML_KILL_AT", "step:5:SIGTERM")
@@ -49,14 +52,18 @@ def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_p
         train(build_config(tiny_raw_config), run)
     monkeypatch.delenv("CLOUDML_KILL_AT")
     first = list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(first) == 1                                 # committed with the stop's checkpoint
+    assert len(first) == 1  # committed with the stop's checkpoint
     stopped_at = max(e.step for e in raw_events(first[0]))
     assert stopped_at == max(int(p.name[5:]) for p in (run / "checkpoints").glob("step-*"))
     train(build_config(tiny_raw_config), run)
     second = [p for p in (run / "tensorboard").glob("events.out.tfevents.*") if p not in first]
     assert len(second) == 1
     opening = [e for e in raw_events(second[0]) if e.HasField("session_log")]
-    assert opening and opening[0].session_log.status == opening[0].session_log.START and opening[0].step == stopped_at + 1
+    assert (
+        opening
+        and opening[0].session_log.status == opening[0].session_log.START
+        and opening[0].step == stopped_at + 1
+    )
     steps = [s for s, _ in tensorboard_scalars(run)["train/loss"]]
     assert steps == sorted(set(steps)) and stopped_at in steps and stopped_at + 2 in steps
 
@@ -67,8 +74,11 @@ def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_confi
     report = train(tiny_config, run)
     assert report["overall"]["mae_km"] > 0 and (run / "best.pt").is_file()
     assert not (run / "tensorboard").exists()
-    assert "TensorBoard curves are off: the tensorboard package is not installed. To have them, run `pip install " \
-           "tensorboard`" in (run / "train.log").read_text()
+    assert (
+        "TensorBoard curves are off: the tensorboard package is not installed. To have them, run `pip "
+        "install "
+        "tensorboard`" in (run / "train.log").read_text()
+    )
 
 
 def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
@@ -93,6 +103,7 @@ def test_events_that_cannot_be_copied_never_cost_a_checkpoint(tiny_config, tmp_p
 
     def disk_full(self, marks):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(events_module.Events, "commit", disk_full)
     run = tmp_path / "run"
     train(tiny_config, run)
@@ -102,17 +113,18 @@ def test_events_that_cannot_be_copied_never_cost_a_checkpoint(tiny_config, tmp_p
 
 
 def test_the_notebook_starts_this_kernels_own_tensorboard_whatever_path_holds(tmp_path, monkeypatch):
-    """A kernel run from a virtual environment that is not activated has no `tensorboard` on PATH (issue: "Could
-    not find `tensorboard`"): %tensorboard is pointed at the one beside this Python, or at a launcher that runs
-    `python -m tensorboard.main` with it."""
+    """A kernel run from a virtual environment that is not activated has no `tensorboard` on PATH (issue:
+    "Could not find `tensorboard`"): %tensorboard is pointed at the one beside this Python, or at a launcher
+    that runs `python -m tensorboard.main` with it."""
     import subprocess
     import sys
 
     pytest.importorskip("tensorboard")
     from cloudml_lib.colab.show import use_this_pythons_tensorboard
-    monkeypatch.setenv("PATH", str(tmp_path))                        # nothing on PATH at all
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH at all
     monkeypatch.delenv("TENSORBOARD_BINARY", raising=False)
-    lonely = tmp_path / "bin"                                       # a Python with no tensorboard beside it
+    lonely = tmp_path / "bin"  # a Python with no tensorboard beside it
     lonely.mkdir()
     (lonely / "python").symlink_to(sys.executable)
     monkeypatch.setattr(sys, "executable", str(lonely / "python"))

@@ -1,6 +1,7 @@
 """Fault injection, end to end through the command line: corrupt and hostile checkpoints, a changed
 dataset, leftovers of killed processes, signals during set-up, and data errors before any file is
 written. Each test failed before its fix (issue 9)."""
+
 import io
 import json
 import os
@@ -34,8 +35,9 @@ def run_cli(*args, env=None):
     full = dict(os.environ)
     full.pop("CLOUDML_KILL_AT", None)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "cloudml_lib", *args], cwd=REPO, capture_output=True, text=True,
-                          env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", *args], cwd=REPO, capture_output=True, text=True, env=full
+    )
 
 
 @pytest.fixture
@@ -73,13 +75,13 @@ def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(cfg_fi
     data = bytearray((final / STATE).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (final / STATE).write_bytes(bytes(data))
-    assert status(run)["finished"] is False                    # the corrupt final checkpoint does not count
+    assert status(run)["finished"] is False  # the corrupt final checkpoint does not count
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run))
     assert r.returncode == 0, r.stderr
     assert "checksum mismatch" in r.stdout and "Moved the rejected checkpoint" in r.stdout
     assert list((run / "rejected").glob(f"{final.name}-*"))
     s = status(run)
-    assert s["finished"] and not s["rejected"]                  # re-committed: no loop
+    assert s["finished"] and not s["rejected"]  # re-committed: no loop
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run))
     assert r.returncode == 0 and "already finished" in r.stdout
 
@@ -114,23 +116,27 @@ def test_status_verifies_like_resume(cfg_file, tmp_path):
     rewrite_state(fake, pickle.dumps({"model": Hostile()}))
     s = status(run)
     assert s["step"] == real["step"] and s["progress"] <= 100.0
-    assert s["rejected"][0]["path"].endswith("step-99999999") and "refused to load" in s["rejected"][0]["reason"]
+    assert (
+        s["rejected"][0]["path"].endswith("step-99999999") and "refused to load" in s["rejected"][0]["reason"]
+    )
 
 
 def test_a_corrupt_best_model_falls_back_to_the_newest_weights(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
+
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     update = trainer._update_best
 
-    def update_then_corrupt(*args):                              # the disk corrupts best.pt after each save
+    def update_then_corrupt(*args):  # the disk corrupts best.pt after each save
         stop = update(*args)
         (tmp_path / "run" / "best.pt").write_bytes(b"not a checkpoint")
         return stop
+
     trainer._update_best = update_then_corrupt
     report = trainer.fit()
     assert "best.pt cannot be used" in (tmp_path / "run" / "train.log").read_text()
     assert report["overall"]["n"] == int(trainer.val_set.has_height().sum()) > 0
-    assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2        # rewritten with the newest weights
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2  # rewritten with the newest weights
 
 
 def test_resuming_onto_changed_data_is_refused(tiny_flights, tmp_path):
@@ -142,10 +148,15 @@ def test_resuming_onto_changed_data_is_refused(tiny_flights, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
-    assert run_cli("train", "--config", str(cfg), "--run-dir", str(run),
-                   env={"CLOUDML_KILL_AT": "step:7"}).returncode == -signal.SIGKILL
+    assert (
+        run_cli(
+            "train", "--config", str(cfg), "--run-dir", str(run), env={"CLOUDML_KILL_AT": "step:7"}
+        ).returncode
+        == -signal.SIGKILL
+    )
     import h5py
-    with h5py.File(data / entries[0]["cpl_file"], "a") as f:    # a reprocessed CPL file: some labels move
+
+    with h5py.File(data / entries[0]["cpl_file"], "a") as f:  # a reprocessed CPL file: some labels move
         dem = f["layer_descriptor/DEM_Surface_Altitude"]
         dem[:10] = 100.0
     r = run_cli("train", "--config", str(cfg), "--run-dir", str(run))
@@ -159,13 +170,19 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_start(cfg_file, t
     tmp.mkdir()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"CLOUDML_KILL_AT": "step:7",
-                                                                                 "TMPDIR": str(tmp)})
+    r = run_cli(
+        "train",
+        "--config",
+        str(cfg_file),
+        "--run-dir",
+        str(run),
+        env={"CLOUDML_KILL_AT": "step:7", "TMPDIR": str(tmp)},
+    )
     assert r.returncode == -signal.SIGKILL
     assert list(tmp.glob("cloudml-ckpt-*")), "the kill should leave a staging folder"
     (run / f".best.pt.tmp-{dead.pid}").write_bytes(b"half")
     (run / "checkpoints" / f".trash-step-00000001-{dead.pid}").mkdir()
-    (run / "checkpoints" / "step-99999999").mkdir()              # garbage, never committed
+    (run / "checkpoints" / "step-99999999").mkdir()  # garbage, never committed
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert not list(run.glob(".best.pt.tmp-*")) and not list((run / "checkpoints").glob(".trash-*"))
@@ -175,22 +192,42 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_start(cfg_file, t
 
 def test_a_data_error_creates_no_run_folder(cfg_file, tmp_path):
     run = tmp_path / "run"
-    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), "--set",
-                "data.validation_flights=[12Feb25]")
+    r = run_cli(
+        "train",
+        "--config",
+        str(cfg_file),
+        "--run-dir",
+        str(run),
+        "--set",
+        "data.validation_flights=[12Feb25]",
+    )
     assert r.returncode == 2 and "data.validation_flights: 12Feb25 not in data.flights" in r.stderr
     assert not run.exists()
 
 
 def test_a_batch_larger_than_the_training_set_is_refused(cfg_file, tmp_path):
-    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(tmp_path / "run"), "--set",
-                "train.batch_size=500")
+    r = run_cli(
+        "train",
+        "--config",
+        str(cfg_file),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "train.batch_size=500",
+    )
     found = re.search(r"larger than the training set \((\d+) samples\)", r.stderr)
     assert r.returncode == 2 and found and f"Choose train.batch_size <= {found.group(1)}." in r.stderr
 
 
 def test_sigterm_during_set_up_stops_cleanly(cfg_file, tmp_path):
-    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(tmp_path / "run"),
-                env={"CLOUDML_KILL_AT": "setup:1:SIGTERM"})
+    r = run_cli(
+        "train",
+        "--config",
+        str(cfg_file),
+        "--run-dir",
+        str(tmp_path / "run"),
+        env={"CLOUDML_KILL_AT": "setup:1:SIGTERM"},
+    )
     assert r.returncode == 130, (r.returncode, r.stderr[-1000:])
     assert "interrupted" in r.stderr and "Run the same command again" in r.stderr
 
@@ -202,6 +239,7 @@ def test_repeated_failed_saves_stop_the_run(tiny_config, tmp_path, monkeypatch):
 
     def read_only(*a, **k):
         raise PermissionError(13, "Permission denied", str(tmp_path / "run" / "checkpoints"))
+
     monkeypatch.setattr(checkpoint, "commit", read_only)
     tiny_config.checkpoint.every_steps = 1
     with pytest.raises(CloudMLError, match="3 checkpoints in a row could not be written .*Permission denied"):
@@ -217,6 +255,7 @@ def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, m
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
     monkeypatch.setattr(MetricsFile, "append", full)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw_config))
@@ -224,4 +263,5 @@ def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, m
     err = capsys.readouterr().err
     assert "no space left on the disk holding" in err and "metrics.jsonl" in err and "Free space there" in err
     assert explain_os_error(PermissionError(errno.EROFS, "Read-only file system", "/x")).startswith(
-        "cannot write /x: the disk or folder is read-only")
+        "cannot write /x: the disk or folder is read-only"
+    )

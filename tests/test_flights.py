@@ -1,5 +1,6 @@
 """Finding flights in data.dir: one folder per flight (or nested, or flat), revision suffixes, a
 missing file, and a config that names only data.dir trained end to end from the command line."""
+
 import json
 import shutil
 import subprocess
@@ -44,43 +45,76 @@ def test_flights_are_found_grouped_by_date_and_named(users_folder):
     found = flights.find_flights(data_config(users_folder))
     assert [f.name for f in found] == ["01Mar25", "03Mar25", "05Mar25"]
     assert all(not f.problems for f in found)
-    assert found[0].files["ir"] == "01Mar25/GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5"     # newest revision
-    assert found[1].files == {"ir": "GLOVE2025/flights/03Mar25/GLOVE2025_IRAI_L1B_Rev-_20250303.h5",
-                              "cpl": "GLOVE2025/flights/03Mar25/CPL_L2_V1-02_01kmLay_900002_03mar25.hdf5",
-                              "nav": "GLOVE2025/flights/03Mar25/CRS_20250303_nav.hdf"}
+    assert found[0].files["ir"] == "01Mar25/GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5"  # newest revision
+    assert found[1].files == {
+        "ir": "GLOVE2025/flights/03Mar25/GLOVE2025_IRAI_L1B_Rev-_20250303.h5",
+        "cpl": "GLOVE2025/flights/03Mar25/CPL_L2_V1-02_01kmLay_900002_03mar25.hdf5",
+        "nav": "GLOVE2025/flights/03Mar25/CRS_20250303_nav.hdf",
+    }
     assert found[2].files["cpl"] == "CPL_L2_V1-02_01kmLay_900003_05mar25.hdf5"
 
 
 def test_file_names_are_classified_by_role_and_date():
-    assert flights.classify("WHYMSIE2024_IRAI_L1B_Rev-_20241030-005.h5")[:2] == ("ir", flights.dt.date(2024, 10, 30))
-    assert flights.classify("CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5")[:2] == ("cpl", flights.dt.date(2025, 2, 10))
+    assert flights.classify("WHYMSIE2024_IRAI_L1B_Rev-_20241030-005.h5")[:2] == (
+        "ir",
+        flights.dt.date(2024, 10, 30),
+    )
+    assert flights.classify("CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5")[:2] == (
+        "cpl",
+        flights.dt.date(2025, 2, 10),
+    )
     assert flights.classify("CRS_20250210_nav.hdf")[:2] == ("nav", flights.dt.date(2025, 2, 10))
-    assert flights.classify("CPL_L2_V1-02_01kmPro_259015_10feb25.hdf5") is None       # a profile, not a layer file
-    assert flights.classify("GLOVE2025_IRAI_L1B_Rev-_20251399.h5") is None             # not a date
+    assert flights.classify("CPL_L2_V1-02_01kmPro_259015_10feb25.hdf5") is None  # a profile, not a layer file
+    assert flights.classify("GLOVE2025_IRAI_L1B_Rev-_20251399.h5") is None  # not a date
     assert flights.flight_name(flights.dt.date(2024, 10, 23)) == "23Oct24"
 
 
 def test_a_config_naming_only_the_data_folder_trains_end_to_end(users_folder, tmp_path):
-    raw = {"data": {"dir": str(users_folder), "cache_dir": str(tmp_path / "cache"),
-                    "validation_flights": ["05Mar25"], "temporal_frames": 3, "swath_slice": [4, 36],
-                    "num_workers": 0},
-           "model": {"channels": [4, 8, 8]}, "train": {"epochs": 1, "batch_size": 8, "warmup_steps": 2}}
+    raw = {
+        "data": {
+            "dir": str(users_folder),
+            "cache_dir": str(tmp_path / "cache"),
+            "validation_flights": ["05Mar25"],
+            "temporal_frames": 3,
+            "swath_slice": [4, 36],
+            "num_workers": 0,
+        },
+        "model": {"channels": [4, 8, 8]},
+        "train": {"epochs": 1, "batch_size": 8, "warmup_steps": 2},
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(tmp_path / "c.yaml"),
-                        "--run-dir", str(run)], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloudml_lib",
+            "train",
+            "--config",
+            str(tmp_path / "c.yaml"),
+            "--run-dir",
+            str(run),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "found 3 flights in" in r.stdout
-    table = r.stdout[r.stdout.index("Flights:"):]
+    table = r.stdout[r.stdout.index("Flights:") :]
     for name in ("01Mar25", "03Mar25", "05Mar25", "GLOVE2025_IRAI_L1B_Rev-_20250303.h5", "labels kept"):
         assert name in table
-    saved = yaml.safe_load((run / "config.yaml").read_text())["data"]["flights"]      # resolved, for resume
+    saved = yaml.safe_load((run / "config.yaml").read_text())["data"]["flights"]  # resolved, for resume
     assert [f["name"] for f in saved] == ["01Mar25", "03Mar25", "05Mar25"]
     assert saved[1]["nav_file"] == "GLOVE2025/flights/03Mar25/CRS_20250303_nav.hdf"
     report = json.loads((run / "evaluation.json").read_text())
     assert list(report["per_flight"]) == ["05Mar25"] and report["overall"]["n"] > 10
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "evaluate", "--run-dir", str(run), "--json"],
-                       cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "evaluate", "--run-dir", str(run), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["overall"]["n"] == report["overall"]["n"]
 
 
@@ -90,7 +124,7 @@ def incomplete(users_folder, tmp_path):
     shutil.copytree(users_folder, root)
     (root / "GLOVE2025" / "flights" / "03Mar25" / "CRS_20250303_nav.hdf").unlink()
     (root / "04Mar25").mkdir()
-    (root / "04Mar25" / "CPL_L2_V1-02_01kmLay_900009_04mar25.hdf5").write_bytes(b"")   # only a CPL file
+    (root / "04Mar25" / "CPL_L2_V1-02_01kmLay_900009_04mar25.hdf5").write_bytes(b"")  # only a CPL file
     return root
 
 
@@ -104,20 +138,32 @@ def test_a_flight_missing_a_file_is_a_clear_error_listing_what_is_missing(incomp
 
 
 def test_skipping_incomplete_flights_is_explicit_and_listed(incomplete, tmp_path):
-    data = data_config(incomplete, skip_incomplete_flights=True, cache_dir=str(tmp_path / "cache"),
-                       temporal_frames=3, swath_slice=[4, 36])
+    data = data_config(
+        incomplete,
+        skip_incomplete_flights=True,
+        cache_dir=str(tmp_path / "cache"),
+        temporal_frames=3,
+        swath_slice=[4, 36],
+    )
     resolved, skipped = flights.resolve_flights(data)
-    assert data.flights == [] and [f.name for f in resolved.flights] == ["01Mar25", "05Mar25"]   # data not changed
+    assert data.flights == [] and [f.name for f in resolved.flights] == [
+        "01Mar25",
+        "05Mar25",
+    ]  # data not changed
     data = resolved
     assert [f.name for f in skipped] == ["03Mar25", "04Mar25"]
     from cloudml_lib.data.cache import load_caches
+
     table = flights.format_table(flights.summary_rows(data, load_caches(data), skipped))
     assert "skipped: no nav file" in table and "skipped: no IR file; no nav file" in table
 
 
 def test_validation_flight_that_was_not_found_is_named(users_folder):
-    with pytest.raises(ConfigError, match=r"data.validation_flights: 12Feb25 not in the flights found in .*"
-                                          r"\(known: 01Mar25, 03Mar25, 05Mar25\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.validation_flights: 12Feb25 not in the flights found in .*"
+        r"\(known: 01Mar25, 03Mar25, 05Mar25\)",
+    ):
         flights.resolve_flights(data_config(users_folder, validation_flights=["12Feb25"]))
     with pytest.raises(ConfigError, match="data.overweight_flight: '30Oct24' not in the flights found"):
         flights.resolve_flights(data_config(users_folder, overweight_flight="30Oct24"))
@@ -145,9 +191,19 @@ def test_angles_from_cpl_make_the_nav_file_optional(incomplete):
 
 
 def test_the_same_files_under_two_flight_names_are_refused(users_folder):
-    entry = {"ir_file": "01Mar25/GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5",
-             "cpl_file": "01Mar25/CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5", "nav_file": "01Mar25/CRS_20250301_nav.hdf"}
-    data = build_config({"data": {"dir": str(users_folder), "validation_flights": ["b"],
-                                  "flights": [dict(entry, name="a"), dict(entry, name="b")]}}).data
+    entry = {
+        "ir_file": "01Mar25/GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5",
+        "cpl_file": "01Mar25/CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5",
+        "nav_file": "01Mar25/CRS_20250301_nav.hdf",
+    }
+    data = build_config(
+        {
+            "data": {
+                "dir": str(users_folder),
+                "validation_flights": ["b"],
+                "flights": [dict(entry, name="a"), dict(entry, name="b")],
+            }
+        }
+    ).data
     with pytest.raises(ConfigError, match="flights a and b use the same IR file .*trained twice"):
         flights.resolve_flights(data)

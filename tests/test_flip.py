@@ -3,6 +3,7 @@ the flip mirrors it across the flight axis, and a flight without a heading is ne
 
 The check against the demo generator renders a scene, mirrors it, and asks which relative azimuth the
 generator needs to draw the mirrored scene: the flipped sample's angle must be that one."""
+
 from __future__ import annotations
 
 import logging
@@ -37,21 +38,25 @@ def always_flip(monkeypatch):
 
 def scene(field, rel_az):
     """Cloud and shadow opacity of one generator frame, stacked (2, rows, cols)."""
-    return np.stack(scene_layers(field, cam_row=60.0, rows=40, cols=48, h_km=1.2, sza_deg=50.0, rel_az_deg=rel_az))
+    return np.stack(
+        scene_layers(field, cam_row=60.0, rows=40, cols=48, h_km=1.2, sza_deg=50.0, rel_az_deg=rel_az)
+    )
 
 
 @pytest.mark.parametrize("heading", [0.0, 40.0, 135.0, 290.0])
 def test_a_flipped_sample_has_the_angle_the_generator_draws_for_the_mirrored_scene(always_flip, heading):
     field = _cloud_field(np.random.default_rng(3), (160, 140), scale_px=2.0)
-    saa = 205.0                                                   # sun azimuth from the ground (north)
+    saa = 205.0  # sun azimuth from the ground (north)
     rel = float(model_azimuth(saa, heading, "relative"))
     frames = torch.from_numpy(scene(field, rel))
     line = float(mirror_line(heading, "relative", "rows"))
     flipped, angle = augment_sample(frames, rel, np.random.default_rng(0), line)
-    mirrored_scene = scene(field[:, ::-1], angle)                 # the mirrored world, drawn at the returned angle
+    mirrored_scene = scene(field[:, ::-1], angle)  # the mirrored world, drawn at the returned angle
     np.testing.assert_allclose(flipped.numpy(), mirrored_scene, atol=1e-6)
     # in ground azimuths the same flip is a -> 2 * heading - a, and it draws the same mirrored scene
-    _, ground = augment_sample(frames, saa, np.random.default_rng(0), float(mirror_line(heading, "ground", "rows")))
+    _, ground = augment_sample(
+        frames, saa, np.random.default_rng(0), float(mirror_line(heading, "ground", "rows"))
+    )
     assert ground == pytest.approx((2 * heading - saa) % 360)
     np.testing.assert_allclose(scene(field[:, ::-1], (ground - heading) % 360), mirrored_scene, atol=1e-6)
     # the old rule (360 - a) is right only for a northbound aircraft: here the test would catch it
@@ -62,9 +67,11 @@ def test_a_flipped_sample_has_the_angle_the_generator_draws_for_the_mirrored_sce
 
 def test_columns_along_track_mirror_across_the_cross_track_axis(always_flip):
     frames = torch.zeros(1, 4, 4)
-    _, angle = augment_sample(frames, 30.0, np.random.default_rng(0), float(mirror_line(10.0, "relative", "columns")))
-    assert angle == pytest.approx(150.0)                          # r -> 180 - r
-    assert np.isnan(mirror_line(np.nan, "relative", "rows"))      # no heading: no mirror line, no flip
+    _, angle = augment_sample(
+        frames, 30.0, np.random.default_rng(0), float(mirror_line(10.0, "relative", "columns"))
+    )
+    assert angle == pytest.approx(150.0)  # r -> 180 - r
+    assert np.isnan(mirror_line(np.nan, "relative", "rows"))  # no heading: no mirror line, no flip
 
 
 def looks_flipped(augmented: torch.Tensor, original: np.ndarray) -> bool:
@@ -82,6 +89,7 @@ def copied(tiny_flights, tmp_path):
         raw = tiny_raw(tmp_path / "flights", entries, tmp_path / "cache")
         raw["data"].update(data)
         return build_config(raw)
+
     return tmp_path / "flights", entries, config
 
 
@@ -90,8 +98,8 @@ def test_the_network_sees_the_azimuth_relative_to_the_heading_and_flips_it_consi
     cfg = config()
     caches = load_caches(cfg.data)
     c = caches[0]
-    assert np.isfinite(c.heading_deg).all() and np.ptp(c.heading_deg) > 30       # the demo track turns
-    with h5py.File(root / entries[0]["nav_file"]) as f:                           # row i = frame i
+    assert np.isfinite(c.heading_deg).all() and np.ptp(c.heading_deg) > 30  # the demo track turns
+    with h5py.File(root / entries[0]["nav_file"]) as f:  # row i = frame i
         np.testing.assert_allclose(c.heading_deg, f["nav/trueHdg"][()][c.frame_index])
     ds = CloudDataset([c], fit_scalers([c]), augment=True, seed=1)
     flipped = 0
@@ -118,7 +126,7 @@ def test_without_a_heading_flips_are_off_and_the_log_and_table_say_so(copied, ca
     assert ok and rows[0][-1] == "off: no heading" and rows[1][-1] == "on"
     c = load_caches(cfg.data)[0]
     ds = CloudDataset([c], fit_scalers([c]), augment=True, seed=1)
-    for i in range(len(ds)):                                       # never flipped, azimuth unknown (no direction)
+    for i in range(len(ds)):  # never flipped, azimuth unknown (no direction)
         np.testing.assert_array_equal(ds[i]["scalars"][1:].numpy(), [0.0, 0.0])
         assert not looks_flipped(ds[i]["frames"], c.frames.read(c.windows[i]))
     # with the ground azimuth the angle is still known; the flip still stays off

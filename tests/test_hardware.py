@@ -31,19 +31,34 @@ def test_probe_measures_two_steps_and_never_recommends_zero():
         seen.append(b)
         return int((3 + 2 * b) * GIB)
 
-    r = memory.probe_batch_size(lambda b: None, torch.device("cpu"), measure=fake_measure, budget=int(4 * GIB))
+    r = memory.probe_batch_size(
+        lambda b: None, torch.device("cpu"), measure=fake_measure, budget=int(4 * GIB)
+    )
     assert seen == [2, 4] and r.recommended == 1
 
 
 def report(gpu=None, compile_ok=True, colab=True):
-    return {"gpu": gpu, "compile": {"available": compile_ok, "reason": "available" if compile_ok else "Triton is "
-            "not installed"}, "colab": colab, "cpus": 2, "host_memory": {"total": 13 * GIB, "available": 11 * GIB},
-            "disk_free": {}}
+    return {
+        "gpu": gpu,
+        "compile": {
+            "available": compile_ok,
+            "reason": "available" if compile_ok else "Triton is not installed",
+        },
+        "colab": colab,
+        "cpus": 2,
+        "host_memory": {"total": 13 * GIB, "available": 11 * GIB},
+        "disk_free": {},
+    }
 
 
 def t4(free_gib):
-    return {"name": "Tesla T4", "compute_capability": "7.5", "total_bytes": int(15.6 * GIB),
-            "free_bytes": int(free_gib * GIB), "processes": []}
+    return {
+        "name": "Tesla T4",
+        "compute_capability": "7.5",
+        "total_bytes": int(15.6 * GIB),
+        "free_bytes": int(free_gib * GIB),
+        "processes": [],
+    }
 
 
 def test_preset_choice_by_gpu():
@@ -83,17 +98,24 @@ def test_colab_is_detected_from_its_environment(monkeypatch):
 
 
 def test_diagnose_on_this_machine():
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "diagnose", "--json", "--config", "configs/demo.yaml"],
-                       cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "diagnose", "--json", "--config", "configs/demo.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert {"colab", "python", "torch", "gpu", "host_memory", "cpus", "disk_free", "recommendations"} <= set(out)
+    assert {"colab", "python", "torch", "gpu", "host_memory", "cpus", "disk_free", "recommendations"} <= set(
+        out
+    )
     assert out["host_memory"]["total"] > 0 and out["cpus"] >= 1
     assert set(out["disk_free"]) == {"data", "cache"}
     if out["gpu"] is None:
         assert out["recommendations"][0].startswith("Preset: demo")
-    text = subprocess.run([sys.executable, "-m", "cloudml_lib", "diagnose"], cwd=REPO, capture_output=True,
-                          text=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "diagnose"], cwd=REPO, capture_output=True, text=True
+    ).stdout
     assert "Host RAM:" in text and "Recommendations:" in text
 
 
@@ -101,8 +123,10 @@ def test_memory_readings_on_cpu():
     m = hw.memory_readings(torch.device("cpu"))
     assert m["peak_rss_gib"] > 0.05
     assert hw.format_memory(m).startswith("peak RSS ")
-    assert hw.format_memory({"peak_allocated_gib": 9.1, "peak_reserved_gib": 10.2, "alloc_retries": 0}) == \
-        "GPU peak 9.1/10.2 GiB alloc/reserved, 0 retries"
+    assert (
+        hw.format_memory({"peak_allocated_gib": 9.1, "peak_reserved_gib": 10.2, "alloc_retries": 0})
+        == "GPU peak 9.1/10.2 GiB alloc/reserved, 0 retries"
+    )
 
 
 def test_free_gpu_memory_says_what_it_did():
@@ -113,6 +137,7 @@ def test_free_gpu_memory_says_what_it_did():
 @needs_gpu
 def test_probe_on_a_real_gpu(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
+
     tiny_config.train.batch_size = "auto"
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     trainer.close()
@@ -122,6 +147,7 @@ def test_probe_on_a_real_gpu(tiny_config, tmp_path):
 def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
     from cloudml_lib.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
+
     tiny_config.train.batch_size = "auto"
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     trainer.close()

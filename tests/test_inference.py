@@ -5,6 +5,7 @@ whose shared frames are encoded once; and a compiled encoder meets one batch sha
 
 "Same": heights within 1e-4 km, cloud probabilities within 1e-5 (the only differences are the order in
 which floats are summed)."""
+
 from __future__ import annotations
 
 import shutil
@@ -32,7 +33,7 @@ SCALERS = Scalers(45.0, 5.0, 1.0, 0.5)
 def model_with_cloud(channels, head: str, seed: int = 0) -> MultimodalRegressionModel:
     torch.manual_seed(seed)
     model = MultimodalRegressionModel(channels=channels, cloud_head=head)
-    if head == "probe":                                        # a fitted probe: the model answers (B, 2)
+    if head == "probe":  # a fitted probe: the model answers (B, 2)
         model.set_cloud_probe(torch.randn(channels[-1] + 3) * 0.3, 0.1)
     # BatchNorm statistics away from their initial values, as in a trained model
     for m in model.modules():
@@ -45,7 +46,9 @@ def model_with_cloud(channels, head: str, seed: int = 0) -> MultimodalRegression
 def both_paths(model, cfg, name: str, batch: int = 8):
     flight = flights_to_predict(cfg, [name])[name]
     with FramePool(0) as pool:
-        ref_h, ref_p = predict_per_window(model, flight, cfg.data, SCALERS, CPU, batch, torch.no_grad, SKIMAGE, pool)
+        ref_h, ref_p = predict_per_window(
+            model, flight, cfg.data, SCALERS, CPU, batch, torch.no_grad, SKIMAGE, pool
+        )
         new = predict_flight(model, flight, cfg.data, SCALERS, CPU, batch, backend=SKIMAGE, pool=pool)
     return ref_h, ref_p, new
 
@@ -73,7 +76,7 @@ def gappy_flights(tiny_flights, tmp_path):
             f[key] = values
     with h5py.File(data / entries[0]["ir_file"], "a") as f:
         times = f["Time/TimeUTC"][()]
-        times[[0, 1, 120, 239]] = 0                               # no usable time: left out of the output
+        times[[0, 1, 120, 239]] = 0  # no usable time: left out of the output
         f["Time/TimeUTC"][...] = times
     return data, entries
 
@@ -97,18 +100,30 @@ def test_a_whole_flight_encoded_once_equals_window_by_window(gappy_flights, tmp_
 @pytest.mark.slow
 def test_a_full_width_model_on_real_size_frames_gives_the_same_numbers(tmp_path):
     """Preset B's model (64/128/256) on 440 x 640 frames, T = 5, a short flight (its ends are most of it)."""
-    entries = make_demo_flights(tmp_path / "flights", n_flights=2, seed=4, frames_per_flight=14,
-                                frame_shape=(512, 640))
-    raw = {"data": {"dir": str(tmp_path / "flights"), "flights": entries, "validation_flights": [entries[1]["name"]],
-                    "temporal_frames": 5, "swath_slice": [40, 480]}, "model": {"channels": [64, 128, 256]}}
+    entries = make_demo_flights(
+        tmp_path / "flights", n_flights=2, seed=4, frames_per_flight=14, frame_shape=(512, 640)
+    )
+    raw = {
+        "data": {
+            "dir": str(tmp_path / "flights"),
+            "flights": entries,
+            "validation_flights": [entries[1]["name"]],
+            "temporal_frames": 5,
+            "swath_slice": [40, 480],
+        },
+        "model": {"channels": [64, 128, 256]},
+    }
     model = model_with_cloud([64, 128, 256], "probe", seed=1)
     ref_h, ref_p, new = both_paths(model, build_config(raw), entries[0]["name"], batch=6)
     assert_same(ref_h, ref_p, new)
 
 
 @pytest.mark.parametrize("t", [3, 5, 7])
-def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(tiny_flights, tmp_path, t, monkeypatch):
-    """Evaluation, the epoch's score and the cloud probe: label-centred windows; distinct frames encoded once."""
+def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
+    tiny_flights, tmp_path, t, monkeypatch
+):
+    """Evaluation, the epoch's score and the cloud probe: label-centred windows; distinct frames encoded
+    once."""
     root, entries = tiny_flights
     raw = tiny_raw(root, entries, tmp_path / "cache")
     raw["data"]["temporal_frames"] = t
@@ -118,14 +133,17 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(tin
     encoded = []
     real = model.encode_frames
     monkeypatch.setattr(model, "encode_frames", lambda frames: (encoded.append(len(frames)), real(frames))[1])
-    matched = CloudDataset(train_set.caches, train_set.scalers, cloud=True)      # the probe's frames, no augmentation
+    matched = CloudDataset(
+        train_set.caches, train_set.scalers, cloud=True
+    )  # the probe's frames, no augmentation
     for dataset in (val_set, matched):
-        indices = np.arange(len(dataset))[::-1][:41]                        # any order, any subset
+        indices = np.arange(len(dataset))[::-1][:41]  # any order, any subset
         for features in (False, True):
             encoded.clear()
             new, target = evaluate.predict(model, dataset, CPU, 8, indices=indices, features=features)
-            ref, ref_target = evaluate._window_by_window(model.features if features else model, dataset, CPU, 8,
-                                                        torch.no_grad, indices, 0)
+            ref, ref_target = evaluate._window_by_window(
+                model.features if features else model, dataset, CPU, 8, torch.no_grad, indices, 0
+            )
             np.testing.assert_array_equal(target, ref_target)
             pairs = [(new, ref)] if features else [(new[k], ref[k]) for k in ("height", "cloud_logit")]
             assert all(np.abs(a - b).max() < 1e-5 for a, b in pairs)
@@ -146,11 +164,12 @@ def test_a_model_in_training_mode_is_scored_in_eval_mode_and_left_as_it_was(tiny
 
 @pytest.mark.slow
 def test_a_compiled_encoder_meets_one_batch_shape(tiny_flights, tmp_path):
-    """compile.py compiles with static shapes: the last, partial batch of frames is padded, so scoring any number
-    of samples compiles one graph for evaluation (no recompile per subset size)."""
+    """compile.py compiles with static shapes: the last, partial batch of frames is padded, so scoring any
+    number of samples compiles one graph for evaluation (no recompile per subset size)."""
     if shutil.which("g++") is None and shutil.which("clang++") is None:
         pytest.skip("torch.compile on the CPU needs a C++ compiler")
     from cloudml_lib.compile import apply_compile
+
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
     _, val_set = prepare_data(cfg)
@@ -183,6 +202,7 @@ def test_out_of_gpu_memory_while_predicting_halves_the_frame_batch_and_changes_n
         if batch > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, frames, device, batch, autocast)
+
     monkeypatch.setattr(inference, "encode_frames", small_gpu)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(__import__("logging").getLogger("cloudml_lib"), "propagate", True)

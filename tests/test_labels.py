@@ -3,6 +3,7 @@ midnight, times that must increase, the layer order, the DEM threshold and the m
 
 Every test starts from generated flights in the real layout (tests/conftest.py) and, where a real file
 could differ, edits a copy of the generated file the way the real one would differ."""
+
 from __future__ import annotations
 
 import copy
@@ -42,6 +43,7 @@ def flights(tiny_flights, tmp_path):
         raw = tiny_raw(tmp_path / "flights", entries, tmp_path / "cache")
         raw["data"].update(settings)
         return build_config(raw).data
+
     return tmp_path / "flights", entries, data
 
 
@@ -76,16 +78,16 @@ def test_rounding_and_offset_apply_to_the_lidar_times():
 def test_a_byte_string_year_and_a_flight_across_midnight_match_every_label(flights):
     root, entries, data = flights
     with h5py.File(cpl_path(root, entries[1]), "r") as f:
-        assert f["metadata_parameters/File_Year"].dtype.kind == "S"            # b'2025', as in the real files
+        assert f["metadata_parameters/File_Year"].dtype.kind == "S"  # b'2025', as in the real files
         days = f[JULIAN][:, 1]
-    assert np.floor(days.min()) < np.floor(days.max())                          # crosses 00 UTC
+    assert np.floor(days.min()) < np.floor(days.max())  # crosses 00 UTC
     d = data()
     lab = labels(d, 1)
-    assert lab.match["match_rate"] == pytest.approx(1.0)           # unmatched: only profiles beyond the camera
+    assert lab.match["match_rate"] == pytest.approx(1.0)  # unmatched: only profiles beyond the camera
     assert lab.counts["unmatched"] == lab.match["filtered"] - lab.match["inside_camera"] > 0
     frame_t = er2.read_ir_times(root / entries[1]["ir_file"], d.flights[1], d)[0]
     labelled_days = np.unique(np.floor(frame_t[lab.frame_index] / 86400.0))
-    assert len(labelled_days) == 2                                              # labels on both sides of 00 UTC
+    assert len(labelled_days) == 2  # labels on both sides of 00 UTC
 
 
 def test_times_that_decrease_are_a_warning_naming_the_profile(flights, caplog):
@@ -96,8 +98,10 @@ def test_times_that_decrease_are_a_warning_naming_the_profile(flights, caplog):
         f[JULIAN][...] = j
     labels(data())
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("lidar times decrease 1 time(s), first after profile 40" in w and entries[0]["name"] in w
-               for w in warned), warned
+    assert any(
+        "lidar times decrease 1 time(s), first after profile 40" in w and entries[0]["name"] in w
+        for w in warned
+    ), warned
 
 
 def test_layers_stored_bottom_first_are_refused_naming_the_file_and_setting_and_read_with_it(flights):
@@ -106,10 +110,13 @@ def test_layers_stored_bottom_first_are_refused_naming_the_file_and_setting_and_
     with h5py.File(cpl_path(root, entries[0]), "r+") as f:
         base, n = f[BASE][()], f["layer_descriptor/Number_Layers"][()]
         for i in np.flatnonzero(n > 1):
-            base[i, :n[i]] = base[i, :n[i]][::-1]
+            base[i, : n[i]] = base[i, : n[i]][::-1]
         f[BASE][...] = base
-    with pytest.raises(DataError, match=r"data.layer_order: top_first calls the top lies below the lowest one.*"
-                                        r"Set data.layer_order: bottom_first") as e:
+    with pytest.raises(
+        DataError,
+        match=r"data.layer_order: top_first calls the top lies below the lowest one.*"
+        r"Set data.layer_order: bottom_first",
+    ) as e:
         labels(data(label_layer="top"))
     assert entries[0]["cpl_file"].split("/")[-1] in str(e.value)
     after = labels(data(label_layer="top", layer_order="bottom_first"))
@@ -117,9 +124,13 @@ def test_layers_stored_bottom_first_are_refused_naming_the_file_and_setting_and_
     np.testing.assert_array_equal(after.frame_index, before.frame_index)
 
 
-@pytest.mark.parametrize("value, words", [(-1.0, "would drop every ocean profile"), (100.0, "would keep land")])
+@pytest.mark.parametrize(
+    "value, words", [(-1.0, "would drop every ocean profile"), (100.0, "would keep land")]
+)
 def test_a_dem_threshold_that_keeps_land_or_drops_the_ocean_is_refused(value, words):
-    with pytest.raises(ConfigError, match=rf"data.max_dem_surface_m: {value!r} {words}.*valid: 0 to 10 \(metres\)"):
+    with pytest.raises(
+        ConfigError, match=rf"data.max_dem_surface_m: {value!r} {words}.*valid: 0 to 10 \(metres\)"
+    ):
         build_config({"data": {"demo": True, "max_dem_surface_m": value}})
 
 
@@ -128,18 +139,18 @@ def test_the_dem_threshold_is_applied_in_metres(flights):
     ocean = len(labels(data()).cbh_km)
     with h5py.File(cpl_path(root, entries[0]), "r+") as f:
         dem = f["layer_descriptor/DEM_Surface_Altitude"][()]
-        dem[dem == 0] = 4.0                                                      # a sea that reads 4 m
+        dem[dem == 0] = 4.0  # a sea that reads 4 m
         f["layer_descriptor/DEM_Surface_Altitude"][...] = dem
     with pytest.raises(DataError, match="no lidar label survives"):
         labels(data())
-    assert len(labels(data(max_dem_surface_m=5.0)).cbh_km) == ocean > 10       # land (150 m) still dropped
+    assert len(labels(data(max_dem_surface_m=5.0)).cbh_km) == ocean > 10  # land (150 m) still dropped
 
 
 def test_a_clock_offset_is_found_and_named_with_its_setting(flights, caplog):
     root, entries, data = flights
     good = labels(data())
     with h5py.File(cpl_path(root, entries[0]), "r+") as f:
-        f[JULIAN][...] = f[JULIAN][()] + 200.0 / 86400.0                         # the lidar clock 200 s late
+        f[JULIAN][...] = f[JULIAN][()] + 200.0 / 86400.0  # the lidar clock 200 s late
     lab = labels(data())
     assert lab.match["matched"] < 0.5 * lab.match["filtered"]
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
@@ -153,9 +164,9 @@ def test_a_clock_offset_is_found_and_named_with_its_setting(flights, caplog):
 
 def test_profiles_beyond_the_camera_are_not_blamed_on_an_offset(flights, caplog):
     root, entries, data = flights
-    with h5py.File(root / entries[0]["ir_file"], "r+") as f:          # the camera stopped a third of the way in
+    with h5py.File(root / entries[0]["ir_file"], "r+") as f:  # the camera stopped a third of the way in
         t = f["Time/TimeUTC"][()]
-        t[len(t) // 3:] = np.nan
+        t[len(t) // 3 :] = np.nan
         f["Time/TimeUTC"][...] = t
     labels(data())
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
@@ -173,20 +184,34 @@ def test_the_flight_table_shows_the_match_rate_and_time_differences(flights):
 def test_the_label_definition_is_part_of_the_cache_key(flights):
     root, entries, data = flights
     d = data()
-    keys = {cache_key(d.flights[0], data(**change)) for change in
-            ({}, {"cpl_time_column": "start"}, {"cpl_time_round": True}, {"cpl_time_offset_s": 1.0},
-             {"layer_order": "bottom_first"}, {"max_dem_surface_m": 2.0})}
+    keys = {
+        cache_key(d.flights[0], data(**change))
+        for change in (
+            {},
+            {"cpl_time_column": "start"},
+            {"cpl_time_round": True},
+            {"cpl_time_offset_s": 1.0},
+            {"layer_order": "bottom_first"},
+            {"max_dem_surface_m": 2.0},
+        )
+    }
     assert len(keys) == 6
     assert copy.deepcopy(cpl.label_definition(d))["time_column"] == "centre"
 
 
 def test_a_changed_label_definition_is_refused_on_resume(flights):
     from cloudml_lib.rundir import compare_configs
+
     root, entries, data = flights
     raw = tiny_raw(root, entries, root / "cache")
     saved = build_config(raw).to_dict()
-    for key, value in (("cpl_time_column", "start"), ("cpl_time_round", True), ("label_layer", "top"),
-                       ("max_dem_surface_m", 2.0), ("sun_azimuth", "ground")):
+    for key, value in (
+        ("cpl_time_column", "start"),
+        ("cpl_time_round", True),
+        ("label_layer", "top"),
+        ("max_dem_surface_m", 2.0),
+        ("sun_azimuth", "ground"),
+    ):
         changed = copy.deepcopy(raw)
         changed["data"][key] = value
         math, _ = compare_configs(saved, build_config(changed).to_dict())
@@ -198,19 +223,42 @@ def test_the_published_label_sets_are_one_config_away(flights, capsys):
 
     from cloudml_lib.cli import main
     from cloudml_lib.config import load_config
+
     root, entries, data = flights
     config = Path(__file__).resolve().parent.parent / "configs" / "reproduce_published.yaml"
     cfg = load_config(config)
     assert cpl.label_definition(cfg.data) == {
-        "layer": "single", "layer_order": "top_first", "time_column": "start", "time_round": True, "time_offset_s": 0.0,
-        "cbh_km": [0.1, 2.0], "max_lidar_surface_km": 0.9, "max_dem_surface_m": 0.0, "match_tolerance_s": 0.5}
+        "layer": "single",
+        "layer_order": "top_first",
+        "time_column": "start",
+        "time_round": True,
+        "time_offset_s": 0.0,
+        "cbh_km": [0.1, 2.0],
+        "max_lidar_surface_km": 0.9,
+        "max_dem_surface_m": 0.0,
+        "match_tolerance_s": 0.5,
+    }
     counts = {}
     for layer in ("single", "top"):
-        assert main(["labels", "--config", str(config), "--data-dir", str(root), "--set", "data.swath_slice=[4,36]",
-                     "--set", f"data.label_layer={layer}"]) == 0
+        assert (
+            main(
+                [
+                    "labels",
+                    "--config",
+                    str(config),
+                    "--data-dir",
+                    str(root),
+                    "--set",
+                    "data.swath_slice=[4,36]",
+                    "--set",
+                    f"data.label_layer={layer}",
+                ]
+            )
+            == 0
+        )
         out = capsys.readouterr().out
         counts[layer] = int(re.search(r"(\d+) labels in 3 flights", out).group(1))
         assert "time_column start, time_round True" in out
         same = labels(data(label_layer=layer, cpl_time_column="start", cpl_time_round=True)).cbh_km.size
-        assert re.search(rf"\n{entries[0]['name']} .* {same} ", out)          # the table's "labels kept"
-    assert 0 < counts["single"] < counts["top"]          # requiring a single layer is the largest cut
+        assert re.search(rf"\n{entries[0]['name']} .* {same} ", out)  # the table's "labels kept"
+    assert 0 < counts["single"] < counts["top"]  # requiring a single layer is the largest cut

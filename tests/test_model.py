@@ -28,7 +28,7 @@ def test_widths_follow_memory_optimized():
     small = build_model(build_config({"data": {"demo": True}, "model": {"memory_optimized": True}}))
     assert full.encoder.blocks[2].conv.out_channels == 256
     assert small.encoder.blocks[2].conv.out_channels == 128
-    assert 400_000 < count_parameters(full) < 600_000          # "about 0.5 M parameters"
+    assert 400_000 < count_parameters(full) < 600_000  # "about 0.5 M parameters"
     assert count_parameters(small) < count_parameters(full) / 2
 
 
@@ -48,7 +48,7 @@ def test_checkpointing_changes_neither_batchnorm_statistics_nor_gradients():
     frames, scalars = batch()
     bn_a, g_a = _step(plain, frames, scalars)
     bn_b, g_b = _step(ckpt, frames, scalars)
-    assert bn_a.keys() == bn_b.keys() and len(bn_a) == 9          # 3 BatchNorms x (mean, var, count)
+    assert bn_a.keys() == bn_b.keys() and len(bn_a) == 9  # 3 BatchNorms x (mean, var, count)
     for k in bn_a:
         torch.testing.assert_close(bn_a[k], bn_b[k], rtol=0, atol=1e-6, msg=k)
     assert g_a.keys() == g_b.keys()
@@ -63,7 +63,7 @@ def test_without_the_freeze_recomputation_would_update_statistics_twice(monkeypa
     m = MultimodalRegressionModel([4, 8, 8])
     m.set_grad_checkpointing(True)
     bn, _ = _step(m, *batch())
-    assert int(bn["encoder.blocks.0.bn.num_batches_tracked"]) == 2 * 3       # T=3 frames, twice each
+    assert int(bn["encoder.blocks.0.bn.num_batches_tracked"]) == 2 * 3  # T=3 frames, twice each
 
 
 def test_scalars_only_model_ignores_the_frames():
@@ -83,11 +83,14 @@ def test_model_module_has_no_device_amp_or_compile_code():
 
 def test_compiled_wrapper_saves_plain_keys():
     m = MultimodalRegressionModel([4, 8, 8])
-    compiled = torch.compile(m)          # wrapping is lazy: nothing is compiled by this test
+    compiled = torch.compile(m)  # wrapping is lazy: nothing is compiled by this test
     keys = list(to_cpu(dict(unwrap_model(compiled).state_dict())))
     assert keys == list(m.state_dict()) and not any("_orig_mod" in k for k in keys)
     p = next(m.parameters())
-    assert to_cpu(dict(unwrap_model(compiled).state_dict()))[next(iter(m.state_dict()))].data_ptr() != p.data_ptr()   # a copy
+    assert (
+        to_cpu(dict(unwrap_model(compiled).state_dict()))[next(iter(m.state_dict()))].data_ptr()
+        != p.data_ptr()
+    )  # a copy
 
 
 @pytest.mark.parametrize("t", [1, 5])

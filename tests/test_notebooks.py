@@ -1,5 +1,6 @@
 """The notebook files themselves: valid, stripped, thin, portable, with the metadata CI relies on.
 (Running them is `pytest --nbmake colab_setup.ipynb colab_training.ipynb` with CLOUDML_SMOKE=1.)"""
+
 import re
 from pathlib import Path
 
@@ -37,9 +38,9 @@ def test_no_machine_paths(notebook):
 
 def test_metadata_the_ci_and_colab_rely_on(notebook):
     _, nb = notebook
-    assert nb.metadata.kernelspec.name == "python3"            # the kernel nbmake starts
-    assert nb.metadata.execution.timeout >= 600                 # nbmake's per-cell timeout
-    assert nb.metadata.accelerator == "GPU"                     # Colab opens it on a GPU runtime
+    assert nb.metadata.kernelspec.name == "python3"  # the kernel nbmake starts
+    assert nb.metadata.execution.timeout >= 600  # nbmake's per-cell timeout
+    assert nb.metadata.accelerator == "GPU"  # Colab opens it on a GPU runtime
 
 
 def test_cells_are_thin_and_titled(notebook):
@@ -50,16 +51,20 @@ def test_cells_are_thin_and_titled(notebook):
         if cell.cell_type != "code":
             continue
         lines = [x for x in cell.source.splitlines() if x.strip() and not x.strip().startswith("#")]
-        if "ensure_installed" in cell.source:                   # the install cell: colab/install.py does the work
+        if "ensure_installed" in cell.source:  # the install cell: colab/install.py does the work
             assert len(lines) <= 14
             continue
         assert len(lines) <= 2, f"{name} cell {i} holds logic: {cell.source}"
         assert "colab." in cell.source, f"{name} cell {i} does not call the library"
-        assert any(c.cell_type == "markdown" for c in cells[max(0, i - 2):i]), f"{name} cell {i} has no title"
+        assert any(c.cell_type == "markdown" for c in cells[max(0, i - 2) : i]), (
+            f"{name} cell {i} has no title"
+        )
 
 
 def install_cell(name: str) -> str:
-    cells = [c.source for c in nbformat.read(REPO / name, as_version=4).cells if "ensure_installed" in c.source]
+    cells = [
+        c.source for c in nbformat.read(REPO / name, as_version=4).cells if "ensure_installed" in c.source
+    ]
     assert len(cells) == 1, f"{name}: expected one install cell, found {len(cells)}"
     return cells[0]
 
@@ -78,22 +83,40 @@ def test_both_notebooks_install_the_library_with_the_same_cell():
 def test_the_training_notebook_has_each_section():
     nb = nbformat.read(REPO / "colab_training.ipynb", as_version=4)
     titles = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
-    for section in ("## Presets", "## Choose a preset", "## Train", "## Monitor", "## Evaluation",
-                    "## Whole flights (optional)", "## Cross-validation (optional)", "## Troubleshooting",
-                    "## TensorBoard", "## Compare runs",
-                    "## Automated test only"):
+    for section in (
+        "## Presets",
+        "## Choose a preset",
+        "## Train",
+        "## Monitor",
+        "## Evaluation",
+        "## Whole flights (optional)",
+        "## Cross-validation (optional)",
+        "## Troubleshooting",
+        "## TensorBoard",
+        "## Compare runs",
+        "## Automated test only",
+    ):
         assert section in titles
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    for call in ("colab.preset_picker(", "colab.train(", "colab.check_smoke_run(", "colab.show_status(",
-                 "colab.show_evaluation(", "colab.whole_flights(", "colab.crossval(", "colab.show_tensorboard(",
-                 "colab.show_comparison("):
+    for call in (
+        "colab.preset_picker(",
+        "colab.train(",
+        "colab.check_smoke_run(",
+        "colab.show_status(",
+        "colab.show_evaluation(",
+        "colab.whole_flights(",
+        "colab.crossval(",
+        "colab.show_tensorboard(",
+        "colab.show_comparison(",
+    ):
         assert call in code
-    assert titles[-1] == "## Automated test only"          # the smoke test's check comes last, out of the way
+    assert titles[-1] == "## Automated test only"  # the smoke test's check comes last, out of the way
 
 
 def test_real_flights_are_used_when_found_in_the_data_folder(tmp_path, monkeypatch):
     from cloudml_lib import colab
     from cloudml_lib.data.synthetic import make_demo_flights
+
     monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
     monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
     ws = colab.workspace()
@@ -105,4 +128,4 @@ def test_real_flights_are_used_when_found_in_the_data_folder(tmp_path, monkeypat
     assert not colab.uses_demo_data(ws)
     path, over = colab.run_config(ws, "B", epochs=7)
     assert path.name == "colab_full_stable.yaml" and f"data.dir={ws.data}" in over
-    assert f"data.cache_dir={ws.cache / 'flights'}" in over          # not Colab: no separate local disk
+    assert f"data.cache_dir={ws.cache / 'flights'}" in over  # not Colab: no separate local disk

@@ -1,6 +1,7 @@
 """The package as installed: the wheel holds every module and data file of the checkout, declares every
 package the code imports, and the Colab install script (colab/install.py) fingerprints the Drive copy,
 installs only when it changed, and says when the session must be restarted."""
+
 from __future__ import annotations
 
 import ast
@@ -25,8 +26,13 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_checkout(wheel):
     have, want = wheel_files(wheel), expected_wheel_files()
     assert want - have == set(), f"missing from the wheel: {sorted(want - have)}"
     assert have - want == set(), f"in the wheel but not in the checkout: {sorted(have - want)}"
-    for must in ("cloudml_lib/train/loop.py", "cloudml_lib/configs/sweeps/demo.yaml", "cloudml_lib/configs/demo.yaml",
-                 "cloudml_lib/colab/install.py", "cloudml_lib/measured/compile.json"):
+    for must in (
+        "cloudml_lib/train/loop.py",
+        "cloudml_lib/configs/sweeps/demo.yaml",
+        "cloudml_lib/configs/demo.yaml",
+        "cloudml_lib/colab/install.py",
+        "cloudml_lib/measured/compile.json",
+    ):
         assert must in have
 
 
@@ -35,20 +41,29 @@ def _third_party_imports() -> set[str]:
     found = set()
     for path in (REPO / "cloudml_lib").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else []
+            )
             found |= {n.split(".")[0] for n in names}
     return {n for n in found if n not in stdlib and n != "cloudml_lib"}
 
 
 def test_every_package_the_code_imports_is_a_declared_dependency(wheel):
     """mapie was imported but not declared: the Colab install trained every epoch, then stopped."""
-    required = {re.split(r"[ <>=!;\[]", r)[0].lower() for r in wheel_requirements(wheel) if "extra ==" not in r}
+    required = {
+        re.split(r"[ <>=!;\[]", r)[0].lower() for r in wheel_requirements(wheel) if "extra ==" not in r
+    }
     for name in sorted(_third_party_imports() - OPTIONAL):
         assert DISTRIBUTIONS.get(name, name).lower() in required, f"cloudml_lib imports {name}, not declared"
     assert "netcdf4" not in required and {"xarray", "h5netcdf", "mapie", "icartt"} <= required
     torch = next(r for r in wheel_requirements(wheel) if r.startswith("torch"))
-    assert torch.replace(" ", "") == "torch>=2.3"       # never a floor that makes Colab (2.8-2.11) replace its torch
+    assert (
+        torch.replace(" ", "") == "torch>=2.3"
+    )  # never a floor that makes Colab (2.8-2.11) replace its torch
     assert not any(r.startswith("ipywidgets") for r in wheel_requirements(wheel) if "extra ==" not in r)
 
 
@@ -73,10 +88,12 @@ def test_the_install_script_fingerprints_what_setup_py_packages():
 
 # ------------------------------------------------------------------------------ colab/install.py, in parts
 
+
 @pytest.fixture
 def bootstrap(tmp_path, monkeypatch):
     """install.py loaded as the notebook loads it, with a Drive copy of the checkout under CLOUDML_CONTENT."""
     from install_helpers import copy_checkout
+
     content = tmp_path / "content"
     code = content / "drive" / "MyDrive" / "CloudML" / "code"
     copy_checkout(code)
@@ -95,7 +112,9 @@ def test_the_fingerprint_follows_the_sources_and_nothing_else(bootstrap):
     (code / "cloudml_lib" / "colab" / "extra.py").write_text("X = 1\n")
     second = install["fingerprint"](code)
     assert second != first
-    (code / "configs" / "demo.yaml").write_text((code / "configs" / "demo.yaml").read_text() + "\n# changed\n")
+    (code / "configs" / "demo.yaml").write_text(
+        (code / "configs" / "demo.yaml").read_text() + "\n# changed\n"
+    )
     assert install["fingerprint"](code) not in (first, second)
     assert install["version_of"](code) == __import__("cloudml_lib").__version__
 
@@ -145,11 +164,17 @@ def test_the_install_record_is_what_the_package_reports(monkeypatch):
     """cloudml_lib.SOURCE holds the record a Colab install wrote; colab.version() says it in words."""
     import cloudml_lib
     from cloudml_lib.colab import drive
-    record = {"fingerprint": "ab" * 32, "version": "0.2.0", "copied_from": "/content/drive/MyDrive/CloudML/code",
-              "installed_at": "2026-11-24 10:00:00"}
+
+    record = {
+        "fingerprint": "ab" * 32,
+        "version": "0.2.0",
+        "copied_from": "/content/drive/MyDrive/CloudML/code",
+        "installed_at": "2026-11-24 10:00:00",
+    }
     monkeypatch.setattr(cloudml_lib, "SOURCE", record)
-    assert drive.version() == ("0.2.0 (copy ababababab of /content/drive/MyDrive/CloudML/code, installed "
-                               "2026-11-24 10:00:00)")
+    assert drive.version() == (
+        "0.2.0 (copy ababababab of /content/drive/MyDrive/CloudML/code, installed 2026-11-24 10:00:00)"
+    )
     monkeypatch.setattr(cloudml_lib, "SOURCE", {})
     assert drive.version() == f"{cloudml_lib.__version__} (from {Path(cloudml_lib.__file__).parent})"
 
@@ -160,6 +185,7 @@ def test_a_missing_optional_package_is_named_with_the_command_that_fits_where_th
     import types
 
     from cloudml_lib.errors import install_command
+
     monkeypatch.delenv("CLOUDML_PARENT_PID", raising=False)
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
     assert install_command("optuna>=4.0") == "pip install 'optuna>=4.0'"

@@ -1,5 +1,6 @@
 """Whole-flight prediction: the NetCDF file's variables, units and lengths, a flight without its CPL
 file, and streaming in blocks (bounded reads, the same numbers as one pass over the flight)."""
+
 import json
 import shutil
 
@@ -19,6 +20,7 @@ def run(tiny_flights, tmp_path_factory):
     from conftest import tiny_raw
 
     from cloudml_lib.config import build_config
+
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("predict")
     data = tmp / "flights"
@@ -32,31 +34,43 @@ def run(tiny_flights, tmp_path_factory):
 def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
     run_dir, _, entries = run
     held = entries[2]["name"]
-    (path,) = pr.predict_flights(run_dir)                          # default: the validation flight
+    (path,) = pr.predict_flights(run_dir)  # default: the validation flight
     assert path == run_dir / "predictions" / f"{held}_cbh.nc"
     with netCDF4.Dataset(path) as nc:
         assert nc.Conventions == "CF-1.8" and set(nc.variables) == {
-            "time", "lat", "lon", "cloud_probability", "cloud_flag", "cloud_base_height", "cloud_base_height_lower",
-            "cloud_base_height_upper", "cpl_cloud_base_height", "cpl_cloud_flag", "frame_index"}
+            "time",
+            "lat",
+            "lon",
+            "cloud_probability",
+            "cloud_flag",
+            "cloud_base_height",
+            "cloud_base_height_lower",
+            "cloud_base_height_upper",
+            "cpl_cloud_base_height",
+            "cpl_cloud_flag",
+            "frame_index",
+        }
         n = len(nc.dimensions["time"])
-        assert n == 240 - 1                                        # every frame but one stray time value
+        assert n == 240 - 1  # every frame but one stray time value
         assert nc["time"].units == "seconds since 1970-01-01 00:00:00" and nc["lat"].units == "degrees_north"
         assert nc["cloud_base_height"].units == "km" and nc["cloud_base_height"]._FillValue == products.FILL
         prob, flag = nc["cloud_probability"][:], nc["cloud_flag"][:]
         assert ((prob >= 0) & (prob <= 1)).all() and list(nc["cloud_flag"].flag_values) == [0, 1]
         np.testing.assert_array_equal(flag, (prob >= nc.cloud_threshold).astype(np.int8))
         cbh = nc["cloud_base_height"][:]
-        assert (np.ma.getmaskarray(cbh) == (flag == 0)).all()     # missing exactly over clear sky
+        assert (np.ma.getmaskarray(cbh) == (flag == 0)).all()  # missing exactly over clear sky
         lower, upper = nc["cloud_base_height_lower"][:], nc["cloud_base_height_upper"][:]
         cloudy = flag == 1
         assert (lower[cloudy] <= cbh[cloudy]).all() and (cbh[cloudy] <= upper[cloudy]).all()
         assert (upper[cloudy] - lower[cloudy]).min() > 0.01
-        assert nc.interval_method.startswith("conformal_absolute") and nc.interval_coverage == pytest.approx(0.9)
+        assert nc.interval_method.startswith("conformal_absolute") and nc.interval_coverage == pytest.approx(
+            0.9
+        )
         assert "held-out heights from this run's held-out flights" in nc.interval_calibration
         t = nc["time"][:]
         assert np.all(np.diff(t) > 0) and 1.7e9 < t[0] < 1.8e9
         labels = np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)
-        assert 10 < np.isfinite(labels).sum() < n                 # the lidar label where one exists
+        assert 10 < np.isfinite(labels).sum() < n  # the lidar label where one exists
     for name in (f"{held}_cbh.csv", f"{held}_cbh_along_flight.png", f"{held}_track.png"):
         assert (run_dir / "predictions" / name).is_file()
     assert len((run_dir / "predictions" / f"{held}_cbh.csv").read_text().splitlines()) == n + 1
@@ -81,12 +95,12 @@ def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(run, tmp_
     prepared = []
     real_prepare = preprocess.prepare
     monkeypatch.setattr(pr, "BLOCK", 16)
-    monkeypatch.setattr(pr, "resolve_workers", lambda setting: 0)          # in this process, where the count is
+    monkeypatch.setattr(pr, "resolve_workers", lambda setting: 0)  # in this process, where the count is
     monkeypatch.setattr(preprocess, "prepare", lambda x, s: (prepared.append(1), real_prepare(x, s))[1])
     (blocks,) = pr.predict_flights(run_dir, out_dir=tmp_path / "blocks")
     with netCDF4.Dataset(whole) as a, netCDF4.Dataset(blocks) as b:
         np.testing.assert_array_equal(a["cloud_base_height"][:], b["cloud_base_height"][:])
-    assert len(prepared) == 240                          # the held-out flight's frames, each exactly once
+    assert len(prepared) == 240  # the held-out flight's frames, each exactly once
 
 
 def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run, tmp_path, monkeypatch):
@@ -111,6 +125,7 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run
         def encode(frames):
             ahead.append((len(frames), pools[-1].submitted))
             return real_encode(frames)
+
         monkeypatch.setattr(model, "encode_frames", encode)
         return real_predict(model, *args, **kwargs)
 
@@ -120,16 +135,16 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run
     with netCDF4.Dataset(serial) as a, netCDF4.Dataset(parallel) as b:
         for name in ("cloud_base_height", "cloud_probability", "cloud_base_height_upper"):
             np.testing.assert_array_equal(a[name][:], b[name][:])
-    assert pools[-1].workers == 2 and not pools[-1]._procs                 # used, then stopped
+    assert pools[-1].workers == 2 and not pools[-1]._procs  # used, then stopped
     # the first frames are encoded while the next block (BLOCK frames) and more are already queued
     encoded, queued = ahead[0]
     assert queued >= encoded + 64, ahead
-    assert sum(n for n, _ in ahead) == 240                                # each frame encoded once
+    assert sum(n for n, _ in ahead) == 240  # each frame encoded once
 
 
 def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(run, tmp_path):
-    """The backend recorded in best.pt is the one predict uses (auto), on the CPU here; its heights are close to
-    those from scikit-image frames, not equal, and the NetCDF file says which made them."""
+    """The backend recorded in best.pt is the one predict uses (auto), on the CPU here; its heights are close
+    to those from scikit-image frames, not equal, and the NetCDF file says which made them."""
     pytest.importorskip("kornia")
     run_dir, _, _ = run
     (skimage,) = pr.predict_flights(run_dir, out_dir=tmp_path / "skimage")
@@ -140,7 +155,10 @@ def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(run, tmp_path
     torch.save(best, copy / "best.pt")
     (kornia,) = pr.predict_flights(copy, out_dir=tmp_path / "kornia")
     with netCDF4.Dataset(skimage) as a, netCDF4.Dataset(kornia) as b:
-        assert json.loads(b.preprocessing)["backend"] == "kornia" and json.loads(a.preprocessing)["backend"] == "skimage"
+        assert (
+            json.loads(b.preprocessing)["backend"] == "kornia"
+            and json.loads(a.preprocessing)["backend"] == "skimage"
+        )
         diff = np.abs(a["cloud_base_height"][:] - b["cloud_base_height"][:])
         assert 0 < float(diff.mean()) < 0.3
 
@@ -151,7 +169,7 @@ def test_the_report_links_what_the_run_holds(run):
     report = (run_dir / "report.md").read_text()
     assert "## Held-out flights" in report and "| baseline (training mean): all |" in report
     assert f"### {entries[2]['name']}" in report
-    links = [line[line.index("(") + 1:-1] for line in report.splitlines() if line.startswith("![")]
+    links = [line[line.index("(") + 1 : -1] for line in report.splitlines() if line.startswith("![")]
     assert len(links) == 4 and all((run_dir / link).is_file() for link in links)
 
 
@@ -161,18 +179,21 @@ def test_host_memory_stays_flat_as_flights_get_longer(run, tmp_path, monkeypatch
     from conftest import TINY_SHAPE
 
     from cloudml_lib.data.synthetic import make_demo_flights
+
     run_dir, data, entries = run
     monkeypatch.setattr(pr, "BLOCK", 16)
     peaks = {}
     for frames in (240, 960):
         folder = tmp_path / f"f{frames}"
         make_demo_flights(folder, n_flights=2, seed=1, frames_per_flight=frames, frame_shape=TINY_SHAPE)
-        tracemalloc.start()                           # NumPy reports its allocations to tracemalloc
-        pr.predict_flights(run_dir, [entries[0]["name"]], out_dir=tmp_path / f"o{frames}", data_dir=str(folder))
+        tracemalloc.start()  # NumPy reports its allocations to tracemalloc
+        pr.predict_flights(
+            run_dir, [entries[0]["name"]], out_dir=tmp_path / f"o{frames}", data_dir=str(folder)
+        )
         peaks[frames] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    whole_flight = 960 * 32 * 48 * 4                  # the long flight's preprocessed frames, as float32
-    assert peaks[960] < 1.5 * peaks[240], peaks       # 4x the frames, about the same peak
+    whole_flight = 960 * 32 * 48 * 4  # the long flight's preprocessed frames, as float32
+    assert peaks[960] < 1.5 * peaks[240], peaks  # 4x the frames, about the same peak
     assert peaks[960] < whole_flight, peaks
 
 
@@ -181,11 +202,13 @@ def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(run, tmp_path):
     no_nav = tmp_path / "data"
     shutil.copytree(data, no_nav)
     (no_nav / entries[0]["nav_file"]).unlink()
-    (path,) = pr.predict_flights(run_dir, [entries[0]["name"]], out_dir=tmp_path / "out", data_dir=str(no_nav))
+    (path,) = pr.predict_flights(
+        run_dir, [entries[0]["name"]], out_dir=tmp_path / "out", data_dir=str(no_nav)
+    )
     with netCDF4.Dataset(path) as nc:
         assert np.isfinite(np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)).sum() > 10
-        assert np.isnan(np.ma.filled(nc["lat"][:], np.nan)).all()             # no position without nav
-        cbh = nc["cloud_base_height"][:]                                    # angles: the training mean
+        assert np.isnan(np.ma.filled(nc["lat"][:], np.nan)).all()  # no position without nav
+        cbh = nc["cloud_base_height"][:]  # angles: the training mean
         assert cbh.count() > 0 and np.isfinite(cbh.compressed()).all()
 
 
@@ -211,7 +234,8 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
             f = record["flights"][e["name"]]
             assert f["counts"]["profiles"] > f["samples"] > 0 and f["match"]["matched"] > 0
             assert {r: v["sha256"] for r, v in f["files"].items()} == {
-                r: sha(data / e[f"{r}_file"]) for r in ("ir", "cpl", "nav")}
+                r: sha(data / e[f"{r}_file"]) for r in ("ir", "cpl", "nav")
+            }
     report = (run_dir / "report.md").read_text()
     assert "## Data provenance" in report and sha(data / entries[0]["ir_file"]) in report
     assert "time_column centre" in report
@@ -224,57 +248,76 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
         assert set(json.loads(nc.training_data_provenance)["flights"]) == {e["name"] for e in entries}
 
 
-def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_missing(run, tmp_path, caplog,
-                                                                                     monkeypatch):
+def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_missing(
+    run, tmp_path, caplog, monkeypatch
+):
     import logging
 
     import torch
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # the run's handler stops it
+
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # the run's handler stops it
 
     from cloudml_lib.evaluate import evaluate_run
+
     run_dir, _, _ = run
     old = tmp_path / "old_run"
     shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("predictions", "checkpoints"))
     best = torch.load(old / "best.pt", weights_only=False)
-    assert int(best["model"]["cloud_fitted"]) == 1              # this version's run: a fitted probe
-    for key in ("cloud.weight", "cloud.bias", "cloud_fitted"):  # the height output only, as earlier models had
+    assert int(best["model"]["cloud_fitted"]) == 1  # this version's run: a fitted probe
+    for key in (
+        "cloud.weight",
+        "cloud.bias",
+        "cloud_fitted",
+    ):  # the height output only, as earlier models had
         del best["model"][key]
     del best["config"]["model"]["cloud_head"]
     torch.save(best, old / "best.pt")
     (old / "intervals.json").unlink()
     (path,) = pr.predict_flights(old, out_dir=tmp_path / "out")
     said = caplog.text
-    assert "has no cloud / no-cloud output (trained without one)" in said and "no usable intervals.json" in said
+    assert (
+        "has no cloud / no-cloud output (trained without one)" in said and "no usable intervals.json" in said
+    )
     with netCDF4.Dataset(path) as nc:
         assert "cloud_flag" not in nc.variables and "cloud_probability" not in nc.variables
-        assert nc["cloud_base_height"][:].count() == len(nc.dimensions["time"])    # a height everywhere
+        assert nc["cloud_base_height"][:].count() == len(nc.dimensions["time"])  # a height everywhere
         assert nc["cloud_base_height_lower"][:].count() == 0 and nc.interval_method == "none"
     report = evaluate_run(old, write=False)
     assert "model" not in report["cloud"] and report["cloud"]["bt_threshold"]["overall"]["n"] > 0
 
 
 def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(run, tmp_path, monkeypatch):
-    """A new output variable is one entry in products.VARIABLES: it then appears in the NetCDF file with its CF
-    attributes, as a CSV column and in summary.json, with nothing else changed."""
+    """A new output variable is one entry in products.VARIABLES: it then appears in the NetCDF file with its
+    CF attributes, as a CSV column and in summary.json, with nothing else changed."""
     import xarray as xr
 
     run_dir, _, entries = run
-    extra = products.Variable("cloud_base_height_doubled", "doubled", "f4", {"long_name": "twice the height",
-                                                                         "units": "km"}, "doubled_km", 3)
+    extra = products.Variable(
+        "cloud_base_height_doubled",
+        "doubled",
+        "f4",
+        {"long_name": "twice the height", "units": "km"},
+        "doubled_km",
+        3,
+    )
     monkeypatch.setattr(products, "VARIABLES", products.VARIABLES + (extra,))
     real = pr.cloud_and_intervals
 
     def and_doubled(result, *a):
         real(result, *a)
         result["doubled"] = 2 * result["cbh_km"]
+
     monkeypatch.setattr(pr, "cloud_and_intervals", and_doubled)
     (path,) = pr.predict_flights(run_dir, out_dir=tmp_path)
     with xr.open_dataset(path) as ds:
-        np.testing.assert_allclose(ds["cloud_base_height_doubled"].values, 2 * ds["cloud_base_height"].values,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            ds["cloud_base_height_doubled"].values, 2 * ds["cloud_base_height"].values, rtol=1e-6
+        )
         assert ds["cloud_base_height_doubled"].attrs["long_name"] == "twice the height"
         assert set(ds.coords) == {"time", "lat", "lon"} and ds["cloud_base_height"].attrs["units"] == "km"
     rows = (tmp_path / path.name.replace(".nc", ".csv")).read_text().splitlines()
     assert rows[0].split(",") == [v.csv for v in products.VARIABLES] and rows[0].endswith("doubled_km")
     summary = json.loads((tmp_path / "summary.json").read_text())[entries[2]["name"]]["variables"]
-    assert summary["cloud_base_height_doubled"]["max"] == pytest.approx(2 * summary["cloud_base_height"]["max"])
+    assert summary["cloud_base_height_doubled"]["max"] == pytest.approx(
+        2 * summary["cloud_base_height"]["max"]
+    )

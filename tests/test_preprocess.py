@@ -1,6 +1,7 @@
 """Preprocessing on every core and the GPU path: worker processes give the serial bytes, stop on Ctrl-C,
 SIGTERM and a kill without a half cache or an orphan, and the kornia backend is keyed, recorded and
 warned about (issue 20). The kornia path runs for real here, on the CPU."""
+
 import json
 import logging
 import os
@@ -31,29 +32,34 @@ def build(cfg, workers: int, cache_dir: Path, backend=SKIMAGE):
 
 
 def test_worker_processes_write_the_bytes_of_the_serial_path(tiny_config, tmp_path):
-    serial, parallel = build(tiny_config, 0, tmp_path / "serial"), build(tiny_config, 2, tmp_path / "parallel")
+    serial, parallel = (
+        build(tiny_config, 0, tmp_path / "serial"),
+        build(tiny_config, 2, tmp_path / "parallel"),
+    )
     for a, b in zip(serial, parallel):
-        assert a.path.name == b.path.name                     # same key: the worker count is not a setting of the data
+        assert a.path.name == b.path.name  # same key: the worker count is not a setting of the data
         assert (a.path / "frames.npy").read_bytes() == (b.path / "frames.npy").read_bytes()
         with np.load(a.path / "samples.npz") as x, np.load(b.path / "samples.npz") as y:
             for k in x.files:
                 np.testing.assert_array_equal(x[k], y[k])
         assert a.meta["frames_sha256"] == b.meta["frames_sha256"] and a.meta["counts"] == b.meta["counts"]
         assert (a.meta["preprocess"]["workers"], b.meta["preprocess"]["workers"]) == (0, 2)
-        assert cachefiles.verify_cache(b) is None              # the sha256 computed while writing is the file's
+        assert cachefiles.verify_cache(b) is None  # the sha256 computed while writing is the file's
 
 
 def test_blocks_come_in_order_with_a_bounded_read_ahead(tiny_config, tmp_path):
     data = tiny_config.data
     flight = data.flights[0]
     path = Path(data.dir) / flight.ir_file
-    index = np.r_[0:70, 75:140, 200:230]                                   # runs with gaps, as a cache needs
+    index = np.r_[0:70, 75:140, 200:230]  # runs with gaps, as a cache needs
     spec = preprocess.FrameSpec.of(data)
     with FramePool(2) as pool:
         seen = []
         for block in pool.blocks(path, data.keys.ir_signal, flight.name, index, spec, SKIMAGE):
             seen.append(block)
-            assert pool.submitted - sum(len(b.index) for b in seen) <= 4 * preprocess.BLOCK_FRAMES   # 2 x workers
+            assert (
+                pool.submitted - sum(len(b.index) for b in seen) <= 4 * preprocess.BLOCK_FRAMES
+            )  # 2 x workers
     np.testing.assert_array_equal(np.concatenate([b.index for b in seen]), index)
     serial = [preprocess_frame(raw, data)[0].astype(np.float16) for raw in _raw(path, index)]
     np.testing.assert_array_equal(np.concatenate([b.frames for b in seen]), np.stack(serial))
@@ -61,6 +67,7 @@ def test_blocks_come_in_order_with_a_bounded_read_ahead(tiny_config, tmp_path):
 
 def _raw(path: Path, index: np.ndarray) -> np.ndarray:
     import h5py
+
     with h5py.File(path) as f:
         return f["Product/Signal"][list(index)]
 
@@ -71,7 +78,8 @@ def test_workers_ignore_ctrl_c_and_leave_when_their_parent_is_killed(tiny_config
     data = tiny_config.data
     flight = data.flights[0]
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal, sys, time
         import numpy as np
         sys.path.insert(0, {str(REPO)!r})
@@ -87,7 +95,8 @@ def test_workers_ignore_ctrl_c_and_leave_when_their_parent_is_killed(tiny_config
         assert sum(len(b.index) for b in blocks) == 100 and all(p.is_alive() for p in pool._procs)
         print(" ".join(map(str, pids)), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    """))
+    """)
+    )
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGKILL, r.stderr
     pids = [int(p) for p in r.stdout.split()]
@@ -108,7 +117,7 @@ def _gone(pids, seconds: float = 5.0) -> bool:
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"          # a zombie has exited
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
 
@@ -159,19 +168,49 @@ def processes_with(text: str) -> list[int]:
 def test_a_stop_during_the_cache_build_leaves_no_half_cache_and_no_orphan(tiny_flights, tmp_path, sig):
     cfg = cli_config(tiny_flights, tmp_path)
     env = {**os.environ, "CLOUDML_KILL_AT": f"cache-block:3:{sig}", "TQDM_DISABLE": "1"}
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
-                        str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloudml_lib",
+            "train",
+            "--config",
+            str(cfg),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == (-9 if sig == "SIGKILL" else 130), r.stderr[-2000:]
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]      # the stopped workers are quiet too
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]  # the stopped workers are quiet too
     assert _gone_all(str(cfg)), "preprocessing workers outlived the stopped run"
     cache = tmp_path / "cache"
-    assert not list(cache.glob("*/meta.json"))                     # nothing that looks complete
+    assert not list(cache.glob("*/meta.json"))  # nothing that looks complete
     leftovers = list(cache.glob("*.tmp-*"))
     assert (len(leftovers) == 1) if sig == "SIGKILL" else not leftovers
-    if sig == "SIGKILL":                                           # the next start removes it and builds
+    if sig == "SIGKILL":  # the next start removes it and builds
         env.pop("CLOUDML_KILL_AT")
-        r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
-                            str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cloudml_lib",
+                "train",
+                "--config",
+                str(cfg),
+                "--run-dir",
+                str(tmp_path / "run"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         assert not list(cache.glob("*.tmp-*")) and len(list(cache.glob("*/meta.json"))) == 3
 
@@ -190,28 +229,30 @@ def test_the_kornia_backend_is_close_to_scikit_image_keyed_apart_and_recorded(ti
     (sk,) = build(tiny_config, 0, tmp_path / "c", SKIMAGE)[:1]
     tiny_config.data.flights = tiny_config.data.flights[:1]
     (ko,) = build(tiny_config, 2, tmp_path / "c", Backend("kornia", "cpu"))
-    assert sk.path != ko.path and sk.path.parent == ko.path.parent        # a cache is never reused across backends
+    assert sk.path != ko.path and sk.path.parent == ko.path.parent  # a cache is never reused across backends
     assert (sk.backend, ko.backend) == ("skimage", "kornia")
     a, b = (np.load(c.path / "frames.npy").astype(np.float32) for c in (sk, ko))
     diff = np.abs(a - b)
-    assert 0 < diff.mean() < 0.25 and diff.max() < 3.0                     # z-scored units: close, not equal
+    assert 0 < diff.mean() < 0.25 and diff.max() < 3.0  # z-scored units: close, not equal
     np.testing.assert_allclose(b.mean(axis=(1, 2)), 0, atol=2e-3)
     np.testing.assert_allclose(b.std(axis=(1, 2)), 1, atol=2e-3)
     from cloudml_lib.provenance import run_provenance, trained_backend
+
     assert trained_backend(run_provenance([ko], tiny_config.data)) == "kornia"
     assert trained_backend({"inputs": {}}) == "skimage" and trained_backend(None) is None
 
 
 def test_the_backend_follows_the_model_and_says_when_it_cannot(monkeypatch, caplog):
     import torch
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # a run's handler stops it
+
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # a run's handler stops it
     pytest.importorskip("kornia", reason="the GPU path's library: pip install kornia")
     caplog.set_level(logging.INFO, logger="cloudml_lib")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="data.preprocess_device: cuda.*no CUDA GPU.*auto or cpu"):
             resolve_backend("cuda")
         assert resolve_backend("auto") == SKIMAGE
-    assert resolve_backend("auto", trained="kornia").name == "kornia"    # kornia runs on the CPU too
+    assert resolve_backend("auto", trained="kornia").name == "kornia"  # kornia runs on the CPU too
     assert resolve_backend("auto", trained="skimage") == SKIMAGE and "trained on" not in caplog.text
     assert resolve_backend("cpu", trained="kornia") == SKIMAGE
     assert "trained on frames equalised by kornia, but skimage is used now" in caplog.text
@@ -239,7 +280,7 @@ def test_meta_records_the_backend_and_speed(tiny_config, tmp_path):
 def test_a_machine_that_cannot_start_processes_preprocesses_in_this_one(tiny_config, monkeypatch, caplog):
     import multiprocessing
 
-    class NoFork:                                   # as under a process limit: fork fails with EAGAIN
+    class NoFork:  # as under a process limit: fork fails with EAGAIN
         def Pipe(self):
             return multiprocessing.Pipe()
 
@@ -247,18 +288,28 @@ def test_a_machine_that_cannot_start_processes_preprocesses_in_this_one(tiny_con
             raise OSError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(preprocess.multiprocessing, "get_context", lambda method: NoFork())
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)     # a run's handler stops it
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # a run's handler stops it
     data = tiny_config.data
     flight = data.flights[0]
     index = np.arange(100)
     with FramePool(2) as pool:
-        blocks = list(pool.blocks(Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name, index,
-                                  preprocess.FrameSpec.of(data), SKIMAGE))
+        blocks = list(
+            pool.blocks(
+                Path(data.dir) / flight.ir_file,
+                data.keys.ir_signal,
+                flight.name,
+                index,
+                preprocess.FrameSpec.of(data),
+                SKIMAGE,
+            )
+        )
         assert pool.workers == 0
     assert "could not start 2 preprocessing worker processes" in caplog.text
     assert "data.preprocess_workers: 0" in caplog.text
-    serial = [preprocess_frame(raw, data)[0].astype(np.float16)
-              for raw in _raw(Path(data.dir) / flight.ir_file, index)]
+    serial = [
+        preprocess_frame(raw, data)[0].astype(np.float16)
+        for raw in _raw(Path(data.dir) / flight.ir_file, index)
+    ]
     np.testing.assert_array_equal(np.concatenate([b.frames for b in blocks]), np.stack(serial))
 
 
@@ -288,10 +339,15 @@ def test_leftovers_are_judged_by_host_and_process(tmp_path):
     """A killed build's folder goes; one that another machine (a second Colab VM on the same Drive) is still
     writing stays until it has not changed for the run lock's stale time."""
     import socket
+
     final = tmp_path / "01Mar25-abc"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
-    here, old_format = tmp_path / f"01Mar25-abc.tmp-{socket.gethostname()}-{dead}", tmp_path / f"01Mar25-abc.tmp-{dead}"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
+    here, old_format = (
+        tmp_path / f"01Mar25-abc.tmp-{socket.gethostname()}-{dead}",
+        tmp_path / f"01Mar25-abc.tmp-{dead}",
+    )
     mine = cachefiles.temporary(final)
     busy, abandoned = tmp_path / "01Mar25-abc.tmp-other-vm-123", tmp_path / "01Mar25-abc.tmp-other-vm-456"
     for folder in (here, old_format, mine, busy, abandoned):

@@ -1,6 +1,7 @@
 """What README.md shows is what the code does: its first two commands are the set-up and the CI line, and its
 sample of the flight table is what `labels --preset demo` prints today (it went stale once: 301/153 shown,
 291/152 printed)."""
+
 from __future__ import annotations
 
 import re
@@ -15,16 +16,22 @@ def test_the_readme_opens_with_the_demo_and_the_test_command():
     assert block[0].endswith("# run the demo") and "python -m cloudml_lib train" in block[0]
     assert block[1].endswith("# run the tests")
     ci = (REPO / ".ci" / "run").read_text()
-    assert "torch==2.13.0" in ci and "pip install torch --index-url https://download.pytorch.org/whl/cpu" in README
+    assert (
+        "torch==2.13.0" in ci
+        and "pip install torch --index-url https://download.pytorch.org/whl/cpu" in README
+    )
 
 
 def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys):
     from cloudml_lib.cli import main
+
     assert main(["labels", "--preset", "demo", "--data-dir", str(tmp_path / "flights")]) == 0
     printed = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(printed) if line.startswith("flight   IR file"))
     end = next(i for i, line in enumerate(printed) if re.match(r"\d+ labels in \d+ flights", line))
     shown = re.search(r"<!-- labels --preset demo -->\n```\n(.*?)\n```", README, re.S).group(1)
-    now = "\n".join(line.rstrip() for line in printed[start:end + 1])
+    now = "\n".join(line.rstrip() for line in printed[start : end + 1])
     assert "\n".join(line.rstrip() for line in shown.splitlines()) == now, (
-        "README.md's flight table is stale; replace the block after <!-- labels --preset demo --> with:\n" + now)
+        "README.md's flight table is stale; replace the block after <!-- labels --preset demo --> with:\n"
+        + now
+    )

@@ -1,4 +1,5 @@
 """Preemption: SIGKILL at any moment, resume, and end bit-identical to a run never interrupted."""
+
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from conftest import tiny_raw
 from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
 
 REPO = Path(__file__).parent.parent
-MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}   # the machine, not the math
+MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}  # the machine, not the math
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,17 @@ def train(cfg, run_dir, *extra, kill_at=None):
     env.pop("CLOUDML_KILL_AT", None)
     if kill_at:
         env["CLOUDML_KILL_AT"] = kill_at
-    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cloudml_lib",
+        "train",
+        "--config",
+        str(cfg),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
 
 
@@ -65,8 +76,11 @@ def tensorboard_scalars(run_dir):
 
     acc = EventAccumulator(str(Path(run_dir) / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
-            if not tag.endswith(("samples_per_s", "time_s"))}
+    return {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+        if not tag.endswith(("samples_per_s", "time_s"))
+    }
 
 
 def assert_same_run(run_dir, ref):
@@ -79,7 +93,7 @@ def assert_same_run(run_dir, ref):
             assert torch.equal(a["optimizer"]["state"][k][name], t), (k, name)
     best_a = torch.load(Path(run_dir) / "best.pt", weights_only=True)["model"]
     best_b = torch.load(Path(ref) / "best.pt", weights_only=True)["model"]
-    assert int(best_b["cloud_fitted"]) == 1 and best_b["cloud.weight"].abs().sum() > 0   # the cloud probe too
+    assert int(best_b["cloud_fitted"]) == 1 and best_b["cloud.weight"].abs().sum() > 0  # the cloud probe too
     assert best_a.keys() == best_b.keys() and all(torch.equal(best_a[k], best_b[k]) for k in best_b)
     assert metrics(run_dir) == metrics(ref)
     # TensorBoard's curves: one value per step, the very values of the run never interrupted
@@ -91,8 +105,9 @@ def assert_same_run(run_dir, ref):
 # Saves every 3 steps, written in the background: step 2 comes before any save; from step 7 on, the step-6
 # save has waited for the step-3 one to commit; the commit-* points kill inside the 2nd and 3rd commits.
 # probe-fitted: after the training, the cloud probe written into best.pt, no final checkpoint yet.
-@pytest.mark.parametrize("kill_at", ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3",
-                                     "probe-fitted:1"])
+@pytest.mark.parametrize(
+    "kill_at", ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3", "probe-fitted:1"]
+)
 def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     cfg, ref, _ = setup
     run = tmp_path / "run"
@@ -120,19 +135,32 @@ def test_status_of_an_interrupted_run(setup, tmp_path):
     cfg, _, _ = setup
     run = tmp_path / "run"
     assert train(cfg, run, kill_at="commit-renamed:3").returncode == -signal.SIGKILL
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "status", str(run), "--json"], cwd=REPO,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "status", str(run), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
-    assert set(s) >= {"epoch", "step", "progress", "best_metric", "latest_checkpoint", "latest_checkpoint_age_s",
-                      "finished", "rejected"}
+    assert set(s) >= {
+        "epoch",
+        "step",
+        "progress",
+        "best_metric",
+        "latest_checkpoint",
+        "latest_checkpoint_age_s",
+        "finished",
+        "rejected",
+    }
     assert s["step"] == 6 and not s["finished"] and 0 < s["progress"] < 100
     assert s["latest_checkpoint_age_s"] >= 0 and len(s["rejected"]) == 1
     assert "not committed" in s["rejected"][0]["reason"]
     ckpt = torch.load(s["latest_checkpoint"], weights_only=True)
     assert "encoder.blocks.0.conv.weight" in ckpt["model"]
-    text = subprocess.run([sys.executable, "-m", "cloudml_lib", "status", str(run)], cwd=REPO,
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "status", str(run)], cwd=REPO, capture_output=True, text=True
+    ).stdout
     assert "stopped (resumable)" in text and "rejected:" in text
 
 
@@ -153,6 +181,7 @@ def test_truncated_newest_checkpoint_is_rejected(setup, tmp_path):
     def truncate(p):
         with open(p, "r+b") as f:
             f.truncate(p.stat().st_size // 2)
+
     assert "truncated or resized" in _corrupt_newest_then_resume(setup, tmp_path, truncate)
 
 
@@ -161,6 +190,7 @@ def test_bit_flipped_newest_checkpoint_is_rejected(setup, tmp_path):
         data = bytearray(p.read_bytes())
         data[len(data) // 2] ^= 0x01
         p.write_bytes(bytes(data))
+
     assert "checksum mismatch" in _corrupt_newest_then_resume(setup, tmp_path, flip)
 
 
@@ -172,6 +202,7 @@ class _Hostile:
 def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatch):
     """A crafted state.pt with a valid manifest and marker: loading refuses it, nothing runs."""
     import hashlib
+
     marker = tmp_path / "pwned"
     monkeypatch.setenv("CLOUDML_PWNED", str(marker))
     cfg, ref, _ = setup
@@ -233,24 +264,43 @@ def test_math_changes_are_refused_harmless_ones_taken(setup, tmp_path):
     assert "train.seed (checkpoint 42, now 1)" in r.stderr and "model.channels" in r.stderr
     r = train(cfg, run, "--set", "train.log_every_steps=2", "--set", "checkpoint.every_steps=4")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "Resuming with changed settings" in r.stdout and "train.log_every_steps (checkpoint 1, now 2)" in r.stdout
+    assert (
+        "Resuming with changed settings" in r.stdout
+        and "train.log_every_steps (checkpoint 1, now 2)" in r.stdout
+    )
 
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
     cfg, _, _ = setup
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run),
-           "--set", "train.epochs=200", "--set", "checkpoint.every_steps=1000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cloudml_lib",
+        "train",
+        "--config",
+        str(cfg),
+        "--run-dir",
+        str(run),
+        "--set",
+        "train.epochs=200",
+        "--set",
+        "checkpoint.every_steps=1000",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
-    while time.time() < deadline and not (run / "metrics.jsonl").exists() or \
-            len((run / "metrics.jsonl").read_text().splitlines()) < 3:
+    while (
+        time.time() < deadline
+        and not (run / "metrics.jsonl").exists()
+        or len((run / "metrics.jsonl").read_text().splitlines()) < 3
+    ):
         time.sleep(0.2)
         assert time.time() < deadline and proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
     import re
+
     stopped = re.search(r"Stopped by SIGTERM at step (\d+); checkpoint saved", out)
     assert stopped, out[-2000:]
     newest = find_checkpoints(run)[0]

@@ -43,24 +43,34 @@ def test_another_runtimes_lock_counts_while_its_heartbeat_is_fresh(tmp_path):
         RunLock(tmp_path).acquire()
     write_lock(tmp_path, host="colab-vm-old", pid=123, heartbeat=time.time() - STALE_S - 5)
     lock = RunLock(tmp_path)
-    lock.acquire()                                    # the old VM is gone: taken over
+    lock.acquire()  # the old VM is gone: taken over
     lock.release()
 
 
 def test_config_differences_are_sorted_into_math_and_harmless():
-    saved = {"train": {"seed": 1, "epochs": 5, "batch_size": 16}, "data": {"dir": "a", "temporal_frames": 5},
-             "checkpoint": {"every_steps": 100}}
-    now = {"train": {"seed": 2, "epochs": 9, "batch_size": 16}, "data": {"dir": "b", "temporal_frames": 3},
-           "checkpoint": {"every_steps": 50}}
+    saved = {
+        "train": {"seed": 1, "epochs": 5, "batch_size": 16},
+        "data": {"dir": "a", "temporal_frames": 5},
+        "checkpoint": {"every_steps": 100},
+    }
+    now = {
+        "train": {"seed": 2, "epochs": 9, "batch_size": 16},
+        "data": {"dir": "b", "temporal_frames": 3},
+        "checkpoint": {"every_steps": 50},
+    }
     math, harmless = compare_configs(saved, now)
     assert math == ["data.temporal_frames (checkpoint 5, now 3)", "train.seed (checkpoint 1, now 2)"]
-    assert harmless == ["checkpoint.every_steps (checkpoint 100, now 50)", "data.dir (checkpoint 'a', now 'b')",
-                        "train.epochs (checkpoint 5, now 9)"]
+    assert harmless == [
+        "checkpoint.every_steps (checkpoint 100, now 50)",
+        "data.dir (checkpoint 'a', now 'b')",
+        "train.epochs (checkpoint 5, now 9)",
+    ]
 
 
 def _acquire_at_once(run_dir, barrier, results):
     from cloudml_lib.errors import CloudMLError as Refused
     from cloudml_lib.runlock import RunLock as Lock
+
     lock = Lock(run_dir)
     barrier.wait()
     try:
@@ -74,6 +84,7 @@ def _acquire_at_once(run_dir, barrier, results):
 
 def test_two_trainers_starting_at_the_same_moment_never_both_get_the_lock(tmp_path):
     import multiprocessing as mp
+
     ctx = mp.get_context("fork")
     for trial in range(15):
         run, barrier, results = tmp_path / f"run{trial}", ctx.Barrier(2), ctx.Queue()

@@ -1,5 +1,6 @@
 """Sweeps (sweep.py, space.py): the search space refused before any work when wrong, a sweep killed at
 any moment continuing to the very study an uninterrupted one ends with, the report and `compare`."""
+
 import json
 import os
 import signal
@@ -16,9 +17,16 @@ from cloudml_lib.space import build_space
 
 optuna = pytest.importorskip("optuna")
 REPO = Path(__file__).parent.parent
-SPACE = {"pruner": "median", "prune_startup_trials": 1, "prune_after_epochs": 1, "seed": 3,
-         "params": {"train.learning_rate": {"low": 1.0e-3, "high": 1.0e-2, "log": True},
-                    "model.dropout": {"low": 0.0, "high": 0.3}}}
+SPACE = {
+    "pruner": "median",
+    "prune_startup_trials": 1,
+    "prune_after_epochs": 1,
+    "seed": 3,
+    "params": {
+        "train.learning_rate": {"low": 1.0e-3, "high": 1.0e-2, "log": True},
+        "model.dropout": {"low": 0.0, "high": 0.3},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +35,7 @@ def files(tiny_flights, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     raw = tiny_raw(root, entries, tmp / "cache")
     raw["checkpoint"] = {"every_steps": 3}
-    raw["train"]["epochs"] = 3                    # 6 steps each; pruning may stop a trial after epoch 1 or 2
+    raw["train"]["epochs"] = 3  # 6 steps each; pruning may stop a trial after epoch 1 or 2
     cfg, space = tmp / "c.yaml", tmp / "space.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     space.write_text(yaml.safe_dump(SPACE))
@@ -38,19 +46,36 @@ def sweep_cli(cfg, space, run_dir, trials=3, kill_at=None, tmpdir=None, *extra):
     env = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
     if kill_at:
         env["CLOUDML_KILL_AT"] = kill_at
-    if tmpdir:                                   # the "local disk" of the machine: another one is a new VM
+    if tmpdir:  # the "local disk" of the machine: another one is a new VM
         Path(tmpdir).mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmpdir)
-    cmd = [sys.executable, "-m", "cloudml_lib", "sweep", "--config", str(cfg), "--space", str(space),
-           "--trials", str(trials), "--run-dir", str(run_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cloudml_lib",
+        "sweep",
+        "--config",
+        str(cfg),
+        "--space",
+        str(space),
+        "--trials",
+        str(trials),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def study_of(run_dir) -> list[tuple]:
     """What a study holds, without the clock: each trial's number, state, values, result and epoch reports."""
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "study.journal")))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(run_dir / "study.journal"))
+    )
     study = optuna.load_study(study_name="cloudml-sweep", storage=storage)
-    return [(t.number, t.state.name, t.params, t.value, t.intermediate_values, t.user_attrs) for t in study.trials]
+    return [
+        (t.number, t.state.name, t.params, t.value, t.intermediate_values, t.user_attrs) for t in study.trials
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +90,23 @@ def reference(files):
 def test_an_uninterrupted_sweep(reference):
     trials = study_of(reference)
     assert [t[0] for t in trials] == [0, 1, 2]
-    assert trials[0][1] == "COMPLETE" and 0 < trials[0][3] < 2          # mae_km of the held-out flight
+    assert trials[0][1] == "COMPLETE" and 0 < trials[0][3] < 2  # mae_km of the held-out flight
     assert all(set(t[2]) == {"train.learning_rate", "model.dropout"} for t in trials)
-    assert len({t[2]["train.learning_rate"] for t in trials}) == 3         # three different draws
+    assert len({t[2]["train.learning_rate"] for t in trials}) == 3  # three different draws
     assert all(sorted(t[4]) == [1, 2, 3] for t in trials if t[1] == "COMPLETE")  # one report per epoch
-    assert [t[1] for t in trials].count("PRUNED") >= 1                   # the kill tests replay a pruning too
-    assert all(max(t[4]) < 3 for t in trials if t[1] == "PRUNED")        # never after the last epoch
+    assert [t[1] for t in trials].count("PRUNED") >= 1  # the kill tests replay a pruning too
+    assert all(max(t[4]) < 3 for t in trials if t[1] == "PRUNED")  # never after the last epoch
     for n in range(3):
         info = json.loads((reference / "trials" / str(n) / "trial.json").read_text())
-        assert info["params"] == trials[n][2] and info["state"] == trials[n][1].lower().replace("fail", "failed")
-        assert (reference / "trials" / str(n) / "checkpoints").is_dir()    # an ordinary resumable run
+        assert info["params"] == trials[n][2] and info["state"] == trials[n][1].lower().replace(
+            "fail", "failed"
+        )
+        assert (reference / "trials" / str(n) / "checkpoints").is_dir()  # an ordinary resumable run
 
 
-@pytest.mark.parametrize("kill_at,new_machine", [("step:23", False), ("step:23", True), ("sweep-told:2", True)])
+@pytest.mark.parametrize(
+    "kill_at,new_machine", [("step:23", False), ("step:23", True), ("sweep-told:2", True)]
+)
 def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, kill_at, new_machine):
     """Killed in trial 1's training (its 5th step) or right after trial 1's result was told, before the copy
     on "Drive" was refreshed; then run again on the same machine or on a new one (no local study)."""
@@ -89,10 +118,10 @@ def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, 
     assert again.returncode == 0, again.stderr[-3000:]
     assert study_of(run) == study_of(reference)
     log1 = (run / "trials" / "1" / "train.log").read_text()
-    assert log1.count("parameters, channels") == 2 if kill_at.startswith("step") else 1          # one resumed start
+    assert log1.count("parameters, channels") == 2 if kill_at.startswith("step") else 1  # one resumed start
     if kill_at.startswith("step"):
         assert "Trial 1 was interrupted: it resumes from its checkpoint" in again.stdout
-        assert "Resumed from step 3" in log1                                       # not restarted
+        assert "Resumed from step 3" in log1  # not restarted
     assert (run / "trials" / "0" / "train.log").read_text().count("parameters, channels") == 1  # never rerun
     if new_machine:
         assert "Study restored from" in again.stdout
@@ -101,6 +130,7 @@ def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, 
 def test_more_trials_continue_a_finished_sweep_and_the_same_count_does_nothing(files, reference, tmp_path):
     cfg, space, _, _ = files
     import shutil
+
     run = tmp_path / "sweep"
     shutil.copytree(reference, run)
     r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")
@@ -125,40 +155,80 @@ def test_report_and_compare(files, tmp_path):
         assert f"(plots/{png})" in report and (run / "plots" / png).stat().st_size > 5000
     best = min(study_of(run), key=lambda t: t[3])
     assert f"Best: trial {best[0]}, mae_km {best[3]:.4g}" in report
-    out = subprocess.run([sys.executable, "-m", "cloudml_lib", "compare", str(run), str(run / "trials" / "0")],
-                         cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "compare", str(run), str(run / "trials" / "0")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("| run | model.dropout | train.learning_rate | state | epochs |") and len(lines) == 7
-    rows = json.loads(subprocess.run([sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"], cwd=REPO,
-                                     capture_output=True, text=True).stdout)
+    assert (
+        lines[0].startswith("| run | model.dropout | train.learning_rate | state | epochs |")
+        and len(lines) == 7
+    )
+    rows = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert [r["metrics"]["mae_km"] for r in rows] == pytest.approx([t[3] for t in study_of(run)])
     assert all(r["epochs"] == "3/3" and r["compiled"] == "no" and r["state"] == "finished" for r in rows)
 
 
 def test_compare_refuses_a_folder_without_runs(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "compare", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "compare", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "holds no run, cross-validation or sweep" in r.stderr
 
 
-@pytest.mark.parametrize("space,words", [
-    ({"params": {"train.learnin_rate": {"low": 0.1, "high": 1}}}, "did you mean 'train.learning_rate'"),
-    ({"params": {"train.learning_rate": {"low": 0.1, "high": 0.01}}}, "low (0.1) must be below high (0.01)"),
-    ({"params": {"train.learning_rate": {"low": 0.0, "high": 0.01, "log": True}}}, "a log range needs low > 0"),
-    ({"params": {"data.temporal_frames": {"choices": [3, 4]}}}, "params.data.temporal_frames: the value 4 is not "
-                                                                  "valid with this config (data.temporal_frames: 4 is even"),
-    ({"params": {"model.dropout": {"low": 0.0, "high": 1.5}}}, "the value 1.5 is not valid"),
-    ({"params": {"train.epochs": {"low": 1.5, "high": 3}}}, "is an integer, so low and high must be integers"),
-    ({"params": {"model.cloud_head": {"low": 1, "high": 2}}}, "is not a number, so it takes choices"),
-    ({"params": {"data.dir": {"choices": ["a", "b"]}}}, "cannot be swept"),
-    ({"params": {"model.dropout": {"low": 0.0, "high": 0.5, "steps": 0.1}}}, "unknown steps"),
-    ({"objective": "crossval", "pruner": "median", "params": {"model.dropout": {"choices": [0.0]}}},
-     "use pruner: none with objective: crossval"),
-    ({"metrc": "r2", "params": {"model.dropout": {"choices": [0.0]}}}, "metrc: unknown key; did you mean 'metric'"),
-    ({"metric": "loss", "params": {"model.dropout": {"choices": [0.0]}}}, "choose one of mae_km, rmse_km, r2"),
-    ({}, "params: expected a mapping of config keys"),
-])
+@pytest.mark.parametrize(
+    "space,words",
+    [
+        ({"params": {"train.learnin_rate": {"low": 0.1, "high": 1}}}, "did you mean 'train.learning_rate'"),
+        (
+            {"params": {"train.learning_rate": {"low": 0.1, "high": 0.01}}},
+            "low (0.1) must be below high (0.01)",
+        ),
+        (
+            {"params": {"train.learning_rate": {"low": 0.0, "high": 0.01, "log": True}}},
+            "a log range needs low > 0",
+        ),
+        (
+            {"params": {"data.temporal_frames": {"choices": [3, 4]}}},
+            "params.data.temporal_frames: the value 4 is not "
+            "valid with this config (data.temporal_frames: 4 is even",
+        ),
+        ({"params": {"model.dropout": {"low": 0.0, "high": 1.5}}}, "the value 1.5 is not valid"),
+        (
+            {"params": {"train.epochs": {"low": 1.5, "high": 3}}},
+            "is an integer, so low and high must be integers",
+        ),
+        ({"params": {"model.cloud_head": {"low": 1, "high": 2}}}, "is not a number, so it takes choices"),
+        ({"params": {"data.dir": {"choices": ["a", "b"]}}}, "cannot be swept"),
+        ({"params": {"model.dropout": {"low": 0.0, "high": 0.5, "steps": 0.1}}}, "unknown steps"),
+        (
+            {"objective": "crossval", "pruner": "median", "params": {"model.dropout": {"choices": [0.0]}}},
+            "use pruner: none with objective: crossval",
+        ),
+        (
+            {"metrc": "r2", "params": {"model.dropout": {"choices": [0.0]}}},
+            "metrc: unknown key; did you mean 'metric'",
+        ),
+        (
+            {"metric": "loss", "params": {"model.dropout": {"choices": [0.0]}}},
+            "choose one of mae_km, rmse_km, r2",
+        ),
+        ({}, "params: expected a mapping of config keys"),
+    ],
+)
 def test_a_bad_space_is_refused_naming_the_key(files, space, words):
     with pytest.raises(ConfigError) as e:
         build_space(space, files[3])
@@ -179,7 +249,9 @@ def test_a_sweep_folder_keeps_its_space_and_is_not_a_run(files, reference, tmp_p
     other = tmp_path / "space.yaml"
     other.write_text(yaml.safe_dump(dict(SPACE, seed=4)))
     r = sweep_cli(cfg, other, reference)
-    assert r.returncode == 2 and "space.seed (sweep 3, now 4)" in r.stderr and "Nothing was changed" in r.stderr
+    assert (
+        r.returncode == 2 and "space.seed (sweep 3, now 4)" in r.stderr and "Nothing was changed" in r.stderr
+    )
     r = sweep_cli(cfg, other, reference / "trials" / "0")
     assert r.returncode == 2 and "holds a training run or cross-validation, not a sweep" in r.stderr
 
@@ -188,12 +260,14 @@ def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkey
     import builtins
 
     from cloudml_lib import sweep as sweep_module
+
     real = builtins.__import__
 
     def no_optuna(name, *a, **k):
         if name == "optuna":
             raise ImportError("No module named 'optuna'")
         return real(name, *a, **k)
+
     monkeypatch.setattr(builtins, "__import__", no_optuna)
     cfg, space, _, _ = files
     with pytest.raises(ConfigError, match="pip install 'optuna>=4.0'"):
@@ -205,15 +279,22 @@ def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkey
 def test_every_shipped_space_is_valid_for_the_demo(path):
     from cloudml_lib.space import load_space
     from cloudml_lib.yamlfile import read_yaml
+
     space = load_space(path, read_yaml(REPO / "configs" / "demo.yaml"))
     assert space.params and space.direction in ("minimize", "maximize")
 
 
 def test_a_run_command_on_a_sweep_folder_points_at_its_trials(files, reference):
     cfg, _, _, _ = files
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
-                        str(reference)], cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 2 and "is a sweep folder" in r.stderr and str(reference / "trials" / "0") in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(reference)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        r.returncode == 2 and "is a sweep folder" in r.stderr and str(reference / "trials" / "0") in r.stderr
+    )
     r = sweep_cli(cfg, files[1], reference, 0)
     assert r.returncode == 2 and "--trials 0: expected a whole number of trials >= 1" in r.stderr
 
@@ -221,22 +302,37 @@ def test_a_run_command_on_a_sweep_folder_points_at_its_trials(files, reference):
 def test_a_crossval_objective_scores_each_trial_by_its_folds(files, tmp_path):
     cfg, _, _, _ = files
     space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"objective": "crossval", "metric": "r2",
-                                     "params": {"model.dropout": {"choices": [0.0, 0.2]}}}))
+    space.write_text(
+        yaml.safe_dump(
+            {"objective": "crossval", "metric": "r2", "params": {"model.dropout": {"choices": [0.0, 0.2]}}}
+        )
+    )
     run = tmp_path / "sweep"
     r = sweep_cli(cfg, space, run, 2, None, tmp_path / "vm")
     assert r.returncode == 0, r.stderr[-2000:]
     for number, state, _, value, _, _ in study_of(run):
         summary = json.loads((run / "trials" / str(number) / "crossval.json").read_text())["summary"]
         assert state == "COMPLETE" and value == pytest.approx(summary["model"]["r2"]["mean"])
-        assert len(list((run / "trials" / str(number) / "folds").iterdir())) == 3     # every flight held out once
-    rows = json.loads(subprocess.run([sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"], cwd=REPO,
-                                     capture_output=True, text=True).stdout)
+        assert (
+            len(list((run / "trials" / str(number) / "folds").iterdir())) == 3
+        )  # every flight held out once
+    rows = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert [r["epochs"] for r in rows] == ["3 folds", "3 folds"]
     assert "(maximize) on the cross-validated folds" in (run / "report.md").read_text()
 
 
 def test_status_of_a_sweep_is_its_trials_table(reference):
-    r = subprocess.run([sys.executable, "-m", "cloudml_lib", "status", str(reference)], cwd=REPO,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "status", str(reference)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and r.stdout.count("/trials/") == 3 and "| state |" in r.stdout

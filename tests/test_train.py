@@ -46,16 +46,26 @@ def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path)
 
 def test_run_directory_holds_every_promised_file(finished_run):
     _, _, run = finished_run
-    for name in ("config.yaml", "train.log", "metrics.jsonl", "best.pt", "predictions.csv", "evaluation.json",
-                 "plots/curves.png", "plots/scatter.png"):
+    for name in (
+        "config.yaml",
+        "train.log",
+        "metrics.jsonl",
+        "best.pt",
+        "predictions.csv",
+        "evaluation.json",
+        "plots/curves.png",
+        "plots/scatter.png",
+    ):
         assert (run / name).is_file(), name
 
 
 def test_console_and_log_lines(finished_run):
     _, _, run = finished_run
     log = (run / "train.log").read_text()
-    pattern = (r"Epoch 2/2 \| train_loss \d+\.\d{3} \| val_loss \d+\.\d{3} \| R2 -?\d+\.\d{2} \| "
-               r"MAE \d+\.\d{3} km \| lr \d\.\de-\d\d \| \d+\.\d s")
+    pattern = (
+        r"Epoch 2/2 \| train_loss \d+\.\d{3} \| val_loss \d+\.\d{3} \| R2 -?\d+\.\d{2} \| "
+        r"MAE \d+\.\d{3} km \| lr \d\.\de-\d\d \| \d+\.\d s"
+    )
     assert re.search(pattern, log), log
     assert "New best model saved (val_loss" in log
     assert "baseline (training mean)" in log
@@ -68,10 +78,11 @@ def test_metrics_jsonl_has_steps_epochs_and_final(finished_run):
     assert kinds.count("epoch") == 2 and kinds[-1] == "final"
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == list(range(2, trainer.state["step"] + 1, 2))
-    for r in steps:        # the LR logged after step k is the schedule's value for step k
+    for r in steps:  # the LR logged after step k is the schedule's value for step k
         t = trainer.cfg.train
-        assert r["lr"] == pytest.approx(t.learning_rate * lr_factor(r["step"], t.warmup_steps, trainer.total_steps,
-                                                                    t.min_lr_ratio))
+        assert r["lr"] == pytest.approx(
+            t.learning_rate * lr_factor(r["step"], t.warmup_steps, trainer.total_steps, t.min_lr_ratio)
+        )
         assert r["samples_per_s"] > 0 and math.isfinite(r["loss"])
     assert records[-1]["r2"] == report["overall"]["r2"]
 
@@ -82,7 +93,7 @@ def test_best_checkpoint_is_plain_and_loads_weights_only(finished_run):
     assert not any(k.startswith("_orig_mod") for k in ckpt["model"])
     assert set(ckpt["model"]) == set(trainer.model.state_dict())
     assert ckpt["config"]["train"]["epochs"] == 2
-    assert set(ckpt["scalers"]) == {"sza_mean", "sza_std", "cbh_mean", "cbh_std"}      # the azimuth: sine, cosine
+    assert set(ckpt["scalers"]) == {"sza_mean", "sza_std", "cbh_mean", "cbh_std"}  # the azimuth: sine, cosine
     assert ckpt["epoch"] == report["best_epoch"] >= 1
 
 
@@ -92,7 +103,7 @@ def test_predictions_and_report_are_in_km(finished_run):
     assert lines[0] == "flight,frame_index,true_km,pred_km,cpl_cloud,cloud_probability"
     assert len(lines) - 1 == len(trainer.val_set) == report["cloud"]["model"]["overall"]["n"]
     true = np.array([float(x.split(",")[2]) for x in lines[1:] if x.split(",")[2]])
-    assert len(true) == report["overall"]["n"] < len(lines) - 1             # rows with only a cloud flag too
+    assert len(true) == report["overall"]["n"] < len(lines) - 1  # rows with only a cloud flag too
     assert 0.1 <= true.min() and true.max() <= 2.0
     prob = np.array([float(x.split(",")[5]) for x in lines[1:]])
     assert ((prob >= 0) & (prob <= 1)).all()
@@ -121,8 +132,10 @@ def test_overweighted_flight_counts_more_in_the_loss(tiny_raw_config, tmp_path):
     name = tiny_raw_config["data"]["flights"][0]["name"]
     tiny_raw_config["data"].update(overweight_flight=name, overweight_factor=3.0)
     trainer = Trainer(build_config(tiny_raw_config), tmp_path / "run").setup()
-    weights = {trainer.train_set.identity(i)[0]: float(trainer.train_set[i]["weight"])
-               for i in range(len(trainer.train_set))}
+    weights = {
+        trainer.train_set.identity(i)[0]: float(trainer.train_set[i]["weight"])
+        for i in range(len(trainer.train_set))
+    }
     assert weights[name] == 3.0 and sorted(weights.values()) == [1.0, 3.0]
 
 
@@ -133,15 +146,15 @@ def test_weighted_huber():
     weighted = weighted_huber(pred, target, torch.tensor([1.0, 3.0]), 1.0, 0.0)
     assert weighted.item() == pytest.approx((0.125 + 3 * 2.5) / 4)
     hard = weighted_huber(pred, target, torch.ones(2), 1.0, 1.0)
-    assert hard.item() > plain.item()                   # the large error weighs more
+    assert hard.item() > plain.item()  # the large error weighs more
 
 
 def test_precision_is_chosen_by_device(monkeypatch):
     assert hardware.choose_precision(torch.device("cpu")) == hardware.Precision(None, False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))       # T4
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))  # T4
     p = hardware.choose_precision(torch.device("cuda"))
     assert p.dtype == torch.float16 and p.use_grad_scaler and p.name == "fp16"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))       # A100
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))  # A100
     p = hardware.choose_precision(torch.device("cuda"))
     assert p.dtype == torch.bfloat16 and not p.use_grad_scaler
 
@@ -158,6 +171,7 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
     import sys
 
     import yaml
+
     raw = tiny_raw_config
     first = raw["data"]["flights"][0]["name"]
     raw["train"].update(pretrain_flight=first, pretrain_epochs=1, epochs=2)
@@ -169,8 +183,14 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
     def run(run_dir, kill_at=None):
         env = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
         env.update({"CLOUDML_KILL_AT": kill_at} if kill_at else {})
-        return subprocess.run([sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir",
-                               str(run_dir)], cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run_dir)],
+            cwd=Path(__file__).parent.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+
     ref = tmp_path / "ref"
     r = run(ref)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -179,9 +199,9 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
     assert [f["name"] for f in pre["data"]["flights"]] == [first, raw["data"]["validation_flights"][0]]
     assert yaml.safe_load((ref / "config.yaml").read_text())["data"]["overweight_flight"] == first
     killed = tmp_path / "killed"
-    assert run(killed, kill_at="step:7").returncode == -signal.SIGKILL       # phase 2 (phase 1 has 3 steps)
+    assert run(killed, kill_at="step:7").returncode == -signal.SIGKILL  # phase 2 (phase 1 has 3 steps)
     r = run(killed)
     assert r.returncode == 0 and "Resumed from step" in r.stdout, r.stderr[-2000:]
     a = load_checkpoint(ref / "best.pt")["model"]
     b = load_checkpoint(killed / "best.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)                           # as if never interrupted
+    assert all(torch.equal(a[k], b[k]) for k in a)  # as if never interrupted

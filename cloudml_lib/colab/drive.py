@@ -4,6 +4,7 @@ diagnostics: the setup notebook's cells, and the config every notebook run uses.
 With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
 workspace in `.cloudml_smoke/`.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ def version() -> str:
 
     s = cloudml_lib.SOURCE
     if s.get("fingerprint"):
-        return (f"{cloudml_lib.__version__} (copy {s['fingerprint'][:10]} of {s.get('copied_from')}, installed "
-                f"{s.get('installed_at')})")
+        return (
+            f"{cloudml_lib.__version__} (copy {s['fingerprint'][:10]} of {s.get('copied_from')}, installed "
+            f"{s.get('installed_at')})"
+        )
     return f"{cloudml_lib.__version__} (from {Path(cloudml_lib.__file__).parent})"
 
 
@@ -72,6 +75,7 @@ def workspace() -> Workspace:
     elif hardware.is_colab():
         if not (CONTENT / "drive" / "MyDrive").is_dir():
             from google.colab import drive
+
             drive.mount(str(CONTENT / "drive"))
         root = DRIVE_ROOT
     else:
@@ -80,15 +84,20 @@ def workspace() -> Workspace:
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)
     where = "Google Drive" if str(root).startswith(str(CONTENT / "drive")) else "this machine"
-    print(f"CloudML folder on {where}: {root}\n  data/  your flights, as they came (one folder per flight is fine)\n"
-          f"  runs/  one folder per training run\n  cache/ a lasting copy of the preprocessed frames\n"
-          f"(Python {platform.python_version()}, ipywidgets {_widgets_version()}: worth quoting when reporting a problem)")
+    print(
+        f"CloudML folder on {where}: {root}\n  data/  your flights, as they came (one folder per flight is "
+        "fine)\n"
+        f"  runs/  one folder per training run\n  cache/ a lasting copy of the preprocessed frames\n"
+        f"(Python {platform.python_version()}, ipywidgets {_widgets_version()}: worth quoting when reporting "
+        "a problem)"
+    )
     return ws
 
 
 def _widgets_version() -> str:
     try:
         import ipywidgets
+
         return ipywidgets.__version__
     except ImportError:
         return "not installed"
@@ -102,6 +111,7 @@ def show_environment() -> None:
 
 
 # ------------------------------------------------------------------------------- which data, which config
+
 
 def _real_config(ws: Workspace) -> Config:
     return load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])
@@ -130,8 +140,10 @@ def default_heldout(ws: Workspace) -> tuple[list[str], str]:
     if preset:
         return preset, f"the presets' held-out flight {', '.join(preset)}"
     wanted = ", ".join(_real_config(ws).data.validation_flights)
-    return found[-1:], (f"{found[-1]}, because the presets' held-out flight {wanted} is not among the complete "
-                        "flights found; choose others in the picker")
+    return found[-1:], (
+        f"{found[-1]}, because the presets' held-out flight {wanted} is not among the complete "
+        "flights found; choose others in the picker"
+    )
 
 
 def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
@@ -143,14 +155,19 @@ def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
     return [f"data.cache_dir={ws.cache / sub}", "data.cache_copy_dir="]
 
 
-def run_config(ws: Workspace, preset: str, epochs: int | None = None,
-               heldout: list[str] | None = None) -> tuple[Path, list[str]]:
+def run_config(
+    ws: Workspace, preset: str, epochs: int | None = None, heldout: list[str] | None = None
+) -> tuple[Path, list[str]]:
     """The config file and overrides a notebook run uses: the preset on the real flights (with the chosen
     held-out flights), or the demo configuration on the demo flights when the real ones are not there."""
     if uses_demo_data(ws):
-        path, over = hardware.preset_config_path("demo"), [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo")
+        path, over = (
+            hardware.preset_config_path("demo"),
+            [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo"),
+        )
         if smoke():
             from cloudml_lib.colab.smoke import OVERRIDES
+
             over += OVERRIDES
     else:
         path = hardware.preset_config_path(preset if preset in ("A", "B", "C") else "C")
@@ -163,6 +180,7 @@ def run_config(ws: Workspace, preset: str, epochs: int | None = None,
 
 # ------------------------------------------------------------------------------- the setup notebook's cells
 
+
 @user_errors
 def verify_data(ws: Workspace) -> bool:
     """One table: each flight found, its three files, frames, lidar profiles, labels kept and removed by
@@ -172,21 +190,36 @@ def verify_data(ws: Workspace) -> bool:
     if demo and not smoke():
         notes = flights.Notes()
         rows, _ = flights.check_rows(_real_config(ws).data, notes)
-        show_markdown(f"**No complete flight in `{ws.data}`.** Put each flight's three files there (one folder per "
-                      "flight is fine) and run this notebook again. Until then the built-in demo flights are used, so "
-                      "that everything can be tried." + ("\n\nWhat was found:\n\n" + flights.format_table(
-                          rows, markdown=True) + "\n\n" + notes.text(markdown=True) if rows else ""))
+        show_markdown(
+            f"**No complete flight in `{ws.data}`.** Put each flight's three files there (one folder per "
+            "flight is fine) and run this notebook again. Until then the built-in demo flights are used, so "
+            "that everything can be tried."
+            + (
+                "\n\nWhat was found:\n\n"
+                + flights.format_table(rows, markdown=True)
+                + "\n\n"
+                + notes.text(markdown=True)
+                if rows
+                else ""
+            )
+        )
     cfg = load_config(*run_config(ws, "A"))
-    data = ensure_demo_flights(cfg.data)              # writes them (progress bar) when missing
+    data = ensure_demo_flights(cfg.data)  # writes them (progress bar) when missing
     notes = flights.Notes()
     rows, ok = flights.check_rows(data, notes)
-    show_markdown(("Demo flights" if demo else f"Your flights in `{ws.data}`")
-                  + f" (checked in {time.time() - started:.1f} s):\n\n" + flights.format_table(rows, markdown=True)
-                  + ("\n\n" + notes.text(markdown=True) if notes else ""))
+    show_markdown(
+        ("Demo flights" if demo else f"Your flights in `{ws.data}`")
+        + f" (checked in {time.time() - started:.1f} s):\n\n"
+        + flights.format_table(rows, markdown=True)
+        + ("\n\n" + notes.text(markdown=True) if notes else "")
+    )
     if not ok and data.skip_incomplete_flights:
         held, why = default_heldout(ws)
-        print(f"Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); the other "
-              f"{plural(len(complete_flights(ws)), 'flight')} are used. Held out for validation: {why}.")
+        print(
+            "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); the "
+            "other "
+            f"{plural(len(complete_flights(ws)), 'flight')} are used. Held out for validation: {why}."
+        )
     return ok
 
 
@@ -195,20 +228,32 @@ def build_cache(ws: Workspace) -> dict:
     """Preprocess every complete flight once (progress bars), on the VM's local disk with a copy on Drive;
     a flight whose cache is on Drive is copied back instead of rebuilt. Says where and how long."""
     from cloudml_lib.data.cache import cache_root, load_caches
+
     cfg = load_config(*run_config(ws, "A"))
     started = time.time()
-    data, _ = flights.prepare_flights(cfg.data, check_names=False)   # any flight may be held out later: cache all
+    data, _ = flights.prepare_flights(
+        cfg.data, check_names=False
+    )  # any flight may be held out later: cache all
     caches = load_caches(data)
     words = {"reused": "already on this machine", "copied": "copied from the Drive copy", "built": "built"}
-    rows = [[c.name, words[c.source], f"{c.seconds:.1f} s", len(c), f"{c.meta['bytes'] / 1e6:.1f} MB"]
-            for c in caches]
+    rows = [
+        [c.name, words[c.source], f"{c.seconds:.1f} s", len(c), f"{c.meta['bytes'] / 1e6:.1f} MB"]
+        for c in caches
+    ]
     size, samples = sum(c.meta["bytes"] for c in caches), sum(len(c) for c in caches)
     copy = f"; a copy for later sessions in `{cfg.data.cache_copy_dir}`" if cfg.data.cache_copy_dir else ""
-    show_markdown(table(["flight", "cache", "time", "samples", "size"], rows)
-                  + f"\n\n**Cache ready** in {time.time() - started:.1f} s: {samples} samples from "
-                    f"{plural(len(caches), 'flight')}, {size / 1e9:.3f} GB in `{cache_root(cfg.data)}`{copy}.")
-    return {"samples": samples, "bytes": size, "flights": len(caches), "sources": [c.source for c in caches],
-            "copy_dir": cfg.data.cache_copy_dir}
+    show_markdown(
+        table(["flight", "cache", "time", "samples", "size"], rows)
+        + f"\n\n**Cache ready** in {time.time() - started:.1f} s: {samples} samples from "
+        f"{plural(len(caches), 'flight')}, {size / 1e9:.3f} GB in `{cache_root(cfg.data)}`{copy}."
+    )
+    return {
+        "samples": samples,
+        "bytes": size,
+        "flights": len(caches),
+        "sources": [c.source for c in caches],
+        "copy_dir": cfg.data.cache_copy_dir,
+    }
 
 
 @user_errors
@@ -229,6 +274,7 @@ def check_setup(ws: Workspace, cache: dict | None) -> None:
     """What to do next; in the headless test (CLOUDML_SMOKE=1), smoke.py's checks of the set-up instead."""
     if smoke():
         from cloudml_lib.colab.smoke import check_setup as check
+
         check(cache)
         return
     print("Setup done. Next: open colab_training.ipynb and choose Runtime > Run all.")

@@ -15,6 +15,7 @@ nothing from the package: the standard library only.
 
 `CLOUDML_CONTENT` moves Colab's /content (the tests' twin of Colab); everything else is Colab's layout.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,10 +32,10 @@ import time
 from pathlib import Path
 
 PACKAGE = "cloudml_lib"
-RECORD = "_source.json"                     # inside the installed package: the fingerprint it was built from
+RECORD = "_source.json"  # inside the installed package: the fingerprint it was built from
 # What a wheel is built from (setup.py): the package, and the folders it carries as data
 SOURCES = ("cloudml_lib", "configs", "benchmarks/results", "pyproject.toml", "setup.py")
-BUILD_ONLY = ("README.md",)                 # needed by the build (the package's description), not fingerprinted
+BUILD_ONLY = ("README.md",)  # needed by the build (the package's description), not fingerprinted
 SKIP = ("__pycache__", ".pyc", RECORD)
 
 
@@ -60,7 +61,9 @@ def source_files(code: Path) -> list[Path]:
     for name in SOURCES:
         path = code / name
         found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        out += [p.relative_to(code) for p in found if not any(s in p.parts or p.name.endswith(s) for s in SKIP)]
+        out += [
+            p.relative_to(code) for p in found if not any(s in p.parts or p.name.endswith(s) for s in SKIP)
+        ]
     return sorted(out)
 
 
@@ -114,47 +117,70 @@ def _copy_sources(code: Path, into: Path) -> None:
 
 
 def build_and_install(code: Path, record: dict) -> None:
-    """Copy the sources to local disk, record the fingerprint in the copy, pip install it; the copy is removed."""
+    """Copy the sources to local disk, record the fingerprint in the copy, pip install it; the copy is
+    removed."""
     work = Path(tempfile.mkdtemp(prefix="cloudml-install-"))
     try:
         _copy_sources(code, work)
         (work / PACKAGE / RECORD).write_text(json.dumps(record, indent=1))
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
-               str(work)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-input",
+            str(work),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise InstallProblem(f"installing CloudML from {code} failed (pip exit status {done.returncode}). "
-                                 f"Check that the folder is a complete copy of the repository, then run this cell "
-                                 f"again. pip said:\n{tail}")
+            raise InstallProblem(
+                f"installing CloudML from {code} failed (pip exit status {done.returncode}). "
+                f"Check that the folder is a complete copy of the repository, then run this cell "
+                f"again. pip said:\n{tail}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     importlib.invalidate_caches()
 
 
 def ensure_installed(content: Path | None = None) -> str:
-    """Install CloudML from the Drive copy when the installed one differs; returns what is in use, in words."""
+    """Install CloudML from the Drive copy when the installed one differs; returns what is in use, in
+    words."""
     code = code_dir(content)
     if not (code / "pyproject.toml").is_file() or not (code / PACKAGE).is_dir():
-        raise InstallProblem(f"no copy of CloudML in {code}. Put the CloudML repository there (git clone, or "
-                             "upload the folder), then run this cell again.")
-    record = {"fingerprint": fingerprint(code), "version": version_of(code), "copied_from": str(code),
-              "installed_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        raise InstallProblem(
+            f"no copy of CloudML in {code}. Put the CloudML repository there (git clone, or "
+            "upload the folder), then run this cell again."
+        )
+    record = {
+        "fingerprint": fingerprint(code),
+        "version": version_of(code),
+        "copied_from": str(code),
+        "installed_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     installed, imported = installed_record(), imported_record()
     now = describe(record)
     if installed is None or installed.get("fingerprint") != record["fingerprint"]:
-        print(f"Installing {now} from {code} (installed before: "
-              f"{describe(installed) if installed is not None else 'none'}); about a minute...", flush=True)
+        print(
+            f"Installing {now} from {code} (installed before: "
+            f"{describe(installed) if installed is not None else 'none'}); about a minute...",
+            flush=True,
+        )
         build_and_install(code, record)
         installed = record
     if imported is not None and imported.get("fingerprint") != installed.get("fingerprint"):
-        raise InstallProblem(f"{now} is installed, but this session had already imported {describe(imported)}, "
-                             "which stays in memory. Choose Runtime > Restart session, then Runtime > Run all: "
-                             "the new version is used from then on.")
+        raise InstallProblem(
+            f"{now} is installed, but this session had already imported {describe(imported)}, "
+            "which stays in memory. Choose Runtime > Restart session, then Runtime > Run all: "
+            "the new version is used from then on."
+        )
     return f"{now}, installed from {code}"
 
 
-if __name__ == "__main__":                   # `!python .../cloudml_lib/colab/install.py` in a Colab cell
+if __name__ == "__main__":  # `!python .../cloudml_lib/colab/install.py` in a Colab cell
     try:
         print(ensure_installed())
     except InstallProblem as problem:

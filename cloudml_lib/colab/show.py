@@ -5,6 +5,7 @@ A mistake the user can fix (a config, data or folder problem; a full disk) reach
 `UserError`: IPython shows its message and what to do instead of a traceback (`_render_traceback_`),
 and "Run all" stops there, as it should before work that depends on the failed step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,6 +28,7 @@ from cloudml_lib.rundir import format_status, run_status
 def in_notebook() -> bool:
     try:
         from IPython import get_ipython
+
         return get_ipython() is not None
     except ImportError:
         return False
@@ -36,6 +38,7 @@ def show(obj) -> None:
     """A widget or display object in a notebook; its text elsewhere."""
     if in_notebook():
         from IPython.display import display
+
         display(obj)
     else:
         print(getattr(obj, "data", obj))
@@ -44,6 +47,7 @@ def show(obj) -> None:
 def show_markdown(text: str) -> None:
     if in_notebook():
         from IPython.display import Markdown
+
         show(Markdown(text))
     else:
         print(text)
@@ -64,12 +68,16 @@ class UserError(Exception):
     def _render_traceback_(self) -> list[str]:
         red, bold, reset = "\x1b[31m", "\x1b[1m", "\x1b[0m"
         first, *rest = str(self).splitlines() or [""]
-        return [f"{red}{bold}Problem:{reset} {first}", *rest,
-                "(Nothing was lost. Fix this, then run this cell again, or Runtime > Run all.)"]
+        return [
+            f"{red}{bold}Problem:{reset} {first}",
+            *rest,
+            "(Nothing was lost. Fix this, then run this cell again, or Runtime > Run all.)",
+        ]
 
 
 def user_errors(fn):
     """A notebook cell's function: CloudMLError and disk errors become a UserError (no traceback)."""
+
     @functools.wraps(fn)
     def cell(*args, **kwargs):
         try:
@@ -81,10 +89,12 @@ def user_errors(fn):
             if message is None:
                 raise
             raise UserError(message) from None
+
     return cell
 
 
 # ------------------------------------------------------------------------------- presets
+
 
 @user_errors
 def show_presets() -> None:
@@ -97,15 +107,30 @@ def show_presets() -> None:
     rows, device = [], this_device()
     for name in ("A", "B", "C"):
         cfg = load_config(hardware.preset_config_path(name))
-        mem = (f"{measured[name]:.1f} GiB (measured)" if measured.get(name)
-               else f"about {hardware.PRESET_PEAK_GIB[name]:.0f} GiB (estimate, users' T4 runs)")
-        rows.append([name, "/".join(map(str, cfg.channels)), "on" if cfg.model.gradient_checkpointing else "off",
-                     plan(cfg.train.torch_compile, cfg.train.torch_compile_mode, device), cfg.train.batch_size, mem])
-    show_markdown(table(["preset", "channels", "checkpointing", "torch.compile here", "batch", "GPU memory on a T4"],
-                        rows))
+        mem = (
+            f"{measured[name]:.1f} GiB (measured)"
+            if measured.get(name)
+            else f"about {hardware.PRESET_PEAK_GIB[name]:.0f} GiB (estimate, users' T4 runs)"
+        )
+        rows.append(
+            [
+                name,
+                "/".join(map(str, cfg.channels)),
+                "on" if cfg.model.gradient_checkpointing else "off",
+                plan(cfg.train.torch_compile, cfg.train.torch_compile_mode, device),
+                cfg.train.batch_size,
+                mem,
+            ]
+        )
+    show_markdown(
+        table(
+            ["preset", "channels", "checkpointing", "torch.compile here", "batch", "GPU memory on a T4"], rows
+        )
+    )
 
 
 # ------------------------------------------------------------------------------- a run
+
 
 @user_errors
 def show_status(run_dir: Path | None) -> None:
@@ -119,7 +144,11 @@ def show_status(run_dir: Path | None) -> None:
         print(e)
         return
     print(format_status(status))
-    if not status.get("crossval") and status["latest_checkpoint_age_s"] is not None and not status["finished"]:
+    if (
+        not status.get("crossval")
+        and status["latest_checkpoint_age_s"] is not None
+        and not status["finished"]
+    ):
         print(f"Minutes since the last checkpoint: {status['latest_checkpoint_age_s'] / 60:.1f}")
 
 
@@ -134,8 +163,12 @@ def show_evaluation(run_dir: Path | None) -> None:
     scatter = run_dir / "plots" / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image
+
         show(Image(filename=str(scatter)))
-    print(f"Predictions: {run_dir / 'predictions.csv'}\nPlots: {run_dir / 'plots'}\nBest model: {run_dir / 'best.pt'}")
+    print(
+        f"Predictions: {run_dir / 'predictions.csv'}\nPlots: {run_dir / 'plots'}\nBest model: "
+        f"{run_dir / 'best.pt'}"
+    )
 
 
 @user_errors
@@ -157,6 +190,7 @@ def show_report(run_dir: Path | None) -> None:
         text = []
         if (run_dir / image.group(1)).is_file() and in_notebook():
             from IPython.display import Image
+
             show(Image(filename=str(run_dir / image.group(1))))
     if "".join(text).strip():
         show_markdown("\n".join(text))
@@ -175,14 +209,18 @@ def show_tensorboard(run_dir: Path | None) -> None:
         return
     logdir = Path(run_dir).parent
     if not has_tensorboard():
-        show_markdown(f"TensorBoard is not installed, so runs write no event files (the live curves above need "
-                      f"nothing). To have it: `{install_command('tensorboard')}` in a cell, then **Run all** again: the run resumes "
-                      "and writes its events from then on.")
+        show_markdown(
+            f"TensorBoard is not installed, so runs write no event files (the live curves above need "
+            f"nothing). To have it: `{install_command('tensorboard')}` in a cell, then **Run all** again: "
+            "the run resumes "
+            "and writes its events from then on."
+        )
         return
     if not in_notebook():
         print(f"tensorboard --logdir {logdir}")
         return
     from IPython import get_ipython
+
     ip = get_ipython()
     use_this_pythons_tensorboard()
     ip.run_line_magic("load_ext", "tensorboard")
@@ -190,9 +228,9 @@ def show_tensorboard(run_dir: Path | None) -> None:
 
 
 def use_this_pythons_tensorboard() -> str:
-    """Point %tensorboard at this kernel's own TensorBoard. The magic starts the `tensorboard` executable on PATH
-    (or $TENSORBOARD_BINARY); a kernel whose Python runs from a virtual environment that is not activated (a
-    registered Jupyter kernel) has none there, or another environment's. Used: the executable beside this
+    """Point %tensorboard at this kernel's own TensorBoard. The magic starts the `tensorboard` executable on
+    PATH (or $TENSORBOARD_BINARY); a kernel whose Python runs from a virtual environment that is not activated
+    (a registered Jupyter kernel) has none there, or another environment's. Used: the executable beside this
     Python, else a small launcher that runs `python -m tensorboard.main` with this Python. Returns it."""
     given = os.environ.get("TENSORBOARD_BINARY")
     if given and Path(given).is_file():
@@ -212,20 +250,27 @@ def use_this_pythons_tensorboard() -> str:
 @user_errors
 def show_comparison(folders) -> None:
     """Runs, cross-validations or sweeps side by side (`compare.py`): the settings that differ, held-out
-    metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run folders."""
+    metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run
+    folders."""
     from cloudml_lib.compare import compare_runs, format_comparison
     from cloudml_lib.rundir import has_run, is_crossval
 
     base = None
-    if isinstance(folders, (str, Path)) and not has_run(folders) and not is_crossval(folders) \
-            and not (Path(folders) / "sweep.json").is_file():
+    if (
+        isinstance(folders, (str, Path))
+        and not has_run(folders)
+        and not is_crossval(folders)
+        and not (Path(folders) / "sweep.json").is_file()
+    ):
         base = Path(folders)
-        folders = sorted(p for p in base.iterdir() if has_run(p) or is_crossval(p) or (p / "sweep.json").is_file())
+        folders = sorted(
+            p for p in base.iterdir() if has_run(p) or is_crossval(p) or (p / "sweep.json").is_file()
+        )
         if not folders:
             show_markdown(f"No runs in {base} yet.")
             return
     rows = compare_runs(folders if isinstance(folders, list) else [folders])
     for row in rows:
-        if base is not None:                                  # names as in the runs folder, not full paths
+        if base is not None:  # names as in the runs folder, not full paths
             row["run"] = str(Path(row["run"]).relative_to(base))
     show_markdown(format_comparison(rows))

@@ -1,6 +1,7 @@
 """The headless test of the notebooks (CLOUDML_SMOKE=1, `pytest --nbmake`): its tiny run, the simulated
 disconnect, and the checks the notebooks' last cells make. Imported only in smoke mode; in normal use nothing
 here runs."""
+
 from __future__ import annotations
 
 import json
@@ -44,13 +45,16 @@ def check_run(run_dir: Path | None) -> None:
     """The training notebook: trained, checkpointed, resumed after the disconnect, evaluated, a whole flight
     predicted, TensorBoard serving the run."""
     from cloudml_lib.colab.training import finished
+
     if not finished(run_dir):
         print("Smoke test not checked: the run was stopped before it finished (run all again to finish it).")
         return
     log = (run_dir / "train.log").read_text()
     assert "Resumed from step" in log, "the second start did not resume"
     newest = find_checkpoints(run_dir)[0]
-    assert verify(newest) is None and read_meta(newest)["finished"], f"no finished, verified checkpoint: {newest}"
+    assert verify(newest) is None and read_meta(newest)["finished"], (
+        f"no finished, verified checkpoint: {newest}"
+    )
     epochs = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, EPOCHS + 1)), epochs
     report = json.loads((run_dir / "evaluation.json").read_text())
@@ -59,31 +63,38 @@ def check_run(run_dir: Path | None) -> None:
     assert "## Held-out flights" in (run_dir / "report.md").read_text(), "no report.md"
     assert list((run_dir / "predictions").glob("*_cbh.nc")), "no whole-flight prediction"
     board = check_tensorboard_served(run_dir)
-    print(f"Smoke test passed: trained {EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
-          f"{DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}), whole flight predicted"
-          f"{board}.")
+    print(
+        f"Smoke test passed: trained {EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
+        f"{DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}), whole flight predicted"
+        f"{board}."
+    )
 
 
 def check_tensorboard_served(run_dir: Path, wait_s: float = 60.0) -> str:
     """Smoke test: the TensorBoard the notebook started serves this run's curves (one value per step); then
     it is stopped, as the headless kernel's end would leave it running."""
     from cloudml_lib.train.events import has_tensorboard
+
     if not has_tensorboard():
         return ""
     from tensorboard import manager
+
     mine = [i for i in manager.get_all() if Path(i.logdir).resolve() == run_dir.parent.resolve()]
     assert mine, f"no TensorBoard was started for {run_dir.parent}"
     name = f"{run_dir.name}/tensorboard"
     url = f"http://localhost:{mine[0].port}/data/plugin/scalars/scalars?" + urllib.parse.urlencode(
-        {"run": name, "tag": "train/loss"})
+        {"run": name, "tag": "train/loss"}
+    )
     try:
         deadline, steps = time.time() + wait_s, []
         while time.time() < deadline and not steps:
             try:
                 steps = [row[1] for row in json.loads(urllib.request.urlopen(url, timeout=5).read())]
-            except OSError:                                   # not loaded yet (400 until the run is found)
+            except OSError:  # not loaded yet (400 until the run is found)
                 time.sleep(1.0)
-        assert steps, f"TensorBoard at port {mine[0].port} did not serve {name}'s train/loss within {wait_s:.0f} s"
+        assert steps, (
+            f"TensorBoard at port {mine[0].port} did not serve {name}'s train/loss within {wait_s:.0f} s"
+        )
         assert steps == sorted(set(steps)), f"TensorBoard shows repeated steps after the resume: {steps}"
     finally:
         for info in mine:

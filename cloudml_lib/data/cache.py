@@ -22,6 +22,7 @@ the Drive mount (FUSE) would slow every epoch; `data.cache_copy_dir` keeps a las
 A flight's cache missing locally is copied back from there (its sha256 checked on the way) instead
 of being rebuilt, and a freshly built one is copied there, under a temporary name, then renamed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,13 +61,15 @@ from cloudml_lib.provenance import input_files
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 6       # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
-                        # 6: cloud / no-cloud samples and the frame statistic of the baseline
-SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10      # the content check of the cache key: 1 MiB per file
-MAX_EMPTY_FRAME_SHARE = 0.05   # above this share of blank frames (no usable pixel) a flight is refused
+CACHE_VERSION = 6  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
+# 6: cloud / no-cloud samples and the frame statistic of the baseline
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10  # the content check of the cache key: 1 MiB per file
+MAX_EMPTY_FRAME_SHARE = 0.05  # above this share of blank frames (no usable pixel) a flight is refused
 
 
-def build_windows(frame_index: np.ndarray, n_frames: int, t: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
+def build_windows(
+    frame_index: np.ndarray, n_frames: int, t: int, policy: str
+) -> tuple[np.ndarray, np.ndarray]:
     """T-frame windows centred on each labelled frame; returns (windows (N, T), kept mask).
 
     shift: a window that would leave the flight is moved inside it (the labelled frame is then
@@ -75,8 +78,8 @@ def build_windows(frame_index: np.ndarray, n_frames: int, t: int, policy: str) -
     """
     if n_frames < t:
         raise DataError(f"a flight has {n_frames} frames, fewer than data.temporal_frames={t}")
-    offsets = np.arange(t) - t // 2                                     # (T,)
-    raw = frame_index[:, None] + offsets[None, :]                       # (N, T)
+    offsets = np.arange(t) - t // 2  # (T,)
+    raw = frame_index[:, None] + offsets[None, :]  # (N, T)
     inside = (raw >= 0).all(axis=1) & (raw < n_frames).all(axis=1)
     if policy == "drop":
         return raw[inside], inside
@@ -104,13 +107,21 @@ def cache_key(flight: FlightConfig, data: DataConfig, backend: Backend = SKIMAGE
         st = path.stat()
         files.append([role, path.name, st.st_size, st.st_mtime_ns, content_sample(path)])
     settings = {
-        "version": CACHE_VERSION, "files": files, "date": flight.date, "swath_slice": data.swath_slice,
-        "downsample": data.downsample, "clahe_clip_limit": data.clahe_clip_limit, "t": data.temporal_frames,
-        "edge_policy": data.edge_policy, "cbh": [data.cbh_min_km, data.cbh_max_km],
-        "time_format": data.ir_time_format, "keys": vars(data.keys), "labels": cpl.label_definition(data),
+        "version": CACHE_VERSION,
+        "files": files,
+        "date": flight.date,
+        "swath_slice": data.swath_slice,
+        "downsample": data.downsample,
+        "clahe_clip_limit": data.clahe_clip_limit,
+        "t": data.temporal_frames,
+        "edge_policy": data.edge_policy,
+        "cbh": [data.cbh_min_km, data.cbh_max_km],
+        "time_format": data.ir_time_format,
+        "keys": vars(data.keys),
+        "labels": cpl.label_definition(data),
         "angles_source": data.angles_source,
     }
-    if backend.name != SKIMAGE.name:      # absent: scikit-image, so the caches of earlier versions stay valid
+    if backend.name != SKIMAGE.name:  # absent: scikit-image, so the caches of earlier versions stay valid
         settings["clahe_backend"] = backend.name
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -122,8 +133,11 @@ class FrameStore:
         self.path = Path(path)
         with open(self.path, "rb") as f:
             version = np.lib.format.read_magic(f)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
             shape, fortran, dtype = read_header(f)
             self.offset = f.tell()
         assert not fortran and len(shape) == 3, f"{self.path}: unexpected array layout"
@@ -132,7 +146,7 @@ class FrameStore:
         self._fd, self._pid = None, None
 
     def _file(self) -> int:
-        if self._pid != os.getpid():           # a forked worker opens its own descriptor
+        if self._pid != os.getpid():  # a forked worker opens its own descriptor
             self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
         return self._fd
 
@@ -158,20 +172,21 @@ class FrameStore:
 @dataclass
 class FlightCache:
     """One flight's cached samples."""
+
     name: str
     path: Path
     frames: FrameStore
-    windows: np.ndarray       # (N, T) rows of frames.npy
-    frame_index: np.ndarray   # (N,) labelled IR frame
-    cbh_km: np.ndarray        # (N,) NaN: no height label (clear sky, or a cloud outside the label range)
-    cloud: np.ndarray         # (N,) int8: 1 cloud below the aircraft, 0 clear sky
-    frame_p10: np.ndarray     # (N,) 10th percentile of the labelled frame's raw values (frame_p10)
-    sza_deg: np.ndarray       # (N,)
-    saa_deg: np.ndarray       # (N,) sun azimuth from the ground, degrees from north
-    heading_deg: np.ndarray   # (N,) aircraft true heading, NaN where none
+    windows: np.ndarray  # (N, T) rows of frames.npy
+    frame_index: np.ndarray  # (N,) labelled IR frame
+    cbh_km: np.ndarray  # (N,) NaN: no height label (clear sky, or a cloud outside the label range)
+    cloud: np.ndarray  # (N,) int8: 1 cloud below the aircraft, 0 clear sky
+    frame_p10: np.ndarray  # (N,) 10th percentile of the labelled frame's raw values (frame_p10)
+    sza_deg: np.ndarray  # (N,)
+    saa_deg: np.ndarray  # (N,) sun azimuth from the ground, degrees from north
+    heading_deg: np.ndarray  # (N,) aircraft true heading, NaN where none
     meta: dict
-    source: str = "reused"    # reused, copied (from data.cache_copy_dir) or built
-    seconds: float = 0.0      # time to make it ready
+    source: str = "reused"  # reused, copied (from data.cache_copy_dir) or built
+    seconds: float = 0.0  # time to make it ready
 
     def __len__(self) -> int:
         return len(self.cbh_km)
@@ -196,11 +211,23 @@ def _open(path: Path) -> FlightCache:
     store = FrameStore(path / "frames.npy")
     expected = store.offset + store.frame_bytes * store.shape[0]
     if (path / "frames.npy").stat().st_size != expected or store.shape[0] != meta["cached_frames"]:
-        raise DataError(f"cache {path} is incomplete (frames.npy has the wrong size); delete the folder to rebuild")
-    return FlightCache(name=meta["flight"], path=path, frames=store, windows=arrays["windows"],
-                       frame_index=arrays["frame_index"], cbh_km=arrays["cbh_km"], cloud=arrays["cloud"],
-                       frame_p10=arrays["frame_p10"], sza_deg=arrays["sza_deg"],
-                       saa_deg=arrays["saa_deg"], heading_deg=arrays["heading_deg"], meta=meta)
+        raise DataError(
+            f"cache {path} is incomplete (frames.npy has the wrong size); delete the folder to rebuild"
+        )
+    return FlightCache(
+        name=meta["flight"],
+        path=path,
+        frames=store,
+        windows=arrays["windows"],
+        frame_index=arrays["frame_index"],
+        cbh_km=arrays["cbh_km"],
+        cloud=arrays["cloud"],
+        frame_p10=arrays["frame_p10"],
+        sza_deg=arrays["sza_deg"],
+        saa_deg=arrays["saa_deg"],
+        heading_deg=arrays["heading_deg"],
+        meta=meta,
+    )
 
 
 def _build(flight: FlightConfig, data: DataConfig, final: Path, backend: Backend, pool: FramePool) -> None:
@@ -208,27 +235,32 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path, backend: Backend
     remove_stale_builds(final)
     try:
         _build_into(tmp, flight, data, final, backend, pool)
-    except BaseException:                 # Ctrl-C, SIGTERM, a bad file, a full disk: no half cache stays
+    except BaseException:  # Ctrl-C, SIGTERM, a bad file, a full disk: no half cache stays
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _build_into(tmp: Path, flight: FlightConfig, data: DataConfig, final: Path, backend: Backend,
-                pool: FramePool) -> None:
+def _build_into(
+    tmp: Path, flight: FlightConfig, data: DataConfig, final: Path, backend: Backend, pool: FramePool
+) -> None:
     labels = cpl.read_flight_labels(flight, data)
     windows, kept = build_windows(labels.frame_index, labels.n_frames, data.temporal_frames, data.edge_policy)
-    needed = np.unique(windows)                                   # sorted raw frame indices
+    needed = np.unique(windows)  # sorted raw frame indices
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     spec = FrameSpec.of(data)
     shape = (len(needed),) + output_shape(spec, labels.frame_shape[1])
     need, free = int(np.prod(shape)) * 2, shutil.disk_usage(tmp).free
     if need > 0.95 * free:
-        raise DataError(f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
-                        f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
-                        "data.downsample: 2 (a quarter of the size)")
+        raise DataError(
+            f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
+            f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
+            "data.downsample: 2 (a quarter of the size)"
+        )
     ir = er2.flight_paths(flight, data)["ir"]
-    files = in_background(input_files, er2.flight_paths(flight, data), cache_root(data))   # a full read of each file
+    files = in_background(
+        input_files, er2.flight_paths(flight, data), cache_root(data)
+    )  # a full read of each file
     t0 = time.perf_counter()
     # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
     bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame")
@@ -236,48 +268,88 @@ def _build_into(tmp: Path, flight: FlightConfig, data: DataConfig, final: Path, 
     try:
         sha, filled, blank, p10 = write_frames(tmp / "frames.npy", shape, blocks, bar)
     finally:
-        blocks.close()                    # on a stop: the workers are stopped before the folder is removed
+        blocks.close()  # on a stop: the workers are stopped before the folder is removed
         bar.close()
     seconds = time.perf_counter() - t0
     if blank.sum() > MAX_EMPTY_FRAME_SHARE * len(needed):
-        raise DataError(f"flight {flight.name}: {int(blank.sum())} of the {len(needed)} frames its samples use are "
-                        f"blank (entirely NaN/inf, or every pixel equal) in {ir} '{data.keys.ir_signal}', more "
-                        f"than {MAX_EMPTY_FRAME_SHARE:.0%}; training on them would learn from empty images. Check the "
-                        "file (a failed download or conversion?), or leave the flight out (data.flights).")
+        raise DataError(
+            f"flight {flight.name}: {int(blank.sum())} of the {len(needed)} frames its samples use are "
+            f"blank (entirely NaN/inf, or every pixel equal) in {ir} '{data.keys.ir_signal}', more "
+            f"than {MAX_EMPTY_FRAME_SHARE:.0%}; training on them would learn from empty images. Check the "
+            "file (a failed download or conversion?), or leave the flight out (data.flights)."
+        )
     # A label whose own frame is blank has no image to learn from: dropped (its neighbours stay zeros).
     on_blank = np.zeros_like(kept)
     on_blank[kept] = blank[np.searchsorted(needed, labels.frame_index[kept])]
     keep = kept & ~on_blank
-    windows = windows[keep[kept]]                                 # windows holds the kept labels' rows only
-    rows = np.searchsorted(needed, windows).astype(np.int32)      # (N, T) rows of frames.npy
-    own = np.searchsorted(needed, labels.frame_index[keep])        # each sample's own (labelled) frame
-    np.savez(tmp / "samples.npz", windows=rows, frame_index=labels.frame_index[keep], cbh_km=labels.cbh_km[keep],
-             cloud=labels.cloud[keep], frame_p10=p10[own], sza_deg=labels.sza_deg[keep], saa_deg=labels.saa_deg[keep], heading_deg=labels.heading_deg[keep],
-             lat=labels.lat[keep], lon=labels.lon[keep])
+    windows = windows[keep[kept]]  # windows holds the kept labels' rows only
+    rows = np.searchsorted(needed, windows).astype(np.int32)  # (N, T) rows of frames.npy
+    own = np.searchsorted(needed, labels.frame_index[keep])  # each sample's own (labelled) frame
+    np.savez(
+        tmp / "samples.npz",
+        windows=rows,
+        frame_index=labels.frame_index[keep],
+        cbh_km=labels.cbh_km[keep],
+        cloud=labels.cloud[keep],
+        frame_p10=p10[own],
+        sza_deg=labels.sza_deg[keep],
+        saa_deg=labels.saa_deg[keep],
+        heading_deg=labels.heading_deg[keep],
+        lat=labels.lat[keep],
+        lon=labels.lon[keep],
+    )
     height = np.isfinite(labels.cbh_km)
-    counts = dict(labels.counts, edge_dropped=int((~kept & height).sum()), blank_frame=int((on_blank & height).sum()),
-                  samples=int((keep & height).sum()), cloud_samples=int(keep.sum()),
-                  clear_sky=int((keep & (labels.cloud == 0)).sum()), nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
-                  nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()),
-                  no_heading=int(np.isnan(labels.heading_deg[keep]).sum()), filled_pixels=filled,
-                  empty_frames=int(blank.sum()))
-    meta = {"flight": flight.name, "key": final.name.rsplit("-", 1)[-1], "version": CACHE_VERSION,
-            "cached_frames": len(needed), "frame_shape": list(shape[1:]), "n_frames": labels.n_frames,
-            "temporal_frames": data.temporal_frames, "edge_policy": data.edge_policy, "counts": counts,
-            "match": labels.match, "labels": cpl.label_definition(data), "heading": labels.heading_note,
-            "files": files(),
-            "bytes": int((tmp / "frames.npy").stat().st_size), "frames_sha256": sha,
-            "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers,
-                           "seconds": round(seconds, 2), "frames_per_s": round(len(needed) / max(seconds, 1e-9), 1)},
-            "created": time.time()}
+    counts = dict(
+        labels.counts,
+        edge_dropped=int((~kept & height).sum()),
+        blank_frame=int((on_blank & height).sum()),
+        samples=int((keep & height).sum()),
+        cloud_samples=int(keep.sum()),
+        clear_sky=int((keep & (labels.cloud == 0)).sum()),
+        nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
+        nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()),
+        no_heading=int(np.isnan(labels.heading_deg[keep]).sum()),
+        filled_pixels=filled,
+        empty_frames=int(blank.sum()),
+    )
+    meta = {
+        "flight": flight.name,
+        "key": final.name.rsplit("-", 1)[-1],
+        "version": CACHE_VERSION,
+        "cached_frames": len(needed),
+        "frame_shape": list(shape[1:]),
+        "n_frames": labels.n_frames,
+        "temporal_frames": data.temporal_frames,
+        "edge_policy": data.edge_policy,
+        "counts": counts,
+        "match": labels.match,
+        "labels": cpl.label_definition(data),
+        "heading": labels.heading_note,
+        "files": files(),
+        "bytes": int((tmp / "frames.npy").stat().st_size),
+        "frames_sha256": sha,
+        "preprocess": {
+            "backend": backend.name,
+            "device": backend.device,
+            "workers": pool.workers,
+            "seconds": round(seconds, 2),
+            "frames_per_s": round(len(needed) / max(seconds, 1e-9), 1),
+        },
+        "created": time.time(),
+    }
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     if filled or blank.any():
-        log.warning("flight %s: %d non-finite pixels replaced by their frame's median; %d blank frames (no usable "
-                    "pixel or no contrast) set to zero, %d labels on them dropped", flight.name, filled,
-                    int(blank.sum()), int(on_blank.sum()))
+        log.warning(
+            "flight %s: %d non-finite pixels replaced by their frame's median; %d blank frames (no usable "
+            "pixel or no contrast) set to zero, %d labels on them dropped",
+            flight.name,
+            filled,
+            int(blank.sum()),
+            int(on_blank.sum()),
+        )
 
 
 def cache_root(data: DataConfig) -> Path:
@@ -287,8 +359,11 @@ def cache_root(data: DataConfig) -> Path:
 def check_folder_settings(data: DataConfig) -> None:
     """data.dir, the cache and its copy must be folders (or not exist yet): a file there is named
     before any work, not met as NotADirectoryError halfway through."""
-    settings = [("data.dir", data.dir), ("data.cache_dir", str(cache_root(data)) if data.cache_dir else ""),
-                ("data.cache_copy_dir", data.cache_copy_dir)]
+    settings = [
+        ("data.dir", data.dir),
+        ("data.cache_dir", str(cache_root(data)) if data.cache_dir else ""),
+        ("data.cache_copy_dir", data.cache_copy_dir),
+    ]
     for key, value in settings:
         if not value:
             continue
@@ -296,8 +371,10 @@ def check_folder_settings(data: DataConfig) -> None:
             if p.exists():
                 if not p.is_dir():
                     what = "is a file" if p == Path(value) else f"lies inside {p}, which is a file"
-                    raise DataError(f"{key}: {value} {what}; it must be a folder. Point {key} at a folder "
-                                    "(it is created when missing), or move the file away.")
+                    raise DataError(
+                        f"{key}: {value} {what}; it must be a folder. Point {key} at a folder "
+                        "(it is created when missing), or move the file away."
+                    )
                 break
 
 
@@ -314,15 +391,30 @@ def _try_open(path: Path) -> FlightCache | None:
 def _log_built(cache: FlightCache, data: DataConfig, seconds: float) -> None:
     c, how = cache.meta["counts"], cache.meta["preprocess"]
     workers = f"{how['workers']} worker processes" if how["workers"] else "this process"
-    log.info("flight %s: cached %d samples with a height and %d with a cloud flag only (%d clear sky) (%d frames, "
-             "%.1f MB) in %.1f s (%.0f frames/s, %s, %s on %s); %d of %d lidar profiles kept as heights (edge "
-             "policy %s)", cache.name, c["samples"], c["cloud_samples"] - c["samples"], c["clear_sky"],
-             cache.meta["cached_frames"], cache.meta["bytes"] / 1e6, seconds, how["frames_per_s"], workers,
-             how["backend"], how["device"], c["samples"], c["profiles"], data.edge_policy)
+    log.info(
+        "flight %s: cached %d samples with a height and %d with a cloud flag only (%d clear sky) (%d frames, "
+        "%.1f MB) in %.1f s (%.0f frames/s, %s, %s on %s); %d of %d lidar profiles kept as heights (edge "
+        "policy %s)",
+        cache.name,
+        c["samples"],
+        c["cloud_samples"] - c["samples"],
+        c["clear_sky"],
+        cache.meta["cached_frames"],
+        cache.meta["bytes"] / 1e6,
+        seconds,
+        how["frames_per_s"],
+        workers,
+        how["backend"],
+        how["device"],
+        c["samples"],
+        c["profiles"],
+        data.edge_policy,
+    )
 
 
-def load_flight_cache(flight: FlightConfig, data: DataConfig, backend: Backend | None = None,
-                      pool: FramePool | None = None) -> FlightCache:
+def load_flight_cache(
+    flight: FlightConfig, data: DataConfig, backend: Backend | None = None, pool: FramePool | None = None
+) -> FlightCache:
     """Open this flight's cache for the current settings: local, else copied from data.cache_copy_dir,
     else built (and then copied there). `backend`: the equaliser (default: data.preprocess_device's);
     `pool`: the worker processes that build it (default: data.preprocess_workers of them, for this flight)."""
@@ -341,11 +433,13 @@ def load_flight_cache(flight: FlightConfig, data: DataConfig, backend: Backend |
             cache, source = _open(final), "copied"
             log.info("flight %s: cache copied from %s in %.1f s", flight.name, copy, time.time() - t0)
         except (DataError, OSError) as e:
-            log.warning("flight %s: could not use the cache copy in %s (%s); rebuilding", flight.name, copy, e)
+            log.warning(
+                "flight %s: could not use the cache copy in %s (%s); rebuilding", flight.name, copy, e
+            )
     if cache is None:
         try:
             _build(flight, data, final, backend, pool)
-        except OSError as e:                      # e.g. a full disk: name the cache, not "the disk"
+        except OSError as e:  # e.g. a full disk: name the cache, not "the disk"
             raise named(e, final) from None
         cache, source = _open(final), "built"
         _log_built(cache, data, time.time() - t0)
@@ -353,11 +447,19 @@ def load_flight_cache(flight: FlightConfig, data: DataConfig, backend: Backend |
             t1 = time.time()
             try:
                 copy_flight_cache(final, copy, f"save {flight.name}")
-                log.info("flight %s: cache copied to %s in %.1f s, for later sessions", flight.name, copy,
-                         time.time() - t1)
+                log.info(
+                    "flight %s: cache copied to %s in %.1f s, for later sessions",
+                    flight.name,
+                    copy,
+                    time.time() - t1,
+                )
             except OSError as e:
-                log.warning("flight %s: could not copy its cache to %s (%s); a later session will rebuild it",
-                            flight.name, copy, e)
+                log.warning(
+                    "flight %s: could not copy its cache to %s (%s); a later session will rebuild it",
+                    flight.name,
+                    copy,
+                    e,
+                )
     cache.source, cache.seconds = source, time.time() - t0
     return cache
 

@@ -1,5 +1,7 @@
 """The files of a cache folder: frames.npy written block by block with its sha256, checked against it later,
-copied whole to and from the lasting copy (data.cache_copy_dir), and the leftovers of killed builds removed."""
+copied whole to and from the lasting copy (data.cache_copy_dir), and the leftovers of killed builds
+removed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,13 +28,16 @@ COPY_CHUNK = 16 << 20
 
 def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.ndarray, np.ndarray]:
     """frames.npy from the preprocessed blocks, in order, with plain writes (a memory map's dirty pages would
-    count in the process's RSS); returns (sha256, non-finite pixels filled, blank flag and frame_p10 per row)."""
+    count in the process's RSS); returns (sha256, non-finite pixels filled, blank flag and frame_p10 per
+    row)."""
     blank, p10, filled, row = np.zeros(shape[0], bool), np.zeros(shape[0], np.float32), 0, 0
     h = hashlib.sha256()
     header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)),
-                                                  "fortran_order": False, "shape": shape})
-    h.update(header.getvalue())                          # frames_sha256 covers the whole file
+    np.lib.format.write_array_header_1_0(
+        header,
+        {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)), "fortran_order": False, "shape": shape},
+    )
+    h.update(header.getvalue())  # frames_sha256 covers the whole file
     with open(path, "wb") as f:
         f.write(header.getvalue())
         for block in blocks:
@@ -40,7 +45,7 @@ def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.nd
             f.write(data)
             h.update(data)
             n = len(block.index)
-            blank[row:row + n], p10[row:row + n] = block.blank, block.p10
+            blank[row : row + n], p10[row : row + n] = block.blank, block.p10
             filled += int(block.filled.sum())
             row += n
             bar.update(n)
@@ -59,7 +64,7 @@ def in_background(fn, *args):
     def target() -> None:
         try:
             out["value"] = fn(*args)
-        except BaseException as e:               # handed to the caller, in its thread
+        except BaseException as e:  # handed to the caller, in its thread
             out["error"] = e
 
     thread = threading.Thread(target=target, daemon=True, name="cloudml-input-sha256")
@@ -70,24 +75,26 @@ def in_background(fn, *args):
         if "error" in out:
             raise out["error"]
         return out["value"]
+
     return result
 
 
 def temporary(final: Path) -> Path:
-    """Where `final` is built or copied first: named after this host and process, so a leftover can be judged."""
+    """Where `final` is built or copied first: named after this host and process, so a leftover can be
+    judged."""
     return final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
 
 
 def remove_stale_builds(final: Path) -> None:
-    """Folders `<final>.tmp-<host>-<pid>` left by a build or copy that was killed: removed once their process is
-    gone. The run lock's rule judges them (runlock.holder_alive): on this host the pid tells; a folder written
-    from another machine (a second Colab VM on the same Drive) counts as alive while a file in it changed in the
-    last STALE_S seconds."""
+    """Folders `<final>.tmp-<host>-<pid>` left by a build or copy that was killed: removed once their process
+    is gone. The run lock's rule judges them (runlock.holder_alive): on this host the pid tells; a folder
+    written from another machine (a second Colab VM on the same Drive) counts as alive while a file in it
+    changed in the last STALE_S seconds."""
     for p in final.parent.glob(f"{final.name}.tmp-*"):
-        host, _, pid = p.name[len(final.name) + len(".tmp-"):].rpartition("-")
+        host, _, pid = p.name[len(final.name) + len(".tmp-") :].rpartition("-")
         if not pid.isdigit():
             continue
-        host = host or socket.gethostname()             # `.tmp-<pid>`: an earlier version, on this host
+        host = host or socket.gethostname()  # `.tmp-<pid>`: an earlier version, on this host
         if host == socket.gethostname() and int(pid) == os.getpid():
             continue
         try:
@@ -115,8 +122,11 @@ def verify_cache(cache) -> str | None:
     except OSError as e:
         return f"flight {cache.name}: cannot read the preprocessing cache {cache.frames.path} ({e.strerror or e})"
     if expected and actual != expected:
-        return (f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer matches "
-                "the checksum recorded when it was built (bit rot on the disk, or a damaged copy)")
+        return (
+            f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer "
+            "matches "
+            "the checksum recorded when it was built (bit rot on the disk, or a damaged copy)"
+        )
     return None
 
 

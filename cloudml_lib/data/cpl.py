@@ -7,6 +7,7 @@ first, mean and last time of each averaged profile, and `data.cpl_time_column` p
 `Lidar_Surface_Altitude` is in km, the DEM in metres. Files, times, IR frames and the nav are read
 by er2.py; every problem raises DataError naming the flight, the file and the key.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,47 +36,55 @@ from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 
-TIME_COLUMNS = {"start": 0, "centre": 1, "end": 2}       # of Profile_Decimal_Julian_Day (N, 3)
-OTHER_COLUMN = {"start": "centre", "centre": "start", "end": "centre"}   # compared against in the log
-TIME_JUMP_S = 600.0              # a forward gap between two profiles larger than this is reported
-LOW_MATCH_RATE = 0.5             # of the filtered profiles: fewer matched is a warning with the likely cause
-LAYER_ORDER_TOLERANCE = 0.02     # share of multi-layer profiles that may contradict the configured order
+TIME_COLUMNS = {"start": 0, "centre": 1, "end": 2}  # of Profile_Decimal_Julian_Day (N, 3)
+OTHER_COLUMN = {"start": "centre", "centre": "start", "end": "centre"}  # compared against in the log
+TIME_JUMP_S = 600.0  # a forward gap between two profiles larger than this is reported
+LOW_MATCH_RATE = 0.5  # of the filtered profiles: fewer matched is a warning with the likely cause
+LAYER_ORDER_TOLERANCE = 0.02  # share of multi-layer profiles that may contradict the configured order
 
 
 @dataclass
 class FlightLabels:
     """The labelled frames of one flight, after filtering and matching: every frame a usable profile matched,
     with its cloud flag, and a height where the profile passed the height filters (NaN elsewhere)."""
+
     name: str
     n_frames: int
-    frame_shape: tuple[int, int]                 # raw (rows, cols)
-    frame_index: np.ndarray                      # (N,) int, matched IR frame, increasing
-    cbh_km: np.ndarray                           # (N,) float, NaN: no height label (clear, or cloud not labelled)
-    sza_deg: np.ndarray                          # (N,) float, NaN where the source has none
-    saa_deg: np.ndarray                          # (N,)
-    lat: np.ndarray                              # (N,)
-    lon: np.ndarray                              # (N,)
-    counts: dict = field(default_factory=dict)   # profiles seen and removed, by reason
-    match: dict = field(default_factory=dict)    # match rate and time differences (match_statistics)
-    heading_deg: np.ndarray | None = None        # (N,) aircraft true heading, NaN where none (flips off there)
-    heading_note: str = ""                       # where the heading came from, or why there is none
-    cloud: np.ndarray | None = None              # (N,) int8: 1 a layer below the aircraft, 0 clear sky
+    frame_shape: tuple[int, int]  # raw (rows, cols)
+    frame_index: np.ndarray  # (N,) int, matched IR frame, increasing
+    cbh_km: np.ndarray  # (N,) float, NaN: no height label (clear, or cloud not labelled)
+    sza_deg: np.ndarray  # (N,) float, NaN where the source has none
+    saa_deg: np.ndarray  # (N,)
+    lat: np.ndarray  # (N,)
+    lon: np.ndarray  # (N,)
+    counts: dict = field(default_factory=dict)  # profiles seen and removed, by reason
+    match: dict = field(default_factory=dict)  # match rate and time differences (match_statistics)
+    heading_deg: np.ndarray | None = None  # (N,) aircraft true heading, NaN where none (flips off there)
+    heading_note: str = ""  # where the heading came from, or why there is none
+    cloud: np.ndarray | None = None  # (N,) int8: 1 a layer below the aircraft, 0 clear sky
 
     @property
     def heights(self) -> int:
         return int(np.isfinite(self.cbh_km).sum())
 
 
-
 # ------------------------------------------------------------------------------------ labels
+
 
 def label_definition(data: DataConfig) -> dict:
     """Every setting that decides which profile labels which frame with which height (the cache key,
     provenance)."""
-    return {"layer": data.label_layer, "layer_order": data.layer_order, "time_column": data.cpl_time_column,
-            "time_round": data.cpl_time_round, "time_offset_s": data.cpl_time_offset_s,
-            "cbh_km": [data.cbh_min_km, data.cbh_max_km], "max_lidar_surface_km": data.max_lidar_surface_km,
-            "max_dem_surface_m": data.max_dem_surface_m, "match_tolerance_s": data.match_tolerance_s}
+    return {
+        "layer": data.label_layer,
+        "layer_order": data.layer_order,
+        "time_column": data.cpl_time_column,
+        "time_round": data.cpl_time_round,
+        "time_offset_s": data.cpl_time_offset_s,
+        "cbh_km": [data.cbh_min_km, data.cbh_max_km],
+        "max_lidar_surface_km": data.max_lidar_surface_km,
+        "max_dem_surface_m": data.max_dem_surface_m,
+        "match_tolerance_s": data.match_tolerance_s,
+    }
 
 
 def top_first(base: np.ndarray, n_layers: np.ndarray, order: str) -> np.ndarray:
@@ -92,7 +101,8 @@ def top_first(base: np.ndarray, n_layers: np.ndarray, order: str) -> np.ndarray:
 
 def check_layer_order(base: np.ndarray, n_layers: np.ndarray, flight: str, path: Path, order: str) -> int:
     """`base` ordered by `order` (top_first): where two or more layers exist, the top layer's base (layer 0)
-    lies at or above the lowest one's. A flight that contradicts the configured order is a DataError; returns the profiles checked."""
+    lies at or above the lowest one's. A flight that contradicts the configured order is a DataError; returns
+    the profiles checked."""
     n = np.clip(n_layers, 0, base.shape[1]).astype(int)
     rows = np.flatnonzero(n > 1)
     top, low = base[rows, 0], base[rows, n[rows] - 1]
@@ -101,10 +111,12 @@ def check_layer_order(base: np.ndarray, n_layers: np.ndarray, flight: str, path:
     checked = int(valid.sum())
     if checked and wrong > LAYER_ORDER_TOLERANCE * checked:
         other = "bottom_first" if order == "top_first" else "top_first"
-        raise DataError(f"flight {flight}: {path}: in {wrong} of {checked} multi-layer profiles the layer "
-                        f"data.layer_order: {order} calls the top lies below the lowest one (e.g. profile "
-                        f"{rows[valid & (top < low)][0]}). Set data.layer_order: {other} if this file stores its "
-                        "layers the other way round, or check data.keys.cpl_base.")
+        raise DataError(
+            f"flight {flight}: {path}: in {wrong} of {checked} multi-layer profiles the layer "
+            f"data.layer_order: {order} calls the top lies below the lowest one (e.g. profile "
+            f"{rows[valid & (top < low)][0]}). Set data.layer_order: {other} if this file stores its "
+            "layers the other way round, or check data.keys.cpl_base."
+        )
     return checked
 
 
@@ -118,14 +130,31 @@ def check_times_increase(t: np.ndarray, flight: str, path: Path) -> int:
     back, jump = np.flatnonzero(d < 0), np.flatnonzero(d > TIME_JUMP_S)
     if back.size:
         i = ok[back[0]]
-        log.warning("flight %s: %s: lidar times decrease %d time(s), first after profile %d (%s -> %s); labels "
-                    "near it may match the wrong frames", flight, path.name, back.size, i, utc_text(t[i]),
-                    utc_text(t[ok[back[0] + 1]]))
+        log.warning(
+            "flight %s: %s: lidar times decrease %d time(s), first after profile %d (%s -> %s); labels "
+            "near it may match the wrong frames",
+            flight,
+            path.name,
+            back.size,
+            i,
+            utc_text(t[i]),
+            utc_text(t[ok[back[0] + 1]]),
+        )
     if jump.size:
         i = ok[jump[0]]
-        log.warning("flight %s: %s: lidar times jump forward %d time(s) by more than %.0f s, first after profile "
-                    "%d (%s -> %s)", flight, path.name, jump.size, TIME_JUMP_S, i, utc_text(t[i]), utc_text(t[ok[jump[0] + 1]]))
+        log.warning(
+            "flight %s: %s: lidar times jump forward %d time(s) by more than %.0f s, first after profile "
+            "%d (%s -> %s)",
+            flight,
+            path.name,
+            jump.size,
+            TIME_JUMP_S,
+            i,
+            utc_text(t[i]),
+            utc_text(t[ok[jump[0] + 1]]),
+        )
     return int(back.size)
+
 
 def choose_label(base: np.ndarray, n_layers: np.ndarray, label_layer: str) -> tuple[np.ndarray, np.ndarray]:
     """The label height of each profile from (N, L) layer bases (layer 0 on top) and layer counts.
@@ -146,14 +175,16 @@ def choose_label(base: np.ndarray, n_layers: np.ndarray, label_layer: str) -> tu
     return h, multi
 
 
-def filter_profiles(label_t, height_km, multi, lidar_surface_km, dem, data: DataConfig) -> tuple[np.ndarray, dict]:
+def filter_profiles(
+    label_t, height_km, multi, lidar_surface_km, dem, data: DataConfig
+) -> tuple[np.ndarray, dict]:
     """Keep a profile with a usable time and layer, in range, over ocean and with a plausible surface."""
     steps = [
         ("bad_time", ~np.isfinite(label_t)),
         ("no_layer", ~np.isfinite(height_km)),
         ("multi_layer", multi),
         ("out_of_range", ~((height_km >= data.cbh_min_km) & (height_km <= data.cbh_max_km))),
-        ("over_land", ~((dem >= 0) & (dem <= data.max_dem_surface_m))),     # fill values (-9999) too
+        ("over_land", ~((dem >= 0) & (dem <= data.max_dem_surface_m))),  # fill values (-9999) too
         # km in the real files; fill values (-9999) fail this test too
         ("bad_surface", ~(np.abs(lidar_surface_km) <= data.max_lidar_surface_km)),
     ]
@@ -165,25 +196,38 @@ def filter_profiles(label_t, height_km, multi, lidar_surface_km, dem, data: Data
     return keep, counts
 
 
-
-
-def match_statistics(label_t: np.ndarray, frame_t: np.ndarray, frames: np.ndarray, filtered: np.ndarray,
-                     matched: np.ndarray, tolerance_s: float) -> dict:
+def match_statistics(
+    label_t: np.ndarray,
+    frame_t: np.ndarray,
+    frames: np.ndarray,
+    filtered: np.ndarray,
+    matched: np.ndarray,
+    tolerance_s: float,
+) -> dict:
     """Of the profiles every filter kept: how many lie inside the camera's time span (give or take the
     tolerance), how many matched a frame (the match rate is of those inside), and |time difference| to
     the matched frame (median, 95th percentile, seconds)."""
     cam = frame_t[np.isfinite(frame_t)]
-    inside = (filtered & (label_t >= cam.min() - tolerance_s) & (label_t <= cam.max() + tolerance_s) if cam.size
-              else np.zeros_like(filtered))
+    inside = (
+        filtered & (label_t >= cam.min() - tolerance_s) & (label_t <= cam.max() + tolerance_s)
+        if cam.size
+        else np.zeros_like(filtered)
+    )
     ok = filtered & matched
     dt = np.abs(frame_t[frames[ok]] - label_t[ok])
-    return {"filtered": int(filtered.sum()), "inside_camera": int(inside.sum()), "matched": int(ok.sum()),
-            "match_rate": float(ok.sum() / inside.sum()) if inside.sum() else None,
-            "dt_median_s": float(np.median(dt)) if dt.size else None,
-            "dt_p95_s": float(np.percentile(dt, 95)) if dt.size else None}
+    return {
+        "filtered": int(filtered.sum()),
+        "inside_camera": int(inside.sum()),
+        "matched": int(ok.sum()),
+        "match_rate": float(ok.sum() / inside.sum()) if inside.sum() else None,
+        "dt_median_s": float(np.median(dt)) if dt.size else None,
+        "dt_p95_s": float(np.percentile(dt, 95)) if dt.size else None,
+    }
 
 
-def estimate_offset(label_t: np.ndarray, frame_t: np.ndarray, filtered: np.ndarray, tolerance_s: float) -> float | None:
+def estimate_offset(
+    label_t: np.ndarray, frame_t: np.ndarray, filtered: np.ndarray, tolerance_s: float
+) -> float | None:
     """A constant lidar-to-camera clock offset that would explain few matches: the seconds to add to the lidar
     times that match the most filtered profiles, searched in 1 s steps over +-10 minutes and in whole hours
     (a time zone) up to +-12 h; the centre of the best offsets when several tie (a camera at one frame per
@@ -195,12 +239,13 @@ def estimate_offset(label_t: np.ndarray, frame_t: np.ndarray, filtered: np.ndarr
     if cam.size < 2 or t.size == 0:
         return None
     if t.min() <= cam[0] + tolerance_s and t.max() >= cam[-1] - tolerance_s:
-        return None                 # the lidar covers the whole recording: it ran longer, no clock is off
+        return None  # the lidar covers the whole recording: it ran longer, no clock is off
 
     def hits(offset: float) -> int:
         pos = np.clip(np.searchsorted(cam, t + offset), 1, cam.size - 1)
         gap = np.minimum(np.abs(cam[pos] - t - offset), np.abs(cam[pos - 1] - t - offset))
         return int((gap <= tolerance_s).sum())
+
     candidates = np.concatenate([np.arange(-600.0, 601.0), 3600.0 * np.arange(-12, 13)])
     scores = np.array([hits(o) for o in candidates])
     best = candidates[scores == scores.max()]
@@ -213,24 +258,31 @@ def estimate_offset(label_t: np.ndarray, frame_t: np.ndarray, filtered: np.ndarr
 def one_label_per_frame(frames: np.ndarray, gap_s: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """Among kept profiles matched to the same frame, keep the one nearest in time (ties: the first)."""
     idx = np.flatnonzero(keep)
-    order = idx[np.lexsort((idx, gap_s[idx]))]           # by time gap, then file order
+    order = idx[np.lexsort((idx, gap_s[idx]))]  # by time gap, then file order
     _, first = np.unique(frames[order], return_index=True)
     out = np.zeros_like(keep)
     out[order[first]] = True
     return out
 
 
-def _time_columns(julian: np.ndarray, data: DataConfig, where: str) -> tuple[np.ndarray, np.ndarray | None, str]:
+def _time_columns(
+    julian: np.ndarray, data: DataConfig, where: str
+) -> tuple[np.ndarray, np.ndarray | None, str]:
     """The configured column of (N, 3) start/centre/end decimal days, the column it is compared against, and
     a note; (N,) times are used as they are (no column to choose)."""
     if julian.ndim == 2 and julian.shape[1] == 3:
-        return (julian[:, TIME_COLUMNS[data.cpl_time_column]], julian[:, TIME_COLUMNS[OTHER_COLUMN[data.cpl_time_column]]],
-                f"the profile {data.cpl_time_column} time")
+        return (
+            julian[:, TIME_COLUMNS[data.cpl_time_column]],
+            julian[:, TIME_COLUMNS[OTHER_COLUMN[data.cpl_time_column]]],
+            f"the profile {data.cpl_time_column} time",
+        )
     if julian.ndim == 2 and julian.shape[1] == 1:
         julian = julian[:, 0]
     if julian.ndim != 1:
-        raise DataError(f"{where} (data.keys.cpl_time) has shape {julian.shape}; expected (profiles,) or "
-                        "(profiles, 3) with start, centre and end times")
+        raise DataError(
+            f"{where} (data.keys.cpl_time) has shape {julian.shape}; expected (profiles,) or "
+            "(profiles, 3) with start, centre and end times"
+        )
     return julian, None, "one time per profile (data.cpl_time_column does not apply)"
 
 
@@ -247,43 +299,79 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
         base = numbers(f, k.cpl_base, name, "cpl_base", "heights in km")
         base = base[:, None] if base.ndim == 1 else base
         if base.ndim != 2:
-            raise DataError(f"flight {name}: {path} '{k.cpl_base}' (data.keys.cpl_base) has shape {base.shape}; "
-                            "expected (profiles, layers)")
+            raise DataError(
+                f"flight {name}: {path} '{k.cpl_base}' (data.keys.cpl_base) has shape {base.shape}; "
+                "expected (profiles, layers)"
+            )
         if k.cpl_layer_count and k.cpl_layer_count in f:
             n_layers = numbers(f, k.cpl_layer_count, name, "cpl_layer_count", "layer counts").reshape(-1)
-        else:                                             # layers are packed from index 0
+        else:  # layers are packed from index 0
             n_layers = (base > FILL_BELOW).sum(axis=1)
         surface = read_column(f, k.cpl_lidar_surface, name, "cpl_lidar_surface")
         dem = read_column(f, k.cpl_dem_surface, name, "cpl_dem_surface")
-        year = (int(numbers(f, k.cpl_year, name, "cpl_year", "a year").reshape(-1)[0])
-                if k.cpl_year and k.cpl_year in f else None)
+        year = (
+            int(numbers(f, k.cpl_year, name, "cpl_year", "a year").reshape(-1)[0])
+            if k.cpl_year and k.cpl_year in f
+            else None
+        )
         angles = {}
         if data.angles_source == "cpl":
-            angles = {"sza": read_column(f, k.cpl_zenith, name, "cpl_zenith"),
-                      "saa": read_column(f, k.cpl_azimuth, name, "cpl_azimuth"),
-                      "lat": read_column(f, k.cpl_lat, name, "cpl_lat"), "lon": read_column(f, k.cpl_lon, name, "cpl_lon")}
-    julian, julian_other, column_note = _time_columns(julian_all, data, f"flight {name}: {path} '{k.cpl_time}'")
-    sizes = {"times": julian.size, "layer rows": base.shape[0], "Number_Layers": n_layers.size,
-             "lidar surfaces": surface.size, "DEM values": dem.size, **{a: v.size for a, v in angles.items()}}
+            angles = {
+                "sza": read_column(f, k.cpl_zenith, name, "cpl_zenith"),
+                "saa": read_column(f, k.cpl_azimuth, name, "cpl_azimuth"),
+                "lat": read_column(f, k.cpl_lat, name, "cpl_lat"),
+                "lon": read_column(f, k.cpl_lon, name, "cpl_lon"),
+            }
+    julian, julian_other, column_note = _time_columns(
+        julian_all, data, f"flight {name}: {path} '{k.cpl_time}'"
+    )
+    sizes = {
+        "times": julian.size,
+        "layer rows": base.shape[0],
+        "Number_Layers": n_layers.size,
+        "lidar surfaces": surface.size,
+        "DEM values": dem.size,
+        **{a: v.size for a, v in angles.items()},
+    }
     if len(set(sizes.values())) != 1:
-        raise DataError(f"flight {name}: {path} datasets disagree on the number of profiles ("
-                        + ", ".join(f"{v} {a}" for a, v in sizes.items()) + ")")
+        raise DataError(
+            f"flight {name}: {path} datasets disagree on the number of profiles ("
+            + ", ".join(f"{v} {a}" for a, v in sizes.items())
+            + ")"
+        )
     date = flight_date(flight)
     if year is not None and year != date.year:
-        log.warning("flight %s: %s says File_Year %d but its name says %d; using %d for the Julian days",
-                    name, path.name, year, date.year, year)
+        log.warning(
+            "flight %s: %s says File_Year %d but its name says %d; using %d for the Julian days",
+            name,
+            path.name,
+            year,
+            date.year,
+            year,
+        )
     base = top_first(base, n_layers, data.layer_order)
     check_layer_order(base, n_layers, name, path, data.layer_order)
     height, multi = choose_label(base, n_layers, data.label_layer)
     angles = {a: np.where(v > FILL_BELOW, v, np.nan) for a, v in angles.items()}
     if "saa" in angles:
-        angles["saa"] = np.mod(angles["saa"], 360.0)     # -180..180 and 0..360 conventions agree after this
+        angles["saa"] = np.mod(angles["saa"], 360.0)  # -180..180 and 0..360 conventions agree after this
     t = julian_to_epoch(julian, year or date.year)
     check_times_increase(t, name, path)
-    other = None if julian_other is None else lidar_times(julian_to_epoch(julian_other, year or date.year), data)
-    return {"t": lidar_times(t, data), "t_other": other, "column_note": column_note, "height": height, "multi": multi,
-            "n_layers": n_layers,
-            "surface": surface, "dem": dem, "multi_layer_profiles": int((n_layers > 1).sum()), **angles}
+    other = (
+        None if julian_other is None else lidar_times(julian_to_epoch(julian_other, year or date.year), data)
+    )
+    return {
+        "t": lidar_times(t, data),
+        "t_other": other,
+        "column_note": column_note,
+        "height": height,
+        "multi": multi,
+        "n_layers": n_layers,
+        "surface": surface,
+        "dem": dem,
+        "multi_layer_profiles": int((n_layers > 1).sum()),
+        **angles,
+    }
 
 
 def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
@@ -324,68 +412,130 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     cloud = (cpl["n_layers"][pick] > 0).astype(np.int8)
     counts["no_heading"] = int((~np.isfinite(angles["heading"][has_height])).sum())
     if counts["no_heading"]:
-        log.warning("flight %s: %s for %d of %d labels: the horizontal flip is off for them (it could not keep the "
-                    "image and the sun azimuth consistent)%s", flight.name, heading_note if heading_note.startswith(
-                        "no heading") else "no heading", counts["no_heading"], int(has_height.sum()),
-                    "; with data.sun_azimuth: relative their azimuth is unknown (the network gets no direction)"
-                    if data.sun_azimuth == "relative" else "")
+        log.warning(
+            "flight %s: %s for %d of %d labels: the horizontal flip is off for them (it could not keep the "
+            "image and the sun azimuth consistent)%s",
+            flight.name,
+            heading_note if heading_note.startswith("no heading") else "no heading",
+            counts["no_heading"],
+            int(has_height.sum()),
+            "; with data.sun_azimuth: relative their azimuth is unknown (the network gets no direction)"
+            if data.sun_azimuth == "relative"
+            else "",
+        )
     counts["kept"] = int(has_height.sum())
     counts["cloud_labels"], counts["clear_sky"] = int(len(pick)), int((cloud == 0).sum())
     counts["multi_layer_profiles"] = cpl["multi_layer_profiles"]
     if counts["duplicate_frame"]:
-        log.info("flight %s: %d profiles matched a frame that already had a nearer one; one label per frame "
-                 "(the profile nearest in time, the first on a tie)", flight.name, counts["duplicate_frame"])
+        log.info(
+            "flight %s: %d profiles matched a frame that already had a nearer one; one label per frame "
+            "(the profile nearest in time, the first on a tie)",
+            flight.name,
+            counts["duplicate_frame"],
+        )
     if counts["beyond_nav"]:
-        log.info("flight %s: %d labels lie beyond the end of the nav file and were dropped", flight.name,
-                 counts["beyond_nav"])
+        log.info(
+            "flight %s: %d labels lie beyond the end of the nav file and were dropped",
+            flight.name,
+            counts["beyond_nav"],
+        )
     if counts["kept"] == 0:
         label_t = cpl["t"][np.isfinite(cpl["t"])]
         cam = frame_t[np.isfinite(frame_t)]
         span = lambda x: f"{utc_text(x.min())}..{utc_text(x.max())}" if x.size else "no usable times"  # noqa: E731
         span = f"camera {span(cam)}, lidar {span(label_t)}"
-        raise DataError(f"flight {flight.name}: no lidar label survives the filters and time matching "
-                        f"({counts}); time spans: {span}. Check data.ir_time_format, data.label_layer, "
-                        "the data.cbh_* range and the flight date.")
-    return FlightLabels(name=flight.name, n_frames=n_frames, frame_shape=(rows, cols), frame_index=frames[pick],
-                        cbh_km=np.where(has_height, cpl["height"][pick], np.nan).astype(np.float32),
-                        sza_deg=angles["sza"], saa_deg=angles["saa"], lat=angles["lat"], lon=angles["lon"],
-                        heading_deg=angles["heading"], counts=counts, match=match, heading_note=heading_note,
-                        cloud=cloud)
+        raise DataError(
+            f"flight {flight.name}: no lidar label survives the filters and time matching "
+            f"({counts}); time spans: {span}. Check data.ir_time_format, data.label_layer, "
+            "the data.cbh_* range and the flight date."
+        )
+    return FlightLabels(
+        name=flight.name,
+        n_frames=n_frames,
+        frame_shape=(rows, cols),
+        frame_index=frames[pick],
+        cbh_km=np.where(has_height, cpl["height"][pick], np.nan).astype(np.float32),
+        sza_deg=angles["sza"],
+        saa_deg=angles["saa"],
+        lat=angles["lat"],
+        lon=angles["lon"],
+        heading_deg=angles["heading"],
+        counts=counts,
+        match=match,
+        heading_note=heading_note,
+        cloud=cloud,
+    )
 
 
-def _say_match(name: str, cpl: dict, frame_t: np.ndarray, frames: np.ndarray, filtered: np.ndarray,
-               matched: np.ndarray, match: dict, data: DataConfig) -> None:
+def _say_match(
+    name: str,
+    cpl: dict,
+    frame_t: np.ndarray,
+    frames: np.ndarray,
+    filtered: np.ndarray,
+    matched: np.ndarray,
+    match: dict,
+    data: DataConfig,
+) -> None:
     """Log the match rate and time differences, the labels another time column would move, and a warning
     with the likely cause when few profiles inside the camera's time span match."""
     rate = match["match_rate"]
-    log.info("flight %s: %d of %d filtered profiles inside the camera's time span matched a frame (%s); |time "
-             "difference| median %s s, 95th percentile %s s; lidar time: %s%s%s", name, match["matched"],
-             match["inside_camera"], "-" if rate is None else f"{100 * rate:.0f}%",
-             _num(match["dt_median_s"]), _num(match["dt_p95_s"]), cpl["column_note"],
-             ", rounded to whole seconds" if data.cpl_time_round else "",
-             f", offset {data.cpl_time_offset_s:+g} s" if data.cpl_time_offset_s else "")
+    log.info(
+        "flight %s: %d of %d filtered profiles inside the camera's time span matched a frame (%s); |time "
+        "difference| median %s s, 95th percentile %s s; lidar time: %s%s%s",
+        name,
+        match["matched"],
+        match["inside_camera"],
+        "-" if rate is None else f"{100 * rate:.0f}%",
+        _num(match["dt_median_s"]),
+        _num(match["dt_p95_s"]),
+        cpl["column_note"],
+        ", rounded to whole seconds" if data.cpl_time_round else "",
+        f", offset {data.cpl_time_offset_s:+g} s" if data.cpl_time_offset_s else "",
+    )
     if cpl["t_other"] is not None:
         other_frames, other_ok = match_to_frames(cpl["t_other"], frame_t, data.match_tolerance_s)
         both = filtered & matched & other_ok
         moved = int((both & (other_frames != frames)).sum())
         gained = int((filtered & matched & ~other_ok).sum()) - int((filtered & ~matched & other_ok).sum())
-        log.info("flight %s: against the profile %s time (data.cpl_time_column: %s), %d of %d labels sit on another "
-                 "frame and %+d more match", name, OTHER_COLUMN[data.cpl_time_column],
-                 OTHER_COLUMN[data.cpl_time_column], moved, int(both.sum()), gained)
+        log.info(
+            "flight %s: against the profile %s time (data.cpl_time_column: %s), %d of %d labels sit on "
+            "another "
+            "frame and %+d more match",
+            name,
+            OTHER_COLUMN[data.cpl_time_column],
+            OTHER_COLUMN[data.cpl_time_column],
+            moved,
+            int(both.sum()),
+            gained,
+        )
     overall = match["matched"] / match["filtered"] if match["filtered"] else None
     if overall is not None and overall < LOW_MATCH_RATE and match["filtered"] >= 5:
         offset = estimate_offset(cpl["t"], frame_t, filtered, data.match_tolerance_s)
         if offset is not None:
-            cause = (f"a constant clock offset would explain it: {offset:+g} s added to the lidar times matches "
-                     f"clearly more; set data.cpl_time_offset_s: {data.cpl_time_offset_s + offset:g}")
+            cause = (
+                f"a constant clock offset would explain it: {offset:+g} s added to the lidar times matches "
+                f"clearly more; set data.cpl_time_offset_s: {data.cpl_time_offset_s + offset:g}"
+            )
         elif match["inside_camera"] < 0.5 * match["filtered"]:
-            cause = ("most profiles lie outside the camera's recording (the lidar ran longer, or the IR file "
-                     "covers only part of the flight); no constant time offset explains it")
+            cause = (
+                "most profiles lie outside the camera's recording (the lidar ran longer, or the IR file "
+                "covers only part of the flight); no constant time offset explains it"
+            )
         else:
-            cause = ("no constant time offset explains it: most likely gaps in the IR recording (frames without a "
-                     "usable time), or a data.match_tolerance_s too small for the frame rate")
-        log.warning("flight %s: only %d of %d filtered lidar profiles (%.0f%%) matched a frame within %g s: %s",
-                    name, match["matched"], match["filtered"], 100 * overall, data.match_tolerance_s, cause)
+            cause = (
+                "no constant time offset explains it: most likely gaps in the IR recording (frames without a "
+                "usable time), or a data.match_tolerance_s too small for the frame rate"
+            )
+        log.warning(
+            "flight %s: only %d of %d filtered lidar profiles (%.0f%%) matched a frame within %g s: %s",
+            name,
+            match["matched"],
+            match["filtered"],
+            100 * overall,
+            data.match_tolerance_s,
+            cause,
+        )
 
 
 def _num(x: float | None) -> str:

@@ -13,6 +13,7 @@
 - The epoch order is a function of (seed, epoch), so a resumed run can slice it instead of
   replaying batches.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,13 +32,14 @@ from cloudml_lib.errors import DataError
 log = logging.getLogger(__name__)
 
 FLIP_PROB, ERASE_PROB = 0.5, 0.25
-CONTRAST, BRIGHTNESS = 0.15, 0.15        # multiplicative and additive jitter on z-scored frames
+CONTRAST, BRIGHTNESS = 0.15, 0.15  # multiplicative and additive jitter on z-scored frames
 
 
 @dataclass
 class Scalers:
     """Standardisation of the solar zenith angle and the target, fitted on training flights (the azimuth
     enters as its sine and cosine, which need none)."""
+
     sza_mean: float
     sza_std: float
     cbh_mean: float
@@ -81,7 +83,9 @@ def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers) -> np.ndarray:
     az = np.radians(np.asarray(azimuth_deg, np.float64).reshape(-1))
     z = np.where(np.isfinite(sza), (sza - scalers.sza_mean) / scalers.sza_std, 0.0)
     known = np.isfinite(az)
-    return np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1).astype(np.float32)
+    return np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1).astype(
+        np.float32
+    )
 
 
 def fit_scalers(train: list[FlightCache]) -> Scalers:
@@ -102,29 +106,47 @@ class CloudDataset(Dataset):
     `cloud`: also the samples with a cloud flag but no height (clear sky, cloud outside the label range),
     for a model with a cloud output; without it only the samples with a height."""
 
-    def __init__(self, caches: list[FlightCache], scalers: Scalers, augment: bool = False, seed: int = 0,
-                 flight_weights: dict[str, float] | None = None, sun_azimuth: str = "relative",
-                 along_track_axis: str = "rows", cloud: bool = True):
+    def __init__(
+        self,
+        caches: list[FlightCache],
+        scalers: Scalers,
+        augment: bool = False,
+        seed: int = 0,
+        flight_weights: dict[str, float] | None = None,
+        sun_azimuth: str = "relative",
+        along_track_axis: str = "rows",
+        cloud: bool = True,
+    ):
         self.caches, self.scalers, self.augment, self.seed = caches, scalers, augment, seed
         self.azimuth = [model_azimuth(c.saa_deg, c.heading_deg, sun_azimuth) for c in caches]
         # no flip where the azimuth is unknown either: a filled-in mean mirrored is no angle of this image
-        self.mirror = [np.where(np.isfinite(a), mirror_line(c.heading_deg, sun_azimuth, along_track_axis), np.nan)
-                       for a, c in zip(self.azimuth, caches)]
+        self.mirror = [
+            np.where(np.isfinite(a), mirror_line(c.heading_deg, sun_azimuth, along_track_axis), np.nan)
+            for a, c in zip(self.azimuth, caches)
+        ]
         rows = [np.arange(len(c)) if cloud else np.flatnonzero(c.has_height) for c in caches]
         self.flight_of = np.repeat(np.arange(len(caches)), [len(r) for r in rows])
         self.local = np.concatenate(rows) if rows else np.zeros(0, int)
         weights = flight_weights or {}
         self.weight_of = [float(weights.get(c.name, 1.0)) for c in caches]
         self.epoch = 0
-        nan = sum(int((~np.isfinite(c.sza_deg)).sum() + (~np.isfinite(a)).sum()) for c, a in zip(caches, self.azimuth))
+        nan = sum(
+            int((~np.isfinite(c.sza_deg)).sum() + (~np.isfinite(a)).sum())
+            for c, a in zip(caches, self.azimuth)
+        )
         if nan:
-            log.info("%d missing solar angles in %s: a zenith angle is filled with the training mean, an azimuth "
-                     "has no direction (sine and cosine 0)", nan,
-                     ", ".join(c.name for c in caches))
+            log.info(
+                "%d missing solar angles in %s: a zenith angle is filled with the training mean, an azimuth "
+                "has no direction (sine and cosine 0)",
+                nan,
+                ", ".join(c.name for c in caches),
+            )
         no_flip = {c.name: int((~np.isfinite(m)).sum()) for c, m in zip(caches, self.mirror)}
         if augment and any(no_flip.values()):
-            log.info("never flipped (no heading or no azimuth): %s", ", ".join(
-                f"{n} {k} of {len(c)}" for (n, k), c in zip(no_flip.items(), caches) if k))
+            log.info(
+                "never flipped (no heading or no azimuth): %s",
+                ", ".join(f"{n} {k} of {len(c)}" for (n, k), c in zip(no_flip.items(), caches) if k),
+            )
 
     def __len__(self) -> int:
         return len(self.flight_of)
@@ -179,23 +201,35 @@ class CloudDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         k, j, s = self.flight_of[i], self.local[i], self.scalers
         c = self.caches[k]
-        frames = torch.from_numpy(c.frames.read(c.windows[j]).astype(np.float32))     # (T, H, W)
+        frames = torch.from_numpy(c.frames.read(c.windows[j]).astype(np.float32))  # (T, H, W)
         azimuth = float(self.azimuth[k][j])
         if self.augment:
             line = float(self.mirror[k][j])
-            frames, azimuth = augment_sample(frames, azimuth, np.random.default_rng([self.seed, self.epoch, int(i)]),
-                                             line if np.isfinite(line) else None)
+            frames, azimuth = augment_sample(
+                frames,
+                azimuth,
+                np.random.default_rng([self.seed, self.epoch, int(i)]),
+                line if np.isfinite(line) else None,
+            )
         scalars = torch.from_numpy(scalar_inputs(c.sza_deg[j], azimuth, s)[0])
         height = float(c.cbh_km[j])
         has = np.isfinite(height)
         target = torch.tensor((height - s.cbh_mean) / s.cbh_std if has else 0.0, dtype=torch.float32)
         weight = torch.tensor(self.weight_of[self.flight_of[i]], dtype=torch.float32)
-        return {"frames": frames, "scalars": scalars, "target": target, "has_height": torch.tensor(float(has)),
-                "cloud": torch.tensor(float(c.cloud[j])), "weight": weight, "index": int(i)}
+        return {
+            "frames": frames,
+            "scalars": scalars,
+            "target": target,
+            "has_height": torch.tensor(float(has)),
+            "cloud": torch.tensor(float(c.cloud[j])),
+            "weight": weight,
+            "index": int(i),
+        }
 
 
-def prepare_data(cfg: Config, skipped: list[FoundFlight] = (), backend: Backend | None = None
-                 ) -> tuple[CloudDataset, CloudDataset]:
+def prepare_data(
+    cfg: Config, skipped: list[FoundFlight] = (), backend: Backend | None = None
+) -> tuple[CloudDataset, CloudDataset]:
     """Caches of all (resolved) flights, split by flight, scalers fitted on the training flights only.
     The training set carries `flight_table`: each flight's files, frames, labels kept and removed by
     each filter (the trainer logs it once the run's log file exists)."""
@@ -206,25 +240,39 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = (), backend: Backend 
     train, val = split_flights(caches, cfg)
     empty = [c.name for c in train + val if not c.has_height.any()]
     if empty:
-        raise DataError(f"flights with no usable height label: {', '.join(empty)}; see the counts in the log, "
-                        "and the data.cbh_* / match_tolerance_s filters")
+        raise DataError(
+            f"flights with no usable height label: {', '.join(empty)}; see the counts in the log, "
+            "and the data.cbh_* / match_tolerance_s filters"
+        )
     scalers = fit_scalers(train)
     weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
-    log.info("training flights: %s (%d samples); validation flights: %s (%d samples)",
-             ", ".join(c.name for c in train), sum(map(len, train)), ", ".join(c.name for c in val),
-             sum(map(len, val)))
+    log.info(
+        "training flights: %s (%d samples); validation flights: %s (%d samples)",
+        ", ".join(c.name for c in train),
+        sum(map(len, train)),
+        ", ".join(c.name for c in val),
+        sum(map(len, val)),
+    )
     # the frames with only a cloud flag: trained on by a joint model; a probe is fitted on them after training
     # (train/evaluation.py), and both are scored on them
     mode = cfg.model.cloud_head
-    train_set = CloudDataset(train, scalers, augment=cfg.data.augment, seed=cfg.train.seed, flight_weights=weights,
-                             sun_azimuth=cfg.data.sun_azimuth, along_track_axis=cfg.data.along_track_axis,
-                             cloud=mode == "joint")
+    train_set = CloudDataset(
+        train,
+        scalers,
+        augment=cfg.data.augment,
+        seed=cfg.train.seed,
+        flight_weights=weights,
+        sun_azimuth=cfg.data.sun_azimuth,
+        along_track_axis=cfg.data.along_track_axis,
+        cloud=mode == "joint",
+    )
     train_set.flight_table = table
     return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth, cloud=mode != "none")
 
 
-def augment_sample(frames: torch.Tensor, azimuth: float, rng: np.random.Generator,
-                   mirror_deg: float | None) -> tuple[torch.Tensor, float]:
+def augment_sample(
+    frames: torch.Tensor, azimuth: float, rng: np.random.Generator, mirror_deg: float | None
+) -> tuple[torch.Tensor, float]:
     """Flip, jitter and erase one (T, H, W) float sample; the same change applies to all T frames.
     The flip mirrors the columns and the azimuth across the line at `mirror_deg` (mirror_line); None: no
     flip (the random draw is made all the same, so the other changes do not depend on it)."""
@@ -238,10 +286,13 @@ def augment_sample(frames: torch.Tensor, azimuth: float, rng: np.random.Generato
         _, h, w = frames.shape
         area = rng.uniform(0.02, 0.1) * h * w
         aspect = np.exp(rng.uniform(np.log(0.5), np.log(2.0)))
-        eh, ew = min(h, max(1, int(round((area * aspect) ** 0.5)))), min(w, max(1, int(round((area / aspect) ** 0.5))))
+        eh, ew = (
+            min(h, max(1, int(round((area * aspect) ** 0.5)))),
+            min(w, max(1, int(round((area / aspect) ** 0.5)))),
+        )
         top, left = int(rng.integers(0, h - eh + 1)), int(rng.integers(0, w - ew + 1))
         frames = frames.clone()
-        frames[:, top:top + eh, left:left + ew] = 0.0     # 0 is the z-scored frame mean
+        frames[:, top : top + eh, left : left + ew] = 0.0  # 0 is the z-scored frame mean
     return frames, azimuth
 
 
@@ -268,14 +319,20 @@ class EpochBatchSampler:
     contiguous part (`rank` of `world`); the order does not depend on how many processes there are.
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
+    def __init__(
+        self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1
+    ):
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.rank, self.world, self.min_last = rank, world, max(2, world)
         self.epoch, self.start_batch = 0, 0
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
-        out = [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+        order = (
+            np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            if self.shuffle
+            else np.arange(self.n)
+        )
+        out = [order[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)]
         if len(out) > 1 and len(out[-1]) < self.min_last:
             last = out.pop()
             out[-1] = np.concatenate([out[-1], last])
@@ -285,7 +342,7 @@ class EpochBatchSampler:
         self.epoch, self.start_batch = epoch, start_batch
 
     def __iter__(self):
-        for b in self.batches(self.epoch)[self.start_batch:]:
+        for b in self.batches(self.epoch)[self.start_batch :]:
             yield b[part_slice(len(b), self.rank, self.world)].tolist()
 
     def batches_per_epoch(self) -> int:

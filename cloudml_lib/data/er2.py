@@ -12,6 +12,7 @@ CPL layer file and the labels it gives are cpl.py's. The files are read as they 
   without it flips are off for the flight.
 Every missing file, dataset or inconsistent value raises DataError naming the flight, the file and the key.
 """
+
 from __future__ import annotations
 
 import calendar
@@ -31,9 +32,9 @@ from cloudml_lib.errors import DataError, install_command
 
 log = logging.getLogger(__name__)
 
-FILL_BELOW = -999.0              # fill values such as -9999 mean "none"
+FILL_BELOW = -999.0  # fill values such as -9999 mean "none"
 NAV_MATCH_TOLERANCE_S = 2.0
-STRAY_TIME_S = 86400.0           # epoch times further than this from the flight's median are strays
+STRAY_TIME_S = 86400.0  # epoch times further than this from the flight's median are strays
 CPL_DATE = re.compile(r"_(\d{2})([a-z]{3})(\d{2})\.hdf5?$", re.IGNORECASE)
 MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 
@@ -42,7 +43,9 @@ def cpl_file_date(date: dt.date) -> str:
     """A date as a CPL file name writes it (10feb25): what `date_from_cpl_name` reads."""
     return f"{date.day:02d}{calendar.month_abbr[date.month].lower()}{date.year % 100:02d}"
 
+
 # ------------------------------------------------------------------------------------ files
+
 
 def required_roles(data: DataConfig) -> tuple[str, ...]:
     """The files a flight needs: the nav file only when the sun angles come from it."""
@@ -55,23 +58,29 @@ def _resolve(root: Path, name: str, flight: str) -> Path:
         return root / name
     matches = sorted(root.glob(name))
     if len(matches) > 1:
-        raise DataError(f"flight {flight}: pattern {name!r} matches {len(matches)} files in {root} "
-                        f"({', '.join(m.name for m in matches[:5])}); make it match exactly one")
+        raise DataError(
+            f"flight {flight}: pattern {name!r} matches {len(matches)} files in {root} "
+            f"({', '.join(m.name for m in matches[:5])}); make it match exactly one"
+        )
     return matches[0] if matches else root / name
 
 
 def flight_paths(flight: FlightConfig, data: DataConfig) -> dict[str, Path]:
     root = Path(data.dir)
-    return {role: _resolve(root, getattr(flight, f"{role}_file"), flight.name) for role in required_roles(data)}
+    return {
+        role: _resolve(root, getattr(flight, f"{role}_file"), flight.name) for role in required_roles(data)
+    }
 
 
 def check_files(flight: FlightConfig, data: DataConfig) -> None:
     missing = [f"{role} file {p}" for role, p in flight_paths(flight, data).items() if not p.is_file()]
     if missing:
-        raise DataError(f"flight {flight.name}: missing {'; '.join(missing)}. Put the file in data.dir "
-                        f"({data.dir}), fix its name in data.flights, or remove the flight from data.flights. If the "
-                        "flights have moved since this run was trained, pass --data-dir with the folder that now "
-                        "holds them.")
+        raise DataError(
+            f"flight {flight.name}: missing {'; '.join(missing)}. Put the file in data.dir "
+            f"({data.dir}), fix its name in data.flights, or remove the flight from data.flights. If the "
+            "flights have moved since this run was trained, pass --data-dir with the folder that now "
+            "holds them."
+        )
 
 
 @contextmanager
@@ -92,8 +101,10 @@ def dataset(f: h5py.File, key: str, flight: str, config_key: str) -> h5py.Datase
     if key not in f or not isinstance(f[key], h5py.Dataset):
         present = []
         f.visit(lambda name: present.append(name) if isinstance(f[name], h5py.Dataset) else None)
-        raise DataError(f"flight {flight}: {f.filename} has no dataset '{key}' (set by data.keys.{config_key}); "
-                        f"datasets present: {', '.join(present[:20]) or 'none'}")
+        raise DataError(
+            f"flight {flight}: {f.filename} has no dataset '{key}' (set by data.keys.{config_key}); "
+            f"datasets present: {', '.join(present[:20]) or 'none'}"
+        )
     return f[key]
 
 
@@ -111,13 +122,16 @@ def numbers(f: h5py.File, key: str, flight: str, config_key: str, expected: str 
         except (ValueError, TypeError):
             example = raw.reshape(-1)[0] if raw.size else ""
             example = example.decode(errors="replace") if isinstance(example, bytes) else example
-            raise DataError(f"{where} holds text ({raw.dtype}, e.g. {str(example)[:40]!r}), not {expected}. Is it "
-                            f"the right dataset? Set data.keys.{config_key} to the dataset that holds {expected}."
-                            ) from None
+            raise DataError(
+                f"{where} holds text ({raw.dtype}, e.g. {str(example)[:40]!r}), not {expected}. Is it "
+                f"the right dataset? Set data.keys.{config_key} to the dataset that holds {expected}."
+            ) from None
         log.info("%s: stored as text (%s); read as numbers", where, raw.dtype)
         return values
-    raise DataError(f"{where} holds {raw.dtype} values, not {expected}. Is it the right dataset? Set "
-                    f"data.keys.{config_key} to the dataset that holds {expected}.")
+    raise DataError(
+        f"{where} holds {raw.dtype} values, not {expected}. Is it the right dataset? Set "
+        f"data.keys.{config_key} to the dataset that holds {expected}."
+    )
 
 
 def read_column(f: h5py.File, key: str, flight: str, config_key: str, pick: int = 1) -> np.ndarray:
@@ -128,12 +142,15 @@ def read_column(f: h5py.File, key: str, flight: str, config_key: str, pick: int 
     if x.ndim == 2 and x.shape[1] == 3:
         return x[:, pick]
     if x.ndim != 1:
-        raise DataError(f"flight {flight}: {f.filename} '{key}' (data.keys.{config_key}) has shape {x.shape}; "
-                        "expected (profiles,) or (profiles, 3) with first, mean and last values")
+        raise DataError(
+            f"flight {flight}: {f.filename} '{key}' (data.keys.{config_key}) has shape {x.shape}; "
+            "expected (profiles,) or (profiles, 3) with first, mean and last values"
+        )
     return x
 
 
 # ------------------------------------------------------------------------------------ dates and times
+
 
 def date_from_cpl_name(name: str) -> dt.date | None:
     m = CPL_DATE.search(name.replace("*", ""))
@@ -154,8 +171,10 @@ def flight_date(flight: FlightConfig) -> dt.date:
             raise DataError(f"flight {flight.name}: date {flight.date!r} is not YYYY-MM-DD") from None
     date = date_from_cpl_name(Path(flight.cpl_file).name)
     if date is None:
-        raise DataError(f"flight {flight.name}: cannot read the date from CPL file name {flight.cpl_file!r} "
-                        "(expected it to end like _10feb25.hdf5); set data.flights[].date: YYYY-MM-DD")
+        raise DataError(
+            f"flight {flight.name}: cannot read the date from CPL file name {flight.cpl_file!r} "
+            "(expected it to end like _10feb25.hdf5); set data.flights[].date: YYYY-MM-DD"
+        )
     return date
 
 
@@ -185,14 +204,23 @@ def to_epoch_seconds(t: np.ndarray, fmt: str, date: dt.date, where: str) -> tupl
         elif median < 2 * 86400:
             fmt = "seconds_of_day"
         else:
-            raise DataError(f"{where}: cannot tell the time format from values around {median:.1f}; expected "
-                            "epoch seconds (> 1e8) or seconds of day (0..86400); set data.ir_time_format")
+            raise DataError(
+                f"{where}: cannot tell the time format from values around {median:.1f}; expected "
+                "epoch seconds (> 1e8) or seconds of day (0..86400); set data.ir_time_format"
+            )
     looks = "epoch" if median > 1e8 else "seconds_of_day" if median < 2 * 86400 else "neither"
-    if fmt != looks:                          # only a forced format can disagree with the values
-        raise DataError(f"{where}: data.ir_time_format is '{fmt}', but the values (median {median:.1f}) are "
-                        + ("epoch seconds" if looks == "epoch" else "seconds of day" if looks == "seconds_of_day"
-                           else "neither epoch seconds (> 1e8) nor seconds of day (0..172800)")
-                        + f". Set data.ir_time_format: auto (detects it){'' if looks == 'neither' else f' or {looks}'}.")
+    if fmt != looks:  # only a forced format can disagree with the values
+        raise DataError(
+            f"{where}: data.ir_time_format is '{fmt}', but the values (median {median:.1f}) are "
+            + (
+                "epoch seconds"
+                if looks == "epoch"
+                else "seconds of day"
+                if looks == "seconds_of_day"
+                else "neither epoch seconds (> 1e8) nor seconds of day (0..172800)"
+            )
+            + f". Set data.ir_time_format: auto (detects it){'' if looks == 'neither' else f' or {looks}'}."
+        )
     out = np.full(t.shape, np.nan)
     if fmt == "epoch":
         ok = positive & (np.abs(t - median) <= STRAY_TIME_S)
@@ -211,7 +239,10 @@ def julian_to_epoch(julian_day: np.ndarray, year: int) -> np.ndarray:
     jd = np.where(np.isfinite(jd) & (jd >= 1.0) & (jd < 368.0), jd, np.nan)
     return _midnight_epoch(dt.date(year, 1, 1)) + (jd - 1.0) * 86400.0
 
-def match_to_frames(label_t: np.ndarray, frame_t: np.ndarray, tolerance_s: float) -> tuple[np.ndarray, np.ndarray]:
+
+def match_to_frames(
+    label_t: np.ndarray, frame_t: np.ndarray, tolerance_s: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Nearest frame (with a usable time) for each label time; returns (frame index, matched mask)."""
     usable = np.flatnonzero(np.isfinite(frame_t))
     if usable.size == 0:
@@ -229,52 +260,81 @@ def match_to_frames(label_t: np.ndarray, frame_t: np.ndarray, tolerance_s: float
 
 # ------------------------------------------------------------------------------------ IR and nav
 
+
 def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[np.ndarray, int, int, int]:
     """Epoch time per frame (NaN where unusable) and the raw frame shape."""
     k, name = data.keys, flight.name
     with open_h5(path, name) as f:
         signal = dataset(f, k.ir_signal, name, "ir_signal")
         if signal.ndim != 3:
-            raise DataError(f"flight {name}: {path} '{k.ir_signal}' has shape {signal.shape}; "
-                            "expected (frames, rows, columns)")
+            raise DataError(
+                f"flight {name}: {path} '{k.ir_signal}' has shape {signal.shape}; "
+                "expected (frames, rows, columns)"
+            )
         n_frames, rows, cols = signal.shape
         if signal.dtype.kind not in "biuf":
-            raise DataError(f"flight {name}: {path} '{k.ir_signal}' (data.keys.ir_signal) holds {signal.dtype} "
-                            "values, not image counts or temperatures; set data.keys.ir_signal to the frames")
+            raise DataError(
+                f"flight {name}: {path} '{k.ir_signal}' (data.keys.ir_signal) holds {signal.dtype} "
+                "values, not image counts or temperatures; set data.keys.ir_signal to the frames"
+            )
         raw_t = numbers(f, k.ir_time, name, "ir_time", "times (epoch seconds)").reshape(-1)
     where = f"flight {name}: {path} '{k.ir_time}'"
     if raw_t.size < n_frames:
         raise DataError(f"{where}: {raw_t.size} times for {n_frames} frames; every frame needs a time")
     if raw_t.size > n_frames:
-        log.info("flight %s: %s has %d times for %d frames; using the first %d", name, path.name, raw_t.size,
-                 n_frames, n_frames)
+        log.info(
+            "flight %s: %s has %d times for %d frames; using the first %d",
+            name,
+            path.name,
+            raw_t.size,
+            n_frames,
+            n_frames,
+        )
         raw_t = raw_t[:n_frames]
     frame_t, fmt, n_bad = to_epoch_seconds(raw_t, data.ir_time_format, flight_date(flight), where)
     how = "detected" if data.ir_time_format == "auto" else "set by data.ir_time_format"
-    log.info("flight %s: IR times read as %s (%s)%s", name, "Unix epoch seconds" if fmt == "epoch" else
-             "seconds of day", how, f"; {n_bad} unusable values (0, fill or far off): those frames get no label"
-             if n_bad else "")
+    log.info(
+        "flight %s: IR times read as %s (%s)%s",
+        name,
+        "Unix epoch seconds" if fmt == "epoch" else "seconds of day",
+        how,
+        f"; {n_bad} unusable values (0, fill or far off): those frames get no label" if n_bad else "",
+    )
     if data.swath_slice[1] > rows:
-        raise DataError(f"flight {name}: data.swath_slice {data.swath_slice} needs {data.swath_slice[1]} "
-                        f"sensor rows but {path} frames have {rows}; valid: end_row <= {rows}")
+        raise DataError(
+            f"flight {name}: data.swath_slice {data.swath_slice} needs {data.swath_slice[1]} "
+            f"sensor rows but {path} frames have {rows}; valid: end_row <= {rows}"
+        )
     if cols // data.downsample < MIN_FRAME_SIDE:
-        raise DataError(f"flight {name}: {path} frames are {cols} columns wide, {cols // data.downsample} after "
-                        f"data.downsample {data.downsample}; the network's three blocks need at least {MIN_FRAME_SIDE}"
-                        + (f": set data.downsample to at most {cols // MIN_FRAME_SIDE}" if cols >= MIN_FRAME_SIDE
-                           else ": these frames are too narrow for the network"))
+        raise DataError(
+            f"flight {name}: {path} frames are {cols} columns wide, {cols // data.downsample} after "
+            f"data.downsample {data.downsample}; the network's three blocks need at least {MIN_FRAME_SIDE}"
+            + (
+                f": set data.downsample to at most {cols // MIN_FRAME_SIDE}"
+                if cols >= MIN_FRAME_SIDE
+                else ": these frames are too narrow for the network"
+            )
+        )
     return frame_t, n_frames, rows, cols
 
 
-NAV_COLUMNS = (("sza", "nav_zenith", "ict_zenith"), ("saa", "nav_azimuth", "ict_azimuth"),
-               ("lat", "nav_lat", "ict_lat"), ("lon", "nav_lon", "ict_lon"), ("heading", "nav_heading", "ict_heading"))
+NAV_COLUMNS = (
+    ("sza", "nav_zenith", "ict_zenith"),
+    ("saa", "nav_azimuth", "ict_azimuth"),
+    ("lat", "nav_lat", "ict_lat"),
+    ("lon", "nav_lon", "ict_lon"),
+    ("heading", "nav_heading", "ict_heading"),
+)
 
 
 @dataclass
 class Nav:
-    """Nav values per IR frame (NaN where unknown), the frames the file covers, and where the heading came from."""
-    values: dict                 # sza, saa, lat, lon, heading -> (n_frames,)
-    covered: np.ndarray          # (n_frames,) bool
-    heading_note: str            # "nav/trueHdg", or why there is none
+    """Nav values per IR frame (NaN where unknown), the frames the file covers, and where the heading came
+    from."""
+
+    values: dict  # sza, saa, lat, lon, heading -> (n_frames,)
+    covered: np.ndarray  # (n_frames,) bool
+    heading_note: str  # "nav/trueHdg", or why there is none
 
 
 def is_icartt(path: Path) -> bool:
@@ -286,16 +346,20 @@ def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[di
     try:
         import icartt
     except ImportError:
-        raise DataError(f"flight {flight.name}: {path} is ICARTT text; reading it needs the icartt package: "
-                        f"{install_command('icartt>=2.0')}") from None
+        raise DataError(
+            f"flight {flight.name}: {path} is ICARTT text; reading it needs the icartt package: "
+            f"{install_command('icartt>=2.0')}"
+        ) from None
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # missing normal-comment keywords: not our concern here
+            warnings.simplefilter("ignore")  # missing normal-comment keywords: not our concern here
             ds = icartt.Dataset(str(path))
         table, date = ds.data.data, dt.date(*[int(x) for x in ds.dateOfCollection])
-    except Exception as e:                           # the parser raises many types on a malformed file
-        raise DataError(f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({type(e).__name__}: {e}); "
-                        "is it a complete *_MetNav_ER2_*.ict file?") from None
+    except Exception as e:  # the parser raises many types on a malformed file
+        raise DataError(
+            f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({type(e).__name__}: {e}); "
+            "is it a complete *_MetNav_ER2_*.ict file?"
+        ) from None
     if table is None or len(table) == 0:
         raise DataError(f"flight {flight.name}: {path} holds no data records")
     present = {n.lower(): n for n in table.dtype.names}
@@ -307,28 +371,47 @@ def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[di
                 v = np.asarray(table[real], np.float64)
                 return np.where(v > FILL_BELOW, v, np.nan), real
         if required:
-            raise DataError(f"flight {flight.name}: {path} has no column {getattr(data.keys, key)!r} (data.keys.{key});"
-                            f" columns present: {', '.join(table.dtype.names)}")
+            raise DataError(
+                f"flight {flight.name}: {path} has no column {getattr(data.keys, key)!r} (data.keys.{key});"
+                f" columns present: {', '.join(table.dtype.names)}"
+            )
         return None, None
+
     seconds, _ = column("ict_time")
-    epoch = _midnight_epoch(date) + seconds           # ICARTT seconds keep counting past 24 h after midnight
+    epoch = _midnight_epoch(date) + seconds  # ICARTT seconds keep counting past 24 h after midnight
     cols = {name: column(ict)[0] for name, _, ict in NAV_COLUMNS if name != "heading"}
     heading, heading_name = column("ict_heading", required=False)
     cols["heading"] = heading
     return cols, epoch, heading_name
 
 
-def _read_hdf_nav(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[dict, np.ndarray | None, str | None]:
+def _read_hdf_nav(
+    path: Path, flight: FlightConfig, data: DataConfig
+) -> tuple[dict, np.ndarray | None, str | None]:
     k = data.keys
     with open_h5(path, flight.name) as f:
-        cols = {name: numbers(f, getattr(k, key), flight.name, key, "angles or coordinates in degrees").reshape(-1)
-                for name, key, _ in NAV_COLUMNS if name != "heading"}
+        cols = {
+            name: numbers(f, getattr(k, key), flight.name, key, "angles or coordinates in degrees").reshape(
+                -1
+            )
+            for name, key, _ in NAV_COLUMNS
+            if name != "heading"
+        }
         has_heading = bool(k.nav_heading) and k.nav_heading in f
-        cols["heading"] = (numbers(f, k.nav_heading, flight.name, "nav_heading", "a heading in degrees").reshape(-1)
-                           if has_heading else None)
-        nav_t = numbers(f, k.nav_time, flight.name, "nav_time", "times") if k.nav_time and k.nav_time in f else None
+        cols["heading"] = (
+            numbers(f, k.nav_heading, flight.name, "nav_heading", "a heading in degrees").reshape(-1)
+            if has_heading
+            else None
+        )
+        nav_t = (
+            numbers(f, k.nav_time, flight.name, "nav_time", "times")
+            if k.nav_time and k.nav_time in f
+            else None
+        )
     if nav_t is not None:
-        nav_t, _, _ = to_epoch_seconds(nav_t, "auto", flight_date(flight), f"flight {flight.name}: {path} '{k.nav_time}'")
+        nav_t, _, _ = to_epoch_seconds(
+            nav_t, "auto", flight_date(flight), f"flight {flight.name}: {path} '{k.nav_time}'"
+        )
     return cols, nav_t, k.nav_heading if has_heading else None
 
 
@@ -348,19 +431,38 @@ def read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
         cols["heading"] = np.mod(cols["heading"], 360.0)
     lengths = {v.size for v in cols.values()}
     if len(lengths) != 1:
-        raise DataError(f"flight {flight.name}: nav datasets in {path} have different lengths {sorted(lengths)}")
+        raise DataError(
+            f"flight {flight.name}: nav datasets in {path} have different lengths {sorted(lengths)}"
+        )
     n_nav = lengths.pop()
     if nav_epoch is not None:
         if nav_epoch.size != n_nav:
             raise DataError(f"flight {flight.name}: {path}: {nav_epoch.size} times for {n_nav} nav rows")
         rows, ok = match_to_frames(frame_t, nav_epoch, NAV_MATCH_TOLERANCE_S)
-        log.info("flight %s: nav records of %s matched to IR frames by time (%d of %d frames within %g s)",
-                 flight.name, path.name, int(ok.sum()), n_frames, NAV_MATCH_TOLERANCE_S)
-        return Nav({name: np.where(ok, v[rows], np.nan) for name, v in cols.items()}, np.ones(n_frames, bool), note)
-    span = (f"the first {n_frames} of its {n_nav} rows used" if n_nav > n_frames else
-            f"it covers frames 0..{n_nav - 1} of {n_frames}" if n_nav < n_frames else "same length")
-    log.info("flight %s: %s has no time axis, as in the users' files: nav row i is taken to be IR frame i (%s)",
-             flight.name, path.name, span)
+        log.info(
+            "flight %s: nav records of %s matched to IR frames by time (%d of %d frames within %g s)",
+            flight.name,
+            path.name,
+            int(ok.sum()),
+            n_frames,
+            NAV_MATCH_TOLERANCE_S,
+        )
+        return Nav(
+            {name: np.where(ok, v[rows], np.nan) for name, v in cols.items()}, np.ones(n_frames, bool), note
+        )
+    span = (
+        f"the first {n_frames} of its {n_nav} rows used"
+        if n_nav > n_frames
+        else f"it covers frames 0..{n_nav - 1} of {n_frames}"
+        if n_nav < n_frames
+        else "same length"
+    )
+    log.info(
+        "flight %s: %s has no time axis, as in the users' files: nav row i is taken to be IR frame i (%s)",
+        flight.name,
+        path.name,
+        span,
+    )
     out = {name: np.full(n_frames, np.nan) for name in cols}
     m = min(n_nav, n_frames)
     for name, v in cols.items():

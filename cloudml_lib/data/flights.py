@@ -4,10 +4,11 @@ The users keep one folder per flight (`data/10Feb25/...`), with names such as
 `GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5` (IR, date YYYYMMDD, optional revision suffix),
 `CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5` (CPL layers, date ddmmmyy) and `CRS_20250210_nav.hdf`
 (navigation, YYYYMMDD) or the public ICARTT nav `IMPACTS_MetNav_ER2_20250210_R0.ict` (preferred when
-both are there: it has a time axis). Discovery scans `data.dir` recursively, groups the files by date, names the
-flight after it (`10Feb25`), and picks the newest IR revision when there are several. A flight that
+both are there: it has a time axis). Discovery scans `data.dir` recursively, groups the files by date, names
+the flight after it (`10Feb25`), and picks the newest IR revision when there are several. A flight that
 lacks a file is listed with what is missing, and skipped only with `data.skip_incomplete_flights`.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -28,23 +29,38 @@ CPL_NAME = re.compile(r"^CPL_L2_.*Lay.*_\d{2}[a-z]{3}\d{2}\.hdf5?$", re.IGNORECA
 NAV_NAME = re.compile(r"_(\d{8})_nav\.hdf5?$", re.IGNORECASE)
 ICARTT_NAV_NAME = re.compile(r"MetNav_ER2_(\d{8})(?:_[A-Z0-9]+)*\.ict$", re.IGNORECASE)
 ROLE_WORDS = {"ir": "IR", "cpl": "CPL", "nav": "nav"}
-REMOVED_WORDS = {"bad_time": "bad time", "no_layer": "no layer", "multi_layer": "multi-layer",
-                 "out_of_range": "out of range", "over_land": "over land", "bad_surface": "surface",
-                 "unmatched": "no frame in time", "duplicate_frame": "same frame",
-                 "beyond_nav": "beyond nav", "edge_dropped": "at edges", "blank_frame": "blank frame"}
+REMOVED_WORDS = {
+    "bad_time": "bad time",
+    "no_layer": "no layer",
+    "multi_layer": "multi-layer",
+    "out_of_range": "out of range",
+    "over_land": "over land",
+    "bad_surface": "surface",
+    "unmatched": "no frame in time",
+    "duplicate_frame": "same frame",
+    "beyond_nav": "beyond nav",
+    "edge_dropped": "at edges",
+    "blank_frame": "blank frame",
+}
 
 
 @dataclass
 class FoundFlight:
     """The files of one flight date found in data.dir (paths relative to it), and what is wrong."""
+
     name: str
     date: dt.date
-    files: dict = field(default_factory=dict)         # role -> relative path
+    files: dict = field(default_factory=dict)  # role -> relative path
     problems: list = field(default_factory=list)
 
     def config(self) -> FlightConfig:
-        return FlightConfig(name=self.name, ir_file=self.files.get("ir", ""), cpl_file=self.files.get("cpl", ""),
-                            nav_file=self.files.get("nav", ""), date=self.date.isoformat())
+        return FlightConfig(
+            name=self.name,
+            ir_file=self.files.get("ir", ""),
+            cpl_file=self.files.get("cpl", ""),
+            nav_file=self.files.get("nav", ""),
+            date=self.date.isoformat(),
+        )
 
 
 def flight_name(date: dt.date) -> str:
@@ -78,12 +94,15 @@ def _pick(role: str, candidates: list[tuple[int, str]], flight: str) -> tuple[st
         candidates = [c for c in candidates if c[0] == best]
     if role == "cpl" and len(candidates) > 1:
         candidates = [c for c in candidates if "01kmlay" in c[1].lower()] or candidates
-    if role == "nav" and len(candidates) > 1:       # ICARTT text has a time axis (and a heading): matched by time
+    if role == "nav" and len(candidates) > 1:  # ICARTT text has a time axis (and a heading): matched by time
         candidates = [c for c in candidates if c[1].lower().endswith(".ict")] or candidates
     if len(candidates) == 1:
         return candidates[0][1], None
     names = ", ".join(p for _, p in candidates)
-    return None, f"several {ROLE_WORDS[role]} files ({names}); keep one, or list flight {flight} in data.flights"
+    return (
+        None,
+        f"several {ROLE_WORDS[role]} files ({names}); keep one, or list flight {flight} in data.flights",
+    )
 
 
 def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[FoundFlight]:
@@ -92,7 +111,9 @@ def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[Fou
     skip = {p.resolve() for p in skip_dirs}
     by_date: dict[dt.date, dict[str, list[tuple[int, str]]]] = {}
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and (Path(folder) / d).resolve() not in skip)
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and (Path(folder) / d).resolve() not in skip
+        )
         for name in sorted(files):
             found = classify(name)
             if found:
@@ -111,10 +132,16 @@ def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[Fou
             if chosen:
                 f.files[role] = chosen
                 if role == "nav" and len(candidates) > 1:
-                    log.info("flight %s: using the ICARTT nav %s (it has a time axis) rather than %s", f.name, chosen,
-                             ", ".join(p for _, p in candidates if p != chosen))
+                    log.info(
+                        "flight %s: using the ICARTT nav %s (it has a time axis) rather than %s",
+                        f.name,
+                        chosen,
+                        ", ".join(p for _, p in candidates if p != chosen),
+                    )
                 if role == "ir" and len(candidates) > 1:
-                    log.info("flight %s: using %s, the newest of %d IR revisions", f.name, chosen, len(candidates))
+                    log.info(
+                        "flight %s: using %s, the newest of %d IR revisions", f.name, chosen, len(candidates)
+                    )
             else:
                 f.problems.append(problem)
         flights.append(f)
@@ -139,28 +166,39 @@ def _found_from_config(data: DataConfig) -> list[FoundFlight]:
     return out
 
 
-def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (),
-                    check_names: bool = True) -> tuple[DataConfig, list[FoundFlight]]:
+def resolve_flights(
+    data: DataConfig, skip_dirs: tuple[Path, ...] = (), check_names: bool = True
+) -> tuple[DataConfig, list[FoundFlight]]:
     """(`data` with data.flights the complete flights, listed or found, and their names checked; the flights
     skipped as incomplete). `data` itself is not changed. Raises DataError naming every incomplete flight and
     what it lacks (unless data.skip_incomplete_flights), and ConfigError for names that do not exist.
     """
     explicit = bool(data.flights)
     if not Path(data.dir).is_dir():
-        raise DataError(f"data.dir {data.dir} does not exist or is not a folder. Point data.dir (or --data-dir) "
-                        "at the folder holding your flights; in Colab, check that Google Drive is mounted.")
+        raise DataError(
+            f"data.dir {data.dir} does not exist or is not a folder. Point data.dir (or --data-dir) "
+            "at the folder holding your flights; in Colab, check that Google Drive is mounted."
+        )
     found = _found_from_config(data) if explicit else find_flights(data, skip_dirs)
     if not found:
-        raise DataError(f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; expected names "
-                        "like GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5, CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5 "
-                        "and CRS_20250210_nav.hdf. Check data.dir, or list the flights in data.flights.")
+        raise DataError(
+            f"no ER-2 flight files found in data.dir ({data.dir}) or its sub-folders; expected names "
+            "like GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5, CPL_L2_V1-02_01kmLay_259015_10feb25.hdf5 "
+            "and CRS_20250210_nav.hdf. Check data.dir, or list the flights in data.flights."
+        )
     incomplete = [f for f in found if f.problems]
     if incomplete and not data.skip_incomplete_flights:
-        advice = ("Put each missing file in place, fix its name in data.flights, or remove the flight from "
-                  "data.flights" if explicit else f"Add each missing file to data.dir ({data.dir}; any sub-folder)")
-        raise DataError(f"{len(incomplete)} of {len(found)} flights lack files:\n"
-                        + format_table(found_rows(found), FOUND_HEADER)
-                        + f"\n{advice}; or set data.skip_incomplete_flights: true to train without those flights.")
+        advice = (
+            "Put each missing file in place, fix its name in data.flights, or remove the flight from "
+            "data.flights"
+            if explicit
+            else f"Add each missing file to data.dir ({data.dir}; any sub-folder)"
+        )
+        raise DataError(
+            f"{len(incomplete)} of {len(found)} flights lack files:\n"
+            + format_table(found_rows(found), FOUND_HEADER)
+            + f"\n{advice}; or set data.skip_incomplete_flights: true to train without those flights."
+        )
     for f in incomplete:
         log.warning("flight %s skipped: %s (data.skip_incomplete_flights)", f.name, "; ".join(f.problems))
     complete = [f for f in found if not f.problems]
@@ -169,8 +207,10 @@ def resolve_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = (),
         for role, rel in f.files.items():
             path = (Path(data.dir) / rel).resolve()
             if path in owners:
-                raise ConfigError(f"data.flights: flights {owners[path]} and {f.name} use the same {ROLE_WORDS[role]} "
-                                  f"file {rel}; its samples would be trained twice. Give each flight its own files.")
+                raise ConfigError(
+                    f"data.flights: flights {owners[path]} and {f.name} use the same {ROLE_WORDS[role]} "
+                    f"file {rel}; its samples would be trained twice. Give each flight its own files."
+                )
             owners[path] = f.name
     if not explicit:
         data = replace(data, flights=[f.config() for f in complete])
@@ -196,8 +236,13 @@ def ensure_demo_flights(data: DataConfig) -> DataConfig:
     marker = Path(data.dir) / synthetic.VERSION_FILE
     old = marker.is_file() and marker.read_text().strip() != str(synthetic.DEMO_VERSION)
     if old:
-        log.info("data.demo: the demo flights in %s were written by an earlier CloudML (demo version %s, now %d); "
-                 "writing them again", data.dir, marker.read_text().strip(), synthetic.DEMO_VERSION)
+        log.info(
+            "data.demo: the demo flights in %s were written by an earlier CloudML (demo version %s, now %d); "
+            "writing them again",
+            data.dir,
+            marker.read_text().strip(),
+            synthetic.DEMO_VERSION,
+        )
     if old or (not data.flights and not (Path(data.dir).is_dir() and find_flights(data))):
         log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
         synthetic.make_demo_flights(data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED)
@@ -226,14 +271,33 @@ def resolve_config(cfg: Config, check_names: bool = True) -> tuple[Config, list[
 # ------------------------------------------------------------------------------------ the table
 
 FOUND_HEADER = ["flight", "IR file", "CPL file", "nav file", "status"]
-HEADER = ["flight", "IR file", "CPL file", "nav file", "frames", "lidar profiles", "labels kept", "removed by filter",
-          "matched in camera span", "|dt| median / p95", "flips"]
-NOTE_AFTER = 48          # a problem longer than this goes under the table as a numbered note
+HEADER = [
+    "flight",
+    "IR file",
+    "CPL file",
+    "nav file",
+    "frames",
+    "lidar profiles",
+    "labels kept",
+    "removed by filter",
+    "matched in camera span",
+    "|dt| median / p95",
+    "flips",
+]
+NOTE_AFTER = 48  # a problem longer than this goes under the table as a numbered note
 
 
 def found_rows(found: list[FoundFlight]) -> list[list[str]]:
-    return [[f.name, f.files.get("ir", "-"), f.files.get("cpl", "-"), f.files.get("nav", "-"),
-             "; ".join(f.problems) if f.problems else "complete"] for f in found]
+    return [
+        [
+            f.name,
+            f.files.get("ir", "-"),
+            f.files.get("cpl", "-"),
+            f.files.get("nav", "-"),
+            "; ".join(f.problems) if f.problems else "complete",
+        ]
+        for f in found
+    ]
 
 
 def _removed(counts: dict) -> str:
@@ -276,19 +340,36 @@ class Notes(list):
         return "\n".join(f"{i}. {t}" if markdown else f"  ({i}) {t}" for i, t in enumerate(self, 1))
 
 
-def summary_rows(data: DataConfig, caches: list, skipped: list[FoundFlight],
-                 notes: Notes | None = None) -> list[list[str]]:
-    """One row per flight: its files, frames, lidar profiles, labels kept and labels removed by each filter."""
+def summary_rows(
+    data: DataConfig, caches: list, skipped: list[FoundFlight], notes: Notes | None = None
+) -> list[list[str]]:
+    """One row per flight: its files, frames, lidar profiles, labels kept and labels removed by each
+    filter."""
     notes = Notes() if notes is None else notes
     files = {f.name: {"ir": f.ir_file, "cpl": f.cpl_file, "nav": f.nav_file} for f in data.flights}
-    rows = [[c.name] + _file_cells(files.get(c.name, {})) + [str(c.meta["n_frames"]), str(c.meta["counts"]["profiles"]),
-                                                               str(c.meta["counts"]["samples"]),
-                                                               _removed(c.meta["counts"])]
-            + _match_cells(c.meta.get("match"))
-            + [flip_cell(c.meta["counts"].get("no_heading"), c.meta["counts"]["samples"], c.meta.get("heading", ""))]
-            for c in caches]
-    return rows + [[f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems)),
-                                                      "-", "-", "-"] for f in skipped]
+    rows = [
+        [c.name]
+        + _file_cells(files.get(c.name, {}))
+        + [
+            str(c.meta["n_frames"]),
+            str(c.meta["counts"]["profiles"]),
+            str(c.meta["counts"]["samples"]),
+            _removed(c.meta["counts"]),
+        ]
+        + _match_cells(c.meta.get("match"))
+        + [
+            flip_cell(
+                c.meta["counts"].get("no_heading"), c.meta["counts"]["samples"], c.meta.get("heading", "")
+            )
+        ]
+        for c in caches
+    ]
+    return rows + [
+        [f.name]
+        + _file_cells(f.files)
+        + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems)), "-", "-", "-"]
+        for f in skipped
+    ]
 
 
 def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[str]], bool]:
@@ -299,30 +380,46 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
     rows, ok = [], bool(found)
     for f in found:
         if f.problems:
-            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-", notes.cell("missing", "; ".join(f.problems)),
-                                                           "-", "-", "-"])
+            rows.append(
+                [f.name]
+                + _file_cells(f.files)
+                + ["-", "-", "-", notes.cell("missing", "; ".join(f.problems)), "-", "-", "-"]
+            )
             ok = False
             continue
         try:
-            labels = cpl.read_flight_labels(f.config() if not data.flights else
-                                            next(x for x in data.flights if x.name == f.name), data)
-            rows.append([f.name] + _file_cells(f.files) + [str(labels.n_frames), str(labels.counts["profiles"]),
-                                                           str(labels.heights), _removed(labels.counts)]
-                        + _match_cells(labels.match)
-                        + [flip_cell(labels.counts["no_heading"], labels.heights, labels.heading_note)])
+            labels = cpl.read_flight_labels(
+                f.config() if not data.flights else next(x for x in data.flights if x.name == f.name), data
+            )
+            rows.append(
+                [f.name]
+                + _file_cells(f.files)
+                + [
+                    str(labels.n_frames),
+                    str(labels.counts["profiles"]),
+                    str(labels.heights),
+                    _removed(labels.counts),
+                ]
+                + _match_cells(labels.match)
+                + [flip_cell(labels.counts["no_heading"], labels.heights, labels.heading_note)]
+            )
         except DataError as e:
-            rows.append([f.name] + _file_cells(f.files) + ["-", "-", "-",
-                                                           notes.cell("not usable", str(e).split(": ", 1)[-1]), "-", "-",
-                                                           "-"])
+            rows.append(
+                [f.name]
+                + _file_cells(f.files)
+                + ["-", "-", "-", notes.cell("not usable", str(e).split(": ", 1)[-1]), "-", "-", "-"]
+            )
             ok = False
     return rows, ok
 
 
 def format_table(rows: list[list[str]], header: list[str] = HEADER, markdown: bool = False) -> str:
-    if markdown:                  # file names (and glob patterns) in code spans: * and _ stay literal
+    if markdown:  # file names (and glob patterns) in code spans: * and _ stay literal
         code = lambda i, x: f"`{x}`" if 1 <= i <= 3 and x not in ("-", "?") else x  # noqa: E731
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(lines + ["| " + " | ".join(code(i, str(x)) for i, x in enumerate(r)) + " |" for r in rows])
+        return "\n".join(
+            lines + ["| " + " | ".join(code(i, str(x)) for i, x in enumerate(r)) + " |" for r in rows]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])

@@ -14,6 +14,7 @@ a bounded number of blocks is in flight (memory stays flat whatever a flight's l
 are prepared while the caller works on the current one. The workers ignore Ctrl-C (the parent stops them)
 and leave on their own when the parent dies (SIGKILL included): no orphans.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,15 +41,18 @@ from cloudml_lib.errors import ConfigError, DataError, install_command
 
 log = logging.getLogger(__name__)
 
-BLOCK_FRAMES = 32          # frames one worker task reads and preprocesses (~0.6 s at the real size on one core)
-READ_RUN = 32              # consecutive frames read from HDF5 at once
-KORNIA_CLIP_SCALE = 256.0  # kornia's clip limit is per histogram bin (OpenCV's), scikit-image's a share of the tile
-KORNIA_GRID = (8, 8)       # scikit-image's default kernel is 1/8 of each side: 8 x 8 tiles
+BLOCK_FRAMES = 32  # frames one worker task reads and preprocesses (~0.6 s at the real size on one core)
+READ_RUN = 32  # consecutive frames read from HDF5 at once
+KORNIA_CLIP_SCALE = (
+    256.0  # kornia's clip limit is per histogram bin (OpenCV's), scikit-image's a share of the tile
+)
+KORNIA_GRID = (8, 8)  # scikit-image's default kernel is 1/8 of each side: 8 x 8 tiles
 WORKER_NICENESS = 10
 
 
 class FrameSpec(NamedTuple):
     """What preprocessing needs from the config; small and picklable for the workers."""
+
     row0: int
     row1: int
     downsample: int
@@ -56,23 +60,28 @@ class FrameSpec(NamedTuple):
 
     @classmethod
     def of(cls, data: DataConfig) -> FrameSpec:
-        return cls(int(data.swath_slice[0]), int(data.swath_slice[1]), int(data.downsample),
-                   float(data.clahe_clip_limit))
+        return cls(
+            int(data.swath_slice[0]),
+            int(data.swath_slice[1]),
+            int(data.downsample),
+            float(data.clahe_clip_limit),
+        )
 
 
 class Block(NamedTuple):
     """Consecutive items of a `FramePool.blocks` stream."""
-    index: np.ndarray        # (n,) raw frame indices
-    frames: np.ndarray       # (n, H, W) float16, as cached; zeros for a blank frame
-    filled: np.ndarray       # (n,) non-finite pixels filled per frame
-    blank: np.ndarray        # (n,) bool
-    p10: np.ndarray          # (n,) float32, frame_p10 of the raw frame
+
+    index: np.ndarray  # (n,) raw frame indices
+    frames: np.ndarray  # (n, H, W) float16, as cached; zeros for a blank frame
+    filled: np.ndarray  # (n,) non-finite pixels filled per frame
+    blank: np.ndarray  # (n,) bool
+    p10: np.ndarray  # (n,) float32, frame_p10 of the raw frame
 
 
 @dataclass(frozen=True)
 class Backend:
-    name: str                # skimage | kornia
-    device: str              # cpu | cuda
+    name: str  # skimage | kornia
+    device: str  # cpu | cuda
 
     def __str__(self) -> str:
         return f"{self.name} on {self.device}"
@@ -88,7 +97,7 @@ def output_shape(spec: FrameSpec, columns: int) -> tuple[int, int]:
 def prepare(raw: np.ndarray, spec: FrameSpec) -> tuple[np.ndarray, int, bool]:
     """(x, filled, blank): the cropped, filled, block-averaged frame min-maxed to [0, 1] (float32); a blank
     frame (no finite pixel, or no contrast at all) comes out as zeros."""
-    x = np.asarray(raw[spec.row0:spec.row1], dtype=np.float32)
+    x = np.asarray(raw[spec.row0 : spec.row1], dtype=np.float32)
     bad = ~np.isfinite(x)
     n_bad = int(bad.sum())
     k = spec.downsample
@@ -119,9 +128,10 @@ def equalise_skimage(x: np.ndarray, clip_limit: float) -> np.ndarray:
 
 def frame_p10(raw: np.ndarray, data: DataConfig | FrameSpec) -> float:
     """The 10th percentile of a raw frame's finite values in the swath (the file's units): cold cloud pixels
-    pull it down. The brightness-temperature baseline of cloud / no-cloud thresholds it; NaN for a blank frame."""
+    pull it down. The brightness-temperature baseline of cloud / no-cloud thresholds it; NaN for a blank
+    frame."""
     spec = data if isinstance(data, FrameSpec) else FrameSpec.of(data)
-    x = np.asarray(raw[spec.row0:spec.row1], dtype=np.float32)
+    x = np.asarray(raw[spec.row0 : spec.row1], dtype=np.float32)
     x = x[np.isfinite(x)]
     return float(np.percentile(x, 10)) if x.size else float("nan")
 
@@ -131,7 +141,7 @@ def equalise_torch(x: np.ndarray, blank: np.ndarray, clip_limit: float, device: 
     import kornia
     import torch
 
-    t = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device)[:, None]      # (n, 1, H, W)
+    t = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device)[:, None]  # (n, 1, H, W)
     if clip_limit > 0:
         t = kornia.enhance.equalize_clahe(t, clip_limit=clip_limit * KORNIA_CLIP_SCALE, grid_size=KORNIA_GRID)
     mean = t.mean(dim=(2, 3), keepdim=True)
@@ -151,10 +161,10 @@ def read_block(path: str, key: str, flight: str, index: np.ndarray, spec: FrameS
         signal_ = er2.dataset(f, key, flight, "data.keys.ir_signal")
         i = 0
         while i < n:
-            j = i + 1                                          # a run of consecutive frames, read at once
+            j = i + 1  # a run of consecutive frames, read at once
             while j < n and j - i < READ_RUN and index[j] == index[j - 1] + 1:
                 j += 1
-            run = signal_[int(index[i]):int(index[j - 1]) + 1]
+            run = signal_[int(index[i]) : int(index[j - 1]) + 1]
             for r in range(j - i):
                 x, filled[i + r], blank[i + r] = prepare(run[r], spec)
                 p10[i + r] = frame_p10(run[r], spec)
@@ -169,7 +179,7 @@ def _worker_start(parent: int) -> None:
     """In each worker: Ctrl-C is the parent's to handle (it stops the workers), and a worker whose parent
     is gone (killed, even by SIGKILL) exits within a second instead of waiting on its queue forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # stopped by the parent: quietly, not the CLI's handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the parent: quietly, not the CLI's handler
     # below the main process: on a CPU that also runs the network (predict), its threads come first and
     # the workers fill the idle moments; with nothing else to run (a cache build) this changes nothing
     os.nice(WORKER_NICENESS)
@@ -185,7 +195,7 @@ def _worker_start(parent: int) -> None:
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
-    except AttributeError:                                     # not Linux
+    except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
 
@@ -204,7 +214,7 @@ class FramePool:
 
     def __init__(self, workers: int = 0):
         self.workers = int(workers)
-        self.submitted = 0                   # frames handed to the workers so far (tests watch the read-ahead)
+        self.submitted = 0  # frames handed to the workers so far (tests watch the read-ahead)
         self._procs: list = []
         self._pipes: list = []
 
@@ -214,43 +224,54 @@ class FramePool:
     def __exit__(self, kind, value, tb) -> None:
         self.close(kill=kind is not None)
 
-    def blocks(self, path: Path, key: str, flight: str, index: np.ndarray, spec: FrameSpec, backend: Backend,
-               ahead: int = 0) -> Iterator[Block]:
+    def blocks(
+        self,
+        path: Path,
+        key: str,
+        flight: str,
+        index: np.ndarray,
+        spec: FrameSpec,
+        backend: Backend,
+        ahead: int = 0,
+    ) -> Iterator[Block]:
         """The frames `index` (sorted) of one IR file, preprocessed, in blocks, in order. `ahead`: frames to
         keep in preparation beyond the block being consumed (predict: one model block)."""
-        chunks = [index[i:i + BLOCK_FRAMES] for i in range(0, len(index), BLOCK_FRAMES)]
+        chunks = [index[i : i + BLOCK_FRAMES] for i in range(0, len(index), BLOCK_FRAMES)]
         equalise = backend.name == "skimage"
         stream = self._stream((str(path), key, flight), chunks, spec, equalise, ahead)
         try:
             for block in stream:
                 if not equalise:
-                    block = block._replace(frames=equalise_torch(block.frames, block.blank, spec.clip_limit,
-                                                                 backend.device))
+                    block = block._replace(
+                        frames=equalise_torch(block.frames, block.blank, spec.clip_limit, backend.device)
+                    )
                 yield block
         finally:
             stream.close()
 
-    def _stream(self, where: tuple, chunks: list, spec: FrameSpec, equalise: bool, ahead: int) -> Iterator[Block]:
+    def _stream(
+        self, where: tuple, chunks: list, spec: FrameSpec, equalise: bool, ahead: int
+    ) -> Iterator[Block]:
         if self.workers < 1 or len(chunks) < 2 or not self._start():
             for chunk in chunks:
                 self.submitted += len(chunk)
                 yield read_block(*where, chunk, spec, equalise)
             return
         n = len(self._procs)
-        depth = max(2 * n, math.ceil(ahead / BLOCK_FRAMES) + n)        # blocks in flight, all workers together
+        depth = max(2 * n, math.ceil(ahead / BLOCK_FRAMES) + n)  # blocks in flight, all workers together
         sent = 0
         try:
             for k in range(len(chunks)):
                 while sent < len(chunks) and sent - k < depth:
                     try:
                         self._pipes[sent % n].send((*where, chunks[sent], spec, equalise))
-                    except OSError:                    # its worker is gone (the pipe is reset)
+                    except OSError:  # its worker is gone (the pipe is reset)
                         raise self._died(sent % n, where[2]) from None
                     self.submitted += len(chunks[sent])
                     sent += 1
                 yield self._receive(k % n, where[2])
         except BaseException:
-            self.close(kill=True)            # Ctrl-C, SIGTERM, an error, or the consumer stopping early
+            self.close(kill=True)  # Ctrl-C, SIGTERM, an error, or the consumer stopping early
             raise
 
     def _receive(self, i: int, flight: str) -> Block:
@@ -260,7 +281,7 @@ class FramePool:
             if not pipe.poll():
                 raise EOFError
             kind, value = pipe.recv()
-        except (EOFError, OSError):          # the worker is gone without an answer (its pipe ended or reset)
+        except (EOFError, OSError):  # the worker is gone without an answer (its pipe ended or reset)
             raise self._died(i, flight) from None
         if kind == "error":
             raise value
@@ -270,9 +291,11 @@ class FramePool:
         proc = self._procs[i]
         proc.join(timeout=1)
         self.close(kill=True)
-        return DataError(f"flight {flight}: a preprocessing worker process died (exit {proc.exitcode}; out of host "
-                         "memory?). Set data.preprocess_workers to fewer processes (0: none, in the main process), "
-                         "then run the same command again; nothing finished is lost.")
+        return DataError(
+            f"flight {flight}: a preprocessing worker process died (exit {proc.exitcode}; out of host "
+            "memory?). Set data.preprocess_workers to fewer processes (0: none, in the main process), "
+            "then run the same command again; nothing finished is lost."
+        )
 
     def _start(self) -> bool:
         """Workers running (started now if needed); False (and from then on no workers, said) where processes
@@ -290,24 +313,33 @@ class FramePool:
                 for _ in range(self.workers):
                     mine, theirs = ctx.Pipe()
                     # the child closes its copies of the main process's ends, or a closed pipe would never end
-                    proc = ctx.Process(target=_worker_main, args=(os.getpid(), theirs, [*self._pipes, mine]),
-                                       daemon=True, name="cloudml-preprocess")
+                    proc = ctx.Process(
+                        target=_worker_main,
+                        args=(os.getpid(), theirs, [*self._pipes, mine]),
+                        daemon=True,
+                        name="cloudml-preprocess",
+                    )
                     proc.start()
                     theirs.close()
                     self._procs.append(proc)
                     self._pipes.append(mine)
-        except OSError as e:                                   # e.g. a process or memory limit of the machine
-            log.warning("could not start %d preprocessing worker processes (%s); preprocessing in this process "
-                        "instead (slower). Set data.preprocess_workers: 0 to skip trying.", self.workers, e)
+        except OSError as e:  # e.g. a process or memory limit of the machine
+            log.warning(
+                "could not start %d preprocessing worker processes (%s); preprocessing in this process "
+                "instead (slower). Set data.preprocess_workers: 0 to skip trying.",
+                self.workers,
+                e,
+            )
             self.close(kill=True)
             self.workers = 0
             return False
         return True
 
     def close(self, kill: bool = False) -> None:
-        """Stop the workers: after their current block (they read the end of their pipe), or at once (`kill`)."""
+        """Stop the workers: after their current block (they read the end of their pipe), or at once
+        (`kill`)."""
         procs, pipes, self._procs, self._pipes = self._procs, self._pipes, [], []
-        for proc in procs:                   # before the pipes close, or a worker mid-send meets a broken pipe
+        for proc in procs:  # before the pipes close, or a worker mid-send meets a broken pipe
             if kill and proc.is_alive():
                 proc.terminate()
         for pipe in pipes:
@@ -332,10 +364,10 @@ def _worker_main(parent: int, pipe, inherited: list) -> None:
         try:
             try:
                 result = ("ok", read_block(*task))
-            except Exception as e:          # a bad file or frame: raised in the main process, naming it
+            except Exception as e:  # a bad file or frame: raised in the main process, naming it
                 result = ("error", e if _picklable(e) else DataError(f"{type(e).__name__}: {e}"))
             pipe.send(result)
-        except OSError:                     # the main process closed the pipe: it is stopping
+        except OSError:  # the main process closed the pipe: it is stopping
             return
 
 
@@ -356,11 +388,16 @@ def resolve_backend(setting: str, trained: str | None = None) -> Backend:
     kornia_ok = has_kornia()
     if setting == "cuda":
         if not cuda:
-            raise ConfigError("data.preprocess_device: cuda, but this machine has no CUDA GPU that torch can use; "
-                              "set it to auto or cpu")
+            raise ConfigError(
+                "data.preprocess_device: cuda, but this machine has no CUDA GPU that torch can use; "
+                "set it to auto or cpu"
+            )
         if not kornia_ok:
-            raise ConfigError(f"data.preprocess_device: cuda needs the kornia package ({install_command('kornia')}); or set it "
-                              "to auto or cpu (scikit-image on the CPU cores)")
+            raise ConfigError(
+                f"data.preprocess_device: cuda needs the kornia package ({install_command('kornia')}); or "
+                "set it "
+                "to auto or cpu (scikit-image on the CPU cores)"
+            )
         chosen = Backend("kornia", "cuda")
     elif setting == "cpu":
         chosen = SKIMAGE
@@ -371,15 +408,22 @@ def resolve_backend(setting: str, trained: str | None = None) -> Backend:
     else:
         chosen = Backend("kornia", "cuda") if cuda and kornia_ok else SKIMAGE
         if cuda and not kornia_ok:
-            log.info("preprocessing on the CPU cores (scikit-image); %s to equalise the frames on the GPU",
-                     install_command("kornia"))
+            log.info(
+                "preprocessing on the CPU cores (scikit-image); %s to equalise the frames on the GPU",
+                install_command("kornia"),
+            )
     if trained and chosen.name != trained:
-        log.warning("the model was trained on frames equalised by %s, but %s is used now (data.preprocess_device: "
-                    "%s%s). The frames differ slightly, and a model can lose most of its accuracy on the other "
-                    "backend's frames (the demo's did: benchmarks/RESULTS.md). Use data.preprocess_device: auto%s to "
-                    "match the training.", trained, chosen.name,
-                    setting, "" if kornia_ok or trained != "kornia" else ", and kornia is not installed",
-                    f" (and {install_command('kornia')})" if trained == "kornia" and not kornia_ok else "")
+        log.warning(
+            "the model was trained on frames equalised by %s, but %s is used now (data.preprocess_device: "
+            "%s%s). The frames differ slightly, and a model can lose most of its accuracy on the other "
+            "backend's frames (the demo's did: benchmarks/RESULTS.md). Use data.preprocess_device: auto%s to "
+            "match the training.",
+            trained,
+            chosen.name,
+            setting,
+            "" if kornia_ok or trained != "kornia" else ", and kornia is not installed",
+            f" (and {install_command('kornia')})" if trained == "kornia" and not kornia_ok else "",
+        )
     return chosen
 
 

@@ -46,6 +46,7 @@ The scene (all sizes scale with the frame width; "px" is one camera pixel at nad
   the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude fill value
   or above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
 """
+
 from __future__ import annotations
 
 import calendar
@@ -66,24 +67,29 @@ AIRCRAFT_ALTITUDE_KM = 20.0
 AIRCRAFT_SPEED_KM_S = 0.2
 SWATH_KM = 24.0
 LAPSE_RATE_K_PER_KM = 6.5
-CIRRUS_K = 225.0                                  # cirrus at 8-11 km
-COUNTS_PER_K, COUNTS_ZERO_K = 100.0, 180.0       # IR counts = 100 x (T - 180 K), big-endian uint16
-PROFILE_SPACING_S = 5.0                           # one averaged CPL profile every ~5 s (1 km)
+CIRRUS_K = 225.0  # cirrus at 8-11 km
+COUNTS_PER_K, COUNTS_ZERO_K = 100.0, 180.0  # IR counts = 100 x (T - 180 K), big-endian uint16
+PROFILE_SPACING_S = 5.0  # one averaged CPL profile every ~5 s (1 km)
 REVISIONS = ("-003", "", "-005", "-008", "-003")  # IR file name suffixes, as in the users' folders
 
 # Per-flight sun and height settings: (sza centre deg, saa centre deg, mean height km).
 # Spread so that the held-out flight (the third) lies inside the training flights' range.
 FLIGHT_SETTINGS = (
-    (28.0, 135.0, 0.75), (55.0, 210.0, 1.05), (42.0, 160.0, 0.95),
-    (35.0, 240.0, 1.20), (48.0, 120.0, 0.70), (32.0, 190.0, 0.90),
-    (58.0, 150.0, 1.10), (45.0, 225.0, 0.80),
+    (28.0, 135.0, 0.75),
+    (55.0, 210.0, 1.05),
+    (42.0, 160.0, 0.95),
+    (35.0, 240.0, 1.20),
+    (48.0, 120.0, 0.70),
+    (32.0, 190.0, 0.90),
+    (58.0, 150.0, 1.10),
+    (45.0, 225.0, 0.80),
 )
 DEMO_VALIDATION_INDEX = 2
-DEMO_VERSION = 2                     # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud)
-VERSION_FILE = ".cloudml_demo_version"   # written beside the flights; an older one is rewritten
+DEMO_VERSION = 2  # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud)
+VERSION_FILE = ".cloudml_demo_version"  # written beside the flights; an older one is rewritten
 DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
-DEMO_FRAME_SHAPE = (80, 96)          # raw sensor rows x columns of the demo camera
-ICARTT_NAV_INDEX = 4                 # this demo flight's navigation is ICARTT text with a time axis
+DEMO_FRAME_SHAPE = (80, 96)  # raw sensor rows x columns of the demo camera
+ICARTT_NAV_INDEX = 4  # this demo flight's navigation is ICARTT text with a time axis
 
 
 def demo_flight_names(n_flights: int, dates: list[dt.date] | None = None) -> list[tuple[str, dt.date]]:
@@ -97,19 +103,24 @@ def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> l
     for i, (name, date) in enumerate(demo_flight_names(n_flights, dates)):
         cpl_date = er2.cpl_file_date(date)
         campaign = "GLOVE2025" if date.year >= 2025 else "WHYMSIE2024"
-        entries.append({
-            "name": name,
-            "ir_file": f"{name}/{campaign}_IRAI_L1B_Rev-_{date:%Y%m%d}{REVISIONS[i % len(REVISIONS)]}.h5",
-            "cpl_file": f"{name}/CPL_L2_V1-02_01kmLay_{900001 + i}_{cpl_date}.hdf5",
-            "nav_file": (f"{name}/{campaign}_MetNav_ER2_{date:%Y%m%d}_R0.ict" if i == ICARTT_NAV_INDEX
-                         else f"{name}/CRS_{date:%Y%m%d}_nav.hdf"),
-        })
+        entries.append(
+            {
+                "name": name,
+                "ir_file": f"{name}/{campaign}_IRAI_L1B_Rev-_{date:%Y%m%d}{REVISIONS[i % len(REVISIONS)]}.h5",
+                "cpl_file": f"{name}/CPL_L2_V1-02_01kmLay_{900001 + i}_{cpl_date}.hdf5",
+                "nav_file": (
+                    f"{name}/{campaign}_MetNav_ER2_{date:%Y%m%d}_R0.ict"
+                    if i == ICARTT_NAV_INDEX
+                    else f"{name}/CRS_{date:%Y%m%d}_nav.hdf"
+                ),
+            }
+        )
     return entries
 
 
 def _smooth_series(rng: np.random.Generator, n: int, sigma: float) -> np.ndarray:
     """Zero-mean, unit-std noise smoothed over `sigma` samples."""
-    x = ndimage.gaussian_filter1d(rng.standard_normal(n + 6 * int(sigma)), sigma)[3 * int(sigma):][:n]
+    x = ndimage.gaussian_filter1d(rng.standard_normal(n + 6 * int(sigma)), sigma)[3 * int(sigma) :][:n]
     return (x - x.mean()) / (x.std() + 1e-9)
 
 
@@ -128,15 +139,16 @@ def track_heading(rng: np.random.Generator, n: int, start_deg: float) -> np.ndar
     while k < n:
         turn = rng.uniform(60.0, 150.0) * rng.choice([-1.0, 1.0])
         length = int(abs(turn) / 3.0)
-        rate[k:k + length] = np.sign(turn) * 3.0
+        rate[k : k + length] = np.sign(turn) * 3.0
         k += length + int(rng.integers(240, 480))
     return (start_deg + np.cumsum(rate)) % 360.0
 
 
-def scene_layers(field: np.ndarray, cam_row: float, rows: int, cols: int, h_km: float, sza_deg: float,
-                 rel_az_deg: float) -> tuple[np.ndarray, np.ndarray]:
-    """Cloud and shadow opacity (rows, cols) seen by the camera over `field`, the cloud layer in the aircraft's
-    frame (rows along-track, the camera's centre column at the field's centre column).
+def scene_layers(
+    field: np.ndarray, cam_row: float, rows: int, cols: int, h_km: float, sza_deg: float, rel_az_deg: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cloud and shadow opacity (rows, cols) seen by the camera over `field`, the cloud layer in the
+    aircraft's frame (rows along-track, the camera's centre column at the field's centre column).
 
     The cloud layer is nearer the camera than the sea: magnified by H / (H - h), and moving across the
     frame faster (parallax). Its shadow on the sea at ground point g comes from the cloud at g + d toward
@@ -150,8 +162,9 @@ def scene_layers(field: np.ndarray, cam_row: float, rows: int, cols: int, h_km: 
     cloud = ndimage.map_coordinates(field, [cam_row + u_r * shrink, centre_c + u_c * shrink], order=1)
     d_px = h_km * np.tan(np.radians(sza_deg)) / px_km
     az = np.radians(rel_az_deg)
-    shadow = ndimage.map_coordinates(field, [cam_row + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)],
-                                     order=1)
+    shadow = ndimage.map_coordinates(
+        field, [cam_row + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)], order=1
+    )
     return cloud, shadow
 
 
@@ -169,15 +182,23 @@ def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg
     frames = np.empty((n_frames, rows, cols), np.float32)
     for k in range(n_frames):
         h = float(height_km[k])
-        cloud, shadow = scene_layers(field, margin + rows / 2 + k * speed_px, rows, cols, h, float(sza_deg[k]),
-                                     float(rel_az_deg[k]))
+        cloud, shadow = scene_layers(
+            field, margin + rows / 2 + k * speed_px, rows, cols, h, float(sza_deg[k]), float(rel_az_deg[k])
+        )
         cloud, shadow = cloudy[k] * cloud, cloudy[k] * shadow
         t_cloud = 290.0 - 1.0 - LAPSE_RATE_K_PER_KM * (h + 0.3)
         ground = sea - 1.5 * shadow
         below = (1 - cloud) * ground + cloud * t_cloud
-        if cirrus[k] > 0:           # streaks: the cloud field stretched along-track, far from the low cloud's part
-            streak = ndimage.map_coordinates(field, [(margin + rows / 2 + k * speed_px + u_r * 0.25) % field.shape[0],
-                                                     (field.shape[1] - 1) / 2 - u_c * 1.5], order=1, mode="wrap")
+        if cirrus[k] > 0:  # streaks: the cloud field stretched along-track, far from the low cloud's part
+            streak = ndimage.map_coordinates(
+                field,
+                [
+                    (margin + rows / 2 + k * speed_px + u_r * 0.25) % field.shape[0],
+                    (field.shape[1] - 1) / 2 - u_c * 1.5,
+                ],
+                order=1,
+                mode="wrap",
+            )
             emissivity = cirrus[k] * (0.4 + 0.6 * streak)
             below = (1 - emissivity) * below + emissivity * CIRRUS_K
         frames[k] = below + rng.normal(0.0, 0.15, (rows, cols))
@@ -187,12 +208,12 @@ def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg
 def _profiles(rng, t0: float, n_frames: int, height, cloudy, cirrus_frames, sza, saa) -> dict:
     """CPL layer profiles every ~5 s from 20 s before the camera to 20 s after it, in the real shapes."""
     t = np.arange(t0 - 20.0, t0 + n_frames + 20.0, PROFILE_SPACING_S) + rng.uniform(-0.3, 0.3)
-    dup = np.flatnonzero(rng.random(t.size) < 0.02)                  # duplicated profile times occur
+    dup = np.flatnonzero(rng.random(t.size) < 0.02)  # duplicated profile times occur
     t = np.sort(np.concatenate([t, t[dup]]))
     n = t.size
-    k = np.clip(np.round(t - t0).astype(int), 0, n_frames - 1)       # the frame under each profile
+    k = np.clip(np.round(t - t0).astype(int), 0, n_frames - 1)  # the frame under each profile
     base, top = np.full((n, 10), -9999.0, np.float32), np.full((n, 10), -9999.0, np.float32)
-    low = np.round((height[k] + rng.normal(0.0, 0.02, n)) / 0.03) * 0.03       # 30 m steps
+    low = np.round((height[k] + rng.normal(0.0, 0.02, n)) / 0.03) * 0.03  # 30 m steps
     cirrus = cirrus_frames[k] > 0
     cirrus_base = np.round(rng.uniform(8.0, 11.0, n) / 0.03) * 0.03
     has_low = cloudy[k] > 0
@@ -203,15 +224,15 @@ def _profiles(rng, t0: float, n_frames: int, height, cloudy, cirrus_frames, sza,
     rows = np.flatnonzero(has_low)
     base[rows, j[rows]], top[rows, j[rows]] = low[rows], low[rows] + 0.3
     dem = np.zeros(n, np.float32)
-    surface = rng.normal(0.0, 0.03, n).astype(np.float32)           # km
+    surface = rng.normal(0.0, 0.03, n).astype(np.float32)  # km
     bad = rng.random(n)
-    n_layers[bad < 0.03] = 0                                         # no layer found
+    n_layers[bad < 0.03] = 0  # no layer found
     base[bad < 0.03], top[bad < 0.03] = -9999.0, -9999.0
-    dem[(bad >= 0.03) & (bad < 0.07)] = 150.0                        # over land
-    surface[(bad >= 0.07) & (bad < 0.09)] = 1.5                      # surface return too high
-    surface[(bad >= 0.09) & (bad < 0.10)] = -9999.0                  # fill value
+    dem[(bad >= 0.03) & (bad < 0.07)] = 150.0  # over land
+    surface[(bad >= 0.07) & (bad < 0.09)] = 1.5  # surface return too high
+    surface[(bad >= 0.09) & (bad < 0.10)] = -9999.0  # fill value
     out_of_range = has_low & (bad >= 0.10) & (bad < 0.12)
-    base[out_of_range, j[out_of_range]] = 2.61                       # above the label range
+    base[out_of_range, j[out_of_range]] = 2.61  # above the label range
     # a second low layer 0.2-0.8 km above the low cloud on a third of its cirrus-free profiles: the users'
     # `top` label (layer 0) is then its base, and `single` drops the profile
     upper = has_low & ~cirrus & (n_layers == 1) & (rng.random(n) < 0.35)
@@ -221,35 +242,59 @@ def _profiles(rng, t0: float, n_frames: int, height, cloudy, cirrus_frames, sza,
     top[upper, 0] = base[upper, 0] + 0.2
     n_layers[upper] = 2
     half = PROFILE_SPACING_S / 2 / 86400.0
-    return {"t": t, "base": base, "top": top, "n_layers": n_layers, "dem": dem, "surface": surface,
-            "half_day": half, "sza": sza[k], "saa": saa[k]}
+    return {
+        "t": t,
+        "base": base,
+        "top": top,
+        "n_layers": n_layers,
+        "dem": dem,
+        "surface": surface,
+        "half_day": half,
+        "sza": sza[k],
+        "saa": saa[k],
+    }
 
 
-def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.random.Generator,
-                  n_frames: int, rows: int, cols: int) -> None:
+def _write_flight(
+    out: Path,
+    entry: dict,
+    date: dt.date,
+    index: int,
+    rng: np.random.Generator,
+    n_frames: int,
+    rows: int,
+    cols: int,
+) -> None:
     sza_c, saa_c, h_mean = FLIGHT_SETTINGS[index % len(FLIGHT_SETTINGS)]
     if index >= len(FLIGHT_SETTINGS):
-        sza_c, saa_c, h_mean = sza_c + rng.uniform(-4, 4), saa_c + rng.uniform(-20, 20), h_mean + rng.uniform(-.1, .1)
+        sza_c, saa_c, h_mean = (
+            sza_c + rng.uniform(-4, 4),
+            saa_c + rng.uniform(-20, 20),
+            h_mean + rng.uniform(-0.1, 0.1),
+        )
     midnight = float(calendar.timegm(date.timetuple()))
-    t0 = midnight + 64800.0 + 600.0 * index                          # 18:00 UTC and later, epoch seconds
-    if index == 1:                                                   # this flight crosses 00 UTC half way
+    t0 = midnight + 64800.0 + 600.0 * index  # 18:00 UTC and later, epoch seconds
+    if index == 1:  # this flight crosses 00 UTC half way
         t0 = midnight + 86400.0 - n_frames // 2
     frame_t = t0 + np.arange(n_frames) + rng.uniform(-0.02, 0.02, n_frames)
     height = np.clip(h_mean + 0.38 * _smooth_series(rng, n_frames, 6.0), 0.05, 2.3)
-    cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)   # bursts and clear gaps
-    cirrus = np.where(_smooth_series(rng, n_frames, 50.0) > 0.25,
-                      0.01 + 0.03 / (1.0 + np.exp(-_smooth_series(rng, n_frames, 30.0))), 0.0)
+    cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)  # bursts and clear gaps
+    cirrus = np.where(
+        _smooth_series(rng, n_frames, 50.0) > 0.25,
+        0.01 + 0.03 / (1.0 + np.exp(-_smooth_series(rng, n_frames, 30.0))),
+        0.0,
+    )
     sza = sza_c + 3.0 * _smooth_series(rng, n_frames, 40.0)
     saa = (saa_c + 8.0 * _smooth_series(rng, n_frames, 40.0)) % 360.0
     heading = track_heading(rng, n_frames, (saa_c + 90.0 + rng.uniform(-30, 30)) % 360.0)
     frames = _render_flight(rng, n_frames, rows, cols, sza, (saa - heading) % 360.0, height, cloudy, cirrus)
     step = AIRCRAFT_SPEED_KM_S * np.stack([np.cos(np.radians(heading)), np.sin(np.radians(heading))], 1)
-    north_east = np.cumsum(step, axis=0) - step[0]                   # km from the first frame, per frame
+    north_east = np.cumsum(step, axis=0) - step[0]  # km from the first frame, per frame
     counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
 
     (out / entry["ir_file"]).parent.mkdir(parents=True, exist_ok=True)
     time_utc = np.concatenate([frame_t, frame_t[-1] + 1.0 + np.arange(3 if index % 2 == 0 else 0)])
-    time_utc[n_frames // 3] = 0.0 if index % 3 == 1 else time_utc[n_frames // 3]    # a stray zero
+    time_utc[n_frames // 3] = 0.0 if index % 3 == 1 else time_utc[n_frames // 3]  # a stray zero
     time_utc[n_frames // 2] = -9999.0 if index % 3 == 2 else time_utc[n_frames // 2]  # a fill value
     with h5py.File(out / entry["ir_file"], "w") as f:
         f.create_dataset("Product/Signal", data=counts, chunks=(1, rows, cols))
@@ -259,11 +304,11 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
 
     p = _profiles(rng, t0, n_frames, height, cloudy, cirrus, sza, saa)
     doy = (p["t"] - float(calendar.timegm(dt.date(date.year, 1, 1).timetuple()))) / 86400.0 + 1.0
-    julian = np.stack([doy - p["half_day"], doy, doy + p["half_day"]], axis=1)          # (N, 3)
+    julian = np.stack([doy - p["half_day"], doy, doy + p["half_day"]], axis=1)  # (N, 3)
     lat = 34.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 0]) / 111.0
     lon = -122.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 1]) / 92.0
     with h5py.File(out / entry["cpl_file"], "w") as f:
-        f.create_dataset("metadata_parameters/File_Year", data=np.array([str(date.year).encode()]))   # b'2025'
+        f.create_dataset("metadata_parameters/File_Year", data=np.array([str(date.year).encode()]))  # b'2025'
         g = f.create_group("layer_descriptor")
         g.create_dataset("Profile_Decimal_Julian_Day", data=julian)
         g.create_dataset("Layer_Base_Altitude", data=p["base"])
@@ -277,8 +322,13 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
         geo.create_dataset("CPL_Latitude", data=np.stack([lat - 0.005, lat, lat + 0.005], axis=1))
         geo.create_dataset("CPL_Longitude", data=np.stack([lon - 0.005, lon, lon + 0.005], axis=1))
 
-    nav = {"sza": sza, "saa": saa, "heading": heading, "lat": 34.0 + north_east[:, 0] / 111.0,
-           "lon": -122.0 + north_east[:, 1] / 92.0}
+    nav = {
+        "sza": sza,
+        "saa": saa,
+        "heading": heading,
+        "lat": 34.0 + north_east[:, 0] / 111.0,
+        "lon": -122.0 + north_east[:, 1] / 92.0,
+    }
     if index == ICARTT_NAV_INDEX:
         write_icartt_nav(out / entry["nav_file"], date, frame_t - midnight, nav, rng)
         return
@@ -296,32 +346,72 @@ def _write_flight(out: Path, entry: dict, date: dt.date, index: int, rng: np.ran
         g.create_dataset("IWG_lon", data=nav["lon"][idx])
 
 
-ICARTT_COLUMNS = (("Latitude", "degN", "lat"), ("Longitude", "degE", "lon"), ("True_Heading", "degT", "heading"),
-                  ("Solar_Zenith_Angle", "deg", "sza"), ("Sun_Azimuth", "degT", "saa"))
-ICARTT_KEYWORDS = ("PI_CONTACT_INFO", "PLATFORM", "LOCATION", "ASSOCIATED_DATA", "INSTRUMENT_INFO", "DATA_INFO",
-                   "UNCERTAINTY", "ULOD_FLAG", "ULOD_VALUE", "LLOD_FLAG", "LLOD_VALUE", "DM_CONTACT_INFO",
-                   "PROJECT_INFO", "STIPULATIONS_ON_USE", "OTHER_COMMENTS", "REVISION", "R0")
+ICARTT_COLUMNS = (
+    ("Latitude", "degN", "lat"),
+    ("Longitude", "degE", "lon"),
+    ("True_Heading", "degT", "heading"),
+    ("Solar_Zenith_Angle", "deg", "sza"),
+    ("Sun_Azimuth", "degT", "saa"),
+)
+ICARTT_KEYWORDS = (
+    "PI_CONTACT_INFO",
+    "PLATFORM",
+    "LOCATION",
+    "ASSOCIATED_DATA",
+    "INSTRUMENT_INFO",
+    "DATA_INFO",
+    "UNCERTAINTY",
+    "ULOD_FLAG",
+    "ULOD_VALUE",
+    "LLOD_FLAG",
+    "LLOD_VALUE",
+    "DM_CONTACT_INFO",
+    "PROJECT_INFO",
+    "STIPULATIONS_ON_USE",
+    "OTHER_COMMENTS",
+    "REVISION",
+    "R0",
+)
 
 
-def write_icartt_nav(path: Path, date: dt.date, seconds_of_day: np.ndarray, per_frame: dict,
-                     rng: np.random.Generator, fill: float = -9999.0) -> None:
-    """ER-2 navigation as public ICARTT 1001 text (`*_MetNav_ER2_YYYYMMDD_R0.ict`): one record per whole second
-    from 10 s before the first frame to 10 s after the last, Time_Start in seconds since 00 UTC of `date` (going
-    past 86400 after midnight), the values of the nearest frame, about 1% fill values."""
+def write_icartt_nav(
+    path: Path,
+    date: dt.date,
+    seconds_of_day: np.ndarray,
+    per_frame: dict,
+    rng: np.random.Generator,
+    fill: float = -9999.0,
+) -> None:
+    """ER-2 navigation as public ICARTT 1001 text (`*_MetNav_ER2_YYYYMMDD_R0.ict`): one record per whole
+    second from 10 s before the first frame to 10 s after the last, Time_Start in seconds since 00 UTC of
+    `date` (going past 86400 after midnight), the values of the nearest frame, about 1% fill values."""
     frame_s = np.asarray(seconds_of_day, np.float64)
     ok = np.isfinite(frame_s) & (frame_s > -86400) & (frame_s < 2 * 86400)
     t = np.arange(np.floor(frame_s[ok].min()) - 10, np.ceil(frame_s[ok].max()) + 11)
     nearest = np.flatnonzero(ok)[np.abs(frame_s[ok][None, :] - t[:, None]).argmin(axis=1)]
     values = np.stack([per_frame[key][nearest] for _, _, key in ICARTT_COLUMNS], 1)
     values[rng.random(values.shape) < 0.01] = fill
-    values[:, 2] = per_frame["heading"][nearest]                                # heading always present
+    values[:, 2] = per_frame["heading"][nearest]  # heading always present
     names = ["Time_Start"] + [n for n, _, _ in ICARTT_COLUMNS]
     comments = [f"{k}: demo" for k in ICARTT_KEYWORDS[:-1]] + ["R0: synthetic CloudML demo", ", ".join(names)]
-    header = ["1001", "CloudML demo", "CloudML", "ER-2 meteorological and navigation data (synthetic)", "DEMO",
-              "1, 1", f"{date:%Y, %m, %d}, {date:%Y, %m, %d}", "1.0", "Time_Start, seconds, Time_Start",
-              str(len(ICARTT_COLUMNS)), ", ".join(["1"] * len(ICARTT_COLUMNS)),
-              ", ".join([f"{fill:g}"] * len(ICARTT_COLUMNS)),
-              *[f"{n}, {u}, {n}" for n, u, _ in ICARTT_COLUMNS], "0", str(len(comments)), *comments]
+    header = [
+        "1001",
+        "CloudML demo",
+        "CloudML",
+        "ER-2 meteorological and navigation data (synthetic)",
+        "DEMO",
+        "1, 1",
+        f"{date:%Y, %m, %d}, {date:%Y, %m, %d}",
+        "1.0",
+        "Time_Start, seconds, Time_Start",
+        str(len(ICARTT_COLUMNS)),
+        ", ".join(["1"] * len(ICARTT_COLUMNS)),
+        ", ".join([f"{fill:g}"] * len(ICARTT_COLUMNS)),
+        *[f"{n}, {u}, {n}" for n, u, _ in ICARTT_COLUMNS],
+        "0",
+        str(len(comments)),
+        *comments,
+    ]
     header[0] = f"{len(header)}, 1001"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -330,9 +420,14 @@ def write_icartt_nav(path: Path, date: dt.date, seconds_of_day: np.ndarray, per_
             f.write(f"{ti:.0f}, " + ", ".join(f"{v:.6g}" for v in row) + "\n")
 
 
-def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, frames_per_flight: int = DEMO_FRAMES,
-                      frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE,
-                      dates: list[dt.date] | None = None) -> list[dict]:
+def make_demo_flights(
+    out_dir: str | Path,
+    n_flights: int = 5,
+    seed: int = 0,
+    frames_per_flight: int = DEMO_FRAMES,
+    frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE,
+    dates: list[dt.date] | None = None,
+) -> list[dict]:
     """Write `n_flights` demo flights into `out_dir` (on `dates`, default from 1 March 2025 every
     other day); returns their `data.flights` entries."""
     if n_flights < 2:
@@ -346,5 +441,7 @@ def make_demo_flights(out_dir: str | Path, n_flights: int = 5, seed: int = 0, fr
         rng = np.random.default_rng([seed, i])
         _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, rows, cols)
     (out / VERSION_FILE).write_text(f"{DEMO_VERSION}\n")
-    log.info("wrote %d demo flights (%d frames of %dx%d each) to %s", n_flights, frames_per_flight, rows, cols, out)
+    log.info(
+        "wrote %d demo flights (%d frames of %dx%d each) to %s", n_flights, frames_per_flight, rows, cols, out
+    )
     return entries

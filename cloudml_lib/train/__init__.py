@@ -9,10 +9,20 @@
 - loss.py        the objective: weighted Huber on the standardised height
 - phases.py      the command: one run or pre-train + fine-tune; a torchrun peer's failure explained
 """
+
 from cloudml_lib.train.build import lr_factor, seed_everything
 from cloudml_lib.train.loop import Trainer
 from cloudml_lib.train.loss import batch_loss, weighted_huber
 from cloudml_lib.train.phases import train, train_two_phase
 from cloudml_lib.train.progress import ProgressLines
 
-__all__ = ["ProgressLines", "Trainer", "batch_loss", "lr_factor", "seed_everything", "train", "train_two_phase", "weighted_huber"]
+__all__ = [
+    "ProgressLines",
+    "Trainer",
+    "batch_loss",
+    "lr_factor",
+    "seed_everything",
+    "train",
+    "train_two_phase",
+    "weighted_huber",
+]

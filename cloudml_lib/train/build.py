@@ -14,6 +14,7 @@
 7. the start: every piece of state restored from the resume point (state.py), or a fresh run,
    from `init_from`'s weights when fine-tuning.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,16 +82,24 @@ def check_batch_size(cfg: Config, n_train: int, world: int) -> None:
     """train.batch_size (the global batch) against the process count and the training set."""
     t, n = cfg.train, n_train
     if t.batch_size != "auto" and t.batch_size < world:
-        raise ConfigError(f"train.batch_size {t.batch_size} is the global batch, shared by the {world} "
-                          f"processes: it must be at least {world}")
+        raise ConfigError(
+            f"train.batch_size {t.batch_size} is the global batch, shared by the {world} "
+            f"processes: it must be at least {world}"
+        )
     if t.batch_size != "auto" and t.batch_size * t.grad_accum_steps > n:
-        fixes = ([f"train.batch_size <= {n // t.grad_accum_steps}"] if n // t.grad_accum_steps >= 1 else []) + \
-            ([f"train.grad_accum_steps <= {n // t.batch_size} (with train.batch_size {t.batch_size})"]
-             if n // t.batch_size >= 1 else [])
+        fixes = (
+            [f"train.batch_size <= {n // t.grad_accum_steps}"] if n // t.grad_accum_steps >= 1 else []
+        ) + (
+            [f"train.grad_accum_steps <= {n // t.batch_size} (with train.batch_size {t.batch_size})"]
+            if n // t.batch_size >= 1
+            else []
+        )
         fix = " or ".join(fixes) or f"train.batch_size <= {n} with train.grad_accum_steps: 1"
-        raise ConfigError(f"train.batch_size {t.batch_size} x train.grad_accum_steps {t.grad_accum_steps} = "
-                          f"{t.batch_size * t.grad_accum_steps} samples per optimizer step, larger than the training "
-                          f"set ({n} samples): every epoch would be a single step. Choose {fix}.")
+        raise ConfigError(
+            f"train.batch_size {t.batch_size} x train.grad_accum_steps {t.grad_accum_steps} = "
+            f"{t.batch_size * t.grad_accum_steps} samples per optimizer step, larger than the training "
+            f"set ({n} samples): every epoch would be a single step. Choose {fix}."
+        )
 
 
 def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
@@ -106,8 +115,9 @@ def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
     return out
 
 
-def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerprint: dict,
-                  flight_table: str) -> tuple[RunLock | None, Found | None, Config]:
+def claim_run_dir(
+    cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerprint: dict, flight_table: str
+) -> tuple[RunLock | None, Found | None, Config]:
     """Rank 0 locks the run folder, cleans leftovers, picks the checkpoint to resume from and checks this
     config and data against it; every other rank then loads that same committed checkpoint (its checksums
     verified again). Returns the lock (rank 0's; to release at the end), the checkpoint to resume from (if
@@ -129,7 +139,7 @@ def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerpri
         return found
 
     try:
-        found = dist.main_first(claim if dist.is_main else lambda: None)     # rank 0's error stops all
+        found = dist.main_first(claim if dist.is_main else lambda: None)  # rank 0's error stops all
         folder = dist.from_main(None if found is None else str(found.folder))
     except BaseException:
         if lock is not None:
@@ -138,8 +148,10 @@ def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerpri
     if not dist.is_main and folder is not None:
         reason, state, meta = check_folder(Path(folder))
         if reason is not None:
-            raise CloudMLError(f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
-                               f"{reason}. Every process must see the same run folder (a shared disk).")
+            raise CloudMLError(
+                f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
+                f"{reason}. Every process must see the same run folder (a shared disk)."
+            )
         found = Found(Path(folder), state, [], meta)
     return lock, found, (cfg if found is None else resumed_config(cfg, found.state[Key.CONFIG]))
 
@@ -147,15 +159,16 @@ def claim_run_dir(cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerpri
 @dataclass
 class Run:
     """What the loop needs, built in the order above; the Trainer assigns each of these to itself."""
-    config: Config                    # the run's plan: the config loaded, with its flights and batch size resolved
+
+    config: Config  # the run's plan: the config loaded, with its flights and batch size resolved
     train_set: CloudDataset
     val_set: CloudDataset
-    quick_val: np.ndarray             # the validation samples scored after each epoch
-    lock: RunLock | None              # rank 0's lock on the run folder
-    model: torch.nn.Module            # the plain module: what is saved and evaluated
-    ddp: torch.nn.Module              # what a training step calls: the model, or DDP around it
+    quick_val: np.ndarray  # the validation samples scored after each epoch
+    lock: RunLock | None  # rank 0's lock on the run folder
+    model: torch.nn.Module  # the plain module: what is saved and evaluated
+    ddp: torch.nn.Module  # what a training step calls: the model, or DDP around it
     device: torch.device
-    autocast: Callable                # a context manager factory: autocast, or nothing in float32
+    autocast: Callable  # a context manager factory: autocast, or nothing in float32
     scaler: torch.amp.GradScaler
     compile: CompileWatch
     optimizer: torch.optim.Optimizer
@@ -163,10 +176,10 @@ class Run:
     sampler: EpochBatchSampler
     loader: DataLoader
     num_workers: int
-    steps_per_epoch: int              # optimizer steps
+    steps_per_epoch: int  # optimizer steps
     total_steps: int
-    loop: LoopState                   # progress and loss sums: what the loop changes
-    checkpoints: Checkpoints          # when to save, and the whole save in one call
+    loop: LoopState  # progress and loss sums: what the loop changes
+    checkpoints: Checkpoints  # when to save, and the whole save in one call
     metrics: MetricsFile
     run_info: RunInfo
     events: Events
@@ -186,9 +199,10 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     def data():
         resolved, skipped = resolve_config(cfg)
         return resolved, prepare_data(resolved, skipped, backend)
+
     cfg, (train_set, val_set) = dist.main_first(data)
     check_batch_size(cfg, len(train_set), dist.world)
-    fingerprint = data_fingerprint(train_set, val_set)        # fixed for the run; stored in every checkpoint
+    fingerprint = data_fingerprint(train_set, val_set)  # fixed for the run; stored in every checkpoint
     provenance = run_provenance(train_set.caches + val_set.caches, cfg.data)
     lock = writer = None
     try:
@@ -198,15 +212,31 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
         loop = LoopState(dist, parts["device"], cfg.train.batch_size)
         metrics = MetricsFile(run_dir, dist)
-        header = {Key.SCALERS: val_set.scalers.to_dict(), Key.FINGERPRINT: fingerprint, Key.PROVENANCE: provenance}
+        header = {
+            Key.SCALERS: val_set.scalers.to_dict(),
+            Key.FINGERPRINT: fingerprint,
+            Key.PROVENANCE: provenance,
+        }
         pieces = stateful(parts["model"], parts["optimizer"], parts["scheduler"], parts["scaler"], loop)
-        checkpoints = Checkpoints(run_dir, cfg, dist, writer, pieces, parts["loader_rng"], parts["sampler"], header,
-                                  metrics, parts["total_steps"])
+        checkpoints = Checkpoints(
+            run_dir,
+            cfg,
+            dist,
+            writer,
+            pieces,
+            parts["loader_rng"],
+            parts["sampler"],
+            header,
+            metrics,
+            parts["total_steps"],
+        )
         run_info = RunInfo(run_dir, dist, parts["compile"], provenance)
         if dist.is_main:
-            save_config(cfg, run_dir / "config.yaml")          # the run's plan, as it trains
+            save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
         start(found, pieces, parts, metrics, run_info, run_dir, cfg, dist, init_from)
-        events = Events(run_dir, writer.local_dir if writer else None, loop.progress["step"], fresh=found is None)
+        events = Events(
+            run_dir, writer.local_dir if writer else None, loop.progress["step"], fresh=found is None
+        )
         checkpoints.events = events
     except BaseException:
         if writer is not None:
@@ -215,13 +245,31 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
             lock.release()
         raise
     checkpoints.last_save = time.monotonic()
-    return Run(config=cfg, train_set=train_set, val_set=val_set, quick_val=quick_validation(cfg, val_set), lock=lock,
-               model=parts["model"], ddp=parts["ddp"], device=parts["device"], autocast=parts["autocast"],
-               scaler=parts["scaler"], compile=parts["compile"], optimizer=parts["optimizer"],
-               scheduler=parts["scheduler"], sampler=parts["sampler"], loader=parts["loader"],
-               num_workers=parts["num_workers"], steps_per_epoch=parts["steps_per_epoch"],
-               total_steps=parts["total_steps"], loop=loop, checkpoints=checkpoints,
-               metrics=metrics, run_info=run_info, events=events)
+    return Run(
+        config=cfg,
+        train_set=train_set,
+        val_set=val_set,
+        quick_val=quick_validation(cfg, val_set),
+        lock=lock,
+        model=parts["model"],
+        ddp=parts["ddp"],
+        device=parts["device"],
+        autocast=parts["autocast"],
+        scaler=parts["scaler"],
+        compile=parts["compile"],
+        optimizer=parts["optimizer"],
+        scheduler=parts["scheduler"],
+        sampler=parts["sampler"],
+        loader=parts["loader"],
+        num_workers=parts["num_workers"],
+        steps_per_epoch=parts["steps_per_epoch"],
+        total_steps=parts["total_steps"],
+        loop=loop,
+        checkpoints=checkpoints,
+        metrics=metrics,
+        run_info=run_info,
+        events=events,
+    )
 
 
 def quick_validation(cfg: Config, val_set: CloudDataset) -> np.ndarray:
@@ -249,40 +297,77 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[dict,
     autocast = partial(torch.autocast, device.type, dtype=precision.dtype) if precision.dtype else nullcontext
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
-    if t.batch_size == "auto":             # per process; the global batch is what every process can hold
-        per_process = measure_batch_size(model, autocast, device, cfg.data.temporal_frames,
-                                         train_set.caches[0].frame_shape)
+    if t.batch_size == "auto":  # per process; the global batch is what every process can hold
+        per_process = measure_batch_size(
+            model, autocast, device, cfg.data.temporal_frames, train_set.caches[0].frame_shape
+        )
         cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
         t = cfg.train
     watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed, rank=dist.rank, world=dist.world)
     if dist.active:
-        torch.manual_seed(t.seed + dist.rank)      # each process its own dropout masks
+        torch.manual_seed(t.seed + dist.rank)  # each process its own dropout masks
     steps_per_epoch = math.ceil(sampler.batches_per_epoch() / t.grad_accum_steps)
     total_steps = steps_per_epoch * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(lr_factor, warmup_steps=t.warmup_steps, total_steps=total_steps, min_ratio=t.min_lr_ratio))
+        optimizer,
+        partial(lr_factor, warmup_steps=t.warmup_steps, total_steps=total_steps, min_ratio=t.min_lr_ratio),
+    )
     # The loader draws its worker seed from its own generator, not the global RNG, so that
     # starting a fresh iterator on resume does not shift the dropout masks that follow.
     loader_rng = torch.Generator().manual_seed(t.seed)
     num_workers = default_num_workers() if cfg.data.num_workers == "auto" else cfg.data.num_workers
-    loader = DataLoader(train_set, batch_sampler=sampler, num_workers=num_workers,
-                        pin_memory=device.type == "cuda", generator=loader_rng)
-    log.info("model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
-             "batch %d%s, %d optimizer steps per epoch, %d loader workers", f"{count_parameters(model):,}",
-             cfg.channels, "on" if cfg.model.gradient_checkpointing else "off", describe_device(device),
-             precision.name, t.batch_size,
-             f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
-             steps_per_epoch, num_workers)
-    return dict(model=model, ddp=ddp, device=device, autocast=autocast, scaler=scaler, compile=watch,
-                optimizer=optimizer, scheduler=scheduler, sampler=sampler, loader_rng=loader_rng, loader=loader,
-                num_workers=num_workers, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                precision=precision), cfg
+    loader = DataLoader(
+        train_set,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        generator=loader_rng,
+    )
+    log.info(
+        "model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
+        "batch %d%s, %d optimizer steps per epoch, %d loader workers",
+        f"{count_parameters(model):,}",
+        cfg.channels,
+        "on" if cfg.model.gradient_checkpointing else "off",
+        describe_device(device),
+        precision.name,
+        t.batch_size,
+        f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
+        steps_per_epoch,
+        num_workers,
+    )
+    return dict(
+        model=model,
+        ddp=ddp,
+        device=device,
+        autocast=autocast,
+        scaler=scaler,
+        compile=watch,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sampler=sampler,
+        loader_rng=loader_rng,
+        loader=loader,
+        num_workers=num_workers,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        precision=precision,
+    ), cfg
 
 
-def start(found: Found | None, pieces: dict, parts: dict, metrics: MetricsFile, run_info: RunInfo, run_dir: Path,
-          cfg: Config, dist: Dist, init_from: Path | None) -> None:
+def start(
+    found: Found | None,
+    pieces: dict,
+    parts: dict,
+    metrics: MetricsFile,
+    run_info: RunInfo,
+    run_dir: Path,
+    cfg: Config,
+    dist: Dist,
+    init_from: Path | None,
+) -> None:
     """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
     records the plan of this start: what was resolved, and how."""
     sampler = parts["sampler"]
@@ -291,12 +376,20 @@ def start(found: Found | None, pieces: dict, parts: dict, metrics: MetricsFile, 
     else:
         truncate_metrics(metrics.path, 0)
         if init_from is not None:
-            parts["model"].load_state_dict(load_checkpoint(init_from)[Key.MODEL])      # in place
+            parts["model"].load_state_dict(load_checkpoint(init_from)[Key.MODEL])  # in place
             log.info("Starting from the weights of %s", init_from)
-    run_info.start({"processes": dist.world, "total_steps": parts["total_steps"],
-                    "steps_per_epoch": parts["steps_per_epoch"], "epochs": cfg.train.epochs,
-                    "batch_size": cfg.train.batch_size, "device": describe_device(parts["device"]),
-                    "start_step": pieces[Key.LOOP].progress["step"],
-                    "resumed_from": str(found.folder) if found is not None else None,
-                    "flights": [f.name for f in cfg.data.flights],
-                    "validation_flights": list(cfg.data.validation_flights)}, found is not None)
+    run_info.start(
+        {
+            "processes": dist.world,
+            "total_steps": parts["total_steps"],
+            "steps_per_epoch": parts["steps_per_epoch"],
+            "epochs": cfg.train.epochs,
+            "batch_size": cfg.train.batch_size,
+            "device": describe_device(parts["device"]),
+            "start_step": pieces[Key.LOOP].progress["step"],
+            "resumed_from": str(found.folder) if found is not None else None,
+            "flights": [f.name for f in cfg.data.flights],
+            "validation_flights": list(cfg.data.validation_flights),
+        },
+        found is not None,
+    )

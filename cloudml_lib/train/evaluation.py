@@ -2,6 +2,7 @@
 (`Evaluator`), the validation loss and metrics, the best model kept (early stopping), and the pieces of a
 run's end the Trainer puts together: the best weights loaded back, the cloud probe fitted, the full
 evaluation with its intervals."""
+
 from __future__ import annotations
 
 import json
@@ -42,21 +43,41 @@ class Evaluator:
     compile failure calls `on_compile_failure` (the Trainer switches to eager) and the batch is redone. The
     results do not depend on the evaluation batch size."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, autocast: Callable, dist: Dist, num_workers: int,
-                 compiled: CompileWatch, progress: dict, on_compile_failure: Callable[[str], None]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        autocast: Callable,
+        dist: Dist,
+        num_workers: int,
+        compiled: CompileWatch,
+        progress: dict,
+        on_compile_failure: Callable[[str], None],
+    ):
         self.model, self.device, self.autocast, self.dist = unwrap_model(model), device, autocast, dist
         self.num_workers, self.compiled, self.progress = num_workers, compiled, progress
         self.on_compile_failure = on_compile_failure
 
-    def outputs(self, dataset: CloudDataset, indices: np.ndarray,
-                features: bool = False) -> tuple[dict | np.ndarray, np.ndarray]:
+    def outputs(
+        self, dataset: CloudDataset, indices: np.ndarray, features: bool = False
+    ) -> tuple[dict | np.ndarray, np.ndarray]:
         """The model's outputs by name (or, with `features`, the head's input) and the standardised targets of
         `indices` of `dataset`, in order, on every process."""
         mine = indices[self.dist.shard(len(indices))]
         for _ in range(MAX_ATTEMPTS):
-            result, failure = run_attempt(lambda: predict(
-                self.model, dataset, self.device, self.progress["eval_batch_size"], self.autocast, mine,
-                self.num_workers, features=features), self.compiled.report.active)
+            result, failure = run_attempt(
+                lambda: predict(
+                    self.model,
+                    dataset,
+                    self.device,
+                    self.progress["eval_batch_size"],
+                    self.autocast,
+                    mine,
+                    self.num_workers,
+                    features=features,
+                ),
+                self.compiled.report.active,
+            )
             if failure is None:
                 return _gathered(self.dist.gather(result), features)
             release_memory(self.device)
@@ -67,21 +88,31 @@ class Evaluator:
         raise CloudMLError("validation kept failing after every recovery was tried; see the log above")
 
     def validate(self, dataset: CloudDataset, indices: np.ndarray, cfg: Config) -> tuple[float, dict, Scored]:
-        """Validation loss (the training objective: standardised Huber on the samples with a height, plus, for a
-        joint cloud output, the weighted cloud cross-entropy), metrics (km; with a cloud output its accuracy
+        """Validation loss (the training objective: standardised Huber on the samples with a height, plus, for
+        a joint cloud output, the weighted cloud cross-entropy), metrics (km; with a cloud output its accuracy
         and ROC-AUC) and the model's answers (`Scored`, in km) for `indices` of `dataset`."""
         out, target = self.outputs(dataset, indices)
         scored = Scored.from_outputs(out, dataset.scalers)
         has = dataset.has_height()[indices]
-        loss = cfg.train.height_loss_weight * float(F.huber_loss(
-            torch.from_numpy(out["height"][has]), torch.from_numpy(target[has]), delta=cfg.train.huber_delta)
-        ) if has.any() else 0.0
+        loss = (
+            cfg.train.height_loss_weight
+            * float(
+                F.huber_loss(
+                    torch.from_numpy(out["height"][has]),
+                    torch.from_numpy(target[has]),
+                    delta=cfg.train.huber_delta,
+                )
+            )
+            if has.any()
+            else 0.0
+        )
         metrics = regression_metrics(dataset.targets_km()[indices][has], scored.height_km[has])
         if scored.cloud_prob is not None:
             flags = dataset.cloud_flags()[indices]
-            if cfg.model.cloud_head == "joint":            # part of the objective only when trained with it
-                bce = F.binary_cross_entropy_with_logits(torch.from_numpy(out["cloud_logit"]),
-                                                         torch.from_numpy(flags.astype(np.float64)))
+            if cfg.model.cloud_head == "joint":  # part of the objective only when trained with it
+                bce = F.binary_cross_entropy_with_logits(
+                    torch.from_numpy(out["cloud_logit"]), torch.from_numpy(flags.astype(np.float64))
+                )
                 loss += cfg.train.cloud_loss_weight * float(bce)
             cloud = cloud_metrics(flags, scored.cloud_prob, cfg.model.cloud_threshold)
             metrics.update(cloud_accuracy=cloud["accuracy"], cloud_auc=cloud["roc_auc"])
@@ -97,8 +128,15 @@ def _gathered(parts: list, features: bool) -> tuple[dict | np.ndarray, np.ndarra
     return {k: None if first[k] is None else np.concatenate([o[k] for o, _ in parts]) for k in first}, targets
 
 
-def update_best(progress: dict, val_loss: float, epoch: int, model: torch.nn.Module, patience: int,
-                save_best: Callable[[], None], best_path: Path) -> bool:
+def update_best(
+    progress: dict,
+    val_loss: float,
+    epoch: int,
+    model: torch.nn.Module,
+    patience: int,
+    save_best: Callable[[], None],
+    best_path: Path,
+) -> bool:
     """A better validation loss (with finite weights) saves the best model; returns True when early stopping
     says stop (`patience` epochs without a better one; 0: never)."""
     finite_model = all(bool(torch.isfinite(p).all()) for p in model.parameters())
@@ -111,13 +149,19 @@ def update_best(progress: dict, val_loss: float, epoch: int, model: torch.nn.Mod
         return False
     progress["bad_epochs"] += 1
     if patience and progress["bad_epochs"] >= patience:
-        log.info("Early stopping: no better validation loss for %d epochs (best %.4f at epoch %d)",
-                 progress["bad_epochs"], progress["best_val_loss"], progress["best_epoch"])
+        log.info(
+            "Early stopping: no better validation loss for %d epochs (best %.4f at epoch %d)",
+            progress["bad_epochs"],
+            progress["best_val_loss"],
+            progress["best_epoch"],
+        )
         return True
     return False
 
 
-def load_best_weights(model: torch.nn.Module, best_path: Path, progress: dict, save_best: Callable[[], None]) -> None:
+def load_best_weights(
+    model: torch.nn.Module, best_path: Path, progress: dict, save_best: Callable[[], None]
+) -> None:
     """The best weights into `model`; when best.pt cannot be used, the newest weights stay and best.pt is
     rewritten with them."""
     if not best_path.exists():
@@ -125,8 +169,13 @@ def load_best_weights(model: torch.nn.Module, best_path: Path, progress: dict, s
     try:
         model.load_state_dict(load_checkpoint(best_path)[Key.MODEL])
     except (CloudMLError, RuntimeError, KeyError, TypeError) as e:
-        log.warning("%s cannot be used (%s). The final evaluation uses the newest weights (epoch %d) instead, "
-                    "and best.pt is rewritten with them.", best_path, str(e).splitlines()[0], progress["epoch"])
+        log.warning(
+            "%s cannot be used (%s). The final evaluation uses the newest weights (epoch %d) instead, "
+            "and best.pt is rewritten with them.",
+            best_path,
+            str(e).splitlines()[0],
+            progress["epoch"],
+        )
         progress["best_epoch"] = progress["epoch"]
         save_best()
 
@@ -151,15 +200,26 @@ def fit_cloud_probe(evaluator: Evaluator, frames: CloudDataset, best_path: Path,
     flags = frames.cloud_flags()
     fitted = fit_probe(features, flags)
     if fitted is None:
-        log.warning("The cloud / no-cloud output cannot be fitted: the training flights' %d matched frames are all %s. "
-                    "The model answers heights only (predict flags no frame). Add a flight with %s frames to train "
-                    "it.", len(flags), "cloudy" if flags.all() else "clear", "clear-sky" if flags.all() else "cloudy")
+        log.warning(
+            "The cloud / no-cloud output cannot be fitted: the training flights' %d matched frames are all "
+            "%s. "
+            "The model answers heights only (predict flags no frame). Add a flight with %s frames to train "
+            "it.",
+            len(flags),
+            "cloudy" if flags.all() else "clear",
+            "clear-sky" if flags.all() else "cloudy",
+        )
         return
     weight, bias = fitted
     model.set_cloud_probe(torch.as_tensor(weight, dtype=model.cloud.weight.dtype), bias)
-    log.info("Cloud / no-cloud output fitted on the trained network's features (logistic regression) over %d frames "
-             "of the training flights (%d clear sky) in %.1f s", len(flags), int((flags == 0).sum()),
-             time.perf_counter() - t0)
+    log.info(
+        "Cloud / no-cloud output fitted on the trained network's features (logistic regression) over %d "
+        "frames "
+        "of the training flights (%d clear sky) in %.1f s",
+        len(flags),
+        int((flags == 0).sum()),
+        time.perf_counter() - t0,
+    )
     if dist.is_main and best_path.exists():
         ckpt = load_checkpoint(best_path)
         ckpt[Key.MODEL] = to_cpu(dict(model.state_dict()))
@@ -167,15 +227,33 @@ def fit_cloud_probe(evaluator: Evaluator, frames: CloudDataset, best_path: Path,
     faults.point("probe-fitted")
 
 
-def held_out_report(cfg: Config, scored: Scored, train_set: CloudDataset, val_set: CloudDataset,
-                    frames: CloudDataset, best_epoch: int) -> tuple[dict, dict | None]:
+def held_out_report(
+    cfg: Config,
+    scored: Scored,
+    train_set: CloudDataset,
+    val_set: CloudDataset,
+    frames: CloudDataset,
+    best_epoch: int,
+) -> tuple[dict, dict | None]:
     """The full evaluation of the best model on the held-out flights and the calibration of its intervals."""
     has = val_set.has_height()
     names = ", ".join(c.name for c in val_set.caches)
-    calibration = intervals.calibrate(scored.height_km[has], val_set.targets_km()[has], "conformal_absolute",
-                                      cfg.train.interval_coverage, f"this run's held-out flights ({names})")
-    report = build_report(val_set, scored, float(np.nanmean(train_set.targets_km())), best_epoch, frames,
-                          cfg.model.cloud_threshold, calibration)
+    calibration = intervals.calibrate(
+        scored.height_km[has],
+        val_set.targets_km()[has],
+        "conformal_absolute",
+        cfg.train.interval_coverage,
+        f"this run's held-out flights ({names})",
+    )
+    report = build_report(
+        val_set,
+        scored,
+        float(np.nanmean(train_set.targets_km())),
+        best_epoch,
+        frames,
+        cfg.model.cloud_threshold,
+        calibration,
+    )
     return report, calibration
 
 
@@ -189,7 +267,7 @@ def read_stored_report(path: Path) -> dict | None:
     """A finished run's evaluation.json; None (said why) when it is missing or damaged."""
     try:
         report = json.loads(path.read_text())
-        format_report(report)                           # the structure a report has
+        format_report(report)  # the structure a report has
         return report
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         why = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({type(e).__name__})"

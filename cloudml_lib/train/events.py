@@ -15,6 +15,7 @@ A fresh start removes event files a previous attempt left without a checkpoint.
 The `tensorboard` package is optional: without it nothing is written and the run says how to enable it.
 Only rank 0 writes; elsewhere every method does nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,6 +33,7 @@ EVENTS_DIR = "tensorboard"
 def has_tensorboard() -> bool:
     """The package torch.utils.tensorboard writes with (found, not imported: it is slow to import)."""
     import importlib.util
+
     return importlib.util.find_spec("tensorboard") is not None
 
 
@@ -44,14 +46,17 @@ class Events:
 
     def __init__(self, run_dir: Path, local_dir: Path | None, start_step: int, fresh: bool):
         self.run_dir, self.writer, self.enabled = Path(run_dir), None, False
-        if local_dir is None:                                  # not rank 0
+        if local_dir is None:  # not rank 0
             return
         if not has_tensorboard():
-            log.info("TensorBoard curves are off: the tensorboard package is not installed. To have them, run "
-                     "`%s` and start the run again (it resumes); metrics.jsonl and the live curves work "
-                     "without it.", install_command("tensorboard"))
+            log.info(
+                "TensorBoard curves are off: the tensorboard package is not installed. To have them, run "
+                "`%s` and start the run again (it resumes); metrics.jsonl and the live curves work "
+                "without it.",
+                install_command("tensorboard"),
+            )
             return
-        if fresh:                                               # a previous attempt's files, never checkpointed
+        if fresh:  # a previous attempt's files, never checkpointed
             shutil.rmtree(events_dir(self.run_dir), ignore_errors=True)
         self.local, self.enabled = Path(local_dir) / EVENTS_DIR, True
         # TensorBoard discards what older files hold from this step on: those steps are trained again
@@ -75,12 +80,21 @@ class Events:
                 self._writer().add_scalar(tag, float(value), step)
 
     def epoch(self, record: dict, memory: str, compiled: str) -> None:
-        """An epoch's validation metrics, its training loss and learning rate; the memory and compile facts."""
-        self.scalars(record["step"], {"val/loss": record["val_loss"], "val/r2": record["r2"],
-                                      "val/mae_km": record["mae_km"], "val/rmse_km": record["rmse_km"],
-                                      "val/cloud_accuracy": record["cloud_accuracy"],
-                                      "train/epoch_loss": record["train_loss"], "epoch/lr": record["lr"],
-                                      "epoch/time_s": record["time_s"]})
+        """An epoch's validation metrics, its training loss and learning rate; the memory and compile
+        facts."""
+        self.scalars(
+            record["step"],
+            {
+                "val/loss": record["val_loss"],
+                "val/r2": record["r2"],
+                "val/mae_km": record["mae_km"],
+                "val/rmse_km": record["rmse_km"],
+                "val/cloud_accuracy": record["cloud_accuracy"],
+                "train/epoch_loss": record["train_loss"],
+                "epoch/lr": record["lr"],
+                "epoch/time_s": record["time_s"],
+            },
+        )
         self.text(record["step"], "memory", memory)
         self.text(record["step"], "compile", compiled)
 
@@ -94,11 +108,12 @@ class Events:
             return
         import matplotlib.image
 
-        pixels = matplotlib.image.imread(str(png))              # (H, W, 4) floats in 0..1
+        pixels = matplotlib.image.imread(str(png))  # (H, W, 4) floats in 0..1
         self._writer().add_image(tag, pixels[..., :3], step, dataformats="HWC")
 
     def mark(self) -> dict[str, int]:
-        """Flush, and the size of each local event file now: what the next commit copies (the files only grow)."""
+        """Flush, and the size of each local event file now: what the next commit copies (the files only
+        grow)."""
         if self.writer is None:
             return {}
         self.writer.flush()
@@ -123,7 +138,11 @@ class Events:
         try:
             self.commit(self.mark())
         except OSError as e:
-            log.warning("TensorBoard events could not be copied to %s (%s); the curves up to the last checkpoint "
-                        "are there.", events_dir(self.run_dir), e)
+            log.warning(
+                "TensorBoard events could not be copied to %s (%s); the curves up to the last checkpoint "
+                "are there.",
+                events_dir(self.run_dir),
+                e,
+            )
         self.writer.close()
         self.writer = None

@@ -7,6 +7,7 @@ train.grad_accum_steps batches, skipped when its loss is NaN/inf; out-of-memory 
 are recovered from (`recovery.py`); then the checkpoint if one is due, and a stop asked for by a signal.
 With several processes the loop reads the same: the collectives are `Dist` helpers, no-ops with one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,12 +63,24 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str | Path, resume: str = "auto", init_from: Path | None = None,
-                 dist: Dist = SINGLE):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: str | Path,
+        resume: str = "auto",
+        init_from: Path | None = None,
+        dist: Dist = SINGLE,
+    ):
         """`cfg`: the config as loaded (never changed: the run's resolved plan is `self.cfg` after setup()).
         `init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
         `dist`: this process's place in a torchrun job; only rank 0 writes files."""
-        self.cfg, self.run_dir, self.resume, self.init_from, self.dist = cfg, Path(run_dir), resume, init_from, dist
+        self.cfg, self.run_dir, self.resume, self.init_from, self.dist = (
+            cfg,
+            Path(run_dir),
+            resume,
+            init_from,
+            dist,
+        )
         self.lock: RunLock | None = None
         self.checkpoints: Checkpoints | None = None
         self.stop = StopRequest()
@@ -78,14 +91,14 @@ class Trainer:
         """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
         checkpoints and the resume point; each part is assigned here."""
         run = build_run(self.cfg, self.run_dir, self.resume, self.init_from, self.dist)
-        self.cfg: Config = run.config                     # the run's plan: flights and batch size resolved
+        self.cfg: Config = run.config  # the run's plan: flights and batch size resolved
         self.train_set: CloudDataset = run.train_set
         self.val_set: CloudDataset = run.val_set
         self.quick_val: np.ndarray = run.quick_val
         self.lock = run.lock
-        self.model: torch.nn.Module = run.model           # the plain module: saved and evaluated
-        self.ddp: torch.nn.Module = run.ddp               # the model, or DDP around it
-        self.forward: Callable = run.ddp                  # what a training step calls (eager after a compile failure)
+        self.model: torch.nn.Module = run.model  # the plain module: saved and evaluated
+        self.ddp: torch.nn.Module = run.ddp  # the model, or DDP around it
+        self.forward: Callable = run.ddp  # what a training step calls (eager after a compile failure)
         self.device: torch.device = run.device
         self.autocast: Callable = run.autocast
         self.scaler: torch.amp.GradScaler = run.scaler
@@ -98,13 +111,21 @@ class Trainer:
         self.steps_per_epoch: int = run.steps_per_epoch
         self.total_steps: int = run.total_steps
         self.loop: LoopState = run.loop
-        self.state: dict = run.loop.progress              # the loop's progress: one dict, saved in every checkpoint
+        self.state: dict = run.loop.progress  # the loop's progress: one dict, saved in every checkpoint
         self.checkpoints = run.checkpoints
         self.metrics: MetricsFile = run.metrics
         self.run_info: RunInfo = run.run_info
         self.events: Events = run.events
-        self.evaluator = Evaluator(self.model, self.device, self.autocast, self.dist, self.num_workers, self.compile,
-                                   self.state, self._eager_after_compile_failure)
+        self.evaluator = Evaluator(
+            self.model,
+            self.device,
+            self.autocast,
+            self.dist,
+            self.num_workers,
+            self.compile,
+            self.state,
+            self._eager_after_compile_failure,
+        )
         return self
 
     # ------------------------------------------------------------------------------ the loop
@@ -114,10 +135,14 @@ class Trainer:
         t, st, after_epoch = self.cfg.train, self.state, after_epoch or (lambda history: None)
         try:
             if st["finished"]:
-                log.info("This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
-                         "longer, or use another --run-dir for a new run.", st["epoch"], t.epochs)
+                log.info(
+                    "This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
+                    "longer, or use another --run-dir for a new run.",
+                    st["epoch"],
+                    t.epochs,
+                )
                 return self.stored_report()
-            self.model.clear_cloud_probe()                   # a probe is fitted when training ends, not before
+            self.model.clear_cloud_probe()  # a probe is fitted when training ends, not before
             with self.stop.trapped():
                 done = st["epoch"] >= t.epochs
                 while True:
@@ -136,20 +161,39 @@ class Trainer:
         train_loss = self.train_epoch(epoch)
         val_loss, m, _ = self.validate(self.quick_val)
         memory = memory_readings(self.device)
-        record = {"epoch": epoch + 1, "step": st["step"], "train_loss": train_loss, "val_loss": val_loss,
-                  "r2": m["r2"], "mae_km": m["mae_km"], "rmse_km": m["rmse_km"], "cloud_accuracy": m.get("cloud_accuracy"),
-                  "lr": self.optimizer.param_groups[0]["lr"], "time_s": time.time() - t0}
+        record = {
+            "epoch": epoch + 1,
+            "step": st["step"],
+            "train_loss": train_loss,
+            "val_loss": val_loss,
+            "r2": m["r2"],
+            "mae_km": m["mae_km"],
+            "rmse_km": m["rmse_km"],
+            "cloud_accuracy": m.get("cloud_accuracy"),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time_s": time.time() - t0,
+        }
         st["history"].append(record)
         self.metrics.append({"kind": "epoch", **record, "memory": memory})
         self.events.epoch(record, format_memory(memory), self.compile.update().describe())
         cloud = "" if m.get("cloud_accuracy") is None else f" | cloud acc {m['cloud_accuracy']:.2f}"
-        log.info("Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km%s | lr %.1e | %.1f s | %s",
-                 epoch + 1, t.epochs, train_loss, val_loss, m["r2"], m["mae_km"], cloud, record["lr"],
-                 record["time_s"], format_memory(memory))
+        log.info(
+            "Epoch %d/%d | train_loss %.3f | val_loss %.3f | R2 %.2f | MAE %.3f km%s | lr %.1e | %.1f s | %s",
+            epoch + 1,
+            t.epochs,
+            train_loss,
+            val_loss,
+            m["r2"],
+            m["mae_km"],
+            cloud,
+            record["lr"],
+            record["time_s"],
+            format_memory(memory),
+        )
         stop = self._update_best(val_loss, epoch + 1)
         st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
         self.loop.reset_epoch()
-        self.run_info.write()                              # recompiles for validation show here
+        self.run_info.write()  # recompiles for validation show here
         if stop or st["epoch"] >= t.epochs:
             return True
         self.checkpoints.save("epoch_end")
@@ -166,15 +210,22 @@ class Trainer:
         n_total = self.sampler.batches_per_epoch()
         # Only the other processes are switched off here: on rank 0 tqdm's own TQDM_DISABLE decides (the
         # notebook's subprocess sets it; an explicit disable= would override it and flood the cell).
-        bar = tqdm(self.loader, total=n_total, initial=st["batch"], desc=f"epoch {epoch + 1}/{t.epochs}",
-                   unit="batch", leave=False, **({} if self.dist.is_main else {"disable": True}))
+        bar = tqdm(
+            self.loader,
+            total=n_total,
+            initial=st["batch"],
+            desc=f"epoch {epoch + 1}/{t.epochs}",
+            unit="batch",
+            leave=False,
+            **({} if self.dist.is_main else {"disable": True}),
+        )
         self.loop.window_t0 = time.time()
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         for batch in bar:
             loss = self.train_step(batch)
             ok = torch.isfinite(loss)
             finite &= ok
-            self.loop.add(loss, ok, len(batch["target"]))   # device-side sums: no sync per batch
+            self.loop.add(loss, ok, len(batch["target"]))  # device-side sums: no sync per batch
             st["batch"] += 1
             if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
                 # One sync per optimizer step, as a GradScaler has; all processes skip a step together.
@@ -220,24 +271,36 @@ class Trainer:
         n, mb = len(batch["target"]), st["micro_batch_size"]
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
-        totals = global_totals({k: batch[k].to(self.device) for k in ("weight", "has_height")}, self.dist.all_sum)
-        last_of_step = (st["batch"] + 1) % t.grad_accum_steps == 0 or \
-            st["batch"] + 1 == self.sampler.batches_per_epoch()
+        totals = global_totals(
+            {k: batch[k].to(self.device) for k in ("weight", "has_height")}, self.dist.all_sum
+        )
+        last_of_step = (st["batch"] + 1) % t.grad_accum_steps == 0 or st[
+            "batch"
+        ] + 1 == self.sampler.batches_per_epoch()
         total = torch.zeros((), device=self.device)
         for lo in range(0, n, mb):
             part = slice(lo, min(n, lo + mb))
-            frames = batch["frames"][part].to(self.device, non_blocking=True)          # (b, T, H, W)
-            scalars = batch["scalars"][part].to(self.device, non_blocking=True)        # (b, 3)
+            frames = batch["frames"][part].to(self.device, non_blocking=True)  # (b, T, H, W)
+            scalars = batch["scalars"][part].to(self.device, non_blocking=True)  # (b, 3)
             # (b,) each: standardised height, 1 where it has one, cloud flag, sample weight
-            labels = {k: batch[k][part].to(self.device, non_blocking=True)
-                      for k in ("target", "has_height", "cloud", "weight")}
+            labels = {
+                k: batch[k][part].to(self.device, non_blocking=True)
+                for k in ("target", "has_height", "cloud", "weight")
+            }
             # Gradients are averaged across processes once per optimizer step, in its last backward.
             with no_sync(self.ddp, skip=not (last_of_step and lo + mb >= n)):
                 with self.autocast():
                     out = self.forward(frames, scalars)
                 # This part's share of the batch's weighted means (exactly the means when not split).
-                loss = part_loss(out, labels, totals, t.huber_delta, t.hard_example_weight,   # only joint trains
-                                 t.cloud_loss_weight * (self.cfg.model.cloud_head == "joint"), t.height_loss_weight)
+                loss = part_loss(
+                    out,
+                    labels,
+                    totals,
+                    t.huber_delta,
+                    t.hard_example_weight,  # only joint trains
+                    t.cloud_loss_weight * (self.cfg.model.cloud_head == "joint"),
+                    t.height_loss_weight,
+                )
                 self.scaler.scale(loss * self.dist.world / t.grad_accum_steps).backward()
             total += loss.detach()
         return total
@@ -255,16 +318,18 @@ class Trainer:
     def skip_step(self) -> None:
         """A step whose loss was NaN/inf: its gradients are dropped and the weights stay as they were."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.caches_checked = count_nonfinite_step(self.state, self.cfg.train, self.train_set.caches +
-                                                   self.val_set.caches, self.caches_checked)
+        self.caches_checked = count_nonfinite_step(
+            self.state, self.cfg.train, self.train_set.caches + self.val_set.caches, self.caches_checked
+        )
 
     def _after_step(self) -> None:
-        """A checkpoint if one is due, the notebook's progress line, the test fault point, a stop asked for."""
+        """A checkpoint if one is due, the notebook's progress line, the test fault point, a stop asked
+        for."""
         st = self.state
         self.checkpoints.save_if_due(st["step"])
-        stop = self.dist.any_true(self.stop.asked, device=self.device)[0]   # signals differ between processes
+        stop = self.dist.any_true(self.stop.asked, device=self.device)[0]  # signals differ between processes
         if stop:
-            self.stop.ask()                                     # maybe another process was asked
+            self.stop.ask()  # maybe another process was asked
         self.progress(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
         self.run_info.report_compile()
         faults.point("step")
@@ -273,9 +338,13 @@ class Trainer:
 
     def _stop_now(self) -> None:
         self.checkpoints.save(self.stop.name, wait=True)
-        self.dist.barrier()                                     # no process leaves before the save is committed
-        log.warning("Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
-                    self.stop.name, self.state["step"], self.run_dir / "checkpoints")
+        self.dist.barrier()  # no process leaves before the save is committed
+        log.warning(
+            "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
+            self.stop.name,
+            self.state["step"],
+            self.run_dir / "checkpoints",
+        )
         raise KeyboardInterrupt(f"stopped by {self.stop.name}; progress saved")
 
     def _eager_after_compile_failure(self, failure: str) -> None:
@@ -288,8 +357,15 @@ class Trainer:
         return self.evaluator.validate(self.val_set, indices, self.cfg)
 
     def _update_best(self, val_loss: float, epoch: int) -> bool:
-        return update_best(self.state, val_loss, epoch, self.model, self.cfg.train.early_stopping_patience,
-                           self.save_best, self.run_dir / "best.pt")
+        return update_best(
+            self.state,
+            val_loss,
+            epoch,
+            self.model,
+            self.cfg.train.early_stopping_patience,
+            self.save_best,
+            self.run_dir / "best.pt",
+        )
 
     def save_best(self) -> None:
         self.checkpoints.save_best(self.model, float(np.nanmean(self.train_set.targets_km())))
@@ -298,41 +374,55 @@ class Trainer:
     def finish(self) -> dict:
         """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
         self.checkpoints.wait()
-        self.dist.barrier()                                  # rank 0's best.pt is written before anyone reads it
+        self.dist.barrier()  # rank 0's best.pt is written before anyone reads it
         report = self.evaluate_best()
         st = self.state
         st["finished"] = True
         if self.dist.is_main:
-            self.metrics.append({"kind": "final", "epoch": st["epoch"], "step": st["step"], **report["overall"],
-                                 "baseline": report["baseline"], "per_flight": report["per_flight"]})
+            self.metrics.append(
+                {
+                    "kind": "final",
+                    "epoch": st["epoch"],
+                    "step": st["step"],
+                    **report["overall"],
+                    "baseline": report["baseline"],
+                    "per_flight": report["per_flight"],
+                }
+            )
             if st["history"]:
                 plots.save_figure(plots.curves_figure(st["history"]), self.run_dir / "plots" / "curves.png")
             write_report(self.run_dir)
             self.events.scalars(st["step"], {f"final/{k}": v for k, v in report["overall"].items()})
             self.events.image(st["step"], "evaluation/scatter", self.run_dir / "plots" / "scatter.png")
-        self.checkpoints.save("final", wait=True)            # every rank: the snapshot gathers from all of them
+        self.checkpoints.save("final", wait=True)  # every rank: the snapshot gathers from all of them
         self.dist.barrier()
         if not self.dist.is_main:
             return report
         if self.checkpoints.failed_last:
-            raise CloudMLError(f"the final checkpoint could not be written ({self.checkpoints.failed_last}); the "
-                               f"results are in {self.run_dir}, but the run is not marked finished. Free space or fix "
-                               "the folder's permissions, then run the same command again.")
-        log.info("Full validation with the best model (epoch %d):\n%s", st["best_epoch"], format_report(report))
+            raise CloudMLError(
+                f"the final checkpoint could not be written ({self.checkpoints.failed_last}); the "
+                f"results are in {self.run_dir}, but the run is not marked finished. Free space or fix "
+                "the folder's permissions, then run the same command again."
+            )
+        log.info(
+            "Full validation with the best model (epoch %d):\n%s", st["best_epoch"], format_report(report)
+        )
         log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", self.run_dir)
         return report
 
     def evaluate_best(self) -> dict:
-        """The best weights loaded back (the newest if best.pt cannot be used), the cloud probe fitted, the full
-        evaluation with its intervals; rank 0 writes evaluation.json, predictions.csv, intervals.json, the plot."""
+        """The best weights loaded back (the newest if best.pt cannot be used), the cloud probe fitted, the
+        full evaluation with its intervals; rank 0 writes evaluation.json, predictions.csv, intervals.json,
+        the plot."""
         best = self.run_dir / "best.pt"
         load_best_weights(self.model, best, self.state, self.save_best)
         frames = matched_training_frames(self.cfg, self.train_set)
         if self.cfg.model.cloud_head == "probe":
             fit_cloud_probe(self.evaluator, frames, best, self.dist)
         _, _, scored = self.validate()
-        report, calibration = held_out_report(self.cfg, scored, self.train_set, self.val_set, frames,
-                                              self.state["best_epoch"])
+        report, calibration = held_out_report(
+            self.cfg, scored, self.train_set, self.val_set, frames, self.state["best_epoch"]
+        )
         if self.dist.is_main:
             write_held_out(self.run_dir, self.val_set, scored, report, calibration)
         return report
@@ -348,7 +438,8 @@ class Trainer:
         return report
 
     def close(self) -> None:
-        """Let an in-flight checkpoint finish, commit the TensorBoard events, then release the run directory."""
+        """Let an in-flight checkpoint finish, commit the TensorBoard events, then release the run
+        directory."""
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.lock is not None:

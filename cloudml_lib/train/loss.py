@@ -3,6 +3,7 @@ one, each sample weighted (data.overweight_factor), with optional extra weight o
 plus, with a cloud output, a binary cross-entropy on cloud / no-cloud over every sample, weighted by
 train.cloud_loss_weight. Both are weighted means over the global batch, whatever its split into
 micro-batches and processes."""
+
 from __future__ import annotations
 
 import torch
@@ -29,14 +30,24 @@ def global_totals(batch: dict, all_sum) -> tuple[torch.Tensor, torch.Tensor]:
     return all_sum(torch.stack([(weight * batch["has_height"]).sum(), weight.sum()]))
 
 
-def part_loss(out: Outputs, part: dict, totals: torch.Tensor, delta: float, hard_example_weight: float,
-              cloud_weight: float, height_weight: float = 1.0) -> torch.Tensor:
+def part_loss(
+    out: Outputs,
+    part: dict,
+    totals: torch.Tensor,
+    delta: float,
+    hard_example_weight: float,
+    cloud_weight: float,
+    height_weight: float = 1.0,
+) -> torch.Tensor:
     """This part of the global batch's share of its loss (exactly the loss when the batch is one part).
     `part`: target, has_height, cloud, weight on the device; `totals` from global_totals."""
     height, logit = out.float()
     w_height = part["weight"] * part["has_height"]
-    loss = height_weight * weighted_huber(height, part["target"], w_height, delta, hard_example_weight) * (
-        w_height.sum() / totals[0].clamp_min(1e-12))
+    loss = (
+        height_weight
+        * weighted_huber(height, part["target"], w_height, delta, hard_example_weight)
+        * (w_height.sum() / totals[0].clamp_min(1e-12))
+    )
     if logit is not None and cloud_weight > 0:
         bce = F.binary_cross_entropy_with_logits(logit, part["cloud"], reduction="none")
         loss = loss + cloud_weight * (bce * part["weight"]).sum() / totals[1].clamp_min(1e-12)
@@ -48,7 +59,18 @@ def batch_loss(out: Outputs, batch: dict, t) -> torch.Tensor:
     the benchmarks' reference loop. A batch without has_height / cloud (a plain height batch) counts every
     sample as a cloudy frame with a height."""
     ones = torch.ones_like(batch["target"])
-    part = {"target": batch["target"], "weight": batch.get("weight", ones),
-            "has_height": batch.get("has_height", ones), "cloud": batch.get("cloud", ones)}
-    return part_loss(out, part, global_totals(part, lambda x: x), t.huber_delta, t.hard_example_weight,
-                     t.cloud_loss_weight, t.height_loss_weight)
+    part = {
+        "target": batch["target"],
+        "weight": batch.get("weight", ones),
+        "has_height": batch.get("has_height", ones),
+        "cloud": batch.get("cloud", ones),
+    }
+    return part_loss(
+        out,
+        part,
+        global_totals(part, lambda x: x),
+        t.huber_delta,
+        t.hard_example_weight,
+        t.cloud_loss_weight,
+        t.height_loss_weight,
+    )

@@ -1,5 +1,6 @@
 """A training command: one run, or the two-phase protocol (pre-train on one flight, then fine-tune),
 each phase an ordinary resumable run; in a torchrun job, a peer's failure explained in plain words."""
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,10 @@ def check_pretrain_flight(cfg: Config, names: list[str]) -> list[str]:
     if p in cfg.data.validation_flights:
         return [f"train.pretrain_flight: {p!r} is a validation flight; pre-train on a training flight"]
     if cfg.data.overweight_flight and cfg.data.overweight_flight != p:
-        return [f"train.pretrain_flight: {p!r} and data.overweight_flight {cfg.data.overweight_flight!r} differ; "
-                "in the two-phase protocol the pre-training flight is the over-weighted one"]
+        return [
+            f"train.pretrain_flight: {p!r} and data.overweight_flight {cfg.data.overweight_flight!r} differ; "
+            "in the two-phase protocol the pre-training flight is the over-weighted one"
+        ]
     return []
 
 
@@ -57,12 +60,24 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
     if problems:
         raise ConfigError("; ".join(problems))
     keep = {cfg.train.pretrain_flight, *cfg.data.validation_flights}
-    phase1 = derive(cfg, {"data.flights": [f for f in cfg.data.flights if f.name in keep],
-                          "data.overweight_flight": "", "train.pretrain_flight": "",
-                          "train.epochs": cfg.train.pretrain_epochs})
+    phase1 = derive(
+        cfg,
+        {
+            "data.flights": [f for f in cfg.data.flights if f.name in keep],
+            "data.overweight_flight": "",
+            "train.pretrain_flight": "",
+            "train.epochs": cfg.train.pretrain_epochs,
+        },
+    )
     log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
     Trainer(phase1, run_dir / "pretrain", resume, dist=dist).setup().fit()
     phase2 = derive(cfg, {"data.overweight_flight": cfg.train.pretrain_flight})
-    log.info("Phase 2 of 2: fine-tuning on %s (%s weighted x%g)", ", ".join(n for n in names
-             if n not in cfg.data.validation_flights), cfg.train.pretrain_flight, cfg.data.overweight_factor)
-    return Trainer(phase2, run_dir, resume, init_from=run_dir / "pretrain" / "best.pt", dist=dist).setup().fit()
+    log.info(
+        "Phase 2 of 2: fine-tuning on %s (%s weighted x%g)",
+        ", ".join(n for n in names if n not in cfg.data.validation_flights),
+        cfg.train.pretrain_flight,
+        cfg.data.overweight_factor,
+    )
+    return (
+        Trainer(phase2, run_dir, resume, init_from=run_dir / "pretrain" / "best.pt", dist=dist).setup().fit()
+    )

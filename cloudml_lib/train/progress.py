@@ -1,6 +1,7 @@
 """What the outside sees of a running run: metrics.jsonl (MetricsFile, its one writer), run.json (the plan
 of this start and what torch.compile did), provenance.json, and the `@progress` lines the notebook's bar
 follows."""
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ class ProgressLines:
     """With CLOUDML_PROGRESS=1 (the notebook's training subprocess), one `@progress {json}` line on stdout
     after an optimizer step, at most twice a second: the notebook's bar follows every step, not only the
     logged ones, while tqdm's own bar is off (TQDM_DISABLE=1)."""
+
     PREFIX, EVERY_S = "@progress ", 0.5
 
     def __init__(self, enabled: bool):
@@ -47,9 +49,21 @@ class ProgressLines:
             return
         self.last = time.monotonic()
         try:
-            print(self.PREFIX + json.dumps({"step": state["step"], "total": total, "epoch": state["epoch"] + 1,
-                                            "epochs": epochs, "batch": state["batch"], "batches": batches}), flush=True)
-        except OSError:                  # the notebook is gone (a closed pipe): training goes on without it
+            print(
+                self.PREFIX
+                + json.dumps(
+                    {
+                        "step": state["step"],
+                        "total": total,
+                        "epoch": state["epoch"] + 1,
+                        "epochs": epochs,
+                        "batch": state["batch"],
+                        "batches": batches,
+                    }
+                ),
+                flush=True,
+            )
+        except OSError:  # the notebook is gone (a closed pipe): training goes on without it
             self.enabled = False
 
 
@@ -90,16 +104,29 @@ def log_step(loop, optimizer, metrics: MetricsFile, events, epoch: int, bar) -> 
     """A metrics.jsonl step record, TensorBoard's step scalars and the progress bar's postfix, from the loop's
     window sums (one device sync per log interval)."""
     acc, dist = loop.acc, loop.dist
-    loss_sum, batches, samples = dist.all_sum(torch.stack([
-        acc["window_loss"], acc["window_batches"].float(),
-        torch.tensor(float(acc["window_samples"]), device=loop.device)])).tolist()
+    loss_sum, batches, samples = dist.all_sum(
+        torch.stack(
+            [
+                acc["window_loss"],
+                acc["window_batches"].float(),
+                torch.tensor(float(acc["window_samples"]), device=loop.device),
+            ]
+        )
+    ).tolist()
     rate = samples / max(1e-9, time.time() - loop.window_t0)
-    record = {"kind": "step", "epoch": epoch + 1, "step": loop.progress["step"],
-              "loss": loss_sum / max(1.0, batches / dist.world),
-              "lr": optimizer.param_groups[0]["lr"], "samples_per_s": rate, "time": time.time()}
+    record = {
+        "kind": "step",
+        "epoch": epoch + 1,
+        "step": loop.progress["step"],
+        "loss": loss_sum / max(1.0, batches / dist.world),
+        "lr": optimizer.param_groups[0]["lr"],
+        "samples_per_s": rate,
+        "time": time.time(),
+    }
     metrics.append(record)
-    events.scalars(record["step"], {"train/loss": record["loss"], "train/lr": record["lr"],
-                                    "train/samples_per_s": rate})
+    events.scalars(
+        record["step"], {"train/loss": record["loss"], "train/lr": record["lr"], "train/samples_per_s": rate}
+    )
     bar.set_postfix(loss=f"{record['loss']:.3f}", samples_s=f"{rate:.1f}")
     loop.reset_window()
 

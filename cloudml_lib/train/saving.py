@@ -2,6 +2,7 @@
 end), the whole save in one call (snapshot, manifest, the TensorBoard events before it, the background
 commit), the stop when saves keep failing, and best.pt. The loop calls `save_if_due` after each step and
 `save` at an epoch's end or a stop; nothing else of saving is its concern."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,7 @@ from cloudml_lib.train.events import Events
 from cloudml_lib.train.progress import MetricsFile
 from cloudml_lib.train.state import snapshot
 
-MAX_FAILED_SAVES = 3          # checkpoints in a row that could not be written before training stops
+MAX_FAILED_SAVES = 3  # checkpoints in a row that could not be written before training stops
 
 
 class Checkpoints:
@@ -29,13 +30,23 @@ class Checkpoints:
     and, once opened, TensorBoard's events (committed before each checkpoint). `stalls`: how long each save
     held the loop, in seconds (the benchmarks read it)."""
 
-    def __init__(self, run_dir: Path, cfg: Config, dist: Dist, writer: CheckpointWriter | None, pieces: dict,
-                 loader_rng: torch.Generator, sampler: EpochBatchSampler, header: dict, metrics: MetricsFile,
-                 total_steps: int):
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: Config,
+        dist: Dist,
+        writer: CheckpointWriter | None,
+        pieces: dict,
+        loader_rng: torch.Generator,
+        sampler: EpochBatchSampler,
+        header: dict,
+        metrics: MetricsFile,
+        total_steps: int,
+    ):
         self.run_dir, self.cfg, self.dist, self.writer = Path(run_dir), cfg, dist, writer
         self.pieces, self.loader_rng, self.sampler, self.header = pieces, loader_rng, sampler, header
         self.metrics, self.total_steps = metrics, total_steps
-        self.events: Events | None = None               # opened once the resume point is known (build.py)
+        self.events: Events | None = None  # opened once the resume point is known (build.py)
         self.stalls: list[float] = []
         self.last_save = time.monotonic()
 
@@ -45,7 +56,9 @@ class Checkpoints:
 
     def snapshot(self) -> dict:
         """The state a resume needs, as CPU copies (collective: every process calls it; rank 0 gets it)."""
-        header = dict(self.header, **{Key.CONFIG: self.cfg.to_dict(), Key.METRICS_BYTES: self.metrics_bytes()})
+        header = dict(
+            self.header, **{Key.CONFIG: self.cfg.to_dict(), Key.METRICS_BYTES: self.metrics_bytes()}
+        )
         return snapshot(self.pieces, self.loader_rng, self.sampler, self.dist, header)
 
     def metrics_bytes(self) -> int:
@@ -63,11 +76,11 @@ class Checkpoints:
         return True
 
     def save(self, reason: str, wait: bool = False) -> float:
-        """Snapshot now (a step boundary), write the manifest, and commit in the background after the events up to
-        this step; returns how long the loop stalled. After MAX_FAILED_SAVES failed saves in a row training
-        stops: work that cannot be saved is at risk."""
+        """Snapshot now (a step boundary), write the manifest, and commit in the background after the events
+        up to this step; returns how long the loop stalled. After MAX_FAILED_SAVES failed saves in a row
+        training stops: work that cannot be saved is at risk."""
         t0 = time.perf_counter()
-        state = self.snapshot()                          # every rank: the snapshot gathers from all of them
+        state = self.snapshot()  # every rank: the snapshot gathers from all of them
         if self.writer is None:
             self.last_save = time.monotonic()
             return 0.0
@@ -75,12 +88,19 @@ class Checkpoints:
             self.writer.wait()
             raise CloudMLError(
                 f"{self.writer.failures_in_a_row} checkpoints in a row could not be written to "
-                f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more work goes "
-                "unsaved. Free space there or make it writable, then run the same command again to resume from "
-                "the last checkpoint that was written.")
-        marks = self.events.mark() if self.events else None          # the events up to this step go first
-        self.writer.submit(state, self.manifest(reason), wait=wait,
-                           before=(lambda: self.events.commit(marks)) if self.events else None)
+                f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more "
+                "work goes "
+                "unsaved. Free space there or make it writable, then run the same command again to resume "
+                "from "
+                "the last checkpoint that was written."
+            )
+        marks = self.events.mark() if self.events else None  # the events up to this step go first
+        self.writer.submit(
+            state,
+            self.manifest(reason),
+            wait=wait,
+            before=(lambda: self.events.commit(marks)) if self.events else None,
+        )
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.last_save = time.monotonic()
@@ -90,23 +110,42 @@ class Checkpoints:
         """meta.json: where the run is, in words a person (and `status`) reads without loading the state."""
         st = self.progress
         best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
-        return {"step": st["step"], "epoch": st["epoch"], "batch": st["batch"],
-                "samples_in_epoch": self.sampler.samples_before(st["batch"]), "epochs": self.cfg.train.epochs,
-                "batches_per_epoch": self.sampler.batches_per_epoch(), "total_steps": self.total_steps,
-                "finished": st["finished"], "stopped_early": st["stopped_early"], "run_id": st["run_id"],
-                "reason": reason, "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
-                "best_r2": best["r2"] if best else None, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        return {
+            "step": st["step"],
+            "epoch": st["epoch"],
+            "batch": st["batch"],
+            "samples_in_epoch": self.sampler.samples_before(st["batch"]),
+            "epochs": self.cfg.train.epochs,
+            "batches_per_epoch": self.sampler.batches_per_epoch(),
+            "total_steps": self.total_steps,
+            "finished": st["finished"],
+            "stopped_early": st["stopped_early"],
+            "run_id": st["run_id"],
+            "reason": reason,
+            "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
+            "best_r2": best["r2"] if best else None,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
 
     def save_best(self, model: torch.nn.Module, train_mean_km: float) -> None:
         """best.pt (rank 0): the weights and what evaluating or predicting with them needs (no optimizer)."""
         if not self.dist.is_main:
             return
         st = self.progress
-        save_atomic({Key.FORMAT: FORMAT_VERSION, Key.MODEL: to_cpu(dict(unwrap_model(model).state_dict())),
-                     Key.CONFIG: self.cfg.to_dict(), Key.SCALERS: self.header[Key.SCALERS],
-                     Key.EPOCH: st["best_epoch"], Key.STEP: st["step"], Key.VAL_LOSS: st["best_val_loss"],
-                     Key.TRAIN_MEAN_KM: float(train_mean_km), Key.PROVENANCE: self.header[Key.PROVENANCE]},
-                    self.run_dir / "best.pt")
+        save_atomic(
+            {
+                Key.FORMAT: FORMAT_VERSION,
+                Key.MODEL: to_cpu(dict(unwrap_model(model).state_dict())),
+                Key.CONFIG: self.cfg.to_dict(),
+                Key.SCALERS: self.header[Key.SCALERS],
+                Key.EPOCH: st["best_epoch"],
+                Key.STEP: st["step"],
+                Key.VAL_LOSS: st["best_val_loss"],
+                Key.TRAIN_MEAN_KM: float(train_mean_km),
+                Key.PROVENANCE: self.header[Key.PROVENANCE],
+            },
+            self.run_dir / "best.pt",
+        )
 
     def wait(self) -> None:
         if self.writer is not None:
@@ -124,4 +163,3 @@ class Checkpoints:
             self.events.close()
         if self.writer is not None:
             self.writer.close()
-

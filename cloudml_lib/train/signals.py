@@ -1,5 +1,6 @@
 """A stop asked for by a signal: SIGTERM and a first Ctrl-C stop at the next step boundary, with a
 checkpoint; a second Ctrl-C stops at once."""
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,11 @@ class StopRequest:
             if self.signum is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.signum = signum
-            log.warning("%s received: stopping after the current step with a checkpoint (Ctrl-C again to stop "
-                        "at once)", signal.Signals(signum).name)
+            log.warning(
+                "%s received: stopping after the current step with a checkpoint (Ctrl-C again to stop "
+                "at once)",
+                signal.Signals(signum).name,
+            )
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:

@@ -11,6 +11,7 @@ Resume is exact: the loop's progress is one dict, the data order is a function o
 sliced at the saved batch, and every RNG, the optimizer, scheduler and scaler are restored. A run
 killed at any moment and resumed ends bit-identical to one never interrupted.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,11 +34,23 @@ log = logging.getLogger(__name__)
 
 def new_progress() -> dict:
     """The loop's progress: everything about where the run is, in one dict (saved in every checkpoint)."""
-    return {"epoch": 0, "step": 0, "batch": 0, "best_val_loss": math.inf, "best_epoch": 0,
-            "bad_epochs": 0, "history": [], "finished": False, "stopped_early": False,
-            "micro_batch_size": None, "eval_batch_size": None, "oom_recoveries": 0,
-            "nonfinite_in_a_row": 0, "nonfinite_total": 0,
-            "run_id": uuid.uuid4().hex[:12]}          # which run a checkpoint belongs to (--resume PATH)
+    return {
+        "epoch": 0,
+        "step": 0,
+        "batch": 0,
+        "best_val_loss": math.inf,
+        "best_epoch": 0,
+        "bad_epochs": 0,
+        "history": [],
+        "finished": False,
+        "stopped_early": False,
+        "micro_batch_size": None,
+        "eval_batch_size": None,
+        "oom_recoveries": 0,
+        "nonfinite_in_a_row": 0,
+        "nonfinite_total": 0,
+        "run_id": uuid.uuid4().hex[:12],
+    }  # which run a checkpoint belongs to (--resume PATH)
 
 
 class LoopState:
@@ -71,7 +84,7 @@ class LoopState:
         self.acc["window_loss"] = torch.zeros((), device=self.device)
         self.acc["window_batches"] = torch.zeros((), device=self.device)
         self.acc["window_samples"] = 0
-        self.window_t0 = time.time()                # not saved: a resumed window's rate starts anew
+        self.window_t0 = time.time()  # not saved: a resumed window's rate starts anew
 
     def state_dict(self) -> dict:
         """Collective: every process calls it (the sums are over all of them)."""
@@ -81,9 +94,11 @@ class LoopState:
 
     def load_state_dict(self, saved: dict) -> None:
         saved = dict(saved)
-        self.acc = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) * self.dist.is_main
-                    for k, v in saved.pop("acc").items()}
-        self.progress.update(saved)                 # in place: the Trainer's `state` is this dict
+        self.acc = {
+            k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) * self.dist.is_main
+            for k, v in saved.pop("acc").items()
+        }
+        self.progress.update(saved)  # in place: the Trainer's `state` is this dict
 
 
 class Weights:
@@ -102,8 +117,13 @@ class Weights:
 def stateful(model, optimizer, scheduler, scaler, loop: LoopState) -> dict:
     """What a checkpoint holds, by constant key (checkpoint.PIECES): a new piece of state (a second output's
     head, a tracker's position) is one more entry here."""
-    pieces = {Key.MODEL: Weights(model), Key.OPTIMIZER: optimizer, Key.SCHEDULER: scheduler, Key.SCALER: scaler,
-              Key.LOOP: loop}
+    pieces = {
+        Key.MODEL: Weights(model),
+        Key.OPTIMIZER: optimizer,
+        Key.SCHEDULER: scheduler,
+        Key.SCALER: scaler,
+        Key.LOOP: loop,
+    }
     assert tuple(pieces) == PIECES, "the pieces a checkpoint holds are checkpoint.PIECES"
     return pieces
 
@@ -118,15 +138,31 @@ def snapshot(pieces: dict, loader_rng: torch.Generator, sampler, dist: Dist, hea
     if not dist.is_main:
         return {}
     progress = pieces[Key.LOOP].progress
-    return {Key.FORMAT: FORMAT_VERSION, **to_cpu(states), Key.RNG: rng_ranks[0],
-            Key.RNG_RANKS: rng_ranks if len(rng_ranks) > 1 else None,
-            Key.SAMPLER: {"seed": sampler.seed, "epoch": progress["epoch"], "position": progress["batch"],
-                          "samples": sampler.samples_before(progress["batch"])},
-            Key.PROCESSES: dist.world, **header}
+    return {
+        Key.FORMAT: FORMAT_VERSION,
+        **to_cpu(states),
+        Key.RNG: rng_ranks[0],
+        Key.RNG_RANKS: rng_ranks if len(rng_ranks) > 1 else None,
+        Key.SAMPLER: {
+            "seed": sampler.seed,
+            "epoch": progress["epoch"],
+            "position": progress["batch"],
+            "samples": sampler.samples_before(progress["batch"]),
+        },
+        Key.PROCESSES: dist.world,
+        **header,
+    }
 
 
-def restore(found: Found, pieces: dict, loader_rng: torch.Generator, metrics_path: Path, cfg: Config, dist: Dist,
-            batches_per_epoch: int) -> None:
+def restore(
+    found: Found,
+    pieces: dict,
+    loader_rng: torch.Generator,
+    metrics_path: Path,
+    cfg: Config,
+    dist: Dist,
+    batches_per_epoch: int,
+) -> None:
     """Each registered piece from its key, this process's RNGs, the metrics file cut back to the
     checkpoint's length; a finished run given more epochs carries on."""
     saved = found.state
@@ -134,18 +170,29 @@ def restore(found: Found, pieces: dict, loader_rng: torch.Generator, metrics_pat
         piece.load_state_dict(saved[key])
     per_rank = saved.get(Key.RNG_RANKS) or [saved[Key.RNG]]
     if len(per_rank) != dist.world:
-        log.warning("This run was saved by %d process(es) and resumes with %d: the data order and batches are "
-                    "the same, the dropout random streams start anew (the result is not bit-identical to an "
-                    "uninterrupted run).", len(per_rank), dist.world)
+        log.warning(
+            "This run was saved by %d process(es) and resumes with %d: the data order and batches are "
+            "the same, the dropout random streams start anew (the result is not bit-identical to an "
+            "uninterrupted run).",
+            len(per_rank),
+            dist.world,
+        )
     restore_rng(per_rank[dist.rank % len(per_rank)], loader_rng)
     truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
     st = pieces[Key.LOOP].progress
     if st["finished"] and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st["stopped_early"]:
-        st["finished"] = False                          # more epochs asked for: carry on
-    where = "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/{batches_per_epoch}"
+        st["finished"] = False  # more epochs asked for: carry on
+    where = (
+        "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/{batches_per_epoch}"
+    )
     rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
-    log.info("Resumed from step %d (%s), saved %s%s", st["step"], where,
-             ago(time.time() - read_meta(found.folder)["saved_at"]), rejected)
+    log.info(
+        "Resumed from step %d (%s), saved %s%s",
+        st["step"],
+        where,
+        ago(time.time() - read_meta(found.folder)["saved_at"]),
+        rejected,
+    )
 
 
 def ago(seconds: float) -> str:
@@ -155,20 +202,28 @@ def ago(seconds: float) -> str:
 def capture_rng(*generators: torch.Generator) -> dict:
     """Every random number generator a resumed run must continue exactly."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(),
-            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "torch": torch.get_rng_state(),
-            "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
-            "generators": [g.get_state() for g in generators]}
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+        "generators": [g.get_state() for g in generators],
+    }
 
 
 def restore_rng(state: dict, *generators: torch.Generator) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
