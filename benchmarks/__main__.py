@@ -173,7 +173,8 @@ def compile_md(d: dict) -> list[str]:
             if "failed" in r:
                 lines.append(f"| {key} | {ckpt} | {names[variant]} | failed: {r['failed']} |||||||")
                 continue
-            model = f"{key} ({'/'.join(map(str, r['channels']))}, {r['frame'][0]} x {r['frame'][1]}, batch {r['batch']})"
+            channels = "/".join(map(str, r["channels"]))
+            model = f"{key} ({channels}, {r['frame'][0]} x {r['frame'][1]}, batch {r['batch']})"
             pays = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:,} steps"
             lines.append(
                 f"| {model} | {'on' if ckpt == 'ckpt' else 'off'} | {names[variant]} | "

@@ -36,19 +36,39 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cloudml_lib", description="CloudML: cloud base height from ER-2 IR frames")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_training_commands(sub)
+    _add_result_commands(sub)
+    _add_data_commands(sub)
+    return p
 
-    t = sub.add_parser("train", help="train a model (on the demo flights with --preset demo)")
-    _config_arguments(t)
-    t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
-    t.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    t.add_argument(
+
+def _set_argument(parser, example: str = ", e.g. --set train.epochs=3") -> None:
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one config value; repeatable, e.g. --set train.epochs=3",
+        help=f"override one config value; repeatable{example}",
     )
+
+
+def _data_dir_argument(parser, moved: bool = False) -> None:
+    parser.add_argument(
+        "--data-dir",
+        help="folder of the flight files, if they moved since training"
+        if moved
+        else "folder of the flight files (overrides data.dir)",
+    )
+
+
+def _add_training_commands(sub) -> None:
+    """train, crossval, sweep: the commands that train, each resumable."""
+    t = sub.add_parser("train", help="train a model (on the demo flights with --preset demo)")
+    _config_arguments(t)
+    t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
+    _data_dir_argument(t)
+    _set_argument(t)
     t.add_argument(
         "--resume",
         default="auto",
@@ -56,23 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): continue from the newest valid checkpoint in the run directory; "
         "never: refuse to touch an existing run; PATH: continue from that checkpoint",
     )
-
     c = sub.add_parser("crossval", help="leave-one-flight-out cross-validation with baselines (resumable)")
     _config_arguments(c)
     c.add_argument("--run-dir", required=True, help="where the folds, crossval.json and crossval.md go")
-    c.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    c.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value; repeatable",
-    )
+    _data_dir_argument(c)
+    _set_argument(c, "")
     c.add_argument(
         "--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)"
     )
-
     sw = sub.add_parser(
         "sweep",
         help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
@@ -87,24 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--trials", type=int, required=True, help="how many trials in all (raise it to add trials)"
     )
     sw.add_argument("--run-dir", required=True, help="the sweep folder: trials/<n>, study.journal, report.md")
-    sw.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    sw.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value for every trial; repeatable",
-    )
+    _data_dir_argument(sw)
+    _set_argument(sw, " (for every trial)")
 
+
+def _add_result_commands(sub) -> None:
+    """compare, predict, status, evaluate: the commands that read runs."""
     cm = sub.add_parser(
         "compare",
-        help="runs, cross-validations or sweep trials side by side: the settings that "
-        "differ, held-out metrics, epochs, time, compiled",
+        help="runs, cross-validations or sweep trials side by side: the settings "
+        "that differ, held-out metrics, epochs, time, compiled",
     )
     cm.add_argument("run_dirs", nargs="+", metavar="DIR")
     cm.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
-
     pr = sub.add_parser(
         "predict", help="cloud base height for every frame of whole flights (NetCDF, CSV, plots)"
     )
@@ -113,49 +119,42 @@ def build_parser() -> argparse.ArgumentParser:
         "--flights",
         nargs="+",
         metavar="NAME",
-        help="flights to predict (default: the run's validation "
-        "flights); any flight found in data.dir, the CPL file optional",
+        help="flights to predict (default: the run's "
+        "validation flights); any flight found in data.dir, the CPL file optional",
     )
     pr.add_argument("--out", help="folder for the files (default: RUN_DIR/predictions)")
-    pr.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
+    _data_dir_argument(pr, moved=True)
     pr.add_argument(
         "--calibration",
         metavar="DIR",
-        help="calibrate the prediction intervals with DIR/intervals.json "
-        "(a cross-validation's: the error on flights never seen); default: the run's own",
+        help="calibrate the prediction intervals with "
+        "DIR/intervals.json (a cross-validation's: the error on flights never seen); default: the "
+        "run's own",
     )
-
     s = sub.add_parser(
         "status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint"
     )
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-
     e = sub.add_parser("evaluate", help="score a run's best model on its validation flights")
     e.add_argument("--run-dir", required=True)
-    e.add_argument("--data-dir", help="folder of the flight files, if they moved since training")
+    _data_dir_argument(e, moved=True)
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
+
+def _add_data_commands(sub) -> None:
+    """labels, diagnose, make-demo-data: the data and the machine, nothing trained."""
     lb = sub.add_parser(
         "labels",
         help="the labels a config yields, per flight and filter (no frames read, no "
-        "training), e.g. with configs/reproduce_published.yaml",
+        "training), e.g. with --preset published",
     )
     _config_arguments(lb, "e.g. --preset published: the users' published label sets")
-    lb.add_argument("--data-dir", help="folder of the flight files (overrides data.dir)")
-    lb.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value; repeatable, e.g. --set data.label_layer=top",
-    )
-
+    _data_dir_argument(lb)
+    _set_argument(lb, ", e.g. --set data.label_layer=top")
     g = sub.add_parser("diagnose", help="the machine, its memory and what to use on it")
     _config_arguments(g, "also check the disk and cache for this config", required=False)
     g.add_argument("--json", action="store_true", help="print one JSON object")
-
     d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
     d.add_argument("--out", required=True, help="folder to write the flight files into")
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
@@ -164,7 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--size", default="80x96", help="raw frame ROWSxCOLS (default 80x96; the real camera: 512x640)"
     )
-    return p
 
 
 PRESETS = ("auto", "A", "B", "C", "demo", "published")

@@ -514,7 +514,13 @@ def check_flight_names(
 
 def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     """Rules that involve more than one key."""
-    d, m, t = cfg.data, cfg.model, cfg.train
+    _check_flights(cfg.data, problems)
+    _check_frames(cfg.data, problems)
+    _check_settings(cfg, problems)
+
+
+def _check_flights(d: DataConfig, problems: list[str]) -> None:
+    """data.flights entries built and checked (each names its files), and the flight names they give."""
     flights = []
     roles = ("ir_file", "cpl_file", "nav_file") if d.angles_source == "nav" else ("ir_file", "cpl_file")
     for i, raw in enumerate(d.flights):
@@ -532,6 +538,10 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
         problems.append(
             f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}"
         )
+
+
+def _check_frames(d: DataConfig, problems: list[str]) -> None:
+    """The window (an odd T) and the frame's crop and downsampling (enough rows left for the network)."""
     if d.temporal_frames % 2 == 0:
         problems.append(
             f"data.temporal_frames: {d.temporal_frames} is even, so no frame is the centre of the window; "
@@ -557,6 +567,12 @@ def _check_cross_field(cfg: Config, problems: list[str]) -> None:
                 else f"keep at least {MIN_FRAME_SIDE} rows in data.swath_slice"
             )
         )
+
+
+def _check_settings(cfg: Config, problems: list[str]) -> None:
+    """The label range, the DEM threshold, the model's channels, the losses, the batch and compile
+    settings."""
+    d, m, t = cfg.data, cfg.model, cfg.train
     if d.cbh_min_km >= d.cbh_max_km:
         problems.append(f"data.cbh_min_km ({d.cbh_min_km}) must be below data.cbh_max_km ({d.cbh_max_km})")
     if isinstance(d.max_dem_surface_m, (int, float)) and not 0 <= d.max_dem_surface_m <= MAX_DEM_SURFACE_M:
@@ -620,6 +636,33 @@ def build_config(raw: dict | None, source: str = "config") -> Config:
         raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
     _absolute_paths(cfg.data)
     return cfg
+
+
+def settings_table() -> str:
+    """The settings as a Markdown table (README.md's, checked by tests/test_readme.py): key, default, valid
+    values, whether a resumed run may change it, meaning. data.keys.* (the files' dataset names) are left
+    out."""
+    rows = ["| key | default | valid | on resume | meaning |", "|---|---|---|---|---|"]
+    for section in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                continue
+            m = f.metadata
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            words = value_type(hints[f.name])[1]
+            valid = (
+                ", ".join(map(str, m["choices"]))
+                if m.get("choices")
+                else (f"{m['range'][0]} to {m['range'][1]}" if m.get("range") else "")
+            )
+            valid = ", ".join([valid, *words]) if valid and words else valid or ", ".join(words)
+            meaning = m["help"].replace("|", "&#124;")
+            rows.append(
+                f"| `{section.name}.{f.name}` | `{default!r}` | {valid} | {m['resume']} | {meaning} |"
+            )
+    return "\n".join(rows)
 
 
 def resume_rules(cls=None, prefix: str = "") -> dict[str, str]:

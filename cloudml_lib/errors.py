@@ -96,7 +96,10 @@ def explain_os_error(e: OSError, places: dict[str, str] | None = None, resumes: 
                 "it away."
             )
     if e.errno == errno.EISDIR and e.filename:
-        return f"{e.filename} is a folder, but a file is needed there. Move the folder away or choose another path."
+        return (
+            f"{e.filename} is a folder, but a file is needed there. "
+            "Move the folder away or choose another path."
+        )
     if e.errno == errno.EIO:
         return (
             f"input/output error on {where} ({e.strerror}). On Colab this happens when Google Drive "

@@ -269,51 +269,14 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, command)
     best = run_dir / "best.pt"
-    if not best.is_file():
-        if has_run(run_dir):
-            raise CloudMLError(
-                f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
-                f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again."
-            )
-        raise CloudMLError(
-            f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})"
-        )
-    ckpt = load_checkpoint(best)
-    missing = [k for k in BEST_KEYS if k not in ckpt]
-    if missing:
-        raise CloudMLError(
-            f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
-            f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it."
-        )
+    ckpt = _read_best(best, run_dir, has_run(run_dir))
     try:
         cfg = config_from_dict(ckpt[Key.CONFIG])
     except CloudMLError as e:
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
     if data_dir:  # the flights moved since training
         cfg = derive(cfg, {"data.dir": data_dir})
-    stored = cloud_head_of(ckpt[Key.MODEL])
-    if stored is not None and stored != cfg.model.cloud_head:
-        log.warning(
-            "%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
-            best,
-            stored,
-            cfg.model.cloud_head,
-            stored,
-        )
-        cfg = derive(cfg, {"model.cloud_head": stored})
-    if stored == "none" or (stored == "probe" and not int(ckpt[Key.MODEL]["cloud_fitted"])):
-        log.warning(
-            "%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag "
-            "or "
-            "probability. %s",
-            best,
-            "trained without one"
-            if stored == "none"
-            else "it is fitted when training ends, and this run has not ended",
-            "Retrain with model.cloud_head: probe to get them."
-            if stored == "none"
-            else f"Finish the run (train again on {run_dir}).",
-        )
+    cfg = _with_stored_cloud_head(cfg, ckpt[Key.MODEL], best, run_dir)
     model = build_model(cfg)
     film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
@@ -336,6 +299,55 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     dtype = choose_precision(device).dtype
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
     return RunModel(model, cfg, ckpt, device, autocast)
+
+
+def _read_best(best: Path, run_dir: Path, run_exists: bool) -> dict:
+    """best.pt loaded (weights only), with every key evaluating or predicting needs."""
+    if not best.is_file():
+        if run_exists:
+            raise CloudMLError(
+                f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
+                f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again."
+            )
+        raise CloudMLError(
+            f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})"
+        )
+    ckpt = load_checkpoint(best)
+    missing = [k for k in BEST_KEYS if k not in ckpt]
+    if missing:
+        raise CloudMLError(
+            f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
+            f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it."
+        )
+    return ckpt
+
+
+def _with_stored_cloud_head(cfg: Config, weights: dict, best: Path, run_dir: Path) -> Config:
+    """The config with the cloud head the weights were made with (an earlier CloudML named it otherwise), and
+    a word when the model gives no cloud output."""
+    stored = cloud_head_of(weights)
+    if stored is not None and stored != cfg.model.cloud_head:
+        log.warning(
+            "%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
+            best,
+            stored,
+            cfg.model.cloud_head,
+            stored,
+        )
+        cfg = derive(cfg, {"model.cloud_head": stored})
+    if stored == "none" or (stored == "probe" and not int(weights["cloud_fitted"])):
+        log.warning(
+            "%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag "
+            "or probability. %s",
+            best,
+            "trained without one"
+            if stored == "none"
+            else "it is fitted when training ends, and this run has not ended",
+            "Retrain with model.cloud_head: probe to get them."
+            if stored == "none"
+            else f"Finish the run (train again on {run_dir}).",
+        )
+    return cfg
 
 
 def cloud_head_of(state: dict) -> str | None:

@@ -127,20 +127,48 @@ def predict_flight(
     scalars = scalar_inputs(
         inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers
     )
+    spec, path = FrameSpec.of(data), Path(data.dir) / flight.ir_file
+    encodings, blank, filled = encode_flight(
+        model,
+        (pool or FramePool(0)).blocks(
+            path, data.keys.ir_signal, flight.name, np.arange(n), spec, backend, ahead=BLOCK
+        ),
+        n,
+        flight.name,
+        FrameEncoder(model, device, batch_size, autocast),
+    )
+    first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
+    out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
+    pred, logit = out["height"].astype(np.float64), out["cloud_logit"]
+    prob = (
+        np.full(n, np.nan) if logit is None else 1 / (1 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
+    )
+    pred[blank] = prob[blank] = np.nan  # no image, no answer (as training drops such labels)
+    keep = np.isfinite(inputs["t"])
+    counts = {
+        "frames": int(n),
+        "no_time": int((~keep).sum()),
+        "blank": int((blank & keep).sum()),
+        "filled_pixels": int(filled),
+        "predicted": int((keep & ~blank).sum()),
+    }
+    _say_counts(flight.name, counts)
+    out = {k: v[keep] for k, v in inputs.items()}
+    out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
+    out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
+    out["frame_index"] = np.flatnonzero(keep)
+    out["counts"] = counts
+    return out
+
+
+def encode_flight(
+    model, stream, n: int, name: str, encode: FrameEncoder
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(each frame's encoding (n, C), which frames are blank, the non-finite pixels filled) of a flight
+    streamed in blocks: frames wait until a whole batch is there (the last one need not be whole)."""
     blank, filled = np.zeros(n, bool), 0
     encodings = np.empty((n, model.feature_width), np.float32)  # (n, C): small, whatever n is
-    pool = pool or FramePool(0)
-    stream = pool.blocks(
-        Path(data.dir) / flight.ir_file,
-        data.keys.ir_signal,
-        flight.name,
-        np.arange(n),
-        FrameSpec.of(data),
-        backend,
-        ahead=BLOCK,
-    )
-    encode = FrameEncoder(model, device, batch_size, autocast)
-    bar = tqdm(total=n, desc=f"predict {flight.name}", unit="frame")
+    bar = tqdm(total=n, desc=f"predict {name}", unit="frame")
     index, frames = np.zeros(0, np.int64), None  # frames received, not encoded yet (< one batch)
     try:
         done = 0
@@ -158,46 +186,28 @@ def predict_flight(
     finally:
         bar.close()
         stream.close()
-    first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
-    out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
-    logit = out["cloud_logit"]
-    pred = out["height"].astype(np.float64)
-    prob = (
-        np.full(n, np.nan)
-        if logit is None
-        else 1.0 / (1.0 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
-    )
-    pred[blank] = prob[blank] = np.nan  # no image, no answer (as training drops such labels)
-    keep = np.isfinite(inputs["t"])
-    counts = {
-        "frames": int(n),
-        "no_time": int((~keep).sum()),
-        "blank": int((blank & keep).sum()),
-        "filled_pixels": int(filled),
-    }
-    counts["predicted"] = int((keep & ~blank).sum())
+    return encodings, blank, filled
+
+
+def _say_counts(name: str, counts: dict) -> None:
     if counts["no_time"]:
-        log.info("flight %s: %d frames without a usable time are left out", flight.name, counts["no_time"])
+        log.info("flight %s: %d frames without a usable time are left out", name, counts["no_time"])
     if counts["blank"]:
         log.warning(
             "flight %s: %d frames are blank (no finite pixel, or every pixel equal): no height for them "
             "(NaN in the files)%s",
-            flight.name,
+            name,
             counts["blank"],
-            "; more than 5% of the flight, check the IR file" if counts["blank"] > 0.05 * n else "",
+            "; more than 5% of the flight, check the IR file"
+            if counts["blank"] > 0.05 * counts["frames"]
+            else "",
         )
-    if filled:
+    if counts["filled_pixels"]:
         log.warning(
             "flight %s: %d non-finite pixels replaced by their frame's median, as in training",
-            flight.name,
-            filled,
+            name,
+            counts["filled_pixels"],
         )
-    out = {k: v[keep] for k, v in inputs.items()}
-    out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
-    out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
-    out["frame_index"] = np.flatnonzero(keep)
-    out["counts"] = counts
-    return out
 
 
 def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None) -> None:

@@ -113,67 +113,57 @@ def build_report_md(run_dir: Path) -> str:
     for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
         if (run_dir / name).is_file():
             out += [f"## {title}", "", f"![{title}]({name})", ""]
-    flights = sorted((run_dir / "predictions").glob("*_cbh.nc"))
-    if flights:
-        out += ["## Whole flights", ""]
-        counts = _read_json(run_dir / "predictions" / "summary.json")
-        for nc in flights:
-            flight = nc.name[: -len("_cbh.nc")]
-            c = counts.get(flight)
-            said = (
-                ""
-                if not c
-                else (
-                    f"{c['predicted']} of {c['frames']} frames predicted"
-                    + (
-                        f"; {c['blank']} blank frames (no finite pixel, or no contrast) have no height"
-                        if c["blank"]
-                        else ""
-                    )
-                    + (
-                        f"; {c['no_time']} frame{'s' * (c['no_time'] != 1)} without a usable time left out"
-                        if c["no_time"]
-                        else ""
-                    )
-                    + (
-                        f"; {c['filled_pixels']} non-finite pixels filled with their frame's median"
-                        if c["filled_pixels"]
-                        else ""
-                    )
-                    + (
-                        f"; {c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)"
-                        if "cloud" in c
-                        else ""
-                    )
-                    + (
-                        f"; the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of "
-                        "the frames it "
-                        "profiled"
-                        if c.get("cpl_cloud_agreement") is not None
-                        else ""
-                    )
-                    + (
-                        f"; {c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals"
-                        if c.get("cpl_inside_interval") is not None
-                        else ""
-                    )
-                    + "."
-                )
-            )
-            out += [
-                f"### {flight}",
-                "",
-                f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`. " + said,
-                "",
-                f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)",
-                "",
-                f"![Track of flight {flight}](predictions/{flight}_track.png)",
-                "",
-            ]
+    out += whole_flights_section(run_dir)
     crossval = run_dir / "crossval.md"
     if crossval.is_file():
         out += ["## Cross-validation", "", *crossval.read_text().splitlines()[1:], ""]
     return "\n".join(out)
+
+
+def whole_flights_section(run_dir: Path) -> list[str]:
+    """Each flight predicted into RUN_DIR/predictions: its files, its counts in words, its two figures."""
+    flights = sorted((run_dir / "predictions").glob("*_cbh.nc"))
+    if not flights:
+        return []
+    out = ["## Whole flights", ""]
+    counts = _read_json(run_dir / "predictions" / "summary.json")
+    for nc in flights:
+        flight = nc.name[: -len("_cbh.nc")]
+        out += [
+            f"### {flight}",
+            "",
+            f"Data: `predictions/{nc.name}` (NetCDF, CF) and `predictions/{flight}_cbh.csv`. "
+            + counts_in_words(counts.get(flight)),
+            "",
+            f"![CBH along flight {flight}](predictions/{flight}_cbh_along_flight.png)",
+            "",
+            f"![Track of flight {flight}](predictions/{flight}_track.png)",
+            "",
+        ]
+    return out
+
+
+def counts_in_words(c: dict | None) -> str:
+    """One flight's summary.json counts as a sentence ("" without them)."""
+    if not c:
+        return ""
+    parts = [f"{c['predicted']} of {c['frames']} frames predicted"]
+    if c["blank"]:
+        parts.append(f"{c['blank']} blank frames (no finite pixel, or no contrast) have no height")
+    if c["no_time"]:
+        parts.append(f"{c['no_time']} frame{'s' * (c['no_time'] != 1)} without a usable time left out")
+    if c["filled_pixels"]:
+        parts.append(f"{c['filled_pixels']} non-finite pixels filled with their frame's median")
+    if "cloud" in c:
+        parts.append(f"{c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)")
+    if c.get("cpl_cloud_agreement") is not None:
+        parts.append(
+            f"the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of the frames it "
+            "profiled"
+        )
+    if c.get("cpl_inside_interval") is not None:
+        parts.append(f"{c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals")
+    return "; ".join(parts) + "."
 
 
 def _read_json(path: Path) -> dict:

@@ -308,6 +308,14 @@ def truncate_metrics(path: Path, size: int) -> None:
     path.touch()
 
 
+def is_finished(run_dir: Path | None) -> bool:
+    """A run that trained to its end (its newest valid checkpoint says so); an unreadable one is not."""
+    try:
+        return run_dir is not None and has_run(run_dir) and bool(run_status(run_dir)["finished"])
+    except Exception:  # noqa: BLE001 - an unreadable run is simply not finished
+        return False
+
+
 def run_status(run_dir: str | Path) -> dict:
     """Where a run stands, from its newest valid checkpoint's manifest and its metrics."""
     run_dir = Path(run_dir)
@@ -343,37 +351,46 @@ def run_status(run_dir: str | Path) -> dict:
         "compile": _read_run_info(run_dir).get("compile"),
     }
     if found.folder is not None:
-        meta = found.meta
-        status.update(
-            {
-                k: meta.get(k)
-                for k in (
-                    "epochs",
-                    "step",
-                    "total_steps",
-                    "batch",
-                    "batches_per_epoch",
-                    "finished",
-                    "best_metric",
-                    "best_r2",
-                )
-            }
-        )
-        # `epoch` is the epoch in progress (1-based), as in the resume banner; a finished run shows its last
-        status["epochs_completed"] = meta["epoch"]
-        status["epoch"] = meta["epoch"] if meta["finished"] else min(meta["epoch"] + 1, meta["epochs"])
-        status["progress"] = 100.0 * meta["step"] / meta["total_steps"] if meta.get("total_steps") else 0.0
-        status["latest_checkpoint"] = str(found.folder / meta.get("file", "state.pt"))
-        status["latest_checkpoint_age_s"] = max(0.0, time.time() - float(meta["saved_at"]))
-    lock = Path(run_dir) / LOCK
-    if lock.exists():
-        try:
-            info = json.loads(lock.read_text())
-            if holder_alive(info):
-                status["locked_by"] = f"{info.get('host')}:{info.get('pid')}"
-        except (OSError, ValueError):
-            pass
+        status.update(_position(found))
+    status["locked_by"] = _lock_holder(run_dir)
     return status
+
+
+MANIFEST_FIELDS = (
+    "epochs",
+    "step",
+    "total_steps",
+    "batch",
+    "batches_per_epoch",
+    "finished",
+    "best_metric",
+    "best_r2",
+)
+
+
+def _position(found: Found) -> dict:
+    """Where the newest valid checkpoint says the run is. `epoch` is the epoch in progress (1-based), as in
+    the resume banner; a finished run shows its last."""
+    meta = found.meta
+    out = {k: meta.get(k) for k in MANIFEST_FIELDS}
+    out["epochs_completed"] = meta["epoch"]
+    out["epoch"] = meta["epoch"] if meta["finished"] else min(meta["epoch"] + 1, meta["epochs"])
+    out["progress"] = 100.0 * meta["step"] / meta["total_steps"] if meta.get("total_steps") else 0.0
+    out["latest_checkpoint"] = str(found.folder / meta.get("file", "state.pt"))
+    out["latest_checkpoint_age_s"] = max(0.0, time.time() - float(meta["saved_at"]))
+    return out
+
+
+def _lock_holder(run_dir: Path) -> str | None:
+    """host:pid of a live process holding the run's lock, or None."""
+    lock = Path(run_dir) / LOCK
+    if not lock.exists():
+        return None
+    try:
+        info = json.loads(lock.read_text())
+        return f"{info.get('host')}:{info.get('pid')}" if holder_alive(info) else None
+    except (OSError, ValueError):
+        return None
 
 
 def _read_run_info(run_dir: Path) -> dict:

@@ -173,6 +173,18 @@ def build_space(raw: dict, base: dict, source: str = "space") -> Space:
             continue
         kwargs[key] = value
     space = Space(**kwargs)
+    _check_settings(space, problems)
+    fields = config_fields()
+    _check_params(space, fields, problems)
+    if not problems:
+        problems += check_values(base, space.params, fields)
+    if problems:
+        raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    return space
+
+
+def _check_settings(space: Space, problems: list[str]) -> None:
+    """The sweep's own settings: objective, metric, sampler, pruner and their numbers."""
     for name, valid in (
         ("objective", OBJECTIVES),
         ("metric", tuple(METRICS)),
@@ -192,7 +204,10 @@ def build_space(raw: dict, base: dict, source: str = "space") -> Space:
             "pruner: pruning stops a trial on its per-epoch metric, which a cross-validation (several "
             "runs per trial) does not have; use pruner: none with objective: crossval"
         )
-    fields = config_fields()
+
+
+def _check_params(space: Space, fields: dict, problems: list[str]) -> None:
+    """Each swept key: a config key that says how the model learns, with a valid range or choices."""
     if not isinstance(space.params, dict) or not space.params:
         problems.append(
             "params: expected a mapping of config keys to ranges or choices, e.g. "
@@ -214,16 +229,11 @@ def build_space(raw: dict, base: dict, source: str = "space") -> Space:
             )
         elif any(key == n or key.startswith(n + ".") for n in NOT_SWEPT):
             problems.append(
-                f"params.{key}: says where the data is or how runs are saved, not how the model learns; "
-                "it cannot be swept"
+                f"params.{key}: says where the data is or how runs are saved, not how the model "
+                "learns; it cannot be swept"
             )
         else:
             _check_spec(key, spec, fields[key], problems)
-    if not problems:
-        problems += check_values(base, space.params, fields)
-    if problems:
-        raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
-    return space
 
 
 def load_space(path: str | Path, base: dict) -> Space:

@@ -265,46 +265,8 @@ def sweep(
     lock = store = study = None
     try:
         if dist.is_main:
-            check_sweep_folder(run_dir, record)
-            lock = RunLock(run_dir)
-            lock.acquire()
-            write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
-            store = StudyFile(run_dir)
-            store.restore()
-            study = optuna.create_study(
-                study_name=STUDY_NAME,
-                storage=store.storage(optuna),
-                load_if_exists=True,
-                direction=space.direction,
-                pruner=make_pruner(optuna, space),
-            )
-            store.save()
-        while True:
-            trial = None
-            if dist.is_main:
-                attach_run_log(run_dir)
-                trial = next_trial(optuna, study, space, n_trials)
-                job = None if trial is None else (trial.number, suggest(trial, space))
-                store.save()  # the trial and its values, before any training
-            job = dist.from_main(job if dist.is_main else None)
-            if job is None:
-                break
-            number, params = job
-            log.info(
-                "Trial %d (%d of %d): %s",
-                number,
-                number + 1,
-                n_trials,
-                ", ".join(f"{k}={v}" for k, v in params.items()),
-            )
-            state, value, note = run_trial(optuna, trial, number, params, base, space, run_dir, store, dist)
-            if dist.is_main:
-                attach_run_log(run_dir)
-                finish_trial(optuna, study, trial, (state, value, note), params, space, run_dir)
-                store.save()
-                from cloudml_lib.compare import write_sweep_report
-
-                write_sweep_report(study, run_dir, space)
+            lock, store, study = open_study(optuna, run_dir, record, space)
+        run_trials(optuna, study, store, space, base, n_trials, run_dir, dist)
         if not dist.is_main:
             return {}
         from cloudml_lib.compare import sweep_summary, write_sweep_report
@@ -316,6 +278,63 @@ def sweep(
             lock.release()
         if own_dist:
             dist.close()
+
+
+def open_study(optuna, run_dir: Path, record: dict, space: Space) -> tuple:
+    """Rank 0: the sweep folder checked and locked, sweep.json written, the study restored (or created) from
+    its journal. Returns (lock, journal, study)."""
+    check_sweep_folder(run_dir, record)
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
+        store = StudyFile(run_dir)
+        store.restore()
+        study = optuna.create_study(
+            study_name=STUDY_NAME,
+            storage=store.storage(optuna),
+            load_if_exists=True,
+            direction=space.direction,
+            pruner=make_pruner(optuna, space),
+        )
+        store.save()
+    except BaseException:
+        lock.release()
+        raise
+    return lock, store, study
+
+
+def run_trials(
+    optuna, study, store, space: Space, base: dict, n_trials: int, run_dir: Path, dist: Dist
+) -> None:
+    """Trial after trial until `n_trials` are done: rank 0 asks (or takes back a trial left running), every
+    process trains it, rank 0 tells its result and rewrites the report."""
+    from cloudml_lib.compare import write_sweep_report
+
+    while True:
+        trial = job = None
+        if dist.is_main:
+            attach_run_log(run_dir)
+            trial = next_trial(optuna, study, space, n_trials)
+            job = None if trial is None else (trial.number, suggest(trial, space))
+            store.save()  # the trial and its values, before any training
+        job = dist.from_main(job)
+        if job is None:
+            return
+        number, params = job
+        log.info(
+            "Trial %d (%d of %d): %s",
+            number,
+            number + 1,
+            n_trials,
+            ", ".join(f"{k}={v}" for k, v in params.items()),
+        )
+        state, value, note = run_trial(optuna, trial, number, params, base, space, run_dir, store, dist)
+        if dist.is_main:
+            attach_run_log(run_dir)
+            finish_trial(optuna, study, trial, (state, value, note), params, space, run_dir)
+            store.save()
+            write_sweep_report(study, run_dir, space)
 
 
 def finish_trial(optuna, study, trial, result: tuple, params: dict, space: Space, run_dir: Path) -> None:

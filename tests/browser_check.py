@@ -129,9 +129,12 @@ PAGE_FACTS = """() => {
           images: document.querySelectorAll('.jp-OutputArea-output img').length,
           widget_errors: (text.match(/Error displaying widget|model not found/g) || []).length,
           tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
-          train_output_px: train ? train.querySelector('.jp-Cell-outputWrapper').getBoundingClientRect().height : -1,
-          visible_logs: pres.filter(p => p.textContent.includes('Flights:') && p.offsetParent !== null).length,
-          accordions: document.querySelectorAll('.jupyter-widget-Accordion, .p-Accordion, .widget-accordion, .lm-Accordion').length};
+          train_output_px: train ?
+            train.querySelector('.jp-Cell-outputWrapper').getBoundingClientRect().height : -1,
+          visible_logs:
+            pres.filter(p => p.textContent.includes('Flights:') && p.offsetParent !== null).length,
+          accordions: document.querySelectorAll(
+            '.jupyter-widget-Accordion, .p-Accordion, .widget-accordion, .lm-Accordion').length};
 }"""
 
 

@@ -219,7 +219,10 @@ def test_a_changed_drive_copy_is_what_the_next_run_imports(kernel_env):
         assert "marker: changed on Drive" in text_of(fresh.cells[-1])
     finally:
         marker.unlink(missing_ok=True)
-    gone = "import importlib.util as u; print('marker installed:', u.find_spec('cloudml_lib.twin_marker') is not None)"
+    gone = (
+        "import importlib.util as u; "
+        "print('marker installed:', u.find_spec('cloudml_lib.twin_marker') is not None)"
+    )
     again = run_notebook("colab_setup.ipynb", twin, extra=(gone,))
     assert "Installing" in text_of(next(c for c in again.cells if c.cell_type == "code"))
     assert "marker installed: False" in text_of(

@@ -90,8 +90,8 @@ def test_workers_ignore_ctrl_c_and_leave_when_their_parent_is_killed(tiny_config
         os.kill(pids[0], signal.SIGINT)                    # as a Ctrl-C in a terminal would
         time.sleep(0.5)
         spec = FrameSpec({data.swath_slice[0]}, {data.swath_slice[1]}, 1, 0.01)
-        blocks = list(pool.blocks({str(Path(data.dir) / flight.ir_file)!r}, "Product/Signal", "f", np.arange(100),
-                                  spec, SKIMAGE))
+        path = {str(Path(data.dir) / flight.ir_file)!r}
+        blocks = list(pool.blocks(path, "Product/Signal", "f", np.arange(100), spec, SKIMAGE))
         assert sum(len(b.index) for b in blocks) == 100 and all(p.is_alive() for p in pool._procs)
         print(" ".join(map(str, pids)), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

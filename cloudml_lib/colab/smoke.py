@@ -17,6 +17,7 @@ from pathlib import Path
 from cloudml_lib.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
 from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
 from cloudml_lib.colab.show import show_markdown
+from cloudml_lib.rundir import is_finished
 
 OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
 EPOCHS = 2
@@ -44,9 +45,7 @@ def simulate_disconnect(run_dir: Path, command: list[str]) -> None:
 def check_run(run_dir: Path | None) -> None:
     """The training notebook: trained, checkpointed, resumed after the disconnect, evaluated, a whole flight
     predicted, TensorBoard serving the run."""
-    from cloudml_lib.colab.training import finished
-
-    if not finished(run_dir):
+    if not is_finished(run_dir):
         print("Smoke test not checked: the run was stopped before it finished (run all again to finish it).")
         return
     log = (run_dir / "train.log").read_text()

@@ -15,7 +15,7 @@ from cloudml_lib.colab.drive import Workspace, run_config, smoke
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import in_notebook, plural, show, show_markdown, user_errors
-from cloudml_lib.rundir import has_run, run_status
+from cloudml_lib.rundir import is_finished as finished
 
 
 def train_command(ws: Workspace, c: Choice) -> list[str]:
@@ -24,13 +24,6 @@ def train_command(ws: Workspace, c: Choice) -> list[str]:
     for o in overrides:
         cmd += ["--set", o]
     return cmd
-
-
-def finished(run_dir: Path | None) -> bool:
-    try:
-        return run_dir is not None and has_run(run_dir) and bool(run_status(run_dir)["finished"])
-    except Exception:  # noqa: BLE001 - an unreadable run is simply not finished
-        return False
 
 
 @user_errors

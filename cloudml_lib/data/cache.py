@@ -250,17 +250,9 @@ def _build_into(
     tmp.mkdir(parents=True)
     spec = FrameSpec.of(data)
     shape = (len(needed),) + output_shape(spec, labels.frame_shape[1])
-    need, free = int(np.prod(shape)) * 2, shutil.disk_usage(tmp).free
-    if need > 0.95 * free:
-        raise DataError(
-            f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
-            f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
-            "data.downsample: 2 (a quarter of the size)"
-        )
+    _check_space(flight, shape, tmp)
     ir = er2.flight_paths(flight, data)["ir"]
-    files = in_background(
-        input_files, er2.flight_paths(flight, data), cache_root(data)
-    )  # a full read of each file
+    files = in_background(input_files, er2.flight_paths(flight, data), cache_root(data))  # reads each file
     t0 = time.perf_counter()
     # leave=True: a closed notebook widget shows "model not found" (ipywidgets 8); a full bar is a record
     bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame")
@@ -278,65 +270,21 @@ def _build_into(
             f"than {MAX_EMPTY_FRAME_SHARE:.0%}; training on them would learn from empty images. Check the "
             "file (a failed download or conversion?), or leave the flight out (data.flights)."
         )
-    # A label whose own frame is blank has no image to learn from: dropped (its neighbours stay zeros).
-    on_blank = np.zeros_like(kept)
-    on_blank[kept] = blank[np.searchsorted(needed, labels.frame_index[kept])]
-    keep = kept & ~on_blank
-    windows = windows[keep[kept]]  # windows holds the kept labels' rows only
-    rows = np.searchsorted(needed, windows).astype(np.int32)  # (N, T) rows of frames.npy
-    own = np.searchsorted(needed, labels.frame_index[keep])  # each sample's own (labelled) frame
-    np.savez(
-        tmp / "samples.npz",
-        windows=rows,
-        frame_index=labels.frame_index[keep],
-        cbh_km=labels.cbh_km[keep],
-        cloud=labels.cloud[keep],
-        frame_p10=p10[own],
-        sza_deg=labels.sza_deg[keep],
-        saa_deg=labels.saa_deg[keep],
-        heading_deg=labels.heading_deg[keep],
-        lat=labels.lat[keep],
-        lon=labels.lon[keep],
+    keep, on_blank = _write_samples(tmp, labels, kept, windows, needed, blank, p10)
+    meta = _meta(
+        flight, data, final, labels, shape, _counts(labels, kept, keep, on_blank, filled, blank), sha
     )
-    height = np.isfinite(labels.cbh_km)
-    counts = dict(
-        labels.counts,
-        edge_dropped=int((~kept & height).sum()),
-        blank_frame=int((on_blank & height).sum()),
-        samples=int((keep & height).sum()),
-        cloud_samples=int(keep.sum()),
-        clear_sky=int((keep & (labels.cloud == 0)).sum()),
-        nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
-        nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()),
-        no_heading=int(np.isnan(labels.heading_deg[keep]).sum()),
-        filled_pixels=filled,
-        empty_frames=int(blank.sum()),
-    )
-    meta = {
-        "flight": flight.name,
-        "key": final.name.rsplit("-", 1)[-1],
-        "version": CACHE_VERSION,
-        "cached_frames": len(needed),
-        "frame_shape": list(shape[1:]),
-        "n_frames": labels.n_frames,
-        "temporal_frames": data.temporal_frames,
-        "edge_policy": data.edge_policy,
-        "counts": counts,
-        "match": labels.match,
-        "labels": cpl.label_definition(data),
-        "heading": labels.heading_note,
-        "files": files(),
-        "bytes": int((tmp / "frames.npy").stat().st_size),
-        "frames_sha256": sha,
-        "preprocess": {
+    meta.update(
+        files=files(),
+        bytes=int((tmp / "frames.npy").stat().st_size),
+        preprocess={
             "backend": backend.name,
             "device": backend.device,
             "workers": pool.workers,
             "seconds": round(seconds, 2),
             "frames_per_s": round(len(needed) / max(seconds, 1e-9), 1),
         },
-        "created": time.time(),
-    }
+    )
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     if final.exists():
         shutil.rmtree(final)
@@ -350,6 +298,89 @@ def _build_into(
             int(blank.sum()),
             int(on_blank.sum()),
         )
+
+
+def _meta(
+    flight: FlightConfig, data: DataConfig, final: Path, labels, shape: tuple, counts: dict, sha: str
+) -> dict:
+    """meta.json: what the cache holds and how it was made (its files, preprocessing and sizes added by the
+    caller)."""
+    return {
+        "flight": flight.name,
+        "key": final.name.rsplit("-", 1)[-1],
+        "version": CACHE_VERSION,
+        "cached_frames": shape[0],
+        "frame_shape": list(shape[1:]),
+        "n_frames": labels.n_frames,
+        "temporal_frames": data.temporal_frames,
+        "edge_policy": data.edge_policy,
+        "counts": counts,
+        "match": labels.match,
+        "labels": cpl.label_definition(data),
+        "heading": labels.heading_note,
+        "frames_sha256": sha,
+        "created": time.time(),
+    }
+
+
+def _check_space(flight: FlightConfig, shape: tuple, tmp: Path) -> None:
+    need, free = int(np.prod(shape)) * 2, shutil.disk_usage(tmp).free
+    if need > 0.95 * free:
+        raise DataError(
+            f"flight {flight.name}: its cache needs {need / 1e9:.2f} GB but only {free / 1e9:.2f} GB are "
+            f"free in {tmp.parent}; free space there, set data.cache_dir to another disk, or set "
+            "data.downsample: 2 (a quarter of the size)"
+        )
+
+
+def _write_samples(
+    tmp: Path,
+    labels,
+    kept: np.ndarray,
+    windows: np.ndarray,
+    needed: np.ndarray,
+    blank: np.ndarray,
+    p10: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """samples.npz: each kept label, its window (rows of frames.npy) and angles. A label whose own frame is
+    blank has no image to learn from: dropped (its neighbours stay zeros). Returns (kept, labels on a blank
+    frame)."""
+    on_blank = np.zeros_like(kept)
+    on_blank[kept] = blank[np.searchsorted(needed, labels.frame_index[kept])]
+    keep = kept & ~on_blank
+    windows = windows[keep[kept]]  # windows holds the kept labels' rows only
+    own = np.searchsorted(needed, labels.frame_index[keep])  # each sample's own (labelled) frame
+    per_sample = {
+        k: getattr(labels, k)[keep]
+        for k in ("frame_index", "cbh_km", "cloud", "sza_deg", "saa_deg", "heading_deg", "lat", "lon")
+    }
+    np.savez(
+        tmp / "samples.npz",
+        windows=np.searchsorted(needed, windows).astype(np.int32),  # (N, T) rows
+        frame_p10=p10[own],
+        **per_sample,
+    )
+    return keep, on_blank
+
+
+def _counts(
+    labels, kept: np.ndarray, keep: np.ndarray, on_blank: np.ndarray, filled: int, blank: np.ndarray
+) -> dict:
+    """The label counts of meta.json: the CPL filters' and what the cache itself removed."""
+    height = np.isfinite(labels.cbh_km)
+    return dict(
+        labels.counts,
+        edge_dropped=int((~kept & height).sum()),
+        blank_frame=int((on_blank & height).sum()),
+        samples=int((keep & height).sum()),
+        cloud_samples=int(keep.sum()),
+        clear_sky=int((keep & (labels.cloud == 0)).sum()),
+        nan_sza=int(np.isnan(labels.sza_deg[keep]).sum()),
+        nan_saa=int(np.isnan(labels.saa_deg[keep]).sum()),
+        no_heading=int(np.isnan(labels.heading_deg[keep]).sum()),
+        filled_pixels=filled,
+        empty_frames=int(blank.sum()),
+    )
 
 
 def cache_root(data: DataConfig) -> Path:

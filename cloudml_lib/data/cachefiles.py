@@ -120,7 +120,10 @@ def verify_cache(cache) -> str | None:
     try:
         actual = sha256_of(cache.frames.path)
     except OSError as e:
-        return f"flight {cache.name}: cannot read the preprocessing cache {cache.frames.path} ({e.strerror or e})"
+        return (
+            f"flight {cache.name}: cannot read the preprocessing cache "
+            f"{cache.frames.path} ({e.strerror or e})"
+        )
     if expected and actual != expected:
         return (
             f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer "

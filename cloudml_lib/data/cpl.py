@@ -294,43 +294,17 @@ def lidar_times(t: np.ndarray, data: DataConfig) -> np.ndarray:
 def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
     """Per-profile times (epoch s), label heights, filter inputs and sun angles of one CPL file."""
     k, name = data.keys, flight.name
-    with open_h5(path, name) as f:
-        julian_all = numbers(f, k.cpl_time, name, "cpl_time", "decimal days of year")
-        base = numbers(f, k.cpl_base, name, "cpl_base", "heights in km")
-        base = base[:, None] if base.ndim == 1 else base
-        if base.ndim != 2:
-            raise DataError(
-                f"flight {name}: {path} '{k.cpl_base}' (data.keys.cpl_base) has shape {base.shape}; "
-                "expected (profiles, layers)"
-            )
-        if k.cpl_layer_count and k.cpl_layer_count in f:
-            n_layers = numbers(f, k.cpl_layer_count, name, "cpl_layer_count", "layer counts").reshape(-1)
-        else:  # layers are packed from index 0
-            n_layers = (base > FILL_BELOW).sum(axis=1)
-        surface = read_column(f, k.cpl_lidar_surface, name, "cpl_lidar_surface")
-        dem = read_column(f, k.cpl_dem_surface, name, "cpl_dem_surface")
-        year = (
-            int(numbers(f, k.cpl_year, name, "cpl_year", "a year").reshape(-1)[0])
-            if k.cpl_year and k.cpl_year in f
-            else None
-        )
-        angles = {}
-        if data.angles_source == "cpl":
-            angles = {
-                "sza": read_column(f, k.cpl_zenith, name, "cpl_zenith"),
-                "saa": read_column(f, k.cpl_azimuth, name, "cpl_azimuth"),
-                "lat": read_column(f, k.cpl_lat, name, "cpl_lat"),
-                "lon": read_column(f, k.cpl_lon, name, "cpl_lon"),
-            }
+    raw = _read_cpl_datasets(path, name, data)
     julian, julian_other, column_note = _time_columns(
-        julian_all, data, f"flight {name}: {path} '{k.cpl_time}'"
+        raw["julian"], data, f"flight {name}: {path} '{k.cpl_time}'"
     )
+    base, n_layers, angles = raw["base"], raw["n_layers"], raw["angles"]
     sizes = {
         "times": julian.size,
         "layer rows": base.shape[0],
         "Number_Layers": n_layers.size,
-        "lidar surfaces": surface.size,
-        "DEM values": dem.size,
+        "lidar surfaces": raw["surface"].size,
+        "DEM values": raw["dem"].size,
         **{a: v.size for a, v in angles.items()},
     }
     if len(set(sizes.values())) != 1:
@@ -339,7 +313,7 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
             + ", ".join(f"{v} {a}" for a, v in sizes.items())
             + ")"
         )
-    date = flight_date(flight)
+    date, year = flight_date(flight), raw["year"]
     if year is not None and year != date.year:
         log.warning(
             "flight %s: %s says File_Year %d but its name says %d; using %d for the Julian days",
@@ -367,11 +341,55 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
         "height": height,
         "multi": multi,
         "n_layers": n_layers,
-        "surface": surface,
-        "dem": dem,
+        "surface": raw["surface"],
+        "dem": raw["dem"],
         "multi_layer_profiles": int((n_layers > 1).sum()),
         **angles,
     }
+
+
+def _read_cpl_datasets(path: Path, name: str, data: DataConfig) -> dict:
+    """The CPL file's datasets as read: Julian days, layer bases (profiles, layers), layer counts, surfaces,
+    the year (None when absent) and, with data.angles_source: cpl, the angles and position."""
+    k = data.keys
+    with open_h5(path, name) as f:
+        julian = numbers(f, k.cpl_time, name, "cpl_time", "decimal days of year")
+        base = numbers(f, k.cpl_base, name, "cpl_base", "heights in km")
+        base = base[:, None] if base.ndim == 1 else base
+        if base.ndim != 2:
+            raise DataError(
+                f"flight {name}: {path} '{k.cpl_base}' (data.keys.cpl_base) has shape {base.shape}; "
+                "expected (profiles, layers)"
+            )
+        if k.cpl_layer_count and k.cpl_layer_count in f:
+            n_layers = numbers(f, k.cpl_layer_count, name, "cpl_layer_count", "layer counts").reshape(-1)
+        else:  # layers are packed from index 0
+            n_layers = (base > FILL_BELOW).sum(axis=1)
+        year = (
+            int(numbers(f, k.cpl_year, name, "cpl_year", "a year").reshape(-1)[0])
+            if k.cpl_year and k.cpl_year in f
+            else None
+        )
+        angles = {}
+        if data.angles_source == "cpl":
+            angles = {
+                a: read_column(f, getattr(k, key), name, key)
+                for a, key in (
+                    ("sza", "cpl_zenith"),
+                    ("saa", "cpl_azimuth"),
+                    ("lat", "cpl_lat"),
+                    ("lon", "cpl_lon"),
+                )
+            }
+        return {
+            "julian": julian,
+            "base": base,
+            "n_layers": n_layers,
+            "year": year,
+            "angles": angles,
+            "surface": read_column(f, k.cpl_lidar_surface, name, "cpl_lidar_surface"),
+            "dem": read_column(f, k.cpl_dem_surface, name, "cpl_dem_surface"),
+        }
 
 
 def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
@@ -396,58 +414,19 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     extra = one_label_per_frame(frames, gap, usable & ~np.isin(frames, frames[keep]))
     pick = np.flatnonzero(keep | extra)
     pick = pick[np.argsort(frames[pick], kind="stable")]
-    if data.angles_source == "nav":
-        nav = read_nav(flight, data, paths["nav"], frame_t)
-        beyond = ~nav.covered[frames[pick]]
-        counts["beyond_nav"] = int((beyond & keep[pick]).sum())
-        pick = pick[~beyond]
-        angles = {a: nav.values[a][frames[pick]] for a in ("sza", "saa", "lat", "lon", "heading")}
-        heading_note = nav.heading_note
-    else:
-        counts["beyond_nav"] = 0
-        angles = {a: cpl[a][pick] for a in ("sza", "saa", "lat", "lon")}
-        heading, heading_note = er2.heading_only(flight, data, frame_t)
-        angles["heading"] = heading[frames[pick]]
+    pick, angles, heading_note = _angles(flight, data, paths, frame_t, frames, pick, keep, cpl, counts)
     has_height = keep[pick]
     cloud = (cpl["n_layers"][pick] > 0).astype(np.int8)
     counts["no_heading"] = int((~np.isfinite(angles["heading"][has_height])).sum())
-    if counts["no_heading"]:
-        log.warning(
-            "flight %s: %s for %d of %d labels: the horizontal flip is off for them (it could not keep the "
-            "image and the sun azimuth consistent)%s",
-            flight.name,
-            heading_note if heading_note.startswith("no heading") else "no heading",
-            counts["no_heading"],
-            int(has_height.sum()),
-            "; with data.sun_azimuth: relative their azimuth is unknown (the network gets no direction)"
-            if data.sun_azimuth == "relative"
-            else "",
-        )
     counts["kept"] = int(has_height.sum())
     counts["cloud_labels"], counts["clear_sky"] = int(len(pick)), int((cloud == 0).sum())
     counts["multi_layer_profiles"] = cpl["multi_layer_profiles"]
-    if counts["duplicate_frame"]:
-        log.info(
-            "flight %s: %d profiles matched a frame that already had a nearer one; one label per frame "
-            "(the profile nearest in time, the first on a tie)",
-            flight.name,
-            counts["duplicate_frame"],
-        )
-    if counts["beyond_nav"]:
-        log.info(
-            "flight %s: %d labels lie beyond the end of the nav file and were dropped",
-            flight.name,
-            counts["beyond_nav"],
-        )
+    _say_counts(flight.name, counts, heading_note, data)
     if counts["kept"] == 0:
-        label_t = cpl["t"][np.isfinite(cpl["t"])]
-        cam = frame_t[np.isfinite(frame_t)]
-        span = lambda x: f"{utc_text(x.min())}..{utc_text(x.max())}" if x.size else "no usable times"  # noqa: E731
-        span = f"camera {span(cam)}, lidar {span(label_t)}"
         raise DataError(
-            f"flight {flight.name}: no lidar label survives the filters and time matching "
-            f"({counts}); time spans: {span}. Check data.ir_time_format, data.label_layer, "
-            "the data.cbh_* range and the flight date."
+            f"flight {flight.name}: no lidar label survives the filters and time matching ({counts}); time "
+            f"spans: camera {_span(frame_t)}, lidar {_span(cpl['t'])}. Check data.ir_time_format, "
+            "data.label_layer, the data.cbh_* range and the flight date."
         )
     return FlightLabels(
         name=flight.name,
@@ -465,6 +444,72 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
         heading_note=heading_note,
         cloud=cloud,
     )
+
+
+def _angles(
+    flight: FlightConfig,
+    data: DataConfig,
+    paths: dict,
+    frame_t: np.ndarray,
+    frames: np.ndarray,
+    pick: np.ndarray,
+    keep: np.ndarray,
+    cpl: dict,
+    counts: dict,
+) -> tuple[np.ndarray, dict, str]:
+    """The sun angles, position and heading of the picked labels (from the nav file, or the CPL file itself
+    with data.angles_source: cpl); labels beyond the end of the nav file are dropped
+    (counts["beyond_nav"])."""
+    if data.angles_source == "nav":
+        nav = read_nav(flight, data, paths["nav"], frame_t)
+        beyond = ~nav.covered[frames[pick]]
+        counts["beyond_nav"] = int((beyond & keep[pick]).sum())
+        pick = pick[~beyond]
+        return (
+            pick,
+            {a: nav.values[a][frames[pick]] for a in ("sza", "saa", "lat", "lon", "heading")},
+            nav.heading_note,
+        )
+    counts["beyond_nav"] = 0
+    angles = {a: cpl[a][pick] for a in ("sza", "saa", "lat", "lon")}
+    heading, heading_note = er2.heading_only(flight, data, frame_t)
+    angles["heading"] = heading[frames[pick]]
+    return pick, angles, heading_note
+
+
+def _say_counts(name: str, counts: dict, heading_note: str, data: DataConfig) -> None:
+    """What the log says of a flight's labels: no heading (no flip), duplicates, beyond the nav file."""
+    if counts["no_heading"]:
+        relative = data.sun_azimuth == "relative"
+        log.warning(
+            "flight %s: %s for %d of %d labels: the horizontal flip is off for them (it could not keep the "
+            "image and the sun azimuth consistent)%s",
+            name,
+            heading_note if heading_note.startswith("no heading") else "no heading",
+            counts["no_heading"],
+            counts["kept"],
+            "; with data.sun_azimuth: relative their azimuth is unknown (the network gets no direction)"
+            if relative
+            else "",
+        )
+    if counts["duplicate_frame"]:
+        log.info(
+            "flight %s: %d profiles matched a frame that already had a nearer one; one label per frame (the "
+            "profile nearest in time, the first on a tie)",
+            name,
+            counts["duplicate_frame"],
+        )
+    if counts["beyond_nav"]:
+        log.info(
+            "flight %s: %d labels lie beyond the end of the nav file and were dropped",
+            name,
+            counts["beyond_nav"],
+        )
+
+
+def _span(t: np.ndarray) -> str:
+    t = t[np.isfinite(t)]
+    return f"{utc_text(t.min())}..{utc_text(t.max())}" if t.size else "no usable times"
 
 
 def _say_match(
@@ -494,39 +539,9 @@ def _say_match(
         f", offset {data.cpl_time_offset_s:+g} s" if data.cpl_time_offset_s else "",
     )
     if cpl["t_other"] is not None:
-        other_frames, other_ok = match_to_frames(cpl["t_other"], frame_t, data.match_tolerance_s)
-        both = filtered & matched & other_ok
-        moved = int((both & (other_frames != frames)).sum())
-        gained = int((filtered & matched & ~other_ok).sum()) - int((filtered & ~matched & other_ok).sum())
-        log.info(
-            "flight %s: against the profile %s time (data.cpl_time_column: %s), %d of %d labels sit on "
-            "another "
-            "frame and %+d more match",
-            name,
-            OTHER_COLUMN[data.cpl_time_column],
-            OTHER_COLUMN[data.cpl_time_column],
-            moved,
-            int(both.sum()),
-            gained,
-        )
+        _say_other_column(name, cpl["t_other"], frame_t, frames, filtered, matched, data)
     overall = match["matched"] / match["filtered"] if match["filtered"] else None
     if overall is not None and overall < LOW_MATCH_RATE and match["filtered"] >= 5:
-        offset = estimate_offset(cpl["t"], frame_t, filtered, data.match_tolerance_s)
-        if offset is not None:
-            cause = (
-                f"a constant clock offset would explain it: {offset:+g} s added to the lidar times matches "
-                f"clearly more; set data.cpl_time_offset_s: {data.cpl_time_offset_s + offset:g}"
-            )
-        elif match["inside_camera"] < 0.5 * match["filtered"]:
-            cause = (
-                "most profiles lie outside the camera's recording (the lidar ran longer, or the IR file "
-                "covers only part of the flight); no constant time offset explains it"
-            )
-        else:
-            cause = (
-                "no constant time offset explains it: most likely gaps in the IR recording (frames without a "
-                "usable time), or a data.match_tolerance_s too small for the frame rate"
-            )
         log.warning(
             "flight %s: only %d of %d filtered lidar profiles (%.0f%%) matched a frame within %g s: %s",
             name,
@@ -534,8 +549,56 @@ def _say_match(
             match["filtered"],
             100 * overall,
             data.match_tolerance_s,
-            cause,
+            _low_match_cause(cpl["t"], frame_t, filtered, match, data),
         )
+
+
+def _say_other_column(
+    name: str,
+    t_other: np.ndarray,
+    frame_t: np.ndarray,
+    frames: np.ndarray,
+    filtered: np.ndarray,
+    matched: np.ndarray,
+    data: DataConfig,
+) -> None:
+    """How many labels the other time column of the profiles would move to another frame, or gain."""
+    other_frames, other_ok = match_to_frames(t_other, frame_t, data.match_tolerance_s)
+    both = filtered & matched & other_ok
+    moved = int((both & (other_frames != frames)).sum())
+    gained = int((filtered & matched & ~other_ok).sum()) - int((filtered & ~matched & other_ok).sum())
+    other = OTHER_COLUMN[data.cpl_time_column]
+    log.info(
+        "flight %s: against the profile %s time (data.cpl_time_column: %s), %d of %d labels sit on another "
+        "frame and %+d more match",
+        name,
+        other,
+        other,
+        moved,
+        int(both.sum()),
+        gained,
+    )
+
+
+def _low_match_cause(
+    t: np.ndarray, frame_t: np.ndarray, filtered: np.ndarray, match: dict, data: DataConfig
+) -> str:
+    """The likely cause of a low match rate, in words, with the setting that fixes it where one does."""
+    offset = estimate_offset(t, frame_t, filtered, data.match_tolerance_s)
+    if offset is not None:
+        return (
+            f"a constant clock offset would explain it: {offset:+g} s added to the lidar times matches "
+            f"clearly more; set data.cpl_time_offset_s: {data.cpl_time_offset_s + offset:g}"
+        )
+    if match["inside_camera"] < 0.5 * match["filtered"]:
+        return (
+            "most profiles lie outside the camera's recording (the lidar ran longer, or the IR file covers "
+            "only part of the flight); no constant time offset explains it"
+        )
+    return (
+        "no constant time offset explains it: most likely gaps in the IR recording (frames without a usable "
+        "time), or a data.match_tolerance_s too small for the frame rate"
+    )
 
 
 def _num(x: float | None) -> str:

@@ -292,22 +292,46 @@ def _write_flight(
     north_east = np.cumsum(step, axis=0) - step[0]  # km from the first frame, per frame
     counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
 
-    (out / entry["ir_file"]).parent.mkdir(parents=True, exist_ok=True)
+    _write_ir(out / entry["ir_file"], counts, frame_t, index)
+    p = _profiles(rng, t0, n_frames, height, cloudy, cirrus, sza, saa)
+    _write_cpl(out / entry["cpl_file"], p, date, t0, north_east)
+    nav = {
+        "sza": sza,
+        "saa": saa,
+        "heading": heading,
+        "lat": 34.0 + north_east[:, 0] / 111.0,
+        "lon": -122.0 + north_east[:, 1] / 92.0,
+    }
+    if index == ICARTT_NAV_INDEX:
+        write_icartt_nav(out / entry["nav_file"], date, frame_t - midnight, nav, rng)
+    else:
+        _write_hdf_nav(out / entry["nav_file"], nav, index, rng)
+
+
+def _write_ir(path: Path, counts: np.ndarray, frame_t: np.ndarray, index: int) -> None:
+    """The IRAI L1B file: big-endian counts, and epoch times (on some flights longer than the frames, with a
+    stray zero or a fill value)."""
+    n_frames, rows, cols = counts.shape
+    path.parent.mkdir(parents=True, exist_ok=True)
     time_utc = np.concatenate([frame_t, frame_t[-1] + 1.0 + np.arange(3 if index % 2 == 0 else 0)])
     time_utc[n_frames // 3] = 0.0 if index % 3 == 1 else time_utc[n_frames // 3]  # a stray zero
     time_utc[n_frames // 2] = -9999.0 if index % 3 == 2 else time_utc[n_frames // 2]  # a fill value
-    with h5py.File(out / entry["ir_file"], "w") as f:
+    with h5py.File(path, "w") as f:
         f.create_dataset("Product/Signal", data=counts, chunks=(1, rows, cols))
         f["Product/Signal"].attrs["units"] = "counts"
         f.create_dataset("Time/TimeUTC", data=time_utc)
         f["Time/TimeUTC"].attrs["units"] = "seconds since 1970-01-01 00:00:00 UTC"
 
-    p = _profiles(rng, t0, n_frames, height, cloudy, cirrus, sza, saa)
+
+def _write_cpl(path: Path, p: dict, date: dt.date, t0: float, north_east: np.ndarray) -> None:
+    """The CPL L2 layer file: (N, 3) Julian days, (N, 10) layers (layer 0 on top), surfaces, angles,
+    position."""
+    n_frames = len(north_east)
     doy = (p["t"] - float(calendar.timegm(dt.date(date.year, 1, 1).timetuple()))) / 86400.0 + 1.0
     julian = np.stack([doy - p["half_day"], doy, doy + p["half_day"]], axis=1)  # (N, 3)
     lat = 34.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 0]) / 111.0
     lon = -122.0 + np.interp(p["t"] - t0, np.arange(n_frames), north_east[:, 1]) / 92.0
-    with h5py.File(out / entry["cpl_file"], "w") as f:
+    with h5py.File(path, "w") as f:
         f.create_dataset("metadata_parameters/File_Year", data=np.array([str(date.year).encode()]))  # b'2025'
         g = f.create_group("layer_descriptor")
         g.create_dataset("Profile_Decimal_Julian_Day", data=julian)
@@ -322,26 +346,20 @@ def _write_flight(
         geo.create_dataset("CPL_Latitude", data=np.stack([lat - 0.005, lat, lat + 0.005], axis=1))
         geo.create_dataset("CPL_Longitude", data=np.stack([lon - 0.005, lon, lon + 0.005], axis=1))
 
-    nav = {
-        "sza": sza,
-        "saa": saa,
-        "heading": heading,
-        "lat": 34.0 + north_east[:, 0] / 111.0,
-        "lon": -122.0 + north_east[:, 1] / 92.0,
-    }
-    if index == ICARTT_NAV_INDEX:
-        write_icartt_nav(out / entry["nav_file"], date, frame_t - midnight, nav, rng)
-        return
-    # Navigation: no time axis (row i = frame i); longer than the frames, or on one flight shorter.
+
+def _write_hdf_nav(path: Path, nav: dict, index: int, rng: np.random.Generator) -> None:
+    """Navigation as the users' .hdf: no time axis (row i = frame i); longer than the frames, or on one flight
+    shorter; about 1% of the zenith angles missing."""
+    n_frames = len(nav["sza"])
     n_nav = n_frames - n_frames // 20 if index % 4 == 3 else n_frames + 25 + 10 * index
     idx = np.minimum(np.arange(n_nav), n_frames - 1)
-    nav_sza = sza[idx].astype(np.float64)
+    nav_sza = nav["sza"][idx].astype(np.float64)
     nav_sza[rng.random(n_nav) < 0.01] = np.nan
-    with h5py.File(out / entry["nav_file"], "w") as f:
+    with h5py.File(path, "w") as f:
         g = f.create_group("nav")
         g.create_dataset("solarZenith", data=nav_sza)
-        g.create_dataset("sunAzGrd", data=saa[idx].astype(np.float64))
-        g.create_dataset("trueHdg", data=heading[idx].astype(np.float64))
+        g.create_dataset("sunAzGrd", data=nav["saa"][idx].astype(np.float64))
+        g.create_dataset("trueHdg", data=nav["heading"][idx].astype(np.float64))
         g.create_dataset("IWG_lat", data=nav["lat"][idx])
         g.create_dataset("IWG_lon", data=nav["lon"][idx])
 

@@ -41,7 +41,13 @@ from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
 from cloudml_lib.errors import CloudMLError, ConfigError
-from cloudml_lib.hardware import choose_device, choose_precision, default_num_workers, describe_device
+from cloudml_lib.hardware import (
+    Precision,
+    choose_device,
+    choose_precision,
+    default_num_workers,
+    describe_device,
+)
 from cloudml_lib.logs import attach_run_log
 from cloudml_lib.memory import measure_batch_size
 from cloudml_lib.model import build_model, count_parameters
@@ -157,14 +163,9 @@ def claim_run_dir(
 
 
 @dataclass
-class Run:
-    """What the loop needs, built in the order above; the Trainer assigns each of these to itself."""
+class Parts:
+    """Steps 3-6 above: the model and everything that trains it."""
 
-    config: Config  # the run's plan: the config loaded, with its flights and batch size resolved
-    train_set: CloudDataset
-    val_set: CloudDataset
-    quick_val: np.ndarray  # the validation samples scored after each epoch
-    lock: RunLock | None  # rank 0's lock on the run folder
     model: torch.nn.Module  # the plain module: what is saved and evaluated
     ddp: torch.nn.Module  # what a training step calls: the model, or DDP around it
     device: torch.device
@@ -174,10 +175,23 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     sampler: EpochBatchSampler
+    loader_rng: torch.Generator  # the loader's worker seeds (kept apart from the global RNG)
     loader: DataLoader
     num_workers: int
     steps_per_epoch: int  # optimizer steps
     total_steps: int
+
+
+@dataclass
+class Run:
+    """What the loop needs, built in the order above; the Trainer assigns each of these to itself."""
+
+    config: Config  # the run's plan: the config loaded, with its flights and batch size resolved
+    train_set: CloudDataset
+    val_set: CloudDataset
+    quick_val: np.ndarray  # the validation samples scored after each epoch
+    lock: RunLock | None  # rank 0's lock on the run folder
+    parts: Parts
     loop: LoopState  # progress and loss sums: what the loop changes
     checkpoints: Checkpoints  # when to save, and the whole save in one call
     metrics: MetricsFile
@@ -189,6 +203,65 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     """Everything in the order above; the run starts from the resume point, or from `init_from`'s weights
     (fine-tuning), or fresh. `cfg` is not changed: what the run resolves (its flights, a measured batch
     size) is in Run.config and run.json. On any error the run folder is released."""
+    cfg, train_set, val_set, fingerprint, provenance = run_data(cfg, run_dir, dist)
+    header = {
+        Key.SCALERS: val_set.scalers.to_dict(),
+        Key.FINGERPRINT: fingerprint,
+        Key.PROVENANCE: provenance,
+    }
+    lock = writer = None
+    try:
+        lock, found, cfg = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
+        seed_everything(cfg.train.seed)
+        parts, cfg = build_parts(cfg, dist, train_set)
+        writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
+        loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), MetricsFile(run_dir, dist)
+        pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop)
+        checkpoints = Checkpoints(
+            run_dir,
+            cfg,
+            dist,
+            writer,
+            pieces,
+            parts.loader_rng,
+            parts.sampler,
+            header,
+            metrics,
+            parts.total_steps,
+        )
+        run_info = RunInfo(run_dir, dist, parts.compile, provenance)
+        if dist.is_main:
+            save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
+        start(found, pieces, parts, metrics, run_info, run_dir, cfg, dist, init_from)
+        checkpoints.events = Events(
+            run_dir, writer.local_dir if writer else None, loop.progress["step"], fresh=found is None
+        )
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        if lock is not None:
+            lock.release()
+        raise
+    checkpoints.last_save = time.monotonic()
+    return Run(
+        config=cfg,
+        train_set=train_set,
+        val_set=val_set,
+        quick_val=quick_validation(cfg, val_set),
+        lock=lock,
+        parts=parts,
+        loop=loop,
+        checkpoints=checkpoints,
+        metrics=metrics,
+        run_info=run_info,
+        events=checkpoints.events,
+    )
+
+
+def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, CloudDataset, CloudDataset, dict, dict]:
+    """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
+    builds a missing one, the others then read it), the datasets, the batch size checked against them, and
+    what the run trains on by content (fingerprint) and by origin (provenance)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     check_folder_kind(run_dir, "train")
@@ -203,73 +276,7 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     cfg, (train_set, val_set) = dist.main_first(data)
     check_batch_size(cfg, len(train_set), dist.world)
     fingerprint = data_fingerprint(train_set, val_set)  # fixed for the run; stored in every checkpoint
-    provenance = run_provenance(train_set.caches + val_set.caches, cfg.data)
-    lock = writer = None
-    try:
-        lock, found, cfg = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
-        seed_everything(cfg.train.seed)
-        parts, cfg = build_parts(cfg, dist, train_set)
-        writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
-        loop = LoopState(dist, parts["device"], cfg.train.batch_size)
-        metrics = MetricsFile(run_dir, dist)
-        header = {
-            Key.SCALERS: val_set.scalers.to_dict(),
-            Key.FINGERPRINT: fingerprint,
-            Key.PROVENANCE: provenance,
-        }
-        pieces = stateful(parts["model"], parts["optimizer"], parts["scheduler"], parts["scaler"], loop)
-        checkpoints = Checkpoints(
-            run_dir,
-            cfg,
-            dist,
-            writer,
-            pieces,
-            parts["loader_rng"],
-            parts["sampler"],
-            header,
-            metrics,
-            parts["total_steps"],
-        )
-        run_info = RunInfo(run_dir, dist, parts["compile"], provenance)
-        if dist.is_main:
-            save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
-        start(found, pieces, parts, metrics, run_info, run_dir, cfg, dist, init_from)
-        events = Events(
-            run_dir, writer.local_dir if writer else None, loop.progress["step"], fresh=found is None
-        )
-        checkpoints.events = events
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        if lock is not None:
-            lock.release()
-        raise
-    checkpoints.last_save = time.monotonic()
-    return Run(
-        config=cfg,
-        train_set=train_set,
-        val_set=val_set,
-        quick_val=quick_validation(cfg, val_set),
-        lock=lock,
-        model=parts["model"],
-        ddp=parts["ddp"],
-        device=parts["device"],
-        autocast=parts["autocast"],
-        scaler=parts["scaler"],
-        compile=parts["compile"],
-        optimizer=parts["optimizer"],
-        scheduler=parts["scheduler"],
-        sampler=parts["sampler"],
-        loader=parts["loader"],
-        num_workers=parts["num_workers"],
-        steps_per_epoch=parts["steps_per_epoch"],
-        total_steps=parts["total_steps"],
-        loop=loop,
-        checkpoints=checkpoints,
-        metrics=metrics,
-        run_info=run_info,
-        events=events,
-    )
+    return cfg, train_set, val_set, fingerprint, run_provenance(train_set.caches + val_set.caches, cfg.data)
 
 
 def quick_validation(cfg: Config, val_set: CloudDataset) -> np.ndarray:
@@ -281,19 +288,25 @@ def quick_validation(cfg: Config, val_set: CloudDataset) -> np.ndarray:
     return scored[quick_subset(len(scored), cfg.train.quick_val_fraction)]
 
 
-def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[dict, Config]:
-    """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
-    Config: `cfg` is not changed)."""
-    t = cfg.train
+def placed_model(cfg: Config, dist: Dist) -> tuple[torch.nn.Module, torch.device, Precision]:
+    """The model (initial weights) on this process's device, BatchNorm over the global batch with several
+    processes, and the precision decided once for the device."""
     model = build_model(cfg)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
-    device = choose_device(t.device)
+    device = choose_device(cfg.train.device)
     if device.type == "cuda" and dist.active:
         device = torch.device("cuda", dist.local_rank)
     model.to(device)
     if dist.active:
         model = apply_global_batchnorm(model, device)
-    precision = choose_precision(device)
+    return model, device, choose_precision(device)
+
+
+def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts, Config]:
+    """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
+    Config: `cfg` is not changed)."""
+    t = cfg.train
+    model, device, precision = placed_model(cfg, dist)
     autocast = partial(torch.autocast, device.type, dtype=precision.dtype) if precision.dtype else nullcontext
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
@@ -325,20 +338,8 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[dict,
         pin_memory=device.type == "cuda",
         generator=loader_rng,
     )
-    log.info(
-        "model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; "
-        "batch %d%s, %d optimizer steps per epoch, %d loader workers",
-        f"{count_parameters(model):,}",
-        cfg.channels,
-        "on" if cfg.model.gradient_checkpointing else "off",
-        describe_device(device),
-        precision.name,
-        t.batch_size,
-        f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
-        steps_per_epoch,
-        num_workers,
-    )
-    return dict(
+    describe_parts(cfg, model, device, precision, dist, steps_per_epoch, num_workers)
+    return Parts(
         model=model,
         ddp=ddp,
         device=device,
@@ -353,14 +354,37 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[dict,
         num_workers=num_workers,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
-        precision=precision,
     ), cfg
+
+
+def describe_parts(
+    cfg: Config,
+    model,
+    device: torch.device,
+    precision: Precision,
+    dist: Dist,
+    steps_per_epoch: int,
+    num_workers: int,
+) -> None:
+    log.info(
+        "model: %s parameters, channels %s, gradient checkpointing %s; device %s, precision %s; batch %d%s, "
+        "%d optimizer steps per epoch, %d loader workers",
+        f"{count_parameters(model):,}",
+        cfg.channels,
+        "on" if cfg.model.gradient_checkpointing else "off",
+        describe_device(device),
+        precision.name,
+        cfg.train.batch_size,
+        f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
+        steps_per_epoch,
+        num_workers,
+    )
 
 
 def start(
     found: Found | None,
     pieces: dict,
-    parts: dict,
+    parts: Parts,
     metrics: MetricsFile,
     run_info: RunInfo,
     run_dir: Path,
@@ -370,22 +394,22 @@ def start(
 ) -> None:
     """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
     records the plan of this start: what was resolved, and how."""
-    sampler = parts["sampler"]
+    sampler = parts.sampler
     if found is not None:
-        restore(found, pieces, parts["loader_rng"], metrics.path, cfg, dist, sampler.batches_per_epoch())
+        restore(found, pieces, parts.loader_rng, metrics.path, cfg, dist, sampler.batches_per_epoch())
     else:
         truncate_metrics(metrics.path, 0)
         if init_from is not None:
-            parts["model"].load_state_dict(load_checkpoint(init_from)[Key.MODEL])  # in place
+            parts.model.load_state_dict(load_checkpoint(init_from)[Key.MODEL])  # in place
             log.info("Starting from the weights of %s", init_from)
     run_info.start(
         {
             "processes": dist.world,
-            "total_steps": parts["total_steps"],
-            "steps_per_epoch": parts["steps_per_epoch"],
+            "total_steps": parts.total_steps,
+            "steps_per_epoch": parts.steps_per_epoch,
             "epochs": cfg.train.epochs,
             "batch_size": cfg.train.batch_size,
-            "device": describe_device(parts["device"]),
+            "device": describe_device(parts.device),
             "start_step": pieces[Key.LOOP].progress["step"],
             "resumed_from": str(found.folder) if found is not None else None,
             "flights": [f.name for f in cfg.data.flights],
