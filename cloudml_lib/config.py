@@ -665,18 +665,25 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
-def resume_rules(cls=None, prefix: str = "") -> dict[str, str]:
-    """Each leaf key ("train.epochs") and its rule when a stopped run resumes (SAME or NEW, from its
-    field)."""
+def field_metadata(cls=None, prefix: str = "") -> dict[str, dict]:
+    """Each leaf key ("train.epochs"): its field's metadata (help, range, choices, legacy, resume) and
+    default."""
     out = {}
     cls = cls or Config
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            out.update(resume_rules(hints[f.name], f"{prefix}{f.name}."))
+            out.update(field_metadata(hints[f.name], f"{prefix}{f.name}."))
         else:
-            out[f"{prefix}{f.name}"] = f.metadata.get("resume", SAME)
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[f"{prefix}{f.name}"] = {**f.metadata, "default": default}
     return out
+
+
+def resume_rules() -> dict[str, str]:
+    """Each leaf key ("train.epochs") and its rule when a stopped run resumes (SAME or NEW, from its
+    field)."""
+    return {key: meta.get("resume", SAME) for key, meta in field_metadata().items()}
 
 
 def derive(cfg: Config, changes: dict) -> Config:

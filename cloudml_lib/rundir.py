@@ -32,7 +32,7 @@ from cloudml_lib.checkpoint import (
     step_of,
 )
 from cloudml_lib.compile import describe_saved
-from cloudml_lib.config import NEW, config_from_dict, derive, resume_rules
+from cloudml_lib.config import NEW, derive, field_metadata, resume_rules
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.runlock import LOCK, holder_alive, process_alive
 
@@ -79,12 +79,15 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
 def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)', by each field's
     resume rule (config.py). The saved config is read by today's rules first: a setting added since it was
-    saved has its default there, the behaviour of the version that saved it."""
-    try:
-        saved = config_from_dict(saved).to_dict()
-    except CloudMLError:
-        pass  # compared as it was written; every difference is then named
-    a, b, rules = flatten_keys(saved), flatten_keys(current), resume_rules()
+    saved counts as its default there (the behaviour of the version that saved it), a value an earlier
+    version wrote as what it means now."""
+    rules, fields = resume_rules(), field_metadata()
+    a, b = flatten_keys(saved), flatten_keys(current)
+    for key, meta in fields.items():
+        if key not in a and key in b:
+            a[key] = meta["default"]
+        elif key in a and any(a[key] is old for old in meta.get("legacy") or {}):
+            a[key] = meta["legacy"][a[key]]
     math, harmless = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):

@@ -166,7 +166,7 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
         {"CLOUDML_KILL_AT": "step:8:SIGINT"},
     )
     assert code == 130
-    live.finish(code, view, "training", tmp_path / "run")
+    live.report_end(code, view, "training", tmp_path / "run")
     out = capsys.readouterr().out
     step = int(re.search(r"Stopped by SIGINT at step (\d+); checkpoint saved", view.notices.value).group(1))
     assert (

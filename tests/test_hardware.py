@@ -151,5 +151,5 @@ def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
     tiny_config.train.batch_size = "auto"
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     trainer.close()
-    assert tiny_config.train.batch_size == CPU_AUTO_BATCH
+    assert trainer.cfg.train.batch_size == CPU_AUTO_BATCH and tiny_config.train.batch_size == "auto"
     assert "measuring needs a GPU; using 16 on the CPU" in (tmp_path / "run" / "train.log").read_text()

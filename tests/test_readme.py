@@ -39,5 +39,8 @@ def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys
 
 def test_the_settings_table_in_the_readme_is_generated_from_the_code():
     from cloudml_lib.config import settings_table
-    shown = re.search(r"<!-- settings: cloudml_lib.config.settings_table\(\) -->\n(.*?)\n\n", README, re.S).group(1)
+
+    shown = re.search(
+        r"<!-- settings: cloudml_lib.config.settings_table\(\) -->\n(.*?)\n\n", README, re.S
+    ).group(1)
     assert shown == settings_table(), "README.md's settings table is stale: paste config.settings_table()"
