@@ -5,8 +5,8 @@ running statistics), so the T encodings a window needs are the per-frame encodin
 Consecutive windows share frames: a whole flight predicted with one window per frame holds every frame
 in T windows. Here each frame is encoded once, in batches of as many frames as the per-window path put
 through the encoder at a time (one frame of each of `window_batch` windows: the same activation memory),
-and each window's head reads the T encodings it needs (model.forward_encoded). The encodings of a flight are C
-floats per frame, so host memory stays small however long the flight.
+and each window's head reads the T encodings it needs (model.pool_frames, then model.output). The encodings of
+a flight are C floats per frame, so host memory stays small however long the flight.
 
 - `encode_frames`: frames -> encodings, in fixed-size batches (the last one padded, so that a compiled
   encoder meets one shape), under torch.inference_mode and the model's autocast.
@@ -51,7 +51,7 @@ def encode_frames(
     return out
 
 
-class FrameEncoder:
+class StreamEncoder:
     """encode_frames for a stream of frames (predict): on GPU out-of-memory the batch is halved, for the rest
     of the stream, and the frames are encoded again (a frame's encoding does not depend on its batch)."""
 

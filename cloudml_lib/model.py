@@ -7,7 +7,7 @@ The network only: no device, AMP or compile code (train/build.py applies those f
     softmax attention over the T frames -> (B, C) -> MLP head -> Outputs(height, cloud_logit)
 
 In eval mode a frame's encoding does not depend on its neighbours, so consecutive windows (a whole
-flight, one window per frame) need each frame encoded once: `encode_frames` then `forward_encoded`
+flight, one window per frame) need each frame encoded once: `encode_frames`, then `pool_frames` and `output`
 give the numbers of `forward` (inference.py does this). Training keeps the per-window path.
 
 The cloud logit (`cloud_head`):
@@ -185,12 +185,6 @@ class MultimodalRegressionModel(nn.Module):
 
     def forward(self, frames, scalars):  # (B, T, H, W), (B, 3)
         return self.output(self.features(frames, scalars))
-
-    def forward_encoded(self, frame_features, scalars):  # (B, T, C), (B, 3)
-        """forward from frames already encoded one by one (encode_frames): the same numbers as forward on
-        their frames in eval mode, where a frame's encoding does not depend on the other frames in its batch
-        (BatchNorm uses its running statistics). Sliding windows share frames: each is encoded once."""
-        return self.output(self.pool_frames(frame_features, scalars))
 
     def output(self, features) -> Outputs:  # (B, C + 3)
         """The head on `features`: the standardised height and, with a cloud output, the cloud logit."""

@@ -50,7 +50,7 @@ from cloudml_lib.data.preprocess import (
 )
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
-from cloudml_lib.inference import FrameEncoder, windows_forward
+from cloudml_lib.inference import StreamEncoder, windows_forward
 from cloudml_lib.outputs import atomic_path, write_text
 from cloudml_lib.provenance import input_files, trained_backend
 from cloudml_lib.report import write_report
@@ -135,7 +135,7 @@ def predict_flight(
         ),
         n,
         flight.name,
-        FrameEncoder(model, device, batch_size, autocast),
+        StreamEncoder(model, device, batch_size, autocast),
     )
     first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
@@ -162,7 +162,7 @@ def predict_flight(
 
 
 def encode_flight(
-    model, stream, n: int, name: str, encode: FrameEncoder
+    model, stream, n: int, name: str, encode: StreamEncoder
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """(each frame's encoding (n, C), which frames are blank, the non-finite pixels filled) of a flight
     streamed in blocks: frames wait until a whole batch is there (the last one need not be whole)."""

@@ -57,10 +57,6 @@ def require_optuna():
     return optuna
 
 
-def is_sweep(run_dir: Path) -> bool:
-    return (Path(run_dir) / "sweep.json").is_file()
-
-
 class StudyFile:
     """The study's journal on local disk and its copy in the sweep folder."""
 

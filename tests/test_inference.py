@@ -206,6 +206,6 @@ def test_out_of_gpu_memory_while_predicting_halves_the_frame_batch_and_changes_n
     monkeypatch.setattr(inference, "encode_frames", small_gpu)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(__import__("logging").getLogger("cloudml_lib"), "propagate", True)
-    encode = inference.FrameEncoder(model, CPU, 8)
+    encode = inference.StreamEncoder(model, CPU, 8)
     np.testing.assert_allclose(encode(frames), want, atol=1e-6)
     assert encode.batch == 2 and "encoding 2 frames at a time" in caplog.text

@@ -273,7 +273,7 @@ def free_gpu_memory() -> None:
 def check_setup(ws: Workspace, cache: dict | None) -> None:
     """What to do next; in the headless test (CLOUDML_SMOKE=1), smoke.py's checks of the set-up instead."""
     if smoke():
-        from cloudml_lib.colab.smoke import check_setup as check
+        from cloudml_lib.colab.smoke import check_cache as check
 
         check(cache)
         return

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PACKAGE = "cloudml_lib"
+PACKAGE_NAME = "cloudml_lib"
 RECORD = "_source.json"  # inside the installed package: the fingerprint it was built from
 # What a wheel is built from (setup.py): the package, and the folders it carries as data
 SOURCES = ("cloudml_lib", "configs", "benchmarks/results", "pyproject.toml", "setup.py")
@@ -76,7 +76,7 @@ def fingerprint(code: Path) -> str:
 
 
 def version_of(code: Path) -> str:
-    text = (code / PACKAGE / "__init__.py").read_text(errors="replace")
+    text = (code / PACKAGE_NAME / "__init__.py").read_text(errors="replace")
     m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
     return m.group(1) if m else "?"
 
@@ -84,7 +84,7 @@ def version_of(code: Path) -> str:
 def installed_record() -> dict | None:
     """What the installed package was built from ({} for an install without a record, None: not installed)."""
     try:
-        spec = importlib.util.find_spec(PACKAGE)
+        spec = importlib.util.find_spec(PACKAGE_NAME)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
@@ -97,7 +97,7 @@ def installed_record() -> dict | None:
 
 def imported_record() -> dict | None:
     """The record of the version this kernel imported (None: nothing imported yet)."""
-    module = sys.modules.get(PACKAGE)
+    module = sys.modules.get(PACKAGE_NAME)
     if module is None:
         return None
     return getattr(module, "SOURCE", None) or {"version": getattr(module, "__version__", "?")}
@@ -122,7 +122,7 @@ def build_and_install(code: Path, record: dict) -> None:
     work = Path(tempfile.mkdtemp(prefix="cloudml-install-"))
     try:
         _copy_sources(code, work)
-        (work / PACKAGE / RECORD).write_text(json.dumps(record, indent=1))
+        (work / PACKAGE_NAME / RECORD).write_text(json.dumps(record, indent=1))
         cmd = [
             sys.executable,
             "-m",
@@ -150,7 +150,7 @@ def ensure_installed(content: Path | None = None) -> str:
     """Install CloudML from the Drive copy when the installed one differs; returns what is in use, in
     words."""
     code = code_dir(content)
-    if not (code / "pyproject.toml").is_file() or not (code / PACKAGE).is_dir():
+    if not (code / "pyproject.toml").is_file() or not (code / PACKAGE_NAME).is_dir():
         raise InstallProblem(
             f"no copy of CloudML in {code}. Put the CloudML repository there (git clone, or "
             "upload the folder), then run this cell again."

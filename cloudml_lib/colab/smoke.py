@@ -24,7 +24,7 @@ EPOCHS = 2
 DISCONNECT_STEP = 25
 
 
-def check_setup(cache: dict | None) -> None:
+def check_cache(cache: dict | None) -> None:
     """The set-up notebook: the data check passed and the cache holds samples, copied to its lasting place."""
     assert cache and cache["flights"] == 5 and cache["samples"] > 500, cache
     copies = list(Path(cache["copy_dir"]).glob("*/meta.json"))
