@@ -35,6 +35,7 @@ from torch import nn
 
 from cloudml_lib import faults
 from cloudml_lib.errors import CloudMLError
+from cloudml_lib.outputs import refuse_link
 from cloudml_lib.runlock import process_alive
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,14 @@ def write_durable(path: Path, data: bytes) -> None:
 
 
 def save_atomic(obj: dict, path: str | Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename into place."""
+    """torch.save to a temporary file in the same folder, fsync, then rename into place (a symbolic link where
+    `path` belongs is refused, as for every file a run writes: outputs.refuse_link)."""
     path = Path(path)
+    refuse_link(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        if os.path.lexists(tmp):
+            tmp.unlink()
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -145,7 +150,7 @@ def save_atomic(obj: dict, path: str | Path) -> None:
             str(path),
         ) from None
     finally:
-        if tmp.exists():
+        if os.path.lexists(tmp):
             tmp.unlink()
 
 

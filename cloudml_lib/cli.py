@@ -1,8 +1,9 @@
 """`python -m cloudml_lib ...`: train, crossval, sweep, compare, predict, evaluate, status, diagnose, labels,
 make-demo-data.
 
-Exit status: 0 on success; 2 for a usage, config or data error, a full or read-only disk (one
-short message, no traceback); 130 when stopped by Ctrl-C or SIGTERM at any moment, set-up included
+Exit status: 0 on success; 2 for a usage, config or data error (`labels`: a flight that cannot be used),
+a full or read-only disk, a run folder that is not the run's (one short message, no traceback, each value it
+echoes bounded: errors.shown); 130 when stopped by Ctrl-C or SIGTERM at any moment, set-up included
 (progress saved); 1 for anything unexpected (with the traceback, to report).
 """
 
@@ -18,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from cloudml_lib.errors import CloudMLError, explain_os_error
+from cloudml_lib.errors import CloudMLError, explain_os_error, shown
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,19 @@ def threading_main() -> bool:
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own exit code is 2 as well
         self.print_usage(sys.stderr)
+        if len(message) > MAX_MESSAGE_CHARS:  # it quotes the argument, which may be huge
+            message = message[:MAX_MESSAGE_CHARS] + " ..."
         self.exit(2, f"error: {message}\n")
+
+
+def _folder(text: str) -> str:
+    """A folder argument: an empty one would silently mean the working directory (or a default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty; name a folder: a new or empty one for what the command writes, or an "
+            "existing run folder"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +69,7 @@ def _set_argument(parser, example: str = ", e.g. --set train.epochs=3") -> None:
 def _data_dir_argument(parser, moved: bool = False) -> None:
     parser.add_argument(
         "--data-dir",
+        type=_folder,
         help="folder of the flight files, if they moved since training"
         if moved
         else "folder of the flight files (overrides data.dir)",
@@ -66,7 +80,7 @@ def _add_training_commands(sub) -> None:
     """train, crossval, sweep: the commands that train, each resumable."""
     t = sub.add_parser("train", help="train a model (on the demo flights with --preset demo)")
     _config_arguments(t)
-    t.add_argument("--run-dir", help="where the run's files go (default: runs/<config name>)")
+    t.add_argument("--run-dir", type=_folder, help="where the run's files go (default: runs/<config name>)")
     _data_dir_argument(t)
     _set_argument(t)
     t.add_argument(
@@ -78,7 +92,9 @@ def _add_training_commands(sub) -> None:
     )
     c = sub.add_parser("crossval", help="leave-one-flight-out cross-validation with baselines (resumable)")
     _config_arguments(c)
-    c.add_argument("--run-dir", required=True, help="where the folds, crossval.json and crossval.md go")
+    c.add_argument(
+        "--run-dir", type=_folder, required=True, help="where the folds, crossval.json and crossval.md go"
+    )
     _data_dir_argument(c)
     _set_argument(c, "")
     c.add_argument(
@@ -97,7 +113,18 @@ def _add_training_commands(sub) -> None:
     sw.add_argument(
         "--trials", type=int, required=True, help="how many trials in all (raise it to add trials)"
     )
-    sw.add_argument("--run-dir", required=True, help="the sweep folder: trials/<n>, study.journal, report.md")
+    sw.add_argument(
+        "--rebuild-study",
+        action="store_true",
+        help="when study.journal is lost or damaged: rebuild the study from the trial folders "
+        "(their values, results and epoch scores); without it such a sweep is refused",
+    )
+    sw.add_argument(
+        "--run-dir",
+        type=_folder,
+        required=True,
+        help="the sweep folder: trials/<n>, study.journal, report.md",
+    )
     _data_dir_argument(sw)
     _set_argument(sw, " (for every trial)")
 
@@ -109,12 +136,12 @@ def _add_result_commands(sub) -> None:
         help="runs, cross-validations or sweep trials side by side: the settings "
         "that differ, held-out metrics, epochs, time, compiled",
     )
-    cm.add_argument("run_dirs", nargs="+", metavar="DIR")
+    cm.add_argument("run_dirs", nargs="+", metavar="DIR", type=_folder)
     cm.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     pr = sub.add_parser(
         "predict", help="cloud base height for every frame of whole flights (NetCDF, CSV, plots)"
     )
-    pr.add_argument("--run-dir", required=True, help="a trained run (its best.pt is used)")
+    pr.add_argument("--run-dir", type=_folder, required=True, help="a trained run (its best.pt is used)")
     pr.add_argument(
         "--flights",
         nargs="+",
@@ -122,11 +149,12 @@ def _add_result_commands(sub) -> None:
         help="flights to predict (default: the run's "
         "validation flights); any flight found in data.dir, the CPL file optional",
     )
-    pr.add_argument("--out", help="folder for the files (default: RUN_DIR/predictions)")
+    pr.add_argument("--out", type=_folder, help="folder for the files (default: RUN_DIR/predictions)")
     _data_dir_argument(pr, moved=True)
     pr.add_argument(
         "--calibration",
         metavar="DIR",
+        type=_folder,
         help="calibrate the prediction intervals with "
         "DIR/intervals.json (a cross-validation's: the error on flights never seen); default: the "
         "run's own",
@@ -134,10 +162,10 @@ def _add_result_commands(sub) -> None:
     s = sub.add_parser(
         "status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint"
     )
-    s.add_argument("run_dir")
+    s.add_argument("run_dir", type=_folder)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     e = sub.add_parser("evaluate", help="score a run's best model on its validation flights")
-    e.add_argument("--run-dir", required=True)
+    e.add_argument("--run-dir", type=_folder, required=True)
     _data_dir_argument(e, moved=True)
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -156,7 +184,7 @@ def _add_data_commands(sub) -> None:
     _config_arguments(g, "also check the disk and cache for this config", required=False)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
-    d.add_argument("--out", required=True, help="folder to write the flight files into")
+    d.add_argument("--out", type=_folder, required=True, help="folder to write the flight files into")
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--frames", type=int, default=1400, help="frames per flight (default 1400)")
@@ -205,7 +233,7 @@ def _train(args) -> int:
 
     config = config_path(args)
     cfg = load_config(config, _overrides(args))
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(config).stem
+    run_dir = Path(args.run_dir) if args.run_dir is not None else Path("runs") / Path(config).stem
     train(cfg, run_dir, resume=args.resume)
     return 0
 
@@ -222,10 +250,14 @@ def _crossval(args) -> int:
 
 def _sweep(args) -> int:
     from cloudml_lib.resources import config_file
+    from cloudml_lib.rundir import check_run_folder
     from cloudml_lib.sweep import sweep
 
+    check_run_folder(Path(args.run_dir))  # new, empty or a sweep's own, before anything is written
     space = args.space or config_file("sweeps/demo.yaml")
-    result = sweep(config_path(args), space, args.trials, args.run_dir, _overrides(args))
+    result = sweep(
+        config_path(args), space, args.trials, args.run_dir, _overrides(args), rebuild=args.rebuild_study
+    )
     if result.get("best"):
         b = result["best"]
         print(
@@ -234,6 +266,13 @@ def _sweep(args) -> int:
         )
     if result:
         print(f"report: {Path(args.run_dir) / 'report.md'}")
+    failed = [t for t in result.get("trials", []) if t["state"] == "fail"]
+    if failed and len(failed) == len(result["trials"]):
+        raise CloudMLError(
+            f"none of the {len(failed)} trial(s) could run; trial {failed[0]['number']}: {failed[0]['note']} "
+            "Change the space or the config, then start a new sweep in another --run-dir (failed trials "
+            "are final in this one)."
+        )
     return 0
 
 
@@ -243,7 +282,22 @@ def _compare(args) -> int:
 
     rows = compare_runs(args.run_dirs)
     print(json.dumps(json_safe(rows)) if args.json else format_comparison(rows))
-    return 0
+    return _said_damage([d for r in rows for d in r["damaged"]])
+
+
+def _said_damage(damaged: list[str]) -> int:
+    """Exit 2 after what could be read was shown, when a run file could not be."""
+    if not damaged:
+        return 0
+    others = " and the others named above" if len(damaged) > 1 else ""
+    print(
+        f"error: {len(damaged)} run file(s) could not be read: {damaged[0]}{others}. Everything else is "
+        "shown above and nothing was changed. Restore the file from a copy, or move it aside: a resumed "
+        "training run writes config.yaml and run.json again, and `python -m cloudml_lib evaluate RUN_DIR` "
+        "writes evaluation.json again.",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _predict(args) -> int:
@@ -256,7 +310,7 @@ def _predict(args) -> int:
 
 def _labels(args) -> int:
     """Print the flight table (files, profiles, labels kept, removed by each filter, match rate, flips) and
-    the label definition; exit 1 when a flight is unusable."""
+    the label definition; exit 2 when a flight is unusable (its files: a data problem), naming it."""
     from cloudml_lib.config import load_config
     from cloudml_lib.data import cpl, flights
     from cloudml_lib.data.flights import ensure_demo_flights
@@ -276,7 +330,17 @@ def _labels(args) -> int:
         f"\n{total} labels in {len(rows)} flights. Label definition: "
         + ", ".join(f"{k} {v}" for k, v in cpl.label_definition(data).items())
     )
-    return 0 if ok else 1
+    if ok:
+        return 0
+    unusable = [r[0] for r in rows if not r[6].isdigit()]
+    print(
+        f"error: {len(unusable) or 'some'} of {len(rows)} flights cannot be used"
+        + (f" ({', '.join(unusable)})" if unusable else "")
+        + ": the table's notes above say why. Fix or replace their files, or move them out of data.dir "
+        "(a run can skip a flight that lacks a file: data.skip_incomplete_flights: true).",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _diagnose(args) -> int:
@@ -310,7 +374,7 @@ def _status(args) -> int:
         return _compare(argparse.Namespace(run_dirs=[args.run_dir], json=args.json))
     status = run_status(args.run_dir)
     print(json.dumps(status) if args.json else format_status(status))
-    return 0
+    return _said_damage(status.get("damaged", []))
 
 
 def _evaluate(args) -> int:
@@ -327,12 +391,22 @@ def _evaluate(args) -> int:
 
 
 def _make_demo(args) -> int:
-    from cloudml_lib.data.synthetic import make_demo_flights
+    from cloudml_lib.data.synthetic import VERSION_FILE, make_demo_flights
+    from cloudml_lib.outputs import check_own_folder
 
     try:
         rows, cols = (int(v) for v in args.size.lower().split("x"))
     except ValueError:
-        raise CloudMLError(f"--size {args.size!r}: expected ROWSxCOLS, e.g. 80x96") from None
+        raise CloudMLError(f"--size {shown(args.size)}: expected ROWSxCOLS, e.g. 80x96") from None
+    demo_flight = "[0-3][0-9][A-Z][a-z][a-z][0-9][0-9]"  # a demo flight's folder, e.g. 01Mar25
+    check_own_folder(
+        args.out,
+        (VERSION_FILE, demo_flight),
+        "--out",
+        "demo flights",
+        "the folder of earlier demo flights to write them again",
+        new="demo-flights",
+    )
     if rows < 16 or cols < 16 or args.frames < 10:
         raise CloudMLError("--size must be at least 16x16 and --frames at least 10")
     try:
@@ -395,6 +469,15 @@ def _places(args) -> dict[str, str]:
     }
 
 
+MAX_MESSAGE_CHARS = 4000  # a safety net: each value a message echoes is bounded already (errors.shown)
+
+
+def _print_error(message: str) -> None:
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = f"{message[:MAX_MESSAGE_CHARS]} ... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+    print(f"error: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from cloudml_lib.logs import attach_run_log
 
@@ -417,13 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except CloudMLError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _print_error(str(e))
         return 2
     except OSError as e:
         message = explain_os_error(e, _places(args), resumes=args.command in ("train", "crossval", "sweep"))
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        _print_error(message)
         return 2
     except KeyboardInterrupt as e:
         print(

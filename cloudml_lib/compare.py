@@ -14,11 +14,10 @@ import logging
 import warnings
 from pathlib import Path
 
-import yaml
-
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.outputs import write_text
 from cloudml_lib.rundir import flatten_keys, has_run, is_crossval
+from cloudml_lib.runfiles import RunFiles, numbered_folders
 
 log = logging.getLogger(__name__)
 
@@ -34,39 +33,15 @@ MIN_FOR_IMPORTANCE = 3  # fANOVA over fewer finished trials splits the importanc
 METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"))
 
 
-def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _records(run: Path) -> list[dict]:
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill
-    return out
-
-
 def run_row(run: Path, name: str) -> dict:
-    """One training run (or a sweep trial's run)."""
-    try:
-        config = yaml.safe_load((run / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        config = {}
-    records = _records(run)
-    epochs = [r for r in records if r.get("kind") == "epoch"]
-    final = next((r for r in records if r.get("kind") == "final"), None)
-    overall = _json(run / "evaluation.json").get("overall") or final
-    trial = _json(run / "trial.json")
-    planned = config.get("train", {}).get("epochs")
+    """One training run (or a sweep trial's run); its damaged files named in "damaged"."""
+    files = RunFiles(run)
+    config, records = files.config(), files.metrics()
+    epochs = [r for r in records if r["kind"] == "epoch" and "epoch" in r]
+    final = next((r for r in records if r["kind"] == "final"), None)
+    overall = files.evaluation().get("overall") or final
+    trial = files.trial()
+    planned = ((config or {}).get("train") or {}).get("epochs")
     state = trial.get("state") or (
         "finished"
         if final
@@ -77,43 +52,51 @@ def run_row(run: Path, name: str) -> dict:
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
     overall = overall or {}
-    compile_info = _json(run / "run.json").get("compile") or {}
+    compile_info = files.run_info().get("compile") or {}
     return {
         "run": name,
         "config": config,
         "state": "finished" if state == "complete" else state,
-        "epochs": f"{len(epochs)}/{planned}" if planned else str(len(epochs)),
+        "note": trial.get("note") or "",
+        "epochs": f"{len(epochs)}/{planned}" if isinstance(planned, int) else str(len(epochs)),
         "metrics": {k: overall.get(k) for k, _ in METRIC_COLUMNS},
         "minutes": sum(r.get("time_s") or 0.0 for r in epochs) / 60,
         "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no",
+        "damaged": files.damaged,
     }
 
 
 def crossval_row(folder: Path, name: str) -> dict:
     """A cross-validation: the mean over its folds."""
-    result = _json(folder / "crossval.json")
+    files = RunFiles(folder)
+    result = files.crossval()
     folds = sorted(p / "model" for p in (folder / "folds").glob("*") if (p / "model").is_dir())
-    first = run_row(folds[0], name) if folds else {"config": {}, "compiled": "no"}
-    model = result.get("summary", {}).get("model", {})
     rows = [run_row(f, name) for f in folds]
+    first = rows[0] if rows else {"config": None, "compiled": "no"}
+    model = result.get("summary", {}).get("model", {})
     return {
         "run": name,
         "config": first["config"],
         "state": "finished" if result else "stopped (resumable)",
+        "note": "",
         "epochs": f"{len(folds)} folds",
         "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
         "minutes": sum(r["minutes"] for r in rows),
         "compiled": first["compiled"],
+        "damaged": files.damaged + [d for r in rows for d in r["damaged"]],
     }
 
 
 def trial_rows(folder: Path, name: str) -> list[dict]:
-    trials = sorted((p for p in (folder / "trials").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    """A row per trial folder (trials/<number>), its state and note from trial.json."""
     rows = []
-    for t in trials:
+    for t in numbered_folders(folder / "trials"):
         row = (crossval_row if is_crossval(t) else run_row)(t, str(Path(name) / "trials" / t.name))
-        info = _json(t / "trial.json")
+        files = RunFiles(t)
+        info = files.trial()
         row["state"] = {"complete": "finished"}.get(info.get("state"), info.get("state") or row["state"])
+        row["note"] = info.get("note") or row["note"]
+        row["damaged"] = sorted(set(row["damaged"] + files.damaged))
         rows.append(row)
     return rows
 
@@ -124,8 +107,8 @@ def compare_runs(folders: list[str | Path]) -> list[dict]:
     rows = []
     for f in folders:
         folder = Path(f)
-        if (folder / "sweep.json").is_file():
-            rows += trial_rows(folder, str(f))
+        if (folder / "sweep.json").exists():
+            rows += trial_rows(folder, str(f)) or [empty_sweep_row(folder, str(f))]
         elif is_crossval(folder):
             rows.append(crossval_row(folder, str(f)))
         elif has_run(folder):
@@ -138,8 +121,26 @@ def compare_runs(folders: list[str | Path]) -> list[dict]:
     return rows
 
 
+def empty_sweep_row(folder: Path, name: str) -> dict:
+    """A sweep without a trial folder yet: one row that says so (and whether its sweep.json reads)."""
+    files = RunFiles(folder)
+    files.sweep()
+    return {
+        "run": name,
+        "config": None,
+        "state": "no trial started yet",
+        "note": "",
+        "epochs": "0",
+        "metrics": {k: None for k, _ in METRIC_COLUMNS},
+        "minutes": 0.0,
+        "compiled": "no",
+        "damaged": files.damaged,
+    }
+
+
 def differing_settings(rows: list[dict]) -> list[str]:
-    flat = [flatten_keys(r["config"]) for r in rows]
+    """Config keys whose values differ between the rows (a row whose config.yaml is unreadable has no say)."""
+    flat = [flatten_keys(r["config"]) for r in rows if r["config"] is not None]
     keys = sorted(set().union(*flat)) if flat else []
     return [
         k for k in keys if not k.startswith(NOT_SETTINGS) and len({json.dumps(f.get(k)) for f in flat}) > 1
@@ -168,10 +169,10 @@ def format_comparison(rows: list[dict]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        flat = flatten_keys(r["config"])
+        flat = flatten_keys(r["config"]) if r["config"] is not None else None
         cells = [
             r["run"],
-            *(flat.get(k) for k in keys),
+            *(flat.get(k) if flat is not None else "?" for k in keys),
             r["state"],
             r["epochs"],
             *(r["metrics"][k] for k, _ in METRIC_COLUMNS),
@@ -181,6 +182,11 @@ def format_comparison(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if len(rows) > 1 and not keys:
         lines.append("\nNo setting differs between these runs.")
+    notes = [f"- {r['run']}: {r['state']}: {r['note']}" for r in rows if r.get("note")]
+    damaged = [f"- {d}" for r in rows for d in r.get("damaged", [])]
+    lines += (["", "Why:", *notes] if notes else []) + (
+        ["", "Could not be read:", *damaged] if damaged else []
+    )
     return "\n".join(lines)
 
 
@@ -196,7 +202,13 @@ def complete_trials(study) -> list:
 
 def sweep_summary(study, space) -> dict:
     trials = [
-        {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params}
+        {
+            "number": t.number,
+            "state": t.state.name.lower(),
+            "value": t.value,
+            "params": t.params,
+            "note": t.user_attrs.get("note", ""),
+        }
         for t in study.trials
     ]
     done = complete_trials(study)

@@ -18,7 +18,7 @@ from typing import Literal
 
 import yaml
 
-from cloudml_lib.errors import ConfigError
+from cloudml_lib.errors import ConfigError, shown
 from cloudml_lib.yamlfile import read_yaml
 
 # Compile modes that capture CUDA graphs: their replay needs every input at a fixed address,
@@ -234,6 +234,14 @@ class DataConfig:
     match_tolerance_s: float = _f(
         0.5, "a label is matched to the nearest IR frame within this time", range=(0.0, 60.0)
     )
+    min_nav_match: float = _f(
+        0.5,
+        "the fewest of a flight's IR frames (those with a time) that must find a nav record (within 2 s, "
+        "or a row); below it train refuses the flight, labels flags it, predict warns. 0.5: a nav file "
+        "covers its whole flight, so half unmatched means a wrong date, file or clock, while a nav file "
+        "cut short or with gaps still trains; 0: any",
+        range=(0.0, 1.0),
+    )
     ir_time_format: str = _f("auto", "IR time units", choices=("auto", "seconds_of_day", "epoch"))
     keys: DataKeys = field(default_factory=DataKeys, metadata={"help": "HDF5 dataset names"})
     overweight_flight: str = _f("", "training flight whose samples weigh more in the loss (empty: none)")
@@ -413,7 +421,7 @@ def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
         return legacy[value]
     if tp is bool:
         if not isinstance(value, bool):
-            problems.append(f"{key}: expected true/false{alt}, got {value!r}")
+            problems.append(f"{key}: expected true/false{alt}, got {shown(value)}")
             return None
         return value
     if tp is int:
@@ -421,30 +429,42 @@ def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                problems.append(f"{key}: expected an integer{alt}, got {value!r}")
+                problems.append(f"{key}: expected an integer{alt}, got {shown(value)}")
                 return None
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{key}: expected a number{alt}, got {value!r}")
+            problems.append(f"{key}: expected a number{alt}, got {shown(value)}")
             return None
         value = float(value)
     elif tp is str:
         if not isinstance(value, str):
-            problems.append(f"{key}: expected a string{alt}, got {value!r}")
+            problems.append(f"{key}: expected a string{alt}, got {shown(value)}")
             return None
     elif tp is list:
         if not isinstance(value, list):
-            problems.append(f"{key}: expected a list{alt}, got {value!r}")
+            problems.append(f"{key}: expected a list{alt}, got {shown(value)}")
             return None
     lo_hi = meta.get("range")
     if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
-        problems.append(f"{key}: {value!r} is out of range; valid: {lo_hi[0]} to {lo_hi[1]}")
+        problems.append(f"{key}: {shown(value)} is out of range; valid: {lo_hi[0]} to {lo_hi[1]}")
         return None
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        problems.append(f"{key}: {value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
+        problems.append(f"{key}: {shown(value)} is not valid; choose one of {', '.join(map(repr, choices))}")
         return None
     return value
+
+
+def _key_text(key) -> str:
+    """A key as a message names it: as written, cut where it is long."""
+    text = str(key)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _listed(names: list, most: int = 8) -> str:
+    """Flight names in a message, the first `most` of them, each cut where it is long."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(_key_text(n) for n in names[:most]) + more
 
 
 def _build(cls, raw, prefix: str, problems: list[str]):
@@ -452,16 +472,18 @@ def _build(cls, raw, prefix: str, problems: list[str]):
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        problems.append(f"{prefix or 'config'}: expected a mapping of keys, got {raw!r}")
+        problems.append(f"{prefix or 'config'}: expected a mapping of keys, got {shown(raw)}")
         return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
+    kwargs, listed = {}, False
     for key, value in raw.items():
-        full = f"{prefix}{key}"
+        full = f"{prefix}{_key_text(key)}"
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
+            close = difflib.get_close_matches(_key_text(key), list(fields), n=1, cutoff=0.5)
+            valid = "as above" if listed else ", ".join(fields)  # listed once per section
+            listed = listed or not close
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {valid}"
             problems.append(f"{full}: unknown key{hint}")
             continue
         tp = hints[key]
@@ -484,16 +506,15 @@ def check_flight_names(
     problems = []
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        problems.append(f"data.flights: flight names must be unique; repeated: {', '.join(dupes)}")
+        problems.append(f"data.flights: flight names must be unique; repeated: {_listed(dupes)}")
     if not all(isinstance(v, str) for v in d.validation_flights):
         return problems + [
-            f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}"
+            f"data.validation_flights: expected a list of flight names, got {shown(d.validation_flights)}"
         ]
     unknown = [v for v in d.validation_flights if v not in names]
     if unknown:
         problems.append(
-            f"data.validation_flights: {', '.join(unknown)} not in {where} "
-            f"(known: {', '.join(names) or 'none'})"
+            f"data.validation_flights: {_listed(unknown)} not in {where} (known: {_listed(names) or 'none'})"
         )
     if not d.validation_flights and require_validation:
         problems.append(
@@ -504,11 +525,11 @@ def check_flight_names(
         problems.append("data.validation_flights: every flight is held out; leave at least one for training")
     if d.overweight_flight and d.overweight_flight not in names:
         problems.append(
-            f"data.overweight_flight: {d.overweight_flight!r} not in {where} "
-            f"(known: {', '.join(names) or 'none'})"
+            f"data.overweight_flight: {shown(d.overweight_flight)} not in {where} "
+            f"(known: {_listed(names) or 'none'})"
         )
     if d.overweight_flight and d.overweight_flight in d.validation_flights:
-        problems.append(f"data.overweight_flight: {d.overweight_flight!r} is a validation flight")
+        problems.append(f"data.overweight_flight: {shown(d.overweight_flight)} is a validation flight")
     return problems
 
 
@@ -536,7 +557,7 @@ def _check_flights(d: DataConfig, problems: list[str]) -> None:
         problems += check_flight_names(d, [f.name for f in flights], require_validation=False)
     elif not all(isinstance(v, str) for v in d.validation_flights):
         problems.append(
-            f"data.validation_flights: expected a list of flight names, got {d.validation_flights!r}"
+            f"data.validation_flights: expected a list of flight names, got {shown(d.validation_flights)}"
         )
 
 
@@ -553,7 +574,7 @@ def _check_frames(d: DataConfig, problems: list[str]) -> None:
     )
     if not (ints and 0 <= s[0] < s[1]):
         problems.append(
-            f"data.swath_slice: {s!r} is not valid; expected [first_row, end_row] with "
+            f"data.swath_slice: {shown(s)} is not valid; expected [first_row, end_row] with "
             "0 <= first_row < end_row, e.g. [40, 480]"
         )
     elif (s[1] - s[0]) // d.downsample < MIN_FRAME_SIDE:
@@ -589,7 +610,7 @@ def _check_settings(cfg: Config, problems: list[str]) -> None:
         )
     if m.channels and not (len(m.channels) == 3 and all(isinstance(c, int) and c > 0 for c in m.channels)):
         problems.append(
-            f"model.channels: {m.channels!r} is not valid; expected three positive integers, "
+            f"model.channels: {shown(m.channels)} is not valid; expected three positive integers, "
             "e.g. [64, 128, 256], or [] to follow model.memory_optimized"
         )
     if t.height_loss_weight == 0 and m.cloud_head != "joint":
@@ -627,13 +648,18 @@ def _absolute_paths(d: DataConfig) -> None:
             setattr(d, key, os.path.abspath(os.path.expanduser(value)))
 
 
+MAX_PROBLEMS = 25  # listed in one message; the rest counted
+
+
 def build_config(raw: dict | None, source: str = "config") -> Config:
     problems: list[str] = []
     cfg = _build(Config, raw or {}, "", problems)
     if not problems:
         _check_cross_field(cfg, problems)
     if problems:
-        raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+        more = len(problems) - MAX_PROBLEMS
+        shown_problems = problems[:MAX_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
+        raise ConfigError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(shown_problems))
     _absolute_paths(cfg.data)
     return cfg
 
@@ -710,14 +736,14 @@ def _plain(value):
 
 def parse_override(text: str) -> tuple[list[str], object]:
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.epochs=3")
+        raise ConfigError(f"--set {shown(text)}: expected section.key=value, e.g. train.epochs=3")
     key, value = text.split("=", 1)
     path = key.strip().split(".")
     if len(path) < 2 or not all(path):
-        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.epochs=3")
+        raise ConfigError(f"--set {shown(text)}: expected section.key=value, e.g. train.epochs=3")
     try:
         parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: an integer of over 4300 digits
         parsed = value
     return path, parsed
 

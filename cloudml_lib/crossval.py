@@ -40,7 +40,7 @@ from cloudml_lib.config import Config, derive
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
 from cloudml_lib.data.flights import resolve_config
-from cloudml_lib.errors import ConfigError
+from cloudml_lib.errors import ConfigError, DataError
 from cloudml_lib.evaluate import regression_metrics
 from cloudml_lib.outputs import json_safe, write_text
 from cloudml_lib.report import write_report
@@ -141,6 +141,20 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool) -> dict:
     result["cloud"] = report.get("cloud")
     result["warnings"] = fold_warnings(held, result, train_km, val_km)
     write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
+    return result
+
+
+def read_fold(run_dir: Path, held: str) -> dict:
+    """A fold another process trained: its fold.json, checked."""
+    from cloudml_lib.runfiles import RunFiles
+
+    files = RunFiles(Path(run_dir) / "folds" / held)
+    result = files.fold()
+    if result is None:
+        raise DataError(
+            f"{files.damaged[0] if files.damaged else f'no fold.json in {files.folder}'}: run the same "
+            "crossval command again; the fold is scored again from its finished model"
+        )
     return result
 
 
@@ -383,10 +397,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
             workers.close()
     if not workers.is_main:
         return {}
-    folds = {
-        name: done[name] if name in done else json.loads((run_dir / "folds" / name / "fold.json").read_text())
-        for name in names
-    }
+    folds = {name: done[name] if name in done else read_fold(run_dir, name) for name in names}
     result = {
         "folds": folds,
         **summarise(folds),

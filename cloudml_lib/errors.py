@@ -19,6 +19,20 @@ class DataError(CloudMLError):
     """A flight file, key or value is missing or unusable."""
 
 
+ECHO_CHARS = 120  # a value echoed in a message is cut to this; a YAML alias bomb must not become megabytes
+
+
+def shown(value, limit: int = ECHO_CHARS) -> str:
+    """`value` as a message shows it: its repr, bounded in length and depth without walking all of it."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother = 3, limit, limit
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = 8
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def in_notebook_session() -> bool:
     """This process is a notebook's kernel, or a command a notebook started (colab/live.py sets
     CLOUDML_PARENT_PID): what the user types goes into a notebook cell."""
@@ -99,6 +113,11 @@ def explain_os_error(e: OSError, places: dict[str, str] | None = None, resumes: 
         return (
             f"{e.filename} is a folder, but a file is needed there. "
             "Move the folder away or choose another path."
+        )
+    if e.errno in (errno.ENAMETOOLONG, errno.ELOOP) and e.filename:
+        return (
+            f"{shown(str(e.filename))}: {e.strerror} (a name of over 255 characters, a path of over 4096, or "
+            "symbolic links that point in a circle). Give a shorter path, or fix the links."
         )
     if e.errno == errno.EIO:
         return (

@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from cloudml_lib.errors import CloudMLError, install_command
+from cloudml_lib.runfiles import INTERVAL_METHODS, RunFiles
 
 log = logging.getLogger(__name__)
 
-METHODS = {"conformal_absolute": "absolute", "conformal_gamma": "gamma"}
+METHODS = dict(zip(INTERVAL_METHODS, ("absolute", "gamma"), strict=True))
 MIN_CALIBRATION = 20  # fewer calibration heights: no interval (a 90% quantile of 10 numbers means little)
 FAR_BELOW = 0.15  # coverage this far under the target on a flight: a plain warning
 FILE = "intervals.json"
@@ -181,14 +182,8 @@ def save(run_dir: Path, calibration: dict | None) -> None:
 
 def load(folder: Path) -> dict | None:
     """A folder's calibration, or None (with the reason logged) when it has none or it is unreadable."""
-    path = Path(folder) / FILE
-    if not path.is_file():
-        return None
-    try:
-        cal = json.loads(path.read_text())
-        if cal["method"] not in METHODS or len(cal["pred_km"]) != len(cal["true_km"]):
-            raise ValueError("unknown method or unequal lengths")
-        return cal
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("%s cannot be used (%s): no prediction intervals", path, e)
-        return None
+    files = RunFiles(Path(folder))
+    cal = files.intervals()
+    for d in files.damaged:
+        log.warning("%s: no prediction intervals", d)
+    return cal

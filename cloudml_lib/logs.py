@@ -35,6 +35,11 @@ class _RunLogFile(logging.FileHandler):
         super().__init__(path)
         self.failing, self._failed_now = False, False
 
+    def _open(self):
+        from cloudml_lib.outputs import open_append
+
+        return open_append(self.baseFilename)  # never through a symbolic link (refused, naming it)
+
     def emit(self, record):
         self._failed_now = False
         super().emit(record)
@@ -65,16 +70,17 @@ def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
     logger = logging.getLogger(PACKAGE_LOGGER)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    handlers = []
+    if run_dir is not None:  # first: a train.log that cannot be opened leaves the console's handler as it was
+        file = _RunLogFile(Path(run_dir) / "train.log")
+        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        handlers.append(file)
     for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
         logger.removeHandler(h)
         h.close()
     screen = _TqdmHandler(console or sys.stdout)
     screen.setFormatter(logging.Formatter("%(message)s"))
-    handlers = [screen]
-    if run_dir is not None:
-        file = _RunLogFile(Path(run_dir) / "train.log")
-        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-        handlers.append(file)
+    handlers.insert(0, screen)
     for h in handlers:
         h._cloudml = True
         logger.addHandler(h)

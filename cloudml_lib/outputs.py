@@ -8,6 +8,11 @@ disk or a kill never leaves a 0-byte or half-written file where a good one was e
 temporary file is removed on failure. An OSError raised without a file name (a `write()` on a
 full disk says only "No space left on device") gets the final path attached, so the message a
 user sees always names the file. Checkpoints have their own commit protocol (checkpoint.py).
+
+A file a command writes is never written through a symbolic link: a link found where one of its files
+belongs (metrics.jsonl, train.log, run.json, best.pt, evaluation.json, a prediction, ...) is refused,
+naming it, and its target is left untouched (`refuse_link`; appends open with O_NOFOLLOW). A command also
+writes only into a folder of its own (`check_own_folder`): new, empty, or one holding its kind of files.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import math
 import os
 import shutil
 from contextlib import contextmanager
+from fnmatch import fnmatch
 from pathlib import Path
+
+from cloudml_lib.errors import CloudMLError
 
 # HDF5-based writers may report a full disk as RuntimeError("NetCDF: HDF error"); below this much free
 # space such an error is taken to be a full disk.
@@ -45,10 +53,13 @@ def free_bytes(path: str | Path) -> int | None:
 def atomic_path(path: str | Path):
     """Yields a temporary path beside `path`; renamed to `path` when the block ends without error."""
     path = Path(path)
+    refuse_link(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        if os.path.lexists(tmp):  # a leftover, or a link: the writer must create a file of its own
+            tmp.unlink()
         yield tmp
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a name, never writes through one
     except OSError as e:
         raise named(e, path) from None
     except RuntimeError as e:
@@ -57,7 +68,7 @@ def atomic_path(path: str | Path):
             raise OSError(errno.ENOSPC, f"No space left on device ({e})", str(path)) from None
         raise
     finally:
-        if tmp.exists():
+        if os.path.lexists(tmp):
             tmp.unlink()
 
 
@@ -70,10 +81,68 @@ def write_text(path: str | Path, text: str) -> Path:
 def append_text(path: str | Path, text: str) -> None:
     """Append to a log-like file (metrics.jsonl); a failure names the file."""
     try:
-        with open(path, "a") as f:
+        with open_append(path) as f:
             f.write(text)
     except OSError as e:
         raise named(e, path) from None
+
+
+def refuse_link(path: str | Path) -> None:
+    """A file a command writes must not be a symbolic link: writing through it would change a file outside
+    the folder (truncate it, append to it). The link is named and left as it is, and so is its target."""
+    path = Path(path)
+    if path.is_symlink():
+        raise CloudMLError(
+            f"{path} is a symbolic link (to {os.readlink(path)}), where CloudML writes a file of its own; it "
+            "never writes through a link, which would change a file outside the folder. Remove the link "
+            f"(rm '{path}'; its target is not touched) or choose another folder. Nothing was written to it."
+        )
+
+
+def open_append(path: str | Path):
+    """`path` opened for appending text (created if missing), never through a symbolic link (O_NOFOLLOW:
+    no moment between a check and the open)."""
+    flags = (
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
+    refuse_link(path)  # where O_NOFOLLOW does not exist (Windows)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if Path(path).is_symlink():  # ELOOP: a link appeared since
+            refuse_link(path)
+        raise named(e, path) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+# Left in any folder by notebooks, file managers and file systems: they do not make a folder someone else's.
+CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")
+
+
+def check_own_folder(
+    folder: str | Path, ours: tuple[str, ...], option: str, what: str, fits: str, new: str = "cloudml"
+) -> None:
+    """A command writes into a folder of its own: one that does not exist yet, is empty, or holds one of
+    `ours` (names or glob patterns of the files it writes there, hidden ones included). A folder that holds
+    other things and none of them (a home folder, /, a project) is refused, naming `option` and the folder:
+    its files would land among the user's. Hidden entries (.ipynb_checkpoints, .DS_Store, .git) and CLUTTER
+    do not count as other things. `what`: the kind of folder wanted; `fits`: which existing folder fits;
+    `new`: a sub-folder to suggest."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return  # made by the command; a file in the way is the command's own message
+    names = [p.name for p in folder.iterdir()]
+    if any(fnmatch(n, pattern) for n in names for pattern in ours):
+        return
+    others = sorted(n for n in names if not n.startswith(".") and n not in CLUTTER)
+    if not others:
+        return
+    listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    raise CloudMLError(
+        f"{option} {folder} holds other things ({listed}) and no {what}: CloudML writes only into a folder "
+        f"of its own, never among other files. Give a new or empty folder (e.g. {folder / new}), or "
+        f"{fits}. Nothing was written."
+    )
 
 
 def json_safe(obj):

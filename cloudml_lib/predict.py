@@ -51,9 +51,10 @@ from cloudml_lib.data.preprocess import (
 from cloudml_lib.errors import CloudMLError, DataError
 from cloudml_lib.evaluate import load_run_model
 from cloudml_lib.inference import StreamEncoder, windows_forward
-from cloudml_lib.outputs import atomic_path, write_text
+from cloudml_lib.outputs import atomic_path, check_own_folder, write_text
 from cloudml_lib.provenance import input_files, trained_backend
 from cloudml_lib.report import write_report
+from cloudml_lib.rundir import RUN_FILES
 
 log = logging.getLogger(__name__)
 
@@ -73,24 +74,16 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
         },
     }
     has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
-    if has_nav:
-        nav = er2.read_nav(flight, data, root / flight.nav_file, frame_t)
-        out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
-        if data.sun_azimuth == "relative" and not np.isfinite(out["heading"]).any():
-            log.warning(
-                "flight %s: %s: the sun azimuth relative to it is unknown (no direction)",
-                flight.name,
-                nav.heading_note,
-            )
-    else:
+    nav_ok = has_nav and _use_nav(flight, data, root / flight.nav_file, frame_t, out)
+    if not has_nav:
         log.warning(
             "flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name
         )
     if flight.cpl_file and (root / flight.cpl_file).is_file():
         try:
-            # without a nav file the labels are read with the CPL file's own angles (the nav is not needed)
+            # without a usable nav file the labels are read with the CPL file's own angles (not needed here)
             labels = cpl.read_flight_labels(
-                flight, data if has_nav else DataConfig(**{**vars(data), "angles_source": "cpl"})
+                flight, data if nav_ok else DataConfig(**{**vars(data), "angles_source": "cpl"})
             )
             out["label"][labels.frame_index] = labels.cbh_km
             out["cpl_cloud"][labels.frame_index] = labels.cloud
@@ -99,6 +92,33 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
                 "flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1]
             )
     return out
+
+
+def _use_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray, out: dict) -> bool:
+    """Put the nav file's sun angles, heading and position per frame into `out`. False, with a warning naming
+    the flight, when the file is not usable or too few frames found a record in it (data.min_nav_match): a
+    frame without a record gets the training mean zenith and no sun direction, never another record's."""
+    try:
+        nav = er2.read_nav(flight, data, path, frame_t)
+    except DataError as e:
+        log.warning(
+            "flight %s: the nav file is not usable (%s); predicting without it: sun angles are the training "
+            "mean, and there is no position",
+            flight.name,
+            str(e).split(": ", 1)[-1],
+        )
+        return False
+    out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
+    problem = er2.nav_match_problem(nav, flight, data, path)
+    if problem:
+        log.warning("%s Predicting anyway, with the nav records that were found.", problem)
+    elif data.sun_azimuth == "relative" and not np.isfinite(out["heading"]).any():
+        log.warning(
+            "flight %s: %s: the sun azimuth relative to it is unknown (no direction)",
+            flight.name,
+            nav.heading_note,
+        )
+    return problem is None
 
 
 def predict_flight(
@@ -343,11 +363,19 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
         else {}
     )
     listed = {f.name: f for f in data.flights}
-    unknown = [n for n in names if n not in listed and not (n in found and "ir" in found[n].files)]
+
+    def here(n: str) -> bool:  # its IR file is in data.dir: as the run listed it, or found by name
+        return (n in listed and (root / listed[n].ir_file).is_file()) or (
+            n in found and "ir" in found[n].files
+        )
+
+    unknown = [n for n in names if not here(n)]
     if unknown:
-        known = sorted(set(listed) | {n for n, f in found.items() if "ir" in f.files})
+        known = sorted(n for n in set(listed) | set(found) if here(n))
         raise CloudMLError(
-            f"--flights: {', '.join(unknown)} not found in {root} (known: {', '.join(known) or 'none'})"
+            f"flight(s) {', '.join(unknown)}: no IR file in {root} (flights there: "
+            f"{', '.join(known) or 'none'}). Point --data-dir at the folder holding them, or name others "
+            "with --flights."
         )
     out = {}
     for name in names:
@@ -367,6 +395,11 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
                     entry = FlightConfig(**{**vars(entry), f"{role}_file": disc.files[role]})
         out[name] = entry
     return out
+
+
+# What predict writes into its folder (--out): a folder holding one of these, or a run's files (predictions
+# beside the run), is a folder of predictions.
+PREDICTION_FILES = ("summary.json", "*_cbh.nc", "*_cbh.csv", *RUN_FILES)
 
 
 def predict_flights(
@@ -390,6 +423,7 @@ def predict_flights(
     out = Path(out_dir) if out_dir else run_dir / "predictions"
     if out.exists() and not out.is_dir():
         raise CloudMLError(f"--out {out} is a file; choose a folder for the predictions")
+    check_own_folder(out, PREDICTION_FILES, "--out", "predictions", "a folder of earlier predictions")
     out.mkdir(parents=True, exist_ok=True)
     written, summary_path = [], out / "summary.json"
     summary = _read_summary(summary_path)
@@ -500,7 +534,11 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
 
 
 def _read_summary(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """The predictions folder's summary.json (a line per flight predicted before); {} when damaged, said."""
+    from cloudml_lib.runfiles import RunFiles
+
+    files = RunFiles(path.parent)
+    summary = files.predictions_summary()
+    for d in files.damaged:
+        log.warning("%s: it is written again with the flights predicted now", d)
+    return summary

@@ -105,10 +105,13 @@ def trained_backend(record: dict | None) -> str | None:
 
 
 def read_run_provenance(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(run_dir) / "provenance.json").read_text())
-    except (OSError, ValueError):
-        return None
+    from cloudml_lib.runfiles import RunFiles
+
+    files = RunFiles(Path(run_dir))
+    record = files.provenance()
+    for d in files.damaged:
+        log.warning("%s: it is written again", d)
+    return record or None
 
 
 def write_run_provenance(run_dir: Path, record: dict) -> Path:

@@ -7,12 +7,12 @@ it. Images are linked by paths relative to the run directory.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from cloudml_lib import provenance
 from cloudml_lib.compile import describe_saved
 from cloudml_lib.outputs import write_text
+from cloudml_lib.runfiles import RunFiles
 
 REPORT = "report.md"
 
@@ -86,9 +86,9 @@ def interval_lines(report: dict) -> list[str]:
 def build_report_md(run_dir: Path) -> str:
     run_dir = Path(run_dir)
     out = [f"# CloudML run `{run_dir.name}`", ""]
-    evaluation = run_dir / "evaluation.json"
-    if evaluation.is_file():
-        report = json.loads(evaluation.read_text())
+    files = RunFiles(run_dir)
+    report = files.evaluation()
+    if report:
         out += [
             "## Held-out flights",
             "",
@@ -98,7 +98,7 @@ def build_report_md(run_dir: Path) -> str:
         out += _metrics_table(report) + [""]
         out += cloud_table(report) + [""] if report.get("cloud") else []
         out += interval_lines(report) + [""] if report.get("intervals") else []
-    run = _read_json(run_dir / "run.json")
+    run = files.run_info()
     if run:
         out += [
             "## Training",
@@ -109,24 +109,27 @@ def build_report_md(run_dir: Path) -> str:
             f"torch.compile: {describe_saved(run.get('compile'))}.",
             "",
         ]
-    out += provenance.markdown(_read_json(run_dir / "provenance.json"))
+    out += provenance.markdown(files.provenance())
     for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
         if (run_dir / name).is_file():
             out += [f"## {title}", "", f"![{title}]({name})", ""]
-    out += whole_flights_section(run_dir)
+    predicted = RunFiles(run_dir / "predictions")
+    out += whole_flights_section(run_dir, predicted.predictions_summary())
+    files.damaged += predicted.damaged
     crossval = run_dir / "crossval.md"
     if crossval.is_file():
         out += ["## Cross-validation", "", *crossval.read_text().splitlines()[1:], ""]
+    if files.damaged:
+        out += ["## Files that could not be read", "", *(f"- {d}" for d in files.damaged), ""]
     return "\n".join(out)
 
 
-def whole_flights_section(run_dir: Path) -> list[str]:
+def whole_flights_section(run_dir: Path, counts: dict) -> list[str]:
     """Each flight predicted into RUN_DIR/predictions: its files, its counts in words, its two figures."""
     flights = sorted((run_dir / "predictions").glob("*_cbh.nc"))
     if not flights:
         return []
     out = ["## Whole flights", ""]
-    counts = _read_json(run_dir / "predictions" / "summary.json")
     for nc in flights:
         flight = nc.name[: -len("_cbh.nc")]
         out += [
@@ -164,13 +167,6 @@ def counts_in_words(c: dict | None) -> str:
     if c.get("cpl_inside_interval") is not None:
         parts.append(f"{c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals")
     return "; ".join(parts) + "."
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def write_report(run_dir: str | Path) -> Path:

@@ -21,9 +21,11 @@ from pathlib import Path
 
 from cloudml_lib.checkpoint import (
     META,
+    REJECTED_DIR,
     STAGING_PREFIX,
     STATE,
     Found,
+    Key,
     check_folder,
     checkpoints_dir,
     find_checkpoints,
@@ -33,7 +35,9 @@ from cloudml_lib.checkpoint import (
 )
 from cloudml_lib.compile import describe_saved
 from cloudml_lib.config import NEW, derive, field_metadata, resume_rules
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.errors import CloudMLError, shown
+from cloudml_lib.outputs import check_own_folder, open_append, refuse_link
+from cloudml_lib.runfiles import RunFiles
 from cloudml_lib.runlock import LOCK, holder_alive, process_alive
 
 log = logging.getLogger(__name__)
@@ -91,9 +95,69 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     math, harmless = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
-            line = f"{key} (checkpoint {a.get(key)!r}, now {b.get(key)!r})"
+            line = f"{key} (checkpoint {shown(a.get(key))}, now {shown(b.get(key))})"
             (harmless if rules.get(key) == NEW else math).append(line)
     return math, harmless
+
+
+# What a run (train), a cross-validation or a sweep writes at the top of its folder: a folder holding one of
+# these is CloudML's, to continue or add to. config.yaml is left out: a common name, which a run writes after
+# train.log, so a folder with it and nothing else of these holds someone else's config.
+RUN_FILES = (
+    "metrics.jsonl",
+    "train.log",
+    "run.json",
+    "provenance.json",
+    "best.pt",
+    "checkpoints",
+    "rejected",
+    "superseded-*",
+    "tensorboard",
+    "evaluation.json",
+    "intervals.json",
+    "pretrain",
+    "folds",
+    "crossval.json",
+    "crossval.md",
+    "sweep.json",
+    "study.journal",
+    "trials",
+    "trial.json",
+)
+# The files a run writes at the top of its folder, each refused where it is a symbolic link.
+RUN_WRITES = (
+    "config.yaml",
+    "run.json",
+    "provenance.json",
+    "metrics.jsonl",
+    "train.log",
+    "best.pt",
+    "evaluation.json",
+    "predictions.csv",
+    "intervals.json",
+    "report.md",
+    "crossval.json",
+    "crossval.md",
+    "sweep.json",
+    "study.journal",
+    "trial.json",
+)
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """Before train, crossval or sweep writes anything: `run_dir` is new, empty, or a run's own (RUN_FILES),
+    never a folder of other things (a home folder, /, a project); and none of the files it writes there is a
+    symbolic link (outputs.refuse_link). Hidden entries (.ipynb_checkpoints, .DS_Store) do not count."""
+    check_own_folder(
+        run_dir,
+        RUN_FILES,
+        "--run-dir",
+        "CloudML run, cross-validation or sweep",
+        "an existing run folder to continue that run",
+        new="runs/my-run",
+    )
+    for name in RUN_WRITES:
+        refuse_link(Path(run_dir) / name)
 
 
 def has_run(run_dir: Path) -> bool:
@@ -111,8 +175,11 @@ def fold_models(run_dir: Path) -> list[Path]:
 
 def check_folder_kind(run_dir: Path, command: str) -> None:
     """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
-    cross-validation folder. The wrong kind is named, with the command that fits it."""
+    cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
+    also refuse a folder of other things (check_run_folder)."""
     run_dir = Path(run_dir)
+    if command in ("train", "crossval"):
+        check_run_folder(run_dir)
     if (run_dir / "sweep.json").is_file():
         trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
         raise CloudMLError(
@@ -159,30 +226,7 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
             )
         return None
     if mode == "auto":
-        if not find_checkpoints(run_dir):
-            if has_run(run_dir):
-                log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
-            return None
-        found = find_latest_valid(run_dir)
-        for r in found.rejected:
-            log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
-        if found.folder is not None:
-            set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
-        elif not any(r["committed"] for r in found.rejected):
-            set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
-            log.info(
-                "%s has no committed checkpoint yet (the first write was interrupted): starting this run "
-                "from the beginning",
-                run_dir,
-            )
-            return None
-        else:
-            raise CloudMLError(
-                f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
-                f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
-                f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
-            )
-        return found
+        return _newest_resume_point(run_dir)
     folder = Path(mode)
     if folder.is_file() and folder.name != "state.pt":
         raise CloudMLError(
@@ -207,9 +251,74 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     if reason:
         raise CloudMLError(f"--resume {mode}: {reason}")
     _check_same_run(run_dir, folder, state)
-    if folder.parent.resolve() == (run_dir / "checkpoints").resolve():
-        _set_aside_newer(run_dir, step_of(folder))
+    folder = _name_by_content(run_dir, folder, state)
+    if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
+        _set_aside_newer(run_dir, int(state[Key.LOOP]["step"]))
     return Found(folder, state, [], meta)
+
+
+def _newest_resume_point(run_dir: Path) -> Found | None:
+    """--resume auto: the newest checkpoint that verifies. One whose folder name says another step than its
+    content is renamed by its content (_name_by_content) and the checkpoints are walked again: the run
+    resumes at the step inside it, and that name is never again taken for the newest checkpoint."""
+    if not find_checkpoints(run_dir):
+        if has_run(run_dir):
+            log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
+        return None
+    while True:  # each pass renames a misnamed folder or returns: at most one pass per checkpoint, plus one
+        found = find_latest_valid(run_dir)
+        for r in found.rejected:
+            log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
+        if found.folder is None:
+            break
+        set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
+        if _name_by_content(run_dir, found.folder, found.state) == found.folder:
+            return found
+    if not any(r["committed"] for r in found.rejected):
+        set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
+        log.info(
+            "%s has no committed checkpoint yet (the first write was interrupted): starting this run "
+            "from the beginning",
+            run_dir,
+        )
+        return None
+    raise CloudMLError(
+        f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
+        f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
+        f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
+    )
+
+
+def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
+    """A checkpoint is trusted by its content (the step in its verified state.pt), not by its folder's name.
+    A name that says another step (renamed or copied by hand) is warned about, naming the folder; inside this
+    run's checkpoints/ the folder then takes its content's name, or moves to rejected/ where a checkpoint
+    holds that name already, so that it is neither resumed from again at every start nor kept from pruning.
+    Returns where the folder is now."""
+    step = int(state[Key.LOOP]["step"])
+    if step_of(folder) == step:
+        return folder
+    ours = folder.parent.resolve() == checkpoints_dir(run_dir).resolve()
+    right = folder.with_name(f"step-{step:08d}")
+    taken = ours and os.path.lexists(right)
+    moved = (
+        right
+        if not taken
+        else Path(run_dir) / REJECTED_DIR / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    log.warning(
+        "Checkpoint folder %s holds step %d (its verified state.pt says so), not the step its name says: "
+        "the run resumes from step %d%s",
+        folder,
+        step,
+        step,
+        f", and the folder is moved to {moved}" if ours else "",
+    )
+    if not ours:
+        return folder
+    moved.parent.mkdir(exist_ok=True)
+    os.replace(folder, moved)
+    return moved
 
 
 def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
@@ -302,13 +411,13 @@ def check_data_fingerprint(saved: dict | None, current: dict) -> None:
 
 def truncate_metrics(path: Path, size: int) -> None:
     """metrics.jsonl (`path`) continues exactly where the checkpoint left it: later lines are work to redo."""
-    path = Path(path)
-    if path.exists() and path.stat().st_size > size:
-        with open(path, "r+b") as f:
-            f.truncate(size)
-    elif size and (not path.exists() or path.stat().st_size < size):
-        log.warning("metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost")
-    path.touch()
+    with open_append(path) as f:  # never through a symbolic link: an outside file is not cut
+        if os.fstat(f.fileno()).st_size > size:
+            os.ftruncate(f.fileno(), size)
+        elif size and os.fstat(f.fileno()).st_size < size:
+            log.warning(
+                "metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost"
+            )
 
 
 def is_finished(run_dir: Path | None) -> bool:
@@ -351,8 +460,12 @@ def run_status(run_dir: str | Path) -> dict:
         "rejected": found.rejected,
         "checkpoints": len(find_checkpoints(run_dir)),
         "locked_by": None,
-        "compile": _read_run_info(run_dir).get("compile"),
+        "compile": None,
+        "damaged": [],
     }
+    files = RunFiles(run_dir)
+    status["compile"] = files.run_info().get("compile")
+    status["damaged"] = files.damaged
     if found.folder is not None:
         status.update(_position(found))
     status["locked_by"] = _lock_holder(run_dir)
@@ -396,15 +509,6 @@ def _lock_holder(run_dir: Path) -> str | None:
         return None
 
 
-def _read_run_info(run_dir: Path) -> dict:
-    """run.json (the plan of the latest start and what torch.compile did); {} when missing or damaged."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-        return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def format_status(s: dict) -> str:
     if s.get("crossval"):
         done = sum(1 for f in s["folds"].values() if f and f["finished"])
@@ -443,4 +547,5 @@ def format_status(s: dict) -> str:
         lines.append(f"torch.compile: {describe_saved(s['compile'])}")
     for r in s["rejected"]:
         lines.append(f"rejected: {r['path']}: {r['reason']}")
+    lines += s.get("damaged", [])
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from cloudml_lib.config import Config, build_config, value_type
-from cloudml_lib.errors import ConfigError
+from cloudml_lib.errors import ConfigError, shown
 from cloudml_lib.yamlfile import read_yaml
 
 OBJECTIVES = ("held_out", "crossval")
@@ -49,6 +50,8 @@ NOT_SWEPT = (
 )
 RANGE_KEYS, CHOICE_KEYS = {"low", "high", "log", "step"}, {"choices"}
 MAX_CHECKED = 64  # an integer range with at most this many values has each one checked
+MAX_SEED = 2**32 - 1  # numpy's, under Optuna's samplers: trial n draws with seed + n
+FLIGHT_KEYS = ("data.overweight_flight", "data.validation_flights", "train.pretrain_flight")
 
 
 @dataclass
@@ -90,7 +93,7 @@ def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
     if not isinstance(spec, dict) or not spec:
         problems.append(
             f"{where}: expected {{low: .., high: ..}} (a range, optional log: true / step) or "
-            f"{{choices: [..]}}, got {spec!r}"
+            f"{{choices: [..]}}, got {shown(spec)}"
         )
         return
     keys = set(spec)
@@ -98,7 +101,7 @@ def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
         if keys - CHOICE_KEYS:
             problems.append(f"{where}: give either choices or low/high, not both ({', '.join(sorted(keys))})")
         elif not isinstance(spec["choices"], list) or not spec["choices"]:
-            problems.append(f"{where}.choices: expected a non-empty list, got {spec['choices']!r}")
+            problems.append(f"{where}.choices: expected a non-empty list, got {shown(spec['choices'])}")
         return
     unknown = keys - RANGE_KEYS
     if unknown:
@@ -112,7 +115,7 @@ def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
         return
     lo, hi = spec.get("low"), spec.get("high")
     if not (_number(lo) and _number(hi)):
-        problems.append(f"{where}: low and high must both be numbers, got low {lo!r}, high {hi!r}")
+        problems.append(f"{where}: low and high must both be numbers, got low {shown(lo)}, high {shown(hi)}")
     elif tp is int and not (float(lo).is_integer() and float(hi).is_integer()):
         problems.append(f"{where}: {key} is an integer, so low and high must be integers (got {lo}, {hi})")
     elif not lo < hi:
@@ -120,28 +123,48 @@ def _check_spec(key: str, spec, tp, problems: list[str]) -> None:
     elif spec.get("log") and lo <= 0:
         problems.append(f"{where}: a log range needs low > 0 (got {lo})")
     if "log" in spec and not isinstance(spec["log"], bool):
-        problems.append(f"{where}.log: expected true/false, got {spec['log']!r}")
+        problems.append(f"{where}.log: expected true/false, got {shown(spec['log'])}")
     step = spec.get("step")
     if step is not None and (not _number(step) or step <= 0 or (tp is int and not float(step).is_integer())):
         problems.append(
-            f"{where}.step: expected a positive {'integer' if tp is int else 'number'}, got {step!r}"
+            f"{where}.step: expected a positive {'integer' if tp is int else 'number'}, got {shown(step)}"
         )
     elif step is not None and spec.get("log"):
         problems.append(
             f"{where}: step and log cannot be combined (Optuna samples a log range without steps)"
         )
+    elif step is not None and _number(lo) and _number(hi) and lo < hi:
+        _check_step(where, lo, hi, step, problems)
+
+
+def _check_step(where: str, lo, hi, step, problems: list[str]) -> None:
+    """A step that fits its range: smaller than it, and high reached from low in whole steps."""
+    span = hi - lo
+    if step > span:
+        problems.append(
+            f"{where}.step: {step} is larger than the range {lo}..{hi} ({span}): only low could be drawn; "
+            "choose a smaller step, or set the value in the config"
+        )
+        return
+    steps = span / step
+    if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+        top = lo + math.floor(steps + 1e-9) * step
+        problems.append(
+            f"{where}: high ({hi}) is not reached from low ({lo}) in steps of {step}; "
+            f"use high: {top:.10g} (or another step)"
+        )
 
 
 def values_to_check(spec: dict, tp) -> list:
     """The values a spec can produce that a config check covers: each choice, each integer of a short
-    range, else both ends."""
+    range, else both ends (a range of any size is never listed whole)."""
     if "choices" in spec:
         return list(spec["choices"])
     lo, hi = spec["low"], spec["high"]
     if tp is int:
         step = int(spec.get("step") or 1)
-        values = list(range(int(lo), int(hi) + 1, step))
-        return values if len(values) <= MAX_CHECKED else [values[0], values[-1]]
+        values = range(int(lo), int(hi) + 1, step)
+        return list(values) if len(values) <= MAX_CHECKED else [values[0], values[-1]]
     return [float(lo), float(hi)]
 
 
@@ -154,7 +177,9 @@ def check_values(base: dict, params: dict, fields: dict) -> list[str]:
                 build_config(trial_raw(base, {key: value}))
             except ConfigError as e:
                 detail = "; ".join(line.strip(" -") for line in str(e).splitlines()[1:]) or str(e)
-                problems.append(f"params.{key}: the value {value!r} is not valid with this config ({detail})")
+                problems.append(
+                    f"params.{key}: the value {shown(value)} is not valid with this config ({detail})"
+                )
     return problems
 
 
@@ -193,12 +218,12 @@ def _check_settings(space: Space, problems: list[str]) -> None:
     ):
         if getattr(space, name) not in valid:
             problems.append(
-                f"{name}: {getattr(space, name)!r} is not valid; choose one of {', '.join(valid)}"
+                f"{name}: {shown(getattr(space, name))} is not valid; choose one of {', '.join(valid)}"
             )
     for name in ("seed", "prune_after_epochs", "prune_startup_trials"):
         value = getattr(space, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            problems.append(f"{name}: expected a whole number >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+            problems.append(f"{name}: expected a whole number from 0 to {MAX_SEED}, got {shown(value)}")
     if space.pruner != "none" and space.objective == "crossval":
         problems.append(
             "pruner: pruning stops a trial on its per-epoch metric, which a cross-validation (several "
@@ -247,7 +272,7 @@ def load_space(path: str | Path, base: dict) -> Space:
     return build_space(raw, base, source=str(path))
 
 
-def _label(value) -> object:
+def choice_label(value) -> object:
     """Optuna's choices are plain scalars: a list (model.channels) is offered as its YAML text."""
     return (
         yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, dict)) else value
@@ -261,7 +286,7 @@ def suggest(trial, space: Space) -> dict:
     params = {}
     for key, spec in space.params.items():
         if "choices" in spec:
-            labels = [_label(c) for c in spec["choices"]]
+            labels = [choice_label(c) for c in spec["choices"]]
             params[key] = spec["choices"][labels.index(trial.suggest_categorical(key, labels))]
         elif fields[key] is int:
             params[key] = trial.suggest_int(
@@ -276,6 +301,53 @@ def suggest(trial, space: Space) -> dict:
                 key, float(spec["low"]), float(spec["high"]), step=spec.get("step"), log=bool(spec.get("log"))
             )
     return params
+
+
+def distributions(space: Space) -> dict:
+    """The Optuna distribution of each swept key, as `suggest` draws it (a study rebuilt from trial folders
+    must hold the same)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    fields, out = config_fields(), {}
+    for key, spec in space.params.items():
+        if "choices" in spec:
+            out[key] = CategoricalDistribution([choice_label(c) for c in spec["choices"]])
+        elif fields[key] is int:
+            out[key] = IntDistribution(
+                int(spec["low"]),
+                int(spec["high"]),
+                log=bool(spec.get("log")),
+                step=int(spec.get("step") or 1),
+            )
+        else:
+            out[key] = FloatDistribution(
+                float(spec["low"]), float(spec["high"]), log=bool(spec.get("log")), step=spec.get("step")
+            )
+    return out
+
+
+def check_flights(space: Space, base: dict) -> None:
+    """Flight names the space can set (data.overweight_flight, ...) against the flights the config finds,
+    before any trial: a name that is not a flight would fail every trial drawing it."""
+    swept = [k for k in space.params if k in FLIGHT_KEYS and "choices" in space.params[k]]
+    if not swept:
+        return
+    from cloudml_lib.data.flights import prepare_flights
+
+    cfg = build_config(base)
+    names = [f.name for f in prepare_flights(cfg.data, check_names=False)[0].flights]
+    problems = []
+    for key in swept:
+        for value in space.params[key]["choices"]:
+            chosen = value if isinstance(value, list) else [value]
+            unknown = [v for v in chosen if v and v not in names]
+            if unknown:
+                problems.append(
+                    f"params.{key}: {shown(unknown)} {'is' if len(unknown) == 1 else 'are'} not among the "
+                    f"flights found ({', '.join(names)})"
+                )
+    if problems:
+        raise ConfigError(f"the space has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
 
 
 def trial_raw(base: dict, params: dict) -> dict:

@@ -30,12 +30,22 @@ from cloudml_lib import faults
 from cloudml_lib.checkpoint import write_durable
 from cloudml_lib.config import apply_overrides, build_config
 from cloudml_lib.distributed import Dist, init_distributed
-from cloudml_lib.errors import CloudMLError, ConfigError, install_command
+from cloudml_lib.errors import CloudMLError, ConfigError, install_command, shown
 from cloudml_lib.logs import attach_run_log
 from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.rundir import flatten_keys, has_run, is_crossval
+from cloudml_lib.runfiles import RunFiles, numbered_folders
 from cloudml_lib.runlock import RunLock
-from cloudml_lib.space import Space, load_space, suggest, trial_raw
+from cloudml_lib.space import (
+    MAX_SEED,
+    Space,
+    check_flights,
+    choice_label,
+    distributions,
+    load_space,
+    suggest,
+    trial_raw,
+)
 from cloudml_lib.yamlfile import read_yaml
 
 log = logging.getLogger(__name__)
@@ -65,19 +75,35 @@ class StudyFile:
         key = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
         self.local = Path(tempfile.gettempdir()) / f"cloudml-sweep-{key}" / JOURNAL
 
-    def restore(self) -> None:
-        """The local journal: kept when it extends the copy (this machine ran ahead of its last copy), else
-        the copy. The journal only grows, so "extends" is "starts with the copy's bytes"."""
+    def restore(self, has_trials: bool) -> str | None:
+        """The journal to go on with: the local one when it extends the copy (this machine ran ahead of its
+        last copy; the journal only grows, so "extends" is "starts with the copy's bytes"), else the copy,
+        else (the copy lost or damaged) the local one. None when the sweep has no study yet; else what is
+        wrong with it (lost, damaged), to refuse: `has_trials` says that trials ran, so a new study would
+        be built over them."""
         self.local.parent.mkdir(parents=True, exist_ok=True)
         for stale in self.local.parent.glob(f"{JOURNAL}.lock*"):  # a killed writer's; the sweep lock is ours
             stale.unlink(missing_ok=True)
-        saved = self.copy.read_bytes() if self.copy.is_file() else None
-        here = self.local.read_bytes() if self.local.is_file() else None
-        if saved is None:
-            self.local.unlink(missing_ok=True)  # the study of a sweep folder since deleted
-        elif here is None or not here.startswith(saved):
+        saved, saved_problem = _read_journal(self.copy)
+        here, here_problem = _read_journal(self.local)
+        if saved is not None and here is not None and here.startswith(saved):
+            return None
+        if saved is not None:
             self.local.write_bytes(saved)
             log.info("Study restored from %s", self.copy)
+            return None
+        if here is not None and has_trials:
+            log.warning(
+                "%s is %s: the study goes on from this machine's copy %s",
+                self.copy,
+                saved_problem,
+                self.local,
+            )
+            return None
+        self.local.unlink(missing_ok=True)  # the study of a sweep folder since deleted, or a damaged one
+        return (
+            f"{self.copy} is {saved_problem}" if has_trials or saved_problem.startswith("damaged") else None
+        )
 
     def save(self) -> None:
         """Copy the journal whole (temporary file, fsync, rename): a kill leaves the old copy or the new."""
@@ -90,6 +116,37 @@ class StudyFile:
         return JournalStorage(JournalFileBackend(str(self.local)))
 
 
+def _read_journal(path: Path) -> tuple[bytes | None, str]:
+    """(a journal's bytes, "") when it is usable, else (None, what is wrong: missing, empty, damaged)."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None, "missing"
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or e})"
+    problem = journal_problem(data)
+    return (None, problem) if problem else (data, "")
+
+
+def journal_problem(data: bytes) -> str | None:
+    """What is wrong with an Optuna journal's bytes, or None. Every complete line is a JSON record with an
+    op_code, the first creating the study; a last line without its newline is a write cut by a kill
+    (Optuna skips it)."""
+    lines = data.split(b"\n")[:-1]
+    if not lines:
+        return "empty"
+    for i, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return f"damaged (line {i} is not JSON)"
+        if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+            return f"damaged (line {i} is not an Optuna journal record)"
+        if i == 1 and record["op_code"] != 0:
+            return "damaged (it does not start by creating the study)"
+    return None
+
+
 def check_sweep_folder(run_dir: Path, record: dict) -> None:
     """A sweep folder is not a run's; a sweep started again keeps its config and space (more trials may be
     asked for)."""
@@ -98,10 +155,16 @@ def check_sweep_folder(run_dir: Path, record: dict) -> None:
             f"{run_dir} holds a training run or cross-validation, not a sweep; choose another "
             "--run-dir for the sweep. Nothing was changed."
         )
-    path = run_dir / "sweep.json"
-    if not path.is_file():
+    files = RunFiles(run_dir)
+    saved = files.sweep()
+    if files.damaged:
+        raise ConfigError(
+            f"{files.damaged[0]}. It records the config and space this sweep started with. Restore it, or "
+            "move it aside to continue the sweep with the config and space given now (its trials and "
+            "study.journal stay). Nothing was changed."
+        )
+    if saved is None:
         return
-    saved = json.loads(path.read_text())
     diffs = [
         f"{k} (sweep {a!r}, now {b!r})"
         for part in ("config", "space")
@@ -216,8 +279,10 @@ def run_trial(
     store: StudyFile | None,
     dist: Dist,
 ) -> tuple[str, float | None, str]:
-    """(state, value, note): complete, pruned or failed (a config the values make invalid, a metric that is
-    not a number). Other errors stop the sweep with the trial left running, to be resumed."""
+    """(state, value, note): complete, pruned or failed (a config the values make invalid, a trial its
+    set-up or training refuses, such as a batch larger than the training set, or a metric that is not a
+    number). A stop, a full disk or an unexpected error stops the sweep with the trial left running, to be
+    resumed."""
     trial_dir = run_dir / "trials" / str(number)
     try:
         cfg = build_config(trial_raw(base, params), source=f"trial {number}'s config")
@@ -234,6 +299,8 @@ def run_trial(
         value = objective_value(space, cfg, trial_dir, pruning, dist)
     except optuna.TrialPruned as e:
         return "pruned", None, str(e)
+    except CloudMLError as e:  # the same values would be refused again: the trial is over, the sweep goes on
+        return "failed", None, str(e)
     if value is None or not math.isfinite(value):
         return "failed", None, f"{space.metric} is {value} (training diverged?)"
     return "complete", float(value), ""
@@ -246,14 +313,16 @@ def sweep(
     run_dir: str | Path,
     overrides: list[str] | tuple = (),
     dist: Dist | None = None,
+    rebuild: bool = False,
 ) -> dict:
-    """Run (or continue) a sweep of `n_trials` trials; returns {"best": ..., "trials": [...]} on rank 0."""
+    """Run (or continue) a sweep of `n_trials` trials; returns {"best": ..., "trials": [...]} on rank 0.
+    `rebuild`: a lost or damaged study.journal is rebuilt from the trial folders (else refused)."""
     run_dir = Path(run_dir)
     base = apply_overrides(read_yaml(config), list(overrides))
     build_config(base, source=str(config))  # the config itself first, then the space over it
     space = load_space(space_path, base)
-    if not isinstance(n_trials, int) or n_trials < 1:
-        raise ConfigError(f"--trials {n_trials!r}: expected a whole number of trials >= 1")
+    check_trials(n_trials, space)
+    check_flights(space, base)  # flight names in the space against the flights found: before any trial
     optuna = require_optuna()
     own_dist = dist is None
     dist = init_distributed(build_config(base).train.device) if own_dist else dist
@@ -261,7 +330,7 @@ def sweep(
     lock = store = study = None
     try:
         if dist.is_main:
-            lock, store, study = open_study(optuna, run_dir, record, space)
+            lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
         run_trials(optuna, study, store, space, base, n_trials, run_dir, dist)
         if not dist.is_main:
             return {}
@@ -276,28 +345,155 @@ def sweep(
             dist.close()
 
 
-def open_study(optuna, run_dir: Path, record: dict, space: Space) -> tuple:
+def check_trials(n_trials, space: Space) -> None:
+    """--trials: a whole number >= 1 whose trials' sampler seeds (seed + number) stay valid seeds."""
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise ConfigError(f"--trials {shown(n_trials)}: expected a whole number of trials >= 1")
+    if space.seed + n_trials - 1 > MAX_SEED:
+        raise ConfigError(
+            f"seed {space.seed} with --trials {n_trials}: trial n draws with seed + n, which must stay "
+            f"at most {MAX_SEED}; choose seed <= {max(0, MAX_SEED - n_trials + 1)} in the space file"
+        )
+
+
+def open_study(optuna, run_dir: Path, record: dict, space: Space, rebuild: bool = False) -> tuple:
     """Rank 0: the sweep folder checked and locked, sweep.json written, the study restored (or created) from
-    its journal. Returns (lock, journal, study)."""
+    its journal, or rebuilt from the trial folders when asked (`rebuild`). Returns (lock, journal, study)."""
     check_sweep_folder(run_dir, record)
     lock = RunLock(run_dir)
     lock.acquire()
     try:
         write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
         store = StudyFile(run_dir)
-        store.restore()
-        study = optuna.create_study(
+        folders = numbered_folders(run_dir / "trials")
+        if rebuild:
+            study = rebuild_study(optuna, store, run_dir, space)
+        else:
+            problem = store.restore(has_trials=bool(folders))
+            study = None if problem else load_study(optuna, store, space)
+            problem = problem or _behind_folders(study, folders)
+            if problem:
+                raise CloudMLError(lost_study_message(problem, run_dir, len(folders)))
+        store.save()
+    except BaseException:
+        lock.release()
+        raise
+    return lock, store, study
+
+
+def load_study(optuna, store: StudyFile, space: Space):
+    """The study from the local journal (created when there is none); a journal Optuna cannot replay is
+    damaged."""
+    try:
+        return optuna.create_study(
             study_name=STUDY_NAME,
             storage=store.storage(optuna),
             load_if_exists=True,
             direction=space.direction,
             pruner=make_pruner(optuna, space),
         )
-        store.save()
-    except BaseException:
-        lock.release()
-        raise
-    return lock, store, study
+    except Exception as e:  # noqa: BLE001 - any failure to replay the file is the file's damage
+        raise CloudMLError(
+            lost_study_message(
+                f"{store.copy} is damaged (Optuna cannot replay it: {shown(e)})", store.copy.parent, 0
+            )
+        ) from None
+
+
+def _behind_folders(study, folders: list[Path]) -> str | None:
+    """A study that knows fewer trials than the sweep folder holds lost some (a journal replaced by an
+    older one): each trial is asked, and saved, before its folder is made."""
+    if folders and int(folders[-1].name) >= len(study.trials):
+        return (
+            f"{JOURNAL} knows {len(study.trials)} trial(s) but the folder holds trials/{folders[-1].name}: "
+            "the journal is older than the trials"
+        )
+    return None
+
+
+def lost_study_message(problem: str, run_dir: Path, n_folders: int) -> str:
+    held = f"its {n_folders} trial folder(s)" if n_folders else "its trial folders"
+    return (
+        f"{problem}. The journal is the sweep's memory of its trials: a new study would run trials again, "
+        f"with other values, and report different results. Restore {JOURNAL} (from a copy, or Drive's "
+        f"version history), or run the same command with --rebuild-study to rebuild the study from {held} in "
+        f"{run_dir / 'trials'} (each trial's values, state and result from trial.json, its epoch scores from "
+        "metrics.jsonl). Nothing was changed."
+    )
+
+
+def rebuild_study(optuna, store: StudyFile, run_dir: Path, space: Space):
+    """A new study holding the trials of the sweep folder, in their order (the sampler then draws what it
+    would have drawn: it sees the same history); a missing trial number is a failed trial."""
+    store.local.parent.mkdir(parents=True, exist_ok=True)
+    store.local.unlink(missing_ok=True)
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=store.storage(optuna),
+        direction=space.direction,
+        pruner=make_pruner(optuna, space),
+    )
+    folders = {int(p.name): p for p in numbered_folders(run_dir / "trials")}
+    for number in range(max(folders, default=-1) + 1):
+        study.add_trial(rebuilt_trial(optuna, folders.get(number), space))
+    log.warning("Study rebuilt from %d trial folder(s) in %s", len(folders), run_dir / "trials")
+    return study
+
+
+def rebuilt_trial(optuna, folder: Path | None, space: Space):
+    """One trial from its folder: trial.json's values, state, result and note; metrics.jsonl's epoch
+    scores."""
+    states = {
+        "running": optuna.trial.TrialState.RUNNING,
+        "complete": optuna.trial.TrialState.COMPLETE,
+        "pruned": optuna.trial.TrialState.PRUNED,
+        "failed": optuna.trial.TrialState.FAIL,
+    }
+    files = RunFiles(folder) if folder is not None else None
+    info = files.trial() if files is not None else {}
+    lost = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL,
+        user_attrs={
+            "note": f"lost: {'no folder' if folder is None else 'its trial.json is missing or damaged'}"
+        },
+    )
+    if not info:
+        return lost
+    reports = {} if is_crossval(folder) else epoch_reports(files, space.metric)
+    try:
+        return optuna.trial.create_trial(
+            state=states[info["state"]],
+            params={
+                k: choice_label(v) if "choices" in space.params.get(k, {}) else v
+                for k, v in info["params"].items()
+            },
+            distributions=distributions(space),
+            value=_rebuilt_value(info, reports),
+            intermediate_values=reports,
+            user_attrs={"note": info["note"]} if info.get("note") else {},
+        )
+    except (ValueError, TypeError) as e:  # values outside the space: not this sweep's trial
+        log.warning("%s cannot be rebuilt (%s): counted as failed", folder / "trial.json", shown(e))
+        return lost
+
+
+def _rebuilt_value(info: dict, reports: dict[int, float]) -> float | None:
+    """A complete trial's result; a pruned trial's is its last epoch score, as Optuna records it."""
+    if info["state"] == "complete":
+        return info.get("value")
+    if info["state"] == "pruned" and reports and math.isfinite(reports[max(reports)]):
+        return reports[max(reports)]
+    return None
+
+
+def epoch_reports(files: RunFiles, metric: str) -> dict[int, float]:
+    """A trial run's per-epoch metric as the pruner was told it (a missing value is NaN)."""
+    out = {}
+    for r in files.metrics():
+        if r["kind"] == "epoch" and "epoch" in r:
+            value = r.get(metric)
+            out[r["epoch"]] = float("nan") if value is None else float(value)
+    return out
 
 
 def run_trials(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from cloudml_lib.errors import ConfigError
+from cloudml_lib.errors import ConfigError, shown
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -19,7 +19,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise ConfigError(
-                    f"{self.name}: key {key!r} appears twice (lines {seen[key] + 1} and "
+                    f"{self.name}: key {shown(key)} appears twice (lines {seen[key] + 1} and "
                     f"{key_node.start_mark.line + 1}); the second would silently replace the first. "
                     "Merge them into one."
                 )
@@ -59,6 +59,12 @@ def read_yaml(
             loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    except ValueError as e:  # an integer of over 4300 digits (Python's limit on converting one)
+        raise ConfigError(f"{path}: a value YAML cannot read ({shown(str(e), 200)})") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{path} nests lists or mappings too deeply to read; a config nests a few levels at most"
+        ) from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

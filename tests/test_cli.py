@@ -1,3 +1,4 @@
+import argparse
 import json
 import subprocess
 import sys
@@ -185,7 +186,8 @@ def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_fold
     assert path.is_file() and path.name == "demo.yaml" and path.parent.name == "configs"
     seen = {}
     monkeypatch.setattr(
-        "cloudml_lib.sweep.sweep", lambda config, space, *a: seen.update(config=config, space=space) or {}
+        "cloudml_lib.sweep.sweep",
+        lambda config, space, *a, **k: seen.update(config=config, space=space) or {},
     )
     if command == "sweep":  # --space left out: the packaged demo space
         assert cli.main(["sweep", "--preset", "demo", "--trials", "1", "--run-dir", "sw"]) == 0
@@ -216,3 +218,57 @@ def test_a_config_path_from_the_checkout_used_elsewhere_names_the_preset(tmp_pat
         == 2
     )
     assert "leave --space out to use it" in capsys.readouterr().err
+
+
+# Every command of build_parser(), each with a bad argument (argparse's) and a missing file or folder (the
+# command's own): exit 2, one paragraph on stderr, no traceback. In-process: one interpreter for them all.
+BAD_ARGUMENTS = {
+    "train": [["--config", "{t}/missing.yaml", "--run-dir", "{t}/run"], ["--config", "x", "--resume"]],
+    "crossval": [["--config", "{t}/missing.yaml", "--run-dir", "{t}/cv"], ["--config", "x"]],
+    "sweep": [
+        ["--config", "{t}/missing.yaml", "--trials", "1", "--run-dir", "{t}/sw"],
+        ["--config", "x", "--trials", "many", "--run-dir", "{t}/sw"],
+    ],
+    "compare": [["{t}/nowhere"], []],
+    "predict": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--flights"]],
+    "evaluate": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--nope"]],
+    "status": [["{t}/nowhere"], ["{t}/a", "{t}/b"]],
+    "diagnose": [["--config", "{t}/missing.yaml"], ["--preset", "Z"]],
+    "labels": [["--config", "{t}/missing.yaml"], ["--config", "x", "--preset", "demo"]],
+    "make-demo-data": [["--out", "{t}/demo", "--size", "big"], ["--out", "{t}/demo", "--flights", "two"]],
+}
+
+
+def test_every_command_is_covered_by_the_exit_status_test():
+    from cloudml_lib import cli
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(BAD_ARGUMENTS)
+
+
+@pytest.mark.parametrize("command", sorted(BAD_ARGUMENTS))
+def test_a_bad_argument_or_missing_file_exits_2_with_one_paragraph(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for args in BAD_ARGUMENTS[command]:
+        argv = [command, *(a.format(t=tmp_path) for a in args)]
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own refusal
+            code = e.code
+        out, err = capsys.readouterr()
+        assert code == 2, (argv, out[-500:], err[-1000:])
+        message = err[err.index("error: ") :]
+        assert "Traceback" not in err and "\n\n" not in err.strip(), (argv, err)
+        assert len(message) < 2000 and message.count("error: ") == 1, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written
+
+
+def test_labels_exits_2_naming_an_unusable_flight(tiny_raw_config, tmp_path, capsys):
+    tiny_raw_config["data"]["flights"][1]["cpl_file"] = "nowhere/CPL_L2_missing.hdf5"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw_config))
+    assert main(["labels", "--config", str(cfg)]) == 2
+    out, err = capsys.readouterr()
+    name = tiny_raw_config["data"]["flights"][1]["name"]
+    assert f"\n{name} " in out  # the table is printed all the same
+    assert f"error: 1 of 3 flights cannot be used ({name})" in err and "Traceback" not in err

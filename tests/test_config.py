@@ -199,3 +199,60 @@ def test_each_setting_says_whether_a_resumed_run_may_change_it():
     assert [h.split(" ")[0] for h in harmless] == ["train.epochs"]
     del saved["train"]["height_loss_weight"]  # a setting an older version did not have: its default
     assert compare_configs(saved, build_config({"data": {"demo": True}}).to_dict()) == ([], [])
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes of YAML whose value, expanded, holds 9**9 (387 million) items: each list is nine
+    references to the one before. Loading it is cheap (the lists are shared); printing it whole is not."""
+
+    def level(k):
+        if k == 0:
+            return "&a0 [" + ",".join(["x"] * 9) + "]"
+        return f"&a{k} [{level(k - 1)}," + ",".join([f"*a{k - 1}"] * 8) + "]"
+
+    return level(levels - 1)
+
+
+@pytest.mark.parametrize(
+    "text, overrides",
+    [
+        (f"data:\n  swath_slice: {_alias_bomb()}\n", []),
+        (f"train:\n  epochs: {_alias_bomb()}\n", []),
+        ("train: {epochs: 1}\n", ["--set", f"data.validation_flights={_alias_bomb()}"]),
+    ],
+)
+def test_a_yaml_alias_bomb_gets_a_short_message(tmp_path, capsys, text, overrides):
+    import time
+
+    from cloudml_lib.cli import main
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    t0 = time.perf_counter()
+    assert main(["labels", "--config", str(path), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert time.perf_counter() - t0 < 10  # unbounded, the message alone took 12 s and 0.5 GB
+    assert len(err) < 2000 and "..." in err and "Traceback" not in err, len(err)
+    assert err.startswith(f"error: {path} has 1 problem(s)")
+
+
+def test_values_yaml_cannot_hold_are_config_errors(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("data:\n  swath_slice: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nests lists or mappings too deeply"):
+        load_config(deep)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("train:\n  epochs: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="a value YAML cannot read"):
+        load_config(huge)
+    with pytest.raises(ConfigError, match="train.epochs: expected an integer, got '9999.*\\.\\.\\.") as e:
+        load_config(None, ["train.epochs=" + "9" * 5000])  # read as the text it is
+    assert len(str(e.value)) < 400
+
+
+def test_the_rows_left_after_downsampling_are_checked_naming_both_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["data.swath_slice=[0,60]", "data.downsample=8"])
+    assert "data.swath_slice [0, 60] with data.downsample 8 leaves frames 7 rows high" in str(e.value)
+    assert "set data.downsample to at most 7" in str(e.value)
+    load_config(None, ["data.swath_slice=[0,64]", "data.downsample=8"])  # 8 rows: enough

@@ -193,6 +193,17 @@ def test_time_axis_longer_than_frames_is_trimmed_shorter_is_an_error(tmp_path, c
         labels_for(tmp_path, write_flight(tmp_path, ir_time=MIDNIGHT + T0 + np.arange(15, dtype=float)))
 
 
+def test_an_ir_file_without_frames_says_so(tmp_path):
+    entry = write_flight(tmp_path, n_frames=0)
+    with pytest.raises(DataError) as e:
+        labels_for(tmp_path, entry)
+    assert str(e.value) == (
+        f"flight 10Feb25: {tmp_path / NAMES['ir']} has no frames: 'Product/Signal' (data.keys.ir_signal) has "
+        "shape (0, 12, 16). Is the download complete? Replace the file, or remove flight 10Feb25 from "
+        "data.flights."
+    )
+
+
 def test_big_endian_unsigned_frames_preprocess_like_floats(tmp_path):
     entry = write_flight(tmp_path, frames_dtype=np.dtype(">u2"))
     cfg = build_config(

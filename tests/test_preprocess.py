@@ -358,3 +358,50 @@ def test_leftovers_are_judged_by_host_and_process(tmp_path):
         os.utime(path, (hour_ago, hour_ago))
     cachefiles.remove_stale_builds(final)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, busy.name])
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_a_worker_starts_prints_no_traceback(tiny_flights, tmp_path, sig):
+    """Ctrl-C in a terminal (or a SIGTERM to the process group) that lands while a worker process is still
+    starting, before it has set its own handlers: the worker must not print a KeyboardInterrupt traceback of
+    its own; the command prints its one message and exits 130. The stop is sent by the first worker itself,
+    at its very first line, to the whole group; its next lines wait a moment so the parent stops first."""
+    cfg = cli_config(tiny_flights, tmp_path)
+    script = tmp_path / "start.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, runpy, signal, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from cloudml_lib.data import preprocess
+        real = preprocess._worker_main
+
+        def stopped_at_start(*args):
+            try:
+                os.close(os.open({str(tmp_path / "sent")!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os.killpg(0, signal.{sig})
+            time.sleep(0.5)
+            real(*args)
+
+        preprocess._worker_main = stopped_at_start
+        sys.argv = ["cloudml_lib", "train", "--config", {str(cfg)!r}, "--run-dir", {str(tmp_path / "run")!r}]
+        runpy.run_module("cloudml_lib", run_name="__main__")
+    """)
+    )
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # the group the stop goes to is this command's alone
+        env={**os.environ, "TQDM_DISABLE": "1"},
+    )
+    assert (tmp_path / "sent").exists()
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr[-3000:]
+    assert "Process cloudml-preprocess" not in r.stderr, r.stderr[-3000:]  # multiprocessing's traceback head
+    assert r.stderr.count("interrupted") == 1, r.stderr[-3000:]
+    assert _gone_all(str(cfg)), "preprocessing workers outlived the stopped run"

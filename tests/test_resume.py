@@ -310,3 +310,23 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
     assert meta["step"] == int(stopped.group(1)) and (newest / COMMITTED).exists()
     assert meta["reason"] in ("SIGTERM", "epoch_end", "every_steps")
     assert not (run / ".lock").exists()
+
+
+def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(setup, tmp_path):
+    """A folder renamed by hand (here: to a step the run never reaches) would be the newest at every start
+    and never pruned: the run would resume from it forever. Its content says where it is."""
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
+    newest = newest_committed(run)
+    step = read_meta(newest)["step"]
+    wrong = newest.with_name("step-99999999")
+    newest.rename(wrong)
+    resumed = train(cfg, run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"Checkpoint folder {wrong} holds step {step}" in resumed.stdout
+    assert f"Resumed from step {step}" in resumed.stdout
+    assert not wrong.exists()
+    assert_same_run(run, ref)
+    again = train(cfg, run)
+    assert again.returncode == 0 and "already finished" in again.stdout

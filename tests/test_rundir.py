@@ -4,6 +4,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.rundir import compare_configs
@@ -96,3 +97,87 @@ def test_two_trainers_starting_at_the_same_moment_never_both_get_the_lock(tmp_pa
             p.join(30)
         # a child that died before answering (an import error) fails here instead of hanging
         assert sorted([results.get(timeout=30), results.get(timeout=30)]) == [0, 1], f"trial {trial}"
+
+
+# ------------------------------------------------------------------ the run folder is the user's
+
+
+def _folder_of_other_things(tmp_path):
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    (home / ".bashrc").write_text("")
+    return home
+
+
+@pytest.mark.parametrize("command", ["train", "crossval", "sweep"])
+def test_a_folder_of_other_things_is_refused_by_every_command_that_writes_a_run(
+    command, tiny_raw_config, tmp_path, capsys
+):
+    from cloudml_lib.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw_config))
+    home = _folder_of_other_things(tmp_path)
+    before = sorted(p.name for p in home.iterdir())
+    extra = ["--trials", "1"] if command == "sweep" else []
+    assert main([command, "--config", str(cfg), "--run-dir", str(home), *extra]) == 2
+    err = capsys.readouterr().err
+    assert f"--run-dir {home} holds other things (Documents, notes.txt)" in err
+    assert "new or empty folder" in err and "existing run folder" in err and "Traceback" not in err
+    assert sorted(p.name for p in home.iterdir()) == before  # nothing written
+
+
+def test_an_empty_run_dir_is_refused_not_taken_for_a_default(capsys):
+    from cloudml_lib.cli import main
+
+    for argv in (["train", "--preset", "demo", "--run-dir", ""], ["predict", "--run-dir", "x", "--out", " "]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert "is empty; name a folder" in capsys.readouterr().err
+
+
+def test_what_counts_as_a_run_folder(tmp_path):
+    from cloudml_lib.rundir import check_run_folder
+
+    check_run_folder(tmp_path / "new")
+    hidden = tmp_path / "hidden"
+    (hidden / ".ipynb_checkpoints").mkdir(parents=True)
+    (hidden / ".DS_Store").write_text("")
+    check_run_folder(hidden)
+    for marker in (
+        "metrics.jsonl",
+        "train.log",
+        "checkpoints",
+        "folds",
+        "sweep.json",
+        "trial.json",
+        "pretrain",
+    ):
+        run = tmp_path / marker.replace(".", "_")
+        run.mkdir()
+        (run / "my notes.txt").write_text("")
+        (run / marker).mkdir() if "." not in marker else (run / marker).write_text("")
+        check_run_folder(run)  # a run's folder, with the user's notes beside
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("train: {}\n")  # someone's config, which a run would overwrite
+    with pytest.raises(CloudMLError, match="holds other things \\(config.yaml\\)"):
+        check_run_folder(mine)
+
+
+def test_a_run_file_that_is_a_link_stops_train_before_anything_is_written(tiny_raw_config, tmp_path, capsys):
+    from cloudml_lib.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw_config))
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside)
+    assert main(["train", "--config", str(cfg), "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'metrics.jsonl'} is a symbolic link (to {outside})" in err and "Traceback" not in err
+    assert outside.read_text() == "keep\n" and sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]

@@ -227,12 +227,140 @@ def test_compare_refuses_a_folder_without_runs(tmp_path):
             "choose one of mae_km, rmse_km, r2",
         ),
         ({}, "params: expected a mapping of config keys"),
+        (
+            {"seed": 2**32, "params": {"model.dropout": {"choices": [0.0]}}},
+            "seed: expected a whole number from 0",
+        ),
+        (
+            {"params": {"model.dropout": {"low": 0.0, "high": 0.2, "step": 0.5}}},
+            "step: 0.5 is larger than the range 0.0..0.2",
+        ),
+        (
+            {"params": {"model.dropout": {"low": 0.0, "high": 0.25, "step": 0.1}}},
+            "high (0.25) is not reached from low (0.0) in steps of 0.1; use high: 0.2",
+        ),
+        ({"params": {"train.epochs": {"low": 1, "high": 4, "step": 2}}}, "use high: 3"),
     ],
 )
 def test_a_bad_space_is_refused_naming_the_key(files, space, words):
     with pytest.raises(ConfigError) as e:
         build_space(space, files[3])
     assert words in str(e.value)
+
+
+def test_an_integer_range_of_any_size_is_checked_without_listing_it(files):
+    """train.seed's own range (2**31 values): a list of it would be 17 GB; its ends are checked."""
+    space = build_space({"params": {"train.seed": {"low": 0, "high": 2**31 - 1}}}, files[3])
+    assert space.params["train.seed"]["high"] == 2**31 - 1
+
+
+def test_seeds_past_the_samplers_limit_are_refused_before_any_work(files, tmp_path):
+    cfg, _, _, _ = files
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(dict(SPACE, seed=2**32 - 2)))
+    r = sweep_cli(cfg, space, tmp_path / "sweep", 3)
+    assert r.returncode == 2 and f"seed {2**32 - 2} with --trials 3" in r.stderr
+    assert f"choose seed <= {2**32 - 3}" in r.stderr and not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_flight_name_that_is_no_flight_is_refused_before_any_trial(files, tmp_path, listed):
+    """With data.flights listed the space's values are checked against the list; with the flights found
+    in data.dir (data.flights empty), against the flights found."""
+    cfg, _, _, raw = files
+    if not listed:
+        raw = {**raw, "data": {k: v for k, v in raw["data"].items() if k != "flights"}}
+        cfg = tmp_path / "found.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        yaml.safe_dump({"params": {"data.overweight_flight": {"choices": ["", "nosuchflight"]}}})
+    )
+    r = sweep_cli(cfg, space, tmp_path / "sweep", 2)
+    said = (
+        "'nosuchflight' not in data.flights"
+        if listed
+        else "params.data.overweight_flight: ['nosuchflight'] is not among the flights"
+    )
+    assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_trial_that_cannot_start_fails_with_its_reason_and_the_sweep_goes_on(files, tmp_path):
+    """A batch larger than the training set passes the space check (it needs the data) and is refused at
+    the trial's set-up: that trial is failed, with the reason in trial.json, status and the report, and
+    the sweep goes on; run again, nothing runs twice."""
+    cfg, _, _, _ = files
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"seed": 0, "params": {"train.batch_size": {"choices": [4000, 4]}}}))
+    run = tmp_path / "sweep"
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")
+    assert run.is_dir(), r.stderr[-2000:]
+    states = [t[1] for t in study_of(run)]
+    assert "RUNNING" not in states and "FAIL" in states and "COMPLETE" in states, (states, r.stderr[-2000:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    failed = next(n for n, state in enumerate(states) if state == "FAIL")
+    info = json.loads((run / "trials" / str(failed) / "trial.json").read_text())
+    assert info["state"] == "failed" and "train.batch_size 4000" in info["note"]
+    assert "larger than the training set" in (run / "report.md").read_text()
+    status = subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", "status", str(run)], capture_output=True, text=True, cwd=REPO
+    )
+    assert f"trials/{failed}: failed: train.batch_size 4000" in status.stdout
+    again = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")
+    assert again.returncode == 0 and "Trial" not in again.stdout.replace("best: trial", "")
+    assert [t[1] for t in study_of(run)] == states
+
+
+def test_a_sweep_whose_every_trial_fails_finishes_and_says_why(files, tmp_path):
+    cfg, _, _, _ = files
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"params": {"train.batch_size": {"choices": [4000]}}}))
+    run = tmp_path / "sweep"
+    r = sweep_cli(cfg, space, run, 2, None, tmp_path / "vm")
+    assert (
+        r.returncode == 2 and "none of the 2 trial(s) could run; trial 0: train.batch_size 4000" in r.stderr
+    )
+    assert [t[1] for t in study_of(run)] == ["FAIL", "FAIL"]
+    assert "Traceback" not in r.stderr
+
+
+def test_a_lost_or_damaged_journal_is_refused_and_rebuilt_only_when_asked(files, reference, tmp_path):
+    """Deleted, emptied or damaged, study.journal is refused with what to do (nothing changed); with
+    --rebuild-study the study is rebuilt from the trial folders, the very study the sweep had."""
+    import shutil
+
+    cfg, space, _, _ = files
+    run = tmp_path / "sweep"
+    shutil.copytree(reference, run)
+    journal = run / "study.journal"
+    good = journal.read_bytes()
+    lines = good.split(b"\n")
+    for n, damage in enumerate([None, b"", b"\n".join([lines[0], b"{oops", *lines[1:]])]):
+        journal.unlink(missing_ok=True)
+        if damage is not None:
+            journal.write_bytes(damage)
+        r = sweep_cli(cfg, space, run, 3, None, tmp_path / f"vm{n}")  # a new machine: no local journal
+        assert r.returncode == 2 and str(journal) in r.stderr and "--rebuild-study" in r.stderr, r.stderr
+        assert ["missing", "empty", "line 2 is not JSON"][n] in r.stderr
+        assert sorted(p.name for p in (run / "trials").iterdir()) == ["0", "1", "2"]  # nothing ran
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm9", "--rebuild-study")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Study rebuilt from 3 trial folder(s)" in r.stdout + r.stderr
+    assert study_of(run) == study_of(reference)
+
+
+def test_a_damaged_sweep_json_is_refused_naming_it(files, reference, tmp_path):
+    import shutil
+
+    cfg, space, _, _ = files
+    run = tmp_path / "sweep"
+    shutil.copytree(reference, run)
+    (run / "sweep.json").write_text('{"config": [], "space": 1}')
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")
+    assert (
+        r.returncode == 2 and f"damaged: {run / 'sweep.json'} (" in r.stderr and "Traceback" not in r.stderr
+    )
 
 
 def test_a_bad_space_is_refused_before_any_work(files, tmp_path):
@@ -335,4 +463,7 @@ def test_status_of_a_sweep_is_its_trials_table(reference):
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 0 and r.stdout.count("/trials/") == 3 and "| state |" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "/trials/" in line]
+    assert r.returncode == 0 and len(rows) == 3 and "| state |" in r.stdout
+    pruned = [line for line in rows if "| pruned |" in line]
+    assert pruned and "was worse than the median" in r.stdout  # why each pruned trial stopped, in words

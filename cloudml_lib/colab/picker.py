@@ -52,11 +52,15 @@ class Choice:
 
     @classmethod
     def load(cls, root: Path) -> Choice | None:
-        try:
-            raw = json.loads((Path(root) / LAST_RUN).read_text())
-            return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
-        except (OSError, ValueError, TypeError, KeyError):
+        from cloudml_lib.runfiles import RunFiles
+
+        files = RunFiles(Path(root))
+        raw = files.last_run()
+        if raw is None:
+            for d in files.damaged:
+                print(f"{d}: the newest run is not offered to continue; choose it again below.")
             return None
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
 
 
 def progress(run_dir: Path, choice: Choice | None = None) -> tuple[bool, str]:

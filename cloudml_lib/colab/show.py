@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import re
 import sys
@@ -155,11 +154,18 @@ def show_status(run_dir: Path | None) -> None:
 @user_errors
 def show_evaluation(run_dir: Path | None) -> None:
     """Per-flight and overall metrics against the baseline, the scatter plot, and where the files are."""
-    path = None if run_dir is None else Path(run_dir) / "evaluation.json"
-    if path is None or not path.exists():
+    from cloudml_lib.runfiles import RunFiles
+
+    files = RunFiles(Path(run_dir)) if run_dir is not None else None
+    report = files.evaluation() if files is not None else None
+    if files is not None and files.damaged:
+        raise CloudMLError(
+            f"{files.damaged[0]}. Run `!python -m cloudml_lib evaluate {run_dir}` to write it again."
+        )
+    if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    print(format_report(json.loads(path.read_text())))
+    print(format_report(report))
     scatter = run_dir / "plots" / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image

@@ -55,7 +55,7 @@ from cloudml_lib.data.preprocess import (
     resolve_backend,
     resolve_workers,
 )
-from cloudml_lib.errors import DataError
+from cloudml_lib.errors import DataError, shown
 from cloudml_lib.outputs import named
 from cloudml_lib.provenance import input_files
 
@@ -123,6 +123,8 @@ def cache_key(flight: FlightConfig, data: DataConfig, backend: Backend = SKIMAGE
     }
     if backend.name != SKIMAGE.name:  # absent: scikit-image, so the caches of earlier versions stay valid
         settings["clahe_backend"] = backend.name
+    if any(er2.is_icartt(p) for p in er2.flight_paths(flight, data).values()):  # absent: other nav files
+        settings["icartt_reader"] = er2.ICARTT_READER
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -140,7 +142,12 @@ class FrameStore:
             )
             shape, fortran, dtype = read_header(f)
             self.offset = f.tell()
-        assert not fortran and len(shape) == 3, f"{self.path}: unexpected array layout"
+        if fortran or len(shape) != 3 or np.dtype(dtype) != np.float16:
+            raise DataError(
+                f"{self.path}: an array of shape {shape} ({np.dtype(dtype)}, "
+                f"{'Fortran' if fortran else 'C'} order), not the (frames, rows, columns) float16 frames a "
+                "cache holds"
+            )
         self.shape, self.dtype = shape, np.dtype(dtype)
         self.frame_bytes = int(np.prod(shape[1:])) * self.dtype.itemsize
         self._fd, self._pid = None, None
@@ -414,8 +421,10 @@ def _try_open(path: Path) -> FlightCache | None:
         return None
     try:
         return _open(path)
-    except (DataError, OSError, ValueError, KeyError) as e:
-        log.warning("cache %s is unusable (%s)", path, e)
+    except Exception as e:  # noqa: BLE001 - a cache is derived data: whatever is wrong with it, it is rebuilt
+        log.warning(
+            "cache %s is unusable (%s: %s): it is built again", path, type(e).__name__, shown(str(e), 300)
+        )
         return None
 
 

@@ -459,9 +459,12 @@ def _angles(
 ) -> tuple[np.ndarray, dict, str]:
     """The sun angles, position and heading of the picked labels (from the nav file, or the CPL file itself
     with data.angles_source: cpl); labels beyond the end of the nav file are dropped
-    (counts["beyond_nav"])."""
+    (counts["beyond_nav"]). A nav file that too few frames found (data.min_nav_match) is a DataError."""
     if data.angles_source == "nav":
         nav = read_nav(flight, data, paths["nav"], frame_t)
+        problem = er2.nav_match_problem(nav, flight, data, paths["nav"])
+        if problem:
+            raise DataError(problem)
         beyond = ~nav.covered[frames[pick]]
         counts["beyond_nav"] = int((beyond & keep[pick]).sum())
         pick = pick[~beyond]

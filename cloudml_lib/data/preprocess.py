@@ -12,11 +12,14 @@ median, block-average, min-max to [0, 1]) and `equalise` (CLAHE, then z-score). 
 their block and prepare (and, for skimage, equalise) it: the bytes are those of the serial path, at most
 a bounded number of blocks is in flight (memory stays flat whatever a flight's length), and the next blocks
 are prepared while the caller works on the current one. The workers ignore Ctrl-C (the parent stops them)
-and leave on their own when the parent dies (SIGKILL included): no orphans.
+and leave on their own when the parent dies (SIGKILL included): no orphans. A worker starts with Ctrl-C and
+SIGTERM held until it has set its own handlers, so a stop that comes while it starts never prints a
+KeyboardInterrupt traceback of the worker: the parent says it once.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -29,6 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -37,7 +41,7 @@ import numpy as np
 
 from cloudml_lib.config import DataConfig
 from cloudml_lib.data import er2
-from cloudml_lib.errors import ConfigError, DataError, install_command
+from cloudml_lib.errors import ConfigError, DataError, install_command, shown
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ KORNIA_CLIP_SCALE = (
 )
 KORNIA_GRID = (8, 8)  # scikit-image's default kernel is 1/8 of each side: 8 x 8 tiles
 WORKER_NICENESS = 10
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class FrameSpec(NamedTuple):
@@ -180,6 +185,7 @@ def _worker_start(parent: int) -> None:
     is gone (killed, even by SIGKILL) exits within a second instead of waiting on its queue forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the parent: quietly, not the CLI's handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since the fork (_held_while_forking)
     # below the main process: on a CPU that also runs the network (predict), its threads come first and
     # the workers fill the idle moments; with nothing else to run (a cache build) this changes nothing
     os.nice(WORKER_NICENESS)
@@ -319,7 +325,8 @@ class FramePool:
                         daemon=True,
                         name="cloudml-preprocess",
                     )
-                    proc.start()
+                    with _held_while_forking():
+                        proc.start()
                     theirs.close()
                     self._procs.append(proc)
                     self._pipes.append(mine)
@@ -349,6 +356,30 @@ class FramePool:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+
+
+@contextmanager
+def _held_while_forking():
+    """A stop (Ctrl-C, SIGTERM) that comes while this process forks a worker is taken after the fork, by both.
+    The worker inherits the signals blocked, and takes them only once _worker_start has replaced the
+    handlers it inherited (the CLI's, which raise KeyboardInterrupt: multiprocessing would print that as a
+    traceback of the worker). This process only notes them meanwhile: raised during the fork, in logging's
+    at-fork hooks, a KeyboardInterrupt would be printed as "Exception ignored" and lost; noted, the signal is
+    sent again when the fork is done, to the handler it was meant for."""
+    noted = []
+    swap = [s for s in STOP_SIGNALS if signal.getsignal(s) is not None]
+    if threading.current_thread() is not threading.main_thread():
+        swap = []  # only the main thread may set handlers: from another, the blocking alone
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in swap}
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(noted):
+            os.kill(os.getpid(), s)
 
 
 def _worker_main(parent: int, pipe, inherited: list) -> None:
@@ -427,5 +458,21 @@ def resolve_backend(setting: str, trained: str | None = None) -> Backend:
     return chosen
 
 
+@functools.cache
 def has_kornia() -> bool:
-    return importlib.util.find_spec("kornia") is not None
+    """kornia imports (an install that is there but broken counts as absent, with a notice saying why and
+    how to repair it)."""
+    if importlib.util.find_spec("kornia") is None:
+        return False
+    try:
+        import kornia.enhance  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a broken install fails in many ways; scikit-image always works
+        log.warning(
+            "kornia is installed but does not import (%s: %s): preprocessing uses scikit-image on the CPU "
+            "cores instead. To repair kornia: %s",
+            type(e).__name__,
+            shown(str(e)),
+            install_command("--force-reinstall kornia"),
+        )
+        return False
+    return True

@@ -14,7 +14,8 @@ files hold (ER2_DATA.md, "Corrections from public evidence"):
   profiles;
 - a nav file with no time axis (row i = frame i), longer or shorter than the frames, about 1%
   NaN solar zenith angles, and the aircraft's true heading (`nav/trueHdg`); one flight's nav is
-  public-style ICARTT text instead (`*_MetNav_ER2_YYYYMMDD_R0.ict`, with a time axis, fill -9999).
+  public-style ICARTT text instead (`*_MetNav_ER2_YYYYMMDD_R0.ict`, with a time axis, a Day_Of_Year
+  column, the sun azimuth in -180..180, fill -9999 and the limit-of-detection flags -7777 / -8888).
 
 The scene (all sizes scale with the frame width; "px" is one camera pixel at nadir):
 - A low cloud layer with a known base height h(t) (km) that drifts along the flight, present in
@@ -369,8 +370,9 @@ ICARTT_COLUMNS = (
     ("Longitude", "degE", "lon"),
     ("True_Heading", "degT", "heading"),
     ("Solar_Zenith_Angle", "deg", "sza"),
-    ("Sun_Azimuth", "degT", "saa"),
+    ("Sun_Azimuth", "deg (+-180)", "saa"),  # -180..180, as the real MetNav files write it
 )
+ICARTT_FLAGS = {"ULOD_FLAG": "-7777", "ULOD_VALUE": "N/A", "LLOD_FLAG": "-8888", "LLOD_VALUE": "N/A"}
 ICARTT_KEYWORDS = (
     "PI_CONTACT_INFO",
     "PLATFORM",
@@ -402,7 +404,8 @@ def write_icartt_nav(
 ) -> None:
     """ER-2 navigation as public ICARTT 1001 text (`*_MetNav_ER2_YYYYMMDD_R0.ict`): one record per whole
     second from 10 s before the first frame to 10 s after the last, Time_Start in seconds since 00 UTC of
-    `date` (going past 86400 after midnight), the values of the nearest frame, about 1% fill values."""
+    `date` (going past 86400 after midnight), a Day_Of_Year column (the record's UTC day) and the sun azimuth
+    in -180..180 as in the real files, the values of the nearest frame, about 1% fill values."""
     frame_s = np.asarray(seconds_of_day, np.float64)
     ok = np.isfinite(frame_s) & (frame_s > -86400) & (frame_s < 2 * 86400)
     t = np.arange(np.floor(frame_s[ok].min()) - 10, np.ceil(frame_s[ok].max()) + 11)
@@ -410,8 +413,13 @@ def write_icartt_nav(
     values = np.stack([per_frame[key][nearest] for _, _, key in ICARTT_COLUMNS], 1)
     values[rng.random(values.shape) < 0.01] = fill
     values[:, 2] = per_frame["heading"][nearest]  # heading always present
-    names = ["Time_Start"] + [n for n, _, _ in ICARTT_COLUMNS]
-    comments = [f"{k}: demo" for k in ICARTT_KEYWORDS[:-1]] + ["R0: synthetic CloudML demo", ", ".join(names)]
+    saa = values[:, 4]
+    values[:, 4] = np.where(saa == fill, fill, (saa + 180.0) % 360.0 - 180.0)
+    day = date.timetuple().tm_yday + np.floor(t / 86400.0)  # the record's UTC day
+    values = np.concatenate([day[:, None], values], 1)
+    names = ["Time_Start", "Day_Of_Year"] + [n for n, _, _ in ICARTT_COLUMNS]
+    comments = [f"{k}: {ICARTT_FLAGS.get(k, 'demo')}" for k in ICARTT_KEYWORDS[:-1]]
+    comments += ["R0: synthetic CloudML demo", ", ".join(names)]
     header = [
         "1001",
         "CloudML demo",
@@ -422,9 +430,10 @@ def write_icartt_nav(
         f"{date:%Y, %m, %d}, {date:%Y, %m, %d}",
         "1.0",
         "Time_Start, seconds, Time_Start",
-        str(len(ICARTT_COLUMNS)),
-        ", ".join(["1"] * len(ICARTT_COLUMNS)),
-        ", ".join([f"{fill:g}"] * len(ICARTT_COLUMNS)),
+        str(len(ICARTT_COLUMNS) + 1),
+        ", ".join(["1"] * (len(ICARTT_COLUMNS) + 1)),
+        ", ".join([f"{fill:g}"] * (len(ICARTT_COLUMNS) + 1)),
+        "Day_Of_Year, day of year beginning Jan 1, Day_Of_Year",
         *[f"{n}, {u}, {n}" for n, u, _ in ICARTT_COLUMNS],
         "0",
         str(len(comments)),

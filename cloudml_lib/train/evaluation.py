@@ -5,7 +5,6 @@ evaluation with its intervals."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -27,7 +26,6 @@ from cloudml_lib.errors import CloudMLError
 from cloudml_lib.evaluate import (
     Scored,
     build_report,
-    format_report,
     predict,
     regression_metrics,
     write_evaluation,
@@ -265,11 +263,12 @@ def write_held_out(run_dir: Path, val_set: CloudDataset, scored: Scored, report:
 
 def read_stored_report(path: Path) -> dict | None:
     """A finished run's evaluation.json; None (said why) when it is missing or damaged."""
-    try:
-        report = json.loads(path.read_text())
-        format_report(report)  # the structure a report has
-        return report
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        why = "missing" if isinstance(e, FileNotFoundError) else f"damaged ({type(e).__name__})"
-        log.warning("%s is %s: scoring best.pt on the validation flights again", path, why)
+    from cloudml_lib.runfiles import RunFiles
+
+    files = RunFiles(path.parent)
+    report = files.evaluation()
+    if files.damaged or not report:
+        why = files.damaged[0] if files.damaged else f"missing: {path}"
+        log.warning("%s: scoring best.pt on the validation flights again", why)
         return None
+    return report

@@ -10,6 +10,7 @@ from cloudml_lib.config import Config, derive
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
 from cloudml_lib.errors import CloudMLError, ConfigError
+from cloudml_lib.rundir import check_folder_kind
 from cloudml_lib.train.loop import Trainer
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
     fine-tunes from its best weights on all training flights, the pre-training flight weighted by
     data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
     An interrupted phase resumes; a finished phase 1 is not trained again."""
+    check_folder_kind(run_dir, "train")  # before phase 1 makes RUN_DIR/pretrain in it
     cfg, _ = resolve_config(cfg)
     names = [f.name for f in cfg.data.flights]
     problems = check_pretrain_flight(cfg, names)

@@ -1,0 +1,88 @@
+"""Files a command writes: never through a symbolic link, and only into a folder of its own."""
+
+import pytest
+import torch
+
+from cloudml_lib.checkpoint import save_atomic
+from cloudml_lib.errors import CloudMLError
+from cloudml_lib.logs import attach_run_log
+from cloudml_lib.outputs import append_text, check_own_folder, write_text
+from cloudml_lib.rundir import truncate_metrics
+
+
+@pytest.fixture
+def linked(tmp_path):
+    """A run folder whose file `name` is a symbolic link to a file outside it."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's file\n")
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def link(name):
+        (run / name).symlink_to(outside)
+        return run / name
+
+    return outside, link
+
+
+@pytest.mark.parametrize(
+    "name, write",
+    [
+        ("metrics.jsonl", lambda p: append_text(p, '{"kind": "step"}\n')),
+        ("metrics.jsonl", lambda p: truncate_metrics(p, 0)),  # a resume cutting records it will redo
+        ("run.json", lambda p: write_text(p, "{}")),
+        ("best.pt", lambda p: save_atomic({"model": {}}, p)),
+        ("train.log", lambda p: attach_run_log(p.parent)),
+    ],
+)
+def test_a_run_file_that_is_a_symbolic_link_is_refused_and_its_target_untouched(linked, name, write):
+    outside, link = linked
+    path = link(name)
+    with pytest.raises(CloudMLError) as e:
+        write(path)
+    assert f"{path} is a symbolic link (to {outside})" in str(e.value) and "Remove the link" in str(e.value)
+    assert outside.read_text() == "someone else's file\n"
+    assert path.is_symlink()  # left as it was: the user decides
+    attach_run_log(None)
+
+
+def test_run_files_that_are_real_files_are_written_as_before(tmp_path):
+    append_text(tmp_path / "metrics.jsonl", "a\n")
+    append_text(tmp_path / "metrics.jsonl", "b\n")
+    truncate_metrics(tmp_path / "metrics.jsonl", 2)
+    assert (tmp_path / "metrics.jsonl").read_text() == "a\n"
+    save_atomic({"x": torch.ones(2)}, tmp_path / "best.pt")
+    assert torch.equal(torch.load(tmp_path / "best.pt", weights_only=True)["x"], torch.ones(2))
+    # a link planted under the temporary name is not written through either
+    (tmp_path / "decoy").write_text("keep")
+    (tmp_path / ".run.json.tmp-123").symlink_to(tmp_path / "decoy")
+    write_text(tmp_path / "run.json", "{}")
+    assert (tmp_path / "run.json").read_text() == "{}" and (tmp_path / "decoy").read_text() == "keep"
+
+
+def test_a_folder_of_other_things_is_refused_naming_it(tmp_path):
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    with pytest.raises(CloudMLError) as e:
+        check_own_folder(home, ("summary.json",), "--out", "predictions", "a folder of earlier predictions")
+    message = str(e.value)
+    assert f"--out {home} holds other things (Documents, notes.txt) and no predictions" in message
+    assert "new or empty folder" in message and "Nothing was written" in message
+
+
+def test_new_empty_hidden_only_and_own_folders_are_accepted(tmp_path):
+    ours = ("summary.json", "*_cbh.nc")
+    check_own_folder(tmp_path / "new", ours, "--out", "predictions", "x")
+    (tmp_path / "empty").mkdir()
+    check_own_folder(tmp_path / "empty", ours, "--out", "predictions", "x")
+    hidden = tmp_path / "hidden"
+    (hidden / ".ipynb_checkpoints").mkdir(parents=True)
+    (hidden / ".DS_Store").write_text("")
+    (hidden / "Thumbs.db").write_text("")
+    check_own_folder(hidden, ours, "--out", "predictions", "x")  # what notebooks and file managers leave
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "10Feb25_cbh.nc").write_text("")
+    (own / "my notes.txt").write_text("")
+    check_own_folder(own, ours, "--out", "predictions", "x")  # earlier predictions: written again beside
