@@ -344,7 +344,14 @@ def _labels(args) -> int:
 
 
 def _diagnose(args) -> int:
-    from cloudml_lib.hardware import format_machine, recommendations, system_report
+    from cloudml_lib.hardware import (
+        MEMORY_HEADER,
+        format_machine,
+        memory_rows,
+        memory_table,
+        recommendations,
+        system_report,
+    )
 
     paths, cache_bytes = {}, None
     if args.config or args.preset:
@@ -357,10 +364,14 @@ def _diagnose(args) -> int:
         cache_bytes = sum(f.stat().st_size for f in frames) if frames else None
     report = system_report(paths)
     report["recommendations"] = recommendations(report, cache_bytes)
+    free = report["gpu"]["free_bytes"] if report["gpu"] else None
+    report["preset_memory"] = [dict(zip(MEMORY_HEADER, row)) for row in memory_rows(free)]
     if args.json:
         print(json.dumps(report))
     else:
         print(format_machine(report))
+        print("\nGPU memory of a training step, each preset at its batch:")
+        print(memory_table(free))
         print("\nRecommendations:")
         for line in report["recommendations"]:
             print(f"  - {line}")

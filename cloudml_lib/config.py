@@ -278,7 +278,10 @@ class ModelConfig:
     )
     channels: list = _f([], "explicit channels of the three conv blocks; empty: chosen by memory_optimized")
     gradient_checkpointing: bool = _f(
-        False, "recompute each frame's CNN pass in backward: less memory, ~15% slower"
+        False,
+        "recompute each frame's CNN pass in backward: less memory, ~15% slower; the same results "
+        "(BatchNorm statistics and gradients: tests/test_model.py), so a resumed run may change it",
+        resume=NEW,
     )
     dropout: float = _f(0.3, "dropout before the regression head", range=(0.0, 0.9))
     scalars_only: bool = _f(False, "control model that sees only the solar angles, not the frames")

@@ -3,6 +3,7 @@ peak-memory readings for the epoch line (the batch probe of `train.batch_size: a
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import logging
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from cloudml_lib import estimate, tables
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.memory import GIB, MARGIN
 from cloudml_lib.outputs import free_bytes
@@ -23,10 +25,7 @@ from cloudml_lib.resources import PRESET_FILES, config_file
 
 log = logging.getLogger(__name__)
 
-# Peak GPU memory of one training step at each preset's batch size, in GiB, on a T4 with the real
-# 440 x 640 x T=5 samples: the upper end of what the users measured (seeds), used until the GPU
-# benchmark (benchmarks/gpu.py) has measured them on the machine at hand.
-PRESET_PEAK_GIB = {"A": 10.0, "B": 9.0, "C": 8.0}
+PRESETS = ("A", "B", "C")
 
 
 @dataclass(frozen=True)
@@ -184,31 +183,148 @@ def system_report(paths: dict[str, str] | None = None) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class PresetMemory:
+    """A preset's GPU memory at its own batch: estimated from the model (estimate.py), or, where this torch
+    cannot estimate, the figure the users reported (labelled so wherever it is shown)."""
+
+    name: str
+    model: str  # e.g. "64/128/256, checkpointing, compiled"
+    batch: int
+    estimate: estimate.Estimate | None
+
+    @property
+    def reported_bytes(self) -> float:
+        return estimate.REPORTED_PEAK_GIB[self.name] * GIB
+
+    def need(self) -> float:
+        """Bytes a training step at the preset's batch needs: the estimate with its overhead, else the
+        users' reported figure."""
+        return self.estimate.need(self.batch) if self.estimate else self.reported_bytes
+
+    def largest_batch(self, budget: float) -> int:
+        """The largest batch that fits `budget` bytes with the 15 % margin (from the reported figure, which
+        holds at the preset's batch only, this batch or 0)."""
+        if self.estimate:
+            return self.estimate.largest_batch(budget)
+        return self.batch if self.reported_bytes * (1 + MARGIN) <= budget else 0
+
+    def fits(self, budget: float) -> bool:
+        return self.largest_batch(budget) >= self.batch
+
+    def source(self) -> str:
+        if self.estimate:
+            return "estimated from the model"
+        return "reported by users (no estimate on this torch)"
+
+
+@functools.cache
+def preset_memory() -> tuple[PresetMemory, ...]:
+    """Presets A, B, C at 440 x 640 (their swath_slice) under fp16 autocast, as on a T4; a few seconds the
+    first time, then cached."""
+    from cloudml_lib.config import load_config
+
+    out = []
+    for name in PRESETS:
+        cfg = load_config(preset_config_path(name))
+        model = "/".join(map(str, cfg.channels)) + (
+            ", checkpointing" if cfg.model.gradient_checkpointing else ", no checkpointing"
+        )
+        model += ", compiled" if cfg.train.torch_compile else ""
+        shape = estimate.StepShape.of(cfg, amp="float16")
+        out.append(PresetMemory(name, model, int(cfg.train.batch_size), estimate.estimate(shape)))
+    return tuple(out)
+
+
 def choose_preset(report: dict) -> tuple[str, str]:
-    """Preset A, B or C for the GPU at hand (demo without one), with the reason in plain words."""
+    """Preset A, B or C for the GPU at hand (demo without one), with the reason in plain words: the first
+    that fits the free memory at its batch (A only where torch.compile works), by the estimate of each
+    preset's peak (preset_memory). C, the narrow model with checkpointing, needs the least; where even it
+    does not fit, C it is, and train.batch_size: auto lowers its batch."""
     gpu = report.get("gpu")
     if not gpu:
         return "demo", "no CUDA GPU was found, so the CPU-sized demo configuration is used"
-    free = gpu["free_bytes"] / GIB
-    need = {k: v * (1 + MARGIN) for k, v in PRESET_PEAK_GIB.items()}
+    free = gpu["free_bytes"]
+    presets = {p.name: p for p in preset_memory()}
+    a, b, c = presets["A"], presets["B"], presets["C"]
+    have = f"{gpu['name']} has {free / GIB:.1f} GiB free"
     compile_ok = report["compile"]["available"]
-    if free >= need["A"] and compile_ok:
-        return "A", (
-            f"{gpu['name']} has {free:.1f} GiB free, enough for the full model with torch.compile at "
-            f"batch 20 (about {PRESET_PEAK_GIB['A']:.0f} GiB + 15% margin)"
-        )
-    if free >= need["B"]:
-        why = (
-            "torch.compile is not available (" + report["compile"]["reason"] + ")"
-            if not compile_ok
-            else f"{free:.1f} GiB free is not enough for preset A ({need['A']:.1f} GiB with margin)"
-        )
-        return "B", f"{gpu['name']}: {why}; the full model without compile at batch 16 fits"
-    return "C", (
-        f"{gpu['name']} has only {free:.1f} GiB free (A and B need about {need['A']:.1f} and "
-        f"{need['B']:.1f} GiB with margin): the memory-optimized model; batch_size auto lowers the "
-        "batch further if needed"
+
+    def needs(p: PresetMemory) -> str:
+        return f"{p.need() / GIB:.1f} GiB at batch {p.batch} + 15% margin, {p.source()}"
+
+    if compile_ok and a.fits(free):
+        return "A", f"{have}, enough for the full model with torch.compile (preset A needs about {needs(a)})"
+    not_a = (
+        f"torch.compile is not available ({report['compile']['reason']})"
+        if not compile_ok
+        else f"preset A needs about {needs(a)}"
     )
+    if b.fits(free):
+        return "B", f"{have}; {not_a}; the full model without compile fits (about {needs(b)})"
+    if c.fits(free):
+        return "C", (
+            f"{have}: the full model does not fit (preset B needs about {needs(b)}); the narrow model with "
+            f"checkpointing does (about {needs(c)})"
+        )
+    room = c.largest_batch(free)
+    fits = f"about batch {room} fits, so set train.batch_size: auto (its probe measures the largest batch)"
+    return "C", (
+        f"{have}: even preset C needs about {needs(c)}; "
+        + (fits if room else "not even batch 1 fits")
+        + ". Free GPU memory: stop other processes, or restart the runtime"
+    )
+
+
+def memory_rows(free_bytes: float | None) -> list[list[str]]:
+    """The memory table: each preset, its estimated peak at its batch (the tensors, and with the overhead),
+    the largest batch that fits this GPU (`free_bytes`; "-" without a GPU) and a T4, and what the users
+    reported."""
+    rows = []
+    for p in preset_memory():
+        e = p.estimate
+        rows.append(
+            [
+                p.name,
+                p.model,
+                p.batch,
+                f"{e.train_peak(p.batch) / GIB:.2f}" if e else "unavailable",
+                f"{p.need() / GIB:.2f}" if e else "-",
+                "-" if free_bytes is None else p.largest_batch(free_bytes),
+                p.largest_batch(estimate.T4_BYTES),
+                f"{estimate.REPORTED_PEAK_GIB[p.name]:.0f}",
+            ]
+        )
+    return rows
+
+
+MEMORY_HEADER = [
+    "preset",
+    "model",
+    "batch",
+    "estimated peak (GiB)",
+    "with overhead (GiB)",
+    "largest batch here",
+    "largest batch on a T4",
+    "reported by users (GiB)",
+]
+
+
+def memory_table(free_bytes: float | None, markdown: bool = False) -> str:
+    """memory_rows as a table, and what its figures are."""
+    rows = memory_rows(free_bytes)
+    body = tables.markdown(MEMORY_HEADER, rows) if markdown else tables.text(MEMORY_HEADER, rows)
+    return body + "\n\n" + MEMORY_NOTE
+
+
+MEMORY_NOTE = (
+    "Estimated peak: the tensors of one training step at 440 x 640, T = 5, fp16 autocast, weights, "
+    "optimizer state and the batch included, computed from the model on fake tensors (nothing allocated). "
+    f"With overhead: + {estimate.SLACK:.0%} allocator slack + {estimate.OVERHEAD_BYTES / GIB:.2f} GiB for "
+    "the CUDA context and workspaces, a stated figure not yet calibrated on a GPU. Largest batch: with the "
+    "15% margin that train.batch_size: auto keeps (its probe on the GPU decides). Reported by users: the "
+    "figures in their notes, for their own network; they differ from the estimate of this one."
+)
 
 
 def preset_config_path(name: str) -> Path:

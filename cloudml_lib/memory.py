@@ -76,9 +76,16 @@ def probe_batch_size(
 
 
 def measure_batch_size(
-    model: torch.nn.Module, autocast, device: torch.device, frames: int, frame_shape: tuple[int, int]
+    model: torch.nn.Module,
+    autocast,
+    device: torch.device,
+    frames: int,
+    frame_shape: tuple[int, int],
+    guess=None,
 ) -> int:
-    """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data."""
+    """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data. `guess`: the
+    estimate's (estimate.Estimate, or None), whose largest batch for the free memory is logged beside the
+    measurement; the measurement decides."""
     if device.type != "cuda":
         log.info("train.batch_size is 'auto', but measuring needs a GPU; using %d on the CPU", CPU_AUTO_BATCH)
         return CPU_AUTO_BATCH
@@ -109,5 +116,8 @@ def measure_batch_size(
             "(model.memory_optimized: true) or turn on model.gradient_checkpointing."
         )
         return 1
-    log.info("train.batch_size auto: %s", result.describe())
+    first = (
+        "" if guess is None else f"; the estimate's first guess: {guess.largest_batch(result.budget_bytes)}"
+    )
+    log.info("train.batch_size auto: %s%s", result.describe(), first)
     return result.recommended

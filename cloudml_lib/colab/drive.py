@@ -264,6 +264,10 @@ def show_diagnostics(ws: Workspace) -> None:
     print("\nRecommendations:")
     for line in hardware.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None):
         print(f"  - {line}")
+    show_markdown(
+        "**GPU memory of a training step**, each preset at its batch:\n\n"
+        + hardware.memory_table(report["gpu"]["free_bytes"] if report["gpu"] else None, markdown=True)
+    )
 
 
 def free_gpu_memory() -> None:

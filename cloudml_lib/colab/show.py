@@ -16,11 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cloudml_lib import hardware
+from cloudml_lib import hardware, tables
 from cloudml_lib.compile import plan, this_device
 from cloudml_lib.config import load_config
 from cloudml_lib.errors import CloudMLError, explain_os_error
 from cloudml_lib.evaluate import format_report
+from cloudml_lib.memory import GIB
 from cloudml_lib.rundir import format_status, run_status
 
 
@@ -53,8 +54,7 @@ def show_markdown(text: str) -> None:
 
 
 def table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+    return tables.markdown(header, rows)
 
 
 def plural(n: int, word: str) -> str:
@@ -97,20 +97,24 @@ def user_errors(fn):
 
 @user_errors
 def show_presets() -> None:
-    """The presets with their memory on a T4: measured where the GPU benchmark has measured it."""
+    """The presets with their GPU memory: estimated from the model (hardware.preset_memory), and measured
+    beside it where the GPU benchmark has measured it."""
     from cloudml_lib.resources import measured as results
 
     gpu = results("gpu") or {}
     presets = gpu.get("presets") if isinstance(gpu.get("presets"), dict) else {}
     measured = {k: v.get("peak_reserved_gib") for k, v in presets.items() if isinstance(v, dict)}
     rows, device = [], this_device()
-    for name in ("A", "B", "C"):
+    for p in hardware.preset_memory():
+        name = p.name
         cfg = load_config(hardware.preset_config_path(name))
         mem = (
-            f"{measured[name]:.1f} GiB (measured)"
-            if measured.get(name)
-            else f"about {hardware.PRESET_PEAK_GIB[name]:.0f} GiB (estimate, users' T4 runs)"
+            f"about {p.need() / GIB:.1f} GiB (estimated)"
+            if p.estimate
+            else f"about {p.reported_bytes / GIB:.0f} GiB (reported by users)"
         )
+        if isinstance(measured.get(name), (int, float)):
+            mem += f"; {measured[name]:.1f} GiB measured"
         rows.append(
             [
                 name,
@@ -123,7 +127,8 @@ def show_presets() -> None:
         )
     show_markdown(
         table(
-            ["preset", "channels", "checkpointing", "torch.compile here", "batch", "GPU memory on a T4"], rows
+            ["preset", "channels", "checkpointing", "torch.compile here", "batch", "GPU memory at its batch"],
+            rows,
         )
     )
 

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cloudml_lib import tables
 from cloudml_lib.config import Config, DataConfig, FlightConfig, check_flight_names
 from cloudml_lib.data import cpl, er2, synthetic
 from cloudml_lib.errors import ConfigError, DataError
@@ -415,11 +416,5 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
 
 def format_table(rows: list[list[str]], header: list[str] = HEADER, markdown: bool = False) -> str:
     if markdown:  # file names (and glob patterns) in code spans: * and _ stay literal
-        code = lambda i, x: f"`{x}`" if 1 <= i <= 3 and x not in ("-", "?") else x  # noqa: E731
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(
-            lines + ["| " + " | ".join(code(i, str(x)) for i, x in enumerate(r)) + " |" for r in rows]
-        )
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+        return tables.markdown(header, rows, code=(1, 2, 3))
+    return tables.text(header, rows)

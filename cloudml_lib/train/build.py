@@ -41,6 +41,7 @@ from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
 from cloudml_lib.errors import CloudMLError, ConfigError
+from cloudml_lib.estimate import StepShape, estimate
 from cloudml_lib.hardware import (
     Precision,
     choose_device,
@@ -302,6 +303,10 @@ def placed_model(cfg: Config, dist: Dist) -> tuple[torch.nn.Module, torch.device
     return model, device, choose_precision(device)
 
 
+def _amp_name(precision) -> str | None:
+    return str(precision.dtype).removeprefix("torch.") if precision.dtype else None
+
+
 def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts, Config]:
     """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
     Config: `cfg` is not changed)."""
@@ -311,9 +316,11 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
     if t.batch_size == "auto":  # per process; the global batch is what every process can hold
-        per_process = measure_batch_size(
-            model, autocast, device, cfg.data.temporal_frames, train_set.caches[0].frame_shape
+        frame = train_set.caches[0].frame_shape
+        guess = (
+            estimate(StepShape.of(cfg, _amp_name(precision), frame=frame)) if device.type == "cuda" else None
         )
+        per_process = measure_batch_size(model, autocast, device, cfg.data.temporal_frames, frame, guess)
         cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
         t = cfg.train
     watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)

@@ -1,0 +1,150 @@
+"""The memory estimate (estimate.py) against independent measures, and where it is used: the preset
+choice, `diagnose`, the README's table. All on the CPU, in seconds."""
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloudml_lib import cli, estimate, hardware
+from cloudml_lib.estimate import StepShape, count_flops, measure
+from cloudml_lib.memory import GIB, MARGIN
+
+REPO = Path(__file__).resolve().parents[1]
+FULL, NARROW = (64, 128, 256), (32, 64, 128)
+REAL = dict(frames=5, rows=440, cols=640)
+
+# One real training step in a fresh process: its peak resident memory (VmHWM) above what it held before
+# the step. glibc's malloc is told to return every freed block of 64 KiB or more to the system at once
+# (without it, freed blocks stay resident and the peak would be that of every block ever used).
+RSS_SCRIPT = """
+import json, sys
+import torch
+from cloudml_lib.estimate import StepShape, model_of, train_steps
+
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+
+shape, batch = StepShape(*json.loads(sys.argv[1])), int(sys.argv[2])
+torch.set_num_threads(1)
+model = model_of(shape)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+held = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()])
+before = status("VmRSS")
+train_steps(model, optimizer, shape, batch)
+print(json.dumps({"step": status("VmHWM") - before, "held": held}))
+"""
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        StepShape(NARROW, False, None, 3, 24, 32),
+        StepShape(NARROW, True, None, 3, 24, 32),
+        StepShape(FULL, True, "bfloat16", 5, 16, 24, "joint"),
+    ],
+    ids=["plain", "checkpointing", "bf16-joint"],
+)
+def test_fake_tensors_count_what_real_tensors_hold(shape):
+    assert measure(shape, 3) == measure(shape, 3, fake=False)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc (Linux)")
+@pytest.mark.parametrize(
+    "channels, checkpointing", [(FULL, True), (FULL, False), (NARROW, False)], ids=["A-width", "full", "C"]
+)
+def test_the_estimate_agrees_with_the_peak_memory_of_a_real_step(channels, checkpointing):
+    """An independent measure: the peak RSS of a process running the step on real CPU tensors (fp32, 110 x
+    160, batch 8). The process adds a few tens of MB of its own (oneDNN's scratch buffers); the tensors'
+    peak, which the estimate counts, varies 5x between these three and must be tracked."""
+    shape = StepShape(channels, checkpointing, None, 5, 110, 160)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    args = [sys.executable, "-c", RSS_SCRIPT, json.dumps(list(vars(shape).values())), "8"]
+    real = json.loads(subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout)
+    estimated = measure(shape, 8) - real["held"]
+    assert 0.9 * estimated <= real["step"] <= 1.05 * estimated + (48 << 20), (real, estimated)
+
+
+def test_the_peak_is_linear_in_the_batch_at_the_real_size():
+    e = estimate.estimate(StepShape(FULL, True, "float16", **REAL))
+    for batch in (12, 20):
+        assert measure(e.shape, batch) == pytest.approx(e.train_peak(batch), rel=1e-3)
+    assert e.train_per_sample > 0 and e.train_fixed > 0  # weights and optimizer state are the fixed part
+
+
+def test_checkpointing_and_half_precision_lower_the_peak_as_expected():
+    """Checkpointing keeps one frame's activations instead of all T x 3 blocks'; fp16 halves what is kept.
+    The same pass counts FLOPs: checkpointing recomputes the frame encoder's forward (about a third more)."""
+    peak = lambda ch, ck, amp: estimate.estimate(StepShape(ch, ck, amp, **REAL)).train_per_sample  # noqa: E731
+    assert peak(FULL, True, "float16") < peak(FULL, False, "float16") / 3
+    assert peak(FULL, True, "float16") < peak(FULL, True, None) * 0.75
+    assert peak(NARROW, True, "float16") < peak(FULL, True, "float16") / 1.8
+    flops = {ck: count_flops(StepShape(NARROW, ck, "float16", 5, 64, 96), 2) for ck in (True, False)}
+    assert 1.2 < flops[True] / flops[False] < 1.45
+
+
+def test_every_preset_is_estimated_and_c_needs_the_least():
+    hardware.preset_memory.cache_clear()
+    presets = {p.name: p for p in hardware.preset_memory()}
+    assert all(p.estimate is not None for p in presets.values())
+    assert presets["C"].need() < presets["B"].need() < presets["A"].need()
+    for p in presets.values():  # the largest batch is the last whose need, with the margin, fits a T4
+        n = p.largest_batch(estimate.T4_BYTES)
+        assert p.estimate.need(n) * (1 + MARGIN) <= estimate.T4_BYTES < p.estimate.need(n + 1) * (1 + MARGIN)
+
+
+def test_the_readme_quotes_the_estimate_the_code_computes():
+    readme = (REPO / "README.md").read_text()
+    for name, model, batch, peak, need, _, t4, reported in hardware.memory_rows(None):
+        row = f"| {name} | {model} | {batch} | {peak} | {need} | {t4} | {reported} |"
+        assert row in readme, f"README.md's memory table is stale: {row}"
+
+
+def test_a_preset_is_chosen_by_the_estimate_of_what_fits():
+    def report(free_gib, compile_ok=True):
+        gpu = {"name": "Tesla T4", "free_bytes": free_gib * GIB}
+        return {"gpu": gpu, "compile": {"available": compile_ok, "reason": "Triton is not installed"}}
+
+    need = {p.name: p.need() * (1 + MARGIN) / GIB for p in hardware.preset_memory()}
+    assert hardware.choose_preset(report(14.6))[0] == "A"
+    name, why = hardware.choose_preset(report(14.6, compile_ok=False))
+    assert name == "B" and "torch.compile is not available (Triton is not installed)" in why
+    name, why = hardware.choose_preset(report((need["A"] + need["B"]) / 2))
+    assert name == "B" and "estimated from the model" in why
+    assert hardware.choose_preset(report((need["B"] + need["C"]) / 2))[0] == "C"
+    name, why = hardware.choose_preset(report(need["C"] * 0.7))
+    assert name == "C" and "train.batch_size: auto" in why and re.search(r"about batch \d+ fits", why)
+
+
+def test_without_an_estimate_the_reported_figures_are_used_and_labelled(monkeypatch, caplog):
+    def broken(shape):
+        raise RuntimeError("fake tensors unsupported")
+
+    monkeypatch.setattr(estimate, "_estimate", broken)
+    hardware.preset_memory.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="cloudml_lib.estimate"):
+            rows = hardware.memory_rows(None)
+        assert "memory estimate unavailable" in caplog.text and "fake tensors unsupported" in caplog.text
+        assert [r[3] for r in rows] == ["unavailable"] * 3
+        gpu = {"name": "Tesla T4", "free_bytes": 14.6 * GIB}
+        name, why = hardware.choose_preset({"gpu": gpu, "compile": {"available": True, "reason": ""}})
+        assert name == "A" and "reported by users" in why
+    finally:
+        hardware.preset_memory.cache_clear()
+
+
+def test_diagnose_prints_the_memory_table_on_a_machine_without_a_gpu(capsys):
+    assert cli.main(["diagnose"]) == 0
+    out = capsys.readouterr().out
+    assert "estimated peak (GiB)" in out and "largest batch on a T4" in out
+    for name, *_ in hardware.memory_rows(None):
+        assert re.search(rf"^{name}\s+\d+/\d+/\d+", out, re.M)
+    assert cli.main(["diagnose", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["preset_memory"]
+    assert [r["preset"] for r in rows] == ["A", "B", "C"] and rows[0]["largest batch here"] == "-"
