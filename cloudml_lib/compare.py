@@ -14,6 +14,8 @@ import logging
 import warnings
 from pathlib import Path
 
+from cloudml_lib import tables
+from cloudml_lib.config import NEW, resume_rules
 from cloudml_lib.errors import CloudMLError
 from cloudml_lib.outputs import write_text
 from cloudml_lib.rundir import flatten_keys, has_run, is_crossval
@@ -56,6 +58,7 @@ def run_row(run: Path, name: str) -> dict:
     return {
         "run": name,
         "config": config,
+        "held_out": held_out(files.evaluation(), config),
         "state": "finished" if state == "complete" else state,
         "note": trial.get("note") or "",
         "epochs": f"{len(epochs)}/{planned}" if isinstance(planned, int) else str(len(epochs)),
@@ -77,6 +80,7 @@ def crossval_row(folder: Path, name: str) -> dict:
     return {
         "run": name,
         "config": first["config"],
+        "held_out": f"each flight once ({len(folds)} folds, mean)",
         "state": "finished" if result else "stopped (resumable)",
         "note": "",
         "epochs": f"{len(folds)} folds",
@@ -128,6 +132,7 @@ def empty_sweep_row(folder: Path, name: str) -> dict:
     return {
         "run": name,
         "config": None,
+        "held_out": "-",
         "state": "no trial started yet",
         "note": "",
         "epochs": "0",
@@ -138,48 +143,83 @@ def empty_sweep_row(folder: Path, name: str) -> dict:
     }
 
 
+def held_out(evaluation: dict, config: dict | None) -> str:
+    """The flights a run's metrics were measured on: those its evaluation scored, else its config's."""
+    flights = sorted(evaluation.get("per_flight") or {})
+    if not flights and config:
+        named = (config.get("data") or {}).get("validation_flights")
+        flights = [str(f) for f in named] if isinstance(named, list) else []
+    return ", ".join(flights) or "?"
+
+
 def differing_settings(rows: list[dict]) -> list[str]:
-    """Config keys whose values differ between the rows (a row whose config.yaml is unreadable has no say)."""
+    """Config keys whose values differ between the rows (a row whose config.yaml is unreadable has no say).
+    Only settings that change what a run computes count (resume rule "must stay the same"): where files
+    live, logging, checkpoints, the device and the planned epochs (its own column) are bookkeeping, which
+    would push the metrics off the screen in a sweep."""
     flat = [flatten_keys(r["config"]) for r in rows if r["config"] is not None]
     keys = sorted(set().union(*flat)) if flat else []
+    rules = resume_rules()
     return [
-        k for k in keys if not k.startswith(NOT_SETTINGS) and len({json.dumps(f.get(k)) for f in flat}) > 1
+        k
+        for k in keys
+        if not k.startswith(NOT_SETTINGS)
+        and rules.get(k) != NEW
+        and len({json.dumps(f.get(k)) for f in flat}) > 1
     ]
 
 
 def _cell(value) -> str:
+    """A setting's cell: a number to 4 significant digits (a learning rate of 0.00207 stays 0.00207)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value).replace("|", "/")
+    return str(value)
+
+
+def _metric(value) -> str:
+    """A metric's cell, to 3 decimals (1 m in km) in every row, so that a column reads evenly."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 def format_comparison(rows: list[dict]) -> str:
-    """The Markdown table: run, the settings that differ, state, epochs, metrics, time, compiled."""
+    """The Markdown table: run, the flights its metrics were measured on, the metrics, state, epochs, time,
+    compiled, then the settings that differ (last: a sweep's many settings never push the metrics off the
+    screen); and a warning when metrics were measured on different flights."""
     keys = differing_settings(rows)
     head = [
         "run",
-        *keys,
+        "held out",
+        *(label for _, label in METRIC_COLUMNS),
         "state",
         "epochs",
-        *(label for _, label in METRIC_COLUMNS),
         "time (min)",
         "compiled",
+        *keys,
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for r in rows:
         flat = flatten_keys(r["config"]) if r["config"] is not None else None
         cells = [
             r["run"],
-            *(flat.get(k) if flat is not None else "?" for k in keys),
+            r.get("held_out", "?"),
+            *(_metric(r["metrics"][k]) for k, _ in METRIC_COLUMNS),
             r["state"],
             r["epochs"],
-            *(r["metrics"][k] for k, _ in METRIC_COLUMNS),
-            round(r["minutes"], 2),
+            f"{r['minutes']:.1f}",
             r["compiled"],
+            *(_cell(flat.get(k)) if flat is not None else "?" for k in keys),
         ]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        body.append(cells)
+    lines = [tables.markdown(head, body)]
+    scored = {r.get("held_out") for r in rows if any(v is not None for v in r["metrics"].values())}
+    if len(scored) > 1:
+        lines.append(
+            '\nThe metrics were measured on different held-out flights (column "held out"): a flight '
+            "that is easier or harder moves R2 and MAE as much as a setting does. Compare rows with the "
+            "same held-out flights, or cross-validations (every flight held out once)."
+        )
     if len(rows) > 1 and not keys:
         lines.append("\nNo setting differs between these runs.")
     notes = [f"- {r['run']}: {r['state']}: {r['note']}" for r in rows if r.get("note")]

@@ -1,0 +1,53 @@
+"""compare's table (issue 38, defect 5): the flights each row's metrics were measured on, a warning when
+they differ, metrics to the same decimals in every row and before the settings, and only settings that
+change what a run computes counted as differing."""
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from cloudml_lib.compare import compare_runs, format_comparison
+
+FINISHED = Path(__file__).parent / "fixtures" / "run_d1cecbe" / "finished"
+
+
+def copy_run(folder: Path, flight: str | None = None, **changes) -> Path:
+    shutil.copytree(FINISHED, folder)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    for key, value in changes.items():
+        section, name = key.split("__")
+        config[section][name] = value
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    if flight:
+        evaluation = json.loads((folder / "evaluation.json").read_text())
+        evaluation["per_flight"] = {flight: evaluation["per_flight"].popitem()[1]}
+        (folder / "evaluation.json").write_text(json.dumps(evaluation))
+    return folder
+
+
+def table(text: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")
+    ]
+
+
+def test_rows_name_their_held_out_flights_and_differing_flights_are_said(tmp_path):
+    a = copy_run(tmp_path / "a")
+    b = copy_run(tmp_path / "b", flight="01Mar25", model__dropout=0.1)
+    text = format_comparison(compare_runs([a, b]))
+    head, _, *rows = table(text)
+    assert head[:5] == ["run", "held out", "R2", "MAE (km)", "RMSE (km)"] and head[-1] == "model.dropout"
+    assert [r[1] for r in rows] == ["05Mar25", "01Mar25"]
+    assert "measured on different held-out flights" in text
+    assert all(len(r[2].split(".")[1]) == 3 for r in rows)  # R2 0.077, never 0.07728 beside 0.9318
+
+
+def test_bookkeeping_settings_are_not_differences_and_the_same_flights_need_no_warning(tmp_path):
+    a = copy_run(tmp_path / "a")
+    b = copy_run(tmp_path / "b", train__epochs=7, checkpoint__every_steps=5, data__num_workers=1)
+    text = format_comparison(compare_runs([a, b]))
+    head = table(text)[0]
+    assert head[-1] == "compiled" and "No setting differs between these runs." in text
+    assert "different held-out flights" not in text
