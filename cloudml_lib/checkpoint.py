@@ -463,16 +463,38 @@ class CheckpointWriter:
             self.failures_in_a_row += 1
             self.last_error = f"{type(e).__name__}: {e}"
             log.error(
-                "Checkpoint at step %d could not be written (%s: %s). Training continues; the previous "
-                "checkpoint is intact. Free space on the disk or check that Drive is still mounted.",
+                "Checkpoint at step %d could not be written (%s: %s). Training continues; %s Free space on "
+                "the disk or check that Drive is still mounted.",
                 meta.get("step", -1),
                 type(e).__name__,
                 e,
+                previous_checkpoint_words(self.run_dir),
             )
 
     def close(self) -> None:
         self.wait()
         shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def newest_committed_step(run_dir: Path) -> int | None:
+    """The step of the newest checkpoint with its commit marker (not verified: for a message), None when
+    there is none or the folder cannot be read (Drive gone)."""
+    try:
+        return next((step_of(p) for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file()), None)
+    except OSError:
+        return None
+
+
+def previous_checkpoint_words(run_dir: Path) -> str:
+    """After a failed save, what a resume would start from, said as it is on disk: never "the previous
+    checkpoint is intact" when there is none."""
+    step = newest_committed_step(run_dir)
+    if step is None:
+        return (
+            "no checkpoint of this run has been written yet, so a stop or disconnect now would start it "
+            "again from the beginning."
+        )
+    return f"the previous checkpoint is intact (step {step}): a resume starts from there."
 
 
 def load_checkpoint(path: str | Path) -> dict:

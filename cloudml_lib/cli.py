@@ -484,18 +484,34 @@ MAX_MESSAGE_CHARS = 4000  # a safety net: each value a message echoes is bounded
 
 
 def _print_error(message: str) -> None:
+    """The command's last word on the console, and in the run's train.log when one is attached (a run that
+    ended this way says so in its own log, not only on a screen that may be gone)."""
+    from cloudml_lib.logs import to_run_log
+
     if len(message) > MAX_MESSAGE_CHARS:
         message = f"{message[:MAX_MESSAGE_CHARS]} ... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
     print(f"error: {message}", file=sys.stderr)
+    to_run_log(f"error: {message}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cloudml_lib.logs import attach_run_log
+    from cloudml_lib.logs import attach_run_log, to_run_log
 
     args = build_parser().parse_args(argv)
     trap_stop_signals()
     watch_parent()
     attach_run_log(None, console=sys.stderr if getattr(args, "json", False) else sys.stdout)
+    try:
+        return _run(args)
+    except Exception:  # unexpected: the traceback goes to the console as before, and to train.log
+        import traceback
+
+        to_run_log(f"unexpected failure (please report it with this log):\n{traceback.format_exc()}".rstrip())
+        raise
+
+
+def _run(args) -> int:
+    """The command, with a user's error (config, data, a full disk) as one message and exit status 2."""
     handlers = {
         "train": _train,
         "crossval": _crossval,

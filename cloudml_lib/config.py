@@ -7,6 +7,7 @@ that `asdict(config)` can be stored inside a `weights_only` checkpoint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -30,6 +31,9 @@ MIN_FRAME_SIDE = 8
 MAX_DEM_SURFACE_M = 10.0  # above this a "sea level" threshold keeps coastal land
 # model.cloud_head: how the cloud / no-cloud output is made (model.py; benchmarks/cloud_head.py chose probe)
 CLOUD_HEADS = ("probe", "joint", "none")
+# model.height_head: bounded (between the surface and data.cbh_max_km) or unbounded (runs before it existed)
+HEIGHT_HEADS = ("bounded", "unbounded")
+SURFACE_KM = 0.0  # the lowest a cloud base can be: the labels are over the ocean (DEM_Surface_Altitude 0)
 # A setting's rule when a stopped run resumes (_f's `resume`)
 SAME, NEW = "must stay the same", "may change"
 AUTO = Literal["auto"]  # a value resolved when the run starts (measured, or chosen for the machine)
@@ -42,13 +46,18 @@ def _f(
     choices: tuple | None = None,
     legacy: dict | None = None,
     resume: str = SAME,
+    absent=None,
 ):
     """A dataclass field with its help text, valid values and resume rule, used by validation, resume and
     docs. `legacy`: values an earlier version wrote (in run folders and checkpoints) and what they mean now.
     `resume`: SAME, the setting is part of the run's math (a resumed run must keep it); NEW, a resumed run
-    takes the new value (paths, cadences, devices, the number of epochs) and says so."""
+    takes the new value (paths, cadences, devices, the number of epochs) and says so. `absent`: what a stored
+    config (a run folder's, a checkpoint's) that lacks the key means, where the version that saved it behaved
+    otherwise than today's default (None: the default): an old run keeps computing what it was trained
+    with."""
     assert resume in (SAME, NEW), resume
     meta = {"help": help, "range": range, "choices": choices, "legacy": legacy or {}, "resume": resume}
+    meta["absent"] = default if absent is None else absent
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -109,6 +118,12 @@ class DataKeys:
     nav_azimuth: str = _f("nav/sunAzGrd", "solar azimuth, degrees")
     nav_lat: str = _f("nav/IWG_lat", "latitude, degrees")
     nav_lon: str = _f("nav/IWG_lon", "longitude, degrees")
+    nav_altitude: str = _f(
+        "nav/IWG_alt",
+        "aircraft altitude in metres (IWG1 GPS_MSL_Alt), if the file has it: predict masks a height above "
+        "the aircraft; absent: heights are bounded by data.cbh_max_km",
+        resume=NEW,
+    )
     nav_time: str = _f(
         "nav/Time",
         "nav time axis, if the file has one; the users' files have none, and then nav row i is IR frame i",
@@ -126,6 +141,11 @@ class DataKeys:
     ict_lat: str = _f("Latitude|Lat", "ICARTT nav: latitude column")
     ict_lon: str = _f("Longitude|Lon", "ICARTT nav: longitude column")
     ict_heading: str = _f("True_Heading|True_Hdg", "ICARTT nav: true heading column")
+    ict_altitude: str = _f(
+        "GPS_Altitude|GPS_MSL_Alt|GPS_Alt",
+        "ICARTT nav: aircraft altitude column, metres; absent: heights are bounded by data.cbh_max_km",
+        resume=NEW,
+    )
     ict_zenith: str = _f("Solar_Zenith_Angle|Solar_Zenith|SZA", "ICARTT nav: solar zenith angle column")
     ict_azimuth: str = _f(
         "Sun_Azimuth|Sun_Az_Grd|Solar_Azimuth_Angle",
@@ -297,6 +317,15 @@ class ModelConfig:
     )
     cloud_threshold: float = _f(
         0.5, "cloud probability at or above which a frame is flagged cloudy (predict)", range=(0.0, 1.0)
+    )
+    height_head: str = _f(
+        "bounded",
+        "how the height output is made. bounded: a sigmoid scaled between 0 km (the sea surface) and "
+        "data.cbh_max_km, so no height can lie below the surface or above the labels' range. unbounded: a "
+        "plain linear output, as in runs made before this setting (they keep it); predict masks its heights "
+        "outside those bounds",
+        choices=HEIGHT_HEADS,
+        absent="unbounded",
     )
 
 
@@ -721,12 +750,46 @@ def derive(cfg: Config, changes: dict) -> Config:
     held-out flight or a phase's flights are a derived config, recorded in the run."""
     raw = cfg.to_dict()
     for key, value in changes.items():
-        *path, last = key.split(".")
-        node = raw
-        for part in path:
-            node = node[part]
-        node[last] = _plain(value)
+        _put(raw, key, _plain(value))
     return build_config(raw, source="derived config")
+
+
+def _put(raw: dict, key: str, value) -> None:
+    """raw["section"]["key"] = value for key "section.key"."""
+    *path, last = key.split(".")
+    node = raw
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def _leaf_keys(d: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in d.items():
+        out |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return out
+
+
+def absent_settings(stored) -> dict:
+    """The settings a stored config (a run folder's, a checkpoint's) lacks whose meaning there is not today's
+    default (their field's `absent`): {"model.height_head": "unbounded"} for a run saved before that setting
+    existed. A resumed or reloaded old run takes these values, so it computes what it was trained with."""
+    if not isinstance(stored, dict) or not all(isinstance(stored.get(s), dict) for s in ("data", "model")):
+        return {}
+    have = _leaf_keys(stored)
+    return {
+        key: meta["absent"]
+        for key, meta in field_metadata().items()
+        if key not in have and meta["absent"] != meta["default"]
+    }
+
+
+def height_bounds_km(data: DataConfig) -> tuple[float, float]:
+    """The heights a cloud base can have where nothing else is known (km): from the surface (SURFACE_KM) to
+    the top of the labels' range (data.cbh_max_km; no model saw a higher label). model.height_head bounded
+    keeps its output inside; predict masks a height outside (and above the aircraft, where the nav file gives
+    its altitude)."""
+    return SURFACE_KM, float(data.cbh_max_km)
 
 
 def _plain(value):
@@ -778,5 +841,11 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 def config_from_dict(d: dict) -> Config:
-    """Rebuild a Config stored as a plain dict (run directory, checkpoint)."""
+    """Rebuild a Config stored as a plain dict (run directory, checkpoint); a setting added since it was
+    stored takes its meaning for that older version (absent_settings)."""
+    old = absent_settings(d)
+    if old:
+        d = copy.deepcopy(d)
+        for key, value in old.items():
+            _put(d, key, value)
     return build_config(d, source="stored config")

@@ -43,13 +43,12 @@ from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.errors import ConfigError, DataError
 from cloudml_lib.evaluate import regression_metrics
 from cloudml_lib.outputs import json_safe, write_text
-from cloudml_lib.report import write_report
+from cloudml_lib.report import shortcomings, write_report
 from cloudml_lib.rundir import check_folder_kind
 
 log = logging.getLogger(__name__)
 
 COMPARED = ("model", "mean", "scalars_only", "trees")
-COLLAPSE_STD_RATIO = 0.3
 OUT_OF_RANGE_SHARE = 0.1  # held-out heights outside the training range above this share: warn
 
 
@@ -103,17 +102,9 @@ def tree_baseline(train_set: CloudDataset, val_set: CloudDataset, seed: int) -> 
 
 
 def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.ndarray) -> list[str]:
-    out, m, mean = [], result["model"], result["mean"]
-    if m["std_ratio"] is not None and np.isfinite(m["std_ratio"]) and m["std_ratio"] < COLLAPSE_STD_RATIO:
-        out.append(
-            f"{flight}: predictions collapse towards a constant (std(pred)/std(true) {m['std_ratio']:.2f} "
-            f"< {COLLAPSE_STD_RATIO})"
-        )
-    if m["mae_km"] >= mean["mae_km"]:
-        out.append(
-            f"{flight}: the model is no better than predicting the training mean (MAE {m['mae_km']:.3f} "
-            f"vs {mean['mae_km']:.3f} km)"
-        )
+    """The fold's model judged by the evaluation's rule (evaluate.shortcomings), and its held-out heights
+    against the training flights' range."""
+    out = [f"{flight}: {w}" for w in shortcomings(result["model"], result["mean"])]
     outside = float(((val_km < train_km.min()) | (val_km > train_km.max())).mean()) if len(val_km) else 0.0
     if outside > OUT_OF_RANGE_SHARE:
         out.append(
@@ -388,6 +379,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
         mine = names[workers.rank :: workers.world]
+        log.info("Cross-validation over %d flights, each held out once: %s", len(names), ", ".join(names))
         if workers.active:
             log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
         done = {name: run_fold(cfg, run_dir, name, controls) for name in mine}

@@ -2,7 +2,9 @@
 
 Every metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
 (std(pred) / std(true)) and n. The baseline always predicts the training flights' mean height,
-so a model is only useful where it beats it.
+so a model is only useful where it beats it: `shortcomings` is the one rule that says when it does
+not (or when its predictions collapse towards a constant), and `verdict` says it in a sentence for the
+evaluation's text, report.md and the notebook; cross-validation warns by the same rule.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch.utils.data import DataLoader, Subset
 
 from cloudml_lib import intervals, plots
 from cloudml_lib.checkpoint import BEST_KEYS, Key, load_checkpoint
-from cloudml_lib.config import Config, config_from_dict, derive
+from cloudml_lib.config import Config, config_from_dict, derive, height_bounds_km
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
@@ -30,8 +32,32 @@ from cloudml_lib.inference import concat, dataset_outputs, prepare_model, to_num
 from cloudml_lib.model import build_model
 from cloudml_lib.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.provenance import trained_backend
+from cloudml_lib.report import bounds_in_words, verdict, write_report
 
 log = logging.getLogger(__name__)
+
+BOUND_TOLERANCE_KM = 1e-3  # a height this far past a bound is float rounding, not outside it
+
+
+def outside_bounds(height_km: np.ndarray, low: float, high) -> tuple[np.ndarray, np.ndarray]:
+    """(below, above): where a height lies below `low` or above `high` (a number, or one per height), by
+    more than float rounding (BOUND_TOLERANCE_KM). NaN is neither."""
+    h = np.asarray(height_km, np.float64)
+    with np.errstate(invalid="ignore"):
+        return h < low - BOUND_TOLERANCE_KM, h > np.asarray(high, np.float64) + BOUND_TOLERANCE_KM
+
+
+def bounds_count(pred_km: np.ndarray, bounds: tuple[float, float]) -> dict:
+    """How many of the predictions lie outside the heights a cloud base can have (config.height_bounds_km);
+    the metrics keep them as predicted (predict masks them)."""
+    below, above = outside_bounds(pred_km, *bounds)
+    return {
+        "low_km": float(bounds[0]),
+        "high_km": float(bounds[1]),
+        "below": int(below.sum()),
+        "above": int(above.sum()),
+        "n": int(np.isfinite(np.asarray(pred_km, np.float64)).sum()),
+    }
 
 
 def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
@@ -139,10 +165,12 @@ def build_report(
     train_set=None,
     cloud_threshold: float = 0.5,
     calibration: dict | None = None,
+    bounds_km: tuple[float, float] | None = None,
 ) -> dict:
     """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline,
-    over the samples with a height; with `train_set`, cloud / no-cloud metrics against their baselines (all
-    samples); with `calibration`, the intervals' coverage and width per flight."""
+    over the samples with a height, and the verdict on them; with `train_set`, cloud / no-cloud metrics
+    against their baselines (all samples); with `calibration`, the intervals' coverage and width per flight;
+    with `bounds_km` (config.height_bounds_km), how many predictions lie outside them."""
     from cloudml_lib import intervals
     from cloudml_lib.clouds import cloud_report
 
@@ -162,6 +190,9 @@ def build_report(
         m = flights == name
         report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
         report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
+    report["verdict"] = verdict(report)
+    if bounds_km is not None:
+        report["out_of_bounds"] = bounds_count(pred_km, bounds_km)
     if train_set is not None:
         report["cloud"] = cloud_report(
             dataset.cloud_flags(),
@@ -239,6 +270,10 @@ def format_report(report: dict) -> str:
     for name, m in rows:
         cells = [num(m[k]) for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")] + [f"{m['n']:10d}"]
         lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
+    if report.get("out_of_bounds"):
+        extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
+    if report.get("verdict"):
+        extra += "\n\n" + report["verdict"]
     return "\n".join(lines) + extra
 
 
@@ -277,7 +312,7 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
     if data_dir:  # the flights moved since training
         cfg = derive(cfg, {"data.dir": data_dir})
     cfg = _with_stored_cloud_head(cfg, ckpt[Key.MODEL], best, run_dir)
-    model = build_model(cfg)
+    model = build_model(cfg, Scalers.from_dict(ckpt[Key.SCALERS]))
     film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
         raise CloudMLError(
@@ -383,6 +418,7 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
         train_set,
         cfg.model.cloud_threshold,
         intervals.load(run_dir),
+        height_bounds_km(cfg.data),
     )
     if scored.cloud_prob is None:
         log.info(
@@ -391,8 +427,6 @@ def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool =
         )
     if write:
         write_evaluation(run_dir, dataset, scored, report)
-        from cloudml_lib.report import write_report
-
         write_report(run_dir)
     return report
 

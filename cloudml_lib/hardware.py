@@ -243,7 +243,10 @@ def choose_preset(report: dict) -> tuple[str, str]:
     does not fit, C it is, and train.batch_size: auto lowers its batch."""
     gpu = report.get("gpu")
     if not gpu:
-        return "demo", "no CUDA GPU was found, so the CPU-sized demo configuration is used"
+        return "demo", (
+            "no CUDA GPU was found, so the demo configuration is used: a narrow model sized for a CPU, made "
+            "for the built-in demo flights (presets A, B and C are for a GPU: hours per epoch on a CPU)"
+        )
     free = gpu["free_bytes"]
     presets = {p.name: p for p in preset_memory()}
     a, b, c = presets["A"], presets["B"], presets["C"]

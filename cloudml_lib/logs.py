@@ -1,6 +1,10 @@
 """The package's log: every module logs through `logging.getLogger(__name__)` under "cloudml_lib"; this
 module decides where those lines go: the console (without breaking a progress bar) and, for a run,
-RUN_DIR/train.log (a full disk said once, in words)."""
+RUN_DIR/train.log (a full disk said once, in words).
+
+On the console a warning starts with "Warning: " and an error with "Problem: " (level_word): the notebook
+runs each command as a subprocess and reads its lines, and the level word is how it tells a warning (amber)
+or a problem (red) from progress, whatever the message says. train.log keeps logging's own level names."""
 
 from __future__ import annotations
 
@@ -11,6 +15,20 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 PACKAGE_LOGGER = "cloudml_lib"
+# The word a console line starts with: a warning's, an error's (INFO and below: none). live.py reads them.
+WARNING_WORD, PROBLEM_WORD = "Warning: ", "Problem: "
+
+
+def level_word(levelno: int) -> str:
+    return PROBLEM_WORD if levelno >= logging.ERROR else WARNING_WORD if levelno >= logging.WARNING else ""
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """The message, after its level word for a warning or an error (only the first line of a multi-line
+    message carries it: a table under it stays aligned)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return level_word(record.levelno) + super().format(record)
 
 
 class _TqdmHandler(logging.StreamHandler):
@@ -79,9 +97,22 @@ def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
         logger.removeHandler(h)
         h.close()
     screen = _TqdmHandler(console or sys.stdout)
-    screen.setFormatter(logging.Formatter("%(message)s"))
+    screen.setFormatter(_ConsoleFormatter("%(message)s"))
     handlers.insert(0, screen)
     for h in handlers:
         h._cloudml = True
         logger.addHandler(h)
     return logger
+
+
+def to_run_log(message: str, level: int = logging.ERROR) -> bool:
+    """`message` into the attached train.log only (the console has said it already, e.g. the CLI's
+    "error: ..." line): a failure the notebook shows is in the run's own log too. Returns whether a run log
+    was attached."""
+    logger = logging.getLogger(PACKAGE_LOGGER)
+    files = [h for h in logger.handlers if isinstance(h, _RunLogFile)]
+    if files:
+        record = logger.makeRecord(logger.name, level, __file__, 0, "%s", (message,), None)
+        for h in files:
+            h.handle(record)
+    return bool(files)

@@ -20,6 +20,14 @@ The cloud logit (`cloud_head`):
 
 The model answers `Outputs`, named fields of shape (B,): `height` (standardised) and `cloud_logit` (None
 without a cloud output), whatever the cloud head; a new output is one more field there.
+
+The height (`height_head`):
+- "bounded": a sigmoid scaled between the heights a cloud base can have (config.height_bounds_km: the
+  surface to data.cbh_max_km), placed in the standardised units of the training targets (`build_model`
+  with the run's scalers), so no answer lies below the surface or above the labels' range. Computed in
+  float32 under mixed precision, so a half-precision rounding cannot step outside.
+- "unbounded": the head's linear output, as every run made before model.height_head existed (predict masks
+  its heights outside the bounds).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cloudml_lib.config import CLOUD_HEADS
+from cloudml_lib.config import CLOUD_HEADS, HEIGHT_HEADS, height_bounds_km
 
 
 class Outputs(NamedTuple):
@@ -113,12 +121,21 @@ class MultimodalRegressionModel(nn.Module):
         dropout: float = 0.3,
         scalars_only: bool = False,
         cloud_head: str = "none",
+        height_head: str = "unbounded",
+        height_range: tuple[float, float] = (-3.0, 3.0),
     ):
+        """`height_range`: the bounded head's (low, high) in the standardised units of the height (build_model
+        places the cloud base's bounds there with the run's scalers); unused by the unbounded head."""
         super().__init__()
         if cloud_head not in CLOUD_HEADS:
             raise ValueError(f"cloud_head: {cloud_head!r}; expected one of {CLOUD_HEADS}")
+        if height_head not in HEIGHT_HEADS:
+            raise ValueError(f"height_head: {height_head!r}; expected one of {HEIGHT_HEADS}")
+        assert height_range[0] < height_range[1], f"height_range {height_range} is empty"
         c = channels[-1]
         self.scalars_only, self.cloud_head = scalars_only, cloud_head
+        # Python floats, not tensors: fixed for the model's life, constants to torch.compile, never in weights
+        self.height_head, self.height_range = height_head, (float(height_range[0]), float(height_range[1]))
         self.encoder = FrameEncoder(list(channels))
         self.film = nn.Sequential(nn.Linear(n_scalars, 64), nn.ReLU(), nn.Linear(64, 2 * c))
         self.temporal = nn.Sequential(nn.Linear(c, 64), nn.Tanh(), nn.Linear(64, 1))
@@ -189,11 +206,20 @@ class MultimodalRegressionModel(nn.Module):
     def output(self, features) -> Outputs:  # (B, C + 3)
         """The head on `features`: the standardised height and, with a cloud output, the cloud logit."""
         out = self.head(features)  # (B, 1) or (B, 2)
+        height = self.height(out[:, 0])
         if self.cloud_head == "joint":
-            return Outputs(out[:, 0], out[:, 1])
+            return Outputs(height, out[:, 1])
         if self.cloud_output:  # a fitted probe
-            return Outputs(out[:, 0], self.cloud(features.detach())[:, 0])
-        return Outputs(out[:, 0], None)
+            return Outputs(height, self.cloud(features.detach())[:, 0])
+        return Outputs(height, None)
+
+    def height(self, raw):  # (B,)
+        """The standardised height from the head's raw output: as it is (unbounded), or squeezed into
+        `height_range` (bounded; in float32, which mixed precision leaves elementwise operations in)."""
+        if self.height_head == "unbounded":
+            return raw
+        low, high = self.height_range
+        return low + (high - low) * torch.sigmoid(raw.float())
 
     @property
     def feature_width(self) -> int:
@@ -237,12 +263,20 @@ def _null():
     yield
 
 
-def build_model(cfg) -> MultimodalRegressionModel:
+def build_model(cfg, scalers=None) -> MultimodalRegressionModel:
+    """The network `cfg` describes. `scalers` (the run's, data/dataset.py Scalers): the standardisation of
+    the height, which places the bounded head's range (config.height_bounds_km) in the units the model
+    answers in; every model that trains or predicts gets them (train/build.py, evaluate.load_run_model).
+    Without them (memory estimates, benchmarks) the range assumes the height's mean 0 km and spread 1 km."""
+    mean, std = (scalers.cbh_mean, scalers.cbh_std) if scalers is not None else (0.0, 1.0)
+    low, high = height_bounds_km(cfg.data)
     return MultimodalRegressionModel(
         channels=cfg.channels,
         dropout=cfg.model.dropout,
         scalars_only=cfg.model.scalars_only,
         cloud_head=cfg.model.cloud_head,
+        height_head=cfg.model.height_head,
+        height_range=((low - mean) / std, (high - mean) / std),
     )
 
 

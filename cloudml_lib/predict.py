@@ -11,9 +11,13 @@ flight needs only its IR file: the nav file gives position and sun angles (fille
 mean where absent), the CPL file the lidar label where one exists.
 
 With a cloud output the model also gives each frame a cloud probability; the flag (probability at
-or above model.cloud_threshold) decides where a height is given: none over clear sky. With a
-calibration (`intervals.json` of the run, or of a cross-validation via `--calibration`), each
-height gets a prediction interval (`intervals.py`).
+or above model.cloud_threshold) decides where a height is given: none over clear sky. A height that
+cannot be a cloud base is never given as one: below the surface (0 km), or above the aircraft where
+the nav file gives its altitude, else above data.cbh_max_km (config.height_bounds_km). A model with
+model.height_head bounded cannot answer one; a run made before that setting can, and such heights
+are masked (missing), flagged in cloud_base_height_qc, counted, and said in the files' attributes.
+With a calibration (`intervals.json` of the run, or of a cross-validation via `--calibration`), each
+height gets a prediction interval (`intervals.py`), cut to the same bounds.
 
 Per flight: `<name>_cbh.nc` (NetCDF-4, CF-1.8: time, lat, lon, cloud_probability, cloud_flag,
 cloud_base_height with its lower and upper bounds, the CPL label and cloud flag), `<name>_cbh.csv`,
@@ -35,7 +39,7 @@ from tqdm.auto import tqdm
 
 from cloudml_lib import intervals, plots, products
 from cloudml_lib.checkpoint import Key
-from cloudml_lib.config import DataConfig, FlightConfig
+from cloudml_lib.config import DataConfig, FlightConfig, height_bounds_km
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
@@ -49,7 +53,7 @@ from cloudml_lib.data.preprocess import (
     resolve_workers,
 )
 from cloudml_lib.errors import CloudMLError, DataError
-from cloudml_lib.evaluate import load_run_model
+from cloudml_lib.evaluate import load_run_model, outside_bounds
 from cloudml_lib.inference import StreamEncoder, windows_forward
 from cloudml_lib.outputs import atomic_path, check_own_folder, write_text
 from cloudml_lib.provenance import input_files, trained_backend
@@ -70,7 +74,7 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
         "t": frame_t,
         **{
             k: np.full(n_frames, np.nan)
-            for k in ("sza", "saa", "heading", "lat", "lon", "label", "cpl_cloud")
+            for k in ("sza", "saa", "heading", "lat", "lon", "label", "cpl_cloud", "altitude_km")
         },
     }
     has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
@@ -109,6 +113,8 @@ def _use_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
         )
         return False
     out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
+    if nav.values.get("altitude") is not None:
+        out["altitude_km"] = _altitude_km(nav.values["altitude"], flight.name, path)
     problem = er2.nav_match_problem(nav, flight, data, path)
     if problem:
         log.warning("%s Predicting anyway, with the nav records that were found.", problem)
@@ -119,6 +125,29 @@ def _use_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
             nav.heading_note,
         )
     return problem is None
+
+
+# An ER-2 cruises near 20,000 m; a median altitude below this is not in metres (feet, km) or not in flight.
+MIN_CRUISE_ALTITUDE_M = 1000.0
+
+
+def _altitude_km(altitude_m: np.ndarray, name: str, path: Path) -> np.ndarray:
+    """The aircraft's altitude per frame in km from the nav file's metres (NaN where unknown): the ceiling of
+    a cloud base. Not used, with a warning, when the numbers do not look like an ER-2's altitude in metres."""
+    if not np.isfinite(altitude_m).any():
+        return np.full(altitude_m.size, np.nan)
+    median = float(np.nanmedian(altitude_m))
+    if median < MIN_CRUISE_ALTITUDE_M:
+        log.warning(
+            "flight %s: the aircraft altitude in %s has a median of %.4g, not an altitude in metres "
+            "(data.keys.nav_altitude or ict_altitude, metres): it is not used; heights are bounded by "
+            "data.cbh_max_km",
+            name,
+            path.name,
+            median,
+        )
+        return np.full(altitude_m.size, np.nan)
+    return np.asarray(altitude_m, np.float64) / 1000.0
 
 
 def predict_flight(
@@ -230,9 +259,12 @@ def _say_counts(name: str, counts: dict) -> None:
         )
 
 
-def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None) -> None:
+def cloud_and_intervals(
+    result: dict, threshold: float, calibration: dict | None, bounds: tuple[float, float] = (0.0, np.inf)
+) -> None:
     """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud
-    output), the height kept only under cloud, and its interval bounds; counts added to result["counts"]."""
+    output), the height kept only under cloud and inside `bounds` (bound_heights), and its interval bounds;
+    counts added to result["counts"]."""
     prob, counts = result["cloud_probability"], result["counts"]
     flag = np.full(len(result["t"]), -1, np.int8)
     if prob is not None:
@@ -245,9 +277,13 @@ def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None
             float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any() else None
         )
     result["cloud_flag"] = flag if prob is not None else None  # no cloud output: no cloud variables
+    ceiling = bound_heights(result, bounds)
     result["lower"], result["upper"] = (
         intervals.bounds(result["cbh_km"], calibration) if calibration else (np.full(len(flag), np.nan),) * 2
     )
+    if calibration:  # an interval reaching below the surface or above the ceiling means nothing there
+        result["lower"] = np.maximum(result["lower"], bounds[0])
+        result["upper"] = np.minimum(result["upper"], ceiling)
     if calibration:
         has = np.isfinite(result["label"]) & np.isfinite(result["lower"])
         counts["cpl_inside_interval"] = (
@@ -260,6 +296,81 @@ def cloud_and_intervals(result: dict, threshold: float, calibration: dict | None
             if has.any()
             else None
         )
+
+
+QC_INSIDE, QC_BELOW, QC_ABOVE = 0, 1, 2  # cloud_base_height_qc (products.py); -1: no height predicted
+
+
+def bound_heights(result: dict, bounds: tuple[float, float]) -> np.ndarray:
+    """Heights that cannot be a cloud base are never given as one: below `bounds[0]` (the surface), or above
+    the ceiling (the aircraft's altitude where the nav file gives it, else `bounds[1]`, data.cbh_max_km) they
+    are masked (NaN) and flagged in result["cbh_qc"]; a height within float rounding of a bound is put on it.
+    Counted in result["counts"] and said in the log. Returns the ceiling per frame (km)."""
+    height, counts = result["cbh_km"], result["counts"]
+    altitude = result.get("altitude_km")
+    known = np.isfinite(altitude) if altitude is not None else np.zeros(height.size, bool)
+    ceiling = np.where(known, altitude, bounds[1]) if known.any() else np.full(height.size, bounds[1])
+    below, above = outside_bounds(height, bounds[0], ceiling)
+    qc = np.where(np.isfinite(height), QC_INSIDE, -1).astype(np.int8)
+    qc[below], qc[above] = QC_BELOW, QC_ABOVE
+    with np.errstate(invalid="ignore"):
+        result["cbh_km"] = np.where(below | above, np.nan, np.clip(height, bounds[0], ceiling))
+    result["cbh_qc"], result["height_bounds"] = qc, (float(bounds[0]), float(bounds[1]))
+    counts.update(
+        height_below_surface=int(below.sum()),
+        height_above_ceiling=int(above.sum()),
+        altitude_known=int(known.sum()),
+    )
+    if below.any() or above.any():
+        log.warning(
+            "flight %s: %d predicted heights cannot be a cloud base and are left out (missing, flagged in "
+            "cloud_base_height_qc): %d below the surface (%.2f km), %d above %s.%s",
+            result.get("flight", "?"),
+            int(below.sum() + above.sum()),
+            int(below.sum()),
+            bounds[0],
+            int(above.sum()),
+            f"the aircraft or {bounds[1]:.2f} km (data.cbh_max_km)"
+            if known.any()
+            else f"{bounds[1]:.2f} km (data.cbh_max_km)",
+            ""
+            if result.get("height_head") == "bounded"
+            else " This model was trained before model.height_head existed; a new run's heights stay "
+            "inside these bounds.",
+        )
+    return ceiling
+
+
+def bounds_attributes(result: dict) -> dict:
+    """The NetCDF attributes that say how cloud_base_height is bounded, by which head, and how many heights
+    were masked."""
+    low, high = result["height_bounds"]
+    counts = result["counts"]
+    head = result.get("height_head", "unbounded")
+    return {
+        "cloud_base_height_min_km": low,
+        "cloud_base_height_max_km": high,
+        "cloud_base_height_bounds": (
+            f"a cloud base lies between {low:g} km (the sea surface: the labels are over the ocean) and "
+            + (
+                f"the aircraft's altitude from the nav file ({counts['altitude_known']} frames), else "
+                if counts["altitude_known"]
+                else "(the nav file gives no aircraft altitude) "
+            )
+            + f"{high:g} km (data.cbh_max_km, the top of the labels' range); a height outside is masked "
+            "(missing) and flagged in cloud_base_height_qc; interval bounds are cut to the same range"
+        ),
+        "height_head": (
+            "bounded: the model's height output cannot leave these bounds"
+            if head == "bounded"
+            else "unbounded: a model made before model.height_head existed; its heights outside the bounds "
+            "are masked"
+        ),
+        "cloud_base_height_masked": (
+            f"{counts['height_below_surface']} heights below the surface and "
+            f"{counts['height_above_ceiling']} above the upper bound masked"
+        ),
+    }
 
 
 def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
@@ -286,6 +397,7 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         "input_files": json.dumps(record.get("input_files")),
         "training_data_provenance": json.dumps(record.get("trained_on")),
         "preprocessing": json.dumps(record.get("preprocess")),  # the CLAHE backend, its device, workers
+        **bounds_attributes(result),
     }
     ds, encoding = products.netcdf_dataset(result, attrs, f"{cal['coverage']:.0%}" if cal else "no")
     with atomic_path(path) as tmp:
@@ -330,6 +442,17 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
             label=f"{cal.get('coverage', 0):.0%} interval",
         )
     ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
+    masked = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64) > 0
+    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
+        ax.plot(
+            hours[masked],
+            np.full(int(masked.sum()), 0.02),
+            "|",
+            ms=6,
+            color="tab:orange",
+            transform=ax.get_xaxis_transform(),
+            label="height masked (below the surface or above the bound)",
+        )
     has = np.isfinite(result["label"])
     ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
     ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
@@ -373,7 +496,7 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     if unknown:
         known = sorted(n for n in set(listed) | set(found) if here(n))
         raise CloudMLError(
-            f"flight(s) {', '.join(unknown)}: no IR file in {root} (flights there: "
+            f"--flights: {', '.join(unknown)} not found: no IR file in {root} (flights there: "
             f"{', '.join(known) or 'none'}). Point --data-dir at the folder holding them, or name others "
             "with --flights."
         )
@@ -476,7 +599,8 @@ def _predict_one(
         backend,
         pool,
     )
-    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration)
+    result["flight"], result["height_head"] = name, cfg.model.height_head
+    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration, height_bounds_km(cfg.data))
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
     nc = out / f"{name}_cbh.nc"
     paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}

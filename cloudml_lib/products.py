@@ -90,13 +90,27 @@ VARIABLES = (
         "cbh_km",
         "f4",
         {
-            "long_name": "predicted cloud base height above sea level (missing over clear sky and where the "
-            "frame "
-            "is blank)",
-            "ancillary_variables": "cloud_base_height_lower cloud_base_height_upper cloud_flag",
+            "long_name": "predicted cloud base height above sea level (missing over clear sky, where the "
+            "frame is blank, and where the height cannot be a cloud base: see cloud_base_height_qc)",
+            "ancillary_variables": "cloud_base_height_lower cloud_base_height_upper cloud_flag "
+            "cloud_base_height_qc",
             **HEIGHT,
         },
         "cbh_km",
+    ),
+    Variable(
+        "cloud_base_height_qc",
+        "cbh_qc",
+        "i1",
+        {
+            "long_name": "quality of cloud_base_height: inside the bounds a cloud base can have (the global "
+            "attribute cloud_base_height_bounds), or masked for lying below the surface or above the upper "
+            "bound (the aircraft, else data.cbh_max_km); missing where no height was predicted",
+            "flag_values": np.array([0, 1, 2], np.int8),
+            "flag_meanings": "inside_bounds below_surface_masked above_upper_bound_masked",
+        },
+        "cbh_qc",
+        None,
     ),
     Variable(
         "cloud_base_height_lower",

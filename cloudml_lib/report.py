@@ -1,25 +1,107 @@
-"""RUN_DIR/report.md: a run's results in one page, readable on GitHub and in the notebook.
+"""RUN_DIR/report.md: a run's results in one page, readable on GitHub and in the notebook, and what the
+numbers mean in words.
 
 It is rewritten from the files the run already holds (evaluation.json, plots/, predictions/,
 crossval.md, provenance.json), so any command that adds results (train, evaluate, predict, crossval) refreshes
 it. Images are linked by paths relative to the run directory.
+
+`shortcomings` is the one rule that says a model is of no use yet (its predictions collapse towards a
+constant, or it does not beat the training mean); `verdict` says it in a sentence, for report.md, the
+evaluation's text (evaluate.py) and the notebook; cross-validation warns by the same rule.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cloudml_lib import provenance
+import numpy as np
+
+from cloudml_lib import provenance, tables
 from cloudml_lib.compile import describe_saved
 from cloudml_lib.outputs import write_text
 from cloudml_lib.runfiles import RunFiles
 
 REPORT = "report.md"
 
+COLLAPSE_STD_RATIO = 0.3  # std(pred)/std(true) below this: the predictions collapse towards a constant
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and bool(np.isfinite(v))
+
+
+def shortcomings(model: dict, baseline: dict) -> list[str]:
+    """Why a model's heights are of no use, one clause each ([] when none): its predictions collapse towards a
+    constant (std(pred)/std(true) below COLLAPSE_STD_RATIO), or it is no better than predicting the training
+    mean (MAE not below the baseline's, or R2 below it). `model` and `baseline`: regression_metrics of the
+    same samples. The rule of the evaluation's verdict and of cross-validation's warnings."""
+    out = []
+    ratio = model.get("std_ratio")
+    if _finite(ratio) and ratio < COLLAPSE_STD_RATIO:
+        out.append(
+            f"the predictions collapse towards a constant (std(pred)/std(true) {ratio:.2f} < "
+            f"{COLLAPSE_STD_RATIO})"
+        )
+    mae, base_mae, r2, base_r2 = (d.get(k) for k in ("mae_km", "r2") for d in (model, baseline))
+    worse_mae = _finite(mae) and _finite(base_mae) and mae >= base_mae
+    worse_r2 = _finite(r2) and _finite(base_r2) and r2 < base_r2
+    if worse_mae or worse_r2:
+        out.append(f"the model is no better than predicting the training mean ({_versus(model, baseline)})")
+    return out
+
+
+def _versus(model: dict, baseline: dict) -> str:
+    """ "MAE 0.310 vs 0.290 km, R2 -0.35 vs -0.02": the model's numbers against the baseline's."""
+    parts = []
+    if _finite(model.get("mae_km")) and _finite(baseline.get("mae_km")):
+        parts.append(f"MAE {model['mae_km']:.3f} vs {baseline['mae_km']:.3f} km")
+    if _finite(model.get("r2")) and _finite(baseline.get("r2")):
+        parts.append(f"R2 {model['r2']:.2f} vs {baseline['r2']:.2f}")
+    return ", ".join(parts)
+
+
+def verdict(report: dict) -> str | None:
+    """The held-out result in a sentence: whether the model beats the training mean, or why it is of no use
+    yet and what to try. None without held-out heights to judge by."""
+    model, baseline = report.get("overall") or {}, report.get("baseline") or {}
+    if not model.get("n") or not _finite(model.get("mae_km")):
+        return None
+    flights = ", ".join(report.get("per_flight") or {}) or "the held-out flights"
+    problems = shortcomings(model, baseline)
+    if problems:
+        return (
+            f"Verdict: this model is not useful yet on {flights}: "
+            + " and ".join(problems)
+            + ". Try more epochs, more flights, or check the labels."
+        )
+    return f"Verdict: the model beats predicting the training mean on {flights} ({_versus(model, baseline)})."
+
+
+def bounds_in_words(c: dict) -> str:
+    """build_report's out_of_bounds count as a sentence."""
+    where = (
+        f"outside {c['low_km']:.2f}..{c['high_km']:.2f} km (the surface to data.cbh_max_km, the heights a "
+        "cloud base can have here)"
+    )
+    if not c["below"] and not c["above"]:
+        return f"All {c['n']} predicted heights lie inside {c['low_km']:.2f}..{c['high_km']:.2f} km."
+    return (
+        f"{c['below'] + c['above']} of {c['n']} predicted heights lie {where}: {c['below']} below, "
+        f"{c['above']} above. The metrics keep them as predicted; predict leaves them out (masked)."
+    )
+
+
+def with_verdict(report: dict) -> dict:
+    """A stored evaluation (evaluation.json, perhaps written before verdicts existed) with its verdict."""
+    return report if report.get("verdict") else {**report, "verdict": verdict(report)}
+
+
+def _num(v) -> str:
+    return "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")
+
 
 def _metrics_table(report: dict) -> list[str]:
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio", "n")
-    num = lambda v: "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")  # noqa: E731
     rows = [("model: all held-out flights", report["overall"])]
     rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
     rows += [("baseline (training mean): all", report["baseline"])]
@@ -27,8 +109,8 @@ def _metrics_table(report: dict) -> list[str]:
         (f"baseline (training mean): flight {k}", v)
         for k, v in (report.get("baseline_per_flight") or {}).items()
     ]
-    lines = ["| | R2 | MAE km | RMSE km | bias km | std(pred)/std(true) | n |", "|" + "---|" * 7]
-    return lines + [f"| {name} | " + " | ".join(num(m.get(k)) for k in keys) + " |" for name, m in rows]
+    header = ["", "R2", "MAE km", "RMSE km", "bias km", "std(pred)/std(true)", "n"]
+    return tables.markdown(header, [[name, *(_num(m.get(k)) for k in keys)] for name, m in rows]).splitlines()
 
 
 def cloud_table(report: dict) -> list[str]:
@@ -36,23 +118,24 @@ def cloud_table(report: dict) -> list[str]:
     cloud = report.get("cloud")
     if not cloud:
         return []
-    num = lambda v: "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")  # noqa: E731
     words = {
         "model": "model",
         "majority": "baseline (majority class)",
         "bt_threshold": "baseline (brightness-temperature threshold)",
     }
-    lines = ["| cloud / no-cloud | accuracy | F1 | ROC-AUC | cloudy share | n |", "|" + "---|" * 6]
+    rows = []
     for method in [m for m in words if m in cloud]:
-        rows = [("all", cloud[method]["overall"])] + [
-            (f"flight {k}", v) for k, v in cloud[method]["per_flight"].items()
+        named = [("all", cloud[method]["overall"])]
+        named += [(f"flight {k}", v) for k, v in cloud[method]["per_flight"].items()]
+        rows += [
+            [
+                f"{words[method]}: {name}",
+                *(_num(m.get(k)) for k in ("accuracy", "f1", "roc_auc", "cloud_share", "n")),
+            ]
+            for name, m in named
         ]
-        lines += [
-            f"| {words[method]}: {name} | "
-            + " | ".join(num(m.get(k)) for k in ("accuracy", "f1", "roc_auc", "cloud_share", "n"))
-            + " |"
-            for name, m in rows
-        ]
+    header = ["cloud / no-cloud", "accuracy", "F1", "ROC-AUC", "cloudy share", "n"]
+    lines = tables.markdown(header, rows).splitlines()
     if "model" not in cloud:
         lines += [
             "",
@@ -74,13 +157,23 @@ def interval_lines(report: dict) -> list[str]:
         "flights "
         "never seen it is what cross-validation measures.",
         "",
-        "| flight | coverage | mean width km | n |",
-        "|---|---|---|---|",
     ]
-    return lines + [
-        f"| {k} | {pct(v['coverage'])} | {km(v['mean_width_km'])} | {v['n']} |"
-        for k, v in iv["per_flight"].items()
-    ]
+    rows = [[k, pct(v["coverage"]), km(v["mean_width_km"]), v["n"]] for k, v in iv["per_flight"].items()]
+    return lines + tables.markdown(["flight", "coverage", "mean width km", "n"], rows).splitlines()
+
+
+def held_out_section(report: dict) -> list[str]:
+    """The held-out flights: the verdict in a sentence, the metrics, predictions outside the bounds, clouds
+    and intervals."""
+    report = with_verdict(report)
+    out = ["## Held-out flights", ""]
+    out += [report["verdict"], ""] if report.get("verdict") else []
+    out += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
+    out += _metrics_table(report) + [""]
+    out += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
+    out += cloud_table(report) + [""] if report.get("cloud") else []
+    out += interval_lines(report) + [""] if report.get("intervals") else []
+    return out
 
 
 def build_report_md(run_dir: Path) -> str:
@@ -89,15 +182,7 @@ def build_report_md(run_dir: Path) -> str:
     files = RunFiles(run_dir)
     report = files.evaluation()
     if report:
-        out += [
-            "## Held-out flights",
-            "",
-            f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.",
-            "",
-        ]
-        out += _metrics_table(report) + [""]
-        out += cloud_table(report) + [""] if report.get("cloud") else []
-        out += interval_lines(report) + [""] if report.get("intervals") else []
+        out += held_out_section(report)
     run = files.run_info()
     if run:
         out += [
@@ -159,6 +244,13 @@ def counts_in_words(c: dict | None) -> str:
         parts.append(f"{c['filled_pixels']} non-finite pixels filled with their frame's median")
     if "cloud" in c:
         parts.append(f"{c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)")
+    masked = c.get("height_below_surface", 0) + c.get("height_above_ceiling", 0)
+    if masked:
+        parts.append(
+            f"{masked} predicted heights could not be a cloud base and are left out (missing, flagged in "
+            f"cloud_base_height_qc): {c.get('height_below_surface', 0)} below the surface, "
+            f"{c.get('height_above_ceiling', 0)} above the upper bound"
+        )
     if c.get("cpl_cloud_agreement") is not None:
         parts.append(
             f"the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of the frames it "

@@ -34,7 +34,7 @@ from cloudml_lib.checkpoint import (
     step_of,
 )
 from cloudml_lib.compile import describe_saved
-from cloudml_lib.config import NEW, derive, field_metadata, resume_rules
+from cloudml_lib.config import NEW, absent_settings, derive, field_metadata, resume_rules
 from cloudml_lib.errors import CloudMLError, shown
 from cloudml_lib.outputs import check_own_folder, open_append, refuse_link
 from cloudml_lib.runfiles import RunFiles
@@ -83,13 +83,13 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
 def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)', by each field's
     resume rule (config.py). The saved config is read by today's rules first: a setting added since it was
-    saved counts as its default there (the behaviour of the version that saved it), a value an earlier
+    saved counts as what that version did (its default, or its field's `absent` meaning), a value an earlier
     version wrote as what it means now."""
     rules, fields = resume_rules(), field_metadata()
     a, b = flatten_keys(saved), flatten_keys(current)
     for key, meta in fields.items():
         if key not in a and key in b:
-            a[key] = meta["default"]
+            a[key] = meta["absent"]
         elif key in a and any(a[key] is old for old in meta.get("legacy") or {}):
             a[key] = meta["legacy"][a[key]]
     math, harmless = [], []
@@ -360,10 +360,12 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
 
 def resumed_config(cfg, saved: dict):
     """The config a resumed run goes on with: `cfg`, with a batch size of "auto" as the run measured it when
-    it started (`cfg` itself is not changed)."""
+    it started, and a setting added since the checkpoint was saved as that version computed it
+    (absent_settings: an old run keeps its model.height_head). `cfg` itself is not changed."""
+    changes = absent_settings(saved)
     if cfg.train.batch_size == "auto":  # measured once, when the run started
-        return derive(cfg, {"train.batch_size": saved["train"]["batch_size"]})
-    return cfg
+        changes["train.batch_size"] = saved["train"]["batch_size"]
+    return derive(cfg, changes) if changes else cfg
 
 
 def check_resume_config(cfg, saved: dict) -> None:
@@ -377,6 +379,8 @@ def check_resume_config(cfg, saved: dict) -> None:
             + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
             "run with --run-dir NEW. Nothing was changed."
         )
+    for key, value in absent_settings(saved).items():
+        log.info("This run was saved before %s existed: it continues with %s, as it was trained", key, value)
     if harmless:
         log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
         if any(h.startswith("train.epochs ") for h in harmless):

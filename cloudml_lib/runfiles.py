@@ -168,6 +168,11 @@ EVALUATION = Obj(
         "train_mean_km": OPT_NUM,
         "best_epoch": OPT_INT,
         "cloud": Maybe(CLOUD),
+        "verdict": OPT_TEXT,
+        "out_of_bounds": Obj(
+            {"low_km": NUM, "high_km": NUM, "below": INT, "above": INT, "n": INT},
+            required=("low_km", "high_km", "below", "above", "n"),
+        ),
         "intervals": Obj(
             {
                 "method": TEXT,
@@ -230,7 +235,7 @@ INTERVALS = Obj(
 )
 COUNTS_KEPT = ("predicted", "frames", "blank", "no_time", "filled_pixels")
 COUNTS = Obj(
-    {k: INT for k in (*COUNTS_KEPT, "cloud", "clear_sky")}
+    {k: INT for k in (*COUNTS_KEPT, "cloud", "clear_sky", "height_below_surface", "height_above_ceiling")}
     | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")},
     required=COUNTS_KEPT,
 )

@@ -270,13 +270,17 @@ def test_the_widgets_show_what_trains_without_a_gpu(ws, shown, monkeypatch):
     own_flights(ws)
     monkeypatch.setattr(hardware, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
     p = colab.Picker(ws)
-    assert p.preset.value == "Auto" and dict(p.preset.options)["Auto: C here"] == "Auto"
-    c = p.choice()
-    assert c.preset == "C" and c.epochs == 50 and c.run_name == "preset_C"
     assert (
-        "Trains preset <b>C</b> (colab_optimized.yaml" in p.note.value and "there is no GPU" in p.note.value
+        p.preset.value == "Auto"
+        and dict(p.preset.options)["Auto: C here (no GPU: a short CPU run)"] == "Auto"
     )
-    assert "preset_Auto" not in p.note.value
+    c = p.choice()  # your flights on the CPU: the smallest preset, briefly (50 epochs would take days)
+    assert c.preset == "C" and c.epochs == picker_mod.CPU_EPOCHS < 50 and c.run_name == "preset_C"
+    assert "Trains preset <b>C</b> (colab_optimized.yaml" in p.note.value
+    assert "no GPU was found: training on the CPU is slow" in p.note.value
+    assert "demo configuration" not in p.note.value and "preset_Auto" not in p.note.value
+    p.preset.value = "B"  # a preset chosen by name: its own epochs
+    assert p.choice().epochs == 50
 
 
 def test_demo_data_shows_the_demo_configuration(ws, shown):
@@ -461,7 +465,8 @@ def test_a_compile_fall_back_is_a_visible_warning_in_the_live_view(tmp_path, sho
         "torch.compile: compiled the frame encoder (...): 1 graph(s), no graph break, 0 recompile(s), 2.0 s"
     )
     view.line(
-        "torch.compile failed (InductorError: InvalidCxxCompiler: No working C++ compiler found). Continuing "
+        "Warning: torch.compile failed (InductorError: InvalidCxxCompiler: No working C++ compiler found). "
+        "Continuing "
         "in eager mode from the same step; nothing is lost."
     )
     first, second = view.notices.value.split("<br>")

@@ -46,6 +46,7 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
             "cloud_base_height",
             "cloud_base_height_lower",
             "cloud_base_height_upper",
+            "cloud_base_height_qc",
             "cpl_cloud_base_height",
             "cpl_cloud_flag",
             "frame_index",

@@ -4,6 +4,7 @@
 - picker.py     the preset picker, which comes back with the run the user started
 - live.py       a command as a subprocess with a live view (bar, curves, notices, folded log)
 - training.py   train, cross-validate, predict whole flights, and the smoke test's checks
+- sweeping.py   the optional sweep (Optuna, installed when asked for), trial by trial, and its report
 - show.py       Markdown, user errors without a traceback, presets, status, evaluation, report
 
 With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
@@ -11,11 +12,13 @@ workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
 """
 
 from cloudml_lib.colab.drive import (
+    RunFlights,
     Workspace,
     build_cache,
     check_setup,
     free_gpu_memory,
     run_config,
+    run_flights,
     show_diagnostics,
     show_environment,
     smoke,
@@ -34,11 +37,13 @@ from cloudml_lib.colab.show import (
     show_status,
     show_tensorboard,
 )
+from cloudml_lib.colab.sweeping import sweep
 from cloudml_lib.colab.training import check_smoke_run, crossval, train, whole_flights
 
 __all__ = [
     "Choice",
     "Picker",
+    "RunFlights",
     "UserError",
     "Workspace",
     "build_cache",
@@ -49,6 +54,7 @@ __all__ = [
     "newest_run",
     "preset_picker",
     "run_config",
+    "run_flights",
     "show_diagnostics",
     "show_environment",
     "show_comparison",
@@ -58,6 +64,7 @@ __all__ = [
     "show_status",
     "show_tensorboard",
     "smoke",
+    "sweep",
     "train",
     "uses_demo_data",
     "verify_data",

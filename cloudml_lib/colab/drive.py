@@ -112,6 +112,13 @@ def show_environment() -> None:
 
 # ------------------------------------------------------------------------------- which data, which config
 
+CPU_EPOCHS = 2  # Auto without a GPU on the user's flights: a short run that shows the pipeline working
+CPU_ADVICE = (
+    "Preset: no GPU was found, and training your flights on the CPU is slow (hours per epoch even with "
+    f"preset C, the smallest model). The training notebook's Auto trains preset C for {CPU_EPOCHS} epochs, "
+    "to try it out; for a real training choose Runtime > Change runtime type > T4 GPU and run all again."
+)
+
 
 def _real_config(ws: Workspace) -> Config:
     return load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])
@@ -146,6 +153,78 @@ def default_heldout(ws: Workspace) -> tuple[list[str], str]:
     )
 
 
+def _listed(names: list[str]) -> str:
+    return ", ".join(names) or "none"
+
+
+@dataclass
+class RunFlights:
+    """The flights a run trained on (as its config.yaml records them) against the complete flights in
+    data/ now, by name. A run never changes its flights: the notebook continues it on these (new flights
+    in data/ are for a new run) and says so, in these words, when some of them are gone."""
+
+    run: str  # the run's name
+    entries: list[dict]  # its data.flights, as recorded: what a continued run is given again
+    heldout: list[str]
+    now: list[str]  # the complete flights in data/ now
+
+    @property
+    def names(self) -> list[str]:
+        return [e["name"] for e in self.entries]
+
+    @property
+    def added(self) -> list[str]:
+        return [f for f in self.now if f not in self.names]
+
+    @property
+    def removed(self) -> list[str]:
+        return [f for f in self.names if f not in self.now]
+
+    def missing_words(self, finished: bool) -> str:
+        """Some of the run's flights are not in data/: what that means and what the user can do."""
+        held, k = [f for f in self.removed if f in self.heldout], len(self.removed)
+        gone = (
+            f"{k} of the {len(self.names)} flights run {self.run} trained on {'is' if k == 1 else 'are'} "
+            f"not in data/ now: {_listed(self.removed)}"
+            + (f" (held out: {_listed(held)})" if held else "")
+            + ". If Google Drive has not synced yet, wait a minute and run this cell again."
+        )
+        if finished:
+            return (
+                f"{gone} Its results are shown as it was trained. Training it longer would need "
+                f"{_listed(self.removed)} back in data/; to train on the flights there now "
+                f"({_listed(self.now)}), choose 'Start a new run' in the picker."
+            )
+        return (
+            f"{gone} The run continues only on the flights it started with: put them back in data/ and "
+            f"run this cell again, or choose 'Start a new run' in the picker to train on the "
+            f"{plural(len(self.now), 'flight')} there now."
+        )
+
+    def added_words(self) -> str:
+        return (
+            f"New in data/ since run {self.run} started: {_listed(self.added)}. A run keeps the flights it "
+            f"started with ({_listed(self.names)}); to train on all {len(self.now)}, choose 'Start a new "
+            "run' in the picker."
+        )
+
+
+def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> RunFlights | None:
+    """The flights of the run in `run_dir` against data/ now (`now`: the complete flights, when known);
+    None for a run that has recorded none, or one on the demo flights (they never change)."""
+    from cloudml_lib.runfiles import RunFiles
+
+    run_dir = Path(run_dir)
+    data = ((RunFiles(run_dir).config() if run_dir.is_dir() else None) or {}).get("data") or {}
+    flights = data.get("flights") if isinstance(data.get("flights"), list) else []
+    entries = [e for e in flights if isinstance(e, dict) and isinstance(e.get("name"), str)]
+    if not entries or data.get("demo"):
+        return None
+    held = data.get("validation_flights") if isinstance(data.get("validation_flights"), list) else []
+    now = complete_flights(ws) if now is None else now
+    return RunFlights(run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now))
+
+
 def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
     """Where the cache lives: the VM's local disk with a lasting copy on Drive in Colab (and, to
     exercise that path, in the smoke test); the workspace's cache folder elsewhere."""
@@ -156,11 +235,17 @@ def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
 
 
 def run_config(
-    ws: Workspace, preset: str, epochs: int | None = None, heldout: list[str] | None = None
+    ws: Workspace,
+    preset: str,
+    epochs: int | None = None,
+    heldout: list[str] | None = None,
+    demo: bool | None = None,
 ) -> tuple[Path, list[str]]:
     """The config file and overrides a notebook run uses: the preset on the real flights (with the chosen
-    held-out flights), or the demo configuration on the demo flights when the real ones are not there."""
-    if uses_demo_data(ws):
+    held-out flights), or the demo configuration on the demo flights. `demo`: which of the two (a run
+    the user started keeps its kind, whatever data/ holds now); None: the demo when no real flight is
+    there."""
+    if uses_demo_data(ws) if demo is None else demo:
         path, over = (
             hardware.preset_config_path("demo"),
             [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo"),
@@ -220,6 +305,12 @@ def verify_data(ws: Workspace) -> bool:
             "other "
             f"{plural(len(complete_flights(ws)), 'flight')} are used. Held out for validation: {why}."
         )
+    found = [] if demo else complete_flights(ws)
+    if len(found) == 1:
+        print(
+            f"Only one complete flight ({found[0]}): training needs a second one, one to train on and one "
+            f"held out to measure the model. Add a second flight to {ws.data}, then run this notebook again."
+        )
     return ok
 
 
@@ -258,11 +349,16 @@ def build_cache(ws: Workspace) -> dict:
 
 @user_errors
 def show_diagnostics(ws: Workspace) -> None:
+    """The machine and plain-words advice; without a GPU on the user's flights, the preset line says what the
+    training notebook does there (the command line's advice, the demo configuration, is not for them)."""
     frames = list(ws.cache.rglob("frames.npy"))
     report = hardware.system_report({"data": str(ws.data), "cache": str(ws.cache), "runs": str(ws.runs)})
     print(hardware.format_machine(report))
     print("\nRecommendations:")
-    for line in hardware.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None):
+    lines = hardware.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None)
+    if not report["gpu"] and lines[0].startswith("Preset: ") and not uses_demo_data(ws):
+        lines[0] = CPU_ADVICE
+    for line in lines:
         print(f"  - {line}")
     show_markdown(
         "**GPU memory of a training step**, each preset at its batch:\n\n"

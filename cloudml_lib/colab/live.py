@@ -7,6 +7,11 @@ released when it ends. The live view keeps together what is watched together: th
 epoch line, the curves, and the notices (resumed, stopped, rejected, warnings); the full log sits
 folded under them, scrollable, never wrapping a table. Progress comes from the trainer's `@progress`
 lines (train.ProgressLines), so the bar moves every step; tqdm is off in the subprocess.
+
+A notice's colour comes from its level word (logs.py: "Warning: " amber, "Problem: " red), never from what
+the message happens to say; INFO lines become notices by the NOTICE patterns. Advice written for a terminal
+("run the same command again") is shown in the notebook's words (notebook_words). Cross-validation's view
+follows the fold being trained ("fold 2 of 5 (12Feb25 held out)") and its curves.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pathlib import Path
 from cloudml_lib import plots
 from cloudml_lib.checkpoint import find_latest_valid
 from cloudml_lib.colab.show import UserError, plural, show
+from cloudml_lib.logs import PROBLEM_WORD, WARNING_WORD
+from cloudml_lib.rundir import is_finished
 from cloudml_lib.train import ProgressLines
 
 # How a run can end and still be continued: exit 130 (stopped with a checkpoint), or killed by a signal
@@ -37,26 +44,62 @@ NOTICE = re.compile(
     r"out of memory|torch\.compile|Non-finite|Early stopping|Taking over|skipped|"
     r"already finished|changed settings|Fold \w+:|Phase \d of 2"
 )
-# notices shown as warnings (amber, with a sign): something the user should read and may act on
-WARN = re.compile(r"[Ww]arning|failed|out of memory|Non-finite|Rejected|not compiled|runs? eager|cannot")
+# The level a line carries (logs.py's words; a Python warning's own format; the log file's "warning:")
+PROBLEM_LINE = re.compile(rf"^{re.escape(PROBLEM_WORD)}")
+WARNING_LINE = re.compile(rf"^(?:{re.escape(WARNING_WORD)}|warning: |\S+:\d+: \w*Warning: )")
 EPOCH = re.compile(r"^Epoch \d+/\d+ \|")
+FOLD = re.compile(r"^Fold (\w+):")  # crossval.py, as each fold starts
+FOLDS = re.compile(r"^Cross-validation over \d+ flights, each held out once: (.+)$")  # crossval.py
 LOG_LINES, NOTICES = 400, 8
+# Advice written for a terminal, in the notebook's words (the command runs under a cell and a picker)
+NOTEBOOK_WORDS = [
+    (re.compile(r"\b([Rr])un the same (?:\w+ )?command(?: again)?(?! with)"), r"\1un this cell again"),
+    (re.compile(r"\b([Rr])aise train\.epochs"), r"\1aise Epochs in the picker"),
+    (re.compile(r"\buse another --run-dir for a new run"), 'choose "Start a new run" in the picker'),
+    (re.compile(r"\bCtrl-C again"), "press stop (\u25a0) again"),
+]
+
+
+def notebook_words(text: str) -> str:
+    for pattern, words in NOTEBOOK_WORDS:
+        text = pattern.sub(words, text)
+    return text
+
+
+def classify(text: str) -> str | None:
+    """What a line is, by its level word: "problem" (an error: red), "warning" (amber); else "notice" (an INFO
+    line worth seeing, by the NOTICE patterns) or None."""
+    if PROBLEM_LINE.match(text):
+        return "problem"
+    if WARNING_LINE.match(text):
+        return "warning"
+    return "notice" if NOTICE.search(text) else None
 
 
 def notice_html(text: str) -> str:
-    """One notice line: a warning in amber with a warning sign, anything else plain."""
-    if WARN.search(text):
-        return f'<span style="color:#b45309">&#9888; {html.escape(text)}</span>'
+    """One notice line, in the notebook's words: a problem in red, a warning in amber with a warning sign,
+    anything else plain."""
+    kind, text = classify(text), notebook_words(text)
+    if kind == "problem":
+        rest = html.escape(text[len(PROBLEM_WORD) :])
+        return f'<span style="color:#b91c1c">&#10006; <b>Problem:</b> {rest}</span>'
+    if kind == "warning":
+        rest = text[len(WARNING_WORD) :] if text.startswith(WARNING_WORD) else text
+        return f'<span style="color:#b45309">&#9888; {html.escape(rest)}</span>'
     return f"&#9656; {html.escape(text)}"
 
 
 class LiveView:
-    """Step bar, status line, notices, curves and the folded log of one command (ipywidgets 7 and 8)."""
+    """Step bar, status line, notices, curves and the folded log of one command (ipywidgets 7 and 8).
+    `folds`: a cross-validation's folder: the view follows the fold being trained (its curves, "fold k of
+    n")."""
 
-    def __init__(self, run_dir: Path | None, bar: bool = True):
+    def __init__(self, run_dir: Path | None, bar: bool = True, folds: Path | None = None):
         import ipywidgets as w
 
-        self.run_dir, self.started = run_dir, time.time()
+        self.run_dir, self.folds, self.started = run_dir, folds, time.time()
+        self.metrics_path = None if run_dir is None else Path(run_dir) / "metrics.jsonl"
+        self.fold, self.fold_names, self.folds_seen = None, [], []
         self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="55%"))
         self.label = w.HTML("starting...")
         self.status = w.HTML()
@@ -85,28 +128,57 @@ class LiveView:
                 pass
             return
         self.lines.append(text)
+        if self.folds is not None:
+            self._follow_folds(text)
         if EPOCH.match(text):
             self.status.value = f"<code>{html.escape(text)}</code>"
-        if NOTICE.search(text):
+        if classify(text):
             self.notice_lines = (self.notice_lines + [text])[-NOTICES:]
             self.notices.value = "<br>".join(notice_html(t) for t in self.notice_lines)
 
+    def _follow_folds(self, text: str) -> None:
+        """A cross-validation's lines: the list of folds, then each fold as it starts (a new sub-run: its own
+        bar and curves)."""
+        listed, started = FOLDS.match(text), FOLD.match(text)
+        if listed:
+            self.fold_names = [n.strip() for n in listed.group(1).split(",")]
+        if started:
+            self.fold = started.group(1)
+            if self.fold not in self.folds_seen:
+                self.folds_seen.append(self.fold)
+            self.metrics_path = Path(self.folds) / "folds" / self.fold / "model" / "metrics.jsonl"
+            self.progress, self.metrics_size, self.shown_epochs = {}, -1, 0
+
+    def fold_words(self) -> str:
+        """ "fold 2 of 5 (12Feb25 held out)" while a cross-validation trains a fold; "" otherwise."""
+        if self.fold is None:
+            return ""
+        names = self.fold_names or self.folds_seen
+        of = f" of {len(self.fold_names)}" if self.fold_names else ""
+        k = names.index(self.fold) + 1 if self.fold in names else len(self.folds_seen)
+        return f"fold {k}{of} ({self.fold} held out)"
+
     def refresh(self) -> None:
-        p = self.progress
+        p, fold = self.progress, html.escape(self.fold_words())
         if p:
             self.bar.max, self.bar.value = max(1, p["total"]), min(p["step"], p["total"])
-            self.label.value = (
+            self.label.value = (fold + " &middot; " if fold else "") + (
                 f"epoch {p['epoch']} of {p['epochs']} &middot; step {p['step']} of {p['total']} "
                 f"({100 * p['step'] / max(1, p['total']):.0f}%)"
             )
-        elif self.lines:  # no steps (prediction): the latest line
-            self.label.value = html.escape(self.lines[-1][:160])
-        self.log.value = "<pre style='margin:0'>" + html.escape("\n".join(self.lines)) + "</pre>"
+        elif self.lines:  # no steps (prediction, a fold's set-up): the latest line
+            self.label.value = (fold + " &middot; " if fold else "") + html.escape(self.lines[-1][:160])
+        # <pre> that never wraps (a table stays a table; long lines scroll sideways), whatever the page's CSS
+        self.log.value = (
+            "<pre style='margin:0;white-space:pre;overflow-wrap:normal;word-break:normal;overflow-x:auto'>"
+            + html.escape("\n".join(self.lines))
+            + "</pre>"
+        )
         self.folded.set_title(0, f"Log ({plural(len(self.lines), 'line')}; click to open)")
         self._refresh_curves()
 
     def _refresh_curves(self) -> None:
-        path = None if self.run_dir is None else self.run_dir / "metrics.jsonl"
+        path = self.metrics_path
         try:
             size = path.stat().st_size if path else -1
         except OSError:
@@ -130,13 +202,30 @@ class LiveView:
             self.bar.value, self.bar.bar_style = self.bar.max, "success"
         elif code not in RESUMABLE:
             self.bar.bar_style = "danger"
+        words = notebook_words(words)
         self.label.value = (
             (self.label.value if self.progress else "")
             + (" &middot; " if self.progress else "")
             + f"<b>{html.escape(words)}</b>"
         )
         if not self.shown_epochs and self.placeholder.value:
-            self.placeholder.value = f"<i>No epoch finished in this run: {html.escape(words)}.</i>"
+            if code == 0:  # nothing to draw, and nothing went wrong: no sentence about it
+                self.placeholder.layout.display = "none"
+            else:
+                self.placeholder.value = f"<i>No epoch finished in this run: {html.escape(words)}.</i>"
+
+    def outcome(self, how: str, code: int) -> str:
+        """How the command ended, in words; a cross-validation's from its folder: the folds finished, and
+        where a stopped one continues from."""
+        if self.folds is None:
+            return how if code == 0 or self.run_dir is None else f"{how}; {saved_step(self.run_dir)}"
+        done = len(list((Path(self.folds) / "folds").glob("*/fold.json")))
+        n = len(self.fold_names) or len(self.folds_seen)
+        if code == 0 or self.fold is None:
+            return f"{how}: {done} of {n} folds" if n else how
+        fold_dir = Path(self.folds) / "folds" / self.fold
+        sub = fold_dir / ("scalars_only" if is_finished(fold_dir / "model") else "model")
+        return f"{how} in {self.fold_words()}; {saved_step(sub)}; {done} of {n} folds finished"
 
 
 def read_records(path: Path) -> list[dict]:
@@ -197,21 +286,22 @@ def saved_step(run_dir: Path) -> str:
 
 
 def error_text(view: LiveView) -> str:
-    """The command's own message ("error: ..." to the end), for a UserError."""
+    """The command's own message ("error: ..." to the end), for a UserError, in the notebook's words."""
     lines = list(view.lines)
     starts = [i for i, t in enumerate(lines) if t.startswith("error: ")]
-    return "\n".join(lines[starts[-1] :])[len("error: ") :] if starts else "\n".join(lines[-8:])
+    text = "\n".join(lines[starts[-1] :])[len("error: ") :] if starts else "\n".join(lines[-8:])
+    return notebook_words(text)
 
 
 def report_end(code: int, view: LiveView, what: str, run_dir: Path | None) -> None:
     """Say how the command ended; a user error becomes a UserError, anything else unexpected a
     RuntimeError."""
     if code == 0:
-        view.end(code, "finished")
+        view.end(code, view.outcome("finished", code))
         return
     if code in RESUMABLE:
         how = "stopped" if code in (130, -signal.SIGINT, -signal.SIGTERM) else "killed (as by a disconnect)"
-        words = f"{how}; {saved_step(run_dir)}" if run_dir is not None else how
+        words = view.outcome(how, code) if run_dir is not None or view.folds is not None else how
         view.end(code, words)
         print(f"{what.capitalize()} {words}. Run this cell again (or Runtime > Run all) to continue.")
         return

@@ -5,19 +5,35 @@ defaults: every start of a run writes its choices to `<CloudML>/last_run.json` (
 picker comes back with that run's preset, epochs, run name, held-out flights and boxes, says
 "Continuing run X (epoch e of E)" (or, once it is finished, shows its results without training
 again), and offers starting a new run as an explicit choice.
-The widgets always show what will train: Auto is resolved when the picker is built (and without a GPU
-says so), and the note under them follows every change.
+
+A run never changes its data: a run with a checkpoint keeps the flights and held-out flights its
+config.yaml records, whatever data/ holds now. When some are missing (Google Drive not synced yet) the
+picker says which and offers to wait or to start a new run; new flights in data/ are offered as a new
+run. The widgets always show what will train: Auto is resolved when the picker is built (without a GPU
+it says so and picks a short CPU run), and the note under them follows every change. A choice that
+cannot train (one flight, every flight held out, a continued run's flights missing) is said in red in
+the note, and the Train cell refuses it before anything starts.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from cloudml_lib import hardware
-from cloudml_lib.colab.drive import Workspace, complete_flights, default_heldout, smoke, uses_demo_data
+from cloudml_lib.colab.drive import (
+    CPU_EPOCHS,
+    RunFlights,
+    Workspace,
+    complete_flights,
+    default_heldout,
+    run_flights,
+    smoke,
+    uses_demo_data,
+)
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.compile import plan, this_device
 from cloudml_lib.config import load_config
@@ -31,6 +47,8 @@ PRESET_WORDS = {
     "C": "small model, batch 16",
     "demo": "CPU demo configuration",
 }
+SWEEP_TRIALS, SWEEP_EPOCHS = 8, 6  # the sweep box's defaults: 8 trials of at most 6 epochs each
+PROBLEM_STYLE = "color:#b91c1c"  # a choice that cannot train: red, as a cell's Problem message
 
 
 @dataclass
@@ -43,6 +61,8 @@ class Choice:
     heldout: list = field(default_factory=list)
     crossval: bool = False
     whole_flights: bool = True
+    sweep_trials: int = 0  # 0: no sweep; else the sweep cell runs this many trials in all
+    sweep_epochs: int = SWEEP_EPOCHS  # each trial's epochs at most
     started: float = 0.0
 
     def save(self, root: Path) -> None:
@@ -60,15 +80,25 @@ class Choice:
             for d in files.damaged:
                 print(f"{d}: the newest run is not offered to continue; choose it again below.")
             return None
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        values = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        for k in ("sweep_trials", "sweep_epochs"):  # newer than last_run.json's checked shape: checked here
+            v = values.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10000:
+                values.pop(k)
+        return cls(**values)
+
+
+def _status(run_dir: Path) -> dict | None:
+    """A run folder's verified status; None when it holds no run or cannot be read."""
+    try:
+        return run_status(run_dir) if has_run(run_dir) else None
+    except CloudMLError:
+        return None
 
 
 def progress(run_dir: Path, choice: Choice | None = None) -> tuple[bool, str]:
     """(unfinished, in words) for a run folder: its verified status, and its cross-validation if asked for."""
-    try:
-        s = run_status(run_dir) if has_run(run_dir) else None
-    except CloudMLError:
-        s = None
+    s = _status(run_dir)
     if s is None or s.get("latest_checkpoint") is None:
         return True, "no checkpoint yet: it starts from the beginning"
     if not s["finished"]:
@@ -84,6 +114,12 @@ def newest_run(ws: Workspace) -> tuple[Choice, bool, str] | None:
     newest = Choice.load(ws.root)
     if newest is None:
         return None
+    if newest.preset not in PRESET_WORDS:
+        print(
+            f"{ws.root / LAST_RUN}: preset {newest.preset!r} is none of {', '.join(PRESET_WORDS)}; the "
+            "newest run is not offered to continue; choose it again below."
+        )
+        return None
     return (newest, *progress(ws.runs / newest.run_name, newest))
 
 
@@ -97,25 +133,52 @@ def fresh_name(ws: Workspace, base: str) -> str:
 
 
 class Picker:
-    """Preset, epochs, run name, held-out flights, cross-validation and whole-flight boxes; continue or
-    new."""
+    """Preset, epochs, run name, held-out flights, cross-validation, whole-flight and sweep boxes; continue
+    or new."""
 
     def __init__(self, ws: Workspace):
         import ipywidgets as widgets
 
         self.ws, self.demo = ws, uses_demo_data(ws)
-        self.auto, self.auto_why = self._resolve_auto()
+        self.auto, self.auto_why, self.cpu = self._resolve_auto()
         self.found = [] if self.demo else complete_flights(ws)
         self.heldout_default, self.heldout_why = default_heldout(ws)
+        self._facts: dict[str, tuple[RunFlights | None, dict | None]] = {}
         self.previous = newest_run(ws)
+        if self.previous:  # the run's own held-out flights (its config.yaml), never the widgets' default
+            flights = self.facts(self.previous[0].run_name)[0]
+            if flights is not None:
+                self.previous = (replace(self.previous[0], heldout=flights.heldout), *self.previous[1:])
+        rows = self._build_widgets()
+        self._typed_name, self._loading = False, False
+        self.mode.observe(self._on_mode, names="value")
+        self.preset.observe(self._on_preset, names="value")
+        self.run_name.observe(self._on_name, names="value")
+        self.sweep.observe(self._on_sweep, names="value")
+        for w in (self.epochs, self.heldout, self.crossval, self.whole_flights, self.sweep_trials):
+            w.observe(lambda change: self._refresh(), names="value")
+        self.sweep_epochs.observe(lambda change: self._refresh(), names="value")
+        self._apply(self.previous[0] if self.previous else self._defaults(new=False), bool(self.previous))
+        self.mode.value = "continue" if self.previous else "new"
+        self.mode.layout.display = None if self.previous else "none"
+        show(widgets.VBox(rows))
+        self._refresh()
+
+    def _build_widgets(self) -> list:
+        """The widgets, in the order shown."""
+        import ipywidgets as widgets
+
         style, wide = {"description_width": "initial"}, widgets.Layout(width="auto")
         keep = (
             (("Continue " if self.previous[1] else "Keep ") + self.previous[0].run_name)
             if self.previous
             else ""
         )
+        # button_width auto: ipywidgets 8 gives each toggle button 148 px and cuts a longer run name short
         self.mode = widgets.ToggleButtons(
-            options=[(keep, "continue"), ("Start a new run", "new")], description="Run:", style=style
+            options=[(keep, "continue"), ("Start a new run", "new")],
+            description="Run:",
+            style=dict(style, button_width="auto"),
         )
         self.preset = widgets.Dropdown(
             options=self._preset_options(), description="Preset:", style=style, layout=wide
@@ -134,18 +197,18 @@ class Picker:
         self.whole_flights = widgets.Checkbox(
             description="Then predict the held-out flights frame by frame", indent=False, layout=wide
         )
+        self.sweep = widgets.Checkbox(
+            description="Then sweep hyperparameters (Optuna trials)", indent=False, layout=wide
+        )
+        self.sweep_trials = widgets.BoundedIntText(
+            value=SWEEP_TRIALS, min=1, max=1000, description="Trials:", style=style
+        )
+        self.sweep_epochs = widgets.BoundedIntText(
+            value=SWEEP_EPOCHS, min=1, max=10000, description="epochs per trial at most:", style=style
+        )
+        self.sweep_size = widgets.HBox([self.sweep_trials, self.sweep_epochs], layout={"display": "none"})
         self.note = widgets.HTML()
-        self._typed_name, self._loading = False, False
-        self.mode.observe(self._on_mode, names="value")
-        self.preset.observe(self._on_preset, names="value")
-        self.run_name.observe(self._on_name, names="value")
-        for w in (self.epochs, self.heldout, self.crossval, self.whole_flights):
-            w.observe(lambda change: self._refresh(), names="value")
-        self._apply(self.previous[0] if self.previous else self._defaults(new=False))
-        self.mode.value = "continue" if self.previous else "new"
-        self.mode.layout.display = None if self.previous else "none"
-        self.heldout.layout.display = None if self.found else "none"
-        rows = [
+        return [
             self.mode,
             self.preset,
             self.epochs,
@@ -154,32 +217,42 @@ class Picker:
             self.crossval,
             widgets.HTML("<small>Cross-validation trains one run per flight: hours on real data.</small>"),
             self.whole_flights,
+            self.sweep,
+            self.sweep_size,
             self.note,
         ]
-        show(widgets.VBox(rows))
-        self._refresh()
 
     # ----------------------------------------------------------------------------- choices
-    def _resolve_auto(self) -> tuple[str, str]:
+    def _resolve_auto(self) -> tuple[str, str, bool]:
+        """(Auto's preset, why, whether it is a short CPU run)."""
         if self.demo:
             return (
                 "demo",
                 "no flights of yours were found, so the demo configuration trains on the demo flights",
+                False,
             )
         preset, why = hardware.choose_preset(hardware.system_report())
-        if preset == "demo":  # your flights, no GPU: the smallest preset, with a plain warning
-            return "C", (
-                "there is no GPU: training your flights on the CPU takes hours per epoch. In Colab choose "
-                "Runtime > Change runtime type > T4 GPU and run all again"
+        if preset == "demo":  # your flights, no GPU: the smallest preset, briefly, with a plain warning
+            return (
+                "C",
+                "no GPU was found: training on the CPU is slow, hours per epoch for your flights even with "
+                f"preset C (the smallest model), so Auto trains C for {plural(CPU_EPOCHS, 'epoch')} to try "
+                "it out. For a real training, in Colab choose Runtime > Change runtime type > T4 GPU and "
+                "run all again",
+                True,
             )
-        return preset, why
+        return preset, why, False
 
-    def _preset_options(self) -> list[tuple[str, str]]:
+    def _preset_options(self, kept: str | None = None) -> list[tuple[str, str]]:
+        """The presets offered; `kept`: a continued run's preset, shown even where it is not offered."""
         if self.demo:
-            return [("demo: " + PRESET_WORDS["demo"], "demo")]
-        return [(f"{p}: {PRESET_WORDS[p]}", p) for p in ("A", "B", "C")] + [
-            (f"Auto: {self.auto} here", "Auto")
-        ]
+            options = [("demo: " + PRESET_WORDS["demo"], "demo")]
+        else:
+            auto = f"Auto: {self.auto} here" + (" (no GPU: a short CPU run)" if self.cpu else "")
+            options = [(f"{p}: {PRESET_WORDS[p]}", p) for p in ("A", "B", "C")] + [(auto, "Auto")]
+        if kept and kept not in [v for _, v in options]:
+            options.append((f"{kept}: {PRESET_WORDS[kept]}", kept))
+        return options
 
     def _defaults(self, new: bool) -> Choice:
         preset = "demo" if self.demo else "Auto"
@@ -199,27 +272,36 @@ class Picker:
             from cloudml_lib.colab.smoke import EPOCHS
 
             return EPOCHS
+        if preset == "Auto" and self.cpu:
+            return CPU_EPOCHS
         resolved = self.auto if preset == "Auto" else preset
         return load_config(hardware.preset_config_path(resolved)).train.epochs
 
-    def _apply(self, c: Choice) -> None:
+    def _apply(self, c: Choice, continuing: bool) -> None:
+        """Show choice `c`; a continued run's held-out flights stay, marked when data/ lacks them."""
         self._loading = True
-        self.preset.value = (
-            c.preset
-            if c.preset in dict((v, k) for k, v in self.preset.options)
-            else ("demo" if self.demo else "Auto")
-        )
+        self.preset.options = self._preset_options(c.preset if continuing else None)
+        values = [v for _, v in self.preset.options]
+        self.preset.value = c.preset if c.preset in values else ("demo" if self.demo else "Auto")
         self.epochs.value = c.epochs
         self.run_name.value = c.run_name
-        if self.found:
-            self.heldout.value = tuple(f for f in c.heldout if f in self.found) or tuple(self.heldout_default)
+        missing = [f for f in c.heldout if f not in self.found] if continuing else []
+        options = [(f, f) for f in self.found] + [(f"{f} (not in data/)", f) for f in missing]
+        self.heldout.options = (options if missing else list(self.found)) or ["(demo: 05Mar25)"]
+        if options:
+            chosen = tuple(c.heldout) if continuing else tuple(f for f in c.heldout if f in self.found)
+            self.heldout.value = chosen or tuple(f for f in self.heldout_default if f in self.found)
+        self.heldout.layout.display = None if options else "none"
         self.crossval.value, self.whole_flights.value = c.crossval, c.whole_flights
+        self.sweep.value = bool(c.sweep_trials)
+        self.sweep_trials.value = c.sweep_trials or SWEEP_TRIALS
+        self.sweep_epochs.value = c.sweep_epochs or SWEEP_EPOCHS
+        self.sweep_size.layout.display = None if c.sweep_trials else "none"
         self._typed_name, self._loading = False, False
 
     def _on_mode(self, change) -> None:
-        self._apply(
-            self.previous[0] if change["new"] == "continue" and self.previous else self._defaults(new=True)
-        )
+        continuing = change["new"] == "continue" and self.previous is not None
+        self._apply(self.previous[0] if continuing else self._defaults(new=True), continuing)
         self._refresh()
 
     def _on_preset(self, change) -> None:
@@ -238,23 +320,85 @@ class Picker:
             self._typed_name = True
         self._refresh()
 
+    def _on_sweep(self, change) -> None:
+        self.sweep_size.layout.display = None if change["new"] else "none"
+        self._refresh()
+
     def choice(self) -> Choice:
-        """What the widgets say, Auto resolved."""
+        """What the widgets say, Auto resolved; a continued run keeps its preset, name, held-out flights."""
+        boxes = {
+            "epochs": int(self.epochs.value),
+            "crossval": bool(self.crossval.value),
+            "whole_flights": bool(self.whole_flights.value),
+            "sweep_trials": int(self.sweep_trials.value) if self.sweep.value else 0,
+            "sweep_epochs": int(self.sweep_epochs.value),
+        }
+        if self.continuing:
+            return replace(self.previous[0], started=0.0, **boxes)
         preset = self.auto if self.preset.value == "Auto" else self.preset.value
         name = self.run_name.value.strip() or self._defaults(new=False).run_name
-        heldout = list(self.heldout.value) if self.found else []
-        return Choice(
-            preset=preset,
-            epochs=int(self.epochs.value),
-            run_name=name,
-            heldout=heldout,
-            crossval=bool(self.crossval.value),
-            whole_flights=bool(self.whole_flights.value),
-        )
+        heldout = [f for f in self.heldout.value if f in self.found]
+        return Choice(preset=preset, run_name=name, heldout=heldout, **boxes)
 
     @property
     def run_dir(self) -> Path:
         return self.ws.runs / self.choice().run_name
+
+    # ----------------------------------------------------------------------------- the run and its data
+    def facts(self, name: str) -> tuple[RunFlights | None, dict | None]:
+        """(its flights against data/, its status) of run `name` when it has a checkpoint to continue from,
+        else (None, None); read once per name (`recheck` reads again)."""
+        if name not in self._facts:
+            run_dir = self.ws.runs / name
+            status = _status(run_dir)
+            if status is None or status.get("latest_checkpoint") is None:
+                self._facts[name] = (None, None)
+            else:
+                self._facts[name] = (run_flights(self.ws, run_dir, self.found), status)
+        return self._facts[name]
+
+    def recheck(self) -> None:
+        """Look at data/ and the runs again, and say so in the note: the Train cell calls it before training
+        (Google Drive may have synced since the picker was shown) and after (the run has moved on)."""
+        self.found = [] if uses_demo_data(self.ws) else complete_flights(self.ws)
+        self._facts.clear()
+        if self.previous:
+            choice = self.previous[0]
+            self.previous = (choice, *progress(self.ws.runs / choice.run_name, choice))
+        self._refresh()
+
+    def problem(self) -> str | None:
+        """Why the chosen run cannot train, in words (the Train cell refuses it); None when it can."""
+        c = self.choice()
+        flights, status = self.facts(c.run_name)
+        if flights is not None:  # a run to continue: on its own flights
+            blocked = flights.removed and not status["finished"]
+            return flights.missing_words(finished=False) if blocked else None
+        if c.preset == "demo":
+            return None
+        missing = [f for f in c.heldout if f not in self.found]
+        if missing:
+            return (
+                f"the held-out flight {', '.join(missing)} is not in {self.ws.data} now. If Google Drive has "
+                "not synced yet, wait a minute and run this cell again; otherwise "
+                + (
+                    "choose 'Start a new run' in the picker."
+                    if self.continuing
+                    else "choose other held-out flights in the picker."
+                )
+            )
+        if len(self.found) < 2:
+            have = f"only one complete flight ({self.found[0]})" if self.found else "no complete flight"
+            return (
+                f"{have} is in {self.ws.data}: training needs two at least, one to train on and one held out "
+                "to measure the model. Add a second flight to data/ (the setup notebook checks it), then run "
+                "this cell again."
+            )
+        if not c.heldout:
+            return "no held-out flight is chosen: choose at least one under Held out in the picker."
+        if set(self.found) <= set(c.heldout):
+            return "every flight is held out: leave at least one for training (unselect one under Held out)."
+        return None
 
     # ----------------------------------------------------------------------------- the note
     @property
@@ -274,52 +418,113 @@ class Picker:
     def describe(self) -> str:
         """The note under the widgets: what will train, in words (HTML)."""
         c = self.choice()
+        flights = self.facts(c.run_name)[0]
         lines = []
+        problem = self.problem()
+        if problem:
+            text = problem[0].upper() + problem[1:]
+            lines.append(f'<span style="{PROBLEM_STYLE}"><b>Problem:</b> {html.escape(text)}</span>')
         if smoke():
             lines.append("<b>Smoke test:</b> a tiny demo run of 2 epochs trains, whatever is chosen.")
-        if self.continuing and self.previous[1]:
-            lines.append(
-                f"<b>Continuing run {c.run_name}</b> ({self.previous[2]}). Its preset and held-out "
-                "flights are fixed; more or fewer epochs are fine. Choose <i>Start a new run</i> for another."
-            )
-        elif self.continuing:
-            lines.append(
-                f"<b>Run {c.run_name} is {self.previous[2]}</b>: the cells below show its results without "
-                "training again. Raise Epochs to train it longer, or choose <i>Start a new run</i>."
-            )
-        elif (self.ws.runs / c.run_name).exists():
-            unfinished, words = progress(self.ws.runs / c.run_name, c)
-            lines.append(
-                f"Run <b>{c.run_name}</b> exists ({words}): it is continued"
-                + ("" if unfinished else ", and being finished, it is not trained again")
-                + "."
-            )
-        else:
-            lines.append(f"A new run <b>{c.run_name}</b>.")
-        config = hardware.PRESET_FILES[c.preset]
-        data = (
-            "the demo flights"
-            if self.demo
-            else f"your {plural(len(self.found), 'flight')}, holding out "
-            f"{', '.join(c.heldout) or 'none (choose one)'}"
-        )
-        lines.append(
-            f"Trains preset <b>{c.preset}</b> ({config}: {PRESET_WORDS[c.preset]}) on {data}, "
-            f"{plural(c.epochs, 'epoch')}, into <code>{self.ws.runs / c.run_name}</code>."
-        )
+        lines += self._run_lines(c)
+        lines.append(self._trains_line(c, flights))
         preset_cfg = load_config(hardware.preset_config_path(c.preset))
         lines.append(
             "torch.compile: "
             + plan(preset_cfg.train.torch_compile, preset_cfg.train.torch_compile_mode, this_device())
             + "."
         )
-        if self.preset.value == "Auto" or self.demo:
+        if not self.continuing and (self.preset.value == "Auto" or self.demo):
             lines.append(f"Auto chose {self.auto} because {self.auto_why}.")
-        if not self.demo and not self.continuing:
-            lines.append(f"Held out by default: {self.heldout_why}.")
+        if not self.demo and not self.continuing and flights is None and c.preset != "demo":
+            if sorted(c.heldout) == sorted(self.heldout_default):
+                lines.append(f"Held out by default: {self.heldout_why}.")
+            else:
+                lines.append(
+                    f"Held out: {', '.join(c.heldout) or 'none'}, your choice (the default: "
+                    f"{', '.join(self.heldout_default) or 'none'})."
+                )
         if c.crossval:
             lines.append("Then cross-validation: one run per flight.")
+        if c.sweep_trials:
+            budget = c.sweep_trials * c.sweep_epochs
+            lines.append(
+                f"Then a sweep: {plural(c.sweep_trials, 'trial')} of at most "
+                f"{plural(c.sweep_epochs, 'epoch')} each ({budget} epochs of training at most; poor trials "
+                f"may stop early), into <code>{html.escape(str(self.ws.runs / (c.run_name + '_sweep')))}"
+                "</code>. Optuna is installed when the sweep starts, if missing."
+            )
         return "<br>".join(lines)
+
+    def _run_lines(self, c: Choice) -> list[str]:
+        """Which run: continued (where it stands), kept (finished), existing or new; and its data's news."""
+        flights, status = self.facts(c.run_name)
+        name = html.escape(c.run_name)
+        finished = status is not None and status["finished"]
+        if self.continuing and self.previous[1] and not finished:
+            out = [
+                f"<b>Continuing run {name}</b> ({self.previous[2]}). Its preset and held-out flights are "
+                "fixed; more or fewer epochs are fine. Choose <i>Start a new run</i> for another."
+            ]
+        elif self.continuing:
+            out = [self._finished_line(c, status)]
+        elif (self.ws.runs / c.run_name).exists():
+            unfinished, words = progress(self.ws.runs / c.run_name, c)
+            out = [
+                f"Run <b>{name}</b> exists ({words}): it is continued, on its own flights"
+                + ("" if unfinished else ", and being finished, it is not trained again")
+                + "."
+            ]
+        else:
+            out = [f"A new run <b>{name}</b>."]
+        if flights is not None and flights.removed and finished:
+            out.append(html.escape(flights.missing_words(finished=True)))
+        if flights is not None and flights.added:
+            out.append(html.escape(flights.added_words()))
+        return out
+
+    def _finished_line(self, c: Choice, status: dict | None) -> str:
+        """A finished run kept: what the Epochs box does to it now."""
+        name = html.escape(c.run_name)
+        if status is None:
+            return (
+                f"<b>Run {name} is {self.previous[2]}</b>: the cells below show its results without "
+                "training again. Raise Epochs to train it longer, or choose <i>Start a new run</i>."
+            )
+        done, planned = status["epochs_completed"], status["epochs"]
+        if done < planned:  # early stopping ended it: more epochs would not train it again
+            return (
+                f"<b>Run {name} stopped early at epoch {done} of {planned}</b> (its validation score no "
+                "longer improved): the cells below show its results; more epochs do not train it again. "
+                "Choose <i>Start a new run</i> for another."
+            )
+        if c.epochs > planned:
+            return (
+                f"<b>Run {name} is finished ({plural(done, 'epoch')})</b>; with Epochs at {c.epochs} it "
+                f"trains {plural(c.epochs - planned, 'more epoch')} from its last checkpoint (the learning "
+                "rate's decay is planned again over the new length), then the cells below show the new "
+                "results."
+            )
+        return (
+            f"<b>Run {name} is finished ({plural(done, 'epoch')})</b>: the cells below show its results "
+            f"without training again. Raise Epochs above {planned} to train it longer, or choose "
+            "<i>Start a new run</i>."
+        )
+
+    def _trains_line(self, c: Choice, flights: RunFlights | None) -> str:
+        config = hardware.PRESET_FILES[c.preset]
+        held = ", ".join(c.heldout) or "none (choose one)"
+        if c.preset == "demo":
+            data = "the demo flights"
+        elif flights is not None:
+            names = ", ".join(flights.names)
+            data = f"its {plural(len(flights.names), 'flight')} ({names}), holding out {held}"
+        else:
+            data = f"your {plural(len(self.found), 'flight')}, holding out {held}"
+        return (
+            f"Trains preset <b>{c.preset}</b> ({config}: {PRESET_WORDS[c.preset]}) on {html.escape(data)}, "
+            f"{plural(c.epochs, 'epoch')}, into <code>{html.escape(str(self.ws.runs / c.run_name))}</code>."
+        )
 
 
 @user_errors

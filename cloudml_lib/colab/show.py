@@ -158,7 +158,8 @@ def show_status(run_dir: Path | None) -> None:
 
 @user_errors
 def show_evaluation(run_dir: Path | None) -> None:
-    """Per-flight and overall metrics against the baseline, the scatter plot, and where the files are."""
+    """Per-flight and overall metrics against the baseline, the verdict on them in a sentence (the model beats
+    the training mean, or is of no use yet and what to try), the scatter plot, and where the files are."""
     from cloudml_lib.runfiles import RunFiles
 
     files = RunFiles(Path(run_dir)) if run_dir is not None else None
@@ -170,7 +171,9 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    print(format_report(report))
+    from cloudml_lib.report import with_verdict
+
+    print(format_report(with_verdict(report)))  # the verdict too for a run evaluated before verdicts
     scatter = run_dir / "plots" / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image
@@ -210,9 +213,10 @@ def show_report(run_dir: Path | None) -> None:
 
 @user_errors
 def show_tensorboard(run_dir: Path | None) -> None:
-    """TensorBoard over the runs folder (every run's curves side by side), in the notebook; how to install
-    it when it is missing. Its events are committed with each checkpoint, so after a disconnect it shows
-    the run up to its last checkpoint."""
+    """TensorBoard over the runs folder (every run's curves side by side), in the notebook, opened on the loss
+    curves; how to install it when it is missing. Its events are committed with each checkpoint, so after a
+    disconnect it shows the run up to its last checkpoint. Started from this kernel's own environment
+    (use_this_pythons_tensorboard); when it cannot start, TensorBoard's own magic says why."""
     from cloudml_lib.errors import install_command
     from cloudml_lib.train.events import has_tensorboard
 
@@ -231,11 +235,57 @@ def show_tensorboard(run_dir: Path | None) -> None:
         print(f"tensorboard --logdir {logdir}")
         return
     from IPython import get_ipython
+    from tensorboard import manager
 
-    ip = get_ipython()
     use_this_pythons_tensorboard()
+    started = manager.start(["--logdir", str(logdir), "--reload_interval", "30"])
+    port = getattr(getattr(started, "info", None), "port", None)  # launched, or one already serving it
+    if port is not None:
+        show(tensorboard_frame(port))
+        return
+    ip = get_ipython()  # failed or timed out: the magic tries again and says why in TensorBoard's words
     ip.run_line_magic("load_ext", "tensorboard")
     ip.run_line_magic("tensorboard", f'--logdir "{logdir}" --reload_interval 30')
+
+
+# TensorBoard's URL state (its time-series dashboard reads `tagFilter` from the query): the loss curves first,
+# not the alphabetical first card (epoch/lr). Whether its settings pane is open is kept in the browser's
+# storage for TensorBoard's page, which no URL parameter sets.
+TENSORBOARD_QUERY, TENSORBOARD_PAGE = {"tagFilter": "loss"}, "timeseries"
+
+
+def tensorboard_frame(port: int, height: int = 800):
+    """The frame `%tensorboard` shows (tensorboard.notebook: Colab's proxied port; elsewhere the page's host
+    at `port`, or $TENSORBOARD_PROXY_URL), opened on the loss curves. Its id starts "tensorboard-frame" as
+    TensorBoard's own does."""
+    import json
+    import secrets
+
+    from IPython.display import HTML, Javascript
+
+    query = "".join(
+        f"url.searchParams.set({json.dumps(k)}, {json.dumps(v)});" for k, v in TENSORBOARD_QUERY.items()
+    )
+    view = f"{query} url.hash = {json.dumps(TENSORBOARD_PAGE)};"
+    if hardware.is_colab():
+        return Javascript(
+            "(async () => {"
+            f" const url = new URL(await google.colab.kernel.proxyPort({int(port)}, {{'cache': true}}));"
+            f" url.searchParams.set('tensorboardColab', 'true'); {view}"
+            " const frame = document.createElement('iframe'); frame.src = url;"
+            f" frame.setAttribute('width', '100%'); frame.setAttribute('height', '{int(height)}');"
+            " frame.setAttribute('frameborder', 0); document.body.appendChild(frame);"
+            " })();"
+        )
+    proxy = os.environ.get("TENSORBOARD_PROXY_URL")
+    where = json.dumps(proxy.replace("%PORT%", str(int(port))) if proxy else "/")
+    frame = f"tensorboard-frame-{secrets.token_hex(8)}"
+    return HTML(
+        f'<iframe id="{frame}" width="100%" height="{int(height)}" frameborder="0"></iframe>\n<script>'
+        f"(function() {{ const url = new URL({where}, window.location);"
+        + ("" if proxy else f" url.port = {int(port)};")
+        + f" {view} document.getElementById({json.dumps(frame)}).src = url; }})();</script>"
+    )
 
 
 def use_this_pythons_tensorboard() -> str:

@@ -1,49 +1,107 @@
 """The training notebook's steps: train (or continue) the picked run, cross-validate, predict whole
-flights. Each step is a subprocess with a live view (live.py). The smoke test's own checks are smoke.py's.
+flights. Each step is a subprocess with a live view (live.py). The smoke test's own checks are smoke.py's;
+the optional sweep is sweeping.py's.
 
 The picker's choice is remembered on Drive (`<CloudML>/last_run.json`) as soon as a run starts, so
 that "Run all" after a disconnect comes back with it (picker.py). A step that depends on a finished
 training (cross-validation, whole flights) says so and does nothing while the run is unfinished: a
 stop must never start hours of other work.
+
+A run is continued on the flights it started with (its config.yaml's, given to the trainer again), so
+new flights in data/ never stop it; they are offered as a new run. A finished run whose flights are gone
+from data/ is not trained: its results are shown (the rest of Run all goes on) with what training it
+again would need. An unfinished one is refused before anything starts, naming the missing flights.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from cloudml_lib.colab.drive import Workspace, run_config, smoke
+from cloudml_lib.checkpoint import find_checkpoints
+from cloudml_lib.colab.drive import RunFlights, Workspace, run_config, run_flights, smoke
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
-from cloudml_lib.colab.show import in_notebook, plural, show, show_markdown, user_errors
+from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
 from cloudml_lib.rundir import is_finished as finished
+from cloudml_lib.runfiles import RunFiles
+
+
+def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:
+    """The flights of a run that has a checkpoint to continue from (None for a new run, one that starts
+    from the beginning, or one on the demo flights)."""
+    return run_flights(ws, run_dir) if find_checkpoints(run_dir) else None
 
 
 def train_command(ws: Workspace, c: Choice) -> list[str]:
-    config, overrides = run_config(ws, c.preset, c.epochs, c.heldout)
-    cmd = command("train", "--config", config, "--run-dir", ws.runs / c.run_name)
+    """`python -m cloudml_lib train ...` for choice `c`; a run with a checkpoint gets its own flights and
+    held-out flights again, whatever data/ holds now (the trainer refuses other data)."""
+    run_dir = ws.runs / c.run_name
+    pinned = continued_flights(ws, run_dir)
+    heldout = pinned.heldout if pinned is not None else c.heldout
+    config, overrides = run_config(ws, c.preset, c.epochs, heldout, demo=c.preset == "demo")
+    if pinned is not None:
+        overrides += [
+            f"data.flights={json.dumps(pinned.entries)}",
+            f"data.validation_flights={json.dumps(pinned.heldout)}",
+        ]
+    cmd = command("train", "--config", config, "--run-dir", run_dir)
     for o in overrides:
         cmd += ["--set", o]
     return cmd
 
 
+def kept(status: dict | None, c: Choice, run_dir: Path) -> bool:
+    """A finished run that more epochs would not train (Epochs not raised, or it stopped early) and whose
+    results are written: said, and not started again (nothing to train; its data is not read again, so
+    data changed since cannot stop "Run all" before its results are shown)."""
+    if not (status and status["finished"] and RunFiles(run_dir).evaluation()):
+        return False
+    done, planned = status["epochs_completed"], status["epochs"]
+    if c.epochs > planned and done >= planned:
+        return False
+    show_markdown(
+        f"**Run {c.run_name} is finished** ({plural(done, 'epoch')}): its results are in the cells below; "
+        "nothing is trained again."
+        + ("" if done < planned else f" Raise Epochs above {planned} in the picker to train it longer.")
+    )
+    return True
+
+
 @user_errors
 def train(ws: Workspace, picker: Picker) -> Path:
     """Train (or continue) the picked run with the live view; returns its run directory. In the smoke
-    test the run is first killed mid-epoch, as a Colab disconnect would, then continued."""
+    test the run is first killed mid-epoch, as a Colab disconnect would, then continued. A choice that
+    cannot train is refused first (picker.problem); a finished run whose flights left data/ is shown,
+    not trained."""
+    picker.recheck()  # data/ as it is now: Drive may have synced since the picker was shown
+    problem = picker.problem()
+    if problem:
+        raise UserError(problem[0].upper() + problem[1:])
     c = picker.choice()
     run_dir = ws.runs / c.run_name
+    flights = continued_flights(ws, run_dir)
+    if flights is not None and flights.removed:  # finished (problem() refuses an unfinished one)
+        show_markdown(f"**Run {c.run_name} is not trained again.** {flights.missing_words(finished=True)}")
+        return run_dir
     c.save(ws.root)  # "Run all" after a disconnect comes back with this choice
-    if smoke():  # the headless test: a disconnect mid-epoch first
+    if flights is not None and flights.added:
+        show_markdown(flights.added_words())
+    if smoke():  # the headless test: a fresh run, killed mid-epoch first as by a disconnect
         from cloudml_lib.colab.smoke import simulate_disconnect
 
         simulate_disconnect(run_dir, train_command(ws, c))
-    config = Path(train_command(ws, c)[train_command(ws, c).index("--config") + 1]).name
+    elif kept(picker.facts(c.run_name)[1], c, run_dir):
+        return run_dir
+    cmd = train_command(ws, c)
+    config = Path(cmd[cmd.index("--config") + 1]).name
     show_markdown(
         f"**Training** preset {c.preset} (`{config}`), {plural(c.epochs, 'epoch')}, into `{run_dir}`. "
         "The interrupt button (&#9632;) stops it at the next step with a checkpoint."
     )
     view = LiveView(run_dir)
-    code = run_live(train_command(ws, c), view)
+    code = run_live(cmd, view)
+    picker.recheck()  # the note above says where the run stands now
     report_end(code, view, "training", run_dir)
     return run_dir
 
@@ -58,6 +116,15 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
     if not finished(run_dir):
         print(
             "Whole flights wait for training to finish: run the Train cell (or Run all) again to continue it."
+        )
+        return None
+    flights = run_flights(ws, run_dir)
+    gone = [f for f in flights.heldout if f in flights.removed] if flights is not None else []
+    if gone:  # the run's results stand; this step needs the flight's files
+        print(
+            f"Whole flights skipped: the held-out flight {', '.join(gone)} of run {run_dir.name} is not in "
+            f"{ws.data} now. Run this cell again once it is back (if Google Drive has not synced yet, wait a "
+            "minute)."
         )
         return None
     out = run_dir / "predictions"
@@ -95,7 +162,7 @@ def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path
         f"**Cross-validation** into `{cv_dir}`: one run per flight; run this cell again after a "
         "disconnect and it continues with the unfinished fold."
     )
-    view = LiveView(None)
+    view = LiveView(None, folds=cv_dir)  # follows the fold being trained: "fold 2 of 5", its curves
     report_end(run_live(cmd, view), view, "cross-validation", None)
     show_markdown((cv_dir / "crossval.md").read_text())
     return cv_dir

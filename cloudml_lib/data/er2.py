@@ -364,7 +364,7 @@ class Nav:
     """Nav values per IR frame (NaN where unknown), the frames the file covers, and where the heading came
     from."""
 
-    values: dict  # sza, saa, lat, lon, heading -> (n_frames,)
+    values: dict  # sza, saa, lat, lon, heading, altitude (m) -> (n_frames,)
     covered: np.ndarray  # (n_frames,) bool
     heading_note: str  # "nav/trueHdg", or why there is none
     matched: int = 0  # IR frames with a usable time that found a nav record (by time, or a row)
@@ -449,6 +449,7 @@ def _icartt_columns(ds, path: Path, flight: FlightConfig, data: DataConfig) -> t
         name: column(getattr(data.keys, ict), ict)[0] for name, _, ict in NAV_COLUMNS if name != "heading"
     }
     cols["heading"], heading_name = column(data.keys.ict_heading, None)
+    cols["altitude"] = column(data.keys.ict_altitude, None)[0]  # optional: bounds predicted heights
     cols["time"] = column(data.keys.ict_time, "ict_time")[0]
     cols["day"] = column("|".join(ICARTT_DAY_COLUMNS), None)[0]
     return cols, heading_name
@@ -615,6 +616,11 @@ def _read_hdf_nav(
             if has_heading
             else None
         )
+        cols["altitude"] = (  # optional: bounds predicted heights
+            numbers(f, k.nav_altitude, flight.name, "nav_altitude", "an altitude in metres").reshape(-1)
+            if k.nav_altitude and k.nav_altitude in f
+            else None
+        )
         nav_t = (
             numbers(f, k.nav_time, flight.name, "nav_time", "times")
             if k.nav_time and k.nav_time in f
@@ -641,6 +647,8 @@ def read_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
     else:
         note = f"heading from {path.name} '{heading_name}'"
         cols["heading"] = np.mod(cols["heading"], 360.0)
+    if cols.get("altitude") is None:  # aircraft altitude (m), where the file has it
+        cols["altitude"] = np.full(cols["heading"].size, np.nan)
     lengths = {v.size for v in cols.values()}
     if len(lengths) != 1:
         raise DataError(

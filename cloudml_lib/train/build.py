@@ -289,10 +289,11 @@ def quick_validation(cfg: Config, val_set: CloudDataset) -> np.ndarray:
     return scored[quick_subset(len(scored), cfg.train.quick_val_fraction)]
 
 
-def placed_model(cfg: Config, dist: Dist) -> tuple[torch.nn.Module, torch.device, Precision]:
-    """The model (initial weights) on this process's device, BatchNorm over the global batch with several
-    processes, and the precision decided once for the device."""
-    model = build_model(cfg)
+def placed_model(cfg: Config, dist: Dist, scalers) -> tuple[torch.nn.Module, torch.device, Precision]:
+    """The model (initial weights; its bounded height range placed by the run's `scalers`) on this process's
+    device, BatchNorm over the global batch with several processes, and the precision decided once for the
+    device."""
+    model = build_model(cfg, scalers)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
     device = choose_device(cfg.train.device)
     if device.type == "cuda" and dist.active:
@@ -311,7 +312,7 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts
     """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
     Config: `cfg` is not changed)."""
     t = cfg.train
-    model, device, precision = placed_model(cfg, dist)
+    model, device, precision = placed_model(cfg, dist, train_set.scalers)
     autocast = partial(torch.autocast, device.type, dtype=precision.dtype) if precision.dtype else nullcontext
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model

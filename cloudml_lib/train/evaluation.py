@@ -19,7 +19,7 @@ from cloudml_lib import faults, intervals
 from cloudml_lib.checkpoint import Key, load_checkpoint, save_atomic, to_cpu, unwrap_model
 from cloudml_lib.clouds import cloud_metrics, fit_probe
 from cloudml_lib.compile import CompileWatch
-from cloudml_lib.config import Config
+from cloudml_lib.config import Config, height_bounds_km
 from cloudml_lib.data.dataset import CloudDataset
 from cloudml_lib.distributed import Dist
 from cloudml_lib.errors import CloudMLError
@@ -233,7 +233,8 @@ def held_out_report(
     frames: CloudDataset,
     best_epoch: int,
 ) -> tuple[dict, dict | None]:
-    """The full evaluation of the best model on the held-out flights and the calibration of its intervals."""
+    """The full evaluation of the best model on the held-out flights (its verdict, and how many predictions
+    lie outside the heights a cloud base can have) and the calibration of its intervals."""
     has = val_set.has_height()
     names = ", ".join(c.name for c in val_set.caches)
     calibration = intervals.calibrate(
@@ -251,6 +252,7 @@ def held_out_report(
         frames,
         cfg.model.cloud_threshold,
         calibration,
+        height_bounds_km(cfg.data),
     )
     return report, calibration
 

@@ -340,13 +340,8 @@ class Trainer:
     def _stop_now(self) -> None:
         self.checkpoints.save(self.stop.name, wait=True)
         self.dist.barrier()  # no process leaves before the save is committed
-        log.warning(
-            "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
-            self.stop.name,
-            self.state["step"],
-            self.run_dir / "checkpoints",
-        )
-        raise KeyboardInterrupt(f"stopped by {self.stop.name}; progress saved")
+        saved = self.checkpoints.say_stopped(self.stop.name)  # what is on disk, never a false "saved"
+        raise KeyboardInterrupt(f"stopped by {self.stop.name}; {saved}")
 
     def _eager_after_compile_failure(self, failure: str) -> None:
         self.forward = eager_after_compile_failure(self.ddp, self.compile, failure)

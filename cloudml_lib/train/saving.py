@@ -1,17 +1,28 @@
 """The run's checkpoints: when the loop's state is committed (every N steps, every N minutes, each epoch's
 end), the whole save in one call (snapshot, manifest, the TensorBoard events before it, the background
 commit), the stop when saves keep failing, and best.pt. The loop calls `save_if_due` after each step and
-`save` at an epoch's end or a stop; nothing else of saving is its concern."""
+`save` at an epoch's end or a stop (then `say_stopped`: what the stop saved, as it is on disk); nothing else
+of saving is its concern."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from cloudml_lib.checkpoint import FORMAT_VERSION, CheckpointWriter, Key, save_atomic, to_cpu, unwrap_model
+from cloudml_lib.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointWriter,
+    Key,
+    newest_committed_step,
+    previous_checkpoint_words,
+    save_atomic,
+    to_cpu,
+    unwrap_model,
+)
 from cloudml_lib.config import Config
 from cloudml_lib.data.dataset import EpochBatchSampler
 from cloudml_lib.distributed import Dist
@@ -19,6 +30,8 @@ from cloudml_lib.errors import CloudMLError
 from cloudml_lib.train.events import Events
 from cloudml_lib.train.progress import MetricsFile
 from cloudml_lib.train.state import snapshot
+
+log = logging.getLogger(__name__)
 
 MAX_FAILED_SAVES = 3  # checkpoints in a row that could not be written before training stops
 
@@ -86,13 +99,17 @@ class Checkpoints:
             return 0.0
         if self.writer.failures_in_a_row >= MAX_FAILED_SAVES:
             self.writer.wait()
+            step = newest_committed_step(self.run_dir)
+            resume = (
+                f"to resume from the last checkpoint that was written (step {step})"
+                if step is not None
+                else "(no checkpoint of this run was written: it starts again from the beginning)"
+            )
             raise CloudMLError(
                 f"{self.writer.failures_in_a_row} checkpoints in a row could not be written to "
                 f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more "
-                "work goes "
-                "unsaved. Free space there or make it writable, then run the same command again to resume "
-                "from "
-                "the last checkpoint that was written."
+                f"work goes unsaved. Free space there or make it writable, then run the same command again "
+                f"{resume}."
             )
         marks = self.events.mark() if self.events else None  # the events up to this step go first
         self.writer.submit(
@@ -105,6 +122,27 @@ class Checkpoints:
         self.stalls.append(stall)
         self.last_save = time.monotonic()
         return stall
+
+    def say_stopped(self, name: str) -> str:
+        """After the stop's save (waited for): where the run can continue from, as it is on disk. A save that
+        failed is a problem (red in the notebook), never "checkpoint saved". Returns it in a few words."""
+        step = self.progress["step"]
+        if self.failed_last is None:
+            log.warning(
+                "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
+                name,
+                step,
+                self.run_dir / "checkpoints",
+            )
+            return "progress saved"
+        log.error(
+            "Stopped by %s at step %d, but its checkpoint could not be written (%s); %s",
+            name,
+            step,
+            self.failed_last,
+            previous_checkpoint_words(self.run_dir),
+        )
+        return "its checkpoint could not be written"
 
     def manifest(self, reason: str) -> dict:
         """meta.json: where the run is, in words a person (and `status`) reads without loading the state."""

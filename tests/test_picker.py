@@ -1,0 +1,245 @@
+"""The training notebook's picker and Train cell as a user meets them (cloudml_lib.colab.picker, training):
+a remembered run keeps its flights and held-out flights whatever data/ holds now (a missing flight is named
+and the run waits for it; new flights are offered as a new run; a finished run whose flights left data/ is
+shown, not trained), a choice that cannot train is refused before anything starts, and the note under the
+widgets never goes stale. Headless: widgets are inspected, not rendered."""
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from cloudml_lib import colab, hardware
+from cloudml_lib.colab import drive, live, training
+from cloudml_lib.colab import picker as picker_mod
+from cloudml_lib.data.synthetic import make_demo_flights
+from cloudml_lib.rundir import is_finished
+
+# A preset small enough to train in seconds on the tests' flights (40 x 48 frames); its flights are found in
+# data/ as the presets' are.
+TINY_PRESET = {
+    "data": {"temporal_frames": 3, "swath_slice": [4, 36], "num_workers": 0, "skip_incomplete_flights": True},
+    "model": {"channels": [4, 8, 8], "dropout": 0.0},
+    "train": {
+        "epochs": 2,
+        "batch_size": 8,
+        "learning_rate": 0.003,
+        "warmup_steps": 3,
+        "early_stopping_patience": 0,
+        "log_every_steps": 2,
+        "quick_val_fraction": 0.5,
+    },
+    "checkpoint": {"every_steps": 3},
+}
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """Everything the cells display, in order (widgets, display objects, Markdown text)."""
+    from cloudml_lib.colab import show
+
+    out = []
+    for module in (show, drive, live, picker_mod, training):
+        for name in ("show", "show_markdown"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, out.append)
+    return out
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+    return colab.workspace()
+
+
+@pytest.fixture
+def flights(tmp_path):
+    """Four flights of the user's (01, 03, 05, 07Mar25) in a folder outside data/, to move in and out."""
+    make_demo_flights(tmp_path / "all", n_flights=4, frames_per_flight=120, frame_shape=(40, 48))
+    return tmp_path / "all"
+
+
+def move(flight: str, src, dst):
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(src / flight), str(dst / flight))
+
+
+@pytest.fixture
+def tiny_presets(tmp_path, monkeypatch):
+    """Every preset is the tiny one; Auto picks B (a GPU that fits it), so epochs are the preset's."""
+    path = tmp_path / "tiny_preset.yaml"
+    path.write_text(yaml.safe_dump(TINY_PRESET))
+    monkeypatch.setattr(hardware, "preset_config_path", lambda name: path)
+    monkeypatch.setattr(hardware, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
+    return path
+
+
+def forbidden(*args, **kwargs):
+    pytest.fail("no training may start")
+
+
+def text(shown) -> str:
+    return "\n".join(x for x in shown if isinstance(x, str))
+
+
+def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
+    ws, shown, flights, tiny_presets, monkeypatch
+):
+    """Defects 3 and 4 of issue 38: the held-out flight missing (Drive not synced), a new flight added, a
+    training flight removed from a finished run."""
+    data = ws.data / "ER2"
+    for f in ("01Mar25", "03Mar25", "05Mar25"):
+        move(f, flights, data)
+    p = colab.Picker(ws)
+    assert p.choice().heldout == ["05Mar25"]  # the newest complete flight (no 12Feb25 here)
+    monkeypatch.setenv("CLOUDML_KILL_AT", "step:5")  # a disconnect after the checkpoint at step 3
+    run_dir = colab.train(ws, p)
+    monkeypatch.delenv("CLOUDML_KILL_AT")
+    assert not is_finished(run_dir) and (run_dir / "checkpoints").is_dir()
+
+    move("05Mar25", data, flights)  # Drive has not synced the held-out flight yet
+    p = colab.Picker(ws)
+    assert p.continuing and p.choice().heldout == ["05Mar25"]  # never silently another flight
+    assert p.heldout.value == ("05Mar25",) and "05Mar25 (not in data/)" in dict(p.heldout.options)
+    note = p.note.value
+    assert "Problem:" in note and "not in data/ now: 05Mar25 (held out: 05Mar25)" in note
+    assert "wait a minute and run this cell again" in note and "Start a new run" in note
+    remembered = (ws.root / "last_run.json").read_text()
+    monkeypatch.setattr(training, "run_live", forbidden)
+    with pytest.raises(colab.UserError, match="05Mar25") as e:
+        colab.train(ws, p)
+    assert "put them back in data/" in str(e.value) and "Start a new run" in str(e.value)
+    assert (ws.root / "last_run.json").read_text() == remembered  # the run is still the one to continue
+    p.mode.value = "new"  # the other offer: a new run on the flights present
+    assert p.problem() is None and p.choice().run_name != run_dir.name and p.choice().heldout == ["03Mar25"]
+    monkeypatch.setattr(training, "run_live", live.run_live)
+
+    move("05Mar25", flights, data)  # synced; and a new flight besides
+    move("07Mar25", flights, data)
+    shown.clear()
+    p = colab.Picker(ws)
+    assert p.continuing and p.problem() is None and p.choice().heldout == ["05Mar25"]
+    assert "New in data/ since run preset_B started: 07Mar25" in p.note.value
+    assert colab.train(ws, p) == run_dir and is_finished(run_dir)  # continued, not refused
+    assert "Run preset_B is finished (2 epochs)</b>" in p.note.value  # the note above follows the run
+    assert "Resumed from step" in (run_dir / "train.log").read_text()
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]
+    assert [f["name"] for f in saved["flights"]] == ["01Mar25", "03Mar25", "05Mar25"]
+    assert saved["validation_flights"] == ["05Mar25"]
+    assert "07Mar25" in text(shown) and "Start a new run" in text(shown)
+
+    shown.clear()  # Run all again on the finished run: its results, no training started
+    monkeypatch.setattr(training, "run_live", forbidden)
+    assert colab.train(ws, colab.Picker(ws)) == run_dir
+    assert "**Run preset_B is finished** (2 epochs): its results are in the cells below" in text(shown)
+    monkeypatch.setattr(training, "run_live", live.run_live)
+
+    move("01Mar25", data, flights)  # a training flight of the finished run is gone
+    shown.clear()
+    p = colab.Picker(ws)
+    assert p.problem() is None  # its results can still be shown
+    assert "Its results are shown as it was trained" in p.note.value
+    monkeypatch.setattr(training, "run_live", forbidden)
+    assert colab.train(ws, p) == run_dir  # the rest of Run all goes on with the finished run
+    said = text(shown)
+    assert "**Run preset_B is not trained again.**" in said and "01Mar25" in said
+    assert "Training it longer would need 01Mar25 back in data/" in said
+
+
+def test_a_continued_run_is_given_its_own_flights_again(ws, flights, tiny_presets, monkeypatch):
+    """The command a continued run gets: its recorded flights and held-out flights, not data/'s."""
+    for f in ("01Mar25", "03Mar25", "05Mar25", "07Mar25"):
+        move(f, flights, ws.data / "ER2")
+    run_dir = ws.runs / "mine"
+    (run_dir / "checkpoints" / "step-00000003").mkdir(parents=True)
+    entries = [{"name": n, "ir_file": f"ER2/{n}/ir.h5"} for n in ("01Mar25", "03Mar25", "05Mar25")]
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump({"data": {"flights": entries, "validation_flights": ["03Mar25"]}})
+    )
+    c = colab.Choice(preset="B", epochs=4, run_name="mine", heldout=["07Mar25"])
+    cmd = training.train_command(ws, c)
+    sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
+    pinned = [json.loads(x.split("=", 1)[1]) for x in sets if x.startswith("data.flights=")]
+    assert pinned == [entries]
+    assert sets[-1] == 'data.validation_flights=["03Mar25"]'  # the run's, last: it wins
+    new = training.train_command(
+        ws, colab.Choice(preset="B", epochs=4, run_name="other", heldout=["07Mar25"])
+    )
+    assert not any(x.startswith("data.flights=") for x in new) and "data.validation_flights=[07Mar25]" in new
+
+
+def test_one_complete_flight_is_refused_before_training(ws, shown, flights, tiny_presets, monkeypatch):
+    move("01Mar25", flights, ws.data / "ER2")
+    p = colab.Picker(ws)
+    assert "Problem:</b> Only one complete flight (01Mar25)" in p.note.value
+    assert "Add a second flight to data/" in p.note.value
+    monkeypatch.setattr(training, "run_live", forbidden)
+    with pytest.raises(colab.UserError, match="Add a second flight"):
+        colab.train(ws, p)
+    assert not (ws.root / "last_run.json").exists()
+
+
+def test_held_out_choices_that_leave_nothing_to_train_on_are_refused(ws, shown, flights, tiny_presets):
+    for f in ("01Mar25", "03Mar25", "05Mar25"):
+        move(f, flights, ws.data / "ER2")
+    p = colab.Picker(ws)
+    assert "Held out by default:" in p.note.value
+    p.heldout.value = ("01Mar25",)  # the default line goes: the note says what is chosen now
+    assert "Held out by default" not in p.note.value and "Held out: 01Mar25, your choice" in p.note.value
+    p.heldout.value = ("01Mar25", "03Mar25", "05Mar25")
+    assert "Every flight is held out" in p.note.value and "every flight is held out" in p.problem()
+    p.heldout.value = ()
+    assert "no held-out flight is chosen" in p.problem()
+
+
+def test_the_finished_note_follows_the_epochs_box(ws, shown, monkeypatch):
+    (ws.runs / "demo").mkdir()
+    colab.Choice(preset="demo", epochs=12, run_name="demo").save(ws.root)
+    status = {"finished": True, "epochs_completed": 12, "epochs": 12, "latest_checkpoint": "x", "epoch": 12}
+    monkeypatch.setattr(picker_mod, "_status", lambda run_dir: dict(status))
+    monkeypatch.setattr(picker_mod, "progress", lambda run_dir, choice=None: (False, "finished (12 epochs)"))
+    p = colab.Picker(ws)
+    assert "Run demo is finished (12 epochs)</b>: the cells below show its results without training" in (
+        p.note.value
+    )
+    p.epochs.value = 20
+    assert "it trains 8 more epochs from its last checkpoint" in p.note.value
+    assert "without training again" not in p.note.value
+    p.epochs.value = 12
+    assert "without training again" in p.note.value and "trains 8 more" not in p.note.value
+    status["epochs_completed"] = 7  # stopped early: more epochs would not train it again
+    p = colab.Picker(ws)
+    p.epochs.value = 20
+    assert "stopped early at epoch 7 of 12" in p.note.value and "trains 8 more" not in p.note.value
+
+
+def test_the_continue_button_shows_the_whole_run_name(ws, shown):
+    name = "a_rather_long_run_name_for_the_february_flights"
+    (ws.runs / name).mkdir()
+    colab.Choice(preset="demo", epochs=12, run_name=name).save(ws.root)
+    p = colab.Picker(ws)
+    assert p.mode.options[0][0] in (f"Continue {name}", f"Keep {name}")
+    assert p.mode.style.button_width == "auto"  # ipywidgets 8's fixed 148 px would cut it short
+
+
+def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_words(
+    ws, shown, flights, monkeypatch, capsys
+):
+    for f in ("01Mar25", "03Mar25", "05Mar25"):
+        move(f, flights, ws.data / "ER2")
+    report = dict(hardware.system_report(), gpu=None)
+    monkeypatch.setattr(hardware, "system_report", lambda *a, **k: report)
+    name, why = hardware.choose_preset(report)  # the command line's words: the demo configuration
+    assert name == "demo" and "CPU-sized demo configuration is used" not in why and "sized for a CPU" in why
+    p = colab.Picker(ws)
+    c = p.choice()
+    assert c.preset == "C" and c.epochs == picker_mod.CPU_EPOCHS
+    assert "Auto chose C because no GPU was found: training on the CPU is slow" in p.note.value
+    assert "demo configuration" not in p.note.value
+    capsys.readouterr()
+    drive.show_diagnostics(ws)  # the setup notebook's advice says the same
+    advice = capsys.readouterr().out
+    assert "Preset: no GPU was found" in advice and f"preset C for {picker_mod.CPU_EPOCHS} epochs" in advice
+    assert "demo configuration" not in advice
