@@ -83,3 +83,26 @@ def preprocess_frame(raw, data):
     spec = FrameSpec.of(data)
     x, filled, blank = prepare(raw, spec)
     return (x if blank else equalise_skimage(x, spec.clip_limit)), filled, blank
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """Everything the notebook cells display, in order (widgets, display objects, Markdown text)."""
+    from cloudml_lib.colab import drive, live, picker, show, sweeping, training
+
+    out = []
+    for module in (show, drive, live, picker, training, sweeping):
+        for name in ("show", "show_markdown"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, out.append)
+    return out
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    """A notebook workspace (the CloudML folder) of the test's own, outside smoke mode."""
+    from cloudml_lib import colab
+
+    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+    return colab.workspace()

@@ -25,26 +25,6 @@ from cloudml_lib.evaluate import format_report
 REPO = Path(__file__).parent.parent
 
 
-@pytest.fixture
-def shown(monkeypatch):
-    """Everything the cells display, in order (widgets, display objects, Markdown text)."""
-    from cloudml_lib.colab import show
-
-    out = []
-    for module in (show, drive, live, picker_mod, training):
-        for name in ("show", "show_markdown"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, out.append)
-    return out
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
-    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
-    return colab.workspace()
-
-
 def own_flights(ws, n=3, shape=(32, 40)):
     """Flights of the user's own in the data folder, in the real layout (found by their names)."""
     from cloudml_lib.data.synthetic import make_demo_flights

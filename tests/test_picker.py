@@ -35,26 +35,6 @@ TINY_PRESET = {
 
 
 @pytest.fixture
-def shown(monkeypatch):
-    """Everything the cells display, in order (widgets, display objects, Markdown text)."""
-    from cloudml_lib.colab import show
-
-    out = []
-    for module in (show, drive, live, picker_mod, training):
-        for name in ("show", "show_markdown"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, out.append)
-    return out
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
-    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
-    return colab.workspace()
-
-
-@pytest.fixture
 def flights(tmp_path):
     """Four flights of the user's (01, 03, 05, 07Mar25) in a folder outside data/, to move in and out."""
     make_demo_flights(tmp_path / "all", n_flights=4, frames_per_flight=120, frame_shape=(40, 48))

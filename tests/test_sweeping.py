@@ -11,30 +11,10 @@ import yaml
 from test_picker import TINY_PRESET, move
 
 from cloudml_lib import colab, hardware
-from cloudml_lib.colab import drive, live, sweeping, training
-from cloudml_lib.colab import picker as picker_mod
+from cloudml_lib.colab import sweeping
 from cloudml_lib.data.synthetic import make_demo_flights
 
 REPO = Path(__file__).parent.parent
-
-
-@pytest.fixture
-def shown(monkeypatch):
-    from cloudml_lib.colab import show
-
-    out = []
-    for module in (show, drive, live, picker_mod, training, sweeping):
-        for name in ("show", "show_markdown"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, out.append)
-    return out
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
-    monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
-    return colab.workspace()
 
 
 @pytest.fixture
