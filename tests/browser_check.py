@@ -1,7 +1,10 @@
 """Both notebooks in a real browser: what nbmake cannot see (widgets rendered, the bar's fill and colour,
-Markdown tables, the folded log, the page's length, tracebacks on the page).
+Markdown tables rendered as tables, problems in red, the folded log, the page's length, tracebacks on the
+page), and two scenarios: a stop, kernel restart and Run all continuing the run; a full disk for every
+checkpoint save (red problems, never "checkpoint saved").
 
     python tests/browser_check.py [--python PYTHON] [--out DIR] [--notebooks colab_setup.ipynb ...]
+        [--scenarios continue disk-full]
 
 starts JupyterLab from PYTHON's environment (default: this one; e.g. a venv with JupyterLab 3.6 and
 ipywidgets 7.7.1, Colab's versions) on a copy of the notebooks, drives Debian's Chromium through
@@ -30,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path(os.environ.get("CLOUDML_CHROMIUM", "/usr/bin/chromium"))
 RUN_TIMEOUT_S = 900
+WIDGET_TEXT = "widget(s) not rendered ('Error displaying widget', or its text such as VBox(children=...))"
 MAX_TRAIN_OUTPUT_PX = 3000  # the flooded Train cell was 14,567 px tall
 VISIBLE_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden):not(.p-mod-hidden)"
 BROWSER_ARGS = [
@@ -41,6 +45,35 @@ BROWSER_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
+RED, AMBER = "rgb(185, 28, 28)", "rgb(180, 83, 9)"  # live.py's #b91c1c (Problem:) and #b45309 (Warning:)
+# Put first on the kernel's PYTHONPATH for the full-disk scenario: every checkpoint write of every process
+# meets a full disk (as tests/test_notices.py does), patched when cloudml_lib.checkpoint is imported.
+DISK_FULL_HOOK = """
+import errno, importlib.abc, importlib.machinery, sys
+
+
+def _full(src, dst):
+    raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "cloudml_lib.checkpoint":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module._copy_hashing = _full
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Hook())
+"""
+SCENARIOS = ("continue", "disk-full")
 FINAL_MARKS = {
     "colab_setup.ipynb": "Smoke test: setup checks passed",
     "colab_training.ipynb": "Smoke test passed",
@@ -66,13 +99,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_lab(python: str, root: Path, log: Path, smoke: bool = True) -> tuple[subprocess.Popen, str]:
+def start_lab(
+    python: str, root: Path, log: Path, smoke: bool = True, pythonpath: str = ""
+) -> tuple[subprocess.Popen, str]:
     port, token = _free_port(), secrets.token_hex(8)
     env = {k: v for k, v in os.environ.items() if k != "CLOUDML_SMOKE"}
     # PYTHON's own bin first: `jupyter` would otherwise start whichever jupyter-lab comes first on PATH, and
     # the kernel is the server's own Python (so its ipywidgets is the one checked).
     env.update(
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=pythonpath + str(REPO),
         JUPYTER_CONFIG_DIR=str(root / ".jupyter"),
         CLOUDML_HOME=str(root / "CloudML"),
         PATH=str(Path(python).parent) + os.pathsep + env.get("PATH", ""),
@@ -123,11 +158,33 @@ PAGE_FACTS = """() => {
   const cells = [...document.querySelectorAll('.jp-CodeCell')];
   const train = cells.find(c => (c.innerText || '').includes('colab.train(ws, picker)'));
   const pres = [...document.querySelectorAll('.jp-OutputArea-output pre')];
-  return {bars, text,
+  const outs = [...document.querySelectorAll('.jp-OutputArea-output')];
+  // A Markdown table that did not render: a line '| a | b |' outside a <table>, anywhere in the outputs.
+  const raw_tables = new Set();
+  for (const e of outs.flatMap(o => [...o.querySelectorAll('p, li, pre, .widget-html-content')])) {
+    if (e.closest('table')) continue;
+    for (const line of (e.innerText || e.textContent || '').split('\\n'))
+      if (/^\\s*\\|.*\\|.*\\|\\s*$/.test(line)) raw_tables.add(line.trim().slice(0, 200));
+  }
+  // Every visible notice ('Problem:', 'Warning:', '⚠ ...' at a line's start) and its colour.
+  const notices = [];
+  for (const o of outs) {
+    const w = document.createTreeWalker(o, NodeFilter.SHOW_TEXT);
+    for (let n = w.nextNode(); n; n = w.nextNode()) {
+      const el = n.parentElement;
+      if (!el || el.offsetParent === null) continue;
+      const hit = n.textContent.split('\\n').map(x => x.trim().match(/^(?:✖\\s*)?(Problem:|Warning:|⚠)/))
+                   .find(Boolean);
+      const line = (el.closest('p, li, div, pre') || el).innerText || '';
+      if (hit) notices.push({kind: hit[1] === 'Problem:' ? 'problem' : 'warning',
+                             color: getComputedStyle(el).color, text: line.trim().slice(0, 300)});
+    }
+  }
+  return {bars, text, raw_tables: [...raw_tables], notices,
           tables: document.querySelectorAll('.jp-RenderedMarkdown table').length,
           tensorboard_frames: document.querySelectorAll('iframe[id^="tensorboard-frame"]').length,
           images: document.querySelectorAll('.jp-OutputArea-output img').length,
-          widget_errors: (text.match(/Error displaying widget|model not found/g) || []).length,
+          widget_errors: (text.match(/Error displaying widget|model not found|x\\(children=/g) || []).length,
           tracebacks: (text.match(/Traceback \\(most recent call last\\)/g) || []).length,
           train_output_px: train ?
             train.querySelector('.jp-Cell-outputWrapper').getBoundingClientRect().height : -1,
@@ -138,7 +195,7 @@ PAGE_FACTS = """() => {
 }"""
 
 
-def run_notebook(page, url: str, name: str, out: Path) -> dict:
+def run_notebook(page, url: str, name: str, out: Path, tag: str = "") -> dict:
     page.goto(url.format(name))
     page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
     page.wait_for_selector(
@@ -158,12 +215,13 @@ def run_notebook(page, url: str, name: str, out: Path) -> dict:
     time.sleep(2)  # the last outputs render
     facts = page.evaluate(PAGE_FACTS)
     facts["finished"] = FINAL_MARKS[name] in facts["text"]
-    page.screenshot(path=str(out / f"{Path(name).stem}.png"), full_page=True)
+    stem = tag or Path(name).stem
+    page.screenshot(path=str(out / f"{stem}.png"), full_page=True)
     for i, cell in enumerate(
         page.query_selector_all(".jp-CodeCell")
     ):  # each cell's output, for a person to look at
         if cell.query_selector(".jp-OutputArea-output"):
-            cell.screenshot(path=str(out / f"{Path(name).stem}-cell{i:02d}.png"))
+            cell.screenshot(path=str(out / f"{stem}-cell{i:02d}.png"))
     return facts
 
 
@@ -179,11 +237,12 @@ def judge(name: str, facts: dict) -> list[str]:
     if not facts["finished"]:
         bad.append("the notebook did not finish running")
     if facts["widget_errors"]:
-        bad.append(f"{facts['widget_errors']} widget(s) not rendered ('Error displaying widget')")
+        bad.append(f"{facts['widget_errors']} " + WIDGET_TEXT)
     if facts["tracebacks"]:
         bad.append(f"{facts['tracebacks']} traceback(s) on the page")
     if facts["tables"] < 1:
         bad.append("no Markdown table rendered as a table")
+    bad += judge_tables_and_notices(facts)
     if name == "colab_training.ipynb":
         fills = [(round(b["fill"], 2), b["classes"]) for b in facts["bars"]]
         if not any(f >= 0.99 and "success" in c for f, c in fills):
@@ -214,6 +273,35 @@ def judge(name: str, facts: dict) -> list[str]:
         if "Smoke test: setup checks passed" not in facts["text"]:
             bad.append("the setup notebook's check did not pass")
     return bad
+
+
+def judge_tables_and_notices(facts: dict) -> list[str]:
+    """Every Markdown table rendered as a table; problems red, warnings amber; no "checkpoint saved" on a
+    page that says a checkpoint could not be written."""
+    bad = [f"a Markdown table shown as raw text, not a table: {line!r}" for line in facts["raw_tables"]]
+    for n in facts["notices"]:
+        want = RED if n["kind"] == "problem" else AMBER
+        if not _near(n["color"], want):
+            bad.append(
+                f"a {n['kind']} is not {'red' if want == RED else 'amber'} ({n['color']}): {n['text']!r}"
+            )
+    failed = [
+        n["text"] for n in facts["notices"] if n["kind"] == "problem" and "checkpoint" in n["text"].lower()
+    ]
+    if failed and "checkpoint saved" in facts["text"].lower():
+        at = facts["text"].lower().index("checkpoint saved")
+        bad.append(
+            f"the page says 'checkpoint saved' ({facts['text'][max(0, at - 150) : at + 30]!r}) "
+            f"and also: {failed[0]!r}"
+        )
+    return bad
+
+
+def _near(color: str, want: str) -> bool:
+    """Colour `color` ('rgb(r, g, b)') is `want` give or take a theme's shade (JupyterLab's error red, an
+    ANSI red: both red)."""
+    got, ref = (list(map(int, re.findall(r"\d+", c)[:3])) for c in (color, want))
+    return len(got) == 3 and max(abs(a - b) for a, b in zip(got, ref)) <= 40
 
 
 def _menu(page, menu: str, item: str) -> None:
@@ -287,7 +375,52 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     return bad
 
 
-def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -> dict:
+def scenario_disk_full(page, url: str, out: Path) -> list[str]:
+    """Issue 38 defect 2: the training notebook (smoke) with every checkpoint write meeting a full disk. Each
+    failed save is a red problem, and nothing on the page says "checkpoint saved"."""
+    facts = run_notebook(page, url, "colab_training.ipynb", out, tag="disk-full")
+    bad = judge_tables_and_notices(facts)
+    failed = [n for n in facts["notices"] if n["kind"] == "problem" and "could not be written" in n["text"]]
+    if not failed:
+        problems = [n["text"] for n in facts["notices"] if n["kind"] == "problem"]
+        bad.append(f"no problem notice says a checkpoint could not be written (problems: {problems[:5]})")
+    if any(not _near(n["color"], RED) for n in failed):
+        bad.append("a failed checkpoint save is not said in red")
+    for claim in ("checkpoint saved", "progress saved"):
+        if claim in facts["text"].lower():
+            at = facts["text"].lower().index(claim)
+            bad.append(
+                f"after failed saves the page says {claim!r}: {facts['text'][max(0, at - 150) : at + 30]!r}"
+            )
+    if facts["widget_errors"]:
+        bad.append(f"{facts['widget_errors']} " + WIDGET_TEXT)
+    return bad
+
+
+def _in_lab(python: str, root: Path, out: Path, scenario, smoke: bool, pythonpath: str = "") -> dict:
+    """Run `scenario(page, url, out)` in a JupyterLab of its own; its problems (a timeout is one, with a
+    screenshot)."""
+    from playwright.sync_api import sync_playwright
+
+    what = scenario.__name__.removeprefix("scenario_").replace("_", "-")
+    log = out / f"jupyterlab-{what}.log"
+    lab, url = start_lab(python, root, log, smoke=smoke, pythonpath=pythonpath)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 4200})
+            try:
+                problems = scenario(page, url, out)
+            except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
+                page.screenshot(path=str(out / f"{what}-failed.png"), full_page=True)
+                problems = [f"{type(e).__name__}: {e}"]
+            browser.close()
+    finally:
+        _stop(lab)
+    return {"problems": problems}
+
+
+def check(python: str, out: Path, notebooks: list[str], scenarios: tuple = SCENARIOS) -> dict:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -313,22 +446,15 @@ def check(python: str, out: Path, notebooks: list[str], scenario: bool = True) -
             browser.close()
     finally:
         _stop(lab)
-    if scenario:  # without the smoke test: the user's own flow
-        lab, url = start_lab(python, root, out / "jupyterlab-continue.log", smoke=False)
-        try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-                page = browser.new_page(viewport={"width": 1400, "height": 4200})
-                try:
-                    results["continue after stop and restart"] = {
-                        "problems": scenario_continue(page, url, out)
-                    }
-                except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
-                    page.screenshot(path=str(out / "continue-failed.png"), full_page=True)
-                    results["continue after stop and restart"] = {"problems": [f"{type(e).__name__}: {e}"]}
-                browser.close()
-        finally:
-            _stop(lab)
+    if "continue" in scenarios:  # without the smoke test: the user's own flow
+        results["continue after stop and restart"] = _in_lab(python, root, out, scenario_continue, False)
+    if "disk-full" in scenarios and "colab_training.ipynb" in notebooks:  # last: it replaces the smoke run
+        hook = root / "disk-full-hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(DISK_FULL_HOOK)
+        results["a full disk at every checkpoint save"] = _in_lab(
+            python, root, out, scenario_disk_full, True, pythonpath=str(hook) + os.pathsep
+        )
     _stop_tensorboards(root)
     shutil.rmtree(root, ignore_errors=True)
     results["versions"] = f"server: JupyterLab {lab_version(python)}; kernel: {kernel_versions}"
@@ -371,13 +497,19 @@ def main() -> int:
     )
     ap.add_argument("--out", default="browser-check", help="folder for screenshots and browser_check.json")
     ap.add_argument("--notebooks", nargs="+", default=["colab_setup.ipynb", "colab_training.ipynb"])
-    ap.add_argument("--no-scenario", action="store_true", help="skip the stop / restart / Run all scenario")
+    ap.add_argument(
+        "--scenarios",
+        nargs="*",
+        default=list(SCENARIOS),
+        choices=SCENARIOS,
+        help="continue: stop, restart and Run all; disk-full: every checkpoint save fails (none: skip both)",
+    )
     args = ap.parse_args()
     lacking = missing_tools(args.python)
     if lacking:
         print("cannot run the browser check; missing: " + "; ".join(lacking), file=sys.stderr)
         return 2
-    results = check(args.python, Path(args.out), args.notebooks, not args.no_scenario)
+    results = check(args.python, Path(args.out), args.notebooks, tuple(args.scenarios))
     print(results.pop("versions"))
     for name, r in results.items():
         print(f"{name}: " + ("OK" if not r["problems"] else "PROBLEMS:\n  - " + "\n  - ".join(r["problems"])))

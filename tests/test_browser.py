@@ -1,7 +1,9 @@
 """Both notebooks in a real browser (tests/browser_check.py): widgets rendered, the bar's fill and colour,
-Markdown tables, the folded log, the Train cell's height, no traceback on the page, and the picker
-continuing the run the user started after a stop and a kernel restart. Needs Debian's Chromium, the
-playwright package and JupyterLab; skipped where any is missing (CI has none of them)."""
+every Markdown table rendered as a table (no raw '| a | b |' text), problems red and warnings amber, the
+folded log, the Train cell's height, no traceback on the page; the picker continuing the run the user
+started after a stop and a kernel restart; and a full disk at every checkpoint save said in red, never as
+"checkpoint saved". Needs Debian's Chromium, the playwright package and JupyterLab; skipped where any is
+missing (CI has none of them)."""
 
 import sys
 
