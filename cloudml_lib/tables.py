@@ -28,7 +28,7 @@ def markdown(header: list, rows: list[list], code: tuple[int, ...] = (), plain: 
     placeholders in `plain`."""
     lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [_cell(x, i in code and str(x) not in plain) for i, x in enumerate(row)]
+        cells = [_cell(x, i in code and str(x).strip() not in plain) for i, x in enumerate(row)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -126,6 +126,7 @@ def test_without_an_estimate_the_reported_figures_are_used_and_labelled(monkeypa
         raise RuntimeError("fake tensors unsupported")
 
     monkeypatch.setattr(estimate, "_estimate", broken)
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # a CLI test may have cut it
     hardware.preset_memory.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="cloudml_lib.estimate"):
