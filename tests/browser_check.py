@@ -366,10 +366,14 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     page.screenshot(path=str(out / "continue-2-run-all.png"), full_page=True)
     if value != "3":
         bad.append(f"after Run all the picker shows {value} epochs, not the 3 chosen")
-    if "Continuing run demo" not in note:
-        bad.append("the picker does not say it continues run demo")
-    elif "of 120)" not in note:  # the stop saved a checkpoint of the 3-epoch run
+    # the note is refreshed once the run ends: "Continuing run demo" while it trains, then that it finished
+    train_text = page.inner_text(".jp-CodeCell:has-text('colab.train(ws, picker)')")
+    if "Continuing run demo" not in note and "Run demo is finished" not in note:
+        bad.append(f"the picker does not say it continues run demo: {note[:300]!r}")
+    elif "Continuing run demo" in note and "of 120)" not in note:  # a checkpoint of the 3-epoch run
         bad.append(f"the stop did not save a checkpoint of the 3-epoch run: {note[:300]!r}")
+    if "Resumed from step" not in train_text:
+        bad.append("the Train cell does not say the run resumed from the stop's checkpoint")
     if "of 120" not in label:
         bad.append(f"the continued run is not the 3-epoch run (bar: {label!r})")
     return bad
