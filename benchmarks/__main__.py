@@ -266,20 +266,180 @@ def gpu_md(d: dict | None) -> list[str]:
             "Not measured: no CUDA GPU was available where these results were made. `python "
             "benchmarks/gpu.py` on a GPU machine writes results/gpu.json."
         ]
-    lines = [
-        f"Device: {d['device']} (memory capped at {d['memory_cap_gib']} GiB), frames {d['frame']}, "
-        f"T = {d['temporal_frames']}, torch {d['torch']}.",
+    if "compile" not in d:  # a file of the first gpu.py (presets only)
+        return gpu_presets_md(d)
+    return [
+        f"Device: {d['device']}, torch {d['torch']}, Python {d['machine']['python']}, "
+        "standing for a Colab T4: "
+        f"memory capped at {d['memory_cap_gib']} GiB, {d['standing_for_t4']}; frames {d['frame'][0]} x "
+        f"{d['frame'][1]}, T = {d['temporal_frames']}. **What transfers to a T4**: the memory under the cap "
+        "(the same kernels allocate the same tensors; a T4 also holds the CUDA context, about 0.3-0.5 GiB, "
+        "outside the cap). Speed, time to compile and the allocator's caching do not transfer: a T4 has "
+        "about 1/15 of this GPU's fp16 rate; T4 figures elsewhere stay estimates.",
         "",
-        "| preset | result |",
-        "|---|---|",
+        *gpu_presets_md(d),
+        "",
+        *gpu_compile_md(d),
+        "",
+        *gpu_precision_md(d["precision"]),
+        "",
+        *gpu_memory_md(d["memory"]),
+        "",
+        *gpu_predict_resume_md(d["predict"], d["resume"]),
+    ]
+
+
+def failed_md(item: dict) -> list[str]:
+    return [f"Not complete: {item['failed']}."] if "failed" in item else []
+
+
+def gpu_presets_md(d: dict) -> list[str]:
+    lines = [
+        "| preset | batch | compiled | estimated peak | allocated (/ est.) | reserved (/ est.) | "
+        "reserved - est. "
+        "(stated overhead) | time to first step | steps/s | share of peak FLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, p in d["presets"].items():
+        if not isinstance(p, dict) or "batch_size" not in p:
+            continue
+        if "peak_allocated_gib" not in p:
+            lines.append(f"| {name} | {p['batch_size']} | {p.get('out_of_memory', 'not measured')} |||||||")
+            continue
         lines.append(
-            f"| {name} | "
-            + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items())
-            + " |"
+            f"| {name.replace('_', ' ')} | {p['batch_size']} | {'yes' if p['torch_compile'] else 'no'} | "
+            f"{p['estimated_peak_gib']:.2f} GiB | {p['peak_allocated_gib']:.2f} GiB "
+            f"({p['allocated_over_estimate']:.2f}) | {p['peak_reserved_gib']:.2f} GiB "
+            f"({p['reserved_over_estimate']:.2f}) "
+            f"| {p['reserved_minus_estimate_gib']:.2f} GiB "
+            f"({p.get('stated_overhead_gib', float('nan')):.2f}) | "
+            f"{p.get('time_to_first_step_s', float('nan')):.1f} s | {p['steps_per_s']:.2f} | "
+            f"{p.get('fraction_of_peak_flops', float('nan')):.1%} |"
         )
-    return lines
+    return lines + failed_md(d["presets"])
+
+
+def gpu_compile_md(d: dict) -> list[str]:
+    lines = [
+        "Preset A (checkpointing, compile `default`) through the real Trainer, 3 epochs of synthetic "
+        "flights in "
+        "the real layout, validation after each:",
+        "",
+        "| run | epoch 1 | epoch 2 | epoch 3 | steps/s, epochs 2-3 | graphs, recompiles, breaks, "
+        "fall-back after "
+        "each epoch | compiling |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    runs = [("compiled, inductor cache empty", d["compile"].get("compiled"))]
+    runs += [("compiled, inductor cache warm", d.get("compile_warm_cache", {}).get("compiled"))]
+    runs += [("eager", d["compile"].get("eager"))]
+    for name, r in runs:
+        if not r:
+            continue
+        epochs = [f"{e['train_s']:.1f} s ({e['steps']} steps)" for e in r["epochs"]]
+        after = "; ".join(
+            f"{c['graphs']}, {c['recompiles']}, {c['graph_breaks']}, {c['fallback'] or 'none'}"
+            for c in r["compile_after_each_epoch"]
+        )
+        compiling = f"{r['compile_at_end']['compile_s']:.1f} s" if r["compile_at_end"]["active"] else "-"
+        lines.append(
+            f"| {name} | {' | '.join(epochs)} | {r['steps_per_s_after_epoch_1']:.2f} | "
+            f"{after if r['compile_at_end']['active'] else '-'} | {compiling} |"
+        )
+    reasons = (d["compile"].get("compiled") or {}).get("recompile_reasons")
+    if reasons:
+        lines += [
+            "",
+            "Dynamo's reasons for the recompiles (each once, in epoch 1): " + "; ".join(reasons) + ".",
+        ]
+    if "compiled_over_eager_steps_per_s" in d["compile"]:
+        lines += [
+            "",
+            "Compiled over eager steps/s through the Trainer: "
+            f"{d['compile']['compiled_over_eager_steps_per_s']:.2f}x.",
+        ]
+    return lines + failed_md(d["compile"])
+
+
+def gpu_precision_md(p: dict) -> list[str]:
+    if "fp16_grad_scaler" not in p:
+        return failed_md(p) or ["fp16 against fp32: not measured."]
+    a, b = p["fp16_grad_scaler"], p["fp32"]
+    return [
+        f"fp16 with a GradScaler against fp32, {p['model']}:",
+        "",
+        "| precision | steps | non-finite losses | steps skipped by the scaler | first loss | "
+        "mean loss, last tenth "
+        "| steps/s |",
+        "|---|---|---|---|---|---|---|",
+        f"| fp16 + GradScaler | {a['steps']} | {a['non_finite_losses']} | {a['skipped_by_scaler']} | "
+        f"{p['first_loss']['fp16']:.4f} | {p['mean_loss_last_tenth']['fp16']:.4f} | {a['steps_per_s']:.2f} |",
+        f"| fp32 | {b['steps']} | {b['non_finite_losses']} | - | {p['first_loss']['fp32']:.4f} | "
+        f"{p['mean_loss_last_tenth']['fp32']:.4f} | {b['steps_per_s']:.2f} |",
+    ]
+
+
+def gpu_memory_md(m: dict) -> list[str]:
+    lines = [
+        "The batch probe (`train.batch_size: auto`, a 15% margin) against the largest batch whose real "
+        "step fits "
+        "under the cap (eager, as the probe runs):",
+        "",
+        "| preset | probe: fixed + per sample | probe's batch | largest that fits | probe / largest |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ("A", "B"):
+        r = m.get(name)
+        if r:
+            pr = r["probe"]
+            lines.append(
+                f"| {name} | {pr['fixed_gib']:.2f} + {pr['per_sample_gib']:.3f} GiB | "
+                f"{pr['recommended_batch']} | "
+                f"{r['largest_fitting_batch']} | {r['probe_over_largest']:.2f} |"
+            )
+    o = m.get("forced_oom")
+    if o:
+        lines += [
+            "",
+            f"Out of memory forced in the real Trainer (preset B, batch {o['batch_size']}, cap "
+            f"{o['memory_cap_gib']} GiB): training recovered {'yes' if o['training_recovered'] else 'NO'} "
+            f"(micro-batches of {o['micro_batch_size']}, {o['oom_recoveries']} recovery, batch size still "
+            f"{o['batch_size_after']}, {o['step']} of {o['optimizer_steps_expected']} optimizer steps); "
+            "evaluation "
+            f"recovered {'yes' if o['evaluation_recovered'] else 'NO'} (its batch "
+            f"{o['eval_batch_size_at_start']} -> "
+            f"{o['eval_batch_size']}, the training batch unchanged).",
+        ]
+    return lines + failed_md(m)
+
+
+def gpu_predict_resume_md(p: dict, r: dict) -> list[str]:
+    lines = [
+        f"Whole flights ({p.get('model', '')}):",
+        "",
+        "| path | frames | frames/s | a 12,000-frame flight |",
+    ]
+    lines.append("|---|---|---|---|")
+    for path in ("per_frame", "per_frame_cl"):
+        if path in p:
+            x = p[path]
+            name = "each frame once" + (", channels_last" if path.endswith("cl") else "")
+            lines.append(
+                f"| {name} | {x['frames']} | {x['frames_per_s']:.0f} | {x['flight_12000_min']:.1f} min |"
+            )
+    lines += failed_md(p) + [""]
+    if "bit_identical" in r:
+        f = r["final_state"]
+        worst = max(f["model"]["max_abs_diff"], f["optimizer"]["max_abs_diff"])
+        lines.append(
+            f"Kill and resume ({r['determinism']}): killed by SIGKILL "
+            f"{'yes' if r['killed_by_sigkill'] else 'no'}; final weights and optimizer state against the "
+            f"uninterrupted run: {'bit-identical' if r['bit_identical'] else 'different'} (model "
+            f"{f['model']['equal_bits']} of {f['model']['tensors']} tensors equal, optimizer "
+            f"{f['optimizer']['equal_bits']} of {f['optimizer']['tensors']}, max abs diff {worst:.3g}); "
+            f"evaluation {'equal' if r['evaluation_equal'] else 'different'}."
+        )
+    return lines + failed_md(r)
 
 
 def preprocess_md(d: dict) -> list[str]:
@@ -420,7 +580,12 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
             *(render(d) if d else [f"Not run yet: `python benchmarks/{name}.py`."]),
             "",
         ]
-    lines += ["## GPU presets", "", *gpu_md(load(results, "gpu")), ""]
+    lines += [
+        "## GPU: presets, compile, fp16, memory, predict and resume",
+        "",
+        *gpu_md(load(results, "gpu")),
+        "",
+    ]
     out.write_text("\n".join(lines))
     return out
 

@@ -108,9 +108,11 @@ def flight_dir(model_name: str, frames: int) -> Path:
     return folder
 
 
-def child(model_name: str, path: str, frames: int, device_name: str, out: Path) -> None:
+def child(
+    model_name: str, path: str, frames: int, device_name: str, out: Path, folder: Path | None = None
+) -> None:
     """One whole process: build the model, read and preprocess the flight, predict every frame; timings to
-    `out`."""
+    `out`. `folder`: flights written elsewhere (benchmarks/gpu.py's), instead of this benchmark's own."""
     started = time.perf_counter()
     import numpy as np
     import torch
@@ -124,7 +126,7 @@ def child(model_name: str, path: str, frames: int, device_name: str, out: Path) 
     from cloudml_lib.predict import flights_to_predict, predict_flight
     from cloudml_lib.resources import config_file
 
-    folder = flight_dir(model_name, frames)
+    folder = folder or flight_dir(model_name, frames)
     cfg = load_config(config_file(MODELS[model_name][0]), [f"data.dir={folder}", "data.flights=[]"])
     name = sorted(p.name for p in folder.iterdir() if p.is_dir())[0]
     flight = flights_to_predict(cfg, [name])[name]

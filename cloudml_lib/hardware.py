@@ -21,7 +21,7 @@ from cloudml_lib import estimate, tables
 from cloudml_lib.errors import ConfigError
 from cloudml_lib.memory import GIB, MARGIN
 from cloudml_lib.outputs import free_bytes
-from cloudml_lib.resources import PRESET_FILES, config_file
+from cloudml_lib.resources import PRESET_FILES, config_file, measured
 
 log = logging.getLogger(__name__)
 
@@ -296,9 +296,38 @@ def memory_rows(free_bytes: float | None) -> list[list[str]]:
                 "-" if free_bytes is None else p.largest_batch(free_bytes),
                 p.largest_batch(estimate.T4_BYTES),
                 f"{estimate.REPORTED_PEAK_GIB[p.name]:.0f}",
+                measured_memory(p.name),
             ]
         )
     return rows
+
+
+def measured_gpu() -> dict:
+    """benchmarks/gpu.py's results as the package holds them ({} where no GPU has measured them)."""
+    d = measured("gpu") or {}
+    return d if isinstance(d.get("presets"), dict) else {}
+
+
+def measured_memory(preset: str) -> str:
+    """A preset's peak GPU memory measured by benchmarks/gpu.py at its batch, "allocated / reserved" in
+    GiB, or "-"."""
+    p = measured_gpu().get("presets", {}).get(preset)
+    values = [p.get(k) for k in ("peak_allocated_gib", "peak_reserved_gib")] if isinstance(p, dict) else []
+    if len(values) != 2 or not all(isinstance(v, (int, float)) for v in values):
+        return "-"
+    return f"{values[0]:.2f} / {values[1]:.2f}"
+
+
+def measured_overhead() -> tuple[float, float] | None:
+    """What the largest batch that fitted under benchmarks/gpu.py's cap needed beyond the estimated peak
+    (GiB, between these two: that batch fitted, one more did not), from its preset B; None if not measured."""
+    gpu = measured_gpu()
+    fit = (gpu.get("memory") or {}).get("B") or {}
+    largest, cap = fit.get("largest_fitting_batch"), gpu.get("memory_cap_gib")
+    e = next((p.estimate for p in preset_memory() if p.name == "B"), None)
+    if not (isinstance(largest, int) and largest > 0 and isinstance(cap, (int, float)) and e):
+        return None
+    return cap - e.train_peak(largest + 1) / GIB, cap - e.train_peak(largest) / GIB
 
 
 MEMORY_HEADER = [
@@ -310,6 +339,7 @@ MEMORY_HEADER = [
     "largest batch here",
     "largest batch on a T4",
     "reported by users (GiB)",
+    "measured, allocated / reserved (GiB)",
 ]
 
 
@@ -317,17 +347,33 @@ def memory_table(free_bytes: float | None, markdown: bool = False) -> str:
     """memory_rows as a table, and what its figures are."""
     rows = memory_rows(free_bytes)
     body = tables.markdown(MEMORY_HEADER, rows) if markdown else tables.text(MEMORY_HEADER, rows)
-    return body + "\n\n" + MEMORY_NOTE
+    return body + "\n\n" + memory_note()
 
 
-MEMORY_NOTE = (
-    "Estimated peak: the tensors of one training step at 440 x 640, T = 5, fp16 autocast, weights, "
-    "optimizer state and the batch included, computed from the model on fake tensors (nothing allocated). "
-    f"With overhead: + {estimate.SLACK:.0%} allocator slack + {estimate.OVERHEAD_BYTES / GIB:.2f} GiB for "
-    "the CUDA context and workspaces, a stated figure not yet calibrated on a GPU. Largest batch: with the "
-    "15% margin that train.batch_size: auto keeps (its probe on the GPU decides). Reported by users: the "
-    "figures in their notes, for their own network; they differ from the estimate of this one."
-)
+def memory_note() -> str:
+    """What the memory table's figures are, and where the measured ones come from."""
+    gpu, overhead = measured_gpu(), measured_overhead()
+    where = (
+        f"Measured: benchmarks/gpu.py on an {gpu.get('device')} standing for a T4 (capped at "
+        f"{gpu.get('memory_cap_gib')} GiB, fp16 + GradScaler), the same step at the same size; on a T4 the "
+        "allocated figure transfers, not the speed."
+        if gpu
+        else "Measured: no GPU has run benchmarks/gpu.py for this installation, so the overhead is stated."
+    )
+    if overhead:
+        where += (
+            f" Under that cap the largest batch that fitted needed the estimated peak + {overhead[0]:.2f} to "
+            f"{overhead[1]:.2f} GiB, inside the stated overhead (a T4 also holds its CUDA context)."
+        )
+    return (
+        "Estimated peak: the tensors of one training step at 440 x 640, T = 5, fp16 autocast, weights, "
+        "optimizer state and the batch included, computed from the model on fake tensors (nothing "
+        f"allocated). With overhead: + {estimate.SLACK:.0%} allocator slack + "
+        f"{estimate.OVERHEAD_BYTES / GIB:.2f} GiB for the CUDA context and workspaces. Largest batch: with "
+        "the 15% margin that train.batch_size: auto keeps (its probe on the GPU decides). Reported by users: "
+        "the figures in their notes, for their own network; they differ from the estimate of this one. "
+        + where
+    )
 
 
 def preset_config_path(name: str) -> Path:

@@ -141,7 +141,12 @@ def test_probe_on_a_real_gpu(tiny_config, tmp_path):
     tiny_config.train.batch_size = "auto"
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     trainer.close()
-    assert isinstance(tiny_config.train.batch_size, int) and tiny_config.train.batch_size >= 1
+    # the measured batch is the run's plan (trainer.cfg); the config as loaded is never changed
+    assert isinstance(trainer.cfg.train.batch_size, int) and trainer.cfg.train.batch_size >= 1
+    assert tiny_config.train.batch_size == "auto"
+    assert (
+        "train.batch_size auto: memory probe: one step takes" in (tmp_path / "run" / "train.log").read_text()
+    )
 
 
 def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
@@ -149,6 +154,7 @@ def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
 
     tiny_config.train.batch_size = "auto"
+    tiny_config.train.device = "cpu"  # on a GPU machine too (this failed there before it was set)
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     trainer.close()
     assert trainer.cfg.train.batch_size == CPU_AUTO_BATCH and tiny_config.train.batch_size == "auto"

@@ -104,6 +104,11 @@ def show_presets() -> None:
     gpu = results("gpu") or {}
     presets = gpu.get("presets") if isinstance(gpu.get("presets"), dict) else {}
     measured = {k: v.get("peak_reserved_gib") for k, v in presets.items() if isinstance(v, dict)}
+    where = (
+        f"on an {gpu['device']} capped at {gpu.get('memory_cap_gib')} GiB"
+        if gpu.get("device")
+        else "on a GPU"
+    )
     rows, device = [], this_device()
     for p in hardware.preset_memory():
         name = p.name
@@ -114,7 +119,7 @@ def show_presets() -> None:
             else f"about {p.reported_bytes / GIB:.0f} GiB (reported by users)"
         )
         if isinstance(measured.get(name), (int, float)):
-            mem += f"; {measured[name]:.1f} GiB measured"
+            mem += f"; {measured[name]:.1f} GiB reserved, measured {where}"
         rows.append(
             [
                 name,
