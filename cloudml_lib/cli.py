@@ -76,6 +76,15 @@ def _data_dir_argument(parser, moved: bool = False) -> None:
     )
 
 
+def _cache_dir_argument(parser) -> None:
+    parser.add_argument(
+        "--cache-dir",
+        type=_folder,
+        help="where the preprocessing cache goes if the run's recorded data.cache_dir is not this "
+        "machine's (a run trained on Colab, used elsewhere)",
+    )
+
+
 def _add_training_commands(sub) -> None:
     """train, crossval, sweep: the commands that train, each resumable."""
     t = sub.add_parser("train", help="train a model (on the demo flights with --preset demo)")
@@ -151,6 +160,7 @@ def _add_result_commands(sub) -> None:
     )
     pr.add_argument("--out", type=_folder, help="folder for the files (default: RUN_DIR/predictions)")
     _data_dir_argument(pr, moved=True)
+    _cache_dir_argument(pr)
     pr.add_argument(
         "--calibration",
         metavar="DIR",
@@ -167,6 +177,7 @@ def _add_result_commands(sub) -> None:
     e = sub.add_parser("evaluate", help="score a run's best model on its validation flights")
     e.add_argument("--run-dir", type=_folder, required=True)
     _data_dir_argument(e, moved=True)
+    _cache_dir_argument(e)
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -303,7 +314,9 @@ def _said_damage(damaged: list[str]) -> int:
 def _predict(args) -> int:
     from cloudml_lib.predict import predict_flights
 
-    for path in predict_flights(args.run_dir, args.flights, args.out, args.data_dir, args.calibration):
+    for path in predict_flights(
+        args.run_dir, args.flights, args.out, args.data_dir, args.calibration, cache_dir=args.cache_dir
+    ):
         print(f"wrote {path}")
     return 0
 
@@ -392,7 +405,7 @@ def _evaluate(args) -> int:
     from cloudml_lib.evaluate import evaluate_run, format_report
     from cloudml_lib.outputs import json_safe
 
-    report = evaluate_run(args.run_dir, data_dir=args.data_dir)
+    report = evaluate_run(args.run_dir, data_dir=args.data_dir, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(json_safe(report), allow_nan=False))
     else:

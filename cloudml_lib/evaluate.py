@@ -296,9 +296,12 @@ class RunModel:
     autocast: object  # a context-manager factory (mixed precision on a GPU)
 
 
-def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: str = "evaluate") -> RunModel:
-    """best.pt of a run with the config it was trained with (data.dir replaced if the files moved).
-    Every way best.pt can be unusable is a CloudMLError naming it."""
+def load_run_model(
+    run_dir: str | Path, data_dir: str | None = None, command: str = "evaluate", cache_dir: str | None = None
+) -> RunModel:
+    """best.pt of a run with the config it was trained with (data.dir replaced if the files moved, and
+    data.cache_dir if the cache is to be built elsewhere, e.g. a run trained on another machine). Every way
+    best.pt can be unusable is a CloudMLError naming it."""
     from cloudml_lib.rundir import check_folder_kind, has_run
 
     run_dir = Path(run_dir)
@@ -311,6 +314,8 @@ def load_run_model(run_dir: str | Path, data_dir: str | None = None, command: st
         raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
     if data_dir:  # the flights moved since training
         cfg = derive(cfg, {"data.dir": data_dir})
+    if cache_dir:  # the recorded cache folder is not this machine's
+        cfg = derive(cfg, {"data.cache_dir": cache_dir})
     cfg = _with_stored_cloud_head(cfg, ckpt[Key.MODEL], best, run_dir)
     model = build_model(cfg, Scalers.from_dict(ckpt[Key.SCALERS]))
     film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
@@ -393,10 +398,14 @@ def cloud_head_of(state: dict) -> str | None:
     return "joint" if last.shape[0] == 2 else "probe" if "cloud.weight" in state else "none"
 
 
-def evaluate_run(run_dir: str | Path, data_dir: str | None = None, write: bool = True) -> dict:
-    """Score a run's best model on its validation flights; writes predictions.csv and evaluation.json."""
+def evaluate_run(
+    run_dir: str | Path, data_dir: str | None = None, write: bool = True, cache_dir: str | None = None
+) -> dict:
+    """Score a run's best model on its validation flights; writes predictions.csv and evaluation.json.
+    `data_dir`, `cache_dir`: where the flights and the preprocessing cache are now, if not where the run
+    recorded them."""
     run_dir = Path(run_dir)
-    rm = load_run_model(run_dir, data_dir)
+    rm = load_run_model(run_dir, data_dir, cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
     train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]

@@ -531,13 +531,16 @@ def predict_flights(
     out_dir: str | Path | None = None,
     data_dir: str | None = None,
     calibration_dir: str | Path | None = None,
+    cache_dir: str | None = None,
 ) -> list[Path]:
     """Predict whole flights with a run's best model; returns the NetCDF files written.
     `flights`: names from the run's config or found in data.dir (default: its validation flights).
     `calibration_dir`: a folder whose intervals.json calibrates the intervals (a cross-validation's, whose
-    leave-one-flight-out residuals show the error on a flight never seen); default the run's own."""
+    leave-one-flight-out residuals show the error on a flight never seen); default the run's own.
+    `cache_dir`: where the files' checksum memo goes if the run's recorded cache folder is not this
+    machine's."""
     run_dir = Path(run_dir)
-    rm = load_run_model(run_dir, data_dir, command="predict")
+    rm = load_run_model(run_dir, data_dir, command="predict", cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     calibration = _calibration(run_dir, calibration_dir)
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from cloudml_lib.config import build_config
 from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, prepare
 from cloudml_lib.data.synthetic import make_demo_flights
 
+REPO = Path(__file__).resolve().parent.parent
 TINY_SHAPE = (40, 48)  # raw rows x columns of the test camera
 TINY_FRAMES = 240
 
@@ -106,3 +111,18 @@ def ws(tmp_path, monkeypatch):
     monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
     monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
     return colab.workspace()
+
+
+def run_cli(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m cloudml_lib ARGS` in a process of its own (from the repository, or `cwd`), its output
+    captured; no fault injection inherited (CLOUDML_KILL_AT only where `env` sets it)."""
+    full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full.get("PYTHONPATH", "")]))
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "cloudml_lib", *map(str, args)],
+        cwd=REPO if cwd is None else cwd,
+        capture_output=True,
+        text=True,
+        env=full,
+    )
