@@ -5,7 +5,7 @@ Drive copy) reads them without a checkout:
 - configs/            -> cloudml_lib/configs    the presets and sweep spaces (`--preset`, `--space`)
 - benchmarks/results/ -> cloudml_lib/measured   the figures the library quotes (compile, GPU memory)
 
-cloudml_lib/resources.py finds the same files in either layout. cloudml_lib/_source.json exists only in a
+cloudml_lib/base/resources.py finds the same files in either layout. cloudml_lib/_source.json exists only in a
 Colab install (colab/install.py writes it into its build copy): the Drive copy's fingerprint.
 tests/test_packaging.py builds the wheel and compares its contents with the checkout, so a new module or data
 file cannot be left out.

@@ -34,14 +34,14 @@ DEMO_DATA = [f"data.dir={SCRATCH / 'flights'}", f"data.cache_dir={SCRATCH / 'cac
 
 
 def demo_config(*overrides: str):
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
 
     return load_config(REPO / "configs" / "demo.yaml", [*DEMO_DATA, *overrides])
 
 
 def stall_per_save(n: int = 10) -> dict:
-    from cloudml_lib.checkpoint import find_checkpoints
-    from cloudml_lib.model import count_parameters
+    from cloudml_lib.core.checkpoint import find_checkpoints
+    from cloudml_lib.core.model import count_parameters
     from cloudml_lib.train import Trainer
 
     run = SCRATCH / "stall"

@@ -51,7 +51,7 @@ RUNS = (
 
 
 def run(variant: str, seed: int) -> dict:
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
     from cloudml_lib.train import train
 
     overrides = [

@@ -27,7 +27,7 @@ FRAMES_PER_FLIGHT = 150
 
 
 def config(n_flights: int):
-    from cloudml_lib.config import build_config
+    from cloudml_lib.base.config import build_config
     from cloudml_lib.data.synthetic import demo_flight_entries
 
     entries = demo_flight_entries(n_flights)

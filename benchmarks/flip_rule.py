@@ -35,7 +35,7 @@ RUNS = (("old_rule", 42), ("relative", 42))  # add ("old_rule", 7), ("relative",
 
 
 def run(variant: str, seed: int) -> dict:
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
     from cloudml_lib.data import dataset as ds_mod
     from cloudml_lib.train import train
 

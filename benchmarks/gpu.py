@@ -104,15 +104,15 @@ def stand_for_t4(cap_gib: float = T4_GIB) -> dict:
     only). Returns what was set, for the results."""
     import torch
 
-    import cloudml_lib.evaluate
-    import cloudml_lib.hardware
+    import cloudml_lib.core.device
+    import cloudml_lib.science.evaluate
     import cloudml_lib.train.build
-    from cloudml_lib.hardware import Precision
+    from cloudml_lib.core.device import Precision
 
     def fp16(device):
         return Precision(torch.float16, True) if device.type == "cuda" else Precision(None, False)
 
-    for module in (cloudml_lib.hardware, cloudml_lib.train.build, cloudml_lib.evaluate):
+    for module in (cloudml_lib.core.device, cloudml_lib.train.build, cloudml_lib.science.evaluate):
         module.choose_precision = fp16
     if not torch.cuda.is_available():
         return {"precision": "fp32 (CPU)", "memory_cap_gib": None}
@@ -142,7 +142,7 @@ def peak_flops() -> float | None:
 
 
 def config(preset: str, size: Size, extra: list[str] = ()):
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
 
     overrides = size.data_overrides(SCRATCH / "flights", SCRATCH / "cache") + list(extra)
     return load_config(REPO / "configs" / PRESETS[preset], overrides)
@@ -155,9 +155,9 @@ def build(cfg, device, compile_: bool | None = None):
     """The preset's model (its checkpointing, its compile unless `compile_` says), AdamW, autocast, scaler."""
     import torch
 
-    from cloudml_lib.compile import apply_compile
-    from cloudml_lib.hardware import choose_precision
-    from cloudml_lib.model import build_model
+    from cloudml_lib.core.compile import apply_compile
+    from cloudml_lib.core.device import choose_precision
+    from cloudml_lib.core.model import build_model
 
     model = build_model(cfg).to(device)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
@@ -262,7 +262,7 @@ def release() -> None:
 def against_estimate(cfg, size: Size, measured: dict) -> dict:
     """The estimate of this preset's step (fp16 on a GPU), its ratios to the measurement, and the measured
     speed as a fraction of the GPU's peak FLOP rate."""
-    from cloudml_lib.estimate import OVERHEAD_BYTES, SLACK, StepShape, estimate
+    from cloudml_lib.core.estimate import OVERHEAD_BYTES, SLACK, StepShape, estimate
 
     e = estimate(StepShape.of(cfg, None if size.smoke else "float16", frame=size.frame))
     if e is None:
@@ -320,7 +320,7 @@ def write_flight(args) -> None:
 
 def trainer(cfg, run_dir: Path):
     """The real Trainer, set up in this process (its log to stdout)."""
-    from cloudml_lib.logs import attach_run_log
+    from cloudml_lib.base.logs import attach_run_log
     from cloudml_lib.train.loop import Trainer
 
     shutil.rmtree(run_dir, ignore_errors=True)  # this script's own scratch run
@@ -413,17 +413,17 @@ def item_compile(size: Size, put) -> None:
 def precision_run(amp: bool, size: Size, steps: int, deadline: float) -> dict:
     import torch
 
-    import cloudml_lib.hardware
-    from cloudml_lib.hardware import Precision
+    import cloudml_lib.core.device
+    from cloudml_lib.core.device import Precision
 
     cfg = config("C", size)
     device = torch.device(size.device)
-    keep = cloudml_lib.hardware.choose_precision
+    keep = cloudml_lib.core.device.choose_precision
     if not amp:
-        cloudml_lib.hardware.choose_precision = lambda d: Precision(None, False)
+        cloudml_lib.core.device.choose_precision = lambda d: Precision(None, False)
     torch.manual_seed(0)
     model, opt, autocast, scaler, _ = build(cfg, device, compile_=False)
-    cloudml_lib.hardware.choose_precision = keep
+    cloudml_lib.core.device.choose_precision = keep
     b, t = cfg.train.batch_size, cfg.data.temporal_frames
     batches = [synthetic_batch(b, t, size.frame, device, seed=s) for s in range(4)]
     losses, skipped, t0 = [], 0, time.perf_counter()
@@ -506,7 +506,7 @@ def probe_choice(name: str, size: Size) -> dict:
     """What the trainer's `train.batch_size: auto` chooses (memory.measure_batch_size on the eager model)."""
     import torch
 
-    from cloudml_lib.memory import probe_batch_size
+    from cloudml_lib.core.memory import probe_batch_size
 
     cfg = config(name, size)
     device = torch.device(size.device)
@@ -606,7 +606,7 @@ def cli_run(size: Size, run: str, kill_at: str | None) -> subprocess.CompletedPr
 
 
 def final_state(run: str) -> dict:
-    from cloudml_lib.checkpoint import find_checkpoints, load_checkpoint
+    from cloudml_lib.core.checkpoint import find_checkpoints, load_checkpoint
 
     return load_checkpoint(find_checkpoints(SCRATCH / run)[-1] / "state.pt")
 
@@ -672,7 +672,7 @@ def cli(argv: list[str], smoke: bool) -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     stand_for_t4()
-    from cloudml_lib.cli import main as cloudml
+    from cloudml_lib.commands.cli import main as cloudml
 
     return cloudml(argv)
 

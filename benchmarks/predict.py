@@ -49,7 +49,7 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
 
     from cloudml_lib.data.dataset import model_azimuth, scalar_inputs
     from cloudml_lib.data.preprocess import FrameSpec
-    from cloudml_lib.predict import BLOCK, _flight_inputs
+    from cloudml_lib.science.predict import BLOCK, _flight_inputs
 
     inputs = _flight_inputs(flight, data)
     n, t = inputs["t"].size, data.temporal_frames
@@ -117,14 +117,14 @@ def child(
     import numpy as np
     import torch
 
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.base.resources import config_file
+    from cloudml_lib.core.device import choose_precision
+    from cloudml_lib.core.inference import prepare_model
+    from cloudml_lib.core.model import build_model
     from cloudml_lib.data.dataset import Scalers
     from cloudml_lib.data.preprocess import SKIMAGE, FramePool, resolve_workers
-    from cloudml_lib.hardware import choose_precision
-    from cloudml_lib.inference import prepare_model
-    from cloudml_lib.model import build_model
-    from cloudml_lib.predict import flights_to_predict, predict_flight
-    from cloudml_lib.resources import config_file
+    from cloudml_lib.science.predict import flights_to_predict, predict_flight
 
     folder = folder or flight_dir(model_name, frames)
     cfg = load_config(config_file(MODELS[model_name][0]), [f"data.dir={folder}", "data.flights=[]"])

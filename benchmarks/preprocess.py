@@ -45,7 +45,7 @@ ROUNDS = 3  # alternated repetitions of each side-by-side speed measurement
 
 
 def config(frames: int, workers, backend_device: str = "cpu", demo_model: bool = True):
-    from cloudml_lib.config import build_config
+    from cloudml_lib.base.config import build_config
     from cloudml_lib.data.synthetic import demo_flight_entries
 
     entries = demo_flight_entries(2)
@@ -131,10 +131,10 @@ def measure_predict(frames: int, workers, device: str) -> dict:
     """predict_flight over the first `frames` frames of a flight (the rest of predict writes files)."""
     import torch
 
-    from cloudml_lib import predict as pr
+    from cloudml_lib.core.model import build_model
     from cloudml_lib.data.dataset import Scalers
     from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_workers
-    from cloudml_lib.model import build_model
+    from cloudml_lib.science import predict as pr
 
     cfg = config(min(n for n in LENGTHS if n >= frames), workers, demo_model=device == "cpu")
     model = build_model(cfg).to(device).eval()
@@ -177,7 +177,7 @@ def measure_model(device: str) -> dict:
     """The network alone on random real-size windows: the rate predict cannot exceed."""
     import torch
 
-    from cloudml_lib.model import build_model
+    from cloudml_lib.core.model import build_model
 
     cfg = config(SPEED_FRAMES, 0, demo_model=device == "cpu")
     model = build_model(cfg).to(device).eval()
@@ -226,7 +226,7 @@ def frame_difference() -> dict:
     """kornia against scikit-image on the same prepared frames, as cached (float16, z-scored units)."""
     import h5py
 
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
     from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, equalise_torch, prepare
 
     out = {}
@@ -259,9 +259,9 @@ def frame_difference() -> dict:
 
 def demo_accuracy() -> dict:
     """The demo trained on each backend; the scikit-image model also evaluated on kornia frames."""
-    from cloudml_lib import evaluate
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
     from cloudml_lib.data.preprocess import SKIMAGE, Backend
+    from cloudml_lib.science import evaluate
     from cloudml_lib.train import build, train
 
     def overrides():

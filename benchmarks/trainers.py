@@ -57,7 +57,7 @@ class FirstStep:
 
 
 def config():
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
 
     return load_config(
         REPO / "configs" / "demo.yaml",
@@ -111,8 +111,8 @@ def run_bare(cfg) -> float:
     import torch
     from torch.utils.data import DataLoader
 
+    from cloudml_lib.core.model import build_model
     from cloudml_lib.data.dataset import EpochBatchSampler
-    from cloudml_lib.model import build_model
     from cloudml_lib.train import seed_everything
 
     t = cfg.train
@@ -167,8 +167,8 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
     import torch
     from torch.utils.data import DataLoader
 
+    from cloudml_lib.core.model import build_model
     from cloudml_lib.data.dataset import EpochBatchSampler
-    from cloudml_lib.model import build_model
     from cloudml_lib.train import batch_loss, seed_everything
 
     t = cfg.train

@@ -3,8 +3,8 @@
 import json as _json
 from pathlib import Path as _Path
 
-from cloudml_lib.config import Config, load_config
-from cloudml_lib.errors import CloudMLError, ConfigError, DataError
+from cloudml_lib.base.config import Config, load_config
+from cloudml_lib.base.errors import CloudMLError, ConfigError, DataError
 
 __version__ = "0.2.0"
 

@@ -13,10 +13,10 @@ def _stop(signum, frame):
 signal.signal(signal.SIGTERM, _stop)
 try:
     if os.environ.get("CLOUDML_KILL_AT"):  # the tests' fault injection (faults.py)
-        from cloudml_lib.faults import at_start
+        from cloudml_lib.base.faults import at_start
 
         at_start()
-    from cloudml_lib.cli import main
+    from cloudml_lib.commands.cli import main
 
     code = main()
 except KeyboardInterrupt as e:  # a stop while the library was still being imported

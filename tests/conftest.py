@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
 from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, prepare
 from cloudml_lib.data.synthetic import make_demo_flights
 
@@ -126,3 +126,11 @@ def run_cli(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedPro
         text=True,
         env=full,
     )
+
+
+def fit_and_finish(trainer) -> dict:
+    """A set-up Trainer's run trained and ended (commands/runs.py's route, in this process): its report."""
+    from cloudml_lib.science.finish import finish_run
+
+    trainer.fit()
+    return finish_run(trainer.run_dir, trainer.dist)

@@ -18,7 +18,7 @@ import torch
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib.checkpoint import META, find_checkpoints, read_meta
+from cloudml_lib.core.checkpoint import META, find_checkpoints, read_meta
 
 REPO = Path(__file__).parent.parent
 
@@ -206,7 +206,7 @@ def test_datasets_of_the_wrong_kind_are_named(data, tmp_path, role, key, value, 
 
 
 def test_numbers_stored_as_text_are_read(data, tmp_path):
-    from cloudml_lib.config import build_config
+    from cloudml_lib.base.config import build_config
     from cloudml_lib.data import er2
 
     root, entries = data
@@ -226,7 +226,7 @@ def test_predict_on_a_full_disk_names_the_file_and_leaves_no_half_file(
 ):
     import xarray
 
-    from cloudml_lib import cli
+    from cloudml_lib.commands import cli
 
     _, run = finished
     out = tmp_path / "out"
@@ -252,7 +252,7 @@ def test_predict_on_a_full_disk_names_the_file_and_leaves_no_half_file(
 def test_a_log_file_on_a_full_disk_is_said_once_in_words(tmp_path, capsys):
     import logging
 
-    from cloudml_lib.logs import attach_run_log
+    from cloudml_lib.base.logs import attach_run_log
 
     logger = attach_run_log(tmp_path)
     handler = next(h for h in logger.handlers if hasattr(h, "baseFilename"))
@@ -276,8 +276,9 @@ def test_a_damaged_evaluation_is_computed_again_from_the_best_model(run_copy):
     (run / "evaluation.json").write_text('{"overall": {"r2": 0.9')  # cut off by a disconnect
     r = run_cli("train", "--config", cfg, "--run-dir", run)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert re.search(r"damaged: \S*evaluation\.json \(.*\): scoring best\.pt", r.stdout), r.stdout[-3000:]
-    assert "already finished" in r.stdout
+    pending = r"The end of the run \(damaged: \S*evaluation\.json \(.*\)\): scoring"
+    assert re.search(pending, r.stdout), r.stdout[-3000:]
+    assert "nothing to train" in r.stdout
     again = json.loads((run / "evaluation.json").read_text())
     assert again["overall"]["n"] == good["overall"]["n"]
     assert abs(again["overall"]["mae_km"] - good["overall"]["mae_km"]) < 1e-6
@@ -319,7 +320,7 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
         )  # no height over clear sky
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())[held["name"]]
     assert summary["blank"] == 3 and summary["filled_pixels"] == 240
-    from cloudml_lib.report import build_report_md
+    from cloudml_lib.science.report import build_report_md
 
     shutil.copytree(run, tmp_path / "run")
     shutil.copytree(tmp_path / "out", tmp_path / "run" / "predictions")
@@ -345,7 +346,7 @@ def test_predict_refuses_two_nav_files_or_two_copies_of_a_flight(finished, data,
 
 
 def test_status_checks_meta_json_against_the_verified_state(run_copy):
-    from cloudml_lib.rundir import format_status, run_status
+    from cloudml_lib.core.rundir import format_status, run_status
 
     _, run = run_copy
     real = run_status(run)
@@ -393,7 +394,7 @@ def test_commands_on_a_crossval_folder_say_which_command_fits(finished, tmp_path
 def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from_the_old_cache(
     data, tmp_path
 ):
-    from cloudml_lib.config import build_config
+    from cloudml_lib.base.config import build_config
     from cloudml_lib.data.cache import load_flight_cache
 
     root, entries = data
@@ -415,7 +416,7 @@ def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from
 
 
 def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
-    from cloudml_lib.errors import explain_os_error
+    from cloudml_lib.base.errors import explain_os_error
 
     text = explain_os_error(
         OSError(errno.ENOSPC, "No space left on device"),
@@ -426,8 +427,8 @@ def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
 
 
 def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_path, monkeypatch):
-    from cloudml_lib import checkpoint
-    from cloudml_lib.errors import explain_os_error
+    from cloudml_lib.base.errors import explain_os_error
+    from cloudml_lib.core import checkpoint
 
     def full(obj, f):  # what torch raises when the disk fills mid-write
         f.write(b"x" * 100)
@@ -449,7 +450,7 @@ def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_
 def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkeypatch, capsys):
     import csv
 
-    from cloudml_lib import cli
+    from cloudml_lib.commands import cli
 
     _, run = run_copy
     before = (run / "predictions.csv").read_text()
@@ -472,8 +473,8 @@ def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkey
 
 
 def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_copy, monkeypatch):
-    from cloudml_lib import checkpoint
-    from cloudml_lib.rundir import run_status
+    from cloudml_lib.core import checkpoint
+    from cloudml_lib.core.rundir import run_status
 
     _, run = run_copy
     newest = find_checkpoints(run)[0]
@@ -535,8 +536,8 @@ def test_a_damaged_best_model_is_named(run_copy):
 
 
 def test_a_fresh_unreadable_lock_is_explained(tmp_path):
-    from cloudml_lib.errors import CloudMLError
-    from cloudml_lib.runlock import RunLock
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.core.runlock import RunLock
 
     (tmp_path / ".lock").write_text("{not json")
     with pytest.raises(

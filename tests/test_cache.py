@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import preprocess_frame
 
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data.cache import build_windows, load_caches, load_flight_cache
 
@@ -190,7 +190,7 @@ def _blank_some_frames(tmp_path, which, value):
 
 @pytest.mark.parametrize("value", [np.nan, 11000.0], ids=["all NaN", "no contrast"])
 def test_a_flight_of_mostly_blank_frames_is_refused(tmp_path, value):
-    from cloudml_lib.errors import DataError
+    from cloudml_lib.base.errors import DataError
 
     cfg = _blank_some_frames(tmp_path, slice(None, None, 3), value)  # a third of the frames
     with pytest.raises(

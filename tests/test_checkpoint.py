@@ -5,9 +5,10 @@ import random
 
 import numpy as np
 import torch
+from conftest import fit_and_finish
 
-from cloudml_lib import checkpoint as ck
-from cloudml_lib.rundir import clean_leftovers
+from cloudml_lib.core import checkpoint as ck
+from cloudml_lib.core.rundir import clean_leftovers
 from cloudml_lib.train import Trainer
 from cloudml_lib.train.state import capture_rng, restore_rng
 
@@ -132,7 +133,7 @@ def test_a_failed_write_is_logged_and_training_goes_on(tiny_config, tmp_path, mo
 
     monkeypatch.setattr(ck, "_copy_hashing", disk_full)
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
-    report = trainer.fit()
+    report = fit_and_finish(trainer)
     assert report["overall"]["n"] > 0 and trainer.checkpoints.writer.failures == 1
     log = (tmp_path / "run" / "train.log").read_text()
     assert "could not be written (OSError: [Errno 28] No space left on device)" in log
@@ -166,7 +167,7 @@ def test_a_fault_point_fires_only_where_and_when_it_is_asked(monkeypatch):
     the n-th arrival at the named point sends the signal (here SIGUSR1, caught)."""
     import signal
 
-    from cloudml_lib import faults
+    from cloudml_lib.base import faults
 
     received = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))

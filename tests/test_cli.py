@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from cloudml_lib.cli import main
+from cloudml_lib.commands.cli import main
 
 REPO = Path(__file__).parent.parent
 
@@ -128,7 +128,7 @@ def test_make_demo_data_writes_the_real_layout(tmp_path):
 
 
 def test_unexpected_errors_are_not_disguised(monkeypatch):
-    from cloudml_lib import cli
+    from cloudml_lib.commands import cli
 
     monkeypatch.setattr(cli, "_evaluate", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):  # python -m then exits 1 with the traceback
@@ -177,7 +177,7 @@ def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_fold
 ):
     """--preset NAME works where --config FILE does, away from the checkout: the file comes from the
     package."""
-    from cloudml_lib import cli
+    from cloudml_lib.commands import cli
 
     monkeypatch.chdir(tmp_path)
     extra = {"crossval": ["--run-dir", "cv"], "sweep": ["--trials", "1", "--run-dir", "sw"]}.get(command, [])
@@ -186,7 +186,7 @@ def test_every_command_that_takes_a_config_takes_a_packaged_preset_from_any_fold
     assert path.is_file() and path.name == "demo.yaml" and path.parent.name == "configs"
     seen = {}
     monkeypatch.setattr(
-        "cloudml_lib.sweep.sweep",
+        "cloudml_lib.commands.sweep.sweep",
         lambda config, space, *a, **k: seen.update(config=config, space=space) or {},
     )
     if command == "sweep":  # --space left out: the packaged demo space
@@ -240,7 +240,7 @@ BAD_ARGUMENTS = {
 
 
 def test_every_command_is_covered_by_the_exit_status_test():
-    from cloudml_lib import cli
+    from cloudml_lib.commands import cli
 
     sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == set(BAD_ARGUMENTS)

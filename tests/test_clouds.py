@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from cloudml_lib import intervals
-from cloudml_lib.clouds import cloud_metrics, cloud_report, fit_threshold
+from cloudml_lib.core.metrics import cloud_metrics
+from cloudml_lib.core.model import MultimodalRegressionModel, Outputs
 from cloudml_lib.data import cpl
-from cloudml_lib.model import MultimodalRegressionModel, Outputs
+from cloudml_lib.science import intervals
+from cloudml_lib.science.clouds import cloud_report, fit_threshold
 from cloudml_lib.train.loss import global_totals, part_loss
 
 
@@ -131,7 +132,7 @@ def test_the_probe_is_a_logistic_regression_on_the_raw_features():
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
-    from cloudml_lib.clouds import fit_probe
+    from cloudml_lib.science.clouds import fit_probe
 
     rng = np.random.default_rng(0)
     n = 600
@@ -191,15 +192,15 @@ def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_o
 ):
     import copy
 
-    from cloudml_lib.config import build_config
-    from cloudml_lib.train import train
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.commands.runs import train_run
 
     reports = {}
     for mode in ("probe", "none"):
         raw = copy.deepcopy(tiny_raw_config)
         raw["model"]["cloud_head"] = mode
         raw["train"]["epochs"] = 1
-        reports[mode] = train(build_config(raw), tmp_path / mode, resume="never")
+        reports[mode] = train_run(build_config(raw), tmp_path / mode, resume="never")
     probe, plain = reports["probe"], reports["none"]
 
     def epochs(mode):
@@ -215,7 +216,7 @@ def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_o
     assert model["n"] == bt["n"] > probe["overall"]["n"]  # scored on the clear-sky frames as well
     assert 0.0 <= model["accuracy"] <= 1.0 and model["roc_auc"] is not None
     # the brightness baseline is fitted on every matched training frame (clear sky included), as evaluate does
-    from cloudml_lib.evaluate import evaluate_run
+    from cloudml_lib.science.evaluate import evaluate_run
 
     again = evaluate_run(tmp_path / "probe", write=False)["cloud"]
     for method in ("model", "bt_threshold", "majority"):
@@ -230,14 +231,14 @@ def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_o
 def test_a_joint_run_trains_both_outputs_and_evaluates_as_saved(tiny_raw_config, tmp_path):
     import copy
 
-    from cloudml_lib.config import build_config
-    from cloudml_lib.evaluate import evaluate_run
-    from cloudml_lib.train import train
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.commands.runs import train_run
+    from cloudml_lib.science.evaluate import evaluate_run
 
     raw = copy.deepcopy(tiny_raw_config)
     raw["model"]["cloud_head"] = "joint"
     raw["train"]["epochs"] = 1
-    report = train(build_config(raw), tmp_path / "joint", resume="never")
+    report = train_run(build_config(raw), tmp_path / "joint", resume="never")
     best = torch.load(tmp_path / "joint" / "best.pt", weights_only=True)
     assert best["model"]["head.4.weight"].shape[0] == 2 and "cloud.weight" not in best["model"]
     model = report["cloud"]["model"]["overall"]

@@ -16,11 +16,12 @@ import torch
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib import colab, plots
+from cloudml_lib import colab
 from cloudml_lib.colab import drive, live, training
 from cloudml_lib.colab import picker as picker_mod
 from cloudml_lib.data.flights import format_table
-from cloudml_lib.evaluate import format_report
+from cloudml_lib.science import plots
+from cloudml_lib.science.evaluate import format_report
 
 REPO = Path(__file__).parent.parent
 
@@ -245,10 +246,10 @@ def test_a_finished_run_is_kept_not_trained_again(ws, shown, monkeypatch, tmp_pa
 
 
 def test_the_widgets_show_what_trains_without_a_gpu(ws, shown, monkeypatch):
-    from cloudml_lib import hardware
+    from cloudml_lib.commands import presets
 
     own_flights(ws)
-    monkeypatch.setattr(hardware, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
+    monkeypatch.setattr(presets, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
     p = colab.Picker(ws)
     assert (
         p.preset.value == "Auto"
@@ -291,7 +292,7 @@ def test_a_missing_held_out_flight_is_replaced_and_said(ws, shown):
     p.heldout.value = (entries[0]["name"],)
     config, over = colab.run_config(ws, "B", 5, list(p.heldout.value))
     assert f"data.validation_flights=[{entries[0]['name']}]" in over
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
 
     assert load_config(config, over).data.validation_flights == [entries[0]["name"]]
 
@@ -375,7 +376,7 @@ def test_evaluation_rows_say_whose_numbers_they_are():
 
 
 def test_a_finished_run_status_shows_no_batch_position():
-    from cloudml_lib.rundir import format_status
+    from cloudml_lib.core.rundir import format_status
 
     s = {
         "run_dir": "runs/demo",
@@ -423,7 +424,7 @@ def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
 
 def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, monkeypatch):
     from cloudml_lib.colab import show
-    from cloudml_lib.compile import plan
+    from cloudml_lib.core.compile import plan
 
     cpu = torch.device("cpu")
     show.show_presets()

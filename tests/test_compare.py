@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from cloudml_lib.compare import compare_runs, format_comparison
+from cloudml_lib.commands.compare import compare_runs, format_comparison
 
 FINISHED = Path(__file__).parent / "fixtures" / "run_d1cecbe" / "finished"
 

@@ -29,12 +29,12 @@ import pytest
 import torch
 import yaml
 
-from cloudml_lib.compile import apply_compile, cpu_ratio, describe_saved, plan
-from cloudml_lib.config import build_config
-from cloudml_lib.errors import ConfigError
-from cloudml_lib.model import MultimodalRegressionModel
-from cloudml_lib.report import build_report_md
-from cloudml_lib.rundir import format_status, run_status
+from cloudml_lib.base.config import build_config
+from cloudml_lib.base.errors import ConfigError
+from cloudml_lib.core.compile import apply_compile, cpu_ratio, describe_saved, plan
+from cloudml_lib.core.model import MultimodalRegressionModel
+from cloudml_lib.core.rundir import format_status, run_status
+from cloudml_lib.science.report import build_report_md
 from cloudml_lib.train import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -235,7 +235,7 @@ def best_weights(run: Path) -> dict:
 
 
 def last_weights(run: Path) -> dict:
-    from cloudml_lib.checkpoint import find_checkpoints, load_state
+    from cloudml_lib.core.checkpoint import find_checkpoints, load_state
 
     return load_state(find_checkpoints(run)[0] / "state.pt")["model"]
 

@@ -3,9 +3,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import fit_and_finish
 
-from cloudml_lib.config import Config, build_config, load_config, save_config
-from cloudml_lib.errors import ConfigError
+from cloudml_lib.base.config import Config, build_config, load_config, save_config
+from cloudml_lib.base.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -149,8 +150,8 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
     start, a resume, a fold of cross-validation and a moved data folder."""
     import json
 
-    from cloudml_lib.crossval import fold_config
-    from cloudml_lib.memory import CPU_AUTO_BATCH
+    from cloudml_lib.commands.crossval import fold_config
+    from cloudml_lib.core.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
 
     raw = copy.deepcopy(tiny_raw_config)
@@ -169,22 +170,22 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
     )
     stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert stored["train"]["batch_size"] == CPU_AUTO_BATCH and len(stored["data"]["flights"]) == len(entries)
-    Trainer(cfg, tmp_path / "run").setup().fit()  # resumed (finished): still unchanged
+    fit_and_finish(Trainer(cfg, tmp_path / "run").setup())  # resumed (finished): still unchanged
     fold = fold_config(cfg, entries[0]["name"], scalars_only=True)
     assert (
         cfg.to_dict() == before
         and fold.data.validation_flights == [entries[0]["name"]]
         and fold.model.scalars_only
     )
-    from cloudml_lib.evaluate import load_run_model
+    from cloudml_lib.science.evaluate import load_run_model
 
     moved = load_run_model(tmp_path / "run", data_dir=str(tmp_path / "elsewhere")).cfg
     assert moved.data.dir == str(tmp_path / "elsewhere") and cfg.to_dict() == before
 
 
 def test_each_setting_says_whether_a_resumed_run_may_change_it():
-    from cloudml_lib.config import NEW, SAME, resume_rules
-    from cloudml_lib.rundir import compare_configs
+    from cloudml_lib.base.config import NEW, SAME, resume_rules
+    from cloudml_lib.core.rundir import compare_configs
 
     rules = resume_rules()
     assert (
@@ -224,7 +225,7 @@ def _alias_bomb(levels: int = 9) -> str:
 def test_a_yaml_alias_bomb_gets_a_short_message(tmp_path, capsys, text, overrides):
     import time
 
-    from cloudml_lib.cli import main
+    from cloudml_lib.commands.cli import main
 
     path = tmp_path / "bomb.yaml"
     path.write_text(text)

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib.checkpoint import load_checkpoint
-from cloudml_lib.config import config_from_dict
-from cloudml_lib.crossval import fold_warnings
+from cloudml_lib.base.config import config_from_dict
+from cloudml_lib.commands.crossval import fold_warnings
+from cloudml_lib.core.checkpoint import load_checkpoint
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import fit_scalers
 
@@ -115,7 +115,7 @@ def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, t
     r = crossval(cfg, run)
     assert r.returncode == 0, r.stderr[-2000:]
     first_log = (run / "folds" / names[0] / "model" / "train.log").read_text()
-    assert "already finished" in first_log  # not trained again
+    assert "nothing to train" in first_log  # not trained again
     assert "Resumed from step" in (run / "folds" / names[1] / "model" / "train.log").read_text()
     got, want = (json.loads((d / "crossval.json").read_text())["folds"] for d in (run, ref))
     for name in names:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import preprocess_frame, with_heights
 
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
+from cloudml_lib.base.errors import DataError
 from cloudml_lib.data import cpl, er2
-from cloudml_lib.errors import DataError
 
 DATE = dt.date(2025, 2, 10)
 MIDNIGHT = 1739145600.0  # 2025-02-10 00:00 UTC

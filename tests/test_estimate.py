@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudml_lib import cli, estimate, hardware
-from cloudml_lib.estimate import StepShape, count_flops, measure
-from cloudml_lib.memory import GIB, MARGIN
+from cloudml_lib.commands import cli, presets
+from cloudml_lib.core import estimate
+from cloudml_lib.core.estimate import StepShape, count_flops, measure
+from cloudml_lib.core.memory import GIB, MARGIN
 
 REPO = Path(__file__).resolve().parents[1]
 FULL, NARROW = (64, 128, 256), (32, 64, 128)
@@ -25,7 +26,7 @@ REAL = dict(frames=5, rows=440, cols=640)
 RSS_SCRIPT = """
 import json, sys
 import torch
-from cloudml_lib.estimate import StepShape, model_of, train_steps
+from cloudml_lib.core.estimate import StepShape, model_of, train_steps
 
 def status(key):
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
@@ -89,18 +90,18 @@ def test_checkpointing_and_half_precision_lower_the_peak_as_expected():
 
 
 def test_every_preset_is_estimated_and_c_needs_the_least():
-    hardware.preset_memory.cache_clear()
-    presets = {p.name: p for p in hardware.preset_memory()}
-    assert all(p.estimate is not None for p in presets.values())
-    assert presets["C"].need() < presets["B"].need() < presets["A"].need()
-    for p in presets.values():  # the largest batch is the last whose need, with the margin, fits a T4
+    presets.preset_memory.cache_clear()
+    by_name = {p.name: p for p in presets.preset_memory()}
+    assert all(p.estimate is not None for p in by_name.values())
+    assert by_name["C"].need() < by_name["B"].need() < by_name["A"].need()
+    for p in by_name.values():  # the largest batch is the last whose need, with the margin, fits a T4
         n = p.largest_batch(estimate.T4_BYTES)
         assert p.estimate.need(n) * (1 + MARGIN) <= estimate.T4_BYTES < p.estimate.need(n + 1) * (1 + MARGIN)
 
 
 def test_the_readme_quotes_the_estimate_the_code_computes():
     readme = (REPO / "README.md").read_text()
-    for name, model, batch, peak, need, _, t4, reported, measured in hardware.memory_rows(None):
+    for name, model, batch, peak, need, _, t4, reported, measured in presets.memory_rows(None):
         row = f"| {name} | {model} | {batch} | {peak} | {need} | {t4} | {reported} | {measured} |"
         assert row in readme, f"README.md's memory table is stale: {row}"
 
@@ -110,14 +111,14 @@ def test_a_preset_is_chosen_by_the_estimate_of_what_fits():
         gpu = {"name": "Tesla T4", "free_bytes": free_gib * GIB}
         return {"gpu": gpu, "compile": {"available": compile_ok, "reason": "Triton is not installed"}}
 
-    need = {p.name: p.need() * (1 + MARGIN) / GIB for p in hardware.preset_memory()}
-    assert hardware.choose_preset(report(14.6))[0] == "A"
-    name, why = hardware.choose_preset(report(14.6, compile_ok=False))
+    need = {p.name: p.need() * (1 + MARGIN) / GIB for p in presets.preset_memory()}
+    assert presets.choose_preset(report(14.6))[0] == "A"
+    name, why = presets.choose_preset(report(14.6, compile_ok=False))
     assert name == "B" and "torch.compile is not available (Triton is not installed)" in why
-    name, why = hardware.choose_preset(report((need["A"] + need["B"]) / 2))
+    name, why = presets.choose_preset(report((need["A"] + need["B"]) / 2))
     assert name == "B" and "estimated from the model" in why
-    assert hardware.choose_preset(report((need["B"] + need["C"]) / 2))[0] == "C"
-    name, why = hardware.choose_preset(report(need["C"] * 0.7))
+    assert presets.choose_preset(report((need["B"] + need["C"]) / 2))[0] == "C"
+    name, why = presets.choose_preset(report(need["C"] * 0.7))
     assert name == "C" and "train.batch_size: auto" in why and re.search(r"about batch \d+ fits", why)
 
 
@@ -127,24 +128,24 @@ def test_without_an_estimate_the_reported_figures_are_used_and_labelled(monkeypa
 
     monkeypatch.setattr(estimate, "_estimate", broken)
     monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # a CLI test may have cut it
-    hardware.preset_memory.cache_clear()
+    presets.preset_memory.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="cloudml_lib.estimate"):
-            rows = hardware.memory_rows(None)
+        with caplog.at_level(logging.WARNING, logger="cloudml_lib.core.estimate"):
+            rows = presets.memory_rows(None)
         assert "memory estimate unavailable" in caplog.text and "fake tensors unsupported" in caplog.text
         assert [r[3] for r in rows] == ["unavailable"] * 3
         gpu = {"name": "Tesla T4", "free_bytes": 14.6 * GIB}
-        name, why = hardware.choose_preset({"gpu": gpu, "compile": {"available": True, "reason": ""}})
+        name, why = presets.choose_preset({"gpu": gpu, "compile": {"available": True, "reason": ""}})
         assert name == "A" and "reported by users" in why
     finally:
-        hardware.preset_memory.cache_clear()
+        presets.preset_memory.cache_clear()
 
 
 def test_diagnose_prints_the_memory_table_on_a_machine_without_a_gpu(capsys):
     assert cli.main(["diagnose"]) == 0
     out = capsys.readouterr().out
     assert "estimated peak (GiB)" in out and "largest batch on a T4" in out
-    for name, *_ in hardware.memory_rows(None):
+    for name, *_ in presets.memory_rows(None):
         assert re.search(rf"^{name}\s+\d+/\d+/\d+", out, re.M)
     assert cli.main(["diagnose", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["preset_memory"]

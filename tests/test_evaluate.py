@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
+from conftest import fit_and_finish
 
-from cloudml_lib.evaluate import evaluate_run, regression_metrics
+from cloudml_lib.core.metrics import regression_metrics
+from cloudml_lib.science.evaluate import evaluate_run
 
 
 def test_metrics_on_known_numbers():
@@ -21,7 +23,7 @@ def test_metrics_on_known_numbers():
 def test_evaluate_reproduces_the_training_report(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
 
-    report = Trainer(tiny_config, tmp_path / "run").setup().fit()
+    report = fit_and_finish(Trainer(tiny_config, tmp_path / "run").setup())
     for name in ("predictions.csv", "plots/scatter.png"):
         (tmp_path / "run" / name).unlink()
     again = evaluate_run(tmp_path / "run")

@@ -1,4 +1,4 @@
-"""TensorBoard events (train/events.py): what a run writes, the purge marker a resume starts with,
+"""TensorBoard events (core/events.py): what a run writes, the purge marker a resume starts with,
 and a run without the tensorboard package. Kills and resumes: test_resume.py compares the curves of
 every killed-and-resumed run with the uninterrupted one."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from test_resume import tensorboard_scalars
 
-from cloudml_lib.train import events as events_module
-from cloudml_lib.train import train
+from cloudml_lib.commands.runs import train_run
+from cloudml_lib.core import events as events_module
 
 pytest.importorskip("tensorboard")
 
@@ -24,9 +24,9 @@ def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
-    train(tiny_config, run)
-    files = list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(files) == 1
+    train_run(tiny_config, run)
+    files = sorted(p.name for p in (run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 2 and files[1] == "events.out.tfevents.final"  # training's, and the end's
     curves = tensorboard_scalars(run)
     steps = [s for s, _ in curves["train/loss"]]
     assert steps == sorted(set(steps)) and steps[0] == 2  # log_every_steps: 2
@@ -43,20 +43,20 @@ def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
 
 def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_path, monkeypatch):
     """A SIGTERM stop mid-run (a checkpoint there), then the resume: its file opens with the purge marker."""
-    from cloudml_lib.config import build_config
+    from cloudml_lib.base.config import build_config
 
     tiny_raw_config["checkpoint"] = {"every_steps": 3}
     run = tmp_path / "run"
     monkeypatch.setenv("CLOUDML_KILL_AT", "step:5:SIGTERM")
     with pytest.raises(KeyboardInterrupt):
-        train(build_config(tiny_raw_config), run)
+        train_run(build_config(tiny_raw_config), run)
     monkeypatch.delenv("CLOUDML_KILL_AT")
     first = list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert len(first) == 1  # committed with the stop's checkpoint
     stopped_at = max(e.step for e in raw_events(first[0]))
     assert stopped_at == max(int(p.name[5:]) for p in (run / "checkpoints").glob("step-*"))
-    train(build_config(tiny_raw_config), run)
-    second = [p for p in (run / "tensorboard").glob("events.out.tfevents.*") if p not in first]
+    train_run(build_config(tiny_raw_config), run)
+    second = [p for p in (run / "tensorboard").glob("events.out.tfevents.[0-9]*") if p not in first]
     assert len(second) == 1
     opening = [e for e in raw_events(second[0]) if e.HasField("session_log")]
     assert (
@@ -71,7 +71,7 @@ def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_p
 def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_config, tmp_path, monkeypatch):
     monkeypatch.setattr(events_module, "has_tensorboard", lambda: False)
     run = tmp_path / "run"
-    report = train(tiny_config, run)
+    report = train_run(tiny_config, run)
     assert report["overall"]["mae_km"] > 0 and (run / "best.pt").is_file()
     assert not (run / "tensorboard").exists()
     assert (
@@ -86,8 +86,9 @@ def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
     stale = tmp_path / "run" / "tensorboard" / "events.out.tfevents.1.host.1.0"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
-    train(tiny_config, tmp_path / "run")
-    assert not stale.exists() and len(list(stale.parent.glob("events.out.tfevents.*"))) == 1
+    train_run(tiny_config, tmp_path / "run")
+    assert not stale.exists()
+    assert len([p for p in stale.parent.glob("events.out.tfevents.*") if not p.name.endswith(".final")]) == 1
 
 
 def test_other_ranks_write_nothing(tmp_path):
@@ -106,7 +107,7 @@ def test_events_that_cannot_be_copied_never_cost_a_checkpoint(tiny_config, tmp_p
 
     monkeypatch.setattr(events_module.Events, "commit", disk_full)
     run = tmp_path / "run"
-    train(tiny_config, run)
+    train_run(tiny_config, run)
     assert list((run / "checkpoints").glob("step-*/COMMITTED")) and (run / "best.pt").is_file()
     log = (run / "train.log").read_text()
     assert "TensorBoard events could not be copied" in log and "the checkpoint is written all the same" in log

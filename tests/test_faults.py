@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_raw
+from conftest import fit_and_finish, tiny_raw
 
-from cloudml_lib.checkpoint import (
+from cloudml_lib.core.checkpoint import (
     COMMITTED,
     META,
     STATE,
@@ -83,7 +83,7 @@ def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(cfg_fi
     s = status(run)
     assert s["finished"] and not s["rejected"]  # re-committed: no loop
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run))
-    assert r.returncode == 0 and "already finished" in r.stdout
+    assert r.returncode == 0 and "nothing to train" in r.stdout
 
 
 def test_a_checkpoint_without_its_keys_is_rejected_not_a_crash(cfg_file, tmp_path):
@@ -133,7 +133,7 @@ def test_a_corrupt_best_model_falls_back_to_the_newest_weights(tiny_config, tmp_
         return stop
 
     trainer._update_best = update_then_corrupt
-    report = trainer.fit()
+    report = fit_and_finish(trainer)
     assert "best.pt cannot be used" in (tmp_path / "run" / "train.log").read_text()
     assert report["overall"]["n"] == int(trainer.val_set.has_height().sum()) > 0
     assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2  # rewritten with the newest weights
@@ -233,8 +233,8 @@ def test_sigterm_during_set_up_stops_cleanly(cfg_file, tmp_path):
 
 
 def test_repeated_failed_saves_stop_the_run(tiny_config, tmp_path, monkeypatch):
-    from cloudml_lib import checkpoint
-    from cloudml_lib.errors import CloudMLError
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.core import checkpoint
     from cloudml_lib.train import Trainer
 
     def read_only(*a, **k):
@@ -243,15 +243,15 @@ def test_repeated_failed_saves_stop_the_run(tiny_config, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "commit", read_only)
     tiny_config.checkpoint.every_steps = 1
     with pytest.raises(CloudMLError, match="3 checkpoints in a row could not be written .*Permission denied"):
-        Trainer(tiny_config, tmp_path / "run").setup().fit()
+        fit_and_finish(Trainer(tiny_config, tmp_path / "run").setup())
 
 
 def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, monkeypatch, capsys):
     import errno
 
-    from cloudml_lib import cli
-    from cloudml_lib.errors import explain_os_error
-    from cloudml_lib.train.progress import MetricsFile
+    from cloudml_lib.base.errors import explain_os_error
+    from cloudml_lib.commands import cli
+    from cloudml_lib.core.rundir import MetricsFile
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from conftest import TINY_FRAMES, TINY_SHAPE
 
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
+from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.data import flights
 from cloudml_lib.data.synthetic import make_demo_flights
-from cloudml_lib.errors import ConfigError, DataError
 
 REPO = Path(__file__).parent.parent
 

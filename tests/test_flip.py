@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import tiny_raw
 
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
 from cloudml_lib.data import cpl
 from cloudml_lib.data import dataset as ds_mod
 from cloudml_lib.data.cache import load_caches

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloudml_lib import hardware as hw
-from cloudml_lib import memory
-from cloudml_lib.errors import ConfigError
+from cloudml_lib.base.errors import ConfigError
+from cloudml_lib.commands import presets
+from cloudml_lib.core import device, memory
 
 REPO = Path(__file__).parent.parent
-GIB = hw.GIB
+GIB = presets.GIB
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -63,19 +63,19 @@ def t4(free_gib):
 
 def test_preset_choice_by_gpu():
     """By the estimate of each preset's memory (tests/test_estimate.py checks the thresholds)."""
-    assert hw.choose_preset(report(None))[0] == "demo"
-    name, why = hw.choose_preset(report(t4(14.6)))
+    assert presets.choose_preset(report(None))[0] == "demo"
+    name, why = presets.choose_preset(report(t4(14.6)))
     assert name == "A" and "Tesla T4 has 14.6 GiB free" in why
-    name, why = hw.choose_preset(report(t4(14.6), compile_ok=False))
+    name, why = presets.choose_preset(report(t4(14.6), compile_ok=False))
     assert name == "B" and "torch.compile is not available (Triton is not installed)" in why
-    name, why = hw.choose_preset(report(t4(3.5)))
+    name, why = presets.choose_preset(report(t4(3.5)))
     assert name == "C" and "Tesla T4 has 3.5 GiB free: the full model does not fit" in why
 
 
 def test_recommendations_in_plain_words():
     gpu = t4(3.5)
     gpu["processes"] = [{"pid": 999999, "name": "python3", "used_mib": 5000}]
-    lines = hw.recommendations(dict(report(gpu), disk_free={"cache": GIB}), cache_bytes=int(20e9))
+    lines = presets.recommendations(dict(report(gpu), disk_free={"cache": GIB}), cache_bytes=int(20e9))
     text = "\n".join(lines)
     assert "Preset: C" in text
     assert "1 other process(es) hold 5000 MiB of GPU memory (999999)" in text
@@ -85,16 +85,16 @@ def test_recommendations_in_plain_words():
 
 
 def test_preset_files_resolve_and_unknown_names_are_explained():
-    assert hw.preset_config_path("A").name == "colab_optimized_full.yaml"
+    assert presets.preset_config_path("A").name == "colab_optimized_full.yaml"
     with pytest.raises(ConfigError, match="choose one of auto, A, B, C, demo, published"):
-        hw.preset_config_path("D")
+        presets.preset_config_path("D")
 
 
 def test_colab_is_detected_from_its_environment(monkeypatch):
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20261101")
-    assert hw.is_colab() and hw.default_num_workers() == 0
+    assert device.is_colab() and device.default_num_workers() == 0
     monkeypatch.delenv("COLAB_RELEASE_TAG")
-    assert hw.is_colab() is False
+    assert device.is_colab() is False
 
 
 def test_diagnose_on_this_machine():
@@ -120,17 +120,17 @@ def test_diagnose_on_this_machine():
 
 
 def test_memory_readings_on_cpu():
-    m = hw.memory_readings(torch.device("cpu"))
+    m = device.memory_readings(torch.device("cpu"))
     assert m["peak_rss_gib"] > 0.05
-    assert hw.format_memory(m).startswith("peak RSS ")
+    assert device.format_memory(m).startswith("peak RSS ")
     assert (
-        hw.format_memory({"peak_allocated_gib": 9.1, "peak_reserved_gib": 10.2, "alloc_retries": 0})
+        device.format_memory({"peak_allocated_gib": 9.1, "peak_reserved_gib": 10.2, "alloc_retries": 0})
         == "GPU peak 9.1/10.2 GiB alloc/reserved, 0 retries"
     )
 
 
 def test_free_gpu_memory_says_what_it_did():
-    assert hw.release_gpu_memory().startswith("No GPU" if not torch.cuda.is_available() else "Released")
+    assert device.release_gpu_memory().startswith("No GPU" if not torch.cuda.is_available() else "Released")
 
 
 @pytest.mark.gpu
@@ -150,7 +150,7 @@ def test_probe_on_a_real_gpu(tiny_config, tmp_path):
 
 
 def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
-    from cloudml_lib.memory import CPU_AUTO_BATCH
+    from cloudml_lib.core.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
 
     tiny_config.train.batch_size = "auto"

@@ -21,13 +21,14 @@ import netCDF4
 import numpy as np
 import pytest
 import torch
+from conftest import fit_and_finish
 
-from cloudml_lib import predict as pr
-from cloudml_lib.checkpoint import Key, load_checkpoint, save_atomic
-from cloudml_lib.config import absent_settings, build_config, config_from_dict, derive, height_bounds_km
+from cloudml_lib.base.config import absent_settings, build_config, config_from_dict, derive, height_bounds_km
+from cloudml_lib.core.checkpoint import Key, load_checkpoint, save_atomic
+from cloudml_lib.core.model import build_model
 from cloudml_lib.data.dataset import Scalers
-from cloudml_lib.model import build_model
-from cloudml_lib.report import shortcomings, verdict
+from cloudml_lib.science import predict as pr
+from cloudml_lib.science.report import shortcomings, verdict
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_d1cecbe"
 
@@ -45,7 +46,7 @@ def run(tiny_flights, tmp_path_factory):
     shutil.copytree(root, data)
     raw = tiny_raw(data, entries, tmp / "cache")
     raw["train"]["epochs"] = 1
-    Trainer(build_config(raw), tmp / "run").setup().fit()
+    fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
     return tmp / "run", data, entries
 
 
@@ -61,7 +62,7 @@ def as_old_run_predicting_below_the_surface(run_dir: Path, shift: float = -50.0)
 
 
 def test_new_runs_get_the_bounded_head_and_older_runs_keep_theirs():
-    from cloudml_lib.rundir import compare_configs, resumed_config
+    from cloudml_lib.core.rundir import compare_configs, resumed_config
 
     new = build_config({"data": {"demo": True}})
     assert new.model.height_head == "bounded"
@@ -102,7 +103,7 @@ def test_the_bounded_head_cannot_leave_the_bounds_whatever_its_weights():
 
 
 def test_the_run_of_the_previous_release_loads_with_its_unbounded_head(tmp_path):
-    from cloudml_lib.evaluate import load_run_model
+    from cloudml_lib.science.evaluate import load_run_model
 
     shutil.copytree(FIXTURE / "finished", tmp_path / "finished")
     rm = load_run_model(tmp_path / "finished")
@@ -129,7 +130,7 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(run, tmp_path):
 
 
 def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(run, tmp_path):
-    from cloudml_lib.evaluate import evaluate_run, format_report
+    from cloudml_lib.science.evaluate import evaluate_run, format_report
 
     run_dir = tmp_path / "old"
     shutil.copytree(run[0], run_dir)
@@ -169,7 +170,7 @@ def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(run, 
 
 
 def test_heights_above_the_aircraft_or_the_label_range_are_masked():
-    from cloudml_lib import intervals
+    from cloudml_lib.science import intervals
 
     result = {
         "cbh_km": np.array([-0.5, 0.5, 1.5, 2.5, np.nan, 2.0000004, 0.05]),
@@ -195,7 +196,7 @@ def test_heights_above_the_aircraft_or_the_label_range_are_masked():
 
 
 def test_the_aircraft_altitude_is_read_from_the_nav_file_where_it_has_one(tiny_flights, tmp_path):
-    from cloudml_lib.config import FlightConfig
+    from cloudml_lib.base.config import FlightConfig
 
     root, entries = tiny_flights
     data = tmp_path / "flights"
@@ -225,7 +226,7 @@ def test_the_aircraft_altitude_is_read_from_the_nav_file_where_it_has_one(tiny_f
 
 
 def test_a_useless_model_gets_a_verdict_in_one_sentence():
-    from cloudml_lib.crossval import fold_warnings
+    from cloudml_lib.commands.crossval import fold_warnings
 
     base = {"r2": -0.02, "mae_km": 0.29, "rmse_km": 0.35, "bias_km": 0.0, "std_ratio": 0.0, "n": 40}
     constant = {**base, "r2": -0.01, "mae_km": 0.28, "std_ratio": 0.012}

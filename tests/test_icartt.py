@@ -19,12 +19,12 @@ import pytest
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib import cli
-from cloudml_lib.config import DataConfig, FlightConfig, build_config
+from cloudml_lib.base.config import DataConfig, FlightConfig, build_config
+from cloudml_lib.base.errors import DataError
+from cloudml_lib.commands import cli
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.flights import check_rows, find_flights
 from cloudml_lib.data.synthetic import ICARTT_NAV_INDEX, make_demo_flights, write_icartt_nav
-from cloudml_lib.errors import DataError
 
 
 @pytest.fixture
@@ -420,7 +420,7 @@ def test_too_few_frames_matched_is_flagged_by_labels_and_accepted_when_the_setti
 
 
 def test_predict_warns_when_too_few_frames_found_nav_and_leaves_their_angles_unknown(five, warned):
-    from cloudml_lib.predict import _flight_inputs
+    from cloudml_lib.science.predict import _flight_inputs
 
     root, entries, data = five
     shift_a_day(root, entries)

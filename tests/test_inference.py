@@ -17,14 +17,14 @@ import torch
 from conftest import tiny_raw
 
 from benchmarks.predict import predict_per_window
-from cloudml_lib import evaluate, inference
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
+from cloudml_lib.core import inference
+from cloudml_lib.core.model import MultimodalRegressionModel
 from cloudml_lib.data.dataset import CloudDataset, Scalers, prepare_data
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import SKIMAGE, FramePool
 from cloudml_lib.data.synthetic import make_demo_flights
-from cloudml_lib.model import MultimodalRegressionModel
-from cloudml_lib.predict import flights_to_predict, predict_flight
+from cloudml_lib.science.predict import flights_to_predict, predict_flight
 
 CPU = torch.device("cpu")
 SCALERS = Scalers(45.0, 5.0, 1.0, 0.5)
@@ -140,8 +140,8 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
         indices = np.arange(len(dataset))[::-1][:41]  # any order, any subset
         for features in (False, True):
             encoded.clear()
-            new, target = evaluate.predict(model, dataset, CPU, 8, indices=indices, features=features)
-            ref, ref_target = evaluate._window_by_window(
+            new, target = inference.predict(model, dataset, CPU, 8, indices=indices, features=features)
+            ref, ref_target = inference._window_by_window(
                 model.features if features else model, dataset, CPU, 8, torch.no_grad, indices, 0
             )
             np.testing.assert_array_equal(target, ref_target)
@@ -158,7 +158,7 @@ def test_a_model_in_training_mode_is_scored_in_eval_mode_and_left_as_it_was(tiny
     _, val_set = prepare_data(cfg)
     model = model_with_cloud([4, 8, 8], "none").train()
     stats = [b.clone() for b in model.buffers()]
-    evaluate.predict(model, val_set, CPU, 4)
+    inference.predict(model, val_set, CPU, 4)
     assert model.training and all(torch.equal(a, b) for a, b in zip(stats, model.buffers()))
 
 
@@ -168,16 +168,16 @@ def test_a_compiled_encoder_meets_one_batch_shape(tiny_flights, tmp_path):
     number of samples compiles one graph for evaluation (no recompile per subset size)."""
     if shutil.which("g++") is None and shutil.which("clang++") is None:
         pytest.skip("torch.compile on the CPU needs a C++ compiler")
-    from cloudml_lib.compile import apply_compile
+    from cloudml_lib.core.compile import apply_compile
 
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
     _, val_set = prepare_data(cfg)
     model = model_with_cloud([4, 8, 8], "none")
-    eager, _ = evaluate.predict(model, val_set, CPU, 8)
+    eager, _ = inference.predict(model, val_set, CPU, 8)
     watch = apply_compile(model, True, "default", CPU)
     for n in (5, 13, len(val_set)):
-        out, _ = evaluate.predict(model, val_set, CPU, 8, indices=np.arange(n))
+        out, _ = inference.predict(model, val_set, CPU, 8, indices=np.arange(n))
         np.testing.assert_allclose(out["height"], eager["height"][:n], atol=1e-5)
     report = watch.update()
     assert report.graphs == 1 and report.recompiles == 0, report

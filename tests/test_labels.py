@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from conftest import tiny_raw, with_heights
 
-from cloudml_lib.config import build_config
+from cloudml_lib.base.config import build_config
+from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cache import cache_key
 from cloudml_lib.data.flights import HEADER, check_rows
-from cloudml_lib.errors import ConfigError, DataError
 
 JULIAN = "layer_descriptor/Profile_Decimal_Julian_Day"
 BASE = "layer_descriptor/Layer_Base_Altitude"
@@ -200,7 +200,7 @@ def test_the_label_definition_is_part_of_the_cache_key(flights):
 
 
 def test_a_changed_label_definition_is_refused_on_resume(flights):
-    from cloudml_lib.rundir import compare_configs
+    from cloudml_lib.core.rundir import compare_configs
 
     root, entries, data = flights
     raw = tiny_raw(root, entries, root / "cache")
@@ -221,8 +221,8 @@ def test_a_changed_label_definition_is_refused_on_resume(flights):
 def test_the_published_label_sets_are_one_config_away(flights, capsys):
     from pathlib import Path
 
-    from cloudml_lib.cli import main
-    from cloudml_lib.config import load_config
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.commands.cli import main
 
     root, entries, data = flights
     config = Path(__file__).resolve().parent.parent / "configs" / "reproduce_published.yaml"

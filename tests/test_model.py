@@ -5,10 +5,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from cloudml_lib import model as model_mod
-from cloudml_lib.checkpoint import to_cpu, unwrap_model
-from cloudml_lib.config import build_config
-from cloudml_lib.model import MultimodalRegressionModel, build_model, count_parameters
+from cloudml_lib.base.config import build_config
+from cloudml_lib.core import model as model_mod
+from cloudml_lib.core.checkpoint import to_cpu, unwrap_model
+from cloudml_lib.core.model import MultimodalRegressionModel, build_model, count_parameters
 
 
 def batch(b=4, t=3, h=32, w=40, seed=0):

@@ -20,8 +20,9 @@ import pytest
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib import logs, plots
+from cloudml_lib.base import logs
 from cloudml_lib.colab import live
+from cloudml_lib.science import plots
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cloudml_lib"
 LEVELS = {"warning": logging.WARNING, "error": logging.ERROR, "exception": logging.ERROR, "critical": 50}
@@ -106,13 +107,13 @@ def test_warnings_are_amber_and_problems_red_and_say_problem():
 
 DISK_FULL_DRIVER = """
 import errno, sys
-from cloudml_lib import checkpoint
+from cloudml_lib.core import checkpoint
 
 def full(src, dst):
     raise OSError(errno.ENOSPC, "No space left on device", str(dst))
 
 checkpoint._copy_hashing = full  # every checkpoint write meets a full disk
-from cloudml_lib.cli import main
+from cloudml_lib.commands.cli import main
 
 sys.exit(main(sys.argv[1:]))
 """
@@ -146,7 +147,7 @@ def test_a_full_disk_is_a_red_problem_and_never_a_saved_checkpoint(tiny_flights,
 
 
 def test_a_first_failed_save_names_no_previous_checkpoint_and_a_later_one_names_its_step(tmp_path):
-    from cloudml_lib.checkpoint import COMMITTED, previous_checkpoint_words
+    from cloudml_lib.core.checkpoint import COMMITTED, previous_checkpoint_words
 
     assert previous_checkpoint_words(tmp_path).startswith("no checkpoint of this run has been written yet")
     (tmp_path / "checkpoints" / "step-00000006").mkdir(parents=True)  # not committed: does not count
@@ -160,8 +161,8 @@ def test_a_first_failed_save_names_no_previous_checkpoint_and_a_later_one_names_
 
 
 def test_a_failure_the_command_reports_is_in_train_log_too(tiny_raw_config, tmp_path, monkeypatch, capsys):
-    from cloudml_lib import cli
-    from cloudml_lib.train.progress import MetricsFile
+    from cloudml_lib.commands import cli
+    from cloudml_lib.core.rundir import MetricsFile
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
@@ -211,7 +212,7 @@ def test_terminal_advice_is_said_in_the_notebooks_words():
         )
         assert not left, (text, said)
     said = live.notebook_words(
-        "This run already finished (epoch 2/2); nothing to train. Raise train.epochs to train longer, or use "
+        "This run is trained (epoch 2/2); nothing to train. Raise train.epochs to train longer, or use "
         "another --run-dir for a new run."
     )
     assert "Raise Epochs in the picker" in said and '"Start a new run" in the picker' in said
@@ -335,17 +336,17 @@ def test_the_curves_keep_markers_inside_the_legend_off_the_lines_and_r2_readable
 
 def test_tensorboard_opens_on_the_loss_curves(monkeypatch):
     pytest.importorskip("IPython")
-    from cloudml_lib import hardware
     from cloudml_lib.colab import show
+    from cloudml_lib.core import device
 
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    monkeypatch.setattr(hardware, "is_colab", lambda: False)
+    monkeypatch.setattr(device, "is_colab", lambda: False)
     page = show.tensorboard_frame(6006).data
     assert re.search(r'<iframe id="tensorboard-frame-[0-9a-f]+"', page) and "url.port = 6006;" in page
     assert 'url.searchParams.set("tagFilter", "loss");' in page and 'url.hash = "timeseries";' in page
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
     assert '"/proxy/6006/"' in show.tensorboard_frame(6006).data
-    monkeypatch.setattr(hardware, "is_colab", lambda: True)
+    monkeypatch.setattr(device, "is_colab", lambda: True)
     script = show.tensorboard_frame(6006).data
     assert "google.colab.kernel.proxyPort(6006" in script and '"tagFilter", "loss"' in script
 

@@ -96,7 +96,7 @@ def previous(tmp_path, monkeypatch):
 def test_a_finished_run_of_an_earlier_release_predicts_its_numbers(old):
     import xarray as xr
 
-    from cloudml_lib.predict import predict_flights
+    from cloudml_lib.science.predict import predict_flights
 
     for flight, want in expected(old)["predictions"].items():
         (path,) = predict_flights(
@@ -124,7 +124,7 @@ def test_a_finished_run_of_an_earlier_release_predicts_its_numbers(old):
 
 
 def test_a_finished_run_of_an_earlier_release_evaluates_to_its_numbers_and_keeps_its_files(old):
-    from cloudml_lib.evaluate import evaluate_run
+    from cloudml_lib.science.evaluate import evaluate_run
 
     kept = {p: Path(p).read_bytes() for p in ("finished/best.pt", "finished/intervals.json")}
     before = json.loads(Path("finished/evaluation.json").read_text())
@@ -135,9 +135,8 @@ def test_a_finished_run_of_an_earlier_release_evaluates_to_its_numbers_and_keeps
     assert {p: Path(p).read_bytes() for p in kept} == kept, "evaluating a finished run changed its files"
 
 
-def final_weights(run: Path) -> dict:
-    final = sorted((run / "checkpoints").glob("step-*"))[-1]
-    return torch.load(final / "state.pt", weights_only=True)["model"]
+def best_weights(run: Path) -> dict:
+    return torch.load(run / "best.pt", weights_only=True)["model"]
 
 
 def digests(weights: dict) -> dict:
@@ -148,25 +147,27 @@ def digests(weights: dict) -> dict:
 
 
 def twin_weights(old: str) -> dict:
-    """The uninterrupted run's final weights: recorded (d1e9854), or trained here from the same config."""
+    """The uninterrupted run's best weights: recorded (d1e9854: the values), or trained here from the same
+    config (d1cecbe recorded only hashes)."""
     recorded = expected(old).get("final_weights")
     if isinstance(next(iter(recorded.values())), list):
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in recorded.items()}
     r = run_cli("train", "--config", "stopped/config.yaml", "--run-dir", "twin", *MOVED, cwd=Path.cwd())
     assert r.returncode == 0, r.stderr[-3000:]
-    return final_weights(Path("twin"))
+    return best_weights(Path("twin"))
 
 
 def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
+    """Those releases saved the best weights (with the cloud probe) as their final checkpoint, and recorded
+    them: the resumed run's best.pt must hold the same. Its final checkpoint (now the last epoch's weights,
+    before the end) is at the same step."""
     r = run_cli("train", "--config", "stopped/config.yaml", "--run-dir", "stopped", *MOVED, cwd=Path.cwd())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resumed from step 8" in r.stdout
-    weights = final_weights(Path("stopped"))
-    assert (
-        int(sorted(Path("stopped/checkpoints").glob("step-*"))[-1].name.split("-")[1])
-        == expected(old)["final_step"]
-    )
-    # the cloud probe is fitted after training, on features computed frame by frame: compared closely below
+    final = sorted(Path("stopped/checkpoints").glob("step-*"))[-1]
+    assert int(final.name.split("-")[1]) == expected(old)["final_step"]
+    weights = best_weights(Path("stopped"))
+    # the cloud probe is fitted at the run's end, on features computed frame by frame: compared closely below
     trained = {k for k in weights if not k.startswith("cloud.")}
     if same_environment(old):
         want = expected(old).get("final_weights_sha256", expected(old)["final_weights"])
@@ -176,7 +177,7 @@ def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
         for k in trained:
             torch.testing.assert_close(weights[k].double(), twin[k].double().reshape(weights[k].shape),
                                        atol=RESUME_ATOL, rtol=0, msg=k)  # fmt: skip
-    probe = torch.load(Path("finished/best.pt"), weights_only=True)["model"]
+    probe = best_weights(Path("finished"))
     for key in ("cloud.weight", "cloud.bias"):
         torch.testing.assert_close(weights[key], probe[key], rtol=1e-3, atol=1e-4)
 

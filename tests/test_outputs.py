@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from cloudml_lib.checkpoint import save_atomic
-from cloudml_lib.errors import CloudMLError
-from cloudml_lib.logs import attach_run_log
-from cloudml_lib.outputs import append_text, check_own_folder, write_text
-from cloudml_lib.rundir import truncate_metrics
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.base.outputs import append_text, check_own_folder, write_text
+from cloudml_lib.core.checkpoint import save_atomic
+from cloudml_lib.core.rundir import truncate_metrics
 
 
 @pytest.fixture

@@ -184,7 +184,7 @@ def test_a_missing_optional_package_is_named_with_the_command_that_fits_where_th
     (it installs into the kernel's environment, which a bare `!pip` may not)."""
     import types
 
-    from cloudml_lib.errors import install_command
+    from cloudml_lib.base.errors import install_command
 
     monkeypatch.delenv("CLOUDML_PARENT_PID", raising=False)
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))

@@ -10,11 +10,14 @@ import shutil
 import pytest
 import yaml
 
-from cloudml_lib import colab, hardware
+from cloudml_lib import (
+    colab,
+)
 from cloudml_lib.colab import drive, live, training
 from cloudml_lib.colab import picker as picker_mod
+from cloudml_lib.commands import presets
+from cloudml_lib.core.rundir import is_finished
 from cloudml_lib.data.synthetic import make_demo_flights
-from cloudml_lib.rundir import is_finished
 
 # A preset small enough to train in seconds on the tests' flights (40 x 48 frames); its flights are found in
 # data/ as the presets' are.
@@ -51,8 +54,8 @@ def tiny_presets(tmp_path, monkeypatch):
     """Every preset is the tiny one; Auto picks B (a GPU that fits it), so epochs are the preset's."""
     path = tmp_path / "tiny_preset.yaml"
     path.write_text(yaml.safe_dump(TINY_PRESET))
-    monkeypatch.setattr(hardware, "preset_config_path", lambda name: path)
-    monkeypatch.setattr(hardware, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
+    monkeypatch.setattr(presets, "preset_config_path", lambda name: path)
+    monkeypatch.setattr(presets, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
     return path
 
 
@@ -209,9 +212,9 @@ def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_wor
 ):
     for f in ("01Mar25", "03Mar25", "05Mar25"):
         move(f, flights, ws.data / "ER2")
-    report = dict(hardware.system_report(), gpu=None)
-    monkeypatch.setattr(hardware, "system_report", lambda *a, **k: report)
-    name, why = hardware.choose_preset(report)  # the command line's words: the demo configuration
+    report = dict(presets.system_report(), gpu=None)
+    monkeypatch.setattr(presets, "system_report", lambda *a, **k: report)
+    name, why = presets.choose_preset(report)  # the command line's words: the demo configuration
     assert name == "demo" and "CPU-sized demo configuration is used" not in why and "sized for a CPU" in why
     p = colab.Picker(ws)
     c = p.choice()

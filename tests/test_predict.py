@@ -8,10 +8,11 @@ import netCDF4
 import numpy as np
 import pytest
 import torch
+from conftest import fit_and_finish
 
-from cloudml_lib import predict as pr
-from cloudml_lib import products
 from cloudml_lib.data import preprocess
+from cloudml_lib.science import predict as pr
+from cloudml_lib.science import products
 from cloudml_lib.train import Trainer
 
 
@@ -19,7 +20,7 @@ from cloudml_lib.train import Trainer
 def run(tiny_flights, tmp_path_factory):
     from conftest import tiny_raw
 
-    from cloudml_lib.config import build_config
+    from cloudml_lib.base.config import build_config
 
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("predict")
@@ -27,7 +28,7 @@ def run(tiny_flights, tmp_path_factory):
     shutil.copytree(root, data)
     raw = tiny_raw(data, entries, tmp / "cache")
     raw["train"]["epochs"] = 1
-    Trainer(build_config(raw), tmp / "run").setup().fit()
+    fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
     return tmp / "run", data, entries
 
 
@@ -217,8 +218,8 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
     import hashlib
     import json
 
-    from cloudml_lib.checkpoint import check_folder, find_checkpoints, load_checkpoint
-    from cloudml_lib.config import config_from_dict
+    from cloudml_lib.base.config import config_from_dict
+    from cloudml_lib.core.checkpoint import check_folder, find_checkpoints, load_checkpoint
     from cloudml_lib.data import cpl
 
     run_dir, data, entries = run
@@ -258,7 +259,7 @@ def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_miss
 
     monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # the run's handler stops it
 
-    from cloudml_lib.evaluate import evaluate_run
+    from cloudml_lib.science.evaluate import evaluate_run
 
     run_dir, _, _ = run
     old = tmp_path / "old_run"

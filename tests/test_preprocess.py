@@ -17,10 +17,10 @@ import pytest
 import yaml
 from conftest import preprocess_frame, tiny_raw
 
+from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data import cachefiles, preprocess
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_backend
-from cloudml_lib.errors import ConfigError, DataError
 
 REPO = Path(__file__).parent.parent
 
@@ -236,7 +236,7 @@ def test_the_kornia_backend_is_close_to_scikit_image_keyed_apart_and_recorded(ti
     assert 0 < diff.mean() < 0.25 and diff.max() < 3.0  # z-scored units: close, not equal
     np.testing.assert_allclose(b.mean(axis=(1, 2)), 0, atol=2e-3)
     np.testing.assert_allclose(b.std(axis=(1, 2)), 1, atol=2e-3)
-    from cloudml_lib.provenance import run_provenance, trained_backend
+    from cloudml_lib.core.provenance import run_provenance, trained_backend
 
     assert trained_backend(run_provenance([ko], tiny_config.data)) == "kornia"
     assert trained_backend({"inputs": {}}) == "skimage" and trained_backend(None) is None

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_runfiles import json_values, mutate
 
-from cloudml_lib import cli
+from cloudml_lib.commands import cli
 
 REPO = Path(__file__).resolve().parents[1]
 PROPERTY = settings(
@@ -26,11 +26,11 @@ CONFIG = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
 SPACE = yaml.safe_load((REPO / "configs" / "sweeps" / "demo.yaml").read_text())
 # Where each command's work begins once its arguments, config and space were accepted.
 WORK = (
-    "cloudml_lib.train.train",
-    "cloudml_lib.crossval.crossval",
-    "cloudml_lib.sweep.require_optuna",
-    "cloudml_lib.predict.predict_flights",
-    "cloudml_lib.evaluate.evaluate_run",
+    "cloudml_lib.commands.runs.train_run",
+    "cloudml_lib.commands.crossval.crossval",
+    "cloudml_lib.commands.sweep.require_optuna",
+    "cloudml_lib.science.predict.predict_flights",
+    "cloudml_lib.science.evaluate.evaluate_run",
     "cloudml_lib.data.synthetic.make_demo_flights",
     "cloudml_lib.data.flights.ensure_demo_flights",
 )

@@ -23,7 +23,7 @@ def test_the_readme_opens_with_the_demo_and_the_test_command():
 
 
 def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys):
-    from cloudml_lib.cli import main
+    from cloudml_lib.commands.cli import main
 
     assert main(["labels", "--preset", "demo", "--data-dir", str(tmp_path / "flights")]) == 0
     printed = capsys.readouterr().out.splitlines()
@@ -38,9 +38,9 @@ def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys
 
 
 def test_the_settings_table_in_the_readme_is_generated_from_the_code():
-    from cloudml_lib.config import settings_table
+    from cloudml_lib.base.config import settings_table
 
     shown = re.search(
-        r"<!-- settings: cloudml_lib.config.settings_table\(\) -->\n(.*?)\n\n", README, re.S
+        r"<!-- settings: cloudml_lib.base.config.settings_table\(\) -->\n(.*?)\n\n", README, re.S
     ).group(1)
     assert shown == settings_table(), "README.md's settings table is stale: paste config.settings_table()"

@@ -4,9 +4,10 @@ import math
 
 import pytest
 import torch
+from conftest import fit_and_finish
 
-from cloudml_lib.checkpoint import find_checkpoints, load_state
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.core.checkpoint import find_checkpoints, load_state
 from cloudml_lib.train import Trainer
 
 
@@ -42,7 +43,7 @@ def fit(cfg, run, *, forward_wrap=None, micro=None, eval_wrap=None):
         trainer.state["micro_batch_size"] = micro
     if forward_wrap is not None:
         trainer.forward = forward_wrap(trainer.forward)
-    report = trainer.fit()
+    report = fit_and_finish(trainer)
     return trainer, report
 
 
@@ -165,7 +166,7 @@ def nan_on_calls(first, last=None):
 def test_nonfinite_steps_are_skipped_and_counted(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     nan_on_calls(3, 4)(trainer)  # the 3rd and 4th batches give NaN
-    report = trainer.fit()
+    report = fit_and_finish(trainer)
     assert trainer.state["nonfinite_total"] == 2 and trainer.state["nonfinite_in_a_row"] == 0
     assert trainer.state["step"] == trainer.total_steps - 2  # two steps skipped, the rest taken
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())

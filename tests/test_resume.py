@@ -13,7 +13,8 @@ import torch
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
+from cloudml_lib.core.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
+from cloudml_lib.core.rundir import run_state
 
 REPO = Path(__file__).parent.parent
 MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}  # the machine, not the math
@@ -96,6 +97,8 @@ def assert_same_run(run_dir, ref):
     assert int(best_b["cloud_fitted"]) == 1 and best_b["cloud.weight"].abs().sum() > 0  # the cloud probe too
     assert best_a.keys() == best_b.keys() and all(torch.equal(best_a[k], best_b[k]) for k in best_b)
     assert metrics(run_dir) == metrics(ref)
+    evaluations = [json.loads((Path(d) / "evaluation.json").read_text()) for d in (run_dir, ref)]
+    assert evaluations[0] == evaluations[1]  # the end of the run, killed or not, writes the same
     # TensorBoard's curves: one value per step, the very values of the run never interrupted
     curves, ref_curves = tensorboard_scalars(run_dir), tensorboard_scalars(ref)
     assert {"train/loss", "val/mae_km", "epoch/lr", "final/mae_km"} <= set(ref_curves)
@@ -104,9 +107,11 @@ def assert_same_run(run_dir, ref):
 
 # Saves every 3 steps, written in the background: step 2 comes before any save; from step 7 on, the step-6
 # save has waited for the step-3 one to commit; the commit-* points kill inside the 2nd and 3rd commits.
-# probe-fitted: after the training, the cloud probe written into best.pt, no final checkpoint yet.
+# probe-fitted: the run trained (its final checkpoint written), its end killed with the cloud probe written
+# into best.pt; end-written: killed with every file of the end written but evaluation.json.
 @pytest.mark.parametrize(
-    "kill_at", ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3", "probe-fitted:1"]
+    "kill_at",
+    ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3", "probe-fitted:1", "end-written:1"],
 )
 def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     cfg, ref, _ = setup
@@ -114,6 +119,8 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     killed = train(cfg, run, kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (run / "evaluation.json").exists()
+    if kill_at.startswith(("probe", "end")):  # trained: its end pending, a state of its own
+        assert run_state(run).words == "trained, end pending (not evaluated yet)"
     resumed = train(cfg, run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ("Resumed from step" in resumed.stdout) == (kill_at != "step:2")
@@ -251,7 +258,7 @@ def test_a_finished_run_is_not_trained_again(setup):
     cfg, ref, _ = setup
     before = final_state(ref)["loop"]["step"]
     r = train(cfg, ref)
-    assert r.returncode == 0 and "already finished" in r.stdout
+    assert r.returncode == 0 and "nothing to train" in r.stdout and "This run is finished" in r.stdout
     assert final_state(ref)["loop"]["step"] == before
 
 
@@ -329,4 +336,4 @@ def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(se
     assert not wrong.exists()
     assert_same_run(run, ref)
     again = train(cfg, run)
-    assert again.returncode == 0 and "already finished" in again.stdout
+    assert again.returncode == 0 and "nothing to train" in again.stdout

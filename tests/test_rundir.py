@@ -6,9 +6,10 @@ import time
 import pytest
 import yaml
 
-from cloudml_lib.errors import CloudMLError
-from cloudml_lib.rundir import compare_configs
-from cloudml_lib.runlock import STALE_S, RunLock
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.liveness import STALE_S
+from cloudml_lib.core.rundir import compare_configs
+from cloudml_lib.core.runlock import RunLock
 
 
 def write_lock(run, **info):
@@ -69,8 +70,8 @@ def test_config_differences_are_sorted_into_math_and_harmless():
 
 
 def _acquire_at_once(run_dir, barrier, results):
-    from cloudml_lib.errors import CloudMLError as Refused
-    from cloudml_lib.runlock import RunLock as Lock
+    from cloudml_lib.base.errors import CloudMLError as Refused
+    from cloudml_lib.core.runlock import RunLock as Lock
 
     lock = Lock(run_dir)
     barrier.wait()
@@ -114,7 +115,7 @@ def _folder_of_other_things(tmp_path):
 def test_a_folder_of_other_things_is_refused_by_every_command_that_writes_a_run(
     command, tiny_raw_config, tmp_path, capsys
 ):
-    from cloudml_lib.cli import main
+    from cloudml_lib.commands.cli import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw_config))
@@ -129,7 +130,7 @@ def test_a_folder_of_other_things_is_refused_by_every_command_that_writes_a_run(
 
 
 def test_an_empty_run_dir_is_refused_not_taken_for_a_default(capsys):
-    from cloudml_lib.cli import main
+    from cloudml_lib.commands.cli import main
 
     for argv in (["train", "--preset", "demo", "--run-dir", ""], ["predict", "--run-dir", "x", "--out", " "]):
         with pytest.raises(SystemExit) as e:
@@ -139,7 +140,7 @@ def test_an_empty_run_dir_is_refused_not_taken_for_a_default(capsys):
 
 
 def test_what_counts_as_a_run_folder(tmp_path):
-    from cloudml_lib.rundir import check_run_folder
+    from cloudml_lib.core.rundir import check_run_folder
 
     check_run_folder(tmp_path / "new")
     hidden = tmp_path / "hidden"
@@ -168,7 +169,7 @@ def test_what_counts_as_a_run_folder(tmp_path):
 
 
 def test_a_run_file_that_is_a_link_stops_train_before_anything_is_written(tiny_raw_config, tmp_path, capsys):
-    from cloudml_lib.cli import main
+    from cloudml_lib.commands.cli import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw_config))

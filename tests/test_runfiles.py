@@ -14,8 +14,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudml_lib import cli
-from cloudml_lib.runfiles import RunFiles, numbered_folders
+from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.commands import cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_d1cecbe"
 PROPERTY = settings(
@@ -277,6 +277,6 @@ def test_an_empty_sweep_says_so(tmp_path, capsys):
 
 
 def test_finite_numbers_only_where_a_run_writes_them():
-    from cloudml_lib.runfiles import NUM, OPT_NUM
+    from cloudml_lib.base.runfiles import NUM, OPT_NUM
 
     assert NUM.problem(math.inf, "x") and NUM.problem(True, "x") and OPT_NUM.problem(None, "x") is None

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from conftest import tiny_raw
 
-from cloudml_lib.errors import ConfigError
-from cloudml_lib.space import build_space
+from cloudml_lib.base.errors import ConfigError
+from cloudml_lib.commands.space import build_space
 
 optuna = pytest.importorskip("optuna")
 REPO = Path(__file__).parent.parent
@@ -391,7 +391,7 @@ def test_a_sweep_folder_keeps_its_space_and_is_not_a_run(files, reference, tmp_p
 def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkeypatch):
     import builtins
 
-    from cloudml_lib import sweep as sweep_module
+    from cloudml_lib.commands import sweep as sweep_module
 
     real = builtins.__import__
 
@@ -409,8 +409,8 @@ def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkey
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_space_is_valid_for_the_demo(path):
-    from cloudml_lib.space import load_space
-    from cloudml_lib.yamlfile import read_yaml
+    from cloudml_lib.base.yamlfile import read_yaml
+    from cloudml_lib.commands.space import load_space
 
     space = load_space(path, read_yaml(REPO / "configs" / "demo.yaml"))
     assert space.params and space.direction in ("minimize", "maximize")

@@ -10,8 +10,11 @@ import pytest
 import yaml
 from test_picker import TINY_PRESET, move
 
-from cloudml_lib import colab, hardware
+from cloudml_lib import (
+    colab,
+)
 from cloudml_lib.colab import sweeping
+from cloudml_lib.commands import presets
 from cloudml_lib.data.synthetic import make_demo_flights
 
 REPO = Path(__file__).parent.parent
@@ -25,8 +28,8 @@ def own(ws, tmp_path, monkeypatch):
         move(f, tmp_path / "all", ws.data / "ER2")
     path = tmp_path / "tiny_preset.yaml"
     path.write_text(yaml.safe_dump(TINY_PRESET))
-    monkeypatch.setattr(hardware, "preset_config_path", lambda name: path)
-    monkeypatch.setattr(hardware, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
+    monkeypatch.setattr(presets, "preset_config_path", lambda name: path)
+    monkeypatch.setattr(presets, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
     return ws
 
 

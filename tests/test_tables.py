@@ -6,7 +6,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudml_lib import tables
+from cloudml_lib.base import tables
 from cloudml_lib.data.flights import HEADER, format_table
 
 cells = st.text(alphabet=st.sampled_from("ab |\\`*_\n-"), max_size=12)

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_raw
+from conftest import fit_and_finish, tiny_raw
 
-from cloudml_lib import hardware
-from cloudml_lib.checkpoint import load_checkpoint
-from cloudml_lib.config import build_config
-from cloudml_lib.errors import CloudMLError
+from cloudml_lib.base.config import build_config
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.core import device
+from cloudml_lib.core.checkpoint import load_checkpoint
 from cloudml_lib.train import Trainer, lr_factor, weighted_huber
 
 
@@ -23,7 +23,7 @@ def finished_run(tiny_flights, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
     cfg = build_config(tiny_raw(root, entries, tmp / "cache"))
     trainer = Trainer(cfg, tmp / "run").setup()
-    report = trainer.fit()
+    report = fit_and_finish(trainer)
     return trainer, report, tmp / "run"
 
 
@@ -150,19 +150,19 @@ def test_weighted_huber():
 
 
 def test_precision_is_chosen_by_device(monkeypatch):
-    assert hardware.choose_precision(torch.device("cpu")) == hardware.Precision(None, False)
+    assert device.choose_precision(torch.device("cpu")) == device.Precision(None, False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))  # T4
-    p = hardware.choose_precision(torch.device("cuda"))
+    p = device.choose_precision(torch.device("cuda"))
     assert p.dtype == torch.float16 and p.use_grad_scaler and p.name == "fp16"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))  # A100
-    p = hardware.choose_precision(torch.device("cuda"))
+    p = device.choose_precision(torch.device("cuda"))
     assert p.dtype == torch.bfloat16 and not p.use_grad_scaler
 
 
 def test_asking_for_cuda_without_a_gpu_is_explained(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(CloudMLError, match="train.device: 'cuda' was asked for but no CUDA GPU"):
-        hardware.choose_device("cuda")
+        device.choose_device("cuda")
 
 
 def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_raw_config, tmp_path):

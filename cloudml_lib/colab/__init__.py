@@ -9,6 +9,8 @@
 
 With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
 workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
+
+The top layer: may import commands, science, train, core, data, base.
 """
 
 from cloudml_lib.colab.drive import (

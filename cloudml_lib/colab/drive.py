@@ -13,12 +13,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloudml_lib import hardware
+from cloudml_lib.base.config import Config, load_config
+from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
-from cloudml_lib.config import Config, load_config
+from cloudml_lib.commands import presets
+from cloudml_lib.core import device
 from cloudml_lib.data import flights
 from cloudml_lib.data.flights import ensure_demo_flights
-from cloudml_lib.errors import CloudMLError
 
 # Colab's /content (CLOUDML_CONTENT moves it: the tests' twin of Colab), the Drive mounted in it, the CloudML
 # folder on Drive, and the cache on the VM's local disk (fast, lost at a disconnect)
@@ -72,7 +73,7 @@ def workspace() -> Workspace:
     (CLOUDML_HOME overrides), .cloudml_smoke in the smoke test. Creates data/, runs/, cache/."""
     if smoke():
         root = Path(".cloudml_smoke").resolve()
-    elif hardware.is_colab():
+    elif device.is_colab():
         if not (CONTENT / "drive" / "MyDrive").is_dir():
             from google.colab import drive
 
@@ -104,8 +105,8 @@ def _widgets_version() -> str:
 
 
 def show_environment() -> None:
-    report = hardware.system_report()
-    print(hardware.format_machine(report))
+    report = presets.system_report()
+    print(presets.format_machine(report))
     if not report["gpu"]:
         print("No GPU: in Colab choose Runtime > Change runtime type > T4 GPU, then run all cells again.")
 
@@ -121,7 +122,7 @@ CPU_ADVICE = (
 
 
 def _real_config(ws: Workspace) -> Config:
-    return load_config(hardware.preset_config_path("A"), [f"data.dir={ws.data}"])
+    return load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"])
 
 
 def complete_flights(ws: Workspace) -> list[str]:
@@ -212,7 +213,7 @@ class RunFlights:
 def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> RunFlights | None:
     """The flights of the run in `run_dir` against data/ now (`now`: the complete flights, when known);
     None for a run that has recorded none, or one on the demo flights (they never change)."""
-    from cloudml_lib.runfiles import RunFiles
+    from cloudml_lib.base.runfiles import RunFiles
 
     run_dir = Path(run_dir)
     data = ((RunFiles(run_dir).config() if run_dir.is_dir() else None) or {}).get("data") or {}
@@ -228,8 +229,8 @@ def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> R
 def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
     """Where the cache lives: the VM's local disk with a lasting copy on Drive in Colab (and, to
     exercise that path, in the smoke test); the workspace's cache folder elsewhere."""
-    if hardware.is_colab() or smoke():
-        local = VM_CACHE if hardware.is_colab() else ws.root / "vm_local_cache"
+    if device.is_colab() or smoke():
+        local = VM_CACHE if device.is_colab() else ws.root / "vm_local_cache"
         return [f"data.cache_dir={local / sub}", f"data.cache_copy_dir={ws.cache / sub}"]
     return [f"data.cache_dir={ws.cache / sub}", "data.cache_copy_dir="]
 
@@ -247,7 +248,7 @@ def run_config(
     there."""
     if uses_demo_data(ws) if demo is None else demo:
         path, over = (
-            hardware.preset_config_path("demo"),
+            presets.preset_config_path("demo"),
             [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo"),
         )
         if smoke():
@@ -255,7 +256,7 @@ def run_config(
 
             over += OVERRIDES
     else:
-        path = hardware.preset_config_path(preset if preset in ("A", "B", "C") else "C")
+        path = presets.preset_config_path(preset if preset in ("A", "B", "C") else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
         over.append(f"data.validation_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
     if epochs and not smoke():
@@ -352,22 +353,22 @@ def show_diagnostics(ws: Workspace) -> None:
     """The machine and plain-words advice; without a GPU on the user's flights, the preset line says what the
     training notebook does there (the command line's advice, the demo configuration, is not for them)."""
     frames = list(ws.cache.rglob("frames.npy"))
-    report = hardware.system_report({"data": str(ws.data), "cache": str(ws.cache), "runs": str(ws.runs)})
-    print(hardware.format_machine(report))
+    report = presets.system_report({"data": str(ws.data), "cache": str(ws.cache), "runs": str(ws.runs)})
+    print(presets.format_machine(report))
     print("\nRecommendations:")
-    lines = hardware.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None)
+    lines = presets.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None)
     if not report["gpu"] and lines[0].startswith("Preset: ") and not uses_demo_data(ws):
         lines[0] = CPU_ADVICE
     for line in lines:
         print(f"  - {line}")
     show_markdown(
         "**GPU memory of a training step**, each preset at its batch:\n\n"
-        + hardware.memory_table(report["gpu"]["free_bytes"] if report["gpu"] else None, markdown=True)
+        + presets.memory_table(report["gpu"]["free_bytes"] if report["gpu"] else None, markdown=True)
     )
 
 
 def free_gpu_memory() -> None:
-    print(hardware.release_gpu_memory())
+    print(device.release_gpu_memory())
 
 
 def check_setup(ws: Workspace, cache: dict | None) -> None:

@@ -29,11 +29,11 @@ import time
 from collections import deque
 from pathlib import Path
 
-from cloudml_lib import plots
-from cloudml_lib.checkpoint import find_latest_valid
+from cloudml_lib.base.logs import PROBLEM_WORD, WARNING_WORD
 from cloudml_lib.colab.show import UserError, plural, show
-from cloudml_lib.logs import PROBLEM_WORD, WARNING_WORD
-from cloudml_lib.rundir import is_finished
+from cloudml_lib.core.checkpoint import find_latest_valid
+from cloudml_lib.core.rundir import is_finished
+from cloudml_lib.science import plots
 from cloudml_lib.train import ProgressLines
 
 # How a run can end and still be continued: exit 130 (stopped with a checkpoint), or killed by a signal
@@ -42,7 +42,7 @@ RESUMABLE = {130, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL}
 NOTICE = re.compile(
     r"Resumed from|Stopped by|received: stopping|Rejected|Moved the rejected|[Ww]arning|"
     r"out of memory|torch\.compile|Non-finite|Early stopping|Taking over|skipped|"
-    r"already finished|changed settings|Fold \w+:|Phase \d of 2"
+    r"nothing to train|[Tt]he end of the run|changed settings|Fold \w+:|Phase \d of 2"
 )
 # The level a line carries (logs.py's words; a Python warning's own format; the log file's "warning:")
 PROBLEM_LINE = re.compile(rf"^{re.escape(PROBLEM_WORD)}")

@@ -23,7 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from cloudml_lib import hardware
+from cloudml_lib.base.config import load_config
+from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.colab.drive import (
     CPU_EPOCHS,
     RunFlights,
@@ -35,10 +36,9 @@ from cloudml_lib.colab.drive import (
     uses_demo_data,
 )
 from cloudml_lib.colab.show import plural, show, user_errors
-from cloudml_lib.compile import plan, this_device
-from cloudml_lib.config import load_config
-from cloudml_lib.errors import CloudMLError
-from cloudml_lib.rundir import has_run, run_status
+from cloudml_lib.commands import presets
+from cloudml_lib.core.compile import plan, this_device
+from cloudml_lib.core.rundir import has_run, run_status
 
 LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the newest run started with
 PRESET_WORDS = {
@@ -66,13 +66,13 @@ class Choice:
     started: float = 0.0
 
     def save(self, root: Path) -> None:
-        from cloudml_lib.outputs import write_text
+        from cloudml_lib.base.outputs import write_text
 
         write_text(Path(root) / LAST_RUN, json.dumps(dict(asdict(self), started=time.time()), indent=1))
 
     @classmethod
     def load(cls, root: Path) -> Choice | None:
-        from cloudml_lib.runfiles import RunFiles
+        from cloudml_lib.base.runfiles import RunFiles
 
         files = RunFiles(Path(root))
         raw = files.last_run()
@@ -231,7 +231,7 @@ class Picker:
                 "no flights of yours were found, so the demo configuration trains on the demo flights",
                 False,
             )
-        preset, why = hardware.choose_preset(hardware.system_report())
+        preset, why = presets.choose_preset(presets.system_report())
         if preset == "demo":  # your flights, no GPU: the smallest preset, briefly, with a plain warning
             return (
                 "C",
@@ -275,7 +275,7 @@ class Picker:
         if preset == "Auto" and self.cpu:
             return CPU_EPOCHS
         resolved = self.auto if preset == "Auto" else preset
-        return load_config(hardware.preset_config_path(resolved)).train.epochs
+        return load_config(presets.preset_config_path(resolved)).train.epochs
 
     def _apply(self, c: Choice, continuing: bool) -> None:
         """Show choice `c`; a continued run's held-out flights stay, marked when data/ lacks them."""
@@ -428,7 +428,7 @@ class Picker:
             lines.append("<b>Smoke test:</b> a tiny demo run of 2 epochs trains, whatever is chosen.")
         lines += self._run_lines(c)
         lines.append(self._trains_line(c, flights))
-        preset_cfg = load_config(hardware.preset_config_path(c.preset))
+        preset_cfg = load_config(presets.preset_config_path(c.preset))
         lines.append(
             "torch.compile: "
             + plan(preset_cfg.train.torch_compile, preset_cfg.train.torch_compile_mode, this_device())
@@ -512,7 +512,7 @@ class Picker:
         )
 
     def _trains_line(self, c: Choice, flights: RunFlights | None) -> str:
-        config = hardware.PRESET_FILES[c.preset]
+        config = presets.PRESET_FILES[c.preset]
         held = ", ".join(c.heldout) or "none (choose one)"
         if c.preset == "demo":
             data = "the demo flights"

@@ -16,13 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cloudml_lib import hardware, tables
-from cloudml_lib.compile import plan, this_device
-from cloudml_lib.config import load_config
-from cloudml_lib.errors import CloudMLError, explain_os_error
-from cloudml_lib.evaluate import format_report
-from cloudml_lib.memory import GIB
-from cloudml_lib.rundir import format_status, run_status
+from cloudml_lib.base import tables
+from cloudml_lib.base.config import load_config
+from cloudml_lib.base.errors import CloudMLError, explain_os_error
+from cloudml_lib.commands import presets
+from cloudml_lib.core import device
+from cloudml_lib.core.compile import plan, this_device
+from cloudml_lib.core.memory import GIB
+from cloudml_lib.core.rundir import format_status, run_status
+from cloudml_lib.science.evaluate import format_report
 
 
 def in_notebook() -> bool:
@@ -97,29 +99,28 @@ def user_errors(fn):
 
 @user_errors
 def show_presets() -> None:
-    """The presets with their GPU memory: estimated from the model (hardware.preset_memory), and measured
+    """The presets with their GPU memory: estimated from the model (presets.preset_memory), and measured
     beside it where the GPU benchmark has measured it."""
-    from cloudml_lib.resources import measured as results
-
-    gpu = results("gpu") or {}
-    presets = gpu.get("presets") if isinstance(gpu.get("presets"), dict) else {}
-    measured = {k: v.get("peak_reserved_gib") for k, v in presets.items() if isinstance(v, dict)}
+    gpu = presets.measured_gpu()
+    reserved = {
+        k: v.get("peak_reserved_gib") for k, v in gpu.get("presets", {}).items() if isinstance(v, dict)
+    }
     where = (
         f"on an {gpu['device']} capped at {gpu.get('memory_cap_gib')} GiB"
         if gpu.get("device")
         else "on a GPU"
     )
     rows, device = [], this_device()
-    for p in hardware.preset_memory():
+    for p in presets.preset_memory():
         name = p.name
-        cfg = load_config(hardware.preset_config_path(name))
+        cfg = load_config(presets.preset_config_path(name))
         mem = (
             f"about {p.need() / GIB:.1f} GiB (estimated)"
             if p.estimate
             else f"about {p.reported_bytes / GIB:.0f} GiB (reported by users)"
         )
-        if isinstance(measured.get(name), (int, float)):
-            mem += f"; {measured[name]:.1f} GiB reserved, measured {where}"
+        if isinstance(reserved.get(name), (int, float)):
+            mem += f"; {reserved[name]:.1f} GiB reserved, measured {where}"
         rows.append(
             [
                 name,
@@ -165,7 +166,7 @@ def show_status(run_dir: Path | None) -> None:
 def show_evaluation(run_dir: Path | None) -> None:
     """Per-flight and overall metrics against the baseline, the verdict on them in a sentence (the model beats
     the training mean, or is of no use yet and what to try), the scatter plot, and where the files are."""
-    from cloudml_lib.runfiles import RunFiles
+    from cloudml_lib.base.runfiles import RunFiles
 
     files = RunFiles(Path(run_dir)) if run_dir is not None else None
     report = files.evaluation() if files is not None else None
@@ -176,7 +177,7 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    from cloudml_lib.report import with_verdict
+    from cloudml_lib.science.report import with_verdict
 
     print(format_report(with_verdict(report)))  # the verdict too for a run evaluated before verdicts
     scatter = run_dir / "plots" / "scatter.png"
@@ -222,8 +223,8 @@ def show_tensorboard(run_dir: Path | None) -> None:
     curves; how to install it when it is missing. Its events are committed with each checkpoint, so after a
     disconnect it shows the run up to its last checkpoint. Started from this kernel's own environment
     (use_this_pythons_tensorboard); when it cannot start, TensorBoard's own magic says why."""
-    from cloudml_lib.errors import install_command
-    from cloudml_lib.train.events import has_tensorboard
+    from cloudml_lib.base.errors import install_command
+    from cloudml_lib.core.events import has_tensorboard
 
     if run_dir is None:
         return
@@ -272,7 +273,7 @@ def tensorboard_frame(port: int, height: int = 800):
         f"url.searchParams.set({json.dumps(k)}, {json.dumps(v)});" for k, v in TENSORBOARD_QUERY.items()
     )
     view = f"{query} url.hash = {json.dumps(TENSORBOARD_PAGE)};"
-    if hardware.is_colab():
+    if device.is_colab():
         return Javascript(
             "(async () => {"
             f" const url = new URL(await google.colab.kernel.proxyPort({int(port)}, {{'cache': true}}));"
@@ -318,8 +319,8 @@ def show_comparison(folders) -> None:
     """Runs, cross-validations or sweeps side by side (`compare.py`): the settings that differ, held-out
     metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run
     folders."""
-    from cloudml_lib.compare import compare_runs, format_comparison
-    from cloudml_lib.rundir import has_run, is_crossval
+    from cloudml_lib.commands.compare import compare_runs, format_comparison
+    from cloudml_lib.core.rundir import has_run, is_crossval
 
     base = None
     if (

@@ -19,13 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cloudml_lib.base.errors import install_command
+from cloudml_lib.base.runfiles import RunFiles, numbered_folders
 from cloudml_lib.colab.drive import Workspace, run_config
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import plural, show, show_markdown, show_report, user_errors
-from cloudml_lib.errors import install_command
-from cloudml_lib.rundir import is_finished as finished
-from cloudml_lib.runfiles import RunFiles, numbered_folders
+from cloudml_lib.core.rundir import is_finished as finished
 
 OPTUNA = "optuna>=4.0"  # as pyproject.toml's extras
 TRIAL = re.compile(r"^Trial (\d+) \((\d+) of (\d+)\)")  # sweep.run_trials, as each trial starts
@@ -34,8 +34,8 @@ STATE_WORDS = {"running": "training", "complete": "finished", "pruned": "stopped
 
 def swept_settings() -> str:
     """The settings the packaged search space tries (the sweep command's default --space)."""
-    from cloudml_lib.resources import config_file
-    from cloudml_lib.yamlfile import read_yaml
+    from cloudml_lib.base.resources import config_file
+    from cloudml_lib.base.yamlfile import read_yaml
 
     params = (read_yaml(config_file("sweeps/demo.yaml")) or {}).get("params") or {}
     return ", ".join(params)

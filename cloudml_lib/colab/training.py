@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cloudml_lib.checkpoint import find_checkpoints
+from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab.drive import RunFlights, Workspace, run_config, run_flights, smoke
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
-from cloudml_lib.rundir import is_finished as finished
-from cloudml_lib.runfiles import RunFiles
+from cloudml_lib.core.checkpoint import find_checkpoints
+from cloudml_lib.core.rundir import is_finished as finished
 
 
 def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:

@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from cloudml_lib.config import DataConfig, FlightConfig
+from cloudml_lib.base.config import DataConfig, FlightConfig
+from cloudml_lib.base.errors import DataError, shown
+from cloudml_lib.base.outputs import named
 from cloudml_lib.data import cpl, er2
 from cloudml_lib.data.cachefiles import (
     copy_flight_cache,
@@ -46,6 +48,7 @@ from cloudml_lib.data.cachefiles import (
     temporary,
     write_frames,
 )
+from cloudml_lib.data.hashing import input_files
 from cloudml_lib.data.preprocess import (
     SKIMAGE,
     Backend,
@@ -55,9 +58,6 @@ from cloudml_lib.data.preprocess import (
     resolve_backend,
     resolve_workers,
 )
-from cloudml_lib.errors import DataError, shown
-from cloudml_lib.outputs import named
-from cloudml_lib.provenance import input_files
 
 log = logging.getLogger(__name__)
 

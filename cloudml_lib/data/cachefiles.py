@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from cloudml_lib import faults
-from cloudml_lib.errors import DataError
-from cloudml_lib.runlock import holder_alive
+from cloudml_lib.base import faults
+from cloudml_lib.base.errors import DataError
+from cloudml_lib.base.liveness import holder_alive
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cloudml_lib.config import DataConfig, FlightConfig
+from cloudml_lib.base.config import DataConfig, FlightConfig
+from cloudml_lib.base.errors import DataError
 from cloudml_lib.data import er2
 from cloudml_lib.data.er2 import (
     FILL_BELOW,
@@ -32,7 +33,6 @@ from cloudml_lib.data.er2 import (
     read_nav,
     utc_text,
 )
-from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 

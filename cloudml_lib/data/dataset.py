@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cloudml_lib.config import Config
+from cloudml_lib.base.config import Config
+from cloudml_lib.base.errors import DataError
 from cloudml_lib.data.cache import FlightCache, load_caches
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
 from cloudml_lib.data.preprocess import Backend
-from cloudml_lib.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from cloudml_lib.config import MIN_FRAME_SIDE, DataConfig, FlightConfig
-from cloudml_lib.errors import DataError, install_command
+from cloudml_lib.base.config import MIN_FRAME_SIDE, DataConfig, FlightConfig
+from cloudml_lib.base.errors import DataError, install_command
 
 log = logging.getLogger(__name__)
 

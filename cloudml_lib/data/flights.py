@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cloudml_lib import tables
-from cloudml_lib.config import Config, DataConfig, FlightConfig, check_flight_names
+from cloudml_lib.base import tables
+from cloudml_lib.base.config import Config, DataConfig, FlightConfig, check_flight_names
+from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.data import cpl, er2, synthetic
-from cloudml_lib.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 

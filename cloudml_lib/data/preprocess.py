@@ -39,9 +39,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cloudml_lib.config import DataConfig
+from cloudml_lib.base.config import DataConfig
+from cloudml_lib.base.errors import ConfigError, DataError, install_command, shown
 from cloudml_lib.data import er2
-from cloudml_lib.errors import ConfigError, DataError, install_command, shown
 
 log = logging.getLogger(__name__)
 

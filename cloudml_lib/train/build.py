@@ -23,7 +23,6 @@ import math
 import random
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,28 +31,27 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from cloudml_lib import faults
-from cloudml_lib.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
-from cloudml_lib.compile import CompileWatch, apply_compile
-from cloudml_lib.config import Config, derive, save_config
-from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
-from cloudml_lib.data.flights import resolve_config
-from cloudml_lib.data.preprocess import resolve_backend
-from cloudml_lib.distributed import Dist, apply_ddp, apply_global_batchnorm
-from cloudml_lib.errors import CloudMLError, ConfigError
-from cloudml_lib.estimate import StepShape, estimate
-from cloudml_lib.hardware import (
+from cloudml_lib.base import faults
+from cloudml_lib.base.config import Config, derive, save_config
+from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.core.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
+from cloudml_lib.core.compile import CompileWatch, apply_compile
+from cloudml_lib.core.device import (
     Precision,
     choose_device,
     choose_precision,
     default_num_workers,
     describe_device,
 )
-from cloudml_lib.logs import attach_run_log
-from cloudml_lib.memory import measure_batch_size
-from cloudml_lib.model import build_model, count_parameters
-from cloudml_lib.provenance import read_run_provenance, run_provenance, trained_backend
-from cloudml_lib.rundir import (
+from cloudml_lib.core.distributed import Dist, apply_ddp, apply_global_batchnorm
+from cloudml_lib.core.estimate import StepShape, estimate
+from cloudml_lib.core.events import Events
+from cloudml_lib.core.memory import measure_batch_size
+from cloudml_lib.core.model import build_model, count_parameters
+from cloudml_lib.core.provenance import read_run_provenance, run_provenance, trained_backend
+from cloudml_lib.core.rundir import (
+    MetricsFile,
     check_data_fingerprint,
     check_folder_kind,
     check_resume_config,
@@ -62,9 +60,11 @@ from cloudml_lib.rundir import (
     resumed_config,
     truncate_metrics,
 )
-from cloudml_lib.runlock import RunLock
-from cloudml_lib.train.events import Events
-from cloudml_lib.train.progress import MetricsFile, RunInfo
+from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
+from cloudml_lib.data.flights import resolve_config
+from cloudml_lib.data.preprocess import resolve_backend
+from cloudml_lib.train.progress import RunInfo
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.state import LoopState, restore, stateful
 
@@ -313,7 +313,7 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts
     Config: `cfg` is not changed)."""
     t = cfg.train
     model, device, precision = placed_model(cfg, dist, train_set.scalers)
-    autocast = partial(torch.autocast, device.type, dtype=precision.dtype) if precision.dtype else nullcontext
+    autocast = precision.autocast(device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
     if t.batch_size == "auto":  # per process; the global batch is what every process can hold

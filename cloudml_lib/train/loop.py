@@ -1,6 +1,8 @@
-"""The training loop, top to bottom: fit -> epoch -> step, and the end of a run. Set-up is `build.py`, what
-survives a restart `state.py`, checkpoints `saving.py`, scoring `evaluation.py`; this file holds what
-runs every epoch and step, and puts the end of a run together.
+"""The training loop, top to bottom: fit -> epoch -> step, ending at the final checkpoint. Set-up is
+`build.py`, what survives a restart `state.py`, checkpoints `saving.py`, each epoch's validation
+`evaluation.py`; this file holds what runs every epoch and step. The end of a run (the held-out evaluation
+of the best model, the cloud probe, the intervals, the report) is a stage of its own, science/finish.py,
+which commands/runs.py runs after `fit`.
 
 A step: forward and backward of each batch (micro-batch by micro-batch), the optimizer step once per
 train.grad_accum_steps batches, skipped when its loss is NaN/inf; out-of-memory and compile failures
@@ -21,15 +23,16 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from cloudml_lib import faults, plots
-from cloudml_lib.compile import CompileWatch
-from cloudml_lib.config import Config
-from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
-from cloudml_lib.distributed import SINGLE, Dist, no_sync
-from cloudml_lib.errors import CloudMLError
-from cloudml_lib.evaluate import Scored, format_report
-from cloudml_lib.hardware import format_memory, memory_readings
-from cloudml_lib.recovery import (
+from cloudml_lib.base import faults
+from cloudml_lib.base.config import Config
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.core.compile import CompileWatch
+from cloudml_lib.core.device import format_memory, memory_readings
+from cloudml_lib.core.distributed import SINGLE, Dist, no_sync
+from cloudml_lib.core.events import Events
+from cloudml_lib.core.inference import Evaluator
+from cloudml_lib.core.metrics import Scored
+from cloudml_lib.core.recovery import (
     MAX_ATTEMPTS,
     capture_undo,
     count_nonfinite_step,
@@ -39,22 +42,13 @@ from cloudml_lib.recovery import (
     run_attempt,
     undo,
 )
-from cloudml_lib.report import write_report
-from cloudml_lib.runlock import RunLock
+from cloudml_lib.core.rundir import MetricsFile
+from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
 from cloudml_lib.train.build import build_run
-from cloudml_lib.train.evaluation import (
-    Evaluator,
-    fit_cloud_probe,
-    held_out_report,
-    load_best_weights,
-    matched_training_frames,
-    read_stored_report,
-    update_best,
-    write_held_out,
-)
-from cloudml_lib.train.events import Events
+from cloudml_lib.train.evaluation import update_best, validate
 from cloudml_lib.train.loss import global_totals, part_loss
-from cloudml_lib.train.progress import MetricsFile, ProgressLines, RunInfo, log_step, mean_loss
+from cloudml_lib.train.progress import ProgressLines, RunInfo, log_step, mean_loss
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.signals import StopRequest
 from cloudml_lib.train.state import LoopState
@@ -122,35 +116,35 @@ class Trainer:
             self.device,
             self.autocast,
             self.dist,
+            self.state["eval_batch_size"],
             self.num_workers,
-            self.compile,
-            self.state,
             self._eager_after_compile_failure,
         )
         return self
 
     # ------------------------------------------------------------------------------ the loop
-    def fit(self, after_epoch=None) -> dict:
-        """Train to the last epoch (or early stop), then evaluate the best model. `after_epoch(history)`: a
-        sweep's pruner, asked after each epoch (and at a resumed start) and free to end the run by raising."""
+    def fit(self, after_epoch=None) -> None:
+        """Train to the last epoch (or an early stop) and save the final checkpoint: the run is trained. Its
+        end (science/finish.py) is not the Trainer's. `after_epoch(history)`: a sweep's pruner, asked after
+        each epoch (and at a resumed start) and free to end the run by raising."""
         t, st, after_epoch = self.cfg.train, self.state, after_epoch or (lambda history: None)
         try:
             if st["finished"]:
                 log.info(
-                    "This run already finished (epoch %d/%d); nothing to train. Raise train.epochs to train "
+                    "This run is trained (epoch %d/%d); nothing to train. Raise train.epochs to train "
                     "longer, or use another --run-dir for a new run.",
                     st["epoch"],
                     t.epochs,
                 )
-                return self.stored_report()
-            self.model.clear_cloud_probe()  # a probe is fitted when training ends, not before
+                return
+            self.model.clear_cloud_probe()  # a probe is fitted at the end of the run, not before
             with self.stop.trapped():
                 done = st["epoch"] >= t.epochs
                 while True:
                     if st["history"]:
                         after_epoch(st["history"])
                     if done:
-                        return self.finish()
+                        return self.save_trained()
                     done = self.run_epoch()
         finally:
             self.close()
@@ -350,7 +344,9 @@ class Trainer:
     # ------------------------------------------------------------------------------ scoring
     def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, Scored]:
         indices = np.arange(len(self.val_set)) if indices is None else indices
-        return self.evaluator.validate(self.val_set, indices, self.cfg)
+        result = validate(self.evaluator, self.val_set, indices, self.cfg)
+        self.state["eval_batch_size"] = self.evaluator.batch  # halved by out-of-memory: saved with the run
+        return result
 
     def _update_best(self, val_loss: float, epoch: int) -> bool:
         return update_best(
@@ -366,72 +362,26 @@ class Trainer:
     def save_best(self) -> None:
         self.checkpoints.save_best(self.model, float(np.nanmean(self.train_set.targets_km())))
 
-    # ------------------------------------------------------------------------------ the end of a run
-    def finish(self) -> dict:
-        """Full validation with the best weights; predictions, report, plots; the final checkpoint."""
-        self.checkpoints.wait()
-        self.dist.barrier()  # rank 0's best.pt is written before anyone reads it
-        report = self.evaluate_best()
-        st = self.state
-        st["finished"] = True
-        if self.dist.is_main:
-            self.metrics.append(
-                {
-                    "kind": "final",
-                    "epoch": st["epoch"],
-                    "step": st["step"],
-                    **report["overall"],
-                    "baseline": report["baseline"],
-                    "per_flight": report["per_flight"],
-                }
-            )
-            if st["history"]:
-                plots.save_figure(plots.curves_figure(st["history"]), self.run_dir / "plots" / "curves.png")
-            write_report(self.run_dir)
-            self.events.scalars(st["step"], {f"final/{k}": v for k, v in report["overall"].items()})
-            self.events.image(st["step"], "evaluation/scatter", self.run_dir / "plots" / "scatter.png")
-        self.checkpoints.save("final", wait=True)  # every rank: the snapshot gathers from all of them
+    # ------------------------------------------------------------------------------ the end of training
+    def save_trained(self) -> None:
+        """The final checkpoint: training is over; a resume of this run goes on to its end
+        (science/finish.py)."""
+        self.state["finished"] = True
+        self.checkpoints.save("trained", wait=True)  # every rank: the snapshot gathers from all of them
         self.dist.barrier()
-        if not self.dist.is_main:
-            return report
-        if self.checkpoints.failed_last:
+        if self.dist.is_main and self.checkpoints.failed_last:
             raise CloudMLError(
-                f"the final checkpoint could not be written ({self.checkpoints.failed_last}); the "
-                f"results are in {self.run_dir}, but the run is not marked finished. Free space or fix "
-                "the folder's permissions, then run the same command again."
+                f"the final checkpoint could not be written ({self.checkpoints.failed_last}): training is "
+                "done but not recorded. Free space or fix the folder's permissions, then run the same "
+                "command again: it resumes from the last checkpoint that was written."
             )
         log.info(
-            "Full validation with the best model (epoch %d):\n%s", st["best_epoch"], format_report(report)
+            "Trained: %d epochs, step %d; best model from epoch %d in %s",
+            self.state["epoch"],
+            self.state["step"],
+            self.state["best_epoch"],
+            self.run_dir / "best.pt",
         )
-        log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", self.run_dir)
-        return report
-
-    def evaluate_best(self) -> dict:
-        """The best weights loaded back (the newest if best.pt cannot be used), the cloud probe fitted, the
-        full evaluation with its intervals; rank 0 writes evaluation.json, predictions.csv, intervals.json,
-        the plot."""
-        best = self.run_dir / "best.pt"
-        load_best_weights(self.model, best, self.state, self.save_best)
-        frames = matched_training_frames(self.cfg, self.train_set)
-        if self.cfg.model.cloud_head == "probe":
-            fit_cloud_probe(self.evaluator, frames, best, self.dist)
-        _, _, scored = self.validate()
-        report, calibration = held_out_report(
-            self.cfg, scored, self.train_set, self.val_set, frames, self.state["best_epoch"]
-        )
-        if self.dist.is_main:
-            write_held_out(self.run_dir, self.val_set, scored, report, calibration)
-        return report
-
-    def stored_report(self) -> dict:
-        """A finished run's report; a missing or damaged evaluation.json is computed again from best.pt."""
-        report = read_stored_report(self.run_dir / "evaluation.json")
-        if report is None:
-            report = self.evaluate_best()
-            if self.dist.is_main:
-                write_report(self.run_dir)
-        log.info("Its report:\n%s", format_report(report))
-        return report
 
     def close(self) -> None:
         """Let an in-flight checkpoint finish, commit the TensorBoard events, then release the run

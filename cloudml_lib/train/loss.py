@@ -6,10 +6,11 @@ micro-batches and processes."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cloudml_lib.model import Outputs
+from cloudml_lib.core.model import Outputs
 
 
 def weighted_huber(pred, target, weight, delta: float, hard_example_weight: float):
@@ -74,3 +75,25 @@ def batch_loss(out: Outputs, batch: dict, t) -> torch.Tensor:
         t.cloud_loss_weight,
         t.height_loss_weight,
     )
+
+
+def validation_loss(out: dict, target: np.ndarray, has: np.ndarray, flags: np.ndarray, cfg) -> float:
+    """The objective over a validation set, from the model's outputs as float64 arrays (inference.predict):
+    the height's Huber loss over the samples with a height (train.height_loss_weight) plus, for a joint cloud
+    output, the cloud cross-entropy over every sample (train.cloud_loss_weight); plain means (the validation
+    flights are not over-weighted, and early stopping compares the same quantity every epoch)."""
+    t = cfg.train
+    loss = (
+        t.height_loss_weight
+        * float(
+            F.huber_loss(
+                torch.from_numpy(out["height"][has]), torch.from_numpy(target[has]), delta=t.huber_delta
+            )
+        )
+        if has.any()
+        else 0.0
+    )
+    if out.get("cloud_logit") is not None and cfg.model.cloud_head == "joint":
+        logits, truth = torch.from_numpy(out["cloud_logit"]), torch.from_numpy(flags.astype(np.float64))
+        loss += t.cloud_loss_weight * float(F.binary_cross_entropy_with_logits(logits, truth))
+    return loss

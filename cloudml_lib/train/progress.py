@@ -1,6 +1,5 @@
-"""What the outside sees of a running run: metrics.jsonl (MetricsFile, its one writer), run.json (the plan
-of this start and what torch.compile did), provenance.json, and the `@progress` lines the notebook's bar
-follows."""
+"""What the outside sees of a running run: run.json (the plan of this start and what torch.compile did),
+provenance.json, the step records of metrics.jsonl, and the `@progress` lines the notebook's bar follows."""
 
 from __future__ import annotations
 
@@ -11,27 +10,12 @@ from pathlib import Path
 
 import torch
 
-from cloudml_lib.compile import CompileWatch
-from cloudml_lib.distributed import Dist
-from cloudml_lib.outputs import append_text, json_safe, write_text
-from cloudml_lib.provenance import write_run_provenance
+from cloudml_lib.base.outputs import json_safe, write_text
+from cloudml_lib.core.compile import CompileWatch
+from cloudml_lib.core.distributed import Dist
+from cloudml_lib.core.provenance import write_run_provenance
 
 log = logging.getLogger(__name__)
-
-
-class MetricsFile:
-    """RUN_DIR/metrics.jsonl: one JSON object a line (step records, epoch records, the final record); the
-    notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
-
-    def __init__(self, run_dir: Path, dist: Dist):
-        self.path, self.dist = Path(run_dir) / "metrics.jsonl", dist
-
-    def append(self, record: dict) -> None:
-        if self.dist.is_main:
-            append_text(self.path, json.dumps(json_safe(record)) + "\n")
-
-    def size(self) -> int:
-        return self.path.stat().st_size
 
 
 class ProgressLines:
@@ -100,7 +84,7 @@ class RunInfo:
         self.write()
 
 
-def log_step(loop, optimizer, metrics: MetricsFile, events, epoch: int, bar) -> None:
+def log_step(loop, optimizer, metrics, events, epoch: int, bar) -> None:
     """A metrics.jsonl step record, TensorBoard's step scalars and the progress bar's postfix, from the loop's
     window sums (one device sync per log interval)."""
     acc, dist = loop.acc, loop.dist

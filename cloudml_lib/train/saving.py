@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-from cloudml_lib.checkpoint import (
+from cloudml_lib.base.config import Config
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.core.checkpoint import (
     FORMAT_VERSION,
     CheckpointWriter,
     Key,
@@ -23,12 +25,10 @@ from cloudml_lib.checkpoint import (
     to_cpu,
     unwrap_model,
 )
-from cloudml_lib.config import Config
+from cloudml_lib.core.distributed import Dist
+from cloudml_lib.core.events import Events
+from cloudml_lib.core.rundir import MetricsFile
 from cloudml_lib.data.dataset import EpochBatchSampler
-from cloudml_lib.distributed import Dist
-from cloudml_lib.errors import CloudMLError
-from cloudml_lib.train.events import Events
-from cloudml_lib.train.progress import MetricsFile
 from cloudml_lib.train.state import snapshot
 
 log = logging.getLogger(__name__)

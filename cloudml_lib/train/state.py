@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cloudml_lib.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
-from cloudml_lib.config import Config
-from cloudml_lib.distributed import Dist
-from cloudml_lib.rundir import truncate_metrics
+from cloudml_lib.base.config import Config
+from cloudml_lib.core.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
+from cloudml_lib.core.distributed import Dist
+from cloudml_lib.core.rundir import truncate_metrics
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +178,11 @@ def restore(
             dist.world,
         )
     restore_rng(per_rank[dist.rank % len(per_rank)], loader_rng)
-    truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
     st = pieces[Key.LOOP].progress
     if st["finished"] and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st["stopped_early"]:
         st["finished"] = False  # more epochs asked for: carry on
+    if not st["finished"]:  # the records after the checkpoint are work to redo (a trained run redoes none)
+        truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
     where = (
         "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/{batches_per_epoch}"
     )

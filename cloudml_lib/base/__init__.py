@@ -1,0 +1,12 @@
+"""Base: what every layer uses and that knows nothing of runs, models or flights.
+
+- config.py     the run configuration: dataclasses, YAML loading, `--set` overrides, checks, resume rules
+- errors.py     the exceptions a user can cause, each naming the key, file or value; explained OS errors
+- runfiles.py   the one reader of every JSON file a run folder holds, each read as untrusted
+- outputs.py    atomic writes, appends that never go through a link, folders CloudML may write into
+- yamlfile.py   YAML read safely;  logs.py  the package's log (screen and train.log)
+- tables.py     Markdown and text tables;  resources.py  files the installed package carries
+- faults.py     fault injection for the tests (CLOUDML_KILL_AT);  liveness.py  is a process alive
+
+May import: nothing of cloudml_lib outside base (pyproject.toml's import-linter contracts check it).
+"""

@@ -1,0 +1,156 @@
+"""How result files are written: atomically, and with the file named in any disk error.
+
+JSON for the user is `json_safe` first: NaN and infinity become null, which every JSON reader accepts.
+Every file a command writes for the user (evaluation.json, predictions.csv, report.md, plots,
+NetCDF, crossval.md, run.json, config.yaml) goes through `atomic_path`: it is written under a
+hidden temporary name in its own folder and renamed into place only when complete, so a full
+disk or a kill never leaves a 0-byte or half-written file where a good one was expected, and the
+temporary file is removed on failure. An OSError raised without a file name (a `write()` on a
+full disk says only "No space left on device") gets the final path attached, so the message a
+user sees always names the file. Checkpoints have their own commit protocol (checkpoint.py).
+
+A file a command writes is never written through a symbolic link: a link found where one of its files
+belongs (metrics.jsonl, train.log, run.json, best.pt, evaluation.json, a prediction, ...) is refused,
+naming it, and its target is left untouched (`refuse_link`; appends open with O_NOFOLLOW). A command also
+writes only into a folder of its own (`check_own_folder`): new, empty, or one holding its kind of files.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import shutil
+from contextlib import contextmanager
+from fnmatch import fnmatch
+from pathlib import Path
+
+from cloudml_lib.base.errors import CloudMLError
+
+# HDF5-based writers may report a full disk as RuntimeError("NetCDF: HDF error"); below this much free
+# space such an error is taken to be a full disk.
+NEARLY_FULL_BYTES = 64 << 20
+
+
+def named(e: OSError, path: str | Path) -> OSError:
+    """The same error, naming `path` when it named no file."""
+    if e.filename:
+        return e
+    return type(e)(e.errno, e.strerror or str(e), str(path))
+
+
+def free_bytes(path: str | Path) -> int | None:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Yields a temporary path beside `path`; renamed to `path` when the block ends without error."""
+    path = Path(path)
+    refuse_link(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if os.path.lexists(tmp):  # a leftover, or a link: the writer must create a file of its own
+            tmp.unlink()
+        yield tmp
+        os.replace(tmp, path)  # replaces a name, never writes through one
+    except OSError as e:
+        raise named(e, path) from None
+    except RuntimeError as e:
+        free = free_bytes(path.parent)
+        if free is not None and free < NEARLY_FULL_BYTES:  # a library's disk error in other words
+            raise OSError(errno.ENOSPC, f"No space left on device ({e})", str(path)) from None
+        raise
+    finally:
+        if os.path.lexists(tmp):
+            tmp.unlink()
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append to a log-like file (metrics.jsonl); a failure names the file."""
+    try:
+        with open_append(path) as f:
+            f.write(text)
+    except OSError as e:
+        raise named(e, path) from None
+
+
+def refuse_link(path: str | Path) -> None:
+    """A file a command writes must not be a symbolic link: writing through it would change a file outside
+    the folder (truncate it, append to it). The link is named and left as it is, and so is its target."""
+    path = Path(path)
+    if path.is_symlink():
+        raise CloudMLError(
+            f"{path} is a symbolic link (to {os.readlink(path)}), where CloudML writes a file of its own; it "
+            "never writes through a link, which would change a file outside the folder. Remove the link "
+            f"(rm '{path}'; its target is not touched) or choose another folder. Nothing was written to it."
+        )
+
+
+def open_append(path: str | Path):
+    """`path` opened for appending text (created if missing), never through a symbolic link (O_NOFOLLOW:
+    no moment between a check and the open)."""
+    flags = (
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
+    refuse_link(path)  # where O_NOFOLLOW does not exist (Windows)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if Path(path).is_symlink():  # ELOOP: a link appeared since
+            refuse_link(path)
+        raise named(e, path) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+# Left in any folder by notebooks, file managers and file systems: they do not make a folder someone else's.
+CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")
+
+
+def check_own_folder(
+    folder: str | Path, ours: tuple[str, ...], option: str, what: str, fits: str, new: str = "cloudml"
+) -> None:
+    """A command writes into a folder of its own: one that does not exist yet, is empty, or holds one of
+    `ours` (names or glob patterns of the files it writes there, hidden ones included). A folder that holds
+    other things and none of them (a home folder, /, a project) is refused, naming `option` and the folder:
+    its files would land among the user's. Hidden entries (.ipynb_checkpoints, .DS_Store, .git) and CLUTTER
+    do not count as other things. `what`: the kind of folder wanted; `fits`: which existing folder fits;
+    `new`: a sub-folder to suggest."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return  # made by the command; a file in the way is the command's own message
+    names = [p.name for p in folder.iterdir()]
+    if any(fnmatch(n, pattern) for n in names for pattern in ours):
+        return
+    others = sorted(n for n in names if not n.startswith(".") and n not in CLUTTER)
+    if not others:
+        return
+    listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    raise CloudMLError(
+        f"{option} {folder} holds other things ({listed}) and no {what}: CloudML writes only into a folder "
+        f"of its own, never among other files. Give a new or empty folder (e.g. {folder / new}), or "
+        f"{fits}. Nothing was written."
+    )
+
+
+def json_safe(obj):
+    """NaN and infinity (e.g. R2 of a constant target) become null, which every JSON reader accepts."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

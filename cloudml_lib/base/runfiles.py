@@ -1,0 +1,476 @@
+"""The files a run folder holds, read as untrusted: one reader per file, each checking the type and shape of
+what it reads before anything uses it.
+
+A reader returns the file's content, or an empty value when the file is missing (a run that has not
+written it yet) or damaged: unreadable, not JSON or YAML, or the wrong shape. A damaged file is named in
+`RunFiles.damaged` as "damaged: FILE (what is wrong)", so a command shows everything else it can and then
+says what it could not read. Nothing here raises for a file's content; a reader never follows a symlink
+out of the folder it reads (a link is "damaged", not read).
+
+The shapes say what the readers' users rely on (keys they index, types they compute with); keys a shape
+does not name are allowed, so files of newer versions stay readable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from cloudml_lib.base.errors import shown
+
+MAX_BYTES = 64 * 2**20  # a run's JSON or YAML file is kilobytes; a bigger one is not what a run wrote
+TRIAL_STATES = ("running", "complete", "pruned", "failed")
+
+
+# ----------------------------------------------------------------------------- shapes, and their check
+
+
+class Shape:
+    """What a value must be; `problem` says what is wrong with `value` at `where`, or None."""
+
+    def problem(self, value, where: str) -> str | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Kind(Shape):
+    """A JSON scalar: "number" (finite), "any_number" (NaN and infinity too), "integer", "text", "bool"."""
+
+    kind: str
+    optional: bool = False
+
+    def problem(self, value, where):
+        if value is None:
+            return None if self.optional else f"{where} is missing (null), expected {self.words()}"
+        checks = {
+            "number": lambda v: _is_number(v) and math.isfinite(v),
+            "any_number": _is_number,
+            "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+            "text": lambda v: isinstance(v, str),
+            "bool": lambda v: isinstance(v, bool),
+        }
+        return None if checks[self.kind](value) else f"{where} is {shown(value)}, expected {self.words()}"
+
+    def words(self) -> str:
+        text = {"number": "a finite number", "any_number": "a number", "integer": "a whole number"}
+        return text.get(self.kind, f"a {self.kind}") + (" or null" if self.optional else "")
+
+
+@dataclass(frozen=True)
+class OneOf(Shape):
+    values: tuple
+
+    def problem(self, value, where):
+        if isinstance(value, str) and value in self.values:
+            return None
+        return f"{where} is {shown(value)}, expected one of {', '.join(self.values)}"
+
+
+@dataclass(frozen=True)
+class ListOf(Shape):
+    item: Shape
+
+    def problem(self, value, where):
+        if not isinstance(value, list):
+            return f"{where} is {_kind_of(value)}, expected a list"
+        return next((p for i, v in enumerate(value) if (p := self.item.problem(v, f"{where}[{i}]"))), None)
+
+
+@dataclass(frozen=True)
+class MapOf(Shape):
+    """An object whose every value has one shape (flight name -> metrics)."""
+
+    value: Shape
+
+    def problem(self, value, where):
+        if not isinstance(value, dict):
+            return f"{where} is {_kind_of(value)}, expected an object"
+        return next(
+            (
+                p
+                for k, v in value.items()
+                if (p := self.value.problem(v, f"{where}.{k}" if where else str(k)))
+            ),
+            None,
+        )
+
+
+@dataclass(frozen=True)
+class Obj(Shape):
+    """An object with named fields (each optional unless in `required`); other keys are allowed."""
+
+    fields: dict
+    required: tuple = ()
+
+    def problem(self, value, where):
+        if not isinstance(value, dict):
+            return f"{where or 'the file'} is {_kind_of(value)}, expected an object"
+        missing = [k for k in self.required if k not in value]
+        if missing:
+            return f"{where + ': ' if where else ''}no {', '.join(missing)}"
+        for k, shape in self.fields.items():
+            if k in value and (p := shape.problem(value[k], f"{where}.{k}" if where else k)):
+                return p
+        return None
+
+
+@dataclass(frozen=True)
+class Maybe(Shape):
+    """`shape`, or null."""
+
+    shape: Shape
+
+    def problem(self, value, where):
+        return None if value is None else self.shape.problem(value, where)
+
+
+class Anything(Shape):
+    def problem(self, value, where):
+        return None
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _kind_of(value) -> str:
+    names = {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}
+    return names.get(type(value), "a number" if _is_number(value) else type(value).__name__)
+
+
+NUM, OPT_NUM, OPT_INT = Kind("number"), Kind("number", True), Kind("integer", True)
+INT, TEXT, OPT_TEXT, BOOL = Kind("integer"), Kind("text"), Kind("text", True), Kind("bool")
+ANY = Anything()
+METRIC_KEYS = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
+METRIC_SET = Obj({k: OPT_NUM for k in METRIC_KEYS} | {"n": OPT_INT}, required=(*METRIC_KEYS, "n"))
+CLOUD_SCORES = Obj({"overall": MapOf(OPT_NUM), "per_flight": MapOf(MapOf(OPT_NUM))})
+CLOUD = Obj(
+    {"threshold": OPT_NUM, "train_cloud_share": OPT_NUM}
+    | {m: CLOUD_SCORES for m in ("model", "bt_threshold", "majority")}
+)
+COVERAGE = Obj(
+    {"coverage": OPT_NUM, "mean_width_km": OPT_NUM, "n": OPT_INT}, required=("coverage", "mean_width_km", "n")
+)
+# The calibration methods intervals.json may name (intervals.METHODS maps each to its score).
+INTERVAL_METHODS = ("conformal_absolute", "conformal_gamma")
+EVALUATION = Obj(
+    {
+        "overall": METRIC_SET,
+        "baseline": METRIC_SET,
+        "per_flight": MapOf(METRIC_SET),
+        "baseline_per_flight": MapOf(METRIC_SET),
+        "train_mean_km": OPT_NUM,
+        "best_epoch": OPT_INT,
+        "step": OPT_INT,  # the training step of the weights it scored (the end of a run writes it)
+        "cloud": Maybe(CLOUD),
+        "verdict": OPT_TEXT,
+        "out_of_bounds": Obj(
+            {"low_km": NUM, "high_km": NUM, "below": INT, "above": INT, "n": INT},
+            required=("low_km", "high_km", "below", "above", "n"),
+        ),
+        "intervals": Obj(
+            {
+                "method": TEXT,
+                "coverage_target": NUM,
+                "calibration": OPT_TEXT,
+                "overall": COVERAGE,
+                "per_flight": MapOf(COVERAGE),
+            },
+            required=("overall",),
+        ),
+    },
+    required=("overall", "per_flight", "baseline"),
+)
+COMPILE = Obj(
+    {"requested": BOOL, "active": BOOL, "break_reasons": ListOf(ANY)}
+    | {k: OPT_TEXT for k in ("what", "mode", "why", "fallback")}
+    | {k: OPT_INT for k in ("graphs", "graph_breaks", "recompiles")}
+    | {"compile_s": OPT_NUM}
+)
+RUN_INFO = Obj(
+    {
+        k: OPT_INT
+        for k in ("processes", "total_steps", "steps_per_epoch", "epochs", "batch_size", "start_step")
+    }
+    | {"device": OPT_TEXT, "started_at": OPT_NUM, "compile": Maybe(COMPILE)}
+)
+FOLD = Obj(
+    {m: METRIC_SET for m in ("model", "mean", "scalars_only", "trees")}
+    | {"cloud": Maybe(CLOUD), "warnings": ListOf(TEXT)},
+    required=("model", "warnings"),
+)
+SUMMARY = MapOf(MapOf(Obj({"mean": OPT_NUM, "std": OPT_NUM})))
+CROSSVAL = Obj(
+    {"folds": MapOf(FOLD), "summary": SUMMARY, "warnings": ListOf(TEXT), "verdicts": ListOf(TEXT)},
+    required=("summary",),
+)
+TRIAL = Obj(
+    {"number": INT, "params": MapOf(ANY), "state": OneOf(TRIAL_STATES), "value": OPT_NUM, "note": OPT_TEXT},
+    required=("number", "params", "state"),
+)
+SWEEP = Obj(
+    {"config": MapOf(ANY), "space": Obj({"params": MapOf(ANY)}), "trials": INT, "config_file": OPT_TEXT},
+    required=("config", "space", "trials"),
+)
+RECORD = Obj(
+    {"kind": TEXT, "epoch": INT, "step": INT, "time_s": OPT_NUM}
+    | {k: Kind("any_number", True) for k in ("loss", "train_loss", "val_loss", "r2", "mae_km", "rmse_km")},
+    required=("kind",),
+)
+INTERVALS = Obj(
+    {
+        "method": TEXT,
+        "coverage": NUM,
+        "n": INT,
+        "source": TEXT,
+        "pred_km": ListOf(NUM),
+        "true_km": ListOf(NUM),
+    },
+    required=("method", "coverage", "n", "source", "pred_km", "true_km"),
+)
+COUNTS_KEPT = ("predicted", "frames", "blank", "no_time", "filled_pixels")
+COUNTS = Obj(
+    {k: INT for k in (*COUNTS_KEPT, "cloud", "clear_sky", "height_below_surface", "height_above_ceiling")}
+    | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")},
+    required=COUNTS_KEPT,
+)
+PREDICTIONS_SUMMARY = MapOf(COUNTS)
+PROVENANCE = Obj(
+    {
+        "label_definition": MapOf(ANY),
+        "inputs": MapOf(ANY),
+        "flights": MapOf(
+            Obj(
+                {
+                    "counts": MapOf(ANY),
+                    "match": MapOf(ANY),
+                    "files": MapOf(Obj({"name": TEXT, "sha256": TEXT}, required=("name", "sha256"))),
+                }
+            )
+        ),
+    }
+)
+LAST_RUN = Obj(
+    {
+        "preset": TEXT,
+        "epochs": INT,
+        "run_name": TEXT,
+        "heldout": ListOf(TEXT),
+        "crossval": BOOL,
+        "whole_flights": BOOL,
+        "started": NUM,
+    },
+    required=("preset", "epochs", "run_name"),
+)
+CONFIG_LEAF = 64  # a config value is a scalar or a short list of them (model.channels)
+CONFIG_VALUES = 5000
+
+
+# ---------------------------------------------------------------------------------------- the readers
+
+
+@dataclass
+class RunFiles:
+    """The files of one run folder (a run, a fold, a trial, a cross-validation or a sweep); each reader
+    returns the file's checked content or its empty value, and adds a damaged file to `damaged`."""
+
+    folder: Path
+    damaged: list[str] = field(default_factory=list)
+
+    def config(self) -> dict | None:
+        """config.yaml: {section: {key: value}}; None when missing or damaged (never read as empty)."""
+        text = self._text("config.yaml")
+        if text is None:
+            return None
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            return self._damage("config.yaml", f"not YAML: {_first_line(e)}")
+        problem = _config_problem(doc) or _unicode_problem(doc)
+        return self._damage("config.yaml", problem) if problem else _plain(doc)
+
+    def evaluation(self) -> dict:
+        return self._json("evaluation.json", EVALUATION) or {}
+
+    def run_info(self) -> dict:
+        return self._json("run.json", RUN_INFO) or {}
+
+    def crossval(self) -> dict:
+        return self._json("crossval.json", CROSSVAL) or {}
+
+    def fold(self) -> dict | None:
+        return self._json("fold.json", FOLD)
+
+    def trial(self) -> dict:
+        return self._json("trial.json", TRIAL) or {}
+
+    def sweep(self) -> dict | None:
+        return self._json("sweep.json", SWEEP)
+
+    def provenance(self) -> dict:
+        return self._json("provenance.json", PROVENANCE) or {}
+
+    def predictions_summary(self) -> dict:
+        """summary.json of a predictions folder (this folder is one): flight -> counts and variables."""
+        return self._json("summary.json", PREDICTIONS_SUMMARY) or {}
+
+    def intervals(self) -> dict | None:
+        cal = self._json("intervals.json", INTERVALS)
+        if cal is None:
+            return None
+        if cal["method"] not in INTERVAL_METHODS:
+            return self._damage(
+                "intervals.json",
+                f"method is {shown(cal['method'])}, not one of {', '.join(INTERVAL_METHODS)}",
+            )
+        if len(cal["pred_km"]) != len(cal["true_km"]):
+            return self._damage("intervals.json", "pred_km and true_km differ in length")
+        return cal
+
+    def last_run(self) -> dict | None:
+        """last_run.json of the notebooks' CloudML folder: the choice the newest run started with."""
+        return self._json("last_run.json", LAST_RUN)
+
+    def metrics(self) -> list[dict]:
+        """metrics.jsonl's records; a last line cut by a kill is skipped without a word, a bad line before
+        it is named (and skipped)."""
+        text = self._text("metrics.jsonl", limit=None)
+        if text is None:
+            return []
+        lines, out, bad = text.split("\n"), [], []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if i < len(lines) - (lines[-1] == ""):  # not the last line: damage, not a kill
+                    bad.append(f"line {i} is not JSON")
+                continue
+            problem = RECORD.problem(record, f"line {i}") or _unicode_problem(record)
+            (bad.append(problem) if problem else out.append(record))
+        if bad:
+            self._damage(
+                "metrics.jsonl", "; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+            )
+        return out
+
+    # the two steps every reader shares
+
+    def _text(self, name: str, limit: int | None = MAX_BYTES) -> str | None:
+        path = self.folder / name
+        try:
+            if path.is_symlink():
+                return self._damage(name, "a symbolic link, not a file a run wrote")
+            if not path.is_file():
+                return None
+            if limit is not None and path.stat().st_size > limit:
+                return self._damage(name, f"{path.stat().st_size} bytes, more than a run writes")
+            return path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return self._damage(name, "not text (binary bytes)")
+        except OSError as e:
+            return self._damage(name, f"cannot be read: {e.strerror or e}")
+
+    def _json(self, name: str, shape: Shape):
+        text = self._text(name)
+        if text is None:
+            return None
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            return self._damage(name, f"not JSON: {_first_line(e)}")
+        problem = shape.problem(doc, "") or _unicode_problem(doc)
+        return self._damage(name, problem) if problem else doc
+
+    def _damage(self, name: str, why: str) -> None:
+        why = why.encode("utf-8", "backslashreplace").decode("utf-8")  # a key the file holds may not print
+        self.damaged.append(f"damaged: {self.folder / name} ({why})")
+        return None
+
+
+def _unicode_problem(doc) -> str | None:
+    """Text no file can hold (a lone surrogate, which JSON's escapes and YAML's allow): it cannot be shown."""
+    try:
+        json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return "it holds text that is not valid Unicode"
+    except ValueError:  # nested too deep to write back
+        return "nested too deep"
+    return None
+
+
+def _first_line(e: Exception) -> str:
+    return shown(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def _config_problem(doc) -> str | None:
+    """A run's config: sections of settings (a section may hold another: data.keys), each value a scalar
+    or a short list of scalars or of flat mappings (data.flights); a few thousand values at most, so a
+    YAML alias bomb is refused before anything walks it whole."""
+    if not isinstance(doc, dict):
+        return f"the file is {_kind_of(doc)}, expected sections (data:, model:, train:, ...)"
+    budget = [CONFIG_VALUES]
+    for section, values in doc.items():
+        if not isinstance(values, dict):
+            return f"{_name(section)} is {_kind_of(values)}, expected a section of settings"
+        if problem := _section_problem(values, _name(section), budget, depth=1):
+            return problem
+    return None
+
+
+def _section_problem(values: dict, where: str, budget: list[int], depth: int) -> str | None:
+    for key, v in values.items():
+        budget[0] -= 1 + (len(v) if isinstance(v, (list, dict)) else 0)
+        if budget[0] < 0:
+            return f"more than {CONFIG_VALUES} values, more than any config holds"
+        here = f"{where}.{_name(key)}"
+        if isinstance(v, dict) and depth < 3:
+            if problem := _section_problem(v, here, budget, depth + 1):
+                return problem
+        elif not _is_config_value(v):
+            return f"{here} is {shown(v)}, expected a value or a short list of values"
+    return None
+
+
+def _is_config_value(v) -> bool:
+    if not isinstance(v, list):
+        return _is_scalar(v)
+    return len(v) <= CONFIG_LEAF and all(
+        _is_scalar(x) or (isinstance(x, dict) and len(x) <= CONFIG_LEAF and all(map(_is_scalar, x.values())))
+        for x in v
+    )
+
+
+def _is_scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool, dt.date))
+
+
+def _name(key) -> str:
+    return str(key)[:60]
+
+
+def _plain(doc: dict) -> dict:
+    """A config with YAML dates written as text (an unquoted 2023-03-02 is a date to YAML)."""
+
+    def plain(v):
+        return (
+            [plain(x) for x in v] if isinstance(v, list) else v.isoformat() if isinstance(v, dt.date) else v
+        )
+
+    return {str(s): {str(k): plain(v) for k, v in values.items()} for s, values in doc.items()}
+
+
+def numbered_folders(folder: Path) -> list[Path]:
+    """The sub-folders named by a plain number (trials/0, trials/1, ...), in order; other names ignored."""
+    try:
+        found = [p for p in Path(folder).iterdir() if re.fullmatch(r"[0-9]{1,9}", p.name) and p.is_dir()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: int(p.name))

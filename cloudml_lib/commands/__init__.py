@@ -1,0 +1,10 @@
+"""Commands: what a user runs, `python -m cloudml_lib COMMAND` (cli.py), each on the layers below.
+
+- runs.py       a run from start to end: training, then its end (science/finish.py); the one route for a
+                run, each phase of the two-phase protocol, each fold and each sweep trial
+- crossval.py   leave-one-flight-out cross-validation with baselines
+- sweep.py      hyperparameter sweeps on Optuna that survive a disconnect; space.py  their search space
+- compare.py    runs side by side;  presets.py  which preset and batch fit the GPU at hand, diagnose
+
+May import: science, train, core, data, base.
+"""

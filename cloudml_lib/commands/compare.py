@@ -1,0 +1,327 @@
+"""Runs side by side (`python -m cloudml_lib compare DIR...`) and a sweep's report.
+
+A row per run: the settings that differ between the runs compared, the held-out metrics, epochs trained,
+the time of its epochs and whether it was compiled. A folder may be a run, a cross-validation (its
+mean over folds) or a sweep (each of its trials). Everything is read from the files a run writes
+(config.yaml, evaluation.json, metrics.jsonl, run.json, crossval.json, trial.json); nothing is loaded
+into torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+from cloudml_lib.base import tables
+from cloudml_lib.base.config import NEW, resume_rules
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.outputs import write_text
+from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.core.rundir import flatten_keys, has_run, is_crossval
+
+log = logging.getLogger(__name__)
+
+# Where the data is and what differs between folds by design: never a "setting that differs".
+NOT_SETTINGS = (
+    "data.dir",
+    "data.cache_dir",
+    "data.cache_copy_dir",
+    "data.flights",
+    "data.validation_flights",
+)
+MIN_FOR_IMPORTANCE = 3  # fANOVA over fewer finished trials splits the importance evenly: noise
+METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"))
+
+
+def run_row(run: Path, name: str) -> dict:
+    """One training run (or a sweep trial's run); its damaged files named in "damaged"."""
+    files = RunFiles(run)
+    config, records = files.config(), files.metrics()
+    epochs = [r for r in records if r["kind"] == "epoch" and "epoch" in r]
+    final = next((r for r in records if r["kind"] == "final"), None)
+    overall = files.evaluation().get("overall") or final
+    trial = files.trial()
+    planned = ((config or {}).get("train") or {}).get("epochs")
+    state = trial.get("state") or (
+        "finished"
+        if final
+        else "stopped (resumable)"
+        if epochs or (run / "checkpoints").is_dir()
+        else "not started"
+    )
+    if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
+        overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
+    overall = overall or {}
+    compile_info = files.run_info().get("compile") or {}
+    return {
+        "run": name,
+        "config": config,
+        "held_out": held_out(files.evaluation(), config),
+        "state": "finished" if state == "complete" else state,
+        "note": trial.get("note") or "",
+        "epochs": f"{len(epochs)}/{planned}" if isinstance(planned, int) else str(len(epochs)),
+        "metrics": {k: overall.get(k) for k, _ in METRIC_COLUMNS},
+        "minutes": sum(r.get("time_s") or 0.0 for r in epochs) / 60,
+        "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no",
+        "damaged": files.damaged,
+    }
+
+
+def crossval_row(folder: Path, name: str) -> dict:
+    """A cross-validation: the mean over its folds."""
+    files = RunFiles(folder)
+    result = files.crossval()
+    folds = sorted(p / "model" for p in (folder / "folds").glob("*") if (p / "model").is_dir())
+    rows = [run_row(f, name) for f in folds]
+    first = rows[0] if rows else {"config": None, "compiled": "no"}
+    model = result.get("summary", {}).get("model", {})
+    return {
+        "run": name,
+        "config": first["config"],
+        "held_out": f"each flight once ({len(folds)} folds, mean)",
+        "state": "finished" if result else "stopped (resumable)",
+        "note": "",
+        "epochs": f"{len(folds)} folds",
+        "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
+        "minutes": sum(r["minutes"] for r in rows),
+        "compiled": first["compiled"],
+        "damaged": files.damaged + [d for r in rows for d in r["damaged"]],
+    }
+
+
+def trial_rows(folder: Path, name: str) -> list[dict]:
+    """A row per trial folder (trials/<number>), its state and note from trial.json."""
+    rows = []
+    for t in numbered_folders(folder / "trials"):
+        row = (crossval_row if is_crossval(t) else run_row)(t, str(Path(name) / "trials" / t.name))
+        files = RunFiles(t)
+        info = files.trial()
+        row["state"] = {"complete": "finished"}.get(info.get("state"), info.get("state") or row["state"])
+        row["note"] = info.get("note") or row["note"]
+        row["damaged"] = sorted(set(row["damaged"] + files.damaged))
+        rows.append(row)
+    return rows
+
+
+def compare_runs(folders: list[str | Path]) -> list[dict]:
+    """A row per run, cross-validation or sweep trial in `folders`; a folder holding none is refused by
+    name."""
+    rows = []
+    for f in folders:
+        folder = Path(f)
+        if (folder / "sweep.json").exists():
+            rows += trial_rows(folder, str(f)) or [empty_sweep_row(folder, str(f))]
+        elif is_crossval(folder):
+            rows.append(crossval_row(folder, str(f)))
+        elif has_run(folder):
+            rows.append(run_row(folder, str(f)))
+        else:
+            raise CloudMLError(
+                f"{f} holds no run, cross-validation or sweep (no config.yaml, metrics.jsonl, "
+                "crossval.json or sweep.json); give folders made by train, crossval or sweep"
+            )
+    return rows
+
+
+def empty_sweep_row(folder: Path, name: str) -> dict:
+    """A sweep without a trial folder yet: one row that says so (and whether its sweep.json reads)."""
+    files = RunFiles(folder)
+    files.sweep()
+    return {
+        "run": name,
+        "config": None,
+        "held_out": "-",
+        "state": "no trial started yet",
+        "note": "",
+        "epochs": "0",
+        "metrics": {k: None for k, _ in METRIC_COLUMNS},
+        "minutes": 0.0,
+        "compiled": "no",
+        "damaged": files.damaged,
+    }
+
+
+def held_out(evaluation: dict, config: dict | None) -> str:
+    """The flights a run's metrics were measured on: those its evaluation scored, else its config's."""
+    flights = sorted(evaluation.get("per_flight") or {})
+    if not flights and config:
+        named = (config.get("data") or {}).get("validation_flights")
+        flights = [str(f) for f in named] if isinstance(named, list) else []
+    return ", ".join(flights) or "?"
+
+
+def differing_settings(rows: list[dict]) -> list[str]:
+    """Config keys whose values differ between the rows (a row whose config.yaml is unreadable has no say).
+    Only settings that change what a run computes count (resume rule "must stay the same"): where files
+    live, logging, checkpoints, the device and the planned epochs (its own column) are bookkeeping, which
+    would push the metrics off the screen in a sweep."""
+    flat = [flatten_keys(r["config"]) for r in rows if r["config"] is not None]
+    keys = sorted(set().union(*flat)) if flat else []
+    rules = resume_rules()
+    return [
+        k
+        for k in keys
+        if not k.startswith(NOT_SETTINGS)
+        and rules.get(k) != NEW
+        and len({json.dumps(f.get(k)) for f in flat}) > 1
+    ]
+
+
+def _cell(value) -> str:
+    """A setting's cell: a number to 4 significant digits (a learning rate of 0.00207 stays 0.00207)."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _metric(value) -> str:
+    """A metric's cell, to 3 decimals (1 m in km) in every row, so that a column reads evenly."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def format_comparison(rows: list[dict]) -> str:
+    """The Markdown table: run, the flights its metrics were measured on, the metrics, state, epochs, time,
+    compiled, then the settings that differ (last: a sweep's many settings never push the metrics off the
+    screen); and a warning when metrics were measured on different flights."""
+    keys = differing_settings(rows)
+    head = [
+        "run",
+        "held out",
+        *(label for _, label in METRIC_COLUMNS),
+        "state",
+        "epochs",
+        "time (min)",
+        "compiled",
+        *keys,
+    ]
+    body = []
+    for r in rows:
+        flat = flatten_keys(r["config"]) if r["config"] is not None else None
+        cells = [
+            r["run"],
+            r.get("held_out", "?"),
+            *(_metric(r["metrics"][k]) for k, _ in METRIC_COLUMNS),
+            r["state"],
+            r["epochs"],
+            f"{r['minutes']:.1f}",
+            r["compiled"],
+            *(_cell(flat.get(k)) if flat is not None else "?" for k in keys),
+        ]
+        body.append(cells)
+    lines = [tables.markdown(head, body)]
+    scored = {r.get("held_out") for r in rows if any(v is not None for v in r["metrics"].values())}
+    if len(scored) > 1:
+        lines.append(
+            '\nThe metrics were measured on different held-out flights (column "held out"): a flight '
+            "that is easier or harder moves R2 and MAE as much as a setting does. Compare rows with the "
+            "same held-out flights, or cross-validations (every flight held out once)."
+        )
+    if len(rows) > 1 and not keys:
+        lines.append("\nNo setting differs between these runs.")
+    notes = [f"- {r['run']}: {r['state']}: {r['note']}" for r in rows if r.get("note")]
+    damaged = [f"- {d}" for r in rows for d in r.get("damaged", [])]
+    lines += (["", "Why:", *notes] if notes else []) + (
+        ["", "Could not be read:", *damaged] if damaged else []
+    )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------- a sweep's report
+
+
+def complete_trials(study) -> list:
+    """Trials that ran to the end (a pruned trial carries its last epoch's value, not a result)."""
+    import optuna
+
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def sweep_summary(study, space) -> dict:
+    trials = [
+        {
+            "number": t.number,
+            "state": t.state.name.lower(),
+            "value": t.value,
+            "params": t.params,
+            "note": t.user_attrs.get("note", ""),
+        }
+        for t in study.trials
+    ]
+    done = complete_trials(study)
+    best = None
+    if done:
+        b = study.best_trial
+        best = {"number": b.number, "value": b.value, "params": b.params}
+    return {
+        "metric": space.metric,
+        "direction": space.direction,
+        "objective": space.objective,
+        "best": best,
+        "trials": trials,
+    }
+
+
+def _optuna_figure(kind: str, study, path: Path, metric: str) -> str | None:
+    """Optuna's own plot saved as PNG; None, or the reason it cannot be drawn yet."""
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    from cloudml_lib.science.plots import save_figure
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+        try:
+            if kind == "history":
+                ax = ovm.plot_optimization_history(study, target_name=metric)
+            else:
+                ax = ovm.plot_param_importances(
+                    study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), target_name=metric
+                )
+        except (ValueError, RuntimeError, ImportError) as e:
+            return f"not drawn yet ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+    fig.set_size_inches(7, 4)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return None
+
+
+def write_sweep_report(study, run_dir: Path, space) -> Path:
+    """report.md: the objective, the best trial, the trials table and Optuna's two plots."""
+    summary = sweep_summary(study, space)
+    finished = complete_trials(study)
+    scored_on = "cross-validated folds" if space.objective == "crossval" else "held-out flights"
+    lines = [
+        f"# Sweep {run_dir.name}",
+        "",
+        f"Objective: {space.metric} ({space.direction}) on the {scored_on}; "
+        f"sampler {space.sampler} (seed {space.seed}), pruner {space.pruner}. "
+        f"{len(study.trials)} trial(s), {len(finished)} finished, "
+        f"{sum(t.state.name == 'PRUNED' for t in study.trials)} pruned.",
+        "",
+    ]
+    if summary["best"]:
+        b = summary["best"]
+        lines += [
+            f"Best: trial {b['number']}, {space.metric} {b['value']:.4g}, with "
+            + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items())
+            + ".",
+            "",
+        ]
+    lines += ["## Trials", "", format_comparison(trial_rows(run_dir, "."))]
+    lines += ["", "## Optimisation history", ""]
+    reason = _optuna_figure("history", study, run_dir / "plots" / "optimization_history.png", space.metric)
+    lines.append(reason or "![optimisation history](plots/optimization_history.png)")
+    lines += ["", "## Importance of each parameter", ""]
+    reason = (
+        _optuna_figure("importance", study, run_dir / "plots" / "param_importances.png", space.metric)
+        if len(finished) >= MIN_FOR_IMPORTANCE
+        else f"Not drawn yet: it needs {MIN_FOR_IMPORTANCE} finished trials "
+        f"(not pruned), this sweep has {len(finished)}."
+    )
+    lines.append(reason or "![parameter importances](plots/param_importances.png) (fANOVA, seed 0)")
+    return write_text(run_dir / "report.md", "\n".join(lines) + "\n")

@@ -1,0 +1,407 @@
+"""Leave-one-flight-out cross-validation with baselines: the honest answer to "does the image model
+beat simple models on a flight it has never seen?".
+
+Each flight is held out once. A fold is a full, resumable run in `RUN_DIR/folds/<flight>/model`
+with its own scalers (fitted on that fold's training flights only), so an interrupted
+cross-validation continues with its unfinished fold and a finished fold is not trained again.
+Beside the model, every fold scores:
+- `mean`: the training flights' mean height (the baseline every report carries);
+- `scalars_only`: the same network trained on the sun angles alone (`folds/<flight>/scalars_only`);
+- `trees`: gradient-boosted trees (scikit-learn) on simple image statistics plus the angles.
+Cloud / no-cloud is scored per fold against its two baselines (`clouds.py`: the majority class and a
+brightness-temperature threshold, both fitted on the fold's training flights). Prediction intervals
+are measured where they matter, on flights never seen (`intervals.py`): for each held-out flight,
+each method is calibrated on the other folds' held-out residuals and its coverage and width measured
+on this flight; the method that falls least short of the target is chosen, `intervals.json` (all
+folds' residuals) calibrates `predict --calibration RUN_DIR`, and each fold's model gets its own
+(from the other folds). Warnings that would have saved the users weeks: predictions collapsing
+towards a constant (std(pred)/std(true) below 0.3), no better than the mean baseline, a held-out
+flight whose heights lie outside the training flights' range, and intervals that cover far less
+than their target on some flight. Results: `crossval.json` and `crossval.md`.
+
+On several GPUs, `torchrun --nproc_per_node N -m cloudml_lib crossval ...` trains one fold per
+process (fold i on process i mod N, each on its own GPU): simpler and faster than DDP for runs this
+small. Rank 0 builds any missing cache first and writes the summary once every fold is done.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from cloudml_lib.base.config import Config, derive
+from cloudml_lib.base.errors import ConfigError, DataError
+from cloudml_lib.base.outputs import json_safe, write_text
+from cloudml_lib.core.metrics import regression_metrics
+from cloudml_lib.core.rundir import check_folder_kind
+from cloudml_lib.data.cache import load_caches
+from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
+from cloudml_lib.data.flights import resolve_config
+from cloudml_lib.science import intervals
+from cloudml_lib.science.clouds import BASELINES
+from cloudml_lib.science.report import shortcomings, write_report
+
+log = logging.getLogger(__name__)
+
+COMPARED = ("model", "mean", "scalars_only", "trees")
+OUT_OF_RANGE_SHARE = 0.1  # held-out heights outside the training range above this share: warn
+
+
+def fold_config(cfg: Config, held: str, scalars_only: bool = False) -> Config:
+    """The run of one fold (a derived config): `held` is the only validation flight; nothing else changes."""
+    changes = {"data.validation_flights": [held], "model.scalars_only": scalars_only}
+    if cfg.data.overweight_flight == held:
+        changes["data.overweight_flight"] = ""  # it is held out in this fold; weighted in the others
+    if cfg.train.pretrain_flight == held:
+        changes["train.pretrain_flight"] = ""  # held out: this fold trains in one phase
+    return derive(cfg, changes)
+
+
+def image_statistics(dataset: CloudDataset, samples: np.ndarray | None = None) -> np.ndarray:
+    """Per sample (all, or `samples`): statistics of the centre frame, the mean frame-to-frame change (which
+    carries the parallax of the cloud layer), the zenith angle and the azimuth the network sees (sine,
+    cosine). (N, 10)."""
+    rows = []
+    for i in range(len(dataset)) if samples is None else samples:
+        c, j = dataset.caches[dataset.flight_of[i]], dataset.local[i]
+        frames = c.frames.read(c.windows[j]).astype(np.float32)  # (T, H, W)
+        centre = frames[len(frames) // 2]
+        change = np.abs(np.diff(frames, axis=0)).mean() if len(frames) > 1 else 0.0
+        rows.append(
+            [
+                centre.mean(),
+                centre.std(),
+                *np.percentile(centre, [5, 50, 95]),
+                change,
+                float(np.abs(centre[:, 1:] - centre[:, :-1]).mean()),
+                c.sza_deg[j],
+                *scalar_inputs(c.sza_deg[j], dataset.azimuth[dataset.flight_of[i]][j], dataset.scalers)[
+                    0, 1:
+                ],
+            ]
+        )
+    return np.asarray(rows, np.float64)
+
+
+def tree_baseline(train_set: CloudDataset, val_set: CloudDataset, seed: int) -> np.ndarray:
+    """Predictions (km) of gradient-boosted trees on image statistics plus angles, for the validation samples
+    with a height."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    model = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.05, random_state=seed)
+    train_rows = np.flatnonzero(train_set.has_height())
+    model.fit(
+        image_statistics(train_set, train_rows), train_set.targets_km()[train_rows]
+    )  # NaN angles: native
+    return model.predict(image_statistics(val_set, np.flatnonzero(val_set.has_height())))
+
+
+def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.ndarray) -> list[str]:
+    """The fold's model judged by the evaluation's rule (evaluate.shortcomings), and its held-out heights
+    against the training flights' range."""
+    out = [f"{flight}: {w}" for w in shortcomings(result["model"], result["mean"])]
+    outside = float(((val_km < train_km.min()) | (val_km > train_km.max())).mean()) if len(val_km) else 0.0
+    if outside > OUT_OF_RANGE_SHARE:
+        out.append(
+            f"{flight}: {outside:.0%} of its heights lie outside the training flights' range "
+            f"{train_km.min():.2f}..{train_km.max():.2f} km"
+        )
+    return out
+
+
+def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool) -> dict:
+    from cloudml_lib.commands.runs import train_run
+    from cloudml_lib.core.distributed import SINGLE
+
+    fold_dir = Path(run_dir) / "folds" / held
+    model_cfg = fold_config(cfg, held)
+    log.info("Fold %s: training on the other flights, %s held out", held, held)
+    report = train_run(model_cfg, fold_dir / "model", dist=SINGLE)  # one process per fold
+    result = {"model": report["overall"], "mean": report["baseline"]}
+    if controls:
+        control = train_run(fold_config(cfg, held, scalars_only=True), fold_dir / "scalars_only", dist=SINGLE)
+        result["scalars_only"] = control["overall"]
+    train_set, val_set = prepare_data(model_cfg)
+    train_km, val_km = (d.targets_km()[d.has_height()] for d in (train_set, val_set))
+    result["trees"] = regression_metrics(val_km, tree_baseline(train_set, val_set, cfg.train.seed))
+    result["cloud"] = report.get("cloud")
+    result["warnings"] = fold_warnings(held, result, train_km, val_km)
+    write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
+    return result
+
+
+def read_fold(run_dir: Path, held: str) -> dict:
+    """A fold another process trained: its fold.json, checked."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    files = RunFiles(Path(run_dir) / "folds" / held)
+    result = files.fold()
+    if result is None:
+        raise DataError(
+            f"{files.damaged[0] if files.damaged else f'no fold.json in {files.folder}'}: run the same "
+            "crossval command again; the fold is scored again from its finished model"
+        )
+    return result
+
+
+def summarise(folds: dict) -> dict:
+    """Mean and spread (std over folds) of each metric of each method, and the plain verdicts."""
+    summary = {}
+    for method in COMPARED:
+        rows = [f[method] for f in folds.values() if method in f]
+        if rows:
+            summary[method] = {
+                k: {
+                    "mean": float(np.nanmean([r[k] for r in rows])),
+                    "std": float(np.nanstd([r[k] for r in rows])),
+                }
+                for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
+            }
+    cloud = [f["cloud"] for f in folds.values() if f.get("cloud")]
+    for method in ("model", *BASELINES):
+        rows = [c[method]["overall"] for c in cloud if method in c]
+        if rows:
+            summary[f"cloud_{method}"] = {
+                k: {"mean": _nanmean([r[k] for r in rows]), "std": _nanstd([r[k] for r in rows])}
+                for k in ("accuracy", "f1", "roc_auc")
+            }
+    verdicts = []
+    pairs = [
+        (c["model"]["overall"]["accuracy"], c["bt_threshold"]["overall"]["accuracy"])
+        for c in cloud
+        if "model" in c
+    ]
+    if pairs:
+        wins = sum(a > b for a, b in pairs)
+        verdicts.append(
+            f"The cloud output beats the brightness-temperature threshold on {wins} of {len(pairs)} "
+            "held-out flights (accuracy)."
+            + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
+        )
+    for method, words in (
+        ("mean", "the training mean"),
+        ("scalars_only", "the scalars-only control"),
+        ("trees", "gradient-boosted trees on image statistics"),
+    ):
+        pairs = [(f["model"]["mae_km"], f[method]["mae_km"]) for f in folds.values() if method in f]
+        if pairs:
+            wins = sum(a < b for a, b in pairs)
+            verdicts.append(
+                f"The image model beats {words} on {wins} of {len(pairs)} held-out flights (MAE)."
+                + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
+            )
+    return {"summary": summary, "verdicts": verdicts}
+
+
+def _nanmean(values) -> float | None:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(np.mean(v)) if v else None
+
+
+def _nanstd(values) -> float | None:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(np.std(v)) if v else None
+
+
+def fold_pairs(run_dir: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, true) km of the held-out samples with a height of one fold, from its predictions.csv."""
+    pred, true = [], []
+    with open(Path(run_dir) / "folds" / name / "model" / "predictions.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["true_km"] and row["pred_km"]:
+                pred.append(float(row["pred_km"]))
+                true.append(float(row["true_km"]))
+    return np.asarray(pred), np.asarray(true)
+
+
+def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
+    """Measure every interval method on flights never seen, choose one, and write the calibrations: the
+    cross-validation's (all folds) and each fold model's (the other folds)."""
+    by_flight = {name: fold_pairs(run_dir, name) for name in names}
+    result = intervals.leave_one_flight_out(by_flight, coverage)
+    if result["chosen"]:
+        everything = [np.concatenate(x) for x in zip(*by_flight.values())]
+        intervals.save(
+            run_dir,
+            intervals.calibrate(
+                *everything,
+                result["chosen"],
+                coverage,
+                f"leave-one-flight-out residuals of {len(names)} flights ({run_dir})",
+            ),
+        )
+        for name in names:
+            others = [np.concatenate(x) for x in zip(*(v for k, v in by_flight.items() if k != name))]
+            intervals.save(
+                run_dir / "folds" / name / "model",
+                intervals.calibrate(
+                    *others, result["chosen"], coverage, f"the other {len(names) - 1} folds' held-out flights"
+                ),
+            )
+    return result
+
+
+def format_markdown(result: dict) -> str:
+    lines = [
+        "# Leave-one-flight-out cross-validation",
+        "",
+        "Each flight held out once; metrics in km on the held-out flight (model: R2, MAE, RMSE, bias, "
+        "std(pred)/std(true), n; beside it the R2 and MAE of the baselines on the same fold).",
+        "",
+        "| held-out flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE mean | "
+        "MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |",
+        "|" + "---|" * 13,
+    ]
+    num = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.3f}"  # noqa: E731
+    for name, f in result["folds"].items():
+        get = f.get
+        lines.append(
+            f"| {name} | {f['model']['n']} | "
+            + " | ".join(
+                [num(get(m), "r2") for m in COMPARED]
+                + [num(get(m), "mae_km") for m in COMPARED]
+                + [num(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
+            )
+            + " |"
+        )
+    s = result["summary"]
+    keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
+    lines += [
+        "",
+        "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |",
+        "|" + "---|" * 6,
+    ]
+    for method, m in ((k, s[k]) for k in COMPARED if k in s):
+        lines.append(
+            f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}" for k in keys) + " |"
+        )
+    lines += _cloud_lines(result) + _interval_lines(result.get("intervals"))
+    lines += ["", *[f"- {v}" for v in result["verdicts"]]]
+    if result["warnings"]:
+        lines += ["", "Warnings:", *[f"- {w}" for w in result["warnings"]]]
+    return "\n".join(lines) + "\n"
+
+
+def _cloud_lines(result: dict) -> list[str]:
+    folds = {n: f["cloud"] for n, f in result["folds"].items() if f.get("cloud")}
+    if not folds:
+        return []
+    num = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.3f}"  # noqa: E731
+    methods = [m for m in ("model", *BASELINES) if any(m in c for c in folds.values())]
+    lines = [
+        "",
+        "Cloud / no-cloud on the held-out flight (CPL Number_Layers > 0 is cloud); baselines fitted on the "
+        "training flights: majority class, brightness-temperature threshold.",
+        "",
+        "| held-out flight | n | cloudy share | "
+        + " | ".join(f"{k} {m}" for k in ("accuracy", "F1", "ROC-AUC") for m in methods)
+        + " |",
+        "|" + "---|" * (3 + 3 * len(methods)),
+    ]
+    for name, c in folds.items():
+        first = c[methods[0]]["overall"]
+        lines.append(
+            f"| {name} | {first['n']} | {num(first, 'cloud_share')} | "
+            + " | ".join(
+                num(c.get(m, {}).get("overall"), k) for k in ("accuracy", "f1", "roc_auc") for m in methods
+            )
+            + " |"
+        )
+    s = result["summary"]
+    lines.append(
+        "| mean over folds | | | "
+        + " | ".join(
+            num({k: (s.get(f"cloud_{m}") or {}).get(k, {}).get("mean")}, k)
+            for k in ("accuracy", "f1", "roc_auc")
+            for m in methods
+        )
+        + " |"
+    )
+    return lines
+
+
+def _interval_lines(iv: dict | None) -> list[str]:
+    if not iv or not iv.get("methods"):
+        return []
+    methods = list(iv["methods"])
+    pct = lambda p: "-" if p.get("coverage") is None else f"{p['coverage']:.0%} / {p['mean_width_km']:.2f}"  # noqa: E731
+    lines = [
+        "",
+        f"Prediction intervals ({iv['coverage']:.0%} target) on each flight never seen, calibrated on the "
+        "other "
+        "flights' held-out residuals: coverage / mean width km"
+        + (f"; chosen: {iv['chosen']}" if iv["chosen"] else ""),
+        "",
+        "| held-out flight | " + " | ".join(methods) + " |",
+        "|" + "---|" * (1 + len(methods)),
+    ]
+    for name in dict.fromkeys(n for m in methods for n in iv["methods"][m]["per_flight"]):
+        lines.append(
+            f"| {name} | "
+            + " | ".join(pct(iv["methods"][m]["per_flight"].get(name, {})) for m in methods)
+            + " |"
+        )
+    lines.append(
+        "| mean | "
+        + " | ".join(
+            pct(
+                {
+                    "coverage": iv["methods"][m]["mean_coverage"],
+                    "mean_width_km": iv["methods"][m]["mean_width_km"],
+                }
+            )
+            for m in methods
+        )
+        + " |"
+    )
+    return lines
+
+
+def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None) -> dict:
+    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `dist`: a
+    process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
+    run_dir = Path(run_dir)
+    check_folder_kind(run_dir, "crossval")
+    cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own validation flight
+    names = [f.name for f in cfg.data.flights]
+    if len(names) < 2:
+        raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
+    from cloudml_lib.core.distributed import init_distributed
+
+    # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
+    workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
+    try:
+        if workers.active:
+            workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
+        mine = names[workers.rank :: workers.world]
+        log.info("Cross-validation over %d flights, each held out once: %s", len(names), ", ".join(names))
+        if workers.active:
+            log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
+        done = {name: run_fold(cfg, run_dir, name, controls) for name in mine}
+        workers.barrier()
+    finally:
+        if dist is None:
+            workers.close()
+    if not workers.is_main:
+        return {}
+    folds = {name: done[name] if name in done else read_fold(run_dir, name) for name in names}
+    result = {
+        "folds": folds,
+        **summarise(folds),
+        "warnings": [w for f in folds.values() for w in f["warnings"]],
+    }
+    result["intervals"] = interval_step(run_dir, names, cfg.train.interval_coverage)
+    result["verdicts"] += result["intervals"]["verdicts"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text(run_dir / "crossval.json", json.dumps(json_safe(result), indent=1))
+    write_text(run_dir / "crossval.md", format_markdown(result))
+    write_report(run_dir)
+    log.info("Cross-validation:\n%s", format_markdown(result))
+    for w in result["warnings"]:
+        log.warning("%s", w)
+    return result

@@ -1,0 +1,103 @@
+"""A run, from its start to its end: `train_run` pairs training (train/, which ends at the final
+checkpoint) with the end of the run (science/finish.py: the held-out evaluation, the cloud probe, the
+intervals, the report). It is the one route for `train`, each phase of the two-phase protocol (pre-train on
+one flight, then fine-tune), each cross-validation fold and each sweep trial; every part of it resumes. In a
+torchrun job, a peer's failure is explained in plain words; a run that stops on an error says so in its
+run.json (rundir.run_state: "failed")."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from cloudml_lib.base.config import Config, derive
+from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.core.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
+from cloudml_lib.core.rundir import check_folder_kind, record_failure
+from cloudml_lib.data.flights import resolve_config
+from cloudml_lib.science.finish import finish_run
+from cloudml_lib.train.loop import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def train_run(
+    cfg: Config, run_dir: str | Path, resume: str = "auto", dist: Dist | None = None, after_epoch=None
+) -> dict:
+    """A run trained and ended; its report. With train.pretrain_flight, the two-phase protocol (each phase
+    resumable). `dist`: by default the torchrun job this process belongs to (or the single process).
+    `after_epoch(history)`: a sweep's pruner, asked after each epoch of a one-phase run."""
+    dist = init_distributed(cfg.train.device) if dist is None else dist
+    try:
+        if cfg.train.pretrain_flight:
+            return train_two_phase(cfg, Path(run_dir), resume, dist)
+        return train_and_finish(cfg, Path(run_dir), resume, dist, after_epoch=after_epoch)
+    except CloudMLError as e:
+        if dist.is_main and Path(run_dir).is_dir():
+            record_failure(Path(run_dir), str(e))
+        raise
+    except Exception as e:
+        message = explain_peer_failure(e, dist)
+        if message is None:
+            raise
+        raise CloudMLError(message) from None
+    finally:
+        dist.close()
+
+
+def train_and_finish(
+    cfg: Config, run_dir: Path, resume: str, dist: Dist, init_from: Path | None = None, after_epoch=None
+) -> dict:
+    """Train to the final checkpoint, then the end of the run: its report."""
+    Trainer(cfg, run_dir, resume, init_from=init_from, dist=dist).setup().fit(after_epoch)
+    return finish_run(run_dir, dist)
+
+
+def check_pretrain_flight(cfg: Config, names: list[str]) -> list[str]:
+    """The pre-training flight is a training flight, and the over-weighted one if one is named."""
+    p = cfg.train.pretrain_flight
+    if not p:
+        return []
+    if p not in names:
+        return [f"train.pretrain_flight: {p!r} is not one of the flights ({', '.join(names)})"]
+    if p in cfg.data.validation_flights:
+        return [f"train.pretrain_flight: {p!r} is a validation flight; pre-train on a training flight"]
+    if cfg.data.overweight_flight and cfg.data.overweight_flight != p:
+        return [
+            f"train.pretrain_flight: {p!r} and data.overweight_flight {cfg.data.overweight_flight!r} differ; "
+            "in the two-phase protocol the pre-training flight is the over-weighted one"
+        ]
+    return []
+
+
+def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE) -> dict:
+    """Phase 1 trains on train.pretrain_flight alone (RUN_DIR/pretrain, train.pretrain_epochs); phase 2
+    fine-tunes from its best weights on all training flights, the pre-training flight weighted by
+    data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
+    An interrupted phase resumes; a finished phase 1 is not trained again."""
+    check_folder_kind(run_dir, "train")  # before phase 1 makes RUN_DIR/pretrain in it
+    cfg, _ = resolve_config(cfg)
+    names = [f.name for f in cfg.data.flights]
+    problems = check_pretrain_flight(cfg, names)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    keep = {cfg.train.pretrain_flight, *cfg.data.validation_flights}
+    phase1 = derive(
+        cfg,
+        {
+            "data.flights": [f for f in cfg.data.flights if f.name in keep],
+            "data.overweight_flight": "",
+            "train.pretrain_flight": "",
+            "train.epochs": cfg.train.pretrain_epochs,
+        },
+    )
+    log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
+    train_and_finish(phase1, run_dir / "pretrain", resume, dist)
+    phase2 = derive(cfg, {"data.overweight_flight": cfg.train.pretrain_flight})
+    log.info(
+        "Phase 2 of 2: fine-tuning on %s (%s weighted x%g)",
+        ", ".join(n for n in names if n not in cfg.data.validation_flights),
+        cfg.train.pretrain_flight,
+        cfg.data.overweight_factor,
+    )
+    return train_and_finish(phase2, run_dir, resume, dist, init_from=run_dir / "pretrain" / "best.pt")

@@ -1,0 +1,565 @@
+"""Hyperparameter sweeps on Optuna that survive a disconnect: `python -m cloudml_lib sweep`.
+
+A sweep folder on Drive:
+- `sweep.json`        the config, the search space (space.py) and the number of trials asked for
+- `study.journal`     the copy of Optuna's study, refreshed after each ask, epoch report and result
+- `trials/<n>/`       trial n: an ordinary resumable run (or cross-validation), `trial.json` its values
+- `report.md`, `plots/`  the trials table, the optimisation history, the importance of each parameter
+
+The study lives on local disk (Optuna's JournalStorage: an append-only file; SQLite on a Drive mount
+loses progress, optuna #2582) and its copy in the sweep folder is restored when the local file is
+missing (a new Colab VM) or behind it. Killed at any moment and run again, the sweep continues: a trial
+left running resumes from its own checkpoint with its stored values, finished trials are not rerun,
+and the study ends as an uninterrupted one, because each trial's sampler is seeded by the space's seed
+plus the trial's number (a suggestion depends on the history only, never on RNG state lost at a kill)
+and the pruner decides from stored values only.
+
+Under torchrun, rank 0 asks, reports and writes the study; every trial runs with all processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import tempfile
+from pathlib import Path
+
+from cloudml_lib.base import faults
+from cloudml_lib.base.config import apply_overrides, build_config
+from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
+from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
+from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.base.yamlfile import read_yaml
+from cloudml_lib.commands.space import (
+    MAX_SEED,
+    Space,
+    check_flights,
+    choice_label,
+    distributions,
+    load_space,
+    suggest,
+    trial_raw,
+)
+from cloudml_lib.core.checkpoint import write_durable
+from cloudml_lib.core.distributed import Dist, init_distributed
+from cloudml_lib.core.rundir import flatten_keys, has_run, is_crossval
+from cloudml_lib.core.runlock import RunLock
+
+log = logging.getLogger(__name__)
+
+STUDY_NAME = "cloudml-sweep"
+JOURNAL = "study.journal"
+
+
+def require_optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError(
+            f"sweeps run on Optuna, which is not installed: {install_command('optuna>=4.0')} (and matplotlib "
+            "for "
+            "the report's images), then run the same command again"
+        ) from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep says what happens, once
+    return optuna
+
+
+class StudyFile:
+    """The study's journal on local disk and its copy in the sweep folder."""
+
+    def __init__(self, run_dir: Path):
+        self.copy = Path(run_dir) / JOURNAL
+        key = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+        self.local = Path(tempfile.gettempdir()) / f"cloudml-sweep-{key}" / JOURNAL
+
+    def restore(self, has_trials: bool) -> str | None:
+        """The journal to go on with: the local one when it extends the copy (this machine ran ahead of its
+        last copy; the journal only grows, so "extends" is "starts with the copy's bytes"), else the copy,
+        else (the copy lost or damaged) the local one. None when the sweep has no study yet; else what is
+        wrong with it (lost, damaged), to refuse: `has_trials` says that trials ran, so a new study would
+        be built over them."""
+        self.local.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.local.parent.glob(f"{JOURNAL}.lock*"):  # a killed writer's; the sweep lock is ours
+            stale.unlink(missing_ok=True)
+        saved, saved_problem = _read_journal(self.copy)
+        here, here_problem = _read_journal(self.local)
+        if saved is not None and here is not None and here.startswith(saved):
+            return None
+        if saved is not None:
+            self.local.write_bytes(saved)
+            log.info("Study restored from %s", self.copy)
+            return None
+        if here is not None and has_trials:
+            log.warning(
+                "%s is %s: the study goes on from this machine's copy %s",
+                self.copy,
+                saved_problem,
+                self.local,
+            )
+            return None
+        self.local.unlink(missing_ok=True)  # the study of a sweep folder since deleted, or a damaged one
+        return (
+            f"{self.copy} is {saved_problem}" if has_trials or saved_problem.startswith("damaged") else None
+        )
+
+    def save(self) -> None:
+        """Copy the journal whole (temporary file, fsync, rename): a kill leaves the old copy or the new."""
+        with atomic_path(self.copy) as tmp:
+            write_durable(tmp, self.local.read_bytes())
+
+    def storage(self, optuna):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return JournalStorage(JournalFileBackend(str(self.local)))
+
+
+def _read_journal(path: Path) -> tuple[bytes | None, str]:
+    """(a journal's bytes, "") when it is usable, else (None, what is wrong: missing, empty, damaged)."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None, "missing"
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or e})"
+    problem = journal_problem(data)
+    return (None, problem) if problem else (data, "")
+
+
+def journal_problem(data: bytes) -> str | None:
+    """What is wrong with an Optuna journal's bytes, or None. Every complete line is a JSON record with an
+    op_code, the first creating the study; a last line without its newline is a write cut by a kill
+    (Optuna skips it)."""
+    lines = data.split(b"\n")[:-1]
+    if not lines:
+        return "empty"
+    for i, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return f"damaged (line {i} is not JSON)"
+        if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+            return f"damaged (line {i} is not an Optuna journal record)"
+        if i == 1 and record["op_code"] != 0:
+            return "damaged (it does not start by creating the study)"
+    return None
+
+
+def check_sweep_folder(run_dir: Path, record: dict) -> None:
+    """A sweep folder is not a run's; a sweep started again keeps its config and space (more trials may be
+    asked for)."""
+    if has_run(run_dir) or is_crossval(run_dir):
+        raise CloudMLError(
+            f"{run_dir} holds a training run or cross-validation, not a sweep; choose another "
+            "--run-dir for the sweep. Nothing was changed."
+        )
+    files = RunFiles(run_dir)
+    saved = files.sweep()
+    if files.damaged:
+        raise ConfigError(
+            f"{files.damaged[0]}. It records the config and space this sweep started with. Restore it, or "
+            "move it aside to continue the sweep with the config and space given now (its trials and "
+            "study.journal stay). Nothing was changed."
+        )
+    if saved is None:
+        return
+    diffs = [
+        f"{k} (sweep {a!r}, now {b!r})"
+        for part in ("config", "space")
+        for k, a, b in _differences(saved[part], record[part], part)
+    ]
+    if diffs:
+        raise ConfigError(
+            f"{run_dir} is a sweep with other settings: {'; '.join(diffs)}. Its trials would not be "
+            "comparable: use the same config and space to continue it, or another --run-dir for a "
+            "new sweep. Nothing was changed."
+        )
+
+
+def _differences(a: dict, b: dict, prefix: str) -> list[tuple[str, object, object]]:
+    fa, fb = flatten_keys(a, f"{prefix}."), flatten_keys(b, f"{prefix}.")
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+def make_sampler(optuna, space: Space, number: int):
+    """A sampler for trial `number` alone: seeded by seed + number, so a restart draws the same values."""
+    seed = space.seed + number
+    if space.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def make_pruner(optuna, space: Space):
+    if space.pruner == "median":
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=space.prune_startup_trials, n_warmup_steps=space.prune_after_epochs
+        )
+    return optuna.pruners.NopPruner()
+
+
+def next_trial(optuna, study, space: Space, n_trials: int):
+    """The trial left running by an interrupted sweep, else a new one while fewer than `n_trials` exist."""
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if running:
+        log.info(
+            "Trial %d was interrupted: it resumes from its checkpoint with its values", running[0].number
+        )
+        study.sampler = make_sampler(
+            optuna, space, running[0].number
+        )  # for a value not drawn before the kill
+        return optuna.trial.Trial(study, running[0]._trial_id)
+    if len(study.trials) >= n_trials:
+        return None
+    study.sampler = make_sampler(optuna, space, len(study.trials))
+    return study.ask()
+
+
+class Pruning:
+    """After each epoch: rank 0 reports the epochs not yet reported and asks the pruner; every rank stops
+    the trial together (optuna.TrialPruned). After the last epoch nothing is pruned: the trial has cost
+    all its training already, and its evaluation is its result."""
+
+    def __init__(self, optuna, trial, space: Space, store: StudyFile | None, dist: Dist, epochs: int):
+        self.optuna, self.trial, self.space, self.store, self.dist = optuna, trial, space, store, dist
+        self.epochs = epochs
+
+    def __call__(self, history: list[dict]) -> None:
+        why = None
+        if self.dist.is_main:
+            reported = self.stored().intermediate_values
+            for h in history:
+                if h["epoch"] not in reported:
+                    value = h[self.space.metric]
+                    self.trial.report(float("nan") if value is None else value, h["epoch"])
+            if history[-1]["epoch"] < self.epochs and self.trial.should_prune():
+                # the newest report decides, which a resumed trial may hold from before its checkpoint
+                epoch, value = max(self.stored().intermediate_values.items())
+                why = (
+                    f"after epoch {epoch}, its {self.space.metric} ({value:.4g}) was worse than the median "
+                    "of the "
+                    "earlier trials at that epoch"
+                )
+            self.store.save()
+        why = self.dist.from_main(why)
+        if why is not None:
+            raise self.optuna.TrialPruned(why)
+
+    def stored(self):
+        """The trial as the study holds it now (its reports, including those made before a resume)."""
+        return next(t for t in self.trial.study.get_trials(deepcopy=False) if t.number == self.trial.number)
+
+
+def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: Dist) -> float:
+    """The trial's held-out (or cross-validated) metric; its run resumes from its own checkpoint."""
+    if space.objective == "crossval":
+        from cloudml_lib.commands.crossval import crossval
+
+        result = crossval(cfg, trial_dir, controls=False, dist=dist)
+        value = dist.from_main(result["summary"]["model"][space.metric]["mean"] if dist.is_main else None)
+        return value
+    from cloudml_lib.commands.runs import train_and_finish, train_two_phase
+
+    if cfg.train.pretrain_flight:
+        report = train_two_phase(cfg, trial_dir, "auto", dist)
+    else:
+        report = train_and_finish(cfg, trial_dir, "auto", dist, after_epoch=pruning)
+    return report["overall"][space.metric]
+
+
+def run_trial(
+    optuna,
+    trial,
+    number: int,
+    params: dict,
+    base: dict,
+    space: Space,
+    run_dir: Path,
+    store: StudyFile | None,
+    dist: Dist,
+) -> tuple[str, float | None, str]:
+    """(state, value, note): complete, pruned or failed (a config the values make invalid, a trial its
+    set-up or training refuses, such as a batch larger than the training set, or a metric that is not a
+    number). A stop, a full disk or an unexpected error stops the sweep with the trial left running, to be
+    resumed."""
+    trial_dir = run_dir / "trials" / str(number)
+    try:
+        cfg = build_config(trial_raw(base, params), source=f"trial {number}'s config")
+    except ConfigError as e:
+        return "failed", None, str(e)
+    if dist.is_main:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        write_text(
+            trial_dir / "trial.json",
+            json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
+        )
+    try:
+        pruning = Pruning(optuna, trial, space, store, dist, cfg.train.epochs)
+        value = objective_value(space, cfg, trial_dir, pruning, dist)
+    except optuna.TrialPruned as e:
+        return "pruned", None, str(e)
+    except CloudMLError as e:  # the same values would be refused again: the trial is over, the sweep goes on
+        return "failed", None, str(e)
+    if value is None or not math.isfinite(value):
+        return "failed", None, f"{space.metric} is {value} (training diverged?)"
+    return "complete", float(value), ""
+
+
+def sweep(
+    config: str | Path,
+    space_path: str | Path,
+    n_trials: int,
+    run_dir: str | Path,
+    overrides: list[str] | tuple = (),
+    dist: Dist | None = None,
+    rebuild: bool = False,
+) -> dict:
+    """Run (or continue) a sweep of `n_trials` trials; returns {"best": ..., "trials": [...]} on rank 0.
+    `rebuild`: a lost or damaged study.journal is rebuilt from the trial folders (else refused)."""
+    run_dir = Path(run_dir)
+    base = apply_overrides(read_yaml(config), list(overrides))
+    build_config(base, source=str(config))  # the config itself first, then the space over it
+    space = load_space(space_path, base)
+    check_trials(n_trials, space)
+    check_flights(space, base)  # flight names in the space against the flights found: before any trial
+    optuna = require_optuna()
+    own_dist = dist is None
+    dist = init_distributed(build_config(base).train.device) if own_dist else dist
+    record = {"config": base, "space": space.to_dict(), "trials": n_trials, "config_file": str(config)}
+    lock = store = study = None
+    try:
+        if dist.is_main:
+            lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
+        run_trials(optuna, study, store, space, base, n_trials, run_dir, dist)
+        if not dist.is_main:
+            return {}
+        from cloudml_lib.commands.compare import sweep_summary, write_sweep_report
+
+        write_sweep_report(study, run_dir, space)
+        return sweep_summary(study, space)
+    finally:
+        if lock is not None:
+            lock.release()
+        if own_dist:
+            dist.close()
+
+
+def check_trials(n_trials, space: Space) -> None:
+    """--trials: a whole number >= 1 whose trials' sampler seeds (seed + number) stay valid seeds."""
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise ConfigError(f"--trials {shown(n_trials)}: expected a whole number of trials >= 1")
+    if space.seed + n_trials - 1 > MAX_SEED:
+        raise ConfigError(
+            f"seed {space.seed} with --trials {n_trials}: trial n draws with seed + n, which must stay "
+            f"at most {MAX_SEED}; choose seed <= {max(0, MAX_SEED - n_trials + 1)} in the space file"
+        )
+
+
+def open_study(optuna, run_dir: Path, record: dict, space: Space, rebuild: bool = False) -> tuple:
+    """Rank 0: the sweep folder checked and locked, sweep.json written, the study restored (or created) from
+    its journal, or rebuilt from the trial folders when asked (`rebuild`). Returns (lock, journal, study)."""
+    check_sweep_folder(run_dir, record)
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
+        store = StudyFile(run_dir)
+        folders = numbered_folders(run_dir / "trials")
+        if rebuild:
+            study = rebuild_study(optuna, store, run_dir, space)
+        else:
+            problem = store.restore(has_trials=bool(folders))
+            study = None if problem else load_study(optuna, store, space)
+            problem = problem or _behind_folders(study, folders)
+            if problem:
+                raise CloudMLError(lost_study_message(problem, run_dir, len(folders)))
+        store.save()
+    except BaseException:
+        lock.release()
+        raise
+    return lock, store, study
+
+
+def load_study(optuna, store: StudyFile, space: Space):
+    """The study from the local journal (created when there is none); a journal Optuna cannot replay is
+    damaged."""
+    try:
+        return optuna.create_study(
+            study_name=STUDY_NAME,
+            storage=store.storage(optuna),
+            load_if_exists=True,
+            direction=space.direction,
+            pruner=make_pruner(optuna, space),
+        )
+    except Exception as e:  # noqa: BLE001 - any failure to replay the file is the file's damage
+        raise CloudMLError(
+            lost_study_message(
+                f"{store.copy} is damaged (Optuna cannot replay it: {shown(e)})", store.copy.parent, 0
+            )
+        ) from None
+
+
+def _behind_folders(study, folders: list[Path]) -> str | None:
+    """A study that knows fewer trials than the sweep folder holds lost some (a journal replaced by an
+    older one): each trial is asked, and saved, before its folder is made."""
+    if folders and int(folders[-1].name) >= len(study.trials):
+        return (
+            f"{JOURNAL} knows {len(study.trials)} trial(s) but the folder holds trials/{folders[-1].name}: "
+            "the journal is older than the trials"
+        )
+    return None
+
+
+def lost_study_message(problem: str, run_dir: Path, n_folders: int) -> str:
+    held = f"its {n_folders} trial folder(s)" if n_folders else "its trial folders"
+    return (
+        f"{problem}. The journal is the sweep's memory of its trials: a new study would run trials again, "
+        f"with other values, and report different results. Restore {JOURNAL} (from a copy, or Drive's "
+        f"version history), or run the same command with --rebuild-study to rebuild the study from {held} in "
+        f"{run_dir / 'trials'} (each trial's values, state and result from trial.json, its epoch scores from "
+        "metrics.jsonl). Nothing was changed."
+    )
+
+
+def rebuild_study(optuna, store: StudyFile, run_dir: Path, space: Space):
+    """A new study holding the trials of the sweep folder, in their order (the sampler then draws what it
+    would have drawn: it sees the same history); a missing trial number is a failed trial."""
+    store.local.parent.mkdir(parents=True, exist_ok=True)
+    store.local.unlink(missing_ok=True)
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=store.storage(optuna),
+        direction=space.direction,
+        pruner=make_pruner(optuna, space),
+    )
+    folders = {int(p.name): p for p in numbered_folders(run_dir / "trials")}
+    for number in range(max(folders, default=-1) + 1):
+        study.add_trial(rebuilt_trial(optuna, folders.get(number), space))
+    log.warning("Study rebuilt from %d trial folder(s) in %s", len(folders), run_dir / "trials")
+    return study
+
+
+def rebuilt_trial(optuna, folder: Path | None, space: Space):
+    """One trial from its folder: trial.json's values, state, result and note; metrics.jsonl's epoch
+    scores."""
+    states = {
+        "running": optuna.trial.TrialState.RUNNING,
+        "complete": optuna.trial.TrialState.COMPLETE,
+        "pruned": optuna.trial.TrialState.PRUNED,
+        "failed": optuna.trial.TrialState.FAIL,
+    }
+    files = RunFiles(folder) if folder is not None else None
+    info = files.trial() if files is not None else {}
+    lost = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL,
+        user_attrs={
+            "note": f"lost: {'no folder' if folder is None else 'its trial.json is missing or damaged'}"
+        },
+    )
+    if not info:
+        return lost
+    reports = {} if is_crossval(folder) else epoch_reports(files, space.metric)
+    try:
+        return optuna.trial.create_trial(
+            state=states[info["state"]],
+            params={
+                k: choice_label(v) if "choices" in space.params.get(k, {}) else v
+                for k, v in info["params"].items()
+            },
+            distributions=distributions(space),
+            value=_rebuilt_value(info, reports),
+            intermediate_values=reports,
+            user_attrs={"note": info["note"]} if info.get("note") else {},
+        )
+    except (ValueError, TypeError) as e:  # values outside the space: not this sweep's trial
+        log.warning("%s cannot be rebuilt (%s): counted as failed", folder / "trial.json", shown(e))
+        return lost
+
+
+def _rebuilt_value(info: dict, reports: dict[int, float]) -> float | None:
+    """A complete trial's result; a pruned trial's is its last epoch score, as Optuna records it."""
+    if info["state"] == "complete":
+        return info.get("value")
+    if info["state"] == "pruned" and reports and math.isfinite(reports[max(reports)]):
+        return reports[max(reports)]
+    return None
+
+
+def epoch_reports(files: RunFiles, metric: str) -> dict[int, float]:
+    """A trial run's per-epoch metric as the pruner was told it (a missing value is NaN)."""
+    out = {}
+    for r in files.metrics():
+        if r["kind"] == "epoch" and "epoch" in r:
+            value = r.get(metric)
+            out[r["epoch"]] = float("nan") if value is None else float(value)
+    return out
+
+
+def run_trials(
+    optuna, study, store, space: Space, base: dict, n_trials: int, run_dir: Path, dist: Dist
+) -> None:
+    """Trial after trial until `n_trials` are done: rank 0 asks (or takes back a trial left running), every
+    process trains it, rank 0 tells its result and rewrites the report."""
+    from cloudml_lib.commands.compare import write_sweep_report
+
+    while True:
+        trial = job = None
+        if dist.is_main:
+            attach_run_log(run_dir)
+            trial = next_trial(optuna, study, space, n_trials)
+            job = None if trial is None else (trial.number, suggest(trial, space))
+            store.save()  # the trial and its values, before any training
+        job = dist.from_main(job)
+        if job is None:
+            return
+        number, params = job
+        log.info(
+            "Trial %d (%d of %d): %s",
+            number,
+            number + 1,
+            n_trials,
+            ", ".join(f"{k}={v}" for k, v in params.items()),
+        )
+        state, value, note = run_trial(optuna, trial, number, params, base, space, run_dir, store, dist)
+        if dist.is_main:
+            attach_run_log(run_dir)
+            finish_trial(optuna, study, trial, (state, value, note), params, space, run_dir)
+            store.save()
+            write_sweep_report(study, run_dir, space)
+
+
+def finish_trial(optuna, study, trial, result: tuple, params: dict, space: Space, run_dir: Path) -> None:
+    """Tell the study the trial's (state, value, note), write trial.json, and say it."""
+    state, value, note = result
+    states = {
+        "complete": optuna.trial.TrialState.COMPLETE,
+        "pruned": optuna.trial.TrialState.PRUNED,
+        "failed": optuna.trial.TrialState.FAIL,
+    }
+    if note:
+        trial.set_user_attr("note", note)
+    study.tell(trial, value if state == "complete" else None, state=states[state])
+    trial_dir = run_dir / "trials" / str(trial.number)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    write_text(
+        trial_dir / "trial.json",
+        json.dumps(
+            json_safe(
+                {"number": trial.number, "params": params, "state": state, "value": value, "note": note}
+            ),
+            indent=1,
+        ),
+    )
+    if state == "complete":
+        log.info(
+            "Trial %d: %s %.4f (best so far: trial %d, %.4f)",
+            trial.number,
+            space.metric,
+            value,
+            study.best_trial.number,
+            study.best_value,
+        )
+    else:
+        log.warning("Trial %d %s: %s", trial.number, state, note)
+    faults.point("sweep-told")

@@ -1,0 +1,99 @@
+"""The metrics of a model's answers, the same during training (each epoch's score) and after it (the
+held-out report): heights in km and the cloud / no-cloud flag.
+
+Every height metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
+(std(pred) / std(true)) and n. Cloud / no-cloud metrics: accuracy, F1 of the cloud class, ROC-AUC
+(scikit-learn), n and the share of cloudy frames. `Scored` holds a model's answers for the samples of a
+dataset, in km.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cloudml_lib.data.dataset import Scalers
+
+BOUND_TOLERANCE_KM = 1e-3  # a height this far past a bound is float rounding, not outside it
+
+
+def outside_bounds(height_km: np.ndarray, low: float, high) -> tuple[np.ndarray, np.ndarray]:
+    """(below, above): where a height lies below `low` or above `high` (a number, or one per height), by
+    more than float rounding (BOUND_TOLERANCE_KM). NaN is neither."""
+    h = np.asarray(height_km, np.float64)
+    with np.errstate(invalid="ignore"):
+        return h < low - BOUND_TOLERANCE_KM, h > np.asarray(high, np.float64) + BOUND_TOLERANCE_KM
+
+
+def bounds_count(pred_km: np.ndarray, bounds: tuple[float, float]) -> dict:
+    """How many of the predictions lie outside the heights a cloud base can have (config.height_bounds_km);
+    the metrics keep them as predicted (predict masks them)."""
+    below, above = outside_bounds(pred_km, *bounds)
+    return {
+        "low_km": float(bounds[0]),
+        "high_km": float(bounds[1]),
+        "below": int(below.sum()),
+        "above": int(above.sum()),
+        "n": int(np.isfinite(np.asarray(pred_km, np.float64)).sum()),
+    }
+
+
+def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
+    true_km, pred_km = np.asarray(true_km, np.float64), np.asarray(pred_km, np.float64)
+    n = int(true_km.size)
+    if n == 0:
+        return {
+            "r2": float("nan"),
+            "mae_km": float("nan"),
+            "rmse_km": float("nan"),
+            "bias_km": float("nan"),
+            "std_ratio": float("nan"),
+            "n": 0,
+        }
+    err = pred_km - true_km
+    ss_tot = float(((true_km - true_km.mean()) ** 2).sum())
+    std_true = float(true_km.std())
+    return {
+        "r2": 1.0 - float((err**2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
+        "mae_km": float(np.abs(err).mean()),
+        "rmse_km": float(np.sqrt((err**2).mean())),
+        "bias_km": float(err.mean()),
+        "std_ratio": float(pred_km.std()) / std_true if std_true > 0 else float("nan"),
+        "n": n,
+    }
+
+
+@dataclass
+class Scored:
+    """A model's answers for the samples of a dataset, in order."""
+
+    height_km: np.ndarray  # (N,) predicted height for every sample (with a height label or not)
+    cloud_prob: np.ndarray | None  # (N,) cloud probability; None: the model has no cloud output
+
+    @classmethod
+    def from_outputs(cls, out: dict, scalers: Scalers) -> Scored:
+        """From the model's outputs by name (predict)."""
+        logit = out["cloud_logit"]
+        prob = None if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))
+        return cls(out["height"] * scalers.cbh_std + scalers.cbh_mean, prob)
+
+
+def cloud_metrics(flag: np.ndarray, score: np.ndarray, threshold: float = 0.5) -> dict:
+    """`flag` true 0/1, `score` the cloud probability (or any score increasing with cloud) and the threshold
+    that turns it into a flag."""
+    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+
+    flag, score = np.asarray(flag, np.int64), np.asarray(score, np.float64)
+    ok = np.isfinite(score)
+    flag, score = flag[ok], score[ok]
+    if flag.size == 0:
+        return {"accuracy": None, "f1": None, "roc_auc": None, "n": 0, "cloud_share": None}
+    guess = (score >= threshold).astype(np.int64)
+    return {
+        "accuracy": float(accuracy_score(flag, guess)),
+        "f1": float(f1_score(flag, guess, zero_division=0.0)),
+        "roc_auc": float(roc_auc_score(flag, score)) if 0 < flag.sum() < flag.size else None,
+        "n": int(flag.size),
+        "cloud_share": float(flag.mean()),
+    }

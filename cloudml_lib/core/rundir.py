@@ -1,0 +1,659 @@
+"""A run directory over time: what an interrupted run left behind, where a run resumes from and what
+a resumed run may change, where it stands (status). Who may write into it is runlock.py's; its log
+(train.log) is logs.py's.
+
+When a resumed run's config differs from the checkpoint's, settings that change the run's math
+(data, model, seed, batch size, optimizer and schedule settings) are an error naming each one;
+harmless ones (epochs, patience, devices, compile, logging and checkpoint cadence, paths) are taken
+from the new config with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, resume_rules
+from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.liveness import holder_alive, process_alive
+from cloudml_lib.base.outputs import (
+    append_text,
+    check_own_folder,
+    json_safe,
+    open_append,
+    refuse_link,
+    write_text,
+)
+from cloudml_lib.base.runfiles import RunFiles
+from cloudml_lib.core.checkpoint import (
+    META,
+    REJECTED_DIR,
+    STAGING_PREFIX,
+    STATE,
+    Found,
+    Key,
+    check_folder,
+    checkpoints_dir,
+    find_checkpoints,
+    find_latest_valid,
+    set_aside_rejected,
+    step_of,
+)
+from cloudml_lib.core.compile import describe_saved
+from cloudml_lib.core.runlock import LOCK
+
+if TYPE_CHECKING:
+    from cloudml_lib.core.distributed import Dist
+
+log = logging.getLogger(__name__)
+
+
+def _pid_of(name: str) -> int | None:
+    m = re.search(r"(?:tmp-|ckpt-)(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def clean_leftovers(run_dir: Path) -> list[str]:
+    """What a killed process left behind: temporary best.pt files, checkpoint folders half-written or
+    half-deleted, and staging folders in the temp directory. Only files of processes that are gone."""
+    run_dir, removed = Path(run_dir), []
+    candidates = list(run_dir.glob(".best.pt.tmp-*")) + list(run_dir.glob(".lock.tmp-*"))
+    candidates += list(checkpoints_dir(run_dir).glob(".step-*.tmp-*"))
+    candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
+    candidates += list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*"))
+    for p in candidates:
+        pid = _pid_of(p.name)
+        if p.name.startswith(".trash-") or (
+            pid is not None and pid != os.getpid() and not process_alive(pid)
+        ):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p.name)
+    if removed:
+        log.info(
+            "Removed %d leftovers of an interrupted run: %s", len(removed), ", ".join(sorted(removed)[:5])
+        )
+    return removed
+
+
+def flatten_keys(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)', by each field's
+    resume rule (config.py). The saved config is read by today's rules first: a setting added since it was
+    saved counts as what that version did (its default, or its field's `absent` meaning), a value an earlier
+    version wrote as what it means now."""
+    rules, fields = resume_rules(), field_metadata()
+    a, b = flatten_keys(saved), flatten_keys(current)
+    for key, meta in fields.items():
+        if key not in a and key in b:
+            a[key] = meta["absent"]
+        elif key in a and any(a[key] is old for old in meta.get("legacy") or {}):
+            a[key] = meta["legacy"][a[key]]
+    math, harmless = [], []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            line = f"{key} (checkpoint {shown(a.get(key))}, now {shown(b.get(key))})"
+            (harmless if rules.get(key) == NEW else math).append(line)
+    return math, harmless
+
+
+# What a run (train), a cross-validation or a sweep writes at the top of its folder: a folder holding one of
+# these is CloudML's, to continue or add to. config.yaml is left out: a common name, which a run writes after
+# train.log, so a folder with it and nothing else of these holds someone else's config.
+RUN_FILES = (
+    "metrics.jsonl",
+    "train.log",
+    "run.json",
+    "provenance.json",
+    "best.pt",
+    "checkpoints",
+    "rejected",
+    "superseded-*",
+    "tensorboard",
+    "evaluation.json",
+    "intervals.json",
+    "pretrain",
+    "folds",
+    "crossval.json",
+    "crossval.md",
+    "sweep.json",
+    "study.journal",
+    "trials",
+    "trial.json",
+)
+# The files a run writes at the top of its folder, each refused where it is a symbolic link.
+RUN_WRITES = (
+    "config.yaml",
+    "run.json",
+    "provenance.json",
+    "metrics.jsonl",
+    "train.log",
+    "best.pt",
+    "evaluation.json",
+    "predictions.csv",
+    "intervals.json",
+    "report.md",
+    "crossval.json",
+    "crossval.md",
+    "sweep.json",
+    "study.journal",
+    "trial.json",
+)
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """Before train, crossval or sweep writes anything: `run_dir` is new, empty, or a run's own (RUN_FILES),
+    never a folder of other things (a home folder, /, a project); and none of the files it writes there is a
+    symbolic link (outputs.refuse_link). Hidden entries (.ipynb_checkpoints, .DS_Store) do not count."""
+    check_own_folder(
+        run_dir,
+        RUN_FILES,
+        "--run-dir",
+        "CloudML run, cross-validation or sweep",
+        "an existing run folder to continue that run",
+        new="runs/my-run",
+    )
+    for name in RUN_WRITES:
+        refuse_link(Path(run_dir) / name)
+
+
+def has_run(run_dir: Path) -> bool:
+    run_dir = Path(run_dir)
+    return any((run_dir / n).exists() for n in ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml"))
+
+
+def is_crossval(run_dir: Path) -> bool:
+    return (Path(run_dir) / "folds").is_dir() or (Path(run_dir) / "crossval.json").is_file()
+
+
+def fold_models(run_dir: Path) -> list[Path]:
+    return sorted(p / "model" for p in (Path(run_dir) / "folds").glob("*") if (p / "model").is_dir())
+
+
+def check_folder_kind(run_dir: Path, command: str) -> None:
+    """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
+    cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
+    also refuse a folder of other things (check_run_folder)."""
+    run_dir = Path(run_dir)
+    if command in ("train", "crossval"):
+        check_run_folder(run_dir)
+    if (run_dir / "sweep.json").is_file():
+        trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
+        raise CloudMLError(
+            f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
+            f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
+            "to continue the sweep: python -m cloudml_lib sweep ... with the same --run-dir. "
+            "Nothing was changed."
+        )
+    if command == "crossval":
+        if has_run(run_dir) and not is_crossval(run_dir):
+            raise CloudMLError(
+                f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
+                "choose another --run-dir for the cross-validation. Nothing was changed."
+            )
+        return
+    if not is_crossval(run_dir):
+        return
+    folds = fold_models(run_dir)
+    example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
+    if command == "train":
+        raise CloudMLError(
+            f"{run_dir} is a cross-validation folder (it holds folds/): train would write a separate "
+            f"run beside its folds. To continue the cross-validation: python -m cloudml_lib crossval "
+            f"--config FILE --run-dir {run_dir}; to train one model, choose another --run-dir. "
+            "Nothing was changed."
+        )
+    raise CloudMLError(
+        f"{run_dir} is a cross-validation folder: its results are in {run_dir / 'crossval.md'}. Each "
+        f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
+        + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else "")
+    )
+
+
+# ------------------------------------------------------------------------- resuming
+
+
+def find_resume_point(run_dir: Path, mode: str) -> Found | None:
+    """The checkpoint a run continues from (None: start afresh), by --resume auto|never|PATH."""
+    if mode == "never":
+        if has_run(run_dir):
+            raise CloudMLError(
+                f"{run_dir} already holds a run and --resume never refuses to touch it; "
+                "choose another --run-dir, or use --resume auto to continue it"
+            )
+        return None
+    if mode == "auto":
+        return _newest_resume_point(run_dir)
+    folder = Path(mode)
+    if folder.is_file() and folder.name != "state.pt":
+        raise CloudMLError(
+            f"--resume {mode}: give a checkpoint folder (RUN_DIR/checkpoints/step-N) or its state.pt. "
+            + (
+                "best.pt holds the best model's weights only, not a resumable state (no optimizer, "
+                "schedule or position). "
+                if folder.name == "best.pt"
+                else ""
+            )
+            + "--resume auto continues from the newest valid checkpoint."
+        )
+    folder = folder.parent if folder.is_file() else folder
+    if not folder.is_dir():
+        raise CloudMLError(f"--resume {mode}: no such checkpoint folder")
+    if not (folder / META).is_file() and not (folder / STATE).is_file():
+        raise CloudMLError(
+            f"--resume {mode}: not a checkpoint folder (no {STATE}, no {META}); checkpoints are "
+            "RUN_DIR/checkpoints/step-N"
+        )
+    reason, state, meta = check_folder(folder)
+    if reason:
+        raise CloudMLError(f"--resume {mode}: {reason}")
+    _check_same_run(run_dir, folder, state)
+    folder = _name_by_content(run_dir, folder, state)
+    if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
+        _set_aside_newer(run_dir, int(state[Key.LOOP]["step"]))
+    return Found(folder, state, [], meta)
+
+
+def _newest_resume_point(run_dir: Path) -> Found | None:
+    """--resume auto: the newest checkpoint that verifies. One whose folder name says another step than its
+    content is renamed by its content (_name_by_content) and the checkpoints are walked again: the run
+    resumes at the step inside it, and that name is never again taken for the newest checkpoint."""
+    if not find_checkpoints(run_dir):
+        if has_run(run_dir):
+            log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
+        return None
+    while True:  # each pass renames a misnamed folder or returns: at most one pass per checkpoint, plus one
+        found = find_latest_valid(run_dir)
+        for r in found.rejected:
+            log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
+        if found.folder is None:
+            break
+        set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
+        if _name_by_content(run_dir, found.folder, found.state) == found.folder:
+            return found
+    if not any(r["committed"] for r in found.rejected):
+        set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
+        log.info(
+            "%s has no committed checkpoint yet (the first write was interrupted): starting this run "
+            "from the beginning",
+            run_dir,
+        )
+        return None
+    raise CloudMLError(
+        f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
+        f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
+        f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
+    )
+
+
+def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
+    """A checkpoint is trusted by its content (the step in its verified state.pt), not by its folder's name.
+    A name that says another step (renamed or copied by hand) is warned about, naming the folder; inside this
+    run's checkpoints/ the folder then takes its content's name, or moves to rejected/ where a checkpoint
+    holds that name already, so that it is neither resumed from again at every start nor kept from pruning.
+    Returns where the folder is now."""
+    step = int(state[Key.LOOP]["step"])
+    if step_of(folder) == step:
+        return folder
+    ours = folder.parent.resolve() == checkpoints_dir(run_dir).resolve()
+    right = folder.with_name(f"step-{step:08d}")
+    taken = ours and os.path.lexists(right)
+    moved = (
+        right
+        if not taken
+        else Path(run_dir) / REJECTED_DIR / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    log.warning(
+        "Checkpoint folder %s holds step %d (its verified state.pt says so), not the step its name says: "
+        "the run resumes from step %d%s",
+        folder,
+        step,
+        step,
+        f", and the folder is moved to {moved}" if ours else "",
+    )
+    if not ours:
+        return folder
+    moved.parent.mkdir(exist_ok=True)
+    os.replace(folder, moved)
+    return moved
+
+
+def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
+    """--resume PATH continues this run: a checkpoint from inside the run folder (checkpoints/, rejected/,
+    superseded-*/), or one that carries this run's id (a copy of the whole run). Another run's checkpoint
+    goes only into an empty folder, which then becomes a copy of that run from that step."""
+    run_dir = Path(run_dir)
+    if run_dir.resolve() in folder.resolve().parents:
+        return
+    theirs = state["loop"].get("run_id")
+    newest = find_latest_valid(run_dir, load=False)
+    ours = newest.meta.get("run_id") if newest.meta else None
+    if theirs is not None and theirs == ours:
+        return
+    if has_run(run_dir):
+        raise CloudMLError(
+            f"--resume {folder}: that checkpoint belongs to another run than the one in {run_dir}. "
+            f"To continue that run, use --run-dir with its own folder ({folder.parent.parent}); to "
+            f"continue this one, use --resume auto. Nothing was changed."
+        )
+    log.warning(
+        "Continuing in %s from %s, a checkpoint of another run folder: this folder becomes a copy of that "
+        "run from step %d",
+        run_dir,
+        folder,
+        state["loop"]["step"],
+    )
+
+
+def _set_aside_newer(run_dir: Path, step: int) -> None:
+    newer = [p for p in find_checkpoints(run_dir) if step_of(p) > step]
+    if newer:
+        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for p in newer:
+            p.rename(aside / p.name)
+        log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
+
+
+def resumed_config(cfg, saved: dict):
+    """The config a resumed run goes on with: `cfg`, with a batch size of "auto" as the run measured it when
+    it started, and a setting added since the checkpoint was saved as that version computed it
+    (absent_settings: an old run keeps its model.height_head). `cfg` itself is not changed."""
+    changes = absent_settings(saved)
+    if cfg.train.batch_size == "auto":  # measured once, when the run started
+        changes["train.batch_size"] = saved["train"]["batch_size"]
+    return derive(cfg, changes) if changes else cfg
+
+
+def check_resume_config(cfg, saved: dict) -> None:
+    """Refuse math-changing differences from the checkpoint's config; take harmless ones with a warning."""
+    cfg = resumed_config(cfg, saved)
+    math_changes, harmless = compare_configs(saved, cfg.to_dict())
+    if math_changes:
+        raise CloudMLError(
+            "the config differs from the checkpoint's in settings that change the run's math:\n  - "
+            + "\n  - ".join(math_changes)
+            + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
+            "run with --run-dir NEW. Nothing was changed."
+        )
+    for key, value in absent_settings(saved).items():
+        log.info("This run was saved before %s existed: it continues with %s, as it was trained", key, value)
+    if harmless:
+        log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
+        if any(h.startswith("train.epochs ") for h in harmless):
+            log.warning(
+                "train.epochs changed: the cosine learning-rate decay is re-planned over the new length"
+            )
+
+
+def check_data_fingerprint(saved: dict | None, current: dict) -> None:
+    """Refuse to continue a run on data whose content changed (flights, samples, labels, frames)."""
+    if saved is None:
+        log.info("This checkpoint predates data fingerprints: the data is not compared")
+        return
+    changes = [f"flight {n}: gone" for n in saved if n not in current]
+    changes += [f"flight {n}: new" for n in current if n not in saved]
+    for n in sorted(set(saved) & set(current)):
+        a, b = saved[n], current[n]
+        if a["samples"] != b["samples"]:
+            changes.append(f"flight {n}: {a['samples']} samples in the checkpoint, {b['samples']} now")
+        elif a["sha256"] != b["sha256"]:
+            changes.append(
+                f"flight {n}: same number of samples, different content (labels, angles or frames)"
+            )
+    if changes:
+        raise CloudMLError(
+            "the data differs from the data this run was trained on:\n  - "
+            + "\n  - ".join(changes)
+            + "\nContinuing would mix two datasets in one run. Resume with the original data "
+            "(files, data.* filters), or start a new run with --run-dir NEW. Nothing was changed."
+        )
+
+
+def truncate_metrics(path: Path, size: int) -> None:
+    """metrics.jsonl (`path`) continues exactly where the checkpoint left it: later lines are work to redo."""
+    with open_append(path) as f:  # never through a symbolic link: an outside file is not cut
+        if os.fstat(f.fileno()).st_size > size:
+            os.ftruncate(f.fileno(), size)
+        elif size and os.fstat(f.fileno()).st_size < size:
+            log.warning(
+                "metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost"
+            )
+
+
+def is_finished(run_dir: Path | None) -> bool:
+    """A run that is trained and evaluated (run_state "finished"); an unreadable one is not."""
+    try:
+        return run_dir is not None and run_state(run_dir).kind == "finished"
+    except Exception:  # noqa: BLE001 - an unreadable run is simply not finished
+        return False
+
+
+def run_status(run_dir: str | Path) -> dict:
+    """Where a run stands, from its newest valid checkpoint's manifest and its metrics."""
+    run_dir = Path(run_dir)
+    if is_crossval(run_dir):
+        folds = {m.parent.name: run_status(m) if has_run(m) else None for m in fold_models(run_dir)}
+        return {
+            "run_dir": str(run_dir),
+            "crossval": True,
+            "folds": folds,
+            "finished": (run_dir / "crossval.json").is_file(),
+        }
+    if not has_run(run_dir):
+        raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
+    found = find_latest_valid(run_dir)  # the same verification as resume
+    status = {
+        "run_dir": str(run_dir),
+        "epoch": 0,
+        "epochs_completed": 0,
+        "epochs": None,
+        "step": 0,
+        "total_steps": None,
+        "batch": 0,
+        "batches_per_epoch": None,
+        "progress": 0.0,
+        "best_metric": None,
+        "best_r2": None,
+        "latest_checkpoint": None,
+        "latest_checkpoint_age_s": None,
+        "finished": False,
+        "rejected": found.rejected,
+        "checkpoints": len(find_checkpoints(run_dir)),
+        "locked_by": None,
+        "compile": None,
+        "damaged": [],
+    }
+    files = RunFiles(run_dir)
+    status["compile"] = files.run_info().get("compile")
+    status["damaged"] = files.damaged
+    if found.folder is not None:
+        status.update(_position(found))
+    status["locked_by"] = _lock_holder(run_dir)
+    state = run_state(run_dir)
+    status["trained"], status["finished"] = bool(status["finished"]), state.kind == "finished"
+    status["state"], status["state_words"] = state.kind, state.words
+    return status
+
+
+MANIFEST_FIELDS = (
+    "epochs",
+    "step",
+    "total_steps",
+    "batch",
+    "batches_per_epoch",
+    "finished",
+    "best_metric",
+    "best_r2",
+)
+
+
+def _position(found: Found) -> dict:
+    """Where the newest valid checkpoint says the run is. `epoch` is the epoch in progress (1-based), as in
+    the resume banner; a finished run shows its last."""
+    meta = found.meta
+    out = {k: meta.get(k) for k in MANIFEST_FIELDS}
+    out["epochs_completed"] = meta["epoch"]
+    out["epoch"] = meta["epoch"] if meta["finished"] else min(meta["epoch"] + 1, meta["epochs"])
+    out["progress"] = 100.0 * meta["step"] / meta["total_steps"] if meta.get("total_steps") else 0.0
+    out["latest_checkpoint"] = str(found.folder / meta.get("file", "state.pt"))
+    out["latest_checkpoint_age_s"] = max(0.0, time.time() - float(meta["saved_at"]))
+    return out
+
+
+def _lock_holder(run_dir: Path) -> str | None:
+    """host:pid of a live process holding the run's lock, or None."""
+    lock = Path(run_dir) / LOCK
+    if not lock.exists():
+        return None
+    try:
+        info = json.loads(lock.read_text())
+        return f"{info.get('host')}:{info.get('pid')}" if holder_alive(info) else None
+    except (OSError, ValueError):
+        return None
+
+
+def format_status(s: dict) -> str:
+    if s.get("crossval"):
+        done = sum(1 for f in s["folds"].values() if f and f["finished"])
+        lines = [
+            f"{s['run_dir']}: cross-validation, "
+            + ("finished (crossval.md)" if s["finished"] else f"{done} of {len(s['folds'])} folds trained")
+        ]
+        for name, f in s["folds"].items():
+            lines.append(
+                f"  fold {name}: "
+                + (format_status(f).splitlines()[0].split(": ", 1)[1] if f else "not started")
+            )
+        return "\n".join(lines)
+    words = s.get("state_words") or ("finished" if s["finished"] else "stopped (resumable)")
+    if s["latest_checkpoint"] is None:
+        head = f"{words}: no valid checkpoint yet"
+    elif s.get("trained", s["finished"]):
+        head = (
+            f"{words}: {s['epochs_completed']} of {s['epochs']} epochs, step {s['step']}/{s['total_steps']}"
+        )
+    else:
+        head = (
+            f"{words}: epoch {s['epoch']}/{s['epochs']} ({s['epochs_completed']} completed), batch "
+            f"{s['batch']}/{s['batches_per_epoch']}, step {s['step']}/{s['total_steps']} "
+            f"({s['progress']:.1f}%)"
+        )
+    lines = [f"{s['run_dir']}: {head}"]
+    if s["best_metric"] is not None:
+        r2 = f", R2 {s['best_r2']:.3f}" if s["best_r2"] is not None else ""
+        lines.append(f"best validation loss {s['best_metric']:.4f}{r2}")
+    if s["latest_checkpoint"]:
+        lines.append(
+            f"latest checkpoint: {s['latest_checkpoint']} ({s['latest_checkpoint_age_s'] / 60:.1f} min ago)"
+        )
+    if s.get("compile") is not None:
+        lines.append(f"torch.compile: {describe_saved(s['compile'])}")
+    for r in s["rejected"]:
+        lines.append(f"rejected: {r['path']}: {r['reason']}")
+    lines += s.get("damaged", [])
+    return "\n".join(lines)
+
+
+class MetricsFile:
+    """RUN_DIR/metrics.jsonl: one JSON object a line (step records, epoch records, the final record); the
+    notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
+
+    def __init__(self, run_dir: Path, dist: Dist):
+        self.path, self.dist = Path(run_dir) / "metrics.jsonl", dist
+
+    def append(self, record: dict) -> None:
+        if self.dist.is_main:
+            append_text(self.path, json.dumps(json_safe(record)) + "\n")
+
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+
+# ------------------------------------------------------------------------------ run states
+@dataclass(frozen=True)
+class RunState:
+    """Where a run stands, one definition for `status`, `compare`, the picker and the Train cell.
+
+    kind: "none" (no run here), "running" (a live process holds it), "stopped" (resumable), "trained" (its
+    end is pending: `why`), "finished" (trained, and its evaluation is valid), "failed" (`why`: the last
+    command stopped on an error; run again once that is fixed, it resumes)."""
+
+    kind: str
+    why: str = ""
+
+    @property
+    def words(self) -> str:
+        return {
+            "none": "not a run",
+            "running": "running",
+            "stopped": "stopped (resumable)",
+            "trained": f"trained, end pending ({self.why})",
+            "finished": "finished",
+            "failed": f"failed ({self.why})",
+        }[self.kind]
+
+
+def run_state(run_dir: str | Path, check_lock: bool = True) -> RunState:
+    """The state of the run in `run_dir` (a cross-validation's folds each have their own). `check_lock`:
+    a live lock holder makes it "running" (off for the process about to take the lock itself)."""
+    run_dir = Path(run_dir)
+    if not has_run(run_dir):
+        return RunState("none")
+    if check_lock and _lock_holder(run_dir):
+        return RunState("running")
+    found = find_latest_valid(run_dir, load=False)
+    failed = RunFiles(run_dir).run_info().get("failed")
+    meta = found.meta if found.folder is not None else {}
+    if not meta.get("finished"):
+        return RunState("failed", str(failed)) if failed else RunState("stopped")
+    files = RunFiles(run_dir)
+    evaluation = files.evaluation()
+    if files.damaged and (run_dir / "evaluation.json").exists():
+        return RunState("trained", files.damaged[0])
+    if not evaluation:
+        return RunState("failed", str(failed)) if failed else RunState("trained", "not evaluated yet")
+    if meta.get("reason") == "final" and "step" not in evaluation:
+        return RunState("finished")  # an earlier release's end: evaluated before its final checkpoint
+    if evaluation.get("step") != meta.get("step"):
+        return RunState(
+            "trained",
+            f"evaluation.json scored the weights of step {evaluation.get('step')}, not step {meta['step']}",
+        )
+    return RunState("finished")
+
+
+def trained_checkpoint(run_dir: Path) -> Found:
+    """The newest valid checkpoint of a trained run, loaded (the end of a run starts from it)."""
+    found = find_latest_valid(Path(run_dir))
+    if found.folder is None or not found.meta.get("finished"):
+        raise CloudMLError(
+            f"{run_dir} is not trained to its end yet: run the same train command to resume it"
+        )
+    return found
+
+
+def record_failure(run_dir: Path, why: str) -> None:
+    """run.json says the last command on this run stopped on an error (run_state's "failed"); the next start
+    rewrites run.json without it."""
+    info = RunFiles(Path(run_dir)).run_info()
+    if info or (Path(run_dir) / "checkpoints").is_dir():
+        write_text(
+            Path(run_dir) / "run.json", json.dumps(json_safe(dict(info, failed=shown(why, 300))), indent=1)
+        )

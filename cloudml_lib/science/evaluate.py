@@ -1,0 +1,392 @@
+"""A trained run's best model on its held-out flights: the one route from best.pt to the report.
+
+`load_run_model` reads best.pt with the config it was trained with; `load_held_out` opens the held-out
+flights and the training flights' matched frames with the run's scalers; `score` runs the model over the
+held-out samples; `held_out_report` turns the answers into the report (metrics in km against the
+training-mean baseline, per flight, the verdict, cloud / no-cloud against its baselines, the intervals'
+coverage, the heights outside the bounds). The end of a run (finish.py) and `evaluate` of a finished run
+both go this way; only the end fits the cloud probe and calibrates the intervals, once: evaluating later
+uses the stored ones and changes neither.
+
+Every metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
+(std(pred) / std(true)) and n (core/metrics.py); report.py says when a model does not beat the baseline.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cloudml_lib.base.config import Config, config_from_dict, derive, height_bounds_km
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
+from cloudml_lib.base.runfiles import RunFiles
+from cloudml_lib.core.checkpoint import BEST_KEYS, Key, load_checkpoint
+from cloudml_lib.core.device import choose_device, choose_precision
+from cloudml_lib.core.distributed import SINGLE
+from cloudml_lib.core.inference import Evaluator, eval_batch_size, prepare_model
+from cloudml_lib.core.metrics import Scored, bounds_count, regression_metrics
+from cloudml_lib.core.model import build_model
+from cloudml_lib.core.provenance import trained_backend
+from cloudml_lib.data.cache import load_flight_cache
+from cloudml_lib.data.dataset import CloudDataset, Scalers
+from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
+from cloudml_lib.science import intervals, plots
+from cloudml_lib.science.report import bounds_in_words, verdict, write_report
+
+log = logging.getLogger(__name__)
+
+
+def build_report(
+    dataset: CloudDataset,
+    scored: Scored,
+    train_mean_km: float,
+    best_epoch: int,
+    train_set=None,
+    cloud_threshold: float = 0.5,
+    calibration: dict | None = None,
+    bounds_km: tuple[float, float] | None = None,
+) -> dict:
+    """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline,
+    over the samples with a height, and the verdict on them; with `train_set`, cloud / no-cloud metrics
+    against their baselines (all samples); with `calibration`, the intervals' coverage and width per flight;
+    with `bounds_km` (config.height_bounds_km), how many predictions lie outside them."""
+    from cloudml_lib.science import intervals
+    from cloudml_lib.science.clouds import cloud_report
+
+    has = dataset.has_height()
+    true_km, pred_km = dataset.targets_km()[has], scored.height_km[has]
+    flights = dataset.flight_names()[has]
+    baseline = np.full_like(true_km, train_mean_km)
+    report = {
+        "overall": regression_metrics(true_km, pred_km),
+        "baseline": regression_metrics(true_km, baseline),
+        "per_flight": {},
+        "baseline_per_flight": {},
+        "train_mean_km": train_mean_km,
+        "best_epoch": best_epoch,
+    }
+    for name in dict.fromkeys(flights):
+        m = flights == name
+        report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
+        report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
+    report["verdict"] = verdict(report)
+    if bounds_km is not None:
+        report["out_of_bounds"] = bounds_count(pred_km, bounds_km)
+    if train_set is not None:
+        report["cloud"] = cloud_report(
+            dataset.cloud_flags(),
+            scored.cloud_prob,
+            dataset.flight_names(),
+            dataset.frame_p10(),
+            {"flag": train_set.cloud_flags(), "p10": train_set.frame_p10()},
+            cloud_threshold,
+        )
+    if calibration is not None:
+        lower, upper = intervals.bounds(pred_km, calibration)
+        report["intervals"] = {
+            "method": calibration["method"],
+            "coverage_target": calibration["coverage"],
+            "calibration": calibration["source"],
+            "overall": intervals.scores(true_km, lower, upper),
+            "per_flight": {
+                str(f): intervals.scores(true_km[flights == f], lower[flights == f], upper[flights == f])
+                for f in dict.fromkeys(flights)
+            },
+        }
+    return report
+
+
+def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None:
+    """One row per sample: flight, frame, true and predicted height (empty where no height label), the CPL
+    cloud flag and the predicted cloud probability (empty without a cloud output)."""
+    true_km, flags, prob = dataset.targets_km(), dataset.cloud_flags(), scored.cloud_prob
+    cell = lambda v: f"{v:.4f}" if np.isfinite(v) else ""  # noqa: E731
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["flight", "frame_index", "true_km", "pred_km", "cpl_cloud", "cloud_probability"])
+        for i in range(len(dataset)):
+            flight, frame = dataset.identity(i)
+            w.writerow(
+                [
+                    flight,
+                    frame,
+                    cell(true_km[i]),
+                    cell(scored.height_km[i]),
+                    int(flags[i]),
+                    "" if prob is None else f"{prob[i]:.4f}",
+                ]
+            )
+
+
+def format_report(report: dict) -> str:
+    # The model's rows, then the baseline's: each row says whose numbers and which flights it holds.
+    rows = [("model: all held-out flights", report["overall"])]
+    rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
+    rows += [("baseline (training mean): all", report["baseline"])]
+    rows += [
+        (f"baseline (training mean): flight {k}", v)
+        for k, v in (report.get("baseline_per_flight") or {}).items()
+    ]
+    extra = ""
+    if report.get("cloud"):
+        from cloudml_lib.science.clouds import format_cloud
+
+        extra += "\n\n" + format_cloud(report["cloud"])
+    if report.get("intervals"):
+        iv = report["intervals"]
+        extra += (
+            f"\n\n{iv['coverage_target']:.0%} intervals ({iv['method']}, calibrated on {iv['calibration']}): "
+            + "; ".join(
+                f"flight {k} coverage {_pct(v['coverage'])}, mean width {_km(v['mean_width_km'])}"
+                for k, v in iv["per_flight"].items()
+            )
+        )
+    # every column 10 wide with two spaces between: no two column names can run together
+    head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
+    width = max(28, *(len(name) for name, _ in rows))
+    lines = [f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
+    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
+    for name, m in rows:
+        cells = [num(m[k]) for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")] + [f"{m['n']:10d}"]
+        lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
+    if report.get("out_of_bounds"):
+        extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
+    if report.get("verdict"):
+        extra += "\n\n" + report["verdict"]
+    return "\n".join(lines) + extra
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def _km(v) -> str:
+    return "-" if v is None else f"{v:.2f} km"
+
+
+@dataclass
+class RunModel:
+    """A finished run's best model, ready to predict: on its device, in eval mode."""
+
+    model: torch.nn.Module
+    cfg: Config
+    ckpt: dict
+    device: torch.device
+    autocast: object  # a context-manager factory (mixed precision on a GPU)
+
+
+def load_run_model(
+    run_dir: str | Path,
+    data_dir: str | None = None,
+    command: str = "evaluate",
+    cache_dir: str | None = None,
+    channels_last: bool | None = None,
+) -> RunModel:
+    """best.pt of a run with the config it was trained with (data.dir replaced if the files moved, and
+    data.cache_dir if the cache is to be built elsewhere, e.g. a run trained on another machine). Every way
+    best.pt can be unusable is a CloudMLError naming it. `channels_last`: force the memory format (default:
+    where it was measured to pay, inference.prepare_model)."""
+    from cloudml_lib.core.rundir import check_folder_kind, has_run
+
+    run_dir = Path(run_dir)
+    check_folder_kind(run_dir, command)
+    best = run_dir / "best.pt"
+    ckpt = _read_best(best, run_dir, has_run(run_dir))
+    try:
+        cfg = config_from_dict(ckpt[Key.CONFIG])
+    except CloudMLError as e:
+        raise CloudMLError(f"{best}: the config stored in it is not valid for this version: {e}") from None
+    if data_dir:  # the flights moved since training
+        cfg = derive(cfg, {"data.dir": data_dir})
+    if cache_dir:  # the recorded cache folder is not this machine's
+        cfg = derive(cfg, {"data.cache_dir": cache_dir})
+    cfg = _with_stored_cloud_head(cfg, ckpt[Key.MODEL], best, run_dir)
+    model = build_model(cfg, Scalers.from_dict(ckpt[Key.SCALERS]))
+    film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
+    if film is not None and film.shape[-1] != model.film[0].in_features:
+        raise CloudMLError(
+            f"{best} was trained by an earlier CloudML with {film.shape[-1]} angle inputs (this version "
+            f"takes {model.film[0].in_features}: the zenith angle and the sine and cosine of the sun "
+            "azimuth); retrain the run with this version, or use the version that trained it."
+        )
+    try:
+        model.load_state_dict(ckpt[Key.MODEL])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise CloudMLError(
+            f"{best}: its weights do not fit the model its config describes "
+            f"({str(e).strip().splitlines()[0][:200]}); the file was damaged or edited. Run train on "
+            f"{run_dir} again to rewrite it from the checkpoints."
+        ) from None
+    device = choose_device(cfg.train.device)
+    model.to(device).eval()
+    prepare_model(model, device, channels_last)
+    return RunModel(model, cfg, ckpt, device, choose_precision(device).autocast(device))
+
+
+def _read_best(best: Path, run_dir: Path, run_exists: bool) -> dict:
+    """best.pt loaded (weights only), with every key evaluating or predicting needs."""
+    if not best.is_file():
+        if run_exists:
+            raise CloudMLError(
+                f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
+                f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again."
+            )
+        raise CloudMLError(
+            f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})"
+        )
+    ckpt = load_checkpoint(best)
+    missing = [k for k in BEST_KEYS if k not in ckpt]
+    if missing:
+        raise CloudMLError(
+            f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
+            f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it."
+        )
+    return ckpt
+
+
+def _with_stored_cloud_head(cfg: Config, weights: dict, best: Path, run_dir: Path) -> Config:
+    """The config with the cloud head the weights were made with (an earlier CloudML named it otherwise), and
+    a word when the model gives no cloud output."""
+    stored = cloud_head_of(weights)
+    if stored is not None and stored != cfg.model.cloud_head:
+        log.warning(
+            "%s holds a model with cloud_head %s (its config says %s: an earlier CloudML); it is used as %s.",
+            best,
+            stored,
+            cfg.model.cloud_head,
+            stored,
+        )
+        cfg = derive(cfg, {"model.cloud_head": stored})
+    if stored == "none" or (stored == "probe" and not int(weights["cloud_fitted"])):
+        log.warning(
+            "%s has no cloud / no-cloud output (%s): heights are given for every frame, with no cloud flag "
+            "or probability. %s",
+            best,
+            "trained without one"
+            if stored == "none"
+            else "it is fitted when training ends, and this run has not ended",
+            "Retrain with model.cloud_head: probe to get them."
+            if stored == "none"
+            else f"Finish the run (train again on {run_dir}).",
+        )
+    return cfg
+
+
+def cloud_head_of(state: dict) -> str | None:
+    """The model.cloud_head a model's weights were made with (None: not a state dict of this model)."""
+    last = state.get("head.4.weight") if isinstance(state, dict) else None
+    if last is None:
+        return None
+    return "joint" if last.shape[0] == 2 else "probe" if "cloud.weight" in state else "none"
+
+
+@dataclass
+class HeldOut:
+    """A run's held-out flights (`val_set`) and every matched frame of its training flights (`frames`: what
+    the cloud probe and the cloud baselines are fitted on), with the run's scalers."""
+
+    val_set: CloudDataset
+    frames: CloudDataset
+
+
+def load_held_out(cfg: Config, scalers: Scalers, provenance: dict | None) -> HeldOut:
+    """The caches of the run's flights, preprocessed as the run was trained (provenance), opened or built."""
+    held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
+    train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(provenance))
+    with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
+        held_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in held]
+        train_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in train_flights]
+    azimuth, head = cfg.data.sun_azimuth, cfg.model.cloud_head
+    return HeldOut(
+        CloudDataset(held_caches, scalers, sun_azimuth=azimuth, cloud=head != "none"),
+        CloudDataset(train_caches, scalers, sun_azimuth=azimuth, cloud=True),
+    )
+
+
+def score(evaluator: Evaluator, dataset: CloudDataset) -> Scored:
+    """The model's answers (km, and the cloud probability) for every sample of `dataset`."""
+    out, _ = evaluator.outputs(dataset, np.arange(len(dataset)))
+    return Scored.from_outputs(out, dataset.scalers)
+
+
+def held_out_report(
+    cfg: Config, held: HeldOut, scored: Scored, trained: tuple[float, int], calibration: dict | None
+) -> dict:
+    """The report of the held-out answers; `trained`: (the training flights' mean height in km, the epoch of
+    the best weights)."""
+    train_mean_km, best_epoch = trained
+    return build_report(
+        held.val_set,
+        scored,
+        float(train_mean_km),
+        int(best_epoch),
+        held.frames,
+        cfg.model.cloud_threshold,
+        calibration,
+        height_bounds_km(cfg.data),
+    )
+
+
+def evaluate_run(
+    run_dir: str | Path, data_dir: str | None = None, write: bool = True, cache_dir: str | None = None
+) -> dict:
+    """Score a finished run's best model on its validation flights with its stored cloud probe and intervals
+    (changing neither); writes predictions.csv, evaluation.json and report.md. `data_dir`, `cache_dir`:
+    where the flights and the preprocessing cache are now, if not where the run recorded them."""
+    run_dir = Path(run_dir)
+    rm = load_run_model(run_dir, data_dir, cache_dir=cache_dir)
+    cfg, ckpt = rm.cfg, rm.ckpt
+    held = load_held_out(cfg, Scalers.from_dict(ckpt[Key.SCALERS]), ckpt.get(Key.PROVENANCE))
+    evaluator = Evaluator(rm.model, rm.device, rm.autocast, SINGLE, eval_batch_size(cfg.train.batch_size))
+    scored = score(evaluator, held.val_set)
+    trained = (ckpt[Key.TRAIN_MEAN_KM], ckpt[Key.EPOCH])
+    report = held_out_report(cfg, held, scored, trained, intervals.load(run_dir))
+    if scored.cloud_prob is None:
+        log.info(
+            "%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
+            run_dir / "best.pt",
+        )
+    if write:
+        evaluated = read_evaluation(run_dir)
+        if evaluated and "step" in evaluated:  # the step of the weights it belongs to (run states)
+            report["step"] = evaluated["step"]
+        write_evaluation(run_dir, held.val_set, scored, report)
+        write_report(run_dir)
+    return report
+
+
+def read_evaluation(run_dir: Path) -> dict | None:
+    """evaluation.json, read as untrusted (runfiles.py); None when it is missing or damaged."""
+    return RunFiles(Path(run_dir)).evaluation() or None
+
+
+def write_evaluation(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
+    """The held-out results of a run: predictions.csv, plots/scatter.png and evaluation.json."""
+    write_predictions_and_figure(run_dir, dataset, scored, report)
+    write_evaluation_json(run_dir, report)
+
+
+def write_predictions_and_figure(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
+    write_predictions(run_dir / "predictions.csv", dataset, scored)
+    has = dataset.has_height()
+    plots.save_figure(
+        plots.scatter_figure(
+            dataset.targets_km()[has],
+            scored.height_km[has],
+            dataset.flight_names()[has],
+            f"Held-out flights, R2 {report['overall']['r2']:.2f}",
+        ),
+        run_dir / "plots" / "scatter.png",
+    )
+
+
+def write_evaluation_json(run_dir: Path, report: dict) -> None:
+    write_text(run_dir / "evaluation.json", json.dumps(json_safe(report), indent=1))

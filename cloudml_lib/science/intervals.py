@@ -1,0 +1,189 @@
+"""Prediction intervals for the cloud base height that hold on a flight never seen.
+
+Split conformal prediction with MAPIE (`SplitConformalRegressor`, prefit): the model is already
+trained, so MAPIE only needs its predictions and the true heights of a calibration set. What makes
+the intervals honest is the calibration set: heights the model never trained on, from *other
+flights* than the one it is used on. `crossval` provides exactly that (each flight predicted by the
+fold that held it out): for each held-out flight the intervals are calibrated on the other flights'
+residuals and their coverage is measured on that flight, per method; the method whose coverage
+falls least short of the target (then the narrowest) is chosen. A single run calibrates on its
+validation flights, and says that its coverage on new flights is what crossval measures.
+
+Methods (MAPIE conformity scores): `conformal_absolute`, a constant width |y - y_hat|;
+`conformal_gamma`, a width proportional to the predicted height |y - y_hat| / y_hat.
+
+`intervals.json` in a run folder holds the method, the target coverage and the calibration pairs
+(predicted and true km), from which `predict` recomputes the bounds with MAPIE.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from cloudml_lib.base.errors import CloudMLError, install_command
+from cloudml_lib.base.runfiles import INTERVAL_METHODS, RunFiles
+
+log = logging.getLogger(__name__)
+
+METHODS = dict(zip(INTERVAL_METHODS, ("absolute", "gamma"), strict=True))
+MIN_CALIBRATION = 20  # fewer calibration heights: no interval (a 90% quantile of 10 numbers means little)
+FAR_BELOW = 0.15  # coverage this far under the target on a flight: a plain warning
+FILE = "intervals.json"
+
+
+def _mapie(pred_km: np.ndarray, true_km: np.ndarray, method: str, coverage: float):
+    try:
+        from mapie.regression import SplitConformalRegressor
+        from sklearn.base import BaseEstimator, RegressorMixin
+    except ImportError:
+        raise CloudMLError(
+            f"prediction intervals need MAPIE, which is not installed (it comes with CloudML): "
+            f"{install_command('mapie>=1.0,<2')}, then run the same command again"
+        ) from None
+
+    class GivenPredictions(RegressorMixin, BaseEstimator):
+        """The trained network's predictions, passed in as the only feature: MAPIE's prefit estimator."""
+
+        def fit(self, X, y=None):
+            self.fitted_ = True
+            return self
+
+        def predict(self, X):
+            return np.asarray(X, np.float64)[:, 0]
+
+    conformal = SplitConformalRegressor(
+        GivenPredictions().fit(pred_km[:, None]),
+        confidence_level=coverage,
+        conformity_score=METHODS[method],
+        prefit=True,
+    )
+    return conformal.conformalize(pred_km[:, None], true_km)
+
+
+def _pairs(pred_km, true_km) -> tuple[np.ndarray, np.ndarray]:
+    pred, true = np.asarray(pred_km, np.float64), np.asarray(true_km, np.float64)
+    ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)  # gamma needs positive heights
+    return pred[ok], true[ok]
+
+
+def bounds(pred_km: np.ndarray, calibration: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) km for each prediction from a calibration (calibrate); NaN where the prediction is."""
+    pred = np.asarray(pred_km, np.float64)
+    lower, upper = np.full(pred.shape, np.nan), np.full(pred.shape, np.nan)
+    ok = np.isfinite(pred) & (pred > 0)
+    if ok.any():
+        cal_pred, cal_true = np.asarray(calibration["pred_km"]), np.asarray(calibration["true_km"])
+        _, iv = _mapie(cal_pred, cal_true, calibration["method"], calibration["coverage"]).predict_interval(
+            pred[ok][:, None], allow_infinite_bounds=False
+        )
+        lower[ok], upper[ok] = iv[:, 0, 0], iv[:, 1, 0]
+    return lower, upper
+
+
+def calibrate(pred_km, true_km, method: str, coverage: float, source: str) -> dict | None:
+    """A calibration from held-out (predicted, true) heights; None (with a warning) when too few."""
+    pred, true = _pairs(pred_km, true_km)
+    if pred.size < MIN_CALIBRATION:
+        log.warning(
+            "no prediction intervals: %d held-out heights to calibrate them on (%s), fewer than %d",
+            pred.size,
+            source,
+            MIN_CALIBRATION,
+        )
+        return None
+    return {
+        "method": method,
+        "coverage": float(coverage),
+        "n": int(pred.size),
+        "source": source,
+        "pred_km": [round(float(x), 5) for x in pred],
+        "true_km": [round(float(x), 5) for x in true],
+    }
+
+
+def scores(true_km, lower, upper) -> dict:
+    """Coverage (share of true heights inside) and mean width (km) of intervals."""
+    true = np.asarray(true_km, np.float64)
+    ok = np.isfinite(true) & np.isfinite(lower) & np.isfinite(upper)
+    if not ok.any():
+        return {"coverage": None, "mean_width_km": None, "n": 0}
+    inside = (true[ok] >= lower[ok]) & (true[ok] <= upper[ok])
+    return {
+        "coverage": float(inside.mean()),
+        "mean_width_km": float((upper[ok] - lower[ok]).mean()),
+        "n": int(ok.sum()),
+    }
+
+
+def leave_one_flight_out(by_flight: dict[str, tuple[np.ndarray, np.ndarray]], coverage: float) -> dict:
+    """Per method and held-out flight: intervals calibrated on the other flights' (pred, true) heights, scored
+    on this one. Returns {"methods": {method: {"per_flight": {...}, "mean_coverage", "mean_shortfall",
+    "mean_width_km"}}, "chosen": method, "verdicts": [...]}."""
+    out = {}
+    for method in METHODS:
+        per = {}
+        for name, (pred, true) in by_flight.items():
+            others = [by_flight[o] for o in by_flight if o != name]
+            if not others:
+                continue
+            cal = calibrate(
+                np.concatenate([p for p, _ in others]),
+                np.concatenate([t for _, t in others]),
+                method,
+                coverage,
+                f"the other {len(others)} flights",
+            )
+            if cal is None:
+                continue
+            per[name] = scores(true, *bounds(pred, cal))
+        got = [p for p in per.values() if p["coverage"] is not None]
+        out[method] = {
+            "per_flight": per,
+            "mean_coverage": float(np.mean([p["coverage"] for p in got])) if got else None,
+            "mean_shortfall": float(np.mean([max(0.0, coverage - p["coverage"]) for p in got]))
+            if got
+            else None,
+            "mean_width_km": float(np.mean([p["mean_width_km"] for p in got])) if got else None,
+        }
+    usable = [m for m in out if out[m]["mean_shortfall"] is not None]
+    chosen = (
+        min(usable, key=lambda m: (round(out[m]["mean_shortfall"], 3), out[m]["mean_width_km"]))
+        if usable
+        else None
+    )
+    verdicts = []
+    if chosen:
+        m = out[chosen]
+        verdicts.append(
+            f"Intervals: {chosen} chosen (smallest shortfall from the {coverage:.0%} target, then the "
+            f"narrowest): on a flight never seen they held {m['mean_coverage']:.0%} of the true heights "
+            f"on average, {m['mean_width_km']:.2f} km wide."
+        )
+        for name, p in m["per_flight"].items():
+            if p["coverage"] is not None and p["coverage"] < coverage - FAR_BELOW:
+                verdicts.append(
+                    f"On flight {name} the {coverage:.0%} intervals held only {p['coverage']:.0%} of the "
+                    "true heights: far below the target. Its errors are larger than on the other flights "
+                    "(a different cloud regime?): do not trust the error bars there."
+                )
+    return {"coverage": coverage, "methods": out, "chosen": chosen, "verdicts": verdicts}
+
+
+def save(run_dir: Path, calibration: dict | None) -> None:
+    from cloudml_lib.base.outputs import write_text
+
+    if calibration is not None:
+        write_text(Path(run_dir) / FILE, json.dumps(calibration))
+
+
+def load(folder: Path) -> dict | None:
+    """A folder's calibration, or None (with the reason logged) when it has none or it is unreadable."""
+    files = RunFiles(Path(folder))
+    cal = files.intervals()
+    for d in files.damaged:
+        log.warning("%s: no prediction intervals", d)
+    return cal

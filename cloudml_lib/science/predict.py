@@ -1,0 +1,673 @@
+"""Cloud base height along whole flights: the science product, not only where the lidar measured.
+
+`predict_flights` applies a run's best model to every frame of a flight that has a full window
+(T frames centred on it, shifted inside the flight at its ends) and a usable time. Frames are
+streamed from the IR file in blocks and preprocessed exactly as for training (then rounded to
+float16, as the cache stores them) by worker processes (data/preprocess.py) that prepare the next
+blocks while the network runs. Each frame is encoded once, not once for each of the T windows it
+sits in (inference.py: the same numbers, T times less encoder work), and only its encoding (C
+numbers) is kept, so host memory stays flat whatever the flight's length. A
+flight needs only its IR file: the nav file gives position and sun angles (filled with the training
+mean where absent), the CPL file the lidar label where one exists.
+
+With a cloud output the model also gives each frame a cloud probability; the flag (probability at
+or above model.cloud_threshold) decides where a height is given: none over clear sky. A height that
+cannot be a cloud base is never given as one: below the surface (0 km), or above the aircraft where
+the nav file gives its altitude, else above data.cbh_max_km (config.height_bounds_km). A model with
+model.height_head bounded cannot answer one; a run made before that setting can, and such heights
+are masked (missing), flagged in cloud_base_height_qc, counted, and said in the files' attributes.
+With a calibration (`intervals.json` of the run, or of a cross-validation via `--calibration`), each
+height gets a prediction interval (`intervals.py`), cut to the same bounds.
+
+Per flight: `<name>_cbh.nc` (NetCDF-4, CF-1.8: time, lat, lon, cloud_probability, cloud_flag,
+cloud_base_height with its lower and upper bounds, the CPL label and cloud flag), `<name>_cbh.csv`,
+and two plots: CBH along the flight (the interval shaded, clear sky greyed, CPL labels as points)
+and the track coloured by predicted CBH.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from cloudml_lib.base.config import DataConfig, FlightConfig, height_bounds_km
+from cloudml_lib.base.errors import CloudMLError, DataError
+from cloudml_lib.base.outputs import atomic_path, check_own_folder, write_text
+from cloudml_lib.core.checkpoint import Key
+from cloudml_lib.core.inference import StreamEncoder, windows_forward
+from cloudml_lib.core.metrics import outside_bounds
+from cloudml_lib.core.provenance import trained_backend
+from cloudml_lib.core.rundir import RUN_FILES
+from cloudml_lib.data import cpl, er2
+from cloudml_lib.data.cache import cache_root
+from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
+from cloudml_lib.data.flights import find_flights
+from cloudml_lib.data.hashing import input_files
+from cloudml_lib.data.preprocess import (
+    SKIMAGE,
+    Backend,
+    FramePool,
+    FrameSpec,
+    resolve_backend,
+    resolve_workers,
+)
+from cloudml_lib.science import intervals, plots, products
+from cloudml_lib.science.evaluate import load_run_model
+from cloudml_lib.science.report import write_report
+
+log = logging.getLogger(__name__)
+
+BLOCK = 256  # frames preprocessed at a time (the pool prepares the next blocks while these are encoded)
+
+
+def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
+    """Frame times, angles, position and CPL labels per frame (NaN where unknown); IR required only."""
+    root = Path(data.dir)
+    ir = root / flight.ir_file
+    frame_t, n_frames, _, _ = er2.read_ir_times(ir, flight, data)
+    out = {
+        "t": frame_t,
+        **{
+            k: np.full(n_frames, np.nan)
+            for k in ("sza", "saa", "heading", "lat", "lon", "label", "cpl_cloud", "altitude_km")
+        },
+    }
+    has_nav = bool(flight.nav_file) and (root / flight.nav_file).is_file()
+    nav_ok = has_nav and _use_nav(flight, data, root / flight.nav_file, frame_t, out)
+    if not has_nav:
+        log.warning(
+            "flight %s: no nav file: sun angles are the training mean, and there is no position", flight.name
+        )
+    if flight.cpl_file and (root / flight.cpl_file).is_file():
+        try:
+            # without a usable nav file the labels are read with the CPL file's own angles (not needed here)
+            labels = cpl.read_flight_labels(
+                flight, data if nav_ok else DataConfig(**{**vars(data), "angles_source": "cpl"})
+            )
+            out["label"][labels.frame_index] = labels.cbh_km
+            out["cpl_cloud"][labels.frame_index] = labels.cloud
+        except DataError as e:
+            log.warning(
+                "flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1]
+            )
+    return out
+
+
+def _use_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.ndarray, out: dict) -> bool:
+    """Put the nav file's sun angles, heading and position per frame into `out`. False, with a warning naming
+    the flight, when the file is not usable or too few frames found a record in it (data.min_nav_match): a
+    frame without a record gets the training mean zenith and no sun direction, never another record's."""
+    try:
+        nav = er2.read_nav(flight, data, path, frame_t)
+    except DataError as e:
+        log.warning(
+            "flight %s: the nav file is not usable (%s); predicting without it: sun angles are the training "
+            "mean, and there is no position",
+            flight.name,
+            str(e).split(": ", 1)[-1],
+        )
+        return False
+    out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
+    if nav.values.get("altitude") is not None:
+        out["altitude_km"] = _altitude_km(nav.values["altitude"], flight.name, path)
+    problem = er2.nav_match_problem(nav, flight, data, path)
+    if problem:
+        log.warning("%s Predicting anyway, with the nav records that were found.", problem)
+    elif data.sun_azimuth == "relative" and not np.isfinite(out["heading"]).any():
+        log.warning(
+            "flight %s: %s: the sun azimuth relative to it is unknown (no direction)",
+            flight.name,
+            nav.heading_note,
+        )
+    return problem is None
+
+
+# An ER-2 cruises near 20,000 m; a median altitude below this is not in metres (feet, km) or not in flight.
+MIN_CRUISE_ALTITUDE_M = 1000.0
+
+
+def _altitude_km(altitude_m: np.ndarray, name: str, path: Path) -> np.ndarray:
+    """The aircraft's altitude per frame in km from the nav file's metres (NaN where unknown): the ceiling of
+    a cloud base. Not used, with a warning, when the numbers do not look like an ER-2's altitude in metres."""
+    if not np.isfinite(altitude_m).any():
+        return np.full(altitude_m.size, np.nan)
+    median = float(np.nanmedian(altitude_m))
+    if median < MIN_CRUISE_ALTITUDE_M:
+        log.warning(
+            "flight %s: the aircraft altitude in %s has a median of %.4g, not an altitude in metres "
+            "(data.keys.nav_altitude or ict_altitude, metres): it is not used; heights are bounded by "
+            "data.cbh_max_km",
+            name,
+            path.name,
+            median,
+        )
+        return np.full(altitude_m.size, np.nan)
+    return np.asarray(altitude_m, np.float64) / 1000.0
+
+
+def predict_flight(
+    model,
+    flight: FlightConfig,
+    data: DataConfig,
+    scalers: Scalers,
+    device,
+    batch_size: int,
+    autocast=nullcontext,
+    backend: Backend = SKIMAGE,
+    pool: FramePool | None = None,
+) -> dict:
+    """Predicted CBH (km) for every frame with a usable time; arrays over those frames.
+
+    Every frame is encoded once (inference.py), `batch_size` frames at a time, as its block arrives from
+    `pool` (worker processes; default none: this process), which prepares the next blocks meanwhile; then
+    each frame's window (T frames centred on it, shifted inside the flight at its ends) goes through the head.
+    Host memory holds one block of frames and C numbers per frame. The data checks of training apply: a
+    blank frame (no finite pixel, or no contrast) gets no height (NaN), non-finite pixels are filled with
+    the frame's median; both are counted in `counts`."""
+    inputs = _flight_inputs(flight, data)
+    n, t = inputs["t"].size, data.temporal_frames
+    if n < t:
+        raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
+    scalars = scalar_inputs(
+        inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers
+    )
+    spec, path = FrameSpec.of(data), Path(data.dir) / flight.ir_file
+    encodings, blank, filled = encode_flight(
+        model,
+        (pool or FramePool(0)).blocks(
+            path, data.keys.ir_signal, flight.name, np.arange(n), spec, backend, ahead=BLOCK
+        ),
+        n,
+        flight.name,
+        StreamEncoder(model, device, batch_size, autocast),
+    )
+    first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
+    out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
+    pred, logit = out["height"].astype(np.float64), out["cloud_logit"]
+    prob = (
+        np.full(n, np.nan) if logit is None else 1 / (1 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
+    )
+    pred[blank] = prob[blank] = np.nan  # no image, no answer (as training drops such labels)
+    keep = np.isfinite(inputs["t"])
+    counts = {
+        "frames": int(n),
+        "no_time": int((~keep).sum()),
+        "blank": int((blank & keep).sum()),
+        "filled_pixels": int(filled),
+        "predicted": int((keep & ~blank).sum()),
+    }
+    _say_counts(flight.name, counts)
+    out = {k: v[keep] for k, v in inputs.items()}
+    out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
+    out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
+    out["frame_index"] = np.flatnonzero(keep)
+    out["counts"] = counts
+    return out
+
+
+def encode_flight(
+    model, stream, n: int, name: str, encode: StreamEncoder
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(each frame's encoding (n, C), which frames are blank, the non-finite pixels filled) of a flight
+    streamed in blocks: frames wait until a whole batch is there (the last one need not be whole)."""
+    blank, filled = np.zeros(n, bool), 0
+    encodings = np.empty((n, model.feature_width), np.float32)  # (n, C): small, whatever n is
+    bar = tqdm(total=n, desc=f"predict {name}", unit="frame")
+    index, frames = np.zeros(0, np.int64), None  # frames received, not encoded yet (< one batch)
+    try:
+        done = 0
+        while done < n:
+            block = next(stream)
+            blank[block.index], filled = block.blank, filled + int(block.filled.sum())
+            index = np.concatenate([index, block.index])
+            frames = block.frames if frames is None else np.concatenate([frames, block.frames])
+            done += len(block.index)
+            ready = len(index) if done >= n else len(index) // encode.batch * encode.batch  # whole batches
+            if ready:
+                encodings[index[:ready]] = encode(frames[:ready])
+                index, frames = index[ready:], frames[ready:]
+                bar.update(ready)
+    finally:
+        bar.close()
+        stream.close()
+    return encodings, blank, filled
+
+
+def _say_counts(name: str, counts: dict) -> None:
+    if counts["no_time"]:
+        log.info("flight %s: %d frames without a usable time are left out", name, counts["no_time"])
+    if counts["blank"]:
+        log.warning(
+            "flight %s: %d frames are blank (no finite pixel, or every pixel equal): no height for them "
+            "(NaN in the files)%s",
+            name,
+            counts["blank"],
+            "; more than 5% of the flight, check the IR file"
+            if counts["blank"] > 0.05 * counts["frames"]
+            else "",
+        )
+    if counts["filled_pixels"]:
+        log.warning(
+            "flight %s: %d non-finite pixels replaced by their frame's median, as in training",
+            name,
+            counts["filled_pixels"],
+        )
+
+
+def cloud_and_intervals(
+    result: dict, threshold: float, calibration: dict | None, bounds: tuple[float, float] = (0.0, np.inf)
+) -> None:
+    """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud
+    output), the height kept only under cloud and inside `bounds` (bound_heights), and its interval bounds;
+    counts added to result["counts"]."""
+    prob, counts = result["cloud_probability"], result["counts"]
+    flag = np.full(len(result["t"]), -1, np.int8)
+    if prob is not None:
+        ok = np.isfinite(prob)
+        flag[ok] = (prob[ok] >= threshold).astype(np.int8)
+        result["cbh_km"] = np.where(flag == 0, np.nan, result["cbh_km"])  # no height over clear sky
+        counts["clear_sky"], counts["cloud"] = int((flag == 0).sum()), int((flag == 1).sum())
+        truth = np.isfinite(result["cpl_cloud"]) & (flag >= 0)
+        counts["cpl_cloud_agreement"] = (
+            float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any() else None
+        )
+    result["cloud_flag"] = flag if prob is not None else None  # no cloud output: no cloud variables
+    ceiling = bound_heights(result, bounds)
+    result["lower"], result["upper"] = (
+        intervals.bounds(result["cbh_km"], calibration) if calibration else (np.full(len(flag), np.nan),) * 2
+    )
+    if calibration:  # an interval reaching below the surface or above the ceiling means nothing there
+        result["lower"] = np.maximum(result["lower"], bounds[0])
+        result["upper"] = np.minimum(result["upper"], ceiling)
+    if calibration:
+        has = np.isfinite(result["label"]) & np.isfinite(result["lower"])
+        counts["cpl_inside_interval"] = (
+            float(
+                (
+                    (result["label"][has] >= result["lower"][has])
+                    & (result["label"][has] <= result["upper"][has])
+                ).mean()
+            )
+            if has.any()
+            else None
+        )
+
+
+QC_INSIDE, QC_BELOW, QC_ABOVE = 0, 1, 2  # cloud_base_height_qc (products.py); -1: no height predicted
+
+
+def bound_heights(result: dict, bounds: tuple[float, float]) -> np.ndarray:
+    """Heights that cannot be a cloud base are never given as one: below `bounds[0]` (the surface), or above
+    the ceiling (the aircraft's altitude where the nav file gives it, else `bounds[1]`, data.cbh_max_km) they
+    are masked (NaN) and flagged in result["cbh_qc"]; a height within float rounding of a bound is put on it.
+    Counted in result["counts"] and said in the log. Returns the ceiling per frame (km)."""
+    height, counts = result["cbh_km"], result["counts"]
+    altitude = result.get("altitude_km")
+    known = np.isfinite(altitude) if altitude is not None else np.zeros(height.size, bool)
+    ceiling = np.where(known, altitude, bounds[1]) if known.any() else np.full(height.size, bounds[1])
+    below, above = outside_bounds(height, bounds[0], ceiling)
+    qc = np.where(np.isfinite(height), QC_INSIDE, -1).astype(np.int8)
+    qc[below], qc[above] = QC_BELOW, QC_ABOVE
+    with np.errstate(invalid="ignore"):
+        result["cbh_km"] = np.where(below | above, np.nan, np.clip(height, bounds[0], ceiling))
+    result["cbh_qc"], result["height_bounds"] = qc, (float(bounds[0]), float(bounds[1]))
+    counts.update(
+        height_below_surface=int(below.sum()),
+        height_above_ceiling=int(above.sum()),
+        altitude_known=int(known.sum()),
+    )
+    if below.any() or above.any():
+        log.warning(
+            "flight %s: %d predicted heights cannot be a cloud base and are left out (missing, flagged in "
+            "cloud_base_height_qc): %d below the surface (%.2f km), %d above %s.%s",
+            result.get("flight", "?"),
+            int(below.sum() + above.sum()),
+            int(below.sum()),
+            bounds[0],
+            int(above.sum()),
+            f"the aircraft or {bounds[1]:.2f} km (data.cbh_max_km)"
+            if known.any()
+            else f"{bounds[1]:.2f} km (data.cbh_max_km)",
+            ""
+            if result.get("height_head") == "bounded"
+            else " This model was trained before model.height_head existed; a new run's heights stay "
+            "inside these bounds.",
+        )
+    return ceiling
+
+
+def bounds_attributes(result: dict) -> dict:
+    """The NetCDF attributes that say how cloud_base_height is bounded, by which head, and how many heights
+    were masked."""
+    low, high = result["height_bounds"]
+    counts = result["counts"]
+    head = result.get("height_head", "unbounded")
+    return {
+        "cloud_base_height_min_km": low,
+        "cloud_base_height_max_km": high,
+        "cloud_base_height_bounds": (
+            f"a cloud base lies between {low:g} km (the sea surface: the labels are over the ocean) and "
+            + (
+                f"the aircraft's altitude from the nav file ({counts['altitude_known']} frames), else "
+                if counts["altitude_known"]
+                else "(the nav file gives no aircraft altitude) "
+            )
+            + f"{high:g} km (data.cbh_max_km, the top of the labels' range); a height outside is masked "
+            "(missing) and flagged in cloud_base_height_qc; interval bounds are cut to the same range"
+        ),
+        "height_head": (
+            "bounded: the model's height output cannot leave these bounds"
+            if head == "bounded"
+            else "unbounded: a model made before model.height_head existed; its heights outside the bounds "
+            "are masked"
+        ),
+        "cloud_base_height_masked": (
+            f"{counts['height_below_surface']} heights below the surface and "
+            f"{counts['height_above_ceiling']} above the upper bound masked"
+        ),
+    }
+
+
+def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
+    """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both
+    preinstalled on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves
+    no half file, and its error names the file."""
+    counts, cal = result["counts"], result.get("calibration")
+    record = result.get("provenance") or {}
+    attrs = {
+        "Conventions": "CF-1.8",
+        "title": f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames",
+        "source": f"CloudML model {run_dir / 'best.pt'}",
+        "comment": (
+            f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
+            f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median"
+        ),
+        "cloud_threshold": float(result.get("cloud_threshold", 0.5)),
+        "interval_method": cal["method"] + " (MAPIE split conformal)" if cal else "none",
+        "interval_coverage": float(cal["coverage"]) if cal else np.nan,
+        "interval_calibration": f"{cal['n']} held-out heights from {cal['source']}" if cal else "none",
+        # JSON text: the label definition of the CPL labels here (and of the model's training data), the
+        # SHA-256 of this flight's input files, and the training data's record (per-flight counts and files)
+        "label_definition": json.dumps(record.get("label_definition")),
+        "input_files": json.dumps(record.get("input_files")),
+        "training_data_provenance": json.dumps(record.get("trained_on")),
+        "preprocessing": json.dumps(record.get("preprocess")),  # the CLAHE backend, its device, workers
+        **bounds_attributes(result),
+    }
+    ds, encoding = products.netcdf_dataset(result, attrs, f"{cal['coverage']:.0%}" if cal else "no")
+    with atomic_path(path) as tmp:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
+
+
+def write_csv(path: Path, result: dict) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(products.csv_header())
+        w.writerows(products.csv_rows(result))
+
+
+def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
+    hours = (result["t"] - result["t"][0]) / 3600.0
+    along = Figure(figsize=(11, 3.6))
+    ax = along.subplots()
+    flag = result.get("cloud_flag")
+    clear = np.zeros(len(hours), bool) if flag is None else np.asarray(flag) == 0
+    if clear.any():
+        ax.fill_between(
+            hours,
+            0,
+            1,
+            where=clear,
+            transform=ax.get_xaxis_transform(),
+            color="0.85",
+            step="mid",
+            lw=0,
+            label="clear sky (predicted)",
+        )
+    lower, upper = result.get("lower"), result.get("upper")
+    if lower is not None and np.isfinite(lower).any():
+        cal = result.get("calibration") or {}
+        ax.fill_between(
+            hours,
+            lower,
+            upper,
+            color="tab:blue",
+            alpha=0.25,
+            lw=0,
+            label=f"{cal.get('coverage', 0):.0%} interval",
+        )
+    ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
+    masked = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64) > 0
+    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
+        ax.plot(
+            hours[masked],
+            np.full(int(masked.sum()), 0.02),
+            "|",
+            ms=6,
+            color="tab:orange",
+            transform=ax.get_xaxis_transform(),
+            label="height masked (below the surface or above the bound)",
+        )
+    has = np.isfinite(result["label"])
+    ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
+    ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    along.tight_layout()
+    track = Figure(figsize=(6, 5))
+    ax = track.subplots()
+    if clear.any():
+        ax.scatter(result["lon"][clear], result["lat"][clear], s=4, color="0.8", label="clear sky")
+        ax.legend(loc="best", fontsize=8)
+    sc = ax.scatter(result["lon"], result["lat"], c=result["cbh_km"], s=4, cmap="viridis")
+    track.colorbar(sc, ax=ax, label="predicted cloud base height (km)")
+    ax.set(xlabel="longitude (deg)", ylabel="latitude (deg)", title=f"Flight {flight}: track")
+    track.tight_layout()
+    return along, track
+
+
+def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
+    """The files of each flight to predict, with train's checks: the run's own entry (its files as
+    trained), else the flight found in data.dir by its file names; only the IR file is required. Two
+    candidate files of one role (two nav files, two copies of a flight folder) are refused, as in train."""
+    from cloudml_lib.data.cache import cache_root
+
+    data = cfg.data
+    root = Path(data.dir)
+    skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
+    found = (
+        {f.name: f for f in find_flights(DataConfig(**{**vars(data), "angles_source": "nav"}), skip)}
+        if root.is_dir()
+        else {}
+    )
+    listed = {f.name: f for f in data.flights}
+
+    def here(n: str) -> bool:  # its IR file is in data.dir: as the run listed it, or found by name
+        return (n in listed and (root / listed[n].ir_file).is_file()) or (
+            n in found and "ir" in found[n].files
+        )
+
+    unknown = [n for n in names if not here(n)]
+    if unknown:
+        known = sorted(n for n in set(listed) | set(found) if here(n))
+        raise CloudMLError(
+            f"--flights: {', '.join(unknown)} not found: no IR file in {root} (flights there: "
+            f"{', '.join(known) or 'none'}). Point --data-dir at the folder holding them, or name others "
+            "with --flights."
+        )
+    out = {}
+    for name in names:
+        disc = found.get(name)
+        several = [p for p in (disc.problems if disc else []) if p.startswith("several")]
+        if several:
+            raise DataError(
+                f"flight {name}: {'; '.join(several)}. Predict uses the same files train would, so "
+                "the choice must be unambiguous."
+            )
+        entry = listed.get(name)
+        if entry is None or not (root / entry.ir_file).is_file():
+            entry = disc.config()
+        elif disc is not None:  # an optional file renamed or moved since training
+            for role in ("cpl", "nav"):
+                if not (root / getattr(entry, f"{role}_file")).is_file() and role in disc.files:
+                    entry = FlightConfig(**{**vars(entry), f"{role}_file": disc.files[role]})
+        out[name] = entry
+    return out
+
+
+# What predict writes into its folder (--out): a folder holding one of these, or a run's files (predictions
+# beside the run), is a folder of predictions.
+PREDICTION_FILES = ("summary.json", "*_cbh.nc", "*_cbh.csv", *RUN_FILES)
+
+
+def predict_flights(
+    run_dir: str | Path,
+    flights: list[str] | None = None,
+    out_dir: str | Path | None = None,
+    data_dir: str | None = None,
+    calibration_dir: str | Path | None = None,
+    cache_dir: str | None = None,
+) -> list[Path]:
+    """Predict whole flights with a run's best model; returns the NetCDF files written.
+    `flights`: names from the run's config or found in data.dir (default: its validation flights).
+    `calibration_dir`: a folder whose intervals.json calibrates the intervals (a cross-validation's, whose
+    leave-one-flight-out residuals show the error on a flight never seen); default the run's own.
+    `cache_dir`: where the files' checksum memo goes if the run's recorded cache folder is not this
+    machine's."""
+    run_dir = Path(run_dir)
+    rm = load_run_model(run_dir, data_dir, command="predict", cache_dir=cache_dir)
+    cfg, ckpt = rm.cfg, rm.ckpt
+    calibration = _calibration(run_dir, calibration_dir)
+    data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
+    names = flights or list(cfg.data.validation_flights)
+    chosen = flights_to_predict(cfg, names)
+    out = Path(out_dir) if out_dir else run_dir / "predictions"
+    if out.exists() and not out.is_dir():
+        raise CloudMLError(f"--out {out} is a file; choose a folder for the predictions")
+    check_own_folder(out, PREDICTION_FILES, "--out", "predictions", "a folder of earlier predictions")
+    out.mkdir(parents=True, exist_ok=True)
+    written, summary_path = [], out / "summary.json"
+    summary = _read_summary(summary_path)
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
+    with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
+        for name in names:
+            written.append(
+                _predict_one(
+                    rm,
+                    chosen[name],
+                    name,
+                    data,
+                    out,
+                    backend,
+                    pool,
+                    calibration,
+                    summary,
+                    summary_path,
+                    run_dir,
+                )
+            )
+    if out == run_dir / "predictions":
+        write_report(run_dir)
+    return written
+
+
+def _predict_one(
+    rm,
+    flight: FlightConfig,
+    name: str,
+    data: DataConfig,
+    out: Path,
+    backend: Backend,
+    pool: FramePool,
+    calibration: dict | None,
+    summary: dict,
+    summary_path: Path,
+    run_dir: Path,
+) -> Path:
+    """One flight: predicted, then its NetCDF, CSV, plots and line of summary.json written."""
+    cfg, ckpt = rm.cfg, rm.ckpt
+    result = predict_flight(
+        rm.model,
+        flight,
+        data,
+        Scalers.from_dict(ckpt[Key.SCALERS]),
+        rm.device,
+        2 * int(cfg.train.batch_size),
+        rm.autocast,
+        backend,
+        pool,
+    )
+    result["flight"], result["height_head"] = name, cfg.model.height_head
+    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration, height_bounds_km(cfg.data))
+    result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
+    nc = out / f"{name}_cbh.nc"
+    paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}
+    result["provenance"] = {
+        "label_definition": cpl.label_definition(data),
+        "trained_on": ckpt.get(Key.PROVENANCE),
+        "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers},
+        "input_files": input_files(
+            {r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)}, cache_root(data)
+        ),
+    }
+    write_netcdf(nc, name, result, run_dir)
+    write_csv(out / f"{name}_cbh.csv", result)
+    along, track = flight_figures(name, result)
+    plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
+    plots.save_figure(track, out / f"{name}_track.png")
+    summary[name] = dict(result["counts"], variables=products.summary(result))
+    write_text(summary_path, json.dumps(summary, indent=1))
+    log.info(
+        "flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)",
+        name,
+        result["counts"]["predicted"],
+        result["counts"]["frames"],
+        nc,
+    )
+    return nc
+
+
+def _calibration(run_dir: Path, calibration_dir) -> dict | None:
+    """The intervals' calibration: --calibration's folder, else the run's; None (said) when there is none."""
+    folder = Path(calibration_dir) if calibration_dir else run_dir
+    if calibration_dir and not (folder / intervals.FILE).is_file():
+        raise CloudMLError(
+            f"--calibration {folder}: no {intervals.FILE} there; point it at a finished cross-validation "
+            "(python -m cloudml_lib crossval ...) or a finished run"
+        )
+    cal = intervals.load(folder)
+    if cal is None:
+        log.warning(
+            "%s has no usable %s (a run from an earlier CloudML, or too few held-out heights): heights "
+            "without "
+            "prediction intervals. Finish training with this version, or pass --calibration CROSSVAL_DIR.",
+            folder,
+            intervals.FILE,
+        )
+    else:
+        log.info(
+            "prediction intervals: %s, %.0f%% target, calibrated on %d held-out heights from %s",
+            cal["method"],
+            100 * cal["coverage"],
+            cal["n"],
+            cal["source"],
+        )
+    return cal
+
+
+def _read_summary(path: Path) -> dict:
+    """The predictions folder's summary.json (a line per flight predicted before); {} when damaged, said."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    files = RunFiles(path.parent)
+    summary = files.predictions_summary()
+    for d in files.damaged:
+        log.warning("%s: it is written again with the flights predicted now", d)
+    return summary
