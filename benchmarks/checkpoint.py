@@ -53,10 +53,10 @@ def stall_per_save(n: int = 10) -> dict:
         trainer.optimizer_step()
     asynchronous, synchronous = [], []
     for _ in range(n):
-        trainer.state["step"] += 1
+        trainer.progress.step += 1
         asynchronous.append(trainer.checkpoints.save("bench"))
         trainer.checkpoints.wait()  # measure each save alone
-        trainer.state["step"] += 1
+        trainer.progress.step += 1
         synchronous.append(trainer.checkpoints.save("bench", wait=True))
     size = (find_checkpoints(run)[0] / "state.pt").stat().st_size
     params = count_parameters(trainer.model)
@@ -90,7 +90,7 @@ def run_overhead() -> dict:
         out[name] = {
             "wall_s": wall,
             "saves": len(trainer.checkpoints.stalls),
-            "steps": trainer.state["step"],
+            "steps": trainer.progress.step,
             "stall_s_total": sum(trainer.checkpoints.stalls),
             "overhead_percent": 100.0 * sum(trainer.checkpoints.stalls) / wall,
         }

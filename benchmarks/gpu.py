@@ -333,11 +333,11 @@ def timed_epochs(tr, per_epoch: list) -> None:
     inner = tr.train_epoch
 
     def train_epoch(epoch):
-        step0, t0 = tr.state["step"], time.perf_counter()
+        step0, t0 = tr.progress.step, time.perf_counter()
         loss = inner(epoch)
         sync()
         per_epoch.append(
-            {"epoch": epoch + 1, "train_s": time.perf_counter() - t0, "steps": tr.state["step"] - step0}
+            {"epoch": epoch + 1, "train_s": time.perf_counter() - t0, "steps": tr.progress.step - step0}
         )
         return loss
 
@@ -363,7 +363,7 @@ def trainer_run(preset: str, size: Size, run: str, extra: list[str]) -> dict:
     out["compile_at_end_text"] = tr.compile.report.describe()
     later = per_epoch[1:] or per_epoch
     out["steps_per_s_after_epoch_1"] = sum(e["steps"] for e in later) / sum(e["train_s"] for e in later)
-    out["batch_size"], out["final_r2"] = tr.cfg.train.batch_size, tr.state["history"][-1]["r2"]
+    out["batch_size"], out["final_r2"] = tr.cfg.train.batch_size, tr.progress.history[-1]["r2"]
     if torch.cuda.is_available():
         out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     tr = None
@@ -536,13 +536,13 @@ def forced_oom_run(size: Size) -> dict:
     tr = trainer(cfg, SCRATCH / "oom")
     steps_expected = tr.steps_per_epoch
     tr.fit()
-    st = tr.state
+    st = tr.progress
     out = {"memory_cap_gib": OOM_CAP_GIB, "batch_size": cfg.train.batch_size, "eval_batch_size_at_start": 80}
-    out.update({k: st[k] for k in ("micro_batch_size", "eval_batch_size", "oom_recoveries", "step")})
+    out.update({k: getattr(st, k) for k in ("micro_batch_size", "eval_batch_size", "oom_recoveries", "step")})
     out["optimizer_steps_expected"], out["batch_size_after"] = steps_expected, tr.cfg.train.batch_size
-    out["training_recovered"] = st["oom_recoveries"] > 0 and st["step"] == steps_expected
-    out["evaluation_recovered"] = st["eval_batch_size"] < 80
-    out["final_r2"] = tr.state["history"][-1]["r2"]
+    out["training_recovered"] = st.oom_recoveries > 0 and st.step == steps_expected
+    out["evaluation_recovered"] = st.eval_batch_size < 80
+    out["final_r2"] = tr.progress.history[-1]["r2"]
     set_cap(T4_GIB)
     return out
 

@@ -124,7 +124,7 @@ def child(
     from cloudml_lib.core.model import build_model
     from cloudml_lib.data.dataset import Scalers
     from cloudml_lib.data.preprocess import SKIMAGE, FramePool, resolve_workers
-    from cloudml_lib.science.predict import flights_to_predict, predict_flight
+    from cloudml_lib.science.predict import FlightPredictor, flights_to_predict, predict_flight
 
     folder = folder or flight_dir(model_name, frames)
     cfg = load_config(config_file(MODELS[model_name][0]), [f"data.dir={folder}", "data.flights=[]"])
@@ -146,7 +146,8 @@ def child(
                 model, flight, cfg.data, scalers, device, batch, autocast, SKIMAGE, pool
             )
         else:
-            r = predict_flight(model, flight, cfg.data, scalers, device, batch, autocast, SKIMAGE, pool)
+            predictor = FlightPredictor(model, scalers, device, batch, autocast, SKIMAGE, pool)
+            r = predict_flight(predictor, flight, cfg.data)
             heights = np.full(r["counts"]["frames"], np.nan)
             heights[r["frame_index"]] = r["cbh_km"]  # frames with a usable time
         if device.type == "cuda":

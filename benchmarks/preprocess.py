@@ -145,17 +145,9 @@ def measure_predict(frames: int, workers, device: str) -> dict:
     pr._flight_inputs = lambda flight, data: {k: v[:frames] for k, v in inputs(flight, data).items()}
     with FramePool(resolve_workers(workers)) as pool:
         t0 = time.perf_counter()
-        result = pr.predict_flight(
-            model,
-            cfg.data.flights[0],
-            cfg.data,
-            scalers,
-            torch.device(device),
-            16 if device == "cpu" else 64,
-            autocast,
-            backend,
-            pool,
-        )
+        batch = 16 if device == "cpu" else 64
+        predictor = pr.FlightPredictor(model, scalers, torch.device(device), batch, autocast, backend, pool)
+        result = pr.predict_flight(predictor, cfg.data.flights[0], cfg.data)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0

@@ -144,9 +144,9 @@ def run_cloudml(cfg, run_dir: Path) -> float:
     trainer.optimizer_step = marked_step
     t0 = time.perf_counter()
     try:
-        for epoch in range(trainer.state["epoch"], cfg.train.epochs):  # fit() without the validation
+        for epoch in range(trainer.progress.epoch, cfg.train.epochs):  # fit() without the validation
             trainer.train_epoch(epoch)
-            trainer.state["epoch"], trainer.state["batch"] = epoch + 1, 0
+            trainer.progress.epoch, trainer.progress.batch = epoch + 1, 0
             trainer.checkpoints.save("epoch_end")
         trainer.checkpoints.wait()
         seconds = time.perf_counter() - t0
@@ -265,7 +265,7 @@ def per_step_overhead(run_dir: Path, pairs: int = OVERHEAD_PAIRS) -> dict:
                 bare_step(model, opt, sched, batch, t)
 
         def cloudml_epoch():
-            trainer.state["batch"] = 0
+            trainer.progress.batch = 0
             trainer.train_epoch(0)
 
         times = {"bare": [], "cloudml": []}

@@ -146,7 +146,7 @@ def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_con
     compiled.fit()
     eager = Trainer(build_config(compiled_raw(tiny_raw_config, False)), tmp_path / "eager").setup()
     eager.fit()
-    assert compiled.state["step"] == eager.state["step"] == 12
+    assert compiled.progress.step == eager.progress.step == 12
     diff = max_diff(weights(compiled.model), weights(eager.model))
     assert 0 < diff < 2e-3, f"compiled vs eager weights differ by {diff}"  # 0 would mean nothing compiled
     report = compiled.compile.report
@@ -190,10 +190,10 @@ def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_ba
     injected.forward = oom_after_forward(injected.forward)
     injected.fit()
     reference = Trainer(cfg, tmp_path / "b").setup()
-    reference.state["micro_batch_size"] = 2
+    reference.progress.micro_batch_size = 2
     reference.fit()
     assert calls[:3] == [8, 4, 2] and max(calls[3:]) <= 2
-    assert injected.state["oom_recoveries"] == 2 and injected.state["step"] == reference.state["step"] == 12
+    assert injected.progress.oom_recoveries == 2 and injected.progress.step == reference.progress.step == 12
     report = injected.compile.update()
     assert report.active and not report.fallback and report.recompiles >= 1 and report.graph_breaks == 0, (
         report

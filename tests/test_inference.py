@@ -24,7 +24,7 @@ from cloudml_lib.data.dataset import CloudDataset, Scalers, prepare_data
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import SKIMAGE, FramePool
 from cloudml_lib.data.synthetic import make_demo_flights
-from cloudml_lib.science.predict import flights_to_predict, predict_flight
+from cloudml_lib.science.predict import FlightPredictor, flights_to_predict, predict_flight
 
 CPU = torch.device("cpu")
 SCALERS = Scalers(45.0, 5.0, 1.0, 0.5)
@@ -49,7 +49,8 @@ def both_paths(model, cfg, name: str, batch: int = 8):
         ref_h, ref_p = predict_per_window(
             model, flight, cfg.data, SCALERS, CPU, batch, torch.no_grad, SKIMAGE, pool
         )
-        new = predict_flight(model, flight, cfg.data, SCALERS, CPU, batch, backend=SKIMAGE, pool=pool)
+        predictor = FlightPredictor(model, SCALERS, CPU, batch, backend=SKIMAGE, pool=pool)
+        new = predict_flight(predictor, flight, cfg.data)
     return ref_h, ref_p, new
 
 

@@ -121,15 +121,15 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run
 
     real_predict = pr.predict_flight
 
-    def watched(model, *args, **kwargs):
-        real_encode = model.encode_frames
+    def watched(predictor, *args, **kwargs):
+        real_encode = predictor.model.encode_frames
 
         def encode(frames):
             ahead.append((len(frames), pools[-1].submitted))
             return real_encode(frames)
 
-        monkeypatch.setattr(model, "encode_frames", encode)
-        return real_predict(model, *args, **kwargs)
+        monkeypatch.setattr(predictor.model, "encode_frames", encode)
+        return real_predict(predictor, *args, **kwargs)
 
     monkeypatch.setattr(pr, "FramePool", pool)
     monkeypatch.setattr(pr, "predict_flight", watched)

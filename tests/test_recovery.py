@@ -40,7 +40,7 @@ def assert_close(a, b, **tol):
 def fit(cfg, run, *, forward_wrap=None, micro=None, eval_wrap=None):
     trainer = Trainer(cfg, run).setup()
     if micro is not None:
-        trainer.state["micro_batch_size"] = micro
+        trainer.progress.micro_batch_size = micro
     if forward_wrap is not None:
         trainer.forward = forward_wrap(trainer.forward)
     report = fit_and_finish(trainer)
@@ -54,9 +54,9 @@ def test_oom_halves_the_micro_batch_and_matches_the_run_without_injection(tiny_c
     injected, report = fit(tiny_config, tmp_path / "a", forward_wrap=oom_above(2, calls))
     reference, _ = fit(tiny_config, tmp_path / "b", micro=2)
     assert report["overall"]["n"] > 0
-    assert injected.state["micro_batch_size"] == 2 and injected.state["oom_recoveries"] == 2  # 8 -> 4 -> 2
+    assert injected.progress.micro_batch_size == 2 and injected.progress.oom_recoveries == 2  # 8 -> 4 -> 2
     assert calls[:3] == [8, 4, 2] and max(calls[3:]) <= 2
-    assert injected.state["step"] == reference.state["step"] == injected.total_steps
+    assert injected.progress.step == reference.progress.step == injected.total_steps
     assert injected.optimizer.param_groups[0]["lr"] == reference.optimizer.param_groups[0]["lr"]
     assert_close(weights(injected), weights(reference), rtol=1e-5, atol=1e-6)
     saved = load_state(find_checkpoints(tmp_path / "a")[0] / "state.pt")
@@ -102,7 +102,7 @@ def test_oom_during_validation_halves_the_evaluation_batch(tiny_config, tmp_path
     trainer.model.encode_frames = small_gpu
     loss, metrics, pred = trainer.validate()
     trainer.close()
-    assert trainer.state["eval_batch_size"] == 2  # 16 -> 8 -> 4 -> 2
+    assert trainer.progress.eval_batch_size == 2  # 16 -> 8 -> 4 -> 2
     assert loss == pytest.approx(plain_loss, abs=1e-6)
     torch.testing.assert_close(
         torch.from_numpy(pred.height_km), torch.from_numpy(plain_pred.height_km), rtol=1e-5, atol=1e-6
@@ -130,7 +130,7 @@ def test_compile_failure_falls_back_to_eager_and_loses_nothing(tiny_config, tmp_
     failing, _ = fit(tiny_config, tmp_path / "a", forward_wrap=broken_compiled)
     eager, _ = fit(tiny_config, tmp_path / "b")
     assert failing.forward is failing.model
-    assert failing.state["step"] == eager.state["step"]
+    assert failing.progress.step == eager.progress.step
     assert_close(weights(failing), weights(eager), rtol=0, atol=0)  # bit-identical: nothing counted twice
     log = (tmp_path / "a" / "train.log").read_text()
     assert "torch.compile failed (RuntimeError: static input data pointer changed.)" in log
@@ -167,13 +167,13 @@ def test_nonfinite_steps_are_skipped_and_counted(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     nan_on_calls(3, 4)(trainer)  # the 3rd and 4th batches give NaN
     report = fit_and_finish(trainer)
-    assert trainer.state["nonfinite_total"] == 2 and trainer.state["nonfinite_in_a_row"] == 0
-    assert trainer.state["step"] == trainer.total_steps - 2  # two steps skipped, the rest taken
+    assert trainer.progress.nonfinite_total == 2 and trainer.progress.nonfinite_in_a_row == 0
+    assert trainer.progress.step == trainer.total_steps - 2  # two steps skipped, the rest taken
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert math.isfinite(report["overall"]["r2"])
     log = (tmp_path / "run" / "train.log").read_text()
     assert "Non-finite loss at step 2" in log and "step skipped, weights unchanged" in log
-    assert all(math.isfinite(h["train_loss"]) for h in trainer.state["history"])
+    assert all(math.isfinite(h["train_loss"]) for h in trainer.progress.history)
 
 
 def test_too_many_nonfinite_steps_stop_with_a_clear_message(tiny_config, tmp_path):

@@ -37,7 +37,7 @@ def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path)
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
         trainer.train_step(next(batches))
         trainer.optimizer_step()
-    assert trainer.state["step"] == 6
+    assert trainer.progress.step == 6
     # warm-up reaches the peak after warmup_steps optimizer steps, not epochs
     assert lr_factor(0, 4, 100, 0.0) == 0.25 and lr_factor(3, 4, 100, 0.0) == 1.0
     assert lr_factor(100, 4, 100, 0.01) == pytest.approx(0.01)
@@ -77,7 +77,7 @@ def test_metrics_jsonl_has_steps_epochs_and_final(finished_run):
     kinds = [r["kind"] for r in records]
     assert kinds.count("epoch") == 2 and kinds[-1] == "final"
     steps = [r for r in records if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == list(range(2, trainer.state["step"] + 1, 2))
+    assert [r["step"] for r in steps] == list(range(2, trainer.progress.step + 1, 2))
     for r in steps:  # the LR logged after step k is the schedule's value for step k
         t = trainer.cfg.train
         assert r["lr"] == pytest.approx(
@@ -125,7 +125,7 @@ def test_gradient_accumulation_counts_optimizer_steps(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     n_batches = trainer.sampler.batches_per_epoch()
     trainer.train_epoch(0)
-    assert trainer.state["step"] == math.ceil(n_batches / 3) == trainer.steps_per_epoch
+    assert trainer.progress.step == math.ceil(n_batches / 3) == trainer.steps_per_epoch
 
 
 def test_overweighted_flight_counts_more_in_the_loss(tiny_raw_config, tmp_path):

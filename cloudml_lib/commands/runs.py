@@ -29,9 +29,7 @@ def train_run(
     `after_epoch(history)`: a sweep's pruner, asked after each epoch of a one-phase run."""
     dist = init_distributed(cfg.train.device) if dist is None else dist
     try:
-        if cfg.train.pretrain_flight:
-            return train_two_phase(cfg, Path(run_dir), resume, dist)
-        return train_and_finish(cfg, Path(run_dir), resume, dist, after_epoch=after_epoch)
+        return run_to_end(cfg, Path(run_dir), resume, dist, after_epoch)
     except CloudMLError as e:
         if dist.is_main and Path(run_dir).is_dir():
             record_failure(Path(run_dir), str(e))
@@ -43,6 +41,14 @@ def train_run(
         raise CloudMLError(message) from None
     finally:
         dist.close()
+
+
+def run_to_end(cfg: Config, run_dir: Path, resume: str, dist: Dist, after_epoch=None) -> dict:
+    """One phase, or the two-phase protocol with train.pretrain_flight (whose phases a pruner does not stop):
+    trained and ended, in this job's processes (`dist` stays open: a sweep runs its trials in it)."""
+    if cfg.train.pretrain_flight:
+        return train_two_phase(cfg, run_dir, resume, dist)
+    return train_and_finish(cfg, run_dir, resume, dist, after_epoch=after_epoch)
 
 
 def train_and_finish(

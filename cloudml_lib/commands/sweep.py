@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from cloudml_lib.base import faults
@@ -259,33 +260,35 @@ def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: 
         result = crossval(cfg, trial_dir, controls=False, dist=dist)
         value = dist.from_main(result["summary"]["model"][space.metric]["mean"] if dist.is_main else None)
         return value
-    from cloudml_lib.commands.runs import train_and_finish, train_two_phase
+    from cloudml_lib.commands.runs import run_to_end
 
-    if cfg.train.pretrain_flight:
-        report = train_two_phase(cfg, trial_dir, "auto", dist)
-    else:
-        report = train_and_finish(cfg, trial_dir, "auto", dist, after_epoch=pruning)
-    return report["overall"][space.metric]
+    return run_to_end(cfg, trial_dir, "auto", dist, after_epoch=pruning)["overall"][space.metric]
 
 
-def run_trial(
-    optuna,
-    trial,
-    number: int,
-    params: dict,
-    base: dict,
-    space: Space,
-    run_dir: Path,
-    store: StudyFile | None,
-    dist: Dist,
-) -> tuple[str, float | None, str]:
+@dataclass
+class SweepRun:
+    """A sweep being run: Optuna (imported on demand), its study and journal (rank 0's; None elsewhere), the
+    space, the config the trials start from, how many trials in all, the sweep folder, the processes."""
+
+    optuna: object
+    study: object
+    store: StudyFile | None
+    space: Space
+    base: dict
+    n_trials: int
+    run_dir: Path
+    dist: Dist
+
+
+def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, float | None, str]:
     """(state, value, note): complete, pruned or failed (a config the values make invalid, a trial its
     set-up or training refuses, such as a batch larger than the training set, or a metric that is not a
     number). A stop, a full disk or an unexpected error stops the sweep with the trial left running, to be
     resumed."""
-    trial_dir = run_dir / "trials" / str(number)
+    optuna, space, dist = sw.optuna, sw.space, sw.dist
+    trial_dir = sw.run_dir / "trials" / str(number)
     try:
-        cfg = build_config(trial_raw(base, params), source=f"trial {number}'s config")
+        cfg = build_config(trial_raw(sw.base, params), source=f"trial {number}'s config")
     except ConfigError as e:
         return "failed", None, str(e)
     if dist.is_main:
@@ -295,7 +298,7 @@ def run_trial(
             json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
         )
     try:
-        pruning = Pruning(optuna, trial, space, store, dist, cfg.train.epochs)
+        pruning = Pruning(optuna, trial, space, sw.store, dist, cfg.train.epochs)
         value = objective_value(space, cfg, trial_dir, pruning, dist)
     except optuna.TrialPruned as e:
         return "pruned", None, str(e)
@@ -331,7 +334,7 @@ def sweep(
     try:
         if dist.is_main:
             lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
-        run_trials(optuna, study, store, space, base, n_trials, run_dir, dist)
+        run_trials(SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist))
         if not dist.is_main:
             return {}
         from cloudml_lib.commands.compare import sweep_summary, write_sweep_report
@@ -496,21 +499,19 @@ def epoch_reports(files: RunFiles, metric: str) -> dict[int, float]:
     return out
 
 
-def run_trials(
-    optuna, study, store, space: Space, base: dict, n_trials: int, run_dir: Path, dist: Dist
-) -> None:
-    """Trial after trial until `n_trials` are done: rank 0 asks (or takes back a trial left running), every
-    process trains it, rank 0 tells its result and rewrites the report."""
+def run_trials(sw: SweepRun) -> None:
+    """Trial after trial until all are done: rank 0 asks (or takes back a trial left running), every process
+    trains it, rank 0 tells its result and rewrites the report."""
     from cloudml_lib.commands.compare import write_sweep_report
 
     while True:
         trial = job = None
-        if dist.is_main:
-            attach_run_log(run_dir)
-            trial = next_trial(optuna, study, space, n_trials)
-            job = None if trial is None else (trial.number, suggest(trial, space))
-            store.save()  # the trial and its values, before any training
-        job = dist.from_main(job)
+        if sw.dist.is_main:
+            attach_run_log(sw.run_dir)
+            trial = next_trial(sw.optuna, sw.study, sw.space, sw.n_trials)
+            job = None if trial is None else (trial.number, suggest(trial, sw.space))
+            sw.store.save()  # the trial and its values, before any training
+        job = sw.dist.from_main(job)
         if job is None:
             return
         number, params = job
@@ -518,19 +519,20 @@ def run_trials(
             "Trial %d (%d of %d): %s",
             number,
             number + 1,
-            n_trials,
+            sw.n_trials,
             ", ".join(f"{k}={v}" for k, v in params.items()),
         )
-        state, value, note = run_trial(optuna, trial, number, params, base, space, run_dir, store, dist)
-        if dist.is_main:
-            attach_run_log(run_dir)
-            finish_trial(optuna, study, trial, (state, value, note), params, space, run_dir)
-            store.save()
-            write_sweep_report(study, run_dir, space)
+        result = run_trial(sw, trial, number, params)
+        if sw.dist.is_main:
+            attach_run_log(sw.run_dir)
+            finish_trial(sw, trial, result, params)
+            sw.store.save()
+            write_sweep_report(sw.study, sw.run_dir, sw.space)
 
 
-def finish_trial(optuna, study, trial, result: tuple, params: dict, space: Space, run_dir: Path) -> None:
+def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
     """Tell the study the trial's (state, value, note), write trial.json, and say it."""
+    optuna, study, space, run_dir = sw.optuna, sw.study, sw.space, sw.run_dir
     state, value, note = result
     states = {
         "complete": optuna.trial.TrialState.COMPLETE,

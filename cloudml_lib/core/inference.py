@@ -193,7 +193,6 @@ def predict(
     autocast=nullcontext,
     indices: np.ndarray | None = None,
     num_workers: int = 0,
-    forward=None,
     features: bool = False,
 ) -> tuple[dict | np.ndarray, np.ndarray]:
     """Model outputs by name (inference.to_numpy: standardised `height`, `cloud_logit` or None; with
@@ -202,8 +201,9 @@ def predict(
 
     `model` is the module (put in eval mode meanwhile). Each distinct frame of the windows is encoded once
     (inference.py), `batch_size` windows' worth of frames at a time. A dataset with augmentation (whose
-    windows differ from their frames) goes window by window through `forward` (e.g. its compiled form).
-    """
+    windows differ from their frames) goes window by window, with `num_workers` loader processes.
+    Eight parameters, each a choice of this one call (what, where, how much at a time, which output): the
+    Evaluator holds them for a run, so that every other caller passes few."""
     was_training = model.training
     model.eval()
     try:
@@ -211,7 +211,7 @@ def predict(
         if not dataset.augment:
             return dataset_outputs(model, dataset, indices, device, batch_size, autocast, features)
         return _window_by_window(
-            forward or (model.features if features else model),
+            model.features if features else model,
             dataset,
             device,
             batch_size,

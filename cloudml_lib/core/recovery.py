@@ -71,9 +71,9 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def halve_micro_batch(state: dict, batch_len: int, batch_size: int) -> None:
+def halve_micro_batch(state, batch_len: int, batch_size: int) -> None:
     """Out of memory in training: the next attempt runs in micro-batches of half the size."""
-    current = min(state["micro_batch_size"], batch_len)
+    current = min(state.micro_batch_size, batch_len)
     if current <= 1:
         raise CloudMLError(
             "GPU out of memory even with micro-batches of one sample. Use preset C "
@@ -81,16 +81,16 @@ def halve_micro_batch(state: dict, batch_len: int, batch_size: int) -> None:
             "2; "
             "the last checkpoint is intact, so the run resumes from there."
         )
-    state["micro_batch_size"] = max(1, current // 2)
-    state["oom_recoveries"] += 1
+    state.micro_batch_size = max(1, current // 2)
+    state.oom_recoveries += 1
     log.warning(
         "GPU out of memory at step %d: redoing the batch in micro-batches of %d (batch size %d and "
         "learning rate unchanged). To avoid the retry, set train.batch_size to %d or use "
         "train.batch_size: auto.",
-        state["step"],
-        state["micro_batch_size"],
+        state.step,
+        state.micro_batch_size,
         batch_size,
-        state["micro_batch_size"],
+        state.micro_batch_size,
     )
 
 
@@ -136,23 +136,23 @@ def refuse_retry_across_processes(dist, failure: str, step: int) -> None:
         )
 
 
-def count_nonfinite_step(st: dict, train, caches: list, caches_checked: bool) -> bool:
+def count_nonfinite_step(st, train, caches: list, caches_checked: bool) -> bool:
     """A skipped NaN/inf step counted and said; the caches checked the first time (returns True once they
     were); training stopped after train.max_nonfinite_steps in a row."""
-    st["nonfinite_in_a_row"] += 1
-    st["nonfinite_total"] += 1
+    st.nonfinite_in_a_row += 1
+    st.nonfinite_total += 1
     log.warning(
         "Non-finite loss at step %d (epoch %d, batch %d): step skipped, weights unchanged (%d in a row, "
         "%d in all).",
-        st["step"],
-        st["epoch"] + 1,
-        st["batch"],
-        st["nonfinite_in_a_row"],
-        st["nonfinite_total"],
+        st.step,
+        st.epoch + 1,
+        st.batch,
+        st.nonfinite_in_a_row,
+        st.nonfinite_total,
     )
     if not caches_checked:
         check_caches_intact(caches)
-    if st["nonfinite_in_a_row"] >= train.max_nonfinite_steps:
+    if st.nonfinite_in_a_row >= train.max_nonfinite_steps:
         raise CloudMLError(
             f"training stopped: {train.max_nonfinite_steps} optimizer steps in a row had a NaN or infinite "
             "loss "

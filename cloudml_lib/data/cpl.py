@@ -402,7 +402,8 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     frames, matched = match_to_frames(cpl["t"], frame_t, data.match_tolerance_s)
     counts["unmatched"] = int((keep & ~matched).sum())
     match = match_statistics(cpl["t"], frame_t, frames, keep, matched, data.match_tolerance_s)
-    _say_match(flight.name, cpl, frame_t, frames, keep, matched, match, data)
+    m = Matched(frame_t, frames, matched, match)
+    _say_match(flight.name, cpl, m, keep, data)
     keep &= matched
     gap = np.abs(frame_t[frames] - cpl["t"])
     single = one_label_per_frame(frames, gap, keep)
@@ -414,7 +415,8 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     extra = one_label_per_frame(frames, gap, usable & ~np.isin(frames, frames[keep]))
     pick = np.flatnonzero(keep | extra)
     pick = pick[np.argsort(frames[pick], kind="stable")]
-    pick, angles, heading_note = _angles(flight, data, paths, frame_t, frames, pick, keep, cpl, counts)
+    nav_path = paths.get("nav")  # none where the angles come from the CPL file
+    pick, angles, heading_note, counts["beyond_nav"] = _angles(flight, data, nav_path, m, pick, keep, cpl)
     has_height = keep[pick]
     cloud = (cpl["n_layers"][pick] > 0).astype(np.int8)
     counts["no_heading"] = int((~np.isfinite(angles["heading"][has_height])).sum())
@@ -446,38 +448,48 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     )
 
 
+@dataclass
+class Matched:
+    """Each lidar profile's frame: the camera's frame times, the frame nearest each profile's time, whether
+    it lies within data.match_tolerance_s, and the statistics of the match (match_statistics)."""
+
+    frame_t: np.ndarray
+    frames: np.ndarray
+    matched: np.ndarray
+    stats: dict
+
+
 def _angles(
     flight: FlightConfig,
     data: DataConfig,
-    paths: dict,
-    frame_t: np.ndarray,
-    frames: np.ndarray,
+    nav_path: Path | None,
+    m: Matched,
     pick: np.ndarray,
     keep: np.ndarray,
     cpl: dict,
-    counts: dict,
-) -> tuple[np.ndarray, dict, str]:
+) -> tuple[np.ndarray, dict, str, int]:
     """The sun angles, position and heading of the picked labels (from the nav file, or the CPL file itself
-    with data.angles_source: cpl); labels beyond the end of the nav file are dropped
-    (counts["beyond_nav"]). A nav file that too few frames found (data.min_nav_match) is a DataError."""
+    with data.angles_source: cpl), and how many labels with a height lie beyond the end of the nav file
+    (dropped). A nav file that too few frames found (data.min_nav_match) is a DataError."""
+    frame_t, frames = m.frame_t, m.frames
     if data.angles_source == "nav":
-        nav = read_nav(flight, data, paths["nav"], frame_t)
-        problem = er2.nav_match_problem(nav, flight, data, paths["nav"])
+        nav = read_nav(flight, data, nav_path, frame_t)
+        problem = er2.nav_match_problem(nav, flight, data, nav_path)
         if problem:
             raise DataError(problem)
         beyond = ~nav.covered[frames[pick]]
-        counts["beyond_nav"] = int((beyond & keep[pick]).sum())
+        dropped = int((beyond & keep[pick]).sum())
         pick = pick[~beyond]
         return (
             pick,
             {a: nav.values[a][frames[pick]] for a in ("sza", "saa", "lat", "lon", "heading")},
             nav.heading_note,
+            dropped,
         )
-    counts["beyond_nav"] = 0
     angles = {a: cpl[a][pick] for a in ("sza", "saa", "lat", "lon")}
     heading, heading_note = er2.heading_only(flight, data, frame_t)
     angles["heading"] = heading[frames[pick]]
-    return pick, angles, heading_note
+    return pick, angles, heading_note, 0
 
 
 def _say_counts(name: str, counts: dict, heading_note: str, data: DataConfig) -> None:
@@ -515,18 +527,10 @@ def _span(t: np.ndarray) -> str:
     return f"{utc_text(t.min())}..{utc_text(t.max())}" if t.size else "no usable times"
 
 
-def _say_match(
-    name: str,
-    cpl: dict,
-    frame_t: np.ndarray,
-    frames: np.ndarray,
-    filtered: np.ndarray,
-    matched: np.ndarray,
-    match: dict,
-    data: DataConfig,
-) -> None:
+def _say_match(name: str, cpl: dict, m: Matched, filtered: np.ndarray, data: DataConfig) -> None:
     """Log the match rate and time differences, the labels another time column would move, and a warning
     with the likely cause when few profiles inside the camera's time span match."""
+    frame_t, frames, matched, match = m.frame_t, m.frames, m.matched, m.stats
     rate = match["match_rate"]
     log.info(
         "flight %s: %d of %d filtered profiles inside the camera's time span matched a frame (%s); |time "

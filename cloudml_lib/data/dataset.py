@@ -104,7 +104,9 @@ class CloudDataset(Dataset):
     0 where none), has_height (1/0), cloud (1 cloud, 0 clear sky), weight, index.
 
     `cloud`: also the samples with a cloud flag but no height (clear sky, cloud outside the label range),
-    for a model with a cloud output; without it only the samples with a height."""
+    for a model with a cloud output; without it only the samples with a height. The constructor's eight
+    parameters are the flights, their scalers and six settings, each a plain value of the data config or the
+    run (passed one by one so that the data layer needs no Config, and every one has a default)."""
 
     def __init__(
         self,

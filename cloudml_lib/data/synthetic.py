@@ -53,6 +53,7 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -169,9 +170,27 @@ def scene_layers(
     return cloud, shadow
 
 
-def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg, height_km, cloudy, cirrus):
-    """Brightness-temperature frames (n, rows, cols) in K for one flight. `cloudy`: low-cloud opacity per
-    frame (0: none); `cirrus`: cirrus emissivity per frame (0: none)."""
+@dataclass
+class Scene:
+    """One flight's truth, frame by frame: the low cloud's base height (km) and opacity (0: none), the
+    cirrus' emissivity (0: none), the sun's zenith and azimuth and the aircraft's heading (degrees)."""
+
+    height_km: np.ndarray
+    cloudy: np.ndarray
+    cirrus: np.ndarray
+    sza: np.ndarray
+    saa: np.ndarray
+    heading: np.ndarray
+
+    @property
+    def n_frames(self) -> int:
+        return self.height_km.size
+
+
+def _render_flight(rng, scene: Scene, rows: int, cols: int):
+    """Brightness-temperature frames (n, rows, cols) in K for one flight."""
+    n_frames, height_km, cloudy, cirrus = scene.n_frames, scene.height_km, scene.cloudy, scene.cirrus
+    sza_deg, rel_az_deg = scene.sza, (scene.saa - scene.heading) % 360.0
     px_km = SWATH_KM / cols
     speed_px = AIRCRAFT_SPEED_KM_S / px_km
     max_shadow_px = 2.5 * np.tan(np.radians(65.0)) / px_km
@@ -206,8 +225,10 @@ def _render_flight(rng, n_frames: int, rows: int, cols: int, sza_deg, rel_az_deg
     return frames
 
 
-def _profiles(rng, t0: float, n_frames: int, height, cloudy, cirrus_frames, sza, saa) -> dict:
+def _profiles(rng, t0: float, scene: Scene) -> dict:
     """CPL layer profiles every ~5 s from 20 s before the camera to 20 s after it, in the real shapes."""
+    n_frames, height, cloudy, cirrus_frames = scene.n_frames, scene.height_km, scene.cloudy, scene.cirrus
+    sza, saa = scene.sza, scene.saa
     t = np.arange(t0 - 20.0, t0 + n_frames + 20.0, PROFILE_SPACING_S) + rng.uniform(-0.3, 0.3)
     dup = np.flatnonzero(rng.random(t.size) < 0.02)  # duplicated profile times occur
     t = np.sort(np.concatenate([t, t[dup]]))
@@ -257,15 +278,10 @@ def _profiles(rng, t0: float, n_frames: int, height, cloudy, cirrus_frames, sza,
 
 
 def _write_flight(
-    out: Path,
-    entry: dict,
-    date: dt.date,
-    index: int,
-    rng: np.random.Generator,
-    n_frames: int,
-    rows: int,
-    cols: int,
+    out: Path, entry: dict, date: dt.date, index: int, rng: np.random.Generator, n_frames: int, shape
 ) -> None:
+    """One demo flight's files (IR, CPL, nav) in `out`; `shape`: the camera's (rows, columns)."""
+    rows, cols = shape
     sza_c, saa_c, h_mean = FLIGHT_SETTINGS[index % len(FLIGHT_SETTINGS)]
     if index >= len(FLIGHT_SETTINGS):
         sza_c, saa_c, h_mean = (
@@ -288,13 +304,14 @@ def _write_flight(
     sza = sza_c + 3.0 * _smooth_series(rng, n_frames, 40.0)
     saa = (saa_c + 8.0 * _smooth_series(rng, n_frames, 40.0)) % 360.0
     heading = track_heading(rng, n_frames, (saa_c + 90.0 + rng.uniform(-30, 30)) % 360.0)
-    frames = _render_flight(rng, n_frames, rows, cols, sza, (saa - heading) % 360.0, height, cloudy, cirrus)
+    scene = Scene(height, cloudy, cirrus, sza, saa, heading)
+    frames = _render_flight(rng, scene, rows, cols)
     step = AIRCRAFT_SPEED_KM_S * np.stack([np.cos(np.radians(heading)), np.sin(np.radians(heading))], 1)
     north_east = np.cumsum(step, axis=0) - step[0]  # km from the first frame, per frame
     counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
 
     _write_ir(out / entry["ir_file"], counts, frame_t, index)
-    p = _profiles(rng, t0, n_frames, height, cloudy, cirrus, sza, saa)
+    p = _profiles(rng, t0, scene)
     _write_cpl(out / entry["cpl_file"], p, date, t0, north_east)
     nav = {
         "sza": sza,
@@ -466,7 +483,7 @@ def make_demo_flights(
     names = demo_flight_names(n_flights, dates)
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):
         rng = np.random.default_rng([seed, i])
-        _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, rows, cols)
+        _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, (rows, cols))
     (out / VERSION_FILE).write_text(f"{DEMO_VERSION}\n")
     log.info(
         "wrote %d demo flights (%d frames of %dx%d each) to %s", n_flights, frames_per_flight, rows, cols, out

@@ -43,23 +43,17 @@ from cloudml_lib.science.report import bounds_in_words, verdict, write_report
 log = logging.getLogger(__name__)
 
 
-def build_report(
-    dataset: CloudDataset,
-    scored: Scored,
-    train_mean_km: float,
-    best_epoch: int,
-    train_set=None,
-    cloud_threshold: float = 0.5,
-    calibration: dict | None = None,
-    bounds_km: tuple[float, float] | None = None,
+def held_out_report(
+    cfg: Config, held: HeldOut, scored: Scored, trained: tuple[float, int], calibration: dict | None
 ) -> dict:
-    """Overall and per-flight metrics of the model (from `best_epoch`) and of the training-mean baseline,
-    over the samples with a height, and the verdict on them; with `train_set`, cloud / no-cloud metrics
-    against their baselines (all samples); with `calibration`, the intervals' coverage and width per flight;
-    with `bounds_km` (config.height_bounds_km), how many predictions lie outside them."""
-    from cloudml_lib.science import intervals
+    """Overall and per-flight metrics of the model and of the training-mean baseline over the held-out samples
+    with a height, and the verdict on them; cloud / no-cloud metrics against their baselines (all samples);
+    with `calibration`, the intervals' coverage and width per flight; how many predictions lie outside the
+    heights a cloud base can have (config.height_bounds_km). `trained`: (the training flights' mean height in
+    km, the epoch of the best weights)."""
     from cloudml_lib.science.clouds import cloud_report
 
+    dataset, train_mean_km = held.val_set, float(trained[0])
     has = dataset.has_height()
     true_km, pred_km = dataset.targets_km()[has], scored.height_km[has]
     flights = dataset.flight_names()[has]
@@ -70,37 +64,40 @@ def build_report(
         "per_flight": {},
         "baseline_per_flight": {},
         "train_mean_km": train_mean_km,
-        "best_epoch": best_epoch,
+        "best_epoch": int(trained[1]),
     }
     for name in dict.fromkeys(flights):
         m = flights == name
         report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
         report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
     report["verdict"] = verdict(report)
-    if bounds_km is not None:
-        report["out_of_bounds"] = bounds_count(pred_km, bounds_km)
-    if train_set is not None:
-        report["cloud"] = cloud_report(
-            dataset.cloud_flags(),
-            scored.cloud_prob,
-            dataset.flight_names(),
-            dataset.frame_p10(),
-            {"flag": train_set.cloud_flags(), "p10": train_set.frame_p10()},
-            cloud_threshold,
-        )
+    report["out_of_bounds"] = bounds_count(pred_km, height_bounds_km(cfg.data))
+    report["cloud"] = cloud_report(
+        dataset.cloud_flags(),
+        scored.cloud_prob,
+        dataset.flight_names(),
+        dataset.frame_p10(),
+        {"flag": held.frames.cloud_flags(), "p10": held.frames.frame_p10()},
+        cfg.model.cloud_threshold,
+    )
     if calibration is not None:
-        lower, upper = intervals.bounds(pred_km, calibration)
-        report["intervals"] = {
-            "method": calibration["method"],
-            "coverage_target": calibration["coverage"],
-            "calibration": calibration["source"],
-            "overall": intervals.scores(true_km, lower, upper),
-            "per_flight": {
-                str(f): intervals.scores(true_km[flights == f], lower[flights == f], upper[flights == f])
-                for f in dict.fromkeys(flights)
-            },
-        }
+        report["intervals"] = interval_scores(true_km, pred_km, flights, calibration)
     return report
+
+
+def interval_scores(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray, calibration: dict) -> dict:
+    """The intervals' coverage and mean width, over all held-out heights and per flight."""
+    lower, upper = intervals.bounds(pred_km, calibration)
+    return {
+        "method": calibration["method"],
+        "coverage_target": calibration["coverage"],
+        "calibration": calibration["source"],
+        "overall": intervals.scores(true_km, lower, upper),
+        "per_flight": {
+            str(f): intervals.scores(true_km[flights == f], lower[flights == f], upper[flights == f])
+            for f in dict.fromkeys(flights)
+        },
+    }
 
 
 def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None:
@@ -315,24 +312,6 @@ def score(evaluator: Evaluator, dataset: CloudDataset) -> Scored:
     """The model's answers (km, and the cloud probability) for every sample of `dataset`."""
     out, _ = evaluator.outputs(dataset, np.arange(len(dataset)))
     return Scored.from_outputs(out, dataset.scalers)
-
-
-def held_out_report(
-    cfg: Config, held: HeldOut, scored: Scored, trained: tuple[float, int], calibration: dict | None
-) -> dict:
-    """The report of the held-out answers; `trained`: (the training flights' mean height in km, the epoch of
-    the best weights)."""
-    train_mean_km, best_epoch = trained
-    return build_report(
-        held.val_set,
-        scored,
-        float(train_mean_km),
-        int(best_epoch),
-        held.frames,
-        cfg.model.cloud_threshold,
-        calibration,
-        height_bounds_km(cfg.data),
-    )
 
 
 def evaluate_run(

@@ -31,9 +31,11 @@ import csv
 import json
 import logging
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
@@ -41,7 +43,7 @@ from cloudml_lib.base.config import DataConfig, FlightConfig, height_bounds_km
 from cloudml_lib.base.errors import CloudMLError, DataError
 from cloudml_lib.base.outputs import atomic_path, check_own_folder, write_text
 from cloudml_lib.core.checkpoint import Key
-from cloudml_lib.core.inference import StreamEncoder, windows_forward
+from cloudml_lib.core.inference import StreamEncoder, eval_batch_size, windows_forward
 from cloudml_lib.core.metrics import outside_bounds
 from cloudml_lib.core.provenance import trained_backend
 from cloudml_lib.core.rundir import RUN_FILES
@@ -152,25 +154,36 @@ def _altitude_km(altitude_m: np.ndarray, name: str, path: Path) -> np.ndarray:
     return np.asarray(altitude_m, np.float64) / 1000.0
 
 
-def predict_flight(
-    model,
-    flight: FlightConfig,
-    data: DataConfig,
-    scalers: Scalers,
-    device,
-    batch_size: int,
-    autocast=nullcontext,
-    backend: Backend = SKIMAGE,
-    pool: FramePool | None = None,
-) -> dict:
+@dataclass
+class FlightPredictor:
+    """A trained model ready for whole flights: on its device with its autocast, the run's scalers, how many
+    frames it encodes at a time, and how the frames are read and preprocessed (the CLAHE backend and the
+    worker processes; none: this process)."""
+
+    model: torch.nn.Module
+    scalers: Scalers
+    device: torch.device
+    batch_size: int
+    autocast: object = nullcontext
+    backend: Backend = SKIMAGE
+    pool: FramePool | None = None
+
+
+def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataConfig) -> dict:
     """Predicted CBH (km) for every frame with a usable time; arrays over those frames.
 
     Every frame is encoded once (inference.py), `batch_size` frames at a time, as its block arrives from
-    `pool` (worker processes; default none: this process), which prepares the next blocks meanwhile; then
-    each frame's window (T frames centred on it, shifted inside the flight at its ends) goes through the head.
-    Host memory holds one block of frames and C numbers per frame. The data checks of training apply: a
+    the predictor's pool (worker processes; none: this process), which prepares the next blocks meanwhile;
+    then each frame's window (T frames centred on it, shifted inside the flight at its ends) goes through the
+    head. Host memory holds one block of frames and C numbers per frame. The data checks of training apply: a
     blank frame (no finite pixel, or no contrast) gets no height (NaN), non-finite pixels are filled with
     the frame's median; both are counted in `counts`."""
+    model, scalers, device, autocast = (
+        predictor.model,
+        predictor.scalers,
+        predictor.device,
+        predictor.autocast,
+    )
     inputs = _flight_inputs(flight, data)
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
@@ -181,12 +194,12 @@ def predict_flight(
     spec, path = FrameSpec.of(data), Path(data.dir) / flight.ir_file
     encodings, blank, filled = encode_flight(
         model,
-        (pool or FramePool(0)).blocks(
-            path, data.keys.ir_signal, flight.name, np.arange(n), spec, backend, ahead=BLOCK
+        (predictor.pool or FramePool(0)).blocks(
+            path, data.keys.ir_signal, flight.name, np.arange(n), spec, predictor.backend, ahead=BLOCK
         ),
         n,
         flight.name,
-        StreamEncoder(model, device, batch_size, autocast),
+        StreamEncoder(model, device, predictor.batch_size, autocast),
     )
     first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
@@ -553,57 +566,52 @@ def predict_flights(
         raise CloudMLError(f"--out {out} is a file; choose a folder for the predictions")
     check_own_folder(out, PREDICTION_FILES, "--out", "predictions", "a folder of earlier predictions")
     out.mkdir(parents=True, exist_ok=True)
-    written, summary_path = [], out / "summary.json"
-    summary = _read_summary(summary_path)
+    folder = PredictionsFolder(out, run_dir, calibration, _read_summary(out / "summary.json"))
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
+    written = []
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
+        predictor = FlightPredictor(
+            rm.model,
+            Scalers.from_dict(ckpt[Key.SCALERS]),
+            rm.device,
+            eval_batch_size(cfg.train.batch_size),
+            rm.autocast,
+            backend,
+            pool,
+        )
         for name in names:
-            written.append(
-                _predict_one(
-                    rm,
-                    chosen[name],
-                    name,
-                    data,
-                    out,
-                    backend,
-                    pool,
-                    calibration,
-                    summary,
-                    summary_path,
-                    run_dir,
-                )
-            )
+            written.append(_predict_one(predictor, rm, chosen[name], name, data, folder))
     if out == run_dir / "predictions":
         write_report(run_dir)
     return written
 
 
+@dataclass
+class PredictionsFolder:
+    """Where predict writes (--out), for which run, with which calibration of the intervals, and the
+    summary.json it keeps as it goes (one entry per flight)."""
+
+    out: Path
+    run_dir: Path
+    calibration: dict | None
+    summary: dict
+
+    @property
+    def summary_path(self) -> Path:
+        return self.out / "summary.json"
+
+
 def _predict_one(
+    predictor: FlightPredictor,
     rm,
     flight: FlightConfig,
     name: str,
     data: DataConfig,
-    out: Path,
-    backend: Backend,
-    pool: FramePool,
-    calibration: dict | None,
-    summary: dict,
-    summary_path: Path,
-    run_dir: Path,
+    folder: PredictionsFolder,
 ) -> Path:
     """One flight: predicted, then its NetCDF, CSV, plots and line of summary.json written."""
-    cfg, ckpt = rm.cfg, rm.ckpt
-    result = predict_flight(
-        rm.model,
-        flight,
-        data,
-        Scalers.from_dict(ckpt[Key.SCALERS]),
-        rm.device,
-        2 * int(cfg.train.batch_size),
-        rm.autocast,
-        backend,
-        pool,
-    )
+    cfg, ckpt, out, calibration = rm.cfg, rm.ckpt, folder.out, folder.calibration
+    result = predict_flight(predictor, flight, data)
     result["flight"], result["height_head"] = name, cfg.model.height_head
     cloud_and_intervals(result, cfg.model.cloud_threshold, calibration, height_bounds_km(cfg.data))
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
@@ -612,18 +620,22 @@ def _predict_one(
     result["provenance"] = {
         "label_definition": cpl.label_definition(data),
         "trained_on": ckpt.get(Key.PROVENANCE),
-        "preprocess": {"backend": backend.name, "device": backend.device, "workers": pool.workers},
+        "preprocess": {
+            "backend": predictor.backend.name,
+            "device": predictor.backend.device,
+            "workers": predictor.pool.workers,
+        },
         "input_files": input_files(
             {r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)}, cache_root(data)
         ),
     }
-    write_netcdf(nc, name, result, run_dir)
+    write_netcdf(nc, name, result, folder.run_dir)
     write_csv(out / f"{name}_cbh.csv", result)
     along, track = flight_figures(name, result)
     plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
     plots.save_figure(track, out / f"{name}_track.png")
-    summary[name] = dict(result["counts"], variables=products.summary(result))
-    write_text(summary_path, json.dumps(summary, indent=1))
+    folder.summary[name] = dict(result["counts"], variables=products.summary(result))
+    write_text(folder.summary_path, json.dumps(folder.summary, indent=1))
     log.info(
         "flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)",
         name,

@@ -66,7 +66,7 @@ from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.train.progress import RunInfo
 from cloudml_lib.train.saving import Checkpoints
-from cloudml_lib.train.state import LoopState, restore, stateful
+from cloudml_lib.train.state import LoopState, TrainingState, stateful
 
 log = logging.getLogger(__name__)
 
@@ -218,24 +218,14 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
         loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), MetricsFile(run_dir, dist)
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop)
-        checkpoints = Checkpoints(
-            run_dir,
-            cfg,
-            dist,
-            writer,
-            pieces,
-            parts.loader_rng,
-            parts.sampler,
-            header,
-            metrics,
-            parts.total_steps,
-        )
+        state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
+        checkpoints = Checkpoints(run_dir, cfg, dist, writer, state, metrics, parts.total_steps)
         run_info = RunInfo(run_dir, dist, parts.compile, provenance)
         if dist.is_main:
             save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
-        start(found, pieces, parts, metrics, run_info, run_dir, cfg, dist, init_from)
+        start(found, state, parts, metrics, run_info, cfg, init_from)
         checkpoints.events = Events(
-            run_dir, writer.local_dir if writer else None, loop.progress["step"], fresh=found is None
+            run_dir, writer.local_dir if writer else None, loop.progress.step, fresh=found is None
         )
     except BaseException:
         if writer is not None:
@@ -391,20 +381,17 @@ def describe_parts(
 
 def start(
     found: Found | None,
-    pieces: dict,
+    state: TrainingState,
     parts: Parts,
     metrics: MetricsFile,
     run_info: RunInfo,
-    run_dir: Path,
     cfg: Config,
-    dist: Dist,
     init_from: Path | None,
 ) -> None:
     """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
     records the plan of this start: what was resolved, and how."""
-    sampler = parts.sampler
     if found is not None:
-        restore(found, pieces, parts.loader_rng, metrics.path, cfg, dist, sampler.batches_per_epoch())
+        state.restore(found, metrics.path, cfg)
     else:
         truncate_metrics(metrics.path, 0)
         if init_from is not None:
@@ -412,13 +399,13 @@ def start(
             log.info("Starting from the weights of %s", init_from)
     run_info.start(
         {
-            "processes": dist.world,
+            "processes": state.dist.world,
             "total_steps": parts.total_steps,
             "steps_per_epoch": parts.steps_per_epoch,
             "epochs": cfg.train.epochs,
             "batch_size": cfg.train.batch_size,
             "device": describe_device(parts.device),
-            "start_step": pieces[Key.LOOP].progress["step"],
+            "start_step": state.progress.step,
             "resumed_from": str(found.folder) if found is not None else None,
             "flights": [f.name for f in cfg.data.flights],
             "validation_flights": list(cfg.data.validation_flights),

@@ -39,7 +39,7 @@ def validate(
 
 
 def update_best(
-    progress: dict,
+    progress,
     val_loss: float,
     epoch: int,
     model: torch.nn.Module,
@@ -52,18 +52,18 @@ def update_best(
     finite_model = all(bool(torch.isfinite(p).all()) for p in model.parameters())
     if not finite_model:
         log.warning("The model has NaN/inf weights after epoch %d: it is not saved as best", epoch)
-    if finite_model and math.isfinite(val_loss) and val_loss < progress["best_val_loss"]:
-        progress["best_val_loss"], progress["best_epoch"], progress["bad_epochs"] = val_loss, epoch, 0
+    if finite_model and math.isfinite(val_loss) and val_loss < progress.best_val_loss:
+        progress.best_val_loss, progress.best_epoch, progress.bad_epochs = val_loss, epoch, 0
         save_best()
         log.info("New best model saved (val_loss %.4f, epoch %d) -> %s", val_loss, epoch, best_path)
         return False
-    progress["bad_epochs"] += 1
-    if patience and progress["bad_epochs"] >= patience:
+    progress.bad_epochs += 1
+    if patience and progress.bad_epochs >= patience:
         log.info(
             "Early stopping: no better validation loss for %d epochs (best %.4f at epoch %d)",
-            progress["bad_epochs"],
-            progress["best_val_loss"],
-            progress["best_epoch"],
+            progress.bad_epochs,
+            progress.best_val_loss,
+            progress.best_epoch,
         )
         return True
     return False

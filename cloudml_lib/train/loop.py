@@ -51,7 +51,7 @@ from cloudml_lib.train.loss import global_totals, part_loss
 from cloudml_lib.train.progress import ProgressLines, RunInfo, log_step, mean_loss
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.signals import StopRequest
-from cloudml_lib.train.state import LoopState
+from cloudml_lib.train.state import LoopState, Progress
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Trainer:
         self.checkpoints: Checkpoints | None = None
         self.stop = StopRequest()
         self.caches_checked = False
-        self.progress = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
+        self.progress_lines = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
     def setup(self) -> Trainer:
         """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
@@ -106,7 +106,7 @@ class Trainer:
         self.steps_per_epoch: int = p.steps_per_epoch
         self.total_steps: int = p.total_steps
         self.loop: LoopState = run.loop
-        self.state: dict = run.loop.progress  # the loop's progress: one dict, saved in every checkpoint
+        self.progress: Progress = run.loop.progress  # where the run is: saved in every checkpoint
         self.checkpoints = run.checkpoints
         self.metrics: MetricsFile = run.metrics
         self.run_info: RunInfo = run.run_info
@@ -116,7 +116,7 @@ class Trainer:
             self.device,
             self.autocast,
             self.dist,
-            self.state["eval_batch_size"],
+            self.progress.eval_batch_size,
             self.num_workers,
             self._eager_after_compile_failure,
         )
@@ -127,22 +127,22 @@ class Trainer:
         """Train to the last epoch (or an early stop) and save the final checkpoint: the run is trained. Its
         end (science/finish.py) is not the Trainer's. `after_epoch(history)`: a sweep's pruner, asked after
         each epoch (and at a resumed start) and free to end the run by raising."""
-        t, st, after_epoch = self.cfg.train, self.state, after_epoch or (lambda history: None)
+        t, st, after_epoch = self.cfg.train, self.progress, after_epoch or (lambda history: None)
         try:
-            if st["finished"]:
+            if st.finished:
                 log.info(
                     "This run is trained (epoch %d/%d); nothing to train. Raise train.epochs to train "
                     "longer, or use another --run-dir for a new run.",
-                    st["epoch"],
+                    st.epoch,
                     t.epochs,
                 )
                 return
             self.model.clear_cloud_probe()  # a probe is fitted at the end of the run, not before
             with self.stop.trapped():
-                done = st["epoch"] >= t.epochs
+                done = st.epoch >= t.epochs
                 while True:
-                    if st["history"]:
-                        after_epoch(st["history"])
+                    if st.history:
+                        after_epoch(st.history)
                     if done:
                         return self.save_trained()
                     done = self.run_epoch()
@@ -151,14 +151,14 @@ class Trainer:
 
     def run_epoch(self) -> bool:
         """Train the rest of the current epoch, validate, save; returns True when training should stop."""
-        t, st = self.cfg.train, self.state
-        epoch, t0 = st["epoch"], time.time()
+        t, st = self.cfg.train, self.progress
+        epoch, t0 = st.epoch, time.time()
         train_loss = self.train_epoch(epoch)
         val_loss, m, _ = self.validate(self.quick_val)
         memory = memory_readings(self.device)
         record = {
             "epoch": epoch + 1,
-            "step": st["step"],
+            "step": st.step,
             "train_loss": train_loss,
             "val_loss": val_loss,
             "r2": m["r2"],
@@ -168,7 +168,7 @@ class Trainer:
             "lr": self.optimizer.param_groups[0]["lr"],
             "time_s": time.time() - t0,
         }
-        st["history"].append(record)
+        st.history.append(record)
         self.metrics.append({"kind": "epoch", **record, "memory": memory})
         self.events.epoch(record, format_memory(memory), self.compile.update().describe())
         cloud = "" if m.get("cloud_accuracy") is None else f" | cloud acc {m['cloud_accuracy']:.2f}"
@@ -186,10 +186,10 @@ class Trainer:
             format_memory(memory),
         )
         stop = self._update_best(val_loss, epoch + 1)
-        st["epoch"], st["batch"], st["stopped_early"] = epoch + 1, 0, stop
+        st.epoch, st.batch, st.stopped_early = epoch + 1, 0, stop
         self.loop.reset_epoch()
         self.run_info.write()  # recompiles for validation show here
-        if stop or st["epoch"] >= t.epochs:
+        if stop or st.epoch >= t.epochs:
             return True
         self.checkpoints.save("epoch_end")
         if self.dist.any_true(self.stop.asked, device=self.device)[0]:
@@ -198,9 +198,9 @@ class Trainer:
         return False
 
     def train_epoch(self, epoch: int) -> float:
-        t, st = self.cfg.train, self.state
+        t, st = self.cfg.train, self.progress
         self.model.train()
-        self.sampler.set_epoch(epoch, start_batch=st["batch"])
+        self.sampler.set_epoch(epoch, start_batch=st.batch)
         self.train_set.set_epoch(epoch)
         n_total = self.sampler.batches_per_epoch()
         # Only the other processes are switched off here: on rank 0 tqdm's own TQDM_DISABLE decides (the
@@ -208,7 +208,7 @@ class Trainer:
         bar = tqdm(
             self.loader,
             total=n_total,
-            initial=st["batch"],
+            initial=st.batch,
             desc=f"epoch {epoch + 1}/{t.epochs}",
             unit="batch",
             leave=False,
@@ -221,13 +221,13 @@ class Trainer:
             ok = torch.isfinite(loss)
             finite &= ok
             self.loop.add(loss, ok, len(batch["target"]))  # device-side sums: no sync per batch
-            st["batch"] += 1
-            if st["batch"] % t.grad_accum_steps == 0 or st["batch"] == n_total:
+            st.batch += 1
+            if st.batch % t.grad_accum_steps == 0 or st.batch == n_total:
                 # One sync per optimizer step, as a GradScaler has; all processes skip a step together.
                 if not self.dist.any_true(not bool(finite), device=self.device)[0]:
-                    st["nonfinite_in_a_row"] = 0
+                    st.nonfinite_in_a_row = 0
                     self.optimizer_step()
-                    if st["step"] % t.log_every_steps == 0:
+                    if st.step % t.log_every_steps == 0:
                         log_step(self.loop, self.optimizer, self.metrics, self.events, epoch, bar)
                 else:
                     self.skip_step()
@@ -245,33 +245,33 @@ class Trainer:
         Either way the attempt's partial effects (gradients, BatchNorm statistics, RNG) are undone
         first, so nothing is counted twice.
         """
-        keep_grads = bool(self.state["batch"] % self.cfg.train.grad_accum_steps)
+        keep_grads = bool(self.progress.batch % self.cfg.train.grad_accum_steps)
         for _ in range(MAX_ATTEMPTS):
             before = capture_undo(self.model, self.device, keep_grads)
             compiled = self.compile.report.active or self.forward is not self.ddp
             loss, failure = run_attempt(lambda: self._forward_backward(batch), compiled)
             if failure is None:
                 return loss
-            refuse_retry_across_processes(self.dist, failure, self.state["step"])
+            refuse_retry_across_processes(self.dist, failure, self.progress.step)
             undo(before, self.model, self.optimizer, self.device)
             if failure == "oom":
-                halve_micro_batch(self.state, len(batch["target"]), self.cfg.train.batch_size)
+                halve_micro_batch(self.progress, len(batch["target"]), self.cfg.train.batch_size)
             else:
                 self._eager_after_compile_failure(failure)
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
 
     def _forward_backward(self, batch: dict) -> torch.Tensor:
         """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
-        t, st = self.cfg.train, self.state
-        n, mb = len(batch["target"]), st["micro_batch_size"]
+        t, st = self.cfg.train, self.progress
+        n, mb = len(batch["target"]), st.micro_batch_size
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
         totals = global_totals(
             {k: batch[k].to(self.device) for k in ("weight", "has_height")}, self.dist.all_sum
         )
-        last_of_step = (st["batch"] + 1) % t.grad_accum_steps == 0 or st[
-            "batch"
-        ] + 1 == self.sampler.batches_per_epoch()
+        last_of_step = (
+            st.batch + 1
+        ) % t.grad_accum_steps == 0 or st.batch + 1 == self.sampler.batches_per_epoch()
         total = torch.zeros((), device=self.device)
         for lo in range(0, n, mb):
             part = slice(lo, min(n, lo + mb))
@@ -308,24 +308,24 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self.state["step"] += 1
+        self.progress.step += 1
 
     def skip_step(self) -> None:
         """A step whose loss was NaN/inf: its gradients are dropped and the weights stay as they were."""
         self.optimizer.zero_grad(set_to_none=True)
         self.caches_checked = count_nonfinite_step(
-            self.state, self.cfg.train, self.train_set.caches + self.val_set.caches, self.caches_checked
+            self.progress, self.cfg.train, self.train_set.caches + self.val_set.caches, self.caches_checked
         )
 
     def _after_step(self) -> None:
         """A checkpoint if one is due, the notebook's progress line, the test fault point, a stop asked
         for."""
-        st = self.state
-        self.checkpoints.save_if_due(st["step"])
+        st = self.progress
+        self.checkpoints.save_if_due(st.step)
         stop = self.dist.any_true(self.stop.asked, device=self.device)[0]  # signals differ between processes
         if stop:
             self.stop.ask()  # maybe another process was asked
-        self.progress(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
+        self.progress_lines(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
         self.run_info.report_compile()
         faults.point("step")
         if stop:
@@ -345,12 +345,12 @@ class Trainer:
     def validate(self, indices: np.ndarray | None = None) -> tuple[float, dict, Scored]:
         indices = np.arange(len(self.val_set)) if indices is None else indices
         result = validate(self.evaluator, self.val_set, indices, self.cfg)
-        self.state["eval_batch_size"] = self.evaluator.batch  # halved by out-of-memory: saved with the run
+        self.progress.eval_batch_size = self.evaluator.batch  # halved by out-of-memory: saved with the run
         return result
 
     def _update_best(self, val_loss: float, epoch: int) -> bool:
         return update_best(
-            self.state,
+            self.progress,
             val_loss,
             epoch,
             self.model,
@@ -366,7 +366,7 @@ class Trainer:
     def save_trained(self) -> None:
         """The final checkpoint: training is over; a resume of this run goes on to its end
         (science/finish.py)."""
-        self.state["finished"] = True
+        self.progress.finished = True
         self.checkpoints.save("trained", wait=True)  # every rank: the snapshot gathers from all of them
         self.dist.barrier()
         if self.dist.is_main and self.checkpoints.failed_last:
@@ -377,9 +377,9 @@ class Trainer:
             )
         log.info(
             "Trained: %d epochs, step %d; best model from epoch %d in %s",
-            self.state["epoch"],
-            self.state["step"],
-            self.state["best_epoch"],
+            self.progress.epoch,
+            self.progress.step,
+            self.progress.best_epoch,
             self.run_dir / "best.pt",
         )
 

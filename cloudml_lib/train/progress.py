@@ -28,7 +28,7 @@ class ProgressLines:
     def __init__(self, enabled: bool):
         self.enabled, self.last = enabled, 0.0
 
-    def __call__(self, state: dict, total: int, epochs: int, batches: int) -> None:
+    def __call__(self, state, total: int, epochs: int, batches: int) -> None:
         if not self.enabled or time.monotonic() - self.last < self.EVERY_S:
             return
         self.last = time.monotonic()
@@ -37,11 +37,11 @@ class ProgressLines:
                 self.PREFIX
                 + json.dumps(
                     {
-                        "step": state["step"],
+                        "step": state.step,
                         "total": total,
-                        "epoch": state["epoch"] + 1,
+                        "epoch": state.epoch + 1,
                         "epochs": epochs,
-                        "batch": state["batch"],
+                        "batch": state.batch,
                         "batches": batches,
                     }
                 ),
@@ -101,7 +101,7 @@ def log_step(loop, optimizer, metrics, events, epoch: int, bar) -> None:
     record = {
         "kind": "step",
         "epoch": epoch + 1,
-        "step": loop.progress["step"],
+        "step": loop.progress.step,
         "loss": loss_sum / max(1.0, batches / dist.world),
         "lr": optimizer.param_groups[0]["lr"],
         "samples_per_s": rate,

@@ -28,8 +28,7 @@ from cloudml_lib.core.checkpoint import (
 from cloudml_lib.core.distributed import Dist
 from cloudml_lib.core.events import Events
 from cloudml_lib.core.rundir import MetricsFile
-from cloudml_lib.data.dataset import EpochBatchSampler
-from cloudml_lib.train.state import snapshot
+from cloudml_lib.train.state import Progress, TrainingState
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +36,10 @@ MAX_FAILED_SAVES = 3  # checkpoints in a row that could not be written before tr
 
 
 class Checkpoints:
-    """Rank 0's background writer and the run's save cadence. Built with the parts a checkpoint is made of:
-    `pieces` (train/state.py: stateful), the loader's RNG, the sampler (the position in the epoch), the run's
-    header (config, scalers, data fingerprint, provenance), metrics.jsonl (its length goes into the header)
-    and, once opened, TensorBoard's events (committed before each checkpoint). `stalls`: how long each save
-    held the loop, in seconds (the benchmarks read it)."""
+    """Rank 0's background writer and the run's save cadence, over the TrainingState a checkpoint is made of
+    (train/state.py), metrics.jsonl (its length goes into the header) and, once opened, TensorBoard's events
+    (committed before each checkpoint). `stalls`: how long each save held the loop, in seconds (the
+    benchmarks read it)."""
 
     def __init__(
         self,
@@ -49,30 +47,27 @@ class Checkpoints:
         cfg: Config,
         dist: Dist,
         writer: CheckpointWriter | None,
-        pieces: dict,
-        loader_rng: torch.Generator,
-        sampler: EpochBatchSampler,
-        header: dict,
+        state: TrainingState,
         metrics: MetricsFile,
         total_steps: int,
     ):
         self.run_dir, self.cfg, self.dist, self.writer = Path(run_dir), cfg, dist, writer
-        self.pieces, self.loader_rng, self.sampler, self.header = pieces, loader_rng, sampler, header
-        self.metrics, self.total_steps = metrics, total_steps
+        self.state, self.metrics, self.total_steps = state, metrics, total_steps
         self.events: Events | None = None  # opened once the resume point is known (build.py)
         self.stalls: list[float] = []
         self.last_save = time.monotonic()
 
     @property
-    def progress(self) -> dict:
-        return self.pieces[Key.LOOP].progress
+    def progress(self) -> Progress:
+        return self.state.progress
+
+    @property
+    def sampler(self):
+        return self.state.sampler
 
     def snapshot(self) -> dict:
         """The state a resume needs, as CPU copies (collective: every process calls it; rank 0 gets it)."""
-        header = dict(
-            self.header, **{Key.CONFIG: self.cfg.to_dict(), Key.METRICS_BYTES: self.metrics_bytes()}
-        )
-        return snapshot(self.pieces, self.loader_rng, self.sampler, self.dist, header)
+        return self.state.snapshot({Key.CONFIG: self.cfg.to_dict(), Key.METRICS_BYTES: self.metrics_bytes()})
 
     def metrics_bytes(self) -> int:
         return self.metrics.size() if self.dist.is_main else 0
@@ -82,8 +77,8 @@ class Checkpoints:
         clock), except on an epoch's last batch, which is saved right after its validation (the same step)."""
         by_steps = step % self.cfg.checkpoint.every_steps == 0
         by_time = time.monotonic() - self.last_save >= 60 * self.cfg.checkpoint.every_minutes
-        by_time = self.dist.any_true(by_time, device=self.pieces[Key.LOOP].device)[0]
-        if not (by_steps or by_time) or self.progress["batch"] >= self.sampler.batches_per_epoch():
+        by_time = self.dist.any_true(by_time, device=self.state.pieces[Key.LOOP].device)[0]
+        if not (by_steps or by_time) or self.progress.batch >= self.sampler.batches_per_epoch():
             return False
         self.save("every_steps" if by_steps else "every_minutes")
         return True
@@ -126,7 +121,7 @@ class Checkpoints:
     def say_stopped(self, name: str) -> str:
         """After the stop's save (waited for): where the run can continue from, as it is on disk. A save that
         failed is a problem (red in the notebook), never "checkpoint saved". Returns it in a few words."""
-        step = self.progress["step"]
+        step = self.progress.step
         if self.failed_last is None:
             log.warning(
                 "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
@@ -147,20 +142,20 @@ class Checkpoints:
     def manifest(self, reason: str) -> dict:
         """meta.json: where the run is, in words a person (and `status`) reads without loading the state."""
         st = self.progress
-        best = next((h for h in st["history"] if h["epoch"] == st["best_epoch"]), None)
+        best = next((h for h in st.history if h["epoch"] == st.best_epoch), None)
         return {
-            "step": st["step"],
-            "epoch": st["epoch"],
-            "batch": st["batch"],
-            "samples_in_epoch": self.sampler.samples_before(st["batch"]),
+            "step": st.step,
+            "epoch": st.epoch,
+            "batch": st.batch,
+            "samples_in_epoch": self.sampler.samples_before(st.batch),
             "epochs": self.cfg.train.epochs,
             "batches_per_epoch": self.sampler.batches_per_epoch(),
             "total_steps": self.total_steps,
-            "finished": st["finished"],
-            "stopped_early": st["stopped_early"],
-            "run_id": st["run_id"],
+            "finished": st.finished,
+            "stopped_early": st.stopped_early,
+            "run_id": st.run_id,
             "reason": reason,
-            "best_metric": st["best_val_loss"] if math.isfinite(st["best_val_loss"]) else None,
+            "best_metric": st.best_val_loss if math.isfinite(st.best_val_loss) else None,
             "best_r2": best["r2"] if best else None,
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
@@ -175,12 +170,12 @@ class Checkpoints:
                 Key.FORMAT: FORMAT_VERSION,
                 Key.MODEL: to_cpu(dict(unwrap_model(model).state_dict())),
                 Key.CONFIG: self.cfg.to_dict(),
-                Key.SCALERS: self.header[Key.SCALERS],
-                Key.EPOCH: st["best_epoch"],
-                Key.STEP: st["step"],
-                Key.VAL_LOSS: st["best_val_loss"],
+                Key.SCALERS: self.state.header[Key.SCALERS],
+                Key.EPOCH: st.best_epoch,
+                Key.STEP: st.step,
+                Key.VAL_LOSS: st.best_val_loss,
                 Key.TRAIN_MEAN_KM: float(train_mean_km),
-                Key.PROVENANCE: self.header[Key.PROVENANCE],
+                Key.PROVENANCE: self.state.header[Key.PROVENANCE],
             },
             self.run_dir / "best.pt",
         )

@@ -3,22 +3,25 @@
 A checkpoint's state.pt is `{key: piece.state_dict()}` for the pieces `stateful` registers (model,
 optimizer, scheduler, scaler, loop: checkpoint.PIECES), every RNG of every process, and a header saying
 what the run is (config, scalers, data fingerprint, provenance, metrics file length), under the keys of
-checkpoint.Key, which the verifier checks.
+checkpoint.Key, which the verifier checks. `TrainingState` is that whole, saved (`snapshot`) and restored
+(`restore`) in one object; the loop's position is a typed `Progress`.
 Adding a piece of state is one entry in that registry. Everything is CPU tensors and plain types,
 so a checkpoint loads with `weights_only=True`.
 
-Resume is exact: the loop's progress is one dict, the data order is a function of (seed, epoch)
+Resume is exact: the loop's progress is one object, the data order is a function of (seed, epoch)
 sliced at the saved batch, and every RNG, the optimizer, scheduler and scaler are restored. A run
 killed at any moment and resumed ends bit-identical to one never interrupted.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
 import time
 import uuid
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -27,30 +30,41 @@ import torch
 from cloudml_lib.base.config import Config
 from cloudml_lib.core.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
 from cloudml_lib.core.distributed import Dist
+from cloudml_lib.core.inference import eval_batch_size
 from cloudml_lib.core.rundir import truncate_metrics
 
 log = logging.getLogger(__name__)
 
 
-def new_progress() -> dict:
-    """The loop's progress: everything about where the run is, in one dict (saved in every checkpoint)."""
-    return {
-        "epoch": 0,
-        "step": 0,
-        "batch": 0,
-        "best_val_loss": math.inf,
-        "best_epoch": 0,
-        "bad_epochs": 0,
-        "history": [],
-        "finished": False,
-        "stopped_early": False,
-        "micro_batch_size": None,
-        "eval_batch_size": None,
-        "oom_recoveries": 0,
-        "nonfinite_in_a_row": 0,
-        "nonfinite_total": 0,
-        "run_id": uuid.uuid4().hex[:12],
-    }  # which run a checkpoint belongs to (--resume PATH)
+@dataclass
+class Progress:
+    """Where a run is: its position, its best model so far, its history and its recoveries. Saved in every
+    checkpoint as plain types under these names (the keys of every earlier release's checkpoints: one missing
+    from an older run takes its default here, and no class name is ever written)."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+    batch: int = 0  # batches of the current epoch done
+    best_val_loss: float = math.inf
+    best_epoch: int = 0
+    bad_epochs: int = 0  # epochs since the best (early stopping)
+    history: list = field(default_factory=list)  # one record per epoch: its losses, metrics, time
+    finished: bool = False  # trained to its last epoch (or stopped early): what is left is the run's end
+    stopped_early: bool = False
+    micro_batch_size: int | None = None  # halved by out of memory in training
+    eval_batch_size: int | None = None  # halved by out of memory in evaluation
+    oom_recoveries: int = 0
+    nonfinite_in_a_row: int = 0
+    nonfinite_total: int = 0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # which run a checkpoint belongs to
+
+    def state_dict(self) -> dict:
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+
+    def load_state_dict(self, saved: dict) -> None:
+        for f in fields(self):
+            if f.name in saved:
+                setattr(self, f.name, copy.deepcopy(saved[f.name]))
 
 
 class LoopState:
@@ -60,9 +74,8 @@ class LoopState:
 
     def __init__(self, dist: Dist, device: torch.device, batch_size: int):
         self.dist, self.device = dist, device
-        self.progress = new_progress()
         # out of memory halves these; a resumed run restores its own
-        self.progress["micro_batch_size"], self.progress["eval_batch_size"] = batch_size, 2 * batch_size
+        self.progress = Progress(micro_batch_size=batch_size, eval_batch_size=eval_batch_size(batch_size))
         self.acc: dict = {}
         self.reset_epoch()
         self.reset_window()
@@ -90,7 +103,7 @@ class LoopState:
         """Collective: every process calls it (the sums are over all of them)."""
         acc = {k: self.dist.all_sum(v) for k, v in self.acc.items() if isinstance(v, torch.Tensor)}
         acc["window_samples"] = self.dist.sum_int(self.acc["window_samples"], self.device)
-        return dict(self.progress, acc=acc)
+        return dict(self.progress.state_dict(), acc=acc)
 
     def load_state_dict(self, saved: dict) -> None:
         saved = dict(saved)
@@ -98,7 +111,7 @@ class LoopState:
             k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) * self.dist.is_main
             for k, v in saved.pop("acc").items()
         }
-        self.progress.update(saved)  # in place: the Trainer's `state` is this dict
+        self.progress.load_state_dict(saved)  # in place: the Trainer's `progress` is this object
 
 
 class Weights:
@@ -128,72 +141,84 @@ def stateful(model, optimizer, scheduler, scaler, loop: LoopState) -> dict:
     return pieces
 
 
-def snapshot(pieces: dict, loader_rng: torch.Generator, sampler, dist: Dist, header: dict) -> dict:
-    """Everything a bit-exact resume needs, as CPU copies (a writer thread serialises it while the loop goes
-    on). Every process calls it, in the same order (collectives inside); rank 0 gets the state, the others {}.
-    Rank 0's RNGs are under Key.RNG, every process's under Key.RNG_RANKS (with several). `header`: what the
-    run is (config, scalers, data fingerprint, provenance, metrics file length)."""
-    states = {key: piece.state_dict() for key, piece in pieces.items()}
-    rng_ranks = dist.gather(capture_rng(loader_rng))
-    if not dist.is_main:
-        return {}
-    progress = pieces[Key.LOOP].progress
-    return {
-        Key.FORMAT: FORMAT_VERSION,
-        **to_cpu(states),
-        Key.RNG: rng_ranks[0],
-        Key.RNG_RANKS: rng_ranks if len(rng_ranks) > 1 else None,
-        Key.SAMPLER: {
-            "seed": sampler.seed,
-            "epoch": progress["epoch"],
-            "position": progress["batch"],
-            "samples": sampler.samples_before(progress["batch"]),
-        },
-        Key.PROCESSES: dist.world,
-        **header,
-    }
+class TrainingState:
+    """Everything a checkpoint saves and a resume restores, in one object: the pieces (`stateful`: model,
+    optimizer, scheduler, scaler, loop) each under its constant key, the loader's RNG and the sampler's
+    position, every process's RNGs, and the run's header (scalers, data fingerprint, provenance)."""
 
-
-def restore(
-    found: Found,
-    pieces: dict,
-    loader_rng: torch.Generator,
-    metrics_path: Path,
-    cfg: Config,
-    dist: Dist,
-    batches_per_epoch: int,
-) -> None:
-    """Each registered piece from its key, this process's RNGs, the metrics file cut back to the
-    checkpoint's length; a finished run given more epochs carries on."""
-    saved = found.state
-    for key, piece in pieces.items():
-        piece.load_state_dict(saved[key])
-    per_rank = saved.get(Key.RNG_RANKS) or [saved[Key.RNG]]
-    if len(per_rank) != dist.world:
-        log.warning(
-            "This run was saved by %d process(es) and resumes with %d: the data order and batches are "
-            "the same, the dropout random streams start anew (the result is not bit-identical to an "
-            "uninterrupted run).",
-            len(per_rank),
-            dist.world,
+    def __init__(self, pieces: dict, loader_rng: torch.Generator, sampler, header: dict, dist: Dist):
+        self.pieces, self.loader_rng, self.sampler, self.header, self.dist = (
+            pieces,
+            loader_rng,
+            sampler,
+            header,
+            dist,
         )
-    restore_rng(per_rank[dist.rank % len(per_rank)], loader_rng)
-    st = pieces[Key.LOOP].progress
-    if st["finished"] and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st["stopped_early"]:
-        st["finished"] = False  # more epochs asked for: carry on
-    if not st["finished"]:  # the records after the checkpoint are work to redo (a trained run redoes none)
-        truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
-    where = (
-        "finished" if st["finished"] else f"epoch {st['epoch'] + 1}, batch {st['batch']}/{batches_per_epoch}"
-    )
-    rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
-    log.info(
-        "Resumed from step %d (%s), saved %s%s",
-        st["step"],
-        where,
-        ago(time.time() - read_meta(found.folder)["saved_at"]),
-        rejected,
-    )
+
+    @property
+    def progress(self) -> Progress:
+        return self.pieces[Key.LOOP].progress
+
+    def snapshot(self, run: dict) -> dict:
+        """Everything a bit-exact resume needs, as CPU copies (a writer thread serialises it while the loop
+        goes on). Every process calls it, in the same order (collectives inside); rank 0 gets the state, the
+        others {}. Rank 0's RNGs are under Key.RNG, every process's under Key.RNG_RANKS (with several).
+        `run`: the header's part that changes (config, metrics file length)."""
+        states = {key: piece.state_dict() for key, piece in self.pieces.items()}
+        rng_ranks = self.dist.gather(capture_rng(self.loader_rng))
+        if not self.dist.is_main:
+            return {}
+        progress = self.progress
+        return {
+            Key.FORMAT: FORMAT_VERSION,
+            **to_cpu(states),
+            Key.RNG: rng_ranks[0],
+            Key.RNG_RANKS: rng_ranks if len(rng_ranks) > 1 else None,
+            Key.SAMPLER: {
+                "seed": self.sampler.seed,
+                "epoch": progress.epoch,
+                "position": progress.batch,
+                "samples": self.sampler.samples_before(progress.batch),
+            },
+            Key.PROCESSES: self.dist.world,
+            **self.header,
+            **run,
+        }
+
+    def restore(self, found: Found, metrics_path: Path, cfg: Config) -> None:
+        """Each registered piece from its key, this process's RNGs, the metrics file cut back to the
+        checkpoint's length; a finished run given more epochs carries on."""
+        saved, dist = found.state, self.dist
+        for key, piece in self.pieces.items():
+            piece.load_state_dict(saved[key])
+        per_rank = saved.get(Key.RNG_RANKS) or [saved[Key.RNG]]
+        if len(per_rank) != dist.world:
+            log.warning(
+                "This run was saved by %d process(es) and resumes with %d: the data order and batches are "
+                "the same, the dropout random streams start anew (the result is not bit-identical to an "
+                "uninterrupted run).",
+                len(per_rank),
+                dist.world,
+            )
+        restore_rng(per_rank[dist.rank % len(per_rank)], self.loader_rng)
+        st = self.progress
+        if st.finished and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st.stopped_early:
+            st.finished = False  # more epochs asked for: carry on
+        if not st.finished:  # the records after the checkpoint are work to redo (a trained run redoes none)
+            truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
+        where = (
+            "finished"
+            if st.finished
+            else f"epoch {st.epoch + 1}, batch {st.batch}/{self.sampler.batches_per_epoch()}"
+        )
+        rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
+        log.info(
+            "Resumed from step %d (%s), saved %s%s",
+            st.step,
+            where,
+            ago(time.time() - read_meta(found.folder)["saved_at"]),
+            rejected,
+        )
 
 
 def ago(seconds: float) -> str:
