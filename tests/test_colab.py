@@ -331,10 +331,14 @@ def test_steps_after_training_wait_for_a_finished_run(ws, shown, capsys):
 
 
 def test_the_smoke_check_says_a_stopped_run_was_not_checked(tmp_path, monkeypatch, capsys):
+    from cloudml_lib.colab.profile import choose
+
     monkeypatch.setenv("CLOUDML_SMOKE", "1")
+    choose()  # as the flow's first cell does (workspace())
     colab.check_smoke_run(tmp_path / "run")  # stopped before the end: no AssertionError
     assert "Smoke test not checked: the run was stopped" in capsys.readouterr().out
     monkeypatch.delenv("CLOUDML_SMOKE")
+    choose()
     colab.check_smoke_run(tmp_path / "run")
     assert capsys.readouterr().out == ""  # nothing at all in normal use
 

@@ -7,8 +7,9 @@
 - sweeping.py   the optional sweep (Optuna, installed when asked for), trial by trial, and its report
 - show.py       Markdown, user errors without a traceback, presets, status, evaluation, report
 
-With CLOUDML_SMOKE=1 (the headless test) everything uses the demo flights, a tiny run, and a
-workspace in `.cloudml_smoke/`; the training notebook then also checks itself.
+How the flow runs, for a user or for the headless test (CLOUDML_SMOKE=1: the demo flights, a tiny run, a
+simulated disconnect, the checks of the last cells), is one profile (profile.py), chosen where the flow
+starts; smoke.py holds the test's own steps.
 
 The top layer: may import commands, science, train, core, data, base.
 """
@@ -23,13 +24,13 @@ from cloudml_lib.colab.drive import (
     run_flights,
     show_diagnostics,
     show_environment,
-    smoke,
     uses_demo_data,
     verify_data,
     version,
     workspace,
 )
 from cloudml_lib.colab.picker import Choice, Picker, newest_run, preset_picker
+from cloudml_lib.colab.profile import smoke
 from cloudml_lib.colab.show import (
     UserError,
     show_comparison,
@@ -51,6 +52,7 @@ __all__ = [
     "build_cache",
     "check_setup",
     "check_smoke_run",
+    "smoke",
     "crossval",
     "free_gpu_memory",
     "newest_run",
@@ -65,7 +67,6 @@ __all__ = [
     "show_report",
     "show_status",
     "show_tensorboard",
-    "smoke",
     "sweep",
     "train",
     "uses_demo_data",

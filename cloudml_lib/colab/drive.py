@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cloudml_lib.base.config import Config, load_config
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core import device
@@ -26,11 +27,6 @@ from cloudml_lib.data.flights import ensure_demo_flights
 CONTENT = Path(os.environ.get("CLOUDML_CONTENT", "/content"))
 DRIVE_ROOT = CONTENT / "drive" / "MyDrive" / "CloudML"
 VM_CACHE = CONTENT / "cloudml_cache"
-
-
-def smoke() -> bool:
-    """The headless test of the notebooks (CLOUDML_SMOKE=1): a tiny demo run; its checks are smoke.py's."""
-    return os.environ.get("CLOUDML_SMOKE") == "1"
 
 
 def version() -> str:
@@ -67,20 +63,23 @@ class Workspace:
         return self.root / "demo_flights"
 
 
-@user_errors
-def workspace() -> Workspace:
-    """The CloudML folder: on Drive in Colab (mounted if needed), ./CloudML elsewhere
-    (CLOUDML_HOME overrides), .cloudml_smoke in the smoke test. Creates data/, runs/, cache/."""
-    if smoke():
-        root = Path(".cloudml_smoke").resolve()
-    elif device.is_colab():
+def user_folder() -> Path:
+    """The user's CloudML folder: on Drive in Colab (mounted if needed), else CLOUDML_HOME or ./CloudML."""
+    if device.is_colab():
         if not (CONTENT / "drive" / "MyDrive").is_dir():
             from google.colab import drive
 
             drive.mount(str(CONTENT / "drive"))
-        root = DRIVE_ROOT
-    else:
-        root = Path(os.environ.get("CLOUDML_HOME", "CloudML")).resolve()
+        return DRIVE_ROOT
+    return Path(os.environ.get("CLOUDML_HOME", "CloudML")).resolve()
+
+
+@user_errors
+def workspace() -> Workspace:
+    """The CloudML folder: on Drive in Colab (mounted if needed), ./CloudML elsewhere
+    (CLOUDML_HOME overrides), the profile's own in the smoke test. Creates data/, runs/, cache/. Where the
+    notebooks' flow starts: the profile (profile.py) is chosen here."""
+    root = choose().root or user_folder()
     ws = Workspace(root)
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)
@@ -134,8 +133,8 @@ def complete_flights(ws: Workspace) -> list[str]:
 
 
 def uses_demo_data(ws: Workspace) -> bool:
-    """True when no complete flight is in the data folder (or in the smoke test)."""
-    return smoke() or not complete_flights(ws)
+    """True when no complete flight is in the data folder (or the profile uses the demo alone)."""
+    return profile().demo_only or not complete_flights(ws)
 
 
 def default_heldout(ws: Workspace) -> tuple[list[str], str]:
@@ -227,9 +226,9 @@ def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> R
 
 
 def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
-    """Where the cache lives: the VM's local disk with a lasting copy on Drive in Colab (and, to
-    exercise that path, in the smoke test); the workspace's cache folder elsewhere."""
-    if device.is_colab() or smoke():
+    """Where the cache lives: the VM's local disk with a lasting copy on Drive in Colab (and where the
+    profile exercises that path); the workspace's cache folder elsewhere."""
+    if device.is_colab() or profile().cache_copy:
         local = VM_CACHE if device.is_colab() else ws.root / "vm_local_cache"
         return [f"data.cache_dir={local / sub}", f"data.cache_copy_dir={ws.cache / sub}"]
     return [f"data.cache_dir={ws.cache / sub}", "data.cache_copy_dir="]
@@ -249,17 +248,14 @@ def run_config(
     if uses_demo_data(ws) if demo is None else demo:
         path, over = (
             presets.preset_config_path("demo"),
-            [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo"),
+            [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo") + profile().overrides,
         )
-        if smoke():
-            from cloudml_lib.colab.smoke import OVERRIDES
-
-            over += OVERRIDES
     else:
         path = presets.preset_config_path(preset if preset in ("A", "B", "C") else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
         over.append(f"data.validation_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
-    if epochs and not smoke():
+    epochs = profile().epochs(epochs)
+    if epochs:
         over.append(f"train.epochs={epochs}")
     return path, over
 
@@ -273,7 +269,7 @@ def verify_data(ws: Workspace) -> bool:
     each filter, or what is missing (long problems as numbered notes under it). Without real flights,
     writes the demo flights (progress bar). Returns True when every flight found is usable."""
     started, demo = time.time(), uses_demo_data(ws)
-    if demo and not smoke():
+    if demo and not profile().demo_only:
         notes = flights.Notes()
         rows, _ = flights.check_rows(_real_config(ws).data, notes)
         show_markdown(
@@ -372,10 +368,7 @@ def free_gpu_memory() -> None:
 
 
 def check_setup(ws: Workspace, cache: dict | None) -> None:
-    """What to do next; in the headless test (CLOUDML_SMOKE=1), smoke.py's checks of the set-up instead."""
-    if smoke():
-        from cloudml_lib.colab.smoke import check_cache as check
-
-        check(cache)
+    """What to do next; in the headless test, the profile's checks of the set-up instead."""
+    if profile().after_setup(cache):
         return
     print("Setup done. Next: open colab_training.ipynb and choose Runtime > Run all.")

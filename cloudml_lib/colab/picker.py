@@ -32,9 +32,9 @@ from cloudml_lib.colab.drive import (
     complete_flights,
     default_heldout,
     run_flights,
-    smoke,
     uses_demo_data,
 )
+from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core.compile import plan, this_device
@@ -256,7 +256,7 @@ class Picker:
 
     def _defaults(self, new: bool) -> Choice:
         preset = "demo" if self.demo else "Auto"
-        base = "smoke" if smoke() else "demo" if self.demo else f"preset_{self.auto}"
+        base = profile().run_name("demo" if self.demo else f"preset_{self.auto}")
         name = fresh_name(self.ws, base) if new else base
         return Choice(
             preset=preset,
@@ -268,14 +268,10 @@ class Picker:
         )
 
     def _preset_epochs(self, preset: str) -> int:
-        if smoke():
-            from cloudml_lib.colab.smoke import EPOCHS
-
-            return EPOCHS
         if preset == "Auto" and self.cpu:
-            return CPU_EPOCHS
+            return profile().epochs(CPU_EPOCHS)
         resolved = self.auto if preset == "Auto" else preset
-        return load_config(presets.preset_config_path(resolved)).train.epochs
+        return profile().epochs(load_config(presets.preset_config_path(resolved)).train.epochs)
 
     def _apply(self, c: Choice, continuing: bool) -> None:
         """Show choice `c`; a continued run's held-out flights stay, marked when data/ lacks them."""
@@ -424,8 +420,8 @@ class Picker:
         if problem:
             text = problem[0].upper() + problem[1:]
             lines.append(f'<span style="{PROBLEM_STYLE}"><b>Problem:</b> {html.escape(text)}</span>')
-        if smoke():
-            lines.append("<b>Smoke test:</b> a tiny demo run of 2 epochs trains, whatever is chosen.")
+        if profile().picker_note():
+            lines.append(f"<b>Smoke test:</b> {profile().picker_note()}")
         lines += self._run_lines(c)
         lines.append(self._trains_line(c, flights))
         preset_cfg = load_config(presets.preset_config_path(c.preset))

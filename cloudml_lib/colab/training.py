@@ -19,9 +19,10 @@ import json
 from pathlib import Path
 
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.colab.drive import RunFlights, Workspace, run_config, run_flights, smoke
+from cloudml_lib.colab.drive import RunFlights, Workspace, run_config, run_flights
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
+from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
 from cloudml_lib.core.checkpoint import find_checkpoints
 from cloudml_lib.core.rundir import is_finished as finished
@@ -87,11 +88,9 @@ def train(ws: Workspace, picker: Picker) -> Path:
     c.save(ws.root)  # "Run all" after a disconnect comes back with this choice
     if flights is not None and flights.added:
         show_markdown(flights.added_words())
-    if smoke():  # the headless test: a fresh run, killed mid-epoch first as by a disconnect
-        from cloudml_lib.colab.smoke import simulate_disconnect
-
-        simulate_disconnect(run_dir, train_command(ws, c))
-    elif kept(picker.facts(c.run_name)[1], c, run_dir):
+    if not profile().before_training(run_dir, train_command(ws, c)) and kept(
+        picker.facts(c.run_name)[1], c, run_dir
+    ):
         return run_dir
     cmd = train_command(ws, c)
     config = Path(cmd[cmd.index("--config") + 1]).name
@@ -169,9 +168,6 @@ def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path
 
 
 def check_smoke_run(run_dir: Path | None) -> None:
-    """The notebook's last cell: in the headless test (CLOUDML_SMOKE=1), smoke.py's checks of the run; in
+    """The notebook's last cell: in the headless test (CLOUDML_SMOKE=1), the profile's checks of the run; in
     normal use nothing."""
-    if smoke():
-        from cloudml_lib.colab.smoke import check_run
-
-        check_run(run_dir)
+    profile().after_run(run_dir)
