@@ -119,8 +119,13 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     killed = train(cfg, run, kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (run / "evaluation.json").exists()
-    if kill_at.startswith(("probe", "end")):  # trained: its end pending, a state of its own
-        assert run_state(run).words == "trained, end pending (not evaluated yet)"
+    if kill_at.startswith(("probe", "end")):  # trained: its end pending, a state of its own, said alike
+        from cloudml_lib.commands.compare import run_row
+        from cloudml_lib.core.rundir import format_status, run_status
+
+        pending = "trained, end pending (not evaluated yet)"
+        assert run_state(run).words == pending and run_row(run, "run")["state"].startswith(pending)
+        assert format_status(run_status(run)).startswith(f"{run}: {pending}: 3 of 3 epochs")
     resumed = train(cfg, run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ("Resumed from step" in resumed.stdout) == (kill_at != "step:2")

@@ -101,6 +101,10 @@ def progress(run_dir: Path, choice: Choice | None = None) -> tuple[bool, str]:
     s = _status(run_dir)
     if s is None or s.get("latest_checkpoint") is None:
         return True, "no checkpoint yet: it starts from the beginning"
+    if s.get("state") == "trained":  # its end pending: Train runs the end, it trains no more
+        return True, f"{s['state_words']}: Train finishes it without training more"
+    if s.get("state") == "failed":
+        return True, f"{s['state_words']}; Train continues it once that is fixed"
     if not s["finished"]:
         return True, f"epoch {s['epoch']} of {s['epochs']}, step {s['step']} of {s['total_steps']}"
     cv = run_dir.with_name(run_dir.name + "_crossval")

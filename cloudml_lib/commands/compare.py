@@ -19,7 +19,7 @@ from cloudml_lib.base.config import NEW, resume_rules
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
-from cloudml_lib.core.rundir import flatten_keys, has_run, is_crossval
+from cloudml_lib.core.rundir import flatten_keys, has_run, is_crossval, run_state
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,8 @@ def run_row(run: Path, name: str) -> dict:
     overall = files.evaluation().get("overall") or final
     trial = files.trial()
     planned = ((config or {}).get("train") or {}).get("epochs")
-    state = trial.get("state") or (
-        "finished"
-        if final
-        else "stopped (resumable)"
-        if epochs or (run / "checkpoints").is_dir()
-        else "not started"
-    )
+    # a sweep trial's own state (complete, pruned, failed, running), else the run's (rundir.run_state)
+    state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run_state(run))
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
     overall = overall or {}
