@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cloudml_lib.core.memory import GIB, MARGIN
+from cloudml_lib.core.memory import GIB, MARGIN, PeakLine
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +90,27 @@ class StepShape:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Peak bytes of the tensors of one training step and of one inference forward, as fixed + per-sample,
-    and the FLOPs of one training step per sample."""
+    """Peak bytes of the tensors of one training step and of one inference forward (memory.PeakLine: fixed +
+    per sample), and the FLOPs of one training step per sample."""
 
     shape: StepShape
-    train_fixed: float
-    train_per_sample: float
-    infer_fixed: float
-    infer_per_sample: float
+    train: PeakLine
+    infer: PeakLine
     flops_per_sample: float
 
+    @property
+    def train_fixed(self) -> float:
+        return self.train.fixed
+
+    @property
+    def train_per_sample(self) -> float:
+        return self.train.per_sample
+
     def train_peak(self, batch: int) -> float:
-        return self.train_fixed + self.train_per_sample * batch
+        return self.train.peak(batch)
 
     def infer_peak(self, batch: int) -> float:
-        return self.infer_fixed + self.infer_per_sample * batch
+        return self.infer.peak(batch)
 
     def need(self, batch: int) -> float:
         """GPU memory a training step at `batch` needs: the tensors' peak, the allocator's slack and the
@@ -113,8 +119,7 @@ class Estimate:
 
     def largest_batch(self, budget: float, margin: float = MARGIN) -> int:
         """The largest batch whose need, with the probe's 15 % margin, fits `budget` bytes; 0 if none."""
-        room = budget / (1 + margin) - OVERHEAD_BYTES
-        return max(0, int((room / (1 + SLACK) - self.train_fixed) // self.train_per_sample))
+        return self.train.largest_batch(budget, margin, OVERHEAD_BYTES, SLACK)
 
 
 class _StorageCounter(torch.utils._python_dispatch.TorchDispatchMode):
@@ -232,13 +237,10 @@ def _estimate(shape: StepShape) -> Estimate:
     t1, t2 = measure(shape, b1), measure(shape, b2)
     i1, i2 = measure(shape, b1, "infer"), measure(shape, b2, "infer")
     f1, f2 = count_flops(shape, b1), count_flops(shape, b2)
-    train_slope, infer_slope = (t2 - t1) / (b2 - b1), (i2 - i1) / (b2 - b1)
     return Estimate(
         shape,
-        train_fixed=t1 - train_slope * b1,
-        train_per_sample=train_slope,
-        infer_fixed=i1 - infer_slope * b1,
-        infer_per_sample=infer_slope,
+        train=PeakLine.through(FIT_BATCHES, (t1, t2)),
+        infer=PeakLine.through(FIT_BATCHES, (i1, i2)),
         flops_per_sample=(f2 - f1) / (b2 - b1),
     )
 

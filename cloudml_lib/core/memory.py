@@ -1,5 +1,6 @@
-"""GPU memory of a training step: `train.batch_size: auto` measures two real steps at small batch sizes on a
-copy of the model and fits fixed + per-sample bytes, then takes the largest batch that fits with a margin."""
+"""GPU memory of a training step: the one memory model (PeakLine: fixed + per-sample bytes, the largest batch
+that fits a budget with a margin), which estimate.py computes from the model on fake tensors and the probe of
+`train.batch_size: auto` measures (two real steps at small batch sizes on a copy of the model)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,50 @@ MARGIN = 0.15  # memory head-room kept free by the probe and the preset choice
 CPU_AUTO_BATCH = 16  # train.batch_size: auto on a CPU, where nothing can be measured
 
 
+@dataclass(frozen=True)
+class PeakLine:
+    """The one memory model of a step, measured (the probe) or computed (estimate.py): its peak bytes as fixed
+    + per sample x batch, drawn through two (batch, peak) points, and the largest batch whose peak fits a
+    budget with a margin (and, for an estimate, a stated overhead and slack)."""
+
+    fixed: float
+    per_sample: float
+
+    @classmethod
+    def through(cls, sizes: tuple[int, int], peaks: tuple[float, float]) -> PeakLine:
+        (b1, b2), (p1, p2) = sizes, peaks
+        per_sample = max((p2 - p1) / (b2 - b1), 1.0)
+        return cls(max(p1 - per_sample * b1, 0.0), per_sample)
+
+    def peak(self, batch: int) -> float:
+        return self.fixed + self.per_sample * batch
+
+    def largest_batch(
+        self, budget: float, margin: float = MARGIN, overhead: float = 0.0, slack: float = 0.0
+    ) -> int:
+        """The largest batch whose peak x (1 + slack) + overhead fits `budget` with the margin; 0 if none."""
+        room = budget / (1 + margin) - overhead
+        return max(0, int((room / (1 + slack) - self.fixed) // self.per_sample))
+
+
 @dataclass
 class ProbeResult:
     batch_sizes: tuple[int, int]
     peaks_bytes: tuple[int, int]
-    fixed_bytes: float
-    per_sample_bytes: float
+    line: PeakLine
     budget_bytes: int
     recommended: int
 
+    @property
+    def fixed_bytes(self) -> float:
+        return self.line.fixed
+
+    @property
+    def per_sample_bytes(self) -> float:
+        return self.line.per_sample
+
     def predicted_peak(self, batch: int) -> float:
-        return self.fixed_bytes + self.per_sample_bytes * batch
+        return self.line.peak(batch)
 
     def describe(self) -> str:
         return (
@@ -43,11 +77,8 @@ def fit_batch_size(
     sizes: tuple[int, int], peaks: tuple[int, int], budget: int, cap: int = 256
 ) -> ProbeResult:
     """Line through two (batch, peak) points; the largest batch whose peak x 1.15 fits the budget."""
-    (b1, b2), (p1, p2) = sizes, peaks
-    per_sample = max((p2 - p1) / (b2 - b1), 1.0)
-    fixed = max(p1 - per_sample * b1, 0.0)
-    best = int((budget / (1 + MARGIN) - fixed) // per_sample)
-    return ProbeResult(sizes, peaks, fixed, per_sample, budget, max(1, min(cap, best)))
+    line = PeakLine.through(sizes, peaks)
+    return ProbeResult(sizes, peaks, line, budget, max(1, min(cap, line.largest_batch(budget))))
 
 
 def measure_step_peak(step, batch_size: int, device: torch.device) -> int:
