@@ -38,7 +38,7 @@ from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.science import intervals, plots
-from cloudml_lib.science.report import bounds_in_words, verdict, write_report
+from cloudml_lib.science.report import METRIC_KEYS, bounds_in_words, metric_rows, verdict, write_report
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +123,7 @@ def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None
 
 
 def format_report(report: dict) -> str:
-    # The model's rows, then the baseline's: each row says whose numbers and which flights it holds.
-    rows = [("model: all held-out flights", report["overall"])]
-    rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
-    rows += [("baseline (training mean): all", report["baseline"])]
-    rows += [
-        (f"baseline (training mean): flight {k}", v)
-        for k, v in (report.get("baseline_per_flight") or {}).items()
-    ]
+    rows = metric_rows(report)
     extra = ""
     if report.get("cloud"):
         from cloudml_lib.science.clouds import format_cloud
@@ -151,7 +144,7 @@ def format_report(report: dict) -> str:
     lines = [f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
     num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
     for name, m in rows:
-        cells = [num(m[k]) for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")] + [f"{m['n']:10d}"]
+        cells = [num(m[k]) for k in METRIC_KEYS[:-1]] + [f"{m['n']:10d}"]
         lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
     if report.get("out_of_bounds"):
         extra += "\n\n" + bounds_in_words(report["out_of_bounds"])

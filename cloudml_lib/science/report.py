@@ -101,8 +101,12 @@ def _num(v) -> str:
     return "-" if v is None else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")
 
 
-def _metrics_table(report: dict) -> list[str]:
-    keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio", "n")
+METRIC_KEYS = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio", "n")
+
+
+def metric_rows(report: dict) -> list[tuple[str, dict]]:
+    """The report's rows, each saying whose numbers and which flights: the model's, then the baseline's, over
+    all held-out flights and per flight (report.md and the text report alike)."""
     rows = [("model: all held-out flights", report["overall"])]
     rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
     rows += [("baseline (training mean): all", report["baseline"])]
@@ -110,8 +114,13 @@ def _metrics_table(report: dict) -> list[str]:
         (f"baseline (training mean): flight {k}", v)
         for k, v in (report.get("baseline_per_flight") or {}).items()
     ]
+    return rows
+
+
+def _metrics_table(report: dict) -> list[str]:
     header = ["", "R2", "MAE km", "RMSE km", "bias km", "std(pred)/std(true)", "n"]
-    return tables.markdown(header, [[name, *(_num(m.get(k)) for k in keys)] for name, m in rows]).splitlines()
+    rows = [[name, *(_num(m.get(k)) for k in METRIC_KEYS)] for name, m in metric_rows(report)]
+    return tables.markdown(header, rows).splitlines()
 
 
 def cloud_table(report: dict) -> list[str]:
