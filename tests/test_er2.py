@@ -12,7 +12,7 @@ from conftest import preprocess_frame, with_heights
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import DataError
-from cloudml_lib.data import cpl, er2
+from cloudml_lib.data import cpl, er2, times
 
 DATE = dt.date(2025, 2, 10)
 MIDNIGHT = 1739145600.0  # 2025-02-10 00:00 UTC
@@ -166,15 +166,15 @@ def test_epoch_times_survive_strays_and_say_which_format(tmp_path, caplog, monke
 
 def test_time_format_detection_and_midnight_wrap():
     sod = np.array([86398.0, 86399.0, 0.0, 1.0])
-    t, fmt, bad = er2.to_epoch_seconds(sod, "auto", DATE, "test")
+    t, fmt, bad = times.to_epoch_seconds(sod, "auto", DATE, "test")
     assert fmt == "seconds_of_day" and bad == 0
     np.testing.assert_allclose(t, MIDNIGHT + np.array([86398, 86399, 86400, 86401]))
-    t2, fmt2, _ = er2.to_epoch_seconds(np.concatenate([[0.0], t]), "auto", DATE, "test")
+    t2, fmt2, _ = times.to_epoch_seconds(np.concatenate([[0.0], t]), "auto", DATE, "test")
     assert fmt2 == "epoch" and np.isnan(t2[0]) and np.array_equal(t2[1:], t)
     with pytest.raises(DataError, match="cannot tell the time format.*data.ir_time_format"):
-        er2.to_epoch_seconds(np.array([5e5, 1e6]), "auto", DATE, "flight X")
+        times.to_epoch_seconds(np.array([5e5, 1e6]), "auto", DATE, "flight X")
     with pytest.raises(DataError, match="no usable time values"):
-        er2.to_epoch_seconds(np.array([0.0, -9999.0]), "auto", DATE, "flight X")
+        times.to_epoch_seconds(np.array([0.0, -9999.0]), "auto", DATE, "flight X")
 
 
 def test_seconds_of_day_ir_times_match_the_same_labels(tmp_path):

@@ -22,7 +22,7 @@ from conftest import tiny_raw
 from cloudml_lib.base.config import DataConfig, FlightConfig, build_config
 from cloudml_lib.base.errors import DataError
 from cloudml_lib.commands import cli
-from cloudml_lib.data import cpl, er2
+from cloudml_lib.data import cpl, er2, navigation, times
 from cloudml_lib.data.flights import check_rows, find_flights
 from cloudml_lib.data.synthetic import ICARTT_NAV_INDEX, make_demo_flights, write_icartt_nav
 
@@ -90,7 +90,9 @@ def test_icartt_nav_across_midnight_fills_and_a_preferred_time_axis(five):
     assert found["03Mar25"].files["nav"].endswith(".ict")  # chosen over the .hdf: it has a time axis
     d = data()
     d.flights[1].nav_file = "03Mar25/IMPACTS_MetNav_ER2_20250303_R0.ict"
-    nav = er2.read_nav(d.flights[1], d, ict, er2.read_ir_times(root / e["ir_file"], d.flights[1], d)[0])
+    nav = navigation.read_nav(
+        d.flights[1], d, ict, er2.read_ir_times(root / e["ir_file"], d.flights[1], d)[0]
+    )
     usable = np.isfinite(er2.read_ir_times(root / e["ir_file"], d.flights[1], d)[0])
     # every frame with a time, before and after midnight, has its record; a frame whose own record has a fill
     # value (-9999) for a sun angle takes the nearest usable one (1 s away): no angle is left unknown
@@ -111,18 +113,18 @@ def test_icartt_problems_name_the_file_and_key(five, monkeypatch):
         match=r"no column 'SZA_missing' \(data.keys.ict_zenith\); columns present: "
         r"Time_Start, Day_Of_Year, Latitude",
     ):
-        er2.read_nav(flight, d, path, t)
+        navigation.read_nav(flight, d, path, t)
     d = data()
     d.keys.ict_heading = "Heading_missing"  # no heading: not an error, flips are off
-    nav = er2.read_nav(flight, d, path, t)
+    nav = navigation.read_nav(flight, d, path, t)
     assert "no heading (data.keys.ict_heading 'Heading_missing'" in nav.heading_note
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:5]) + "\n")  # a download cut off in the header
     with pytest.raises(DataError, match=rf"cannot read {path} as ICARTT 1001 nav"):
-        er2.read_nav(flight, d, path, t)
+        navigation.read_nav(flight, d, path, t)
     monkeypatch.setitem(sys.modules, "icartt", None)
     with pytest.raises(DataError, match="needs the icartt package: pip install 'icartt>=2.0'"):
-        er2.read_nav(flight, d, path, t)
+        navigation.read_nav(flight, d, path, t)
 
 
 # ------------------------------------------------------------------------ checked before trusted
@@ -197,7 +199,7 @@ def test_every_value_a_fill_value_is_refused_naming_the_file_and_what_is_valid(t
 
     edit_records(path, fill)
     with pytest.raises(DataError) as e:
-        er2.read_nav(flight, data, path, t)
+        navigation.read_nav(flight, data, path, t)
     assert str(e.value).startswith(
         f"flight 09Mar25: {path} has no usable nav record: of its 80 records, 80 with no solar zenith (fill "
         "value or not a number), 80 with no sun azimuth (fill value or not a number). Valid: Time_Start "
@@ -212,10 +214,10 @@ def test_fill_values_in_the_time_column_are_refused_or_left_out_with_a_count(tmp
     with pytest.raises(
         DataError, match=r"has no usable nav record: of its 80 records, 80 with no time \(fill"
     ):
-        er2.read_nav(flight, data, path, t)
+        navigation.read_nav(flight, data, path, t)
     flight, data, path, t = small_nav(tmp_path)
     edit_records(path, lambda c: c["Time_Start"].__setitem__(slice(0, None, 4), -9999.0))
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert (
         f"flight 09Mar25: {path}: 60 of 80 nav records usable (75.0%); left out: 20 with no time (fill value "
         "or not a number). A frame takes the nearest usable record within 2 s" in warned()
@@ -226,7 +228,7 @@ def test_fill_values_in_the_time_column_are_refused_or_left_out_with_a_count(tmp
 def test_the_header_date_is_outvoted_by_the_file_name_and_day_of_year(tmp_path, warned):
     flight, data, path, t = small_nav(tmp_path)
     set_header_date(path, dt.date(2025, 1, 5))  # as the real NASA file: 63 days early
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert nav.matched == 60
     assert (
         f"flight 09Mar25: {path}: the header's date (line 7) is 2025-01-05, but the dates disagree (the file "
@@ -237,7 +239,7 @@ def test_the_header_date_is_outvoted_by_the_file_name_and_day_of_year(tmp_path, 
 
 def test_a_file_name_that_disagrees_is_outvoted_by_the_header_and_day_of_year(tmp_path, warned):
     flight, data, path, t = small_nav(tmp_path, name="IMPACTS_MetNav_ER2_20250310_R0.ict")
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert nav.matched == 60
     assert "the file name says 2025-03-10" in warned()
     assert "its records are dated 2025-03-09 (2 of 3 agree)" in warned()
@@ -247,12 +249,12 @@ def test_without_day_of_year_a_tie_is_decided_by_the_flights_date_or_refused(tmp
     flight, data, path, t = small_nav(tmp_path)
     edit_records(path, lambda c: c["Day_Of_Year"].__setitem__(slice(None), -9999.0))
     set_header_date(path, dt.date(2025, 3, 8))
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert nav.matched == 60
     assert "its records are dated 2025-03-09 (the flight's own date decides)" in warned()
     flight.date = "2025-03-07"
     with pytest.raises(DataError) as e:
-        er2.read_nav(flight, data, path, t)
+        navigation.read_nav(flight, data, path, t)
     assert (
         f"flight 09Mar25: {path}: cannot tell which day its times count from: the header (line 7) says "
         "2025-03-08; the file name says 2025-03-09; the flight's date is 2025-03-07. Make them agree"
@@ -267,19 +269,19 @@ def test_absurd_times_are_left_out_and_a_file_of_them_is_refused(tmp_path, warne
         cols["Time_Start"][-5:] = 250000.0  # nearly three days on: no flight lasts that long
 
     edit_records(path, absurd)
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert "70 of 80 nav records usable (87.5%); left out: 10 with a time outside 0..172800 s" in warned()
     assert nav.matched == 60  # the records left out lay outside the frames' span anyway
     edit_records(path, lambda c: c["Time_Start"].__setitem__(slice(None), 3e6 + np.arange(80)))
     with pytest.raises(DataError, match="no usable nav record: of its 80 records, 80 with a time outside"):
-        er2.read_nav(flight, data, path, t)
+        navigation.read_nav(flight, data, path, t)
 
 
 def test_times_that_step_back_are_refused_and_a_single_one_left_out_with_a_count(tmp_path, warned):
     flight, data, path, t = small_nav(tmp_path, n=200)
     n_header = edit_records(path, lambda c: c["Time_Start"].__setitem__(slice(None), c["Time_Start"][::-1]))
     with pytest.raises(DataError) as e:
-        er2.read_nav(flight, data, path, t)
+        navigation.read_nav(flight, data, path, t)
     assert (
         f"flight 09Mar25: {path}: Time_Start steps back or repeats in 219 of 220 records (first at record "
         f"2, line {n_header + 2}: 65008 s after 65009 s); the records must be in time order, or frames would "
@@ -287,7 +289,7 @@ def test_times_that_step_back_are_refused_and_a_single_one_left_out_with_a_count
     ) in str(e.value)
     flight, data, path, t = small_nav(tmp_path, n=200)
     edit_records(path, lambda c: c["Time_Start"].__setitem__(31, c["Time_Start"][30]))  # a repeated second
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert (
         "219 of 220 nav records usable (99.5%); left out: 1 with a time not after the record before it"
         in (warned())
@@ -299,7 +301,7 @@ def test_angles_not_a_number_or_impossible_are_left_out_and_a_file_of_them_refus
     flight, data, path, t = small_nav(tmp_path)
     edit_records(path, lambda c: c["Solar_Zenith_Angle"].__setitem__(slice(None), 400.0))
     with pytest.raises(DataError, match="of its 80 records, 80 with a solar zenith outside 0..180 deg"):
-        er2.read_nav(flight, data, path, t)
+        navigation.read_nav(flight, data, path, t)
 
     def damage(cols):
         cols["Solar_Zenith_Angle"][::10] = np.nan  # "nan" in the text
@@ -307,7 +309,7 @@ def test_angles_not_a_number_or_impossible_are_left_out_and_a_file_of_them_refus
 
     flight, data, path, t = small_nav(tmp_path)
     edit_records(path, damage)
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert (
         "71 of 80 nav records usable (88.8%); left out: 8 with no solar zenith (fill value or not a number), "
         "1 with a sun azimuth outside -180..360 deg" in warned()
@@ -319,7 +321,7 @@ def test_a_flight_across_midnight_keeps_every_record(tmp_path, warned):
     flight, data, path, t = small_nav(tmp_path, start_s=86400.0 - 30)
     text = path.read_text().splitlines()
     assert text[-1].startswith("86439, 69")  # Time_Start past 86,400 s, on the next day of the year
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     assert nav.matched == nav.timed == 60 and warned() == ""
 
 
@@ -328,11 +330,11 @@ def test_a_zenith_past_90_is_kept_and_azimuths_in_either_convention_agree(tmp_pa
     flight, data, path, t = small_nav(tmp_path, sza=sza, saa=saa)
     lines = path.read_text().splitlines()
     assert lines[int(lines[0].split(",")[0])].split(", ")[6] == "-179"  # the first record, -180..180
-    nav = er2.read_nav(flight, data, path, t)
+    nav = navigation.read_nav(flight, data, path, t)
     np.testing.assert_allclose(nav.values["sza"], sza, atol=1e-4)  # the sun at the horizon: valid
     np.testing.assert_allclose(nav.values["saa"], saa % 360, atol=1e-3)
     edit_records(path, lambda c: c["Sun_Azimuth"].__setitem__(slice(None), c["Sun_Azimuth"] % 360))
-    np.testing.assert_allclose(er2.read_nav(flight, data, path, t).values["saa"], saa % 360, atol=1e-3)
+    np.testing.assert_allclose(navigation.read_nav(flight, data, path, t).values["saa"], saa % 360, atol=1e-3)
     assert warned() == ""
 
 
@@ -357,9 +359,9 @@ def read_real_file(path, n_records, warned):
         seconds = icartt.Dataset(str(path)).data.data["Time_Start"]
     assert (seconds[0], seconds[-1], seconds.size) == (43203, 61064, n_records)
     midnight = calendar.timegm(dt.date(2023, 3, 2).timetuple())
-    nav = er2.read_nav(flight, data, path, midnight + seconds)
+    nav = navigation.read_nav(flight, data, path, midnight + seconds)
     assert nav.matched == n_records  # 2023-03-02, 12:00:03 to 16:57:44 UTC: every record
-    assert [er2.utc_text(midnight + s) for s in (seconds[0], seconds[-1])] == [
+    assert [times.utc_text(midnight + s) for s in (seconds[0], seconds[-1])] == [
         "2023-03-02 12:00:03 UTC",
         "2023-03-02 16:57:44 UTC",
     ]
@@ -373,7 +375,9 @@ def read_real_file(path, n_records, warned):
     )
     assert "records usable" not in warned()  # no record is left out
     header = midnight - (dt.date(2023, 3, 2) - dt.date(2023, 1, 5)).days * 86400
-    assert er2.read_nav(flight, data, path, header + seconds).matched == 0  # as the header would date them
+    assert (
+        navigation.read_nav(flight, data, path, header + seconds).matched == 0
+    )  # as the header would date them
 
 
 # ------------------------------------------------------------------------ too few frames matched

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError, shown
 from cloudml_lib.base.outputs import named
-from cloudml_lib.data import cpl, er2
+from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cachefiles import (
     copy_flight_cache,
     in_background,
@@ -123,8 +123,10 @@ def cache_key(flight: FlightConfig, data: DataConfig, backend: Backend = SKIMAGE
     }
     if backend.name != SKIMAGE.name:  # absent: scikit-image, so the caches of earlier versions stay valid
         settings["clahe_backend"] = backend.name
-    if any(er2.is_icartt(p) for p in er2.flight_paths(flight, data).values()):  # absent: other nav files
-        settings["icartt_reader"] = er2.ICARTT_READER
+    if any(
+        navigation.is_icartt(p) for p in er2.flight_paths(flight, data).values()
+    ):  # absent: other nav files
+        settings["icartt_reader"] = navigation.ICARTT_READER
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -18,21 +18,10 @@ import numpy as np
 
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError
-from cloudml_lib.data import er2
-from cloudml_lib.data.er2 import (
-    FILL_BELOW,
-    check_files,
-    flight_date,
-    flight_paths,
-    julian_to_epoch,
-    match_to_frames,
-    numbers,
-    open_h5,
-    read_column,
-    read_ir_times,
-    read_nav,
-    utc_text,
-)
+from cloudml_lib.data.er2 import check_files, flight_paths, read_ir_times
+from cloudml_lib.data.hdf5 import FILL_BELOW, numbers, open_h5, read_column
+from cloudml_lib.data.navigation import heading_only, nav_match_problem, read_nav
+from cloudml_lib.data.times import flight_date, julian_to_epoch, match_to_frames, utc_text
 
 log = logging.getLogger(__name__)
 
@@ -474,7 +463,7 @@ def _angles(
     frame_t, frames = m.frame_t, m.frames
     if data.angles_source == "nav":
         nav = read_nav(flight, data, nav_path, frame_t)
-        problem = er2.nav_match_problem(nav, flight, data, nav_path)
+        problem = nav_match_problem(nav, flight, data, nav_path)
         if problem:
             raise DataError(problem)
         beyond = ~nav.covered[frames[pick]]
@@ -487,7 +476,7 @@ def _angles(
             dropped,
         )
     angles = {a: cpl[a][pick] for a in ("sza", "saa", "lat", "lon")}
-    heading, heading_note = er2.heading_only(flight, data, frame_t)
+    heading, heading_note = heading_only(flight, data, frame_t)
     angles["heading"] = heading[frames[pick]]
     return pick, angles, heading_note, 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import Config, DataConfig, FlightConfig, check_flight_names
 from cloudml_lib.base.errors import ConfigError, DataError
-from cloudml_lib.data import cpl, er2, synthetic
+from cloudml_lib.data import cpl, er2, synthetic, times
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ def classify(name: str) -> tuple[str, dt.date, int] | None:
     m = IR_NAME.search(name)
     if m and _yyyymmdd(m.group(1)):
         return "ir", _yyyymmdd(m.group(1)), int(m.group(2)) if m.group(2) else -1
-    if CPL_NAME.search(name) and er2.date_from_cpl_name(name):
-        return "cpl", er2.date_from_cpl_name(name), -1
+    if CPL_NAME.search(name) and times.date_from_cpl_name(name):
+        return "cpl", times.date_from_cpl_name(name), -1
     m = NAV_NAME.search(name) or ICARTT_NAV_NAME.search(name)
     if m and _yyyymmdd(m.group(1)):
         return "nav", _yyyymmdd(m.group(1)), -1

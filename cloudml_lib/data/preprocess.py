@@ -41,7 +41,7 @@ import numpy as np
 
 from cloudml_lib.base.config import DataConfig
 from cloudml_lib.base.errors import ConfigError, DataError, install_command, shown
-from cloudml_lib.data import er2
+from cloudml_lib.data import hdf5
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,8 @@ def read_block(path: str, key: str, flight: str, index: np.ndarray, spec: FrameS
     n = len(index)
     filled, blank, p10 = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.float32)
     frames = None
-    with er2.open_h5(Path(path), flight) as f:
-        signal_ = er2.dataset(f, key, flight, "data.keys.ir_signal")
+    with hdf5.open_h5(Path(path), flight) as f:
+        signal_ = hdf5.dataset(f, key, flight, "data.keys.ir_signal")
         i = 0
         while i < n:
             j = i + 1  # a run of consecutive frames, read at once

@@ -61,7 +61,7 @@ import numpy as np
 from scipy import ndimage
 from tqdm.auto import tqdm
 
-from cloudml_lib.data import er2
+from cloudml_lib.data import times
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> l
     """The `data.flights` entries of the demo flights: one folder per flight, real naming style."""
     entries = []
     for i, (name, date) in enumerate(demo_flight_names(n_flights, dates)):
-        cpl_date = er2.cpl_file_date(date)
+        cpl_date = times.cpl_file_date(date)
         campaign = "GLOVE2025" if date.year >= 2025 else "WHYMSIE2024"
         entries.append(
             {

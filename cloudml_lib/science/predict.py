@@ -47,7 +47,7 @@ from cloudml_lib.core.inference import StreamEncoder, eval_batch_size, windows_f
 from cloudml_lib.core.metrics import outside_bounds
 from cloudml_lib.core.provenance import trained_backend
 from cloudml_lib.core.rundir import RUN_FILES
-from cloudml_lib.data import cpl, er2
+from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
@@ -107,7 +107,7 @@ def _use_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
     the flight, when the file is not usable or too few frames found a record in it (data.min_nav_match): a
     frame without a record gets the training mean zenith and no sun direction, never another record's."""
     try:
-        nav = er2.read_nav(flight, data, path, frame_t)
+        nav = navigation.read_nav(flight, data, path, frame_t)
     except DataError as e:
         log.warning(
             "flight %s: the nav file is not usable (%s); predicting without it: sun angles are the training "
@@ -119,7 +119,7 @@ def _use_nav(flight: FlightConfig, data: DataConfig, path: Path, frame_t: np.nda
     out.update({k: nav.values[k] for k in ("sza", "saa", "heading", "lat", "lon")})
     if nav.values.get("altitude") is not None:
         out["altitude_km"] = _altitude_km(nav.values["altitude"], flight.name, path)
-    problem = er2.nav_match_problem(nav, flight, data, path)
+    problem = navigation.nav_match_problem(nav, flight, data, path)
     if problem:
         log.warning("%s Predicting anyway, with the nav records that were found.", problem)
     elif data.sun_azimuth == "relative" and not np.isfinite(out["heading"]).any():
