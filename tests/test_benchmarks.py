@@ -37,3 +37,40 @@ def test_readme_tables_come_from_results_md():
     results = (REPO / "benchmarks" / "RESULTS.md").read_text().splitlines()
     assert len(rows) >= 15
     assert [r for r in rows if r not in results] == []
+
+
+def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
+    """benchmarks/gpu.py --smoke: every item's code path on a tiny CPU run (the GPU run is prepared this way),
+    each item in its own time-boxed process, and the results file written after each; it never writes the
+    committed results."""
+    import subprocess
+    import sys
+
+    committed = (REPO / "benchmarks" / "results" / "gpu.json").read_bytes()
+    out = tmp_path / "smoke.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/gpu.py",
+            "--smoke",
+            "--results",
+            str(out),
+            "--log",
+            str(tmp_path / "log"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    items = ("presets", "compile", "precision", "memory", "predict", "resume")
+    assert [i for i in items if "failed" in doc[i]] == [], {i: doc[i].get("failed") for i in items}
+    assert doc["presets"]["A"]["steps_per_s"] > 0 and doc["presets"]["A"]["estimated_peak_gib"] > 0
+    compiled = doc["compile"]["compiled"]
+    assert len(compiled["epochs"]) == 3 and not compiled["compile_at_end"]["fallback"]
+    assert doc["precision"]["fp16_grad_scaler"]["non_finite_losses"] == 0
+    assert doc["memory"]["skipped"].startswith("needs CUDA")  # out of memory is a GPU's only
+    assert doc["resume"]["killed_by_sigkill"] and doc["resume"]["bit_identical"]
+    assert (REPO / "benchmarks" / "results" / "gpu.json").read_bytes() == committed

@@ -67,6 +67,36 @@ def test_the_folders_are_the_layers():
         assert "may import" in doc.lower(), folder
 
 
+def layout_text() -> str:
+    """README's Layout block, drawn from the layers (pyproject.toml, top to bottom) and each layer package's
+    docstring."""
+    import tomllib
+
+    layers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0][
+        "layers"
+    ]
+    out = [
+        "cloudml_lib/    __main__.py: python -m cloudml_lib; the layers, each importing only those below it:"
+    ]
+    for layer in (name for name in layers if name != "__main__"):
+        doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
+        out.append(f"  {layer}/")
+        out += [f"    {line}" if line else "" for line in doc.splitlines()]
+    return "\n".join(line.rstrip() for line in out)
+
+
+def test_the_readmes_layout_is_drawn_from_the_packages():
+    """Every module of the package is named in its layer's docstring, and README's Layout is those docstrings
+    (regenerate it with `python -c "from tests.test_layout import layout_text; print(layout_text())"`)."""
+    text = layout_text()
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" and path.parent != PACKAGE:
+            assert path.name in text, f"{name} is in no layer's docstring"
+    assert text in (REPO / "README.md").read_text(), (
+        "README.md's Layout differs from the packages' docstrings"
+    )
+
+
 def ruff(*args: str) -> subprocess.CompletedProcess:
     command = [shutil.which("ruff")] if shutil.which("ruff") else [sys.executable, "-m", "ruff"]
     return subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True)

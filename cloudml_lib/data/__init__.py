@@ -1,6 +1,10 @@
 """Data: ER-2 flight files -> preprocessing cache -> training samples.
 
-- er2.py, cpl.py  the IR, navigation and lidar files read and checked; labels matched to frames
+- er2.py          a flight's files by role, and the IR file's frame times and shape
+- hdf5.py         HDF5 values read with messages naming the flight, the file and the key
+- times.py        dates and times, epoch seconds, each lidar profile matched to its frame
+- navigation.py   the nav per frame (the users' HDF rows, or public ICARTT text checked before use)
+- cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate
 - flights.py      flights found in a folder by their file names;  synthetic.py  the demo flights, written in
                   the real file layout
 - preprocess.py   a frame's preprocessing (crop, CLAHE) on every core or the GPU
