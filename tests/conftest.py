@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +68,21 @@ def tiny_config(tiny_raw_config):
     return build_config(tiny_raw_config)
 
 
+@pytest.fixture
+def copied_flights(tiny_flights, tmp_path):
+    """A private copy of the tiny flights (tests edit their files) and a function making the tiny config over
+    it with data settings changed: (its folder, their entries, config(**data))."""
+    root, entries = tiny_flights
+    shutil.copytree(root, tmp_path / "flights")
+
+    def config(**data):
+        raw = tiny_raw(tmp_path / "flights", entries, tmp_path / "cache")
+        raw["data"].update(data)
+        return build_config(raw)
+
+    return tmp_path / "flights", entries, config
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory):
     """The wheel of a clean copy of this checkout (tests/install_helpers.py)."""
@@ -91,6 +108,14 @@ def preprocess_frame(raw, data):
 
 
 @pytest.fixture
+def logs_reach_caplog(monkeypatch, caplog):
+    """A training run earlier in the session stops cloudml_lib's records at its own handlers (rundir.py): let
+    them reach caplog again, from INFO up."""
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="cloudml_lib")
+
+
+@pytest.fixture
 def shown(monkeypatch):
     """Everything the notebook cells display, in order (widgets, display objects, Markdown text)."""
     from cloudml_lib.colab import drive, live, picker, show, sweeping, training
@@ -113,7 +138,9 @@ def ws(tmp_path, monkeypatch):
     return colab.workspace()
 
 
-def run_cli(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args, cwd=None, env: dict | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """`python -m cloudml_lib ARGS` in a process of its own (from the repository, or `cwd`), its output
     captured; no fault injection inherited (CLOUDML_KILL_AT only where `env` sets it)."""
     full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
@@ -125,6 +152,7 @@ def run_cli(*args, cwd=None, env: dict | None = None) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         env=full,
+        timeout=timeout,
     )
 
 
@@ -134,3 +162,19 @@ def fit_and_finish(trainer) -> dict:
 
     trainer.fit()
     return finish_run(trainer.run_dir, trainer.dist)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_flights, tmp_path_factory):
+    """A tiny run of today's code (one epoch), trained once per test module over its own copy of the tiny
+    flights: its folder, its flights' folder and their entries."""
+    from cloudml_lib.train import Trainer
+
+    root, entries = tiny_flights
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    data = tmp / "flights"
+    shutil.copytree(root, data)
+    raw = tiny_raw(data, entries, tmp / "cache")
+    raw["train"]["epochs"] = 1
+    fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
+    return tmp / "run", data, entries

@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -16,23 +14,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import tiny_raw
+from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.core.checkpoint import META, find_checkpoints, read_meta
-
-REPO = Path(__file__).parent.parent
-
-
-def run_cli(*args, env=None):
-    full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=full,
-    )
 
 
 def refused(r, *words):

@@ -1,23 +1,14 @@
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import yaml
+from conftest import run_cli
 
 from cloudml_lib.commands.cli import main
-
-REPO = Path(__file__).parent.parent
-
-
-def run_cli(*args, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", *args], cwd=cwd, capture_output=True, text=True
-    )
 
 
 def test_bad_config_exits_2_with_a_short_message(tmp_path):

@@ -9,12 +9,11 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import tiny_raw
+from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib import colab
 from cloudml_lib.colab import drive, live, training
@@ -22,8 +21,6 @@ from cloudml_lib.colab import picker as picker_mod
 from cloudml_lib.data.flights import format_table
 from cloudml_lib.science import plots
 from cloudml_lib.science.evaluate import format_report
-
-REPO = Path(__file__).parent.parent
 
 
 def own_flights(ws, n=3, shape=(32, 40)):
@@ -109,23 +106,8 @@ def test_without_an_epoch_the_placeholder_says_what_happened(tmp_path, shown):
 def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_flights, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw(*tiny_flights, tmp_path / "cache")))
-    env = dict(os.environ, TQDM_DISABLE="1", CLOUDML_PROGRESS="1", PYTHONUNBUFFERED="1")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cloudml_lib",
-            "train",
-            "--config",
-            str(cfg),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    env = {"TQDM_DISABLE": "1", "CLOUDML_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
+    r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "batch/s" not in out and "it/s" not in out and "frame/s" not in out, out[-3000:]
@@ -197,22 +179,7 @@ def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, t
     raw["checkpoint"] = {"every_steps": 3}
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cloudml_lib",
-            "train",
-            "--config",
-            str(cfg),
-            "--run-dir",
-            str(ws.runs / "my_run"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, CLOUDML_KILL_AT="step:10"),
-    )
+    r = run_cli("train", "--config", cfg, "--run-dir", ws.runs / "my_run", env={"CLOUDML_KILL_AT": "step:10"})
     assert r.returncode == -signal.SIGKILL  # a disconnect in the middle of the run
     colab.Choice(preset="demo", epochs=3, run_name="my_run", crossval=True, whole_flights=False).save(ws.root)
     p = colab.Picker(ws)  # a new kernel after the disconnect

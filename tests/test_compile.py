@@ -21,13 +21,13 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import REPO, run_cli
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import ConfigError
@@ -37,7 +37,6 @@ from cloudml_lib.core.rundir import format_status, run_status
 from cloudml_lib.science.report import build_report_md
 from cloudml_lib.train import Trainer
 
-REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
@@ -219,15 +218,7 @@ def cfg_file(tiny_raw_config, tmp_path):
 
 
 def train(cfg: Path, run: Path, **env) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**full, **env},
-    )
-    return r
+    return run_cli("train", "--config", cfg, "--run-dir", run, env=env)
 
 
 def best_weights(run: Path) -> dict:

@@ -1,16 +1,12 @@
 """Leave-one-flight-out cross-validation: fold isolation, resuming an interrupted run, the warnings."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from conftest import tiny_raw
+from conftest import run_cli, tiny_raw
 
 from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.commands.crossval import fold_warnings
@@ -18,21 +14,10 @@ from cloudml_lib.core.checkpoint import load_checkpoint
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import fit_scalers
 
-REPO = Path(__file__).parent.parent
-
 
 def crossval(cfg, run_dir, kill_at=None):
-    env = dict(os.environ)
-    env.pop("CLOUDML_KILL_AT", None)
-    if kill_at:
-        env["CLOUDML_KILL_AT"] = kill_at
-    return subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "crossval", "--config", str(cfg), "--run-dir", str(run_dir)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    env = {"CLOUDML_KILL_AT": kill_at} if kill_at else None
+    return run_cli("crossval", "--config", cfg, "--run-dir", run_dir, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -151,21 +136,6 @@ def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
     raw["train"]["epochs"] = 1
     plain = tmp_path / "plain.yaml"
     plain.write_text(yaml.safe_dump(raw))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cloudml_lib",
-            "crossval",
-            "--config",
-            str(plain),
-            "--run-dir",
-            str(tmp_path / "cv"),
-            "--no-controls",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("crossval", "--config", plain, "--run-dir", tmp_path / "cv", "--no-controls")
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(json.loads((tmp_path / "cv" / "crossval.json").read_text())["folds"]) == names

@@ -1,33 +1,26 @@
 """README's first command, end to end: the demo trains and the height is learned from the frames."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).parent.parent
+from conftest import run_cli
 
 
 def train_demo(tmp_path, name, *overrides):
-    cmd = [
-        sys.executable,
-        "-m",
-        "cloudml_lib",
+    args = [
         "train",
         "--config",
         "configs/demo.yaml",
         "--run-dir",
-        str(tmp_path / name),
+        tmp_path / name,
         "--set",
         f"data.dir={tmp_path / 'flights'}",
         "--set",
         f"data.cache_dir={tmp_path / 'cache'}",
     ]
     for o in overrides:
-        cmd += ["--set", o]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        args += ["--set", o]
+    r = run_cli(*args)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return json.loads((tmp_path / name / "evaluation.json").read_text()), r.stdout
 

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import tiny_raw
+from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.core.checkpoint import STATE, find_checkpoints, read_meta
 
-REPO = Path(__file__).parent.parent
 # Its gradient is zero in exact arithmetic (the softmax over frames ignores a shift shared by all
 # frames), so Adam turns rounding noise into steps of about the learning rate in any two runs that
 # sum in a different order. It cannot change a prediction.
@@ -23,6 +22,8 @@ SHIFT_ONLY = "temporal.2.bias"
 
 
 def launch(args: list[str], nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    if nproc == 1:
+        return run_cli(*args, env=env, timeout=300)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDML_KILL")}
     full_env.update(env or {})
     cmd = [
@@ -36,8 +37,6 @@ def launch(args: list[str], nproc: int = 2, env: dict | None = None) -> subproce
         "cloudml_lib",
         *args,
     ]
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "cloudml_lib", *args]
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
 
 

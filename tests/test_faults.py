@@ -10,13 +10,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import fit_and_finish, tiny_raw
+from conftest import fit_and_finish, run_cli, tiny_raw
 
 from cloudml_lib.core.checkpoint import (
     COMMITTED,
@@ -27,17 +26,6 @@ from cloudml_lib.core.checkpoint import (
     read_meta,
     sha256_file,
 )
-
-REPO = Path(__file__).parent.parent
-
-
-def run_cli(*args, env=None):
-    full = dict(os.environ)
-    full.pop("CLOUDML_KILL_AT", None)
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", *args], cwd=REPO, capture_output=True, text=True, env=full
-    )
 
 
 @pytest.fixture

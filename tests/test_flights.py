@@ -3,20 +3,15 @@ missing file, and a config that names only data.dir trained end to end from the 
 
 import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_FRAMES, TINY_SHAPE
+from conftest import TINY_FRAMES, TINY_SHAPE, run_cli
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.data import flights
 from cloudml_lib.data.synthetic import make_demo_flights
-
-REPO = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -84,21 +79,7 @@ def test_a_config_naming_only_the_data_folder_trains_end_to_end(users_folder, tm
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cloudml_lib",
-            "train",
-            "--config",
-            str(tmp_path / "c.yaml"),
-            "--run-dir",
-            str(run),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("train", "--config", tmp_path / "c.yaml", "--run-dir", run)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "found 3 flights in" in r.stdout
     table = r.stdout[r.stdout.index("Flights:") :]
@@ -109,12 +90,7 @@ def test_a_config_naming_only_the_data_folder_trains_end_to_end(users_folder, tm
     assert saved[1]["nav_file"] == "GLOVE2025/flights/03Mar25/CRS_20250303_nav.hdf"
     report = json.loads((run / "evaluation.json").read_text())
     assert list(report["per_flight"]) == ["05Mar25"] and report["overall"]["n"] > 10
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "evaluate", "--run-dir", str(run), "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("evaluate", "--run-dir", run, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["overall"]["n"] == report["overall"]["n"]
 
 

@@ -7,15 +7,12 @@ generator needs to draw the mirrored scene: the flipped sample's angle must be t
 from __future__ import annotations
 
 import logging
-import shutil
 
 import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_raw
 
-from cloudml_lib.base.config import build_config
 from cloudml_lib.data import cpl
 from cloudml_lib.data import dataset as ds_mod
 from cloudml_lib.data.cache import load_caches
@@ -23,11 +20,7 @@ from cloudml_lib.data.dataset import CloudDataset, augment_sample, fit_scalers, 
 from cloudml_lib.data.flights import check_rows
 from cloudml_lib.data.synthetic import _cloud_field, scene_layers
 
-
-@pytest.fixture(autouse=True)
-def logs_reach_caplog(monkeypatch, caplog):
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="cloudml_lib")
+pytestmark = pytest.mark.usefixtures("logs_reach_caplog")
 
 
 @pytest.fixture
@@ -80,21 +73,8 @@ def looks_flipped(augmented: torch.Tensor, original: np.ndarray) -> bool:
     return np.corrcoef(a, o[:, :, ::-1].ravel())[0, 1] > np.corrcoef(a, o.ravel())[0, 1]
 
 
-@pytest.fixture
-def copied(tiny_flights, tmp_path):
-    root, entries = tiny_flights
-    shutil.copytree(root, tmp_path / "flights")
-
-    def config(**data):
-        raw = tiny_raw(tmp_path / "flights", entries, tmp_path / "cache")
-        raw["data"].update(data)
-        return build_config(raw)
-
-    return tmp_path / "flights", entries, config
-
-
-def test_the_network_sees_the_azimuth_relative_to_the_heading_and_flips_it_consistently(copied):
-    root, entries, config = copied
+def test_the_network_sees_the_azimuth_relative_to_the_heading_and_flips_it_consistently(copied_flights):
+    root, entries, config = copied_flights
     cfg = config()
     caches = load_caches(cfg.data)
     c = caches[0]
@@ -113,8 +93,8 @@ def test_the_network_sees_the_azimuth_relative_to_the_heading_and_flips_it_consi
     assert 0.2 * len(ds) < flipped < 0.8 * len(ds)
 
 
-def test_without_a_heading_flips_are_off_and_the_log_and_table_say_so(copied, caplog):
-    root, entries, config = copied
+def test_without_a_heading_flips_are_off_and_the_log_and_table_say_so(copied_flights, caplog):
+    root, entries, config = copied_flights
     with h5py.File(root / entries[0]["nav_file"], "r+") as f:
         del f["nav/trueHdg"]
     cfg = config()

@@ -1,16 +1,13 @@
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.commands import presets
 from cloudml_lib.core import device, memory
 
-REPO = Path(__file__).parent.parent
 GIB = presets.GIB
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -98,12 +95,7 @@ def test_colab_is_detected_from_its_environment(monkeypatch):
 
 
 def test_diagnose_on_this_machine():
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "diagnose", "--json", "--config", "configs/demo.yaml"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("diagnose", "--json", "--config", "configs/demo.yaml")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {"colab", "python", "torch", "gpu", "host_memory", "cpus", "disk_free", "recommendations"} <= set(
@@ -113,9 +105,7 @@ def test_diagnose_on_this_machine():
     assert set(out["disk_free"]) == {"data", "cache"}
     if out["gpu"] is None:
         assert out["recommendations"][0].startswith("Preset: demo")
-    text = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "diagnose"], cwd=REPO, capture_output=True, text=True
-    ).stdout
+    text = run_cli("diagnose").stdout
     assert "Host RAM:" in text and "Recommendations:" in text
 
 

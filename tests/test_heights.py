@@ -21,7 +21,6 @@ import netCDF4
 import numpy as np
 import pytest
 import torch
-from conftest import fit_and_finish
 
 from cloudml_lib.base.config import absent_settings, build_config, config_from_dict, derive, height_bounds_km
 from cloudml_lib.core.checkpoint import Key, load_checkpoint, save_atomic
@@ -31,23 +30,6 @@ from cloudml_lib.science import predict as pr
 from cloudml_lib.science.report import shortcomings, verdict
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_d1cecbe"
-
-
-@pytest.fixture(scope="module")
-def run(tiny_flights, tmp_path_factory):
-    """A tiny run of today's code (one epoch): its folder, its flights' folder and their entries."""
-    from conftest import tiny_raw
-
-    from cloudml_lib.train import Trainer
-
-    root, entries = tiny_flights
-    tmp = tmp_path_factory.mktemp("heights")
-    data = tmp / "flights"
-    shutil.copytree(root, data)
-    raw = tiny_raw(data, entries, tmp / "cache")
-    raw["train"]["epochs"] = 1
-    fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
-    return tmp / "run", data, entries
 
 
 def as_old_run_predicting_below_the_surface(run_dir: Path, shift: float = -50.0) -> None:
@@ -110,8 +92,8 @@ def test_the_run_of_the_previous_release_loads_with_its_unbounded_head(tmp_path)
     assert rm.cfg.model.height_head == "unbounded" and rm.model.height_head == "unbounded"
 
 
-def test_a_new_run_answers_inside_the_bounds_and_says_so(run, tmp_path):
-    run_dir, _, entries = run
+def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run, tmp_path):
+    run_dir, _, entries = tiny_run
     best = load_checkpoint(run_dir / "best.pt")
     assert best[Key.CONFIG]["model"]["height_head"] == "bounded"
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
@@ -129,11 +111,11 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(run, tmp_path):
         assert np.isfinite(cbh).sum() > 10 and np.nanmin(cbh) >= 0.0 and np.nanmax(cbh) <= 2.0
 
 
-def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(run, tmp_path):
+def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(tiny_run, tmp_path):
     from cloudml_lib.science.evaluate import evaluate_run, format_report
 
     run_dir = tmp_path / "old"
-    shutil.copytree(run[0], run_dir)
+    shutil.copytree(tiny_run[0], run_dir)
     as_old_run_predicting_below_the_surface(run_dir)
     (path,) = pr.predict_flights(run_dir)  # into the run: report.md is rewritten
     with netCDF4.Dataset(path) as nc:

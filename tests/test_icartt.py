@@ -145,10 +145,8 @@ class NoFill:
 
 
 @pytest.fixture
-def warned(caplog, monkeypatch):
+def warned(logs_reach_caplog, caplog):
     """The WARNING lines logged so far, joined."""
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="cloudml_lib")
     return lambda: " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 

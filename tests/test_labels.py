@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import re
-import shutil
 
 import h5py
 import numpy as np
@@ -26,25 +25,14 @@ JULIAN = "layer_descriptor/Profile_Decimal_Julian_Day"
 BASE = "layer_descriptor/Layer_Base_Altitude"
 
 
-@pytest.fixture(autouse=True)
-def logs_reach_caplog(monkeypatch, caplog):
-    """A training run earlier in the session stops cloudml_lib's records at its own handlers (rundir.py)."""
-    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="cloudml_lib")
+pytestmark = pytest.mark.usefixtures("logs_reach_caplog")
 
 
 @pytest.fixture
-def flights(tiny_flights, tmp_path):
+def flights(copied_flights):
     """A private copy of the tiny flights (tests edit their files) and a function making its data config."""
-    root, entries = tiny_flights
-    shutil.copytree(root, tmp_path / "flights")
-
-    def data(**settings):
-        raw = tiny_raw(tmp_path / "flights", entries, tmp_path / "cache")
-        raw["data"].update(settings)
-        return build_config(raw).data
-
-    return tmp_path / "flights", entries, data
+    root, entries, config = copied_flights
+    return root, entries, lambda **settings: config(**settings).data
 
 
 def cpl_path(root, entry):

@@ -8,32 +8,14 @@ import netCDF4
 import numpy as np
 import pytest
 import torch
-from conftest import fit_and_finish
 
 from cloudml_lib.data import preprocess
 from cloudml_lib.science import predict as pr
 from cloudml_lib.science import products
-from cloudml_lib.train import Trainer
 
 
-@pytest.fixture(scope="module")
-def run(tiny_flights, tmp_path_factory):
-    from conftest import tiny_raw
-
-    from cloudml_lib.base.config import build_config
-
-    root, entries = tiny_flights
-    tmp = tmp_path_factory.mktemp("predict")
-    data = tmp / "flights"
-    shutil.copytree(root, data)
-    raw = tiny_raw(data, entries, tmp / "cache")
-    raw["train"]["epochs"] = 1
-    fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
-    return tmp / "run", data, entries
-
-
-def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
-    run_dir, _, entries = run
+def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run):
+    run_dir, _, entries = tiny_run
     held = entries[2]["name"]
     (path,) = pr.predict_flights(run_dir)  # default: the validation flight
     assert path == run_dir / "predictions" / f"{held}_cbh.nc"
@@ -78,8 +60,8 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(run):
     assert len((run_dir / "predictions" / f"{held}_cbh.csv").read_text().splitlines()) == n + 1
 
 
-def test_a_flight_with_only_ir_and_nav_files_is_predicted(run, tmp_path):
-    run_dir, data, entries = run
+def test_a_flight_with_only_ir_and_nav_files_is_predicted(tiny_run, tmp_path):
+    run_dir, data, entries = tiny_run
     only = tmp_path / "data"
     shutil.copytree(data, only)
     (only / entries[0]["cpl_file"]).unlink()
@@ -91,8 +73,8 @@ def test_a_flight_with_only_ir_and_nav_files_is_predicted(run, tmp_path):
         pr.predict_flights(run_dir, ["12Feb25"], out_dir=tmp_path / "out")
 
 
-def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(run, tmp_path, monkeypatch):
-    run_dir, _, entries = run
+def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(tiny_run, tmp_path, monkeypatch):
+    run_dir, _, entries = tiny_run
     (whole,) = pr.predict_flights(run_dir, out_dir=tmp_path / "whole")
     prepared = []
     real_prepare = preprocess.prepare
@@ -105,10 +87,10 @@ def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(run, tmp_
     assert len(prepared) == 240  # the held-out flight's frames, each exactly once
 
 
-def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run, tmp_path, monkeypatch):
+def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(tiny_run, tmp_path, monkeypatch):
     """Serial (0 workers) and 2 worker processes: identical files; while the model encodes a block's frames,
     the workers have already been given the frames beyond it."""
-    run_dir, _, entries = run
+    run_dir, _, entries = tiny_run
     monkeypatch.setattr(pr, "BLOCK", 64)
     monkeypatch.setattr(pr, "resolve_workers", lambda setting: 0)
     (serial,) = pr.predict_flights(run_dir, out_dir=tmp_path / "serial")
@@ -144,11 +126,11 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(run
     assert sum(n for n, _ in ahead) == 240  # each frame encoded once
 
 
-def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(run, tmp_path):
+def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(tiny_run, tmp_path):
     """The backend recorded in best.pt is the one predict uses (auto), on the CPU here; its heights are close
     to those from scikit-image frames, not equal, and the NetCDF file says which made them."""
     pytest.importorskip("kornia")
-    run_dir, _, _ = run
+    run_dir, _, _ = tiny_run
     (skimage,) = pr.predict_flights(run_dir, out_dir=tmp_path / "skimage")
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
@@ -165,8 +147,8 @@ def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(run, tmp_path
         assert 0 < float(diff.mean()) < 0.3
 
 
-def test_the_report_links_what_the_run_holds(run):
-    run_dir, _, entries = run
+def test_the_report_links_what_the_run_holds(tiny_run):
+    run_dir, _, entries = tiny_run
     pr.predict_flights(run_dir)
     report = (run_dir / "report.md").read_text()
     assert "## Held-out flights" in report and "| baseline (training mean): all |" in report
@@ -175,14 +157,14 @@ def test_the_report_links_what_the_run_holds(run):
     assert len(links) == 4 and all((run_dir / link).is_file() for link in links)
 
 
-def test_host_memory_stays_flat_as_flights_get_longer(run, tmp_path, monkeypatch):
+def test_host_memory_stays_flat_as_flights_get_longer(tiny_run, tmp_path, monkeypatch):
     import tracemalloc
 
     from conftest import TINY_SHAPE
 
     from cloudml_lib.data.synthetic import make_demo_flights
 
-    run_dir, data, entries = run
+    run_dir, data, entries = tiny_run
     monkeypatch.setattr(pr, "BLOCK", 16)
     peaks = {}
     for frames in (240, 960):
@@ -199,8 +181,8 @@ def test_host_memory_stays_flat_as_flights_get_longer(run, tmp_path, monkeypatch
     assert peaks[960] < whole_flight, peaks
 
 
-def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(run, tmp_path):
-    run_dir, data, entries = run
+def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(tiny_run, tmp_path):
+    run_dir, data, entries = tiny_run
     no_nav = tmp_path / "data"
     shutil.copytree(data, no_nav)
     (no_nav / entries[0]["nav_file"]).unlink()
@@ -214,7 +196,7 @@ def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(run, tmp_path):
         assert cbh.count() > 0 and np.isfinite(cbh.compressed()).all()
 
 
-def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
+def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(tiny_run):
     import hashlib
     import json
 
@@ -222,7 +204,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
     from cloudml_lib.core.checkpoint import check_folder, find_checkpoints, load_checkpoint
     from cloudml_lib.data import cpl
 
-    run_dir, data, entries = run
+    run_dir, data, entries = tiny_run
     sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
     best = load_checkpoint(run_dir / "best.pt")
     cfg = config_from_dict(best["config"])
@@ -251,7 +233,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(run):
 
 
 def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_missing(
-    run, tmp_path, caplog, monkeypatch
+    tiny_run, tmp_path, caplog, monkeypatch
 ):
     import logging
 
@@ -261,7 +243,7 @@ def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_miss
 
     from cloudml_lib.science.evaluate import evaluate_run
 
-    run_dir, _, _ = run
+    run_dir, _, _ = tiny_run
     old = tmp_path / "old_run"
     shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("predictions", "checkpoints"))
     best = torch.load(old / "best.pt", weights_only=False)
@@ -288,12 +270,12 @@ def test_a_run_from_before_the_cloud_output_still_predicts_and_says_what_is_miss
     assert "model" not in report["cloud"] and report["cloud"]["bt_threshold"]["overall"]["n"] > 0
 
 
-def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(run, tmp_path, monkeypatch):
+def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(tiny_run, tmp_path, monkeypatch):
     """A new output variable is one entry in products.VARIABLES: it then appears in the NetCDF file with its
     CF attributes, as a CSV column and in summary.json, with nothing else changed."""
     import xarray as xr
 
-    run_dir, _, entries = run
+    run_dir, _, entries = tiny_run
     extra = products.Variable(
         "cloud_base_height_doubled",
         "doubled",

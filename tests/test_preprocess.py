@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import preprocess_frame, tiny_raw
+from conftest import REPO, preprocess_frame, run_cli, tiny_raw
 
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data import cachefiles, preprocess
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_backend
-
-REPO = Path(__file__).parent.parent
 
 
 def build(cfg, workers: int, cache_dir: Path, backend=SKIMAGE):
@@ -167,24 +165,9 @@ def processes_with(text: str) -> list[int]:
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_stop_during_the_cache_build_leaves_no_half_cache_and_no_orphan(tiny_flights, tmp_path, sig):
     cfg = cli_config(tiny_flights, tmp_path)
-    env = {**os.environ, "CLOUDML_KILL_AT": f"cache-block:3:{sig}", "TQDM_DISABLE": "1"}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cloudml_lib",
-            "train",
-            "--config",
-            str(cfg),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    args = ("train", "--config", cfg, "--run-dir", tmp_path / "run")
+    env = {"CLOUDML_KILL_AT": f"cache-block:3:{sig}", "TQDM_DISABLE": "1"}
+    r = run_cli(*args, env=env, timeout=300)
     assert r.returncode == (-9 if sig == "SIGKILL" else 130), r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]  # the stopped workers are quiet too
     assert _gone_all(str(cfg)), "preprocessing workers outlived the stopped run"
@@ -194,23 +177,7 @@ def test_a_stop_during_the_cache_build_leaves_no_half_cache_and_no_orphan(tiny_f
     assert (len(leftovers) == 1) if sig == "SIGKILL" else not leftovers
     if sig == "SIGKILL":  # the next start removes it and builds
         env.pop("CLOUDML_KILL_AT")
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cloudml_lib",
-                "train",
-                "--config",
-                str(cfg),
-                "--run-dir",
-                str(tmp_path / "run"),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
+        r = run_cli(*args, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         assert not list(cache.glob("*.tmp-*")) and len(list(cache.glob("*/meta.json"))) == 3
 

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_raw
+from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.core.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
 from cloudml_lib.core.rundir import run_state
 
-REPO = Path(__file__).parent.parent
 MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}  # the machine, not the math
 
 
@@ -37,22 +36,8 @@ def setup(tiny_flights, tmp_path_factory):
 
 
 def train(cfg, run_dir, *extra, kill_at=None):
-    env = dict(os.environ)
-    env.pop("CLOUDML_KILL_AT", None)
-    if kill_at:
-        env["CLOUDML_KILL_AT"] = kill_at
-    cmd = [
-        sys.executable,
-        "-m",
-        "cloudml_lib",
-        "train",
-        "--config",
-        str(cfg),
-        "--run-dir",
-        str(run_dir),
-        *extra,
-    ]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    env = {"CLOUDML_KILL_AT": kill_at} if kill_at else None
+    return run_cli("train", "--config", cfg, "--run-dir", run_dir, *extra, env=env)
 
 
 def newest_committed(run_dir):
@@ -147,12 +132,7 @@ def test_status_of_an_interrupted_run(setup, tmp_path):
     cfg, _, _ = setup
     run = tmp_path / "run"
     assert train(cfg, run, kill_at="commit-renamed:3").returncode == -signal.SIGKILL
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "status", str(run), "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("status", run, "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert set(s) >= {
@@ -170,9 +150,7 @@ def test_status_of_an_interrupted_run(setup, tmp_path):
     assert "not committed" in s["rejected"][0]["reason"]
     ckpt = torch.load(s["latest_checkpoint"], weights_only=True)
     assert "encoder.blocks.0.conv.weight" in ckpt["model"]
-    text = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "status", str(run)], cwd=REPO, capture_output=True, text=True
-    ).stdout
+    text = run_cli("status", run).stdout
     assert "stopped (resumable)" in text and "rejected:" in text
 
 

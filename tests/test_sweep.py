@@ -2,21 +2,17 @@
 any moment continuing to the very study an uninterrupted one ends with, the report and `compare`."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_raw
+from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.commands.space import build_space
 
 optuna = pytest.importorskip("optuna")
-REPO = Path(__file__).parent.parent
 SPACE = {
     "pruner": "median",
     "prune_startup_trials": 1,
@@ -43,28 +39,14 @@ def files(tiny_flights, tmp_path_factory):
 
 
 def sweep_cli(cfg, space, run_dir, trials=3, kill_at=None, tmpdir=None, *extra):
-    env = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
+    env = {}
     if kill_at:
         env["CLOUDML_KILL_AT"] = kill_at
     if tmpdir:  # the "local disk" of the machine: another one is a new VM
         Path(tmpdir).mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmpdir)
-    cmd = [
-        sys.executable,
-        "-m",
-        "cloudml_lib",
-        "sweep",
-        "--config",
-        str(cfg),
-        "--space",
-        str(space),
-        "--trials",
-        str(trials),
-        "--run-dir",
-        str(run_dir),
-        *extra,
-    ]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    args = ("sweep", "--config", cfg, "--space", space, "--trials", trials, "--run-dir", run_dir, *extra)
+    return run_cli(*args, env=env, timeout=600)
 
 
 def study_of(run_dir) -> list[tuple]:
@@ -162,34 +144,17 @@ def test_report_and_compare(files, tmp_path):
         assert f"(plots/{png})" in report and (run / "plots" / png).stat().st_size > 5000
     best = min(study_of(run), key=lambda t: t[3])
     assert f"Best: trial {best[0]}, mae_km {best[3]:.4g}" in report
-    out = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "compare", str(run), str(run / "trials" / "0")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    out = run_cli("compare", run, run / "trials" / "0")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == COMPARE_HEADER and len(lines) == 7
-    rows = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
+    rows = json.loads(run_cli("compare", run, "--json").stdout)
     assert [r["metrics"]["mae_km"] for r in rows] == pytest.approx([t[3] for t in study_of(run)])
     assert all(r["epochs"] == "3/3" and r["compiled"] == "no" and r["state"] == "finished" for r in rows)
 
 
 def test_compare_refuses_a_folder_without_runs(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "compare", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("compare", tmp_path)
     assert r.returncode == 2 and "holds no run, cross-validation or sweep" in r.stderr
 
 
@@ -307,9 +272,7 @@ def test_a_trial_that_cannot_start_fails_with_its_reason_and_the_sweep_goes_on(f
     info = json.loads((run / "trials" / str(failed) / "trial.json").read_text())
     assert info["state"] == "failed" and "train.batch_size 4000" in info["note"]
     assert "larger than the training set" in (run / "report.md").read_text()
-    status = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "status", str(run)], capture_output=True, text=True, cwd=REPO
-    )
+    status = run_cli("status", run)
     assert f"trials/{failed}: failed: train.batch_size 4000" in status.stdout
     again = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")
     assert again.returncode == 0 and "Trial" not in again.stdout.replace("best: trial", "")
@@ -418,12 +381,7 @@ def test_every_shipped_space_is_valid_for_the_demo(path):
 
 def test_a_run_command_on_a_sweep_folder_points_at_its_trials(files, reference):
     cfg, _, _, _ = files
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(reference)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("train", "--config", cfg, "--run-dir", reference)
     assert (
         r.returncode == 2 and "is a sweep folder" in r.stderr and str(reference / "trials" / "0") in r.stderr
     )
@@ -448,25 +406,13 @@ def test_a_crossval_objective_scores_each_trial_by_its_folds(files, tmp_path):
         assert (
             len(list((run / "trials" / str(number) / "folds").iterdir())) == 3
         )  # every flight held out once
-    rows = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "cloudml_lib", "compare", str(run), "--json"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
+    rows = json.loads(run_cli("compare", run, "--json").stdout)
     assert [r["epochs"] for r in rows] == ["3 folds", "3 folds"]
     assert "(maximize) on the cross-validated folds" in (run / "report.md").read_text()
 
 
 def test_status_of_a_sweep_is_its_trials_table(reference):
-    r = subprocess.run(
-        [sys.executable, "-m", "cloudml_lib", "status", str(reference)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("status", reference)
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "/trials/" in line]
     assert r.returncode == 0 and len(rows) == 3 and "| state |" in r.stdout
     pruned = [line for line in rows if "| pruned |" in line]

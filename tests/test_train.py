@@ -1,13 +1,11 @@
 import json
 import math
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import fit_and_finish, tiny_raw
+from conftest import fit_and_finish, run_cli, tiny_raw
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import CloudMLError
@@ -167,8 +165,6 @@ def test_asking_for_cuda_without_a_gpu_is_explained(monkeypatch):
 
 def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_raw_config, tmp_path):
     import signal
-    import subprocess
-    import sys
 
     import yaml
 
@@ -181,15 +177,8 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
     cfg.write_text(yaml.safe_dump(raw))
 
     def run(run_dir, kill_at=None):
-        env = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
-        env.update({"CLOUDML_KILL_AT": kill_at} if kill_at else {})
-        return subprocess.run(
-            [sys.executable, "-m", "cloudml_lib", "train", "--config", str(cfg), "--run-dir", str(run_dir)],
-            cwd=Path(__file__).parent.parent,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        env = {"CLOUDML_KILL_AT": kill_at} if kill_at else None
+        return run_cli("train", "--config", cfg, "--run-dir", run_dir, env=env)
 
     ref = tmp_path / "ref"
     r = run(ref)
