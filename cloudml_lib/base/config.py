@@ -20,7 +20,7 @@ from typing import Literal
 import yaml
 
 from cloudml_lib.base.errors import ConfigError, shown
-from cloudml_lib.base.yamlfile import read_yaml
+from cloudml_lib.base.yamlfile import loads, read_yaml
 
 # Compile modes that capture CUDA graphs: their replay needs every input at a fixed address,
 # which gradient checkpointing's recomputation breaks ("static input data pointer changed").
@@ -808,8 +808,8 @@ def parse_override(text: str) -> tuple[list[str], object]:
     if len(path) < 2 or not all(path):
         raise ConfigError(f"--set {shown(text)}: expected section.key=value, e.g. train.epochs=3")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: an integer of over 4300 digits
+        parsed = loads(value, f"--set {key.strip()}") if value.strip() else ""
+    except (yaml.YAMLError, ConfigError, ValueError, RecursionError):  # ValueError: over 4300 digits
         parsed = value
     return path, parsed
 

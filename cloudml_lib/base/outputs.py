@@ -11,8 +11,8 @@ user sees always names the file. Checkpoints have their own commit protocol (che
 
 A file a command writes is never written through a symbolic link: a link found where one of its files
 belongs (metrics.jsonl, train.log, run.json, best.pt, evaluation.json, a prediction, ...) is refused,
-naming it, and its target is left untouched (`refuse_link`; appends open with O_NOFOLLOW). A command also
-writes only into a folder of its own (`check_own_folder`): new, empty, or one holding its kind of files.
+naming it, and its target is left untouched (`refuse_link`; appends open with O_NOFOLLOW, and only a regular
+file: a FIFO is refused, never waited on). Which folders a command may write into is ownership.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 from contextlib import contextmanager
-from fnmatch import fnmatch
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
@@ -101,48 +100,23 @@ def refuse_link(path: str | Path) -> None:
 
 def open_append(path: str | Path):
     """`path` opened for appending text (created if missing), never through a symbolic link (O_NOFOLLOW:
-    no moment between a check and the open)."""
-    flags = (
-        os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    )
+    no moment between a check and the open), and only a regular file: a FIFO named metrics.jsonl or
+    train.log is refused at once, never waited on (files.open_fd checks the open descriptor)."""
+    from cloudml_lib.base.files import NotRegularFile, open_fd
+
     refuse_link(path)  # where O_NOFOLLOW does not exist (Windows)
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow=False)
+    except NotRegularFile as e:
+        raise CloudMLError(
+            f"{e.strerror}: CloudML appends its records to a file of its own there. Move it away (it is left "
+            "as it is), or choose another folder. Nothing was written to it."
+        ) from None
     except OSError as e:
         if Path(path).is_symlink():  # ELOOP: a link appeared since
             refuse_link(path)
         raise named(e, path) from None
     return os.fdopen(fd, "a", encoding="utf-8")
-
-
-# Left in any folder by notebooks, file managers and file systems: they do not make a folder someone else's.
-CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")
-
-
-def check_own_folder(
-    folder: str | Path, ours: tuple[str, ...], option: str, what: str, fits: str, new: str = "cloudml"
-) -> None:
-    """A command writes into a folder of its own: one that does not exist yet, is empty, or holds one of
-    `ours` (names or glob patterns of the files it writes there, hidden ones included). A folder that holds
-    other things and none of them (a home folder, /, a project) is refused, naming `option` and the folder:
-    its files would land among the user's. Hidden entries (.ipynb_checkpoints, .DS_Store, .git) and CLUTTER
-    do not count as other things. `what`: the kind of folder wanted; `fits`: which existing folder fits;
-    `new`: a sub-folder to suggest."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return  # made by the command; a file in the way is the command's own message
-    names = [p.name for p in folder.iterdir()]
-    if any(fnmatch(n, pattern) for n in names for pattern in ours):
-        return
-    others = sorted(n for n in names if not n.startswith(".") and n not in CLUTTER)
-    if not others:
-        return
-    listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-    raise CloudMLError(
-        f"{option} {folder} holds other things ({listed}) and no {what}: CloudML writes only into a folder "
-        f"of its own, never among other files. Give a new or empty folder (e.g. {folder / new}), or "
-        f"{fits}. Nothing was written."
-    )
 
 
 def json_safe(obj):

@@ -16,13 +16,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from cloudml_lib.base.errors import shown
+from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.files import NotRegularFile, read_bytes
+from cloudml_lib.base.yamlfile import loads
 
 MAX_BYTES = 64 * 2**20  # a run's JSON or YAML file is kilobytes; a bigger one is not what a run wrote
 TRIAL_STATES = ("running", "complete", "pruned", "failed")
@@ -234,6 +237,7 @@ INTERVALS = Obj(
     },
     required=("method", "coverage", "n", "source", "pred_km", "true_km"),
 )
+INTERVALS_MIN = 20  # intervals.MIN_CALIBRATION: the fewest heights a calibration is made of
 COUNTS_KEPT = ("predicted", "frames", "blank", "no_time", "filled_pixels")
 COUNTS = Obj(
     {k: INT for k in (*COUNTS_KEPT, "cloud", "clear_sky", "height_below_surface", "height_above_ceiling")}
@@ -289,9 +293,11 @@ class RunFiles:
         if text is None:
             return None
         try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
+            doc = loads(text, str(self.folder / "config.yaml"))
+        except (yaml.YAMLError, CloudMLError, ValueError) as e:  # ValueError: over 4300 digits
             return self._damage("config.yaml", f"not YAML: {_first_line(e)}")
+        except RecursionError:
+            return self._damage("config.yaml", "nested too deep to be a config")
         problem = _config_problem(doc) or _unicode_problem(doc)
         return self._damage("config.yaml", problem) if problem else _plain(doc)
 
@@ -331,6 +337,17 @@ class RunFiles:
             )
         if len(cal["pred_km"]) != len(cal["true_km"]):
             return self._damage("intervals.json", "pred_km and true_km differ in length")
+        if not 0.5 <= cal["coverage"] < 1.0:  # train.interval_coverage's range
+            return self._damage(
+                "intervals.json", f"coverage {shown(cal['coverage'])} is not between 0.5 and 1"
+            )
+        usable = sum(
+            1
+            for p, t in zip(cal["pred_km"], cal["true_km"])
+            if p is not None and t is not None and p > 0 and t > 0 and math.isfinite(p) and math.isfinite(t)
+        )
+        if usable < INTERVALS_MIN:  # as intervals.calibrate: fewer heights calibrate nothing
+            return self._damage("intervals.json", f"{usable} usable heights, fewer than {INTERVALS_MIN}")
         return cal
 
     def last_run(self) -> dict | None:
@@ -349,7 +366,7 @@ class RunFiles:
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 if i < len(lines) - (lines[-1] == ""):  # not the last line: damage, not a kill
                     bad.append(f"line {i} is not JSON")
                 continue
@@ -368,13 +385,17 @@ class RunFiles:
         try:
             if path.is_symlink():
                 return self._damage(name, "a symbolic link, not a file a run wrote")
-            if not path.is_file():
+            if not os.path.lexists(path):
                 return None
             if limit is not None and path.stat().st_size > limit:
                 return self._damage(name, f"{path.stat().st_size} bytes, more than a run writes")
-            return path.read_bytes().decode("utf-8")
+            return read_bytes(path, limit, follow=False).decode("utf-8")  # a FIFO is refused, not waited on
         except UnicodeDecodeError:
             return self._damage(name, "not text (binary bytes)")
+        except NotRegularFile as e:
+            return self._damage(name, e.strerror.split(" is ", 1)[-1])
+        except CloudMLError as e:
+            return self._damage(name, str(e))
         except OSError as e:
             return self._damage(name, f"cannot be read: {e.strerror or e}")
 
@@ -384,8 +405,10 @@ class RunFiles:
             return None
         try:
             doc = json.loads(text)
-        except ValueError as e:
+        except ValueError as e:  # a 5,000-digit number too (Python's integer digit limit)
             return self._damage(name, f"not JSON: {_first_line(e)}")
+        except RecursionError:
+            return self._damage(name, "nested too deep to be a file a run wrote")
         problem = shape.problem(doc, "") or _unicode_problem(doc)
         return self._damage(name, problem) if problem else doc
 

@@ -1,17 +1,25 @@
-"""Reading a YAML file a user wrote (a config, a search space): UTF-8 text, a mapping at the top, no key
-given twice; every problem a ConfigError that names the file, the line and what would be valid."""
+"""Reading YAML, one loader for every place the kit reads it (config files, search spaces, `--set` values,
+the config.yaml a run wrote): safe, no key given twice, and numbers by YAML 1.2's rule, so that `1e-3`, the
+most common way to write a learning rate, is a number (PyYAML's YAML 1.1 rule reads it as text). A file a user
+wrote (`read_yaml`): UTF-8 text, a mapping at the top; every problem a ConfigError that names the file, the
+line and what would be valid."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
 from cloudml_lib.base.errors import ConfigError, shown
+from cloudml_lib.base.files import read_bytes
+
+YAML_LIMIT = 16 << 20  # bytes: a config or a search space is a page of text
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently), and reads
+    numbers as YAML 1.2 does: an exponent without a decimal point (1e-3, 2E5) is a float too."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -25,6 +33,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.2's float (its core schema): a mantissa with or without a dot, an optional exponent. Added after
+# YAML 1.1's resolvers, so that what 1.1 reads as an integer, a boolean or a date stays as it was.
+_FLOAT_1_2 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789."))
+
+
+def loads(text: str, name: str = "<text>"):
+    """YAML text by the kit's one loader (SafeLoader, unique keys, YAML 1.2 numbers). Raises yaml.YAMLError,
+    ConfigError (a key twice), ValueError (an integer of over 4300 digits) or RecursionError (nested too
+    deep); the callers say which file or option."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def read_yaml(
@@ -44,19 +70,18 @@ def read_yaml(
 
         raise ConfigError(f"{what.lstrip('-')} file not found: {path}{packaged_alternative(path, what)}")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bytes(path, limit=YAML_LIMIT).decode("utf-8")  # a FIFO is refused, not waited on
+    except OSError as e:
+        raise ConfigError(
+            f"{path} cannot be read ({e.strerror or e}); give a YAML file such as {example}"
+        ) from None
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"{path} is not a UTF-8 text file (byte {e.start}: {e.reason}); a config is a YAML "
             f"text file such as {example}"
         ) from None
     try:
-        loader = _UniqueKeyLoader(text)
-        loader.name = str(path)
-        try:
-            raw = loader.get_single_data()
-        finally:
-            loader.dispose()
+        raw = loads(text, str(path))
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     except ValueError as e:  # an integer of over 4300 digits (Python's limit on converting one)

@@ -229,16 +229,23 @@ class LiveView:
 
 
 def read_records(path: Path) -> list[dict]:
+    """metrics.jsonl's records as the live view follows them (a FIFO or a damaged line is skipped, never
+    waited on or raised: the run's own reader, runfiles.py, names the damage)."""
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.base.files import read_text
+
     out = []
     try:
-        text = path.read_text()
-    except OSError:
+        text = read_text(path, follow=False)
+    except (OSError, CloudMLError):
         return out
     for line in text.splitlines():
         try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written right now
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue  # a line being written right now
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import load_config
 from cloudml_lib.base.errors import CloudMLError, explain_os_error
+from cloudml_lib.base.files import read_text
 from cloudml_lib.commands import presets
 from cloudml_lib.core import device
 from cloudml_lib.core.compile import plan, this_device
@@ -200,7 +201,7 @@ def show_report(run_dir: Path | None) -> None:
         print("No report yet: it is written when training finishes.")
         return
     text = []
-    for line in path.read_text().splitlines() + [""]:
+    for line in read_text(path, limit=1 << 24, follow=False).splitlines() + [""]:
         image = re.fullmatch(r"!\[[^\]]*\]\(([^)]+)\)", line.strip())
         if image is None:
             text.append(line)

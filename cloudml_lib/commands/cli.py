@@ -260,11 +260,13 @@ def _crossval(args) -> int:
 
 
 def _sweep(args) -> int:
+    from cloudml_lib.base.ownership import check
     from cloudml_lib.base.resources import config_file
     from cloudml_lib.commands.sweep import sweep
-    from cloudml_lib.core.rundir import check_run_folder
+    from cloudml_lib.core.rundir import SWEEP, check_run_writes
 
-    check_run_folder(Path(args.run_dir))  # new, empty or a sweep's own, before anything is written
+    check(Path(args.run_dir), SWEEP)  # new, empty or a sweep's own, before anything is written
+    check_run_writes(Path(args.run_dir))
     space = args.space or config_file("sweeps/demo.yaml")
     result = sweep(
         config_path(args), space, args.trials, args.run_dir, _overrides(args), rebuild=args.rebuild_study
@@ -415,22 +417,14 @@ def _evaluate(args) -> int:
 
 
 def _make_demo(args) -> int:
-    from cloudml_lib.base.outputs import check_own_folder
-    from cloudml_lib.data.synthetic import VERSION_FILE, make_demo_flights
+    from cloudml_lib.base.ownership import check
+    from cloudml_lib.data.synthetic import DEMO, make_demo_flights
 
     try:
         rows, cols = (int(v) for v in args.size.lower().split("x"))
     except ValueError:
         raise CloudMLError(f"--size {shown(args.size)}: expected ROWSxCOLS, e.g. 80x96") from None
-    demo_flight = "[0-3][0-9][A-Z][a-z][a-z][0-9][0-9]"  # a demo flight's folder, e.g. 01Mar25
-    check_own_folder(
-        args.out,
-        (VERSION_FILE, demo_flight),
-        "--out",
-        "demo flights",
-        "the folder of earlier demo flights to write them again",
-        new="demo-flights",
-    )
+    check(args.out, DEMO)  # new, empty, or earlier demo flights: before anything is written
     if rows < 16 or cols < 16 or args.frames < 10:
         raise CloudMLError("--size must be at least 16x16 and --frames at least 10")
     try:

@@ -37,8 +37,9 @@ import numpy as np
 from cloudml_lib.base.config import Config, derive
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
+from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.metrics import regression_metrics
-from cloudml_lib.core.rundir import check_folder_kind
+from cloudml_lib.core.rundir import CROSSVAL, check_folder_kind
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
 from cloudml_lib.data.flights import resolve_config
@@ -376,6 +377,9 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
     try:
+        if workers.is_main:
+            claim(run_dir, CROSSVAL)  # made (or adopted) and marked before any fold writes into it
+        workers.barrier()
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
         mine = names[workers.rank :: workers.world]

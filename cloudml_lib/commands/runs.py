@@ -12,8 +12,9 @@ from pathlib import Path
 
 from cloudml_lib.base.config import Config, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
-from cloudml_lib.core.rundir import check_folder_kind, record_failure
+from cloudml_lib.core.rundir import RUN, check_folder_kind, record_failure
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.science.finish import finish_run
 from cloudml_lib.train.loop import Trainer
@@ -82,6 +83,7 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
     data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
     An interrupted phase resumes; a finished phase 1 is not trained again."""
     check_folder_kind(run_dir, "train")  # before phase 1 makes RUN_DIR/pretrain in it
+    claim(run_dir, RUN)  # the two phases' folder, marked before phase 1 writes into it
     cfg, _ = resolve_config(cfg)
     names = [f.name for f in cfg.data.flights]
     problems = check_pretrain_flight(cfg, names)

@@ -32,6 +32,7 @@ from cloudml_lib.base.config import apply_overrides, build_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
+from cloudml_lib.base.ownership import check, claim, is_marked
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
 from cloudml_lib.base.yamlfile import read_yaml
 from cloudml_lib.commands.space import (
@@ -46,7 +47,7 @@ from cloudml_lib.commands.space import (
 )
 from cloudml_lib.core.checkpoint import write_durable
 from cloudml_lib.core.distributed import Dist, init_distributed
-from cloudml_lib.core.rundir import flatten_keys, has_run, is_crossval
+from cloudml_lib.core.rundir import RUN, SWEEP, flatten_keys, has_run, is_crossval
 from cloudml_lib.core.runlock import RunLock
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class StudyFile:
             stale.unlink(missing_ok=True)
         saved, saved_problem = _read_journal(self.copy)
         here, here_problem = _read_journal(self.local)
+        saved, here = _whole_lines(saved, self.copy), _whole_lines(here, self.local)
         if saved is not None and here is not None and here.startswith(saved):
             return None
         if saved is not None:
@@ -129,6 +131,16 @@ def _read_journal(path: Path) -> tuple[bytes | None, str]:
     return (None, problem) if problem else (data, "")
 
 
+def _whole_lines(data: bytes | None, path: Path) -> bytes | None:
+    """A journal without a last line cut by a kill (a torn write, which Optuna's reader would choke on
+    later): the bytes up to its last newline, said once."""
+    if data is None or data.endswith(b"\n"):
+        return data
+    cut = data.rfind(b"\n") + 1
+    log.warning("%s ends in a line cut by an interruption (%d bytes): it is left out", path, len(data) - cut)
+    return data[:cut] or None
+
+
 def journal_problem(data: bytes) -> str | None:
     """What is wrong with an Optuna journal's bytes, or None. Every complete line is a JSON record with an
     op_code, the first creating the study; a last line without its newline is a write cut by a kill
@@ -139,7 +151,7 @@ def journal_problem(data: bytes) -> str | None:
     for i, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return f"damaged (line {i} is not JSON)"
         if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
             return f"damaged (line {i} is not an Optuna journal record)"
@@ -151,6 +163,7 @@ def journal_problem(data: bytes) -> str | None:
 def check_sweep_folder(run_dir: Path, record: dict) -> None:
     """A sweep folder is not a run's; a sweep started again keeps its config and space (more trials may be
     asked for)."""
+    check(run_dir, SWEEP)  # CloudML's own folder, or an earlier sweep's that verifies
     if has_run(run_dir) or is_crossval(run_dir):
         raise CloudMLError(
             f"{run_dir} holds a training run or cross-validation, not a sweep; choose another "
@@ -292,7 +305,7 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     except ConfigError as e:
         return "failed", None, str(e)
     if dist.is_main:
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        claim(trial_dir, RUN)  # the trial's run folder, marked before trial.json goes into it
         write_text(
             trial_dir / "trial.json",
             json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
@@ -363,12 +376,13 @@ def open_study(optuna, run_dir: Path, record: dict, space: Space, rebuild: bool 
     """Rank 0: the sweep folder checked and locked, sweep.json written, the study restored (or created) from
     its journal, or rebuilt from the trial folders when asked (`rebuild`). Returns (lock, journal, study)."""
     check_sweep_folder(run_dir, record)
+    claim(run_dir, SWEEP)  # made (or adopted) and marked before anything is written into it
     lock = RunLock(run_dir)
     lock.acquire()
     try:
         write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
         store = StudyFile(run_dir)
-        folders = numbered_folders(run_dir / "trials")
+        folders = list(sweep_trials(run_dir).values())  # the sweep's own: a stray folder is not a trial
         if rebuild:
             study = rebuild_study(optuna, store, run_dir, space)
         else:
@@ -436,11 +450,31 @@ def rebuild_study(optuna, store: StudyFile, run_dir: Path, space: Space):
         direction=space.direction,
         pruner=make_pruner(optuna, space),
     )
-    folders = {int(p.name): p for p in numbered_folders(run_dir / "trials")}
+    folders = sweep_trials(run_dir)
     for number in range(max(folders, default=-1) + 1):
         study.add_trial(rebuilt_trial(optuna, folders.get(number), space))
     log.warning("Study rebuilt from %d trial folder(s) in %s", len(folders), run_dir / "trials")
     return study
+
+
+def sweep_trials(run_dir: Path) -> dict[int, Path]:
+    """The trial folders that are this sweep's (trials/<n> whose trial.json names trial n, or that carry
+    CloudML's run marker), by number. A folder of another number or of other things is not a trial: it is
+    named and left as it is, and it never stands for trials that did not run (the numbers between)."""
+    own, strays = {}, []
+    for folder in numbered_folders(Path(run_dir) / "trials"):
+        info = RunFiles(folder).trial()
+        if info.get("number") == int(folder.name) or is_marked(folder, RUN.name):
+            own[int(folder.name)] = folder
+        else:
+            strays.append(folder.name)
+    if strays:
+        log.warning(
+            "%s holds folders that are no trial of this sweep (%s): left as they are, not counted",
+            Path(run_dir) / "trials",
+            ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else ""),
+        )
+    return own
 
 
 def rebuilt_trial(optuna, folder: Path | None, space: Space):
@@ -471,7 +505,7 @@ def rebuilt_trial(optuna, folder: Path | None, space: Space):
                 for k, v in info["params"].items()
             },
             distributions=distributions(space),
-            value=_rebuilt_value(info, reports),
+            value=_rebuilt_value(info, reports, _evaluated(files, space)),
             intermediate_values=reports,
             user_attrs={"note": info["note"]} if info.get("note") else {},
         )
@@ -480,10 +514,28 @@ def rebuilt_trial(optuna, folder: Path | None, space: Space):
         return lost
 
 
-def _rebuilt_value(info: dict, reports: dict[int, float]) -> float | None:
-    """A complete trial's result; a pruned trial's is its last epoch score, as Optuna records it."""
+def _evaluated(files: RunFiles, space: Space) -> float | None:
+    """The trial's held-out metric from its own evaluation.json (held-out objective), or None."""
+    if space.objective != "held_out":
+        return None
+    value = (files.evaluation().get("overall") or {}).get(space.metric)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _rebuilt_value(info: dict, reports: dict[int, float], measured: float | None = None) -> float | None:
+    """A complete trial's result (the one its own evaluation.json gives, where trial.json says another); a
+    pruned trial's is its last epoch score, as Optuna records it."""
     if info["state"] == "complete":
-        return info.get("value")
+        value = info.get("value")
+        if measured is not None and (not isinstance(value, (int, float)) or abs(value - measured) > 1e-9):
+            log.warning(
+                "trial %s: trial.json says %s, its evaluation.json %.6g: the evaluation's value is used",
+                info.get("number"),
+                shown(value),
+                measured,
+            )
+            return measured
+        return value
     if info["state"] == "pruned" and reports and math.isfinite(reports[max(reports)]):
         return reports[max(reports)]
     return None
@@ -542,8 +594,7 @@ def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
     if note:
         trial.set_user_attr("note", note)
     study.tell(trial, value if state == "complete" else None, state=states[state])
-    trial_dir = run_dir / "trials" / str(trial.number)
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    trial_dir = claim(run_dir / "trials" / str(trial.number), RUN)
     write_text(
         trial_dir / "trial.json",
         json.dumps(

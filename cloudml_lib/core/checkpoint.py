@@ -35,8 +35,10 @@ from torch import nn
 
 from cloudml_lib.base import faults
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.files import open_regular, read_text
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import refuse_link
+from cloudml_lib.base.ownership import write_marker
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ REQUIRED_KEYS = (Key.FORMAT, *PIECES, Key.SAMPLER, Key.RNG, Key.CONFIG, Key.SCAL
 # What best.pt must hold to evaluate or predict with it
 BEST_KEYS = (Key.MODEL, Key.CONFIG, Key.SCALERS, Key.TRAIN_MEAN_KM, Key.EPOCH)
 STAGING_PREFIX = "cloudml-ckpt-"
+STAGING = "checkpoint staging"  # the marker's kind of a staging folder (ownership.py)
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _CHUNK = 4 << 20
 
@@ -156,7 +159,7 @@ def save_atomic(obj: dict, path: str | Path) -> None:
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, follow=False) as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -229,8 +232,27 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
     return final
 
 
+META_LIMIT = 1 << 16  # bytes: a manifest is a few lines of JSON
+META_FIELDS = {"step": int, "epoch": int, "bytes": int, "sha256": str, "saved_at": (int, float)}
+
+
 def read_meta(folder: Path) -> dict:
-    return json.loads((Path(folder) / META).read_text())
+    """meta.json, read as untrusted: a regular file (never a FIFO), JSON, an object whose fields have the
+    types a manifest has; ValueError (or OSError) says why not."""
+    try:
+        doc = json.loads(read_text(Path(folder) / META, limit=META_LIMIT, follow=False))
+    except (RecursionError, CloudMLError) as e:
+        raise ValueError(f"meta.json is not a manifest ({str(e)[:120] or 'nested too deep'})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("meta.json is not a JSON object")
+    wrong = [
+        k
+        for k, t in META_FIELDS.items()
+        if k in doc and (not isinstance(doc[k], t) or isinstance(doc[k], bool))
+    ]
+    if wrong:
+        raise ValueError(f"meta.json: {', '.join(wrong)} of the wrong type")
+    return doc
 
 
 def verify(folder: Path) -> str | None:
@@ -240,8 +262,12 @@ def verify(folder: Path) -> str | None:
         return "not committed (its write was interrupted)"
     try:
         meta = read_meta(folder)
-    except (OSError, ValueError):
-        return "meta.json missing or unreadable"
+    except (OSError, ValueError) as e:
+        return (
+            f"meta.json missing or unreadable ({str(e)[:120]})"
+            if isinstance(e, ValueError)
+            else ("meta.json missing or unreadable")
+        )
     state = folder / meta.get("file", STATE)
     if not state.is_file():
         return f"{state.name} is missing"
@@ -422,6 +448,7 @@ class CheckpointWriter:
     def __init__(self, run_dir: Path, keep_last: int):
         self.run_dir, self.keep_last = Path(run_dir), keep_last
         self.local_dir = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
+        write_marker(self.local_dir, STAGING)  # a leftover is cleaned only where this proves it CloudML's
         self._thread: threading.Thread | None = None
         self.failures, self.failures_in_a_row, self.last_error = 0, 0, None
 

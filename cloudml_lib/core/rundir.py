@@ -26,16 +26,18 @@ from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.liveness import holder_alive, process_alive
 from cloudml_lib.base.outputs import (
     append_text,
-    check_own_folder,
     json_safe,
     open_append,
     refuse_link,
     write_text,
 )
+from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.checkpoint import (
+    BEST_KEYS,
     META,
     REJECTED_DIR,
+    STAGING,
     STAGING_PREFIX,
     STATE,
     Found,
@@ -44,11 +46,12 @@ from cloudml_lib.core.checkpoint import (
     checkpoints_dir,
     find_checkpoints,
     find_latest_valid,
+    load_checkpoint,
     set_aside_rejected,
     step_of,
 )
 from cloudml_lib.core.compile import describe_saved
-from cloudml_lib.core.runlock import LOCK
+from cloudml_lib.core.runlock import LOCK, read_lock
 
 if TYPE_CHECKING:
     from cloudml_lib.core.distributed import Dist
@@ -68,7 +71,10 @@ def clean_leftovers(run_dir: Path) -> list[str]:
     candidates = list(run_dir.glob(".best.pt.tmp-*")) + list(run_dir.glob(".lock.tmp-*"))
     candidates += list(checkpoints_dir(run_dir).glob(".step-*.tmp-*"))
     candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
-    candidates += list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*"))
+    staging = Path(tempfile.gettempdir()).glob(
+        f"{STAGING_PREFIX}*"
+    )  # in a shared folder: ours by marker only
+    candidates += [p for p in staging if is_marked(p, STAGING)]
     for p in candidates:
         pid = _pid_of(p.name)
         if p.name.startswith(".trash-") or (
@@ -113,30 +119,6 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     return math, harmless
 
 
-# What a run (train), a cross-validation or a sweep writes at the top of its folder: a folder holding one of
-# these is CloudML's, to continue or add to. config.yaml is left out: a common name, which a run writes after
-# train.log, so a folder with it and nothing else of these holds someone else's config.
-RUN_FILES = (
-    "metrics.jsonl",
-    "train.log",
-    "run.json",
-    "provenance.json",
-    "best.pt",
-    "checkpoints",
-    "rejected",
-    "superseded-*",
-    "tensorboard",
-    "evaluation.json",
-    "intervals.json",
-    "pretrain",
-    "folds",
-    "crossval.json",
-    "crossval.md",
-    "sweep.json",
-    "study.journal",
-    "trials",
-    "trial.json",
-)
 # The files a run writes at the top of its folder, each refused where it is a symbolic link.
 RUN_WRITES = (
     "config.yaml",
@@ -157,18 +139,8 @@ RUN_WRITES = (
 )
 
 
-def check_run_folder(run_dir: Path) -> None:
-    """Before train, crossval or sweep writes anything: `run_dir` is new, empty, or a run's own (RUN_FILES),
-    never a folder of other things (a home folder, /, a project); and none of the files it writes there is a
-    symbolic link (outputs.refuse_link). Hidden entries (.ipynb_checkpoints, .DS_Store) do not count."""
-    check_own_folder(
-        run_dir,
-        RUN_FILES,
-        "--run-dir",
-        "CloudML run, cross-validation or sweep",
-        "an existing run folder to continue that run",
-        new="runs/my-run",
-    )
+def check_run_writes(run_dir: Path) -> None:
+    """None of the files a run writes at the top of its folder is a symbolic link (outputs.refuse_link)."""
     for name in RUN_WRITES:
         refuse_link(Path(run_dir) / name)
 
@@ -179,7 +151,12 @@ def has_run(run_dir: Path) -> bool:
 
 
 def is_crossval(run_dir: Path) -> bool:
-    return (Path(run_dir) / "folds").is_dir() or (Path(run_dir) / "crossval.json").is_file()
+    run_dir = Path(run_dir)
+    return (
+        (run_dir / "folds").is_dir()
+        or (run_dir / "crossval.json").is_file()
+        or is_marked(run_dir, "cross-validation")
+    )
 
 
 def fold_models(run_dir: Path) -> list[Path]:
@@ -189,11 +166,10 @@ def fold_models(run_dir: Path) -> list[Path]:
 def check_folder_kind(run_dir: Path, command: str) -> None:
     """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
     cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
-    also refuse a folder of other things (check_run_folder)."""
+    also refuse a folder that is not CloudML's (base/ownership.py) and a link where a run writes a file."""
     run_dir = Path(run_dir)
-    if command in ("train", "crossval"):
-        check_run_folder(run_dir)
-    if (run_dir / "sweep.json").is_file():
+    marked = marker_kind(run_dir) if run_dir.is_dir() else None
+    if (run_dir / "sweep.json").is_file() or marked == SWEEP.name:
         trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
         raise CloudMLError(
             f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
@@ -202,6 +178,8 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
             "Nothing was changed."
         )
     if command == "crossval":
+        check_run_writes(run_dir)  # a link where a run writes is named first: the most exact refusal
+        check(run_dir, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
         if has_run(run_dir) and not is_crossval(run_dir):
             raise CloudMLError(
                 f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
@@ -209,6 +187,9 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
             )
         return
     if not is_crossval(run_dir):
+        if command == "train":
+            check_run_writes(run_dir)
+            check(run_dir, RUN)
         return
     folds = fold_models(run_dir)
     example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
@@ -520,13 +501,13 @@ def _position(found: Found) -> dict:
 def _lock_holder(run_dir: Path) -> str | None:
     """host:pid of a live process holding the run's lock, or None."""
     lock = Path(run_dir) / LOCK
-    if not lock.exists():
+    if not os.path.lexists(lock):
         return None
     try:
-        info = json.loads(lock.read_text())
-        return f"{info.get('host')}:{info.get('pid')}" if holder_alive(info) else None
-    except (OSError, ValueError):
+        info = read_lock(lock)
+    except CloudMLError:  # not a file (a FIFO): no process holds the run by it
         return None
+    return f"{info.get('host')}:{info.get('pid')}" if info and holder_alive(info) else None
 
 
 def format_status(s: dict) -> str:
@@ -657,3 +638,73 @@ def record_failure(run_dir: Path, why: str) -> None:
         write_text(
             Path(run_dir) / "run.json", json.dumps(json_safe(dict(info, failed=shown(why, 300))), indent=1)
         )
+
+
+# ------------------------------------------------------------------------------ whose folder it is
+def adopt_run(folder: Path) -> str | None:
+    """An earlier release's run folder, proved by its content: its newest committed checkpoint that verifies
+    (the recorded checksum matches, it loads weights-only with the keys a resume needs) and holds the config
+    of the folder's config.yaml; or a best.pt that loads weights-only with the keys of a best model."""
+    folder = Path(folder)
+    for ckpt in find_checkpoints(folder):
+        reason, state, _ = check_folder(ckpt, load=True)
+        if reason is None and _same_config(folder / "config.yaml", state.get(Key.CONFIG)):
+            return f"its checkpoint {ckpt.name} verifies"
+    best = folder / "best.pt"
+    if best.is_file() and not best.is_symlink():
+        try:
+            ckpt = load_checkpoint(best)
+        except CloudMLError:
+            return None
+        if isinstance(ckpt, dict) and all(k in ckpt for k in BEST_KEYS):
+            return "its best.pt loads with the keys of a best model"
+    return None
+
+
+def _same_config(path: Path, saved) -> bool:
+    """config.yaml (where the folder has one) says what the checkpoint's config says."""
+    if not os.path.lexists(path):
+        return True
+    from cloudml_lib.base.yamlfile import read_yaml
+
+    try:
+        return isinstance(saved, dict) and flatten_keys(read_yaml(path)) == flatten_keys(saved)
+    except CloudMLError:
+        return False
+
+
+def adopt_crossval(folder: Path) -> str | None:
+    """An earlier release's cross-validation: a readable crossval.json, or a fold whose model is a run."""
+    if RunFiles(Path(folder)).crossval():
+        return "its crossval.json reads"
+    fold = next((m for m in fold_models(Path(folder)) if adopt_run(m)), None)
+    return f"its fold {fold.parent.name} is a run that verifies" if fold else None
+
+
+def adopt_sweep(folder: Path) -> str | None:
+    """An earlier release's sweep: a readable sweep.json beside a journal naming its study, or a trial that is
+    a run."""
+    folder = Path(folder)
+    if RunFiles(folder).sweep() and _journal_names_a_study(folder / "study.journal"):
+        return "its sweep.json reads and its study.journal names the study"
+    trials = sorted((p for p in (folder / "trials").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    trial = next((t for t in trials if adopt_run(t)), None)
+    return f"its trial {trial.name} is a run that verifies" if trial else None
+
+
+def _journal_names_a_study(path: Path) -> bool:
+    from cloudml_lib.base.files import read_text
+
+    try:
+        first = read_text(path, limit=1 << 20, follow=False).split("\n", 1)[0] if path.is_file() else ""
+        return isinstance(json.loads(first).get("study_name"), str)
+    except (OSError, ValueError, RecursionError, AttributeError, CloudMLError):
+        return False
+
+
+RUN = Kind("run", "--run-dir", adopt_run, "an existing run folder to continue that run")
+CROSSVAL = Kind(
+    "cross-validation", "--run-dir", adopt_crossval, "an existing cross-validation folder to continue it"
+)
+SWEEP = Kind("sweep", "--run-dir", adopt_sweep, "an existing sweep folder to continue that sweep")
+KINDS = {"train": RUN, "evaluate": RUN, "predict": RUN, "crossval": CROSSVAL, "sweep": SWEEP}

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.files import NotRegularFile, read_text
 from cloudml_lib.base.liveness import holder_alive
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,32 @@ HEARTBEAT_S, STALE_S = 20.0, 90.0
 LOCK = ".lock"
 
 
+LOCK_LIMIT = 4096  # bytes: a lock is a line of JSON
+
+
+def _lock_shape(doc) -> bool:
+    return isinstance(doc, dict) and isinstance(doc.get("host"), str) and type(doc.get("pid")) is int
+
+
+def read_lock(path: Path) -> dict | None:
+    """A lock file's holder ({host, pid, started, heartbeat}); None where it is missing, being written or
+    damaged (not JSON, not an object with a host and a pid, nested too deep). A lock that is not a regular
+    file (a FIFO, a folder) is refused, naming it: it is waited on by nobody, and not CloudML's to remove."""
+    try:
+        doc = json.loads(read_text(path, limit=LOCK_LIMIT, follow=False))
+    except NotRegularFile as e:
+        raise CloudMLError(
+            f"{e.strerror}: the run lock of this folder is a file CloudML writes. Move it away (it is left "
+            "as it is), or choose another folder. Nothing was written."
+        ) from None
+    except (OSError, ValueError, RecursionError, CloudMLError):
+        return None
+    if not _lock_shape(doc):
+        return None
+    heartbeat = doc.get("heartbeat", 0)
+    return doc if isinstance(heartbeat, (int, float)) and not isinstance(heartbeat, bool) else None
+
+
 class RunLock:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK
@@ -35,10 +62,7 @@ class RunLock:
         self._thread = None
 
     def _read(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None
+        return read_lock(self.path)
 
     def _write(self) -> None:
         tmp = self.path.with_name(f"{LOCK}.tmp-{os.getpid()}")
@@ -99,11 +123,11 @@ class RunLock:
 
     def _why_unreadable(self) -> str:
         try:
-            json.loads(self.path.read_text())
-            return "unknown"
+            doc = json.loads(read_text(self.path, limit=LOCK_LIMIT, follow=False))
+            return "unknown" if _lock_shape(doc) else "not the JSON object a lock holds (host, pid)"
         except OSError as e:
             return e.strerror or str(e)
-        except ValueError:
+        except (ValueError, RecursionError, CloudMLError):
             return "not the JSON a lock holds"
 
     def _mtime(self) -> float:
@@ -120,10 +144,7 @@ class RunLock:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return False
-        try:
-            moved = json.loads(aside.read_text())
-        except (OSError, ValueError):
-            moved = None
+        moved = read_lock(aside)
         if moved != stale:
             try:
                 os.link(aside, self.path)  # fails if a lock exists again: then that one stands

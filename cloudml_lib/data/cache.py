@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +39,12 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError, shown
+from cloudml_lib.base.files import read_text
 from cloudml_lib.base.outputs import named
+from cloudml_lib.base.ownership import claim
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cachefiles import (
+    CACHE,
     copy_flight_cache,
     in_background,
     remove_stale_builds,
@@ -60,6 +63,7 @@ from cloudml_lib.data.preprocess import (
 )
 
 log = logging.getLogger(__name__)
+META_LIMIT = 64 << 20  # bytes: a flight cache's meta.json (labels and counts of a long flight)
 
 CACHE_VERSION = 6  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
 # 6: cloud / no-cloud samples and the frame statistic of the baseline
@@ -215,7 +219,9 @@ class FlightCache:
 
 
 def _open(path: Path) -> FlightCache:
-    meta = json.loads((path / "meta.json").read_text())
+    meta = json.loads(read_text(path / "meta.json", limit=META_LIMIT, follow=False))
+    if not isinstance(meta, dict):
+        raise ValueError("meta.json is not a JSON object")
     arrays = np.load(path / "samples.npz")
     store = FrameStore(path / "frames.npy")
     expected = store.offset + store.frame_bytes * store.shape[0]
@@ -419,7 +425,7 @@ def check_folder_settings(data: DataConfig) -> None:
 
 
 def _try_open(path: Path) -> FlightCache | None:
-    if not (path / "meta.json").is_file():
+    if not os.path.lexists(path / "meta.json"):
         return None
     try:
         return _open(path)
@@ -466,6 +472,7 @@ def load_flight_cache(
             return load_flight_cache(flight, data, backend, own)
     backend = backend or resolve_backend(data.preprocess_device)
     t0 = time.time()
+    claim(cache_root(data), CACHE)  # CloudML's own cache folder (made, adopted or marked) before any write
     final = cache_root(data) / f"{flight.name}-{cache_key(flight, data, backend)}"
     cache, source = _try_open(final), "reused"
     copy = Path(data.cache_copy_dir) / final.name if data.cache_copy_dir else None
@@ -488,6 +495,7 @@ def load_flight_cache(
         if copy is not None:
             t1 = time.time()
             try:
+                claim(copy.parent, replace(CACHE, option="data.cache_copy_dir"))
                 copy_flight_cache(final, copy, f"save {flight.name}")
                 log.info(
                     "flight %s: cache copied to %s in %.1f s, for later sessions",

@@ -18,8 +18,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cloudml_lib.base import faults
-from cloudml_lib.base.errors import DataError
+from cloudml_lib.base.errors import CloudMLError, DataError
+from cloudml_lib.base.files import read_text
 from cloudml_lib.base.liveness import holder_alive
+from cloudml_lib.base.ownership import Kind
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,9 @@ def verify_cache(cache) -> str | None:
 def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
     """Copy one complete flight cache folder: under a temporary name, meta.json last, frames.npy's
     sha256 checked against the one recorded when it was built, then renamed into place."""
-    meta = json.loads((src / "meta.json").read_text())
+    meta = json.loads(read_text(src / "meta.json", limit=64 << 20, follow=False))
+    if not isinstance(meta, dict):
+        raise DataError(f"{src / 'meta.json'} is not a cache's meta.json")
     tmp = temporary(dst)
     remove_stale_builds(dst)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -162,3 +166,21 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
     finally:
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def adopt_cache(folder: Path) -> str | None:
+    """A preprocessing cache of an earlier CloudML: a flight's cache folder whose meta.json it wrote (with the
+    checksum of its frames)."""
+    for meta in sorted(Path(folder).glob("*/meta.json"))[:20]:
+        try:
+            doc = json.loads(read_text(meta, limit=1 << 20, follow=False))
+        except (OSError, ValueError, RecursionError, CloudMLError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("frames_sha256"), str) and "cached_frames" in doc:
+            return f"its {meta.parent.name}/meta.json is a flight cache's"
+    return None
+
+
+CACHE = Kind(
+    "preprocessing cache", "data.cache_dir", adopt_cache, "a folder of its own for the cache (e.g. cache/)"
+)

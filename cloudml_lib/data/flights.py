@@ -246,7 +246,9 @@ def ensure_demo_flights(data: DataConfig) -> DataConfig:
         )
     if old or (not data.flights and not (Path(data.dir).is_dir() and find_flights(data))):
         log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
-        synthetic.make_demo_flights(data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED)
+        synthetic.make_demo_flights(
+            data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED, option="data.dir"
+        )
     return data
 
 

@@ -12,9 +12,14 @@ import os
 import time
 from pathlib import Path
 
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.files import open_regular, read_text
+from cloudml_lib.base.ownership import is_marked
+
 log = logging.getLogger(__name__)
 
 MEMO = "file_sha256.json"
+MEMO_LIMIT = 16 << 20  # bytes: a memo of every input file a user could have
 
 
 CHUNK = 1 << 20  # small: a whole-flight predict keeps its memory flat
@@ -25,17 +30,13 @@ def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
     path = Path(path)
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    memo_path = Path(memo_dir) / MEMO if memo_dir else None
-    memo = {}
-    if memo_path and memo_path.is_file():
-        try:
-            memo = json.loads(memo_path.read_text())
-        except (OSError, ValueError):
-            memo = {}
-    if key in memo:
+    # the memo lives only in a cache folder CloudML marked as its own; a damaged one is rebuilt, never fatal
+    memo_path = Path(memo_dir) / MEMO if memo_dir and is_marked(memo_dir, "preprocessing cache") else None
+    memo = read_memo(memo_path) if memo_path else {}
+    if isinstance(memo.get(key), str):
         return memo[key]
     t0, h = time.time(), hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
     digest = h.hexdigest()
@@ -56,6 +57,18 @@ def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
         except OSError as e:  # a memo that cannot be written costs time, not results
             log.debug("could not write %s (%s)", memo_path, e)
     return digest
+
+
+def read_memo(path: Path) -> dict:
+    """The memo: {key: hex digest}, read as untrusted (type, size and depth); {} where it is missing or
+    damaged (it is rebuilt: it saves time, it decides nothing)."""
+    try:
+        doc = json.loads(read_text(path, limit=MEMO_LIMIT, follow=False)) if os.path.lexists(path) else {}
+    except (OSError, ValueError, RecursionError, CloudMLError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(v, str) and len(v) == 64}
 
 
 def input_files(paths: dict[str, Path], memo_dir: Path | None = None) -> dict:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import h5py
@@ -61,6 +61,8 @@ import numpy as np
 from scipy import ndimage
 from tqdm.auto import tqdm
 
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.data import times
 
 log = logging.getLogger(__name__)
@@ -464,6 +466,20 @@ def write_icartt_nav(
             f.write(f"{ti:.0f}, " + ", ".join(f"{v:.6g}" for v in row) + "\n")
 
 
+def adopt_demo(folder: Path) -> str | None:
+    """Demo flights of an earlier CloudML: the demo version file it wrote beside them."""
+    from cloudml_lib.base.files import read_text
+
+    try:
+        version = read_text(Path(folder) / VERSION_FILE, limit=64, follow=False).strip()
+    except (OSError, CloudMLError):
+        return None
+    return f"its {VERSION_FILE} says demo version {version}" if version.isdigit() else None
+
+
+DEMO = Kind("demo flights", "--out", adopt_demo, "the folder of earlier demo flights to write them again")
+
+
 def make_demo_flights(
     out_dir: str | Path,
     n_flights: int = 5,
@@ -471,14 +487,16 @@ def make_demo_flights(
     frames_per_flight: int = DEMO_FRAMES,
     frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE,
     dates: list[dt.date] | None = None,
+    option: str = "--out",
 ) -> list[dict]:
     """Write `n_flights` demo flights into `out_dir` (on `dates`, default from 1 March 2025 every
-    other day); returns their `data.flights` entries."""
+    other day); returns their `data.flights` entries. `option`: what names the folder in a refusal."""
     if n_flights < 2:
         raise ValueError(f"--flights must be at least 2 (one to train on, one to hold out), got {n_flights}")
     rows, cols = frame_shape
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim(
+        out_dir, replace(DEMO, option=option)
+    )  # made (or adopted) and marked before a flight is written
     entries = demo_flight_entries(n_flights, dates)
     names = demo_flight_names(n_flights, dates)
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):

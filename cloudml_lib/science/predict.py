@@ -41,12 +41,13 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.base.config import DataConfig, FlightConfig, height_bounds_km
 from cloudml_lib.base.errors import CloudMLError, DataError
-from cloudml_lib.base.outputs import atomic_path, check_own_folder, write_text
+from cloudml_lib.base.outputs import atomic_path, write_text
+from cloudml_lib.base.ownership import Kind, claim
+from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.checkpoint import Key
 from cloudml_lib.core.inference import StreamEncoder, eval_batch_size, windows_forward
 from cloudml_lib.core.metrics import outside_bounds
 from cloudml_lib.core.provenance import trained_backend
-from cloudml_lib.core.rundir import RUN_FILES
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
@@ -535,9 +536,12 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     return out
 
 
-# What predict writes into its folder (--out): a folder holding one of these, or a run's files (predictions
-# beside the run), is a folder of predictions.
-PREDICTION_FILES = ("summary.json", "*_cbh.nc", "*_cbh.csv", *RUN_FILES)
+def adopt_predictions(folder: Path) -> str | None:
+    """Predictions of an earlier CloudML: the summary.json it wrote beside them."""
+    return "its summary.json reads" if RunFiles(Path(folder)).predictions_summary() else None
+
+
+PREDICTIONS = Kind("predictions", "--out", adopt_predictions, "a folder of earlier predictions")
 
 
 def predict_flights(
@@ -562,10 +566,7 @@ def predict_flights(
     names = flights or list(cfg.data.validation_flights)
     chosen = flights_to_predict(cfg, names)
     out = Path(out_dir) if out_dir else run_dir / "predictions"
-    if out.exists() and not out.is_dir():
-        raise CloudMLError(f"--out {out} is a file; choose a folder for the predictions")
-    check_own_folder(out, PREDICTION_FILES, "--out", "predictions", "a folder of earlier predictions")
-    out.mkdir(parents=True, exist_ok=True)
+    claim(out, PREDICTIONS)  # made (or adopted) and marked as CloudML's before a file goes into it
     folder = PredictionsFolder(out, run_dir, calibration, _read_summary(out / "summary.json"))
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     written = []
@@ -676,8 +677,6 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
 
 def _read_summary(path: Path) -> dict:
     """The predictions folder's summary.json (a line per flight predicted before); {} when damaged, said."""
-    from cloudml_lib.base.runfiles import RunFiles
-
     files = RunFiles(path.parent)
     summary = files.predictions_summary()
     for d in files.damaged:

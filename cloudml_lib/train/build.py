@@ -35,6 +35,7 @@ from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config, derive, save_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.base.ownership import claim as claim_folder
 from cloudml_lib.core.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
 from cloudml_lib.core.compile import CompileWatch, apply_compile
 from cloudml_lib.core.device import (
@@ -51,6 +52,7 @@ from cloudml_lib.core.memory import measure_batch_size
 from cloudml_lib.core.model import build_model, count_parameters
 from cloudml_lib.core.provenance import read_run_provenance, run_provenance, trained_backend
 from cloudml_lib.core.rundir import (
+    RUN,
     MetricsFile,
     check_data_fingerprint,
     check_folder_kind,
@@ -61,6 +63,7 @@ from cloudml_lib.core.rundir import (
     truncate_metrics,
 )
 from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
@@ -133,7 +136,7 @@ def claim_run_dir(
 
     def claim():
         nonlocal lock
-        run_dir.mkdir(parents=True, exist_ok=True)
+        claim_folder(run_dir, RUN)  # made (or adopted) and marked as CloudML's before anything is written
         lock = RunLock(run_dir)
         lock.acquire()
         attach_run_log(run_dir)
@@ -249,6 +252,18 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     )
 
 
+def check_cache_apart(cfg: Config, run_dir: Path) -> None:
+    """The preprocessing cache is a folder of its own, never the run folder or one inside it (a run's folder
+    is cleaned, its caches are kept across runs)."""
+    cache, run = cache_root(cfg.data).resolve(), Path(run_dir).resolve()
+    if cache == run or run in cache.parents:
+        raise ConfigError(
+            f"data.cache_dir {cache_root(cfg.data)} is the run folder {run_dir} or inside it; give the "
+            "cache a "
+            "folder of its own (e.g. cache/ beside runs/), shared by every run. Nothing was written."
+        )
+
+
 def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, CloudDataset, CloudDataset, dict, dict]:
     """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
     builds a missing one, the others then read it), the datasets, the batch size checked against them, and
@@ -256,6 +271,7 @@ def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, CloudDatas
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     check_folder_kind(run_dir, "train")
+    check_cache_apart(cfg, run_dir)
     faults.point("setup")
     # a resumed run keeps the CLAHE backend it started with (auto), or is warned that it changes
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(read_run_provenance(run_dir)))

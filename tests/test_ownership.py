@@ -1,0 +1,201 @@
+"""Whose folder it is (base/ownership.py), over the whole family of folders CloudML writes into or cleans: a run,
+a cross-validation, a sweep, predictions (--out), demo flights (--out), the preprocessing cache
+(data.cache_dir). A folder is CloudML's by the marker it wrote, or, written by an earlier release, by content
+that verifies; anything else, run-like names included, is refused and left byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import REPO
+
+from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.ownership import MARKER, check, claim, marker_kind
+from cloudml_lib.core.rundir import CROSSVAL, RUN, SWEEP
+
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def snapshot(folder: Path) -> dict:
+    """Every entry under `folder`, with each file's bytes' hash: the folder as the user left it."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def foreign(tmp_path: Path, kind: str) -> Path:
+    """A folder of someone else's, with names a CloudML folder of that kind would hold."""
+    d = tmp_path / f"theirs-{kind}"
+    (d / "papers").mkdir(parents=True)
+    (d / "papers" / "draft.txt").write_text("mine")
+    names = {
+        "home": {"notes.txt": "mine"},
+        "run": {
+            "tensorboard/events.out.tfevents.1.other": "their curves",
+            "checkpoints/step-00000005/model.bin": "another tool's",
+            "metrics.jsonl": '{"their": 1}\n',
+            "train.log": "their log\n",
+            "config.yaml": "train: {epochs: 3}\n",
+        },
+        "crossval": {"folds/a/notes.txt": "theirs"},
+        "sweep": {"trials/0/notes.txt": "theirs", "study.journal": "theirs\n"},
+        "predictions": {"summary.json": "[1, 2]", "x_cbh.nc": "not ours", "metrics.jsonl": "{}\n"},
+        "demo": {"01Mar25/readme.txt": "theirs", "cloudml_demo_version": "not a number"},
+        "cache": {"01Mar25-abc/meta.json": "{}", "file_sha256.json": "[1]"},
+    }[kind]
+    for name, text in names.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+    torch.save({"weights": torch.zeros(3)}, d / "best.pt")  # another project's best.pt, beside its papers
+    return d
+
+
+@pytest.fixture
+def cfg_file(tiny_raw_config, tmp_path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw_config))
+    return path
+
+
+@pytest.mark.parametrize(
+    "command, kind",
+    [
+        ("train", "home"),
+        ("train", "run"),
+        ("crossval", "crossval"),
+        ("crossval", "run"),
+        ("sweep", "sweep"),
+        ("sweep", "run"),
+        ("make-demo-data", "demo"),
+        ("make-demo-data", "run"),
+        ("train --cache", "cache"),
+    ],
+)
+def test_a_folder_that_is_not_cloudmls_is_refused_and_left_byte_identical(
+    command, kind, cfg_file, tmp_path, capsys
+):
+    from cloudml_lib.commands.cli import main
+
+    theirs = foreign(tmp_path, kind)
+    before = snapshot(theirs)
+    argv = {
+        "train": ["train", "--config", cfg_file, "--run-dir", theirs],
+        "crossval": ["crossval", "--config", cfg_file, "--run-dir", theirs, "--no-controls"],
+        "sweep": ["sweep", "--config", cfg_file, "--run-dir", theirs, "--trials", "1"],
+        "make-demo-data": ["make-demo-data", "--out", theirs, "--flights", "2", "--frames", "20"],
+        "train --cache": [
+            "train", "--config", cfg_file, "--run-dir", tmp_path / "run", "--set", f"data.cache_dir={theirs}"
+        ],
+    }[command]  # fmt: skip
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{theirs} holds other things" in err and "Nothing was written" in err, err
+    assert "Traceback" not in err
+    assert snapshot(theirs) == before  # not a byte changed, nothing added, nothing removed
+
+
+def test_predict_out_into_a_folder_that_is_not_cloudmls_is_refused(tiny_run, tmp_path, capsys):
+    from cloudml_lib.commands.cli import main
+
+    run_dir = tiny_run[0]
+    theirs = foreign(tmp_path, "predictions")
+    before = snapshot(theirs)
+    assert main(["predict", "--run-dir", str(run_dir), "--out", str(theirs)]) == 2
+    assert f"{theirs} holds other things" in capsys.readouterr().err
+    assert snapshot(theirs) == before
+
+
+@pytest.mark.parametrize(
+    "folder, kind",
+    [
+        ("run_d1cecbe/finished", RUN),
+        ("run_d1cecbe/stopped", RUN),
+        ("run_d1e9854/finished", RUN),
+        ("run_d1e9854/stopped", RUN),
+        ("run_d1e9854/crossval", CROSSVAL),
+        ("run_d1e9854/sweep", SWEEP),
+    ],
+)
+def test_an_earlier_releases_folder_is_adopted_by_its_content_and_marked_first(
+    folder, kind, tmp_path, caplog
+):
+    mine = tmp_path / "mine"
+    shutil.copytree(FIXTURES / folder, mine)
+    assert check(mine, kind).startswith("adopted: ")
+    before = snapshot(mine)
+    with caplog.at_level("INFO", logger="cloudml_lib"):
+        claim(mine, kind)
+    assert marker_kind(mine) == kind.name
+    assert {k: v for k, v in snapshot(mine).items() if k != MARKER} == before  # only the marker was added
+    assert "adopted, and marked as CloudML's" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="cloudml_lib"):
+        assert check(mine, kind) == "marked"
+        claim(mine, kind)
+    assert "adopted" not in caplog.text  # said once
+
+
+def test_a_run_like_folder_whose_content_does_not_verify_is_not_adopted(tmp_path):
+    """A run folder's names are not enough: a checkpoint whose checksum does not match, a best.pt without a
+    best model's keys, a crossval.json that does not read."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "run_d1e9854" / "stopped", run)
+    state = next((run / "checkpoints").glob("step-*")) / "state.pt"
+    state.write_bytes(state.read_bytes()[:-10] + b"0123456789")  # another file under the same name
+    with pytest.raises(CloudMLError, match="is not a CloudML run folder"):
+        check(run, RUN)
+    cv = tmp_path / "cv"
+    (cv / "folds" / "a" / "model").mkdir(parents=True)
+    (cv / "crossval.json").write_text('{"summary": 1}')
+    with pytest.raises(CloudMLError, match="is not a CloudML cross-validation folder"):
+        check(cv, CROSSVAL)
+
+
+def test_new_empty_and_hidden_only_folders_are_claimed_and_other_kinds_refused(tmp_path):
+    assert check(tmp_path / "new", RUN) == "new"
+    hidden = tmp_path / "hidden"
+    (hidden / ".ipynb_checkpoints").mkdir(parents=True)
+    (hidden / ".DS_Store").write_text("")
+    assert check(hidden, RUN) == "empty"
+    claim(hidden, RUN)
+    assert marker_kind(hidden) == "run"
+    with pytest.raises(CloudMLError, match="is CloudML's run folder, not a sweep folder"):
+        claim(hidden, SWEEP)
+    (tmp_path / "not-ours").mkdir()
+    (tmp_path / "not-ours" / MARKER).write_text("something else")  # a file of the same name, not our marker
+    with pytest.raises(CloudMLError, match="is not a marker CloudML wrote"):
+        check(tmp_path / "not-ours", RUN)
+
+
+@pytest.mark.parametrize("where", ["dangling", "loop", "proc"])
+def test_a_run_dir_that_cannot_be_a_folder_is_explained(where, cfg_file, tmp_path, capsys):
+    from cloudml_lib.commands.cli import main
+
+    path = {"dangling": tmp_path / "gone", "loop": tmp_path / "a", "proc": Path("/proc/self/cloudml-run")}[
+        where
+    ]
+    if where == "dangling":
+        path.symlink_to(tmp_path / "nowhere")
+    if where == "loop":
+        path.symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(path)
+    assert main(["train", "--config", str(cfg_file), "--run-dir", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "Traceback" not in err
+
+
+def test_the_cache_is_never_the_run_folder(cfg_file, tmp_path, capsys):
+    from cloudml_lib.commands.cli import main
+
+    run = tmp_path / "run"
+    assert (
+        main(["train", "--config", str(cfg_file), "--run-dir", str(run), "--set", f"data.cache_dir={run}"])
+        == 2
+    )
+    assert "is the run folder" in capsys.readouterr().err and not run.exists()
