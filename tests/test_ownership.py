@@ -1,5 +1,5 @@
-"""Whose folder it is (base/ownership.py), over the whole family of folders CloudML writes into or cleans: a run,
-a cross-validation, a sweep, predictions (--out), demo flights (--out), the preprocessing cache
+"""Whose folder it is (base/ownership.py), over the whole family of folders CloudML writes into or cleans: a
+run, a cross-validation, a sweep, predictions (--out), demo flights (--out), the preprocessing cache
 (data.cache_dir). A folder is CloudML's by the marker it wrote, or, written by an earlier release, by content
 that verifies; anything else, run-like names included, is refused and left byte-identical."""
 
@@ -123,14 +123,13 @@ def test_predict_out_into_a_folder_that_is_not_cloudmls_is_refused(tiny_run, tmp
     ],
 )
 def test_an_earlier_releases_folder_is_adopted_by_its_content_and_marked_first(
-    folder, kind, tmp_path, caplog
+    folder, kind, tmp_path, caplog, logs_reach_caplog
 ):
     mine = tmp_path / "mine"
     shutil.copytree(FIXTURES / folder, mine)
     assert check(mine, kind).startswith("adopted: ")
     before = snapshot(mine)
-    with caplog.at_level("INFO", logger="cloudml_lib"):
-        claim(mine, kind)
+    claim(mine, kind)
     assert marker_kind(mine) == kind.name
     assert {k: v for k, v in snapshot(mine).items() if k != MARKER} == before  # only the marker was added
     assert "adopted, and marked as CloudML's" in caplog.text

@@ -9,6 +9,7 @@ data files stay readable. A size limit refuses a file too big to be what it shou
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from contextlib import contextmanager
@@ -19,6 +20,16 @@ from cloudml_lib.base.errors import CloudMLError
 
 class NotRegularFile(OSError):
     """A path that is not a regular file (a FIFO, a device, a socket, a folder) where one is read."""
+
+
+def what_is(path: str | Path) -> str | None:
+    """What stands at `path` where a regular file should (a FIFO, a socket, a folder...); None when nothing
+    does, or a regular file or a symbolic link (links are judged by their callers)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISLNK(mode) else _what(mode)
 
 
 def _what(mode: int) -> str:
@@ -38,7 +49,12 @@ def open_fd(path: str | Path, flags: int, follow: bool = True, mode: int = 0o644
     """A descriptor of `path` opened with `flags`, without blocking, and checked to be a regular file (the
     descriptor is switched back to blocking for the reads and writes that follow)."""
     flags |= os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
-    fd = os.open(path, flags, mode)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO opened for writing without blocking, with no reader
+            raise NotRegularFile(0, f"{path} is a FIFO (named pipe), not a file", str(path)) from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -98,6 +98,20 @@ def refuse_link(path: str | Path) -> None:
         )
 
 
+def refuse_special(path: str | Path) -> None:
+    """A file a command writes must be a regular file, or nothing yet: a FIFO, a socket or a device there
+    would block the command for ever or receive what it writes, and a folder there is not its file. It is
+    named and left as it is."""
+    from cloudml_lib.base.files import what_is
+
+    what = what_is(path)
+    if what is not None:
+        raise CloudMLError(
+            f"{path} is {what}, where CloudML writes a file of its own. Move it away (it is left as it is) "
+            "or choose another folder. Nothing was written."
+        )
+
+
 def open_append(path: str | Path):
     """`path` opened for appending text (created if missing), never through a symbolic link (O_NOFOLLOW:
     no moment between a check and the open), and only a regular file: a FIFO named metrics.jsonl or

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.shapes import OPT_TEXT, TEXT, Damaged, Obj, read_json
 
 log = logging.getLogger(__name__)
 
 MARKER = ".cloudml"
+MARKER_SHAPE = Obj({"kind": TEXT, "by": OPT_TEXT}, required=("kind",))
 MARKER_LIMIT = 4096  # bytes: a marker is a line of JSON; anything bigger is not CloudML's
 CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")  # what a file manager or a file system leaves
 
@@ -50,22 +52,13 @@ def marker_kind(folder: Path) -> str | None:
     path = Path(folder) / MARKER
     if not os.path.lexists(path):
         return None
-    from cloudml_lib.base.files import read_text  # the reader that never follows a FIFO or a link
-
     try:
-        doc = json.loads(read_text(path, limit=MARKER_LIMIT, follow=False))
-    except (OSError, ValueError, RecursionError, CloudMLError) as e:
+        return read_json(path, MARKER_SHAPE, MARKER_LIMIT)["kind"]
+    except (OSError, Damaged) as e:
         raise CloudMLError(
             f"{path} is not a marker CloudML wrote ({shown(str(e), 200)}): the folder {folder} cannot be "
             "told to be CloudML's. Move that file away, or choose another folder. Nothing was written."
         ) from None
-    kind = doc.get("kind") if isinstance(doc, dict) else None
-    if not isinstance(kind, str):
-        raise CloudMLError(
-            f"{path} holds no folder kind: it was not written by CloudML. Move it away, or choose another "
-            "folder. Nothing was written."
-        )
-    return kind
 
 
 def others_in(folder: Path) -> list[str]:

@@ -7,8 +7,7 @@ written it yet) or damaged: unreadable, not JSON or YAML, or the wrong shape. A 
 says what it could not read. Nothing here raises for a file's content; a reader never follows a symlink
 out of the folder it reads (a link is "damaged", not read).
 
-The shapes say what the readers' users rely on (keys they index, types they compute with); keys a shape
-does not name are allowed, so files of newer versions stay readable.
+The shapes (base/shapes.py) say what the readers' users rely on.
 """
 
 from __future__ import annotations
@@ -25,6 +24,28 @@ import yaml
 
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import NotRegularFile, read_bytes
+from cloudml_lib.base.shapes import (
+    ANY,
+    BOOL,
+    INT,
+    NUM,
+    OPT_INT,
+    OPT_NUM,
+    OPT_TEXT,
+    TEXT,
+    Damaged,
+    ListOf,
+    MapOf,
+    Maybe,
+    Obj,
+    OneOf,
+    Scalar,
+    Shape,
+    first_line,
+    kind_of,
+    parse_json,
+    unicode_problem,
+)
 from cloudml_lib.base.yamlfile import loads
 
 MAX_BYTES = 64 * 2**20  # a run's JSON or YAML file is kilobytes; a bigger one is not what a run wrote
@@ -34,122 +55,6 @@ TRIAL_STATES = ("running", "complete", "pruned", "failed")
 # ----------------------------------------------------------------------------- shapes, and their check
 
 
-class Shape:
-    """What a value must be; `problem` says what is wrong with `value` at `where`, or None."""
-
-    def problem(self, value, where: str) -> str | None:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class Kind(Shape):
-    """A JSON scalar: "number" (finite), "any_number" (NaN and infinity too), "integer", "text", "bool"."""
-
-    kind: str
-    optional: bool = False
-
-    def problem(self, value, where):
-        if value is None:
-            return None if self.optional else f"{where} is missing (null), expected {self.words()}"
-        checks = {
-            "number": lambda v: _is_number(v) and math.isfinite(v),
-            "any_number": _is_number,
-            "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-            "text": lambda v: isinstance(v, str),
-            "bool": lambda v: isinstance(v, bool),
-        }
-        return None if checks[self.kind](value) else f"{where} is {shown(value)}, expected {self.words()}"
-
-    def words(self) -> str:
-        text = {"number": "a finite number", "any_number": "a number", "integer": "a whole number"}
-        return text.get(self.kind, f"a {self.kind}") + (" or null" if self.optional else "")
-
-
-@dataclass(frozen=True)
-class OneOf(Shape):
-    values: tuple
-
-    def problem(self, value, where):
-        if isinstance(value, str) and value in self.values:
-            return None
-        return f"{where} is {shown(value)}, expected one of {', '.join(self.values)}"
-
-
-@dataclass(frozen=True)
-class ListOf(Shape):
-    item: Shape
-
-    def problem(self, value, where):
-        if not isinstance(value, list):
-            return f"{where} is {_kind_of(value)}, expected a list"
-        return next((p for i, v in enumerate(value) if (p := self.item.problem(v, f"{where}[{i}]"))), None)
-
-
-@dataclass(frozen=True)
-class MapOf(Shape):
-    """An object whose every value has one shape (flight name -> metrics)."""
-
-    value: Shape
-
-    def problem(self, value, where):
-        if not isinstance(value, dict):
-            return f"{where} is {_kind_of(value)}, expected an object"
-        return next(
-            (
-                p
-                for k, v in value.items()
-                if (p := self.value.problem(v, f"{where}.{k}" if where else str(k)))
-            ),
-            None,
-        )
-
-
-@dataclass(frozen=True)
-class Obj(Shape):
-    """An object with named fields (each optional unless in `required`); other keys are allowed."""
-
-    fields: dict
-    required: tuple = ()
-
-    def problem(self, value, where):
-        if not isinstance(value, dict):
-            return f"{where or 'the file'} is {_kind_of(value)}, expected an object"
-        missing = [k for k in self.required if k not in value]
-        if missing:
-            return f"{where + ': ' if where else ''}no {', '.join(missing)}"
-        for k, shape in self.fields.items():
-            if k in value and (p := shape.problem(value[k], f"{where}.{k}" if where else k)):
-                return p
-        return None
-
-
-@dataclass(frozen=True)
-class Maybe(Shape):
-    """`shape`, or null."""
-
-    shape: Shape
-
-    def problem(self, value, where):
-        return None if value is None else self.shape.problem(value, where)
-
-
-class Anything(Shape):
-    def problem(self, value, where):
-        return None
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _kind_of(value) -> str:
-    names = {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}
-    return names.get(type(value), "a number" if _is_number(value) else type(value).__name__)
-
-
-NUM, OPT_NUM, OPT_INT = Kind("number"), Kind("number", True), Kind("integer", True)
-INT, TEXT, OPT_TEXT, BOOL = Kind("integer"), Kind("text"), Kind("text", True), Kind("bool")
-ANY = Anything()
 METRIC_KEYS = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
 METRIC_SET = Obj({k: OPT_NUM for k in METRIC_KEYS} | {"n": OPT_INT}, required=(*METRIC_KEYS, "n"))
 CLOUD_SCORES = Obj({"overall": MapOf(OPT_NUM), "per_flight": MapOf(MapOf(OPT_NUM))})
@@ -223,7 +128,7 @@ SWEEP = Obj(
 )
 RECORD = Obj(
     {"kind": TEXT, "epoch": INT, "step": INT, "time_s": OPT_NUM}
-    | {k: Kind("any_number", True) for k in ("loss", "train_loss", "val_loss", "r2", "mae_km", "rmse_km")},
+    | {k: Scalar("any_number", True) for k in ("loss", "train_loss", "val_loss", "r2", "mae_km", "rmse_km")},
     required=("kind",),
 )
 INTERVALS = Obj(
@@ -295,10 +200,10 @@ class RunFiles:
         try:
             doc = loads(text, str(self.folder / "config.yaml"))
         except (yaml.YAMLError, CloudMLError, ValueError) as e:  # ValueError: over 4300 digits
-            return self._damage("config.yaml", f"not YAML: {_first_line(e)}")
+            return self._damage("config.yaml", f"not YAML: {first_line(e)}")
         except RecursionError:
             return self._damage("config.yaml", "nested too deep to be a config")
-        problem = _config_problem(doc) or _unicode_problem(doc)
+        problem = _config_problem(doc) or unicode_problem(doc)
         return self._damage("config.yaml", problem) if problem else _plain(doc)
 
     def evaluation(self) -> dict:
@@ -370,7 +275,7 @@ class RunFiles:
                 if i < len(lines) - (lines[-1] == ""):  # not the last line: damage, not a kill
                     bad.append(f"line {i} is not JSON")
                 continue
-            problem = RECORD.problem(record, f"line {i}") or _unicode_problem(record)
+            problem = RECORD.problem(record, f"line {i}") or unicode_problem(record)
             (bad.append(problem) if problem else out.append(record))
         if bad:
             self._damage(
@@ -404,13 +309,9 @@ class RunFiles:
         if text is None:
             return None
         try:
-            doc = json.loads(text)
-        except ValueError as e:  # a 5,000-digit number too (Python's integer digit limit)
-            return self._damage(name, f"not JSON: {_first_line(e)}")
-        except RecursionError:
-            return self._damage(name, "nested too deep to be a file a run wrote")
-        problem = shape.problem(doc, "") or _unicode_problem(doc)
-        return self._damage(name, problem) if problem else doc
+            return parse_json(text, shape)
+        except Damaged as e:
+            return self._damage(name, str(e))
 
     def _damage(self, name: str, why: str) -> None:
         why = why.encode("utf-8", "backslashreplace").decode("utf-8")  # a key the file holds may not print
@@ -418,31 +319,16 @@ class RunFiles:
         return None
 
 
-def _unicode_problem(doc) -> str | None:
-    """Text no file can hold (a lone surrogate, which JSON's escapes and YAML's allow): it cannot be shown."""
-    try:
-        json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
-    except UnicodeEncodeError:
-        return "it holds text that is not valid Unicode"
-    except ValueError:  # nested too deep to write back
-        return "nested too deep"
-    return None
-
-
-def _first_line(e: Exception) -> str:
-    return shown(str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-
 def _config_problem(doc) -> str | None:
     """A run's config: sections of settings (a section may hold another: data.keys), each value a scalar
     or a short list of scalars or of flat mappings (data.flights); a few thousand values at most, so a
     YAML alias bomb is refused before anything walks it whole."""
     if not isinstance(doc, dict):
-        return f"the file is {_kind_of(doc)}, expected sections (data:, model:, train:, ...)"
+        return f"the file is {kind_of(doc)}, expected sections (data:, model:, train:, ...)"
     budget = [CONFIG_VALUES]
     for section, values in doc.items():
         if not isinstance(values, dict):
-            return f"{_name(section)} is {_kind_of(values)}, expected a section of settings"
+            return f"{_name(section)} is {kind_of(values)}, expected a section of settings"
         if problem := _section_problem(values, _name(section), budget, depth=1):
             return problem
     return None

@@ -91,7 +91,7 @@ def installed_record() -> dict | None:
         return None
     try:
         return json.loads((Path(list(spec.submodule_search_locations)[0]) / RECORD).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

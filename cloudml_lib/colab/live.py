@@ -124,7 +124,7 @@ class LiveView:
         if text.startswith(ProgressLines.PREFIX):
             try:
                 self.progress = json.loads(text[len(ProgressLines.PREFIX) :])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
             return
         self.lines.append(text)

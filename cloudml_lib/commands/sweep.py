@@ -34,6 +34,7 @@ from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.ownership import check, claim, is_marked
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.base.shapes import INT, Damaged, Obj, parse_json
 from cloudml_lib.base.yamlfile import read_yaml
 from cloudml_lib.commands.space import (
     MAX_SEED,
@@ -141,6 +142,9 @@ def _whole_lines(data: bytes | None, path: Path) -> bytes | None:
     return data[:cut] or None
 
 
+JOURNAL_RECORD = Obj({"op_code": INT}, required=("op_code",))  # what a line of an Optuna journal holds
+
+
 def journal_problem(data: bytes) -> str | None:
     """What is wrong with an Optuna journal's bytes, or None. Every complete line is a JSON record with an
     op_code, the first creating the study; a last line without its newline is a write cut by a kill
@@ -150,11 +154,9 @@ def journal_problem(data: bytes) -> str | None:
         return "empty"
     for i, line in enumerate(lines, 1):
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            return f"damaged (line {i} is not JSON)"
-        if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
-            return f"damaged (line {i} is not an Optuna journal record)"
+            record = parse_json(line, JOURNAL_RECORD)
+        except Damaged as e:
+            return f"damaged (line {i} is not an Optuna journal record: {e})"
         if i == 1 and record["op_code"] != 0:
             return "damaged (it does not start by creating the study)"
     return None

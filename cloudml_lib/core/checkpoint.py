@@ -35,10 +35,11 @@ from torch import nn
 
 from cloudml_lib.base import faults
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.files import open_regular, read_text
+from cloudml_lib.base.files import open_regular
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import refuse_link
 from cloudml_lib.base.ownership import write_marker
+from cloudml_lib.base.shapes import INT, NUM, TEXT, Damaged, Obj, read_json
 
 log = logging.getLogger(__name__)
 
@@ -233,26 +234,16 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
 
 
 META_LIMIT = 1 << 16  # bytes: a manifest is a few lines of JSON
-META_FIELDS = {"step": int, "epoch": int, "bytes": int, "sha256": str, "saved_at": (int, float)}
+META_SHAPE = Obj({"step": INT, "epoch": INT, "bytes": INT, "sha256": TEXT, "saved_at": NUM, "file": TEXT})
 
 
 def read_meta(folder: Path) -> dict:
     """meta.json, read as untrusted: a regular file (never a FIFO), JSON, an object whose fields have the
     types a manifest has; ValueError (or OSError) says why not."""
     try:
-        doc = json.loads(read_text(Path(folder) / META, limit=META_LIMIT, follow=False))
-    except (RecursionError, CloudMLError) as e:
-        raise ValueError(f"meta.json is not a manifest ({str(e)[:120] or 'nested too deep'})") from None
-    if not isinstance(doc, dict):
-        raise ValueError("meta.json is not a JSON object")
-    wrong = [
-        k
-        for k, t in META_FIELDS.items()
-        if k in doc and (not isinstance(doc[k], t) or isinstance(doc[k], bool))
-    ]
-    if wrong:
-        raise ValueError(f"meta.json: {', '.join(wrong)} of the wrong type")
-    return doc
+        return read_json(Path(folder) / META, META_SHAPE, META_LIMIT)
+    except Damaged as e:
+        raise ValueError(f"meta.json is not a manifest ({str(e)[:120]})") from None
 
 
 def verify(folder: Path) -> str | None:

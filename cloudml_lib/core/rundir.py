@@ -23,16 +23,19 @@ from typing import TYPE_CHECKING
 
 from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, resume_rules
 from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.files import read_text, what_is
 from cloudml_lib.base.liveness import holder_alive, process_alive
 from cloudml_lib.base.outputs import (
     append_text,
     json_safe,
     open_append,
     refuse_link,
+    refuse_special,
     write_text,
 )
 from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
 from cloudml_lib.base.runfiles import RunFiles
+from cloudml_lib.base.shapes import TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.checkpoint import (
     BEST_KEYS,
     META,
@@ -119,7 +122,7 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     return math, harmless
 
 
-# The files a run writes at the top of its folder, each refused where it is a symbolic link.
+# The files a run writes at the top of its folder, each refused where it is a link or not a regular file.
 RUN_WRITES = (
     "config.yaml",
     "run.json",
@@ -140,9 +143,11 @@ RUN_WRITES = (
 
 
 def check_run_writes(run_dir: Path) -> None:
-    """None of the files a run writes at the top of its folder is a symbolic link (outputs.refuse_link)."""
+    """Each file a run writes at the top of its folder is a regular file or nothing yet: not a symbolic link
+    (outputs.refuse_link), not a FIFO, a socket, a device or a folder (outputs.refuse_special)."""
     for name in RUN_WRITES:
         refuse_link(Path(run_dir) / name)
+        refuse_special(Path(run_dir) / name)
 
 
 def has_run(run_dir: Path) -> bool:
@@ -633,6 +638,10 @@ def trained_checkpoint(run_dir: Path) -> Found:
 def record_failure(run_dir: Path, why: str) -> None:
     """run.json says the last command on this run stopped on an error (run_state's "failed"); the next start
     rewrites run.json without it."""
+    if not is_marked(run_dir, RUN.name):
+        return  # not (yet) this run's folder: a refused folder is left as it was
+    if what_is(Path(run_dir) / "run.json") or (Path(run_dir) / "run.json").is_symlink():
+        return  # the refusal named it: what stands there is left as it is
     info = RunFiles(Path(run_dir)).run_info()
     if info or (Path(run_dir) / "checkpoints").is_dir():
         write_text(
@@ -693,12 +702,11 @@ def adopt_sweep(folder: Path) -> str | None:
 
 
 def _journal_names_a_study(path: Path) -> bool:
-    from cloudml_lib.base.files import read_text
-
     try:
         first = read_text(path, limit=1 << 20, follow=False).split("\n", 1)[0] if path.is_file() else ""
-        return isinstance(json.loads(first).get("study_name"), str)
-    except (OSError, ValueError, RecursionError, AttributeError, CloudMLError):
+        parse_json(first, Obj({"study_name": TEXT}, required=("study_name",)))
+        return True
+    except (OSError, Damaged, CloudMLError):
         return False
 
 

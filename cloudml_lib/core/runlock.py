@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.files import NotRegularFile, read_text
+from cloudml_lib.base.files import NotRegularFile
 from cloudml_lib.base.liveness import holder_alive
+from cloudml_lib.base.shapes import INT, NUM, TEXT, Damaged, Obj, read_json
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,7 @@ LOCK = ".lock"
 LOCK_LIMIT = 4096  # bytes: a lock is a line of JSON
 
 
-def _lock_shape(doc) -> bool:
-    return isinstance(doc, dict) and isinstance(doc.get("host"), str) and type(doc.get("pid")) is int
+LOCK_SHAPE = Obj({"host": TEXT, "pid": INT, "started": NUM, "heartbeat": NUM}, required=("host", "pid"))
 
 
 def read_lock(path: Path) -> dict | None:
@@ -40,18 +40,14 @@ def read_lock(path: Path) -> dict | None:
     damaged (not JSON, not an object with a host and a pid, nested too deep). A lock that is not a regular
     file (a FIFO, a folder) is refused, naming it: it is waited on by nobody, and not CloudML's to remove."""
     try:
-        doc = json.loads(read_text(path, limit=LOCK_LIMIT, follow=False))
+        return read_json(path, LOCK_SHAPE, LOCK_LIMIT)
     except NotRegularFile as e:
         raise CloudMLError(
             f"{e.strerror}: the run lock of this folder is a file CloudML writes. Move it away (it is left "
             "as it is), or choose another folder. Nothing was written."
         ) from None
-    except (OSError, ValueError, RecursionError, CloudMLError):
+    except (OSError, Damaged):
         return None
-    if not _lock_shape(doc):
-        return None
-    heartbeat = doc.get("heartbeat", 0)
-    return doc if isinstance(heartbeat, (int, float)) and not isinstance(heartbeat, bool) else None
 
 
 class RunLock:
@@ -123,12 +119,12 @@ class RunLock:
 
     def _why_unreadable(self) -> str:
         try:
-            doc = json.loads(read_text(self.path, limit=LOCK_LIMIT, follow=False))
-            return "unknown" if _lock_shape(doc) else "not the JSON object a lock holds (host, pid)"
+            read_json(self.path, LOCK_SHAPE, LOCK_LIMIT)
+            return "unknown"
         except OSError as e:
             return e.strerror or str(e)
-        except (ValueError, RecursionError, CloudMLError):
-            return "not the JSON a lock holds"
+        except Damaged as e:
+            return f"not the JSON object a lock holds: {e}"
 
     def _mtime(self) -> float:
         try:

@@ -39,12 +39,14 @@ from tqdm.auto import tqdm
 
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError, shown
-from cloudml_lib.base.files import read_text
 from cloudml_lib.base.outputs import named
 from cloudml_lib.base.ownership import claim
+from cloudml_lib.base.shapes import read_json
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cachefiles import (
     CACHE,
+    CACHE_META,
+    CACHE_META_LIMIT,
     copy_flight_cache,
     in_background,
     remove_stale_builds,
@@ -63,7 +65,6 @@ from cloudml_lib.data.preprocess import (
 )
 
 log = logging.getLogger(__name__)
-META_LIMIT = 64 << 20  # bytes: a flight cache's meta.json (labels and counts of a long flight)
 
 CACHE_VERSION = 6  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
 # 6: cloud / no-cloud samples and the frame statistic of the baseline
@@ -219,9 +220,7 @@ class FlightCache:
 
 
 def _open(path: Path) -> FlightCache:
-    meta = json.loads(read_text(path / "meta.json", limit=META_LIMIT, follow=False))
-    if not isinstance(meta, dict):
-        raise ValueError("meta.json is not a JSON object")
+    meta = read_json(path / "meta.json", CACHE_META, CACHE_META_LIMIT)  # Damaged: the cache is rebuilt
     arrays = np.load(path / "samples.npz")
     store = FrameStore(path / "frames.npy")
     expected = store.offset + store.frame_bytes * store.shape[0]

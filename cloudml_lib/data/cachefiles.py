@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import os
 import shutil
@@ -18,10 +17,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cloudml_lib.base import faults
-from cloudml_lib.base.errors import CloudMLError, DataError
-from cloudml_lib.base.files import read_text
+from cloudml_lib.base.errors import DataError
 from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.ownership import Kind
+from cloudml_lib.base.shapes import ANY, INT, TEXT, Damaged, MapOf, Maybe, Obj, read_json
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +134,30 @@ def verify_cache(cache) -> str | None:
     return None
 
 
+CACHE_META_LIMIT = 64 << 20  # bytes: a flight cache's meta.json (labels and counts of a long flight)
+# What the cache's readers index in a flight cache's meta.json (other keys are allowed).
+CACHE_META = Obj(
+    {
+        "flight": TEXT,
+        "cached_frames": INT,
+        "n_frames": INT,
+        "bytes": INT,
+        "frames_sha256": TEXT,
+        "counts": MapOf(ANY),
+        "preprocess": MapOf(ANY),
+        "match": Maybe(MapOf(ANY)),
+    },
+    required=("flight", "cached_frames", "n_frames", "counts", "preprocess"),
+)
+
+
 def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
     """Copy one complete flight cache folder: under a temporary name, meta.json last, frames.npy's
     sha256 checked against the one recorded when it was built, then renamed into place."""
-    meta = json.loads(read_text(src / "meta.json", limit=64 << 20, follow=False))
-    if not isinstance(meta, dict):
-        raise DataError(f"{src / 'meta.json'} is not a cache's meta.json")
+    try:
+        meta = read_json(src / "meta.json", CACHE_META, CACHE_META_LIMIT)
+    except Damaged as e:
+        raise DataError(f"{src / 'meta.json'} is not a cache's meta.json ({e})") from None
     tmp = temporary(dst)
     remove_stale_builds(dst)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -173,10 +190,10 @@ def adopt_cache(folder: Path) -> str | None:
     checksum of its frames)."""
     for meta in sorted(Path(folder).glob("*/meta.json"))[:20]:
         try:
-            doc = json.loads(read_text(meta, limit=1 << 20, follow=False))
-        except (OSError, ValueError, RecursionError, CloudMLError):
+            doc = read_json(meta, CACHE_META, CACHE_META_LIMIT)
+        except (OSError, Damaged):
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("frames_sha256"), str) and "cached_frames" in doc:
+        if isinstance(doc.get("frames_sha256"), str):
             return f"its {meta.parent.name}/meta.json is a flight cache's"
     return None
 

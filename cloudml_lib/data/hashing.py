@@ -12,9 +12,9 @@ import os
 import time
 from pathlib import Path
 
-from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.files import open_regular, read_text
+from cloudml_lib.base.files import open_regular
 from cloudml_lib.base.ownership import is_marked
+from cloudml_lib.base.shapes import ANY, Damaged, MapOf, read_json
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,8 @@ def read_memo(path: Path) -> dict:
     """The memo: {key: hex digest}, read as untrusted (type, size and depth); {} where it is missing or
     damaged (it is rebuilt: it saves time, it decides nothing)."""
     try:
-        doc = json.loads(read_text(path, limit=MEMO_LIMIT, follow=False)) if os.path.lexists(path) else {}
-    except (OSError, ValueError, RecursionError, CloudMLError):
-        return {}
-    if not isinstance(doc, dict):
+        doc = read_json(path, MapOf(ANY), MEMO_LIMIT) if os.path.lexists(path) else {}
+    except (OSError, Damaged):
         return {}
     return {k: v for k, v in doc.items() if isinstance(v, str) and len(v) == 64}
 

@@ -655,7 +655,17 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
             f"--calibration {folder}: no {intervals.FILE} there; point it at a finished cross-validation "
             "(python -m cloudml_lib crossval ...) or a finished run"
         )
-    cal = intervals.load(folder)
+    if calibration_dir:
+        files = RunFiles(folder)
+        cal = files.intervals()
+        if cal is None:  # asked for by name: no silent run without intervals
+            raise CloudMLError(
+                f"--calibration {folder}: {'; '.join(files.damaged)}. Point it at a finished "
+                "cross-validation (python -m cloudml_lib crossval ...) or a finished run. Nothing was "
+                "written."
+            )
+    else:
+        cal = intervals.load(folder)
     if cal is None:
         log.warning(
             "%s has no usable %s (a run from an earlier CloudML, or too few held-out heights): heights "
