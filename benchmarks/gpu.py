@@ -313,7 +313,7 @@ def write_flight(args) -> None:
     entries, names = synthetic.demo_flight_entries(len(FLIGHTS)), synthetic.demo_flight_names(len(FLIGHTS))
     folder.mkdir(parents=True, exist_ok=True)
     synthetic._write_flight(
-        folder, entries[i], names[i][1], i, np.random.default_rng([3, i]), frames, rows, cols
+        folder, entries[i], names[i][1], i, np.random.default_rng([3, i]), frames, (rows, cols)
     )
     (folder / synthetic.VERSION_FILE).write_text(f"{synthetic.DEMO_VERSION}\n")
 
@@ -729,7 +729,8 @@ def orchestrate(size: Size, items: list[str], results: Path, log) -> dict:
     for name in items:
         box = TIME_BOX[name] * (4 if size.smoke else 1)
         if name != "presets" and flights.wait() != 0:
-            doc[name] = {"failed": "the synthetic flights could not be written"}
+            doc[name] = {"failed": "the synthetic flights could not be written; see the log"}
+            results.write_text(json.dumps(doc, indent=1, default=str))
             continue
         part = SCRATCH / f"{name}.json"
         part.unlink(missing_ok=True)
