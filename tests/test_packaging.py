@@ -156,8 +156,143 @@ def test_a_failed_pip_install_is_shown_with_what_pip_said(bootstrap, monkeypatch
     install, code = bootstrap
     (code / "pyproject.toml").write_text("this is not TOML [")
     with pytest.raises(install["InstallProblem"], match="pip exit status") as e:
-        install["build_and_install"](code, {"fingerprint": "x"})
+        install["build_and_install"](code, {"fingerprint": install["fingerprint"](code)})
     assert "pip said" in str(e.value)
+
+
+# ------------------------------------------------------------- the install cell under Drive's weather
+
+
+def refused(install, code, *must):
+    """The install refuses the copy with one message naming every `must`, and installs nothing."""
+    ensure = install["ensure_installed"]
+    ensure.__globals__["installed_record"] = lambda: None
+    ensure.__globals__["build_and_install"] = lambda *a: pytest.fail("installed a copy with problems")
+    with pytest.raises(install["InstallProblem"]) as e:
+        ensure()
+    text = str(e.value)
+    for word in (*must, "Nothing was installed", "run this cell again"):
+        assert word in text, text
+    assert not any("Traceback" in line for line in e.value._render_traceback_())
+    return text
+
+
+def test_a_copy_with_missing_or_misshapen_parts_is_named_part_by_part(bootstrap):
+    install, code = bootstrap
+    import shutil
+
+    (code / "pyproject.toml").unlink()
+    (code / "pyproject.toml").mkdir()  # a sync client made a folder of it
+    shutil.rmtree(code / "configs")
+    text = refused(install, code, "pyproject.toml: is a folder", "configs: is missing")
+    assert "no copy of CloudML" not in text
+
+
+def test_an_unreadable_folder_a_strange_name_and_a_pipe_are_named_not_skipped(bootstrap, monkeypatch):
+    import os
+
+    install, code = bootstrap
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if Path(os.fsdecode(path)) == code / "configs" / "sweeps":
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)  # (as root, chmod 000 would not stop a read)
+    os.close(os.open(os.fsencode(code / "cloudml_lib") + b"/caf\xe9.py", os.O_CREAT | os.O_WRONLY))
+    os.mkfifo(code / "configs" / "pipe.yaml")
+    refused(
+        install,
+        code,
+        "configs/sweeps/: the folder cannot be read (Permission denied)",
+        "the file name is not UTF-8",
+        "configs/pipe.yaml: is not a regular file",
+    )
+
+
+def test_a_file_that_vanishes_or_changes_while_installing_installs_nothing(bootstrap, monkeypatch):
+    install, code = bootstrap
+    build, ran = install["build_and_install"], []
+    build.__globals__["subprocess"] = type("S", (), {"run": lambda *a, **k: ran.append(a)})
+    record = {"fingerprint": install["fingerprint"](code)}
+    demo = code / "configs" / "demo.yaml"
+    demo.write_text(demo.read_text() + "\n# Drive synced a newer version meanwhile\n")
+    with pytest.raises(install["InstallProblem"], match="changed while it was being installed"):
+        build(code, record)
+    real_open = open
+
+    def flaky(path, *a, **k):
+        if Path(path) == demo:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_open(path, *a, **k)
+
+    build.__globals__["open"] = flaky
+    with pytest.raises(install["InstallProblem"], match="still syncing") as e:
+        build(code, {"fingerprint": "x"})
+    assert str(demo) in str(e.value) and "Nothing was installed" in str(e.value)
+    assert ran == [], "pip ran on a copy that was not the fingerprinted one"
+
+
+def test_files_are_hashed_in_pieces_with_the_same_fingerprint(bootstrap, tmp_path):
+    """A big file costs no memory; the fingerprint is the same whatever the piece size."""
+    import hashlib
+    import tracemalloc
+
+    install, code = bootstrap
+    big = code / "configs" / "big.json"
+    big.write_bytes(b"[" + b"0," * (24 << 20) + b"0]")  # 48 MB
+    whole = hashlib.sha256()
+    for rel in install["source_files"](code):
+        whole.update(rel.as_posix().encode() + b"\0" + (code / rel).read_bytes() + b"\0")
+    tracemalloc.start()
+    got = install["fingerprint"](code)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert got == whole.hexdigest()
+    assert peak < 8 << 20, f"hashing held {peak / 2**20:.0f} MiB"
+    install["fingerprint"].__globals__["CHUNK"] = 7
+    assert install["fingerprint"](code) == got
+
+
+def test_the_installed_files_are_checked_against_the_copy(bootstrap, tmp_path):
+    """pip says it installed, but a file is missing from site-packages: the cell says so and removes the
+    record it installed, so that the next run installs again."""
+    import shutil
+
+    install, code = bootstrap
+    build = install["build_and_install"]
+    site = tmp_path / "site" / "cloudml_lib"
+
+    def pip(cmd, **kwargs):  # lays the build copy out as setup.py would, then loses one module
+        work = Path(cmd[-1])
+        for rel in install["source_files"](work) + [Path("cloudml_lib/_source.json")]:
+            target = install["installed_as"](rel, work)
+            if target:
+                (site / target).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(work / rel, site / target)
+        if lose:
+            (site / "train" / "loop.py").unlink()
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})
+
+    build.__globals__["subprocess"] = type("S", (), {"run": pip})
+    build.__globals__["installed_package"] = lambda: site
+    record = {"fingerprint": install["fingerprint"](code)}
+    lose = False
+    build(code, record)  # laid out right: no complaint
+    assert (site / "configs" / "demo.yaml").read_bytes() == (code / "configs" / "demo.yaml").read_bytes()
+    assert json_of(site / "_source.json") == record
+    lose = True
+    with pytest.raises(install["InstallProblem"], match="do not match the copy") as e:
+        build(code, record)
+    assert "train/loop.py: missing" in str(e.value)
+    assert not (site / "_source.json").exists(), "the record stayed: the next run would not reinstall"
+
+
+def json_of(path):
+    import json
+
+    return json.loads(path.read_text())
 
 
 def test_the_install_record_is_what_the_package_reports(monkeypatch):

@@ -309,7 +309,7 @@ def test_a_lost_or_damaged_journal_is_refused_and_rebuilt_only_when_asked(files,
             journal.write_bytes(damage)
         r = sweep_cli(cfg, space, run, 3, None, tmp_path / f"vm{n}")  # a new machine: no local journal
         assert r.returncode == 2 and str(journal) in r.stderr and "--rebuild-study" in r.stderr, r.stderr
-        assert ["missing", "empty", "line 2 is not JSON"][n] in r.stderr
+        assert ["missing", "empty", "line 2 is not an Optuna journal record"][n] in r.stderr
         assert sorted(p.name for p in (run / "trials").iterdir()) == ["0", "1", "2"]  # nothing ran
     r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm9", "--rebuild-study")
     assert r.returncode == 0, r.stderr[-3000:]
