@@ -241,8 +241,14 @@ def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeyp
     (run / f".best.pt.tmp-{dead.pid}").write_bytes(b"x")
     (run / f".best.pt.tmp-{os.getpid()}").write_bytes(b"mine")  # a live process's: kept
     (run / "checkpoints" / f".step-00000004.tmp-{dead.pid}").mkdir()
+    from cloudml_lib.base.ownership import write_marker
+    from cloudml_lib.core.rundir import STAGING
+
     (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc").mkdir()
+    write_marker(tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc", STAGING)  # staged by CloudML
     (tmp_path / "tmp" / "cloudml-ckpt-abc").mkdir()  # owner unknown: kept
+    (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-xyz").mkdir()  # no marker: not ours, whatever its name
     removed = clean_leftovers(run)
     assert len(removed) == 3
     assert (run / f".best.pt.tmp-{os.getpid()}").exists() and (tmp_path / "tmp" / "cloudml-ckpt-abc").exists()
+    assert (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-xyz").exists()

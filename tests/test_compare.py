@@ -51,3 +51,19 @@ def test_bookkeeping_settings_are_not_differences_and_the_same_flights_need_no_w
     head = table(text)[0]
     assert head[-1] == "compiled" and "No setting differs between these runs." in text
     assert "different held-out flights" not in text
+
+
+def test_epoch_records_past_the_end_or_with_impossible_times_are_not_counted_and_said(tmp_path):
+    """metrics.jsonl appended to by something else showed as "3/2 epochs, inf min"."""
+    a = copy_run(tmp_path / "a")
+    planned = yaml.safe_load((a / "config.yaml").read_text())["train"]["epochs"]
+    own = [{"kind": "epoch", "epoch": k, "step": 10 * k, "time_s": 60.0} for k in range(1, planned + 1)]
+    (a / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own))
+    with open(a / "metrics.jsonl", "a") as f:
+        for k in (planned + 1, planned + 2):
+            f.write(json.dumps({"kind": "epoch", "epoch": k, "step": 999, "time_s": 1e308}) + "\n")
+    row = compare_runs([a])[0]
+    assert row["epochs"] == f"{planned}/{planned}" and row["minutes"] == planned
+    text = format_comparison([row])
+    assert f"metrics.jsonl: 2 epoch record(s) outside epochs 1-{planned}, not counted" in text
+    assert "inf" not in text

@@ -234,7 +234,7 @@ def test_a_yaml_alias_bomb_gets_a_short_message(tmp_path, capsys, text, override
     err = capsys.readouterr().err
     assert time.perf_counter() - t0 < 10  # unbounded, the message alone took 12 s and 0.5 GB
     assert len(err) < 2000 and "..." in err and "Traceback" not in err, len(err)
-    assert err.startswith(f"error: {path} has 1 problem(s)")
+    assert err.startswith(f"error: {path}") and "has 1 problem(s)" in err
 
 
 def test_values_yaml_cannot_hold_are_config_errors(tmp_path):
@@ -257,3 +257,34 @@ def test_the_rows_left_after_downsampling_are_checked_naming_both_keys():
     assert "data.swath_slice [0, 60] with data.downsample 8 leaves frames 7 rows high" in str(e.value)
     assert "set data.downsample to at most 7" in str(e.value)
     load_config(None, ["data.swath_slice=[0,64]", "data.downsample=8"])  # 8 rows: enough
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e400", ".nan", "-1e-3"])
+def test_a_huge_or_impossible_number_from_set_is_out_of_range_naming_the_setting(value):
+    """--set data.cbh_max_km=1e308 is a number YAML reads (YAML 1.2: 1e-3 too), out of the setting's range:
+    the message names the key, the valid range and the --set it came from."""
+    from cloudml_lib.base.config import load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(Path(__file__).parent.parent / "configs" / "demo.yaml", [f"data.cbh_max_km={value}"])
+    text = str(e.value)
+    assert f"with --set 'data.cbh_max_km={value}'" in text
+    assert "data.cbh_max_km:" in text and "out of range; valid: 0.0 to 20.0" in text
+
+
+@pytest.mark.parametrize("swath, downsample", [([0, 6], 2), ([0, 20], 4), ([10, 12], 1), ([0, 20], 3)])
+def test_the_advice_for_too_few_rows_is_enough_rows_after_the_downsampling(swath, downsample):
+    """Following the advice gives a config that is accepted (with downsample 2 it named too few rows)."""
+    from cloudml_lib.base.config import MIN_FRAME_SIDE
+
+    raw = {"data": {"swath_slice": swath, "downsample": downsample}}
+    with pytest.raises(ConfigError) as e:
+        build_config(copy.deepcopy(raw))
+    text = str(e.value)
+    rows = int(text.split("keep at least ")[1].split(" rows")[0])
+    assert rows == MIN_FRAME_SIDE * downsample
+    raw["data"]["swath_slice"] = [swath[0], swath[0] + rows]
+    build_config(raw)  # enough rows now
+    if swath[1] - swath[0] >= MIN_FRAME_SIDE:
+        at_most = int(text.split("set data.downsample to at most ")[1].split(",")[0])
+        build_config({"data": {"swath_slice": swath, "downsample": at_most}})

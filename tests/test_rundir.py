@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import subprocess
 import time
@@ -153,3 +154,22 @@ def test_a_run_file_that_is_a_link_stops_train_before_anything_is_written(tiny_r
     err = capsys.readouterr().err
     assert f"{run / 'metrics.jsonl'} is a symbolic link (to {outside})" in err and "Traceback" not in err
     assert outside.read_text() == "keep\n" and sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_lock_whose_pid_was_given_to_a_later_process_is_not_held():
+    """A dead trainer's pid, given again (a restarted VM, a busy machine), made the old-run fixtures' sweep
+    "in use by another trainer" by chance. A process that started after the lock was written is not its
+    writer."""
+    import socket
+    import time
+
+    from cloudml_lib.base.liveness import holder_alive, process_started
+
+    here, me = socket.gethostname(), os.getppid()  # the parent: alive, and not this process
+    born = process_started(me)
+    if born is None:
+        pytest.skip("this system does not say when a process started (no /proc)")
+    assert abs(born - time.time()) < 10 * 86400
+    assert holder_alive({"host": here, "pid": me, "started": born + 1.0})  # written after it started
+    assert not holder_alive({"host": here, "pid": me, "started": born - 3600.0})  # before: another's pid
+    assert holder_alive({"host": here, "pid": me})  # an older lock without "started": the pid decides

@@ -232,6 +232,18 @@ def test_seeds_past_the_samplers_limit_are_refused_before_any_work(files, tmp_pa
     assert f"choose seed <= {2**32 - 3}" in r.stderr and not (tmp_path / "sweep").exists()
 
 
+def test_a_trial_count_no_sweep_can_reach_is_refused_without_seed_advice(files):
+    """--trials 10**20: no seed can help (it advised "choose seed <= 0")."""
+    from cloudml_lib.commands.sweep import check_trials
+
+    space = build_space(SPACE, files[3])
+    with pytest.raises(ConfigError) as e:
+        check_trials(10**20, space)
+    assert "--trials 100000000000000000000: more trials than a sweep can run" in str(e.value)
+    assert "seed" not in str(e.value).split("(")[0] and "choose seed" not in str(e.value)
+    check_trials(2**32 - SPACE.get("seed", 0), space)  # the most there can be: accepted
+
+
 @pytest.mark.parametrize("listed", [True, False])
 def test_a_flight_name_that_is_no_flight_is_refused_before_any_trial(files, tmp_path, listed):
     """With data.flights listed the space's values are checked against the list; with the flights found
@@ -348,7 +360,7 @@ def test_a_sweep_folder_keeps_its_space_and_is_not_a_run(files, reference, tmp_p
         r.returncode == 2 and "space.seed (sweep 3, now 4)" in r.stderr and "Nothing was changed" in r.stderr
     )
     r = sweep_cli(cfg, other, reference / "trials" / "0")
-    assert r.returncode == 2 and "holds a training run or cross-validation, not a sweep" in r.stderr
+    assert r.returncode == 2 and "is CloudML's run folder, not a sweep folder" in r.stderr
 
 
 def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkeypatch):

@@ -615,9 +615,16 @@ def _check_frames(d: DataConfig, problems: list[str]) -> None:
             f"{(s[1] - s[0]) // d.downsample} rows high; the network's three blocks need at least "
             f"{MIN_FRAME_SIDE}: "
             + (
-                f"set data.downsample to at most {(s[1] - s[0]) // MIN_FRAME_SIDE}"
+                f"set data.downsample to at most {(s[1] - s[0]) // MIN_FRAME_SIDE}, or keep at least "
                 if s[1] - s[0] >= MIN_FRAME_SIDE
-                else f"keep at least {MIN_FRAME_SIDE} rows in data.swath_slice"
+                else "keep at least "
+            )
+            + f"{MIN_FRAME_SIDE * d.downsample} rows in data.swath_slice"
+            + (
+                f" ({MIN_FRAME_SIDE} after data.downsample {d.downsample}), e.g. "
+                f"[{s[0]}, {s[0] + MIN_FRAME_SIDE * d.downsample}]"
+                if d.downsample > 1
+                else f", e.g. [{s[0]}, {s[0] + MIN_FRAME_SIDE}]"
             )
         )
 
@@ -831,7 +838,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     raw = read_yaml(path) if path else {}
     raw = apply_overrides(raw, list(overrides))
-    return build_config(raw, source=str(path) if path else "config")
+    source = str(path) if path else "config"
+    if overrides:  # a problem may come from either: both are named
+        source += " with --set " + " ".join(shown(o, 60) for o in list(overrides)[:5])
+        source += " ..." if len(overrides) > 5 else ""
+    return build_config(raw, source=source)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

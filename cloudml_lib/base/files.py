@@ -82,7 +82,12 @@ def read_bytes(path: str | Path, limit: int | None = None, follow: bool = True) 
             raise CloudMLError(
                 f"{path} is {size:,} bytes, more than such a file can be ({limit:,}): not read"
             )
-        return f.read() if limit is None else f.read(limit + 1)[: limit + 1]
+        if limit is None:
+            return f.read()
+        data = f.read(size + 1)  # what fstat says, and one more to see growth: never a buffer of `limit`
+        while len(data) <= limit and (more := f.read(min(1 << 20, limit + 1 - len(data)))):  # it grew
+            data += more
+        return data
 
 
 def read_text(path: str | Path, limit: int | None = None, follow: bool = True) -> str:

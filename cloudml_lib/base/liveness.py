@@ -23,10 +23,37 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def process_started(pid: int) -> float | None:
+    """When process `pid` of this host started (epoch seconds), where the system says (Linux's /proc);
+    None elsewhere or when it cannot be read."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start, in ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+PID_REUSE_SLACK_S = 5.0  # /proc's boot time is whole seconds; a lock is written after its process starts
+
+
 def holder_alive(info: dict) -> bool:
-    """Is the process that wrote this lock still running? Same host: its pid tells. Another host
-    (a new Colab VM on the same Drive): only a heartbeat fresher than STALE_S."""
+    """Is the process that wrote this lock still running? Same host: its pid tells, unless a process that
+    started after the lock was written holds that pid now (the writer died and the number was given again:
+    a restarted Colab VM does). Another host (a new Colab VM on the same Drive): only a heartbeat fresher
+    than STALE_S."""
     if info.get("host") == socket.gethostname():
         pid = int(info.get("pid", -1))
-        return pid != os.getpid() and process_alive(pid)
+        if pid == os.getpid() or not process_alive(pid):
+            return False
+        started, written = process_started(pid), info.get("started")
+        if (
+            started is not None
+            and isinstance(written, (int, float))
+            and started > written + PID_REUSE_SLACK_S
+        ):
+            return False  # another process under a reused pid
+        return True
     return time.time() - float(info.get("heartbeat", 0)) < STALE_S

@@ -89,7 +89,7 @@ def check(folder: str | Path, kind: Kind) -> str:
     if marked is not None:
         raise CloudMLError(
             f"{kind.option} {folder} is CloudML's {marked} folder, not a {kind.name} folder ({MARKER} says "
-            f"so); {kind.fits}. Nothing was written."
+            f"so); give a new or empty folder for the {kind.name}, or {kind.fits}. Nothing was written."
         )
     others = others_in(folder)
     if not others:

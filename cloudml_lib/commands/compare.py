@@ -35,15 +35,46 @@ MIN_FOR_IMPORTANCE = 3  # fANOVA over fewer finished trials splits the importanc
 METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"))
 
 
+MAX_EPOCH_S = 7 * 86400.0  # an epoch's time beyond a week is not a time this kit measured
+
+
+def epoch_seconds(record: dict) -> float:
+    t = record.get("time_s")
+    return t if isinstance(t, (int, float)) and 0 <= t <= MAX_EPOCH_S else 0.0
+
+
+def own_epochs(records: list[dict], planned: int | None) -> tuple[list[dict], str]:
+    """The run's epoch records (the last of each epoch number, within the planned epochs), and a note on
+    what was left out: records past the planned end or with a time no run takes (metrics.jsonl edited or
+    appended to by something else)."""
+    by_epoch: dict[int, dict] = {}
+    past = 0
+    for r in records:
+        if r["kind"] != "epoch" or not isinstance(r.get("epoch"), int):
+            continue
+        if r["epoch"] < 1 or (planned is not None and r["epoch"] > planned):
+            past += 1
+        else:
+            by_epoch[r["epoch"]] = r
+    kept = [by_epoch[k] for k in sorted(by_epoch)]
+    odd_times = sum(1 for r in kept if r.get("time_s") is not None and not epoch_seconds(r))
+    notes = []
+    if past:
+        notes.append(f"metrics.jsonl: {past} epoch record(s) outside epochs 1-{planned or '...'}, not counted")
+    if odd_times:
+        notes.append(f"metrics.jsonl: {odd_times} epoch time(s) not counted (not 0 to {MAX_EPOCH_S:g} s)")
+    return kept, "; ".join(notes)
+
+
 def run_row(run: Path, name: str) -> dict:
     """One training run (or a sweep trial's run); its damaged files named in "damaged"."""
     files = RunFiles(run)
     config, records = files.config(), files.metrics()
-    epochs = [r for r in records if r["kind"] == "epoch" and "epoch" in r]
+    planned = ((config or {}).get("train") or {}).get("epochs")
+    epochs, odd = own_epochs(records, planned if isinstance(planned, int) else None)
     final = next((r for r in records if r["kind"] == "final"), None)
     overall = files.evaluation().get("overall") or final
     trial = files.trial()
-    planned = ((config or {}).get("train") or {}).get("epochs")
     # a sweep trial's own state (complete, pruned, failed, running), else the run's (rundir.run_state)
     state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run_state(run))
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
@@ -55,10 +86,10 @@ def run_row(run: Path, name: str) -> dict:
         "config": config,
         "held_out": held_out(files.evaluation(), config),
         "state": "finished" if state == "complete" else state,
-        "note": trial.get("note") or "",
+        "note": "; ".join(x for x in (trial.get("note"), odd) if x),
         "epochs": f"{len(epochs)}/{planned}" if isinstance(planned, int) else str(len(epochs)),
         "metrics": {k: overall.get(k) for k, _ in METRIC_COLUMNS},
-        "minutes": sum(r.get("time_s") or 0.0 for r in epochs) / 60,
+        "minutes": sum(epoch_seconds(r) for r in epochs) / 60,
         "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no",
         "damaged": files.damaged,
     }
@@ -208,6 +239,9 @@ def format_comparison(rows: list[dict]) -> str:
         ]
         body.append(cells)
     lines = [tables.markdown(head, body)]
+    noted = [f"- {r['run']}: {r['note']}" for r in rows if r.get("note")]
+    if noted:
+        lines.append("\nNotes:\n" + "\n".join(noted))
     scored = {r.get("held_out") for r in rows if any(v is not None for v in r["metrics"].values())}
     if len(scored) > 1:
         lines.append(

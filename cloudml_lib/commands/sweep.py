@@ -32,7 +32,7 @@ from cloudml_lib.base.config import apply_overrides, build_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
-from cloudml_lib.base.ownership import check, claim, is_marked
+from cloudml_lib.base.ownership import Kind, check, claim, is_marked
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
 from cloudml_lib.base.shapes import INT, Damaged, Obj, parse_json
 from cloudml_lib.base.yamlfile import read_yaml
@@ -48,7 +48,7 @@ from cloudml_lib.commands.space import (
 )
 from cloudml_lib.core.checkpoint import write_durable
 from cloudml_lib.core.distributed import Dist, init_distributed
-from cloudml_lib.core.rundir import RUN, SWEEP, flatten_keys, has_run, is_crossval
+from cloudml_lib.core.rundir import CROSSVAL, RUN, SWEEP, flatten_keys, has_run, is_crossval
 from cloudml_lib.core.runlock import RunLock
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     except ConfigError as e:
         return "failed", None, str(e)
     if dist.is_main:
-        claim(trial_dir, RUN)  # the trial's run folder, marked before trial.json goes into it
+        claim(trial_dir, trial_kind(space))  # the trial's folder, marked before trial.json goes into it
         write_text(
             trial_dir / "trial.json",
             json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
@@ -367,6 +367,12 @@ def check_trials(n_trials, space: Space) -> None:
     """--trials: a whole number >= 1 whose trials' sampler seeds (seed + number) stay valid seeds."""
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise ConfigError(f"--trials {shown(n_trials)}: expected a whole number of trials >= 1")
+    if n_trials > MAX_SEED + 1:  # no seed lets them all draw: a count no sweep can reach
+        raise ConfigError(
+            f"--trials {shown(n_trials, 40)}: more trials than a sweep can run (each draws with its own "
+            f"seed, at most {MAX_SEED + 1:,} of them); a sweep of 8 to 50 trials is usual, and --trials "
+            "can be raised later to add more"
+        )
     if space.seed + n_trials - 1 > MAX_SEED:
         raise ConfigError(
             f"seed {space.seed} with --trials {n_trials}: trial n draws with seed + n, which must stay "
@@ -459,6 +465,11 @@ def rebuild_study(optuna, store: StudyFile, run_dir: Path, space: Space):
     return study
 
 
+def trial_kind(space: Space) -> Kind:
+    """A trial's folder is a run, or a cross-validation where the objective is one."""
+    return CROSSVAL if space.objective == "crossval" else RUN
+
+
 def sweep_trials(run_dir: Path) -> dict[int, Path]:
     """The trial folders that are this sweep's (trials/<n> whose trial.json names trial n, or that carry
     CloudML's run marker), by number. A folder of another number or of other things is not a trial: it is
@@ -466,7 +477,7 @@ def sweep_trials(run_dir: Path) -> dict[int, Path]:
     own, strays = {}, []
     for folder in numbered_folders(Path(run_dir) / "trials"):
         info = RunFiles(folder).trial()
-        if info.get("number") == int(folder.name) or is_marked(folder, RUN.name):
+        if info.get("number") == int(folder.name) or any(is_marked(folder, k.name) for k in (RUN, CROSSVAL)):
             own[int(folder.name)] = folder
         else:
             strays.append(folder.name)
@@ -596,7 +607,7 @@ def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
     if note:
         trial.set_user_attr("note", note)
     study.tell(trial, value if state == "complete" else None, state=states[state])
-    trial_dir = claim(run_dir / "trials" / str(trial.number), RUN)
+    trial_dir = claim(run_dir / "trials" / str(trial.number), trial_kind(space))
     write_text(
         trial_dir / "trial.json",
         json.dumps(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -22,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cloudml_lib.base import files
 from cloudml_lib.base.config import DataConfig, FlightConfig
-from cloudml_lib.base.errors import DataError, install_command
+from cloudml_lib.base.errors import CloudMLError, DataError, install_command
+from cloudml_lib.data import sun
 from cloudml_lib.data.hdf5 import numbers, open_h5
 from cloudml_lib.data.times import flight_date, match_to_frames, midnight_epoch, to_epoch_seconds, utc_text
 
@@ -95,8 +98,34 @@ def is_icartt(path: Path) -> bool:
     return Path(path).suffix.lower() == ".ict"
 
 
+ICARTT_LIMIT = 512 << 20  # a day's MetNav at 1 Hz is ~15 MB: a larger .ict is not a nav file
+
+
+def _clean_text(raw: bytes) -> tuple[str, list[str]] | None:
+    """The file's text when it needs cleaning before the parser sees it (None: it reads as it is), and what
+    was cleaned: a UTF-8 byte-order mark, lines that are not UTF-8 (read as Latin-1, as such bytes in a
+    comment mostly are)."""
+    notes = []
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw, notes = raw[3:], ["a UTF-8 byte-order mark"]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        lines, latin = [], []
+        for i, line in enumerate(raw.split(b"\n"), 1):
+            try:
+                lines.append(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                lines.append(line.decode("latin-1"))
+                latin.append(i)
+        text = "\n".join(lines)
+        shown = ", ".join(map(str, latin[:5])) + (" ..." if len(latin) > 5 else "")
+        notes.append(f"bytes that are not UTF-8 on line(s) {shown}, read as Latin-1")
+    return (text, notes) if notes else None
+
+
 def _parse_icartt(path: Path, flight: FlightConfig):
-    """The parsed ICARTT 1001 file (icartt.Dataset), with at least one data record."""
+    """The parsed ICARTT 1001 file (icartt.Dataset), with at least one data record (always an array)."""
     try:
         import icartt
     except ImportError:
@@ -105,21 +134,36 @@ def _parse_icartt(path: Path, flight: FlightConfig):
             f"{install_command('icartt>=2.0')}"
         ) from None
     try:
-        with warnings.catch_warnings():
+        raw = files.read_bytes(path, ICARTT_LIMIT)
+    except CloudMLError as e:
+        raise DataError(f"flight {flight.name}: {e}") from None
+    except OSError as e:
+        raise DataError(f"flight {flight.name}: cannot read {path} ({e.strerror or e})") from None
+    cleaned = _clean_text(raw)
+    try:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="cloudml-ict-") as tmp:
             warnings.simplefilter("ignore")  # missing normal-comment keywords: not our concern here
-            ds = icartt.Dataset(str(path))
+            source = path
+            if cleaned is not None:  # the parser reads UTF-8 only: it reads a cleaned copy (same name)
+                source = Path(tmp) / path.name
+                source.write_text(cleaned[0], encoding="utf-8")
+            ds = icartt.Dataset(str(source))
         dt.date(*[int(x) for x in ds.dateOfCollection])
     except Exception as e:  # the parser raises many types on a malformed file
         raise DataError(
             f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({type(e).__name__}: {e}); "
             "is it a complete *_MetNav_ER2_*.ict file?"
         ) from None
-    if ds.data.data is None or len(ds.data.data) == 0:
+    if ds.data.data is not None:
+        ds.data.data = np.atleast_1d(ds.data.data)  # one record: the parser gives a 0-d array
+    if ds.data.data is None or ds.data.data.size == 0:
         raise DataError(
             f"flight {flight.name}: {path} holds no data records (its header only); is the download "
             "complete? Replace the file, or set data.angles_source: cpl to take the sun angles from the CPL "
             "file"
         )
+    if cleaned is not None:
+        log.info("flight %s: %s read despite %s", flight.name, path.name, " and ".join(cleaned[1]))
     return ds
 
 
@@ -313,7 +357,55 @@ def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[di
     seconds = cols.pop("time")
     epoch = np.where(usable, midnight_epoch(date) + seconds, np.nan)  # past 86,400 s after midnight: valid
     cols["saa"] = np.mod(cols["saa"], 360.0)  # -180..180 (the real files) and 0..360 agree after this
+    check_sun(cols, epoch, path, flight, data, synthetic=_is_demo(ds))
     return cols, epoch, heading_name
+
+
+def _is_demo(ds) -> bool:
+    """A nav file CloudML's demo wrote (synthetic.write_icartt_nav: its PI line and mission), whose sun
+    angles are set per flight, not by the sun."""
+    return getattr(ds, "PIName", "") == "CloudML demo" and getattr(ds, "missionName", "") == "DEMO"
+
+
+def check_sun(
+    cols: dict, epoch: np.ndarray, path: Path, flight: FlightConfig, data: DataConfig, synthetic=False
+):
+    """Warn when the file's sun angles do not agree with the sun at its times and positions (sun.compare,
+    judged over the flight). Only words: no value read is changed, no record left out."""
+    found = sun.compare(epoch, cols["lat"], cols["lon"], cols["sza"], cols["saa"])
+    if found.agrees:
+        if found.judged:
+            log.info(
+                "flight %s: %s: sun angles agree with the sun's position (%s)",
+                flight.name,
+                path.name,
+                found.words(),
+            )
+        return
+    if synthetic:
+        log.info(
+            "flight %s: %s: a demo file, its sun angles set per flight (%s)",
+            flight.name,
+            path.name,
+            found.words(),
+        )
+        return
+    keys = (
+        f"data.keys.ict_zenith {data.keys.ict_zenith!r} and data.keys.ict_azimuth {data.keys.ict_azimuth!r}"
+    )
+    why = (
+        f"they agree once exchanged: the zenith and azimuth columns look swapped; check {keys}"
+        if found.swapped
+        else f"check {keys} (the columns read), the time column and the latitude and longitude"
+    )
+    log.warning(
+        "flight %s: %s: its sun angles do not match where the sun was at its times and positions: %s; %s. "
+        "The angles are used as read.",
+        flight.name,
+        path,
+        found.words(),
+        why,
+    )
 
 
 def _read_hdf_nav(
