@@ -134,7 +134,7 @@ MIDNIGHT = calendar.timegm(DAY.timetuple())
 NAME = "IMPACTS_MetNav_ER2_20250309_R0.ict"
 REAL = "IMPACTS_MetNav_ER2_20230302_R0.ict"
 REAL_FIXTURE = Path(__file__).parent / "fixtures" / "impacts_metnav" / REAL
-REAL_FULL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / REAL  # ../shared beside the checkout
+REAL_FULL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / REAL  # ../shared
 
 
 class NoFill:

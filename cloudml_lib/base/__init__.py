@@ -2,7 +2,10 @@
 
 - config.py     the run configuration: dataclasses, YAML loading, `--set` overrides, checks, resume rules
 - errors.py     the exceptions a user can cause, each naming the key, file or value; explained OS errors
-- runfiles.py   the one reader of every JSON file a run folder holds, each read as untrusted
+- runfiles.py   the one reader of every JSON file a run folder holds, each read as untrusted;  shapes.py
+                the shape, type and range a structured file must have, and its one JSON reader
+- files.py      files opened without blocking and checked on the descriptor (a regular file, never a FIFO)
+- ownership.py  which folders are CloudML's: its .cloudml marker, or an earlier release's files that verify
 - outputs.py    atomic writes, appends that never go through a link, folders CloudML may write into
 - yamlfile.py   YAML read safely;  logs.py  the package's log (screen and train.log)
 - tables.py     Markdown and text tables;  resources.py  files the installed package carries

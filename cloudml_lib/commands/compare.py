@@ -60,7 +60,9 @@ def own_epochs(records: list[dict], planned: int | None) -> tuple[list[dict], st
     odd_times = sum(1 for r in kept if r.get("time_s") is not None and not epoch_seconds(r))
     notes = []
     if past:
-        notes.append(f"metrics.jsonl: {past} epoch record(s) outside epochs 1-{planned or '...'}, not counted")
+        notes.append(
+            f"metrics.jsonl: {past} epoch record(s) outside epochs 1-{planned or '...'}, not counted"
+        )
     if odd_times:
         notes.append(f"metrics.jsonl: {odd_times} epoch time(s) not counted (not 0 to {MAX_EPOCH_S:g} s)")
     return kept, "; ".join(notes)

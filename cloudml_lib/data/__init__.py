@@ -3,7 +3,8 @@
 - er2.py          a flight's files by role, and the IR file's frame times and shape
 - hdf5.py         HDF5 values read with messages naming the flight, the file and the key
 - times.py        dates and times, epoch seconds, each lidar profile matched to its frame
-- navigation.py   the nav per frame (the users' HDF rows, or public ICARTT text checked before use)
+- navigation.py   the nav per frame (the users' HDF rows, or public ICARTT text checked before use);
+                  sun.py  where the sun is (NOAA's equations), and whether a nav file's angles agree
 - cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate
 - flights.py      flights found in a folder by their file names;  synthetic.py  the demo flights, written in
                   the real file layout
