@@ -5,7 +5,7 @@ import torch
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
-from cloudml_lib.base.outputs import append_text, check_own_folder, write_text
+from cloudml_lib.base.outputs import append_text, write_text
 from cloudml_lib.core.checkpoint import save_atomic
 from cloudml_lib.core.rundir import truncate_metrics
 
@@ -60,29 +60,4 @@ def test_run_files_that_are_real_files_are_written_as_before(tmp_path):
     assert (tmp_path / "run.json").read_text() == "{}" and (tmp_path / "decoy").read_text() == "keep"
 
 
-def test_a_folder_of_other_things_is_refused_naming_it(tmp_path):
-    home = tmp_path / "home"
-    (home / "Documents").mkdir(parents=True)
-    (home / "notes.txt").write_text("mine")
-    with pytest.raises(CloudMLError) as e:
-        check_own_folder(home, ("summary.json",), "--out", "predictions", "a folder of earlier predictions")
-    message = str(e.value)
-    assert f"--out {home} holds other things (Documents, notes.txt) and no predictions" in message
-    assert "new or empty folder" in message and "Nothing was written" in message
-
-
-def test_new_empty_hidden_only_and_own_folders_are_accepted(tmp_path):
-    ours = ("summary.json", "*_cbh.nc")
-    check_own_folder(tmp_path / "new", ours, "--out", "predictions", "x")
-    (tmp_path / "empty").mkdir()
-    check_own_folder(tmp_path / "empty", ours, "--out", "predictions", "x")
-    hidden = tmp_path / "hidden"
-    (hidden / ".ipynb_checkpoints").mkdir(parents=True)
-    (hidden / ".DS_Store").write_text("")
-    (hidden / "Thumbs.db").write_text("")
-    check_own_folder(hidden, ours, "--out", "predictions", "x")  # what notebooks and file managers leave
-    own = tmp_path / "own"
-    own.mkdir()
-    (own / "10Feb25_cbh.nc").write_text("")
-    (own / "my notes.txt").write_text("")
-    check_own_folder(own, ours, "--out", "predictions", "x")  # earlier predictions: written again beside
+# Which folders are CloudML's (new, empty, hidden-only, marked or adopted): tests/test_ownership.py
