@@ -92,7 +92,9 @@ def test_curves_bar_and_notices_stay_together_and_the_log_is_folded(tmp_path, sh
         and placeholder.layout.display == "none"
     )
     assert "Epoch 2/2" in status.value
-    assert "Resumed from step 25" in notices.value and "Stopped by SIGINT at step 41" in notices.value
+    assert (
+        "Resumed from step 25" in notices.value and "Stopped at step 41, as asked (\u25a0)" in notices.value
+    )
     assert view.log.value.startswith("<pre") and table in view.log.value  # a <pre>: a table never wraps
     assert view.log.layout.overflow == "auto" and "Log (5 lines" in folded.get_title(0)
 
@@ -131,7 +133,11 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     assert code == 130
     live.report_end(code, view, "training", tmp_path / "run")
     out = capsys.readouterr().out
-    step = int(re.search(r"Stopped by SIGINT at step (\d+); checkpoint saved", view.notices.value).group(1))
+    step = int(
+        re.search(r"Stopped at step (\d+), as asked \(.\); checkpoint saved", view.notices.value).group(1)
+    )
+    stop_lines = [x for x in view.notices.value.split("<br>") if "as asked" in x or "pressed" in x]
+    assert stop_lines and not any("color" in x or "&#9888;" in x for x in stop_lines)  # neutral, not amber
     assert (
         step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out
     )  # the saved step

@@ -107,7 +107,16 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run, tmp_path):
         assert "0 heights below the surface and 0 above" in nc.cloud_base_height_masked
         qc = np.ma.filled(nc["cloud_base_height_qc"][:], -1)
         cbh = np.ma.filled(nc["cloud_base_height"][:].astype(float), np.nan)
-        assert ((qc == 0) == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
+        assert (((qc == 0) | (qc == 3)) == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
+        outside = (cbh < 0.1) | (cbh > 2.0)  # data.cbh_min_km, data.cbh_max_km: what the labels span
+        assert ((qc == 3) == (outside & np.isfinite(cbh))).all()
+        assert f"{int((qc == 3).sum())} heights outside 0.1-2 km" in nc.cloud_base_height_outside_labels
+        assert list(nc["cloud_base_height_qc"].flag_values) == [0, 1, 2, 3]
+        assert nc["cloud_base_height_qc"].flag_meanings.split()[:3] == [  # what files written before meant
+            "inside_bounds",
+            "below_surface_masked",
+            "above_upper_bound_masked",
+        ]
         assert np.isfinite(cbh).sum() > 10 and np.nanmin(cbh) >= 0.0 and np.nanmax(cbh) <= 2.0
 
 
@@ -238,3 +247,34 @@ def test_the_notebook_shows_the_verdict_of_an_evaluation_written_before_verdicts
     show_evaluation(tmp_path)
     out = capsys.readouterr().out
     assert "Verdict: this model is not useful yet on 12Feb25" in out and "collapse towards a constant" in out
+
+
+def test_heights_outside_the_labels_range_are_kept_flagged_counted_and_drawn_apart():
+    """Labels below data.cbh_min_km or above data.cbh_max_km never reach training: a height out there is an
+    extrapolation, kept (it can be a cloud base) but with its own qc value, 3."""
+    result = {
+        "cbh_km": np.array([0.05, 0.5, 5.0, 1.0, 0.099, 2.5]),
+        "altitude_km": np.array([np.nan, np.nan, 18.0, np.nan, np.nan, np.nan]),
+        "t": np.arange(6.0),
+        "label": np.full(6, np.nan),
+        "cpl_cloud": np.full(6, np.nan),
+        "cloud_probability": None,
+        "counts": {},
+        "lat": np.zeros(6),
+        "lon": np.zeros(6),
+    }
+    pr.cloud_and_intervals(result, 0.5, None, (0.0, 2.0), learned=(0.1, 2.0))
+    np.testing.assert_array_equal(result["cbh_qc"], [3, 0, 3, 0, 3, 2])  # 5 km under an aircraft at 18 km
+    np.testing.assert_allclose(result["cbh_km"], [0.05, 0.5, 5.0, 1.0, 0.099, np.nan])  # kept, not masked
+    assert result["counts"]["height_outside_labels"] == 3 and result["counts"]["height_above_ceiling"] == 1
+    attrs = pr.bounds_attributes(result)
+    assert attrs["cloud_base_height_outside_labels"].startswith("3 heights outside 0.1-2 km")
+    from cloudml_lib.science.report import counts_in_words
+
+    assert "3 heights lie outside the labels' range" in counts_in_words(
+        {"predicted": 6, "frames": 6, "blank": 0, "no_time": 0, "filled_pixels": 0, **result["counts"]}
+    )
+    along, _ = pr.flight_figures("X", result)
+    labels = [line.get_label() for line in along.axes[0].get_lines()]
+    assert "outside 0.1-2 km, the labels' range (extrapolated)" in labels
+    assert "height masked (below the surface or above the bound)" in labels  # the masked one, apart

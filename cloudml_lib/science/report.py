@@ -261,6 +261,11 @@ def counts_in_words(c: dict | None) -> str:
             f"cloud_base_height_qc): {c.get('height_below_surface', 0)} below the surface, "
             f"{c.get('height_above_ceiling', 0)} above the upper bound"
         )
+    if c.get("height_outside_labels"):
+        parts.append(
+            f"{c['height_outside_labels']} heights lie outside the labels' range the model learned from "
+            "(data.cbh_min_km to data.cbh_max_km): extrapolations, kept and flagged 3 in cloud_base_height_qc"
+        )
     if c.get("cpl_cloud_agreement") is not None:
         parts.append(
             f"the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of the frames it "
