@@ -120,8 +120,65 @@ CPU_ADVICE = (
 )
 
 
+SMALL = (
+    "small"  # the demo configuration on the user's own flights: for frames of fewer rows than the presets'
+)
+FIXED_PRESETS = ("A", "B", "C")  # the GPU presets: the real camera's rows (data.swath_slice [40, 480])
+
+
+def preset_rows(preset: str) -> int:
+    """The sensor rows a preset's frames must have (the end of its data.swath_slice)."""
+    name = "demo" if preset == SMALL else preset
+    return int(load_config(presets.preset_config_path(name)).data.swath_slice[1])
+
+
+def frame_rows(ws: Workspace) -> int | None:
+    """The fewest sensor rows among the IR frames of the complete flights in data/ (each IR file's shape,
+    no frame read); None without a flight whose shape reads."""
+    import h5py
+
+    data = load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"]).data
+    rows = []
+    try:
+        found = [f for f in flights.find_flights(data) if not f.problems]
+    except CloudMLError:
+        return None
+    for f in found:
+        try:
+            with h5py.File(Path(data.dir) / f.files["ir"], "r") as h5:
+                shape = h5[data.keys.ir_signal].shape
+            if len(shape) == 3:
+                rows.append(int(shape[1]))
+        except (OSError, KeyError, ValueError, TypeError):  # the flight table names what is wrong with it
+            continue
+    return min(rows) if rows else None
+
+
+def preset_refusal(preset: str, rows: int | None) -> str | None:
+    """Why a preset cannot take frames of `rows` sensor rows, in plain words with what would; None: it can."""
+    if rows is None or preset not in FIXED_PRESETS or rows >= preset_rows(preset):
+        return None
+    need = preset_rows(preset)
+    return (
+        f"preset {preset} is made for the ER-2 camera's frames: it keeps sensor rows 40 to {need} and needs "
+        f"frames of at least {need} rows, but your flights' frames have {rows} rows (make-demo-data writes "
+        f"{rows}-row frames unless given --size). Choose Auto: it takes the demo configuration, made for "
+        f"frames of at least {preset_rows(SMALL)} rows; or put flights of the real camera in data/"
+    )
+
+
+def fits_presets(ws: Workspace) -> bool:
+    """Whether the GPU presets take the frames of the flights in data/ (True without flights to judge)."""
+    rows = frame_rows(ws)
+    return rows is None or rows >= min(preset_rows(p) for p in FIXED_PRESETS)
+
+
 def _real_config(ws: Workspace) -> Config:
-    return load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"])
+    """The config the flights in data/ are judged and cached with: preset A's, or the demo configuration's
+    where the frames are too small for the presets (and for no other reason)."""
+    if fits_presets(ws):
+        return load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"])
+    return load_config(presets.preset_config_path("demo"), [f"data.dir={ws.data}", "data.demo=false"])
 
 
 def complete_flights(ws: Workspace) -> list[str]:
@@ -244,15 +301,20 @@ def run_config(
     """The config file and overrides a notebook run uses: the preset on the real flights (with the chosen
     held-out flights), or the demo configuration on the demo flights. `demo`: which of the two (a run
     the user started keeps its kind, whatever data/ holds now); None: the demo when no real flight is
-    there."""
-    if uses_demo_data(ws) if demo is None else demo:
+    there. Preset SMALL: the demo configuration on the real flights (frames too small for A, B, C)."""
+    on_demo = uses_demo_data(ws) if demo is None else demo
+    if on_demo:
         path, over = (
             presets.preset_config_path("demo"),
             [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo") + profile().overrides,
         )
+    elif preset == SMALL:  # the demo configuration on the user's flights (frames too small for A, B, C)
+        path = presets.preset_config_path("demo")
+        over = [f"data.dir={ws.data}", "data.demo=false"] + _cache_overrides(ws, "flights")
     else:
-        path = presets.preset_config_path(preset if preset in ("A", "B", "C") else "C")
+        path = presets.preset_config_path(preset if preset in FIXED_PRESETS else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
+    if not on_demo:
         over.append(f"data.validation_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
     epochs = profile().epochs(epochs)
     if epochs:
@@ -285,7 +347,7 @@ def verify_data(ws: Workspace) -> bool:
                 else ""
             )
         )
-    cfg = load_config(*run_config(ws, "A"))
+    cfg = load_config(*run_config(ws, "A" if demo or fits_presets(ws) else SMALL))
     data = ensure_demo_flights(cfg.data)  # writes them (progress bar) when missing
     notes = flights.Notes()
     rows, ok = flights.check_rows(data, notes)
@@ -295,12 +357,18 @@ def verify_data(ws: Workspace) -> bool:
         + flights.format_table(rows, markdown=True)
         + ("\n\n" + notes.text(markdown=True) if notes else "")
     )
-    if not ok and data.skip_incomplete_flights:
+    usable = flights.usable_in(rows)
+    if not ok and data.skip_incomplete_flights and usable:  # the line says what the table shows
         held, why = default_heldout(ws)
         print(
-            "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); the "
-            "other "
-            f"{plural(len(complete_flights(ws)), 'flight')} are used. Held out for validation: {why}."
+            "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); "
+            f"{plural(len(usable), 'flight')} can be used: {', '.join(usable)}. Held out for validation: "
+            f"{why}."
+        )
+    elif not ok and not demo:
+        print(
+            "None of the flights found can be used: the notes under the table say why. Training needs two "
+            f"usable flights in {ws.data}; fix or replace the files, then run this notebook again."
         )
     found = [] if demo else complete_flights(ws)
     if len(found) == 1:
@@ -317,7 +385,7 @@ def build_cache(ws: Workspace) -> dict:
     a flight whose cache is on Drive is copied back instead of rebuilt. Says where and how long."""
     from cloudml_lib.data.cache import cache_root, load_caches
 
-    cfg = load_config(*run_config(ws, "A"))
+    cfg = load_config(*run_config(ws, "A" if uses_demo_data(ws) or fits_presets(ws) else SMALL))
     started = time.time()
     data, _ = flights.prepare_flights(
         cfg.data, check_names=False

@@ -375,6 +375,14 @@ def summary_rows(
     ]
 
 
+ROLES_CELLS = 4  # a row: name, the three files' cells; then frames (a number, or "-" for a flight not usable)
+
+
+def usable_in(rows: list[list[str]]) -> list[str]:
+    """The flights that check_rows found usable: those whose frames cell holds a count."""
+    return [r[0] for r in rows if len(r) > ROLES_CELLS and r[ROLES_CELLS] != "-"]
+
+
 def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[str]], bool]:
     """The same table before any cache exists, reading each flight's labels (not its frames).
     Returns (rows, whether every flight is usable); long problems go to `notes`."""
