@@ -285,3 +285,39 @@ def test_own_flights_after_a_demo_run_make_a_new_run_the_default_and_the_demo_ru
     assert p.continuing and p.choice().preset == "demo"
     assert p.heldout.value == ("05Mar25",) and dict(p.heldout.options) == {"05Mar25 (demo)": "05Mar25"}
     assert "it goes on with the demo flights, not yours" in p.note.value
+
+
+def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_presets, tiny_run, capsys):
+    """One flight: setup said "Setup done" after "Add a second flight", the note advised "Start a new run"
+    (then refused) and said "Trains ... on your 1 flight" under the red line; a flight whose nav file alone is
+    missing was "not in data/"; a finished run's note read "it is continued, ... it is not trained again"."""
+    move("01Mar25", flights, ws.data / "ER2")
+    drive.check_setup(ws, None)
+    out = capsys.readouterr().out
+    assert "Setup is not finished: training needs a second flight" in out and "Setup done" not in out
+    p = colab.Picker(ws)
+    assert p.problem() and "Problem:" in p.note.value
+    assert "Nothing is trained until this is fixed." in p.note.value and "Trains preset" not in p.note.value
+    assert p._new_run_advice(", or choose X") == (
+        ". A new run needs two flights in data/ (one to train on, one held out)."
+    )
+    # a run's flight whose folder is there without its nav file: incomplete, not "not there"
+    move("03Mar25", flights, ws.data / "ER2")
+    flights_now = drive.RunFlights(
+        "r",
+        [{"name": "01Mar25"}, {"name": "03Mar25"}],
+        ["03Mar25"],
+        ["01Mar25"],
+        {"03Mar25": "no nav file"},
+    )
+    words = flights_now.missing_words(finished=False)
+    assert "03Mar25 is there, but incomplete (no nav file)" in words and "not in data/" not in words
+    for nav in (ws.data / "ER2" / "03Mar25").glob("*nav*"):
+        nav.unlink()  # its nav file alone is gone
+    found = drive.incomplete_flights(ws)
+    assert list(found) == ["03Mar25"] and "nav" in found["03Mar25"], found
+    # a finished run of the name typed: shown, not "continued"
+    shutil.copytree(tiny_run[0], ws.runs / "done")
+    p = colab.Picker(ws)
+    p.run_name.value = "done"
+    assert "Run <b>done</b> exists and is finished" in p.note.value and "it is continued" not in p.note.value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudml_lib.base.config import Config, load_config
@@ -224,6 +224,7 @@ class RunFlights:
     entries: list[dict]  # its data.flights, as recorded: what a continued run is given again
     heldout: list[str]
     now: list[str]  # the complete flights in data/ now
+    incomplete: dict = field(default_factory=dict)  # flights in data/ with a file missing: name -> what
 
     @property
     def names(self) -> list[str]:
@@ -240,9 +241,15 @@ class RunFlights:
     def missing_words(self, finished: bool) -> str:
         """Some of the run's flights are not in data/: what that means and what the user can do."""
         held, k = [f for f in self.removed if f in self.heldout], len(self.removed)
+        partly = {f: self.incomplete[f] for f in self.removed if f in self.incomplete}
+        absent = [f for f in self.removed if f not in partly]
         gone = (
             f"{k} of the {len(self.names)} flights run {self.run} trained on {'is' if k == 1 else 'are'} "
-            f"not in data/ now: {_listed(self.removed)}"
+            "not complete in data/ now: "
+            + "; ".join(
+                [f"{f} is there, but incomplete ({why})" for f, why in partly.items()]
+                + ([f"{_listed(absent)} {'is' if len(absent) == 1 else 'are'} not there"] if absent else [])
+            )
             + (f" (held out: {_listed(held)})" if held else "")
             + ". If Google Drive has not synced yet, wait a minute and run this cell again."
         )
@@ -279,7 +286,19 @@ def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> R
         return None
     held = data.get("validation_flights") if isinstance(data.get("validation_flights"), list) else []
     now = complete_flights(ws) if now is None else now
-    return RunFlights(run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now))
+    return RunFlights(
+        run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now), incomplete_flights(ws)
+    )
+
+
+def incomplete_flights(ws: Workspace) -> dict[str, str]:
+    """The flights in data/ that lack a file (or whose files are wrong): name -> what, in words."""
+    try:
+        return {
+            f.name: "; ".join(f.problems) for f in flights.find_flights(_real_config(ws).data) if f.problems
+        }
+    except CloudMLError:
+        return {}
 
 
 def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
@@ -438,5 +457,12 @@ def free_gpu_memory() -> None:
 def check_setup(ws: Workspace, cache: dict | None) -> None:
     """What to do next; in the headless test, the profile's checks of the set-up instead."""
     if profile().after_setup(cache):
+        return
+    found = [] if uses_demo_data(ws) else complete_flights(ws)
+    if len(found) == 1:  # said above the table's line: training refuses one flight, so setup is not done
+        print(
+            f"Setup is not finished: training needs a second flight in {ws.data} (only {found[0]} is "
+            "there). Add one, then run this notebook again; the training notebook refuses a single flight."
+        )
         return
     print("Setup done. Next: open colab_training.ipynb and choose Runtime > Run all.")

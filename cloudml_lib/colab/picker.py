@@ -491,7 +491,10 @@ class Picker:
                 )
             )
         lines += self._run_lines(c)
-        lines.append(self._trains_line(c, flights))
+        if problem:  # nothing trains until it is fixed: no "Trains ..." under the red line
+            lines.append("Nothing is trained until this is fixed.")
+        else:
+            lines.append(self._trains_line(c, flights))
         preset_cfg = load_config(config_path(c.preset))
         lines.append(
             "torch.compile: "
@@ -535,9 +538,10 @@ class Picker:
         elif (self.ws.runs / c.run_name).exists():
             unfinished, words = progress(self.ws.runs / c.run_name, c)
             out = [
-                f"Run <b>{name}</b> exists ({words}): it is continued, on its own flights"
-                + ("" if unfinished else ", and being finished, it is not trained again")
-                + "."
+                f"Run <b>{name}</b> exists ({words}): it is continued, on its own flights."
+                if unfinished
+                else f"Run <b>{name}</b> exists and is finished ({words}): the cells below show its results; "
+                "it is not trained again. Give another run name for a new run."
             ]
         else:
             out = [f"A new run <b>{name}</b>."]
@@ -553,14 +557,15 @@ class Picker:
         if status is None:
             return (
                 f"<b>Run {name} is {self.previous[2]}</b>: the cells below show its results without "
-                "training again. Raise Epochs to train it longer, or choose <i>Start a new run</i>."
+                "training again. Raise Epochs to train it longer"
+                + self._new_run_advice(", or choose <i>Start a new run</i>.")
             )
         done, planned = status["epochs_completed"], status["epochs"]
         if done < planned:  # early stopping ended it: more epochs would not train it again
             return (
                 f"<b>Run {name} stopped early at epoch {done} of {planned}</b> (its validation score no "
-                "longer improved): the cells below show its results; more epochs do not train it again. "
-                "Choose <i>Start a new run</i> for another."
+                "longer improved): the cells below show its results; more epochs do not train it again."
+                + self._new_run_advice(" Choose <i>Start a new run</i> for another.")
             )
         if c.epochs > planned:
             return (
@@ -571,9 +576,15 @@ class Picker:
             )
         return (
             f"<b>Run {name} is finished ({plural(done, 'epoch')})</b>: the cells below show its results "
-            f"without training again. Raise Epochs above {planned} to train it longer, or choose "
-            "<i>Start a new run</i>."
+            f"without training again. Raise Epochs above {planned} to train it longer"
+            + self._new_run_advice(", or choose <i>Start a new run</i>.")
         )
+
+    def _new_run_advice(self, words: str) -> str:
+        """`words` (advice to start a new run) where a new run could train; else why it could not."""
+        if self.demo or len(self.found) >= 2:
+            return words
+        return ". A new run needs two flights in data/ (one to train on, one held out)."
 
     def _trains_line(self, c: Choice, flights: RunFlights | None) -> str:
         config = presets.PRESET_FILES["demo" if c.preset == SMALL else c.preset]
