@@ -223,6 +223,7 @@ def test_the_widgets_show_what_trains_without_a_gpu(ws, shown, monkeypatch):
 
     own_flights(ws)
     monkeypatch.setattr(presets, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
+    monkeypatch.setattr(picker_mod, "frame_rows", lambda ws: 512)  # the camera's frames (the files: 32 rows)
     p = colab.Picker(ws)
     assert (
         p.preset.value == "Auto"
@@ -430,3 +431,27 @@ def test_a_compile_fall_back_is_a_visible_warning_in_the_live_view(tmp_path, sho
     first, second = view.notices.value.split("<br>")
     assert first.startswith("&#9656; torch.compile: compiled")
     assert second.startswith('<span style="color:#b45309">&#9888; torch.compile failed (InductorError')
+
+
+def test_warnings_in_the_kernel_show_once_with_their_level_word(tmp_path, monkeypatch, capsys):
+    """Setup's in-process warnings showed twice (Colab's root logger has a handler) and without "Warning:"."""
+    import logging
+
+    seen_by_root = []
+
+    class Root(logging.Handler):
+        def emit(self, record):
+            seen_by_root.append(record)
+
+    root = Root()
+    logging.getLogger().addHandler(root)
+    try:
+        monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+        monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+        colab.workspace()
+        logging.getLogger("cloudml_lib.data.flights").warning("a flight's nav file is odd")
+    finally:
+        logging.getLogger().removeHandler(root)
+    out = capsys.readouterr().out
+    assert out.count("a flight's nav file is odd") == 1 and "Warning: a flight's nav file is odd" in out
+    assert not seen_by_root

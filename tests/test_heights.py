@@ -247,6 +247,35 @@ def test_the_notebook_shows_the_verdict_of_an_evaluation_written_before_verdicts
     show_evaluation(tmp_path)
     out = capsys.readouterr().out
     assert "Verdict: this model is not useful yet on 12Feb25" in out and "collapse towards a constant" in out
+    assert "| model: all held-out flights |" in out  # a Markdown table, not a monospace block
+    assert "*training mean* predicts the training labels' mean height" in out  # the baselines explained
+
+
+def test_a_cloud_baseline_that_beats_the_model_is_said_in_the_verdict(tmp_path, capsys):
+    """bt_threshold 0.982 against the model's 0.930 passed without a word."""
+    from cloudml_lib.colab.show import show_evaluation
+    from cloudml_lib.science.report import cloud_verdict
+
+    m = {"r2": 0.9, "mae_km": 0.05, "rmse_km": 0.07, "bias_km": 0.0, "std_ratio": 0.95, "n": 30}
+    b = {**m, "r2": 0.0, "mae_km": 0.29}
+    flag = lambda acc, auc: {"accuracy": acc, "f1": acc, "roc_auc": auc, "cloud_share": 0.5, "n": 40}  # noqa: E731
+    cloud = {
+        "model": {"overall": flag(0.930, 0.95), "per_flight": {"12Feb25": flag(0.930, 0.95)}},
+        "majority": {"overall": flag(0.55, 0.5), "per_flight": {"12Feb25": flag(0.55, 0.5)}},
+        "bt_threshold": {"overall": flag(0.982, 0.93), "per_flight": {"12Feb25": flag(0.982, 0.93)}},
+    }
+    report = {"overall": m, "baseline": b, "per_flight": {"12Feb25": m}, "cloud": cloud}
+    said = cloud_verdict(report)
+    assert said.startswith("Cloud flag: the model's cloud / no-cloud is not useful yet")
+    assert "the brightness-temperature threshold (accuracy 0.930 vs 0.982) beat it" in said
+    assert "majority" not in said
+    cloud["bt_threshold"]["overall"] = flag(0.90, 0.90)
+    assert cloud_verdict(report) == "Cloud flag: the model beats both baselines (accuracy 0.930)."
+    assert cloud_verdict({"overall": m}) is None  # no cloud output to judge
+    cloud["bt_threshold"]["overall"] = flag(0.982, 0.93)
+    (tmp_path / "evaluation.json").write_text(json.dumps(report))
+    show_evaluation(tmp_path)
+    assert "beat it. Use that baseline's flag for now" in capsys.readouterr().out
 
 
 def test_heights_outside_the_labels_range_are_kept_flagged_counted_and_drawn_apart():

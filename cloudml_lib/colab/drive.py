@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cloudml_lib.base.config import Config, load_config
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
@@ -80,6 +81,9 @@ def workspace() -> Workspace:
     (CLOUDML_HOME overrides), the profile's own in the smoke test. Creates data/, runs/, cache/. Where the
     notebooks' flow starts: the profile (profile.py) is chosen here."""
     root = choose().root or user_folder()
+    # the library's warnings in this kernel: once each, with their level word (Colab's root logger has a
+    # handler of its own, which printed them a second time without it)
+    attach_run_log(None)
     ws = Workspace(root)
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)
@@ -200,10 +204,11 @@ def default_heldout(ws: Workspace) -> tuple[list[str], str]:
     if uses_demo_data(ws):
         return [], "the demo's held-out flight"
     found = complete_flights(ws)
-    preset = [f for f in _real_config(ws).data.validation_flights if f in found]
+    wanted_list = load_config(presets.preset_config_path("A")).data.validation_flights  # the presets' choice
+    preset = [f for f in wanted_list if f in found]
     if preset:
         return preset, f"the presets' held-out flight {', '.join(preset)}"
-    wanted = ", ".join(_real_config(ws).data.validation_flights)
+    wanted = ", ".join(wanted_list)
     return found[-1:], (
         f"{found[-1]}, because the presets' held-out flight {wanted} is not among the complete "
         "flights found; choose others in the picker"

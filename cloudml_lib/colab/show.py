@@ -25,7 +25,6 @@ from cloudml_lib.core import device
 from cloudml_lib.core.compile import plan, this_device
 from cloudml_lib.core.memory import GIB
 from cloudml_lib.core.rundir import format_status, run_status
-from cloudml_lib.science.evaluate import format_report
 
 
 def in_notebook() -> bool:
@@ -178,9 +177,11 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    from cloudml_lib.science.report import with_verdict
+    from cloudml_lib.science.report import held_out_section
 
-    print(format_report(with_verdict(report)))  # the verdict too for a run evaluated before verdicts
+    # Markdown tables and the verdicts in sentences (a monospace block wrapped them mid-word); the verdict
+    # is added for a run evaluated before verdicts existed
+    show_markdown("\n".join(held_out_section(report)[2:]))
     scatter = run_dir / "plots" / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image
