@@ -139,10 +139,17 @@ def preset_rows(preset: str) -> int:
 def frame_rows(ws: Workspace) -> int | None:
     """The fewest sensor rows among the IR frames of the complete flights in data/ (each IR file's shape,
     no frame read); None without a flight whose shape reads."""
+    shape = frame_shape(ws.data)
+    return None if shape is None else shape[0]
+
+
+def frame_shape(folder: Path) -> tuple[int, int] | None:
+    """The smallest (rows, columns) of the IR frames of the complete flights in `folder` (each IR file's
+    shape, no frame read); None without a flight whose shape reads."""
     import h5py
 
-    data = load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"]).data
-    rows = []
+    data = load_config(presets.preset_config_path("A"), [f"data.dir={folder}"]).data
+    rows, cols = [], []
     try:
         found = [f for f in flights.find_flights(data) if not f.problems]
     except CloudMLError:
@@ -153,9 +160,30 @@ def frame_rows(ws: Workspace) -> int | None:
                 shape = h5[data.keys.ir_signal].shape
             if len(shape) == 3:
                 rows.append(int(shape[1]))
+                cols.append(int(shape[2]))
         except (OSError, KeyError, ValueError, TypeError):  # the flight table names what is wrong with it
             continue
-    return min(rows) if rows else None
+    return (min(rows), min(cols)) if rows else None
+
+
+def cached_samples(cfg: Config) -> dict[str, int]:
+    """Samples per flight in the preprocessing cache the run will use (its flight caches' meta.json; the
+    newest where a flight has several): {} before the setup notebook built it."""
+    from cloudml_lib.base.shapes import Damaged, read_json
+    from cloudml_lib.data.cache import cache_root
+    from cloudml_lib.data.cachefiles import CACHE_META, CACHE_META_LIMIT
+
+    found: dict[str, tuple[float, int]] = {}
+    root = cache_root(cfg.data)
+    for meta in sorted(root.glob("*/meta.json")) if root.is_dir() else []:
+        try:
+            doc = read_json(meta, CACHE_META, CACHE_META_LIMIT)
+            when, n = meta.stat().st_mtime, doc["counts"].get("samples")  # what an epoch trains on
+        except (OSError, Damaged):
+            continue
+        if isinstance(n, int) and (doc["flight"] not in found or when > found[doc["flight"]][0]):
+            found[doc["flight"]] = (when, n)
+    return {k: n for k, (_, n) in found.items()}
 
 
 def preset_refusal(preset: str, rows: int | None) -> str | None:

@@ -36,14 +36,17 @@ from cloudml_lib.colab.drive import (
     frame_rows,
     preset_refusal,
     preset_rows,
+    run_config,
     run_flights,
     uses_demo_data,
 )
+from cloudml_lib.colab.expected import ExpectedTimes
 from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core.compile import plan, this_device
 from cloudml_lib.core.rundir import has_run, run_status
+from cloudml_lib.core.timing import Expected, duration
 
 LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the newest run started with
 PRESET_WORDS = {
@@ -164,6 +167,7 @@ class Picker:
         import ipywidgets as widgets
 
         self.ws, self.demo = ws, uses_demo_data(ws)
+        self.times = ExpectedTimes(ws, lambda: self._refresh())  # a choice's step, timed once, in a thread
         self.rows = None if self.demo else frame_rows(ws)  # the fewest sensor rows of the flights' frames
         self.auto, self.auto_why, self.cpu = self._resolve_auto()
         self.found = [] if self.demo else complete_flights(ws)
@@ -412,6 +416,7 @@ class Picker:
         (Google Drive may have synced since the picker was shown) and after (the run has moved on)."""
         self.found = [] if uses_demo_data(self.ws) else complete_flights(self.ws)
         self._facts.clear()
+        self.times.forget()
         if self.previous:
             choice = self.previous[0]
             self.previous = (choice, *progress(self.ws.runs / choice.run_name, choice))
@@ -495,6 +500,7 @@ class Picker:
             lines.append("Nothing is trained until this is fixed.")
         else:
             lines.append(self._trains_line(c, flights))
+            lines.append(html.escape(self._time_words(c)))
         preset_cfg = load_config(config_path(c.preset))
         lines.append(
             "torch.compile: "
@@ -515,13 +521,45 @@ class Picker:
             lines.append("Then cross-validation: one run per flight.")
         if c.sweep_trials:
             budget = c.sweep_trials * c.sweep_epochs
+            sweep_time = self._expected(c)
             lines.append(
                 f"Then a sweep: {plural(c.sweep_trials, 'trial')} of at most "
                 f"{plural(c.sweep_epochs, 'epoch')} each ({budget} epochs of training at most; poor trials "
-                f"may stop early), into <code>{html.escape(str(self.ws.runs / (c.run_name + '_sweep')))}"
+                f"may stop early"
+                + (
+                    f"; about {duration(sweep_time.epoch_s * budget)} at most"
+                    if isinstance(sweep_time, Expected) and sweep_time.epoch_s
+                    else ""
+                )
+                + f"), into <code>{html.escape(str(self.ws.runs / (c.run_name + '_sweep')))}"
                 "</code>. Optuna is installed when the sweep starts, if missing."
             )
         return "<br>".join(lines)
+
+    def _expected(self, c: Choice) -> Expected | str:
+        """The expected time of choice `c` as it would train (its config), or words why not yet."""
+        try:
+            cfg = load_config(*run_config(self.ws, c.preset, c.epochs, c.heldout, demo=c.preset == "demo"))
+        except CloudMLError as e:
+            return f"Expected time: not known ({e})"
+        return self.times.of(cfg, c.epochs)
+
+    def _time_words(self, c: Choice) -> str:
+        """The note's line on time: per epoch and in all (what is left of a continued run), on this device."""
+        found = self._expected(c)
+        cpu = "" if self.times.device.type == "cuda" else "No GPU here: this trains on the CPU. "
+        if isinstance(found, str):
+            return cpu + found
+        status = self.facts(c.run_name)[1]
+        done = status["epochs_completed"] if status and self.continuing else 0
+        left = Expected(found.step, found.steps_per_epoch, found.val_batches, max(0, c.epochs - done))
+        what = f"the {plural(left.epochs, 'epoch')} left" if done else "the run"
+        return cpu + left.words(what)
+
+    def expected_record(self, c: Choice) -> dict | None:
+        """What the run records of its expected time in run.json (None where it is not known yet)."""
+        found = self._expected(c)
+        return found.record(self.times.device_name) if isinstance(found, Expected) else None
 
     def _run_lines(self, c: Choice) -> list[str]:
         """Which run: continued (where it stands), kept (finished), existing or new; and its data's news."""

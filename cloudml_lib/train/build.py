@@ -63,6 +63,7 @@ from cloudml_lib.core.rundir import (
     truncate_metrics,
 )
 from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.core.timing import Measured, device_name, signature
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import resolve_config
@@ -223,7 +224,9 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop)
         state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
         checkpoints = Checkpoints(run_dir, cfg, dist, writer, state, metrics, parts.total_steps)
-        run_info = RunInfo(run_dir, dist, parts.compile, provenance)
+        step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
+        measured = Measured(device_name(parts.device), signature(step, cfg.train.batch_size))
+        run_info = RunInfo(run_dir, dist, parts.compile, provenance, measured)
         if dist.is_main:
             save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
         start(found, state, parts, metrics, run_info, cfg, init_from)
