@@ -484,17 +484,7 @@ class Picker:
             lines.append(f'<span style="{PROBLEM_STYLE}"><b>Problem:</b> {html.escape(text)}</span>')
         if profile().picker_note():
             lines.append(f"<b>Smoke test:</b> {profile().picker_note()}")
-        if self.own_after_demo:
-            demo_run = self.previous[0].run_name
-            lines.append(
-                f"<b>Your flights are in data/ now</b> ({plural(len(self.found), 'flight')}): a new run on "
-                f"them is the default. The demo run {html.escape(demo_run)} is kept"
-                + (
-                    ": it goes on with the demo flights, not yours."
-                    if self.continuing
-                    else f" (choose <i>{html.escape(self.mode.options[0][0])}</i> above to go on with it)."
-                )
-            )
+        lines += self._demo_news()
         lines += self._run_lines(c)
         if problem:  # nothing trains until it is fixed: no "Trains ..." under the red line
             lines.append("Nothing is trained until this is fixed.")
@@ -535,6 +525,21 @@ class Picker:
                 "</code>. Optuna is installed when the sweep starts, if missing."
             )
         return "<br>".join(lines)
+
+    def _demo_news(self) -> list[str]:
+        """The user's own flights arrived after a demo run: said, with what becomes of the demo run."""
+        if not self.own_after_demo:
+            return []
+        demo_run = html.escape(self.previous[0].run_name)
+        return [
+            f"<b>Your flights are in data/ now</b> ({plural(len(self.found), 'flight')}): a new run on them "
+            f"is the default. The demo run {demo_run} is kept"
+            + (
+                ": it goes on with the demo flights, not yours."
+                if self.continuing
+                else f" (choose <i>{html.escape(self.mode.options[0][0])}</i> above to go on with it)."
+            )
+        ]
 
     def _expected(self, c: Choice) -> Expected | str:
         """The expected time of choice `c` as it would train (its config), or words why not yet."""

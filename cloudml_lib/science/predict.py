@@ -470,6 +470,33 @@ def write_csv(path: Path, result: dict) -> None:
         w.writerows(products.csv_rows(result))
 
 
+def _mark_heights(ax, hours: np.ndarray, result: dict) -> None:
+    """Heights outside the labels' range (kept: extrapolations) and heights masked, drawn apart."""
+    qc = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64)
+    unlearned = qc == QC_UNLEARNED
+    if unlearned.any():  # drawn apart: heights no label the model learned from lies at
+        low, high = result.get("learned_range", (np.nan, np.nan))
+        ax.plot(
+            hours[unlearned],
+            result["cbh_km"][unlearned],
+            "x",
+            ms=4,
+            color="tab:purple",
+            label=f"outside {low:g}-{high:g} km, the labels' range (extrapolated)",
+        )
+    masked = (qc == QC_BELOW) | (qc == QC_ABOVE)
+    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
+        ax.plot(
+            hours[masked],
+            np.full(int(masked.sum()), 0.02),
+            "|",
+            ms=6,
+            color="tab:orange",
+            transform=ax.get_xaxis_transform(),
+            label="height masked (below the surface or above the bound)",
+        )
+
+
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     hours = (result["t"] - result["t"][0]) / 3600.0
     along = Figure(figsize=(11, 3.6))
@@ -501,29 +528,7 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
             label=f"{cal.get('coverage', 0):.0%} interval",
         )
     ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
-    qc = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64)
-    unlearned = qc == QC_UNLEARNED
-    if unlearned.any():  # drawn apart: heights no label the model learned from lies at
-        low, high = result.get("learned_range", (np.nan, np.nan))
-        ax.plot(
-            hours[unlearned],
-            result["cbh_km"][unlearned],
-            "x",
-            ms=4,
-            color="tab:purple",
-            label=f"outside {low:g}-{high:g} km, the labels' range (extrapolated)",
-        )
-    masked = (qc == QC_BELOW) | (qc == QC_ABOVE)
-    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
-        ax.plot(
-            hours[masked],
-            np.full(int(masked.sum()), 0.02),
-            "|",
-            ms=6,
-            color="tab:orange",
-            transform=ax.get_xaxis_transform(),
-            label="height masked (below the surface or above the bound)",
-        )
+    _mark_heights(ax, hours, result)
     has = np.isfinite(result["label"])
     ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
     ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
