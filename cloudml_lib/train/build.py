@@ -59,6 +59,7 @@ from cloudml_lib.core.rundir import (
     check_resume_config,
     clean_leftovers,
     find_resume_point,
+    recorded_files,
     resumed_config,
     truncate_metrics,
 )
@@ -122,7 +123,10 @@ def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
         for a in (c.frame_index, c.cbh_km, c.cloud, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
-        out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16]}
+        files = {
+            role: f.get("sha256") for role, f in (c.meta.get("files") or {}).items() if isinstance(f, dict)
+        }
+        out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16], "files": files}
     return out
 
 
@@ -145,7 +149,7 @@ def claim_run_dir(
         found = find_resume_point(run_dir, resume)
         if found is not None:
             check_resume_config(cfg, found.state[Key.CONFIG])
-            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint)
+            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(run_dir))
         log.info("Flights:\n%s", flight_table)
         return found
 
