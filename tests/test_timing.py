@@ -118,3 +118,25 @@ def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_t
     q.mode.value = "new"
     q.times.wait()
     assert f"measured in your run {run_dir.name}" in q.note.value and len(calls) == 1
+
+
+def test_an_earlier_runs_peak_memory_is_said_beside_the_presets_estimate(ws, shown, tmp_path):
+    """A run of preset C on this device recorded its peak: the preset table says it beside the estimate."""
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.colab import show
+
+    cfg = load_config(presets.preset_config_path("C"))
+    sig = timing.signature(estimate.StepShape.of(cfg, None), cfg.train.batch_size)
+    device = timing.device_name(torch.device("cpu"))
+    run = ws.runs / "my_c_run"
+    run.mkdir(parents=True)
+    measured = {"device": device, "signature": sig, "step_s": 2.0, "peak_memory": {"peak_rss_gib": 3.25}}
+    (run / "run.json").write_text(json.dumps({"measured": {**measured, "at": 1.0}}))
+    assert timing.peak_words(ws.runs, device, sig) == "3.2 GiB of host memory, measured in your run my_c_run"
+    assert timing.peak_words(ws.runs, "Tesla T4", sig) is None
+    show.show_presets(ws)
+    c_row = next(line for line in shown[-1].splitlines() if line.startswith("| C |"))
+    assert "(estimated); " in c_row
+    assert c_row.endswith("; 3.2 GiB of host memory, measured in your run my_c_run |")
+    a_row = next(line for line in shown[-1].splitlines() if line.startswith("| A |"))
+    assert "measured in your run" not in a_row  # another step

@@ -116,8 +116,9 @@ def from_flops(shape: estimate.StepShape, batch: int, peak_flops: float) -> Step
     )
 
 
-def from_runs(runs: Path, device: str, sig: dict) -> StepTime | None:
-    """The newest earlier run in `runs` (its run.json's "measured") on this kind of device with this step."""
+def newest_run(runs: Path, device: str, sig: dict) -> tuple[str, dict] | None:
+    """The newest earlier run in `runs` on this kind of device with this step: (its name, its run.json's
+    "measured")."""
     best = None
     for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
         measured = read_measured(run)
@@ -125,10 +126,28 @@ def from_runs(runs: Path, device: str, sig: dict) -> StepTime | None:
             continue
         when = measured.get("at", 0.0)
         if best is None or when > best[0]:
-            best = (when, run.name, measured["step_s"])
-    if best is None:
+            best = (when, run.name, measured)
+    return None if best is None else (best[1], best[2])
+
+
+def from_runs(runs: Path, device: str, sig: dict) -> StepTime | None:
+    """The step time an earlier run on this kind of device with this step measured (newest_run)."""
+    found = newest_run(runs, device, sig)
+    if found is None:
         return None
-    return StepTime(best[2], f"measured in your run {best[1]}", True, with_validation=True)
+    return StepTime(found[1]["step_s"], f"measured in your run {found[0]}", True, with_validation=True)
+
+
+def peak_words(runs: Path, device: str, sig: dict) -> str | None:
+    """What an earlier run with this step on this kind of device held at its peak, in words ("9.1 GiB
+    reserved on the GPU, measured in your run X"); None without one."""
+    found = newest_run(runs, device, sig)
+    peak = (found[1].get("peak_memory") or {}) if found else {}
+    if isinstance(peak.get("peak_reserved_gib"), (int, float)):
+        return f"{peak['peak_reserved_gib']:.1f} GiB reserved on the GPU, measured in your run {found[0]}"
+    if isinstance(peak.get("peak_rss_gib"), (int, float)):
+        return f"{peak['peak_rss_gib']:.1f} GiB of host memory, measured in your run {found[0]}"
+    return None
 
 
 def read_measured(run: Path) -> dict | None:
