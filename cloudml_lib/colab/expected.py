@@ -6,19 +6,29 @@ the same step is used first. The epoch's length comes from the preprocessing cac
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from cloudml_lib.base.config import Config
+from cloudml_lib.base.config import MIN_FRAME_SIDE, Config
 from cloudml_lib.colab.drive import Workspace, cached_samples, frame_shape
 from cloudml_lib.core import estimate
 from cloudml_lib.core.compile import this_device
 from cloudml_lib.core.timing import Expected, StepTime, device_name, from_flops, from_runs, signature, timed
 
 T4_NAME = "T4"  # the one GPU whose peak rate the kit states (estimate.T4_FP16_FLOPS)
+_RUNNING: list[threading.Thread] = []  # measuring threads, waited for when the interpreter exits
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """A thread still inside torch when Python exits would abort the process ("terminate called"): a
+    measurement takes seconds, so the exit waits for it."""
+    for thread in list(_RUNNING):
+        thread.join(120)
 
 
 class ExpectedTimes:
@@ -55,6 +65,8 @@ class ExpectedTimes:
         frame, batch = self.frame(cfg), cfg.train.batch_size
         if frame is None:
             return "Expected time: known once flights are in the data folder."
+        if min(frame) < MIN_FRAME_SIDE:  # the flights' frames are smaller than the preset's crop
+            return "Expected time: not known for frames this small (see the preset's problem above)."
         if not isinstance(batch, int):
             return "Expected time: known once training starts and chooses the batch (train.batch_size: auto)."
         shape = estimate.StepShape.of(cfg, None, frame=frame)
@@ -107,6 +119,7 @@ class ExpectedTimes:
 
         thread = threading.Thread(target=work, name="cloudml-expected-time", daemon=True)
         self.threads.append(thread)
+        _RUNNING.append(thread)
         thread.start()
 
     def wait(self, timeout: float = 600.0) -> None:
