@@ -92,7 +92,9 @@ def test_curves_bar_and_notices_stay_together_and_the_log_is_folded(tmp_path, sh
         and placeholder.layout.display == "none"
     )
     assert "Epoch 2/2" in status.value
-    assert "Resumed from step 25" in notices.value and "Stopped by SIGINT at step 41" in notices.value
+    assert (
+        "Resumed from step 25" in notices.value and "Stopped at step 41, as asked (\u25a0)" in notices.value
+    )
     assert view.log.value.startswith("<pre") and table in view.log.value  # a <pre>: a table never wraps
     assert view.log.layout.overflow == "auto" and "Log (5 lines" in folded.get_title(0)
 
@@ -131,7 +133,11 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     assert code == 130
     live.report_end(code, view, "training", tmp_path / "run")
     out = capsys.readouterr().out
-    step = int(re.search(r"Stopped by SIGINT at step (\d+); checkpoint saved", view.notices.value).group(1))
+    step = int(
+        re.search(r"Stopped at step (\d+), as asked \(.\); checkpoint saved", view.notices.value).group(1)
+    )
+    stop_lines = [x for x in view.notices.value.split("<br>") if "as asked" in x or "pressed" in x]
+    assert stop_lines and not any("color" in x or "&#9888;" in x for x in stop_lines)  # neutral, not amber
     assert (
         step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out
     )  # the saved step
@@ -217,6 +223,7 @@ def test_the_widgets_show_what_trains_without_a_gpu(ws, shown, monkeypatch):
 
     own_flights(ws)
     monkeypatch.setattr(presets, "choose_preset", lambda report: ("demo", "no CUDA GPU was found"))
+    monkeypatch.setattr(picker_mod, "frame_rows", lambda ws: 512)  # the camera's frames (the files: 32 rows)
     p = colab.Picker(ws)
     assert (
         p.preset.value == "Auto"
@@ -424,3 +431,27 @@ def test_a_compile_fall_back_is_a_visible_warning_in_the_live_view(tmp_path, sho
     first, second = view.notices.value.split("<br>")
     assert first.startswith("&#9656; torch.compile: compiled")
     assert second.startswith('<span style="color:#b45309">&#9888; torch.compile failed (InductorError')
+
+
+def test_warnings_in_the_kernel_show_once_with_their_level_word(tmp_path, monkeypatch, capsys):
+    """Setup's in-process warnings showed twice (Colab's root logger has a handler) and without "Warning:"."""
+    import logging
+
+    seen_by_root = []
+
+    class Root(logging.Handler):
+        def emit(self, record):
+            seen_by_root.append(record)
+
+    root = Root()
+    logging.getLogger().addHandler(root)
+    try:
+        monkeypatch.delenv("CLOUDML_SMOKE", raising=False)
+        monkeypatch.setenv("CLOUDML_HOME", str(tmp_path / "CloudML"))
+        colab.workspace()
+        logging.getLogger("cloudml_lib.data.flights").warning("a flight's nav file is odd")
+    finally:
+        logging.getLogger().removeHandler(root)
+    out = capsys.readouterr().out
+    assert out.count("a flight's nav file is odd") == 1 and "Warning: a flight's nav file is odd" in out
+    assert not seen_by_root

@@ -67,3 +67,12 @@ def test_epoch_records_past_the_end_or_with_impossible_times_are_not_counted_and
     text = format_comparison([row])
     assert f"metrics.jsonl: 2 epoch record(s) outside epochs 1-{planned}, not counted" in text
     assert "inf" not in text
+
+
+def test_channels_chosen_by_memory_optimized_are_shown_as_the_model_has_them(tmp_path):
+    """Preset C leaves model.channels empty (memory_optimized chooses them): compare showed `[]`."""
+    a = copy_run(tmp_path / "a")
+    c = copy_run(tmp_path / "c", model__channels=[], model__memory_optimized=True)
+    head, _, *rows = table(format_comparison(compare_runs([a, c])))
+    at = head.index("model.channels")
+    assert rows[1][at] == "[32, 64, 128]" and rows[0][at] != "[]"

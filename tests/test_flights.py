@@ -183,3 +183,21 @@ def test_the_same_files_under_two_flight_names_are_refused(users_folder):
     ).data
     with pytest.raises(ConfigError, match="flights a and b use the same IR file .*trained twice"):
         flights.resolve_flights(data)
+
+
+def test_a_long_list_of_removed_labels_goes_under_the_table_so_a_row_stays_one_line():
+    """The setup table's rows were ~180 px tall: "removed by filter" wrapped to 11 lines beside empty
+    columns. A list longer than a cell holds becomes its total and a numbered note."""
+    from cloudml_lib.data.flights import NOTE_AFTER, REMOVED_WORDS, Notes, _removed
+
+    notes = Notes()
+    many = {k: 10 + i for i, k in enumerate(REMOVED_WORDS)}
+    cell = _removed(many, notes, "01Mar25")
+    assert cell == f"{sum(many.values())}: see note 1" and len(cell) <= NOTE_AFTER
+    assert notes[0].startswith("01Mar25: labels removed by filter: ") and all(
+        word in notes[0] for word in REMOVED_WORDS.values()
+    )
+    one = next(iter(REMOVED_WORDS))
+    assert (
+        _removed({one: 3}, notes, "x") == f"{REMOVED_WORDS[one]} 3" and len(notes) == 1
+    )  # short: in the cell

@@ -107,7 +107,16 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run, tmp_path):
         assert "0 heights below the surface and 0 above" in nc.cloud_base_height_masked
         qc = np.ma.filled(nc["cloud_base_height_qc"][:], -1)
         cbh = np.ma.filled(nc["cloud_base_height"][:].astype(float), np.nan)
-        assert ((qc == 0) == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
+        assert (((qc == 0) | (qc == 3)) == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
+        outside = (cbh < 0.1) | (cbh > 2.0)  # data.cbh_min_km, data.cbh_max_km: what the labels span
+        assert ((qc == 3) == (outside & np.isfinite(cbh))).all()
+        assert f"{int((qc == 3).sum())} heights outside 0.1-2 km" in nc.cloud_base_height_outside_labels
+        assert list(nc["cloud_base_height_qc"].flag_values) == [0, 1, 2, 3]
+        assert nc["cloud_base_height_qc"].flag_meanings.split()[:3] == [  # what files written before meant
+            "inside_bounds",
+            "below_surface_masked",
+            "above_upper_bound_masked",
+        ]
         assert np.isfinite(cbh).sum() > 10 and np.nanmin(cbh) >= 0.0 and np.nanmax(cbh) <= 2.0
 
 
@@ -238,3 +247,63 @@ def test_the_notebook_shows_the_verdict_of_an_evaluation_written_before_verdicts
     show_evaluation(tmp_path)
     out = capsys.readouterr().out
     assert "Verdict: this model is not useful yet on 12Feb25" in out and "collapse towards a constant" in out
+    assert "| model: all held-out flights |" in out  # a Markdown table, not a monospace block
+    assert "*training mean* predicts the training labels' mean height" in out  # the baselines explained
+
+
+def test_a_cloud_baseline_that_beats_the_model_is_said_in_the_verdict(tmp_path, capsys):
+    """bt_threshold 0.982 against the model's 0.930 passed without a word."""
+    from cloudml_lib.colab.show import show_evaluation
+    from cloudml_lib.science.report import cloud_verdict
+
+    m = {"r2": 0.9, "mae_km": 0.05, "rmse_km": 0.07, "bias_km": 0.0, "std_ratio": 0.95, "n": 30}
+    b = {**m, "r2": 0.0, "mae_km": 0.29}
+    flag = lambda acc, auc: {"accuracy": acc, "f1": acc, "roc_auc": auc, "cloud_share": 0.5, "n": 40}  # noqa: E731
+    cloud = {
+        "model": {"overall": flag(0.930, 0.95), "per_flight": {"12Feb25": flag(0.930, 0.95)}},
+        "majority": {"overall": flag(0.55, 0.5), "per_flight": {"12Feb25": flag(0.55, 0.5)}},
+        "bt_threshold": {"overall": flag(0.982, 0.93), "per_flight": {"12Feb25": flag(0.982, 0.93)}},
+    }
+    report = {"overall": m, "baseline": b, "per_flight": {"12Feb25": m}, "cloud": cloud}
+    said = cloud_verdict(report)
+    assert said.startswith("Cloud flag: the model's cloud / no-cloud is not useful yet")
+    assert "the brightness-temperature threshold (accuracy 0.930 vs 0.982) beat it" in said
+    assert "majority" not in said
+    cloud["bt_threshold"]["overall"] = flag(0.90, 0.90)
+    assert cloud_verdict(report) == "Cloud flag: the model beats both baselines (accuracy 0.930)."
+    assert cloud_verdict({"overall": m}) is None  # no cloud output to judge
+    cloud["bt_threshold"]["overall"] = flag(0.982, 0.93)
+    (tmp_path / "evaluation.json").write_text(json.dumps(report))
+    show_evaluation(tmp_path)
+    assert "beat it. Use that baseline's flag for now" in capsys.readouterr().out
+
+
+def test_heights_outside_the_labels_range_are_kept_flagged_counted_and_drawn_apart():
+    """Labels below data.cbh_min_km or above data.cbh_max_km never reach training: a height out there is an
+    extrapolation, kept (it can be a cloud base) but with its own qc value, 3."""
+    result = {
+        "cbh_km": np.array([0.05, 0.5, 5.0, 1.0, 0.099, 2.5]),
+        "altitude_km": np.array([np.nan, np.nan, 18.0, np.nan, np.nan, np.nan]),
+        "t": np.arange(6.0),
+        "label": np.full(6, np.nan),
+        "cpl_cloud": np.full(6, np.nan),
+        "cloud_probability": None,
+        "counts": {},
+        "lat": np.zeros(6),
+        "lon": np.zeros(6),
+    }
+    pr.cloud_and_intervals(result, 0.5, None, (0.0, 2.0), learned=(0.1, 2.0))
+    np.testing.assert_array_equal(result["cbh_qc"], [3, 0, 3, 0, 3, 2])  # 5 km under an aircraft at 18 km
+    np.testing.assert_allclose(result["cbh_km"], [0.05, 0.5, 5.0, 1.0, 0.099, np.nan])  # kept, not masked
+    assert result["counts"]["height_outside_labels"] == 3 and result["counts"]["height_above_ceiling"] == 1
+    attrs = pr.bounds_attributes(result)
+    assert attrs["cloud_base_height_outside_labels"].startswith("3 heights outside 0.1-2 km")
+    from cloudml_lib.science.report import counts_in_words
+
+    assert "3 heights lie outside the labels' range" in counts_in_words(
+        {"predicted": 6, "frames": 6, "blank": 0, "no_time": 0, "filled_pixels": 0, **result["counts"]}
+    )
+    along, _ = pr.flight_figures("X", result)
+    labels = [line.get_label() for line in along.axes[0].get_lines()]
+    assert "outside 0.1-2 km, the labels' range (extrapolated)" in labels
+    assert "height masked (below the surface or above the bound)" in labels  # the masked one, apart

@@ -220,6 +220,15 @@ def test_terminal_advice_is_said_in_the_notebooks_words():
         "Warning: Stopped by SIGINT at step 4; checkpoint saved in r. Run the same command again to resume."
     )
     assert "Run this cell again to resume." in stop
+    for (
+        line
+    ) in (  # a stop the user asked for, as the trainer logs it now (INFO): the notebook's words, neutral
+        "SIGINT received: stopping after the current step with a checkpoint (Ctrl-C again to stop at once)",
+        "Stopped by SIGINT at step 4; checkpoint saved in r. Run the same command again to resume.",
+    ):
+        said = live.notice_html(line)
+        assert "SIGINT" not in said and "color" not in said and "&#9888;" not in said, said
+        assert "Stop (\u25a0) pressed" in said or "Stopped at step 4, as asked (\u25a0)" in said
     # the command line keeps its own words where a flag only it has is meant
     assert "same command with --rebuild-study" in live.notebook_words(
         "run the same command with --rebuild-study"

@@ -214,6 +214,7 @@ def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_wor
         move(f, flights, ws.data / "ER2")
     report = dict(presets.system_report(), gpu=None)
     monkeypatch.setattr(presets, "system_report", lambda *a, **k: report)
+    monkeypatch.setattr(picker_mod, "frame_rows", lambda ws: 512)  # the camera's frames (the files: 40 rows)
     name, why = presets.choose_preset(report)  # the command line's words: the demo configuration
     assert name == "demo" and "CPU-sized demo configuration is used" not in why and "sized for a CPU" in why
     p = colab.Picker(ws)
@@ -226,3 +227,97 @@ def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_wor
     advice = capsys.readouterr().out
     assert "Preset: no GPU was found" in advice and f"preset C for {picker_mod.CPU_EPOCHS} epochs" in advice
     assert "demo configuration" not in advice
+
+
+def test_flights_too_small_for_the_presets_train_with_the_demo_configuration_said_in_plain_words(
+    ws, shown, monkeypatch, capsys
+):
+    """make-demo-data's default frames (80 x 96): presets A/B/C crop rows 40-480 and refused every flight,
+    while the line under the table said 4 were used. Auto takes the demo configuration for such frames, a
+    preset that cannot take them says so, and setup's table and its line agree."""
+    from pathlib import Path
+
+    from cloudml_lib.base.config import load_config
+
+    make_demo_flights(ws.data / "ER2", n_flights=4, frames_per_flight=120)  # the tool's default size
+    monkeypatch.setattr(presets, "choose_preset", lambda report: ("A", "a test GPU that fits it"))
+    assert drive.frame_rows(ws) == 80 and not drive.fits_presets(ws)
+    p = colab.Picker(ws)
+    c = p.choice()
+    assert c.preset == drive.SMALL and p.problem() is None
+    assert "Auto chose small because your flights' frames have 80 sensor rows" in p.note.value
+    labels = {v: label for label, v in p.preset.options}
+    assert "(needs frames of 480 rows; yours have 80)" in labels["A"] and drive.SMALL in labels
+    p.preset.value = "A"
+    assert "preset A is made for the ER-2 camera" in p.problem() and "Choose Auto" in p.problem()
+    assert "Problem:" in p.note.value
+    p.preset.value = "Auto"
+    assert p.problem() is None and "Problem:" not in p.note.value
+    cfg = load_config(*drive.run_config(ws, c.preset, c.epochs, c.heldout, demo=False))
+    assert cfg.data.swath_slice == [8, 72] and Path(cfg.data.dir) == ws.data and not cfg.data.demo
+    assert cfg.data.validation_flights == c.heldout
+    capsys.readouterr()
+    assert drive.verify_data(ws)  # every flight usable with the configuration that will train them
+    said = text(shown) + capsys.readouterr().out
+    assert "not usable" not in said and "480" not in said
+
+
+def test_own_flights_after_a_demo_run_make_a_new_run_the_default_and_the_demo_run_is_kept(
+    ws, shown, flights, tiny_presets
+):
+    """The picker came back as "Continue demo", 12 epochs on the demo flights, with no word of the user's
+    new flights, and its disabled held-out list showed the user's flights (07Mar25 highlighted) while the
+    demo run holds out 05Mar25."""
+    picker_mod.Choice(preset="demo", epochs=12, run_name="demo").save(ws.root)
+    (ws.runs / "demo").mkdir(parents=True)
+    (ws.runs / "demo" / "config.yaml").write_text(
+        yaml.safe_dump({"data": {"demo": True, "validation_flights": ["05Mar25"]}})
+    )
+    for f in ("01Mar25", "03Mar25", "07Mar25"):
+        move(f, flights, ws.data / "ER2")
+    p = colab.Picker(ws)
+    assert not p.continuing and p.mode.value == "new"
+    c = p.choice()
+    assert c.preset != "demo" and c.heldout == ["07Mar25"] and c.run_name != "demo"
+    assert "Your flights are in data/ now</b> (3 flights): a new run on them is the default" in p.note.value
+    assert "The demo run demo is kept (choose <i>Continue demo</i> above" in p.note.value
+    p.mode.value = "continue"  # the demo run is still offered, with its own held-out flight
+    assert p.continuing and p.choice().preset == "demo"
+    assert p.heldout.value == ("05Mar25",) and dict(p.heldout.options) == {"05Mar25 (demo)": "05Mar25"}
+    assert "it goes on with the demo flights, not yours" in p.note.value
+
+
+def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_presets, tiny_run, capsys):
+    """One flight: setup said "Setup done" after "Add a second flight", the note advised "Start a new run"
+    (then refused) and said "Trains ... on your 1 flight" under the red line; a flight whose nav file alone is
+    missing was "not in data/"; a finished run's note read "it is continued, ... it is not trained again"."""
+    move("01Mar25", flights, ws.data / "ER2")
+    drive.check_setup(ws, None)
+    out = capsys.readouterr().out
+    assert "Setup is not finished: training needs a second flight" in out and "Setup done" not in out
+    p = colab.Picker(ws)
+    assert p.problem() and "Problem:" in p.note.value
+    assert "Nothing is trained until this is fixed." in p.note.value and "Trains preset" not in p.note.value
+    assert p._new_run_advice(", or choose X") == (
+        ". A new run needs two flights in data/ (one to train on, one held out)."
+    )
+    # a run's flight whose folder is there without its nav file: incomplete, not "not there"
+    move("03Mar25", flights, ws.data / "ER2")
+    flights_now = drive.RunFlights(
+        "r",
+        [{"name": "01Mar25"}, {"name": "03Mar25"}],
+        ["03Mar25"],
+        ["01Mar25"],
+        {"03Mar25": "no nav file"},
+    )
+    words = flights_now.missing_words(finished=False)
+    assert "03Mar25 is there, but incomplete (no nav file)" in words and "not in data/" not in words
+    for nav in (ws.data / "ER2" / "03Mar25").glob("*nav*"):
+        nav.unlink()  # its nav file alone is gone
+    found = drive.incomplete_flights(ws)
+    assert list(found) == ["03Mar25"] and "nav" in found["03Mar25"], found
+    # a finished run of the name typed: shown, not "continued"
+    shutil.copytree(tiny_run[0], ws.runs / "done")
+    p = colab.Picker(ws)
+    p.run_name.value = "done"
+    assert "Run <b>done</b> exists and is finished" in p.note.value and "it is continued" not in p.note.value

@@ -173,3 +173,28 @@ def test_a_lock_whose_pid_was_given_to_a_later_process_is_not_held():
     assert holder_alive({"host": here, "pid": me, "started": born + 1.0})  # written after it started
     assert not holder_alive({"host": here, "pid": me, "started": born - 3600.0})  # before: another's pid
     assert holder_alive({"host": here, "pid": me})  # an older lock without "started": the pid decides
+
+
+def test_a_reader_change_on_the_original_files_is_told_apart_from_changed_data(tiny_run):
+    """A run stopped under the previous release, resumed on its very files, was refused with "the data
+    differs ... Resume with the original data": the files are the original; the reader changed."""
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.colab.live import notebook_words
+    from cloudml_lib.core.rundir import check_data_fingerprint, recorded_files
+
+    run_dir = tiny_run[0]
+    files = recorded_files(run_dir)
+    name = next(iter(files))
+    assert files[name] and all(len(h) == 64 for h in files[name].values())
+    saved = {name: {"samples": 40, "sha256": "a" * 16}}  # an old checkpoint: no file hashes of its own
+    reread = {name: {"samples": 38, "sha256": "b" * 16, "files": dict(files[name])}}
+    with pytest.raises(CloudMLError) as e:
+        check_data_fingerprint(saved, reread, files)
+    said = str(e.value)
+    assert f"flight {name}: 40 samples in the checkpoint, 38 now; its files are unchanged" in said
+    assert "what changed is how CloudML reads them" in said and "Resume with the original data" not in said
+    assert 'choose "Start a new run" in the picker' in notebook_words(said)  # the picker's words
+    edited = {name: {**reread[name], "files": {**files[name], "ir": "c" * 64}}}
+    with pytest.raises(CloudMLError, match="the data differs from the data this run was trained on"):
+        check_data_fingerprint(saved, edited, files)
+    check_data_fingerprint(saved, {name: {"samples": 40, "sha256": "a" * 16, "files": {}}}, files)  # same

@@ -143,7 +143,8 @@ def test_report_and_compare(files, tmp_path):
     for png in ("optimization_history.png", "param_importances.png"):
         assert f"(plots/{png})" in report and (run / "plots" / png).stat().st_size > 5000
     best = min(study_of(run), key=lambda t: t[3])
-    assert f"Best: trial {best[0]}, mae_km {best[3]:.4g}" in report
+    assert f"Best: trial {best[0]}, MAE (km) {best[3]:.4g}" in report
+    assert "Verdict on the best trial: " in report  # judged as a run is: against the training mean
     out = run_cli("compare", run, run / "trials" / "0")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -93,9 +93,11 @@ def test_a_sweep_runs_trial_by_trial_and_shows_its_report(own, shown, monkeypatc
     folder = colab.sweep(own, p, None)
     assert folder == own.runs / "preset_B_sweep" and (folder / "sweep.json").is_file()
     view = views[0]
-    assert view.trial == "trial 0 (1 of 1)" and view.metrics_path == folder / "trials" / "0" / "metrics.jsonl"
+    assert view.trial == "trial 1 of 1 (trials/0)"
+    assert view.metrics_path == folder / "trials" / "0" / "metrics.jsonl"
     assert "finished" in view.table.value and "train.learning_rate" in view.table.value
     assert "1 of 1 started" in view.table.value
+    assert "<th>MAE (km)</th>" in view.table.value and "<td>1 (trials/0)</td>" in view.table.value
     said = "\n".join(x for x in shown if isinstance(x, str))
     assert "**Sweep** of 1 trial, each at most 1 epoch" in said and "train.learning_rate" in said
     assert "## Trials" in said and "## Importance of each parameter" in said  # the report, shown

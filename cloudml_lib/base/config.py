@@ -423,9 +423,14 @@ class Config:
 
     @property
     def channels(self) -> list[int]:
-        if self.model.channels:
-            return list(self.model.channels)
-        return [32, 64, 128] if self.model.memory_optimized else [64, 128, 256]
+        return conv_channels(self.model.channels, self.model.memory_optimized)
+
+
+def conv_channels(channels, memory_optimized) -> list:
+    """The three conv blocks' channels: model.channels, or by model.memory_optimized where it is empty."""
+    if channels:
+        return list(channels)
+    return [32, 64, 128] if memory_optimized else [64, 128, 256]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -107,6 +107,7 @@ RUN_INFO = Obj(
         for k in ("processes", "total_steps", "steps_per_epoch", "epochs", "batch_size", "start_step")
     }
     | {"device": OPT_TEXT, "started_at": OPT_NUM, "compile": Maybe(COMPILE)}
+    | {"expected": Maybe(MapOf(ANY)), "measured": Maybe(MapOf(ANY))}  # core/timing.py checks their insides
 )
 FOLD = Obj(
     {m: METRIC_SET for m in ("model", "mean", "scalars_only", "trees")}
@@ -145,7 +146,17 @@ INTERVALS = Obj(
 INTERVALS_MIN = 20  # intervals.MIN_CALIBRATION: the fewest heights a calibration is made of
 COUNTS_KEPT = ("predicted", "frames", "blank", "no_time", "filled_pixels")
 COUNTS = Obj(
-    {k: INT for k in (*COUNTS_KEPT, "cloud", "clear_sky", "height_below_surface", "height_above_ceiling")}
+    {
+        k: INT
+        for k in (
+            *COUNTS_KEPT,
+            "cloud",
+            "clear_sky",
+            "height_below_surface",
+            "height_above_ceiling",
+            "height_outside_labels",
+        )
+    }
     | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")},
     required=COUNTS_KEPT,
 )

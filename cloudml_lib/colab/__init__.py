@@ -1,7 +1,8 @@
 """What the two Colab notebooks call, one function per cell.
 
 - drive.py      the CloudML folder on Drive, the data check, the preprocessing cache, diagnostics
-- picker.py     the preset picker, which comes back with the run the user started
+- picker.py     the preset picker, which comes back with the run the user started;  expected.py  how long
+                the run as chosen will take, timed once per choice
 - live.py       a command as a subprocess with a live view (bar, curves, notices, folded log)
 - training.py   train, cross-validate, predict whole flights, and the smoke test's checks
 - sweeping.py   the optional sweep (Optuna, installed when asked for), trial by trial, and its report

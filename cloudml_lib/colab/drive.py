@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudml_lib.base.config import Config, load_config
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
@@ -80,6 +81,9 @@ def workspace() -> Workspace:
     (CLOUDML_HOME overrides), the profile's own in the smoke test. Creates data/, runs/, cache/. Where the
     notebooks' flow starts: the profile (profile.py) is chosen here."""
     root = choose().root or user_folder()
+    # the library's warnings in this kernel: once each, with their level word (Colab's root logger has a
+    # handler of its own, which printed them a second time without it)
+    attach_run_log(None)
     ws = Workspace(root)
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)
@@ -120,8 +124,93 @@ CPU_ADVICE = (
 )
 
 
+SMALL = (
+    "small"  # the demo configuration on the user's own flights: for frames of fewer rows than the presets'
+)
+FIXED_PRESETS = ("A", "B", "C")  # the GPU presets: the real camera's rows (data.swath_slice [40, 480])
+
+
+def preset_rows(preset: str) -> int:
+    """The sensor rows a preset's frames must have (the end of its data.swath_slice)."""
+    name = "demo" if preset == SMALL else preset
+    return int(load_config(presets.preset_config_path(name)).data.swath_slice[1])
+
+
+def frame_rows(ws: Workspace) -> int | None:
+    """The fewest sensor rows among the IR frames of the complete flights in data/ (each IR file's shape,
+    no frame read); None without a flight whose shape reads."""
+    shape = frame_shape(ws.data)
+    return None if shape is None else shape[0]
+
+
+def frame_shape(folder: Path) -> tuple[int, int] | None:
+    """The smallest (rows, columns) of the IR frames of the complete flights in `folder` (each IR file's
+    shape, no frame read); None without a flight whose shape reads."""
+    import h5py
+
+    data = load_config(presets.preset_config_path("A"), [f"data.dir={folder}"]).data
+    rows, cols = [], []
+    try:
+        found = [f for f in flights.find_flights(data) if not f.problems]
+    except CloudMLError:
+        return None
+    for f in found:
+        try:
+            with h5py.File(Path(data.dir) / f.files["ir"], "r") as h5:
+                shape = h5[data.keys.ir_signal].shape
+            if len(shape) == 3:
+                rows.append(int(shape[1]))
+                cols.append(int(shape[2]))
+        except (OSError, KeyError, ValueError, TypeError):  # the flight table names what is wrong with it
+            continue
+    return (min(rows), min(cols)) if rows else None
+
+
+def cached_samples(cfg: Config) -> dict[str, int]:
+    """Samples per flight in the preprocessing cache the run will use (its flight caches' meta.json; the
+    newest where a flight has several): {} before the setup notebook built it."""
+    from cloudml_lib.base.shapes import Damaged, read_json
+    from cloudml_lib.data.cache import cache_root
+    from cloudml_lib.data.cachefiles import CACHE_META, CACHE_META_LIMIT
+
+    found: dict[str, tuple[float, int]] = {}
+    root = cache_root(cfg.data)
+    for meta in sorted(root.glob("*/meta.json")) if root.is_dir() else []:
+        try:
+            doc = read_json(meta, CACHE_META, CACHE_META_LIMIT)
+            when, n = meta.stat().st_mtime, doc["counts"].get("samples")  # what an epoch trains on
+        except (OSError, Damaged):
+            continue
+        if isinstance(n, int) and (doc["flight"] not in found or when > found[doc["flight"]][0]):
+            found[doc["flight"]] = (when, n)
+    return {k: n for k, (_, n) in found.items()}
+
+
+def preset_refusal(preset: str, rows: int | None) -> str | None:
+    """Why a preset cannot take frames of `rows` sensor rows, in plain words with what would; None: it can."""
+    if rows is None or preset not in FIXED_PRESETS or rows >= preset_rows(preset):
+        return None
+    need = preset_rows(preset)
+    return (
+        f"preset {preset} is made for the ER-2 camera's frames: it keeps sensor rows 40 to {need} and needs "
+        f"frames of at least {need} rows, but your flights' frames have {rows} rows (make-demo-data writes "
+        f"{rows}-row frames unless given --size). Choose Auto: it takes the demo configuration, made for "
+        f"frames of at least {preset_rows(SMALL)} rows; or put flights of the real camera in data/"
+    )
+
+
+def fits_presets(ws: Workspace) -> bool:
+    """Whether the GPU presets take the frames of the flights in data/ (True without flights to judge)."""
+    rows = frame_rows(ws)
+    return rows is None or rows >= min(preset_rows(p) for p in FIXED_PRESETS)
+
+
 def _real_config(ws: Workspace) -> Config:
-    return load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"])
+    """The config the flights in data/ are judged and cached with: preset A's, or the demo configuration's
+    where the frames are too small for the presets (and for no other reason)."""
+    if fits_presets(ws):
+        return load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"])
+    return load_config(presets.preset_config_path("demo"), [f"data.dir={ws.data}", "data.demo=false"])
 
 
 def complete_flights(ws: Workspace) -> list[str]:
@@ -143,10 +232,11 @@ def default_heldout(ws: Workspace) -> tuple[list[str], str]:
     if uses_demo_data(ws):
         return [], "the demo's held-out flight"
     found = complete_flights(ws)
-    preset = [f for f in _real_config(ws).data.validation_flights if f in found]
+    wanted_list = load_config(presets.preset_config_path("A")).data.validation_flights  # the presets' choice
+    preset = [f for f in wanted_list if f in found]
     if preset:
         return preset, f"the presets' held-out flight {', '.join(preset)}"
-    wanted = ", ".join(_real_config(ws).data.validation_flights)
+    wanted = ", ".join(wanted_list)
     return found[-1:], (
         f"{found[-1]}, because the presets' held-out flight {wanted} is not among the complete "
         "flights found; choose others in the picker"
@@ -167,6 +257,7 @@ class RunFlights:
     entries: list[dict]  # its data.flights, as recorded: what a continued run is given again
     heldout: list[str]
     now: list[str]  # the complete flights in data/ now
+    incomplete: dict = field(default_factory=dict)  # flights in data/ with a file missing: name -> what
 
     @property
     def names(self) -> list[str]:
@@ -183,9 +274,15 @@ class RunFlights:
     def missing_words(self, finished: bool) -> str:
         """Some of the run's flights are not in data/: what that means and what the user can do."""
         held, k = [f for f in self.removed if f in self.heldout], len(self.removed)
+        partly = {f: self.incomplete[f] for f in self.removed if f in self.incomplete}
+        absent = [f for f in self.removed if f not in partly]
         gone = (
             f"{k} of the {len(self.names)} flights run {self.run} trained on {'is' if k == 1 else 'are'} "
-            f"not in data/ now: {_listed(self.removed)}"
+            "not complete in data/ now: "
+            + "; ".join(
+                [f"{f} is there, but incomplete ({why})" for f, why in partly.items()]
+                + ([f"{_listed(absent)} {'is' if len(absent) == 1 else 'are'} not there"] if absent else [])
+            )
             + (f" (held out: {_listed(held)})" if held else "")
             + ". If Google Drive has not synced yet, wait a minute and run this cell again."
         )
@@ -222,7 +319,19 @@ def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> R
         return None
     held = data.get("validation_flights") if isinstance(data.get("validation_flights"), list) else []
     now = complete_flights(ws) if now is None else now
-    return RunFlights(run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now))
+    return RunFlights(
+        run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now), incomplete_flights(ws)
+    )
+
+
+def incomplete_flights(ws: Workspace) -> dict[str, str]:
+    """The flights in data/ that lack a file (or whose files are wrong): name -> what, in words."""
+    try:
+        return {
+            f.name: "; ".join(f.problems) for f in flights.find_flights(_real_config(ws).data) if f.problems
+        }
+    except CloudMLError:
+        return {}
 
 
 def _cache_overrides(ws: Workspace, sub: str) -> list[str]:
@@ -244,15 +353,20 @@ def run_config(
     """The config file and overrides a notebook run uses: the preset on the real flights (with the chosen
     held-out flights), or the demo configuration on the demo flights. `demo`: which of the two (a run
     the user started keeps its kind, whatever data/ holds now); None: the demo when no real flight is
-    there."""
-    if uses_demo_data(ws) if demo is None else demo:
+    there. Preset SMALL: the demo configuration on the real flights (frames too small for A, B, C)."""
+    on_demo = uses_demo_data(ws) if demo is None else demo
+    if on_demo:
         path, over = (
             presets.preset_config_path("demo"),
             [f"data.dir={ws.demo}"] + _cache_overrides(ws, "demo") + profile().overrides,
         )
+    elif preset == SMALL:  # the demo configuration on the user's flights (frames too small for A, B, C)
+        path = presets.preset_config_path("demo")
+        over = [f"data.dir={ws.data}", "data.demo=false"] + _cache_overrides(ws, "flights")
     else:
-        path = presets.preset_config_path(preset if preset in ("A", "B", "C") else "C")
+        path = presets.preset_config_path(preset if preset in FIXED_PRESETS else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
+    if not on_demo:
         over.append(f"data.validation_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
     epochs = profile().epochs(epochs)
     if epochs:
@@ -285,7 +399,7 @@ def verify_data(ws: Workspace) -> bool:
                 else ""
             )
         )
-    cfg = load_config(*run_config(ws, "A"))
+    cfg = load_config(*run_config(ws, "A" if demo or fits_presets(ws) else SMALL))
     data = ensure_demo_flights(cfg.data)  # writes them (progress bar) when missing
     notes = flights.Notes()
     rows, ok = flights.check_rows(data, notes)
@@ -295,12 +409,18 @@ def verify_data(ws: Workspace) -> bool:
         + flights.format_table(rows, markdown=True)
         + ("\n\n" + notes.text(markdown=True) if notes else "")
     )
-    if not ok and data.skip_incomplete_flights:
+    usable = flights.usable_in(rows)
+    if not ok and data.skip_incomplete_flights and usable:  # the line says what the table shows
         held, why = default_heldout(ws)
         print(
-            "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); the "
-            "other "
-            f"{plural(len(complete_flights(ws)), 'flight')} are used. Held out for validation: {why}."
+            "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); "
+            f"{plural(len(usable), 'flight')} can be used: {', '.join(usable)}. Held out for validation: "
+            f"{why}."
+        )
+    elif not ok and not demo:
+        print(
+            "None of the flights found can be used: the notes under the table say why. Training needs two "
+            f"usable flights in {ws.data}; fix or replace the files, then run this notebook again."
         )
     found = [] if demo else complete_flights(ws)
     if len(found) == 1:
@@ -317,7 +437,7 @@ def build_cache(ws: Workspace) -> dict:
     a flight whose cache is on Drive is copied back instead of rebuilt. Says where and how long."""
     from cloudml_lib.data.cache import cache_root, load_caches
 
-    cfg = load_config(*run_config(ws, "A"))
+    cfg = load_config(*run_config(ws, "A" if uses_demo_data(ws) or fits_presets(ws) else SMALL))
     started = time.time()
     data, _ = flights.prepare_flights(
         cfg.data, check_names=False
@@ -370,5 +490,12 @@ def free_gpu_memory() -> None:
 def check_setup(ws: Workspace, cache: dict | None) -> None:
     """What to do next; in the headless test, the profile's checks of the set-up instead."""
     if profile().after_setup(cache):
+        return
+    found = [] if uses_demo_data(ws) else complete_flights(ws)
+    if len(found) == 1:  # said above the table's line: training refuses one flight, so setup is not done
+        print(
+            f"Setup is not finished: training needs a second flight in {ws.data} (only {found[0]} is "
+            "there). Add one, then run this notebook again; the training notebook refuses a single flight."
+        )
         return
     print("Setup done. Next: open colab_training.ipynb and choose Runtime > Run all.")

@@ -53,6 +53,8 @@ FOLDS = re.compile(r"^Cross-validation over \d+ flights, each held out once: (.+
 LOG_LINES, NOTICES = 400, 8
 # Advice written for a terminal, in the notebook's words (the command runs under a cell and a picker)
 NOTEBOOK_WORDS = [
+    (re.compile(r"\bSIGINT received: stopping"), "Stop (\u25a0) pressed: stopping"),
+    (re.compile(r"\bStopped by SIGINT at step (\d+)"), "Stopped at step \\1, as asked (\u25a0)"),
     (re.compile(r"\b([Rr])un the same (?:\w+ )?command(?: again)?(?! with)"), r"\1un this cell again"),
     (re.compile(r"\b([Rr])aise train\.epochs"), r"\1aise Epochs in the picker"),
     (re.compile(r"\buse another --run-dir for a new run"), 'choose "Start a new run" in the picker'),

@@ -27,18 +27,26 @@ from cloudml_lib.base.config import load_config
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.colab.drive import (
     CPU_EPOCHS,
+    FIXED_PRESETS,
+    SMALL,
     RunFlights,
     Workspace,
     complete_flights,
     default_heldout,
+    frame_rows,
+    preset_refusal,
+    preset_rows,
+    run_config,
     run_flights,
     uses_demo_data,
 )
+from cloudml_lib.colab.expected import ExpectedTimes
 from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core.compile import plan, this_device
 from cloudml_lib.core.rundir import has_run, run_status
+from cloudml_lib.core.timing import Expected, duration
 
 LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the newest run started with
 PRESET_WORDS = {
@@ -46,6 +54,7 @@ PRESET_WORDS = {
     "B": "full model, no compile, batch 16",
     "C": "small model, batch 16",
     "demo": "CPU demo configuration",
+    SMALL: "the demo configuration on your flights (frames smaller than the camera's)",
 }
 SWEEP_TRIALS, SWEEP_EPOCHS = 8, 6  # the sweep box's defaults: 8 trials of at most 6 epochs each
 PROBLEM_STYLE = "color:#b91c1c"  # a choice that cannot train: red, as a cell's Problem message
@@ -86,6 +95,20 @@ class Choice:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10000:
                 values.pop(k)
         return cls(**values)
+
+
+def config_path(preset: str) -> Path:
+    """The packaged config of a preset as the picker names it (SMALL: the demo configuration)."""
+    return presets.preset_config_path("demo" if preset == SMALL else preset)
+
+
+def demo_heldout(run_dir: Path) -> list[str]:
+    """The held-out flights a demo run's config.yaml records."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    data = ((RunFiles(run_dir).config() if run_dir.is_dir() else None) or {}).get("data") or {}
+    held = data.get("validation_flights")
+    return [f for f in held if isinstance(f, str)] if isinstance(held, list) else []
 
 
 def _status(run_dir: Path) -> dict | None:
@@ -144,6 +167,8 @@ class Picker:
         import ipywidgets as widgets
 
         self.ws, self.demo = ws, uses_demo_data(ws)
+        self.times = ExpectedTimes(ws, lambda: self._refresh())  # a choice's step, timed once, in a thread
+        self.rows = None if self.demo else frame_rows(ws)  # the fewest sensor rows of the flights' frames
         self.auto, self.auto_why, self.cpu = self._resolve_auto()
         self.found = [] if self.demo else complete_flights(ws)
         self.heldout_default, self.heldout_why = default_heldout(ws)
@@ -153,6 +178,8 @@ class Picker:
             flights = self.facts(self.previous[0].run_name)[0]
             if flights is not None:
                 self.previous = (replace(self.previous[0], heldout=flights.heldout), *self.previous[1:])
+        # the user's flights arrived after a demo run: a new run on them is the default (the demo run kept)
+        self.own_after_demo = bool(self.previous and self.previous[0].preset == "demo" and not self.demo)
         rows = self._build_widgets()
         self._typed_name, self._loading = False, False
         self.mode.observe(self._on_mode, names="value")
@@ -162,8 +189,9 @@ class Picker:
         for w in (self.epochs, self.heldout, self.crossval, self.whole_flights, self.sweep_trials):
             w.observe(lambda change: self._refresh(), names="value")
         self.sweep_epochs.observe(lambda change: self._refresh(), names="value")
-        self._apply(self.previous[0] if self.previous else self._defaults(new=False), bool(self.previous))
-        self.mode.value = "continue" if self.previous else "new"
+        go_on = bool(self.previous) and not self.own_after_demo
+        self._apply(self.previous[0] if go_on else self._defaults(new=bool(self.previous)), go_on)
+        self.mode.value = "continue" if go_on else "new"
         self.mode.layout.display = None if self.previous else "none"
         show(widgets.VBox(rows))
         self._refresh()
@@ -235,6 +263,14 @@ class Picker:
                 "no flights of yours were found, so the demo configuration trains on the demo flights",
                 False,
             )
+        if preset_refusal("C", self.rows):  # frames too small for every GPU preset: the demo configuration
+            return (
+                SMALL,
+                f"your flights' frames have {self.rows} sensor rows, and presets A, B and C need "
+                f"{preset_rows('C')} (the ER-2 camera's); the demo configuration takes frames of "
+                f"{preset_rows(SMALL)} rows or more (a narrow model: it trains on a CPU too)",
+                False,
+            )
         preset, why = presets.choose_preset(presets.system_report())
         if preset == "demo":  # your flights, no GPU: the smallest preset, briefly, with a plain warning
             return (
@@ -253,10 +289,18 @@ class Picker:
             options = [("demo: " + PRESET_WORDS["demo"], "demo")]
         else:
             auto = f"Auto: {self.auto} here" + (" (no GPU: a short CPU run)" if self.cpu else "")
-            options = [(f"{p}: {PRESET_WORDS[p]}", p) for p in ("A", "B", "C")] + [(auto, "Auto")]
+            options = [(self._preset_label(p), p) for p in FIXED_PRESETS] + [(auto, "Auto")]
+            if self.auto == SMALL:
+                options.insert(len(FIXED_PRESETS), (f"{SMALL}: {PRESET_WORDS[SMALL]}", SMALL))
         if kept and kept not in [v for _, v in options]:
             options.append((f"{kept}: {PRESET_WORDS[kept]}", kept))
         return options
+
+    def _preset_label(self, p: str) -> str:
+        """A GPU preset as offered: what it is, and where the flights' frames are too small for it."""
+        if preset_refusal(p, self.rows):
+            return f"{p}: {PRESET_WORDS[p]} (needs frames of {preset_rows(p)} rows; yours have {self.rows})"
+        return f"{p}: {PRESET_WORDS[p]}"
 
     def _defaults(self, new: bool) -> Choice:
         preset = "demo" if self.demo else "Auto"
@@ -275,7 +319,7 @@ class Picker:
         if preset == "Auto" and self.cpu:
             return profile().epochs(CPU_EPOCHS)
         resolved = self.auto if preset == "Auto" else preset
-        return profile().epochs(load_config(presets.preset_config_path(resolved)).train.epochs)
+        return profile().epochs(load_config(config_path(resolved)).train.epochs)
 
     def _apply(self, c: Choice, continuing: bool) -> None:
         """Show choice `c`; a continued run's held-out flights stay, marked when data/ lacks them."""
@@ -285,6 +329,13 @@ class Picker:
         self.preset.value = c.preset if c.preset in values else ("demo" if self.demo else "Auto")
         self.epochs.value = c.epochs
         self.run_name.value = c.run_name
+        if continuing and c.preset == "demo":  # a demo run: its own held-out flight, whatever data/ holds
+            held = demo_heldout(self.ws.runs / c.run_name)
+            self.heldout.options = [(f"{f} (demo)", f) for f in held] or ["(demo: 05Mar25)"]
+            self.heldout.value = tuple(held)
+            self.heldout.layout.display = None
+            self._apply_boxes(c)
+            return
         missing = [f for f in c.heldout if f not in self.found] if continuing else []
         options = [(f, f) for f in self.found] + [(f"{f} (not in data/)", f) for f in missing]
         self.heldout.options = (options if missing else list(self.found)) or ["(demo: 05Mar25)"]
@@ -292,6 +343,9 @@ class Picker:
             chosen = tuple(c.heldout) if continuing else tuple(f for f in c.heldout if f in self.found)
             self.heldout.value = chosen or tuple(f for f in self.heldout_default if f in self.found)
         self.heldout.layout.display = None if options else "none"
+        self._apply_boxes(c)
+
+    def _apply_boxes(self, c: Choice) -> None:
         self.crossval.value, self.whole_flights.value = c.crossval, c.whole_flights
         self.sweep.value = bool(c.sweep_trials)
         self.sweep_trials.value = c.sweep_trials or SWEEP_TRIALS
@@ -362,6 +416,7 @@ class Picker:
         (Google Drive may have synced since the picker was shown) and after (the run has moved on)."""
         self.found = [] if uses_demo_data(self.ws) else complete_flights(self.ws)
         self._facts.clear()
+        self.times.forget()
         if self.previous:
             choice = self.previous[0]
             self.previous = (choice, *progress(self.ws.runs / choice.run_name, choice))
@@ -376,6 +431,9 @@ class Picker:
             return flights.missing_words(finished=False) if blocked else None
         if c.preset == "demo":
             return None
+        refusal = preset_refusal(c.preset, self.rows)
+        if refusal:
+            return refusal + "."
         missing = [f for f in c.heldout if f not in self.found]
         if missing:
             return (
@@ -426,9 +484,14 @@ class Picker:
             lines.append(f'<span style="{PROBLEM_STYLE}"><b>Problem:</b> {html.escape(text)}</span>')
         if profile().picker_note():
             lines.append(f"<b>Smoke test:</b> {profile().picker_note()}")
+        lines += self._demo_news()
         lines += self._run_lines(c)
-        lines.append(self._trains_line(c, flights))
-        preset_cfg = load_config(presets.preset_config_path(c.preset))
+        if problem:  # nothing trains until it is fixed: no "Trains ..." under the red line
+            lines.append("Nothing is trained until this is fixed.")
+        else:
+            lines.append(self._trains_line(c, flights))
+            lines.append(html.escape(self._time_words(c)))
+        preset_cfg = load_config(config_path(c.preset))
         lines.append(
             "torch.compile: "
             + plan(preset_cfg.train.torch_compile, preset_cfg.train.torch_compile_mode, this_device())
@@ -448,13 +511,60 @@ class Picker:
             lines.append("Then cross-validation: one run per flight.")
         if c.sweep_trials:
             budget = c.sweep_trials * c.sweep_epochs
+            sweep_time = self._expected(c)
             lines.append(
                 f"Then a sweep: {plural(c.sweep_trials, 'trial')} of at most "
                 f"{plural(c.sweep_epochs, 'epoch')} each ({budget} epochs of training at most; poor trials "
-                f"may stop early), into <code>{html.escape(str(self.ws.runs / (c.run_name + '_sweep')))}"
+                f"may stop early"
+                + (
+                    f"; about {duration(sweep_time.epoch_s * budget)} at most"
+                    if isinstance(sweep_time, Expected) and sweep_time.epoch_s
+                    else ""
+                )
+                + f"), into <code>{html.escape(str(self.ws.runs / (c.run_name + '_sweep')))}"
                 "</code>. Optuna is installed when the sweep starts, if missing."
             )
         return "<br>".join(lines)
+
+    def _demo_news(self) -> list[str]:
+        """The user's own flights arrived after a demo run: said, with what becomes of the demo run."""
+        if not self.own_after_demo:
+            return []
+        demo_run = html.escape(self.previous[0].run_name)
+        return [
+            f"<b>Your flights are in data/ now</b> ({plural(len(self.found), 'flight')}): a new run on them "
+            f"is the default. The demo run {demo_run} is kept"
+            + (
+                ": it goes on with the demo flights, not yours."
+                if self.continuing
+                else f" (choose <i>{html.escape(self.mode.options[0][0])}</i> above to go on with it)."
+            )
+        ]
+
+    def _expected(self, c: Choice) -> Expected | str:
+        """The expected time of choice `c` as it would train (its config), or words why not yet."""
+        try:
+            cfg = load_config(*run_config(self.ws, c.preset, c.epochs, c.heldout, demo=c.preset == "demo"))
+        except CloudMLError as e:
+            return f"Expected time: not known ({e})"
+        return self.times.of(cfg, c.epochs)
+
+    def _time_words(self, c: Choice) -> str:
+        """The note's line on time: per epoch and in all (what is left of a continued run), on this device."""
+        found = self._expected(c)
+        cpu = "" if self.times.device.type == "cuda" else "No GPU here: this trains on the CPU. "
+        if isinstance(found, str):
+            return cpu + found
+        status = self.facts(c.run_name)[1]
+        done = status["epochs_completed"] if status and self.continuing else 0
+        left = Expected(found.step, found.steps_per_epoch, found.val_batches, max(0, c.epochs - done))
+        what = f"the {plural(left.epochs, 'epoch')} left" if done else "the run"
+        return cpu + left.words(what)
+
+    def expected_record(self, c: Choice) -> dict | None:
+        """What the run records of its expected time in run.json (None where it is not known yet)."""
+        found = self._expected(c)
+        return found.record(self.times.device_name) if isinstance(found, Expected) else None
 
     def _run_lines(self, c: Choice) -> list[str]:
         """Which run: continued (where it stands), kept (finished), existing or new; and its data's news."""
@@ -471,9 +581,10 @@ class Picker:
         elif (self.ws.runs / c.run_name).exists():
             unfinished, words = progress(self.ws.runs / c.run_name, c)
             out = [
-                f"Run <b>{name}</b> exists ({words}): it is continued, on its own flights"
-                + ("" if unfinished else ", and being finished, it is not trained again")
-                + "."
+                f"Run <b>{name}</b> exists ({words}): it is continued, on its own flights."
+                if unfinished
+                else f"Run <b>{name}</b> exists and is finished ({words}): the cells below show its results; "
+                "it is not trained again. Give another run name for a new run."
             ]
         else:
             out = [f"A new run <b>{name}</b>."]
@@ -489,14 +600,15 @@ class Picker:
         if status is None:
             return (
                 f"<b>Run {name} is {self.previous[2]}</b>: the cells below show its results without "
-                "training again. Raise Epochs to train it longer, or choose <i>Start a new run</i>."
+                "training again. Raise Epochs to train it longer"
+                + self._new_run_advice(", or choose <i>Start a new run</i>.")
             )
         done, planned = status["epochs_completed"], status["epochs"]
         if done < planned:  # early stopping ended it: more epochs would not train it again
             return (
                 f"<b>Run {name} stopped early at epoch {done} of {planned}</b> (its validation score no "
-                "longer improved): the cells below show its results; more epochs do not train it again. "
-                "Choose <i>Start a new run</i> for another."
+                "longer improved): the cells below show its results; more epochs do not train it again."
+                + self._new_run_advice(" Choose <i>Start a new run</i> for another.")
             )
         if c.epochs > planned:
             return (
@@ -507,12 +619,18 @@ class Picker:
             )
         return (
             f"<b>Run {name} is finished ({plural(done, 'epoch')})</b>: the cells below show its results "
-            f"without training again. Raise Epochs above {planned} to train it longer, or choose "
-            "<i>Start a new run</i>."
+            f"without training again. Raise Epochs above {planned} to train it longer"
+            + self._new_run_advice(", or choose <i>Start a new run</i>.")
         )
 
+    def _new_run_advice(self, words: str) -> str:
+        """`words` (advice to start a new run) where a new run could train; else why it could not."""
+        if self.demo or len(self.found) >= 2:
+            return words
+        return ". A new run needs two flights in data/ (one to train on, one held out)."
+
     def _trains_line(self, c: Choice, flights: RunFlights | None) -> str:
-        config = presets.PRESET_FILES[c.preset]
+        config = presets.PRESET_FILES["demo" if c.preset == SMALL else c.preset]
         held = ", ".join(c.heldout) or "none (choose one)"
         if c.preset == "demo":
             data = "the demo flights"

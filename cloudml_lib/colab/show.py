@@ -25,7 +25,6 @@ from cloudml_lib.core import device
 from cloudml_lib.core.compile import plan, this_device
 from cloudml_lib.core.memory import GIB
 from cloudml_lib.core.rundir import format_status, run_status
-from cloudml_lib.science.evaluate import format_report
 
 
 def in_notebook() -> bool:
@@ -99,9 +98,13 @@ def user_errors(fn):
 
 
 @user_errors
-def show_presets() -> None:
+def show_presets(ws=None) -> None:
     """The presets with their GPU memory: estimated from the model (presets.preset_memory), and measured
-    beside it where the GPU benchmark has measured it."""
+    beside it where the GPU benchmark has measured it, and where a run of yours (`ws`'s runs) with the
+    preset's step ran on this kind of device (core/timing.py: run.json's "measured")."""
+    from cloudml_lib.core.estimate import StepShape
+    from cloudml_lib.core.timing import device_name, peak_words, signature
+
     gpu = presets.measured_gpu()
     reserved = {
         k: v.get("peak_reserved_gib") for k, v in gpu.get("presets", {}).items() if isinstance(v, dict)
@@ -122,6 +125,10 @@ def show_presets() -> None:
         )
         if isinstance(reserved.get(name), (int, float)):
             mem += f"; {reserved[name]:.1f} GiB reserved, measured {where}"
+        if ws is not None and isinstance(cfg.train.batch_size, int):
+            sig = signature(StepShape.of(cfg, None), cfg.train.batch_size)
+            yours = peak_words(ws.runs, device_name(device), sig)
+            mem += f"; {yours}" if yours else ""
         rows.append(
             [
                 name,
@@ -178,9 +185,11 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    from cloudml_lib.science.report import with_verdict
+    from cloudml_lib.science.report import held_out_section
 
-    print(format_report(with_verdict(report)))  # the verdict too for a run evaluated before verdicts
+    # Markdown tables and the verdicts in sentences (a monospace block wrapped them mid-word); the verdict
+    # is added for a run evaluated before verdicts existed
+    show_markdown("\n".join(held_out_section(report)[2:]))
     scatter = run_dir / "plots" / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image

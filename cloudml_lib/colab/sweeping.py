@@ -20,11 +20,12 @@ import sys
 from pathlib import Path
 
 from cloudml_lib.base.errors import install_command
-from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab.drive import Workspace, run_config
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import plural, show, show_markdown, show_report, user_errors
+from cloudml_lib.commands.compare import metric_words, numbered_folders
 from cloudml_lib.core.rundir import is_finished as finished
 
 OPTUNA = "optuna>=4.0"  # as pyproject.toml's extras
@@ -97,7 +98,7 @@ def trials_html(folder: Path, asked: int) -> str:
         if info["state"] == "failed" and info.get("note"):
             state += f": {info['note']}"
         cells = [
-            info["number"],
+            f"{info['number'] + 1} (trials/{info['number']})",
             ", ".join(f"{k} = {_value(v)}" for k, v in info["params"].items()),
             state,
             "-" if info.get("value") is None else f"{info['value']:.4g}",
@@ -105,7 +106,9 @@ def trials_html(folder: Path, asked: int) -> str:
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
     if not rows:
         return "<i>No trial has started yet.</i>"
-    head = "".join(f"<th>{h}</th>" for h in ("trial", "values", "state", html.escape(metric)))
+    head = "".join(
+        f"<th>{h}</th>" for h in ("trial (folder)", "values", "state", html.escape(metric_words(metric)))
+    )
     return (
         f"<b>Trials</b>: {len(rows)} of {asked} started.<table><tr>{head}</tr>" + "".join(rows) + "</table>"
     )
@@ -128,7 +131,7 @@ class SweepView(LiveView):
         started = TRIAL.match(text)
         if started:  # a new trial: a run of its own, with its own bar and curves
             number, k, n = (int(x) for x in started.groups())
-            self.trial = f"trial {number} ({k} of {n})"
+            self.trial = f"trial {k} of {n} (trials/{number})"  # counted from 1; the folder from 0
             self.run_dir = self.folder / "trials" / str(number)
             self.metrics_path = self.run_dir / "metrics.jsonl"  # where live.py reads the curves
             self.progress, self.metrics_size, self.shown_epochs = {}, -1, 0

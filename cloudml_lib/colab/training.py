@@ -26,6 +26,7 @@ from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
 from cloudml_lib.core.checkpoint import find_checkpoints
 from cloudml_lib.core.rundir import is_finished as finished
+from cloudml_lib.core.timing import EXPECTED_ENV
 
 
 def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:
@@ -99,7 +100,9 @@ def train(ws: Workspace, picker: Picker) -> Path:
         "The interrupt button (&#9632;) stops it at the next step with a checkpoint."
     )
     view = LiveView(run_dir)
-    code = run_live(cmd, view)
+    picker.times.wait(60)  # a step still being timed (seconds): its figure goes with the run
+    expected = picker.expected_record(c)  # kept in run.json beside what the epochs take
+    code = run_live(cmd, view, {EXPECTED_ENV: json.dumps(expected)} if expected else None)
     picker.recheck()  # the note above says where the run stands now
     report_end(code, view, "training", run_dir)
     return run_dir

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from cloudml_lib.base import tables
-from cloudml_lib.base.config import NEW, resume_rules
+from cloudml_lib.base.config import NEW, conv_channels, resume_rules
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
@@ -185,7 +185,7 @@ def differing_settings(rows: list[dict]) -> list[str]:
     Only settings that change what a run computes count (resume rule "must stay the same"): where files
     live, logging, checkpoints, the device and the planned epochs (its own column) are bookkeeping, which
     would push the metrics off the screen in a sweep."""
-    flat = [flatten_keys(r["config"]) for r in rows if r["config"] is not None]
+    flat = [settings_of(r["config"]) for r in rows if r["config"] is not None]
     keys = sorted(set().union(*flat)) if flat else []
     rules = resume_rules()
     return [
@@ -195,6 +195,15 @@ def differing_settings(rows: list[dict]) -> list[str]:
         and rules.get(k) != NEW
         and len({json.dumps(f.get(k)) for f in flat}) > 1
     ]
+
+
+def settings_of(config: dict) -> dict:
+    """A run's settings, flat ("model.channels"), as the run used them: channels left empty (chosen by
+    model.memory_optimized) shown as the channels the model has, never as []."""
+    flat = flatten_keys(config)
+    if flat.get("model.channels") == []:
+        flat["model.channels"] = conv_channels([], bool(flat.get("model.memory_optimized")))
+    return flat
 
 
 def _cell(value) -> str:
@@ -228,7 +237,7 @@ def format_comparison(rows: list[dict]) -> str:
     ]
     body = []
     for r in rows:
-        flat = flatten_keys(r["config"]) if r["config"] is not None else None
+        flat = settings_of(r["config"]) if r["config"] is not None else None
         cells = [
             r["run"],
             r.get("held_out", "?"),
@@ -271,6 +280,23 @@ def complete_trials(study) -> list:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
+def metric_words(metric: str) -> str:
+    """A metric's name as the tables say it (mae_km: "MAE (km)")."""
+    return dict(METRIC_COLUMNS).get(metric, metric)
+
+
+def best_verdict(trial_dir: Path, space) -> str | None:
+    """The best trial judged as a run is (science.report.verdict: does it beat predicting the training mean?),
+    from its own evaluation; None where it has none (a cross-validation objective, or not evaluated)."""
+    from cloudml_lib.science.report import verdict
+
+    if space.objective != "held_out":
+        return None
+    report = RunFiles(trial_dir).evaluation()
+    said = verdict(report) if report else None
+    return said.replace("Verdict:", "Verdict on the best trial:", 1) if said else None
+
+
 def sweep_summary(study, space) -> dict:
     trials = [
         {
@@ -307,10 +333,15 @@ def _optuna_figure(kind: str, study, path: Path, metric: str) -> str | None:
         warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
         try:
             if kind == "history":
-                ax = ovm.plot_optimization_history(study, target_name=metric)
+                ax = ovm.plot_optimization_history(study, target_name=metric_words(metric))
+                from matplotlib.ticker import MaxNLocator
+
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials 0, 1: never 0.2, 0.4
             else:
                 ax = ovm.plot_param_importances(
-                    study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), target_name=metric
+                    study,
+                    evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                    target_name=metric_words(metric),
                 )
         except (ValueError, RuntimeError, ImportError) as e:
             return f"not drawn yet ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
@@ -338,11 +369,13 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
     if summary["best"]:
         b = summary["best"]
         lines += [
-            f"Best: trial {b['number']}, {space.metric} {b['value']:.4g}, with "
+            f"Best: trial {b['number']}, {metric_words(space.metric)} {b['value']:.4g}, with "
             + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items())
             + ".",
             "",
         ]
+        said = best_verdict(run_dir / "trials" / str(b["number"]), space)
+        lines += [said, ""] if said else []
     lines += ["## Trials", "", format_comparison(trial_rows(run_dir, "."))]
     lines += ["", "## Optimisation history", ""]
     reason = _optuna_figure("history", study, run_dir / "plots" / "optimization_history.png", space.metric)

@@ -10,6 +10,8 @@
                   model (measured by the batch probe, computed from the model on fake tensors)
 - distributed.py  several processes (torchrun);  compile.py  torch.compile from outside;
                   recovery.py  out-of-memory and compile failures recovered from
+- timing.py       how long a run will take (an earlier run's measurement, timed steps, or the FLOPs) and
+                  what its epochs took (run.json)
 - inference.py    a model over many windows (each frame encoded once) and the Evaluator;
                   metrics.py  the metrics of heights and cloud flags, the same during and after training
 

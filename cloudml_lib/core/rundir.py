@@ -388,21 +388,61 @@ def check_resume_config(cfg, saved: dict) -> None:
             )
 
 
-def check_data_fingerprint(saved: dict | None, current: dict) -> None:
-    """Refuse to continue a run on data whose content changed (flights, samples, labels, frames)."""
+def recorded_files(run_dir: Path) -> dict[str, dict]:
+    """Flight -> {role: SHA-256} of the files the run in `run_dir` started from (its provenance.json)."""
+    from cloudml_lib.core.provenance import read_run_provenance
+
+    flights = (read_run_provenance(run_dir) or {}).get("flights") or {}
+    out = {}
+    for name, info in flights.items() if isinstance(flights, dict) else []:
+        files = info.get("files") if isinstance(info, dict) else None
+        if isinstance(files, dict):
+            out[name] = {r: f.get("sha256") for r, f in files.items() if isinstance(f, dict)}
+    return out
+
+
+def _same_files(name: str, saved: dict, current: dict, recorded: dict) -> bool:
+    """Whether flight `name`'s files are the ones the run started from, by their SHA-256 (the checkpoint's
+    record, else the run's provenance.json); False where that cannot be told."""
+    before = saved.get("files") or recorded.get(name)
+    now = current.get("files")
+    return bool(before) and bool(now) and all(before.get(r) and before.get(r) == now.get(r) for r in now)
+
+
+def check_data_fingerprint(saved: dict | None, current: dict, recorded: dict | None = None) -> None:
+    """Refuse to continue a run on data whose content changed (flights, samples, labels, frames). Where a
+    flight's files are the very ones the run started from (`recorded`: flight -> {role: SHA-256}, from the
+    run's provenance.json), the reader changed, not the data: said so, with the advice that can help."""
     if saved is None:
         log.info("This checkpoint predates data fingerprints: the data is not compared")
         return
+    recorded = recorded or {}
     changes = [f"flight {n}: gone" for n in saved if n not in current]
     changes += [f"flight {n}: new" for n in current if n not in saved]
+    reread = []
     for n in sorted(set(saved) & set(current)):
         a, b = saved[n], current[n]
-        if a["samples"] != b["samples"]:
-            changes.append(f"flight {n}: {a['samples']} samples in the checkpoint, {b['samples']} now")
-        elif a["sha256"] != b["sha256"]:
-            changes.append(
-                f"flight {n}: same number of samples, different content (labels, angles or frames)"
-            )
+        if a["samples"] == b["samples"] and a["sha256"] == b["sha256"]:
+            continue
+        what = (
+            f"{a['samples']} samples in the checkpoint, {b['samples']} now"
+            if a["samples"] != b["samples"]
+            else "same number of samples, different content (labels, angles or frames)"
+        )
+        if _same_files(n, a, b, recorded):
+            reread.append(n)
+            what += "; its files are unchanged (the same SHA-256 as when the run started)"
+        changes.append(f"flight {n}: {what}")
+    if changes and reread and len(reread) == len(changes):
+        raise CloudMLError(
+            "this run cannot continue on this version of CloudML:\n  - "
+            + "\n  - ".join(changes)
+            + "\nThe files are the original ones: what changed is how CloudML reads them (a reader was "
+            "corrected since the run was saved, e.g. fill values in an ICARTT nav file are no longer taken "
+            "as angles). Continuing would train one model on two readings of the same flights. The run's "
+            "checkpoints and best.pt stay usable (evaluate, predict); use another --run-dir for a new run "
+            "on today's reading. Nothing was changed."
+        )
     if changes:
         raise CloudMLError(
             "the data differs from the data this run was trained on:\n  - "

@@ -303,9 +303,14 @@ def found_rows(found: list[FoundFlight]) -> list[list[str]]:
     ]
 
 
-def _removed(counts: dict) -> str:
-    """What each filter removed (the profiles' total is a column of its own)."""
-    return ", ".join(f"{word} {counts[k]}" for k, word in REMOVED_WORDS.items() if counts.get(k)) or "none"
+def _removed(counts: dict, notes: Notes | None = None, flight: str = "") -> str:
+    """What each filter removed (the profiles' total is a column of its own); with `notes`, a list longer
+    than a cell should hold becomes its total and a numbered note (a row never grows many lines tall)."""
+    text = ", ".join(f"{word} {counts[k]}" for k, word in REMOVED_WORDS.items() if counts.get(k)) or "none"
+    if notes is None or len(text) <= NOTE_AFTER:
+        return text
+    notes.append(f"{flight}: labels removed by filter: {text}")
+    return f"{sum(counts.get(k) or 0 for k in REMOVED_WORDS)}: see note {len(notes)}"
 
 
 def _match_cells(match: dict | None) -> list[str]:
@@ -357,7 +362,7 @@ def summary_rows(
             str(c.meta["n_frames"]),
             str(c.meta["counts"]["profiles"]),
             str(c.meta["counts"]["samples"]),
-            _removed(c.meta["counts"]),
+            _removed(c.meta["counts"], notes, c.name),
         ]
         + _match_cells(c.meta.get("match"))
         + [
@@ -373,6 +378,14 @@ def summary_rows(
         + ["-", "-", "-", notes.cell("skipped", "; ".join(f.problems)), "-", "-", "-"]
         for f in skipped
     ]
+
+
+ROLES_CELLS = 4  # a row: name, the three files' cells; then frames (a number, or "-" for a flight not usable)
+
+
+def usable_in(rows: list[list[str]]) -> list[str]:
+    """The flights that check_rows found usable: those whose frames cell holds a count."""
+    return [r[0] for r in rows if len(r) > ROLES_CELLS and r[ROLES_CELLS] != "-"]
 
 
 def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[str]], bool]:
@@ -401,7 +414,7 @@ def check_rows(data: DataConfig, notes: Notes | None = None) -> tuple[list[list[
                     str(labels.n_frames),
                     str(labels.counts["profiles"]),
                     str(labels.heights),
-                    _removed(labels.counts),
+                    _removed(labels.counts, notes, f.name),
                 ]
                 + _match_cells(labels.match)
                 + [flip_cell(labels.counts["no_heading"], labels.heights, labels.heading_note)]

@@ -38,7 +38,14 @@ from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.science import intervals, plots
-from cloudml_lib.science.report import METRIC_KEYS, bounds_in_words, metric_rows, verdict, write_report
+from cloudml_lib.science.report import (
+    METRIC_KEYS,
+    bounds_in_words,
+    cloud_verdict,
+    metric_rows,
+    verdict,
+    write_report,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +157,8 @@ def format_report(report: dict) -> str:
         extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
     if report.get("verdict"):
         extra += "\n\n" + report["verdict"]
+    if cloud_verdict(report):
+        extra += "\n" + cloud_verdict(report)
     return "\n".join(lines) + extra
 
 

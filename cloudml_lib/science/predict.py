@@ -276,7 +276,11 @@ def _say_counts(name: str, counts: dict) -> None:
 
 
 def cloud_and_intervals(
-    result: dict, threshold: float, calibration: dict | None, bounds: tuple[float, float] = (0.0, np.inf)
+    result: dict,
+    threshold: float,
+    calibration: dict | None,
+    bounds: tuple[float, float] = (0.0, np.inf),
+    learned: tuple[float, float] | None = None,
 ) -> None:
     """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud
     output), the height kept only under cloud and inside `bounds` (bound_heights), and its interval bounds;
@@ -293,7 +297,7 @@ def cloud_and_intervals(
             float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any() else None
         )
     result["cloud_flag"] = flag if prob is not None else None  # no cloud output: no cloud variables
-    ceiling = bound_heights(result, bounds)
+    ceiling = bound_heights(result, bounds, learned)
     result["lower"], result["upper"] = (
         intervals.bounds(result["cbh_km"], calibration) if calibration else (np.full(len(flag), np.nan),) * 2
     )
@@ -314,14 +318,20 @@ def cloud_and_intervals(
         )
 
 
-QC_INSIDE, QC_BELOW, QC_ABOVE = 0, 1, 2  # cloud_base_height_qc (products.py); -1: no height predicted
+# cloud_base_height_qc (products.py); -1: no height predicted. 3 came later: appended, so that files written
+# before keep the meanings of 0-2.
+QC_INSIDE, QC_BELOW, QC_ABOVE, QC_UNLEARNED = 0, 1, 2, 3
 
 
-def bound_heights(result: dict, bounds: tuple[float, float]) -> np.ndarray:
+def bound_heights(
+    result: dict, bounds: tuple[float, float], learned: tuple[float, float] | None = None
+) -> np.ndarray:
     """Heights that cannot be a cloud base are never given as one: below `bounds[0]` (the surface), or above
     the ceiling (the aircraft's altitude where the nav file gives it, else `bounds[1]`, data.cbh_max_km) they
     are masked (NaN) and flagged in result["cbh_qc"]; a height within float rounding of a bound is put on it.
-    Counted in result["counts"] and said in the log. Returns the ceiling per frame (km)."""
+    A height kept but outside `learned` (data.cbh_min_km to data.cbh_max_km: the labels training kept) is an
+    extrapolation: flagged QC_UNLEARNED, kept. Counted in result["counts"] and said in the log. Returns the
+    ceiling per frame (km)."""
     height, counts = result["cbh_km"], result["counts"]
     altitude = result.get("altitude_km")
     known = np.isfinite(altitude) if altitude is not None else np.zeros(height.size, bool)
@@ -331,12 +341,33 @@ def bound_heights(result: dict, bounds: tuple[float, float]) -> np.ndarray:
     qc[below], qc[above] = QC_BELOW, QC_ABOVE
     with np.errstate(invalid="ignore"):
         result["cbh_km"] = np.where(below | above, np.nan, np.clip(height, bounds[0], ceiling))
+        kept = result["cbh_km"]
+        unlearned = (
+            np.isfinite(kept) & ((kept < learned[0]) | (kept > learned[1]))
+            if learned is not None
+            else np.zeros(kept.size, bool)
+        )
+    qc[unlearned] = QC_UNLEARNED
     result["cbh_qc"], result["height_bounds"] = qc, (float(bounds[0]), float(bounds[1]))
+    if learned is not None:
+        result["learned_range"] = (float(learned[0]), float(learned[1]))
     counts.update(
         height_below_surface=int(below.sum()),
         height_above_ceiling=int(above.sum()),
         altitude_known=int(known.sum()),
     )
+    if learned is not None:
+        counts["height_outside_labels"] = int(unlearned.sum())
+    if unlearned.any():
+        log.info(
+            "flight %s: %d predicted heights lie outside %.2f-%.2f km (data.cbh_min_km to data.cbh_max_km, "
+            "the labels the model learned from): kept as extrapolations, flagged %d in cloud_base_height_qc",
+            result.get("flight", "?"),
+            int(unlearned.sum()),
+            learned[0],
+            learned[1],
+            QC_UNLEARNED,
+        )
     if below.any() or above.any():
         log.warning(
             "flight %s: %d predicted heights cannot be a cloud base and are left out (missing, flagged in "
@@ -386,6 +417,18 @@ def bounds_attributes(result: dict) -> dict:
             f"{counts['height_below_surface']} heights below the surface and "
             f"{counts['height_above_ceiling']} above the upper bound masked"
         ),
+        **(
+            {
+                "cloud_base_height_outside_labels": (
+                    f"{counts['height_outside_labels']} heights outside {result['learned_range'][0]:g}-"
+                    f"{result['learned_range'][1]:g} km (data.cbh_min_km to data.cbh_max_km: no label the "
+                    f"model learned from lies there): kept, flagged {QC_UNLEARNED} (outside_labels_range) in "
+                    "cloud_base_height_qc"
+                )
+            }
+            if "height_outside_labels" in counts and "learned_range" in result
+            else {}
+        ),
     }
 
 
@@ -427,6 +470,33 @@ def write_csv(path: Path, result: dict) -> None:
         w.writerows(products.csv_rows(result))
 
 
+def _mark_heights(ax, hours: np.ndarray, result: dict) -> None:
+    """Heights outside the labels' range (kept: extrapolations) and heights masked, drawn apart."""
+    qc = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64)
+    unlearned = qc == QC_UNLEARNED
+    if unlearned.any():  # drawn apart: heights no label the model learned from lies at
+        low, high = result.get("learned_range", (np.nan, np.nan))
+        ax.plot(
+            hours[unlearned],
+            result["cbh_km"][unlearned],
+            "x",
+            ms=4,
+            color="tab:purple",
+            label=f"outside {low:g}-{high:g} km, the labels' range (extrapolated)",
+        )
+    masked = (qc == QC_BELOW) | (qc == QC_ABOVE)
+    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
+        ax.plot(
+            hours[masked],
+            np.full(int(masked.sum()), 0.02),
+            "|",
+            ms=6,
+            color="tab:orange",
+            transform=ax.get_xaxis_transform(),
+            label="height masked (below the surface or above the bound)",
+        )
+
+
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     hours = (result["t"] - result["t"][0]) / 3600.0
     along = Figure(figsize=(11, 3.6))
@@ -458,17 +528,7 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
             label=f"{cal.get('coverage', 0):.0%} interval",
         )
     ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
-    masked = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64) > 0
-    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
-        ax.plot(
-            hours[masked],
-            np.full(int(masked.sum()), 0.02),
-            "|",
-            ms=6,
-            color="tab:orange",
-            transform=ax.get_xaxis_transform(),
-            label="height masked (below the surface or above the bound)",
-        )
+    _mark_heights(ax, hours, result)
     has = np.isfinite(result["label"])
     ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
     ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
@@ -614,7 +674,8 @@ def _predict_one(
     cfg, ckpt, out, calibration = rm.cfg, rm.ckpt, folder.out, folder.calibration
     result = predict_flight(predictor, flight, data)
     result["flight"], result["height_head"] = name, cfg.model.height_head
-    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration, height_bounds_km(cfg.data))
+    learned = (float(cfg.data.cbh_min_km), float(cfg.data.cbh_max_km))
+    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration, height_bounds_km(cfg.data), learned)
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
     nc = out / f"{name}_cbh.nc"
     paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}

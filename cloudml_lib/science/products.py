@@ -105,9 +105,14 @@ VARIABLES = (
         {
             "long_name": "quality of cloud_base_height: inside the bounds a cloud base can have (the global "
             "attribute cloud_base_height_bounds), or masked for lying below the surface or above the upper "
-            "bound (the aircraft, else data.cbh_max_km); missing where no height was predicted",
-            "flag_values": np.array([0, 1, 2], np.int8),
-            "flag_meanings": "inside_bounds below_surface_masked above_upper_bound_masked",
+            "bound (the aircraft, else data.cbh_max_km), or kept but outside the labels' range the model "
+            "learned from (data.cbh_min_km to data.cbh_max_km: an extrapolation); missing where no height "
+            "was predicted",
+            # 3 was appended later: files written before keep the meanings of 0-2
+            "flag_values": np.array([0, 1, 2, 3], np.int8),
+            "flag_meanings": (
+                "inside_bounds below_surface_masked above_upper_bound_masked outside_labels_range"
+            ),
         },
         "cbh_qc",
         None,

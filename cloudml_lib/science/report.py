@@ -78,6 +78,42 @@ def verdict(report: dict) -> str | None:
     return f"Verdict: the model beats predicting the training mean on {flights} ({_versus(model, baseline)})."
 
 
+BASELINE_WORDS = (
+    "Baselines, each fitted on the training flights only: *training mean* predicts the training labels' mean "
+    "height for every frame; *majority class* says the training flights' commoner of cloud and clear sky "
+    "everywhere; *brightness-temperature threshold* says cloud where a frame's 10th-percentile brightness is "
+    "below the threshold that classifies the training flights best. A model worth using beats them."
+)
+
+
+def cloud_verdict(report: dict) -> str | None:
+    """The cloud flag in a sentence, by the rule of the heights' verdict: the model against its baselines
+    on accuracy and ROC-AUC over all held-out frames. None without a model's cloud output to judge."""
+    cloud = report.get("cloud") or {}
+    model = (cloud.get("model") or {}).get("overall") or {}
+    if not model.get("n"):
+        return None
+    names = {"majority": "the majority class", "bt_threshold": "the brightness-temperature threshold"}
+    beaten_by = []
+    for key, words in names.items():
+        base = (cloud.get(key) or {}).get("overall") or {}
+        worse = [
+            f"{label} {model[k]:.3f} vs {base[k]:.3f}"
+            for k, label in (("accuracy", "accuracy"), ("roc_auc", "ROC-AUC"))
+            if _finite(model.get(k)) and _finite(base.get(k)) and model[k] < base[k]
+        ]
+        if worse:
+            beaten_by.append(f"{words} ({', '.join(worse)})")
+    if beaten_by:
+        return (
+            "Cloud flag: the model's cloud / no-cloud is not useful yet: "
+            + " and ".join(beaten_by)
+            + " beat it. Use that baseline's flag for now, or train longer or on more flights."
+        )
+    acc = model.get("accuracy")
+    return "Cloud flag: the model beats both baselines" + (f" (accuracy {acc:.3f})." if _finite(acc) else ".")
+
+
 def bounds_in_words(c: dict) -> str:
     """build_report's out_of_bounds count as a sentence."""
     where = (
@@ -181,7 +217,10 @@ def held_out_section(report: dict) -> list[str]:
     out += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
     out += _metrics_table(report) + [""]
     out += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
-    out += cloud_table(report) + [""] if report.get("cloud") else []
+    if report.get("cloud"):
+        out += cloud_table(report) + [""]
+        out += [cloud_verdict(report), ""] if cloud_verdict(report) else []
+    out += [BASELINE_WORDS, ""]
     out += interval_lines(report) + [""] if report.get("intervals") else []
     return out
 
@@ -260,6 +299,11 @@ def counts_in_words(c: dict | None) -> str:
             f"{masked} predicted heights could not be a cloud base and are left out (missing, flagged in "
             f"cloud_base_height_qc): {c.get('height_below_surface', 0)} below the surface, "
             f"{c.get('height_above_ceiling', 0)} above the upper bound"
+        )
+    if c.get("height_outside_labels"):
+        parts.append(
+            f"{c['height_outside_labels']} heights lie outside the labels' range the model learned from "
+            "(data.cbh_min_km to data.cbh_max_km): extrapolations, kept and flagged 3 in cloud_base_height_qc"
         )
     if c.get("cpl_cloud_agreement") is not None:
         parts.append(

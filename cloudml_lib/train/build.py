@@ -59,10 +59,12 @@ from cloudml_lib.core.rundir import (
     check_resume_config,
     clean_leftovers,
     find_resume_point,
+    recorded_files,
     resumed_config,
     truncate_metrics,
 )
 from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.core.timing import Measured, device_name, signature
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import resolve_config
@@ -121,7 +123,10 @@ def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
         for a in (c.frame_index, c.cbh_km, c.cloud, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
-        out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16]}
+        files = {
+            role: f.get("sha256") for role, f in (c.meta.get("files") or {}).items() if isinstance(f, dict)
+        }
+        out[c.name] = {"samples": len(c), "sha256": h.hexdigest()[:16], "files": files}
     return out
 
 
@@ -144,7 +149,7 @@ def claim_run_dir(
         found = find_resume_point(run_dir, resume)
         if found is not None:
             check_resume_config(cfg, found.state[Key.CONFIG])
-            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint)
+            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(run_dir))
         log.info("Flights:\n%s", flight_table)
         return found
 
@@ -223,7 +228,9 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop)
         state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
         checkpoints = Checkpoints(run_dir, cfg, dist, writer, state, metrics, parts.total_steps)
-        run_info = RunInfo(run_dir, dist, parts.compile, provenance)
+        step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
+        measured = Measured(device_name(parts.device), signature(step, cfg.train.batch_size))
+        run_info = RunInfo(run_dir, dist, parts.compile, provenance, measured)
         if dist.is_main:
             save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
         start(found, state, parts, metrics, run_info, cfg, init_from)

@@ -152,7 +152,7 @@ class Trainer:
     def run_epoch(self) -> bool:
         """Train the rest of the current epoch, validate, save; returns True when training should stop."""
         t, st = self.cfg.train, self.progress
-        epoch, t0 = st.epoch, time.time()
+        epoch, t0, step0, full = st.epoch, time.time(), st.step, st.batch == 0
         train_loss = self.train_epoch(epoch)
         val_loss, m, _ = self.validate(self.quick_val)
         memory = memory_readings(self.device)
@@ -170,6 +170,7 @@ class Trainer:
         }
         st.history.append(record)
         self.metrics.append({"kind": "epoch", **record, "memory": memory})
+        self.run_info.epoch_done(record["time_s"], st.step - step0, full, memory)
         self.events.epoch(record, format_memory(memory), self.compile.update().describe())
         cloud = "" if m.get("cloud_accuracy") is None else f" | cloud acc {m['cloud_accuracy']:.2f}"
         log.info(

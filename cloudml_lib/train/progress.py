@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.core.compile import CompileWatch
 from cloudml_lib.core.distributed import Dist
 from cloudml_lib.core.provenance import write_run_provenance
+from cloudml_lib.core.timing import Measured, expected_from_env
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +57,37 @@ class RunInfo:
     """run.json: the plan of this (re)start, for progress bars and monitors, and what torch.compile did
     (rewritten at each start, after the first step and at each epoch's end). Only rank 0 writes."""
 
-    def __init__(self, run_dir: Path, dist: Dist, watch: CompileWatch, provenance: dict):
+    def __init__(
+        self,
+        run_dir: Path,
+        dist: Dist,
+        watch: CompileWatch,
+        provenance: dict,
+        measured: Measured | None = None,
+    ):
         self.run_dir, self.dist, self.watch, self.provenance = run_dir, dist, watch, provenance
+        self.measured = measured  # what this start's epochs take (core/timing.py)
         self.plan: dict = {}
         self.compile_said = False
 
     def start(self, plan: dict, resumed: bool) -> None:
         """At set-up: the plan of this start; provenance.json when resuming or when it is missing."""
-        self.plan = dict(plan, started_at=time.time())
+        # the estimate the notebook started it from, if any: kept beside what the epochs take
+        self.plan = dict(plan, started_at=time.time(), expected=expected_from_env(os.environ))
         self.write(provenance=resumed)
+
+    def epoch_done(self, seconds: float, steps: int, full: bool, memory: dict) -> None:
+        """An epoch's time and memory into run.json's "measured" (written by the next write)."""
+        if self.measured is not None:
+            self.measured.epoch(seconds, steps, full, memory)
 
     def write(self, provenance: bool = False) -> None:
         """run.json; provenance.json too when asked or when it went missing."""
         if not self.dist.is_main:
             return
         info = dict(self.plan, compile=self.watch.update().to_dict())
+        if self.measured is not None and self.measured.record() is not None:
+            info["measured"] = self.measured.record()
         write_text(self.run_dir / "run.json", json.dumps(json_safe(info), indent=1))
         if provenance or not (self.run_dir / "provenance.json").is_file():
             write_run_provenance(self.run_dir, json_safe(self.provenance))

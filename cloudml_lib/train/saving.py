@@ -123,7 +123,7 @@ class Checkpoints:
         failed is a problem (red in the notebook), never "checkpoint saved". Returns it in a few words."""
         step = self.progress.step
         if self.failed_last is None:
-            log.warning(
+            log.info(  # the stop was asked for and its progress is saved: words, not a warning
                 "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
                 name,
                 step,

@@ -38,7 +38,7 @@ class StopRequest:
             if self.signum is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.signum = signum
-            log.warning(
+            log.info(  # a stop asked for (Ctrl-C, the notebook's stop, a scheduler): nothing is wrong
                 "%s received: stopping after the current step with a checkpoint (Ctrl-C again to stop "
                 "at once)",
                 signal.Signals(signum).name,

@@ -1,0 +1,257 @@
+"""How long a run will take, before it starts, and how long it took: seconds per training step from the best
+source there is, in this order:
+
+1. an earlier run on the same kind of device with the same step (widths, checkpointing, window, frame, batch):
+   what its epochs took (run.json's "measured", written by the trainer), said as "measured in your run X";
+2. a few timed steps here (the real model and AdamW on random inputs of the run's shape, after one warm-up
+   step; the batch capped at MEASURE_BATCH and scaled linearly, which holds on a CPU and under-counts a GPU's
+   better use of a large batch), said as measured;
+3. the step's FLOPs (core/estimate.py counts them) at a stated share of the device's peak rate, labelled as
+   an estimate.
+
+An epoch is its training steps plus its validation forwards (about a third of a training step each, the
+validation batch being twice the training batch); torch.compile is not timed (compiled steps are usually
+faster: the estimate errs long). The trainer writes what its epochs took into run.json beside the estimate the
+notebook started it from (CLOUDML_EXPECTED), so every estimate can be checked against what happened.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
+from cloudml_lib.core import estimate
+
+MEASURE_BATCH = 4  # timed steps use at most this batch (scaled to the run's): seconds, not minutes, on a CPU
+TIMED_STEPS = 2  # after one warm-up step
+FORWARD_SHARE = 1 / 3  # an inference forward against a training step (forward + backward + update)
+FLOPS_EFFICIENCY = 0.25  # the share of a GPU's peak rate a convolutional training step reaches (stated)
+EXPECTED_ENV = "CLOUDML_EXPECTED"  # the estimate a run was started from (the notebook sets it), as JSON
+EXPECTED_SHAPE = Obj(
+    {"step_s": NUM, "epoch_s": NUM, "total_s": NUM, "source": TEXT, "device": OPT_TEXT},
+    required=("step_s", "source"),
+)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per training step (one batch, optimizer included), and where the figure comes from."""
+
+    seconds: float
+    source: str  # in words: "measured here by 2 timed steps", "measured in your run X", "estimated ..."
+    measured: bool  # False: an estimate from FLOPs
+    with_validation: bool = False  # an earlier run's: its epochs' time per step, validation included
+
+
+def signature(shape: estimate.StepShape, batch: int) -> dict:
+    """What a step's time depends on (as run.json and the picker compare it)."""
+    return {
+        "channels": list(shape.channels),
+        "checkpointing": shape.checkpointing,
+        "frames": shape.frames,
+        "rows": shape.rows,
+        "cols": shape.cols,
+        "batch": int(batch),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    """The kind of device, as runs are matched by it ("Tesla T4", "CPU (2 threads)")."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).name
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def timed(shape: estimate.StepShape, batch: int, device: torch.device) -> StepTime:
+    """Seconds per training step at `batch`, from TIMED_STEPS real steps after a warm-up, at
+    min(batch, MEASURE_BATCH) and scaled linearly to `batch`."""
+    b = max(1, min(batch, MEASURE_BATCH))
+    amp = torch.float16 if device.type == "cuda" else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = estimate.model_of(shape).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(b, shape.frames, shape.rows, shape.cols, device=device)
+        scalars, target = torch.randn(b, 3, device=device), torch.randn(b, device=device)
+        scaler = torch.amp.GradScaler(device.type, enabled=amp is not None)
+
+        def step() -> None:
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                out = model(x, scalars)
+            scaler.scale((out.height.float() - target).pow(2).mean()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+
+        step()  # warm-up: first-call allocations and kernel choices
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = (time.perf_counter() - t0) / TIMED_STEPS
+    scaled = f", at batch {b} scaled to {batch}" if b != batch else ""
+    return StepTime(seconds * batch / b, f"measured here by {TIMED_STEPS} timed steps{scaled}", True)
+
+
+def from_flops(shape: estimate.StepShape, batch: int, peak_flops: float) -> StepTime | None:
+    """The step's FLOPs at FLOPS_EFFICIENCY of `peak_flops`; None where they cannot be counted."""
+    found = estimate.estimate(shape)
+    if found is None or peak_flops <= 0:
+        return None
+    seconds = found.flops_per_sample * batch / (peak_flops * FLOPS_EFFICIENCY)
+    return StepTime(
+        seconds,
+        f"estimated from the step's {found.flops_per_sample * batch / 1e12:.2f} TFLOP at "
+        f"{FLOPS_EFFICIENCY:.0%} of {peak_flops / 1e12:.0f} TFLOP/s",
+        False,
+    )
+
+
+def newest_run(runs: Path, device: str, sig: dict) -> tuple[str, dict] | None:
+    """The newest earlier run in `runs` on this kind of device with this step: (its name, its run.json's
+    "measured")."""
+    best = None
+    for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
+        measured = read_measured(run)
+        if not measured or measured.get("device") != device or measured.get("signature") != sig:
+            continue
+        when = measured.get("at", 0.0)
+        if best is None or when > best[0]:
+            best = (when, run.name, measured)
+    return None if best is None else (best[1], best[2])
+
+
+def from_runs(runs: Path, device: str, sig: dict) -> StepTime | None:
+    """The step time an earlier run on this kind of device with this step measured (newest_run)."""
+    found = newest_run(runs, device, sig)
+    if found is None:
+        return None
+    return StepTime(found[1]["step_s"], f"measured in your run {found[0]}", True, with_validation=True)
+
+
+def peak_words(runs: Path, device: str, sig: dict) -> str | None:
+    """What an earlier run with this step on this kind of device held at its peak, in words ("9.1 GiB
+    reserved on the GPU, measured in your run X"); None without one."""
+    found = newest_run(runs, device, sig)
+    peak = (found[1].get("peak_memory") or {}) if found else {}
+    if isinstance(peak.get("peak_reserved_gib"), (int, float)):
+        return f"{peak['peak_reserved_gib']:.1f} GiB reserved on the GPU, measured in your run {found[0]}"
+    if isinstance(peak.get("peak_rss_gib"), (int, float)):
+        return f"{peak['peak_rss_gib']:.1f} GiB of host memory, measured in your run {found[0]}"
+    return None
+
+
+def read_measured(run: Path) -> dict | None:
+    """run.json's "measured" of a run folder (None where absent or not what the trainer writes)."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    got = RunFiles(run).run_info().get("measured")
+    ok = isinstance(got, dict) and isinstance(got.get("step_s"), (int, float)) and got["step_s"] > 0
+    return got if ok and isinstance(got.get("signature"), dict) else None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A run's expected time: per step, per epoch (training steps + validation forwards) and in all."""
+
+    step: StepTime
+    steps_per_epoch: int | None  # None: the epoch's length is not known yet (no cache)
+    val_batches: int
+    epochs: int
+
+    @property
+    def epoch_s(self) -> float | None:
+        if self.steps_per_epoch is None:
+            return None
+        if self.step.with_validation:
+            return self.step.seconds * self.steps_per_epoch
+        # a validation forward at twice the batch: twice FORWARD_SHARE of a training step
+        return self.step.seconds * (self.steps_per_epoch + 2 * FORWARD_SHARE * self.val_batches)
+
+    @property
+    def total_s(self) -> float | None:
+        return None if self.epoch_s is None else self.epoch_s * self.epochs
+
+    def words(self, what: str = "the run") -> str:
+        label = "" if self.step.measured else " (an estimate)"
+        if self.epoch_s is None:
+            return (
+                f"Expected time: about {duration(self.step.seconds)} per training step{label} "
+                f"({self.step.source}); the epoch's length is known once the setup notebook has built "
+                "the cache."
+            )
+        return (
+            f"Expected time{label}: about {duration(self.epoch_s)} per epoch ({self.steps_per_epoch} steps "
+            f"of {duration(self.step.seconds)}), {duration(self.total_s)} for {what} ({self.step.source})."
+        )
+
+    def record(self, device: str) -> dict:
+        """What run.json keeps of it (the run's "expected")."""
+        return {
+            "step_s": self.step.seconds,
+            "epoch_s": self.epoch_s,
+            "total_s": self.total_s,
+            "source": self.step.source,
+            "device": device,
+        }
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def expected_from_env(environ) -> dict | None:
+    """The estimate the notebook started this run from (CLOUDML_EXPECTED), checked; None without one."""
+    text = environ.get(EXPECTED_ENV)
+    if not text:
+        return None
+    try:
+        return parse_json(text[:4096], EXPECTED_SHAPE)
+    except Damaged:
+        return None
+
+
+class Measured:
+    """What a run's epochs took on this start (full epochs only), for run.json's "measured"."""
+
+    def __init__(self, device: str, sig: dict):
+        self.device, self.sig, self.step_s, self.epoch_s, self.peak = device, sig, [], [], {}
+
+    def epoch(self, seconds: float, steps: int, full: bool, memory: dict) -> None:
+        if steps > 0:
+            self.step_s.append(seconds / steps)
+        if full:
+            self.epoch_s.append(seconds)
+        for k, v in memory.items():
+            if isinstance(v, (int, float)):
+                self.peak[k] = max(v, self.peak.get(k, v))
+
+    def record(self) -> dict | None:
+        if not self.step_s:
+            return None
+        return {
+            "device": self.device,
+            "signature": self.sig,
+            "step_s": statistics.median(self.step_s),
+            "epoch_s": statistics.median(self.epoch_s) if self.epoch_s else None,
+            "epochs_timed": len(self.step_s),
+            "peak_memory": dict(self.peak),
+            "at": time.time(),
+        }

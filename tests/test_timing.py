@@ -1,0 +1,142 @@
+"""How long a run will take, said before it starts and checked after (issue 45, items 3 and 10): a step timed
+here on the real model (the CPU in these tests), an earlier run's measurement on the same kind of device
+used first ("measured in your run X"), the FLOPs as a labelled estimate where nothing can be timed; the
+picker says it per epoch and in all, measuring once per choice in a thread ("measuring..."), and the run
+records the estimate beside what its epochs took (run.json)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from test_picker import TINY_PRESET, move
+
+from cloudml_lib import colab
+from cloudml_lib.colab import expected as expected_mod
+from cloudml_lib.commands import presets
+from cloudml_lib.core import estimate, timing
+from cloudml_lib.data.synthetic import make_demo_flights
+
+SHAPE = estimate.StepShape((4, 8, 8), False, None, 3, 32, 40)
+
+
+def test_a_step_is_timed_on_the_real_model_and_scaled_to_the_batch():
+    found = timing.timed(SHAPE, 8, torch.device("cpu"))
+    assert found.measured and 0 < found.seconds < 30
+    assert found.source == f"measured here by {timing.TIMED_STEPS} timed steps, at batch 4 scaled to 8"
+    small = timing.timed(SHAPE, 2, torch.device("cpu"))
+    assert small.source == f"measured here by {timing.TIMED_STEPS} timed steps"
+
+
+def test_an_epoch_is_its_steps_and_its_validation_and_an_estimate_says_so():
+    step = timing.StepTime(0.5, "measured here", True)
+    e = timing.Expected(step, steps_per_epoch=40, val_batches=6, epochs=3)
+    assert e.epoch_s == pytest.approx(0.5 * (40 + 2 * timing.FORWARD_SHARE * 6))
+    assert e.total_s == pytest.approx(3 * e.epoch_s)
+    assert e.words().startswith("Expected time: about 22 s per epoch (40 steps of 0.50 s), 66 s for the run")
+    earlier = timing.StepTime(0.5, "measured in your run r", True, with_validation=True)
+    assert timing.Expected(earlier, 40, 6, 1).epoch_s == 20  # its epochs' time already holds validation
+    guess = timing.Expected(timing.StepTime(2.0, "estimated from FLOPs", False), None, 0, 5)
+    assert "(an estimate)" in guess.words() and "once the setup notebook has built the cache" in guess.words()
+    assert [timing.duration(s) for s in (0.25, 42, 600, 7200)] == ["0.25 s", "42 s", "10 min", "2.0 h"]
+
+
+def test_the_flops_estimate_is_labelled_with_its_stated_efficiency():
+    found = timing.from_flops(SHAPE, 8, 65e12)
+    assert not found.measured and found.seconds > 0
+    assert f"at {timing.FLOPS_EFFICIENCY:.0%} of 65 TFLOP/s" in found.source
+    assert timing.from_flops(SHAPE, 8, 0.0) is None
+
+
+def test_the_run_records_its_estimate_beside_what_its_epochs_took(tiny_run):
+    """run.json's "measured": the device, the step (as the picker compares it), seconds per step and per
+    epoch, peak memory; an earlier run with the same step on this device is then the figure used."""
+    run_dir = tiny_run[0]
+    measured = timing.read_measured(run_dir)
+    assert measured is not None and measured["device"] == timing.device_name(torch.device("cpu"))
+    assert (
+        measured["step_s"] > 0 and measured["epochs_timed"] >= 1 and "peak_rss_gib" in measured["peak_memory"]
+    )
+    found = timing.from_runs(run_dir.parent, measured["device"], measured["signature"])
+    assert found.source == f"measured in your run {run_dir.name}" and found.with_validation
+    assert timing.from_runs(run_dir.parent, "Tesla T4", measured["signature"]) is None  # another device
+    other = dict(measured["signature"], batch=measured["signature"]["batch"] + 1)
+    assert timing.from_runs(run_dir.parent, measured["device"], other) is None  # another step
+
+
+def test_the_expected_time_comes_from_the_environment_checked():
+    ok = {"step_s": 0.5, "epoch_s": 20.0, "total_s": 60.0, "source": "measured here", "device": "CPU"}
+    assert timing.expected_from_env({timing.EXPECTED_ENV: json.dumps(ok)}) == ok
+    assert timing.expected_from_env({timing.EXPECTED_ENV: "[1, 2]"}) is None
+    assert timing.expected_from_env({timing.EXPECTED_ENV: "[" * 100000}) is None
+    assert timing.expected_from_env({}) is None
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    path = tmp_path / "tiny_preset.yaml"
+    path.write_text(yaml.safe_dump(TINY_PRESET))
+    monkeypatch.setattr(presets, "preset_config_path", lambda name: path)
+    monkeypatch.setattr(presets, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
+    return path
+
+
+def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_the_figure(
+    ws, shown, tmp_path, tiny, monkeypatch
+):
+    make_demo_flights(tmp_path / "all", n_flights=3, frames_per_flight=120, frame_shape=(40, 48))
+    for f in ("01Mar25", "03Mar25", "05Mar25"):
+        move(f, tmp_path / "all", ws.data / "ER2")
+    colab.build_cache(ws)
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return timing.timed(*args)
+
+    monkeypatch.setattr(expected_mod, "timed", counted)
+    p = colab.Picker(ws)
+    assert "No GPU here: this trains on the CPU. Expected time:" in p.note.value
+    p.times.wait()
+    note = p.note.value
+    assert "Expected time: about" in note and "per epoch (" in note and "for the run (measured here" in note
+    p.epochs.value = 5  # the same step: not timed again, the total follows
+    p.crossval.value = True
+    p.times.wait()
+    assert len(calls) == 1 and "for the run (measured here" in p.note.value
+    p.sweep.value = True
+    assert "at most), into" in p.note.value and "; about" in p.note.value  # the sweep's time too
+    p.sweep.value = False
+    p.epochs.value = 2
+    run_dir = colab.train(ws, p)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["expected"]["source"].startswith("measured here") and info["expected"]["total_s"] > 0
+    assert info["measured"]["step_s"] > 0
+    q = colab.Picker(ws)  # the next picker on this device: the run's own measurement, no timing
+    q.mode.value = "new"
+    q.times.wait()
+    assert f"measured in your run {run_dir.name}" in q.note.value and len(calls) == 1
+
+
+def test_an_earlier_runs_peak_memory_is_said_beside_the_presets_estimate(ws, shown, tmp_path):
+    """A run of preset C on this device recorded its peak: the preset table says it beside the estimate."""
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.colab import show
+
+    cfg = load_config(presets.preset_config_path("C"))
+    sig = timing.signature(estimate.StepShape.of(cfg, None), cfg.train.batch_size)
+    device = timing.device_name(torch.device("cpu"))
+    run = ws.runs / "my_c_run"
+    run.mkdir(parents=True)
+    measured = {"device": device, "signature": sig, "step_s": 2.0, "peak_memory": {"peak_rss_gib": 3.25}}
+    (run / "run.json").write_text(json.dumps({"measured": {**measured, "at": 1.0}}))
+    assert timing.peak_words(ws.runs, device, sig) == "3.2 GiB of host memory, measured in your run my_c_run"
+    assert timing.peak_words(ws.runs, "Tesla T4", sig) is None
+    show.show_presets(ws)
+    c_row = next(line for line in shown[-1].splitlines() if line.startswith("| C |"))
+    assert "(estimated); " in c_row
+    assert c_row.endswith("; 3.2 GiB of host memory, measured in your run my_c_run |")
+    a_row = next(line for line in shown[-1].splitlines() if line.startswith("| A |"))
+    assert "measured in your run" not in a_row  # another step
