@@ -330,6 +330,34 @@ def test_a_lost_or_damaged_journal_is_refused_and_rebuilt_only_when_asked(files,
     assert study_of(run) == study_of(reference)
 
 
+def test_stray_trial_folders_and_a_torn_journal_line_never_make_trials(files, reference, tmp_path):
+    """--rebuild-study with a stray trials/999999999 looped for ever (a failed trial per missing number),
+    trials/60 added 58 phantom trials; a journal whose last line a kill cut was accepted, then broke Optuna's
+    reader. The strays are named and left as they are; the cut line is left out, the study is the same."""
+    import shutil
+
+    cfg, space, _, _ = files
+    run = tmp_path / "sweep"
+    shutil.copytree(reference, run)
+    for number in ("999999999", "60"):
+        (run / "trials" / number).mkdir()
+        (run / "trials" / number / "notes.txt").write_text("the user's\n")
+    (run / "study.journal").unlink()
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm1", "--rebuild-study")
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout + r.stderr
+    assert "Study rebuilt from 3 trial folder(s)" in said and "999999999" in said and "60" in said
+    assert study_of(run) == study_of(reference)  # no phantom trial
+    for number in ("999999999", "60"):
+        assert (run / "trials" / number / "notes.txt").read_text() == "the user's\n"
+    with open(run / "study.journal", "ab") as f:
+        f.write(b'{"op_code": 5, "worker_id": "x", "trial_id": 1')  # a write cut by a kill: no newline
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ends in a line cut by an interruption" in r.stdout + r.stderr
+    assert study_of(run) == study_of(reference)
+
+
 def test_a_damaged_sweep_json_is_refused_naming_it(files, reference, tmp_path):
     import shutil
 
