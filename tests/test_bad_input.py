@@ -372,7 +372,7 @@ def test_commands_on_a_crossval_folder_say_which_command_fits(finished, tmp_path
     r = run_cli("status", cv)
     assert r.returncode == 0 and "cross-validation, 1 of 1 folds trained" in r.stdout, r.stderr
     r = run_cli("crossval", "--config", cfg, "--run-dir", run)
-    refused(r, "holds a training run", "not a cross-validation")
+    refused(r, "is CloudML's run folder, not a cross-validation folder", "or an existing cross-validation")
 
 
 def test_a_rewritten_ir_file_with_the_same_name_size_and_time_is_not_served_from_the_old_cache(
@@ -525,7 +525,7 @@ def test_a_fresh_unreadable_lock_is_explained(tmp_path):
 
     (tmp_path / ".lock").write_text("{not json")
     with pytest.raises(
-        CloudMLError, match=r"exists but cannot be read \(not the JSON a lock holds\).*delete "
+        CloudMLError, match=r"exists but cannot be read \(not the JSON object a lock holds: .*delete "
     ):
         RunLock(tmp_path).acquire()
     old = 1_000_000_000
