@@ -82,10 +82,16 @@ def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_confi
 
 
 def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
-    """Files of an attempt killed before its first checkpoint belong to no resume point."""
+    """Files of an attempt killed before its first checkpoint belong to no resume point. The attempt was
+    CloudML's (its marker, written before anything else): a folder of another project's tensorboard/
+    is refused instead (tests/test_ownership.py)."""
+    from cloudml_lib.base.ownership import write_marker
+    from cloudml_lib.core.rundir import RUN
+
     stale = tmp_path / "run" / "tensorboard" / "events.out.tfevents.1.host.1.0"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
+    write_marker(tmp_path / "run", RUN.name)
     train_run(tiny_config, tmp_path / "run")
     assert not stale.exists()
     assert len([p for p in stale.parent.glob("events.out.tfevents.*") if not p.name.endswith(".final")]) == 1

@@ -87,7 +87,8 @@ def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
     assert p.continuing and p.choice().heldout == ["05Mar25"]  # never silently another flight
     assert p.heldout.value == ("05Mar25",) and "05Mar25 (not in data/)" in dict(p.heldout.options)
     note = p.note.value
-    assert "Problem:" in note and "not in data/ now: 05Mar25 (held out: 05Mar25)" in note
+    assert "Problem:" in note
+    assert "not complete in data/ now: 05Mar25 is not there (held out: 05Mar25)" in note
     assert "wait a minute and run this cell again" in note and "Start a new run" in note
     remembered = (ws.root / "last_run.json").read_text()
     monkeypatch.setattr(training, "run_live", forbidden)
