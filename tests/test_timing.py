@@ -10,8 +10,7 @@ import json
 
 import pytest
 import torch
-import yaml
-from test_picker import TINY_PRESET, move
+from test_picker import move, tiny_presets  # noqa: F401 (a fixture)
 
 from cloudml_lib import colab
 from cloudml_lib.colab import expected as expected_mod
@@ -74,17 +73,9 @@ def test_the_expected_time_comes_from_the_environment_checked():
     assert timing.expected_from_env({}) is None
 
 
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    path = tmp_path / "tiny_preset.yaml"
-    path.write_text(yaml.safe_dump(TINY_PRESET))
-    monkeypatch.setattr(presets, "preset_config_path", lambda name: path)
-    monkeypatch.setattr(presets, "choose_preset", lambda report: ("B", "a test GPU that fits it"))
-    return path
-
-
+@pytest.mark.usefixtures("tiny_presets")
 def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_the_figure(
-    ws, shown, tmp_path, tiny, monkeypatch
+    ws, shown, tmp_path, monkeypatch
 ):
     make_demo_flights(tmp_path / "all", n_flights=3, frames_per_flight=120, frame_shape=(40, 48))
     for f in ("01Mar25", "03Mar25", "05Mar25"):

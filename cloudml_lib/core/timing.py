@@ -72,6 +72,15 @@ def timed(shape: estimate.StepShape, batch: int, device: torch.device) -> StepTi
     """Seconds per training step at `batch`, from TIMED_STEPS real steps after a warm-up, at
     min(batch, MEASURE_BATCH) and scaled linearly to `batch`."""
     b = max(1, min(batch, MEASURE_BATCH))
+    seconds = _step_seconds(shape, b, device)
+    if device.type == "cuda":  # the kernel keeps no GPU memory that a training subprocess could use
+        torch.cuda.empty_cache()
+    scaled = f", at batch {b} scaled to {batch}" if b != batch else ""
+    return StepTime(seconds * batch / b, f"measured here by {TIMED_STEPS} timed steps{scaled}", True)
+
+
+def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> float:
+    """The time of one step at batch `b` (the model and its tensors are freed on return)."""
     amp = torch.float16 if device.type == "cuda" else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -97,9 +106,7 @@ def timed(shape: estimate.StepShape, batch: int, device: torch.device) -> StepTi
             step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        seconds = (time.perf_counter() - t0) / TIMED_STEPS
-    scaled = f", at batch {b} scaled to {batch}" if b != batch else ""
-    return StepTime(seconds * batch / b, f"measured here by {TIMED_STEPS} timed steps{scaled}", True)
+        return (time.perf_counter() - t0) / TIMED_STEPS
 
 
 def from_flops(shape: estimate.StepShape, batch: int, peak_flops: float) -> StepTime | None:
