@@ -45,6 +45,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def in_repo(text: str) -> str:
+    """Output as the results file keeps it: paths relative to the repository, never the machine's."""
+    return text.replace(f"{REPO}/", "")
+
+
 sys.path.insert(0, str(REPO))
 
 RESULTS = REPO / "benchmarks" / "results" / "gpu.json"
@@ -648,8 +655,8 @@ def item_resume(size: Size, put) -> None:
     put("resumed_exit", resumed.returncode)
     for name, p in (("uninterrupted", ref), ("resumed", resumed)):
         if p.returncode:
-            put(f"{name}_stderr", p.stderr[-1500:])
-    resumed_from = [line for line in resumed.stdout.splitlines() if "esum" in line][:2]
+            put(f"{name}_stderr", in_repo(p.stderr[-1500:]))
+    resumed_from = [in_repo(line) for line in resumed.stdout.splitlines() if "esum" in line][:2]
     put("resumed_log", resumed_from)
     if ref.returncode == 0 and resumed.returncode == 0:
         diffs = compare_states(final_state("resume_ref"), final_state("resume_killed"))
