@@ -205,6 +205,11 @@ def fits_presets(ws: Workspace) -> bool:
     return rows is None or rows >= min(preset_rows(p) for p in FIXED_PRESETS)
 
 
+def _found_config(ws: Workspace) -> Config:
+    """The config flights are found with by their file names (no file is opened): the presets'."""
+    return load_config(presets.preset_config_path("A"), [f"data.dir={ws.data}"])
+
+
 def _real_config(ws: Workspace) -> Config:
     """The config the flights in data/ are judged and cached with: preset A's, or the demo configuration's
     where the frames are too small for the presets (and for no other reason)."""
@@ -216,7 +221,7 @@ def _real_config(ws: Workspace) -> Config:
 def complete_flights(ws: Workspace) -> list[str]:
     """Names of the complete flights in the data folder (found by their file names; nothing is read)."""
     try:
-        return [f.name for f in flights.find_flights(_real_config(ws).data) if not f.problems]
+        return [f.name for f in flights.find_flights(_found_config(ws).data) if not f.problems]
     except CloudMLError:
         return []
 
@@ -328,7 +333,7 @@ def incomplete_flights(ws: Workspace) -> dict[str, str]:
     """The flights in data/ that lack a file (or whose files are wrong): name -> what, in words."""
     try:
         return {
-            f.name: "; ".join(f.problems) for f in flights.find_flights(_real_config(ws).data) if f.problems
+            f.name: "; ".join(f.problems) for f in flights.find_flights(_found_config(ws).data) if f.problems
         }
     except CloudMLError:
         return {}
