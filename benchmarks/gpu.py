@@ -615,7 +615,7 @@ def cli_run(size: Size, run: str, kill_at: str | None) -> subprocess.CompletedPr
 def final_state(run: str) -> dict:
     from cloudml_lib.core.checkpoint import find_checkpoints, load_checkpoint
 
-    return load_checkpoint(find_checkpoints(SCRATCH / run)[-1] / "state.pt")
+    return load_checkpoint(find_checkpoints(SCRATCH / run)[0] / "state.pt")  # newest first: the final one
 
 
 def compare_states(a: dict, b: dict) -> dict:

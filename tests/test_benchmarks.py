@@ -72,5 +72,5 @@ def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
     assert len(compiled["epochs"]) == 3 and not compiled["compile_at_end"]["fallback"]
     assert doc["precision"]["fp16_grad_scaler"]["non_finite_losses"] == 0
     assert doc["memory"]["skipped"].startswith("needs CUDA")  # out of memory is a GPU's only
-    assert doc["resume"]["killed_by_sigkill"] and doc["resume"]["bit_identical"]
+    assert doc["resume"]["killed_by_sigkill"] and doc["resume"]["bit_identical"], doc["resume"]
     assert (REPO / "benchmarks" / "results" / "gpu.json").read_bytes() == committed

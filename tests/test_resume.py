@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,7 +81,11 @@ def assert_same_run(run_dir, ref):
     best_a = torch.load(Path(run_dir) / "best.pt", weights_only=True)["model"]
     best_b = torch.load(Path(ref) / "best.pt", weights_only=True)["model"]
     assert int(best_b["cloud_fitted"]) == 1 and best_b["cloud.weight"].abs().sum() > 0  # the cloud probe too
-    assert best_a.keys() == best_b.keys() and all(torch.equal(best_a[k], best_b[k]) for k in best_b)
+    assert best_a.keys() == best_b.keys()
+    differ = {k: float((best_a[k].double() - best_b[k].double()).abs().max()) for k in best_b}
+    assert not any(differ.values()) and all(torch.equal(best_a[k], best_b[k]) for k in best_b), {
+        k: d for k, d in differ.items() if d
+    }
     assert metrics(run_dir) == metrics(ref)
     evaluations = [json.loads((Path(d) / "evaluation.json").read_text()) for d in (run_dir, ref)]
     assert evaluations[0] == evaluations[1]  # the end of the run, killed or not, writes the same
@@ -116,6 +121,9 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     assert ("Resumed from step" in resumed.stdout) == (kill_at != "step:2")
     if kill_at.startswith("commit-renamed"):
         assert "rejected 1 checkpoint(s)" in resumed.stdout and "not committed" in resumed.stdout
+    # an end killed after its probe was fitted keeps that probe (fitted once): no second pass over the flights
+    kept = "Cloud / no-cloud output: the one fitted for step 18, kept from"
+    assert (kept in resumed.stdout) == kill_at.startswith(("probe", "end")), resumed.stdout[-3000:]
     assert_same_run(run, ref)
 
 
@@ -126,6 +134,26 @@ def test_killed_twice_still_bit_identical(setup, tmp_path):
     assert train(cfg, run, kill_at="step:8").returncode == -signal.SIGKILL
     assert train(cfg, run).returncode == 0
     assert_same_run(run, ref)
+
+
+def test_a_probe_fitted_for_another_step_is_fitted_again(setup, tmp_path):
+    """best.pt's probe is kept only by the end it was fitted for: one recorded for another step (a run trained
+    further since) or not recorded (an earlier release) is fitted again, the same as a first fit."""
+    cfg, ref, _ = setup
+    for stored in (5, None):
+        run = tmp_path / f"run-{stored}"
+        shutil.copytree(ref, run)
+        best = torch.load(run / "best.pt", weights_only=True)
+        best["model"]["cloud.weight"].fill_(0.5)  # a probe that is not this end's
+        best.pop("probe_step") if stored is None else best.update(probe_step=stored)
+        torch.save(best, run / "best.pt")
+        (run / "evaluation.json").unlink()  # the end pending again
+        r = train(cfg, run)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "kept from" not in r.stdout and "Cloud / no-cloud output fitted" in r.stdout
+        again, first = (torch.load(d / "best.pt", weights_only=True) for d in (run, ref))
+        assert again["probe_step"] == first["probe_step"] == 18
+        assert all(torch.equal(again["model"][k], first["model"][k]) for k in first["model"])
 
 
 def test_status_of_an_interrupted_run(setup, tmp_path):

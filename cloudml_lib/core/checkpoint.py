@@ -69,6 +69,7 @@ class Key:
         "val_loss",
         "train_mean_km",
     )
+    PROBE_STEP = "probe_step"  # best.pt: the final step of the training whose end fitted its cloud probe
 
 
 # The pieces of a run's state, each its state_dict() under its key (train/state.py: stateful)

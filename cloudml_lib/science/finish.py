@@ -93,7 +93,7 @@ def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
     batch = progress.get("eval_batch_size") or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
-        fit_cloud_probe(evaluator, held, run_dir / "best.pt", dist)
+        fit_cloud_probe(evaluator, held, run_dir / "best.pt", dist, progress["step"])
     scored = score(evaluator, held.val_set)
     has = held.val_set.has_height()
     names = ", ".join(c.name for c in held.val_set.caches)
@@ -152,11 +152,17 @@ def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, held: Held
         return train_mean, int(progress["epoch"])
 
 
-def fit_cloud_probe(evaluator: Evaluator, held: HeldOut, best: Path, dist: Dist) -> None:
+def fit_cloud_probe(evaluator: Evaluator, held: HeldOut, best: Path, dist: Dist, step: int) -> None:
     """model.cloud_head probe: the cloud output fitted on the loaded (best) weights' features of every frame
     of the training flights that a CPL profile matches (clear sky and cloud without a height included; no
-    augmentation), put in the model and into best.pt. Deterministic: an end run again fits the same."""
+    augmentation), put in the model and into best.pt with the final `step` of the training it ends. Fitted
+    once: an end interrupted after this (the probe in best.pt for this step) keeps it, with no second pass
+    over the training flights; best.pt of an earlier end (a run trained further since) is fitted again."""
     model, frames = evaluator.model, held.frames
+    kept = bool(int(getattr(model, "cloud_fitted", 0))) and stored_probe_step(best) == step
+    if dist.from_main(kept if dist.is_main else None):  # one way for every process (the pass is shared)
+        log.info("Cloud / no-cloud output: the one fitted for step %d, kept from %s", step, best)
+        return
     t0 = time.perf_counter()
     features, _ = evaluator.outputs(frames, np.arange(len(frames)), features=True)
     flags = frames.cloud_flags()
@@ -183,8 +189,19 @@ def fit_cloud_probe(evaluator: Evaluator, held: HeldOut, best: Path, dist: Dist)
     if dist.is_main and best.exists():
         ckpt = load_checkpoint(best)
         ckpt[Key.MODEL] = to_cpu(dict(model.state_dict()))
+        ckpt[Key.PROBE_STEP] = step
         save_atomic(ckpt, best)
     faults.point("probe-fitted")
+
+
+def stored_probe_step(best: Path) -> int | None:
+    """The step best.pt's cloud probe was fitted for (None: not recorded, e.g. by an earlier release, or
+    best.pt unreadable)."""
+    try:
+        found = load_checkpoint(best).get(Key.PROBE_STEP)
+    except (CloudMLError, OSError, RuntimeError):
+        return None
+    return int(found) if isinstance(found, int) else None
 
 
 def write_end(run_dir: Path, final: Found, held: HeldOut, scored, report: dict) -> None:
