@@ -1,14 +1,17 @@
 """Both notebooks in a real browser: what nbmake cannot see (widgets rendered, the bar's fill and colour,
 Markdown tables rendered as tables, problems in red, the folded log, the page's length, tracebacks on the
-page), and two scenarios: a stop, kernel restart and Run all continuing the run; a full disk for every
-checkpoint save (red problems, never "checkpoint saved").
+page), and five scenarios, each in a JupyterLab and a CloudML folder of its own with a wall-time budget of
+its own (BUDGET_S: one stuck scenario fails alone): a stop, kernel restart and Run all continuing the run; a
+full disk for every checkpoint save (red problems, never "checkpoint saved"); the user's own flights after a
+demo run (a new run on them by default); one flight (refused in words); the cross-validation live view.
 
     python tests/browser_check.py [--python PYTHON] [--out DIR] [--notebooks colab_setup.ipynb ...]
-        [--scenarios continue disk-full]
+        [--scenarios continue disk-full own-flights one-flight crossval]
 
-starts JupyterLab from PYTHON's environment (default: this one; e.g. a venv with JupyterLab 3.6 and
-ipywidgets 7.7.1, Colab's versions) on a copy of the notebooks, drives Debian's Chromium through
-Playwright ("Run All Cells" with CLOUDML_SMOKE=1), checks the page and saves screenshots in DIR.
+starts JupyterLab from PYTHON's environment (default: this one; e.g. a venv with JupyterLab 3.6.8,
+ipywidgets 7.7.1 and IPython 7.34, Colab's versions, or one with JupyterLab 4 and ipywidgets 8) on a copy of
+the notebooks, drives Debian's Chromium through Playwright ("Run All Cells" with CLOUDML_SMOKE=1), checks the
+page and saves screenshots and browser_check.json (each scenario's problems and seconds) in DIR.
 Exit status 0 when every check passed. tests/test_browser.py runs it where Chromium, Playwright and
 JupyterLab are installed, and is skipped elsewhere.
 """
@@ -73,7 +76,11 @@ class _Hook(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _Hook())
 """
-SCENARIOS = ("continue", "disk-full")
+SCENARIOS = ("continue", "disk-full", "own-flights", "one-flight", "crossval")
+# Each scenario's wall-time budget (s): every wait in it stops there, so one stuck scenario fails alone and
+# the others still run, each in a JupyterLab and a CloudML folder of its own.
+BUDGET_S = {"continue": 1200, "disk-full": 600, "own-flights": 1200, "one-flight": 480, "crossval": 1500}
+_deadline = [float("inf")]  # the running scenario's end (time.time())
 FINAL_MARKS = {
     "colab_setup.ipynb": "Smoke test: setup checks passed",
     "colab_training.ipynb": "Smoke test passed",
@@ -196,14 +203,9 @@ PAGE_FACTS = """() => {
 
 
 def run_notebook(page, url: str, name: str, out: Path, tag: str = "") -> dict:
-    page.goto(url.format(name))
-    page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
-    page.wait_for_selector(
-        ".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-Toolbar-kernelStatus", timeout=120_000
-    )
-    time.sleep(3)  # the kernel connects
+    _open(page, url, name)
     _menu(page, "Run", "Run All Cells")
-    deadline, done, idle = time.time() + RUN_TIMEOUT_S, False, 0
+    deadline, done, idle = min(time.time() + RUN_TIMEOUT_S, _deadline[0]), False, 0
     while time.time() < deadline and not done:
         time.sleep(3)
         text = page.inner_text("body")
@@ -312,13 +314,64 @@ def _menu(page, menu: str, item: str) -> None:
 
 
 def _wait_for(page, predicate, timeout_s: float, what: str):
-    deadline = time.time() + timeout_s
+    """`predicate()` once it is true, within `timeout_s` and the scenario's budget."""
+    deadline = min(time.time() + timeout_s, _deadline[0])
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(1)
-    raise RuntimeError(f"timed out waiting for {what}")
+    budget = " (the scenario's wall-time budget ran out)" if time.time() >= _deadline[0] else ""
+    raise RuntimeError(f"timed out waiting for {what}{budget}")
+
+
+# The visible notebook's kernel is ready: JupyterLab 4's execution indicator or 3.6's kernel status, among
+# the visible ones only (a restored workspace keeps a hidden notebook's indicator first in the page).
+KERNEL_IDLE = """() => [...document.querySelectorAll(
+    '.jp-Notebook-ExecutionIndicator, .jp-Toolbar-kernelStatus')].some(e => e.offsetParent !== null &&
+    (e.getAttribute('data-status') === 'idle' || /idle/i.test(e.getAttribute('title') || '')))"""
+
+
+def _open(page, url: str, name: str) -> None:
+    """Open notebook `name` alone (the workspace reset: no notebook restored beside it), its kernel ready."""
+    page.goto(url.format(name) + "&reset")
+    page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
+    try:
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    except Exception:  # noqa: BLE001 - a theme without either indicator: the kernel gets its seconds below
+        pass
+    time.sleep(3)  # the kernel connects
+
+
+def _busy(page) -> bool:
+    return bool(page.query_selector_all(".jp-InputArea-prompt:has-text('[*]')"))
+
+
+def _wait_idle(page, timeout_s: float, what: str) -> None:
+    """No cell running for 5 polls in a row (a notebook that ran to its end or stopped at an error)."""
+    quiet = [0]
+
+    def idle():
+        quiet[0] = 0 if _busy(page) else quiet[0] + 1
+        return quiet[0] >= 5
+
+    _wait_for(page, idle, timeout_s, what)
+
+
+def _cell_text(page, code: str) -> str:
+    """The text of the first code cell whose source holds `code` (its outputs included)."""
+    return page.inner_text(f".jp-CodeCell:has-text('{code}')")
+
+
+def _run_cell(page, code: str) -> None:
+    cell = page.locator(f".jp-CodeCell:has-text('{code}')").first
+    cell.locator(".jp-InputArea-prompt").click()
+    page.keyboard.press("Shift+Enter")
+
+
+def _restart_and_run_all(page) -> None:
+    _menu(page, "Kernel", "Restart Kernel and Run All Cells…")  # a new kernel, as after a disconnect
+    page.click(".jp-Dialog-button.jp-mod-accept", timeout=30_000)
 
 
 def _train_label(page) -> str:
@@ -333,9 +386,7 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     """Issue 15 A1, as a user does it (not the smoke test): pick 3 epochs, train, press stop; restart the
     kernel and Run all: the picker must come back with 3 epochs and the same run, and the run continue."""
     bad = []
-    page.goto(url.format("colab_training.ipynb"))
-    page.wait_for_selector(VISIBLE_NOTEBOOK, timeout=120_000)
-    time.sleep(3)
+    _open(page, url, "colab_training.ipynb")
     _menu(page, "Run", "Run All Cells")
     _wait_for(page, lambda: "step" in _train_label(page), 300, "training to start")
     _menu(page, "Kernel", "Interrupt Kernel")  # stop the default run: a checkpoint is saved
@@ -357,8 +408,7 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     _menu(page, "Kernel", "Interrupt Kernel")
     _wait_for(page, lambda: "stopped" in _train_label(page), 120, "the second stop")
     page.screenshot(path=str(out / "continue-1-stopped.png"), full_page=True)
-    _menu(page, "Kernel", "Restart Kernel and Run All Cells…")  # a new kernel, as after a disconnect
-    page.click(".jp-Dialog-button.jp-mod-accept", timeout=30_000)
+    _restart_and_run_all(page)
     _wait_for(page, lambda: "finished" in _train_label(page), 600, "the continued run to finish")
     note = page.inner_text(".jp-CodeCell:has-text('colab.preset_picker(ws)')")
     value = page.locator(".jp-OutputArea input[type='number']").first.input_value()
@@ -401,34 +451,238 @@ def scenario_disk_full(page, url: str, out: Path) -> list[str]:
     return bad
 
 
-def _in_lab(python: str, root: Path, out: Path, scenario, smoke: bool, pythonpath: str = "") -> dict:
-    """Run `scenario(page, url, out)` in a JupyterLab of its own; its problems (a timeout is one, with a
-    screenshot)."""
+def _picker_facts(page) -> dict:
+    """The picker as shown: its note, the run mode pressed, the held-out list's options."""
+    cell = ".jp-CodeCell:has-text('colab.preset_picker(ws)')"
+    return {
+        "note": page.inner_text(cell),
+        "mode": page.eval_on_selector_all(
+            f"{cell} .widget-toggle-button.mod-active", "xs => xs.map(x => x.textContent.trim())"
+        ),
+        "heldout": page.eval_on_selector_all(
+            f"{cell} select[multiple] option", "xs => xs.map(x => x.textContent.trim())"
+        ),
+    }
+
+
+def _make_flights(ctx, n: int) -> list[str]:
+    """`n` flights of the user's own (the real file layout, frames the demo configuration takes) copied into
+    the CloudML folder's data/ER2 as a user would; their names."""
+    made = ctx.root / "made-flights"
+    if not made.is_dir():
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        subprocess.run(
+            [ctx.python, "-m", "cloudml_lib", "make-demo-data", "--out", str(made), "--flights", "5"]
+            + ["--frames", "160"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+    names = sorted(d.name for d in made.iterdir() if d.is_dir())[:n]
+    for name in names:
+        shutil.copytree(made / name, ctx.root / "CloudML" / "data" / "ER2" / name)
+    return names
+
+
+def _stop_training(page, what: str) -> None:
+    """■ on the running Train cell (Interrupt Kernel), then the notebook's remaining cells run out."""
+    _menu(page, "Kernel", "Interrupt Kernel")
+    _wait_for(page, lambda: "stopped" in _train_label(page), 120, f"the stop of {what}")
+    _wait_idle(page, 180, "the notebook after the stop")
+
+
+def scenario_own_flights(page, url: str, out: Path, ctx) -> list[str]:
+    """Issue 45 item 2 as a user meets it: a demo run stopped; four flights of their own copied into data/;
+    setup Run all shows them; training Restart and Run all: a new run on them is the default (not "Continue
+    demo"), the demo run kept and offered, the held-out list the user's flights, and the new run trains."""
+    bad = []
+    _open(page, url, "colab_training.ipynb")
+    _menu(page, "Run", "Run All Cells")
+    _wait_for(page, lambda: "step" in _train_label(page), 300, "the demo run to start")
+    _stop_training(page, "the demo run")
+    names = _make_flights(ctx, 4)
+    _open(page, url, "colab_setup.ipynb")
+    _menu(page, "Run", "Run All Cells")
+    _wait_for(page, _busy, 60, "the setup notebook to start")
+    _wait_idle(page, 600, "the setup notebook")
+    setup = page.evaluate(PAGE_FACTS)
+    page.screenshot(path=str(out / "own-flights-1-setup.png"), full_page=True)
+    bad += [f"setup: {b}" for b in judge_tables_and_notices(setup)]
+    if setup["tracebacks"]:
+        bad.append(f"setup: {setup['tracebacks']} traceback(s) on the page")
+    missing = [n for n in names if n not in setup["text"]]
+    if missing:
+        bad.append(f"setup's flight table does not show the user's flights {missing}")
+    if "Setup done" not in setup["text"]:
+        bad.append("setup does not end with 'Setup done' for four usable flights")
+    _open(page, url, "colab_training.ipynb")
+    _restart_and_run_all(page)
+    _wait_for(page, lambda: _picker_facts(page)["mode"], 180, "the picker")
+    picker = _picker_facts(page)
+    if "Your flights are in data/ now" not in picker["note"]:
+        bad.append(f"the picker's note does not speak of the user's flights: {picker['note'][:400]!r}")
+    if "The demo run demo is kept" not in picker["note"]:
+        bad.append("the picker's note does not say the demo run is kept")
+    if picker["mode"] != ["Start a new run"]:
+        bad.append(f"the picker's default is {picker['mode']}, not a new run on the user's flights")
+    if not picker["heldout"] or any("demo" in o or o not in names for o in picker["heldout"]):
+        bad.append(f"the held-out list shows {picker['heldout']}, not the user's flights {names}")
+    _wait_for(page, lambda: "step" in _train_label(page), 420, "the new run to start")
+    train_text = _cell_text(page, "colab.train(ws, picker)")
+    if "Resumed from step" in train_text or "Continuing run demo" in train_text:
+        bad.append("the Train cell continued the demo run instead of a new run on the user's flights")
+    _stop_training(page, "the new run")
+    facts = page.evaluate(PAGE_FACTS)
+    page.screenshot(path=str(out / "own-flights-2-training.png"), full_page=True)
+    bad += judge_tables_and_notices(facts)
+    if facts["tracebacks"] or facts["widget_errors"]:
+        bad.append(f"{facts['tracebacks']} traceback(s), {facts['widget_errors']} widget error(s)")
+    return bad
+
+
+def scenario_one_flight(page, url: str, out: Path, ctx) -> list[str]:
+    """Issue 45 item 6: one flight in data/. Setup says it is not finished (no "Setup done"); the picker says
+    the problem once, in red, and nothing under it says what would be trained; the Train cell refuses in
+    words, with no traceback."""
+    bad = []
+    (name,) = _make_flights(ctx, 1)
+    _open(page, url, "colab_setup.ipynb")
+    _menu(page, "Run", "Run All Cells")
+    _wait_for(page, _busy, 60, "the setup notebook to start")
+    _wait_idle(page, 300, "the setup notebook")
+    setup = page.evaluate(PAGE_FACTS)
+    page.screenshot(path=str(out / "one-flight-1-setup.png"), full_page=True)
+    if "Setup is not finished: training needs a second flight" not in setup["text"]:
+        bad.append("setup does not say it is not finished for want of a second flight")
+    if "Setup done" in setup["text"]:
+        bad.append("setup says 'Setup done' with one flight")
+    if name not in setup["text"]:
+        bad.append(f"setup's table does not show the flight {name}")
+    bad += [f"setup: {b}" for b in judge_tables_and_notices(setup)]
+    _open(page, url, "colab_training.ipynb")
+    _menu(page, "Run", "Run All Cells")
+    _wait_for(page, _busy, 60, "the training notebook to start")
+    _wait_idle(page, 240, "the training notebook")
+    facts = page.evaluate(PAGE_FACTS)
+    page.screenshot(path=str(out / "one-flight-2-training.png"), full_page=True)
+    note = _picker_facts(page)["note"]
+    if "Only one complete flight" not in note or "Nothing is trained until this is fixed" not in note:
+        bad.append(f"the picker does not refuse one flight in words: {note[:400]!r}")
+    if "Trains preset" in note:
+        bad.append("under its problem the picker still says what it trains")
+    if "Add a second flight" not in _cell_text(page, "colab.train(ws, picker)"):
+        bad.append("the Train cell does not say to add a second flight")
+    if not any(n["kind"] == "problem" for n in facts["notices"]):
+        bad.append("no problem on the page is said in red")
+    if facts["tracebacks"]:
+        bad.append(f"{facts['tracebacks']} traceback(s) on the page for a refusal in words")
+    bad += judge_tables_and_notices(facts)
+    return bad
+
+
+def scenario_crossval(page, url: str, out: Path, ctx) -> list[str]:
+    """The cross-validation cell's live view (smoke flights): after the smoke run, the box ticked and the cell
+    run, the view follows each fold ("fold k of n (FLIGHT held out)"), and its table renders; no red, no
+    traceback."""
+    facts = run_notebook(page, url, "colab_training.ipynb", out, tag="crossval-1-smoke")
+    if not facts["finished"]:
+        return ["the smoke run did not finish, so cross-validation was not started"]
+    tables_before = facts["tables"]
+    page.get_by_text("Then cross-validate").first.click()  # the box's label ticks it
+    time.sleep(2)  # the widget syncs its value to the (idle) kernel
+    _run_cell(page, "colab.crossval(ws, picker, run_dir)")
+    folds: set[str] = set()
+
+    def fold_labels():
+        labels = page.eval_on_selector_all(
+            ".widget-html-content, .widget-html", "xs => xs.map(x => x.textContent)"
+        )
+        folds.update(m.group(0) for x in labels if (m := re.search(r"fold \d+ of \d+ \([^)]*\)", x)))
+        return folds
+
+    _wait_for(page, fold_labels, 300, "the first fold")
+    quiet = [0]
+
+    def done():
+        fold_labels()
+        quiet[0] = 0 if _busy(page) else quiet[0] + 1
+        return quiet[0] >= 5
+
+    _wait_for(page, done, BUDGET_S["crossval"], "cross-validation to finish")
+    facts = page.evaluate(PAGE_FACTS)
+    page.screenshot(path=str(out / "crossval-2-done.png"), full_page=True)
+    bad = judge_tables_and_notices(facts)
+    counts = {int(re.search(r"of (\d+)", f).group(1)) for f in folds}
+    seen = sorted({int(re.search(r"fold (\d+)", f).group(1)) for f in folds})
+    if len(counts) != 1 or not seen or seen[0] != 1:
+        bad.append(f"the live view's folds: {sorted(folds)}")
+    elif len(seen) < 2:
+        bad.append(f"the live view followed one fold only: {sorted(folds)}")
+    if facts["tables"] <= tables_before:
+        bad.append("no cross-validation table rendered after the folds")
+    if facts["tracebacks"] or facts["widget_errors"]:
+        bad.append(f"{facts['tracebacks']} traceback(s), {facts['widget_errors']} widget error(s)")
+    return bad
+
+
+# name: (the scenario, smoke mode, a label for the results)
+SCENARIO_RUNS = {
+    "continue": (lambda page, url, out, ctx: scenario_continue(page, url, out), False,
+                 "continue after stop and restart"),
+    "disk-full": (lambda page, url, out, ctx: scenario_disk_full(page, url, out), True,
+                  "a full disk at every checkpoint save"),
+    "own-flights": (scenario_own_flights, False, "own flights after a demo run"),
+    "one-flight": (scenario_one_flight, False, "one flight"),
+    "crossval": (scenario_crossval, True, "cross-validation live view"),
+}  # fmt: skip
+
+
+def _in_lab(python: str, base: Path, out: Path, name: str) -> dict:
+    """Scenario `name` in a JupyterLab and a folder of its own, within its wall-time budget; its problems (a
+    timeout is one, with a screenshot) and how long it took."""
+    from types import SimpleNamespace
+
     from playwright.sync_api import sync_playwright
 
-    what = scenario.__name__.removeprefix("scenario_").replace("_", "-")
-    log = out / f"jupyterlab-{what}.log"
-    lab, url = start_lab(python, root, log, smoke=smoke, pythonpath=pythonpath)
+    scenario, smoke, _ = SCENARIO_RUNS[name]
+    root = base / name
+    root.mkdir(parents=True)
+    for nb in ("colab_setup.ipynb", "colab_training.ipynb"):
+        shutil.copy(REPO / nb, root / nb)
+    shutil.copytree(REPO / "configs", root / "configs")
+    pythonpath = ""
+    if name == "disk-full":
+        (root / "disk-full-hook").mkdir()
+        (root / "disk-full-hook" / "sitecustomize.py").write_text(DISK_FULL_HOOK)
+        pythonpath = str(root / "disk-full-hook") + os.pathsep
+    t0 = time.time()
+    _deadline[0] = t0 + BUDGET_S[name]
+    lab, url = start_lab(python, root, out / f"jupyterlab-{name}.log", smoke=smoke, pythonpath=pythonpath)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 4200})
+            page.set_default_timeout(60_000)
             try:
-                problems = scenario(page, url, out)
+                problems = scenario(page, url, out, SimpleNamespace(root=root, python=python))
             except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
-                page.screenshot(path=str(out / f"{what}-failed.png"), full_page=True)
+                page.screenshot(path=str(out / f"{name}-failed.png"), full_page=True)
                 problems = [f"{type(e).__name__}: {e}"]
             browser.close()
     finally:
+        _deadline[0] = float("inf")
         _stop(lab)
-    return {"problems": problems}
+        _stop_tensorboards(root)
+    return {"problems": problems, "seconds": round(time.time() - t0), "budget_s": BUDGET_S[name]}
 
 
 def check(python: str, out: Path, notebooks: list[str], scenarios: tuple = SCENARIOS) -> dict:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="cloudml-browser-"))
+    base = Path(tempfile.mkdtemp(prefix="cloudml-browser-"))
+    root = base / "notebooks"
+    root.mkdir()
     for name in notebooks:
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "configs", root / "configs")
@@ -450,17 +704,10 @@ def check(python: str, out: Path, notebooks: list[str], scenarios: tuple = SCENA
             browser.close()
     finally:
         _stop(lab)
-    if "continue" in scenarios:  # without the smoke test: the user's own flow
-        results["continue after stop and restart"] = _in_lab(python, root, out, scenario_continue, False)
-    if "disk-full" in scenarios and "colab_training.ipynb" in notebooks:  # last: it replaces the smoke run
-        hook = root / "disk-full-hook"
-        hook.mkdir()
-        (hook / "sitecustomize.py").write_text(DISK_FULL_HOOK)
-        results["a full disk at every checkpoint save"] = _in_lab(
-            python, root, out, scenario_disk_full, True, pythonpath=str(hook) + os.pathsep
-        )
-    _stop_tensorboards(root)
-    shutil.rmtree(root, ignore_errors=True)
+        _stop_tensorboards(root)
+    for name in scenarios:
+        results[SCENARIO_RUNS[name][2]] = _in_lab(python, base, out, name)
+    shutil.rmtree(base, ignore_errors=True)
     results["versions"] = f"server: JupyterLab {lab_version(python)}; kernel: {kernel_versions}"
     (out / "browser_check.json").write_text(json.dumps(results, indent=1))
     return results
@@ -506,7 +753,8 @@ def main() -> int:
         nargs="*",
         default=list(SCENARIOS),
         choices=SCENARIOS,
-        help="continue: stop, restart and Run all; disk-full: every checkpoint save fails (none: skip both)",
+        help="continue: stop, restart and Run all; disk-full: every checkpoint save fails; own-flights: "
+        "the user's flights after a demo run; one-flight; crossval: its live view (none: skip all)",
     )
     args = ap.parse_args()
     lacking = missing_tools(args.python)

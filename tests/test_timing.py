@@ -60,6 +60,11 @@ def test_the_run_records_its_estimate_beside_what_its_epochs_took(tiny_run):
     )
     found = timing.from_runs(run_dir.parent, measured["device"], measured["signature"])
     assert found.source == f"measured in your run {run_dir.name}" and found.with_validation
+    words = timing.measured_words(run_dir.parent, measured["device"], measured["signature"])  # the CPU's
+    assert words.endswith(
+        f"GiB of host memory, {1 / measured['step_s']:.1f} steps/s, measured in your run {run_dir.name}"
+    )
+    assert measured["estimated_need_gib"] is None  # the GPU-memory estimate is a CUDA run's
     assert timing.from_runs(run_dir.parent, "Tesla T4", measured["signature"]) is None  # another device
     other = dict(measured["signature"], batch=measured["signature"]["batch"] + 1)
     assert timing.from_runs(run_dir.parent, measured["device"], other) is None  # another step
@@ -131,3 +136,84 @@ def test_an_earlier_runs_peak_memory_is_said_beside_the_presets_estimate(ws, sho
     assert c_row.endswith("; 3.2 GiB of host memory, measured in your run my_c_run |")
     a_row = next(line for line in shown[-1].splitlines() if line.startswith("| A |"))
     assert "measured in your run" not in a_row  # another step
+
+
+def recorded_cuda_run(runs, name: str, preset: str, batch: int | None = None) -> dict:
+    """A run of `preset` on a CUDA GPU, its run.json's "measured" made of what a GPU really measured for that
+    preset: benchmarks/results/gpu.json (an NVIDIA H200 standing for a T4: fp16 + GradScaler, capped at
+    14.7 GiB), the same step at the same size. The GPU branch, tested on a machine without one."""
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.base.resources import measured as packaged
+
+    gpu = packaged("gpu")  # benchmarks/results/gpu.json, as the package holds it
+    got = gpu["presets"][preset]
+    cfg = load_config(presets.preset_config_path(preset))
+    sig = timing.signature(estimate.StepShape.of(cfg, None), batch or got["batch_size"])
+    measured = {
+        "device": gpu["device"],
+        "signature": sig,
+        "step_s": 1 / got["steps_per_s"],
+        "epoch_s": None,
+        "epochs_timed": 1,
+        "peak_memory": {k: got[k] for k in ("peak_allocated_gib", "peak_reserved_gib")},
+        "estimated_need_gib": got["estimated_need_gib"],
+        "at": 1.0,
+    }
+    (runs / name).mkdir(parents=True)
+    (runs / name / "run.json").write_text(json.dumps({"measured": measured}))
+    return {"device": gpu["device"], "sig": sig, "got": got}
+
+
+def test_a_recorded_cuda_run_is_said_beside_the_estimate_in_diagnose_and_the_setup_table(
+    tmp_path, monkeypatch
+):
+    """diagnose --runs and the setup notebook's table: beside each preset's estimate, what the user's newest
+    run with that step on this kind of device measured (peak reserved GPU memory, steps/s), "-" elsewhere."""
+    runs = tmp_path / "runs"
+    rec = recorded_cuda_run(runs, "b_on_my_gpu", "B")
+    want = f"{rec['got']['peak_reserved_gib']:.2f} GiB reserved on the GPU, "
+    want += f"{rec['got']['steps_per_s']:.1f} steps/s, measured in your run b_on_my_gpu"
+    assert timing.measured_words(runs, rec["device"], rec["sig"]) == want
+    assert timing.measured_words(runs, "Tesla T4", rec["sig"]) == "-"  # another kind of GPU
+    monkeypatch.setattr(presets, "this_device", lambda: rec["device"])
+    rows = {row[0]: row for row in presets.memory_rows(None, runs)}
+    assert rows["B"][-1] == want and rows["A"][-1] == rows["C"][-1] == "-"  # A, C: other steps
+    assert presets.memory_header(runs)[-1] == presets.YOURS and len(presets.memory_header()) == 9
+    table = presets.memory_table(None, markdown=True, runs=runs)
+    assert want in table and f"the newest run in {runs}" in table
+    from cloudml_lib.commands.cli import main
+
+    monkeypatch.setattr("sys.argv", ["cloudml"])
+    printed = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+    assert main(["diagnose", "--json", "--runs", str(runs)]) == 0
+    doc = json.loads(printed[-1])
+    b = next(r for r in doc["preset_memory"] if r["preset"] == "B")
+    assert b[presets.YOURS] == want
+
+
+def test_the_batch_probes_first_guess_is_calibrated_by_an_earlier_run_on_this_kind_of_gpu(tmp_path):
+    """train.batch_size auto on a GPU: an earlier run with the same step (any batch) on this kind of device
+    turns the estimate's need into what that GPU held; the probe's line says both guesses, the probe
+    decides."""
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.core.memory import GIB, first_guess
+
+    runs = tmp_path / "runs"
+    rec = recorded_cuda_run(runs, "b_at_24", "B", batch=24)  # the measurement at batch 16, said as at 24
+    cfg = load_config(presets.preset_config_path("B"))
+    est = estimate.estimate(estimate.StepShape.of(cfg, "float16"))
+    assert est is not None
+    any_batch = dict(rec["sig"], batch=0)
+    cal = timing.calibration(runs, rec["device"], any_batch, lambda b: est.need(b) / GIB)
+    assert cal is not None and cal.run == "b_at_24" and cal.batch == 24
+    assert cal.factor == pytest.approx(rec["got"]["peak_reserved_gib"] / (est.need(24) / GIB))
+    budget = 14.7 * GIB
+    words = first_guess(est, budget, cal)
+    plain, scaled = est.largest_batch(budget), est.largest_batch(budget / cal.factor)
+    assert words == f"; the estimate's first guess: {plain}, {scaled} as {cal.words()}"
+    assert scaled > plain  # that GPU held less than the estimate's need at 24: room for a larger batch
+    assert timing.calibration(runs, "Tesla T4", any_batch, lambda b: 1.0) is None  # another kind of GPU
+    other = dict(any_batch, channels=[32, 64, 128])
+    assert timing.calibration(runs, rec["device"], other, lambda b: 1.0) is None  # another step
+    assert first_guess(est, budget) == f"; the estimate's first guess: {plain}" and first_guess(None, 1) == ""

@@ -484,7 +484,9 @@ def show_diagnostics(ws: Workspace) -> None:
         print(f"  - {line}")
     show_markdown(
         "**GPU memory of a training step**, each preset at its batch:\n\n"
-        + presets.memory_table(report["gpu"]["free_bytes"] if report["gpu"] else None, markdown=True)
+        + presets.memory_table(
+            report["gpu"]["free_bytes"] if report["gpu"] else None, markdown=True, runs=ws.runs
+        )
     )
 
 

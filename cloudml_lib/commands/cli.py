@@ -194,6 +194,13 @@ def _add_data_commands(sub) -> None:
     g = sub.add_parser("diagnose", help="the machine, its memory and what to use on it")
     _config_arguments(g, "also check the disk and cache for this config", required=False)
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument(
+        "--runs",
+        type=_folder,
+        default=None,
+        help="a folder of your runs: beside the estimate, what the newest run with each preset's step "
+        "measured on this kind of device",
+    )
     d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
     d.add_argument("--out", type=_folder, required=True, help="folder to write the flight files into")
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
@@ -360,8 +367,8 @@ def _labels(args) -> int:
 
 def _diagnose(args) -> int:
     from cloudml_lib.commands.presets import (
-        MEMORY_HEADER,
         format_machine,
+        memory_header,
         memory_rows,
         memory_table,
         recommendations,
@@ -380,13 +387,18 @@ def _diagnose(args) -> int:
     report = system_report(paths)
     report["recommendations"] = recommendations(report, cache_bytes)
     free = report["gpu"]["free_bytes"] if report["gpu"] else None
-    report["preset_memory"] = [dict(zip(MEMORY_HEADER, row)) for row in memory_rows(free)]
+    runs = Path(args.runs) if args.runs else None
+    if runs is not None and not runs.is_dir():
+        from cloudml_lib.base.errors import CloudMLError
+
+        raise CloudMLError(f"diagnose --runs {runs}: no such folder; name the folder that holds your runs")
+    report["preset_memory"] = [dict(zip(memory_header(runs), row)) for row in memory_rows(free, runs)]
     if args.json:
         print(json.dumps(report))
     else:
         print(format_machine(report))
         print("\nGPU memory of a training step, each preset at its batch:")
-        print(memory_table(free))
+        print(memory_table(free, runs=runs))
         print("\nRecommendations:")
         for line in report["recommendations"]:
             print(f"  - {line}")

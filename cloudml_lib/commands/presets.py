@@ -18,7 +18,7 @@ from cloudml_lib.base import tables
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.base.outputs import free_bytes
 from cloudml_lib.base.resources import PRESET_FILES, config_file, measured
-from cloudml_lib.core import estimate
+from cloudml_lib.core import estimate, timing
 from cloudml_lib.core.device import compile_available, default_num_workers, gpu_report, host_memory, is_colab
 from cloudml_lib.core.memory import GIB, MARGIN
 
@@ -52,6 +52,7 @@ class PresetMemory:
     model: str  # e.g. "64/128/256, checkpointing, compiled"
     batch: int
     estimate: estimate.Estimate | None
+    shape: estimate.StepShape | None = None  # the step (as runs record it: timing.signature)
 
     @property
     def reported_bytes(self) -> float:
@@ -92,7 +93,7 @@ def preset_memory() -> tuple[PresetMemory, ...]:
         )
         model += ", compiled" if cfg.train.torch_compile else ""
         shape = estimate.StepShape.of(cfg, amp="float16")
-        out.append(PresetMemory(name, model, int(cfg.train.batch_size), estimate.estimate(shape)))
+        out.append(PresetMemory(name, model, int(cfg.train.batch_size), estimate.estimate(shape), shape))
     return tuple(out)
 
 
@@ -139,27 +140,35 @@ def choose_preset(report: dict) -> tuple[str, str]:
     )
 
 
-def memory_rows(free_bytes: float | None) -> list[list[str]]:
+def memory_rows(free_bytes: float | None, runs: Path | None = None) -> list[list[str]]:
     """The memory table: each preset, its estimated peak at its batch (the tensors, and with the overhead),
-    the largest batch that fits this GPU (`free_bytes`; "-" without a GPU) and a T4, and what the users
-    reported."""
-    rows = []
+    the largest batch that fits this GPU (`free_bytes`; "-" without a GPU) and a T4, what the users
+    reported and benchmarks/gpu.py measured; with `runs` (a folder of the user's runs), what their newest
+    run with the preset's step measured on this kind of device (timing.measured_words)."""
+    rows, here = [], this_device()
     for p in preset_memory():
         e = p.estimate
-        rows.append(
-            [
-                p.name,
-                p.model,
-                p.batch,
-                f"{e.train_peak(p.batch) / GIB:.2f}" if e else "unavailable",
-                f"{p.need() / GIB:.2f}" if e else "-",
-                "-" if free_bytes is None else p.largest_batch(free_bytes),
-                p.largest_batch(estimate.T4_BYTES),
-                f"{estimate.REPORTED_PEAK_GIB[p.name]:.0f}",
-                measured_memory(p.name),
-            ]
-        )
+        row = [
+            p.name,
+            p.model,
+            p.batch,
+            f"{e.train_peak(p.batch) / GIB:.2f}" if e else "unavailable",
+            f"{p.need() / GIB:.2f}" if e else "-",
+            "-" if free_bytes is None else p.largest_batch(free_bytes),
+            p.largest_batch(estimate.T4_BYTES),
+            f"{estimate.REPORTED_PEAK_GIB[p.name]:.0f}",
+            measured_memory(p.name),
+        ]
+        if runs is not None:
+            sig = timing.signature(p.shape, p.batch) if p.shape else None
+            row.append(timing.measured_words(runs, here, sig) if sig else "-")
+        rows.append(row)
     return rows
+
+
+def this_device() -> str:
+    """The kind of device a run here trains on, as runs record it (timing.device_name)."""
+    return timing.device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def measured_gpu() -> dict:
@@ -203,14 +212,21 @@ MEMORY_HEADER = [
 ]
 
 
-def memory_table(free_bytes: float | None, markdown: bool = False) -> str:
+YOURS = "measured in your runs (this kind of device)"
+
+
+def memory_header(runs: Path | None = None) -> list[str]:
+    return MEMORY_HEADER + ([YOURS] if runs is not None else [])
+
+
+def memory_table(free_bytes: float | None, markdown: bool = False, runs: Path | None = None) -> str:
     """memory_rows as a table, and what its figures are."""
-    rows = memory_rows(free_bytes)
-    body = tables.markdown(MEMORY_HEADER, rows) if markdown else tables.text(MEMORY_HEADER, rows)
-    return body + "\n\n" + memory_note()
+    rows, header = memory_rows(free_bytes, runs), memory_header(runs)
+    body = tables.markdown(header, rows) if markdown else tables.text(header, rows)
+    return body + "\n\n" + memory_note(runs)
 
 
-def memory_note() -> str:
+def memory_note(runs: Path | None = None) -> str:
     """What the memory table's figures are, and where the measured ones come from."""
     gpu, overhead = measured_gpu(), measured_overhead()
     where = (
@@ -233,6 +249,13 @@ def memory_note() -> str:
         "the 15% margin that train.batch_size: auto keeps (its probe on the GPU decides). Reported by users: "
         "the figures in their notes, for their own network; they differ from the estimate of this one. "
         + where
+        + (
+            f" Measured in your runs: the newest run in {runs} with the preset's step (widths, "
+            f"checkpointing, 440 x 640, T = 5, its batch) on this kind of device ({this_device()}): its peak "
+            "memory and its steps/s, validation included; '-' where none has."
+            if runs is not None
+            else ""
+        )
     )
 
 

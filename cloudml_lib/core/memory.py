@@ -81,6 +81,17 @@ def fit_batch_size(
     return ProbeResult(sizes, peaks, line, budget, max(1, min(cap, line.largest_batch(budget))))
 
 
+def first_guess(guess, budget: float, calibrated=None) -> str:
+    """The estimate's largest batch for `budget` bytes, in words for the probe's line; with `calibrated`
+    (timing.Calibration), also the batch once the estimate is scaled by what an earlier run held."""
+    if guess is None:
+        return ""
+    words = f"; the estimate's first guess: {guess.largest_batch(budget)}"
+    if calibrated is not None and calibrated.factor > 0:
+        words += f", {guess.largest_batch(budget / calibrated.factor)} as {calibrated.words()}"
+    return words
+
+
 def measure_step_peak(step, batch_size: int, device: torch.device) -> int:
     """Peak GPU memory of `step(batch_size)` (a full training step), in bytes."""
     gc.collect()
@@ -113,10 +124,12 @@ def measure_batch_size(
     frames: int,
     frame_shape: tuple[int, int],
     guess=None,
+    calibrated=None,
 ) -> int:
     """train.batch_size: auto. Two measured steps on a copy of the model, on synthetic data. `guess`: the
     estimate's (estimate.Estimate, or None), whose largest batch for the free memory is logged beside the
-    measurement; the measurement decides."""
+    measurement, and with `calibrated` (timing.Calibration: an earlier run on this kind of GPU) that guess
+    corrected by what that run held; the measurement decides."""
     if device.type != "cuda":
         log.info("train.batch_size is 'auto', but measuring needs a GPU; using %d on the CPU", CPU_AUTO_BATCH)
         return CPU_AUTO_BATCH
@@ -147,8 +160,7 @@ def measure_batch_size(
             "(model.memory_optimized: true) or turn on model.gradient_checkpointing."
         )
         return 1
-    first = (
-        "" if guess is None else f"; the estimate's first guess: {guess.largest_batch(result.budget_bytes)}"
+    log.info(
+        "train.batch_size auto: %s%s", result.describe(), first_guess(guess, result.budget_bytes, calibrated)
     )
-    log.info("train.batch_size auto: %s%s", result.describe(), first)
     return result.recommended

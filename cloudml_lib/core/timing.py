@@ -157,6 +157,70 @@ def peak_words(runs: Path, device: str, sig: dict) -> str | None:
     return None
 
 
+def measured_words(runs: Path, device: str, sig: dict) -> str:
+    """What the newest earlier run with this step on this kind of device measured: its peak memory and its
+    steps/s ("4.96 GiB reserved on the GPU, 5.8 steps/s, measured in your run X"); "-" without one."""
+    found = newest_run(runs, device, sig)
+    if found is None:
+        return "-"
+    name, got = found
+    peak = got.get("peak_memory") or {}
+    parts = [
+        f"{peak[k]:.2f} GiB {what}"
+        for k, what in (("peak_reserved_gib", "reserved on the GPU"), ("peak_rss_gib", "of host memory"))
+        if isinstance(peak.get(k), (int, float))
+    ]
+    return ", ".join(parts[:1] + [f"{1 / got['step_s']:.1f} steps/s"]) + f", measured in your run {name}"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """An earlier run's GPU memory against the estimate's need for its own batch (the same step but the
+    batch, on this kind of device): the factor that turns the estimate into what this GPU held."""
+
+    run: str
+    batch: int
+    reserved_gib: float
+    need_gib: float
+
+    @property
+    def factor(self) -> float:
+        return self.reserved_gib / self.need_gib
+
+    def words(self) -> str:
+        return (
+            f"measured in your run {self.run}: {self.reserved_gib:.2f} GiB reserved at batch {self.batch}, "
+            f"{self.factor:.2f}x the estimate's {self.need_gib:.2f} GiB"
+        )
+
+
+def calibration(runs: Path, device: str, sig: dict, need_gib) -> Calibration | None:
+    """The newest earlier run in `runs` on this kind of CUDA device whose step is `sig` at any batch and
+    that measured its peak reserved memory; `need_gib(batch)`: the estimate's need at a batch (GiB)."""
+    best = None
+    same = {k: v for k, v in sig.items() if k != "batch"}
+    for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
+        got = read_measured(run)
+        if not got or got.get("device") != device:
+            continue
+        their = got["signature"]
+        reserved = (got.get("peak_memory") or {}).get("peak_reserved_gib")
+        batch = their.get("batch")
+        if (
+            {k: v for k, v in their.items() if k != "batch"} != same
+            or not isinstance(batch, int)
+            or batch < 1
+        ):
+            continue
+        if (
+            isinstance(reserved, (int, float))
+            and reserved > 0
+            and (best is None or got.get("at", 0) > best[0])
+        ):
+            best = (got.get("at", 0), Calibration(run.name, batch, float(reserved), float(need_gib(batch))))
+    return None if best is None else best[1]
+
+
 def read_measured(run: Path) -> dict | None:
     """run.json's "measured" of a run folder (None where absent or not what the trainer writes)."""
     from cloudml_lib.base.runfiles import RunFiles
@@ -240,6 +304,7 @@ class Measured:
 
     def __init__(self, device: str, sig: dict):
         self.device, self.sig, self.step_s, self.epoch_s, self.peak = device, sig, [], [], {}
+        self.estimated_need_gib: float | None = None  # on CUDA: the estimate's need at the run's batch
 
     def epoch(self, seconds: float, steps: int, full: bool, memory: dict) -> None:
         if steps > 0:
@@ -260,5 +325,6 @@ class Measured:
             "epoch_s": statistics.median(self.epoch_s) if self.epoch_s else None,
             "epochs_timed": len(self.step_s),
             "peak_memory": dict(self.peak),
+            "estimated_need_gib": self.estimated_need_gib,
             "at": time.time(),
         }

@@ -48,7 +48,7 @@ from cloudml_lib.core.device import (
 from cloudml_lib.core.distributed import Dist, apply_ddp, apply_global_batchnorm
 from cloudml_lib.core.estimate import StepShape, estimate
 from cloudml_lib.core.events import Events
-from cloudml_lib.core.memory import measure_batch_size
+from cloudml_lib.core.memory import GIB, measure_batch_size
 from cloudml_lib.core.model import build_model, count_parameters
 from cloudml_lib.core.provenance import read_run_provenance, run_provenance, trained_backend
 from cloudml_lib.core.rundir import (
@@ -64,7 +64,7 @@ from cloudml_lib.core.rundir import (
     truncate_metrics,
 )
 from cloudml_lib.core.runlock import RunLock
-from cloudml_lib.core.timing import Measured, device_name, signature
+from cloudml_lib.core.timing import Measured, calibration, device_name, signature
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
 from cloudml_lib.data.flights import resolve_config
@@ -222,7 +222,7 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     try:
         lock, found, cfg = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
         seed_everything(cfg.train.seed)
-        parts, cfg = build_parts(cfg, dist, train_set)
+        parts, cfg = build_parts(cfg, dist, train_set, run_dir.parent)
         writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
         loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), MetricsFile(run_dir, dist)
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop)
@@ -230,6 +230,10 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         checkpoints = Checkpoints(run_dir, cfg, dist, writer, state, metrics, parts.total_steps)
         step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
         measured = Measured(device_name(parts.device), signature(step, cfg.train.batch_size))
+        if parts.device.type == "cuda":  # the estimate beside what the GPU holds: every run calibrates it
+            measured.estimated_need_gib = estimated_need_gib(
+                cfg, parts.device, train_set.caches[0].frame_shape
+            )
         run_info = RunInfo(run_dir, dist, parts.compile, provenance, measured)
         if dist.is_main:
             save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
@@ -317,13 +321,22 @@ def placed_model(cfg: Config, dist: Dist, scalers) -> tuple[torch.nn.Module, tor
     return model, device, choose_precision(device)
 
 
+def estimated_need_gib(cfg: Config, device: torch.device, frame: tuple[int, int]) -> float | None:
+    """The estimate's GPU memory need of this run's step at its batch (None where it cannot estimate)."""
+    found = estimate(StepShape.of(cfg, _amp_name(choose_precision(device)), frame=frame))
+    return found.need(int(cfg.train.batch_size)) / GIB if found else None
+
+
 def _amp_name(precision) -> str | None:
     return str(precision.dtype).removeprefix("torch.") if precision.dtype else None
 
 
-def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts, Config]:
+def build_parts(
+    cfg: Config, dist: Dist, train_set: CloudDataset, runs: Path | None = None
+) -> tuple[Parts, Config]:
     """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
-    Config: `cfg` is not changed)."""
+    Config: `cfg` is not changed). `runs`: the folder of the user's runs, whose measurements on this kind of
+    GPU calibrate the batch probe's first guess."""
     t = cfg.train
     model, device, precision = placed_model(cfg, dist, train_set.scalers)
     autocast = precision.autocast(device)
@@ -334,7 +347,13 @@ def build_parts(cfg: Config, dist: Dist, train_set: CloudDataset) -> tuple[Parts
         guess = (
             estimate(StepShape.of(cfg, _amp_name(precision), frame=frame)) if device.type == "cuda" else None
         )
-        per_process = measure_batch_size(model, autocast, device, cfg.data.temporal_frames, frame, guess)
+        calibrated = None
+        if guess is not None and runs is not None:
+            sig = signature(StepShape.of(cfg, None, frame=frame), 0)
+            calibrated = calibration(runs, device_name(device), sig, lambda b: guess.need(b) / GIB)
+        per_process = measure_batch_size(
+            model, autocast, device, cfg.data.temporal_frames, frame, guess, calibrated
+        )
         cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
         t = cfg.train
     watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
