@@ -321,4 +321,6 @@ def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_p
     shutil.copytree(tiny_run[0], ws.runs / "done")
     p = colab.Picker(ws)
     p.run_name.value = "done"
-    assert "Run <b>done</b> exists and is finished" in p.note.value and "it is continued" not in p.note.value
+    note = p.note.value
+    assert "Run <b>done</b> exists and is finished (" in note and "it is continued" not in note
+    assert "(finished" not in p.note.value  # "is finished (2 epochs)", not "finished (finished ..."

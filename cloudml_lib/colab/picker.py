@@ -583,7 +583,7 @@ class Picker:
             out = [
                 f"Run <b>{name}</b> exists ({words}): it is continued, on its own flights."
                 if unfinished
-                else f"Run <b>{name}</b> exists and is finished ({words}): the cells below show its results; "
+                else f"Run <b>{name}</b> exists and is {words}: the cells below show its results; "
                 "it is not trained again. Give another run name for a new run."
             ]
         else:
