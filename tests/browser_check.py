@@ -169,7 +169,7 @@ PAGE_FACTS = """() => {
   // A Markdown table that did not render: a line '| a | b |' outside a <table>, anywhere in the outputs.
   const raw_tables = new Set();
   for (const e of outs.flatMap(o => [...o.querySelectorAll('p, li, pre, .widget-html-content')])) {
-    if (e.closest('table')) continue;
+    if (e.closest('table') || e.offsetParent === null) continue;  // a folded log is not shown
     for (const line of (e.innerText || e.textContent || '').split('\\n'))
       if (/^\\s*\\|.*\\|.*\\|\\s*$/.test(line)) raw_tables.add(line.trim().slice(0, 200));
   }
@@ -503,7 +503,7 @@ def scenario_own_flights(page, url: str, out: Path, ctx) -> list[str]:
     names = _make_flights(ctx, 4)
     _open(page, url, "colab_setup.ipynb")
     _menu(page, "Run", "Run All Cells")
-    _wait_for(page, _busy, 60, "the setup notebook to start")
+    _wait_for(page, lambda: _busy(page), 60, "the setup notebook to start")
     _wait_idle(page, 600, "the setup notebook")
     setup = page.evaluate(PAGE_FACTS)
     page.screenshot(path=str(out / "own-flights-1-setup.png"), full_page=True)
@@ -548,7 +548,7 @@ def scenario_one_flight(page, url: str, out: Path, ctx) -> list[str]:
     (name,) = _make_flights(ctx, 1)
     _open(page, url, "colab_setup.ipynb")
     _menu(page, "Run", "Run All Cells")
-    _wait_for(page, _busy, 60, "the setup notebook to start")
+    _wait_for(page, lambda: _busy(page), 60, "the setup notebook to start")
     _wait_idle(page, 300, "the setup notebook")
     setup = page.evaluate(PAGE_FACTS)
     page.screenshot(path=str(out / "one-flight-1-setup.png"), full_page=True)
@@ -561,7 +561,7 @@ def scenario_one_flight(page, url: str, out: Path, ctx) -> list[str]:
     bad += [f"setup: {b}" for b in judge_tables_and_notices(setup)]
     _open(page, url, "colab_training.ipynb")
     _menu(page, "Run", "Run All Cells")
-    _wait_for(page, _busy, 60, "the training notebook to start")
+    _wait_for(page, lambda: _busy(page), 60, "the training notebook to start")
     _wait_idle(page, 240, "the training notebook")
     facts = page.evaluate(PAGE_FACTS)
     page.screenshot(path=str(out / "one-flight-2-training.png"), full_page=True)

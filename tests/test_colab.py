@@ -457,3 +457,27 @@ def test_warnings_in_the_kernel_show_once_with_their_level_word(tmp_path, monkey
     out = capsys.readouterr().out
     assert out.count("a flight's nav file is odd") == 1 and "Warning: a flight's nav file is odd" in out
     assert not seen_by_root
+
+
+def test_in_a_notebook_the_kernels_warnings_are_amber_and_its_problems_red(monkeypatch, shown, capsys):
+    """Setup's data check printed "Warning: flight 09Mar25: ... nav records usable" in the plain log text,
+    black among its lines (seen in the browser check): in a notebook, a warning or a problem logged in the
+    kernel is shown as every notice is, each in its colour; other lines stay plain text."""
+    import logging
+
+    from cloudml_lib.base.logs import attach_run_log
+
+    monkeypatch.setattr(live, "in_notebook", lambda: True)
+    attach_run_log(None, screen=live.NotebookLog())
+    log = logging.getLogger("cloudml_lib.data.navigation")
+    log.info("flight 01Mar25: IR times read as Unix epoch seconds")
+    log.warning("flight 09Mar25: 1394 of 1420 nav records usable\n  a second line <kept>")
+    log.error("flight 09Mar25: the nav file cannot be read")
+    attach_run_log(None)
+    assert capsys.readouterr().out == "flight 01Mar25: IR times read as Unix epoch seconds\n"
+    warning, problem = (obj.data for obj in shown)
+    assert warning.startswith(
+        '<div style="white-space:pre-wrap"><span style="color:#b45309">&#9888; flight 09Mar25'
+    )
+    assert "a second line &lt;kept&gt;" in warning and "Warning:" not in warning  # the sign says it
+    assert '<span style="color:#b91c1c">&#10006; <b>Problem:</b> flight 09Mar25: the nav file' in problem

@@ -79,11 +79,14 @@ class _RunLogFile(logging.FileHandler):
         )
 
 
-def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
+def attach_run_log(
+    run_dir: Path | None = None, console=None, screen: logging.Handler | None = None
+) -> logging.Logger:
     """The package logger prints to the console and, with a run directory, to train.log.
 
     It does not propagate: Colab's root logger already has a handler, which would print twice.
-    `console` is the stream for screen lines (default stdout).
+    `console` is the stream for screen lines (default stdout); `screen`, a handler of its own for them (the
+    notebook's: colab/live.py NotebookLog, which says the level word itself).
     """
     logger = logging.getLogger(PACKAGE_LOGGER)
     logger.setLevel(logging.INFO)
@@ -96,8 +99,9 @@ def attach_run_log(run_dir: Path | None = None, console=None) -> logging.Logger:
     for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:
         logger.removeHandler(h)
         h.close()
-    screen = _TqdmHandler(console or sys.stdout)
-    screen.setFormatter(_ConsoleFormatter("%(message)s"))
+    if screen is None:
+        screen = _TqdmHandler(console or sys.stdout)
+        screen.setFormatter(_ConsoleFormatter("%(message)s"))
     handlers.insert(0, screen)
     for h in handlers:
         h._cloudml = True

@@ -16,6 +16,7 @@ from pathlib import Path
 from cloudml_lib.base.config import Config, load_config
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.colab.live import NotebookLog
 from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
@@ -83,7 +84,7 @@ def workspace() -> Workspace:
     root = choose().root or user_folder()
     # the library's warnings in this kernel: once each, with their level word (Colab's root logger has a
     # handler of its own, which printed them a second time without it)
-    attach_run_log(None)
+    attach_run_log(None, screen=NotebookLog())  # a warning in amber, a problem in red, as every notice
     ws = Workspace(root)
     for d in (ws.data, ws.runs, ws.cache):
         d.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import queue
 import re
@@ -29,8 +30,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from cloudml_lib.base.logs import PROBLEM_WORD, WARNING_WORD
-from cloudml_lib.colab.show import UserError, plural, show
+from tqdm.auto import tqdm
+
+from cloudml_lib.base.logs import PROBLEM_WORD, WARNING_WORD, level_word
+from cloudml_lib.colab.show import UserError, in_notebook, plural, show
 from cloudml_lib.core.checkpoint import find_latest_valid
 from cloudml_lib.core.rundir import is_finished
 from cloudml_lib.science import plots
@@ -89,6 +92,26 @@ def notice_html(text: str) -> str:
         rest = text[len(WARNING_WORD) :] if text.startswith(WARNING_WORD) else text
         return f'<span style="color:#b45309">&#9888; {html.escape(rest)}</span>'
     return f"&#9656; {html.escape(text)}"
+
+
+class NotebookLog(logging.Handler):
+    """The package's log lines in the kernel (setup's data check and cache, the picker): a warning or a
+    problem as the notebook shows every notice (notice_html: amber with a warning sign, red with
+    "Problem:"), any other line as plain text that does not break a running progress bar. Outside a notebook
+    the console's lines, with their level word."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = level_word(record.levelno) + self.format(record)
+            if record.levelno >= logging.WARNING and in_notebook():
+                from IPython.display import HTML
+
+                sys.stdout.flush()  # the plain lines before it stay before it
+                show(HTML(f'<div style="white-space:pre-wrap">{notice_html(text)}</div>'))
+            else:
+                tqdm.write(text, file=sys.stdout)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            pass
 
 
 class LiveView:
