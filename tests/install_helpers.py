@@ -12,7 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What Colab preinstalls that CloudML uses (Colab runtime of 2026-08); NOT there: netCDF4, icartt, mapie,
-# optuna, kornia. torch is this machine's CPU build: the twin tests packaging, paths and the notebooks' flow.
+# optuna, kornia. torch is this machine's release (on Python 3.11 its CPU build; on Colab's Python, 3.13, the
+# index's build of that release, a CUDA one, run on the CPU as Colab's runs before a GPU is chosen).
+COLAB_PYTHON = "3.13"
 COLAB_PACKAGES = [
     "numpy",
     "scipy",
@@ -127,11 +129,38 @@ def pip(python: Path, *args: str, timeout: float = 1200) -> subprocess.Completed
     return r
 
 
-def make_colab_venv(where: Path) -> Path:
-    """A fresh virtual environment with what Colab preinstalls (the CPU torch of this machine first, so that
-    nothing pulls a CUDA build), and a stub google.colab whose drive.mount links the mount point to the folder
-    standing in for Google Drive ($CLOUDML_TWIN_DRIVE). Returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+def colab_python() -> str:
+    """A Python of Colab's release (COLAB_PYTHON): $CLOUDML_TWIN_PYTHON, `python3.13` on PATH, or a pyenv
+    installation of it; this test's own Python where the machine has none (the twin then says which)."""
+    found = [os.environ.get("CLOUDML_TWIN_PYTHON", ""), shutil.which(f"python{COLAB_PYTHON}") or ""]
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
+        if root:
+            found += sorted(
+                str(p) for p in Path(root).glob(f"versions/{COLAB_PYTHON}*/bin/python{COLAB_PYTHON}")
+            )
+    for python in filter(None, found):
+        try:
+            r = subprocess.run(
+                [python, "-c", "import sys, venv; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except OSError:
+            continue
+        if r.returncode == 0 and r.stdout.strip() == COLAB_PYTHON:
+            return python
+    return sys.executable
+
+
+def make_colab_venv(where: Path, python: str | None = None) -> Path:
+    """A fresh virtual environment of `python` (default: this one) with what Colab preinstalls (this
+    machine's torch release first, so that the other packages keep it), and a stub google.colab whose
+    drive.mount links the mount point to the folder standing in for Google Drive ($CLOUDML_TWIN_DRIVE).
+    Returns its python."""
+    subprocess.run([python or sys.executable, "-m", "venv", str(where)], check=True)
     python = where / "bin" / "python"
     pip(python, f"torch=={torch_version()}")
     pip(python, *COLAB_PACKAGES)

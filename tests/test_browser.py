@@ -1,9 +1,10 @@
 """Both notebooks in a real browser (tests/browser_check.py): widgets rendered, the bar's fill and colour,
 every Markdown table rendered as a table (no raw '| a | b |' text), problems red and warnings amber, the
-folded log, the Train cell's height, no traceback on the page; the picker continuing the run the user
-started after a stop and a kernel restart; and a full disk at every checkpoint save said in red, never as
-"checkpoint saved". Needs Debian's Chromium, the playwright package and JupyterLab; skipped where any is
-missing (CI has none of them)."""
+folded log, the Train cell's height, no traceback on the page; then its five scenarios, each in its own
+JupyterLab within its own wall-time budget: the picker continuing the run the user started after a stop and
+a kernel restart; a full disk at every checkpoint save said in red, never as "checkpoint saved"; the user's
+own flights after a demo run; one flight; the cross-validation live view. Needs Debian's Chromium, the
+playwright package and JupyterLab; skipped where any is missing (CI has none of them)."""
 
 import sys
 

@@ -24,7 +24,15 @@ from types import SimpleNamespace
 
 import nbformat
 import pytest
-from install_helpers import NOT_ON_COLAB, REPO, copy_checkout, make_colab_venv, minimal_path, pip
+from install_helpers import (
+    NOT_ON_COLAB,
+    REPO,
+    colab_python,
+    copy_checkout,
+    make_colab_venv,
+    minimal_path,
+    pip,
+)
 
 pytestmark = pytest.mark.slow
 KERNEL = "cloudml-colab-twin"
@@ -33,7 +41,14 @@ KERNEL = "cloudml-colab-twin"
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
     root = tmp_path_factory.mktemp("twin")
-    python = make_colab_venv(root / "venv")
+    python = make_colab_venv(root / "venv", colab_python())  # Colab's Python where this machine has it
+    release = subprocess.run(
+        [str(python), "-c", "import sys, torch; print(sys.version.split()[0], torch.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"Colab twin: Python and torch {release}")  # shown with -s, and in a failure's captured output
     missing = subprocess.run(
         [
             str(python),

@@ -131,9 +131,10 @@ def test_the_notebook_starts_this_kernels_own_tensorboard_whatever_path_holds(tm
 
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH at all
     monkeypatch.delenv("TENSORBOARD_BINARY", raising=False)
-    lonely = tmp_path / "bin"  # a Python with no tensorboard beside it
-    lonely.mkdir()
-    (lonely / "python").symlink_to(sys.executable)
+    lonely = tmp_path / "bin"  # a Python with no tensorboard beside it: this one, started by a script (a
+    lonely.mkdir()  # symbolic link to a virtual environment's python loses that environment on Python 3.13)
+    (lonely / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (lonely / "python").chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(lonely / "python"))
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     binary = use_this_pythons_tensorboard()
