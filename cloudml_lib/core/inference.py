@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 HEAD_BATCH = 4096  # windows per head call: the head is a few small layers on C + 3 numbers
 
 
+def aligned(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` as a float32 tensor in memory of torch's own (on the CPU a copy, aligned as every tensor torch
+    allocates): a view of NumPy's memory starts wherever NumPy's allocator put it, and a math library may
+    take another path, with other roundings, for another alignment; the same numbers then give the same
+    outputs in any process (a resumed run's end agrees with the run never stopped)."""
+    return torch.tensor(np.asarray(array, np.float32), device=device)
+
+
 def encode_frames(
     model, frames: np.ndarray, device: torch.device, batch: int, autocast=nullcontext
 ) -> np.ndarray:
@@ -50,7 +58,7 @@ def encode_frames(
     compiled = "forward" in vars(getattr(model, "encoder", object()))
     with torch.inference_mode():
         for i in range(0, len(frames), batch):
-            chunk = torch.from_numpy(np.ascontiguousarray(frames[i : i + batch], np.float32)).to(device)
+            chunk = aligned(frames[i : i + batch], device)
             n = len(chunk)
             if n < batch and compiled:
                 chunk = torch.cat([chunk, chunk.new_zeros((batch - n,) + tuple(chunk.shape[1:]))])
@@ -112,8 +120,8 @@ def windows_forward(
     outs = []
     with torch.inference_mode():
         for i in range(0, len(rows), HEAD_BATCH):
-            feats = torch.from_numpy(encodings[rows[i : i + HEAD_BATCH]]).to(device)  # (B, T, C)
-            s = torch.from_numpy(np.ascontiguousarray(scalars[i : i + HEAD_BATCH], np.float32)).to(device)
+            feats = aligned(encodings[rows[i : i + HEAD_BATCH]], device)  # (B, T, C)
+            s = aligned(scalars[i : i + HEAD_BATCH], device)
             with autocast():
                 pooled = model.pool_frames(feats, s)
                 outs.append(pooled.float().cpu().numpy() if features else to_numpy(model.output(pooled)))
