@@ -331,6 +331,21 @@ def _amp_name(precision) -> str | None:
     return str(precision.dtype).removeprefix("torch.") if precision.dtype else None
 
 
+def auto_batch_size(
+    cfg: Config, model, precision: Precision, frame: tuple[int, int], runs: Path | None
+) -> int:
+    """train.batch_size auto for this process: the probe's measurement, logged beside the estimate's first
+    guess on a GPU, itself calibrated by an earlier run in `runs` on this kind of GPU where there is one."""
+    device = next(model.parameters()).device
+    guess = estimate(StepShape.of(cfg, _amp_name(precision), frame=frame)) if device.type == "cuda" else None
+    calibrated = None
+    if guess is not None and runs is not None:
+        sig = signature(StepShape.of(cfg, None, frame=frame), 0)
+        calibrated = calibration(runs, device_name(device), sig, lambda b: guess.need(b) / GIB)
+    autocast = precision.autocast(device)
+    return measure_batch_size(model, autocast, device, cfg.data.temporal_frames, frame, guess, calibrated)
+
+
 def build_parts(
     cfg: Config, dist: Dist, train_set: CloudDataset, runs: Path | None = None
 ) -> tuple[Parts, Config]:
@@ -343,17 +358,7 @@ def build_parts(
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
     if t.batch_size == "auto":  # per process; the global batch is what every process can hold
-        frame = train_set.caches[0].frame_shape
-        guess = (
-            estimate(StepShape.of(cfg, _amp_name(precision), frame=frame)) if device.type == "cuda" else None
-        )
-        calibrated = None
-        if guess is not None and runs is not None:
-            sig = signature(StepShape.of(cfg, None, frame=frame), 0)
-            calibrated = calibration(runs, device_name(device), sig, lambda b: guess.need(b) / GIB)
-        per_process = measure_batch_size(
-            model, autocast, device, cfg.data.temporal_frames, frame, guess, calibrated
-        )
+        per_process = auto_batch_size(cfg, model, precision, train_set.caches[0].frame_shape, runs)
         cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
         t = cfg.train
     watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
