@@ -485,6 +485,18 @@ def _make_flights(ctx, n: int) -> list[str]:
     return names
 
 
+def _run_all_to_its_end(page, url: str, name: str, timeout_s: float, picture: Path) -> dict:
+    """Notebook `name` opened alone, Run all, until no cell runs (its end, or a cell that stopped it): the
+    page's facts, and its screenshot in `picture`."""
+    _open(page, url, name)
+    _menu(page, "Run", "Run All Cells")
+    _wait_for(page, lambda: _busy(page), 60, f"{name} to start")
+    _wait_idle(page, timeout_s, name)
+    facts = page.evaluate(PAGE_FACTS)
+    page.screenshot(path=str(picture), full_page=True)
+    return facts
+
+
 def _stop_training(page, what: str) -> None:
     """■ on the running Train cell (Interrupt Kernel), then the notebook's remaining cells run out."""
     _menu(page, "Kernel", "Interrupt Kernel")
@@ -502,12 +514,7 @@ def scenario_own_flights(page, url: str, out: Path, ctx) -> list[str]:
     _wait_for(page, lambda: "step" in _train_label(page), 300, "the demo run to start")
     _stop_training(page, "the demo run")
     names = _make_flights(ctx, 4)
-    _open(page, url, "colab_setup.ipynb")
-    _menu(page, "Run", "Run All Cells")
-    _wait_for(page, lambda: _busy(page), 60, "the setup notebook to start")
-    _wait_idle(page, 600, "the setup notebook")
-    setup = page.evaluate(PAGE_FACTS)
-    page.screenshot(path=str(out / "own-flights-1-setup.png"), full_page=True)
+    setup = _run_all_to_its_end(page, url, "colab_setup.ipynb", 600, out / "own-flights-1-setup.png")
     bad += [f"setup: {b}" for b in judge_tables_and_notices(setup)]
     if setup["tracebacks"]:
         bad.append(f"setup: {setup['tracebacks']} traceback(s) on the page")
@@ -547,12 +554,7 @@ def scenario_one_flight(page, url: str, out: Path, ctx) -> list[str]:
     words, with no traceback."""
     bad = []
     (name,) = _make_flights(ctx, 1)
-    _open(page, url, "colab_setup.ipynb")
-    _menu(page, "Run", "Run All Cells")
-    _wait_for(page, lambda: _busy(page), 60, "the setup notebook to start")
-    _wait_idle(page, 300, "the setup notebook")
-    setup = page.evaluate(PAGE_FACTS)
-    page.screenshot(path=str(out / "one-flight-1-setup.png"), full_page=True)
+    setup = _run_all_to_its_end(page, url, "colab_setup.ipynb", 300, out / "one-flight-1-setup.png")
     if "Setup is not finished: training needs a second flight" not in setup["text"]:
         bad.append("setup does not say it is not finished for want of a second flight")
     if "Setup done" in setup["text"]:
@@ -560,12 +562,7 @@ def scenario_one_flight(page, url: str, out: Path, ctx) -> list[str]:
     if name not in setup["text"]:
         bad.append(f"setup's table does not show the flight {name}")
     bad += [f"setup: {b}" for b in judge_tables_and_notices(setup)]
-    _open(page, url, "colab_training.ipynb")
-    _menu(page, "Run", "Run All Cells")
-    _wait_for(page, lambda: _busy(page), 60, "the training notebook to start")
-    _wait_idle(page, 240, "the training notebook")
-    facts = page.evaluate(PAGE_FACTS)
-    page.screenshot(path=str(out / "one-flight-2-training.png"), full_page=True)
+    facts = _run_all_to_its_end(page, url, "colab_training.ipynb", 240, out / "one-flight-2-training.png")
     note = _picker_facts(page)["note"]
     if "Only one complete flight" not in note or "Nothing is trained until this is fixed" not in note:
         bad.append(f"the picker does not refuse one flight in words: {note[:400]!r}")
