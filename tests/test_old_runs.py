@@ -1,5 +1,6 @@
-"""Runs made by earlier releases keep working: the release of commit d1cecbe (tests/fixtures/run_d1cecbe) and
-that of d1e9854 (tests/fixtures/run_d1e9854, made before the layering of issue 43). A finished run predicts
+"""Runs made by earlier releases keep working: the release of commit d1cecbe (tests/fixtures/run_d1cecbe), that
+of d1e9854 (tests/fixtures/run_d1e9854, made before the layering of issue 43) and that of 1c3d260
+(tests/fixtures/run_1c3d260, made before the evaluation protocol of issue 50). A finished run predicts
 and evaluates with today's code to that release's numbers, and evaluating it changes none of its files; a
 stopped run, a cross-validation stopped in its second fold and a sweep stopped in its second trial resume and
 end where their uninterrupted twins ended. Nothing in a user's runs folder has to be retrained.
@@ -22,7 +23,8 @@ import torch
 from conftest import run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-OLD = {"d1cecbe": FIXTURES / "run_d1cecbe", "d1e9854": FIXTURES / "run_d1e9854"}
+OLD = {name: FIXTURES / f"run_{name}" for name in ("d1cecbe", "d1e9854", "1c3d260")}
+KEPT = ("d1e9854", "1c3d260")  # the releases whose cross-validations and sweeps are kept
 # d1cecbe's expected.json predates the environment record: it was made on this project's machine of then
 # (an AMD EPYC, as its benchmarks name it), where CI runs; its bytes differ on an Intel Xeon with AVX-512
 D1CECBE_ENVIRONMENT = {"torch": "2.13.0+cpu", "python": "3.11", "machine": "x86_64", "cpu": "AMD EPYC"}
@@ -87,10 +89,10 @@ def old(request, tmp_path, monkeypatch):
     return prepare(request.param, tmp_path, monkeypatch)
 
 
-@pytest.fixture
-def previous(tmp_path, monkeypatch):
-    """The fixture of d1e9854 alone: the release whose cross-validations and sweeps are kept."""
-    return prepare("d1e9854", tmp_path, monkeypatch)
+@pytest.fixture(params=KEPT)
+def previous(request, tmp_path, monkeypatch):
+    """The fixtures that hold a cross-validation and a sweep."""
+    return prepare(request.param, tmp_path, monkeypatch)
 
 
 def test_a_finished_run_of_an_earlier_release_predicts_its_numbers(old):
@@ -157,10 +159,28 @@ def twin_weights(old: str) -> dict:
     return best_weights(Path("twin"))
 
 
+# the releases whose final checkpoint held the best weights (and recorded them); later ones keep the last
+# epoch's weights there and the best in best.pt
+BEST_AS_FINAL = ("d1cecbe", "d1e9854")
+
+
+def assert_weights(weights: dict, old: str, twin: dict | None, keys: set, what: str) -> None:
+    """`weights` equal to the twin's: by SHA-256 in the fixture's environment, else within RESUME_ATOL."""
+    if same_environment(old):
+        want = twin if twin is not None else expected(old).get("final_weights_sha256")
+        assert {k: digests(weights)[k] for k in keys} == {k: want[k] for k in keys}, what  # bit for bit
+    else:
+        twin = twin_weights(old) if twin is None else twin
+        for k in keys:
+            torch.testing.assert_close(weights[k].double(), twin[k].double().reshape(weights[k].shape),
+                                       atol=RESUME_ATOL, rtol=0, msg=f"{what}: {k}")  # fmt: skip
+
+
 def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
-    """Those releases saved the best weights (with the cloud probe) as their final checkpoint, and recorded
-    them: the resumed run's best.pt must hold the same. Its final checkpoint (now the last epoch's weights,
-    before the end) is at the same step."""
+    """d1cecbe and d1e9854 saved the best weights (with the cloud probe) as their final checkpoint and recorded
+    them: the resumed run's best.pt must hold the same. 1c3d260 recorded its final checkpoint (the last epoch's
+    weights) and kept its twin's best.pt (finished/): the resumed run's final checkpoint and best.pt must hold
+    the same. Either way the final checkpoint is at the same step."""
     r = run_cli("train", "--config", "stopped/config.yaml", "--run-dir", "stopped", *MOVED, cwd=Path.cwd())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resumed from step 8" in r.stdout
@@ -169,17 +189,16 @@ def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
     weights = best_weights(Path("stopped"))
     # the cloud probe is fitted at the run's end, on features computed frame by frame: compared closely below
     trained = {k for k in weights if not k.startswith("cloud.")}
-    if same_environment(old):
-        want = expected(old).get("final_weights_sha256", expected(old)["final_weights"])
-        assert {k: digests(weights)[k] for k in trained} == {k: want[k] for k in trained}  # bit for bit
+    finished = best_weights(Path("finished"))
+    if old in BEST_AS_FINAL:
+        assert_weights(weights, old, None, trained, "best.pt")
     else:
-        twin = twin_weights(old)
-        for k in trained:
-            torch.testing.assert_close(weights[k].double(), twin[k].double().reshape(weights[k].shape),
-                                       atol=RESUME_ATOL, rtol=0, msg=k)  # fmt: skip
-    probe = best_weights(Path("finished"))
+        last = torch.load(final / "state.pt", weights_only=True)["model"]
+        assert_weights(last, old, None, set(last), "the final checkpoint")
+        twin = digests(finished) if same_environment(old) else finished
+        assert_weights(weights, old, twin, trained, "best.pt")
     for key in ("cloud.weight", "cloud.bias"):
-        torch.testing.assert_close(weights[key], probe[key], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(weights[key], finished[key], rtol=1e-3, atol=1e-4)
 
 
 def assert_same_numbers(now, want, path: str, exact: bool) -> None:
