@@ -1,5 +1,5 @@
-"""Runs made by earlier releases keep working: the release of commit d1cecbe (tests/fixtures/run_d1cecbe), that
-of d1e9854 (tests/fixtures/run_d1e9854, made before the layering of issue 43) and that of 1c3d260
+"""Runs made by earlier releases keep working: the release of commit d1cecbe (tests/fixtures/run_d1cecbe),
+that of d1e9854 (tests/fixtures/run_d1e9854, made before the layering of issue 43) and that of 1c3d260
 (tests/fixtures/run_1c3d260, made before the evaluation protocol of issue 50). A finished run predicts
 and evaluates with today's code to that release's numbers, and evaluating it changes none of its files; a
 stopped run, a cross-validation stopped in its second fold and a sweep stopped in its second trial resume and
@@ -177,10 +177,10 @@ def assert_weights(weights: dict, old: str, twin: dict | None, keys: set, what: 
 
 
 def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
-    """d1cecbe and d1e9854 saved the best weights (with the cloud probe) as their final checkpoint and recorded
-    them: the resumed run's best.pt must hold the same. 1c3d260 recorded its final checkpoint (the last epoch's
-    weights) and kept its twin's best.pt (finished/): the resumed run's final checkpoint and best.pt must hold
-    the same. Either way the final checkpoint is at the same step."""
+    """d1cecbe and d1e9854 saved the best weights (with the cloud probe) as their final checkpoint and
+    recorded them: the resumed run's best.pt must hold the same. 1c3d260 recorded its final checkpoint (the
+    last epoch's weights) and kept its twin's best.pt (finished/): the resumed run's final checkpoint and
+    best.pt must hold the same. Either way the final checkpoint is at the same step."""
     r = run_cli("train", "--config", "stopped/config.yaml", "--run-dir", "stopped", *MOVED, cwd=Path.cwd())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resumed from step 8" in r.stdout
