@@ -5,6 +5,20 @@ from __future__ import annotations
 import os
 import platform
 
+# How a results file's test numbers were obtained (a file without it: CloudML 0.2's protocol, the epoch chosen
+# on the flight the numbers are on)
+PROTOCOL = "test flight untouched: the epoch chosen on validation data of the training flights (CloudML 0.3)"
+OLD_PROTOCOL = (
+    "measured under CloudML 0.2's protocol: the best epoch chosen on the flight these numbers are on, so "
+    "they are "
+    "optimistic (see the selection benchmark)"
+)
+
+
+def protocol_of(d: dict) -> str:
+    """The protocol a results file's numbers were obtained under, in words."""
+    return d.get("protocol") or OLD_PROTOCOL
+
 
 def machine() -> dict:
     """What every results file states about where it was measured."""

@@ -2,7 +2,7 @@
 
     python benchmarks/cloud_head.py           # writes benchmarks/results/cloud_head.json (about 20 minutes)
 
-Variants, each the full demo run (configs/demo.yaml, the same flights, the same held-out flight),
+Variants, each the full demo run (configs/demo.yaml, the same flights, the same test flight),
 one after the other in one process:
 - `probe` (the default, model.cloud_head: probe): the height network trained alone, then a logistic
   regression on its features fitted on every matched frame of the training flights when training ends;
@@ -11,10 +11,10 @@ one after the other in one process:
 - `height_only` (model.cloud_head: none): the height network alone, no cloud output;
 - `cloud_only` (joint with train.height_loss_weight 0): the same network trained on cloud / no-cloud
   alone, the "second model" that would sit beside `height_only`.
-Compared: the held-out height error (probe and joint against height_only), the held-out cloud accuracy,
-F1 and ROC-AUC (against each other and the brightness-temperature threshold), and the time: the probe's
-whole run against height_only's, the joint model's epochs against two separate models'. probe, joint
-and height_only are repeated with a second seed (the demo's held-out error moves with the seed).
+Compared: the test flight's height error (probe and joint against height_only), the test flight's cloud
+accuracy, F1 and ROC-AUC (against each other and the brightness-temperature threshold), and the time: the
+probe's whole run against height_only's, the joint model's epochs against two separate models'. probe, joint
+and height_only are repeated with a second seed (the demo's test error moves with the seed).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks import machine  # noqa: E402
+from benchmarks import PROTOCOL, machine  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "cloud_head"
 VARIANTS = {
@@ -52,7 +52,7 @@ RUNS = (
 
 def run(variant: str, seed: int) -> dict:
     from cloudml_lib.base.config import load_config
-    from cloudml_lib.train import train
+    from cloudml_lib.commands.runs import train_run as train
 
     overrides = [
         f"data.dir={SCRATCH / 'flights'}",
@@ -95,6 +95,7 @@ def main() -> None:
     }
     out = {
         "machine": machine(),
+        "protocol": PROTOCOL,
         "config": "configs/demo.yaml",
         "runs": rows,
         "mean_mae_km": mae,

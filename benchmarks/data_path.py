@@ -37,7 +37,7 @@ def config(n_flights: int):
                 "dir": str(SCRATCH / "flights"),
                 "cache_dir": str(SCRATCH / "cache"),
                 "flights": entries,
-                "validation_flights": [entries[-1]["name"]],
+                "test_flights": [entries[-1]["name"]],
                 "temporal_frames": 5,
                 "swath_slice": [40, 480],
             }

@@ -1,10 +1,10 @@
-"""Does the flip rule matter? Held-out error of the demo run with the old and the new azimuth flip.
+"""Does the flip rule matter? Test-flight error of the demo run with the old and the new azimuth flip.
 
     python benchmarks/flip_rule.py           # writes benchmarks/results/flip_rule.json (about 5 minutes)
 
 The demo flights turn (their heading changes along each flight) and their shadows fall in the direction
 of the sun azimuth relative to the heading, as a real camera's would. Variants, each the full demo run
-(configs/demo.yaml, the same flights, the same held-out flight), side by side in one process:
+(configs/demo.yaml, the same flights, the same test flight), side by side in one process:
 - `old_rule`: the network sees the ground azimuth and a flip maps it to 360 - a (the rule before
   issue 17: right only when the aircraft heads north), so half the flipped samples teach a wrong
   shadow direction;
@@ -27,7 +27,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks import machine  # noqa: E402
+from benchmarks import PROTOCOL, machine  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "flip_rule"
 RUNS = (("old_rule", 42), ("relative", 42))  # add ("old_rule", 7), ("relative", 7), ("ground_heading", 42),
@@ -36,8 +36,8 @@ RUNS = (("old_rule", 42), ("relative", 42))  # add ("old_rule", 7), ("relative",
 
 def run(variant: str, seed: int) -> dict:
     from cloudml_lib.base.config import load_config
+    from cloudml_lib.commands.runs import train_run as train
     from cloudml_lib.data import dataset as ds_mod
-    from cloudml_lib.train import train
 
     overrides = [
         f"data.dir={SCRATCH / 'flights'}",
@@ -78,6 +78,7 @@ def main() -> None:
     }
     out = {
         "machine": machine(),
+        "protocol": PROTOCOL,
         "config": "configs/demo.yaml",
         "runs": rows,
         "mean_by_variant": mean,

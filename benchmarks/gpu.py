@@ -64,7 +64,7 @@ PRESETS = {"A": "colab_optimized_full.yaml", "B": "colab_full_stable.yaml", "C":
 ITEMS = ("presets", "compile", "precision", "memory", "predict", "resume")
 # seconds each item may take on the GPU (the smoke run on a CPU gets 4x)
 TIME_BOX = {"presets": 120, "compile": 120, "precision": 100, "memory": 75, "predict": 40, "resume": 100}
-FLIGHTS, VALIDATION = ("01Mar25", "03Mar25", "05Mar25"), "05Mar25"
+FLIGHTS, TEST = ("01Mar25", "03Mar25", "05Mar25"), "05Mar25"
 
 
 class Size:
@@ -94,7 +94,10 @@ class Size:
             "data.flights=[]",
             f"data.cache_dir={cache}",
             "data.cache_copy_dir=",
-            f"data.validation_flights=[{VALIDATION}]",
+            f"data.test_flights=[{TEST}]",
+            # the CPU smoke's flights are short: a minute's gap before each validation block would leave
+            # too few samples for the presets' batches
+            f"data.validation_gap_frames={6 if self.smoke else 60}",
             f"data.swath_slice=[{self.swath[0]}, {self.swath[1]}]",
             f"data.num_workers={self.workers()}",
             "train.early_stopping_patience=0",

@@ -86,7 +86,8 @@ def predict_per_window(model, flight, data, scalers, device, batch_size, autocas
                     s = torch.from_numpy(scalars[start + i : start + i + len(x)].astype(np.float32)).to(
                         device
                     )
-                    height, logit = model(x, s).float()
+                    out = model(x, s).float()
+                    height, logit = out.height, out.cloud_logit
                     pred[start + i : start + i + len(x)] = height.cpu().numpy()
                     if logit is not None:
                         prob[start + i : start + i + len(x)] = torch.sigmoid(logit).cpu().numpy()

@@ -55,7 +55,7 @@ def config(frames: int, workers, backend_device: str = "cpu", demo_model: bool =
                 "dir": str(SCRATCH / f"flights-{frames}"),
                 "cache_dir": str(SCRATCH / "cache"),
                 "flights": entries[:1],
-                "validation_flights": [],
+                "test_flights": [],
                 "temporal_frames": 5,
                 "swath_slice": [40, 480],
                 "preprocess_workers": workers,
@@ -252,9 +252,10 @@ def frame_difference() -> dict:
 def demo_accuracy() -> dict:
     """The demo trained on each backend; the scikit-image model also evaluated on kornia frames."""
     from cloudml_lib.base.config import load_config
+    from cloudml_lib.commands.runs import train_run as train
     from cloudml_lib.data.preprocess import SKIMAGE, Backend
     from cloudml_lib.science import evaluate
-    from cloudml_lib.train import build, train
+    from cloudml_lib.train import build
 
     def overrides():
         return [f"data.dir={SCRATCH / 'demo' / 'flights'}", f"data.cache_dir={SCRATCH / 'demo' / 'cache'}"]

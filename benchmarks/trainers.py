@@ -117,7 +117,7 @@ def run_bare(cfg) -> float:
 
     t = cfg.train
     seed_everything(t.seed)
-    train_set, _ = data(cfg)
+    train_set = data(cfg).train_set
     model = build_model(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed)
@@ -173,7 +173,7 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
 
     t = cfg.train
     seed_everything(t.seed)
-    train_set, _ = data(cfg)
+    train_set = data(cfg).train_set
     sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed)
 
     class Module(L.LightningModule):

@@ -39,7 +39,8 @@ def tiny_raw(data_dir, entries, cache_dir) -> dict:
             "dir": str(data_dir),
             "cache_dir": str(cache_dir),
             "flights": copy.deepcopy(entries),
-            "validation_flights": [entries[2]["name"]],
+            "test_flights": [entries[2]["name"]],
+            "validation_gap_frames": 10,  # the tiny flights are 240 frames long
             "temporal_frames": 3,
             "swath_slice": [4, 36],
             "num_workers": 0,
@@ -47,7 +48,8 @@ def tiny_raw(data_dir, entries, cache_dir) -> dict:
         "model": {"channels": [4, 8, 8], "dropout": 0.0},
         "train": {
             "epochs": 2,
-            "batch_size": 8,
+            # the 31 height labels trained on (the last of each training flight validate): 6 batches of 5
+            "batch_size": 5,
             "learning_rate": 0.003,
             "warmup_steps": 3,
             "early_stopping_patience": 0,
@@ -176,5 +178,7 @@ def tiny_run(tiny_flights, tmp_path_factory):
     shutil.copytree(root, data)
     raw = tiny_raw(data, entries, tmp / "cache")
     raw["train"]["epochs"] = 1
+    # a whole flight validates (its 25 heights calibrate the intervals; the tiny time blocks hold too few)
+    raw["data"]["validation"] = [entries[1]["name"]]
     fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
     return tmp / "run", data, entries

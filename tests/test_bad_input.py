@@ -260,7 +260,7 @@ def test_a_damaged_evaluation_is_computed_again_from_the_best_model(run_copy):
     (run / "evaluation.json").write_text('{"overall": {"r2": 0.9')  # cut off by a disconnect
     r = run_cli("train", "--config", cfg, "--run-dir", run)
     assert r.returncode == 0, r.stderr[-2000:]
-    pending = r"The end of the run \(damaged: \S*evaluation\.json \(.*\)\): scoring"
+    pending = r"The end of the run \(damaged: \S*evaluation\.json \(.*\)\): the best model on the validation"
     assert re.search(pending, r.stdout), r.stdout[-3000:]
     assert "nothing to train" in r.stdout
     again = json.loads((run / "evaluation.json").read_text())
@@ -498,9 +498,9 @@ def test_advice_in_messages_can_fix_what_they_describe(data, tmp_path):
     n = int(re.search(r"larger than the training set \((\d+) samples\)", r.stderr).group(1))
     refused(
         r,
-        "train.batch_size 8 x train.grad_accum_steps 1024",
+        "train.batch_size 5 x train.grad_accum_steps 1024",
         f"larger than the training set ({n} samples)",
-        f"Choose train.grad_accum_steps <= {n // 8} (with train.batch_size 8)",
+        f"Choose train.grad_accum_steps <= {n // 5} (with train.batch_size 5)",
     )
     assert "train.batch_size <= 1" not in r.stderr
 

@@ -180,7 +180,7 @@ def _blank_some_frames(tmp_path, which, value):
                 "dir": str(tmp_path / "f"),
                 "cache_dir": str(tmp_path / "c"),
                 "flights": entries,
-                "validation_flights": [entries[1]["name"]],
+                "test_flights": [entries[1]["name"]],
                 "swath_slice": [4, 36],
                 "temporal_frames": 3,
             }

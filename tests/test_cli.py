@@ -48,7 +48,7 @@ def test_train_then_evaluate_json(tiny_raw_config, tmp_path):
     out = json.loads(r.stdout)
     for key in ("overall", "baseline"):
         assert {"r2", "mae_km", "rmse_km", "n"} <= set(out[key])
-    name = tiny_raw_config["data"]["validation_flights"][0]
+    name = tiny_raw_config["data"]["test_flights"][0]
     assert {"r2", "mae_km", "rmse_km", "n"} <= set(out["per_flight"][name])
     assert out["overall"]["n"] == out["per_flight"][name]["n"] > 0
 

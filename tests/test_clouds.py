@@ -87,11 +87,11 @@ def test_the_joint_loss_ignores_missing_heights_and_splits_exactly():
 def test_the_model_has_a_cloud_output_only_when_asked():
     frames, scalars = torch.randn(3, 2, 16, 16), torch.randn(3, 3)
     joint = MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="joint").eval()
-    height, logit = joint(frames, scalars)
-    assert height.shape == logit.shape == (3,)
+    height, logit, classes = joint(frames, scalars)
+    assert height.shape == logit.shape == (3,) and classes is None  # one flag, no classes
     plain = MultimodalRegressionModel(channels=[4, 4, 4]).eval()
-    height, logit = plain(frames, scalars)
-    assert height.shape == (3,) and logit is None
+    height, logit, classes = plain(frames, scalars)
+    assert height.shape == (3,) and logit is None and classes is None
     with pytest.raises(ValueError, match="cloud_head"):
         MultimodalRegressionModel(channels=[4, 4, 4], cloud_head="both")
 
@@ -116,7 +116,7 @@ def test_a_probe_leaves_the_height_network_as_without_one_until_it_is_fitted():
     height_before = probe(frames, scalars).height.detach()
     weight = torch.randn(probe.cloud.in_features)
     probe.set_cloud_probe(weight, 0.25)
-    height, logit = probe(frames, scalars)
+    height, logit, _ = probe(frames, scalars)
     assert torch.equal(height, height_before)  # the height is not touched by the fit
     torch.testing.assert_close(logit, probe.features(frames, scalars) @ weight + 0.25)
     # the fitted flag travels with the weights; a model loaded from them answers a cloud logit at once
@@ -142,6 +142,8 @@ def test_the_probe_is_a_logistic_regression_on_the_raw_features():
     ]  # scales 0.01 to 10, a constant
     features[:, 1] += 80.0 * flag  # the one informative feature, on a large scale
     weight, bias = fit_probe(features, flag)
+    assert weight.shape == (1, 4) and bias.shape == (1,)  # one logit: the flag
+    weight, bias = weight[0], bias[0]
     logit = features @ weight + bias
     assert roc_auc_score(flag, logit) > 0.99
     assert np.mean((logit > 0) == flag) > 0.95
@@ -252,3 +254,60 @@ def test_a_joint_run_trains_both_outputs_and_evaluates_as_saved(tiny_raw_config,
     again = evaluate_run(tmp_path / "joint", write=False)
     assert again["cloud"]["model"]["overall"]["accuracy"] == pytest.approx(model["accuracy"])
     assert again["overall"]["mae_km"] == pytest.approx(report["overall"]["mae_km"], rel=1e-5)
+
+
+def test_the_cloud_flag_marks_a_cloud_base_in_the_heights_range_and_names_the_other_clouds(tiny_config):
+    """A cloud and a cloud base mean the same cloud: the flag says a base lies in the height product's range;
+    high cloud alone and a base below the range are classes of their own, and get no height."""
+    base = np.array([np.nan, 0.5, 9.0, 0.05, 2.0, np.nan])
+    cloud = np.array([0, 1, 1, 1, 1, 1])  # the last: a layer whose base is a fill value
+    classes = cpl.cloud_classes(base, cloud, 0.1, 2.0)
+    assert classes.tolist() == [cpl.CLEAR, cpl.BASE_IN_RANGE, cpl.BASE_ABOVE, cpl.BASE_BELOW, 1, 1]
+    data = tiny_config.data
+    labels = cpl.read_flight_labels(data.flights[0], data)
+    classes = cpl.cloud_classes(labels.layer_base_km, labels.cloud, data.cbh_min_km, data.cbh_max_km)
+    heights = np.isfinite(labels.cbh_km)
+    assert (classes[heights] == cpl.BASE_IN_RANGE).all()  # every height is a base in the range
+    assert (classes[labels.cloud == 0] == cpl.CLEAR).all()
+    # the demo's cirrus-only profiles: cloud under the old flag, their own class now
+    assert ((labels.cloud == 1) & (classes == cpl.BASE_ABOVE)).sum() > 0
+
+
+def test_the_probe_learns_the_cloud_classes_and_answers_the_flags_probability():
+    from cloudml_lib.core.metrics import cloud_class, softmax
+    from cloudml_lib.core.model import in_range_logit
+    from cloudml_lib.science.clouds import fit_probe
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 3.0]])  # clear, a base in range, high cloud alone
+    labels = np.repeat([cpl.CLEAR, cpl.BASE_IN_RANGE, cpl.BASE_ABOVE], 100)
+    features = centres[np.repeat([0, 1, 2], 100)] + rng.normal(0, 0.5, (300, 2))
+    weight, bias = fit_probe(features, labels, classes=len(cpl.CLASS_MEANINGS))
+    assert weight.shape == (4, 2) and bias[cpl.BASE_BELOW] <= -100  # a class no frame holds: impossible
+    logits = torch.as_tensor(features @ weight.T + bias)
+    prob = torch.sigmoid(in_range_logit(logits)).numpy()
+    np.testing.assert_allclose(prob, softmax(logits.numpy())[:, cpl.BASE_IN_RANGE], atol=1e-6)
+    found = cloud_class(prob, softmax(logits.numpy()), 0.5)
+    assert (found == labels).mean() > 0.95
+    # two classes only (no high cloud in the training frames): one logit, placed as the classes' softmax
+    two = labels < 2
+    weight, bias = fit_probe(features[two], labels[two], classes=4)
+    assert (weight[2:] == 0).all() and (bias[2:] <= -100).all()
+    assert fit_probe(features[:10], np.zeros(10, int), classes=4) is None  # one class: nothing to separate
+
+
+def test_the_brightness_temperature_baseline_is_a_window_for_a_base_in_range():
+    from cloudml_lib.science.clouds import bt_flag, fit_window, fitted_baseline, window_score
+
+    # warm sea (clear), a low cloud a little colder, high cloud much colder: the base in range is a window
+    p10 = np.concatenate([np.full(50, 290.0), np.full(40, 280.0), np.full(10, 230.0)]) + np.arange(100) * 1e-3
+    flag = np.repeat([0, 1, 0], [50, 40, 10])
+    low, high = fit_window(p10, flag)
+    assert 230.1 < low < 280.0 and 280.1 < high < 290.0
+    assert cloud_metrics(flag, window_score(p10, (low, high)), 0.0)["accuracy"] == 1.0
+    one_sided = fit_threshold(p10, flag)  # a threshold calls the high cloud a base in range
+    assert cloud_metrics(flag, -p10, -one_sided)["accuracy"] == 0.9
+    fitted = fitted_baseline({"flag": flag, "p10": p10}, window=True)
+    assert fitted == {"kind": "window", "low": low, "high": high}
+    assert bt_flag(np.array([295.0, 281.0, 200.0, np.nan]), fitted).tolist() == [0, 1, 2, -1]
+    assert fit_window(p10, np.zeros(100)) == (float("inf"), float("-inf"))  # calling nothing cloud is best

@@ -267,10 +267,10 @@ def test_a_missing_held_out_flight_is_replaced_and_said(ws, shown):
     assert set(p.heldout.options) == {e["name"] for e in entries}
     p.heldout.value = (entries[0]["name"],)
     config, over = colab.run_config(ws, "B", 5, list(p.heldout.value))
-    assert f"data.validation_flights=[{entries[0]['name']}]" in over
+    assert f"data.test_flights=[{entries[0]['name']}]" in over
     from cloudml_lib.base.config import load_config
 
-    assert load_config(config, over).data.validation_flights == [entries[0]["name"]]
+    assert load_config(config, over).data.test_flights == [entries[0]["name"]]
 
 
 def test_the_cache_cell_does_not_depend_on_the_held_out_flight(ws, shown):
@@ -339,18 +339,22 @@ def test_file_names_in_markdown_tables_keep_their_stars():
 
 def test_evaluation_rows_say_whose_numbers_they_are():
     m = {"r2": 0.5, "mae_km": 0.1, "rmse_km": 0.2, "bias_km": -0.01, "std_ratio": 0.9, "n": 12}
+    two = {"10Feb25": m, "12Feb25": m}
     lines = format_report(
-        {"overall": m, "baseline": m, "per_flight": {"10Feb25": m}, "baseline_per_flight": {"10Feb25": m}}
+        {"overall": m, "baseline": m, "per_flight": two, "baseline_per_flight": two}
     ).splitlines()
-    names = [line.split("  ")[0] for line in lines[1:]]
-    assert names == [
-        "model: all held-out flights",
+    assert lines[0].startswith("Test flights scored as CloudML 0.2 did")  # no protocol recorded: the old one
+    names = [line.split("  ")[0] for line in lines[2:8]]
+    assert names == [  # each test flight first, then the pooled rows, named so
         "model: flight 10Feb25",
-        "baseline (training mean): all",
         "baseline (training mean): flight 10Feb25",
+        "model: flight 12Feb25",
+        "baseline (training mean): flight 12Feb25",
+        "model: pooled over 2 test flights",
+        "baseline (training mean): pooled over 2",
     ]
-    assert not any(line.startswith(" ") for line in lines[1:])  # no row looks nested under another
-    header = lines[0]
+    assert not any(line.startswith(" ") for line in lines[2:8])  # no row looks nested under another
+    header = lines[1]
     for a, b in (("MAE km", "RMSE km"), ("RMSE km", "bias km"), ("bias km", "std ratio"), ("std ratio", "n")):
         assert f"{a}  " in header and header.index(b) > header.index(a) + len(a) + 1
 

@@ -33,15 +33,32 @@ def table(text: str) -> list[list[str]]:
     ]
 
 
-def test_rows_name_their_held_out_flights_and_differing_flights_are_said(tmp_path):
+def test_rows_name_their_test_flights_and_differing_flights_are_said(tmp_path):
     a = copy_run(tmp_path / "a")
     b = copy_run(tmp_path / "b", flight="01Mar25", model__dropout=0.1)
     text = format_comparison(compare_runs([a, b]))
     head, _, *rows = table(text)
-    assert head[:5] == ["run", "held out", "R2", "MAE (km)", "RMSE (km)"] and head[-1] == "model.dropout"
-    assert [r[1] for r in rows] == ["05Mar25", "01Mar25"]
-    assert "measured on different held-out flights" in text
+    assert head[:7] == ["run", "scored on", "R2", "MAE (km)", "RMSE (km)", "bias (km)", "n"]
+    assert head[-1] == "model.dropout"
+    # runs of an earlier release chose their epoch on the flight they are scored on: said in the row
+    assert [r[1] for r in rows] == [f"{f} (chosen on them: CloudML 0.2)" for f in ("05Mar25", "01Mar25")]
+    assert "measured on different data" in text
     assert all(len(r[2].split(".")[1]) == 3 for r in rows)  # R2 0.077, never 0.07728 beside 0.9318
+
+
+def test_a_run_with_several_test_flights_gets_a_row_per_flight_then_the_pooled_row(tmp_path):
+    a = copy_run(tmp_path / "a")
+    evaluation = json.loads((a / "evaluation.json").read_text())
+    ((name, m),) = evaluation["per_flight"].items()
+    evaluation["per_flight"] = {name: m, "12Feb25": {**m, "mae_km": 0.77, "r2": -27.6, "n": 60}}
+    evaluation["protocol"] = {"name": "untouched_test", "test_flights": [name, "12Feb25"]}
+    (a / "evaluation.json").write_text(json.dumps(evaluation))
+    rows = compare_runs([a])
+    assert [r["run"] for r in rows] == [f"{a}: {name}", f"{a}: 12Feb25", f"{a}: pooled"]
+    assert rows[1]["metrics"]["mae_km"] == 0.77 and rows[1]["n"] == 60
+    assert rows[2]["held_out"].startswith("pooled over") and rows[2]["metrics"] == {
+        k: evaluation["overall"][k] for k in rows[2]["metrics"]
+    }
 
 
 def test_bookkeeping_settings_are_not_differences_and_the_same_flights_need_no_warning(tmp_path):
@@ -50,7 +67,7 @@ def test_bookkeeping_settings_are_not_differences_and_the_same_flights_need_no_w
     text = format_comparison(compare_runs([a, b]))
     head = table(text)[0]
     assert head[-1] == "compiled" and "No setting differs between these runs." in text
-    assert "different held-out flights" not in text
+    assert "measured on different data" not in text
 
 
 def test_epoch_records_past_the_end_or_with_impossible_times_are_not_counted_and_said(tmp_path):

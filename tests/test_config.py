@@ -92,13 +92,13 @@ def test_cuda_graph_compile_with_checkpointing_is_refused(mode):
 
 def test_flight_lists_are_checked(tiny_raw_config):
     raw = tiny_raw_config
-    raw["data"]["validation_flights"] = ["12Feb25"]
+    raw["data"]["test_flights"] = ["12Feb25"]
     raw["data"]["flights"][1]["name"] = raw["data"]["flights"][0]["name"]
     del raw["data"]["flights"][0]["nav_file"]
     with pytest.raises(ConfigError) as e:
         build_config(raw)
     msg = str(e.value)
-    assert "data.validation_flights: 12Feb25 not in data.flights" in msg
+    assert "data.test_flights: 12Feb25 not in data.flights" in msg
     assert "flight names must be unique" in msg
     assert "data.flights[0].nav_file: missing" in msg
 
@@ -106,9 +106,9 @@ def test_flight_lists_are_checked(tiny_raw_config):
 def test_a_random_split_is_never_the_default(tiny_raw_config):
     from cloudml_lib.data.flights import resolve_flights
 
-    tiny_raw_config["data"]["validation_flights"] = []
+    tiny_raw_config["data"]["test_flights"] = []
     cfg = build_config(tiny_raw_config)  # a config alone may leave it to cross-validation
-    with pytest.raises(ConfigError, match="name at least one flight to hold out"):
+    with pytest.raises(ConfigError, match="name at least one flight to test on"):
         resolve_flights(cfg.data)  # a run refuses before any work
 
 
@@ -173,9 +173,7 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
     fit_and_finish(Trainer(cfg, tmp_path / "run").setup())  # resumed (finished): still unchanged
     fold = fold_config(cfg, entries[0]["name"], scalars_only=True)
     assert (
-        cfg.to_dict() == before
-        and fold.data.validation_flights == [entries[0]["name"]]
-        and fold.model.scalars_only
+        cfg.to_dict() == before and fold.data.test_flights == [entries[0]["name"]] and fold.model.scalars_only
     )
     from cloudml_lib.science.evaluate import load_run_model
 
@@ -219,7 +217,7 @@ def _alias_bomb(levels: int = 9) -> str:
     [
         (f"data:\n  swath_slice: {_alias_bomb()}\n", []),
         (f"train:\n  epochs: {_alias_bomb()}\n", []),
-        ("train: {epochs: 1}\n", ["--set", f"data.validation_flights={_alias_bomb()}"]),
+        ("train: {epochs: 1}\n", ["--set", f"data.test_flights={_alias_bomb()}"]),
     ],
 )
 def test_a_yaml_alias_bomb_gets_a_short_message(tmp_path, capsys, text, overrides):

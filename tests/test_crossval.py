@@ -13,6 +13,7 @@ from cloudml_lib.commands.crossval import fold_warnings
 from cloudml_lib.core.checkpoint import load_checkpoint
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import fit_scalers
+from cloudml_lib.data.splits import choose_split
 
 
 def crossval(cfg, run_dir, kill_at=None):
@@ -42,7 +43,7 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
         assert set(fold) >= {"model", "mean", "scalars_only", "trees", "warnings"}
         assert fold["model"]["n"] == fold["trees"]["n"] > 10
         preds = (ref / "folds" / name / "model" / "predictions.csv").read_text().splitlines()[1:]
-        assert {line.split(",")[0] for line in preds} == {name}  # only the held-out flight is scored
+        assert {line.split(",")[0] for line in preds} == {name}  # only the test flight is scored
     assert set(result["summary"]) == {
         "model",
         "mean",
@@ -56,7 +57,8 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
         assert fold["cloud"]["model"]["overall"]["n"] > fold["model"]["n"]
         assert set(fold["cloud"]) >= {"model", "majority", "bt_threshold"}
     md = (ref / "crossval.md").read_text()
-    assert "| held-out flight |" in md and "The image model beats the training mean on" in md
+    assert "| test flight |" in md and "The image model beats the training mean on" in md
+    assert md.splitlines()[2].startswith("Nested: each fold's test flight is untouched")
     assert "The cloud output beats the brightness-temperature threshold on" in md
     # intervals measured on each flight never seen, per method; calibrations written for predict
     iv = result["intervals"]
@@ -76,15 +78,23 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]  # the other folds' errors only
 
 
-def test_each_fold_fits_its_scalers_on_its_own_training_flights(reference):
+def test_each_fold_is_nested_its_test_flight_untouched(reference):
+    """Each fold's test flight is its own; its validation data and scalers come from its other flights."""
     _, ref, names = reference
     for held in names:
         best = load_checkpoint(ref / "folds" / held / "model" / "best.pt")
         cfg = config_from_dict(best["config"])
-        assert cfg.data.validation_flights == [held]
-        train = [load_flight_cache(f, cfg.data) for f in cfg.data.flights if f.name != held]
-        expected = fit_scalers(train).to_dict()
-        assert best["scalers"] == pytest.approx(expected)  # no statistics of the held-out flight
+        assert cfg.data.test_flights == [held] and cfg.data.validation == "auto"
+        caches = [load_flight_cache(f, cfg.data) for f in cfg.data.flights]
+        split = choose_split(caches, cfg.data)
+        assert held not in split.validation and split.rule == "time_blocks"  # two training flights
+        run = json.loads((ref / "folds" / held / "model" / "run.json").read_text())
+        assert run["split"] == split.record() == best["split"]
+        fit, _, _ = split.parts(caches)
+        expected = fit_scalers(fit).to_dict()
+        assert best["scalers"] == pytest.approx(expected)  # no statistics of the test flight or validation
+        fold = json.loads((ref / "folds" / held / "fold.json").read_text())
+        assert fold["protocol"] == "untouched_test" and fold["validation"]["n"] > 0
 
 
 def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, tmp_path):
@@ -132,7 +142,7 @@ def test_the_warnings_say_what_went_wrong():
 def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
     cfg, _, names = reference
     raw = yaml.safe_load(cfg.read_text())
-    raw["data"]["validation_flights"] = []
+    raw["data"]["test_flights"] = []
     raw["train"]["epochs"] = 1
     plain = tmp_path / "plain.yaml"
     plain.write_text(yaml.safe_dump(raw))

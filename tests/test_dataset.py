@@ -9,24 +9,27 @@ from cloudml_lib.data.dataset import (
     augment_sample,
     fit_scalers,
     quick_subset,
-    split_flights,
 )
+from cloudml_lib.data.splits import choose_split
 
 
 def datasets(cfg):
-    train, val = split_flights(load_caches(cfg.data), cfg)
-    scalers = fit_scalers(train)
-    return train, val, scalers
+    """(the parts trained on, the validation parts, their scalers), as prepare_data splits them."""
+    fit, val, _ = choose_split(load_caches(cfg.data), cfg.data).parts(load_caches(cfg.data))
+    return fit, val, fit_scalers(fit)
 
 
-def test_split_is_by_flight_and_scalers_ignore_the_validation_flight(tiny_config):
-    train, val, scalers = datasets(tiny_config)
-    assert [c.name for c in val] == tiny_config.data.validation_flights
-    assert not {c.name for c in train} & {c.name for c in val}
-    train_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train])  # heights only: NaN is "no height"
-    all_cbh = np.concatenate([c.cbh_km[c.has_height] for c in train + val])
-    assert scalers.cbh_mean == float(train_cbh.astype(np.float64).mean())
-    assert scalers.cbh_mean != float(all_cbh.astype(np.float64).mean())
+def test_scalers_are_fitted_on_the_part_trained_on_alone(tiny_config):
+    caches = load_caches(tiny_config.data)
+    fit, val, test = choose_split(caches, tiny_config.data).parts(caches)
+    assert [c.name for c in test] == tiny_config.data.test_flights
+    assert not {c.name for c in fit + val} & {c.name for c in test}
+    scalers = fit_scalers(fit)
+    fit_cbh = np.concatenate([c.cbh_km[c.has_height] for c in fit])  # heights only: NaN is "no height"
+    for other in (val, test):  # the validation blocks and the test flight are never fitted on
+        all_cbh = np.concatenate([c.cbh_km[c.has_height] for c in fit + other])
+        assert scalers.cbh_mean != float(all_cbh.astype(np.float64).mean())
+    assert scalers.cbh_mean == float(fit_cbh.astype(np.float64).mean())
 
 
 def test_items_are_standardised_and_nan_angles_filled(tiny_config):

@@ -29,7 +29,7 @@ def train_demo(tmp_path, name, *overrides):
 def test_demo_learns_height_from_the_frames(tmp_path):
     report, stdout = train_demo(tmp_path, "demo")
     assert "Epoch 12/12 |" in stdout and "New best model saved" in stdout
-    held_out = report["per_flight"]["05Mar25"]
+    held_out = report["per_flight"]["05Mar25"]  # the test flight: nothing was trained or chosen on it
     assert report["overall"]["n"] == held_out["n"] > 100
     assert held_out["r2"] >= 0.75, report
     assert report["baseline"]["r2"] < 0.05
@@ -42,10 +42,11 @@ def test_demo_learns_height_from_the_frames(tmp_path):
     )  # clear frames are a real class
     assert model["accuracy"] > majority["accuracy"] + 0.15 and model["roc_auc"] > 0.85
     assert model["accuracy"] >= threshold["accuracy"] - 0.05
+    # calibrated on the validation flight and measured on the test flight: a coverage, not a construction
+    assert report["intervals"]["calibrated_on"] == ["03Mar25"] == list(report["protocol"]["validation"])
     intervals = report["intervals"]["per_flight"]["05Mar25"]
-    assert (
-        0.85 <= intervals["coverage"] <= 0.95 and intervals["mean_width_km"] < 1.0
-    )  # calibrated on this flight
+    assert 0.6 <= intervals["coverage"] <= 1.0 and intervals["mean_width_km"] < 1.0
+    assert report["protocol"]["name"] == "untouched_test" and report["mae_interval_km"]["05Mar25"]
     control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true")
     assert control["overall"]["r2"] < 0.3  # the angles alone do not give the height
     assert held_out["r2"] - control["overall"]["r2"] > 0.5

@@ -50,7 +50,7 @@ def weights(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tiny_flights, tmp_path_factory):
-    """The same config trained by 1 process and by 2 (global batch 8 either way)."""
+    """The same config trained by 1 process and by 2 (global batch 5 either way: 3 and 2 samples)."""
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("ddp")
     raw = tiny_raw(root, entries, tmp / "cache")  # dropout 0: see the README's torchrun section
@@ -76,7 +76,7 @@ def test_two_processes_train_the_same_model_as_one(runs):
     assert len(pa) == len(pb) > 10 and np.abs(pa - pb).max() <= 1.5e-4  # written to 0.1 m
     assert json.loads((two / "run.json").read_text())["processes"] == 2
     log = (two / "train.log").read_text()
-    assert "batch 8 over 2 processes (BatchNorm over the whole batch)" in log
+    assert "batch 5 over 2 processes (BatchNorm over the whole batch)" in log
     records = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]  # written once, by rank 0
     for key in ("train_loss", "val_loss"):

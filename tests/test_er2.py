@@ -98,7 +98,7 @@ def labels_for(root, entry, **data):
             "data": {
                 "dir": str(root),
                 "flights": [entry, other],
-                "validation_flights": ["other"],
+                "test_flights": ["other"],
                 "swath_slice": [2, 10],
                 **data,
             }
@@ -211,7 +211,7 @@ def test_big_endian_unsigned_frames_preprocess_like_floats(tmp_path):
             "data": {
                 "dir": str(tmp_path),
                 "flights": [entry, dict(entry, name="o")],
-                "validation_flights": ["o"],
+                "test_flights": ["o"],
                 "swath_slice": [2, 10],
             }
         }
@@ -305,7 +305,7 @@ def test_glob_patterns_in_sub_folders_must_match_exactly_one_file(tmp_path):
         {
             "data": {
                 "dir": str(tmp_path),
-                "validation_flights": ["o"],
+                "test_flights": ["o"],
                 "flights": [dict(entry, cpl_file="10Feb25/CPL_L2_*_10feb25.hdf5"), dict(entry, name="o")],
             }
         }

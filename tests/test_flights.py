@@ -33,7 +33,7 @@ def users_folder(tmp_path_factory):
 
 
 def data_config(root, **data):
-    return build_config({"data": {"dir": str(root), "validation_flights": ["05Mar25"], **data}}).data
+    return build_config({"data": {"dir": str(root), "test_flights": ["05Mar25"], **data}}).data
 
 
 def test_flights_are_found_grouped_by_date_and_named(users_folder):
@@ -69,7 +69,7 @@ def test_a_config_naming_only_the_data_folder_trains_end_to_end(users_folder, tm
         "data": {
             "dir": str(users_folder),
             "cache_dir": str(tmp_path / "cache"),
-            "validation_flights": ["05Mar25"],
+            "test_flights": ["05Mar25"],
             "temporal_frames": 3,
             "swath_slice": [4, 36],
             "num_workers": 0,
@@ -134,13 +134,13 @@ def test_skipping_incomplete_flights_is_explicit_and_listed(incomplete, tmp_path
     assert "skipped: no nav file" in table and "skipped: no IR file; no nav file" in table
 
 
-def test_validation_flight_that_was_not_found_is_named(users_folder):
+def test_a_test_flight_that_was_not_found_is_named(users_folder):
     with pytest.raises(
         ConfigError,
-        match=r"data.validation_flights: 12Feb25 not in the flights found in .*"
+        match=r"data.test_flights: 12Feb25 not in the flights found in .*"
         r"\(known: 01Mar25, 03Mar25, 05Mar25\)",
     ):
-        flights.resolve_flights(data_config(users_folder, validation_flights=["12Feb25"]))
+        flights.resolve_flights(data_config(users_folder, test_flights=["12Feb25"]))
     with pytest.raises(ConfigError, match="data.overweight_flight: '30Oct24' not in the flights found"):
         flights.resolve_flights(data_config(users_folder, overweight_flight="30Oct24"))
 
@@ -176,7 +176,7 @@ def test_the_same_files_under_two_flight_names_are_refused(users_folder):
         {
             "data": {
                 "dir": str(users_folder),
-                "validation_flights": ["b"],
+                "test_flights": ["b"],
                 "flights": [dict(entry, name="a"), dict(entry, name="b")],
             }
         }

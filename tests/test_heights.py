@@ -108,9 +108,14 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run, tmp_path):
         qc = np.ma.filled(nc["cloud_base_height_qc"][:], -1)
         cbh = np.ma.filled(nc["cloud_base_height"][:].astype(float), np.nan)
         assert (((qc == 0) | (qc == 3)) == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
-        outside = (cbh < 0.1) | (cbh > 2.0)  # data.cbh_min_km, data.cbh_max_km: what the labels span
+        low, high = best[Key.LABEL_RANGE]  # the span of the heights the model was fitted on
+        assert 0.1 <= low < high <= 2.0
+        outside = (cbh < low) | (cbh > high)  # above every training label too: an extrapolation
         assert ((qc == 3) == (outside & np.isfinite(cbh))).all()
-        assert f"{int((qc == 3).sum())} heights outside 0.1-2 km" in nc.cloud_base_height_outside_labels
+        assert (
+            f"{int((qc == 3).sum())} heights outside {low:g}-{high:g} km (the span of the labels the model "
+            "was" in (nc.cloud_base_height_outside_labels)
+        )
         assert list(nc["cloud_base_height_qc"].flag_values) == [0, 1, 2, 3]
         assert nc["cloud_base_height_qc"].flag_meanings.split()[:3] == [  # what files written before meant
             "inside_bounds",
@@ -175,7 +180,7 @@ def test_heights_above_the_aircraft_or_the_label_range_are_masked():
     calibration = intervals.calibrate(
         np.linspace(0.2, 1.8, 40), np.linspace(0.2, 1.8, 40) + 0.3, "conformal_absolute", 0.9, "a test"
     )
-    pr.cloud_and_intervals(result, 0.5, calibration, (0.0, 2.0))
+    pr.cloud_and_intervals(result, pr.Flagging(0.5), calibration, (0.0, 2.0))
     np.testing.assert_array_equal(result["cbh_qc"], [1, 0, 2, 2, -1, 0, 0])  # 1.5 km: above the aircraft
     np.testing.assert_allclose(result["cbh_km"], [np.nan, 0.5, np.nan, np.nan, np.nan, 2.0, 0.05])
     keys = ("height_below_surface", "height_above_ceiling", "altitude_known")
@@ -193,7 +198,7 @@ def test_the_aircraft_altitude_is_read_from_the_nav_file_where_it_has_one(tiny_f
     data = tmp_path / "flights"
     shutil.copytree(root, data)
     flight = FlightConfig(**{k: v for k, v in entries[0].items() if k in FlightConfig.__dataclass_fields__})
-    raw = {"dir": str(data), "flights": [entries[0]], "validation_flights": [], "swath_slice": [4, 36]}
+    raw = {"dir": str(data), "flights": [entries[0]], "test_flights": [], "swath_slice": [4, 36]}
     cfg = build_config({"data": raw})
     before = pr._flight_inputs(flight, cfg.data)
     assert np.isnan(before["altitude_km"]).all()  # the demo's nav file has none: bounded by cbh_max_km
@@ -247,7 +252,8 @@ def test_the_notebook_shows_the_verdict_of_an_evaluation_written_before_verdicts
     show_evaluation(tmp_path)
     out = capsys.readouterr().out
     assert "Verdict: this model is not useful yet on 12Feb25" in out and "collapse towards a constant" in out
-    assert "| model: all held-out flights |" in out  # a Markdown table, not a monospace block
+    assert "| model: flight 12Feb25 |" in out  # a Markdown table, not a monospace block
+    assert "Test flights scored as CloudML 0.2 did" in out  # written before the protocol was recorded
     assert "*training mean* predicts the training labels' mean height" in out  # the baselines explained
 
 
@@ -267,7 +273,11 @@ def test_a_cloud_baseline_that_beats_the_model_is_said_in_the_verdict(tmp_path, 
     report = {"overall": m, "baseline": b, "per_flight": {"12Feb25": m}, "cloud": cloud}
     said = cloud_verdict(report)
     assert said.startswith("Cloud flag: the model's cloud / no-cloud is not useful yet")
-    assert "the brightness-temperature threshold (accuracy 0.930 vs 0.982) beat it" in said
+    assert (
+        "the brightness-temperature threshold beats it (accuracy 0.930 for the model, 0.982 for the "
+        "brightness-temperature threshold)" in said
+    )
+    assert "predict --cloud-flag bt_threshold" in said  # how to write that baseline's flag
     assert "majority" not in said
     cloud["bt_threshold"]["overall"] = flag(0.90, 0.90)
     assert cloud_verdict(report) == "Cloud flag: the model beats both baselines (accuracy 0.930)."
@@ -275,7 +285,7 @@ def test_a_cloud_baseline_that_beats_the_model_is_said_in_the_verdict(tmp_path, 
     cloud["bt_threshold"]["overall"] = flag(0.982, 0.93)
     (tmp_path / "evaluation.json").write_text(json.dumps(report))
     show_evaluation(tmp_path)
-    assert "beat it. Use that baseline's flag for now" in capsys.readouterr().out
+    assert "beats it (accuracy 0.930 for the model, 0.982" in capsys.readouterr().out
 
 
 def test_heights_outside_the_labels_range_are_kept_flagged_counted_and_drawn_apart():
@@ -292,7 +302,7 @@ def test_heights_outside_the_labels_range_are_kept_flagged_counted_and_drawn_apa
         "lat": np.zeros(6),
         "lon": np.zeros(6),
     }
-    pr.cloud_and_intervals(result, 0.5, None, (0.0, 2.0), learned=(0.1, 2.0))
+    pr.cloud_and_intervals(result, pr.Flagging(0.5), None, (0.0, 2.0), learned=(0.1, 2.0))
     np.testing.assert_array_equal(result["cbh_qc"], [3, 0, 3, 0, 3, 2])  # 5 km under an aircraft at 18 km
     np.testing.assert_allclose(result["cbh_km"], [0.05, 0.5, 5.0, 1.0, 0.099, np.nan])  # kept, not masked
     assert result["counts"]["height_outside_labels"] == 3 and result["counts"]["height_above_ceiling"] == 1

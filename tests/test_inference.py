@@ -108,7 +108,7 @@ def test_a_full_width_model_on_real_size_frames_gives_the_same_numbers(tmp_path)
         "data": {
             "dir": str(tmp_path / "flights"),
             "flights": entries,
-            "validation_flights": [entries[1]["name"]],
+            "test_flights": [entries[1]["name"]],
             "temporal_frames": 5,
             "swath_slice": [40, 480],
         },
@@ -129,7 +129,8 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
     raw = tiny_raw(root, entries, tmp_path / "cache")
     raw["data"]["temporal_frames"] = t
     cfg, _ = resolve_config(build_config(raw))
-    train_set, val_set = prepare_data(cfg)
+    data = prepare_data(cfg)
+    train_set, val_set = data.train_set, data.test_set  # a whole flight's samples
     model = model_with_cloud([4, 8, 8], "probe")
     encoded = []
     real = model.encode_frames
@@ -156,7 +157,7 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
 def test_a_model_in_training_mode_is_scored_in_eval_mode_and_left_as_it_was(tiny_flights, tmp_path):
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
-    _, val_set = prepare_data(cfg)
+    val_set = prepare_data(cfg).test_set
     model = model_with_cloud([4, 8, 8], "none").train()
     stats = [b.clone() for b in model.buffers()]
     inference.predict(model, val_set, CPU, 4)
@@ -173,7 +174,7 @@ def test_a_compiled_encoder_meets_one_batch_shape(tiny_flights, tmp_path):
 
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
-    _, val_set = prepare_data(cfg)
+    val_set = prepare_data(cfg).test_set
     model = model_with_cloud([4, 8, 8], "none")
     eager, _ = inference.predict(model, val_set, CPU, 8)
     watch = apply_compile(model, True, "default", CPU)

@@ -253,11 +253,11 @@ def test_the_crossval_view_shows_the_fold_its_curves_and_a_truthful_end(tmp_path
 
     cv = tmp_path / "cv"
     view = live.LiveView(None, folds=cv)
-    view.line("Cross-validation over 3 flights, each held out once: 01Mar25, 12Feb25, 20Feb25")
-    view.line("Fold 01Mar25: training on the other flights, 01Mar25 held out")
+    view.line("Cross-validation over 3 flights, each the test flight once: 01Mar25, 12Feb25, 20Feb25")
+    view.line("Fold 01Mar25: 01Mar25 is the test flight; training and validating on the other flights")
     (cv / "folds" / "01Mar25").mkdir(parents=True)
     (cv / "folds" / "01Mar25" / "fold.json").write_text("{}")
-    view.line("Fold 12Feb25: training on the other flights, 12Feb25 held out")
+    view.line("Fold 12Feb25: 12Feb25 is the test flight; training and validating on the other flights")
     view.line('@progress {"step": 5, "total": 8, "epoch": 2, "epochs": 2, "batch": 1, "batches": 4}')
     metrics = cv / "folds" / "12Feb25" / "model" / "metrics.jsonl"
     metrics.parent.mkdir(parents=True)
@@ -272,10 +272,10 @@ def test_the_crossval_view_shows_the_fold_its_curves_and_a_truthful_end(tmp_path
     }
     metrics.write_text(json.dumps(epoch) + "\n")
     view.refresh()
-    assert "fold 2 of 3 (12Feb25 held out) &middot; epoch 2 of 2 &middot; step 5 of 8" in view.label.value
+    assert "fold 2 of 3 (test flight 12Feb25) &middot; epoch 2 of 2 &middot; step 5 of 8" in view.label.value
     assert view.curves.value[:4] == b"\x89PNG" and view.shown_epochs == 1
     live.report_end(130, view, "cross-validation", None)
-    assert "stopped in fold 2 of 3 (12Feb25 held out); no checkpoint was saved yet" in view.label.value
+    assert "stopped in fold 2 of 3 (test flight 12Feb25); no checkpoint was saved yet" in view.label.value
     assert "1 of 3 folds finished" in view.label.value
     assert "Cross-validation stopped in fold 2 of 3" in capsys.readouterr().out
 
@@ -295,7 +295,7 @@ def test_crossval_through_the_notebook_view_follows_its_folds(tiny_flights, tmp_
 
     raw = tiny_raw(*tiny_flights, tmp_path / "cache")
     raw["train"]["epochs"] = 1
-    raw["data"]["validation_flights"] = []
+    raw["data"]["test_flights"] = []
     cfg, cv = tmp_path / "c.yaml", tmp_path / "cv"
     cfg.write_text(yaml.safe_dump(raw))
     names = [e["name"] for e in tiny_flights[1]]
@@ -312,8 +312,8 @@ def test_crossval_through_the_notebook_view_follows_its_folds(tiny_flights, tmp_
     code = live.run_live(cmd, view, {"CLOUDML_KILL_AT": "step:10:SIGINT"})
     assert code == 130, list(view.lines)[-20:]
     live.report_end(code, view, "cross-validation", None)
-    assert any(f"fold 2 of 3 ({names[1]} held out) &middot; epoch 1 of 1" in s for s in seen), seen[-5:]
-    assert f"stopped in fold 2 of 3 ({names[1]} held out)" in view.label.value
+    assert any(f"fold 2 of 3 (test flight {names[1]}) &middot; epoch 1 of 1" in s for s in seen), seen[-5:]
+    assert f"stopped in fold 2 of 3 (test flight {names[1]})" in view.label.value
     assert "1 of 3 folds finished" in view.label.value
     view = live.LiveView(None, folds=cv)
     code = live.run_live(cmd, view)

@@ -22,7 +22,13 @@ from cloudml_lib.data.synthetic import make_demo_flights
 # A preset small enough to train in seconds on the tests' flights (40 x 48 frames); its flights are found in
 # data/ as the presets' are.
 TINY_PRESET = {
-    "data": {"temporal_frames": 3, "swath_slice": [4, 36], "num_workers": 0, "skip_incomplete_flights": True},
+    "data": {
+        "temporal_frames": 3,
+        "swath_slice": [4, 36],
+        "num_workers": 0,
+        "skip_incomplete_flights": True,
+        "validation_gap_frames": 6,  # the tests' flights are 120 frames long
+    },
     "model": {"channels": [4, 8, 8], "dropout": 0.0},
     "train": {
         "epochs": 2,
@@ -88,7 +94,7 @@ def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
     assert p.heldout.value == ("05Mar25",) and "05Mar25 (not in data/)" in dict(p.heldout.options)
     note = p.note.value
     assert "Problem:" in note
-    assert "not complete in data/ now: 05Mar25 is not there (held out: 05Mar25)" in note
+    assert "not complete in data/ now: 05Mar25 is not there (test flights: 05Mar25)" in note
     assert "wait a minute and run this cell again" in note and "Start a new run" in note
     remembered = (ws.root / "last_run.json").read_text()
     monkeypatch.setattr(training, "run_live", forbidden)
@@ -111,7 +117,7 @@ def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
     assert "Resumed from step" in (run_dir / "train.log").read_text()
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]
     assert [f["name"] for f in saved["flights"]] == ["01Mar25", "03Mar25", "05Mar25"]
-    assert saved["validation_flights"] == ["05Mar25"]
+    assert saved["test_flights"] == ["05Mar25"]
     assert "07Mar25" in text(shown) and "Start a new run" in text(shown)
 
     shown.clear()  # Run all again on the finished run: its results, no training started
@@ -140,18 +146,18 @@ def test_a_continued_run_is_given_its_own_flights_again(ws, flights, tiny_preset
     (run_dir / "checkpoints" / "step-00000003").mkdir(parents=True)
     entries = [{"name": n, "ir_file": f"ER2/{n}/ir.h5"} for n in ("01Mar25", "03Mar25", "05Mar25")]
     (run_dir / "config.yaml").write_text(
-        yaml.safe_dump({"data": {"flights": entries, "validation_flights": ["03Mar25"]}})
+        yaml.safe_dump({"data": {"flights": entries, "validation_flights": ["03Mar25"]}})  # an earlier run's
     )
     c = colab.Choice(preset="B", epochs=4, run_name="mine", heldout=["07Mar25"])
     cmd = training.train_command(ws, c)
     sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
     pinned = [json.loads(x.split("=", 1)[1]) for x in sets if x.startswith("data.flights=")]
     assert pinned == [entries]
-    assert sets[-1] == 'data.validation_flights=["03Mar25"]'  # the run's, last: it wins
+    assert sets[-1] == 'data.test_flights=["03Mar25"]'  # the run's, last: it wins
     new = training.train_command(
         ws, colab.Choice(preset="B", epochs=4, run_name="other", heldout=["07Mar25"])
     )
-    assert not any(x.startswith("data.flights=") for x in new) and "data.validation_flights=[07Mar25]" in new
+    assert not any(x.startswith("data.flights=") for x in new) and "data.test_flights=[07Mar25]" in new
 
 
 def test_one_complete_flight_is_refused_before_training(ws, shown, flights, tiny_presets, monkeypatch):
@@ -169,13 +175,15 @@ def test_held_out_choices_that_leave_nothing_to_train_on_are_refused(ws, shown, 
     for f in ("01Mar25", "03Mar25", "05Mar25"):
         move(f, flights, ws.data / "ER2")
     p = colab.Picker(ws)
-    assert "Held out by default:" in p.note.value
+    assert "Test flight by default:" in p.note.value
     p.heldout.value = ("01Mar25",)  # the default line goes: the note says what is chosen now
-    assert "Held out by default" not in p.note.value and "Held out: 01Mar25, your choice" in p.note.value
+    assert (
+        "Test flight by default" not in p.note.value and "Test flights: 01Mar25, your choice" in p.note.value
+    )
     p.heldout.value = ("01Mar25", "03Mar25", "05Mar25")
-    assert "Every flight is held out" in p.note.value and "every flight is held out" in p.problem()
+    assert "Every flight is a test flight" in p.note.value and "every flight is a test flight" in p.problem()
     p.heldout.value = ()
-    assert "no held-out flight is chosen" in p.problem()
+    assert "no test flight is chosen" in p.problem()
 
 
 def test_the_finished_note_follows_the_epochs_box(ws, shown, monkeypatch):
@@ -256,7 +264,7 @@ def test_flights_too_small_for_the_presets_train_with_the_demo_configuration_sai
     assert p.problem() is None and "Problem:" not in p.note.value
     cfg = load_config(*drive.run_config(ws, c.preset, c.epochs, c.heldout, demo=False))
     assert cfg.data.swath_slice == [8, 72] and Path(cfg.data.dir) == ws.data and not cfg.data.demo
-    assert cfg.data.validation_flights == c.heldout
+    assert cfg.data.test_flights == c.heldout
     capsys.readouterr()
     assert drive.verify_data(ws)  # every flight usable with the configuration that will train them
     said = text(shown) + capsys.readouterr().out
@@ -300,7 +308,7 @@ def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_p
     assert p.problem() and "Problem:" in p.note.value
     assert "Nothing is trained until this is fixed." in p.note.value and "Trains preset" not in p.note.value
     assert p._new_run_advice(", or choose X") == (
-        ". A new run needs two flights in data/ (one to train on, one held out)."
+        ". A new run needs two flights in data/ (one to train on, one to test it on)."
     )
     # a run's flight whose folder is there without its nav file: incomplete, not "not there"
     move("03Mar25", flights, ws.data / "ER2")

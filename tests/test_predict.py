@@ -17,7 +17,7 @@ from cloudml_lib.science import products
 def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run):
     run_dir, _, entries = tiny_run
     held = entries[2]["name"]
-    (path,) = pr.predict_flights(run_dir)  # default: the validation flight
+    (path,) = pr.predict_flights(run_dir)  # default: the test flight
     assert path == run_dir / "predictions" / f"{held}_cbh.nc"
     with netCDF4.Dataset(path) as nc:
         assert nc.Conventions == "CF-1.8" and set(nc.variables) == {
@@ -39,10 +39,19 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run):
         assert nc["time"].units == "seconds since 1970-01-01 00:00:00" and nc["lat"].units == "degrees_north"
         assert nc["cloud_base_height"].units == "km" and nc["cloud_base_height"]._FillValue == products.FILL
         prob, flag = nc["cloud_probability"][:], nc["cloud_flag"][:]
-        assert ((prob >= 0) & (prob <= 1)).all() and list(nc["cloud_flag"].flag_values) == [0, 1]
-        np.testing.assert_array_equal(flag, (prob >= nc.cloud_threshold).astype(np.int8))
+        assert ((prob >= 0) & (prob <= 1)).all() and list(nc["cloud_flag"].flag_values) == [0, 1, 2, 3]
+        assert nc["cloud_flag"].flag_meanings.split() == list(products.CLASS_MEANINGS)
+        np.testing.assert_array_equal(flag == 1, prob >= nc.cloud_threshold)  # a cloud base in the range
         cbh = nc["cloud_base_height"][:]
-        assert (np.ma.getmaskarray(cbh) == (flag == 0)).all()  # missing exactly over clear sky
+        assert (np.ma.getmaskarray(cbh) == (flag != 1)).all()  # a height only under a base in the range
+        assert nc["cloud_base_height"].standard_name == "cloud_base_altitude"
+        assert nc.flight_role == "a test flight of this run: nothing was trained or chosen on it"
+        assert nc.model_test_skill.startswith(f"{held}: R2 ") and "training mean MAE" in nc.model_test_skill
+        assert nc.model_verdict.startswith("Verdict") and "nothing was chosen" in nc.model_evaluation_protocol
+        assert nc.interval_calibrated_on_this_flight == "no"
+        assert nc.cloud_flag_source.startswith("the model") and "height product's range" in (
+            nc.cloud_flag_definition
+        )
         lower, upper = nc["cloud_base_height_lower"][:], nc["cloud_base_height_upper"][:]
         cloudy = flag == 1
         assert (lower[cloudy] <= cbh[cloudy]).all() and (cbh[cloudy] <= upper[cloudy]).all()
@@ -50,7 +59,7 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run):
         assert nc.interval_method.startswith("conformal_absolute") and nc.interval_coverage == pytest.approx(
             0.9
         )
-        assert "held-out heights from this run's held-out flights" in nc.interval_calibration
+        assert "heights from the validation data of the training flights" in nc.interval_calibration
         t = nc["time"][:]
         assert np.all(np.diff(t) > 0) and 1.7e9 < t[0] < 1.8e9
         labels = np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)
@@ -84,7 +93,7 @@ def test_streaming_in_blocks_reads_each_frame_once_and_changes_nothing(tiny_run,
     (blocks,) = pr.predict_flights(run_dir, out_dir=tmp_path / "blocks")
     with netCDF4.Dataset(whole) as a, netCDF4.Dataset(blocks) as b:
         np.testing.assert_array_equal(a["cloud_base_height"][:], b["cloud_base_height"][:])
-    assert len(prepared) == 240  # the held-out flight's frames, each exactly once
+    assert len(prepared) == 240  # the test flight's frames, each exactly once
 
 
 def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(tiny_run, tmp_path, monkeypatch):
@@ -151,7 +160,9 @@ def test_the_report_links_what_the_run_holds(tiny_run):
     run_dir, _, entries = tiny_run
     pr.predict_flights(run_dir)
     report = (run_dir / "report.md").read_text()
-    assert "## Held-out flights" in report and "| baseline (training mean): all |" in report
+    held = entries[2]["name"]
+    assert "## Test flights" in report and f"| baseline (training mean): flight {held} |" in report
+    assert "The validation score of every epoch" in report and "| 1 (best) |" in report
     assert f"### {entries[2]['name']}" in report
     links = [line[line.index("(") + 1 : -1] for line in report.splitlines() if line.startswith("![")]
     assert len(links) == 4 and all((run_dir / link).is_file() for link in links)
@@ -305,3 +316,23 @@ def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(tiny_r
     assert summary["cloud_base_height_doubled"]["max"] == pytest.approx(
         2 * summary["cloud_base_height"]["max"]
     )
+
+
+def test_the_brightness_temperature_flag_can_be_written_and_the_file_says_so(tiny_run, tmp_path):
+    """When the verdict says the brightness-temperature baseline beats the model's cloud output, predict
+    writes that baseline's flag (fitted on the training flights, kept in best.pt), and says which it holds."""
+    run_dir, _, entries = tiny_run
+    flight = entries[0]["name"]  # a training flight of the run
+    (path,) = pr.predict_flights(run_dir, [flight], out_dir=tmp_path / "bt", cloud_flag="bt_threshold")
+    baseline = torch.load(run_dir / "best.pt", weights_only=True)["cloud_baseline"]
+    assert baseline["kind"] == "window" and baseline["high"] is not None  # a low end may be open (None)
+    assert baseline["low"] is None or baseline["low"] < baseline["high"]
+    with netCDF4.Dataset(path) as nc:
+        assert nc.cloud_flag_source.startswith("the brightness-temperature baseline (window")
+        assert nc["cloud_flag"].flag_meanings.split() == list(products.BT_MEANINGS)
+        flag, cbh = nc["cloud_flag"][:], nc["cloud_base_height"][:]
+        assert set(np.unique(flag.compressed())) <= {0, 1, 2} and (flag == 1).sum() > 10
+        assert (np.ma.getmaskarray(cbh) == (flag != 1)).all()
+        assert nc.flight_role == "a training flight of this run: the model was fitted on it"
+    with pytest.raises(Exception, match="--cloud-flag"):
+        pr.predict_flights(run_dir, [flight], out_dir=tmp_path / "x", cloud_flag="nonsense")

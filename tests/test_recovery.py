@@ -51,6 +51,7 @@ def test_oom_halves_the_micro_batch_and_matches_the_run_without_injection(tiny_c
     """Injected OOM above 2 samples: the run completes in micro-batches of 2, with the batch size and LR
     of the plan, and its weights match an uninjected run that used micro-batches of 2 throughout."""
     calls = []
+    tiny_config.train.batch_size = 8  # halved twice, to 4 then 2
     injected, report = fit(tiny_config, tmp_path / "a", forward_wrap=oom_above(2, calls))
     reference, _ = fit(tiny_config, tmp_path / "b", micro=2)
     assert report["overall"]["n"] > 0

@@ -72,7 +72,9 @@ def reference(files):
 def test_an_uninterrupted_sweep(reference):
     trials = study_of(reference)
     assert [t[0] for t in trials] == [0, 1, 2]
-    assert trials[0][1] == "COMPLETE" and 0 < trials[0][3] < 2  # mae_km of the held-out flight
+    assert trials[0][1] == "COMPLETE" and 0 < trials[0][3] < 2  # mae_km of the trial's validation data
+    first = json.loads((reference / "trials" / "0" / "evaluation.json").read_text())
+    assert trials[0][3] == first["validation"]["pooled"]["mae_km"] != first["overall"]["mae_km"]
     assert all(set(t[2]) == {"train.learning_rate", "model.dropout"} for t in trials)
     assert len({t[2]["train.learning_rate"] for t in trials}) == 3  # three different draws
     assert all(sorted(t[4]) == [1, 2, 3] for t in trials if t[1] == "COMPLETE")  # one report per epoch
@@ -123,8 +125,9 @@ def test_more_trials_continue_a_finished_sweep_and_the_same_count_does_nothing(f
 
 
 COMPARE_HEADER = (
-    "| run | held out | R2 | MAE (km) | RMSE (km) | state | epochs | time (min) | compiled | model.dropout | "
-    "train.learning_rate |"
+    "| run | scored on | R2 | MAE (km) | RMSE (km) | bias (km) | n | state | epochs | time (min) | compiled "
+    "| "
+    "model.dropout | train.learning_rate |"
 )
 
 
@@ -145,13 +148,27 @@ def test_report_and_compare(files, tmp_path):
     best = min(study_of(run), key=lambda t: t[3])
     assert f"Best: trial {best[0]}, MAE (km) {best[3]:.4g}" in report
     assert "Verdict on the best trial: " in report  # judged as a run is: against the training mean
+    assert report.count("The best trial's test score, reported once") == 1  # the only test score shown
+    assert "on the trials' validation data (never a test flight)" in report
     out = run_cli("compare", run, run / "trials" / "0")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == COMPARE_HEADER and len(lines) == 7
+    assert lines[0] == COMPARE_HEADER and sum(line.startswith("| ") for line in lines) == 7
+    # the trials' validation scores beside a run's test score: said to be other data
+    assert [line.split(" | ")[1] for line in lines[2:6]] == ["validation"] * 4
+    assert "The metrics were measured on different data" in out.stdout
     rows = json.loads(run_cli("compare", run, "--json").stdout)
     assert [r["metrics"]["mae_km"] for r in rows] == pytest.approx([t[3] for t in study_of(run)])
     assert all(r["epochs"] == "3/3" and r["compiled"] == "no" and r["state"] == "finished" for r in rows)
+
+
+def test_a_new_sweep_cannot_choose_its_best_trial_on_the_test_flights(files, tmp_path):
+    cfg, _, _, _ = files
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(dict(SPACE, objective="held_out")))
+    r = sweep_cli(cfg, space, tmp_path / "sweep", 1)
+    assert r.returncode == 2 and "objective: held_out chose the best trial on the test flights" in r.stderr
+    assert not (tmp_path / "sweep" / "trials").exists()
 
 
 def test_compare_refuses_a_folder_without_runs(tmp_path):
@@ -442,14 +459,17 @@ def test_a_crossval_objective_scores_each_trial_by_its_folds(files, tmp_path):
     r = sweep_cli(cfg, space, run, 2, None, tmp_path / "vm")
     assert r.returncode == 0, r.stderr[-2000:]
     for number, state, _, value, _, _ in study_of(run):
-        summary = json.loads((run / "trials" / str(number) / "crossval.json").read_text())["summary"]
-        assert state == "COMPLETE" and value == pytest.approx(summary["model"]["r2"]["mean"])
+        result = json.loads((run / "trials" / str(number) / "crossval.json").read_text())
+        # the mean of the folds' validation scores (nested): never a fold's test flight
+        inner = [fold["validation"]["r2"] for fold in result["folds"].values()]
+        assert state == "COMPLETE" and value == pytest.approx(sum(inner) / len(inner))
+        assert value != pytest.approx(result["summary"]["model"]["r2"]["mean"])
         assert (
             len(list((run / "trials" / str(number) / "folds").iterdir())) == 3
-        )  # every flight held out once
+        )  # every flight the test flight once
     rows = json.loads(run_cli("compare", run, "--json").stdout)
     assert [r["epochs"] for r in rows] == ["3 folds", "3 folds"]
-    assert "(maximize) on the cross-validated folds" in (run / "report.md").read_text()
+    assert "(maximize) on the nested folds' validation data (the mean over folds)" in (run / "report.md").read_text()
 
 
 def test_status_of_a_sweep_is_its_trials_table(reference):

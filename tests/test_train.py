@@ -30,12 +30,12 @@ def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path)
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     base = tiny_config.train.learning_rate
     batches = iter(trainer.loader)
-    for k in range(6):
+    for k in range(trainer.steps_per_epoch):
         expected = base * lr_factor(k, 4, trainer.total_steps, tiny_config.train.min_lr_ratio)
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
         trainer.train_step(next(batches))
         trainer.optimizer_step()
-    assert trainer.progress.step == 6
+    assert trainer.progress.step == trainer.steps_per_epoch == 6
     # warm-up reaches the peak after warmup_steps optimizer steps, not epochs
     assert lr_factor(0, 4, 100, 0.0) == 0.25 and lr_factor(3, 4, 100, 0.0) == 1.0
     assert lr_factor(100, 4, 100, 0.01) == pytest.approx(0.01)
@@ -99,14 +99,16 @@ def test_predictions_and_report_are_in_km(finished_run):
     trainer, report, run = finished_run
     lines = (run / "predictions.csv").read_text().splitlines()
     assert lines[0] == "flight,frame_index,true_km,pred_km,cpl_cloud,cloud_probability"
-    assert len(lines) - 1 == len(trainer.val_set) == report["cloud"]["model"]["overall"]["n"]
+    # every matched frame of the test flight: its rows, none of the training flights' (validation) ones
+    assert len(lines) - 1 == report["cloud"]["model"]["overall"]["n"] > len(trainer.val_set)
+    assert {line.split(",")[0] for line in lines[1:]} == set(trainer.cfg.data.test_flights)
     true = np.array([float(x.split(",")[2]) for x in lines[1:] if x.split(",")[2]])
     assert len(true) == report["overall"]["n"] < len(lines) - 1  # rows with only a cloud flag too
     assert 0.1 <= true.min() and true.max() <= 2.0
     prob = np.array([float(x.split(",")[5]) for x in lines[1:]])
     assert ((prob >= 0) & (prob <= 1)).all()
     assert report["baseline"]["r2"] <= 0.0 + 1e-9 or report["baseline"]["std_ratio"] < 1e-6
-    assert set(report["per_flight"]) == set(trainer.cfg.data.validation_flights)
+    assert set(report["per_flight"]) == set(trainer.cfg.data.test_flights)
 
 
 def test_existing_run_directory_is_not_overwritten(finished_run, tiny_config):
@@ -185,7 +187,7 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"Phase 1 of 2: pre-training on {first}" in r.stdout and "Starting from the weights of" in r.stdout
     pre = yaml.safe_load((ref / "pretrain" / "config.yaml").read_text())
-    assert [f["name"] for f in pre["data"]["flights"]] == [first, raw["data"]["validation_flights"][0]]
+    assert [f["name"] for f in pre["data"]["flights"]] == [first, raw["data"]["test_flights"][0]]
     assert yaml.safe_load((ref / "config.yaml").read_text())["data"]["overweight_flight"] == first
     killed = tmp_path / "killed"
     assert run(killed, kill_at="step:7").returncode == -signal.SIGKILL  # phase 2 (phase 1 has 3 steps)
@@ -194,3 +196,14 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
     a = load_checkpoint(ref / "best.pt")["model"]
     b = load_checkpoint(killed / "best.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)  # as if never interrupted
+
+
+def test_the_epochs_last_batch_merged_into_the_one_before_is_one_pass(tiny_config, tmp_path):
+    """31 samples in batches of 5: the one left over joins the sixth batch, which is one pass of 6, never a
+    micro-batch of one sample (BatchNorm over one sample is what the merge avoids; a run on one process then
+    differs from the same run on two, tests/test_distributed.py)."""
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    sizes, real = [], trainer.forward
+    trainer.forward = lambda frames, scalars: (sizes.append(len(frames)), real(frames, scalars))[1]
+    trainer.train_epoch(0)
+    assert len(trainer.train_set) == 31 and sizes == [5, 5, 5, 5, 5, 6]

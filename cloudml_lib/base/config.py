@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import logging
 import os
 import types
 import typing
@@ -34,6 +35,22 @@ CLOUD_HEADS = ("probe", "joint", "none")
 # model.height_head: bounded (between the surface and data.cbh_max_km) or unbounded (runs before it existed)
 HEIGHT_HEADS = ("bounded", "unbounded")
 SURFACE_KM = 0.0  # the lowest a cloud base can be: the labels are over the ocean (DEM_Surface_Altitude 0)
+# data.validation: where the data that chooses (the best epoch, early stopping, the intervals' width) comes
+# from. "test_flights" is the reading of runs made before the setting existed (CloudML 0.2 and earlier chose
+# on the test flights); it is kept for them alone, never offered for a new run (load_config refuses it).
+VALIDATION_RULES = ("auto", "flight", "time_blocks")
+LEGACY_VALIDATION = "test_flights"
+VALIDATION = Literal["auto", "flight", "time_blocks", "test_flights"]
+# data.cloud_flag: what the cloud / no-cloud output marks (any_layer: runs made before the setting existed)
+CLOUD_FLAGS = ("base_in_range", "any_layer")
+# keys an earlier release named otherwise: read under today's name (section, old name) -> new name
+RENAMED = {("data", "validation_flights"): "test_flights"}
+RENAMED_NOTICE = (
+    "data.validation_flights is read as data.test_flights: the flights scored once, at the end, on which "
+    "nothing is chosen (CloudML 0.2 also chose the best epoch and the intervals on them). Validation data "
+    "now "
+    "come from the training flights (data.validation). Rename the key in your config to silence this notice."
+)
 # A setting's rule when a stopped run resumes (_f's `resume`)
 SAME, NEW = "must stay the same", "may change"
 AUTO = Literal["auto"]  # a value resolved when the run starts (measured, or chosen for the machine)
@@ -179,7 +196,47 @@ class DataConfig:
     skip_incomplete_flights: bool = _f(
         False, "skip (and list) a flight that lacks a file instead of stopping the run", resume=NEW
     )
-    validation_flights: list = _f([], "flight names held out for validation (never used to fit scalers)")
+    test_flights: list = _f(
+        [],
+        "the test flights: scored once, at the end, and nothing is chosen on them (not the best epoch, early "
+        "stopping, the cloud probe, the intervals, a sweep's best trial); never used to fit anything. "
+        "Earlier releases called this key validation_flights",
+    )
+    validation: list | VALIDATION = _f(
+        "auto",
+        "the validation data that choose the best epoch, stop early and calibrate the intervals, drawn from "
+        "the training flights (never the test flights): flight (a whole training flight, the one whose label "
+        "count is closest to the median, needs 2 or more), time_blocks (the last data.validation_share of "
+        "each training flight's labels in time, after a gap of data.validation_gap_frames), auto (flight "
+        "with "
+        "3 or more training flights, else time_blocks), or a list of training flight names; run.json records "
+        "what was chosen. Runs made before this setting chose on their test flights (test_flights) and keep "
+        "that reading",
+        absent=LEGACY_VALIDATION,
+    )
+    validation_share: float = _f(
+        0.2,
+        "data.validation time_blocks: the share of each training flight's labels, its last in time, held "
+        "back "
+        "for validation",
+        range=(0.05, 0.5),
+    )
+    validation_gap_frames: int = _f(
+        60,
+        "data.validation time_blocks: frames between a flight's training part and its validation block that "
+        "neither uses (neighbouring frames are nearly identical; at least data.temporal_frames)",
+        range=(0, 1_000_000),
+    )
+    cloud_flag: str = _f(
+        "base_in_range",
+        "what the cloud flag marks. base_in_range: a cloud whose base (data.label_layer's) lies in "
+        "data.cbh_min_km..cbh_max_km, the height product's range; clouds whose base lies above it (high "
+        "cloud alone) or below it are classes of their own, and no height is given for them. any_layer: any "
+        "CPL layer (Number_Layers > 0, thin cirrus included), as runs made before this setting (they keep "
+        "it)",
+        choices=CLOUD_FLAGS,
+        absent="any_layer",
+    )
     temporal_frames: int = _f(
         5, "T, frames per sample, centred on the labelled frame (odd: 1, 3, 5, 7, ...)", range=(1, 31)
     )
@@ -360,6 +417,20 @@ class TrainConfig:
     interval_coverage: float = _f(
         0.9, "share of true heights the prediction intervals should hold", range=(0.5, 0.99)
     )
+    interval_calibration: str = _f(
+        "per_flight",
+        "how the intervals are calibrated on the validation heights (never on a test flight). per_flight: "
+        "each "
+        "validation flight (or time block) with enough heights calibrated on its own and the widest taken, "
+        "so "
+        "that every one of them holds the target (flights differ: a pooled calibration can cover a third of "
+        "a "
+        "flight's heights); pooled: all validation heights together, narrower. With one validation flight "
+        "both are the same",
+        choices=("per_flight", "pooled"),
+        absent="pooled",
+        resume=NEW,
+    )
     pretrain_flight: str = _f(
         "",
         "two-phase protocol: first train on this flight alone (RUN_DIR/pretrain), then "
@@ -534,40 +605,72 @@ def _build(cls, raw, prefix: str, problems: list[str]):
 
 
 def check_flight_names(
-    d: DataConfig, names: list[str], where: str = "data.flights", require_validation: bool = True
+    d: DataConfig, names: list[str], where: str = "data.flights", require_test: bool = True
 ) -> list[str]:
-    """The rules on flight names: validation and overweighted flights exist, one flight stays for training.
-    Run on the config's flights, and again on the flights a run resolves. `require_validation=False`
-    (a config file on its own: cross-validation names each fold's validation flight itself) leaves
-    "name at least one validation flight" to the run."""
+    """The rules on flight names: test, validation and overweighted flights exist, a test flight is never a
+    validation flight, and one flight stays for training. Run on the config's flights, and again on the
+    flights a run resolves. `require_test=False` (a config file on its own: cross-validation names each fold's
+    test flight itself) leaves "name at least one test flight" to the run."""
     problems = []
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"data.flights: flight names must be unique; repeated: {_listed(dupes)}")
-    if not all(isinstance(v, str) for v in d.validation_flights):
-        return problems + [
-            f"data.validation_flights: expected a list of flight names, got {shown(d.validation_flights)}"
-        ]
-    unknown = [v for v in d.validation_flights if v not in names]
+    if not all(isinstance(v, str) for v in d.test_flights):
+        return problems + [f"data.test_flights: expected a list of flight names, got {shown(d.test_flights)}"]
+    unknown = [v for v in d.test_flights if v not in names]
     if unknown:
         problems.append(
-            f"data.validation_flights: {_listed(unknown)} not in {where} (known: {_listed(names) or 'none'})"
+            f"data.test_flights: {_listed(unknown)} not in {where} (known: {_listed(names) or 'none'})"
         )
-    if not d.validation_flights and require_validation:
+    training = [n for n in names if n not in d.test_flights]
+    if not d.test_flights and require_test:
         problems.append(
-            "data.validation_flights: name at least one flight to hold out; random splits "
+            "data.test_flights: name at least one flight to test on (scored once, at the end); random splits "
             "inside a flight leak through time autocorrelation"
         )
-    elif d.validation_flights and len(set(d.validation_flights) & set(names)) >= len(set(names)):
-        problems.append("data.validation_flights: every flight is held out; leave at least one for training")
+    elif d.test_flights and not training:
+        problems.append("data.test_flights: every flight is a test flight; leave at least one for training")
+    if d.test_flights and training:
+        problems += check_validation(d, training)
     if d.overweight_flight and d.overweight_flight not in names:
         problems.append(
             f"data.overweight_flight: {shown(d.overweight_flight)} not in {where} "
             f"(known: {_listed(names) or 'none'})"
         )
-    if d.overweight_flight and d.overweight_flight in d.validation_flights:
-        problems.append(f"data.overweight_flight: {shown(d.overweight_flight)} is a validation flight")
+    if d.overweight_flight and d.overweight_flight in d.test_flights:
+        problems.append(f"data.overweight_flight: {shown(d.overweight_flight)} is a test flight")
     return problems
+
+
+def check_validation(d: DataConfig, training: list[str]) -> list[str]:
+    """data.validation against the training flights (the flights that are not test flights)."""
+    v = d.validation
+    if v == "flight" and len(training) < 2:
+        return [
+            f"data.validation: flight needs two training flights (one to validate on), and there is one "
+            f"({_listed(training)}); use time_blocks (the last part of each training flight) or name another "
+            "training flight"
+        ]
+    if not isinstance(v, list):
+        return []
+    tested = [n for n in v if n in d.test_flights]
+    unknown = [n for n in v if n not in training and n not in d.test_flights]
+    out = []
+    if tested:
+        out.append(
+            f"data.validation: {_listed(tested)} is a test flight; nothing may be chosen on a test flight: "
+            "name training flights, or use auto"
+        )
+    if unknown:
+        out.append(
+            f"data.validation: {_listed(unknown)} not among the training flights ({_listed(training)})"
+        )
+    if not tested and not unknown and set(training) <= set(v):
+        out.append(
+            "data.validation: every training flight is a validation flight; leave at least one to train on, "
+            "or use time_blocks (the last part of each training flight)"
+        )
+    return out
 
 
 def _check_cross_field(cfg: Config, problems: list[str]) -> None:
@@ -590,12 +693,12 @@ def _check_flights(d: DataConfig, problems: list[str]) -> None:
                 )
         flights.append(flight)
     d.flights = flights
-    if flights:
-        problems += check_flight_names(d, [f.name for f in flights], require_validation=False)
-    elif not all(isinstance(v, str) for v in d.validation_flights):
-        problems.append(
-            f"data.validation_flights: expected a list of flight names, got {shown(d.validation_flights)}"
-        )
+    if isinstance(d.validation, list) and not all(isinstance(v, str) for v in d.validation):
+        problems.append(f"data.validation: expected a list of flight names, got {shown(d.validation)}")
+    elif flights:
+        problems += check_flight_names(d, [f.name for f in flights], require_test=False)
+    elif not all(isinstance(v, str) for v in d.test_flights):
+        problems.append(f"data.test_flights: expected a list of flight names, got {shown(d.test_flights)}")
 
 
 def _check_frames(d: DataConfig, problems: list[str]) -> None:
@@ -695,9 +798,33 @@ def _absolute_paths(d: DataConfig) -> None:
 MAX_PROBLEMS = 25  # listed in one message; the rest counted
 
 
+def renamed_keys(raw, problems: list[str] | None = None):
+    """`raw` (a nested dict, as loaded) with the keys an earlier release named otherwise under today's names
+    (RENAMED); a copy where one was renamed. Both names given: a problem (appended to `problems`)."""
+    if not isinstance(raw, dict):
+        return raw
+    out = raw
+    for (section, old), new in RENAMED.items():
+        part = raw.get(section)
+        if not isinstance(part, dict) or old not in part:
+            continue
+        rest = {k: v for k, v in part.items() if k != old}
+        if new in part and part[new] not in (None, [], part[old]):
+            if problems is not None:
+                problems.append(
+                    f"{section}.{old} is the earlier name of {section}.{new}, and both are given "
+                    f"({shown(part[old])} and {shown(part[new])}); keep {section}.{new}"
+                )
+            out = {**out, section: rest}
+            continue
+        out = {**out, section: {**rest, new: part[old]}}
+    return out
+
+
 def build_config(raw: dict | None, source: str = "config") -> Config:
     problems: list[str] = []
-    cfg = _build(Config, raw or {}, "", problems)
+    raw = renamed_keys(raw or {}, problems)
+    cfg = _build(Config, raw, "", problems)
     if not problems:
         _check_cross_field(cfg, problems)
     if problems:
@@ -721,7 +848,7 @@ def settings_table() -> str:
                 continue
             m = f.metadata
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            words = value_type(hints[f.name])[1]
+            words = [w for w in value_type(hints[f.name])[1] if w != LEGACY_VALIDATION]  # earlier runs' only
             valid = (
                 ", ".join(map(str, m["choices"]))
                 if m.get("choices")
@@ -759,7 +886,7 @@ def resume_rules() -> dict[str, str]:
 def derive(cfg: Config, changes: dict) -> Config:
     """A new Config: `cfg` with `changes` ({"section.key": value}), validated like a loaded one. The config a
     user loaded is never changed: a run's resolved values (its flights, a measured batch size), a fold's
-    held-out flight or a phase's flights are a derived config, recorded in the run."""
+    test flight or a phase's flights are a derived config, recorded in the run."""
     raw = cfg.to_dict()
     for key, value in changes.items():
         _put(raw, key, _plain(value))
@@ -788,7 +915,7 @@ def absent_settings(stored) -> dict:
     existed. A resumed or reloaded old run takes these values, so it computes what it was trained with."""
     if not isinstance(stored, dict) or not all(isinstance(stored.get(s), dict) for s in ("data", "model")):
         return {}
-    have = _leaf_keys(stored)
+    have = _leaf_keys(renamed_keys(stored))
     return {
         key: meta["absent"]
         for key, meta in field_metadata().items()
@@ -841,13 +968,36 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """A user's config (a file, `--set` overrides): validated, with one notice where it uses an earlier name
+    of a key; the protocol kept for earlier runs alone (data.validation: test_flights) is refused."""
     raw = read_yaml(path) if path else {}
     raw = apply_overrides(raw, list(overrides))
     source = str(path) if path else "config"
     if overrides:  # a problem may come from either: both are named
         source += " with --set " + " ".join(shown(o, 60) for o in list(overrides)[:5])
         source += " ..." if len(overrides) > 5 else ""
+    data = raw.get("data") if isinstance(raw, dict) else None
+    if isinstance(data, dict) and data.get("validation") == LEGACY_VALIDATION:
+        raise ConfigError(
+            f"{source}: data.validation: {LEGACY_VALIDATION!r} chose the best epoch and the intervals on the "
+            "test flights, as runs made before CloudML 0.3 did (their test numbers are optimistic); it is "
+            "kept "
+            "for those runs to continue, never for a new one. Choose auto, flight, time_blocks or a list of "
+            "training flights."
+        )
+    if isinstance(data, dict) and any(old in data for (section, old) in RENAMED if section == "data"):
+        _notice_once(RENAMED_NOTICE)
     return build_config(raw, source=source)
+
+
+_NOTICED: set[str] = set()
+
+
+def _notice_once(text: str) -> None:
+    """A notice about the user's config, said once per process (a config is loaded again by later steps)."""
+    if text not in _NOTICED:
+        _NOTICED.add(text)
+        logging.getLogger(__name__).warning("Notice: %s", text)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

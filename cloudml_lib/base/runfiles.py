@@ -59,11 +59,17 @@ METRIC_KEYS = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
 METRIC_SET = Obj({k: OPT_NUM for k in METRIC_KEYS} | {"n": OPT_INT}, required=(*METRIC_KEYS, "n"))
 CLOUD_SCORES = Obj({"overall": MapOf(OPT_NUM), "per_flight": MapOf(MapOf(OPT_NUM))})
 CLOUD = Obj(
-    {"threshold": OPT_NUM, "train_cloud_share": OPT_NUM}
+    {"threshold": OPT_NUM, "train_cloud_share": OPT_NUM, "bt_window": Maybe(ListOf(OPT_NUM))}
     | {m: CLOUD_SCORES for m in ("model", "bt_threshold", "majority")}
 )
 COVERAGE = Obj(
-    {"coverage": OPT_NUM, "mean_width_km": OPT_NUM, "n": OPT_INT}, required=("coverage", "mean_width_km", "n")
+    {"coverage": OPT_NUM, "mean_width_km": OPT_NUM, "n": OPT_INT, "calibrated_here": BOOL},
+    required=("coverage", "mean_width_km", "n"),
+)
+PROTOCOL = Obj(
+    {"name": TEXT, "words": TEXT, "rule": TEXT, "why": TEXT, "test_flights": ListOf(TEXT)}
+    | {"validation": MapOf(ANY)},
+    required=("name",),
 )
 # The calibration methods intervals.json may name (intervals.METHODS maps each to its score).
 INTERVAL_METHODS = ("conformal_absolute", "conformal_gamma")
@@ -78,6 +84,12 @@ EVALUATION = Obj(
         "step": OPT_INT,  # the training step of the weights it scored (the end of a run writes it)
         "cloud": Maybe(CLOUD),
         "verdict": OPT_TEXT,
+        "protocol": PROTOCOL,  # how the numbers were obtained (splits.py); absent: the earlier protocol
+        "flight_verdicts": MapOf(TEXT),
+        "mae_interval_km": MapOf(Maybe(ListOf(NUM))),
+        "training_label_range_km": ListOf(NUM),
+        "outside_training_labels": MapOf(MapOf(NUM)),
+        "validation": Obj({"pooled": METRIC_SET, "per_flight": MapOf(METRIC_SET)}, required=("pooled",)),
         "out_of_bounds": Obj(
             {"low_km": NUM, "high_km": NUM, "below": INT, "above": INT, "n": INT},
             required=("low_km", "high_km", "below", "above", "n"),
@@ -87,6 +99,8 @@ EVALUATION = Obj(
                 "method": TEXT,
                 "coverage_target": NUM,
                 "calibration": OPT_TEXT,
+                "mode": TEXT,
+                "calibrated_on": ListOf(TEXT),
                 "overall": COVERAGE,
                 "per_flight": MapOf(COVERAGE),
             },
@@ -110,13 +124,15 @@ RUN_INFO = Obj(
     | {"expected": Maybe(MapOf(ANY)), "measured": Maybe(MapOf(ANY))}  # core/timing.py checks their insides
 )
 FOLD = Obj(
-    {m: METRIC_SET for m in ("model", "mean", "scalars_only", "trees")}
-    | {"cloud": Maybe(CLOUD), "warnings": ListOf(TEXT)},
+    {m: METRIC_SET for m in ("model", "mean", "scalars_only", "trees", "validation")}
+    | {"cloud": Maybe(CLOUD), "warnings": ListOf(TEXT), "mae_interval_km": Maybe(ListOf(NUM))}
+    | {"protocol": TEXT},
     required=("model", "warnings"),
 )
 SUMMARY = MapOf(MapOf(Obj({"mean": OPT_NUM, "std": OPT_NUM})))
 CROSSVAL = Obj(
-    {"folds": MapOf(FOLD), "summary": SUMMARY, "warnings": ListOf(TEXT), "verdicts": ListOf(TEXT)},
+    {"folds": MapOf(FOLD), "summary": SUMMARY, "warnings": ListOf(TEXT), "verdicts": ListOf(TEXT)}
+    | {"protocol": TEXT, "pooled": METRIC_SET, "undefined": MapOf(MapOf(ListOf(TEXT)))},
     required=("summary",),
 )
 TRIAL = Obj(
@@ -124,7 +140,8 @@ TRIAL = Obj(
     required=("number", "params", "state"),
 )
 SWEEP = Obj(
-    {"config": MapOf(ANY), "space": Obj({"params": MapOf(ANY)}), "trials": INT, "config_file": OPT_TEXT},
+    {"config": MapOf(ANY), "space": Obj({"params": MapOf(ANY)}), "trials": INT, "config_file": OPT_TEXT}
+    | {"protocol": TEXT},  # absent: a sweep started by CloudML 0.2
     required=("config", "space", "trials"),
 )
 RECORD = Obj(
@@ -140,6 +157,9 @@ INTERVALS = Obj(
         "source": TEXT,
         "pred_km": ListOf(NUM),
         "true_km": ListOf(NUM),
+        "mode": OneOf(("pooled", "per_flight")),  # with `group` (each pair's flight) and `flights`
+        "group": ListOf(TEXT),
+        "flights": ListOf(TEXT),
     },
     required=("method", "coverage", "n", "source", "pred_km", "true_km"),
 )
@@ -155,9 +175,12 @@ COUNTS = Obj(
             "height_below_surface",
             "height_above_ceiling",
             "height_outside_labels",
+            "cloud_above_range",
+            "cloud_below_range",
         )
     }
-    | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")},
+    | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")}
+    | {"interval_calibrated_here": BOOL},
     required=COUNTS_KEPT,
 )
 PREDICTIONS_SUMMARY = MapOf(COUNTS)
@@ -253,6 +276,8 @@ class RunFiles:
             )
         if len(cal["pred_km"]) != len(cal["true_km"]):
             return self._damage("intervals.json", "pred_km and true_km differ in length")
+        if "group" in cal and len(cal["group"]) != len(cal["pred_km"]):
+            return self._damage("intervals.json", "group and pred_km differ in length")
         if not 0.5 <= cal["coverage"] < 1.0:  # train.interval_coverage's range
             return self._damage(
                 "intervals.json", f"coverage {shown(cal['coverage'])} is not between 0.5 and 1"

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloudml_lib.base.config import Config, load_config
+from cloudml_lib.base.config import Config, load_config, renamed_keys
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.colab.live import NotebookLog
@@ -233,18 +233,18 @@ def uses_demo_data(ws: Workspace) -> bool:
 
 
 def default_heldout(ws: Workspace) -> tuple[list[str], str]:
-    """The held-out flight(s) a run uses unless the user picks others: the presets' (12Feb25) when it is a
+    """The test flight(s) a run uses unless the user picks others: the presets' (12Feb25) when it is a
     complete flight here, else the newest complete flight; with a sentence saying which and why."""
     if uses_demo_data(ws):
-        return [], "the demo's held-out flight"
+        return [], "the demo's test flight"
     found = complete_flights(ws)
-    wanted_list = load_config(presets.preset_config_path("A")).data.validation_flights  # the presets' choice
+    wanted_list = load_config(presets.preset_config_path("A")).data.test_flights  # the presets' choice
     preset = [f for f in wanted_list if f in found]
     if preset:
-        return preset, f"the presets' held-out flight {', '.join(preset)}"
+        return preset, f"the presets' test flight {', '.join(preset)}"
     wanted = ", ".join(wanted_list)
     return found[-1:], (
-        f"{found[-1]}, because the presets' held-out flight {wanted} is not among the complete "
+        f"{found[-1]}, because the presets' test flight {wanted} is not among the complete "
         "flights found; choose others in the picker"
     )
 
@@ -289,7 +289,7 @@ class RunFlights:
                 [f"{f} is there, but incomplete ({why})" for f, why in partly.items()]
                 + ([f"{_listed(absent)} {'is' if len(absent) == 1 else 'are'} not there"] if absent else [])
             )
-            + (f" (held out: {_listed(held)})" if held else "")
+            + (f" (test flights: {_listed(held)})" if held else "")
             + ". If Google Drive has not synced yet, wait a minute and run this cell again."
         )
         if finished:
@@ -323,7 +323,8 @@ def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> R
     entries = [e for e in flights if isinstance(e, dict) and isinstance(e.get("name"), str)]
     if not entries or data.get("demo"):
         return None
-    held = data.get("validation_flights") if isinstance(data.get("validation_flights"), list) else []
+    held = renamed_keys({"data": data})["data"].get("test_flights")  # an earlier run: validation_flights
+    held = held if isinstance(held, list) else []
     now = complete_flights(ws) if now is None else now
     return RunFlights(
         run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now), incomplete_flights(ws)
@@ -357,7 +358,7 @@ def run_config(
     demo: bool | None = None,
 ) -> tuple[Path, list[str]]:
     """The config file and overrides a notebook run uses: the preset on the real flights (with the chosen
-    held-out flights), or the demo configuration on the demo flights. `demo`: which of the two (a run
+    test flights), or the demo configuration on the demo flights. `demo`: which of the two (a run
     the user started keeps its kind, whatever data/ holds now); None: the demo when no real flight is
     there. Preset SMALL: the demo configuration on the real flights (frames too small for A, B, C)."""
     on_demo = uses_demo_data(ws) if demo is None else demo
@@ -373,7 +374,7 @@ def run_config(
         path = presets.preset_config_path(preset if preset in FIXED_PRESETS else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
     if not on_demo:
-        over.append(f"data.validation_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
+        over.append(f"data.test_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
     epochs = profile().epochs(epochs)
     if epochs:
         over.append(f"train.epochs={epochs}")
@@ -420,7 +421,7 @@ def verify_data(ws: Workspace) -> bool:
         held, why = default_heldout(ws)
         print(
             "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); "
-            f"{plural(len(usable), 'flight')} can be used: {', '.join(usable)}. Held out for validation: "
+            f"{plural(len(usable), 'flight')} can be used: {', '.join(usable)}. Test flight: "
             f"{why}."
         )
     elif not ok and not demo:
@@ -432,7 +433,7 @@ def verify_data(ws: Workspace) -> bool:
     if len(found) == 1:
         print(
             f"Only one complete flight ({found[0]}): training needs a second one, one to train on and one "
-            f"held out to measure the model. Add a second flight to {ws.data}, then run this notebook again."
+            f"to test it on. Add a second flight to {ws.data}, then run this notebook again."
         )
     return ok
 
@@ -447,7 +448,7 @@ def build_cache(ws: Workspace) -> dict:
     started = time.time()
     data, _ = flights.prepare_flights(
         cfg.data, check_names=False
-    )  # any flight may be held out later: cache all
+    )  # any flight may be a test flight later: cache all
     caches = load_caches(data)
     words = {"reused": "already on this machine", "copied": "copied from the Drive copy", "built": "built"}
     rows = [

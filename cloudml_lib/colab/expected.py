@@ -18,6 +18,7 @@ from cloudml_lib.colab.drive import Workspace, cached_samples, frame_shape
 from cloudml_lib.core import estimate
 from cloudml_lib.core.compile import this_device
 from cloudml_lib.core.timing import Expected, StepTime, device_name, from_flops, from_runs, signature, timed
+from cloudml_lib.data.splits import counts_by_role
 
 T4_NAME = "T4"  # the one GPU whose peak rate the kit states (estimate.T4_FP16_FLOPS)
 _RUNNING: list[threading.Thread] = []  # measuring threads, waited for when the interpreter exits
@@ -99,9 +100,8 @@ class ExpectedTimes:
         samples = self._samples[root]
         if not samples:
             return None, 0
-        held = set(cfg.data.validation_flights)
-        train = sum(n for f, n in samples.items() if f not in held)
-        val = sum(n for f, n in samples.items() if f in held) * cfg.train.quick_val_fraction
+        train, val = counts_by_role(samples, cfg.data)
+        val *= cfg.train.quick_val_fraction
         steps = math.ceil(math.ceil(train / batch) / cfg.train.grad_accum_steps)
         return steps, math.ceil(val / (2 * batch))
 

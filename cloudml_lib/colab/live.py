@@ -11,7 +11,7 @@ lines (train.ProgressLines), so the bar moves every step; tqdm is off in the sub
 A notice's colour comes from its level word (logs.py: "Warning: " amber, "Problem: " red), never from what
 the message happens to say; INFO lines become notices by the NOTICE patterns. Advice written for a terminal
 ("run the same command again") is shown in the notebook's words (notebook_words). Cross-validation's view
-follows the fold being trained ("fold 2 of 5 (12Feb25 held out)") and its curves.
+follows the fold being trained ("fold 2 of 5 (test flight 12Feb25)") and its curves.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ PROBLEM_LINE = re.compile(rf"^{re.escape(PROBLEM_WORD)}")
 WARNING_LINE = re.compile(rf"^(?:{re.escape(WARNING_WORD)}|warning: |\S+:\d+: \w*Warning: )")
 EPOCH = re.compile(r"^Epoch \d+/\d+ \|")
 FOLD = re.compile(r"^Fold (\w+):")  # crossval.py, as each fold starts
-FOLDS = re.compile(r"^Cross-validation over \d+ flights, each held out once: (.+)$")  # crossval.py
+FOLDS = re.compile(r"^Cross-validation over \d+ flights, each the test flight once: (.+)$")  # crossval.py
 LOG_LINES, NOTICES = 400, 8
 # Advice written for a terminal, in the notebook's words (the command runs under a cell and a picker)
 NOTEBOOK_WORDS = [
@@ -175,13 +175,13 @@ class LiveView:
             self.progress, self.metrics_size, self.shown_epochs = {}, -1, 0
 
     def fold_words(self) -> str:
-        """ "fold 2 of 5 (12Feb25 held out)" while a cross-validation trains a fold; "" otherwise."""
+        """ "fold 2 of 5 (test flight 12Feb25)" while a cross-validation trains a fold; "" otherwise."""
         if self.fold is None:
             return ""
         names = self.fold_names or self.folds_seen
         of = f" of {len(self.fold_names)}" if self.fold_names else ""
         k = names.index(self.fold) + 1 if self.fold in names else len(self.folds_seen)
-        return f"fold {k}{of} ({self.fold} held out)"
+        return f"fold {k}{of} (test flight {self.fold})"
 
     def refresh(self) -> None:
         p, fold = self.progress, html.escape(self.fold_words())

@@ -2,16 +2,16 @@
 
 "Run all" after a disconnect must continue the run the user started, with the user's choices, not the
 defaults: every start of a run writes its choices to `<CloudML>/last_run.json` (on Drive), and a new
-picker comes back with that run's preset, epochs, run name, held-out flights and boxes, says
+picker comes back with that run's preset, epochs, run name, test flights and boxes, says
 "Continuing run X (epoch e of E)" (or, once it is finished, shows its results without training
 again), and offers starting a new run as an explicit choice.
 
-A run never changes its data: a run with a checkpoint keeps the flights and held-out flights its
+A run never changes its data: a run with a checkpoint keeps the flights and test flights its
 config.yaml records, whatever data/ holds now. When some are missing (Google Drive not synced yet) the
 picker says which and offers to wait or to start a new run; new flights in data/ are offered as a new
 run. The widgets always show what will train: Auto is resolved when the picker is built (without a GPU
 it says so and picks a short CPU run), and the note under them follows every change. A choice that
-cannot train (one flight, every flight held out, a continued run's flights missing) is said in red in
+cannot train (one flight, every flight a test flight, a continued run's flights missing) is said in red in
 the note, and the Train cell refuses it before anything starts.
 """
 
@@ -103,11 +103,12 @@ def config_path(preset: str) -> Path:
 
 
 def demo_heldout(run_dir: Path) -> list[str]:
-    """The held-out flights a demo run's config.yaml records."""
+    """The test flights a demo run's config.yaml records (validation_flights in an earlier release's)."""
+    from cloudml_lib.base.config import renamed_keys
     from cloudml_lib.base.runfiles import RunFiles
 
     data = ((RunFiles(run_dir).config() if run_dir.is_dir() else None) or {}).get("data") or {}
-    held = data.get("validation_flights")
+    held = renamed_keys({"data": data})["data"].get("test_flights")
     return [f for f in held if isinstance(f, str)] if isinstance(held, list) else []
 
 
@@ -160,7 +161,7 @@ def fresh_name(ws: Workspace, base: str) -> str:
 
 
 class Picker:
-    """Preset, epochs, run name, held-out flights, cross-validation, whole-flight and sweep boxes; continue
+    """Preset, epochs, run name, test flights, cross-validation, whole-flight and sweep boxes; continue
     or new."""
 
     def __init__(self, ws: Workspace):
@@ -174,7 +175,7 @@ class Picker:
         self.heldout_default, self.heldout_why = default_heldout(ws)
         self._facts: dict[str, tuple[RunFlights | None, dict | None]] = {}
         self.previous = newest_run(ws)
-        if self.previous:  # the run's own held-out flights (its config.yaml), never the widgets' default
+        if self.previous:  # the run's own test flights (its config.yaml), never the widgets' default
             flights = self.facts(self.previous[0].run_name)[0]
             if flights is not None:
                 self.previous = (replace(self.previous[0], heldout=flights.heldout), *self.previous[1:])
@@ -219,15 +220,15 @@ class Picker:
         self.run_name = widgets.Text(description="Run name:", style=style)
         self.heldout = widgets.SelectMultiple(
             options=self.found or ["(demo: 05Mar25)"],
-            description="Held out:",
+            description="Test flights:",
             style=style,
             rows=min(6, max(2, len(self.found))),
         )
         self.crossval = widgets.Checkbox(
-            description="Then cross-validate: every flight held out once", indent=False, layout=wide
+            description="Then cross-validate: every flight the test flight once", indent=False, layout=wide
         )
         self.whole_flights = widgets.Checkbox(
-            description="Then predict the held-out flights frame by frame", indent=False, layout=wide
+            description="Then predict the test flights frame by frame", indent=False, layout=wide
         )
         self.sweep = widgets.Checkbox(
             description="Then sweep hyperparameters (Optuna trials)", indent=False, layout=wide
@@ -322,14 +323,14 @@ class Picker:
         return profile().epochs(load_config(config_path(resolved)).train.epochs)
 
     def _apply(self, c: Choice, continuing: bool) -> None:
-        """Show choice `c`; a continued run's held-out flights stay, marked when data/ lacks them."""
+        """Show choice `c`; a continued run's test flights stay, marked when data/ lacks them."""
         self._loading = True
         self.preset.options = self._preset_options(c.preset if continuing else None)
         values = [v for _, v in self.preset.options]
         self.preset.value = c.preset if c.preset in values else ("demo" if self.demo else "Auto")
         self.epochs.value = c.epochs
         self.run_name.value = c.run_name
-        if continuing and c.preset == "demo":  # a demo run: its own held-out flight, whatever data/ holds
+        if continuing and c.preset == "demo":  # a demo run: its own test flight, whatever data/ holds
             held = demo_heldout(self.ws.runs / c.run_name)
             self.heldout.options = [(f"{f} (demo)", f) for f in held] or ["(demo: 05Mar25)"]
             self.heldout.value = tuple(held)
@@ -379,7 +380,7 @@ class Picker:
         self._refresh()
 
     def choice(self) -> Choice:
-        """What the widgets say, Auto resolved; a continued run keeps its preset, name, held-out flights."""
+        """What the widgets say, Auto resolved; a continued run keeps its preset, name, test flights."""
         boxes = {
             "epochs": int(self.epochs.value),
             "crossval": bool(self.crossval.value),
@@ -437,25 +438,28 @@ class Picker:
         missing = [f for f in c.heldout if f not in self.found]
         if missing:
             return (
-                f"the held-out flight {', '.join(missing)} is not in {self.ws.data} now. If Google Drive has "
+                f"the test flight {', '.join(missing)} is not in {self.ws.data} now. If Google Drive has "
                 "not synced yet, wait a minute and run this cell again; otherwise "
                 + (
                     "choose 'Start a new run' in the picker."
                     if self.continuing
-                    else "choose other held-out flights in the picker."
+                    else "choose other test flights in the picker."
                 )
             )
         if len(self.found) < 2:
             have = f"only one complete flight ({self.found[0]})" if self.found else "no complete flight"
             return (
-                f"{have} is in {self.ws.data}: training needs two at least, one to train on and one held out "
-                "to measure the model. Add a second flight to data/ (the setup notebook checks it), then run "
+                f"{have} is in {self.ws.data}: training needs two at least, one to train on and one "
+                "to test it on. Add a second flight to data/ (the setup notebook checks it), then run "
                 "this cell again."
             )
         if not c.heldout:
-            return "no held-out flight is chosen: choose at least one under Held out in the picker."
+            return "no test flight is chosen: choose at least one under Test flights in the picker."
         if set(self.found) <= set(c.heldout):
-            return "every flight is held out: leave at least one for training (unselect one under Held out)."
+            return (
+                "every flight is a test flight: leave at least one for training (unselect one under Test "
+                "flights)."
+            )
         return None
 
     # ----------------------------------------------------------------------------- the note
@@ -501,10 +505,10 @@ class Picker:
             lines.append(f"Auto chose {self.auto} because {self.auto_why}.")
         if not self.demo and not self.continuing and flights is None and c.preset != "demo":
             if sorted(c.heldout) == sorted(self.heldout_default):
-                lines.append(f"Held out by default: {self.heldout_why}.")
+                lines.append(f"Test flight by default: {self.heldout_why}.")
             else:
                 lines.append(
-                    f"Held out: {', '.join(c.heldout) or 'none'}, your choice (the default: "
+                    f"Test flights: {', '.join(c.heldout) or 'none'}, your choice (the default: "
                     f"{', '.join(self.heldout_default) or 'none'})."
                 )
         if c.crossval:
@@ -573,7 +577,7 @@ class Picker:
         finished = status is not None and status["finished"]
         if self.continuing and self.previous[1] and not finished:
             out = [
-                f"<b>Continuing run {name}</b> ({self.previous[2]}). Its preset and held-out flights are "
+                f"<b>Continuing run {name}</b> ({self.previous[2]}). Its preset and test flights are "
                 "fixed; more or fewer epochs are fine. Choose <i>Start a new run</i> for another."
             ]
         elif self.continuing:
@@ -627,7 +631,7 @@ class Picker:
         """`words` (advice to start a new run) where a new run could train; else why it could not."""
         if self.demo or len(self.found) >= 2:
             return words
-        return ". A new run needs two flights in data/ (one to train on, one held out)."
+        return ". A new run needs two flights in data/ (one to train on, one to test it on)."
 
     def _trains_line(self, c: Choice, flights: RunFlights | None) -> str:
         config = presets.PRESET_FILES["demo" if c.preset == SMALL else c.preset]
@@ -636,7 +640,7 @@ class Picker:
             data = "the demo flights"
         elif flights is not None:
             names = ", ".join(flights.names)
-            data = f"its {plural(len(flights.names), 'flight')} ({names}), holding out {held}"
+            data = f"its {plural(len(flights.names), 'flight')} ({names}), testing on {held}"
         else:
             data = f"your {plural(len(self.found), 'flight')}, holding out {held}"
         return (

@@ -185,11 +185,12 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    from cloudml_lib.science.report import held_out_section
+    from cloudml_lib.science.report import test_section
 
     # Markdown tables and the verdicts in sentences (a monospace block wrapped them mid-word); the verdict
     # is added for a run evaluated before verdicts existed
-    show_markdown("\n".join(held_out_section(report)[2:]))
+    history = [r for r in files.metrics() if r.get("kind") == "epoch"]
+    show_markdown("\n".join(test_section(report, history)[2:]))
     scatter = run_dir / "plots" / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image
@@ -326,7 +327,7 @@ def use_this_pythons_tensorboard() -> str:
 
 @user_errors
 def show_comparison(folders) -> None:
-    """Runs, cross-validations or sweeps side by side (`compare.py`): the settings that differ, held-out
+    """Runs, cross-validations or sweeps side by side (`compare.py`): the settings that differ, test
     metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run
     folders."""
     from cloudml_lib.commands.compare import compare_runs, format_comparison

@@ -59,12 +59,12 @@ def check_run(run_dir: Path | None) -> None:
     report = json.loads((run_dir / "evaluation.json").read_text())
     assert report["overall"]["n"] > 100 and math.isfinite(report["overall"]["r2"]), report["overall"]
     assert load_checkpoint(run_dir / "best.pt")["model"]
-    assert "## Held-out flights" in (run_dir / "report.md").read_text(), "no report.md"
+    assert "## Test flights" in (run_dir / "report.md").read_text(), "no report.md"
     assert list((run_dir / "predictions").glob("*_cbh.nc")), "no whole-flight prediction"
     board = check_tensorboard_served(run_dir)
     print(
         f"Smoke test passed: trained {EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
-        f"{DISCONNECT_STEP}, evaluated (held-out R2 {report['overall']['r2']:.2f}), whole flight predicted"
+        f"{DISCONNECT_STEP}, evaluated (test R2 {report['overall']['r2']:.2f}), whole flight predicted"
         f"{board}."
     )
 

@@ -47,7 +47,7 @@ def sweep_dir(ws: Workspace, c: Choice) -> Path:
 
 
 def sweep_command(ws: Workspace, c: Choice) -> list[str]:
-    """The sweep over the picked preset and held-out flights (the packaged search space), each trial at
+    """The sweep over the picked preset and test flights (the packaged search space), each trial at
     most `c.sweep_epochs` epochs."""
     config, overrides = run_config(ws, c.preset, None, c.heldout, demo=c.preset == "demo")
     cmd = command("sweep", "--config", config, "--trials", c.sweep_trials, "--run-dir", sweep_dir(ws, c))
@@ -151,7 +151,7 @@ class SweepView(LiveView):
 
 @user_errors
 def sweep(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path | None:
-    """With the picker's sweep box ticked: `python -m cloudml_lib sweep` over the picked preset and held-out
+    """With the picker's sweep box ticked: `python -m cloudml_lib sweep` over the picked preset and test
     flights, trial by trial in a live view, then the sweep's report. Returns the sweep's folder."""
     c = picker.choice()
     if not c.sweep_trials:

@@ -37,7 +37,7 @@ def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:
 
 def train_command(ws: Workspace, c: Choice) -> list[str]:
     """`python -m cloudml_lib train ...` for choice `c`; a run with a checkpoint gets its own flights and
-    held-out flights again, whatever data/ holds now (the trainer refuses other data)."""
+    test flights again, whatever data/ holds now (the trainer refuses other data)."""
     run_dir = ws.runs / c.run_name
     pinned = continued_flights(ws, run_dir)
     heldout = pinned.heldout if pinned is not None else c.heldout
@@ -45,7 +45,7 @@ def train_command(ws: Workspace, c: Choice) -> list[str]:
     if pinned is not None:
         overrides += [
             f"data.flights={json.dumps(pinned.entries)}",
-            f"data.validation_flights={json.dumps(pinned.heldout)}",
+            f"data.test_flights={json.dumps(pinned.heldout)}",
         ]
     cmd = command("train", "--config", config, "--run-dir", run_dir)
     for o in overrides:
@@ -110,7 +110,7 @@ def train(ws: Workspace, picker: Picker) -> Path:
 
 @user_errors
 def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path | None:
-    """With the box ticked: every frame of the held-out flights through the best model (NetCDF, CSV,
+    """With the box ticked: every frame of the test flights through the best model (NetCDF, CSV,
     plots), as `python -m cloudml_lib predict`; shows the along-flight figures and where the files are."""
     if not picker.choice().whole_flights:
         print("Whole flights not asked for (tick the box in the picker, then run this cell).")
@@ -124,7 +124,7 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
     gone = [f for f in flights.heldout if f in flights.removed] if flights is not None else []
     if gone:  # the run's results stand; this step needs the flight's files
         print(
-            f"Whole flights skipped: the held-out flight {', '.join(gone)} of run {run_dir.name} is not in "
+            f"Whole flights skipped: the test flight {', '.join(gone)} of run {run_dir.name} is not in "
             f"{ws.data} now. Run this cell again once it is back (if Google Drive has not synced yet, wait a "
             "minute)."
         )
@@ -144,7 +144,7 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
 
 @user_errors
 def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path | None:
-    """With the box ticked: every flight held out once, with baselines (the same `python -m cloudml_lib
+    """With the box ticked: every flight the test flight once, with baselines (the same `python -m cloudml_lib
     crossval` command, resumable: run the cell again after a disconnect). Shows crossval.md."""
     c = picker.choice()
     if not c.crossval:

@@ -143,7 +143,7 @@ def _add_result_commands(sub) -> None:
     cm = sub.add_parser(
         "compare",
         help="runs, cross-validations or sweep trials side by side: the settings "
-        "that differ, held-out metrics, epochs, time, compiled",
+        "that differ, test metrics (a sweep trial's: validation), epochs, time, compiled",
     )
     cm.add_argument("run_dirs", nargs="+", metavar="DIR", type=_folder)
     cm.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
@@ -156,7 +156,7 @@ def _add_result_commands(sub) -> None:
         nargs="+",
         metavar="NAME",
         help="flights to predict (default: the run's "
-        "validation flights); any flight found in data.dir, the CPL file optional",
+        "test flights); any flight found in data.dir, the CPL file optional",
     )
     pr.add_argument("--out", type=_folder, help="folder for the files (default: RUN_DIR/predictions)")
     _data_dir_argument(pr, moved=True)
@@ -169,12 +169,20 @@ def _add_result_commands(sub) -> None:
         "DIR/intervals.json (a cross-validation's: the error on flights never seen); default: the "
         "run's own",
     )
+    pr.add_argument(
+        "--cloud-flag",
+        choices=("model", "bt_threshold"),
+        default="model",
+        help="whose cloud flag the files hold (and so where a height is given): the model's (default), or "
+        "bt_threshold, the brightness-temperature baseline fitted on the training flights, for a run whose "
+        "verdict says it beats the model; each file says which it holds",
+    )
     s = sub.add_parser(
         "status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint"
     )
     s.add_argument("run_dir", type=_folder)
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    e = sub.add_parser("evaluate", help="score a run's best model on its validation flights")
+    e = sub.add_parser("evaluate", help="score a run's best model on its test flights")
     e.add_argument("--run-dir", type=_folder, required=True)
     _data_dir_argument(e, moved=True)
     _cache_dir_argument(e)
@@ -324,7 +332,13 @@ def _predict(args) -> int:
     from cloudml_lib.science.predict import predict_flights
 
     for path in predict_flights(
-        args.run_dir, args.flights, args.out, args.data_dir, args.calibration, cache_dir=args.cache_dir
+        args.run_dir,
+        args.flights,
+        args.out,
+        args.data_dir,
+        args.calibration,
+        cache_dir=args.cache_dir,
+        cloud_flag=args.cloud_flag,
     ):
         print(f"wrote {path}")
     return 0

@@ -1,10 +1,10 @@
 """Runs side by side (`python -m cloudml_lib compare DIR...`) and a sweep's report.
 
-A row per run: the settings that differ between the runs compared, the held-out metrics, epochs trained,
-the time of its epochs and whether it was compiled. A folder may be a run, a cross-validation (its
-mean over folds) or a sweep (each of its trials). Everything is read from the files a run writes
-(config.yaml, evaluation.json, metrics.jsonl, run.json, crossval.json, trial.json); nothing is loaded
-into torch.
+A row per run: the settings that differ between the runs compared, the test metrics (a sweep's trials: the
+validation metric that chose them), epochs trained, the time of its epochs and whether it was compiled. A
+folder may be a run, a cross-validation (its mean over folds) or a sweep (each of its trials). Everything is
+read from the files a run writes (config.yaml, evaluation.json, metrics.jsonl, run.json, crossval.json,
+trial.json); nothing is loaded into torch.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ NOT_SETTINGS = (
     "data.cache_dir",
     "data.cache_copy_dir",
     "data.flights",
-    "data.validation_flights",
+    "data.test_flights",
 )
 MIN_FOR_IMPORTANCE = 3  # fANOVA over fewer finished trials splits the importance evenly: noise
-METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"))
+METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"), ("bias_km", "bias (km)"))
 
 
 MAX_EPOCH_S = 7 * 86400.0  # an epoch's time beyond a week is not a time this kit measured
@@ -68,14 +68,18 @@ def own_epochs(records: list[dict], planned: int | None) -> tuple[list[dict], st
     return kept, "; ".join(notes)
 
 
-def run_row(run: Path, name: str) -> dict:
-    """One training run (or a sweep trial's run); its damaged files named in "damaged"."""
+def run_row(run: Path, name: str, scores: str = "test") -> dict:
+    """One training run (or a sweep trial's run); its damaged files named in "damaged". `scores`: which of
+    its numbers the row shows: the test flights' (pooled where there are several: run_rows adds a row per
+    flight) or, for a sweep's trial, the validation data's that chose it."""
     files = RunFiles(run)
     config, records = files.config(), files.metrics()
     planned = ((config or {}).get("train") or {}).get("epochs")
     epochs, odd = own_epochs(records, planned if isinstance(planned, int) else None)
     final = next((r for r in records if r["kind"] == "final"), None)
-    overall = files.evaluation().get("overall") or final
+    evaluation = files.evaluation()
+    validation = (evaluation.get("validation") or {}).get("pooled")
+    overall = (validation if scores == "validation" and validation else evaluation.get("overall")) or final
     trial = files.trial()
     # a sweep trial's own state (complete, pruned, failed, running), else the run's (rundir.run_state)
     state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run_state(run))
@@ -86,15 +90,32 @@ def run_row(run: Path, name: str) -> dict:
     return {
         "run": name,
         "config": config,
-        "held_out": held_out(files.evaluation(), config),
+        "held_out": "validation" if scores == "validation" and validation else held_out(evaluation, config),
         "state": "finished" if state == "complete" else state,
         "note": "; ".join(x for x in (trial.get("note"), odd) if x),
         "epochs": f"{len(epochs)}/{planned}" if isinstance(planned, int) else str(len(epochs)),
         "metrics": {k: overall.get(k) for k, _ in METRIC_COLUMNS},
+        "n": overall.get("n"),
         "minutes": sum(epoch_seconds(r) for r in epochs) / 60,
         "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no",
         "damaged": files.damaged,
+        "per_flight": evaluation.get("per_flight") if scores == "test" else None,
     }
+
+
+def run_rows(run: Path, name: str) -> list[dict]:
+    """A run's rows: each test flight's numbers, then the pooled ones, named so, where it has several test
+    flights; one row where it has one."""
+    row = run_row(run, name)
+    per = row.pop("per_flight") or {}
+    if len(per) < 2:
+        return [row]
+    flights = [
+        {**row, "run": f"{name}: {f}", "held_out": f, "metrics": {k: m.get(k) for k, _ in METRIC_COLUMNS}}
+        | {"n": m.get("n")}
+        for f, m in per.items()
+    ]
+    return flights + [{**row, "run": f"{name}: pooled", "held_out": f"pooled over {row['held_out']}"}]
 
 
 def crossval_row(folder: Path, name: str) -> dict:
@@ -108,11 +129,17 @@ def crossval_row(folder: Path, name: str) -> dict:
     return {
         "run": name,
         "config": first["config"],
-        "held_out": f"each flight once ({len(folds)} folds, mean)",
+        "held_out": f"each flight once ({len(folds)} folds, mean"
+        + (
+            ", chosen on each test flight: CloudML 0.2)"
+            if result.get("protocol") in (None, "test_flights")
+            else ")"
+        ),
         "state": "finished" if result else "stopped (resumable)",
         "note": "",
         "epochs": f"{len(folds)} folds",
         "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
+        "n": sum(r["n"] or 0 for r in rows) or None,
         "minutes": sum(r["minutes"] for r in rows),
         "compiled": first["compiled"],
         "damaged": files.damaged + [d for r in rows for d in r["damaged"]],
@@ -122,8 +149,15 @@ def crossval_row(folder: Path, name: str) -> dict:
 def trial_rows(folder: Path, name: str) -> list[dict]:
     """A row per trial folder (trials/<number>), its state and note from trial.json."""
     rows = []
+    legacy = "protocol" not in (RunFiles(folder).sweep() or {"protocol": None})
     for t in numbered_folders(folder / "trials"):
-        row = (crossval_row if is_crossval(t) else run_row)(t, str(Path(name) / "trials" / t.name))
+        label = str(Path(name) / "trials" / t.name)
+        row = (
+            crossval_row(t, label)
+            if is_crossval(t)
+            else run_row(t, label, "test" if legacy else "validation")
+        )
+        row.pop("per_flight", None)
         files = RunFiles(t)
         info = files.trial()
         row["state"] = {"complete": "finished"}.get(info.get("state"), info.get("state") or row["state"])
@@ -144,7 +178,7 @@ def compare_runs(folders: list[str | Path]) -> list[dict]:
         elif is_crossval(folder):
             rows.append(crossval_row(folder, str(f)))
         elif has_run(folder):
-            rows.append(run_row(folder, str(f)))
+            rows += run_rows(folder, str(f))
         else:
             raise CloudMLError(
                 f"{f} holds no run, cross-validation or sweep (no config.yaml, metrics.jsonl, "
@@ -165,6 +199,7 @@ def empty_sweep_row(folder: Path, name: str) -> dict:
         "note": "",
         "epochs": "0",
         "metrics": {k: None for k, _ in METRIC_COLUMNS},
+        "n": None,
         "minutes": 0.0,
         "compiled": "no",
         "damaged": files.damaged,
@@ -172,12 +207,15 @@ def empty_sweep_row(folder: Path, name: str) -> dict:
 
 
 def held_out(evaluation: dict, config: dict | None) -> str:
-    """The flights a run's metrics were measured on: those its evaluation scored, else its config's."""
+    """The flights a run's metrics were measured on: those its evaluation scored, else its config's; marked
+    where the run chose on them (CloudML 0.2's protocol)."""
     flights = sorted(evaluation.get("per_flight") or {})
     if not flights and config:
-        named = (config.get("data") or {}).get("validation_flights")
+        data = config.get("data") or {}
+        named = data.get("test_flights", data.get("validation_flights"))  # its earlier name
         flights = [str(f) for f in named] if isinstance(named, list) else []
-    return ", ".join(flights) or "?"
+    legacy = bool(evaluation) and (evaluation.get("protocol") or {}).get("name") != "untouched_test"
+    return (", ".join(flights) or "?") + (" (chosen on them: CloudML 0.2)" if legacy else "")
 
 
 def differing_settings(rows: list[dict]) -> list[str]:
@@ -227,8 +265,9 @@ def format_comparison(rows: list[dict]) -> str:
     keys = differing_settings(rows)
     head = [
         "run",
-        "held out",
+        "scored on",
         *(label for _, label in METRIC_COLUMNS),
+        "n",
         "state",
         "epochs",
         "time (min)",
@@ -242,6 +281,7 @@ def format_comparison(rows: list[dict]) -> str:
             r["run"],
             r.get("held_out", "?"),
             *(_metric(r["metrics"][k]) for k, _ in METRIC_COLUMNS),
+            "-" if r.get("n") is None else str(r["n"]),
             r["state"],
             r["epochs"],
             f"{r['minutes']:.1f}",
@@ -256,9 +296,10 @@ def format_comparison(rows: list[dict]) -> str:
     scored = {r.get("held_out") for r in rows if any(v is not None for v in r["metrics"].values())}
     if len(scored) > 1:
         lines.append(
-            '\nThe metrics were measured on different held-out flights (column "held out"): a flight '
-            "that is easier or harder moves R2 and MAE as much as a setting does. Compare rows with the "
-            "same held-out flights, or cross-validations (every flight held out once)."
+            '\nThe metrics were measured on different data (column "scored on"): a flight that is easier or '
+            "harder moves R2 and MAE as much as a setting does. Compare rows scored on the same flights, or "
+            "cross-validations (every flight the test flight once). A validation score chose its run: it is "
+            "no test score."
         )
     if len(rows) > 1 and not keys:
         lines.append("\nNo setting differs between these runs.")
@@ -286,15 +327,23 @@ def metric_words(metric: str) -> str:
 
 
 def best_verdict(trial_dir: Path, space) -> str | None:
-    """The best trial judged as a run is (science.report.verdict: does it beat predicting the training mean?),
-    from its own evaluation; None where it has none (a cross-validation objective, or not evaluated)."""
-    from cloudml_lib.science.report import verdict
+    """The best trial's test score, reported once (it was chosen on its validation score; no trial was chosen
+    on a test flight), and judged as a run is (science.report.verdict); None where it has none (a
+    cross-validation objective: crossval.md holds its folds, or not evaluated)."""
+    from cloudml_lib.science.report import protocol_words, verdict, with_verdict
 
-    if space.objective != "held_out":
+    if space.objective == "crossval":
         return None
     report = RunFiles(trial_dir).evaluation()
-    said = verdict(report) if report else None
-    return said.replace("Verdict:", "Verdict on the best trial:", 1) if said else None
+    said = verdict(with_verdict(report)) if report else None
+    if not said:
+        return None
+    o = report["overall"]
+    numbers = ", ".join(f"{label} {_metric(o.get(k))}" for k, label in METRIC_COLUMNS) + f", n {o.get('n')}"
+    return (
+        f"The best trial's test score, reported once ({protocol_words(with_verdict(report))}): {numbers}. "
+        + said.replace("Verdict:", "Verdict on the best trial:", 1)
+    )
 
 
 def sweep_summary(study, space) -> dict:
@@ -356,7 +405,10 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
     """report.md: the objective, the best trial, the trials table and Optuna's two plots."""
     summary = sweep_summary(study, space)
     finished = complete_trials(study)
-    scored_on = "cross-validated folds" if space.objective == "crossval" else "held-out flights"
+    scored_on = {
+        "crossval": "nested folds' validation data (the mean over folds)",
+        "validation": "trials' validation data (never a test flight)",
+    }.get(space.objective, "test flights (objective held_out: a sweep of CloudML 0.2, chosen on them)")
     lines = [
         f"# Sweep {run_dir.name}",
         "",

@@ -1,23 +1,29 @@
 """Leave-one-flight-out cross-validation with baselines: the honest answer to "does the image model
 beat simple models on a flight it has never seen?".
 
-Each flight is held out once. A fold is a full, resumable run in `RUN_DIR/folds/<flight>/model`
-with its own scalers (fitted on that fold's training flights only), so an interrupted
-cross-validation continues with its unfinished fold and a finished fold is not trained again.
+Each flight is the test flight of one fold, and nothing is chosen on it: the cross-validation is nested, each
+fold choosing its best epoch and calibrating its intervals on validation data drawn from its own training
+flights by the config's rule (data.validation; data/splits.py). A fold is a full, resumable run in
+`RUN_DIR/folds/<flight>/model` with its own scalers (fitted on that fold's training part only), so an
+interrupted cross-validation continues with its unfinished fold and a finished fold is not trained again. A
+cross-validation started by CloudML 0.2 (whose folds chose on their test flight) continues under that
+protocol, and its results say so.
 Beside the model, every fold scores:
 - `mean`: the training flights' mean height (the baseline every report carries);
 - `scalars_only`: the same network trained on the sun angles alone (`folds/<flight>/scalars_only`);
 - `trees`: gradient-boosted trees (scikit-learn) on simple image statistics plus the angles.
 Cloud / no-cloud is scored per fold against its two baselines (`clouds.py`: the majority class and a
 brightness-temperature threshold, both fitted on the fold's training flights). Prediction intervals
-are measured where they matter, on flights never seen (`intervals.py`): for each held-out flight,
-each method is calibrated on the other folds' held-out residuals and its coverage and width measured
+are measured where they matter, on flights never seen (`intervals.py`): for each test flight,
+each method is calibrated on the other folds' test residuals and its coverage and width measured
 on this flight; the method that falls least short of the target is chosen, `intervals.json` (all
 folds' residuals) calibrates `predict --calibration RUN_DIR`, and each fold's model gets its own
 (from the other folds). Warnings that would have saved the users weeks: predictions collapsing
-towards a constant (std(pred)/std(true) below 0.3), no better than the mean baseline, a held-out
+towards a constant (std(pred)/std(true) below 0.3), no better than the mean baseline, a test
 flight whose heights lie outside the training flights' range, and intervals that cover far less
-than their target on some flight. Results: `crossval.json` and `crossval.md`.
+than their target on some flight. Every fold is shown with its MAE's bootstrap interval over time blocks; a
+fold whose R2 is undefined (its labels do not vary) is named, and the mean R2 says over how many folds it is.
+Results: `crossval.json` and `crossval.md`.
 
 On several GPUs, `torchrun --nproc_per_node N -m cloudml_lib crossval ...` trains one fold per
 process (fold i on process i mod N, each on its own GPU): simpler and faster than DDP for runs this
@@ -34,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cloudml_lib.base.config import Config, derive
+from cloudml_lib.base.config import LEGACY_VALIDATION, Config, derive
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
@@ -50,16 +56,25 @@ from cloudml_lib.science.report import shortcomings, write_report
 log = logging.getLogger(__name__)
 
 COMPARED = ("model", "mean", "scalars_only", "trees")
-OUT_OF_RANGE_SHARE = 0.1  # held-out heights outside the training range above this share: warn
+OUT_OF_RANGE_SHARE = 0.1  # test heights outside the training range above this share: warn
 
 
-def fold_config(cfg: Config, held: str, scalars_only: bool = False) -> Config:
-    """The run of one fold (a derived config): `held` is the only validation flight; nothing else changes."""
-    changes = {"data.validation_flights": [held], "model.scalars_only": scalars_only}
+def fold_config(cfg: Config, held: str, scalars_only: bool = False, legacy: bool = False) -> Config:
+    """The run of one fold (a derived config): `held` is its only test flight; its validation data come from
+    the other flights by the config's rule (named validation flights: those left, or auto where none is);
+    `legacy`: the protocol of a cross-validation started by CloudML 0.2 (chosen on the test flight)."""
+    validation = cfg.data.validation
+    if isinstance(validation, list):
+        validation = [n for n in validation if n != held] or "auto"
+    changes = {
+        "data.test_flights": [held],
+        "data.validation": LEGACY_VALIDATION if legacy else validation,
+        "model.scalars_only": scalars_only,
+    }
     if cfg.data.overweight_flight == held:
-        changes["data.overweight_flight"] = ""  # it is held out in this fold; weighted in the others
+        changes["data.overweight_flight"] = ""  # the test flight of this fold; weighted in the others
     if cfg.train.pretrain_flight == held:
-        changes["train.pretrain_flight"] = ""  # held out: this fold trains in one phase
+        changes["train.pretrain_flight"] = ""  # the test flight: this fold trains in one phase
     return derive(cfg, changes)
 
 
@@ -90,8 +105,8 @@ def image_statistics(dataset: CloudDataset, samples: np.ndarray | None = None) -
 
 
 def tree_baseline(train_set: CloudDataset, val_set: CloudDataset, seed: int) -> np.ndarray:
-    """Predictions (km) of gradient-boosted trees on image statistics plus angles, for the validation samples
-    with a height."""
+    """Predictions (km) of gradient-boosted trees on image statistics plus angles, fitted on `train_set`, for
+    the samples of `val_set` (a test flight) with a height."""
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     model = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.05, random_state=seed)
@@ -103,7 +118,7 @@ def tree_baseline(train_set: CloudDataset, val_set: CloudDataset, seed: int) -> 
 
 
 def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.ndarray) -> list[str]:
-    """The fold's model judged by the evaluation's rule (evaluate.shortcomings), and its held-out heights
+    """The fold's model judged by the evaluation's rule (evaluate.shortcomings), and its test heights
     against the training flights' range."""
     out = [f"{flight}: {w}" for w in shortcomings(result["model"], result["mean"])]
     outside = float(((val_km < train_km.min()) | (val_km > train_km.max())).mean()) if len(val_km) else 0.0
@@ -115,23 +130,31 @@ def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.nd
     return out
 
 
-def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool) -> dict:
+def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, legacy: bool = False) -> dict:
     from cloudml_lib.commands.runs import train_run
     from cloudml_lib.core.distributed import SINGLE
 
     fold_dir = Path(run_dir) / "folds" / held
-    model_cfg = fold_config(cfg, held)
-    log.info("Fold %s: training on the other flights, %s held out", held, held)
+    model_cfg = fold_config(cfg, held, legacy=legacy)
+    log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
     report = train_run(model_cfg, fold_dir / "model", dist=SINGLE)  # one process per fold
     result = {"model": report["overall"], "mean": report["baseline"]}
     if controls:
-        control = train_run(fold_config(cfg, held, scalars_only=True), fold_dir / "scalars_only", dist=SINGLE)
+        control = train_run(
+            fold_config(cfg, held, scalars_only=True, legacy=legacy), fold_dir / "scalars_only", dist=SINGLE
+        )
         result["scalars_only"] = control["overall"]
-    train_set, val_set = prepare_data(model_cfg)
-    train_km, val_km = (d.targets_km()[d.has_height()] for d in (train_set, val_set))
-    result["trees"] = regression_metrics(val_km, tree_baseline(train_set, val_set, cfg.train.seed))
+    data = prepare_data(model_cfg)
+    train_km, test_km = (d.targets_km()[d.has_height()] for d in (data.train_set, data.test_set))
+    result["trees"] = regression_metrics(
+        test_km, tree_baseline(data.train_set, data.test_set, cfg.train.seed)
+    )
     result["cloud"] = report.get("cloud")
-    result["warnings"] = fold_warnings(held, result, train_km, val_km)
+    result["mae_interval_km"] = (report.get("mae_interval_km") or {}).get(held)
+    result["protocol"] = (report.get("protocol") or {}).get("name", LEGACY_VALIDATION)
+    if report.get("validation"):
+        result["validation"] = report["validation"]["pooled"]
+    result["warnings"] = fold_warnings(held, result, train_km, test_km)
     write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
     return result
 
@@ -151,18 +174,20 @@ def read_fold(run_dir: Path, held: str) -> dict:
 
 
 def summarise(folds: dict) -> dict:
-    """Mean and spread (std over folds) of each metric of each method, and the plain verdicts."""
-    summary = {}
+    """Mean and spread (std over folds) of each metric of each method, the folds where a metric is undefined
+    (named: a fold whose labels do not vary has no R2, and the mean is over the others), and the plain
+    verdicts."""
+    summary, undefined = {}, {}
     for method in COMPARED:
-        rows = [f[method] for f in folds.values() if method in f]
-        if rows:
-            summary[method] = {
-                k: {
-                    "mean": float(np.nanmean([r[k] for r in rows])),
-                    "std": float(np.nanstd([r[k] for r in rows])),
-                }
-                for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
-            }
+        named = {n: f[method] for n, f in folds.items() if method in f}
+        if named:
+            summary[method] = {}
+            for k in ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio"):
+                values = [r.get(k) for r in named.values()]
+                gone = [n for n, v in zip(named, values) if v is None or not np.isfinite(v)]
+                if gone:
+                    undefined.setdefault(k, {})[method] = gone
+                summary[method][k] = {"mean": _nanmean(values), "std": _nanstd(values)}
     cloud = [f["cloud"] for f in folds.values() if f.get("cloud")]
     for method in ("model", *BASELINES):
         rows = [c[method]["overall"] for c in cloud if method in c]
@@ -171,7 +196,13 @@ def summarise(folds: dict) -> dict:
                 k: {"mean": _nanmean([r[k] for r in rows]), "std": _nanstd([r[k] for r in rows])}
                 for k in ("accuracy", "f1", "roc_auc")
             }
-    verdicts = []
+    verdicts = [
+        f"R2 is undefined on {', '.join(gone)} (its labels do not vary): the mean R2 of the model is over "
+        "the "
+        f"other {len(folds) - len(gone)} of {len(folds)} folds."
+        for gone in [(undefined.get("r2") or {}).get("model")]
+        if gone
+    ]
     pairs = [
         (c["model"]["overall"]["accuracy"], c["bt_threshold"]["overall"]["accuracy"])
         for c in cloud
@@ -181,7 +212,7 @@ def summarise(folds: dict) -> dict:
         wins = sum(a > b for a, b in pairs)
         verdicts.append(
             f"The cloud output beats the brightness-temperature threshold on {wins} of {len(pairs)} "
-            "held-out flights (accuracy)."
+            "test flights (accuracy)."
             + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
         )
     for method, words in (
@@ -193,10 +224,10 @@ def summarise(folds: dict) -> dict:
         if pairs:
             wins = sum(a < b for a, b in pairs)
             verdicts.append(
-                f"The image model beats {words} on {wins} of {len(pairs)} held-out flights (MAE)."
+                f"The image model beats {words} on {wins} of {len(pairs)} test flights (MAE)."
                 + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
             )
-    return {"summary": summary, "verdicts": verdicts}
+    return {"summary": summary, "verdicts": verdicts, "undefined": undefined}
 
 
 def _nanmean(values) -> float | None:
@@ -210,7 +241,7 @@ def _nanstd(values) -> float | None:
 
 
 def fold_pairs(run_dir: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(predicted, true) km of the held-out samples with a height of one fold, from its predictions.csv."""
+    """(predicted, true) km of the test samples with a height of one fold, from its predictions.csv."""
     pred, true = [], []
     with open(Path(run_dir) / "folds" / name / "model" / "predictions.csv", newline="") as f:
         for row in csv.DictReader(f):
@@ -227,6 +258,7 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
     result = intervals.leave_one_flight_out(by_flight, coverage)
     if result["chosen"]:
         everything = [np.concatenate(x) for x in zip(*by_flight.values())]
+        groups = np.concatenate([[n] * len(v[0]) for n, v in by_flight.items()])
         intervals.save(
             run_dir,
             intervals.calibrate(
@@ -234,6 +266,7 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
                 result["chosen"],
                 coverage,
                 f"leave-one-flight-out residuals of {len(names)} flights ({run_dir})",
+                groups=groups,
             ),
         )
         for name in names:
@@ -241,7 +274,11 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
             intervals.save(
                 run_dir / "folds" / name / "model",
                 intervals.calibrate(
-                    *others, result["chosen"], coverage, f"the other {len(names) - 1} folds' held-out flights"
+                    *others,
+                    result["chosen"],
+                    coverage,
+                    f"the other {len(names) - 1} folds' test flights",
+                    groups=groups[groups != name],
                 ),
             )
     return result
@@ -251,22 +288,27 @@ def format_markdown(result: dict) -> str:
     lines = [
         "# Leave-one-flight-out cross-validation",
         "",
-        "Each flight held out once; metrics in km on the held-out flight (model: R2, MAE, RMSE, bias, "
-        "std(pred)/std(true), n; beside it the R2 and MAE of the baselines on the same fold).",
+        protocol_words(result.get("protocol")),
         "",
-        "| held-out flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE mean | "
-        "MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |",
-        "|" + "---|" * 13,
+        "Each flight is the test flight of one fold; metrics in km on that flight (model: R2, MAE with its "
+        "95% "
+        "interval over time blocks, RMSE, bias, std(pred)/std(true), n; beside it the R2 and MAE of the "
+        'baselines on the same flight). R2 "undefined": the flight\'s labels do not vary.',
+        "",
+        "| test flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE model 95% | "
+        "MAE mean | MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |",
+        "|" + "---|" * 14,
     ]
-    num = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.3f}"  # noqa: E731
     for name, f in result["folds"].items():
         get = f.get
+        interval = f.get("mae_interval_km")
         lines.append(
             f"| {name} | {f['model']['n']} | "
             + " | ".join(
-                [num(get(m), "r2") for m in COMPARED]
-                + [num(get(m), "mae_km") for m in COMPARED]
-                + [num(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
+                [_cell(get(m), "r2") for m in COMPARED]
+                + [_cell(f["model"], "mae_km"), f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"]
+                + [_cell(get(m), "mae_km") for m in COMPARED[1:]]
+                + [_cell(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
             )
             + " |"
         )
@@ -274,18 +316,58 @@ def format_markdown(result: dict) -> str:
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
     lines += [
         "",
-        "| method | R2 (mean +- spread) | MAE km | RMSE km | bias km | std ratio |",
+        "| method | R2 (mean +- spread over folds) | MAE km | RMSE km | bias km | std ratio |",
         "|" + "---|" * 6,
     ]
+    undefined = result.get("undefined") or {}
     for method, m in ((k, s[k]) for k in COMPARED if k in s):
         lines.append(
-            f"| {method} | " + " | ".join(f"{m[k]['mean']:.3f} +- {m[k]['std']:.3f}" for k in keys) + " |"
+            f"| {method} (mean of folds) | "
+            + " | ".join(
+                _spread(m[k], (undefined.get(k) or {}).get(method), len(result["folds"])) for k in keys
+            )
+            + " |"
+        )
+    if result.get("pooled"):
+        p = result["pooled"]
+        lines.append(
+            "| model, pooled over every fold's test flight (differences between flights count as skill) | "
+            + " | ".join(_cell(p, k) for k in keys)
+            + " |"
         )
     lines += _cloud_lines(result) + _interval_lines(result.get("intervals"))
     lines += ["", *[f"- {v}" for v in result["verdicts"]]]
     if result["warnings"]:
         lines += ["", "Warnings:", *[f"- {w}" for w in result["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+def _cell(m: dict | None, k: str) -> str:
+    if m is None or k not in m:
+        return "-"
+    v = m[k]
+    return "undefined" if v is None or not np.isfinite(v) else f"{v:.3f}"
+
+
+def _spread(m: dict, gone: list | None, folds: int) -> str:
+    if m.get("mean") is None:
+        return "undefined"
+    said = f"{m['mean']:.3f} +- {m['std']:.3f}"
+    return said + (f" ({folds - len(gone)} of {folds} folds; undefined on {', '.join(gone)})" if gone else "")
+
+
+def protocol_words(name: str | None) -> str:
+    if name == LEGACY_VALIDATION:
+        return (
+            "Started by CloudML 0.2 and continued under its protocol: each fold chose its best epoch on its "
+            "test "
+            "flight, so the fold scores are optimistic."
+        )
+    return (
+        "Nested: each fold's test flight is untouched (nothing is chosen on it); its best epoch and "
+        "intervals "
+        "were chosen on validation data of its own training flights (data.validation)."
+    )
 
 
 def _cloud_lines(result: dict) -> list[str]:
@@ -296,10 +378,10 @@ def _cloud_lines(result: dict) -> list[str]:
     methods = [m for m in ("model", *BASELINES) if any(m in c for c in folds.values())]
     lines = [
         "",
-        "Cloud / no-cloud on the held-out flight (CPL Number_Layers > 0 is cloud); baselines fitted on the "
+        "Cloud / no-cloud on the test flight (the cloud flag of data.cloud_flag); baselines fitted on the "
         "training flights: majority class, brightness-temperature threshold.",
         "",
-        "| held-out flight | n | cloudy share | "
+        "| test flight | n | cloudy share | "
         + " | ".join(f"{k} {m}" for k in ("accuracy", "F1", "ROC-AUC") for m in methods)
         + " |",
         "|" + "---|" * (3 + 3 * len(methods)),
@@ -335,10 +417,10 @@ def _interval_lines(iv: dict | None) -> list[str]:
         "",
         f"Prediction intervals ({iv['coverage']:.0%} target) on each flight never seen, calibrated on the "
         "other "
-        "flights' held-out residuals: coverage / mean width km"
+        "flights' test residuals: coverage / mean width km"
         + (f"; chosen: {iv['chosen']}" if iv["chosen"] else ""),
         "",
-        "| held-out flight | " + " | ".join(methods) + " |",
+        "| test flight | " + " | ".join(methods) + " |",
         "|" + "---|" * (1 + len(methods)),
     ]
     for name in dict.fromkeys(n for m in methods for n in iv["methods"][m]["per_flight"]):
@@ -363,12 +445,24 @@ def _interval_lines(iv: dict | None) -> list[str]:
     return lines
 
 
+def started_legacy(run_dir: Path) -> bool:
+    """Whether a cross-validation folder was started by CloudML 0.2: a fold's run config lacks
+    data.validation (its folds chose on their test flight, and the rest continue so)."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    for model in sorted((Path(run_dir) / "folds").glob("*/model")):
+        config = RunFiles(model).config()
+        if config is not None:
+            return "validation" not in (config.get("data") or {})
+    return False
+
+
 def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None) -> dict:
     """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `dist`: a
     process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, "crossval")
-    cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own validation flight
+    cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own test flight
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
         raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
@@ -383,10 +477,15 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
         mine = names[workers.rank :: workers.world]
-        log.info("Cross-validation over %d flights, each held out once: %s", len(names), ", ".join(names))
+        legacy = started_legacy(run_dir)
+        log.info(
+            "Cross-validation over %d flights, each the test flight once: %s", len(names), ", ".join(names)
+        )
+        if legacy:
+            log.info("%s", protocol_words(LEGACY_VALIDATION))
         if workers.active:
             log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
-        done = {name: run_fold(cfg, run_dir, name, controls) for name in mine}
+        done = {name: run_fold(cfg, run_dir, name, controls, legacy) for name in mine}
         workers.barrier()
     finally:
         if dist is None:
@@ -395,10 +494,15 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
         return {}
     folds = {name: done[name] if name in done else read_fold(run_dir, name) for name in names}
     result = {
+        "protocol": LEGACY_VALIDATION if legacy else "nested",
         "folds": folds,
         **summarise(folds),
         "warnings": [w for f in folds.values() for w in f["warnings"]],
     }
+    pairs = [fold_pairs(run_dir, n) for n in names]
+    result["pooled"] = regression_metrics(
+        np.concatenate([t for _, t in pairs]), np.concatenate([p for p, _ in pairs])
+    )
     result["intervals"] = interval_step(run_dir, names, cfg.train.interval_coverage)
     result["verdicts"] += result["intervals"]["verdicts"]
     run_dir.mkdir(parents=True, exist_ok=True)

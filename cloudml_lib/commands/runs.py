@@ -1,5 +1,5 @@
 """A run, from its start to its end: `train_run` pairs training (train/, which ends at the final
-checkpoint) with the end of the run (science/finish.py: the held-out evaluation, the cloud probe, the
+checkpoint) with the end of the run (science/finish.py: the test flights' evaluation, the cloud probe, the
 intervals, the report). It is the one route for `train`, each phase of the two-phase protocol (pre-train on
 one flight, then fine-tune), each cross-validation fold and each sweep trial; every part of it resumes. In a
 torchrun job, a peer's failure is explained in plain words; a run that stops on an error says so in its
@@ -67,8 +67,12 @@ def check_pretrain_flight(cfg: Config, names: list[str]) -> list[str]:
         return []
     if p not in names:
         return [f"train.pretrain_flight: {p!r} is not one of the flights ({', '.join(names)})"]
-    if p in cfg.data.validation_flights:
-        return [f"train.pretrain_flight: {p!r} is a validation flight; pre-train on a training flight"]
+    if p in cfg.data.test_flights:
+        return [f"train.pretrain_flight: {p!r} is a test flight; pre-train on a training flight"]
+    if isinstance(cfg.data.validation, list) and p in cfg.data.validation:
+        return [
+            f"train.pretrain_flight: {p!r} is a validation flight (data.validation); pre-train on another"
+        ]
     if cfg.data.overweight_flight and cfg.data.overweight_flight != p:
         return [
             f"train.pretrain_flight: {p!r} and data.overweight_flight {cfg.data.overweight_flight!r} differ; "
@@ -89,7 +93,7 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
     problems = check_pretrain_flight(cfg, names)
     if problems:
         raise ConfigError("; ".join(problems))
-    keep = {cfg.train.pretrain_flight, *cfg.data.validation_flights}
+    keep = {cfg.train.pretrain_flight, *cfg.data.test_flights}
     phase1 = derive(
         cfg,
         {
@@ -97,6 +101,8 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
             "data.overweight_flight": "",
             "train.pretrain_flight": "",
             "train.epochs": cfg.train.pretrain_epochs,
+            # its one training flight: validated on the last part of it
+            **({"data.validation": "auto"} if isinstance(cfg.data.validation, list) else {}),
         },
     )
     log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
@@ -104,7 +110,7 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
     phase2 = derive(cfg, {"data.overweight_flight": cfg.train.pretrain_flight})
     log.info(
         "Phase 2 of 2: fine-tuning on %s (%s weighted x%g)",
-        ", ".join(n for n in names if n not in cfg.data.validation_flights),
+        ", ".join(n for n in names if n not in cfg.data.test_flights),
         cfg.train.pretrain_flight,
         cfg.data.overweight_factor,
     )

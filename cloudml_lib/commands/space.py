@@ -1,10 +1,11 @@
 """A sweep's search space: a small YAML of config keys with ranges or choices, and how trials are scored.
 
-    objective: held_out      # held_out: the config's validation flights; crossval: leave-one-flight-out
+    objective: validation    # validation: each trial's validation data (never its test flights); crossval:
+                             # the mean of the nested folds' validation scores
     metric: mae_km           # mae_km | rmse_km (minimised) or r2 (maximised)
     sampler: tpe             # tpe | random
     seed: 0                  # the same seed and history give the same trials
-    pruner: median           # none | median (held_out only): stop a trial worse than the median at an epoch
+    pruner: median           # none | median (not crossval): stop a trial worse than the median at an epoch
     prune_after_epochs: 1    # no trial is pruned before it trained this many epochs
     prune_startup_trials: 2  # nor before this many trials finished
     params:
@@ -33,7 +34,9 @@ from cloudml_lib.base.config import Config, build_config, value_type
 from cloudml_lib.base.errors import ConfigError, shown
 from cloudml_lib.base.yamlfile import read_yaml
 
-OBJECTIVES = ("held_out", "crossval")
+# held_out (chosen on the test flights) is the objective of sweeps started by CloudML 0.2: kept for them alone
+OBJECTIVES = ("validation", "crossval", "held_out")
+LEGACY_OBJECTIVE = "held_out"
 METRICS = {"mae_km": "minimize", "rmse_km": "minimize", "r2": "maximize"}
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("none", "median")
@@ -43,7 +46,10 @@ NOT_SWEPT = (
     "data.cache_dir",
     "data.cache_copy_dir",
     "data.flights",
-    "data.validation_flights",
+    "data.test_flights",
+    "data.validation",  # the data that compare the trials: the same for all of them
+    "data.validation_share",
+    "data.validation_gap_frames",
     "data.keys",
     "checkpoint",
     "train.device",
@@ -51,12 +57,12 @@ NOT_SWEPT = (
 RANGE_KEYS, CHOICE_KEYS = {"low", "high", "log", "step"}, {"choices"}
 MAX_CHECKED = 64  # an integer range with at most this many values has each one checked
 MAX_SEED = 2**32 - 1  # numpy's, under Optuna's samplers: trial n draws with seed + n
-FLIGHT_KEYS = ("data.overweight_flight", "data.validation_flights", "train.pretrain_flight")
+FLIGHT_KEYS = ("data.overweight_flight", "data.test_flights", "train.pretrain_flight")
 
 
 @dataclass
 class Space:
-    objective: str = "held_out"
+    objective: str = "validation"
     metric: str = "mae_km"
     sampler: str = "tpe"
     seed: int = 0

@@ -14,6 +14,11 @@ and the study ends as an uninterrupted one, because each trial's sampler is seed
 plus the trial's number (a suggestion depends on the history only, never on RNG state lost at a kill)
 and the pruner decides from stored values only.
 
+Each trial is scored on its validation data (objective validation; crossval: the mean of its nested folds'
+validation scores), never on a test flight: the best trial is chosen there, and its test score is reported
+once, beside it (compare.write_sweep_report). A sweep started by CloudML 0.2 (objective held_out, which
+chose on the test flights) continues under that protocol, said in its report.
+
 Under torchrun, rank 0 asks, reports and writes the study; every trial runs with all processes.
 """
 
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloudml_lib.base import faults
-from cloudml_lib.base.config import apply_overrides, build_config
+from cloudml_lib.base.config import LEGACY_VALIDATION, apply_overrides, build_config, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
@@ -37,6 +42,7 @@ from cloudml_lib.base.runfiles import RunFiles, numbered_folders
 from cloudml_lib.base.shapes import INT, Damaged, Obj, parse_json
 from cloudml_lib.base.yamlfile import read_yaml
 from cloudml_lib.commands.space import (
+    LEGACY_OBJECTIVE,
     MAX_SEED,
     Space,
     check_flights,
@@ -268,16 +274,31 @@ class Pruning:
 
 
 def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: Dist) -> float:
-    """The trial's held-out (or cross-validated) metric; its run resumes from its own checkpoint."""
+    """The trial's metric on its validation data (the mean over the nested folds' validation data for
+    objective crossval; on the test flights for a sweep of CloudML 0.2, objective held_out); its run resumes
+    from its own checkpoint. No test flight decides a new sweep's best trial."""
     if space.objective == "crossval":
         from cloudml_lib.commands.crossval import crossval
 
         result = crossval(cfg, trial_dir, controls=False, dist=dist)
-        value = dist.from_main(result["summary"]["model"][space.metric]["mean"] if dist.is_main else None)
-        return value
+        return dist.from_main(crossval_value(result, space.metric) if dist.is_main else None)
     from cloudml_lib.commands.runs import run_to_end
 
-    return run_to_end(cfg, trial_dir, "auto", dist, after_epoch=pruning)["overall"][space.metric]
+    report = run_to_end(cfg, trial_dir, "auto", dist, after_epoch=pruning)
+    if space.objective == LEGACY_OBJECTIVE:
+        return report["overall"][space.metric]
+    return (report.get("validation") or {}).get("pooled", {}).get(space.metric)
+
+
+def crossval_value(result: dict, metric: str) -> float | None:
+    """A cross-validation trial's value: the mean over its folds of the fold's validation score (a sweep of
+    CloudML 0.2: of the fold's test score)."""
+    folds = result.get("folds") or {}
+    if result.get("protocol") == LEGACY_VALIDATION:
+        return result["summary"]["model"][metric]["mean"]
+    values = [(f.get("validation") or {}).get(metric) for f in folds.values()]
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return float(sum(values) / len(values)) if values and len(values) == len(folds) else None
 
 
 @dataclass
@@ -304,6 +325,8 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     trial_dir = sw.run_dir / "trials" / str(number)
     try:
         cfg = build_config(trial_raw(sw.base, params), source=f"trial {number}'s config")
+        if space.objective == LEGACY_OBJECTIVE:  # a sweep of CloudML 0.2 goes on under its protocol
+            cfg = derive(cfg, {"data.validation": LEGACY_VALIDATION})
     except ConfigError as e:
         return "failed", None, str(e)
     if dist.is_main:
@@ -345,6 +368,9 @@ def sweep(
     own_dist = dist is None
     dist = init_distributed(build_config(base).train.device) if own_dist else dist
     record = {"config": base, "space": space.to_dict(), "trials": n_trials, "config_file": str(config)}
+    legacy = check_objective(space, run_dir)
+    if not legacy:
+        record["protocol"] = "validation"
     lock = store = study = None
     try:
         if dist.is_main:
@@ -361,6 +387,28 @@ def sweep(
             lock.release()
         if own_dist:
             dist.close()
+
+
+def check_objective(space: Space, run_dir: Path) -> bool:
+    """Whether the sweep goes on under CloudML 0.2's protocol (a sweep it started, whose sweep.json records
+    no protocol): only such a sweep may keep objective held_out, which chose the best trial on the test
+    flights; a new sweep naming it is refused."""
+    saved = RunFiles(run_dir).sweep() if (run_dir / "sweep.json").is_file() else None
+    legacy = saved is not None and "protocol" not in saved
+    if space.objective == LEGACY_OBJECTIVE and not legacy:
+        raise ConfigError(
+            f"objective: {LEGACY_OBJECTIVE} chose the best trial on the test flights (CloudML 0.2); it is "
+            "kept "
+            "for sweeps started then to continue. Use objective: validation (each trial's validation data) "
+            "or crossval; the best trial's test score is reported once, beside it."
+        )
+    if legacy and space.objective == LEGACY_OBJECTIVE:
+        log.info(
+            "This sweep was started by CloudML 0.2 (objective held_out): it continues under its protocol, "
+            "its "
+            "trials choosing on their test flights; its report says so."
+        )
+    return legacy
 
 
 def check_trials(n_trials, space: Space) -> None:
@@ -528,10 +576,15 @@ def rebuilt_trial(optuna, folder: Path | None, space: Space):
 
 
 def _evaluated(files: RunFiles, space: Space) -> float | None:
-    """The trial's held-out metric from its own evaluation.json (held-out objective), or None."""
-    if space.objective != "held_out":
+    """The trial's metric from its own evaluation.json (its validation score; the test score for a sweep of
+    CloudML 0.2), or None (a cross-validation objective)."""
+    if space.objective == "crossval":
         return None
-    value = (files.evaluation().get("overall") or {}).get(space.metric)
+    evaluation = files.evaluation()
+    scores = (
+        evaluation.get("overall") if space.objective == LEGACY_OBJECTIVE else evaluation.get("validation")
+    )
+    value = ((scores or {}).get("pooled", scores) or {}).get(space.metric)
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 

@@ -70,6 +70,12 @@ class Key:
         "train_mean_km",
     )
     PROBE_STEP = "probe_step"  # best.pt: the final step of the training whose end fitted its cloud probe
+    # the run's header (every checkpoint and best.pt): the span of the heights the model was fitted on (km),
+    # and which data played which role (data/splits.py); runs made before them lack them
+    LABEL_RANGE, SPLIT = "label_range_km", "split"
+    # best.pt, written by the end of the run: the brightness-temperature baseline's cloud flag, fitted on the
+    # training flights (science/clouds.py), for predict --cloud-flag bt_threshold
+    CLOUD_BASELINE = "cloud_baseline"
 
 
 # The pieces of a run's state, each its state_dict() under its key (train/state.py: stateful)

@@ -152,7 +152,7 @@ FINAL_EVENTS = "events.out.tfevents.final"  # the end of a run's values, one fil
 
 
 def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict[str, Path]) -> None:
-    """The end of a run's TensorBoard values (the held-out metrics as final/* scalars, the scatter figure) at
+    """The end of a run's TensorBoard values (the test metrics as final/* scalars, the scatter figure) at
     the trained step, in a file of their own in RUN_DIR/tensorboard: written locally, then copied whole, so
     that an end run again replaces it instead of adding a second point."""
     if not has_tensorboard():

@@ -1,5 +1,5 @@
 """The metrics of a model's answers, the same during training (each epoch's score) and after it (the
-held-out report): heights in km and the cloud / no-cloud flag.
+test report): heights in km and the cloud / no-cloud flag.
 
 Every height metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
 (std(pred) / std(true)) and n. Cloud / no-cloud metrics: accuracy, F1 of the cloud class, ROC-AUC
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cloudml_lib.data.cpl import BASE_IN_RANGE
 from cloudml_lib.data.dataset import Scalers
 
 BOUND_TOLERANCE_KM = 1e-3  # a height this far past a bound is float rounding, not outside it
@@ -52,10 +53,11 @@ def regression_metrics(true_km: np.ndarray, pred_km: np.ndarray) -> dict:
             "n": 0,
         }
     err = pred_km - true_km
+    varies = bool(np.ptp(true_km) > 0)  # labels that do not vary have no R2 (not a rounding residue's)
     ss_tot = float(((true_km - true_km.mean()) ** 2).sum())
-    std_true = float(true_km.std())
+    std_true = float(true_km.std()) if varies else 0.0
     return {
-        "r2": 1.0 - float((err**2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
+        "r2": 1.0 - float((err**2).sum()) / ss_tot if varies and ss_tot > 0 else float("nan"),
         "mae_km": float(np.abs(err).mean()),
         "rmse_km": float(np.sqrt((err**2).mean())),
         "bias_km": float(err.mean()),
@@ -69,14 +71,51 @@ class Scored:
     """A model's answers for the samples of a dataset, in order."""
 
     height_km: np.ndarray  # (N,) predicted height for every sample (with a height label or not)
-    cloud_prob: np.ndarray | None  # (N,) cloud probability; None: the model has no cloud output
+    cloud_prob: np.ndarray | None  # (N,) probability of the cloud flag; None: the model has no cloud output
+    class_prob: np.ndarray | None = None  # (N, K) probability of each cloud class; None: no classes
 
     @classmethod
     def from_outputs(cls, out: dict, scalers: Scalers) -> Scored:
         """From the model's outputs by name (predict)."""
         logit = out["cloud_logit"]
         prob = None if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))
-        return cls(out["height"] * scalers.cbh_std + scalers.cbh_mean, prob)
+        return cls(
+            out["height"] * scalers.cbh_std + scalers.cbh_mean, prob, softmax(out.get("cloud_classes"))
+        )
+
+    def classes(self, threshold: float) -> np.ndarray | None:
+        """The cloud class of each sample (cpl's classes): a cloud base in range where the flag's probability
+        reaches `threshold`, else the likeliest other class; 0/1 where the model gives the flag alone. None
+        without a cloud output; -1 where the probability is not finite."""
+        return cloud_class(self.cloud_prob, self.class_prob, threshold)
+
+
+def softmax(logits: np.ndarray | None) -> np.ndarray | None:
+    if logits is None:
+        return None
+    z = np.asarray(logits, np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def cloud_class(
+    prob: np.ndarray | None, class_prob: np.ndarray | None, threshold: float
+) -> np.ndarray | None:
+    """Scored.classes for arrays: the flag's probability (N,) and the class probabilities (N, K) or None."""
+    if prob is None:
+        return None
+    prob = np.asarray(prob, np.float64)
+    ok = np.isfinite(prob)
+    out = np.full(prob.shape, -1, np.int64)
+    flagged = ok & (prob >= threshold)
+    if class_prob is None:
+        out[ok] = flagged[ok].astype(np.int64)
+        return out
+    others = np.asarray(class_prob, np.float64).copy()
+    others[:, BASE_IN_RANGE] = -np.inf
+    out[ok] = np.argmax(others[ok], axis=1)
+    out[flagged] = BASE_IN_RANGE
+    return out
 
 
 def cloud_metrics(flag: np.ndarray, score: np.ndarray, threshold: float = 0.5) -> dict:
@@ -97,3 +136,38 @@ def cloud_metrics(flag: np.ndarray, score: np.ndarray, threshold: float = 0.5) -
         "n": int(flag.size),
         "cloud_share": float(flag.mean()),
     }
+
+
+BURST_GAP_FRAMES = 60  # labels more than this many frames (about a minute) apart start a new time block
+MIN_BLOCKS = 10  # fewer bursts than this: the samples are cut into this many contiguous blocks instead
+BOOTSTRAP_DRAWS = 2000
+
+
+def time_blocks(frame_index: np.ndarray) -> list[np.ndarray]:
+    """The samples (positions into `frame_index`) in contiguous time blocks: the bursts in which lidar labels
+    arrive (a gap over BURST_GAP_FRAMES starts a new one), or, with fewer than MIN_BLOCKS bursts, MIN_BLOCKS
+    runs of consecutive samples. Errors of neighbouring frames are alike: resampling single frames would
+    pretend to more independent samples than a flight holds."""
+    order = np.argsort(np.asarray(frame_index), kind="stable")
+    frames = np.asarray(frame_index)[order]
+    bursts = np.split(order, np.flatnonzero(np.diff(frames) > BURST_GAP_FRAMES) + 1)
+    if len(bursts) >= MIN_BLOCKS:
+        return bursts
+    return [b for b in np.array_split(order, min(MIN_BLOCKS, order.size)) if b.size]
+
+
+def mae_interval(
+    true_km: np.ndarray, pred_km: np.ndarray, frame_index: np.ndarray, level: float = 0.95, seed: int = 0
+) -> list[float] | None:
+    """A `level` bootstrap interval of the MAE (km), resampling whole time blocks (time_blocks) with
+    replacement; None with fewer than 5 samples. The same numbers for the same input (a fixed seed)."""
+    err = np.abs(np.asarray(pred_km, np.float64) - np.asarray(true_km, np.float64))
+    if err.size < 5:
+        return None
+    blocks = time_blocks(frame_index)
+    sums = np.array([err[b].sum() for b in blocks])
+    sizes = np.array([b.size for b in blocks])
+    draw = np.random.default_rng(seed).integers(0, len(blocks), size=(BOOTSTRAP_DRAWS, len(blocks)))
+    maes = sums[draw].sum(axis=1) / sizes[draw].sum(axis=1)
+    tail = 100 * (1 - level) / 2
+    return [float(np.percentile(maes, tail)), float(np.percentile(maes, 100 - tail))]

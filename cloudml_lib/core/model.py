@@ -18,8 +18,13 @@ The cloud logit (`cloud_head`):
 - "joint": the MLP head's second output, trained with the height (train/loss.py).
 - "none": no cloud output.
 
-The model answers `Outputs`, named fields of shape (B,): `height` (standardised) and `cloud_logit` (None
-without a cloud output), whatever the cloud head; a new output is one more field there.
+The probe's classes (data.cloud_flag): one logit, cloud or not (any_layer: any CPL layer), or one logit per
+cloud class (base_in_range: clear sky, a cloud base in the label range, high cloud alone, a base below the
+range; data/cpl.py CLASS_MEANINGS), a softmax whose in-range share is the cloud flag's probability.
+
+The model answers `Outputs`, named fields: `height` (B,) (standardised), `cloud_logit` (B,) (the logit of the
+cloud flag; None without a cloud output) and `cloud_classes` (B, K) (the class logits of a probe with classes;
+None otherwise), whatever the cloud head; a new output is one more field there.
 
 The height (`height_head`):
 - "bounded": a sigmoid scaled between the heights a cloud base can have (config.height_bounds_km: the
@@ -40,13 +45,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cloudml_lib.base.config import CLOUD_HEADS, HEIGHT_HEADS, height_bounds_km
+from cloudml_lib.data.cpl import BASE_IN_RANGE, CLASS_MEANINGS
 
 
 class Outputs(NamedTuple):
     """What the model answers for each of B windows."""
 
     height: torch.Tensor  # (B,) standardised cloud base height
-    cloud_logit: torch.Tensor | None  # (B,) logit of a cloud below the aircraft; None: no cloud output
+    cloud_logit: torch.Tensor | None  # (B,) logit of the cloud flag; None: no cloud output
+    cloud_classes: torch.Tensor | None = None  # (B, K) logits of the cloud classes; None: no classes
 
     def float(self) -> Outputs:
         return Outputs(*(None if t is None else t.float() for t in self))
@@ -123,9 +130,11 @@ class MultimodalRegressionModel(nn.Module):
         cloud_head: str = "none",
         height_head: str = "unbounded",
         height_range: tuple[float, float] = (-3.0, 3.0),
+        cloud_classes: int = 1,
     ):
         """`height_range`: the bounded head's (low, high) in the standardised units of the height (build_model
-        places the cloud base's bounds there with the run's scalers); unused by the unbounded head."""
+        places the cloud base's bounds there with the run's scalers); unused by the unbounded head.
+        `cloud_classes`: the probe's outputs, 1 (a logit) or len(CLASS_MEANINGS) (class logits)."""
         super().__init__()
         if cloud_head not in CLOUD_HEADS:
             raise ValueError(f"cloud_head: {cloud_head!r}; expected one of {CLOUD_HEADS}")
@@ -147,8 +156,9 @@ class MultimodalRegressionModel(nn.Module):
             nn.Linear(128, 2 if cloud_head == "joint" else 1),
         )
         if cloud_head == "probe":
+            assert cloud_classes in (1, len(CLASS_MEANINGS)), f"cloud_classes {cloud_classes}"
             with torch.random.fork_rng(devices=[]):  # the other layers' draws stay those of "none"
-                self.cloud = nn.Linear(c + n_scalars, 1)
+                self.cloud = nn.Linear(c + n_scalars, cloud_classes)
             nn.init.zeros_(self.cloud.weight)
             nn.init.zeros_(self.cloud.bias)
             self.cloud.requires_grad_(False)
@@ -171,12 +181,12 @@ class MultimodalRegressionModel(nn.Module):
                 self.cloud_fitted.zero_()
             self._sync_cloud_output()
 
-    def set_cloud_probe(self, weight: torch.Tensor, bias: float) -> None:
-        """Put a fitted probe (weights over `features`, bias) in place; the model then answers a cloud logit
-        too."""
+    def set_cloud_probe(self, weight: torch.Tensor, bias) -> None:
+        """Put a fitted probe (weights over `features` (K, C + 3), biases (K,)) in place; the model then
+        answers a cloud logit too."""
         with torch.no_grad():
             self.cloud.weight.copy_(weight.reshape(self.cloud.weight.shape))
-            self.cloud.bias.fill_(float(bias))
+            self.cloud.bias.copy_(torch.as_tensor(bias, dtype=self.cloud.bias.dtype).reshape(-1))
             self.cloud_fitted.fill_(1)
         self._sync_cloud_output()
 
@@ -210,7 +220,10 @@ class MultimodalRegressionModel(nn.Module):
         if self.cloud_head == "joint":
             return Outputs(height, out[:, 1])
         if self.cloud_output:  # a fitted probe
-            return Outputs(height, self.cloud(features.detach())[:, 0])
+            logits = self.cloud(features.detach())  # (B, K)
+            if logits.shape[1] == 1:
+                return Outputs(height, logits[:, 0])
+            return Outputs(height, in_range_logit(logits), logits)
         return Outputs(height, None)
 
     def height(self, raw):  # (B,)
@@ -258,6 +271,12 @@ class MultimodalRegressionModel(nn.Module):
         return torch.cat([pooled, scalars], dim=-1)
 
 
+def in_range_logit(logits):  # (B, K)
+    """The logit of "a cloud base in the range" against every other class, from the class logits."""
+    others = torch.cat([logits[:, :BASE_IN_RANGE], logits[:, BASE_IN_RANGE + 1 :]], dim=1)
+    return logits[:, BASE_IN_RANGE] - torch.logsumexp(others, dim=1)
+
+
 @contextmanager
 def _null():
     yield
@@ -277,6 +296,7 @@ def build_model(cfg, scalers=None) -> MultimodalRegressionModel:
         cloud_head=cfg.model.cloud_head,
         height_head=cfg.model.height_head,
         height_range=((low - mean) / std, (high - mean) / std),
+        cloud_classes=len(CLASS_MEANINGS) if cfg.data.cloud_flag == "base_in_range" else 1,
     )
 
 

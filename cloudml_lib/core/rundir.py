@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, resume_rules
+from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, renamed_keys, resume_rules
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import read_text, what_is
 from cloudml_lib.base.liveness import holder_alive, process_alive
@@ -108,7 +108,7 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     saved counts as what that version did (its default, or its field's `absent` meaning), a value an earlier
     version wrote as what it means now."""
     rules, fields = resume_rules(), field_metadata()
-    a, b = flatten_keys(saved), flatten_keys(current)
+    a, b = flatten_keys(renamed_keys(saved)), flatten_keys(current)
     for key, meta in fields.items():
         if key not in a and key in b:
             a[key] = meta["absent"]

@@ -5,11 +5,13 @@
 - times.py        dates and times, epoch seconds, each lidar profile matched to its frame
 - navigation.py   the nav per frame (the users' HDF rows, or public ICARTT text checked before use);
                   sun.py  where the sun is (NOAA's equations), and whether a nav file's angles agree
-- cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate
+- cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate, cloud classes
 - flights.py      flights found in a folder by their file names;  synthetic.py  the demo flights, written in
                   the real file layout
 - preprocess.py   a frame's preprocessing (crop, CLAHE) on every core or the GPU
 - cache.py, cachefiles.py  the memory-mapped cache, built once, verified, copied to Drive
+- splits.py       which samples play which role: test flights (nothing chosen on them), validation data
+                  (drawn from the training flights by a stated rule), the part trained on
 - dataset.py      windows of T frames, the scalers, the batch sampler;  hashing.py  file checksums
 
 May import: base.

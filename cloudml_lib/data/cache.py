@@ -4,8 +4,9 @@ Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 - `frames.npy`  (M, H, W) float16: every frame some sample's window uses, preprocessed;
 - `samples.npz` per sample (every frame a usable CPL profile matched): `windows` (N, T) rows of
   frames.npy, `frame_index`, `cbh_km` (NaN: no height label), `cloud` (1 cloud, 0 clear sky),
-  `frame_p10` (the 10th percentile of the labelled frame's raw values, for the brightness-temperature
-  baseline), `sza_deg`, `saa_deg`, `heading_deg` (NaN: none, flips off), `lat`, `lon`;
+  `layer_base_km` (the base of the cloud flag's layer, cpl.flag_layer; NaN: clear sky), `frame_p10` (the 10th
+  percentile of the labelled frame's raw values, for the brightness-temperature baseline), `sza_deg`,
+  `saa_deg`, `heading_deg` (NaN: none, flips off), `lat`, `lon`;
 - `meta.json`   the settings, counts, sizes and frames.npy's sha256; written last, so a folder
   without it is incomplete.
 
@@ -66,8 +67,8 @@ from cloudml_lib.data.preprocess import (
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 6  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
-# 6: cloud / no-cloud samples and the frame statistic of the baseline
+CACHE_VERSION = 7  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
+# 6: cloud / no-cloud samples and the frame statistic of the baseline; 7: the flag layer's base per sample
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10  # the content check of the cache key: 1 MiB per file
 MAX_EMPTY_FRAME_SHARE = 0.05  # above this share of blank frames (no usable pixel) a flight is refused
 
@@ -194,6 +195,7 @@ class FlightCache:
     frame_index: np.ndarray  # (N,) labelled IR frame
     cbh_km: np.ndarray  # (N,) NaN: no height label (clear sky, or a cloud outside the label range)
     cloud: np.ndarray  # (N,) int8: 1 cloud below the aircraft, 0 clear sky
+    layer_base_km: np.ndarray  # (N,) base of the cloud flag's layer (cpl.flag_layer), NaN: clear sky
     frame_p10: np.ndarray  # (N,) 10th percentile of the labelled frame's raw values (frame_p10)
     sza_deg: np.ndarray  # (N,)
     saa_deg: np.ndarray  # (N,) sun azimuth from the ground, degrees from north
@@ -218,6 +220,14 @@ class FlightCache:
     def frame_shape(self) -> tuple[int, int]:
         return tuple(self.frames.shape[1:])
 
+    def part(self, rows: np.ndarray) -> FlightCache:
+        """The samples `rows` of this flight (a validation block, the part trained on): the same frames
+        file, name and record."""
+        rows = np.asarray(rows, np.int64)
+        per_sample = ("windows", "frame_index", "cbh_km", "cloud", "layer_base_km", "frame_p10")
+        per_sample += ("sza_deg", "saa_deg", "heading_deg")
+        return replace(self, **{k: getattr(self, k)[rows] for k in per_sample})
+
 
 def _open(path: Path) -> FlightCache:
     meta = read_json(path / "meta.json", CACHE_META, CACHE_META_LIMIT)  # Damaged: the cache is rebuilt
@@ -236,6 +246,7 @@ def _open(path: Path) -> FlightCache:
         frame_index=arrays["frame_index"],
         cbh_km=arrays["cbh_km"],
         cloud=arrays["cloud"],
+        layer_base_km=arrays["layer_base_km"],
         frame_p10=arrays["frame_p10"],
         sza_deg=arrays["sza_deg"],
         saa_deg=arrays["saa_deg"],
@@ -364,10 +375,8 @@ def _write_samples(
     keep = kept & ~on_blank
     windows = windows[keep[kept]]  # windows holds the kept labels' rows only
     own = np.searchsorted(needed, labels.frame_index[keep])  # each sample's own (labelled) frame
-    per_sample = {
-        k: getattr(labels, k)[keep]
-        for k in ("frame_index", "cbh_km", "cloud", "sza_deg", "saa_deg", "heading_deg", "lat", "lon")
-    }
+    kept = ("frame_index", "cbh_km", "cloud", "layer_base_km", "sza_deg", "saa_deg", "heading_deg")
+    per_sample = {k: getattr(labels, k)[keep] for k in (*kept, "lat", "lon")}
     np.savez(
         tmp / "samples.npz",
         windows=np.searchsorted(needed, windows).astype(np.int32),  # (N, T) rows

@@ -51,6 +51,7 @@ class FlightLabels:
     heading_deg: np.ndarray | None = None  # (N,) aircraft true heading, NaN where none (flips off there)
     heading_note: str = ""  # where the heading came from, or why there is none
     cloud: np.ndarray | None = None  # (N,) int8: 1 a layer below the aircraft, 0 clear sky
+    layer_base_km: np.ndarray | None = None  # (N,) base of the flag's layer (flag_layer), NaN: clear sky
 
     @property
     def heights(self) -> int:
@@ -58,6 +59,34 @@ class FlightLabels:
 
 
 # ------------------------------------------------------------------------------------ labels
+
+# What a CPL profile says of the cloud under the aircraft, by the base of the flag's layer against the label
+# range (data.cloud_flag base_in_range): the classes of the cloud output and of cpl_cloud_flag.
+CLEAR, BASE_IN_RANGE, BASE_ABOVE, BASE_BELOW = 0, 1, 2, 3
+CLASS_MEANINGS = ("clear_sky", "cloud_base_in_range", "cloud_base_above_range", "cloud_base_below_range")
+CLASS_WORDS = (
+    "clear sky (no CPL layer)",
+    "a cloud base in the height product's range",
+    "cloud only above the range (high cloud alone)",
+    "a cloud base below the range (fog or near-surface cloud)",
+)
+
+
+def flag_layer(label_layer: str) -> str:
+    """The layer whose base the cloud flag compares with the label range: the label's own layer, the lowest
+    for `single` (whose multi-layer profiles have no label, but still a cloud)."""
+    return "top" if label_layer == "top" else "lowest"
+
+
+def cloud_classes(layer_base_km: np.ndarray, cloud: np.ndarray, low_km: float, high_km: float) -> np.ndarray:
+    """Per profile (int8): CLEAR, BASE_IN_RANGE, BASE_ABOVE or BASE_BELOW, from the flag layer's base and the
+    label range; a layer whose base is unknown (fill) counts as in range (its profile has a layer)."""
+    base = np.asarray(layer_base_km, np.float64)
+    out = np.where(np.asarray(cloud) > 0, BASE_IN_RANGE, CLEAR).astype(np.int8)
+    with np.errstate(invalid="ignore"):
+        out[(out == BASE_IN_RANGE) & (base > high_km)] = BASE_ABOVE
+        out[(out == BASE_IN_RANGE) & (base < low_km)] = BASE_BELOW
+    return out
 
 
 def label_definition(data: DataConfig) -> dict:
@@ -315,6 +344,7 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
     base = top_first(base, n_layers, data.layer_order)
     check_layer_order(base, n_layers, name, path, data.layer_order)
     height, multi = choose_label(base, n_layers, data.label_layer)
+    flag_base, _ = choose_label(base, n_layers, flag_layer(data.label_layer))
     angles = {a: np.where(v > FILL_BELOW, v, np.nan) for a, v in angles.items()}
     if "saa" in angles:
         angles["saa"] = np.mod(angles["saa"], 360.0)  # -180..180 and 0..360 conventions agree after this
@@ -328,6 +358,7 @@ def _read_cpl(path: Path, flight: FlightConfig, data: DataConfig) -> dict:
         "t_other": other,
         "column_note": column_note,
         "height": height,
+        "flag_base": flag_base,
         "multi": multi,
         "n_layers": n_layers,
         "surface": raw["surface"],
@@ -434,6 +465,7 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
         match=match,
         heading_note=heading_note,
         cloud=cloud,
+        layer_base_km=cpl["flag_base"][pick].astype(np.float32),
     )
 
 

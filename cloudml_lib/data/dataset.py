@@ -1,7 +1,11 @@
 """Samples for training: flight splits, scalers, augmentation and the epoch order.
 
-- Splits are by flight: `data.validation_flights` are held out, and scalers (angles, target) are
-  fitted on the training flights only.
+- Splits are by role (splits.py): the test flights (`data.test_flights`) are scored once, at the end;
+  validation data come from the training flights (`data.validation`); the scalers (angles, target) are
+  fitted on the rest of the training flights only, the part the model trains on.
+- The cloud flag a sample carries is `data.cloud_flag`'s: a cloud base in the label range (base_in_range;
+  `cloud_classes` tells clear sky, high cloud alone and a base below the range apart), or any CPL layer
+  (any_layer, runs made before that setting).
 - The sun azimuth the network sees is relative to the aircraft heading (`data.sun_azimuth: relative`,
   where the sun acts on the image), or from the ground (`ground`, as nav/sunAzGrd).
 - Augmentation works on the float tensors (never through an 8-bit image), on training samples
@@ -26,8 +30,10 @@ from torch.utils.data import Dataset
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import DataError
 from cloudml_lib.data.cache import FlightCache, load_caches
+from cloudml_lib.data.cpl import BASE_IN_RANGE, cloud_classes
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
 from cloudml_lib.data.preprocess import Backend
+from cloudml_lib.data.splits import Split, check_parts, choose_split
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +100,22 @@ def fit_scalers(train: list[FlightCache]) -> Scalers:
     return Scalers(sza[0], sza[1], cbh[0], cbh[1])
 
 
-def split_flights(caches: list[FlightCache], cfg: Config) -> tuple[list[FlightCache], list[FlightCache]]:
-    held = set(cfg.data.validation_flights)
-    return [c for c in caches if c.name not in held], [c for c in caches if c.name in held]
+def flag_range(cfg: Config) -> tuple[float, float] | None:
+    """The label range the cloud flag compares with (data.cloud_flag base_in_range); None: any CPL layer."""
+    d = cfg.data
+    return (float(d.cbh_min_km), float(d.cbh_max_km)) if d.cloud_flag == "base_in_range" else None
 
 
 class CloudDataset(Dataset):
     """The samples of some flights; item i -> frames (T, H, W), scalars (3,), target (standardised height,
-    0 where none), has_height (1/0), cloud (1 cloud, 0 clear sky), weight, index.
+    0 where none), has_height (1/0), cloud (the cloud flag: 1 cloud, 0 none), weight, index.
 
     `cloud`: also the samples with a cloud flag but no height (clear sky, cloud outside the label range),
-    for a model with a cloud output; without it only the samples with a height. The constructor's eight
-    parameters are the flights, their scalers and six settings, each a plain value of the data config or the
-    run (passed one by one so that the data layer needs no Config, and every one has a default)."""
+    for a model with a cloud output; without it only the samples with a height. `flags`: the label range
+    the cloud flag compares with (data.cloud_flag base_in_range: 1 where a cloud base lies in it), None:
+    any CPL layer is cloud. The constructor's nine parameters are the flights, their scalers and seven
+    settings, each a plain value of the data config or the run (passed one by one so that the data layer
+    needs no Config, and every one has a default)."""
 
     def __init__(
         self,
@@ -118,8 +127,18 @@ class CloudDataset(Dataset):
         sun_azimuth: str = "relative",
         along_track_axis: str = "rows",
         cloud: bool = True,
+        flags: tuple[float, float] | None = None,
     ):
         self.caches, self.scalers, self.augment, self.seed = caches, scalers, augment, seed
+        self.flags = flags
+        # per flight: the cloud class of each sample (cpl.cloud_classes; 0/1 for any CPL layer) and the flag
+        self.classes = [
+            c.cloud.astype(np.int8) if flags is None else cloud_classes(c.layer_base_km, c.cloud, *flags)
+            for c in caches
+        ]
+        self.flag_of = [
+            (k == 1 if flags is None else k == BASE_IN_RANGE).astype(np.int8) for k in self.classes
+        ]
         self.azimuth = [model_azimuth(c.saa_deg, c.heading_deg, sun_azimuth) for c in caches]
         # no flip where the azimuth is unknown either: a filled-in mean mirrored is no angle of this image
         self.mirror = [
@@ -173,7 +192,21 @@ class CloudDataset(Dataset):
         return np.isfinite(self.targets_km())
 
     def cloud_flags(self) -> np.ndarray:
-        return self._per_sample("cloud").astype(np.int64)
+        """The cloud flag per sample (1 cloud, 0 none), by the dataset's `flags` definition."""
+        return self._per_flight(self.flag_of).astype(np.int64)
+
+    def cloud_classes(self) -> np.ndarray:
+        """The cloud class per sample (cpl.cloud_classes; 0/1 where any CPL layer is cloud)."""
+        return self._per_flight(self.classes).astype(np.int64)
+
+    def _per_flight(self, arrays: list[np.ndarray]) -> np.ndarray:
+        if not len(self):
+            return np.zeros(0)
+        return np.concatenate(arrays)[self._global()]
+
+    def frame_indices(self) -> np.ndarray:
+        """The IR frame of each sample (its time order within its flight)."""
+        return self._per_sample("frame_index").astype(np.int64)
 
     def frame_p10(self) -> np.ndarray:
         return self._per_sample("frame_p10").astype(np.float64)
@@ -223,43 +256,63 @@ class CloudDataset(Dataset):
             "scalars": scalars,
             "target": target,
             "has_height": torch.tensor(float(has)),
-            "cloud": torch.tensor(float(c.cloud[j])),
+            "cloud": torch.tensor(float(self.flag_of[k][j])),
             "weight": weight,
             "index": int(i),
         }
 
 
-def prepare_data(
-    cfg: Config, skipped: list[FoundFlight] = (), backend: Backend | None = None
-) -> tuple[CloudDataset, CloudDataset]:
-    """Caches of all (resolved) flights, split by flight, scalers fitted on the training flights only.
-    The training set carries `flight_table`: each flight's files, frames, labels kept and removed by
-    each filter (the trainer logs it once the run's log file exists)."""
+@dataclass
+class RunData:
+    """A run's data by role (splits.py): the samples trained on (`train_set`, augmented, with the flight table
+    the trainer logs), the validation samples (`val_set`), the test flights (`test_set`), the split that
+    made them, and every flight's whole cache (`caches`: the run's fingerprint)."""
+
+    train_set: CloudDataset
+    val_set: CloudDataset
+    test_set: CloudDataset
+    split: Split
+    caches: list[FlightCache]
+
+
+def prepare_data(cfg: Config, skipped: list[FoundFlight] = (), backend: Backend | None = None) -> RunData:
+    """Caches of all (resolved) flights, split by role, scalers fitted on the part trained on only. The
+    training set carries `flight_table`: each flight's files, frames, labels kept and removed by each filter
+    (the trainer logs it once the run's log file exists)."""
     caches = load_caches(cfg.data, backend)
     notes = Notes()
     table = format_table(summary_rows(cfg.data, caches, list(skipped), notes))
     table += ("\n" + notes.text()) if notes else ""
-    train, val = split_flights(caches, cfg)
-    empty = [c.name for c in train + val if not c.has_height.any()]
+    return split_data(cfg, caches, table)
+
+
+def split_data(cfg: Config, caches: list[FlightCache], table: str = "") -> RunData:
+    """prepare_data's datasets from the flights' caches: split by role, scalers fitted on the part trained on
+    (also for a resumed run that keeps an earlier release's reading of its data)."""
+    empty = [c.name for c in caches if not c.has_height.any()]
     if empty:
         raise DataError(
             f"flights with no usable height label: {', '.join(empty)}; see the counts in the log, "
             "and the data.cbh_* / match_tolerance_s filters"
         )
-    scalers = fit_scalers(train)
+    split = choose_split(caches, cfg.data)
+    fit, val, test = split.parts(caches)
+    check_parts(fit, val, split)
+    scalers = fit_scalers(fit)
     weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
     log.info(
-        "training flights: %s (%d samples); validation flights: %s (%d samples)",
-        ", ".join(c.name for c in train),
-        sum(map(len, train)),
-        ", ".join(c.name for c in val),
-        sum(map(len, val)),
+        "training on %s (%d samples); %s; test flights: %s (%d samples), scored once, at the end",
+        ", ".join(f"{c.name}{'' if len(c) == n else ' (part)'}" for c, n in zip(fit, _whole(fit, caches))),
+        sum(map(len, fit)),
+        split.words(),
+        ", ".join(c.name for c in test),
+        sum(map(len, test)),
     )
     # the frames with only a cloud flag: trained on by a joint model; a probe is fitted on them after training
-    # (train/evaluation.py), and both are scored on them
-    mode = cfg.model.cloud_head
+    # (science/finish.py), and both are scored on them
+    mode, flags = cfg.model.cloud_head, flag_range(cfg)
     train_set = CloudDataset(
-        train,
+        fit,
         scalers,
         augment=cfg.data.augment,
         seed=cfg.train.seed,
@@ -267,9 +320,19 @@ def prepare_data(
         sun_azimuth=cfg.data.sun_azimuth,
         along_track_axis=cfg.data.along_track_axis,
         cloud=mode == "joint",
+        flags=flags,
     )
     train_set.flight_table = table
-    return train_set, CloudDataset(val, scalers, sun_azimuth=cfg.data.sun_azimuth, cloud=mode != "none")
+    scored = dict(sun_azimuth=cfg.data.sun_azimuth, cloud=mode != "none", flags=flags)
+    return RunData(
+        train_set, CloudDataset(val, scalers, **scored), CloudDataset(test, scalers, **scored), split, caches
+    )
+
+
+def _whole(parts: list[FlightCache], caches: list[FlightCache]) -> list[int]:
+    """The sample count of each part's whole flight."""
+    sizes = {c.name: len(c) for c in caches}
+    return [sizes[p.name] for p in parts]
 
 
 def augment_sample(

@@ -227,13 +227,13 @@ def resolve_flights(
 
 def ensure_demo_flights(data: DataConfig) -> DataConfig:
     """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
-    then found there like real flights); returns `data` holding out the demo's validation flight when it
-    names none (`data` itself is not changed)."""
+    then found there like real flights); returns `data` testing on the demo's test flight when it names none
+    (`data` itself is not changed)."""
     if not data.demo:
         return data
-    if not data.validation_flights:
+    if not data.test_flights:
         names = [n for n, _ in synthetic.demo_flight_names(synthetic.DEMO_FLIGHTS)]
-        data = replace(data, validation_flights=[names[synthetic.DEMO_VALIDATION_INDEX]])
+        data = replace(data, test_flights=[names[synthetic.DEMO_TEST_INDEX]])
     marker = Path(data.dir) / synthetic.VERSION_FILE
     old = marker.is_file() and marker.read_text().strip() != str(synthetic.DEMO_VERSION)
     if old:
@@ -255,8 +255,8 @@ def ensure_demo_flights(data: DataConfig) -> DataConfig:
 def prepare_flights(data: DataConfig, check_names: bool = True) -> tuple[DataConfig, list[FoundFlight]]:
     """What a run does first: write the demo flights if asked to, then resolve the flights (the cache folders
     are not searched). Returns (the data settings with the flights resolved, the flights skipped as
-    incomplete). `check_names=False` (cross-validation, which sets the validation flight of each fold) skips
-    the checks of data.validation_flights and data.overweight_flight."""
+    incomplete). `check_names=False` (cross-validation, which sets the test flight of each fold) skips the
+    checks of data.test_flights, data.validation and data.overweight_flight."""
     from cloudml_lib.data.cache import cache_root, check_folder_settings
 
     check_folder_settings(data)

@@ -41,7 +41,7 @@ The scene (all sizes scale with the frame width; "px" is one camera pixel at nad
 - Brightness temperature: a warm sea (about 290 K, with a gentle gradient), cooled by 1.5 K in
   shadow; cloud pixels at the cloud's own temperature, colder with height (6.5 K/km lapse rate);
   sensor noise of 0.15 K.
-- Flights differ in sun angles and height distribution, so a held-out flight is a real test and
+- Flights differ in sun angles and height distribution, so a test flight is a real test and
   a model that sees only the angles cannot predict the height.
 - Lidar heights come in 30 m steps, with 20 m of noise before rounding, and with invalid profiles
   the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude fill value
@@ -77,7 +77,7 @@ PROFILE_SPACING_S = 5.0  # one averaged CPL profile every ~5 s (1 km)
 REVISIONS = ("-003", "", "-005", "-008", "-003")  # IR file name suffixes, as in the users' folders
 
 # Per-flight sun and height settings: (sza centre deg, saa centre deg, mean height km).
-# Spread so that the held-out flight (the third) lies inside the training flights' range.
+# Spread so that the test flight (the third) lies inside the training flights' range.
 FLIGHT_SETTINGS = (
     (28.0, 135.0, 0.75),
     (55.0, 210.0, 1.05),
@@ -88,7 +88,7 @@ FLIGHT_SETTINGS = (
     (58.0, 150.0, 1.10),
     (45.0, 225.0, 0.80),
 )
-DEMO_VALIDATION_INDEX = 2
+DEMO_TEST_INDEX = 2
 DEMO_VERSION = 2  # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud)
 VERSION_FILE = ".cloudml_demo_version"  # written beside the flights; an older one is rewritten
 DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400

@@ -1,11 +1,13 @@
 """Science: what reads a trained run.
 
-- finish.py     the end of a run, a stage of its own after training: the best model on the held-out
-                flights, the cloud probe and the intervals fitted once, the report
-- evaluate.py   the one route from best.pt to the held-out report (the end and `evaluate` take it)
+- finish.py     the end of a run, a stage of its own after training: the cloud probe fitted and the
+                intervals calibrated once, on data that are not the test flights, then the test flights
+                scored once, the report
+- evaluate.py   the one route from best.pt to the test flights' report (the end and `evaluate` take it);
+                skill.py  its numbers per flight, with their spread
+- report.py     report.md, the verdicts per flight, the protocol in words;  plots.py  the figures
 - predict.py    cloud base height along whole flights (NetCDF, CSV, figures); products.py its variables
 - intervals.py  prediction intervals (split conformal);  clouds.py  cloud / no-cloud baselines, the probe
-- report.py     report.md and the verdict;  plots.py  the figures
 
 May import: core, data, base (training never imports science: the two are independent stages).
 """

@@ -1,12 +1,14 @@
-"""A trained run's best model on its held-out flights: the one route from best.pt to the report.
+"""A trained run's best model on its test flights: the one route from best.pt to the report.
 
-`load_run_model` reads best.pt with the config it was trained with; `load_held_out` opens the held-out
-flights and the training flights' matched frames with the run's scalers; `score` runs the model over the
-held-out samples; `held_out_report` turns the answers into the report (metrics in km against the
-training-mean baseline, per flight, the verdict, cloud / no-cloud against its baselines, the intervals'
-coverage, the heights outside the bounds). The end of a run (finish.py) and `evaluate` of a finished run
-both go this way; only the end fits the cloud probe and calibrates the intervals, once: evaluating later
-uses the stored ones and changes neither.
+`load_run_model` reads best.pt with the config it was trained with; `load_end_data` opens the run's flights by
+role (data/splits.py: the part trained on, the validation data, the test flights) with the run's scalers;
+`score` runs the model over a set of samples; `test_report` turns the answers on the test flights into the
+report: per flight first (skill.py: metrics in km against the training-mean baseline, a bootstrap interval of
+each flight's MAE, labels outside the trained heights), then pooled, the verdict per flight, cloud / no-cloud
+against its baselines, the intervals' coverage where they were not calibrated, the heights outside the bounds,
+and the protocol the run was trained under. The end of a run (finish.py) and `evaluate` of a finished run
+both go this way; only the end fits the cloud probe and calibrates the intervals (on validation data), once:
+evaluating later uses the stored ones and changes neither.
 
 Every metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
 (std(pred) / std(true)) and n (core/metrics.py); report.py says when a model does not beat the baseline.
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cloudml_lib.base.config import Config, config_from_dict, derive, height_bounds_km
+from cloudml_lib.base.config import LEGACY_VALIDATION, Config, config_from_dict, derive, height_bounds_km
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.runfiles import RunFiles
@@ -31,79 +33,93 @@ from cloudml_lib.core.checkpoint import BEST_KEYS, Key, load_checkpoint
 from cloudml_lib.core.device import choose_device, choose_precision
 from cloudml_lib.core.distributed import SINGLE
 from cloudml_lib.core.inference import Evaluator, eval_batch_size, prepare_model
-from cloudml_lib.core.metrics import Scored, bounds_count, regression_metrics
+from cloudml_lib.core.metrics import Scored, bounds_count
 from cloudml_lib.core.model import build_model
 from cloudml_lib.core.provenance import trained_backend
 from cloudml_lib.data.cache import load_flight_cache
-from cloudml_lib.data.dataset import CloudDataset, Scalers
+from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
-from cloudml_lib.science import intervals, plots
+from cloudml_lib.data.splits import Split, choose_split
+from cloudml_lib.science import intervals, plots, skill
 from cloudml_lib.science.report import (
     METRIC_KEYS,
     bounds_in_words,
     cloud_verdict,
+    coverage_words,
+    flight_verdicts,
+    interval_lines,
     metric_rows,
+    protocol_words,
     verdict,
+    with_verdict,
     write_report,
 )
 
 log = logging.getLogger(__name__)
 
 
-def held_out_report(
-    cfg: Config, held: HeldOut, scored: Scored, trained: tuple[float, int], calibration: dict | None
+@dataclass
+class Trained:
+    """What best.pt says of the training: the mean height of the labels fitted on (km, the baseline), the best
+    epoch, and the span of those labels (km; [] where unknown)."""
+
+    train_mean_km: float
+    best_epoch: int
+    label_range: list
+
+
+def test_report(
+    cfg: Config, data: EndData, scored: Scored, trained: Trained, calibration: dict | None, validation=None
 ) -> dict:
-    """Overall and per-flight metrics of the model and of the training-mean baseline over the held-out samples
-    with a height, and the verdict on them; cloud / no-cloud metrics against their baselines (all samples);
-    with `calibration`, the intervals' coverage and width per flight; how many predictions lie outside the
-    heights a cloud base can have (config.height_bounds_km). `trained`: (the training flights' mean height in
-    km, the epoch of the best weights)."""
+    """The report on the test flights (their samples with a height, and every sample for cloud / no-cloud):
+    per flight and pooled metrics of the model and of the training-mean baseline with each flight's MAE
+    interval, the verdicts, the labels outside the trained heights, cloud / no-cloud against its baselines,
+    the intervals' coverage on the flights they were not calibrated on, the predictions outside the bounds a
+    cloud base can have (config.height_bounds_km), the validation score of the best model (`validation`: its
+    Scored on data.val_set) and the protocol. Six parameters: the run, its data, the answers, and what
+    training, calibration and validation left."""
     from cloudml_lib.science.clouds import cloud_report
 
-    dataset, train_mean_km = held.val_set, float(trained[0])
-    has = dataset.has_height()
-    true_km, pred_km = dataset.targets_km()[has], scored.height_km[has]
-    flights = dataset.flight_names()[has]
-    baseline = np.full_like(true_km, train_mean_km)
+    test = data.test_set
+    has = test.has_height()
+    true_km, pred_km, flights = test.targets_km()[has], scored.height_km[has], test.flight_names()[has]
     report = {
-        "overall": regression_metrics(true_km, pred_km),
-        "baseline": regression_metrics(true_km, baseline),
-        "per_flight": {},
-        "baseline_per_flight": {},
-        "train_mean_km": train_mean_km,
-        "best_epoch": int(trained[1]),
+        "protocol": protocol(data.split),
+        **skill.height_scores(true_km, pred_km, flights, test.frame_indices()[has], trained.train_mean_km),
+        "train_mean_km": float(trained.train_mean_km),
+        "best_epoch": int(trained.best_epoch),
+        "training_label_range_km": list(trained.label_range),
+        "outside_training_labels": skill.outside_labels(true_km, flights, trained.label_range),
     }
-    for name in dict.fromkeys(flights):
-        m = flights == name
-        report["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
-        report["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
+    if validation is not None:
+        v = data.val_set.has_height()
+        report["validation"] = skill.validation_scores(
+            data.val_set.targets_km()[v], validation.height_km[v], data.val_set.flight_names()[v]
+        )
+    report["flight_verdicts"] = flight_verdicts(report)
     report["verdict"] = verdict(report)
     report["out_of_bounds"] = bounds_count(pred_km, height_bounds_km(cfg.data))
     report["cloud"] = cloud_report(
-        dataset.cloud_flags(),
+        test.cloud_flags(),
         scored.cloud_prob,
-        dataset.flight_names(),
-        dataset.frame_p10(),
-        {"flag": held.frames.cloud_flags(), "p10": held.frames.frame_p10()},
+        test.flight_names(),
+        test.frame_p10(),
+        {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()},
         cfg.model.cloud_threshold,
+        window=cfg.data.cloud_flag == "base_in_range",
     )
     if calibration is not None:
-        report["intervals"] = interval_scores(true_km, pred_km, flights, calibration)
+        seen = list(data.split.test) if data.split.legacy else calibration.get("flights") or []
+        report["intervals"] = skill.interval_scores(true_km, pred_km, flights, calibration, seen)
     return report
 
 
-def interval_scores(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray, calibration: dict) -> dict:
-    """The intervals' coverage and mean width, over all held-out heights and per flight."""
-    lower, upper = intervals.bounds(pred_km, calibration)
+def protocol(split: Split) -> dict:
+    """How the run's numbers were obtained: its split (splits.Split.record) and the protocol in words."""
     return {
-        "method": calibration["method"],
-        "coverage_target": calibration["coverage"],
-        "calibration": calibration["source"],
-        "overall": intervals.scores(true_km, lower, upper),
-        "per_flight": {
-            str(f): intervals.scores(true_km[flights == f], lower[flights == f], upper[flights == f])
-            for f in dict.fromkeys(flights)
-        },
+        "name": LEGACY_VALIDATION if split.legacy else "untouched_test",
+        "words": split.words(),
+        **split.record(),
     }
 
 
@@ -130,6 +146,8 @@ def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None
 
 
 def format_report(report: dict) -> str:
+    """The report as plain text (the log, the notebook's folded output): the protocol, the metrics table, then
+    clouds, intervals, bounds and the verdicts."""
     rows = metric_rows(report)
     extra = ""
     if report.get("cloud"):
@@ -137,37 +155,30 @@ def format_report(report: dict) -> str:
 
         extra += "\n\n" + format_cloud(report["cloud"])
     if report.get("intervals"):
-        iv = report["intervals"]
         extra += (
-            f"\n\n{iv['coverage_target']:.0%} intervals ({iv['method']}, calibrated on {iv['calibration']}): "
+            "\n\n"
+            + " ".join(interval_lines(report)[:1])
+            + " "
             + "; ".join(
-                f"flight {k} coverage {_pct(v['coverage'])}, mean width {_km(v['mean_width_km'])}"
-                for k, v in iv["per_flight"].items()
+                f"flight {k}: " + coverage_words(v, report["intervals"]["coverage_target"])
+                for k, v in report["intervals"]["per_flight"].items()
             )
         )
     # every column 10 wide with two spaces between: no two column names can run together
     head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
     width = max(28, *(len(name) for name, _ in rows))
-    lines = [f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
+    lines = [protocol_words(report), f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
     num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
     for name, m in rows:
         cells = [num(m[k]) for k in METRIC_KEYS[:-1]] + [f"{m['n']:10d}"]
         lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
     if report.get("out_of_bounds"):
         extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
-    if report.get("verdict"):
-        extra += "\n\n" + report["verdict"]
+    if with_verdict(report).get("verdict"):
+        extra += "\n\n" + with_verdict(report)["verdict"]
     if cloud_verdict(report):
         extra += "\n" + cloud_verdict(report)
     return "\n".join(lines) + extra
-
-
-def _pct(v) -> str:
-    return "-" if v is None else f"{v:.0%}"
-
-
-def _km(v) -> str:
-    return "-" if v is None else f"{v:.2f} km"
 
 
 @dataclass
@@ -287,26 +298,38 @@ def cloud_head_of(state: dict) -> str | None:
 
 
 @dataclass
-class HeldOut:
-    """A run's held-out flights (`val_set`) and every matched frame of its training flights (`frames`: what
-    the cloud probe and the cloud baselines are fitted on), with the run's scalers."""
+class EndData:
+    """A run's flights by role (data/splits.py), with the run's scalers: the test flights (`test_set`), the
+    validation data (`val_set`), and every matched frame of the part trained on (`frames`: what the cloud
+    probe and the cloud baselines are fitted on)."""
 
+    test_set: CloudDataset
     val_set: CloudDataset
     frames: CloudDataset
+    split: Split
 
 
-def load_held_out(cfg: Config, scalers: Scalers, provenance: dict | None) -> HeldOut:
-    """The caches of the run's flights, preprocessed as the run was trained (provenance), opened or built."""
-    held = [f for f in cfg.data.flights if f.name in set(cfg.data.validation_flights)]
-    train_flights = [f for f in cfg.data.flights if f.name not in set(cfg.data.validation_flights)]
+def load_end_data(cfg: Config, scalers: Scalers, provenance: dict | None, stored_split=None) -> EndData:
+    """The caches of the run's flights, preprocessed as the run was trained (provenance), opened or built, and
+    split by the run's rule. `stored_split`: the split its checkpoint recorded (a different one is said)."""
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(provenance))
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
-        held_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in held]
-        train_caches = [load_flight_cache(f, cfg.data, backend, pool) for f in train_flights]
-    azimuth, head = cfg.data.sun_azimuth, cfg.model.cloud_head
-    return HeldOut(
-        CloudDataset(held_caches, scalers, sun_azimuth=azimuth, cloud=head != "none"),
-        CloudDataset(train_caches, scalers, sun_azimuth=azimuth, cloud=True),
+        caches = [load_flight_cache(f, cfg.data, backend, pool) for f in cfg.data.flights]
+    split = choose_split(caches, cfg.data)
+    if isinstance(stored_split, dict) and stored_split != split.record():
+        log.warning(
+            "The split of the run's flights differs from the one its training recorded (%s now): the flights "
+            "changed since; the numbers below are of today's split.",
+            split.words(),
+        )
+    fit, val, test = split.parts(caches)
+    azimuth, head, flags = cfg.data.sun_azimuth, cfg.model.cloud_head, flag_range(cfg)
+    scored = dict(sun_azimuth=azimuth, cloud=head != "none", flags=flags)
+    return EndData(
+        CloudDataset(test, scalers, **scored),
+        CloudDataset(val, scalers, **scored),
+        CloudDataset(fit, scalers, sun_azimuth=azimuth, cloud=True, flags=flags),
+        split,
     )
 
 
@@ -316,20 +339,32 @@ def score(evaluator: Evaluator, dataset: CloudDataset) -> Scored:
     return Scored.from_outputs(out, dataset.scalers)
 
 
+def trained_of(ckpt: dict, data: EndData) -> Trained:
+    """best.pt's record of the training; the span of the heights trained on from the data where an earlier
+    release did not record it."""
+    span = ckpt.get(Key.LABEL_RANGE)
+    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, float) for v in span)):
+        km = data.frames.targets_km()[data.frames.has_height()]
+        span = [float(km.min()), float(km.max())] if km.size else []
+    return Trained(float(ckpt[Key.TRAIN_MEAN_KM]), int(ckpt[Key.EPOCH]), span)
+
+
 def evaluate_run(
     run_dir: str | Path, data_dir: str | None = None, write: bool = True, cache_dir: str | None = None
 ) -> dict:
-    """Score a finished run's best model on its validation flights with its stored cloud probe and intervals
+    """Score a finished run's best model on its test flights with its stored cloud probe and intervals
     (changing neither); writes predictions.csv, evaluation.json and report.md. `data_dir`, `cache_dir`:
     where the flights and the preprocessing cache are now, if not where the run recorded them."""
     run_dir = Path(run_dir)
     rm = load_run_model(run_dir, data_dir, cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
-    held = load_held_out(cfg, Scalers.from_dict(ckpt[Key.SCALERS]), ckpt.get(Key.PROVENANCE))
+    data = load_end_data(
+        cfg, Scalers.from_dict(ckpt[Key.SCALERS]), ckpt.get(Key.PROVENANCE), ckpt.get(Key.SPLIT)
+    )
     evaluator = Evaluator(rm.model, rm.device, rm.autocast, SINGLE, eval_batch_size(cfg.train.batch_size))
-    scored = score(evaluator, held.val_set)
-    trained = (ckpt[Key.TRAIN_MEAN_KM], ckpt[Key.EPOCH])
-    report = held_out_report(cfg, held, scored, trained, intervals.load(run_dir))
+    scored = score(evaluator, data.test_set)
+    validation = None if data.split.legacy else score(evaluator, data.val_set)
+    report = test_report(cfg, data, scored, trained_of(ckpt, data), intervals.load(run_dir), validation)
     if scored.cloud_prob is None:
         log.info(
             "%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
@@ -339,7 +374,7 @@ def evaluate_run(
         evaluated = read_evaluation(run_dir)
         if evaluated and "step" in evaluated:  # the step of the weights it belongs to (run states)
             report["step"] = evaluated["step"]
-        write_evaluation(run_dir, held.val_set, scored, report)
+        write_evaluation(run_dir, data.test_set, scored, report)
         write_report(run_dir)
     return report
 
@@ -350,7 +385,7 @@ def read_evaluation(run_dir: Path) -> dict | None:
 
 
 def write_evaluation(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
-    """The held-out results of a run: predictions.csv, plots/scatter.png and evaluation.json."""
+    """The test results of a run: predictions.csv, plots/scatter.png and evaluation.json."""
     write_predictions_and_figure(run_dir, dataset, scored, report)
     write_evaluation_json(run_dir, report)
 
@@ -363,7 +398,7 @@ def write_predictions_and_figure(run_dir: Path, dataset: CloudDataset, scored: S
             dataset.targets_km()[has],
             scored.height_km[has],
             dataset.flight_names()[has],
-            f"Held-out flights, R2 {report['overall']['r2']:.2f}",
+            f"Test flights, pooled R2 {report['overall']['r2']:.2f}",
         ),
         run_dir / "plots" / "scatter.png",
     )

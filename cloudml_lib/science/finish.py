@@ -3,9 +3,12 @@
 1. the best weights (best.pt; where it cannot be used, the final checkpoint's, and best.pt is rewritten with
    them);
 2. with model.cloud_head probe, the cloud output fitted on those weights' features of every matched frame of
-   the training flights, and put into best.pt;
-3. the held-out flights scored by the route `evaluate` takes (evaluate.py), and the prediction intervals
-   calibrated on them (intervals.json);
+   the part of the training flights trained on, and put into best.pt with the brightness-temperature
+   baseline's fitted flag (for predict --cloud-flag bt_threshold);
+3. the validation data scored (they chose the best epoch) and the prediction intervals calibrated on their
+   residuals (intervals.json), then the test flights scored once by the route `evaluate` takes
+   (evaluate.py): nothing here is chosen on a test flight (a run of the earlier protocol validated on its
+   test flights, and keeps that reading, said in its report);
 4. what a finished run shows: predictions.csv and the figures, metrics.jsonl's final record, TensorBoard's
    final values, evaluation.json (with the step of the weights it scored: written last, it marks the end as
    done) and report.md.
@@ -39,14 +42,16 @@ from cloudml_lib.core.rundir import MetricsFile, run_state, trained_checkpoint, 
 from cloudml_lib.core.runlock import RunLock
 from cloudml_lib.data.dataset import Scalers
 from cloudml_lib.science import intervals, plots
-from cloudml_lib.science.clouds import fit_probe
+from cloudml_lib.science.clouds import fit_probe, fitted_baseline
 from cloudml_lib.science.evaluate import (
-    HeldOut,
+    EndData,
+    Trained,
     format_report,
-    held_out_report,
-    load_held_out,
+    load_end_data,
     read_evaluation,
     score,
+    test_report,
+    trained_of,
     write_evaluation_json,
     write_predictions_and_figure,
 )
@@ -75,7 +80,9 @@ def finish_run(run_dir: str | Path, dist: Dist = SINGLE) -> dict:
         lock.acquire()
         attach_run_log(run_dir)
     try:
-        log.info("The end of the run (%s): scoring the best model on the held-out flights", state.why)
+        log.info(
+            "The end of the run (%s): the best model on the validation data, then the test flights", state.why
+        )
         return end_run(run_dir, trained_checkpoint(run_dir), dist)
     finally:
         if lock is not None:
@@ -88,42 +95,62 @@ def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
     progress, scalers = final.state[Key.LOOP], Scalers.from_dict(final.state[Key.SCALERS])
     device = choose_device(cfg.train.device)
     model = build_model(cfg, scalers).to(device).eval()
-    held = load_held_out(cfg, scalers, final.state.get(Key.PROVENANCE))
-    best = best_weights(run_dir, model, final, held)
+    data = load_end_data(cfg, scalers, final.state.get(Key.PROVENANCE), final.state.get(Key.SPLIT))
+    trained = best_weights(run_dir, model, final, data)
     batch = progress.get("eval_batch_size") or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
-        fit_cloud_probe(evaluator, held, run_dir / "best.pt", dist, progress["step"])
-    scored = score(evaluator, held.val_set)
-    has = held.val_set.has_height()
-    names = ", ".join(c.name for c in held.val_set.caches)
-    calibration = intervals.calibrate(
-        scored.height_km[has],
-        held.val_set.targets_km()[has],
-        "conformal_absolute",
-        cfg.train.interval_coverage,
-        f"this run's held-out flights ({names})",
-    )
-    report = held_out_report(cfg, held, scored, best, calibration)
+        fit_cloud_probe(evaluator, data, run_dir / "best.pt", dist, progress["step"])
+    validation = score(evaluator, data.val_set)
+    calibration = calibrate_intervals(cfg, data, validation)
+    scored = validation if data.split.legacy else score(evaluator, data.test_set)
+    report = test_report(cfg, data, scored, trained, calibration, None if data.split.legacy else validation)
     report["step"] = progress["step"]
     if dist.is_main:
         intervals.save(run_dir, calibration)
-        write_end(run_dir, final, held, scored, report)
+        keep_cloud_baseline(run_dir / "best.pt", data, cfg)
+        write_end(run_dir, final, data, scored, report)
     dist.barrier()
     epoch = report["best_epoch"]
-    log.info("Full validation with the best model (epoch %d):\n%s", epoch, format_report(report))
+    log.info("Full test with the best model (epoch %d):\n%s", epoch, format_report(report))
     log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", run_dir)
     return report
 
 
-def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, held: HeldOut) -> tuple[float, int]:
-    """best.pt's weights into `model`; (the training flights' mean height in km, the best epoch). Where
-    best.pt cannot be used, the final checkpoint's weights, and best.pt rewritten with them."""
+def calibrate_intervals(cfg, data: EndData, validation) -> dict | None:
+    """The intervals calibrated on the validation data's residuals, by train.interval_calibration (each
+    validation flight or time block a group); a run of the earlier protocol: on its test flights, pooled, as
+    it was."""
+    val = data.val_set
+    has = val.has_height()
+    names = ", ".join(dict.fromkeys(c.name for c in val.caches))
+    if data.split.legacy:
+        source = f"this run's held-out flights ({names})"
+        return intervals.calibrate(
+            validation.height_km[has], val.targets_km()[has], METHOD, cfg.train.interval_coverage, source
+        )
+    return intervals.calibrate(
+        validation.height_km[has],
+        val.targets_km()[has],
+        METHOD,
+        cfg.train.interval_coverage,
+        f"the validation data of the training flights ({names}; no test flight)",
+        groups=val.flight_names()[has],
+        mode=cfg.train.interval_calibration,
+    )
+
+
+METHOD = "conformal_absolute"  # a run's intervals; cross-validation measures both methods on unseen flights
+
+
+def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndData) -> Trained:
+    """best.pt's weights into `model`, and its record of the training (evaluate.trained_of). Where best.pt
+    cannot be used, the final checkpoint's weights, and best.pt rewritten with them."""
     best = run_dir / "best.pt"
     try:
         ckpt = load_checkpoint(best)
         model.load_state_dict(ckpt[Key.MODEL])
-        return float(ckpt[Key.TRAIN_MEAN_KM]), int(ckpt[Key.EPOCH])
+        return trained_of(ckpt, data)
     except (CloudMLError, RuntimeError, KeyError, TypeError, ValueError) as e:
         progress = final.state[Key.LOOP]
         log.warning(
@@ -134,39 +161,39 @@ def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, held: Held
             progress["epoch"],
         )
         model.load_state_dict(final.state[Key.MODEL])
-        train_mean = float(np.nanmean(held.frames.targets_km()))
-        save_atomic(
-            {
-                Key.FORMAT: FORMAT_VERSION,
-                Key.MODEL: to_cpu(dict(model.state_dict())),
-                Key.CONFIG: final.state[Key.CONFIG],
-                Key.SCALERS: final.state[Key.SCALERS],
-                Key.EPOCH: progress["epoch"],
-                Key.STEP: progress["step"],
-                Key.VAL_LOSS: float("nan"),
-                Key.TRAIN_MEAN_KM: train_mean,
-                Key.PROVENANCE: final.state.get(Key.PROVENANCE),
-            },
-            best,
-        )
-        return train_mean, int(progress["epoch"])
+        train_mean = float(np.nanmean(data.frames.targets_km()))
+        ckpt = {
+            Key.FORMAT: FORMAT_VERSION,
+            Key.MODEL: to_cpu(dict(model.state_dict())),
+            Key.CONFIG: final.state[Key.CONFIG],
+            Key.SCALERS: final.state[Key.SCALERS],
+            Key.EPOCH: progress["epoch"],
+            Key.STEP: progress["step"],
+            Key.VAL_LOSS: float("nan"),
+            Key.TRAIN_MEAN_KM: train_mean,
+            Key.PROVENANCE: final.state.get(Key.PROVENANCE),
+            **{k: final.state[k] for k in (Key.LABEL_RANGE, Key.SPLIT) if k in final.state},
+        }
+        save_atomic(ckpt, best)
+        return trained_of(ckpt, data)
 
 
-def fit_cloud_probe(evaluator: Evaluator, held: HeldOut, best: Path, dist: Dist, step: int) -> None:
+def fit_cloud_probe(evaluator: Evaluator, data: EndData, best: Path, dist: Dist, step: int) -> None:
     """model.cloud_head probe: the cloud output fitted on the loaded (best) weights' features of every frame
-    of the training flights that a CPL profile matches (clear sky and cloud without a height included; no
-    augmentation), put in the model and into best.pt with the final `step` of the training it ends. Fitted
+    of the part of the training flights trained on that a CPL profile matches (clear sky and cloud without a
+    height included; no augmentation), on the cloud classes (data.cloud_flag base_in_range) or the flag
+    (any_layer), put in the model and into best.pt with the final `step` of the training it ends. Fitted
     once: an end interrupted after this (the probe in best.pt for this step) keeps it, with no second pass
     over the training flights; best.pt of an earlier end (a run trained further since) is fitted again."""
-    model, frames = evaluator.model, held.frames
+    model, frames = evaluator.model, data.frames
     kept = bool(int(getattr(model, "cloud_fitted", 0))) and stored_probe_step(best) == step
     if dist.from_main(kept if dist.is_main else None):  # one way for every process (the pass is shared)
         log.info("Cloud / no-cloud output: the one fitted for step %d, kept from %s", step, best)
         return
     t0 = time.perf_counter()
     features, _ = evaluator.outputs(frames, np.arange(len(frames)), features=True)
-    flags = frames.cloud_flags()
-    fitted = fit_probe(features, flags)
+    flags, classes = frames.cloud_flags(), model.cloud.out_features
+    fitted = fit_probe(features, frames.cloud_classes() if classes > 1 else flags, classes)
     if fitted is None:
         log.warning(
             "The cloud / no-cloud output cannot be fitted: the training flights' %d matched frames are all "
@@ -178,7 +205,9 @@ def fit_cloud_probe(evaluator: Evaluator, held: HeldOut, best: Path, dist: Dist,
         )
         return
     weight, bias = fitted
-    model.set_cloud_probe(torch.as_tensor(weight, dtype=model.cloud.weight.dtype), bias)
+    model.set_cloud_probe(
+        torch.as_tensor(weight, dtype=model.cloud.weight.dtype), bias if classes > 1 else bias[0]
+    )
     log.info(
         "Cloud / no-cloud output fitted on the trained network's features (logistic regression) over %d "
         "frames of the training flights (%d clear sky) in %.1f s",
@@ -204,10 +233,21 @@ def stored_probe_step(best: Path) -> int | None:
     return int(found) if isinstance(found, int) else None
 
 
-def write_end(run_dir: Path, final: Found, held: HeldOut, scored, report: dict) -> None:
+def keep_cloud_baseline(best: Path, data: EndData, cfg) -> None:
+    """The brightness-temperature baseline's flag, fitted on the frames trained on, into best.pt (predict
+    --cloud-flag bt_threshold writes it); best.pt left as it is where it already holds the same."""
+    train = {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()}
+    fitted = {**fitted_baseline(train, cfg.data.cloud_flag == "base_in_range"), "flag": cfg.data.cloud_flag}
+    ckpt = load_checkpoint(best)
+    if ckpt.get(Key.CLOUD_BASELINE) != fitted:
+        ckpt[Key.CLOUD_BASELINE] = fitted
+        save_atomic(ckpt, best)
+
+
+def write_end(run_dir: Path, final: Found, data: EndData, scored, report: dict) -> None:
     """Rank 0's files of the end; evaluation.json, which marks the end as done, after all but report.md."""
     progress = final.state[Key.LOOP]
-    write_predictions_and_figure(run_dir, held.val_set, scored, report)
+    write_predictions_and_figure(run_dir, data.test_set, scored, report)
     metrics = MetricsFile(run_dir, SINGLE)
     truncate_metrics(metrics.path, final.state[Key.METRICS_BYTES])  # an end run again: one final record
     metrics.append(

@@ -22,19 +22,35 @@ R2_FLOOR = -1.0  # the R2 axis stops here: a tiny quick subset's R2 of -40 would
 
 
 def curves_figure(history: list[dict]) -> Figure:
-    """Train/validation loss, validation R2 and learning rate per epoch. Every marker inside its axes (a
-    margin above the highest), the loss legend above the axes (never over a line), R2 drawn from -1 to 1
-    with a note when a value lies below."""
+    """Train/validation loss, validation R2 and learning rate per epoch (validation: the training flights'
+    validation data, which chose the model; the chosen epoch, the lowest validation loss, ringed). Every
+    marker inside its axes (a margin above the highest), the loss legend above the axes (never over a line),
+    R2 drawn from -1 to 1 with a note when a value lies below."""
     fig = Figure(figsize=(13, 3.9))
     axes = fig.subplots(1, 3)
     epochs = [h["epoch"] for h in history]
     ax = axes[0]
     ax.plot(epochs, [h["train_loss"] for h in history], "o-", label="train")
     ax.plot(epochs, [h["val_loss"] for h in history], "o-", label="validation")
+    losses = [h["val_loss"] if h.get("val_loss") is not None else np.inf for h in history]
+    best = int(np.argmin(losses)) if np.isfinite(min(losses)) else None
+    if best is not None:
+        ax.plot(epochs[best], losses[best], "o", ms=12, mfc="none", color="k", label="chosen")
     ax.set(xlabel="epoch", ylabel="Huber loss (standardised)")
     ax.set_title("Loss", loc="left")
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False, borderaxespad=0.2)
+    ax.legend(
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=3,
+        frameon=False,
+        borderaxespad=0.2,
+        fontsize=8,
+        columnspacing=0.8,
+        handlelength=1.5,
+    )
     _plot_r2(axes[1], epochs, [h["r2"] for h in history])
+    if best is not None and history[best].get("r2") is not None:
+        axes[1].plot(epochs[best], max(history[best]["r2"], R2_FLOOR), "o", ms=12, mfc="none", color="k")
     axes[2].plot(epochs, [h["lr"] for h in history], "o-", color="tab:gray")
     axes[2].set(xlabel="epoch", ylabel="learning rate")
     axes[2].set_title("Learning rate (end of epoch)", loc="left")
@@ -57,7 +73,7 @@ def _plot_r2(ax, epochs: list[int], r2: list) -> None:
     values = [np.nan if v is None else float(v) for v in r2]
     ax.plot(epochs, np.maximum(values, R2_FLOOR), "o-", color="tab:green", clip_on=False)
     ax.set(xlabel="epoch", ylabel="R2")
-    ax.set_title("Validation R2 (quick subset)", loc="left")
+    ax.set_title("Validation R2 (training flights' validation data)", loc="left")
     finite = [v for v in values if np.isfinite(v)]
     ax.set_ylim(max(R2_FLOOR, min([0.0] + finite)) - 0.05, 1.0)
     if finite and min(finite) < R2_FLOOR:  # under the axis, where it covers no marker

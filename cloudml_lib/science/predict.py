@@ -10,14 +10,22 @@ numbers) is kept, so host memory stays flat whatever the flight's length. A
 flight needs only its IR file: the nav file gives position and sun angles (filled with the training
 mean where absent), the CPL file the lidar label where one exists.
 
-With a cloud output the model also gives each frame a cloud probability; the flag (probability at
-or above model.cloud_threshold) decides where a height is given: none over clear sky. A height that
-cannot be a cloud base is never given as one: below the surface (0 km), or above the aircraft where
-the nav file gives its altitude, else above data.cbh_max_km (config.height_bounds_km). A model with
-model.height_head bounded cannot answer one; a run made before that setting can, and such heights
-are masked (missing), flagged in cloud_base_height_qc, counted, and said in the files' attributes.
-With a calibration (`intervals.json` of the run, or of a cross-validation via `--calibration`), each
-height gets a prediction interval (`intervals.py`), cut to the same bounds.
+With a cloud output the model also gives each frame the probability of its cloud flag (data.cloud_flag: a
+cloud base in the height product's range, or any CPL layer for runs made before that setting) and, for the
+former, the class of what else it sees (clear sky, high cloud alone, a base below the range); the flag
+(probability at or above model.cloud_threshold) decides where a height is given: only where a cloud base in
+the range is flagged. `--cloud-flag bt_threshold` writes the brightness-temperature baseline's flag instead
+(clouds.bt_flag, fitted on the training flights), for when the evaluation's verdict says it beats the model;
+each file says which flag it holds. A height outside the span of the labels the model was fitted on (best.pt;
+runs made before it recorded one: data.cbh_min_km to data.cbh_max_km) is an extrapolation, flagged in
+cloud_base_height_qc. Each file carries its model's test skill and verdict (evaluation.json), the flight's
+role in the run (test, validation, trained on, or none) and whether the intervals were calibrated on it.
+A height that cannot be a cloud base is never given as one: below the surface (0 km), or above the aircraft
+where the nav file gives its altitude, else above data.cbh_max_km (config.height_bounds_km). A model with
+model.height_head bounded cannot answer one; a run made before that setting can, and such heights are masked
+(missing), flagged in cloud_base_height_qc, counted, and said in the files' attributes. With a calibration
+(`intervals.json` of the run, or of a cross-validation via `--calibration`), each height gets a prediction
+interval (`intervals.py`), cut to the same bounds.
 
 Per flight: `<name>_cbh.nc` (NetCDF-4, CF-1.8: time, lat, lon, cloud_probability, cloud_flag,
 cloud_base_height with its lower and upper bounds, the CPL label and cloud flag), `<name>_cbh.csv`,
@@ -39,14 +47,14 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from cloudml_lib.base.config import DataConfig, FlightConfig, height_bounds_km
-from cloudml_lib.base.errors import CloudMLError, DataError
+from cloudml_lib.base.config import LEGACY_VALIDATION, DataConfig, FlightConfig, height_bounds_km
+from cloudml_lib.base.errors import CloudMLError, DataError, shown
 from cloudml_lib.base.outputs import atomic_path, write_text
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.checkpoint import Key
 from cloudml_lib.core.inference import StreamEncoder, eval_batch_size, windows_forward
-from cloudml_lib.core.metrics import outside_bounds
+from cloudml_lib.core.metrics import Scored, cloud_class, outside_bounds
 from cloudml_lib.core.provenance import trained_backend
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cache import cache_root
@@ -62,6 +70,7 @@ from cloudml_lib.data.preprocess import (
     resolve_workers,
 )
 from cloudml_lib.science import intervals, plots, products
+from cloudml_lib.science.clouds import bt_flag
 from cloudml_lib.science.evaluate import load_run_model
 from cloudml_lib.science.report import write_report
 
@@ -95,7 +104,11 @@ def _flight_inputs(flight: FlightConfig, data: DataConfig) -> dict:
                 flight, data if nav_ok else DataConfig(**{**vars(data), "angles_source": "cpl"})
             )
             out["label"][labels.frame_index] = labels.cbh_km
-            out["cpl_cloud"][labels.frame_index] = labels.cloud
+            out["cpl_cloud"][labels.frame_index] = (
+                labels.cloud
+                if data.cloud_flag != "base_in_range"
+                else cpl.cloud_classes(labels.layer_base_km, labels.cloud, data.cbh_min_km, data.cbh_max_km)
+            )
         except DataError as e:
             log.warning(
                 "flight %s: no CPL labels to compare with (%s)", flight.name, str(e).split(": ", 1)[-1]
@@ -193,7 +206,7 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
         inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers
     )
     spec, path = FrameSpec.of(data), Path(data.dir) / flight.ir_file
-    encodings, blank, filled = encode_flight(
+    encodings, blank, filled, p10 = encode_flight(
         model,
         (predictor.pool or FramePool(0)).blocks(
             path, data.keys.ir_signal, flight.name, np.arange(n), spec, predictor.backend, ahead=BLOCK
@@ -204,11 +217,13 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
     )
     first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
-    pred, logit = out["height"].astype(np.float64), out["cloud_logit"]
-    prob = (
-        np.full(n, np.nan) if logit is None else 1 / (1 + np.exp(-np.clip(logit.astype(np.float64), -60, 60)))
+    scored = Scored.from_outputs(
+        {k: None if v is None else v.astype(np.float64) for k, v in out.items()}, scalers
     )
-    pred[blank] = prob[blank] = np.nan  # no image, no answer (as training drops such labels)
+    pred = scored.height_km
+    prob = np.full(n, np.nan) if scored.cloud_prob is None else scored.cloud_prob
+    classes = scored.class_prob
+    pred[blank] = prob[blank] = p10[blank] = np.nan  # no image, no answer (as training drops such labels)
     keep = np.isfinite(inputs["t"])
     counts = {
         "frames": int(n),
@@ -219,8 +234,10 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
     }
     _say_counts(flight.name, counts)
     out = {k: v[keep] for k, v in inputs.items()}
-    out["cbh_km"] = (pred * scalers.cbh_std + scalers.cbh_mean)[keep]
+    out["cbh_km"] = pred[keep]
     out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
+    out["class_probability"] = None if classes is None or out["cloud_probability"] is None else classes[keep]
+    out["p10"] = p10[keep]
     out["frame_index"] = np.flatnonzero(keep)
     out["counts"] = counts
     return out
@@ -228,10 +245,11 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
 
 def encode_flight(
     model, stream, n: int, name: str, encode: StreamEncoder
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """(each frame's encoding (n, C), which frames are blank, the non-finite pixels filled) of a flight
-    streamed in blocks: frames wait until a whole batch is there (the last one need not be whole)."""
-    blank, filled = np.zeros(n, bool), 0
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """(each frame's encoding (n, C), which frames are blank, the non-finite pixels filled, each raw frame's
+    frame_p10) of a flight streamed in blocks: frames wait until a whole batch is there (the last one need
+    not be whole)."""
+    blank, filled, p10 = np.zeros(n, bool), 0, np.full(n, np.nan)
     encodings = np.empty((n, model.feature_width), np.float32)  # (n, C): small, whatever n is
     bar = tqdm(total=n, desc=f"predict {name}", unit="frame")
     index, frames = np.zeros(0, np.int64), None  # frames received, not encoded yet (< one batch)
@@ -240,6 +258,7 @@ def encode_flight(
         while done < n:
             block = next(stream)
             blank[block.index], filled = block.blank, filled + int(block.filled.sum())
+            p10[block.index] = block.p10
             index = np.concatenate([index, block.index])
             frames = block.frames if frames is None else np.concatenate([frames, block.frames])
             done += len(block.index)
@@ -251,7 +270,7 @@ def encode_flight(
     finally:
         bar.close()
         stream.close()
-    return encodings, blank, filled
+    return encodings, blank, filled, p10
 
 
 def _say_counts(name: str, counts: dict) -> None:
@@ -275,31 +294,48 @@ def _say_counts(name: str, counts: dict) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Flagging:
+    """How a frame's cloud flag is made: from the model's probability at `threshold` (and its classes), or
+    from the brightness-temperature baseline (`source` bt_threshold, `baseline`: clouds.fitted_baseline);
+    `definition`: what the flag marks (data.cloud_flag)."""
+
+    threshold: float = 0.5
+    source: str = "model"
+    definition: str = "any_layer"
+    baseline: dict | None = None
+
+
 def cloud_and_intervals(
     result: dict,
-    threshold: float,
+    flagging: Flagging,
     calibration: dict | None,
     bounds: tuple[float, float] = (0.0, np.inf),
     learned: tuple[float, float] | None = None,
 ) -> None:
-    """The cloud flag from the probability (1 cloud, 0 clear sky, -1 unknown: a blank frame or no cloud
-    output), the height kept only under cloud and inside `bounds` (bound_heights), and its interval bounds;
-    counts added to result["counts"]."""
-    prob, counts = result["cloud_probability"], result["counts"]
-    flag = np.full(len(result["t"]), -1, np.int8)
-    if prob is not None:
-        ok = np.isfinite(prob)
-        flag[ok] = (prob[ok] >= threshold).astype(np.int8)
-        result["cbh_km"] = np.where(flag == 0, np.nan, result["cbh_km"])  # no height over clear sky
+    """The cloud flag of each frame (cpl's classes, or 1 cloud / 0 none; -1 unknown: a blank frame or no cloud
+    output), the height kept only where a cloud (base in the range) is flagged and inside `bounds`
+    (bound_heights), and its interval bounds; counts added to result["counts"]."""
+    counts = result["counts"]
+    flag = frame_flags(result, flagging)
+    if flag is not None:
+        result["cbh_km"] = np.where(flag == 1, result["cbh_km"], np.nan)  # a height only under its cloud
         counts["clear_sky"], counts["cloud"] = int((flag == 0).sum()), int((flag == 1).sum())
+        if (flag >= 2).any() or flagging.definition == "base_in_range":
+            counts["cloud_above_range"], counts["cloud_below_range"] = (
+                int((flag == 2).sum()),
+                int((flag == 3).sum()),
+            )
         truth = np.isfinite(result["cpl_cloud"]) & (flag >= 0)
         counts["cpl_cloud_agreement"] = (
-            float((flag[truth] == result["cpl_cloud"][truth]).mean()) if truth.any() else None
+            float(((flag[truth] == 1) == (result["cpl_cloud"][truth] == 1)).mean()) if truth.any() else None
         )
-    result["cloud_flag"] = flag if prob is not None else None  # no cloud output: no cloud variables
+    result["cloud_flag"] = flag  # no cloud output: no cloud variables
     ceiling = bound_heights(result, bounds, learned)
     result["lower"], result["upper"] = (
-        intervals.bounds(result["cbh_km"], calibration) if calibration else (np.full(len(flag), np.nan),) * 2
+        intervals.bounds(result["cbh_km"], calibration)
+        if calibration
+        else (np.full(len(result["t"]), np.nan),) * 2
     )
     if calibration:  # an interval reaching below the surface or above the ceiling means nothing there
         result["lower"] = np.maximum(result["lower"], bounds[0])
@@ -318,6 +354,20 @@ def cloud_and_intervals(
         )
 
 
+def frame_flags(result: dict, flagging: Flagging) -> np.ndarray | None:
+    """Each frame's flag (int8, -1 unknown) by `flagging`; None where the model has no cloud output and the
+    model's flag is asked for."""
+    if flagging.source == "bt_threshold":
+        flag = bt_flag(result["p10"], flagging.baseline)
+        if flagging.definition != "base_in_range":
+            flag = np.where(flag == 2, 1, flag)  # colder than a threshold: cloud, whatever its height
+        return flag.astype(np.int8)
+    if result["cloud_probability"] is None:
+        return None
+    classes = cloud_class(result["cloud_probability"], result.get("class_probability"), flagging.threshold)
+    return classes.astype(np.int8)
+
+
 # cloud_base_height_qc (products.py); -1: no height predicted. 3 came later: appended, so that files written
 # before keep the meanings of 0-2.
 QC_INSIDE, QC_BELOW, QC_ABOVE, QC_UNLEARNED = 0, 1, 2, 3
@@ -329,9 +379,9 @@ def bound_heights(
     """Heights that cannot be a cloud base are never given as one: below `bounds[0]` (the surface), or above
     the ceiling (the aircraft's altitude where the nav file gives it, else `bounds[1]`, data.cbh_max_km) they
     are masked (NaN) and flagged in result["cbh_qc"]; a height within float rounding of a bound is put on it.
-    A height kept but outside `learned` (data.cbh_min_km to data.cbh_max_km: the labels training kept) is an
-    extrapolation: flagged QC_UNLEARNED, kept. Counted in result["counts"] and said in the log. Returns the
-    ceiling per frame (km)."""
+    A height kept but outside `learned` (the span of the labels the model was fitted on; data.cbh_min_km to
+    data.cbh_max_km for a run that did not record it) is an extrapolation: flagged QC_UNLEARNED, kept. Counted
+    in result["counts"] and said in the log. Returns the ceiling per frame (km)."""
     height, counts = result["cbh_km"], result["counts"]
     altitude = result.get("altitude_km")
     known = np.isfinite(altitude) if altitude is not None else np.zeros(height.size, bool)
@@ -360,12 +410,14 @@ def bound_heights(
         counts["height_outside_labels"] = int(unlearned.sum())
     if unlearned.any():
         log.info(
-            "flight %s: %d predicted heights lie outside %.2f-%.2f km (data.cbh_min_km to data.cbh_max_km, "
-            "the labels the model learned from): kept as extrapolations, flagged %d in cloud_base_height_qc",
+            "flight %s: %d predicted heights lie outside %.2f-%.2f km (%s): kept as extrapolations, flagged "
+            "%d "
+            "in cloud_base_height_qc",
             result.get("flight", "?"),
             int(unlearned.sum()),
             learned[0],
             learned[1],
+            result.get("learned_from", "the labels the model learned from"),
             QC_UNLEARNED,
         )
     if below.any() or above.any():
@@ -421,9 +473,10 @@ def bounds_attributes(result: dict) -> dict:
             {
                 "cloud_base_height_outside_labels": (
                     f"{counts['height_outside_labels']} heights outside {result['learned_range'][0]:g}-"
-                    f"{result['learned_range'][1]:g} km (data.cbh_min_km to data.cbh_max_km: no label the "
-                    f"model learned from lies there): kept, flagged {QC_UNLEARNED} (outside_labels_range) in "
-                    "cloud_base_height_qc"
+                    f"{result['learned_range'][1]:g} km "
+                    f"({result.get('learned_from', 'data.cbh_min_km to data.cbh_max_km')}:"
+                    f" no label the model learned from lies there): kept, flagged {QC_UNLEARNED} "
+                    "(outside_labels_range) in cloud_base_height_qc"
                 )
             }
             if "height_outside_labels" in counts and "learned_range" in result
@@ -449,7 +502,17 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         "cloud_threshold": float(result.get("cloud_threshold", 0.5)),
         "interval_method": cal["method"] + " (MAPIE split conformal)" if cal else "none",
         "interval_coverage": float(cal["coverage"]) if cal else np.nan,
-        "interval_calibration": f"{cal['n']} held-out heights from {cal['source']}" if cal else "none",
+        "interval_calibration": f"{cal['n']} heights from {cal['source']}" if cal else "none",
+        "interval_calibrated_on_this_flight": (
+            ("yes: the share of CPL heights inside the intervals is no measure of their coverage here")
+            if result.get("seen_in_calibration")
+            else "no"
+        )
+        if cal
+        else "no intervals",
+        "flight_role": result.get("role", "unknown"),
+        **skill_attributes(flight, result.get("evaluation")),
+        **flag_attributes(result),
         # JSON text: the label definition of the CPL labels here (and of the model's training data), the
         # SHA-256 of this flight's input files, and the training data's record (per-flight counts and files)
         "label_definition": json.dumps(record.get("label_definition")),
@@ -458,9 +521,63 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         "preprocessing": json.dumps(record.get("preprocess")),  # the CLAHE backend, its device, workers
         **bounds_attributes(result),
     }
-    ds, encoding = products.netcdf_dataset(result, attrs, f"{cal['coverage']:.0%}" if cal else "no")
+    ds, encoding = products.netcdf_dataset(
+        result,
+        attrs,
+        f"{cal['coverage']:.0%}" if cal else "no",
+        products.flag_variables(result["flagging"]) if "flagging" in result else {},
+    )
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
+
+
+def skill_attributes(flight: str, evaluation: dict | None) -> dict:
+    """Global attributes that say how good the model that wrote the file is: its test skill per test flight
+    (with the baseline's), its verdict and the protocol it was tested under, from evaluation.json (read as
+    untrusted); said plainly where the run has none."""
+    from cloudml_lib.science.report import protocol_words, with_verdict
+
+    if not evaluation:
+        return {"model_test_skill": "not evaluated (the run has no evaluation.json)"}
+    report = with_verdict(evaluation)
+    per, base = report.get("per_flight") or {}, report.get("baseline_per_flight") or {}
+    intervals_km = report.get("mae_interval_km") or {}
+    skill = "; ".join(
+        f"{name}: R2 {_num(m.get('r2'))}, MAE {_num(m.get('mae_km'))} km"
+        + (
+            f" (95% {intervals_km[name][0]:.3f}-{intervals_km[name][1]:.3f})"
+            if intervals_km.get(name)
+            else ""
+        )
+        + f", n {m.get('n')}"
+        + (f"; training mean MAE {_num(base[name].get('mae_km'))} km" if name in base else "")
+        for name, m in per.items()
+    )
+    return {
+        "model_test_skill": skill or "none",
+        "model_verdict": report.get("verdict") or "none",
+        "model_evaluation_protocol": protocol_words(report),
+    }
+
+
+def _num(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) and np.isfinite(v) else "undefined"
+
+
+def flag_attributes(result: dict) -> dict:
+    """Global attributes that say which cloud flag the file holds and what it marks."""
+    f: Flagging = result.get("flagging") or Flagging()
+    if f.source == "bt_threshold":
+        b = f.baseline or {}
+        source = (
+            f"the brightness-temperature baseline ({b.get('kind')} on frame_p10, the 10th percentile of the "
+            "raw "
+            f"frame in the IR file's units: {b.get('low')} to {b.get('high')}; None is open), fitted on the "
+            "training flights"
+        )
+    else:
+        source = f"the model (cloud probability at or above {f.threshold:g})"
+    return {"cloud_flag_source": source, "cloud_flag_definition": products.flag_definition(f.definition)}
 
 
 def write_csv(path: Path, result: dict) -> None:
@@ -611,9 +728,12 @@ def predict_flights(
     data_dir: str | None = None,
     calibration_dir: str | Path | None = None,
     cache_dir: str | None = None,
+    cloud_flag: str = "model",
 ) -> list[Path]:
     """Predict whole flights with a run's best model; returns the NetCDF files written.
-    `flights`: names from the run's config or found in data.dir (default: its validation flights).
+    `flights`: names from the run's config or found in data.dir (default: its test flights).
+    `cloud_flag`: whose cloud flag the files hold: the model's, or bt_threshold (the brightness-temperature
+    baseline fitted on the training flights, for a run whose verdict says it beats the model).
     `calibration_dir`: a folder whose intervals.json calibrates the intervals (a cross-validation's, whose
     leave-one-flight-out residuals show the error on a flight never seen); default the run's own.
     `cache_dir`: where the files' checksum memo goes if the run's recorded cache folder is not this
@@ -621,13 +741,21 @@ def predict_flights(
     run_dir = Path(run_dir)
     rm = load_run_model(run_dir, data_dir, command="predict", cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
+    flagging = choose_flagging(cfg, ckpt, cloud_flag, run_dir)
     calibration = _calibration(run_dir, calibration_dir)
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
-    names = flights or list(cfg.data.validation_flights)
+    names = flights or list(cfg.data.test_flights)
     chosen = flights_to_predict(cfg, names)
     out = Path(out_dir) if out_dir else run_dir / "predictions"
     claim(out, PREDICTIONS)  # made (or adopted) and marked as CloudML's before a file goes into it
-    folder = PredictionsFolder(out, run_dir, calibration, _read_summary(out / "summary.json"))
+    folder = PredictionsFolder(
+        out,
+        run_dir,
+        calibration,
+        _read_summary(out / "summary.json"),
+        flagging,
+        RunFiles(run_dir).evaluation(),
+    )
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     written = []
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
@@ -649,13 +777,15 @@ def predict_flights(
 
 @dataclass
 class PredictionsFolder:
-    """Where predict writes (--out), for which run, with which calibration of the intervals, and the
-    summary.json it keeps as it goes (one entry per flight)."""
+    """Where predict writes (--out), for which run, with which calibration of the intervals, the summary.json
+    it keeps as it goes (one entry per flight), how the cloud flag is made, and the run's evaluation."""
 
     out: Path
     run_dir: Path
     calibration: dict | None
     summary: dict
+    flagging: Flagging = Flagging()
+    evaluation: dict | None = None  # the run's evaluation.json (read as untrusted), for the files' skill
 
     @property
     def summary_path(self) -> Path:
@@ -674,9 +804,13 @@ def _predict_one(
     cfg, ckpt, out, calibration = rm.cfg, rm.ckpt, folder.out, folder.calibration
     result = predict_flight(predictor, flight, data)
     result["flight"], result["height_head"] = name, cfg.model.height_head
-    learned = (float(cfg.data.cbh_min_km), float(cfg.data.cbh_max_km))
-    cloud_and_intervals(result, cfg.model.cloud_threshold, calibration, height_bounds_km(cfg.data), learned)
+    learned, result["learned_from"] = learned_range(ckpt, cfg)
+    cloud_and_intervals(result, folder.flagging, calibration, height_bounds_km(cfg.data), learned)
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
+    result["flagging"], result["role"] = folder.flagging, flight_role(name, ckpt, cfg)
+    result["seen_in_calibration"] = seen_in_calibration(name, calibration, ckpt, cfg)
+    result["counts"]["interval_calibrated_here"] = result["seen_in_calibration"]
+    result["evaluation"] = folder.evaluation
     nc = out / f"{name}_cbh.nc"
     paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}
     result["provenance"] = {
@@ -692,6 +826,14 @@ def _predict_one(
         ),
     }
     write_netcdf(nc, name, result, folder.run_dir)
+    if calibration and result["seen_in_calibration"]:
+        log.info(
+            "flight %s: the intervals were calibrated on heights of this flight (%s): the share of CPL "
+            "heights "
+            "inside them is no measure of their coverage here",
+            name,
+            calibration.get("source", "?"),
+        )
     write_csv(out / f"{name}_cbh.csv", result)
     along, track = flight_figures(name, result)
     plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
@@ -706,6 +848,89 @@ def _predict_one(
         nc,
     )
     return nc
+
+
+CLOUD_FLAGS = ("model", "bt_threshold")  # predict --cloud-flag
+
+
+def choose_flagging(cfg, ckpt: dict, cloud_flag: str, run_dir: Path) -> Flagging:
+    """How the files' cloud flag is made (--cloud-flag): the model's, or the brightness-temperature baseline
+    best.pt keeps (a CloudMLError naming what to do where it keeps none)."""
+    if cloud_flag not in CLOUD_FLAGS:
+        raise CloudMLError(f"--cloud-flag {shown(cloud_flag)}: choose one of {', '.join(CLOUD_FLAGS)}")
+    definition = cfg.data.cloud_flag
+    if cloud_flag == "model":
+        return Flagging(cfg.model.cloud_threshold, "model", definition)
+    baseline = ckpt.get(Key.CLOUD_BASELINE)
+    valid = (
+        isinstance(baseline, dict)
+        and baseline.get("kind") in ("window", "threshold")
+        and all(
+            v is None or (isinstance(v, float) and np.isfinite(v))
+            for v in (baseline.get("low"), baseline.get("high"))
+        )
+    )
+    if not valid:
+        raise CloudMLError(
+            f"--cloud-flag bt_threshold: {run_dir / 'best.pt'} holds no brightness-temperature baseline (a "
+            "run "
+            "ended by an earlier CloudML, or a damaged file). Evaluate the run's end again with this version "
+            f"(python -m cloudml_lib train ... --run-dir {run_dir} after raising train.epochs), or use the "
+            "model's flag. Nothing was written."
+        )
+    return Flagging(cfg.model.cloud_threshold, "bt_threshold", definition, baseline)
+
+
+def learned_range(ckpt: dict, cfg) -> tuple[tuple[float, float], str]:
+    """(the heights the model learned from, in words where they come from): the span of the labels it was
+    fitted on (best.pt), or data.cbh_min_km to data.cbh_max_km for a run that did not record it."""
+    span = ckpt.get(Key.LABEL_RANGE)
+    if (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(isinstance(v, float) and np.isfinite(v) for v in span)
+    ):
+        if span[0] <= span[1]:
+            return (span[0], span[1]), "the span of the labels the model was fitted on"
+    return (float(cfg.data.cbh_min_km), float(cfg.data.cbh_max_km)), "data.cbh_min_km to data.cbh_max_km"
+
+
+def flight_role(name: str, ckpt: dict, cfg) -> str:
+    """What the flight was to the run, in words: a test flight, validation data, trained on, or none."""
+    split = ckpt.get(Key.SPLIT) if isinstance(ckpt.get(Key.SPLIT), dict) else {}
+    validation = split.get("validation") if isinstance(split.get("validation"), dict) else {}
+    if name in cfg.data.test_flights:
+        if split.get("rule", LEGACY_VALIDATION) == LEGACY_VALIDATION:
+            return (
+                "a test flight of this run, on which its best epoch and intervals were chosen (CloudML 0.2)"
+            )
+        return "a test flight of this run: nothing was trained or chosen on it"
+    if name in validation:
+        part = validation[name]
+        return (
+            "a validation flight of this run: it chose the best epoch and calibrated the intervals"
+            if isinstance(part, str)
+            else f"a training flight of this run whose frames from {part.get('first_frame')} on were its "
+            "validation data (they chose the best epoch and calibrated the intervals)"
+        )
+    if name in {f.name for f in cfg.data.flights}:
+        return "a training flight of this run: the model was fitted on it"
+    return "not one of this run's flights: never seen in training"
+
+
+def seen_in_calibration(name: str, calibration: dict | None, ckpt: dict, cfg) -> bool:
+    """Whether the intervals were calibrated on heights of this flight (then the share of its CPL heights
+    inside them is no measure of their coverage)."""
+    if not calibration:
+        return False
+    if isinstance(calibration.get("flights"), list):
+        return name in calibration["flights"]
+    split = ckpt.get(Key.SPLIT) if isinstance(ckpt.get(Key.SPLIT), dict) else {}
+    legacy = split.get("rule", LEGACY_VALIDATION) == LEGACY_VALIDATION
+    source = str(calibration.get("source", ""))
+    # an earlier release's run calibrated on its held-out flights; its cross-validation on every fold's
+    crossval = "leave-one-flight-out" in source and name in {f.name for f in cfg.data.flights}
+    return (legacy and name in cfg.data.test_flights) or crossval
 
 
 def _calibration(run_dir: Path, calibration_dir) -> dict | None:
@@ -729,7 +954,7 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
         cal = intervals.load(folder)
     if cal is None:
         log.warning(
-            "%s has no usable %s (a run from an earlier CloudML, or too few held-out heights): heights "
+            "%s has no usable %s (a run from an earlier CloudML, or too few validation heights): heights "
             "without "
             "prediction intervals. Finish training with this version, or pass --calibration CROSSVAL_DIR.",
             folder,
@@ -737,7 +962,7 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
         )
     else:
         log.info(
-            "prediction intervals: %s, %.0f%% target, calibrated on %d held-out heights from %s",
+            "prediction intervals: %s, %.0f%% target, calibrated on %d heights from %s",
             cal["method"],
             100 * cal["coverage"],
             cal["n"],

@@ -33,7 +33,7 @@ class Variable:
         return self.dtype == "i1"
 
 
-FLAGS = {"flag_values": np.array([0, 1], np.int8), "flag_meanings": "clear_sky cloud"}
+FLAGS = {"flag_values": np.array([0, 1], np.int8), "flag_meanings": "clear_sky cloud"}  # any CPL layer
 HEIGHT = {"units": "km"}
 VARIABLES = (
     Variable(
@@ -90,8 +90,10 @@ VARIABLES = (
         "cbh_km",
         "f4",
         {
-            "long_name": "predicted cloud base height above sea level (missing over clear sky, where the "
-            "frame is blank, and where the height cannot be a cloud base: see cloud_base_height_qc)",
+            "standard_name": "cloud_base_altitude",
+            "long_name": "predicted cloud base height above sea level (missing where no cloud base in the "
+            "product's range is flagged, where the frame is blank, and where the height cannot be a cloud "
+            "base: see cloud_base_height_qc)",
             "ancillary_variables": "cloud_base_height_lower cloud_base_height_upper cloud_flag "
             "cloud_base_height_qc",
             **HEIGHT,
@@ -105,9 +107,10 @@ VARIABLES = (
         {
             "long_name": "quality of cloud_base_height: inside the bounds a cloud base can have (the global "
             "attribute cloud_base_height_bounds), or masked for lying below the surface or above the upper "
-            "bound (the aircraft, else data.cbh_max_km), or kept but outside the labels' range the model "
-            "learned from (data.cbh_min_km to data.cbh_max_km: an extrapolation); missing where no height "
-            "was predicted",
+            "bound (the aircraft, else data.cbh_max_km), or kept but outside the span of the labels the "
+            "model "
+            "learned from (the global attribute cloud_base_height_outside_labels says which span: an "
+            "extrapolation); missing where no height was predicted",
             # 3 was appended later: files written before keep the meanings of 0-2
             "flag_values": np.array([0, 1, 2, 3], np.int8),
             "flag_meanings": (
@@ -135,7 +138,12 @@ VARIABLES = (
         "cpl_cloud_base_height",
         "label",
         "f4",
-        {"long_name": "CPL lidar cloud base height (label) where one was matched to the frame", **HEIGHT},
+        {
+            "standard_name": "cloud_base_altitude",
+            "long_name": "CPL lidar cloud base height (label) where one was matched to the frame",
+            "source": "Cloud Physics Lidar (CPL) L2 layer product",
+            **HEIGHT,
+        },
         "cpl_cbh_km",
     ),
     Variable(
@@ -159,9 +167,72 @@ def attributes(v: Variable, coverage: str) -> dict:
     return {k: a.format(coverage=coverage) if isinstance(a, str) else a for k, a in v.attrs.items()}
 
 
-def netcdf_dataset(result: dict, attrs: dict, coverage: str):
+# what the cloud flag marks (data.cloud_flag), for the files' words
+FLAG_DEFINITIONS = {
+    "base_in_range": "a cloud base in the height product's range (the label range, data.cbh_min_km to "
+    "data.cbh_max_km); cloud whose base lies above the range (high cloud alone) or below it is its own "
+    "class, "
+    "and has no height",
+    "any_layer": "any CPL layer (Number_Layers > 0), thin cirrus included (the cloud flag of runs made "
+    "before "
+    "data.cloud_flag)",
+}
+CLASS_MEANINGS = ("clear_sky", "cloud_base_in_range", "cloud_base_above_range", "cloud_base_below_range")
+BT_MEANINGS = (
+    "warmer_than_window_clear_sky_or_fog",
+    "cloud_base_in_range",
+    "colder_than_window_cloud_above_range",
+)
+
+
+def flag_definition(definition: str) -> str:
+    return FLAG_DEFINITIONS.get(definition, definition)
+
+
+def flag_variables(flagging) -> dict:
+    """The cloud variables' attributes for how the file's flag was made (predict.Flagging): what cloud_flag,
+    cpl_cloud_flag and cloud_probability mean, by variable name."""
+    if flagging.definition != "base_in_range":
+        bt = {
+            "long_name": "cloud flag of the brightness-temperature baseline (frame_p10 below the threshold "
+            "fitted on the training flights)",
+            **FLAGS,
+        }
+        return {"cloud_flag": bt} if flagging.source == "bt_threshold" else {}
+    classes = {
+        "flag_values": np.arange(len(CLASS_MEANINGS), dtype=np.int8),
+        "flag_meanings": " ".join(CLASS_MEANINGS),
+    }
+    if flagging.source == "bt_threshold":
+        flag = {
+            "long_name": "cloud flag of the brightness-temperature baseline (frame_p10 inside the window "
+            "fitted on "
+            "the training flights: a cloud base in the range)",
+            "flag_values": np.arange(len(BT_MEANINGS), dtype=np.int8),
+            "flag_meanings": " ".join(BT_MEANINGS),
+        }
+    else:
+        flag = {
+            "long_name": "what is below the aircraft: a cloud base in the height product's range where "
+            "cloud_probability >= cloud_threshold, else the likeliest other class (a model whose cloud "
+            "output "
+            "has no classes gives 0 or 1)",
+            **classes,
+        }
+    return {
+        "cloud_flag": flag,
+        "cpl_cloud_flag": {"long_name": "CPL lidar: what the profile matched to the frame holds", **classes},
+        "cloud_probability": {
+            "long_name": "probability of a cloud base in the height product's range below the aircraft",
+            "units": "1",
+            "valid_range": np.array([0.0, 1.0], np.float32),
+        },
+    }
+
+
+def netcdf_dataset(result: dict, attrs: dict, coverage: str, overrides: dict | None = None):
     """An xarray Dataset of the variables the result holds, and the encoding (dtype, _FillValue,
-    compression)."""
+    compression). `overrides`: variable name -> attributes that replace the table's (flag_variables)."""
     import xarray as xr
 
     coords, variables, encoding = {}, {}, {}
@@ -171,7 +242,8 @@ def netcdf_dataset(result: dict, attrs: dict, coverage: str):
             continue
         values = np.asarray(values, np.float64)
         data = values.astype(v.dtype) if v.always else np.where(missing(v, values), np.nan, values)
-        (coords if v.coordinate else variables)[v.name] = ("time", data, attributes(v, coverage))
+        attrs_v = (overrides or {}).get(v.name) or attributes(v, coverage)
+        (coords if v.coordinate else variables)[v.name] = ("time", data, attrs_v)
         encoding[v.name] = {
             "dtype": v.dtype,
             "_FillValue": None if v.always else (FILL if v.dtype.startswith("f") else FLAG_FILL),

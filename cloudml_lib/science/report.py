@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from cloudml_lib.base import tables
+from cloudml_lib.base.config import LEGACY_VALIDATION
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core import provenance
@@ -25,6 +26,7 @@ from cloudml_lib.core.compile import describe_saved
 REPORT = "report.md"
 
 COLLAPSE_STD_RATIO = 0.3  # std(pred)/std(true) below this: the predictions collapse towards a constant
+OUT_OF_RANGE_SHARE = 0.1  # a test flight with more of its labels outside the heights trained on is named
 
 
 def _finite(v) -> bool:
@@ -61,34 +63,138 @@ def _versus(model: dict, baseline: dict) -> str:
     return ", ".join(parts)
 
 
+def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, str] | None:
+    """One test flight judged: (useful, the clause that says why): whether the model beats the training mean
+    there (with the MAE's interval over time blocks) or why not, an R2 that is undefined (labels that do not
+    vary), labels outside the heights trained on. None without heights to judge by."""
+    if not model.get("n") or not _finite(model.get("mae_km")):
+        return None
+    problems = shortcomings(model, baseline)
+    if problems:
+        said = " and ".join(problems)
+    else:
+        interval = (report.get("mae_interval_km") or {}).get(name)
+        said = _versus(model, baseline) + (
+            f"; the MAE's 95% interval over time blocks {interval[0]:.3f}-{interval[1]:.3f} km"
+            if interval
+            else ""
+        )
+    if not _finite(model.get("r2")):
+        said += f"; R2 is undefined there: its {model['n']} labels do not vary"
+    out = (report.get("outside_training_labels") or {}).get(name)
+    if out and out["share"] > OUT_OF_RANGE_SHARE:
+        span = report.get("training_label_range_km") or [float("nan")] * 2
+        said += (
+            f"; {out['outside']} of its {out['n']} labels ({out['share']:.0%}, {out['low_km']:.2f}-"
+            f"{out['high_km']:.2f} km) lie outside the heights trained on ({span[0]:.2f}-{span[1]:.2f} km): "
+            "an extrapolation"
+        )
+    return not problems, said
+
+
+def flight_verdicts(report: dict) -> dict:
+    """Each test flight's verdict in a sentence, by name."""
+    per, base = report.get("per_flight") or {}, report.get("baseline_per_flight") or {}
+    one = len(per) == 1
+    out = {}
+    for name, m in per.items():
+        j = judged(name, m, base.get(name) or (report.get("baseline") if one else {}) or {}, report)
+        if j is not None:
+            out[name] = (
+                f"{name}: the model beats predicting the training mean ({j[1]})."
+                if j[0]
+                else f"{name}: not useful yet: {j[1]}."
+            )
+    return out
+
+
 def verdict(report: dict) -> str | None:
-    """The held-out result in a sentence: whether the model beats the training mean, or why it is of no use
-    yet and what to try. None without held-out heights to judge by."""
+    """The test result in words, flight by flight (a flight where the model collapses or loses to the baseline
+    is called so, whatever the pooled numbers say), then the pooled numbers where there are several flights,
+    and the protocol where it was not an untouched test. None without test heights to judge by."""
     model, baseline = report.get("overall") or {}, report.get("baseline") or {}
     if not model.get("n") or not _finite(model.get("mae_km")):
         return None
-    flights = ", ".join(report.get("per_flight") or {}) or "the held-out flights"
-    problems = shortcomings(model, baseline)
-    if problems:
-        return (
-            f"Verdict: this model is not useful yet on {flights}: "
-            + " and ".join(problems)
-            + ". Try more epochs, more flights, or check the labels."
+    per, base = report.get("per_flight") or {}, report.get("baseline_per_flight") or {}
+    one = len(per) == 1
+    judgements = {
+        n: judged(n, m, base.get(n) or (baseline if one else {}) or {}, report) for n, m in per.items()
+    }
+    judgements = {n: j for n, j in judgements.items() if j is not None}
+    if not judgements:  # a report without per-flight numbers: the pooled ones
+        judgements = {"the test flights": judged("", model, baseline, report)}
+    bad = [n for n, j in judgements.items() if not j[0]]
+    if len(judgements) == 1:
+        ((name, (useful, why)),) = judgements.items()
+        text = (
+            f"Verdict: the model beats predicting the training mean on {name} ({why})."
+            if useful
+            else f"Verdict: this model is not useful yet on {name}: {why}."
         )
-    return f"Verdict: the model beats predicting the training mean on {flights} ({_versus(model, baseline)})."
+    else:
+        good = [n for n in judgements if n not in bad]
+        text = (
+            "Verdict, flight by flight: "
+            + " ".join(flight_verdicts(report).values())
+            + (f" The model beats the training mean on {', '.join(good)}" if good else " It beats it on none")
+            + (f" and NOT on {', '.join(bad)}." if bad and good else ".")
+            + f" Pooled over the {len(judgements)} test flights (a pooled R2 counts the differences between "
+            f"flights as skill): {_versus(model, baseline)}."
+        )
+    if bad:
+        text += " Try more epochs, more flights, or check the labels."
+    if (report.get("protocol") or {}).get("name") == LEGACY_VALIDATION:
+        text += " " + LEGACY_WORDS
+    return text
+
+
+LEGACY_WORDS = (
+    "This run was trained under the protocol of CloudML 0.2: its best epoch and its intervals were chosen on "
+    "these test flights, so these numbers are optimistic (a new run tests on flights nothing was chosen on)."
+)
+
+
+def protocol_words(report: dict) -> str:
+    """How the numbers were obtained, in a sentence (a report written before the protocol was recorded: the
+    earlier protocol)."""
+    p = report.get("protocol") or {}
+    if p.get("name") == "untouched_test":
+        return (
+            f"Test flights {', '.join(p.get('test_flights') or [])}: scored once, at the end; nothing was "
+            "chosen "
+            f"on them. The best epoch and the intervals were chosen on {_validation_words(p)}."
+        )
+    return "Test flights scored as CloudML 0.2 did: " + LEGACY_WORDS
+
+
+def _validation_words(p: dict) -> str:
+    parts = p.get("validation") or {}
+    if not isinstance(parts, dict) or not parts:
+        return "validation data of the training flights"
+    whole = [n for n, v in parts.items() if isinstance(v, str)]
+    blocks = [n for n, v in parts.items() if isinstance(v, dict)]
+    said = []
+    if whole:
+        said.append(f"the training flight{'s' * (len(whole) > 1)} {', '.join(whole)} (held back whole)")
+    if blocks:
+        said.append(f"the last part in time of {', '.join(blocks)}")
+    return " and ".join(said) + f" (data.validation rule {p.get('rule', '?')})"
 
 
 BASELINE_WORDS = (
     "Baselines, each fitted on the training flights only: *training mean* predicts the training labels' mean "
     "height for every frame; *majority class* says the training flights' commoner of cloud and clear sky "
-    "everywhere; *brightness-temperature threshold* says cloud where a frame's 10th-percentile brightness is "
-    "below the threshold that classifies the training flights best. A model worth using beats them."
+    "everywhere; *brightness-temperature threshold* says cloud where a frame's 10th-percentile brightness "
+    "(its "
+    "coldest pixels) lies in the window (or below the threshold) that classifies the training flights best. "
+    "A "
+    "model worth using beats them."
 )
 
 
 def cloud_verdict(report: dict) -> str | None:
     """The cloud flag in a sentence, by the rule of the heights' verdict: the model against its baselines
-    on accuracy and ROC-AUC over all held-out frames. None without a model's cloud output to judge."""
+    on accuracy and ROC-AUC over all test frames, each number named. None without a model's cloud output."""
     cloud = report.get("cloud") or {}
     model = (cloud.get("model") or {}).get("overall") or {}
     if not model.get("n"):
@@ -98,17 +204,26 @@ def cloud_verdict(report: dict) -> str | None:
     for key, words in names.items():
         base = (cloud.get(key) or {}).get("overall") or {}
         worse = [
-            f"{label} {model[k]:.3f} vs {base[k]:.3f}"
+            f"{label} {model[k]:.3f} for the model, {base[k]:.3f} for {words}"
             for k, label in (("accuracy", "accuracy"), ("roc_auc", "ROC-AUC"))
             if _finite(model.get(k)) and _finite(base.get(k)) and model[k] < base[k]
         ]
         if worse:
-            beaten_by.append(f"{words} ({', '.join(worse)})")
+            beaten_by.append((key, f"{words} beats it ({'; '.join(worse)})"))
     if beaten_by:
+        use = (
+            " To write the brightness-temperature threshold's flag in the whole-flight files instead: "
+            "predict "
+            "--cloud-flag bt_threshold."
+            if any(k == "bt_threshold" for k, _ in beaten_by)
+            else ""
+        )
         return (
             "Cloud flag: the model's cloud / no-cloud is not useful yet: "
-            + " and ".join(beaten_by)
-            + " beat it. Use that baseline's flag for now, or train longer or on more flights."
+            + ", and ".join(w for _, w in beaten_by)
+            + "."
+            + use
+            + " Or train longer or on more flights."
         )
     acc = model.get("accuracy")
     return "Cloud flag: the model beats both baselines" + (f" (accuracy {acc:.3f})." if _finite(acc) else ".")
@@ -129,8 +244,13 @@ def bounds_in_words(c: dict) -> str:
 
 
 def with_verdict(report: dict) -> dict:
-    """A stored evaluation (evaluation.json, perhaps written before verdicts existed) with its verdict."""
-    return report if report.get("verdict") else {**report, "verdict": verdict(report)}
+    """A stored evaluation (evaluation.json, perhaps written before verdicts or protocols existed) with its
+    verdict; one written before the protocol was recorded says it was made under the earlier protocol."""
+    if report.get("verdict") and report.get("protocol"):
+        return report
+    report = {**report, "protocol": report.get("protocol") or {"name": LEGACY_VALIDATION}}
+    said = verdict({**report, "verdict": None})
+    return {**report, "verdict": said}
 
 
 def _num(v) -> str:
@@ -141,15 +261,20 @@ METRIC_KEYS = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio", "n")
 
 
 def metric_rows(report: dict) -> list[tuple[str, dict]]:
-    """The report's rows, each saying whose numbers and which flights: the model's, then the baseline's, over
-    all held-out flights and per flight (report.md and the text report alike)."""
-    rows = [("model: all held-out flights", report["overall"])]
-    rows += [(f"model: flight {k}", v) for k, v in report["per_flight"].items()]
-    rows += [("baseline (training mean): all", report["baseline"])]
-    rows += [
-        (f"baseline (training mean): flight {k}", v)
-        for k, v in (report.get("baseline_per_flight") or {}).items()
-    ]
+    """The report's rows, each saying whose numbers and which flights: per test flight the model's, then the
+    training mean's; then, with several flights, the pooled rows, named pooled (report.md and the text report
+    alike)."""
+    per, base = report["per_flight"], report.get("baseline_per_flight") or {}
+    rows = []
+    for name, m in per.items():
+        rows.append((f"model: flight {name}", m))
+        if name in base:
+            rows.append((f"baseline (training mean): flight {name}", base[name]))
+    if len(per) != 1 or not base:
+        rows += [
+            (f"model: pooled over {len(per)} test flights", report["overall"]),
+            (f"baseline (training mean): pooled over {len(per)}", report["baseline"]),
+        ]
     return rows
 
 
@@ -171,8 +296,9 @@ def cloud_table(report: dict) -> list[str]:
     }
     rows = []
     for method in [m for m in words if m in cloud]:
-        named = [("all", cloud[method]["overall"])]
-        named += [(f"flight {k}", v) for k, v in cloud[method]["per_flight"].items()]
+        per = cloud[method]["per_flight"]
+        named = [(f"flight {k}", v) for k, v in per.items()]
+        named += [("pooled", cloud[method]["overall"])] if len(per) != 1 else []
         rows += [
             [
                 f"{words[method]}: {name}",
@@ -191,28 +317,94 @@ def cloud_table(report: dict) -> list[str]:
     return lines
 
 
+def coverage_words(v: dict, target: float) -> str:
+    """One flight's intervals: their coverage beside the target, or why none is measured there."""
+    width = "-" if v.get("mean_width_km") is None else f"{v['mean_width_km']:.2f} km"
+    if v.get("calibrated_here"):
+        return f"calibrated on this flight's heights (no coverage is measured there), mean width {width}"
+    cov = "-" if v.get("coverage") is None else f"{v['coverage']:.0%}"
+    return f"coverage {cov} for a {target:.0%} target, mean width {width}"
+
+
 def interval_lines(report: dict) -> list[str]:
+    """The intervals: how they were calibrated, then per test flight their coverage beside the target (only
+    where they were not calibrated) and their width."""
     iv = report.get("intervals")
     if not iv:
         return []
-    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
-    km = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    seen = iv.get("calibrated_on")
+    legacy = (
+        seen is None and (report.get("protocol") or {}).get("name", LEGACY_VALIDATION) == LEGACY_VALIDATION
+    )
     lines = [
-        f"{iv['coverage_target']:.0%} prediction intervals ({iv['method']}, MAPIE), calibrated on "
-        f"{iv['calibration']}: on the same flights the coverage is near the target by construction; on "
-        "flights "
-        "never seen it is what cross-validation measures.",
+        f"{iv['coverage_target']:.0%} prediction intervals ({iv['method']}, MAPIE, "
+        f"{iv.get('mode', 'pooled')}), calibrated on {iv['calibration']}"
+        + (
+            ": the test flights themselves (the earlier protocol), so no coverage is measured here; "
+            "cross-validation measures it on flights never seen."
+            if legacy
+            else ". Their coverage is measured on the test flights the calibration did not see."
+        ),
         "",
     ]
-    rows = [[k, pct(v["coverage"]), km(v["mean_width_km"]), v["n"]] for k, v in iv["per_flight"].items()]
-    return lines + tables.markdown(["flight", "coverage", "mean width km", "n"], rows).splitlines()
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    km = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    rows = [
+        [
+            k,
+            "calibrated here" if v.get("calibrated_here") or legacy else pct(v["coverage"]),
+            f"{iv['coverage_target']:.0%}",
+            km(v["mean_width_km"]),
+            v["n"],
+        ]
+        for k, v in iv["per_flight"].items()
+    ]
+    header = ["test flight", "coverage", "target", "mean width km", "n"]
+    return lines + tables.markdown(header, rows).splitlines()
 
 
-def held_out_section(report: dict) -> list[str]:
-    """The held-out flights: the verdict in a sentence, the metrics, predictions outside the bounds, clouds
-    and intervals."""
+def validation_lines(report: dict) -> list[str]:
+    """The best model on the validation data that chose it: shown as such, never as a test score."""
+    v = report.get("validation")
+    if not v:
+        return []
+    rows = [
+        [f"validation: {k}", *(_num(m.get(key)) for key in METRIC_KEYS)] for k, m in v["per_flight"].items()
+    ]
+    return [
+        "The best model on the validation data that chose its epoch (and calibrated the intervals): not a "
+        "test score, since it was chosen on these numbers.",
+        "",
+        *tables.markdown(
+            ["", "R2", "MAE km", "RMSE km", "bias km", "std(pred)/std(true)", "n"], rows
+        ).splitlines(),
+    ]
+
+
+def epoch_lines(history: list[dict], best_epoch) -> list[str]:
+    """The validation score of every epoch (metrics.jsonl), the chosen one marked: how stable it is."""
+    if not history:
+        return []
+    rows = [
+        [
+            f"{h['epoch']}{' (best)' if h['epoch'] == best_epoch else ''}",
+            *(_num(h.get(k)) for k in ("val_loss", "r2", "mae_km")),
+        ]
+        for h in history
+    ]
+    return [
+        "The validation score of every epoch (the validation data of the training flights; the best "
+        "validation loss chose the model):",
+        "",
+        *tables.markdown(["epoch", "validation loss", "R2", "MAE km"], rows).splitlines(),
+    ]
+
+
+def test_section(report: dict, history: list[dict] | None = None) -> list[str]:
+    """The test flights: how they were scored, the verdict, the metrics per flight, predictions outside the
+    bounds, clouds, intervals, the validation score of the chosen model and of every epoch."""
     report = with_verdict(report)
-    out = ["## Held-out flights", ""]
+    out = ["## Test flights", "", protocol_words(report), ""]
     out += [report["verdict"], ""] if report.get("verdict") else []
     out += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
     out += _metrics_table(report) + [""]
@@ -222,6 +414,8 @@ def held_out_section(report: dict) -> list[str]:
         out += [cloud_verdict(report), ""] if cloud_verdict(report) else []
     out += [BASELINE_WORDS, ""]
     out += interval_lines(report) + [""] if report.get("intervals") else []
+    out += validation_lines(report) + [""] if report.get("validation") else []
+    out += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []
     return out
 
 
@@ -231,7 +425,8 @@ def build_report_md(run_dir: Path) -> str:
     files = RunFiles(run_dir)
     report = files.evaluation()
     if report:
-        out += held_out_section(report)
+        history = [r for r in files.metrics() if r.get("kind") == "epoch"]
+        out += test_section(report, history)
     run = files.run_info()
     if run:
         out += [
@@ -293,6 +488,11 @@ def counts_in_words(c: dict | None) -> str:
         parts.append(f"{c['filled_pixels']} non-finite pixels filled with their frame's median")
     if "cloud" in c:
         parts.append(f"{c['cloud']} frames cloudy, {c['clear_sky']} clear sky (no height)")
+    if c.get("cloud_above_range") or c.get("cloud_below_range"):
+        parts.append(
+            f"{c.get('cloud_above_range', 0)} frames with cloud only above the range (high cloud) and "
+            f"{c.get('cloud_below_range', 0)} with a base below it (no height for either)"
+        )
     masked = c.get("height_below_surface", 0) + c.get("height_above_ceiling", 0)
     if masked:
         parts.append(
@@ -302,8 +502,8 @@ def counts_in_words(c: dict | None) -> str:
         )
     if c.get("height_outside_labels"):
         parts.append(
-            f"{c['height_outside_labels']} heights lie outside the labels' range the model learned from "
-            "(data.cbh_min_km to data.cbh_max_km): extrapolations, kept and flagged 3 in cloud_base_height_qc"
+            f"{c['height_outside_labels']} heights lie outside the labels' range the model learned from: "
+            "extrapolations, kept and flagged 3 in cloud_base_height_qc"
         )
     if c.get("cpl_cloud_agreement") is not None:
         parts.append(
@@ -311,7 +511,14 @@ def counts_in_words(c: dict | None) -> str:
             "profiled"
         )
     if c.get("cpl_inside_interval") is not None:
-        parts.append(f"{c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals")
+        parts.append(
+            f"{c['cpl_inside_interval']:.0%} of the CPL heights lie inside the intervals"
+            + (
+                " (the intervals were calibrated on this flight's heights: no measure of their coverage)"
+                if c.get("interval_calibrated_here")
+                else " (a flight the calibration did not see)"
+            )
+        )
     return "; ".join(parts) + "."
 
 

@@ -66,7 +66,14 @@ from cloudml_lib.core.rundir import (
 from cloudml_lib.core.runlock import RunLock
 from cloudml_lib.core.timing import Measured, calibration, device_name, signature
 from cloudml_lib.data.cache import cache_root
-from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler, prepare_data, quick_subset
+from cloudml_lib.data.dataset import (
+    CloudDataset,
+    EpochBatchSampler,
+    RunData,
+    prepare_data,
+    quick_subset,
+    split_data,
+)
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
 from cloudml_lib.train.progress import RunInfo
@@ -114,11 +121,12 @@ def check_batch_size(cfg: Config, n_train: int, world: int) -> None:
         )
 
 
-def data_fingerprint(train_set: CloudDataset, val_set: CloudDataset) -> dict:
-    """What the run trains and validates on, by content: per flight its sample count and a hash of
-    its labelled frames, labels and angles. A resumed run must see the same (file times may differ)."""
+def data_fingerprint(caches: list) -> dict:
+    """What the run trains, validates and tests on, by content: per flight (its whole cache) its sample count
+    and a hash of its labelled frames, labels and angles. A resumed run must see the same (file times may
+    differ)."""
     out = {}
-    for c in train_set.caches + val_set.caches:
+    for c in caches:
         h = hashlib.sha256()
         for a in (c.frame_index, c.cbh_km, c.cloud, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
             h.update(np.ascontiguousarray(a).tobytes())
@@ -212,15 +220,22 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     """Everything in the order above; the run starts from the resume point, or from `init_from`'s weights
     (fine-tuning), or fresh. `cfg` is not changed: what the run resolves (its flights, a measured batch
     size) is in Run.config and run.json. On any error the run folder is released."""
-    cfg, train_set, val_set, fingerprint, provenance = run_data(cfg, run_dir, dist)
-    header = {
-        Key.SCALERS: val_set.scalers.to_dict(),
-        Key.FINGERPRINT: fingerprint,
-        Key.PROVENANCE: provenance,
-    }
+    cfg, data, fingerprint, provenance = run_data(cfg, run_dir, dist)
     lock = writer = None
     try:
-        lock, found, cfg = claim_run_dir(cfg, run_dir, resume, dist, fingerprint, train_set.flight_table)
+        lock, found, resumed = claim_run_dir(
+            cfg, run_dir, resume, dist, fingerprint, data.train_set.flight_table
+        )
+        if resumed.data != cfg.data:  # a run of an earlier release keeps its reading of its data (its split)
+            data = split_data(resumed, data.caches, data.train_set.flight_table)
+        cfg, train_set, val_set = resumed, data.train_set, data.val_set
+        header = {
+            Key.SCALERS: train_set.scalers.to_dict(),
+            Key.FINGERPRINT: fingerprint,
+            Key.PROVENANCE: provenance,
+            Key.LABEL_RANGE: label_range(train_set),
+            Key.SPLIT: data.split.record(),
+        }
         seed_everything(cfg.train.seed)
         parts, cfg = build_parts(cfg, dist, train_set, run_dir.parent)
         writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
@@ -237,7 +252,7 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         run_info = RunInfo(run_dir, dist, parts.compile, provenance, measured)
         if dist.is_main:
             save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
-        start(found, state, parts, metrics, run_info, cfg, init_from)
+        start(found, state, parts, metrics, run_info, cfg, init_from, data.split.record())
         checkpoints.events = Events(
             run_dir, writer.local_dir if writer else None, loop.progress.step, fresh=found is None
         )
@@ -263,6 +278,13 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
     )
 
 
+def label_range(dataset: CloudDataset) -> list[float]:
+    """[lowest, highest] height (km) among the labels a model is fitted on: a height outside lies where no
+    label taught it (predict's qc)."""
+    km = dataset.targets_km()[dataset.has_height()]
+    return [float(km.min()), float(km.max())] if km.size else []
+
+
 def check_cache_apart(cfg: Config, run_dir: Path) -> None:
     """The preprocessing cache is a folder of its own, never the run folder or one inside it (a run's folder
     is cleaned, its caches are kept across runs)."""
@@ -275,10 +297,10 @@ def check_cache_apart(cfg: Config, run_dir: Path) -> None:
         )
 
 
-def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, CloudDataset, CloudDataset, dict, dict]:
+def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, RunData, dict, dict]:
     """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
-    builds a missing one, the others then read it), the datasets, the batch size checked against them, and
-    what the run trains on by content (fingerprint) and by origin (provenance)."""
+    builds a missing one, the others then read it), the datasets by role, the batch size checked against
+    them, and what the run trains on by content (fingerprint) and by origin (provenance)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     check_folder_kind(run_dir, "train")
@@ -291,10 +313,10 @@ def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, CloudDatas
         resolved, skipped = resolve_config(cfg)
         return resolved, prepare_data(resolved, skipped, backend)
 
-    cfg, (train_set, val_set) = dist.main_first(data)
-    check_batch_size(cfg, len(train_set), dist.world)
-    fingerprint = data_fingerprint(train_set, val_set)  # fixed for the run; stored in every checkpoint
-    return cfg, train_set, val_set, fingerprint, run_provenance(train_set.caches + val_set.caches, cfg.data)
+    cfg, prepared = dist.main_first(data)
+    check_batch_size(cfg, len(prepared.train_set), dist.world)
+    fingerprint = data_fingerprint(prepared.caches)  # fixed for the run; stored in every checkpoint
+    return cfg, prepared, fingerprint, run_provenance(prepared.caches, cfg.data)
 
 
 def quick_validation(cfg: Config, val_set: CloudDataset) -> np.ndarray:
@@ -434,9 +456,11 @@ def start(
     run_info: RunInfo,
     cfg: Config,
     init_from: Path | None,
+    split: dict,
 ) -> None:
     """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
-    records the plan of this start: what was resolved, and how."""
+    records the plan of this start: what was resolved, and how (`split`: which data play which role, as
+    splits.Split.record says). Eight parameters: the pieces start touches, each its own concern."""
     if found is not None:
         state.restore(found, metrics.path, cfg)
     else:
@@ -455,7 +479,8 @@ def start(
             "start_step": state.progress.step,
             "resumed_from": str(found.folder) if found is not None else None,
             "flights": [f.name for f in cfg.data.flights],
-            "validation_flights": list(cfg.data.validation_flights),
+            "test_flights": list(cfg.data.test_flights),
+            "split": split,
         },
         found is not None,
     )

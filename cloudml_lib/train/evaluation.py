@@ -1,6 +1,6 @@
 """Scoring during training: each epoch's validation loss and metrics (`validate`, on the core's Evaluator) and
 the best model kept (`update_best`, early stopping). The end of a run (the best weights scored on the whole
-held-out flights, the cloud probe, the intervals, the report) is not training's: science/finish.py."""
+test flights, the cloud probe, the intervals, the report) is not training's: science/finish.py."""
 
 from __future__ import annotations
 

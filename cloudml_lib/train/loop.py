@@ -1,8 +1,8 @@
 """The training loop, top to bottom: fit -> epoch -> step, ending at the final checkpoint. Set-up is
 `build.py`, what survives a restart `state.py`, checkpoints `saving.py`, each epoch's validation
-`evaluation.py`; this file holds what runs every epoch and step. The end of a run (the held-out evaluation
-of the best model, the cloud probe, the intervals, the report) is a stage of its own, science/finish.py,
-which commands/runs.py runs after `fit`.
+`evaluation.py`; this file holds what runs every epoch and step. The end of a run (the test flights'
+evaluation of the best model, the cloud probe, the intervals, the report) is a stage of its own,
+science/finish.py, which commands/runs.py runs after `fit`.
 
 A step: forward and backward of each batch (micro-batch by micro-batch), the optimizer step once per
 train.grad_accum_steps batches, skipped when its loss is NaN/inf; out-of-memory and compile failures
@@ -264,7 +264,11 @@ class Trainer:
     def _forward_backward(self, batch: dict) -> torch.Tensor:
         """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
         t, st = self.cfg.train, self.progress
-        n, mb = len(batch["target"]), st.micro_batch_size
+        n = len(batch["target"])
+        # One pass over the whole batch unless out of memory made micro-batches smaller than the batch: the
+        # epoch's last batch, with a few samples merged into it (EpochBatchSampler), may exceed batch_size, and
+        # splitting it there would leave a micro-batch of one sample for BatchNorm, what the merge avoids.
+        mb = n if st.micro_batch_size >= t.batch_size else st.micro_batch_size
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
         totals = global_totals(

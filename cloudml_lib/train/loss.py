@@ -42,7 +42,8 @@ def part_loss(
 ) -> torch.Tensor:
     """This part of the global batch's share of its loss (exactly the loss when the batch is one part).
     `part`: target, has_height, cloud, weight on the device; `totals` from global_totals."""
-    height, logit = out.float()
+    out = out.float()
+    height, logit = out.height, out.cloud_logit
     w_height = part["weight"] * part["has_height"]
     loss = (
         height_weight

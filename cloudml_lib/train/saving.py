@@ -176,6 +176,8 @@ class Checkpoints:
                 Key.VAL_LOSS: st.best_val_loss,
                 Key.TRAIN_MEAN_KM: float(train_mean_km),
                 Key.PROVENANCE: self.state.header[Key.PROVENANCE],
+                Key.LABEL_RANGE: self.state.header[Key.LABEL_RANGE],
+                Key.SPLIT: self.state.header[Key.SPLIT],
             },
             self.run_dir / "best.pt",
         )

@@ -1,0 +1,101 @@
+"""The numbers of a run's skill on its test flights, per flight first, with their spread.
+
+Each test flight (data.test_flights: nothing was chosen on it) gets the model's and the training-mean
+baseline's R2, MAE, RMSE, bias, std(pred)/std(true) and n, a bootstrap interval of its MAE that resamples
+whole time blocks (core/metrics.mae_interval), and the share of its labels that lie outside the heights the
+model was fitted on; then the pooled row over all test flights, named pooled wherever it is shown (a pooled R2
+counts the differences between flights as skill). The intervals' coverage is measured only on flights the
+calibration did not see: a flight it saw shows its width and says so, never a coverage (report.py words all of
+it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cloudml_lib.core.metrics import mae_interval, regression_metrics
+from cloudml_lib.science import intervals
+
+OUT_OF_RANGE_SHARE = (
+    0.1  # a test flight with more of its labels outside the training labels than this is named
+)
+
+
+def height_scores(true_km, pred_km, flights, frames, train_mean_km: float) -> dict:
+    """The model's and the baseline's metrics per flight and pooled, and each flight's MAE interval."""
+    true_km, pred_km = np.asarray(true_km, np.float64), np.asarray(pred_km, np.float64)
+    flights = np.asarray(flights)
+    baseline = np.full_like(true_km, float(train_mean_km))
+    out = {
+        "overall": regression_metrics(true_km, pred_km),
+        "baseline": regression_metrics(true_km, baseline),
+        "per_flight": {},
+        "baseline_per_flight": {},
+        "mae_interval_km": {},
+    }
+    for name in dict.fromkeys(flights.tolist()):
+        m = flights == name
+        out["per_flight"][str(name)] = regression_metrics(true_km[m], pred_km[m])
+        out["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
+        out["mae_interval_km"][str(name)] = mae_interval(true_km[m], pred_km[m], np.asarray(frames)[m])
+    return out
+
+
+def outside_labels(true_km, flights, label_range: list[float] | None) -> dict:
+    """Per flight: how many of its labels lie outside `label_range` (the heights trained on), and their
+    span; {} without a range."""
+    if not label_range:
+        return {}
+    low, high = float(label_range[0]), float(label_range[1])
+    true_km, flights = np.asarray(true_km, np.float64), np.asarray(flights)
+    out = {}
+    for name in dict.fromkeys(flights.tolist()):
+        t = true_km[flights == name]
+        if t.size:
+            outside = int(((t < low) | (t > high)).sum())
+            out[str(name)] = {
+                "outside": outside,
+                "n": int(t.size),
+                "share": outside / t.size,
+                "low_km": float(t.min()),
+                "high_km": float(t.max()),
+            }
+    return out
+
+
+def interval_scores(true_km, pred_km, flights, calibration: dict, calibrated_on: list[str]) -> dict:
+    """The intervals' mean width on every flight, and their coverage (share of true heights inside) where
+    the calibration did not see the flight (`calibrated_on`: the flights its heights came from); the pooled
+    row over those flights alone."""
+    true_km, pred_km, flights = (np.asarray(a) for a in (true_km, pred_km, flights))
+    lower, upper = intervals.bounds(pred_km.astype(np.float64), calibration)
+    seen = set(calibrated_on)
+    per_flight = {}
+    for name in dict.fromkeys(flights.tolist()):
+        m = flights == name
+        s = intervals.scores(true_km[m], lower[m], upper[m])
+        if name in seen:  # coverage on the calibration's own heights holds by construction: never reported
+            s = {**s, "coverage": None, "calibrated_here": True}
+        per_flight[str(name)] = s
+    unseen = ~np.isin(flights, list(seen))
+    return {
+        "method": calibration["method"],
+        "coverage_target": calibration["coverage"],
+        "calibration": calibration["source"],
+        "mode": calibration.get("mode", "pooled"),
+        "calibrated_on": sorted(seen),
+        "overall": intervals.scores(true_km[unseen], lower[unseen], upper[unseen]),
+        "per_flight": per_flight,
+    }
+
+
+def validation_scores(true_km, pred_km, groups) -> dict:
+    """The best model on the validation data that chose it: pooled and per group (flight or time block)."""
+    true_km, pred_km, groups = np.asarray(true_km), np.asarray(pred_km), np.asarray(groups)
+    return {
+        "pooled": regression_metrics(true_km, pred_km),
+        "per_flight": {
+            str(g): regression_metrics(true_km[groups == g], pred_km[groups == g])
+            for g in dict.fromkeys(groups.tolist())
+        },
+    }
