@@ -6,7 +6,7 @@ from pathlib import Path as _Path
 from cloudml_lib.base.config import Config, load_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError, DataError
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"  # 0.3: test flights untouched (data.validation), the cloud flag a base in range
 
 
 def _source() -> dict:

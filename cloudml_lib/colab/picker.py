@@ -642,7 +642,7 @@ class Picker:
             names = ", ".join(flights.names)
             data = f"its {plural(len(flights.names), 'flight')} ({names}), testing on {held}"
         else:
-            data = f"your {plural(len(self.found), 'flight')}, holding out {held}"
+            data = f"your {plural(len(self.found), 'flight')}, testing on {held}"
         return (
             f"Trains preset <b>{c.preset}</b> ({config}: {PRESET_WORDS[c.preset]}) on {html.escape(data)}, "
             f"{plural(c.epochs, 'epoch')}, into <code>{html.escape(str(self.ws.runs / c.run_name))}</code>."

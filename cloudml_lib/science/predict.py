@@ -614,24 +614,34 @@ def _mark_heights(ax, hours: np.ndarray, result: dict) -> None:
         )
 
 
+# stretches without a height drawn behind the line, by the frame's flag: (flag value, colour, label)
+NO_HEIGHT_SHADES = (
+    (0, "0.85", "clear sky (predicted)"),
+    (2, "#d8cdea", "cloud only above the range: no height (predicted)"),
+    (3, "#f3dcc4", "a base below the range: no height (predicted)"),
+)
+
+
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     hours = (result["t"] - result["t"][0]) / 3600.0
-    along = Figure(figsize=(11, 3.6))
+    along = Figure(figsize=(11, 4.4))
     ax = along.subplots()
     flag = result.get("cloud_flag")
-    clear = np.zeros(len(hours), bool) if flag is None else np.asarray(flag) == 0
-    if clear.any():
-        ax.fill_between(
-            hours,
-            0,
-            1,
-            where=clear,
-            transform=ax.get_xaxis_transform(),
-            color="0.85",
-            step="mid",
-            lw=0,
-            label="clear sky (predicted)",
-        )
+    flags = np.full(len(hours), -1) if flag is None else np.asarray(flag)
+    clear = flags == 0
+    for value, colour, label in NO_HEIGHT_SHADES:
+        if (flags == value).any():
+            ax.fill_between(
+                hours,
+                0,
+                1,
+                where=flags == value,
+                transform=ax.get_xaxis_transform(),
+                color=colour,
+                step="mid",
+                lw=0,
+                label=label,
+            )
     lower, upper = result.get("lower"), result.get("upper")
     if lower is not None and np.isfinite(lower).any():
         cal = result.get("calibration") or {}
@@ -649,7 +659,8 @@ def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
     has = np.isfinite(result["label"])
     ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
     ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
-    ax.legend(loc="upper right", fontsize=8)
+    # below the axes: a legend inside would cover the heights of the flight's last stretch
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     along.tight_layout()
     track = Figure(figsize=(6, 5))

@@ -266,8 +266,8 @@ class Trainer:
         t, st = self.cfg.train, self.progress
         n = len(batch["target"])
         # One pass over the whole batch unless out of memory made micro-batches smaller than the batch: the
-        # epoch's last batch, with a few samples merged into it (EpochBatchSampler), may exceed batch_size, and
-        # splitting it there would leave a micro-batch of one sample for BatchNorm, what the merge avoids.
+        # epoch's last batch, with a few samples merged into it (EpochBatchSampler), may exceed batch_size,
+        # and splitting it there would leave a micro-batch of one sample for BatchNorm (what the merge avoids)
         mb = n if st.micro_batch_size >= t.batch_size else st.micro_batch_size
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
