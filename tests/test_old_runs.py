@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -230,6 +231,9 @@ def test_a_cross_validation_of_the_previous_release_resumes_to_its_twins_results
     want = expected(previous)["crossval"]
     for fold, result in want["folds"].items():
         assert_same_numbers(now["folds"][fold]["model"], result["model"], fold, same_environment(previous))
+    # the folds it had not begun run with that release's settings too (its protocol, its last batch split)
+    fresh = yaml.safe_load(Path("crossval/folds/09Mar25/model/config.yaml").read_text())
+    assert (fresh["data"]["validation"], fresh["train"]["last_batch"]) == ("test_flights", "split")
 
 
 def test_a_sweep_of_the_previous_release_resumes_to_its_twins_trials(previous):

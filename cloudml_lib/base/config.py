@@ -395,6 +395,15 @@ class TrainConfig:
         range=(1, 4096),
     )
     grad_accum_steps: int = _f(1, "batches whose gradients add up to one optimizer step", range=(1, 1024))
+    last_batch: str = _f(
+        "whole",
+        "how an epoch's last batch runs when the few samples left over were merged into it (more than "
+        "batch_size). whole: in one forward pass, so BatchNorm sees the whole batch and one process computes "
+        "what several do; split: in pieces of batch_size (the last one small), as in runs made before "
+        "CloudML 0.3 (they keep it)",
+        choices=("whole", "split"),
+        absent="split",
+    )
     learning_rate: float = _f(1e-3, "peak AdamW learning rate", range=(1e-7, 1.0))
     min_lr_ratio: float = _f(0.01, "final learning rate as a fraction of the peak", range=(0.0, 1.0))
     weight_decay: float = _f(1e-2, "AdamW weight decay", range=(0.0, 1.0))

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cloudml_lib.base.config import LEGACY_VALIDATION, Config, derive
+from cloudml_lib.base.config import LEGACY_VALIDATION, Config, absent_settings, derive
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
@@ -59,16 +59,18 @@ COMPARED = ("model", "mean", "scalars_only", "trees")
 OUT_OF_RANGE_SHARE = 0.1  # test heights outside the training range above this share: warn
 
 
-def fold_config(cfg: Config, held: str, scalars_only: bool = False, legacy: bool = False) -> Config:
+def fold_config(cfg: Config, held: str, scalars_only: bool = False, started: dict | None = None) -> Config:
     """The run of one fold (a derived config): `held` is its only test flight; its validation data come from
-    the other flights by the config's rule (named validation flights: those left, or auto where none is);
-    `legacy`: the protocol of a cross-validation started by CloudML 0.2 (chosen on the test flight)."""
+    the other flights by the config's rule (named validation flights: those left, or auto where none is).
+    `started`: the settings a cross-validation started by an earlier release keeps in every fold
+    (started_settings; CloudML 0.2's protocol among them: chosen on the test flight)."""
     validation = cfg.data.validation
     if isinstance(validation, list):
         validation = [n for n in validation if n != held] or "auto"
     changes = {
+        "data.validation": validation,
+        **(started or {}),
         "data.test_flights": [held],
-        "data.validation": LEGACY_VALIDATION if legacy else validation,
         "model.scalars_only": scalars_only,
     }
     if cfg.data.overweight_flight == held:
@@ -130,18 +132,18 @@ def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.nd
     return out
 
 
-def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, legacy: bool = False) -> dict:
+def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dict | None = None) -> dict:
     from cloudml_lib.commands.runs import train_run
     from cloudml_lib.core.distributed import SINGLE
 
     fold_dir = Path(run_dir) / "folds" / held
-    model_cfg = fold_config(cfg, held, legacy=legacy)
+    model_cfg = fold_config(cfg, held, started=started)
     log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
     report = train_run(model_cfg, fold_dir / "model", dist=SINGLE)  # one process per fold
     result = {"model": report["overall"], "mean": report["baseline"]}
     if controls:
         control = train_run(
-            fold_config(cfg, held, scalars_only=True, legacy=legacy), fold_dir / "scalars_only", dist=SINGLE
+            fold_config(cfg, held, scalars_only=True, started=started), fold_dir / "scalars_only", dist=SINGLE
         )
         result["scalars_only"] = control["overall"]
     data = prepare_data(model_cfg)
@@ -445,16 +447,18 @@ def _interval_lines(iv: dict | None) -> list[str]:
     return lines
 
 
-def started_legacy(run_dir: Path) -> bool:
-    """Whether a cross-validation folder was started by CloudML 0.2: a fold's run config lacks
-    data.validation (its folds chose on their test flight, and the rest continue so)."""
+def started_settings(run_dir: Path) -> dict:
+    """The settings a cross-validation started by an earlier release keeps in the folds still to run: those
+    its first fold's stored config lacks, with the meaning they had then (absent_settings; one started by
+    CloudML 0.2 lacks data.validation: its folds chose on their test flight, and the rest continue so). {}
+    for a cross-validation started today."""
     from cloudml_lib.base.runfiles import RunFiles
 
     for model in sorted((Path(run_dir) / "folds").glob("*/model")):
         config = RunFiles(model).config()
         if config is not None:
-            return "validation" not in (config.get("data") or {})
-    return False
+            return absent_settings(config)
+    return {}
 
 
 def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None) -> dict:
@@ -477,7 +481,9 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
         mine = names[workers.rank :: workers.world]
-        legacy = started_legacy(run_dir)
+        started = started_settings(run_dir)
+        # started by CloudML 0.2, or a trial of a sweep it started: its protocol throughout
+        legacy = LEGACY_VALIDATION in (started.get("data.validation"), cfg.data.validation)
         log.info(
             "Cross-validation over %d flights, each the test flight once: %s", len(names), ", ".join(names)
         )
@@ -485,7 +491,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
             log.info("%s", protocol_words(LEGACY_VALIDATION))
         if workers.active:
             log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
-        done = {name: run_fold(cfg, run_dir, name, controls, legacy) for name in mine}
+        done = {name: run_fold(cfg, run_dir, name, controls, started) for name in mine}
         workers.barrier()
     finally:
         if dist is None:

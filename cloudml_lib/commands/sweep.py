@@ -33,7 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloudml_lib.base import faults
-from cloudml_lib.base.config import LEGACY_VALIDATION, apply_overrides, build_config, derive
+from cloudml_lib.base.config import (
+    LEGACY_VALIDATION,
+    absent_settings,
+    apply_overrides,
+    build_config,
+    derive,
+)
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
@@ -314,6 +320,7 @@ class SweepRun:
     n_trials: int
     run_dir: Path
     dist: Dist
+    started: dict  # what a sweep started by an earlier release keeps in its new trials (started_settings)
 
 
 def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, float | None, str]:
@@ -325,8 +332,8 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     trial_dir = sw.run_dir / "trials" / str(number)
     try:
         cfg = build_config(trial_raw(sw.base, params), source=f"trial {number}'s config")
-        if space.objective == LEGACY_OBJECTIVE:  # a sweep of CloudML 0.2 goes on under its protocol
-            cfg = derive(cfg, {"data.validation": LEGACY_VALIDATION})
+        if sw.started:  # a sweep of an earlier release goes on under its protocol and settings
+            cfg = derive(cfg, sw.started)
     except ConfigError as e:
         return "failed", None, str(e)
     if dist.is_main:
@@ -375,7 +382,8 @@ def sweep(
     try:
         if dist.is_main:
             lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
-        run_trials(SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist))
+        started = started_settings(run_dir) if legacy else {}
+        run_trials(SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist, started))
         if not dist.is_main:
             return {}
         from cloudml_lib.commands.compare import sweep_summary, write_sweep_report
@@ -409,6 +417,20 @@ def check_objective(space: Space, run_dir: Path) -> bool:
             "trials choosing on their test flights; its report says so."
         )
     return legacy
+
+
+def started_settings(run_dir: Path) -> dict:
+    """The settings a sweep started by CloudML 0.2 keeps in its new trials: those its first trial's stored
+    config lacks, with the meaning they had then (absent_settings: its protocol, choosing on the test
+    flights, among them); that protocol alone where no trial got as far as storing its config."""
+    configs = sorted(run_dir.glob("trials/*/config.yaml")) + sorted(
+        run_dir.glob("trials/*/folds/*/model/config.yaml")
+    )
+    for path in configs:
+        config = RunFiles(path.parent).config()
+        if config is not None:
+            return absent_settings(config)
+    return {"data.validation": LEGACY_VALIDATION}
 
 
 def check_trials(n_trials, space: Space) -> None:

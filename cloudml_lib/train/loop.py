@@ -265,10 +265,12 @@ class Trainer:
         """Loss of the whole batch, gradients accumulated micro-batch by micro-batch."""
         t, st = self.cfg.train, self.progress
         n = len(batch["target"])
-        # One pass over the whole batch unless out of memory made micro-batches smaller than the batch: the
-        # epoch's last batch, with a few samples merged into it (EpochBatchSampler), may exceed batch_size,
-        # and splitting it there would leave a micro-batch of one sample for BatchNorm (what the merge avoids)
-        mb = n if st.micro_batch_size >= t.batch_size else st.micro_batch_size
+        # train.last_batch whole: one pass over the whole batch unless out of memory made micro-batches
+        # smaller than the batch. The epoch's last batch, with a few samples merged into it
+        # (EpochBatchSampler), may exceed batch_size; splitting it there (split, runs before 0.3) can leave
+        # a micro-batch of one sample for BatchNorm, what the merge avoids.
+        whole = t.last_batch == "whole" and st.micro_batch_size >= t.batch_size
+        mb = n if whole else st.micro_batch_size
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
         totals = global_totals(
