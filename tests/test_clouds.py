@@ -187,6 +187,21 @@ def test_coverage_on_a_flight_never_seen_and_the_verdict():
     assert result["chosen"] in intervals.METHODS
     assert any("On flight rough" in v and "far below the target" in v for v in result["verdicts"])
     assert not any("On flight calm1" in v for v in result["verdicts"])
+    # the estimate to quote: each flight's method chosen on the other flights alone, so what a flight's
+    # heights are cannot change the method it is scored with (only its own score)
+    nested = result["nested"]["per_flight"]
+    assert set(nested) == set(by_flight) and all(p["method"] in intervals.METHODS for p in nested.values())
+    for name, p in nested.items():
+        assert p["coverage"] == result["methods"][p["method"]]["per_flight"][name]["coverage"]
+    pred, true = by_flight["rough"]
+    wild = {**by_flight, "rough": (pred, pred + rng.normal(0, 3.0, pred.size))}
+    again = intervals.leave_one_flight_out(wild, 0.9)["nested"]["per_flight"]
+    assert again["rough"]["method"] == nested["rough"]["method"]
+    assert again["rough"]["coverage"] < nested["rough"]["coverage"]
+    two = intervals.leave_one_flight_out({k: by_flight[k] for k in ("calm1", "rough")}, 0.9)
+    assert {p["method"] for p in two["nested"]["per_flight"].values()} == {
+        "conformal_absolute"
+    }  # nothing to choose on
 
 
 def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_output(

@@ -70,6 +70,7 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
         assert set(method["per_flight"]) == set(names)
         assert all(0 <= p["coverage"] <= 1 and p["mean_width_km"] > 0 for p in method["per_flight"].values())
     assert "Prediction intervals (90% target) on each flight never seen" in md
+    assert set(iv["nested"]["per_flight"]) == set(names) and "method chosen on the other flights |" in md
     pooled = json.loads((ref / "intervals.json").read_text())
     assert pooled["method"] == iv["chosen"] and pooled["n"] == sum(
         f["model"]["n"] for f in result["folds"].values()

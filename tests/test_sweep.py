@@ -481,3 +481,5 @@ def test_status_of_a_sweep_is_its_trials_table(reference):
     assert r.returncode == 0 and len(rows) == 3 and "| state |" in r.stdout
     pruned = [line for line in rows if "| pruned |" in line]
     assert pruned and "was worse than the median" in r.stdout  # why each pruned trial stopped, in words
+    # a pruned trial shows its last epoch's scores, which are the validation data's: never called a test's
+    assert all(line.split("|")[2].strip() == "validation" for line in pruned)

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from cloudml_lib.base import tables
-from cloudml_lib.base.config import NEW, conv_channels, resume_rules
+from cloudml_lib.base.config import LEGACY_VALIDATION, NEW, conv_channels, resume_rules
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
@@ -83,14 +83,18 @@ def run_row(run: Path, name: str, scores: str = "test") -> dict:
     trial = files.trial()
     # a sweep trial's own state (complete, pruned, failed, running), else the run's (rundir.run_state)
     state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run_state(run))
+    scored_on = "validation" if scores == "validation" and validation else held_out(evaluation, config)
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
+        # an epoch is scored on the validation data (a run of CloudML 0.2: on its test flights)
+        rule = ((config or {}).get("data") or {}).get("validation", LEGACY_VALIDATION)
+        scored_on = scored_on if rule == LEGACY_VALIDATION else "validation"
     overall = overall or {}
     compile_info = files.run_info().get("compile") or {}
     return {
         "run": name,
         "config": config,
-        "held_out": "validation" if scores == "validation" and validation else held_out(evaluation, config),
+        "held_out": scored_on,
         "state": "finished" if state == "complete" else state,
         "note": "; ".join(x for x in (trial.get("note"), odd) if x),
         "epochs": f"{len(epochs)}/{planned}" if isinstance(planned, int) else str(len(epochs)),

@@ -6,9 +6,11 @@ the intervals honest is the calibration set: heights the model never trained on,
 flights* than the one it is used on. `crossval` provides exactly that (each flight predicted by the
 fold that tested on it): for each test flight the intervals are calibrated on the other flights'
 residuals and their coverage is measured on that flight, per method; the method whose coverage
-falls least short of the target (then the narrowest) is chosen. A single run calibrates on its validation
-data (drawn from its training flights: data/splits.py), never on a test flight, so the coverage its report
-measures on the test flights is a coverage on flights the calibration never saw. With
+falls least short of the target (then the narrowest) is chosen for each flight on the other flights
+alone (nested, so the coverage reported was not what chose), and on all flights for predict. A single
+run calibrates on its validation data (drawn from its training flights: data/splits.py), never on a test
+flight, so the coverage its report measures on the test flights is a coverage on flights the calibration
+never saw. With
 `train.interval_calibration: per_flight` each validation flight (or time block) with enough heights is
 calibrated on its own and the widest bounds are taken (a Mondrian calibration by flight, made conservative:
 every one of those flights reaches the target), because flights differ: the users' pooled intervals covered
@@ -154,27 +156,47 @@ def scores(true_km, lower, upper) -> dict:
     }
 
 
+def _coverage_on(by_flight: dict, name: str, calibrate_on: list[str], method: str, coverage: float):
+    """Scores on flight `name` of `method`'s intervals calibrated on the flights `calibrate_on`; None where
+    they hold too few heights (quietly: the callers say what could not be measured)."""
+    pairs = [by_flight[o] for o in calibrate_on]
+    if not pairs:
+        return None
+    pred, true = np.concatenate([p for p, _ in pairs]), np.concatenate([t for _, t in pairs])
+    if _usable(pred, true).sum() < MIN_CALIBRATION:
+        return None
+    cal = calibrate(pred, true, method, coverage, f"the other {len(pairs)} flights")
+    return scores(by_flight[name][1], *bounds(by_flight[name][0], cal))
+
+
+def _best(per_method: dict[str, list[dict]], coverage: float) -> str | None:
+    """The method whose coverages fall least short of the target on average (then the narrowest)."""
+    mean = {}
+    for method, got in per_method.items():
+        got = [p for p in got if p and p["coverage"] is not None]
+        if got:
+            shortfall = np.mean([max(0.0, coverage - p["coverage"]) for p in got])
+            mean[method] = (round(float(shortfall), 3), float(np.mean([p["mean_width_km"] for p in got])))
+    return min(mean, key=mean.get) if mean else None
+
+
 def leave_one_flight_out(by_flight: dict[str, tuple[np.ndarray, np.ndarray]], coverage: float) -> dict:
     """Per method and test flight: intervals calibrated on the other flights' (pred, true) heights, scored
-    on this one. Returns {"methods": {method: {"per_flight": {...}, "mean_coverage", "mean_shortfall",
-    "mean_width_km"}}, "chosen": method, "verdicts": [...]}."""
+    on this one. The method is chosen twice. For the estimate ("nested"), each flight's method is chosen
+    on the other flights alone (each of them scored with a calibration on the rest), so the coverage
+    reported on a flight was not what chose its method; with fewer than three flights nothing is left to
+    choose on and the first method is taken. For the calibrations written for predict ("chosen"), on
+    every flight. Returns {"methods": {method: {"per_flight": {...}, "mean_coverage", "mean_shortfall",
+    "mean_width_km"}}, "chosen": method, "nested": {"per_flight": {flight: {"method", "coverage",
+    "mean_width_km", "n"}}, "mean_coverage", "mean_width_km"}, "verdicts": [...]}."""
+    names = list(by_flight)
     out = {}
     for method in METHODS:
         per = {}
-        for name, (pred, true) in by_flight.items():
-            others = [by_flight[o] for o in by_flight if o != name]
-            if not others:
-                continue
-            cal = calibrate(
-                np.concatenate([p for p, _ in others]),
-                np.concatenate([t for _, t in others]),
-                method,
-                coverage,
-                f"the other {len(others)} flights",
-            )
-            if cal is None:
-                continue
-            per[name] = scores(true, *bounds(pred, cal))
+        for name in names:
+            got = _coverage_on(by_flight, name, [o for o in names if o != name], method, coverage)
+            if got is not None:
+                per[name] = got
         got = [p for p in per.values() if p["coverage"] is not None]
         out[method] = {
             "per_flight": per,
@@ -184,28 +206,45 @@ def leave_one_flight_out(by_flight: dict[str, tuple[np.ndarray, np.ndarray]], co
             else None,
             "mean_width_km": float(np.mean([p["mean_width_km"] for p in got])) if got else None,
         }
-    usable = [m for m in out if out[m]["mean_shortfall"] is not None]
-    chosen = (
-        min(usable, key=lambda m: (round(out[m]["mean_shortfall"], 3), out[m]["mean_width_km"]))
-        if usable
-        else None
-    )
+    chosen = _best({m: list(out[m]["per_flight"].values()) for m in METHODS}, coverage)
+    nested = {}
+    for name in names:
+        others = [o for o in names if o != name]
+        inner = {
+            m: [_coverage_on(by_flight, b, [o for o in others if o != b], m, coverage) for b in others]
+            for m in METHODS
+        }
+        method = _best(inner, coverage) or next(iter(METHODS))
+        got = out[method]["per_flight"].get(name)
+        if got is not None and got["coverage"] is not None:
+            nested[name] = {"method": method, **got}
+    mean = lambda key: float(np.mean([p[key] for p in nested.values()])) if nested else None  # noqa: E731
     verdicts = []
-    if chosen:
-        m = out[chosen]
+    if nested:
         verdicts.append(
-            f"Intervals: {chosen} chosen (smallest shortfall from the {coverage:.0%} target, then the "
-            f"narrowest): on a flight never seen they held {m['mean_coverage']:.0%} of the true heights "
-            f"on average, {m['mean_width_km']:.2f} km wide."
+            f"Intervals: on a flight never seen they held {mean('coverage'):.0%} of the true heights on "
+            f"average ({coverage:.0%} target), {mean('mean_width_km'):.2f} km wide, each flight's method "
+            "chosen on the other flights (the one falling least short of the target there, then the "
+            f"narrowest); chosen on all flights, for predict: {chosen}."
         )
-        for name, p in m["per_flight"].items():
-            if p["coverage"] is not None and p["coverage"] < coverage - FAR_BELOW:
+        for name, p in nested.items():
+            if p["coverage"] < coverage - FAR_BELOW:
                 verdicts.append(
                     f"On flight {name} the {coverage:.0%} intervals held only {p['coverage']:.0%} of the "
                     "true heights: far below the target. Its errors are larger than on the other flights "
                     "(a different cloud regime?): do not trust the error bars there."
                 )
-    return {"coverage": coverage, "methods": out, "chosen": chosen, "verdicts": verdicts}
+    return {
+        "coverage": coverage,
+        "methods": out,
+        "chosen": chosen,
+        "nested": {
+            "per_flight": nested,
+            "mean_coverage": mean("coverage"),
+            "mean_width_km": mean("mean_width_km"),
+        },
+        "verdicts": verdicts,
+    }
 
 
 def save(run_dir: Path, calibration: dict | None) -> None:
