@@ -345,7 +345,7 @@ def best_verdict(trial_dir: Path, space) -> str | None:
     o = report["overall"]
     numbers = ", ".join(f"{label} {_metric(o.get(k))}" for k, label in METRIC_COLUMNS) + f", n {o.get('n')}"
     return (
-        f"The best trial's test score, reported once ({protocol_words(with_verdict(report))}): {numbers}. "
+        f"The best trial's test score, reported once: {numbers}. {protocol_words(with_verdict(report))} "
         + said.replace("Verdict:", "Verdict on the best trial:", 1)
     )
 

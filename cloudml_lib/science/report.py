@@ -175,10 +175,10 @@ def _validation_words(p: dict) -> str:
     blocks = [n for n, v in parts.items() if isinstance(v, dict)]
     said = []
     if whole:
-        said.append(f"the training flight{'s' * (len(whole) > 1)} {', '.join(whole)} (held back whole)")
+        said.append(f"the training flight{'s' * (len(whole) > 1)} {', '.join(whole)}, held back whole")
     if blocks:
         said.append(f"the last part in time of {', '.join(blocks)}")
-    return " and ".join(said) + f" (data.validation rule {p.get('rule', '?')})"
+    return " and ".join(said) + f", by the data.validation rule {p.get('rule', '?')}"
 
 
 BASELINE_WORDS = (
