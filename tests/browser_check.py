@@ -398,13 +398,15 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     train = page.locator(".jp-CodeCell:has-text('colab.train(ws, picker)')").first
     train.locator(".jp-InputArea-prompt").click()
     page.keyboard.press("Shift+Enter")  # train again: 3 epochs now
-    # 3 epochs x 40 steps of the demo
+    # the 3-epoch run: its label reads "epoch e of 3 · step s of S", S its steps in all
+    three = re.compile(r"epoch \d+ of 3 · step \d+ of (\d+)")
     _wait_for(
         page,
-        lambda: "of 120" in _train_label(page) and "stopped" not in _train_label(page),
+        lambda: three.search(_train_label(page)) and "stopped" not in _train_label(page),
         300,
         "the 3-epoch run",
     )
+    steps = f"of {three.search(_train_label(page)).group(1)}"
     time.sleep(4)
     _menu(page, "Kernel", "Interrupt Kernel")
     _wait_for(page, lambda: "stopped" in _train_label(page), 120, "the second stop")
@@ -421,11 +423,11 @@ def scenario_continue(page, url: str, out: Path) -> list[str]:
     train_text = page.inner_text(".jp-CodeCell:has-text('colab.train(ws, picker)')")
     if "Continuing run demo" not in note and "Run demo is finished" not in note:
         bad.append(f"the picker does not say it continues run demo: {note[:300]!r}")
-    elif "Continuing run demo" in note and "of 120)" not in note:  # a checkpoint of the 3-epoch run
+    elif "Continuing run demo" in note and f"{steps})" not in note:  # a checkpoint of the 3-epoch run
         bad.append(f"the stop did not save a checkpoint of the 3-epoch run: {note[:300]!r}")
     if "Resumed from step" not in train_text:
         bad.append("the Train cell does not say the run resumed from the stop's checkpoint")
-    if "of 120" not in label:
+    if not three.search(label) or steps not in label:
         bad.append(f"the continued run is not the 3-epoch run (bar: {label!r})")
     return bad
 
