@@ -107,6 +107,11 @@ def test_named_validation_flights_and_the_rules_refusals():
     assert any("every training flight is a validation flight" in p for p in check_flight_names(cfg, names))
     with pytest.raises(ConfigError, match="no training flight has 5 or more height labels"):
         choose_split(flights(3, 30), data({"test_flights": ["F1"], "validation": "time_blocks"}))
+    # a word no rule has: the valid ones named, never the word only an earlier release's runs may hold
+    with pytest.raises(ConfigError) as refused:
+        build_config({"data": {"validation": "bogus"}})
+    said = str(refused.value)
+    assert "'auto' or 'flight' or 'time_blocks'" in said and "test_flights" not in said
 
 
 def test_the_picker_counts_the_roles_as_the_split_does():

@@ -40,6 +40,7 @@ SURFACE_KM = 0.0  # the lowest a cloud base can be: the labels are over the ocea
 # on the test flights); it is kept for them alone, never offered for a new run (load_config refuses it).
 VALIDATION_RULES = ("auto", "flight", "time_blocks")
 LEGACY_VALIDATION = "test_flights"
+STORED_ONLY = (LEGACY_VALIDATION,)  # values only an earlier release's stored config may hold: never offered
 VALIDATION = Literal["auto", "flight", "time_blocks", "test_flights"]
 # data.cloud_flag: what the cloud / no-cloud output marks (any_layer: runs made before the setting existed)
 CLOUD_FLAGS = ("base_in_range", "any_layer")
@@ -532,7 +533,7 @@ def _coerce(value, tp, key: str, meta: dict, problems: list[str]):
     tp, words = value_type(tp)
     if value in words:
         return value
-    alt = "".join(f" or {w!r}" for w in words)  # "an integer or 'auto'"
+    alt = "".join(f" or {w!r}" for w in words if w not in STORED_ONLY)  # "an integer or 'auto'"
     legacy = meta.get("legacy") or {}
     if any(value is k for k in legacy):  # `is`: True must not match 1
         return legacy[value]
@@ -857,7 +858,7 @@ def settings_table() -> str:
                 continue
             m = f.metadata
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            words = [w for w in value_type(hints[f.name])[1] if w != LEGACY_VALIDATION]  # earlier runs' only
+            words = [w for w in value_type(hints[f.name])[1] if w not in STORED_ONLY]
             valid = (
                 ", ".join(map(str, m["choices"]))
                 if m.get("choices")
