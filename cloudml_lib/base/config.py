@@ -42,6 +42,8 @@ VALIDATION_RULES = ("auto", "flight", "time_blocks")
 LEGACY_VALIDATION = "test_flights"
 STORED_ONLY = (LEGACY_VALIDATION,)  # values only an earlier release's stored config may hold: never offered
 VALIDATION = Literal["auto", "flight", "time_blocks", "test_flights"]
+# data.radiometry: what the network sees of the frames' temperatures besides the per-frame reading
+RADIOMETRY = ("statistics", "none")
 # data.cloud_flag: what the cloud / no-cloud output marks (any_layer: runs made before the setting existed)
 CLOUD_FLAGS = ("base_in_range", "any_layer")
 # keys an earlier release named otherwise: read under today's name (section, old name) -> new name
@@ -252,6 +254,16 @@ class DataConfig:
     )
     clahe_clip_limit: float = _f(
         0.01, "CLAHE clip limit (scikit-image units); 0 disables CLAHE", range=(0.0, 1.0)
+    )
+    radiometry: str = _f(
+        "statistics",
+        "what the network sees of the frames' radiometry, which the per-frame reading (min-max, CLAHE, "
+        "z-score) removes. statistics: beside the frames, the labelled frame's percentiles, mean and spread "
+        "in the units the IR file states (kelvin, or counts), on a scale fitted on the part of the training "
+        "flights trained on (benchmarks/results/radiometry.json measured it against none). none: the "
+        "per-frame reading alone, as runs made before this setting (they keep it)",
+        choices=RADIOMETRY,
+        absent="none",
     )
     cbh_min_km: float = _f(0.1, "labels below this are dropped", range=(0.0, 20.0))
     cbh_max_km: float = _f(2.0, "labels above this are dropped", range=(0.0, 20.0))

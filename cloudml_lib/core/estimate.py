@@ -171,7 +171,7 @@ def _autocast(shape: StepShape):
 def train_steps(model, optimizer, shape: StepShape, batch: int, steps: int = 2) -> None:
     """`steps` training steps at `batch` on random inputs, as the trainer takes them."""
     x = torch.randn(batch, shape.frames, shape.rows, shape.cols)  # (B, T, H, W)
-    scalars, target = torch.randn(batch, 3), torch.randn(batch)  # (B, 3), (B,)
+    scalars, target = torch.randn(batch, model.film[0].in_features), torch.randn(batch)  # (B, S), (B,)
     for _ in range(steps):
         with _autocast(shape):
             out = model(x, scalars)
@@ -185,7 +185,7 @@ def train_steps(model, optimizer, shape: StepShape, batch: int, steps: int = 2) 
 def _infer(model, shape: StepShape, batch: int) -> None:
     x = torch.randn(batch, shape.frames, shape.rows, shape.cols)
     with torch.no_grad(), _autocast(shape):
-        model(x, torch.randn(batch, 3))
+        model(x, torch.randn(batch, model.film[0].in_features))
 
 
 def measure(shape: StepShape, batch: int, what: str = "train", fake: bool = True) -> int:

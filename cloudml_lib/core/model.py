@@ -3,8 +3,11 @@
 The network only: no device, AMP or compile code (train/build.py applies those from outside).
 
     frames (B, T, H, W) --per frame--> 3 conv blocks -> spatial attention -> pooled (B, T, C)
-    angles (B, 3) --> FiLM: gamma, beta (B, C) modulate every frame's features
+    scalars (B, S) --> FiLM: gamma, beta (B, C) modulate every frame's features
     softmax attention over the T frames -> (B, C) -> MLP head -> Outputs(height, cloud_logit)
+
+The scalars (data/dataset.py scalar_inputs) are the sun's angles (S = 3) and, with data.radiometry, the
+labelled frame's radiometric statistics (S = 3 + K): the temperatures the frames' per-frame reading removes.
 
 In eval mode a frame's encoding does not depend on its neighbours, so consecutive windows (a whole
 flight, one window per frame) need each frame encoded once: `encode_frames`, then `pool_frames` and `output`
@@ -46,6 +49,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cloudml_lib.base.config import CLOUD_HEADS, HEIGHT_HEADS, height_bounds_km
 from cloudml_lib.data.cpl import BASE_IN_RANGE, CLASS_MEANINGS
+from cloudml_lib.data.dataset import n_scalar_inputs
 
 
 class Outputs(NamedTuple):
@@ -182,7 +186,7 @@ class MultimodalRegressionModel(nn.Module):
             self._sync_cloud_output()
 
     def set_cloud_probe(self, weight: torch.Tensor, bias) -> None:
-        """Put a fitted probe (weights over `features` (K, C + 3), biases (K,)) in place; the model then
+        """Put a fitted probe (weights over `features` (K, C + S), biases (K,)) in place; the model then
         answers a cloud logit too."""
         with torch.no_grad():
             self.cloud.weight.copy_(weight.reshape(self.cloud.weight.shape))
@@ -210,10 +214,10 @@ class MultimodalRegressionModel(nn.Module):
             context_fn=lambda: (_null(), frozen_batchnorm_stats(self.encoder)),
         )
 
-    def forward(self, frames, scalars):  # (B, T, H, W), (B, 3)
+    def forward(self, frames, scalars):  # (B, T, H, W), (B, S)
         return self.output(self.features(frames, scalars))
 
-    def output(self, features) -> Outputs:  # (B, C + 3)
+    def output(self, features) -> Outputs:  # (B, C + S)
         """The head on `features`: the standardised height and, with a cloud output, the cloud logit."""
         out = self.head(features)  # (B, 1) or (B, 2)
         height = self.height(out[:, 0])
@@ -245,8 +249,8 @@ class MultimodalRegressionModel(nn.Module):
             return torch.zeros(frames.shape[0], self.feature_width, device=frames.device, dtype=frames.dtype)
         return self._encode(frames)
 
-    def features(self, frames, scalars):  # (B, T, H, W), (B, 3)
-        """The head's input: the frames' pooled features and the angles, (B, C + 3)."""
+    def features(self, frames, scalars):  # (B, T, H, W), (B, S)
+        """The head's input: the frames' pooled features and the scalars, (B, C + S)."""
         b, t = frames.shape[:2]
         if self.scalars_only:
             feats = torch.zeros(b, t, self.feature_width, device=frames.device, dtype=scalars.dtype)
@@ -261,9 +265,9 @@ class MultimodalRegressionModel(nn.Module):
             feats = torch.stack([encode(frames[:, i]) for i in range(t)], dim=1)  # (B, T, C)
         return self.pool_frames(feats, scalars)
 
-    def pool_frames(self, feats, scalars):  # (B, T, C), (B, 3)
-        """The angles' FiLM on each frame's features, attention over the T frames, pooled; with the angles
-        appended: the head's input (B, C + 3)."""
+    def pool_frames(self, feats, scalars):  # (B, T, C), (B, S)
+        """The scalars' FiLM on each frame's features, attention over the T frames, pooled; with the scalars
+        appended: the head's input (B, C + S)."""
         gamma, beta = self.film(scalars).chunk(2, dim=-1)  # (B, C) each
         feats = feats * (1 + gamma.unsqueeze(1)) + beta.unsqueeze(1)
         weights = torch.softmax(self.temporal(feats).squeeze(-1), dim=1)  # (B, T)
@@ -291,6 +295,7 @@ def build_model(cfg, scalers=None) -> MultimodalRegressionModel:
     low, high = height_bounds_km(cfg.data)
     return MultimodalRegressionModel(
         channels=cfg.channels,
+        n_scalars=n_scalar_inputs(cfg.data.radiometry),
         dropout=cfg.model.dropout,
         scalars_only=cfg.model.scalars_only,
         cloud_head=cfg.model.cloud_head,

@@ -87,7 +87,8 @@ def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> fl
         model = estimate.model_of(shape).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x = torch.randn(b, shape.frames, shape.rows, shape.cols, device=device)
-        scalars, target = torch.randn(b, 3, device=device), torch.randn(b, device=device)
+        scalars = torch.randn(b, model.film[0].in_features, device=device)  # (b, S)
+        target = torch.randn(b, device=device)
         scaler = torch.amp.GradScaler(device.type, enabled=amp is not None)
 
         def step() -> None:

@@ -5,10 +5,12 @@ Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 - `samples.npz` per sample (every frame a usable CPL profile matched): `windows` (N, T) rows of
   frames.npy, `frame_index`, `cbh_km` (NaN: no height label), `cloud` (1 cloud, 0 clear sky),
   `layer_base_km` (the base of the cloud flag's layer, cpl.flag_layer; NaN: clear sky), `frame_p10` (the 10th
-  percentile of the labelled frame's raw values, for the brightness-temperature baseline), `sza_deg`,
-  `saa_deg`, `heading_deg` (NaN: none, flips off), `lat`, `lon`;
-- `meta.json`   the settings, counts, sizes and frames.npy's sha256; written last, so a folder
-  without it is incomplete.
+  percentile of the labelled frame's raw values, for the brightness-temperature baseline), `frame_stats`
+  (N, K) (the labelled frame's radiometric statistics, preprocess.STAT_NAMES, in the units the IR file
+  states: the network's data.radiometry inputs and the baselines'), `sza_deg`, `saa_deg`, `heading_deg`
+  (NaN: none, flips off), `lat`, `lon`;
+- `meta.json`   the settings, counts, sizes, frames.npy's sha256 and what the IR file's numbers are
+  (`radiometry`: units, unpacking); written last, so a folder without it is incomplete.
 
 The key hashes the flight's files (name, size, modification time, and a sample of their content:
 17 blocks of 64 KiB spread over each file) and every setting that changes the arrays, the CLAHE
@@ -57,9 +59,12 @@ from cloudml_lib.data.cachefiles import (
 from cloudml_lib.data.hashing import input_files
 from cloudml_lib.data.preprocess import (
     SKIMAGE,
+    STAT_NAMES,
+    UNSTATED,
     Backend,
     FramePool,
     FrameSpec,
+    Radiometry,
     output_shape,
     resolve_backend,
     resolve_workers,
@@ -67,8 +72,9 @@ from cloudml_lib.data.preprocess import (
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 7  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
-# 6: cloud / no-cloud samples and the frame statistic of the baseline; 7: the flag layer's base per sample
+CACHE_VERSION = 8  # 3: blank frames flagged, their labels dropped; 4: match statistics; 5: heading;
+# 6: cloud / no-cloud samples and the frame statistic of the baseline; 7: the flag layer's base per sample;
+# 8: the labelled frame's radiometric statistics and the IR file's units (the frames themselves unchanged)
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 64 << 10  # the content check of the cache key: 1 MiB per file
 MAX_EMPTY_FRAME_SHARE = 0.05  # above this share of blank frames (no usable pixel) a flight is refused
 
@@ -197,6 +203,7 @@ class FlightCache:
     cloud: np.ndarray  # (N,) int8: 1 cloud below the aircraft, 0 clear sky
     layer_base_km: np.ndarray  # (N,) base of the cloud flag's layer (cpl.flag_layer), NaN: clear sky
     frame_p10: np.ndarray  # (N,) 10th percentile of the labelled frame's raw values (frame_p10)
+    frame_stats: np.ndarray  # (N, K) the labelled frame's radiometric statistics (preprocess.STAT_NAMES)
     sza_deg: np.ndarray  # (N,)
     saa_deg: np.ndarray  # (N,) sun azimuth from the ground, degrees from north
     heading_deg: np.ndarray  # (N,) aircraft true heading, NaN where none
@@ -220,11 +227,17 @@ class FlightCache:
     def frame_shape(self) -> tuple[int, int]:
         return tuple(self.frames.shape[1:])
 
+    @property
+    def radiometry(self) -> Radiometry:
+        """What frame_stats' numbers are (the IR file's stated units and unpacking)."""
+        r = self.meta.get("radiometry") or {}
+        return Radiometry(str(r.get("units", UNSTATED)), float(r.get("scale", 1.0)), float(r.get("offset", 0.0)))
+
     def part(self, rows: np.ndarray) -> FlightCache:
         """The samples `rows` of this flight (a validation block, the part trained on): the same frames
         file, name and record."""
         rows = np.asarray(rows, np.int64)
-        per_sample = ("windows", "frame_index", "cbh_km", "cloud", "layer_base_km", "frame_p10")
+        per_sample = ("windows", "frame_index", "cbh_km", "cloud", "layer_base_km", "frame_p10", "frame_stats")
         per_sample += ("sza_deg", "saa_deg", "heading_deg")
         return replace(self, **{k: getattr(self, k)[rows] for k in per_sample})
 
@@ -248,11 +261,22 @@ def _open(path: Path) -> FlightCache:
         cloud=arrays["cloud"],
         layer_base_km=arrays["layer_base_km"],
         frame_p10=arrays["frame_p10"],
+        frame_stats=_stats(arrays, path, meta),
         sza_deg=arrays["sza_deg"],
         saa_deg=arrays["saa_deg"],
         heading_deg=arrays["heading_deg"],
         meta=meta,
     )
+
+
+def _stats(arrays, path: Path, meta: dict) -> np.ndarray:
+    """samples.npz's frame_stats, checked: one row of len(STAT_NAMES) numbers per sample, as meta.json names
+    them (a cache is derived data: a wrong one is rebuilt)."""
+    stats = arrays["frame_stats"]
+    names = (meta.get("radiometry") or {}).get("statistics")
+    if stats.ndim != 2 or stats.shape != (len(arrays["cbh_km"]), len(STAT_NAMES)) or names != list(STAT_NAMES):
+        raise DataError(f"cache {path}: frame_stats of shape {stats.shape} ({names}), not one row per sample")
+    return stats
 
 
 def _build(flight: FlightConfig, data: DataConfig, final: Path, backend: Backend, pool: FramePool) -> None:
@@ -283,11 +307,12 @@ def _build_into(
     bar = tqdm(total=len(needed), desc=f"cache {flight.name}", unit="frame")
     blocks = pool.blocks(ir, data.keys.ir_signal, flight.name, needed, spec, backend)
     try:
-        sha, filled, blank, p10 = write_frames(tmp / "frames.npy", shape, blocks, bar)
+        written = write_frames(tmp / "frames.npy", shape, blocks, bar)
     finally:
         blocks.close()  # on a stop: the workers are stopped before the folder is removed
         bar.close()
     seconds = time.perf_counter() - t0
+    sha, filled, blank = written.sha256, written.filled, written.blank
     if blank.sum() > MAX_EMPTY_FRAME_SHARE * len(needed):
         raise DataError(
             f"flight {flight.name}: {int(blank.sum())} of the {len(needed)} frames its samples use are "
@@ -295,11 +320,12 @@ def _build_into(
             f"than {MAX_EMPTY_FRAME_SHARE:.0%}; training on them would learn from empty images. Check the "
             "file (a failed download or conversion?), or leave the flight out (data.flights)."
         )
-    keep, on_blank = _write_samples(tmp, labels, kept, windows, needed, blank, p10)
+    keep, on_blank = _write_samples(tmp, labels, kept, windows, needed, written)
     meta = _meta(
         flight, data, final, labels, shape, _counts(labels, kept, keep, on_blank, filled, blank), sha
     )
     meta.update(
+        radiometry={**written.radiometry._asdict(), "statistics": list(STAT_NAMES)},
         files=files(),
         bytes=int((tmp / "frames.npy").stat().st_size),
         preprocess={
@@ -364,12 +390,12 @@ def _write_samples(
     kept: np.ndarray,
     windows: np.ndarray,
     needed: np.ndarray,
-    blank: np.ndarray,
-    p10: np.ndarray,
+    written,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """samples.npz: each kept label, its window (rows of frames.npy) and angles. A label whose own frame is
-    blank has no image to learn from: dropped (its neighbours stay zeros). Returns (kept, labels on a blank
-    frame)."""
+    """samples.npz: each kept label, its window (rows of frames.npy), angles and its frame's radiometric
+    statistics (`written`: cachefiles.Written). A label whose own frame is blank has no image to learn from:
+    dropped (its neighbours stay zeros). Returns (kept, labels on a blank frame)."""
+    blank = written.blank
     on_blank = np.zeros_like(kept)
     on_blank[kept] = blank[np.searchsorted(needed, labels.frame_index[kept])]
     keep = kept & ~on_blank
@@ -380,7 +406,8 @@ def _write_samples(
     np.savez(
         tmp / "samples.npz",
         windows=np.searchsorted(needed, windows).astype(np.int32),  # (N, T) rows
-        frame_p10=p10[own],
+        frame_p10=written.p10[own],
+        frame_stats=written.stats[own],
         **per_sample,
     )
     return keep, on_blank

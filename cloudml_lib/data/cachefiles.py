@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -27,11 +28,11 @@ log = logging.getLogger(__name__)
 COPY_CHUNK = 16 << 20
 
 
-def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.ndarray, np.ndarray]:
+def write_frames(path: Path, shape: tuple, blocks, bar) -> Written:
     """frames.npy from the preprocessed blocks, in order, with plain writes (a memory map's dirty pages would
-    count in the process's RSS); returns (sha256, non-finite pixels filled, blank flag and frame_p10 per
-    row)."""
+    count in the process's RSS); returns what was written (Written)."""
     blank, p10, filled, row = np.zeros(shape[0], bool), np.zeros(shape[0], np.float32), 0, 0
+    stats, radiometry = None, None
     h = hashlib.sha256()
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -47,6 +48,9 @@ def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.nd
             h.update(data)
             n = len(block.index)
             blank[row : row + n], p10[row : row + n] = block.blank, block.p10
+            if stats is None:
+                stats, radiometry = np.zeros((shape[0], block.stats.shape[1]), np.float32), block.radiometry
+            stats[row : row + n] = block.stats
             filled += int(block.filled.sum())
             row += n
             bar.update(n)
@@ -54,7 +58,19 @@ def write_frames(path: Path, shape: tuple, blocks, bar) -> tuple[str, int, np.nd
         f.flush()
         os.fsync(f.fileno())
     assert row == shape[0], f"{path}: {row} frames written of {shape[0]}"
-    return h.hexdigest(), filled, blank, p10
+    return Written(h.hexdigest(), filled, blank, p10, stats, radiometry)
+
+
+class Written(NamedTuple):
+    """What write_frames wrote: frames.npy's sha256, the non-finite pixels filled, and per row its blank flag,
+    frame_p10, frame_statistics, and the file's Radiometry."""
+
+    sha256: str
+    filled: int
+    blank: np.ndarray
+    p10: np.ndarray
+    stats: np.ndarray | None
+    radiometry: object
 
 
 def in_background(fn, *args):

@@ -8,6 +8,10 @@
   (any_layer, runs made before that setting).
 - The sun azimuth the network sees is relative to the aircraft heading (`data.sun_azimuth: relative`,
   where the sun acts on the image), or from the ground (`ground`, as nav/sunAzGrd).
+- With `data.radiometry: statistics` the network's scalar inputs also hold the labelled frame's radiometric
+  statistics (preprocess.STAT_NAMES, in the units the IR file states), on one scale for all of them (so that a
+  difference of two keeps its meaning in kelvin or counts) fitted on the part trained on: what the per-frame
+  reading of the frames removes.
 - Augmentation works on the float tensors (never through an 8-bit image), on training samples
   only, and is a function of (seed, epoch, sample): a horizontal flip, brightness/contrast jitter
   and random erasing. The flip mirrors the image across a line fixed to the aircraft (its flight
@@ -21,7 +25,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -32,7 +36,7 @@ from cloudml_lib.base.errors import DataError
 from cloudml_lib.data.cache import FlightCache, load_caches
 from cloudml_lib.data.cpl import BASE_IN_RANGE, cloud_classes
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
-from cloudml_lib.data.preprocess import Backend
+from cloudml_lib.data.preprocess import STAT_NAMES, Backend
 from cloudml_lib.data.splits import Split, check_parts, choose_split
 
 log = logging.getLogger(__name__)
@@ -44,19 +48,30 @@ CONTRAST, BRIGHTNESS = 0.15, 0.15  # multiplicative and additive jitter on z-sco
 @dataclass
 class Scalers:
     """Standardisation of the solar zenith angle and the target, fitted on training flights (the azimuth
-    enters as its sine and cosine, which need none)."""
+    enters as its sine and cosine, which need none), and with data.radiometry the radiometric statistics'
+    scale: (value - radiometry_offset) / radiometry_scale for each percentile and the mean, the spread divided
+    by radiometry_scale (None: the run does not give the network radiometry, as every run before it)."""
 
     sza_mean: float
     sza_std: float
     cbh_mean: float
     cbh_std: float
+    radiometry_offset: float | None = None
+    radiometry_scale: float | None = None
+
+    @property
+    def radiometry(self) -> bool:
+        return self.radiometry_scale is not None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
     def from_dict(cls, d: dict) -> Scalers:
-        return cls(**{k: float(d[k]) for k in cls.__dataclass_fields__})
+        optional = ("radiometry_offset", "radiometry_scale")
+        return cls(
+            **{k: float(d[k]) for k in cls.__dataclass_fields__ if k not in optional or d.get(k) is not None}
+        )
 
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
@@ -82,22 +97,70 @@ def mirror_line(heading_deg: np.ndarray, mode: str, along_track_axis: str) -> np
     return np.where(np.isfinite(heading), axis + (heading if mode == "ground" else 0.0), np.nan)
 
 
-def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers) -> np.ndarray:
+ANGLE_INPUTS = 3  # the zenith angle, the azimuth's sine and cosine
+
+
+def n_scalar_inputs(radiometry: str) -> int:
+    """How many scalar inputs the network takes with data.radiometry `radiometry`."""
+    return ANGLE_INPUTS + (len(STAT_NAMES) if radiometry != "none" else 0)
+
+
+def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers, stats=None) -> np.ndarray:
     """(N, 3) float32 network scalars: the standardised zenith angle (the training mean where unknown) and
-    the azimuth's sine and cosine (0, 0 where unknown: no direction), so 359 and 1 degrees lie close."""
+    the azimuth's sine and cosine (0, 0 where unknown: no direction), so 359 and 1 degrees lie close; with the
+    scalers' radiometry, (N, 3 + K): then the frames' radiometric statistics `stats` (N, K), on the scalers'
+    scale (0, the training mean, where one is not finite)."""
     sza = np.asarray(sza_deg, np.float64).reshape(-1)
     az = np.radians(np.asarray(azimuth_deg, np.float64).reshape(-1))
     z = np.where(np.isfinite(sza), (sza - scalers.sza_mean) / scalers.sza_std, 0.0)
     known = np.isfinite(az)
-    return np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1).astype(
-        np.float32
-    )
+    angles = np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1)
+    if not scalers.radiometry:
+        return angles.astype(np.float32)
+    assert stats is not None, "a model with radiometry needs the frames' statistics"
+    scaled = scaled_statistics(np.asarray(stats, np.float64).reshape(len(sza), -1), scalers)
+    return np.concatenate([angles, scaled], 1).astype(np.float32)
 
 
-def fit_scalers(train: list[FlightCache]) -> Scalers:
+SPREAD = STAT_NAMES.index("std")  # the one statistic that is a spread, not a place on the scale
+
+
+def scaled_statistics(stats: np.ndarray, scalers: Scalers) -> np.ndarray:
+    """(N, K) radiometric statistics on the scalers' scale; 0 (the training mean) where one is not finite."""
+    x = (stats - scalers.radiometry_offset) / scalers.radiometry_scale
+    x[:, SPREAD] = stats[:, SPREAD] / scalers.radiometry_scale
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+def fit_scalers(train: list[FlightCache], radiometry: str = "none") -> Scalers:
+    """The scalers of the part trained on (`train`); with data.radiometry `radiometry` (not none) the scale
+    of the radiometric statistics too: their mean frame's mean brightness, and the spread of every percentile
+    and mean over them."""
     cat = lambda attr: np.concatenate([getattr(c, attr) for c in train]).astype(np.float64)  # noqa: E731
     sza, cbh = _mean_std(cat("sza_deg")), _mean_std(cat("cbh_km"))
-    return Scalers(sza[0], sza[1], cbh[0], cbh[1])
+    scalers = Scalers(sza[0], sza[1], cbh[0], cbh[1])
+    if radiometry == "none":
+        return scalers
+    stats = np.concatenate([c.frame_stats for c in train]).astype(np.float64)  # (N, K)
+    places = np.delete(stats, SPREAD, axis=1)
+    offset = _mean_std(stats[:, STAT_NAMES.index("mean")])[0]
+    scale = _mean_std(places.reshape(-1))[1]
+    return replace(scalers, radiometry_offset=offset, radiometry_scale=scale)
+
+
+def check_radiometry(caches: list[FlightCache]) -> None:
+    """data.radiometry's statistics are comparable across the run's flights only in one unit: the flights'
+    IR files must state the same (or all state none)."""
+    units = {c.name: c.radiometry.units for c in caches}
+    if len(set(units.values())) > 1:
+        raise DataError(
+            "data.radiometry: statistics puts every flight's temperatures on one scale, but the IR files state "
+            "different units: "
+            + ", ".join(f"{n} {u}" for n, u in units.items())
+            + ". Convert the files to one unit (the units attribute of data.keys.ir_signal, with scale_factor "
+            "and add_offset where they are packed), leave the odd flights out (data.flights), or set "
+            "data.radiometry: none."
+        )
 
 
 def flag_range(cfg: Config) -> tuple[float, float] | None:
@@ -211,6 +274,16 @@ class CloudDataset(Dataset):
     def frame_p10(self) -> np.ndarray:
         return self._per_sample("frame_p10").astype(np.float64)
 
+    def frame_stats(self) -> np.ndarray:
+        """(N, K) each sample's labelled frame's radiometric statistics (preprocess.STAT_NAMES), raw."""
+        if not len(self):
+            return np.zeros((0, len(STAT_NAMES)))
+        return np.concatenate([c.frame_stats for c in self.caches])[self._global()].astype(np.float64)
+
+    def angles(self) -> np.ndarray:
+        """(N, 3) the angle inputs as the network sees them (without augmentation)."""
+        return self.inputs(np.arange(len(self)))[0][:, :ANGLE_INPUTS]
+
     def flight_names(self) -> np.ndarray:
         return np.array([c.name for c in self.caches] or [""])[self.flight_of]
 
@@ -224,11 +297,12 @@ class CloudDataset(Dataset):
         __getitem__ gives them without augmentation, but without reading their frames."""
         indices = np.asarray(indices, np.int64)
         s = self.scalers
-        scalars, targets = np.zeros((len(indices), 3), np.float32), np.zeros(len(indices), np.float32)
+        width = ANGLE_INPUTS + (len(STAT_NAMES) if s.radiometry else 0)
+        scalars, targets = np.zeros((len(indices), width), np.float32), np.zeros(len(indices), np.float32)
         for k, c in enumerate(self.caches):
             mine = self.flight_of[indices] == k
             j = self.local[indices[mine]]
-            scalars[mine] = scalar_inputs(c.sza_deg[j], self.azimuth[k][j], s)
+            scalars[mine] = scalar_inputs(c.sza_deg[j], self.azimuth[k][j], s, c.frame_stats[j])
             height = c.cbh_km[j].astype(np.float64)
             targets[mine] = np.where(np.isfinite(height), (height - s.cbh_mean) / s.cbh_std, 0.0)
         return scalars, targets
@@ -246,7 +320,7 @@ class CloudDataset(Dataset):
                 np.random.default_rng([self.seed, self.epoch, int(i)]),
                 line if np.isfinite(line) else None,
             )
-        scalars = torch.from_numpy(scalar_inputs(c.sza_deg[j], azimuth, s)[0])
+        scalars = torch.from_numpy(scalar_inputs(c.sza_deg[j], azimuth, s, c.frame_stats[j : j + 1])[0])
         height = float(c.cbh_km[j])
         has = np.isfinite(height)
         target = torch.tensor((height - s.cbh_mean) / s.cbh_std if has else 0.0, dtype=torch.float32)
@@ -298,7 +372,9 @@ def split_data(cfg: Config, caches: list[FlightCache], table: str = "") -> RunDa
     split = choose_split(caches, cfg.data)
     fit, val, test = split.parts(caches)
     check_parts(fit, val, split)
-    scalers = fit_scalers(fit)
+    if cfg.data.radiometry != "none":
+        check_radiometry(caches)
+    scalers = fit_scalers(fit, cfg.data.radiometry)
     weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
     log.info(
         "training on %s (%d samples); %s; test flights: %s (%d samples), scored once, at the end",

@@ -2,7 +2,10 @@
 optionally, on the GPU.
 
 One frame goes through two stages: `prepare` (crop the swath, fill non-finite pixels with the frame's
-median, block-average, min-max to [0, 1]) and `equalise` (CLAHE, then z-score). Two backends equalise:
+median, block-average, min-max to [0, 1]) and `equalise` (CLAHE, then z-score). Beside them, the raw frame's
+radiometry is kept as numbers (`frame_statistics`: percentiles, mean and spread of its swath in the units the
+IR file states, `Radiometry`): the per-frame reading keeps no temperature, and a cloud's temperature is what
+every infrared cloud-height retrieval starts from (the network's data.radiometry inputs, the baselines). Two backends equalise:
 - skimage (scikit-image's `equalize_adapthist`, on the CPU): the reference; every earlier cache used it;
 - kornia (`kornia.enhance.equalize_clahe`, torch, batched): on the GPU. Its output differs a little from
   scikit-image's (benchmarks/preprocess.py measures by how much), so it is part of the cache key, and the
@@ -73,6 +76,75 @@ class FrameSpec(NamedTuple):
         )
 
 
+# The radiometric statistics of a frame (frame_statistics), in this order: where the coldest pixels (cloud
+# tops) and the warmest (the sea) lie, and between; a statistic's name is its key wherever it is stored
+STAT_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 99)
+STAT_NAMES = tuple(f"p{q}" for q in STAT_PERCENTILES) + ("mean", "std")
+
+
+class Radiometry(NamedTuple):
+    """What an IR file's numbers are, as the file states it: `units` (its `units` attribute; "counts" where it
+    says counts, "unstated" where it says nothing), and the linear unpacking it declares (CF's
+    `scale_factor` and `add_offset`: value = scale x stored + offset; 1 and 0 where none)."""
+
+    units: str
+    scale: float = 1.0
+    offset: float = 0.0
+
+    def words(self) -> str:
+        """ "K (the IR file's units, unpacked by its scale_factor 0.01 and add_offset 180)"."""
+        if self.units == UNSTATED:
+            return "the IR file's own numbers (it states no units: counts or kelvin unknown)"
+        packed = (
+            f", unpacked by its scale_factor {self.scale:g} and add_offset {self.offset:g}"
+            if (self.scale, self.offset) != (1.0, 0.0)
+            else ""
+        )
+        return f"{self.units} (as the IR file states{packed})"
+
+
+UNSTATED = "unstated"
+
+
+def radiometry_of(signal) -> Radiometry:
+    """The Radiometry an IR dataset (h5py) states in its attributes; a unit spelled as kelvin is "K"."""
+    attrs = signal.attrs
+
+    def text(key):
+        v = attrs.get(key)
+        v = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        if isinstance(v, np.ndarray) and v.size == 1:
+            v = v.reshape(-1)[0]
+            v = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        return v
+
+    def number(key, default):
+        v = text(key)
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            return default
+        return v if np.isfinite(v) and (key != "scale_factor" or v != 0.0) else default
+
+    units = text("units")
+    units = str(units).strip() if isinstance(units, (str, np.str_)) and str(units).strip() else UNSTATED
+    if units.lower() in ("k", "kelvin", "degk", "deg_k"):
+        units = "K"
+    elif units.lower() in ("count", "counts", "dn"):
+        units = "counts"
+    return Radiometry(units, number("scale_factor", 1.0), number("add_offset", 0.0))
+
+
+def frame_statistics(raw: np.ndarray, spec: FrameSpec, radiometry: Radiometry) -> np.ndarray:
+    """(len(STAT_NAMES),) float32: the STAT_PERCENTILES, mean and standard deviation of a raw frame's finite
+    values in the swath, unpacked to the file's stated units (Radiometry); NaN for a blank frame."""
+    x = np.asarray(raw[spec.row0 : spec.row1], dtype=np.float64)
+    x = x[np.isfinite(x)] * radiometry.scale + radiometry.offset
+    if not x.size:
+        return np.full(len(STAT_NAMES), np.nan, np.float32)
+    return np.concatenate([np.percentile(x, STAT_PERCENTILES), [x.mean(), x.std()]]).astype(np.float32)
+
+
 class Block(NamedTuple):
     """Consecutive items of a `FramePool.blocks` stream."""
 
@@ -81,6 +153,8 @@ class Block(NamedTuple):
     filled: np.ndarray  # (n,) non-finite pixels filled per frame
     blank: np.ndarray  # (n,) bool
     p10: np.ndarray  # (n,) float32, frame_p10 of the raw frame
+    stats: np.ndarray  # (n, len(STAT_NAMES)) float32, frame_statistics of the raw frame
+    radiometry: Radiometry  # what the file's numbers are
 
 
 @dataclass(frozen=True)
@@ -161,9 +235,11 @@ def read_block(path: str, key: str, flight: str, index: np.ndarray, spec: FrameS
     are only prepared ([0, 1] float32, for the torch backend). A worker task, and the serial path."""
     n = len(index)
     filled, blank, p10 = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.float32)
+    stats = np.zeros((n, len(STAT_NAMES)), np.float32)
     frames = None
     with hdf5.open_h5(Path(path), flight) as f:
         signal_ = hdf5.dataset(f, key, flight, "data.keys.ir_signal")
+        radiometry = radiometry_of(signal_)
         i = 0
         while i < n:
             j = i + 1  # a run of consecutive frames, read at once
@@ -173,11 +249,12 @@ def read_block(path: str, key: str, flight: str, index: np.ndarray, spec: FrameS
             for r in range(j - i):
                 x, filled[i + r], blank[i + r] = prepare(run[r], spec)
                 p10[i + r] = frame_p10(run[r], spec)
+                stats[i + r] = frame_statistics(run[r], spec, radiometry)
                 if frames is None:
                     frames = np.empty((n,) + x.shape, np.float16 if equalise else np.float32)
                 frames[i + r] = x if blank[i + r] or not equalise else equalise_skimage(x, spec.clip_limit)
             i = j
-    return Block(np.asarray(index), frames, filled, blank, p10)
+    return Block(np.asarray(index), frames, filled, blank, p10, stats, radiometry)
 
 
 def _worker_start(parent: int) -> None:

@@ -17,35 +17,56 @@ files hold (ER2_DATA.md, "Corrections from public evidence"):
   public-style ICARTT text instead (`*_MetNav_ER2_YYYYMMDD_R0.ict`, with a time axis, a Day_Of_Year
   column, the sun azimuth in -180..180, fill -9999 and the limit-of-detection flags -7777 / -8888).
 
-The scene (all sizes scale with the frame width; "px" is one camera pixel at nadir):
-- A low cloud layer with a known base height h(t) (km) that drifts along the flight, present in
-  bursts separated by clear stretches, so labels come in bursts with long gaps; its random cloud
-  field (smoothed noise, soft edges) moves with the layer.
-- Stretches of thin cirrus at 8-11 km (layer 0, the top) come and go independently of the low
-  cloud, over about 40% of a flight: a faint, streaky veil in the frames (emissivity 0.01-0.04, so
-  one to three kelvin colder), over the low cloud or over clear sea. Its base is the users' `top` label;
-  the low cloud's base is the `lowest` label (the default), the height the frames show. A third of
-  the cirrus-free low-cloud profiles see a second low layer 0.2-0.8 km above the low cloud (also
-  layer 0), so `top` and `single` differ, as on the real flights (933 against ~380 labels).
-- Cloud / no-cloud (`Number_Layers == 0` is clear sky) is of varying difficulty: clear sea (easy
-  against low cloud), faint cirrus alone (cloud, but no height in the label range: hard), and low
-  cloud under cirrus.
-- The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud layer appears
-  magnified by H / (H - h) and moves across the frame faster than the sea surface, by the same
-  factor: the apparent motion between consecutive frames depends on h (parallax).
-- The aircraft flies straight legs joined by turns, so its heading changes along a flight. The sun,
-  at zenith angle sza and azimuth saa from north, casts each cloud's shadow on the sea, displaced
-  by h * tan(sza) away from the sun in the direction of saa - heading in the image: the shadow
-  offset depends on h and on the azimuth *relative to the heading*, so a flip that mirrored the
-  azimuth as if the aircraft headed north would teach wrong shadow directions.
-- Brightness temperature: a warm sea (about 290 K, with a gentle gradient), cooled by 1.5 K in
-  shadow; cloud pixels at the cloud's own temperature, colder with height (6.5 K/km lapse rate);
-  sensor noise of 0.15 K.
-- Flights differ in sun angles and height distribution, so a test flight is a real test and
-  a model that sees only the angles cannot predict the height.
-- Lidar heights come in 30 m steps, with 20 m of noise before rounding, and with invalid profiles
-  the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude fill value
-  or above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
+The scene of generator version 3 (`make_demo_flights`' default; all sizes scale with the frame width; "px"
+is one camera pixel at nadir). What the camera sees of a low cloud is its *top*; the lidar labels its *base*,
+a thickness below, and nothing in one frame's temperatures gives that thickness, the sea's temperature under
+an overcast or the day's lapse rate, so no temperature statistic gives the base exactly:
+- A marine boundary layer per flight (`Atmosphere`): the sea's temperature differs between flights (285.5 to
+  292 K, the range of sea surface temperatures off California in NOAA's OISST climatology, about 12-19 C), the
+  air at the surface 0.5-1.5 K cooler than the sea (a typical marine air-sea difference), and the temperature
+  falls with height at a rate between 7 K/km (a decoupled, partly stable sub-cloud layer) and 9.8 K/km (the dry
+  adiabat of a well-mixed one) below the cloud base, then at 5 K/km (about the moist adiabat at these
+  temperatures) inside the cloud, so the cloud top is colder than the base by 5 K per km of thickness.
+- A low cloud with a known base height h(t) (km) that drifts along the flight, present in bursts separated by
+  clear stretches, so labels come in bursts with long gaps; its thickness varies within a flight (a smooth
+  +-35% around the flight's mean) and between flights (means 0.20-0.42 km): stratocumulus thickness is close to
+  normally distributed over the eastern Pacific, a few hundred metres (Zhou et al. 2006, GRL 33, L02807; Wood
+  2012, Mon. Wea. Rev. 140, 2373, reviews 100-500 m). Its random cloud field (smoothed noise, soft edges)
+  moves with the layer. A thin cloud is partly transparent in the infrared: its emissivity is
+  1 - exp(-0.158 LWP) (Stephens 1978, J. Atmos. Sci. 35, 2123, LWP in g/m2), the liquid water path that of a
+  cloud at 60% of the adiabatic liquid water content (1000 x 0.6 x thickness_km^2 g/m2), so a 50 m thin cloud
+  shows about a fifth of the temperature contrast of a thick one.
+- Stretches of thin cirrus at 8-11 km (layer 0, the top) come and go independently of the low cloud, over
+  about 40% of a flight: a faint, streaky veil in the frames (emissivity 0.01-0.04, so one to three kelvin
+  colder), over the low cloud or over clear sea. Its base is the users' `top` label; the low cloud's base is the
+  `lowest` label (the default). A third of the cirrus-free low-cloud profiles see a second low layer 0.2-0.8 km
+  above the low cloud (also layer 0), so `top` and `single` differ, as on the real flights (933 against ~380
+  labels).
+- Cloud / no-cloud (`Number_Layers == 0` is clear sky) is of varying difficulty: clear sea (easy against low
+  cloud), faint cirrus alone (cloud, but no height in the label range: hard), and low cloud under cirrus.
+- The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud's top appears magnified by
+  H / (H - top) and moves across the frame faster than the sea surface, by the same factor (parallax).
+- The aircraft flies straight legs joined by turns, so its heading changes along a flight. The sun, at zenith
+  angle sza and azimuth saa from north, casts the cloud's shadow on the sea: the slab from base to top shades
+  the sea from base * tan(sza) to top * tan(sza) away from the sun, in the direction of saa - heading in the
+  image, so the shadow's offset carries the base and its width the thickness, both seen only with the sun's
+  angles; a flip that mirrored the azimuth as if the aircraft headed north would teach wrong shadow directions.
+- Brightness temperature: the sea (with a gentle gradient across the frame), cooled by 1.5 K in shadow; cloud
+  pixels at the cloud top's temperature, mixed with what lies below by the emissivity; sensor noise of 0.15 K.
+- Flights differ in sun angles, height and thickness, sea and air: a test flight is a real test, a model that
+  sees only the angles cannot predict the height, and one that reads the temperature must also know the day's
+  atmosphere, as on real flights.
+- Lidar heights (the low layer's base and top) come in 30 m steps, with 20 m of noise before rounding, and with
+  invalid profiles the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude fill
+  value or above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
+- The IR file says what its numbers are: counts packed as CF-1.8 does (`units` K, `scale_factor` 0.01,
+  `add_offset` 180: a count is 0.01 K above 180 K), and which generator wrote it (`cloudml_demo_generator`).
+
+Generator version 2 (CloudML 0.2-0.3; `make_demo_flights(version=2)` writes it again, byte for byte, for the
+runs made on it): every cloud pixel at the temperature of its base + 0.3 km (a constant thickness, one sea
+temperature for all flights and 6.5 K/km from 289 K at the surface up), so the frames' coldest
+pixels gave the base almost exactly and the demo was easy by construction; its IR files state only
+`units: counts`. Version 1 (before it) had neither cirrus nor clear sky in the frames.
 """
 
 from __future__ import annotations
@@ -89,8 +110,28 @@ FLIGHT_SETTINGS = (
     (45.0, 225.0, 0.80),
 )
 DEMO_TEST_INDEX = 2
-DEMO_VERSION = 2  # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud)
+# 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud); 3: the cloud's top in the frames,
+# its base a varying thickness below, the atmosphere of each flight its own (the module's docstring)
+DEMO_VERSION = 3
+DEMO_VERSIONS = (2, 3)  # the versions make_demo_flights writes (each byte for byte)
 VERSION_FILE = ".cloudml_demo_version"  # written beside the flights; an older one is rewritten
+GENERATOR_ATTR = "cloudml_demo_generator"  # the IR file's attribute naming its generator version (3 on)
+# Version 3's flights, one entry each (cycled past the eighth): the sea's temperature (K), the air's
+# difference to it at the surface (K), the sub-cloud lapse rate (K/km) and the low cloud's mean thickness (km)
+ATMOSPHERES = (
+    (289.0, 1.0, 9.0, 0.30),
+    (286.5, 0.6, 8.0, 0.22),
+    (291.0, 1.2, 9.5, 0.34),
+    (288.0, 0.8, 7.5, 0.26),
+    (290.5, 1.4, 8.5, 0.38),
+    (287.0, 0.5, 9.8, 0.20),
+    (292.0, 1.1, 7.0, 0.42),
+    (285.5, 0.9, 8.8, 0.28),
+)
+MOIST_LAPSE_K_PER_KM = 5.0  # inside the cloud (about the moist adiabat at 280-290 K)
+ADIABATIC_FRACTION = 0.6  # the cloud's liquid water against the adiabatic profile (sub-adiabatic)
+ABSORPTION_M2_PER_G = 0.158  # longwave emissivity 1 - exp(-a LWP) of a water cloud (Stephens 1978)
+SHADOW_SLICES = 3  # heights between base and top whose shadows make the slab's
 DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
 DEMO_FRAME_SHAPE = (80, 96)  # raw sensor rows x columns of the demo camera
 ICARTT_NAV_INDEX = 4  # this demo flight's navigation is ICARTT text with a time axis
@@ -175,7 +216,8 @@ def scene_layers(
 @dataclass
 class Scene:
     """One flight's truth, frame by frame: the low cloud's base height (km) and opacity (0: none), the
-    cirrus' emissivity (0: none), the sun's zenith and azimuth and the aircraft's heading (degrees)."""
+    cirrus' emissivity (0: none), the sun's zenith and azimuth and the aircraft's heading (degrees), and
+    (version 3) the low cloud's thickness (km; None: version 2's constant 0.3 km)."""
 
     height_km: np.ndarray
     cloudy: np.ndarray
@@ -183,14 +225,82 @@ class Scene:
     sza: np.ndarray
     saa: np.ndarray
     heading: np.ndarray
+    thickness_km: np.ndarray | None = None
 
     @property
     def n_frames(self) -> int:
         return self.height_km.size
 
 
+@dataclass(frozen=True)
+class Atmosphere:
+    """A version-3 flight's marine boundary layer: the sea's temperature (K), how much cooler the air is at
+    the surface (K), and the lapse rate below the cloud base (K/km; inside the cloud: MOIST_LAPSE_K_PER_KM)."""
+
+    sea_k: float
+    air_sea_k: float
+    lapse_k_per_km: float
+
+    def top_k(self, base_km, thickness_km):
+        """The temperature (K) of a cloud's top: the air at the surface, cooled up to the base and through the
+        cloud."""
+        surface = self.sea_k - self.air_sea_k
+        return surface - self.lapse_k_per_km * base_km - MOIST_LAPSE_K_PER_KM * thickness_km
+
+
+def emissivity(thickness_km):
+    """A water cloud's longwave emissivity from its thickness (the module's docstring: sub-adiabatic liquid
+    water, Stephens' absorption coefficient)."""
+    lwp = 1000.0 * ADIABATIC_FRACTION * np.square(thickness_km)  # g/m2
+    return 1.0 - np.exp(-ABSORPTION_M2_PER_G * lwp)
+
+
+def slab_layers(field: np.ndarray, cam_row: float, rows: int, cols: int, scene: Scene, k: int):
+    """Version 3's scene_layers: the cloud as its top is seen, and the shadow of the whole slab from base to
+    top (the sea shaded wherever the sun's ray crosses the cloud at any of SHADOW_SLICES heights)."""
+    base, thick = float(scene.height_km[k]), float(scene.thickness_km[k])
+    sza, rel_az = float(scene.sza[k]), float((scene.saa[k] - scene.heading[k]) % 360.0)
+    cloud, shadow = scene_layers(field, cam_row, rows, cols, base + thick, sza, rel_az)
+    for h in np.linspace(base, base + thick, SHADOW_SLICES)[:-1]:
+        shadow = np.maximum(shadow, scene_layers(field, cam_row, rows, cols, h, sza, rel_az)[1])
+    return cloud, shadow
+
+
+def _render_flight_v3(rng, scene: Scene, air: Atmosphere, rows: int, cols: int):
+    """Version 3's brightness-temperature frames (n, rows, cols) in K: the cloud's top in the frames, its
+    emissivity from its thickness, the slab's shadow (slab_layers), the flight's own sea and air."""
+    px_km = SWATH_KM / cols
+    speed_px = AIRCRAFT_SPEED_KM_S / px_km
+    margin = int(3.0 * np.tan(np.radians(65.0)) / px_km) + 8
+    canvas = (int(scene.n_frames * speed_px) + rows + 2 * margin, cols + 2 * margin)
+    field = _cloud_field(rng, canvas, scale_px=cols / 24.0)
+    u_r, u_c = np.meshgrid(np.arange(rows) - rows / 2, np.arange(cols) - cols / 2, indexing="ij")
+    sea = air.sea_k + 0.8 * (u_c / cols) + 0.5 * (u_r / rows)
+    top_k = air.top_k(scene.height_km, scene.thickness_km)
+    opacity = scene.cloudy * emissivity(scene.thickness_km)
+    frames = np.empty((scene.n_frames, rows, cols), np.float32)
+    for k in range(scene.n_frames):
+        cloud, shadow = slab_layers(field, margin + rows / 2 + k * speed_px, rows, cols, scene, k)
+        cloud, shadow = opacity[k] * cloud, scene.cloudy[k] * shadow
+        below = (1 - cloud) * (sea - 1.5 * shadow) + cloud * top_k[k]
+        if scene.cirrus[k] > 0:
+            below = _under_cirrus(field, below, scene.cirrus[k], margin + rows / 2 + k * speed_px, u_r, u_c)
+        frames[k] = below + rng.normal(0.0, 0.15, (rows, cols))
+    return frames
+
+
+def _under_cirrus(field, below, cirrus: float, row: float, u_r, u_c):
+    """The frame seen through a cirrus veil: streaks (the cloud field stretched along-track, far from the
+    low cloud's part of it) of emissivity up to `cirrus` at CIRRUS_K."""
+    streak = ndimage.map_coordinates(
+        field, [(row + u_r * 0.25) % field.shape[0], (field.shape[1] - 1) / 2 - u_c * 1.5], order=1, mode="wrap"
+    )
+    emissivity_ = cirrus * (0.4 + 0.6 * streak)
+    return (1 - emissivity_) * below + emissivity_ * CIRRUS_K
+
+
 def _render_flight(rng, scene: Scene, rows: int, cols: int):
-    """Brightness-temperature frames (n, rows, cols) in K for one flight."""
+    """Version 2's brightness-temperature frames (n, rows, cols) in K for one flight (kept byte for byte)."""
     n_frames, height_km, cloudy, cirrus = scene.n_frames, scene.height_km, scene.cloudy, scene.cirrus
     sza_deg, rel_az_deg = scene.sza, (scene.saa - scene.heading) % 360.0
     px_km = SWATH_KM / cols
@@ -246,7 +356,11 @@ def _profiles(rng, t0: float, scene: Scene) -> dict:
     base[cirrus, 0], top[cirrus, 0] = cirrus_base[cirrus], cirrus_base[cirrus] + 0.6
     j = cirrus.astype(int)
     rows = np.flatnonzero(has_low)
-    base[rows, j[rows]], top[rows, j[rows]] = low[rows], low[rows] + 0.3
+    if scene.thickness_km is None:  # version 2: a constant thickness
+        base[rows, j[rows]], top[rows, j[rows]] = low[rows], low[rows] + 0.3
+    else:
+        thick = np.maximum(np.round(scene.thickness_km[k] / 0.03) * 0.03, 0.03)  # 30 m steps, as the base
+        base[rows, j[rows]], top[rows, j[rows]] = low[rows], low[rows] + thick[rows]
     dem = np.zeros(n, np.float32)
     surface = rng.normal(0.0, 0.03, n).astype(np.float32)  # km
     bad = rng.random(n)
@@ -280,9 +394,17 @@ def _profiles(rng, t0: float, scene: Scene) -> dict:
 
 
 def _write_flight(
-    out: Path, entry: dict, date: dt.date, index: int, rng: np.random.Generator, n_frames: int, shape
+    out: Path,
+    entry: dict,
+    date: dt.date,
+    index: int,
+    rng: np.random.Generator,
+    n_frames: int,
+    shape,
+    version: int = DEMO_VERSION,
 ) -> None:
-    """One demo flight's files (IR, CPL, nav) in `out`; `shape`: the camera's (rows, columns)."""
+    """One demo flight's files (IR, CPL, nav) in `out`; `shape`: the camera's (rows, columns); `version`: the
+    generator's (DEMO_VERSIONS)."""
     rows, cols = shape
     sza_c, saa_c, h_mean = FLIGHT_SETTINGS[index % len(FLIGHT_SETTINGS)]
     if index >= len(FLIGHT_SETTINGS):
@@ -307,12 +429,18 @@ def _write_flight(
     saa = (saa_c + 8.0 * _smooth_series(rng, n_frames, 40.0)) % 360.0
     heading = track_heading(rng, n_frames, (saa_c + 90.0 + rng.uniform(-30, 30)) % 360.0)
     scene = Scene(height, cloudy, cirrus, sza, saa, heading)
-    frames = _render_flight(rng, scene, rows, cols)
+    if version >= 3:
+        sea, air_sea, lapse, thickness = ATMOSPHERES[index % len(ATMOSPHERES)]
+        thick = np.clip(thickness * (1.0 + 0.35 * _smooth_series(rng, n_frames, 20.0)), 0.04, 0.9)
+        scene = replace(scene, thickness_km=thick)
+        frames = _render_flight_v3(rng, scene, Atmosphere(sea, air_sea, lapse), rows, cols)
+    else:
+        frames = _render_flight(rng, scene, rows, cols)
     step = AIRCRAFT_SPEED_KM_S * np.stack([np.cos(np.radians(heading)), np.sin(np.radians(heading))], 1)
     north_east = np.cumsum(step, axis=0) - step[0]  # km from the first frame, per frame
     counts = np.clip(np.round((frames - COUNTS_ZERO_K) * COUNTS_PER_K), 0, 65535).astype(">u2")
 
-    _write_ir(out / entry["ir_file"], counts, frame_t, index)
+    _write_ir(out / entry["ir_file"], counts, frame_t, index, version)
     p = _profiles(rng, t0, scene)
     _write_cpl(out / entry["cpl_file"], p, date, t0, north_east)
     nav = {
@@ -328,9 +456,10 @@ def _write_flight(
         _write_hdf_nav(out / entry["nav_file"], nav, index, rng)
 
 
-def _write_ir(path: Path, counts: np.ndarray, frame_t: np.ndarray, index: int) -> None:
+def _write_ir(path: Path, counts: np.ndarray, frame_t: np.ndarray, index: int, version: int) -> None:
     """The IRAI L1B file: big-endian counts, and epoch times (on some flights longer than the frames, with a
-    stray zero or a fill value)."""
+    stray zero or a fill value). From version 3 the counts say what they are (CF packing: kelvin = 0.01 x
+    count + 180) and the file names its generator."""
     n_frames, rows, cols = counts.shape
     path.parent.mkdir(parents=True, exist_ok=True)
     time_utc = np.concatenate([frame_t, frame_t[-1] + 1.0 + np.arange(3 if index % 2 == 0 else 0)])
@@ -338,7 +467,13 @@ def _write_ir(path: Path, counts: np.ndarray, frame_t: np.ndarray, index: int) -
     time_utc[n_frames // 2] = -9999.0 if index % 3 == 2 else time_utc[n_frames // 2]  # a fill value
     with h5py.File(path, "w") as f:
         f.create_dataset("Product/Signal", data=counts, chunks=(1, rows, cols))
-        f["Product/Signal"].attrs["units"] = "counts"
+        if version >= 3:
+            f["Product/Signal"].attrs.update(
+                {"units": "K", "scale_factor": 1.0 / COUNTS_PER_K, "add_offset": COUNTS_ZERO_K}
+            )
+            f.attrs[GENERATOR_ATTR] = version
+        else:
+            f["Product/Signal"].attrs["units"] = "counts"
         f.create_dataset("Time/TimeUTC", data=time_utc)
         f["Time/TimeUTC"].attrs["units"] = "seconds since 1970-01-01 00:00:00 UTC"
 
@@ -488,11 +623,18 @@ def make_demo_flights(
     frame_shape: tuple[int, int] = DEMO_FRAME_SHAPE,
     dates: list[dt.date] | None = None,
     option: str = "--out",
+    version: int = DEMO_VERSION,
 ) -> list[dict]:
     """Write `n_flights` demo flights into `out_dir` (on `dates`, default from 1 March 2025 every
-    other day); returns their `data.flights` entries. `option`: what names the folder in a refusal."""
+    other day); returns their `data.flights` entries. `option`: what names the folder in a refusal;
+    `version`: the generator's (DEMO_VERSIONS; an earlier one writes the flights the runs made on it saw)."""
     if n_flights < 2:
         raise ValueError(f"--flights must be at least 2 (one to train on, one to hold out), got {n_flights}")
+    if version not in DEMO_VERSIONS:
+        raise ValueError(
+            f"--generator {version}: this CloudML writes demo flights of generator version "
+            f"{' or '.join(map(str, DEMO_VERSIONS))}"
+        )
     rows, cols = frame_shape
     out = claim(
         out_dir, replace(DEMO, option=option)
@@ -501,9 +643,15 @@ def make_demo_flights(
     names = demo_flight_names(n_flights, dates)
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):
         rng = np.random.default_rng([seed, i])
-        _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, (rows, cols))
-    (out / VERSION_FILE).write_text(f"{DEMO_VERSION}\n")
+        _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, (rows, cols), version)
+    (out / VERSION_FILE).write_text(f"{version}\n")
     log.info(
-        "wrote %d demo flights (%d frames of %dx%d each) to %s", n_flights, frames_per_flight, rows, cols, out
+        "wrote %d demo flights (generator version %d, %d frames of %dx%d each) to %s",
+        n_flights,
+        version,
+        frames_per_flight,
+        rows,
+        cols,
+        out,
     )
     return entries

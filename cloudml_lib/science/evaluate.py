@@ -221,10 +221,16 @@ def load_run_model(
     model = build_model(cfg, Scalers.from_dict(ckpt[Key.SCALERS]))
     film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
+        if film.shape[-1] == 2:  # the angles as two numbers: CloudML before the azimuth's sine and cosine
+            raise CloudMLError(
+                f"{best} was trained by an earlier CloudML with 2 angle inputs (this version takes the zenith "
+                "angle and the sine and cosine of the sun azimuth); retrain the run with this version, or use "
+                "the version that trained it."
+            )
         raise CloudMLError(
-            f"{best} was trained by an earlier CloudML with {film.shape[-1]} angle inputs (this version "
-            f"takes {model.film[0].in_features}: the zenith angle and the sine and cosine of the sun "
-            "azimuth); retrain the run with this version, or use the version that trained it."
+            f"{best}: its network takes {film.shape[-1]} scalar inputs, but the config stored with it "
+            f"(data.radiometry: {cfg.data.radiometry}) gives {model.film[0].in_features}; the file was "
+            f"damaged or edited. Run train on {run_dir} again to rewrite it from the checkpoints."
         )
     try:
         model.load_state_dict(ckpt[Key.MODEL])

@@ -63,6 +63,7 @@ from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.hashing import input_files
 from cloudml_lib.data.preprocess import (
     SKIMAGE,
+    STAT_NAMES,
     Backend,
     FramePool,
     FrameSpec,
@@ -202,11 +203,8 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
     n, t = inputs["t"].size, data.temporal_frames
     if n < t:
         raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
-    scalars = scalar_inputs(
-        inputs["sza"], model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth), scalers
-    )
     spec, path = FrameSpec.of(data), Path(data.dir) / flight.ir_file
-    encodings, blank, filled, p10 = encode_flight(
+    encodings, blank, filled, p10, stats = encode_flight(
         model,
         (predictor.pool or FramePool(0)).blocks(
             path, data.keys.ir_signal, flight.name, np.arange(n), spec, predictor.backend, ahead=BLOCK
@@ -215,6 +213,8 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
         flight.name,
         StreamEncoder(model, device, predictor.batch_size, autocast),
     )
+    azimuth = model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth)
+    scalars = scalar_inputs(inputs["sza"], azimuth, scalers, stats)  # each window's centre frame's
     first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
     scored = Scored.from_outputs(
@@ -245,11 +245,12 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
 
 def encode_flight(
     model, stream, n: int, name: str, encode: StreamEncoder
-) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
     """(each frame's encoding (n, C), which frames are blank, the non-finite pixels filled, each raw frame's
-    frame_p10) of a flight streamed in blocks: frames wait until a whole batch is there (the last one need
-    not be whole)."""
+    frame_p10 and radiometric statistics (n, K)) of a flight streamed in blocks: frames wait until a whole
+    batch is there (the last one need not be whole)."""
     blank, filled, p10 = np.zeros(n, bool), 0, np.full(n, np.nan)
+    stats = np.full((n, len(STAT_NAMES)), np.nan, np.float32)
     encodings = np.empty((n, model.feature_width), np.float32)  # (n, C): small, whatever n is
     bar = tqdm(total=n, desc=f"predict {name}", unit="frame")
     index, frames = np.zeros(0, np.int64), None  # frames received, not encoded yet (< one batch)
@@ -258,7 +259,7 @@ def encode_flight(
         while done < n:
             block = next(stream)
             blank[block.index], filled = block.blank, filled + int(block.filled.sum())
-            p10[block.index] = block.p10
+            p10[block.index], stats[block.index] = block.p10, block.stats
             index = np.concatenate([index, block.index])
             frames = block.frames if frames is None else np.concatenate([frames, block.frames])
             done += len(block.index)
@@ -270,7 +271,7 @@ def encode_flight(
     finally:
         bar.close()
         stream.close()
-    return encodings, blank, filled, p10
+    return encodings, blank, filled, p10, stats
 
 
 def _say_counts(name: str, counts: dict) -> None:
