@@ -99,7 +99,8 @@ def one_seed(seed: int) -> dict:
     for folder in sorted((run / "checkpoints").glob("step-*")):
         state = load_checkpoint(folder / "state.pt")
         model = build_model(cfg, scalers)
-        model.load_state_dict(state[Key.MODEL])
+        # the weights the run validates: the average where it keeps one (train.ema_decay)
+        model.load_state_dict((state.get(Key.EMA) or {}).get("weights") or state[Key.MODEL])
         test, on_quick = scores(model, cfg, data.test_set), scores(model, cfg, data.test_set, quick)
         val = scores(model, cfg, data.val_set)
         epochs.append(

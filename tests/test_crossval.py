@@ -40,15 +40,20 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     result = json.loads((ref / "crossval.json").read_text())
     assert list(result["folds"]) == names
     for name, fold in result["folds"].items():
-        assert set(fold) >= {"model", "mean", "scalars_only", "trees", "warnings"}
-        assert fold["model"]["n"] == fold["trees"]["n"] > 10
+        assert set(fold) >= {"model", "mean", "scalars_only", "linear", "trees", "best_baseline", "warnings"}
+        assert fold["model"]["n"] == fold["trees"]["n"] == fold["linear"]["n"] > 10
+        best = fold["best_baseline"]  # the lowest MAE of the baselines, and the network's skill against it
+        assert best["mae_km"] == min(fold[m]["mae_km"] for m in ("mean", "linear", "trees"))
+        assert best["skill"] == pytest.approx(1 - fold["model"]["mae_km"] / best["mae_km"])
         preds = (ref / "folds" / name / "model" / "predictions.csv").read_text().splitlines()[1:]
         assert {line.split(",")[0] for line in preds} == {name}  # only the test flight is scored
     assert set(result["summary"]) == {
         "model",
         "mean",
         "scalars_only",
+        "linear",
         "trees",
+        "skill_vs_best_baseline",
         "cloud_model",
         "cloud_majority",
         "cloud_bt_threshold",
@@ -58,6 +63,9 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
         assert set(fold["cloud"]) >= {"model", "majority", "bt_threshold"}
     md = (ref / "crossval.md").read_text()
     assert "| test flight |" in md and "The image model beats the training mean on" in md
+    assert "The image model beats the linear model on brightness statistics on" in md
+    assert "Against the best baseline of each test flight the network's MAE skill is" in md
+
     assert md.splitlines()[2].startswith("Nested: each fold's test flight is untouched")
     assert "The cloud output beats the brightness-temperature threshold on" in md
     # intervals measured on each flight never seen, per method; calibrations written for predict
@@ -77,6 +85,21 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     )
     own = json.loads((ref / "folds" / names[0] / "model" / "intervals.json").read_text())
     assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]  # the other folds' errors only
+
+
+def test_a_fold_scored_by_an_earlier_release_gets_todays_baselines(reference):
+    """Its `trees` saw the per-frame reading, not the temperature: fitted again, beside a linear model."""
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.commands.crossval import with_baselines
+
+    cfg, ref, names = reference
+    today = json.loads((ref / "crossval.json").read_text())["folds"][names[0]]
+    earlier = {k: v for k, v in today.items() if k not in ("linear", "best_baseline")}
+    earlier["trees"] = dict(today["trees"], mae_km=9.0)  # what that release's trees said
+    again = with_baselines(load_config(cfg), names[0], earlier, {})
+    assert again["linear"] == today["linear"] and again["trees"] == today["trees"]
+    assert again["best_baseline"] == today["best_baseline"]
+    assert with_baselines(load_config(cfg), names[0], today, {}) is today  # today's: kept as they are
 
 
 def test_each_fold_is_nested_its_test_flight_untouched(reference):

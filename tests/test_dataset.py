@@ -32,6 +32,54 @@ def test_scalers_are_fitted_on_the_part_trained_on_alone(tiny_config):
     assert scalers.cbh_mean == float(fit_cbh.astype(np.float64).mean())
 
 
+def test_the_radiometric_scale_is_fitted_on_the_part_trained_on_alone(tiny_config):
+    """A test flight (or a validation block) with its temperatures shifted changes no scaler; a flight trained
+    on does (the check can fail); the shifted flight's own statistics reach its inputs on the fitted scale."""
+    from cloudml_lib.data.dataset import split_data
+    from cloudml_lib.data.preprocess import STAT_NAMES
+
+    caches = load_caches(tiny_config.data)
+    split = choose_split(caches, tiny_config.data)
+    fit, val, test = split.parts(caches)
+    first = split_data(tiny_config, caches)
+    assert first.train_set.scalers.radiometry and tiny_config.data.radiometry == "statistics"
+
+    def shifted(names):
+        out = []
+        for c in caches:
+            c = c.part(np.arange(len(c)))
+            if c.name in names:
+                warmer = np.float32(40.0) * (np.array(STAT_NAMES) != "std")  # 40 K warmer, the same spread
+                c.frame_stats = c.frame_stats + warmer
+            out.append(c)
+        return split_data(tiny_config, out)
+
+    for others in ({c.name for c in test}, {c.name for c in val} - {c.name for c in fit}):
+        again = shifted(others)
+        assert again.train_set.scalers == first.train_set.scalers, others
+    assert shifted({fit[0].name}).train_set.scalers != first.train_set.scalers
+    moved = shifted({c.name for c in test}).test_set
+    s = first.test_set.scalers
+    before, after = first.test_set.inputs(np.arange(3))[0], moved.inputs(np.arange(3))[0]
+    assert before.shape == (3, 3 + len(STAT_NAMES))
+    np.testing.assert_allclose(after[:, 3:-1] - before[:, 3:-1], 40.0 / s.radiometry_scale, rtol=1e-4)
+    np.testing.assert_array_equal(after[:, -1], before[:, -1])  # a spread does not move with the level
+
+
+def test_a_run_without_radiometry_sees_the_angles_alone_and_old_scalers_load(tiny_config):
+    from dataclasses import replace
+
+    from cloudml_lib.data.dataset import Scalers
+
+    train, _, scalers = datasets(tiny_config)
+    assert not scalers.radiometry and set(scalers.to_dict()) == {"sza_mean", "sza_std", "cbh_mean", "cbh_std"}
+    assert CloudDataset(train, scalers)[0]["scalars"].shape == (3,)
+    old = Scalers.from_dict({"sza_mean": 1.0, "sza_std": 2.0, "cbh_mean": 0.5, "cbh_std": 0.3})  # 0.3's
+    assert not old.radiometry
+    both = replace(scalers, radiometry_offset=280.0, radiometry_scale=4.0)
+    assert Scalers.from_dict(both.to_dict()) == both
+
+
 def test_items_are_standardised_and_nan_angles_filled(tiny_config):
     train, _, scalers = datasets(tiny_config)
     train[0].sza_deg[0] = np.nan

@@ -25,7 +25,7 @@ import torch
 from cloudml_lib.base.config import absent_settings, build_config, config_from_dict, derive, height_bounds_km
 from cloudml_lib.core.checkpoint import Key, load_checkpoint, save_atomic
 from cloudml_lib.core.model import build_model
-from cloudml_lib.data.dataset import Scalers
+from cloudml_lib.data.dataset import Scalers, n_scalar_inputs
 from cloudml_lib.science import predict as pr
 from cloudml_lib.science.report import shortcomings, verdict
 
@@ -65,7 +65,7 @@ def test_the_bounded_head_cannot_leave_the_bounds_whatever_its_weights():
     scalers = Scalers(sza_mean=45.0, sza_std=5.0, cbh_mean=0.8, cbh_std=0.4)
     low, high = height_bounds_km(cfg.data)
     assert (low, high) == (0.0, 1.5)
-    frames, angles = torch.randn(6, 3, 16, 16), torch.randn(6, 3)
+    frames, angles = torch.randn(6, 3, 16, 16), torch.randn(6, n_scalar_inputs(cfg.data.radiometry))
 
     def heights_km(model, bias):
         model.eval()

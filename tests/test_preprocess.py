@@ -373,3 +373,53 @@ def test_a_stop_while_a_worker_starts_prints_no_traceback(tiny_flights, tmp_path
     assert "Process cloudml-preprocess" not in r.stderr, r.stderr[-3000:]  # multiprocessing's traceback head
     assert r.stderr.count("interrupted") == 1, r.stderr[-3000:]
     assert _gone_all(str(cfg)), "preprocessing workers outlived the stopped run"
+
+
+@pytest.mark.parametrize(
+    "attrs, units, packing",
+    [
+        ({"units": "K", "scale_factor": 0.01, "add_offset": 180.0}, "K", (0.01, 180.0)),  # the demo's, CF
+        ({"units": b"Kelvin"}, "K", (1.0, 0.0)),
+        ({"units": "counts"}, "counts", (1.0, 0.0)),  # what the demo of CloudML 0.3 states
+        ({}, "unstated", (1.0, 0.0)),  # the real files: nothing said, never called kelvin
+        ({"units": "DN", "scale_factor": "junk", "add_offset": float("nan")}, "counts", (1.0, 0.0)),
+        ({"scale_factor": 0.0}, "unstated", (1.0, 0.0)),  # a scale of 0 would erase every number
+    ],
+)
+def test_the_ir_files_units_are_what_it_states(tmp_path, attrs, units, packing):
+    import h5py
+
+    with h5py.File(tmp_path / "ir.h5", "w") as f:
+        d = f.create_dataset("Product/Signal", data=np.full((1, 8, 8), 11000, ">u2"))
+        d.attrs.update(attrs)
+        found = preprocess.radiometry_of(d)
+    assert (found.units, found.scale, found.offset) == (units, *packing)
+    words = found.words()
+    assert ("counts or kelvin unknown" in words) == (units == "unstated")
+
+
+def test_a_frames_statistics_are_in_the_files_units_and_nan_when_blank():
+    spec = preprocess.FrameSpec(1, 7, 1, 0.01)
+    raw = np.arange(8 * 10, dtype=np.float32).reshape(8, 10) + 10000.0  # counts
+    raw[1, 0] = np.nan  # a bad pixel: left out, not counted as cold
+    kelvin = preprocess.frame_statistics(raw, spec, preprocess.Radiometry("K", 0.01, 180.0))
+    counts = preprocess.frame_statistics(raw, spec, preprocess.Radiometry("counts"))
+    names = list(preprocess.STAT_NAMES)
+    swath = raw[1:7][np.isfinite(raw[1:7])]
+    assert counts[names.index("p50")] == pytest.approx(np.median(swath))
+    assert counts[names.index("mean")] == pytest.approx(swath.mean())
+    np.testing.assert_allclose(kelvin[:-1], counts[:-1] * 0.01 + 180.0, rtol=1e-6)  # places on the scale
+    assert kelvin[-1] == pytest.approx(counts[-1] * 0.01, rel=1e-5)  # a spread is only scaled
+    assert np.isnan(
+        preprocess.frame_statistics(np.full((8, 10), np.nan), spec, preprocess.Radiometry("K"))
+    ).all()
+
+
+def test_the_cache_holds_each_samples_statistics_and_the_files_units(tiny_config, tmp_path):
+    caches = build(tiny_config, 0, tmp_path / "cache")
+    for c in caches:
+        assert c.frame_stats.shape == (len(c), len(preprocess.STAT_NAMES))
+        assert c.radiometry.units == "K" and c.meta["radiometry"]["statistics"] == list(preprocess.STAT_NAMES)
+        p10 = c.frame_stats[:, preprocess.STAT_NAMES.index("p10")]
+        np.testing.assert_allclose(p10, c.frame_p10 * 0.01 + 180.0, rtol=1e-5)  # the baseline's p10, in K
+        assert 250.0 < float(np.nanmedian(c.frame_stats[:, preprocess.STAT_NAMES.index("p99")])) < 300.0

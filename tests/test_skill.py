@@ -134,3 +134,28 @@ def test_a_constant_label_fold_is_named_and_the_mean_says_over_how_many(constant
     assert "| B | 30 | undefined |" in text and "(2 of 3 folds; undefined on B)" in text
     mean = np.mean([folds[n]["model"]["r2"] for n in ("A", "C")])
     assert abs(result["summary"]["model"]["r2"]["mean"] - mean) < 1e-12
+
+
+def test_the_error_is_given_by_height_range_and_flight_with_the_bias_and_a_baselines_error():
+    """Cloud-base papers report the error by height: thirds of the heights trained on, and outside them."""
+    from cloudml_lib.science.report import height_range_lines
+
+    true, pred, flights, frames = three_flights()
+    baseline = np.full_like(true, 0.7)
+    by = skill.by_height(true, pred, flights, [0.3, 1.1], ("training mean", baseline))
+    assert by["edges_km"] == [0.3, 0.567, 0.833, 1.1] and by["baseline"] == "training mean"
+    long = {r["range"]: r for r in by["per_flight"]["long"]}
+    assert set(long) == {"0.30-0.57", "0.57-0.83", "0.83-1.10"}  # nothing of it outside: no empty rows
+    assert sum(r["n"] for r in long.values()) == 300
+    high = by["per_flight"]["high"]
+    assert [r["range"] for r in high] == ["0.30-0.57", "0.57-0.83", "0.83-1.10", "above 1.10"]
+    above = high[-1]
+    m = flights == "high"
+    assert above["n"] == 60 and above["bias_km"] == pytest.approx(float((pred[m] - true[m]).mean()))
+    assert above["bias_km"] < -0.3 and above["baseline_mae_km"] == pytest.approx(
+        float(np.abs(0.7 - true[m]).mean())
+    )
+    assert high[0]["n"] == 0 and high[0]["mae_km"] is None  # a third with no label: said, not invented
+    lines = "\n".join(height_range_lines({"by_height": by}))
+    assert "| flight high | above 1.10 | 60 |" in lines and "MAE km of training mean" in lines
+    assert skill.by_height(true, pred, flights, [], None) == {}

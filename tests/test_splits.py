@@ -38,6 +38,7 @@ def cache(name: str, frames: np.ndarray, heights: np.ndarray, t: int = 3) -> Fli
         cloud=np.isfinite(heights).astype(np.int8),
         layer_base_km=np.asarray(heights, np.float32),
         frame_p10=np.zeros(n),
+        frame_stats=np.zeros((n, 10), np.float32),
         sza_deg=np.zeros(n),
         saa_deg=np.zeros(n),
         heading_deg=np.zeros(n),

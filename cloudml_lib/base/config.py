@@ -436,6 +436,16 @@ class TrainConfig:
         "height's Huber loss (model.cloud_head: joint only)",
         range=(0.0, 100.0),
     )
+    ema_decay: float | AUTO = _f(
+        "auto",
+        "an exponential moving average of the weights (and BatchNorm statistics), updated after every "
+        "optimizer step: the average is validated each epoch, chosen as best.pt and ends the run, so the "
+        "chosen epoch is not one batch's luck (benchmarks/results/stability.json). auto: over about the last "
+        "10% of the run's steps (decay 1 - 1/span, span 10 to 2000 steps); a number: that decay per step; 0: "
+        "off, the raw weights, as runs made before this setting (they keep it)",
+        range=(0.0, 0.99999),
+        absent=0.0,
+    )
     interval_coverage: float = _f(
         0.9, "share of true heights the prediction intervals should hold", range=(0.5, 0.99)
     )

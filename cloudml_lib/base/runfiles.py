@@ -71,6 +71,33 @@ PROTOCOL = Obj(
     | {"validation": MapOf(ANY)},
     required=("name",),
 )
+# The height baselines (science/baselines.py BASELINES) and what the report says of the best of them
+HEIGHT_BASELINES = ("mean", "linear", "trees")
+BEST_BASELINE = Obj(
+    {"name": OneOf(HEIGHT_BASELINES), "mae_km": NUM, "model_mae_km": NUM, "skill": OPT_NUM}
+    | {"skill_against": MapOf(OPT_NUM)},
+    required=("name", "mae_km", "model_mae_km", "skill"),
+)
+BASELINES = Obj(
+    {
+        "statistics": ListOf(TEXT),
+        "fitted_on": TEXT,
+        "methods": MapOf(
+            Obj({"overall": METRIC_SET, "per_flight": MapOf(METRIC_SET)}, required=("overall",))
+        ),
+        "best": Obj({"per_flight": MapOf(Maybe(BEST_BASELINE)), "pooled": Maybe(BEST_BASELINE)}),
+    },
+    required=("methods", "best"),
+)
+HEIGHT_RANGE = Obj(
+    {"range": TEXT, "n": INT, "mae_km": OPT_NUM, "bias_km": OPT_NUM, "baseline_mae_km": OPT_NUM},
+    required=("range", "n", "mae_km", "bias_km"),
+)
+BY_HEIGHT = Obj(
+    {"edges_km": ListOf(NUM), "baseline": OPT_TEXT, "per_flight": MapOf(ListOf(HEIGHT_RANGE))},
+    required=("per_flight",),
+)
+RADIOMETRY = Obj({"network_inputs": TEXT, "units": MapOf(TEXT), "words": TEXT}, required=("network_inputs",))
 # The calibration methods intervals.json may name (intervals.METHODS maps each to its score).
 INTERVAL_METHODS = ("conformal_absolute", "conformal_gamma")
 EVALUATION = Obj(
@@ -86,6 +113,9 @@ EVALUATION = Obj(
         "verdict": OPT_TEXT,
         "protocol": PROTOCOL,  # how the numbers were obtained (splits.py); absent: the earlier protocol
         "flight_verdicts": MapOf(TEXT),
+        "baselines": BASELINES,  # absent: written before the physical baselines
+        "by_height": BY_HEIGHT,
+        "radiometry": RADIOMETRY,
         "mae_interval_km": MapOf(Maybe(ListOf(NUM))),
         "training_label_range_km": ListOf(NUM),
         "outside_training_labels": MapOf(MapOf(NUM)),
@@ -124,9 +154,9 @@ RUN_INFO = Obj(
     | {"expected": Maybe(MapOf(ANY)), "measured": Maybe(MapOf(ANY))}  # core/timing.py checks their insides
 )
 FOLD = Obj(
-    {m: METRIC_SET for m in ("model", "mean", "scalars_only", "trees", "validation")}
+    {m: METRIC_SET for m in ("model", "mean", "scalars_only", "linear", "trees", "validation")}
     | {"cloud": Maybe(CLOUD), "warnings": ListOf(TEXT), "mae_interval_km": Maybe(ListOf(NUM))}
-    | {"protocol": TEXT},
+    | {"protocol": TEXT, "best_baseline": Maybe(BEST_BASELINE)},
     required=("model", "warnings"),
 )
 SUMMARY = MapOf(MapOf(Obj({"mean": OPT_NUM, "std": OPT_NUM})))

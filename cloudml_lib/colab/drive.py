@@ -21,7 +21,7 @@ from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core import device
-from cloudml_lib.data import flights
+from cloudml_lib.data import flights, synthetic
 from cloudml_lib.data.flights import ensure_demo_flights
 
 # Colab's /content (CLOUDML_CONTENT moves it: the tests' twin of Colab), the Drive mounted in it, the CloudML
@@ -62,7 +62,8 @@ class Workspace:
 
     @property
     def demo(self) -> Path:
-        return self.root / "demo_flights"
+        # by generator version: the flights an earlier version wrote stay for the runs made on them
+        return self.root / f"demo_flights_v{synthetic.DEMO_VERSION}"
 
 
 def user_folder() -> Path:
@@ -329,6 +330,17 @@ def run_flights(ws: Workspace, run_dir: Path, now: list[str] | None = None) -> R
     return RunFlights(
         run_dir.name, entries, [f for f in held if isinstance(f, str)], list(now), incomplete_flights(ws)
     )
+
+
+def demo_folder_of(run_dir: Path) -> str | None:
+    """The folder of demo flights a run on the demo was trained on, as its config.yaml records it (None: not
+    a demo run, or none recorded): an earlier CloudML's demo run continues on its own flights, not on the
+    demo this version writes elsewhere."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    data = ((RunFiles(run_dir).config() if Path(run_dir).is_dir() else None) or {}).get("data") or {}
+    folder = data.get("dir")
+    return folder if data.get("demo") is True and isinstance(folder, str) and folder else None
 
 
 def incomplete_flights(ws: Workspace) -> dict[str, str]:

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.colab.drive import RunFlights, Workspace, run_config, run_flights
+from cloudml_lib.colab.drive import RunFlights, Workspace, demo_folder_of, run_config, run_flights
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.profile import profile
@@ -47,6 +47,9 @@ def train_command(ws: Workspace, c: Choice) -> list[str]:
             f"data.flights={json.dumps(pinned.entries)}",
             f"data.test_flights={json.dumps(pinned.heldout)}",
         ]
+    own = demo_folder_of(run_dir) if c.preset == "demo" and find_checkpoints(run_dir) else None
+    if own is not None:  # a demo run continues on the demo flights it was trained on
+        overrides.append(f"data.dir={own}")
     cmd = command("train", "--config", config, "--run-dir", run_dir)
     for o in overrides:
         cmd += ["--set", o]

@@ -217,6 +217,13 @@ def _add_data_commands(sub) -> None:
     d.add_argument(
         "--size", default="80x96", help="raw frame ROWSxCOLS (default 80x96; the real camera: 512x640)"
     )
+    d.add_argument(
+        "--generator",
+        type=int,
+        default=None,
+        help="the generator version (default: the newest, 3: the cloud's top in the frames, its base a "
+        "varying thickness below; 2: CloudML 0.3's easy demo, byte for byte, for the runs made on it)",
+    )
 
 
 PRESETS = ("auto", "A", "B", "C", "demo", "published")
@@ -444,7 +451,7 @@ def _evaluate(args) -> int:
 
 def _make_demo(args) -> int:
     from cloudml_lib.base.ownership import check
-    from cloudml_lib.data.synthetic import DEMO, make_demo_flights
+    from cloudml_lib.data.synthetic import DEMO, DEMO_VERSION, make_demo_flights
 
     try:
         rows, cols = (int(v) for v in args.size.lower().split("x"))
@@ -460,6 +467,7 @@ def _make_demo(args) -> int:
             seed=args.seed,
             frames_per_flight=args.frames,
             frame_shape=(rows, cols),
+            version=DEMO_VERSION if args.generator is None else args.generator,
         )
     except ValueError as e:
         raise CloudMLError(str(e)) from None

@@ -104,7 +104,22 @@ def run_row(run: Path, name: str, scores: str = "test") -> dict:
         "compiled": ("yes, " + str(compile_info.get("mode"))) if compile_info.get("active") else "no",
         "damaged": files.damaged,
         "per_flight": evaluation.get("per_flight") if scores == "test" else None,
+        "skill": best_skill(evaluation, None) if scored_on != "validation" else None,
+        "flight_skill": {f: best_skill(evaluation, f) for f in evaluation.get("per_flight") or {}},
     }
+
+
+def best_skill(evaluation: dict, flight: str | None) -> str | None:
+    """ "+0.35 vs linear on brightness": the network's MAE skill against the best baseline of a test flight
+    (None: pooled) as its evaluation recorded it; None where it recorded none (written before the physical
+    baselines)."""
+    from cloudml_lib.science.baselines import SHORT
+    from cloudml_lib.science.report import best_baseline
+
+    best = best_baseline(evaluation, flight)
+    if best is None or best.get("skill") is None:
+        return None
+    return f"{best['skill']:+.2f} vs {SHORT.get(best['name'], best['name'])}"
 
 
 def run_rows(run: Path, name: str) -> list[dict]:
@@ -112,11 +127,12 @@ def run_rows(run: Path, name: str) -> list[dict]:
     flights; one row where it has one."""
     row = run_row(run, name)
     per = row.pop("per_flight") or {}
+    skills = row.pop("flight_skill") or {}
     if len(per) < 2:
         return [row]
     flights = [
         {**row, "run": f"{name}: {f}", "held_out": f, "metrics": {k: m.get(k) for k, _ in METRIC_COLUMNS}}
-        | {"n": m.get("n")}
+        | {"n": m.get("n"), "skill": skills.get(f)}
         for f, m in per.items()
     ]
     return flights + [{**row, "run": f"{name}: pooled", "held_out": f"pooled over {row['held_out']}"}]
@@ -130,6 +146,7 @@ def crossval_row(folder: Path, name: str) -> dict:
     rows = [run_row(f, name) for f in folds]
     first = rows[0] if rows else {"config": None, "compiled": "no"}
     model = result.get("summary", {}).get("model", {})
+    skill = (result.get("summary", {}).get("skill_vs_best_baseline") or {}).get("mean")
     return {
         "run": name,
         "config": first["config"],
@@ -147,6 +164,7 @@ def crossval_row(folder: Path, name: str) -> dict:
         "minutes": sum(r["minutes"] for r in rows),
         "compiled": first["compiled"],
         "damaged": files.damaged + [d for r in rows for d in r["damaged"]],
+        "skill": None if skill is None else f"{skill:+.2f} vs each fold's best (mean)",
     }
 
 
@@ -162,6 +180,7 @@ def trial_rows(folder: Path, name: str) -> list[dict]:
             else run_row(t, label, "test" if legacy else "validation")
         )
         row.pop("per_flight", None)
+        row.pop("flight_skill", None)
         files = RunFiles(t)
         info = files.trial()
         row["state"] = {"complete": "finished"}.get(info.get("state"), info.get("state") or row["state"])
@@ -272,6 +291,7 @@ def format_comparison(rows: list[dict]) -> str:
         "scored on",
         *(label for _, label in METRIC_COLUMNS),
         "n",
+        "MAE skill vs best baseline",
         "state",
         "epochs",
         "time (min)",
@@ -286,6 +306,7 @@ def format_comparison(rows: list[dict]) -> str:
             r.get("held_out", "?"),
             *(_metric(r["metrics"][k]) for k, _ in METRIC_COLUMNS),
             "-" if r.get("n") is None else str(r["n"]),
+            r.get("skill") or "-",
             r["state"],
             r["epochs"],
             f"{r['minutes']:.1f}",
@@ -344,6 +365,8 @@ def best_verdict(trial_dir: Path, space) -> str | None:
         return None
     o = report["overall"]
     numbers = ", ".join(f"{label} {_metric(o.get(k))}" for k, label in METRIC_COLUMNS) + f", n {o.get('n')}"
+    skill = best_skill(report, None)
+    numbers += f", MAE skill {skill} (the best baseline on the test flights)" if skill else ""
     return (
         f"The best trial's test score, reported once: {numbers}. {protocol_words(with_verdict(report))} "
         + said.replace("Verdict:", "Verdict on the best trial:", 1)

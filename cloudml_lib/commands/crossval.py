@@ -8,10 +8,16 @@ flights by the config's rule (data.validation; data/splits.py). A fold is a full
 interrupted cross-validation continues with its unfinished fold and a finished fold is not trained again. A
 cross-validation started by CloudML 0.2 (whose folds chose on their test flight) continues under that
 protocol, and its results say so.
-Beside the model, every fold scores:
+Beside the model, every fold scores the baselines of its end (science/baselines.py, fitted on the fold's
+training part alone):
 - `mean`: the training flights' mean height (the baseline every report carries);
-- `scalars_only`: the same network trained on the sun angles alone (`folds/<flight>/scalars_only`);
-- `trees`: gradient-boosted trees (scikit-learn) on simple image statistics plus the angles.
+- `linear`, `trees`: a ridge regression and gradient-boosted trees on the labelled frame's raw brightness
+  statistics (in the units the IR file states) plus the angles: what the physics sees;
+- `scalars_only`: a control, the same network trained on its scalar inputs alone (the sun's angles, and with
+  data.radiometry the brightness statistics), no frames (`folds/<flight>/scalars_only`).
+Each fold names its best baseline and the network's MAE skill against it. A fold finished by an earlier
+release (whose `trees` saw the per-frame reading of the frames, not the temperature) gets its baselines
+fitted again, so that one table compares the same baselines on every fold.
 Cloud / no-cloud is scored per fold against its two baselines (`clouds.py`: the majority class and a
 brightness-temperature threshold, both fitted on the fold's training flights). Prediction intervals
 are measured where they matter, on flights never seen (`intervals.py`): for each test flight,
@@ -49,15 +55,15 @@ from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.metrics import regression_metrics
 from cloudml_lib.core.rundir import CROSSVAL, check_folder_kind
 from cloudml_lib.data.cache import load_caches
-from cloudml_lib.data.dataset import CloudDataset, prepare_data, scalar_inputs
+from cloudml_lib.data.dataset import prepare_data
 from cloudml_lib.data.flights import resolve_config
-from cloudml_lib.science import intervals
+from cloudml_lib.science import baselines, intervals
 from cloudml_lib.science.clouds import BASELINES
 from cloudml_lib.science.report import shortcomings, write_report
 
 log = logging.getLogger(__name__)
 
-COMPARED = ("model", "mean", "scalars_only", "trees")
+COMPARED = ("model", "mean", "scalars_only", "linear", "trees")
 OUT_OF_RANGE_SHARE = 0.1  # test heights outside the training range above this share: warn
 
 
@@ -82,43 +88,32 @@ def fold_config(cfg: Config, held: str, scalars_only: bool = False, started: dic
     return derive(cfg, changes)
 
 
-def image_statistics(dataset: CloudDataset, samples: np.ndarray | None = None) -> np.ndarray:
-    """Per sample (all, or `samples`): statistics of the centre frame, the mean frame-to-frame change (which
-    carries the parallax of the cloud layer), the zenith angle and the azimuth the network sees (sine,
-    cosine). (N, 10)."""
-    rows = []
-    for i in range(len(dataset)) if samples is None else samples:
-        c, j = dataset.caches[dataset.flight_of[i]], dataset.local[i]
-        frames = c.frames.read(c.windows[j]).astype(np.float32)  # (T, H, W)
-        centre = frames[len(frames) // 2]
-        change = np.abs(np.diff(frames, axis=0)).mean() if len(frames) > 1 else 0.0
-        rows.append(
-            [
-                centre.mean(),
-                centre.std(),
-                *np.percentile(centre, [5, 50, 95]),
-                change,
-                float(np.abs(centre[:, 1:] - centre[:, :-1]).mean()),
-                c.sza_deg[j],
-                *scalar_inputs(c.sza_deg[j], dataset.azimuth[dataset.flight_of[i]][j], dataset.scalers)[
-                    0, 1:
-                ],
-            ]
-        )
-    return np.asarray(rows, np.float64)
+def fold_baselines(cfg: Config, model_metrics: dict, data) -> dict:
+    """The baselines of one fold (`data`: its prepare_data), fitted on its training part: each one's metrics
+    on the test flight, and the best with the network's skill against it (`model_metrics`: the network's)."""
+    has = data.test_set.has_height()
+    true_km = data.test_set.targets_km()[has]
+    predicted = baselines.fit_predict(data.train_set, [data.test_set], cfg.train.seed)
+    out = {k: regression_metrics(true_km, v[0][has]) for k, v in predicted.items() if k != "mean"}
+    maes = {k: m["mae_km"] for k, m in out.items()}
+    return {**out, "best_baseline": best_of(model_metrics, {**maes, "mean": None})}
 
 
-def tree_baseline(train_set: CloudDataset, val_set: CloudDataset, seed: int) -> np.ndarray:
-    """Predictions (km) of gradient-boosted trees on image statistics plus angles, fitted on `train_set`, for
-    the samples of `val_set` (a test flight) with a height."""
-    from sklearn.ensemble import HistGradientBoostingRegressor
-
-    model = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.05, random_state=seed)
-    train_rows = np.flatnonzero(train_set.has_height())
-    model.fit(
-        image_statistics(train_set, train_rows), train_set.targets_km()[train_rows]
-    )  # NaN angles: native
-    return model.predict(image_statistics(val_set, np.flatnonzero(val_set.has_height())))
+def best_of(model: dict, maes: dict) -> dict | None:
+    """The baseline of lowest MAE among `maes` (name -> MAE; None: taken from the fold's `mean`) with the
+    network's MAE skill against it and each (baselines.skill)."""
+    known = {k: v for k, v in maes.items() if v is not None and np.isfinite(v)}
+    mine = model.get("mae_km")
+    if not known or mine is None or not np.isfinite(mine):
+        return None
+    name = min(known, key=lambda k: (known[k], baselines.BASELINES.index(k)))
+    return {
+        "name": name,
+        "mae_km": known[name],
+        "model_mae_km": mine,
+        "skill": baselines.skill(mine, known[name]),
+        "skill_against": {k: baselines.skill(mine, v) for k, v in known.items()},
+    }
 
 
 def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.ndarray) -> list[str]:
@@ -150,8 +145,9 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dic
         result["scalars_only"] = control["overall"]
     data = prepare_data(model_cfg)
     train_km, test_km = (d.targets_km()[d.has_height()] for d in (data.train_set, data.test_set))
-    result["trees"] = regression_metrics(
-        test_km, tree_baseline(data.train_set, data.test_set, cfg.train.seed)
+    result.update(fold_baselines(model_cfg, result["model"], data))
+    result["best_baseline"] = best_of(
+        result["model"], {k: (result.get(k) or {}).get("mae_km") for k in baselines.BASELINES}
     )
     result["cloud"] = report.get("cloud")
     result["mae_interval_km"] = (report.get("mae_interval_km") or {}).get(held)
@@ -175,6 +171,19 @@ def read_fold(run_dir: Path, held: str) -> dict:
             "crossval command again; the fold is scored again from its finished model"
         )
     return result
+
+
+def with_baselines(cfg: Config, held: str, result: dict, started: dict | None) -> dict:
+    """A fold scored by an earlier release (no `linear` baseline; its `trees` saw the per-frame reading of
+    the frames) with today's baselines fitted on its training part, so that every fold compares the same."""
+    if "linear" in result:
+        return result
+    log.info("Fold %s was scored by an earlier CloudML: its baselines are fitted again", held)
+    data = prepare_data(fold_config(cfg, held, started=started))
+    fitted = fold_baselines(cfg, result["model"], data)
+    result = {k: v for k, v in result.items() if k != "trees"}
+    maes = {k: (r or {}).get("mae_km") for k, r in {**result, **fitted}.items() if k in baselines.BASELINES}
+    return {**result, **fitted, "best_baseline": best_of(result["model"], maes)}
 
 
 def summarise(folds: dict) -> dict:
@@ -221,8 +230,9 @@ def summarise(folds: dict) -> dict:
         )
     for method, words in (
         ("mean", "the training mean"),
+        ("linear", "the linear model on brightness statistics"),
+        ("trees", "the gradient-boosted trees on brightness statistics"),
         ("scalars_only", "the scalars-only control"),
-        ("trees", "gradient-boosted trees on image statistics"),
     ):
         pairs = [(f["model"]["mae_km"], f[method]["mae_km"]) for f in folds.values() if method in f]
         if pairs:
@@ -231,7 +241,30 @@ def summarise(folds: dict) -> dict:
                 f"The image model beats {words} on {wins} of {len(pairs)} test flights (MAE)."
                 + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
             )
+    verdicts += skill_verdict(folds, summary)
     return {"summary": summary, "verdicts": verdicts, "undefined": undefined}
+
+
+def skill_verdict(folds: dict, summary: dict) -> list[str]:
+    """The network's MAE skill against each fold's best baseline, on average (into `summary`) and in words,
+    naming the folds where a baseline does at least as well."""
+    best = {n: f["best_baseline"] for n, f in folds.items() if f.get("best_baseline")}
+    skills = [b["skill"] for b in best.values() if b.get("skill") is not None]
+    if not skills:
+        return []
+    summary["skill_vs_best_baseline"] = {"mean": _nanmean(skills), "std": _nanstd(skills)}
+    lost = [n for n, b in best.items() if b.get("skill") is not None and b["skill"] <= 0]
+    return [
+        f"Against the best baseline of each test flight the network's MAE skill is {_nanmean(skills):+.2f} "
+        "on average (1 - MAE network / MAE baseline; above 0 it adds something)"
+        + (
+            f"; the baseline does at least as well on {', '.join(lost)} ("
+            + ", ".join(f"{n}: {baselines.SHORT[best[n]['name']]}" for n in lost)
+            + "): there the network adds nothing yet."
+            if lost
+            else "."
+        )
+    ]
 
 
 def _nanmean(values) -> float | None:
@@ -299,9 +332,10 @@ def format_markdown(result: dict) -> str:
         "interval over time blocks, RMSE, bias, std(pred)/std(true), n; beside it the R2 and MAE of the "
         'baselines on the same flight). R2 "undefined": the flight\'s labels do not vary.',
         "",
-        "| test flight | n | R2 model | R2 mean | R2 scalars only | R2 trees | MAE model | MAE model 95% | "
-        "MAE mean | MAE scalars only | MAE trees | RMSE model | bias model | std ratio model |",
-        "|" + "---|" * 14,
+        "| test flight | n | R2 model | R2 mean | R2 scalars only | R2 linear | R2 trees | MAE model | "
+        "MAE model 95% | MAE mean | MAE scalars only | MAE linear | MAE trees | best baseline | "
+        "skill vs it | RMSE model | bias model | std ratio model |",
+        "|" + "---|" * 18,
     ]
     for name, f in result["folds"].items():
         get = f.get
@@ -312,6 +346,7 @@ def format_markdown(result: dict) -> str:
                 [_cell(get(m), "r2") for m in COMPARED]
                 + [_cell(f["model"], "mae_km"), f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"]
                 + [_cell(get(m), "mae_km") for m in COMPARED[1:]]
+                + _best_cells(f.get("best_baseline"))
                 + [_cell(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
             )
             + " |"
@@ -332,6 +367,7 @@ def format_markdown(result: dict) -> str:
             )
             + " |"
         )
+
     if result.get("pooled"):
         p = result["pooled"]
         lines.append(
@@ -344,6 +380,13 @@ def format_markdown(result: dict) -> str:
     if result["warnings"]:
         lines += ["", "Warnings:", *[f"- {w}" for w in result["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+def _best_cells(best: dict | None) -> list[str]:
+    if not best:
+        return ["-", "-"]
+    skill = best.get("skill")
+    return [baselines.SHORT.get(best["name"], best["name"]), "-" if skill is None else f"{skill:+.2f}"]
 
 
 def _cell(m: dict | None, k: str) -> str:
@@ -499,6 +542,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     if not workers.is_main:
         return {}
     folds = {name: done[name] if name in done else read_fold(run_dir, name) for name in names}
+    folds = {name: with_baselines(cfg, name, f, started) for name, f in folds.items()}
     result = {
         "protocol": LEGACY_VALIDATION if legacy else "nested",
         "folds": folds,

@@ -76,6 +76,8 @@ class Key:
     # best.pt, written by the end of the run: the brightness-temperature baseline's cloud flag, fitted on the
     # training flights (science/clouds.py), for predict --cloud-flag bt_threshold
     CLOUD_BASELINE = "cloud_baseline"
+    # a run with train.ema_decay: the average of its weights (train/averaging.py), an optional piece of state
+    EMA = "ema"
 
 
 # The pieces of a run's state, each its state_dict() under its key (train/state.py: stateful)

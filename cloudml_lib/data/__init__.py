@@ -8,7 +8,8 @@
 - cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate, cloud classes
 - flights.py      flights found in a folder by their file names;  synthetic.py  the demo flights, written in
                   the real file layout
-- preprocess.py   a frame's preprocessing (crop, CLAHE) on every core or the GPU
+- preprocess.py   a frame's preprocessing (crop, CLAHE) and its radiometric statistics, on every core or
+                  the GPU
 - cache.py, cachefiles.py  the memory-mapped cache, built once, verified, copied to Drive
 - splits.py       which samples play which role: test flights (nothing chosen on them), validation data
                   (drawn from the training flights by a stated rule), the part trained on

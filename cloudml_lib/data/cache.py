@@ -231,13 +231,23 @@ class FlightCache:
     def radiometry(self) -> Radiometry:
         """What frame_stats' numbers are (the IR file's stated units and unpacking)."""
         r = self.meta.get("radiometry") or {}
-        return Radiometry(str(r.get("units", UNSTATED)), float(r.get("scale", 1.0)), float(r.get("offset", 0.0)))
+        return Radiometry(
+            str(r.get("units", UNSTATED)), float(r.get("scale", 1.0)), float(r.get("offset", 0.0))
+        )
 
     def part(self, rows: np.ndarray) -> FlightCache:
         """The samples `rows` of this flight (a validation block, the part trained on): the same frames
         file, name and record."""
         rows = np.asarray(rows, np.int64)
-        per_sample = ("windows", "frame_index", "cbh_km", "cloud", "layer_base_km", "frame_p10", "frame_stats")
+        per_sample = (
+            "windows",
+            "frame_index",
+            "cbh_km",
+            "cloud",
+            "layer_base_km",
+            "frame_p10",
+            "frame_stats",
+        )
         per_sample += ("sza_deg", "saa_deg", "heading_deg")
         return replace(self, **{k: getattr(self, k)[rows] for k in per_sample})
 
@@ -274,7 +284,11 @@ def _stats(arrays, path: Path, meta: dict) -> np.ndarray:
     them (a cache is derived data: a wrong one is rebuilt)."""
     stats = arrays["frame_stats"]
     names = (meta.get("radiometry") or {}).get("statistics")
-    if stats.ndim != 2 or stats.shape != (len(arrays["cbh_km"]), len(STAT_NAMES)) or names != list(STAT_NAMES):
+    if (
+        stats.ndim != 2
+        or stats.shape != (len(arrays["cbh_km"]), len(STAT_NAMES))
+        or names != list(STAT_NAMES)
+    ):
         raise DataError(f"cache {path}: frame_stats of shape {stats.shape} ({names}), not one row per sample")
     return stats
 

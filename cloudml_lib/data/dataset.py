@@ -154,12 +154,12 @@ def check_radiometry(caches: list[FlightCache]) -> None:
     units = {c.name: c.radiometry.units for c in caches}
     if len(set(units.values())) > 1:
         raise DataError(
-            "data.radiometry: statistics puts every flight's temperatures on one scale, but the IR files state "
-            "different units: "
+            "data.radiometry: statistics puts every flight's temperatures on one scale, but the IR files "
+            "state different units: "
             + ", ".join(f"{n} {u}" for n, u in units.items())
-            + ". Convert the files to one unit (the units attribute of data.keys.ir_signal, with scale_factor "
-            "and add_offset where they are packed), leave the odd flights out (data.flights), or set "
-            "data.radiometry: none."
+            + ". Convert the files to one unit (the units attribute of data.keys.ir_signal, with "
+            "scale_factor and add_offset where they are packed), leave the odd flights out (data.flights), "
+            "or set data.radiometry: none."
         )
 
 
@@ -375,6 +375,14 @@ def split_data(cfg: Config, caches: list[FlightCache], table: str = "") -> RunDa
     if cfg.data.radiometry != "none":
         check_radiometry(caches)
     scalers = fit_scalers(fit, cfg.data.radiometry)
+    if scalers.radiometry:
+        log.info(
+            "radiometry: the network sees the labelled frame's brightness statistics in %s, on the scale "
+            "(x - %.4g) / %.4g fitted on the part trained on (data.radiometry: statistics)",
+            fit[0].radiometry.words(),
+            scalers.radiometry_offset,
+            scalers.radiometry_scale,
+        )
     weights = {cfg.data.overweight_flight: cfg.data.overweight_factor} if cfg.data.overweight_flight else {}
     log.info(
         "training on %s (%d samples); %s; test flights: %s (%d samples), scored once, at the end",

@@ -234,17 +234,21 @@ def ensure_demo_flights(data: DataConfig) -> DataConfig:
     if not data.test_flights:
         names = [n for n, _ in synthetic.demo_flight_names(synthetic.DEMO_FLIGHTS)]
         data = replace(data, test_flights=[names[synthetic.DEMO_TEST_INDEX]])
-    marker = Path(data.dir) / synthetic.VERSION_FILE
-    old = marker.is_file() and marker.read_text().strip() != str(synthetic.DEMO_VERSION)
-    if old:
-        log.info(
-            "data.demo: the demo flights in %s were written by an earlier CloudML (demo version %s, now %d); "
-            "writing them again",
+    version = synthetic.written_version(Path(data.dir))
+    if version is not None and version != str(synthetic.DEMO_VERSION):
+        # the runs made on them continue on them: an earlier generator's flights are never written over
+        log.warning(
+            "data.demo: the demo flights in %s were written by an earlier CloudML (generator version %s; "
+            "this one writes %d): they are kept and used as they are, so that a run trained on them goes on "
+            "with them. The demo of this version goes into a folder of its own (configs/demo.yaml: "
+            ".cloudml_demo/flights_v%d; or make-demo-data --out NEW_FOLDER).",
             data.dir,
-            marker.read_text().strip(),
+            version,
+            synthetic.DEMO_VERSION,
             synthetic.DEMO_VERSION,
         )
-    if old or (not data.flights and not (Path(data.dir).is_dir() and find_flights(data))):
+        return data
+    if not data.flights and not (Path(data.dir).is_dir() and find_flights(data)):
         log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
         synthetic.make_demo_flights(
             data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED, option="data.dir"

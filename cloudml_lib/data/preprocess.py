@@ -5,7 +5,8 @@ One frame goes through two stages: `prepare` (crop the swath, fill non-finite pi
 median, block-average, min-max to [0, 1]) and `equalise` (CLAHE, then z-score). Beside them, the raw frame's
 radiometry is kept as numbers (`frame_statistics`: percentiles, mean and spread of its swath in the units the
 IR file states, `Radiometry`): the per-frame reading keeps no temperature, and a cloud's temperature is what
-every infrared cloud-height retrieval starts from (the network's data.radiometry inputs, the baselines). Two backends equalise:
+every infrared cloud-height retrieval starts from (the network's data.radiometry inputs, the baselines).
+Two backends equalise:
 - skimage (scikit-image's `equalize_adapthist`, on the CPU): the reference; every earlier cache used it;
 - kornia (`kornia.enhance.equalize_clahe`, torch, batched): on the GPU. Its output differs a little from
   scikit-image's (benchmarks/preprocess.py measures by how much), so it is part of the cache key, and the

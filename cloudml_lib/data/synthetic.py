@@ -17,31 +17,31 @@ files hold (ER2_DATA.md, "Corrections from public evidence"):
   public-style ICARTT text instead (`*_MetNav_ER2_YYYYMMDD_R0.ict`, with a time axis, a Day_Of_Year
   column, the sun azimuth in -180..180, fill -9999 and the limit-of-detection flags -7777 / -8888).
 
-The scene of generator version 3 (`make_demo_flights`' default; all sizes scale with the frame width; "px"
-is one camera pixel at nadir). What the camera sees of a low cloud is its *top*; the lidar labels its *base*,
-a thickness below, and nothing in one frame's temperatures gives that thickness, the sea's temperature under
-an overcast or the day's lapse rate, so no temperature statistic gives the base exactly:
+The scene of generator version 3 (`make_demo_flights`' default; all sizes scale with the frame width; "px" is
+one camera pixel at nadir). What the camera sees of a low cloud is its *top*; the lidar labels its *base*, a
+thickness below, and nothing in one frame's temperatures gives that thickness, the sea's temperature under an
+overcast or the day's lapse rate, so no temperature statistic gives the base exactly:
 - A marine boundary layer per flight (`Atmosphere`): the sea's temperature differs between flights (285.5 to
   292 K, the range of sea surface temperatures off California in NOAA's OISST climatology, about 12-19 C), the
   air at the surface 0.5-1.5 K cooler than the sea (a typical marine air-sea difference), and the temperature
-  falls with height at a rate between 7 K/km (a decoupled, partly stable sub-cloud layer) and 9.8 K/km (the dry
-  adiabat of a well-mixed one) below the cloud base, then at 5 K/km (about the moist adiabat at these
+  falls with height at a rate between 7 K/km (a decoupled, partly stable sub-cloud layer) and 9.8 K/km (the
+  dry adiabat of a well-mixed one) below the cloud base, then at 5 K/km (about the moist adiabat at these
   temperatures) inside the cloud, so the cloud top is colder than the base by 5 K per km of thickness.
 - A low cloud with a known base height h(t) (km) that drifts along the flight, present in bursts separated by
   clear stretches, so labels come in bursts with long gaps; its thickness varies within a flight (a smooth
-  +-35% around the flight's mean) and between flights (means 0.20-0.42 km): stratocumulus thickness is close to
-  normally distributed over the eastern Pacific, a few hundred metres (Zhou et al. 2006, GRL 33, L02807; Wood
-  2012, Mon. Wea. Rev. 140, 2373, reviews 100-500 m). Its random cloud field (smoothed noise, soft edges)
-  moves with the layer. A thin cloud is partly transparent in the infrared: its emissivity is
-  1 - exp(-0.158 LWP) (Stephens 1978, J. Atmos. Sci. 35, 2123, LWP in g/m2), the liquid water path that of a
-  cloud at 60% of the adiabatic liquid water content (1000 x 0.6 x thickness_km^2 g/m2), so a 50 m thin cloud
-  shows about a fifth of the temperature contrast of a thick one.
+  +-35% around the flight's mean) and between flights (means 0.20-0.42 km): stratocumulus thickness is close
+  to normally distributed over the eastern Pacific, a few hundred metres (Zhou et al. 2006, GRL 33, L02807;
+  Wood 2012, Mon. Wea. Rev. 140, 2373, reviews 100-500 m). Its random cloud field (smoothed noise, soft edges)
+  moves with the layer. A thin cloud is partly transparent in the infrared: its emissivity is 1 - exp(-0.158
+  LWP) (Stephens 1978, J. Atmos. Sci. 35, 2123, LWP in g/m2), the liquid water path that of a cloud at 60% of
+  the adiabatic liquid water content (1000 x 0.6 x thickness_km^2 g/m2), so a 50 m thin cloud shows about a
+  fifth of the temperature contrast of a thick one.
 - Stretches of thin cirrus at 8-11 km (layer 0, the top) come and go independently of the low cloud, over
   about 40% of a flight: a faint, streaky veil in the frames (emissivity 0.01-0.04, so one to three kelvin
-  colder), over the low cloud or over clear sea. Its base is the users' `top` label; the low cloud's base is the
-  `lowest` label (the default). A third of the cirrus-free low-cloud profiles see a second low layer 0.2-0.8 km
-  above the low cloud (also layer 0), so `top` and `single` differ, as on the real flights (933 against ~380
-  labels).
+  colder), over the low cloud or over clear sea. Its base is the users' `top` label; the low cloud's base is
+  the `lowest` label (the default). A third of the cirrus-free low-cloud profiles see a second low layer
+  0.2-0.8 km above the low cloud (also layer 0), so `top` and `single` differ, as on the real flights (933
+  against ~380 labels).
 - Cloud / no-cloud (`Number_Layers == 0` is clear sky) is of varying difficulty: clear sea (easy against low
   cloud), faint cirrus alone (cloud, but no height in the label range: hard), and low cloud under cirrus.
 - The camera flies at 20 km, 200 m/s, one frame per second. A point of the cloud's top appears magnified by
@@ -50,23 +50,24 @@ an overcast or the day's lapse rate, so no temperature statistic gives the base 
   angle sza and azimuth saa from north, casts the cloud's shadow on the sea: the slab from base to top shades
   the sea from base * tan(sza) to top * tan(sza) away from the sun, in the direction of saa - heading in the
   image, so the shadow's offset carries the base and its width the thickness, both seen only with the sun's
-  angles; a flip that mirrored the azimuth as if the aircraft headed north would teach wrong shadow directions.
+  angles; a flip that mirrored the azimuth as if the aircraft headed north would teach wrong shadow
+  directions.
 - Brightness temperature: the sea (with a gentle gradient across the frame), cooled by 1.5 K in shadow; cloud
   pixels at the cloud top's temperature, mixed with what lies below by the emissivity; sensor noise of 0.15 K.
 - Flights differ in sun angles, height and thickness, sea and air: a test flight is a real test, a model that
   sees only the angles cannot predict the height, and one that reads the temperature must also know the day's
   atmosphere, as on real flights.
-- Lidar heights (the low layer's base and top) come in 30 m steps, with 20 m of noise before rounding, and with
-  invalid profiles the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude fill
-  value or above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
+- Lidar heights (the low layer's base and top) come in 30 m steps, with 20 m of noise before rounding, and
+  with invalid profiles the loader's filters must remove: no layer, over land (DEM > 0), a surface altitude
+  fill value or above 0.9 km, heights outside 0.1..2 km, and profiles outside the camera's time span.
 - The IR file says what its numbers are: counts packed as CF-1.8 does (`units` K, `scale_factor` 0.01,
   `add_offset` 180: a count is 0.01 K above 180 K), and which generator wrote it (`cloudml_demo_generator`).
 
 Generator version 2 (CloudML 0.2-0.3; `make_demo_flights(version=2)` writes it again, byte for byte, for the
 runs made on it): every cloud pixel at the temperature of its base + 0.3 km (a constant thickness, one sea
-temperature for all flights and 6.5 K/km from 289 K at the surface up), so the frames' coldest
-pixels gave the base almost exactly and the demo was easy by construction; its IR files state only
-`units: counts`. Version 1 (before it) had neither cirrus nor clear sky in the frames.
+temperature for all flights and 6.5 K/km from 289 K at the surface up), so the frames' coldest pixels gave the
+base almost exactly and the demo was easy by construction; its IR files state only `units: counts`. Version 1
+(before it) had neither cirrus nor clear sky in the frames.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ DEMO_TEST_INDEX = 2
 # its base a varying thickness below, the atmosphere of each flight its own (the module's docstring)
 DEMO_VERSION = 3
 DEMO_VERSIONS = (2, 3)  # the versions make_demo_flights writes (each byte for byte)
-VERSION_FILE = ".cloudml_demo_version"  # written beside the flights; an older one is rewritten
+VERSION_FILE = ".cloudml_demo_version"  # written beside the flights; an earlier version's flights are kept
 GENERATOR_ATTR = "cloudml_demo_generator"  # the IR file's attribute naming its generator version (3 on)
 # Version 3's flights, one entry each (cycled past the eighth): the sea's temperature (K), the air's
 # difference to it at the surface (K), the sub-cloud lapse rate (K/km) and the low cloud's mean thickness (km)
@@ -235,7 +236,8 @@ class Scene:
 @dataclass(frozen=True)
 class Atmosphere:
     """A version-3 flight's marine boundary layer: the sea's temperature (K), how much cooler the air is at
-    the surface (K), and the lapse rate below the cloud base (K/km; inside the cloud: MOIST_LAPSE_K_PER_KM)."""
+    the surface (K), and the lapse rate below the cloud base (K/km; inside the cloud:
+    MOIST_LAPSE_K_PER_KM)."""
 
     sea_k: float
     air_sea_k: float
@@ -293,7 +295,10 @@ def _under_cirrus(field, below, cirrus: float, row: float, u_r, u_c):
     """The frame seen through a cirrus veil: streaks (the cloud field stretched along-track, far from the
     low cloud's part of it) of emissivity up to `cirrus` at CIRRUS_K."""
     streak = ndimage.map_coordinates(
-        field, [(row + u_r * 0.25) % field.shape[0], (field.shape[1] - 1) / 2 - u_c * 1.5], order=1, mode="wrap"
+        field,
+        [(row + u_r * 0.25) % field.shape[0], (field.shape[1] - 1) / 2 - u_c * 1.5],
+        order=1,
+        mode="wrap",
     )
     emissivity_ = cirrus * (0.4 + 0.6 * streak)
     return (1 - emissivity_) * below + emissivity_ * CIRRUS_K
@@ -601,15 +606,22 @@ def write_icartt_nav(
             f.write(f"{ti:.0f}, " + ", ".join(f"{v:.6g}" for v in row) + "\n")
 
 
-def adopt_demo(folder: Path) -> str | None:
-    """Demo flights of an earlier CloudML: the demo version file it wrote beside them."""
+def written_version(folder: Path) -> str | None:
+    """The generator version the demo version file beside a folder's demo flights names (read without
+    following a link or blocking on a FIFO); None where there is none, or it names no version."""
     from cloudml_lib.base.files import read_text
 
     try:
         version = read_text(Path(folder) / VERSION_FILE, limit=64, follow=False).strip()
     except (OSError, CloudMLError):
         return None
-    return f"its {VERSION_FILE} says demo version {version}" if version.isdigit() else None
+    return version if version.isdigit() else None
+
+
+def adopt_demo(folder: Path) -> str | None:
+    """Demo flights of an earlier CloudML: the demo version file it wrote beside them."""
+    version = written_version(folder)
+    return None if version is None else f"its {VERSION_FILE} says demo version {version}"
 
 
 DEMO = Kind("demo flights", "--out", adopt_demo, "the folder of earlier demo flights to write them again")

@@ -40,7 +40,7 @@ from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.data.splits import Split, choose_split
-from cloudml_lib.science import intervals, plots, skill
+from cloudml_lib.science import baselines, intervals, plots, skill
 from cloudml_lib.science.report import (
     METRIC_KEYS,
     bounds_in_words,
@@ -96,6 +96,19 @@ def test_report(
         report["validation"] = skill.validation_scores(
             data.val_set.targets_km()[v], validation.height_km[v], data.val_set.flight_names()[v]
         )
+    predicted = baselines.fit_predict(data.frames, [test], cfg.train.seed)
+    predicted = {k: v[0][has] for k, v in predicted.items()}
+    predicted["mean"] = np.full(int(has.sum()), float(trained.train_mean_km))  # the report's baseline
+    report["baselines"] = baselines.compare_baselines(true_km, pred_km, flights, predicted)
+    report["radiometry"] = radiometry_record(cfg, test)
+    best = (report["baselines"]["best"] or {}).get("pooled")
+    report["by_height"] = skill.by_height(
+        true_km,
+        pred_km,
+        flights,
+        trained.label_range,
+        None if best is None else (baselines.SHORT[best["name"]], predicted[best["name"]]),
+    )
     report["flight_verdicts"] = flight_verdicts(report)
     report["verdict"] = verdict(report)
     report["out_of_bounds"] = bounds_count(pred_km, height_bounds_km(cfg.data))
@@ -112,6 +125,17 @@ def test_report(
         seen = list(data.split.test) if data.split.legacy else calibration.get("flights") or []
         report["intervals"] = skill.interval_scores(true_km, pred_km, flights, calibration, seen)
     return report
+
+
+def radiometry_record(cfg: Config, dataset: CloudDataset) -> dict:
+    """What the network saw of the frames' radiometry (data.radiometry) and in which units the brightness
+    statistics are (as the test flights' IR files state them)."""
+    units = {c.name: c.radiometry for c in dataset.caches}
+    return {
+        "network_inputs": cfg.data.radiometry,
+        "units": {name: r.units for name, r in units.items()},
+        "words": "; ".join(dict.fromkeys(r.words() for r in units.values())),
+    }
 
 
 def protocol(split: Split) -> dict:
@@ -223,9 +247,9 @@ def load_run_model(
     if film is not None and film.shape[-1] != model.film[0].in_features:
         if film.shape[-1] == 2:  # the angles as two numbers: CloudML before the azimuth's sine and cosine
             raise CloudMLError(
-                f"{best} was trained by an earlier CloudML with 2 angle inputs (this version takes the zenith "
-                "angle and the sine and cosine of the sun azimuth); retrain the run with this version, or use "
-                "the version that trained it."
+                f"{best} was trained by an earlier CloudML with 2 angle inputs (this version takes the "
+                "zenith angle and the sine and cosine of the sun azimuth); retrain the run with this "
+                "version, or use the version that trained it."
             )
         raise CloudMLError(
             f"{best}: its network takes {film.shape[-1]} scalar inputs, but the config stored with it "

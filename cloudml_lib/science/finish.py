@@ -160,7 +160,8 @@ def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndD
             str(e).splitlines()[0] if str(e) else type(e).__name__,
             progress["epoch"],
         )
-        model.load_state_dict(final.state[Key.MODEL])
+        # the weights the run validates: their average where it keeps one (train/averaging.py)
+        model.load_state_dict((final.state.get(Key.EMA) or {}).get("weights") or final.state[Key.MODEL])
         train_mean = float(np.nanmean(data.frames.targets_km()))
         ckpt = {
             Key.FORMAT: FORMAT_VERSION,

@@ -71,6 +71,7 @@ from cloudml_lib.data.preprocess import (
     resolve_workers,
 )
 from cloudml_lib.science import intervals, plots, products
+from cloudml_lib.science.baselines import SHORT
 from cloudml_lib.science.clouds import bt_flag
 from cloudml_lib.science.evaluate import load_run_model
 from cloudml_lib.science.report import write_report
@@ -536,7 +537,7 @@ def skill_attributes(flight: str, evaluation: dict | None) -> dict:
     """Global attributes that say how good the model that wrote the file is: its test skill per test flight
     (with the baseline's), its verdict and the protocol it was tested under, from evaluation.json (read as
     untrusted); said plainly where the run has none."""
-    from cloudml_lib.science.report import protocol_words, with_verdict
+    from cloudml_lib.science.report import best_baseline, protocol_words, with_verdict
 
     if not evaluation:
         return {"model_test_skill": "not evaluated (the run has no evaluation.json)"}
@@ -552,6 +553,7 @@ def skill_attributes(flight: str, evaluation: dict | None) -> dict:
         )
         + f", n {m.get('n')}"
         + (f"; training mean MAE {_num(base[name].get('mae_km'))} km" if name in base else "")
+        + _best_words(best_baseline(report, name))
         for name, m in per.items()
     )
     return {
@@ -563,6 +565,16 @@ def skill_attributes(flight: str, evaluation: dict | None) -> dict:
 
 def _num(v) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) and np.isfinite(v) else "undefined"
+
+
+def _best_words(best: dict | None) -> str:
+    """ "; best baseline (linear on brightness) MAE 0.118 km, MAE skill against it +0.17" ("" without one)."""
+    if not best or best.get("skill") is None:
+        return ""
+    return (
+        f"; best baseline ({SHORT.get(best['name'], best['name'])}) MAE {_num(best['mae_km'])} km, MAE skill "
+        f"against it {best['skill']:+.2f}"
+    )
 
 
 def flag_attributes(result: dict) -> dict:

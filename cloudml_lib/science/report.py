@@ -6,8 +6,11 @@ crossval.md, provenance.json), so any command that adds results (train, evaluate
 it. Images are linked by paths relative to the run directory.
 
 `shortcomings` is the one rule that says a model is of no use yet (its predictions collapse towards a
-constant, or it does not beat the training mean); `verdict` says it in a sentence, for report.md, the
-evaluation's text (evaluate.py) and the notebook; cross-validation warns by the same rule.
+constant, or it does not beat the training mean); `baseline_beats` adds the physical baselines (baselines.py:
+a linear model and trees on the frame's brightness statistics): where the best of them does at least as well,
+the network adds nothing yet, and the verdict says so with both numbers named. `verdict` says it in a
+sentence, for report.md, the evaluation's text (evaluate.py) and the notebook; cross-validation warns by the
+same rules.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core import provenance
 from cloudml_lib.core.compile import describe_saved
+from cloudml_lib.science.baselines import SHORT as SHORT_NAMES
+from cloudml_lib.science.baselines import WORDS as BASELINE_NAMES
 
 REPORT = "report.md"
 
@@ -63,13 +68,35 @@ def _versus(model: dict, baseline: dict) -> str:
     return ", ".join(parts)
 
 
+def best_baseline(report: dict, name: str | None) -> dict | None:
+    """The best baseline (baselines.compare_baselines) on test flight `name` (None: pooled), or None where the
+    report holds no baselines (written before they existed)."""
+    best = (report.get("baselines") or {}).get("best") or {}
+    found = best.get("pooled") if name is None else (best.get("per_flight") or {}).get(name)
+    return found if isinstance(found, dict) and isinstance(found.get("name"), str) else None
+
+
+def baseline_beats(best: dict | None) -> str | None:
+    """The clause that says a physical baseline does at least as well as the network (both MAEs named), or
+    None (none does, or the best is the training mean: shortcomings says that)."""
+    if not best or best["name"] == "mean" or not _finite(best.get("skill")) or best["skill"] > 0:
+        return None
+    return (
+        f"{BASELINE_NAMES.get(best['name'], best['name'])} does at least as well as the network (MAE "
+        f"{best['mae_km']:.3f} km for the baseline, {best['model_mae_km']:.3f} km for the network; skill "
+        f"{best['skill']:+.2f}): the network adds nothing yet"
+    )
+
+
 def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, str] | None:
     """One test flight judged: (useful, the clause that says why): whether the model beats the training mean
-    there (with the MAE's interval over time blocks) or why not, an R2 that is undefined (labels that do not
-    vary), labels outside the heights trained on. None without heights to judge by."""
+    and the best physical baseline there (with the MAE's interval over time blocks and its skill against that
+    baseline) or why not, an R2 that is undefined (labels that do not vary), labels outside the heights
+    trained on. None without heights to judge by."""
     if not model.get("n") or not _finite(model.get("mae_km")):
         return None
-    problems = shortcomings(model, baseline)
+    best = best_baseline(report, name or None)
+    problems = shortcomings(model, baseline) + [b for b in [baseline_beats(best)] if b]
     if problems:
         said = " and ".join(problems)
     else:
@@ -79,6 +106,11 @@ def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, 
             if interval
             else ""
         )
+        if best and best["name"] != "mean" and _finite(best.get("skill")):
+            said += (
+                f"; the best physical baseline, {BASELINE_NAMES.get(best['name'], best['name'])}, has MAE "
+                f"{best['mae_km']:.3f} km: the network's MAE skill against it is {best['skill']:+.2f}"
+            )
     if not _finite(model.get("r2")):
         said += f"; R2 is undefined there: its {model['n']} labels do not vary"
     out = (report.get("outside_training_labels") or {}).get(name)
@@ -101,11 +133,17 @@ def flight_verdicts(report: dict) -> dict:
         j = judged(name, m, base.get(name) or (report.get("baseline") if one else {}) or {}, report)
         if j is not None:
             out[name] = (
-                f"{name}: the model beats predicting the training mean ({j[1]})."
+                f"{name}: the model beats {_beaten(report)} ({j[1]})."
                 if j[0]
                 else f"{name}: not useful yet: {j[1]}."
             )
     return out
+
+
+def _beaten(report: dict) -> str:
+    """What a useful model beats: every baseline, or (a report written before the physical baselines) the
+    training mean."""
+    return "every baseline" if report.get("baselines") else "predicting the training mean"
 
 
 def verdict(report: dict) -> str | None:
@@ -127,22 +165,42 @@ def verdict(report: dict) -> str | None:
     if len(judgements) == 1:
         ((name, (useful, why)),) = judgements.items()
         text = (
-            f"Verdict: the model beats predicting the training mean on {name} ({why})."
+            f"Verdict: the model beats {_beaten(report)} on {name} ({why})."
             if useful
             else f"Verdict: this model is not useful yet on {name}: {why}."
         )
     else:
         good = [n for n in judgements if n not in bad]
+        beaten = "every baseline" if report.get("baselines") else "the training mean"
+        pooled = best_baseline(report, None)
         text = (
             "Verdict, flight by flight: "
             + " ".join(flight_verdicts(report).values())
-            + (f" The model beats the training mean on {', '.join(good)}" if good else " It beats it on none")
+            + (f" The model beats {beaten} on {', '.join(good)}" if good else " It beats it on none")
             + (f" and NOT on {', '.join(bad)}." if bad and good else ".")
             + f" Pooled over the {len(judgements)} test flights (a pooled R2 counts the differences between "
-            f"flights as skill): {_versus(model, baseline)}."
+            f"flights as skill): {_versus(model, baseline)}"
+            + (
+                f"; MAE skill {pooled['skill']:+.2f} against the best baseline there, "
+                f"{BASELINE_NAMES.get(pooled['name'], pooled['name'])}."
+                if pooled and _finite(pooled.get("skill"))
+                else "."
+            )
         )
     if bad:
-        text += " Try more epochs, more flights, or check the labels."
+        physical = any(baseline_beats(best_baseline(report, n)) for n in bad)
+        blind = (report.get("radiometry") or {}).get("network_inputs") == "none"
+        text += (
+            " Where a baseline on the brightness temperature does as well, the network's heights add nothing "
+            "to it: publish the baseline beside them (or instead)."
+            if physical
+            else ""
+        )
+        text += " Try more epochs, more flights, or check the labels" + (
+            "; or data.radiometry: statistics (this network never saw a temperature)."
+            if physical and blind
+            else "."
+        )
     if (report.get("protocol") or {}).get("name") == LEGACY_VALIDATION:
         text += " " + LEGACY_WORDS
     return text
@@ -182,14 +240,28 @@ def _validation_words(p: dict) -> str:
 
 
 BASELINE_WORDS = (
-    "Baselines, each fitted on the training flights only: *training mean* predicts the training labels' mean "
-    "height for every frame; *majority class* says the training flights' commoner of cloud and clear sky "
-    "everywhere; *brightness-temperature threshold* says cloud where a frame's 10th-percentile brightness "
-    "(its "
-    "coldest pixels) lies in the window (or below the threshold) that classifies the training flights best. "
-    "A "
-    "model worth using beats them."
+    "Baselines, each fitted on the training flights only (the samples the network was fitted on): *training "
+    "mean* predicts the training labels' mean height for every frame; *linear on brightness* is a ridge "
+    "regression on the labelled frame's raw brightness statistics (eight percentiles, mean and spread, in "
+    "the units the IR file states) and the sun's angles; *trees on brightness* are gradient-boosted trees "
+    "on the same; *majority class* says the training flights' commoner of cloud and clear sky everywhere; "
+    "*brightness-temperature threshold* says cloud where a frame's 10th-percentile brightness (its coldest "
+    "pixels) lies in the window (or below the threshold) that classifies the training flights best. A model "
+    "worth using beats them."
 )
+
+
+def radiometry_words(report: dict) -> str:
+    """What the network saw of the frames' temperatures, and in which units the brightness statistics are."""
+    r = report["radiometry"]
+    seen = (
+        "The network saw the labelled frame's brightness statistics beside its frames (data.radiometry: "
+        "statistics)"
+        if r.get("network_inputs") == "statistics"
+        else "The network saw the per-frame reading of its frames alone, no temperature (data.radiometry: "
+        f"{r.get('network_inputs')})"
+    )
+    return f"{seen}; the brightness statistics are in {r.get('words') or 'the units the IR files state'}."
 
 
 def cloud_verdict(report: dict) -> str | None:
@@ -265,17 +337,104 @@ def metric_rows(report: dict) -> list[tuple[str, dict]]:
     training mean's; then, with several flights, the pooled rows, named pooled (report.md and the text report
     alike)."""
     per, base = report["per_flight"], report.get("baseline_per_flight") or {}
+    physical = {
+        k: v
+        for k, v in ((report.get("baselines") or {}).get("methods") or {}).items()
+        if k != "mean" and isinstance(v, dict)
+    }
     rows = []
     for name, m in per.items():
         rows.append((f"model: flight {name}", m))
         if name in base:
             rows.append((f"baseline (training mean): flight {name}", base[name]))
+        for k, v in physical.items():
+            if name in (v.get("per_flight") or {}):
+                rows.append((f"baseline ({SHORT_NAMES.get(k, k)}): flight {name}", v["per_flight"][name]))
     if len(per) != 1 or not base:
         rows += [
             (f"model: pooled over {len(per)} test flights", report["overall"]),
             (f"baseline (training mean): pooled over {len(per)}", report["baseline"]),
         ]
+        rows += [
+            (f"baseline ({SHORT_NAMES.get(k, k)}): pooled over {len(per)}", v["overall"])
+            for k, v in physical.items()
+            if isinstance(v.get("overall"), dict)
+        ]
     return rows
+
+
+def skill_lines(report: dict) -> list[str]:
+    """Markdown: per test flight (and pooled), the best baseline, its MAE beside the network's, and the
+    network's MAE skill against each baseline ([] without baselines)."""
+    b = report.get("baselines") or {}
+    best = b.get("best") or {}
+    names = [n for n in ("mean", "linear", "trees") if n in (b.get("methods") or {})]
+    rows = []
+    places = [(f"flight {k}", v) for k, v in (best.get("per_flight") or {}).items()]
+    places += [("pooled", best.get("pooled"))] if len(best.get("per_flight") or {}) != 1 else []
+    for where, r in places:
+        if not isinstance(r, dict):
+            continue
+        against = r.get("skill_against") or {}
+        rows.append(
+            [
+                where,
+                SHORT_NAMES.get(r["name"], r["name"]),
+                _num(r.get("mae_km")),
+                _num(r.get("model_mae_km")),
+                *(_signed(against.get(n)) for n in names),
+            ]
+        )
+    if not rows:
+        return []
+    header = ["test", "best baseline", "its MAE km", "network MAE km"]
+    header += [f"skill vs {SHORT_NAMES.get(n, n)}" for n in names]
+    return [
+        "The network against its baselines: MAE skill = 1 - MAE(network) / MAE(baseline); above 0 the "
+        "network adds something, at or below 0 the baseline does as well.",
+        "",
+        *tables.markdown(header, rows).splitlines(),
+    ]
+
+
+def _signed(v) -> str:
+    return "-" if not _finite(v) else f"{v:+.2f}"
+
+
+def height_range_lines(report: dict) -> list[str]:
+    """Markdown: the error by height range (thirds of the heights trained on, and outside them) per test
+    flight:
+    n, the network's MAE and bias, the best baseline's MAE ([] where the report holds none)."""
+    by = report.get("by_height") or {}
+    rows = []
+    for flight, ranges in (by.get("per_flight") or {}).items():
+        for r in ranges:
+            rows.append(
+                [
+                    f"flight {flight}",
+                    r["range"],
+                    r["n"],
+                    _num(r.get("mae_km")),
+                    _num(r.get("bias_km")),
+                    _num(r.get("baseline_mae_km")),
+                ]
+            )
+    if not rows:
+        return []
+    header = [
+        "test",
+        "true height km",
+        "n",
+        "MAE km",
+        "bias km",
+        f"MAE km of {by.get('baseline', 'baseline')}",
+    ]
+    return [
+        "Error by height range (thirds of the heights trained on, "
+        f"{by.get('edges_km', [])}): bias = mean of predicted - true.",
+        "",
+        *tables.markdown(header, rows).splitlines(),
+    ]
 
 
 def _metrics_table(report: dict) -> list[str]:
@@ -388,7 +547,7 @@ def epoch_lines(history: list[dict], best_epoch) -> list[str]:
     rows = [
         [
             f"{h['epoch']}{' (best)' if h['epoch'] == best_epoch else ''}",
-            *(_num(h.get(k)) for k in ("val_loss", "r2", "mae_km")),
+            *(_num(h.get(k)) for k in ("val_loss", "r2", "mae_km", "bias_km")),
         ]
         for h in history
     ]
@@ -396,7 +555,7 @@ def epoch_lines(history: list[dict], best_epoch) -> list[str]:
         "The validation score of every epoch (the validation data of the training flights; the best "
         "validation loss chose the model):",
         "",
-        *tables.markdown(["epoch", "validation loss", "R2", "MAE km"], rows).splitlines(),
+        *tables.markdown(["epoch", "validation loss", "R2", "MAE km", "bias km"], rows).splitlines(),
     ]
 
 
@@ -408,11 +567,14 @@ def test_section(report: dict, history: list[dict] | None = None) -> list[str]:
     out += [report["verdict"], ""] if report.get("verdict") else []
     out += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
     out += _metrics_table(report) + [""]
+    out += skill_lines(report) + [""] if report.get("baselines") else []
+    out += height_range_lines(report) + [""] if report.get("by_height") else []
     out += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
     if report.get("cloud"):
         out += cloud_table(report) + [""]
         out += [cloud_verdict(report), ""] if cloud_verdict(report) else []
     out += [BASELINE_WORDS, ""]
+    out += [radiometry_words(report), ""] if report.get("radiometry") else []
     out += interval_lines(report) + [""] if report.get("intervals") else []
     out += validation_lines(report) + [""] if report.get("validation") else []
     out += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []

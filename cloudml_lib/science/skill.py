@@ -41,6 +41,47 @@ def height_scores(true_km, pred_km, flights, frames, train_mean_km: float) -> di
     return out
 
 
+def by_height(true_km, pred_km, flights, label_range: list[float] | None, baseline: tuple | None) -> dict:
+    """The error by height range, per test flight: thirds of the heights trained on (`label_range`), and below
+    or above them where a flight has labels there; in each, n, the network's MAE and bias (predicted - true)
+    and, with `baseline` (its name, its heights for the same samples), that baseline's MAE. {} without a
+    range."""
+    if not label_range or not label_range[1] > label_range[0]:
+        return {}
+    low, high = float(label_range[0]), float(label_range[1])
+    edges = [low, low + (high - low) / 3, low + 2 * (high - low) / 3, high]
+    true_km, pred_km, flights = (np.asarray(a) for a in (true_km, pred_km, flights))
+    base_km = None if baseline is None else np.asarray(baseline[1], np.float64)
+    bins = [(-np.inf, low, f"below {low:.2f}")]
+    bins += [(edges[i], edges[i + 1], f"{edges[i]:.2f}-{edges[i + 1]:.2f}") for i in range(3)]
+    bins += [(high, np.inf, f"above {high:.2f}")]
+    out = {}
+    for name in dict.fromkeys(flights.tolist()):
+        rows = []
+        for k, (a, b, words) in enumerate(bins):
+            # the top third includes the highest label trained on; nothing else lies in two bins
+            inside = (true_km >= a) & ((true_km <= b) if k == 3 else (true_km < b))
+            m = inside & (flights == name)
+            if not m.any() and k in (0, 4):
+                continue
+            err = pred_km[m] - true_km[m]
+            row = {
+                "range": words,
+                "n": int(m.sum()),
+                "mae_km": float(np.abs(err).mean()) if m.any() else None,
+                "bias_km": float(err.mean()) if m.any() else None,
+            }
+            if base_km is not None:
+                row["baseline_mae_km"] = float(np.abs(base_km[m] - true_km[m]).mean()) if m.any() else None
+            rows.append(row)
+        out[str(name)] = rows
+    return {
+        "edges_km": [round(e, 3) for e in edges],
+        "baseline": None if baseline is None else baseline[0],
+        "per_flight": out,
+    }
+
+
 def outside_labels(true_km, flights, label_range: list[float] | None) -> dict:
     """Per flight: how many of its labels lie outside `label_range` (the heights trained on), and their
     span; {} without a range."""

@@ -5,6 +5,7 @@
 - state.py       what survives a restart, each piece behind state_dict()/load_state_dict() by key
 - saving.py      checkpoint cadence, the manifest, best.pt
 - evaluation.py  validation after each epoch, the best model, early stopping
+- averaging.py   the moving average of the weights (train.ema_decay): what is validated and kept
 - progress.py    run.json and the notebook's progress lines;  signals.py  stopping on SIGTERM/Ctrl-C
 - loss.py        the objective: weighted Huber on the standardised height (and the validation loss)
 

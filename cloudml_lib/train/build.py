@@ -76,6 +76,7 @@ from cloudml_lib.data.dataset import (
 )
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import resolve_backend
+from cloudml_lib.train.averaging import WeightAverage, resolve_decay
 from cloudml_lib.train.progress import RunInfo
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.state import LoopState, TrainingState, stateful
@@ -183,7 +184,8 @@ def claim_run_dir(
 class Parts:
     """Steps 3-6 above: the model and everything that trains it."""
 
-    model: torch.nn.Module  # the plain module: what is saved and evaluated
+    model: torch.nn.Module  # the plain module: what is trained (and, without an average, evaluated)
+    average: WeightAverage | None  # the EMA of its weights (train.ema_decay): what is evaluated and kept
     ddp: torch.nn.Module  # what a training step calls: the model, or DDP around it
     device: torch.device
     autocast: Callable  # a context manager factory: autocast, or nothing in float32
@@ -240,7 +242,7 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         parts, cfg = build_parts(cfg, dist, train_set, run_dir.parent)
         writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
         loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), MetricsFile(run_dir, dist)
-        pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop)
+        pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop, parts.average)
         state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
         checkpoints = Checkpoints(run_dir, cfg, dist, writer, state, metrics, parts.total_steps)
         step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
@@ -376,6 +378,8 @@ def build_parts(
     GPU calibrate the batch probe's first guess."""
     t = cfg.train
     model, device, precision = placed_model(cfg, dist, train_set.scalers)
+    # the average is a copy of the model made before DDP wraps it or compile changes its encoder's forward
+    average = WeightAverage(model) if t.ema_decay != 0 else None
     autocast = precision.autocast(device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
     ddp = apply_ddp(model, dist, device, unused_parameters=cfg.model.scalars_only) if dist.active else model
@@ -383,13 +387,15 @@ def build_parts(
         per_process = auto_batch_size(cfg, model, precision, train_set.caches[0].frame_shape, runs)
         cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
         t = cfg.train
-    watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed, rank=dist.rank, world=dist.world)
-    if dist.active:
-        torch.manual_seed(t.seed + dist.rank)  # each process its own dropout masks
     steps_per_epoch = math.ceil(sampler.batches_per_epoch() / t.grad_accum_steps)
     total_steps = steps_per_epoch * t.epochs
+    if average is not None:
+        average.decay = resolve_decay(t.ema_decay, total_steps)
+    watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
+    if dist.active:
+        torch.manual_seed(t.seed + dist.rank)  # each process its own dropout masks
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         partial(lr_factor, warmup_steps=t.warmup_steps, total_steps=total_steps, min_ratio=t.min_lr_ratio),
@@ -406,8 +412,11 @@ def build_parts(
         generator=loader_rng,
     )
     describe_parts(cfg, model, device, precision, dist, steps_per_epoch, num_workers)
+    if average is not None:
+        log.info("%s", average.describe(total_steps))
     return Parts(
         model=model,
+        average=average,
         ddp=ddp,
         device=device,
         autocast=autocast,

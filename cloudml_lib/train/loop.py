@@ -91,7 +91,10 @@ class Trainer:
         self.quick_val: np.ndarray = run.quick_val
         self.lock = run.lock
         p = run.parts
-        self.model: torch.nn.Module = p.model  # the plain module: saved and evaluated
+        self.model: torch.nn.Module = p.model  # the plain module: trained
+        self.average = p.average  # the EMA of its weights (train.ema_decay), or None
+        # what is validated and kept as best.pt: the average where the run keeps one
+        self.evaluated: torch.nn.Module = p.model if p.average is None else p.average.module
         self.ddp: torch.nn.Module = p.ddp  # the model, or DDP around it
         self.forward: Callable = p.ddp  # what a training step calls (eager after a compile failure)
         self.device: torch.device = p.device
@@ -112,7 +115,7 @@ class Trainer:
         self.run_info: RunInfo = run.run_info
         self.events: Events = run.events
         self.evaluator = Evaluator(
-            self.model,
+            self.evaluated,
             self.device,
             self.autocast,
             self.dist,
@@ -137,7 +140,8 @@ class Trainer:
                     t.epochs,
                 )
                 return
-            self.model.clear_cloud_probe()  # a probe is fitted at the end of the run, not before
+            for model in {id(m): m for m in (self.model, self.evaluated)}.values():
+                model.clear_cloud_probe()  # a probe is fitted at the end of the run, not before
             with self.stop.trapped():
                 done = st.epoch >= t.epochs
                 while True:
@@ -164,6 +168,7 @@ class Trainer:
             "r2": m["r2"],
             "mae_km": m["mae_km"],
             "rmse_km": m["rmse_km"],
+            "bias_km": m["bias_km"],  # a flight-wide offset moves R2 most (benchmarks/stability.py)
             "cloud_accuracy": m.get("cloud_accuracy"),
             "lr": self.optimizer.param_groups[0]["lr"],
             "time_s": time.time() - t0,
@@ -315,6 +320,8 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if self.average is not None:
+            self.average.update(self.model)
         self.progress.step += 1
 
     def skip_step(self) -> None:
@@ -360,14 +367,14 @@ class Trainer:
             self.progress,
             val_loss,
             epoch,
-            self.model,
+            self.evaluated,
             self.cfg.train.early_stopping_patience,
             self.save_best,
             self.run_dir / "best.pt",
         )
 
     def save_best(self) -> None:
-        self.checkpoints.save_best(self.model, float(np.nanmean(self.train_set.targets_km())))
+        self.checkpoints.save_best(self.evaluated, float(np.nanmean(self.train_set.targets_km())))
 
     # ------------------------------------------------------------------------------ the end of training
     def save_trained(self) -> None:

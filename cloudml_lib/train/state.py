@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from cloudml_lib.base.config import Config
+from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.core.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
 from cloudml_lib.core.distributed import Dist
 from cloudml_lib.core.inference import eval_batch_size
@@ -127,9 +128,10 @@ class Weights:
         self.model.load_state_dict(saved)
 
 
-def stateful(model, optimizer, scheduler, scaler, loop: LoopState) -> dict:
-    """What a checkpoint holds, by constant key (checkpoint.PIECES): a new piece of state (a second output's
-    head, a tracker's position) is one more entry here."""
+def stateful(model, optimizer, scheduler, scaler, loop: LoopState, average=None) -> dict:
+    """What a checkpoint holds, by constant key (checkpoint.PIECES, and the weights' average under Key.EMA
+    where the run keeps one): a new piece of state (a second output's head, a tracker's position) is one more
+    entry here."""
     pieces = {
         Key.MODEL: Weights(model),
         Key.OPTIMIZER: optimizer,
@@ -138,6 +140,8 @@ def stateful(model, optimizer, scheduler, scaler, loop: LoopState) -> dict:
         Key.LOOP: loop,
     }
     assert tuple(pieces) == PIECES, "the pieces a checkpoint holds are checkpoint.PIECES"
+    if average is not None:
+        pieces[Key.EMA] = average
     return pieces
 
 
@@ -190,6 +194,12 @@ class TrainingState:
         checkpoint's length; a finished run given more epochs carries on."""
         saved, dist = found.state, self.dist
         for key, piece in self.pieces.items():
+            if key == Key.EMA and key not in saved:
+                raise CloudMLError(
+                    f"{found.folder} holds no average of the weights, but this run keeps one "
+                    "(train.ema_decay): the checkpoint was not written by this run's settings. Resume with "
+                    "the settings it was saved with, or use another --run-dir. Nothing was changed."
+                )
             piece.load_state_dict(saved[key])
         per_rank = saved.get(Key.RNG_RANKS) or [saved[Key.RNG]]
         if len(per_rank) != dist.world:

@@ -1,0 +1,76 @@
+"""Weight averaging: an exponential moving average (EMA) of the weights, the one a run validates, keeps as
+best.pt and ends with (`train.ema_decay`).
+
+On the demo the validation score of the raw weights swung from epoch to epoch while the training loss was
+flat (benchmarks/stability.py measures it): each step moves the weights by what one small batch says, and a
+validation flight the network never fitted shows that noise. The average over the last steps is a point near
+the middle of where the steps wander (timm's ModelEmaV2, Polyak averaging), so its score moves little between
+epochs and the epoch chosen on it is not the luck of one batch. torch's own `AveragedModel` keeps it, with the
+BatchNorm statistics averaged too (`use_buffers`): the average's statistics belong to the average's weights.
+
+The average is made before the model is compiled or wrapped (a copy of a compiled module would call the
+original's compiled code), updated after every optimizer step that is taken, saved in every checkpoint under
+its own key (`Key.EMA`) and restored exactly: a resumed run's average is the uninterrupted run's. A run made
+before the setting existed has none and keeps training and validating its raw weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+# the steps the auto decay averages over: EMA_SPAN_SHARE of the run's optimizer steps, within EMA_SPAN_STEPS
+EMA_SPAN_SHARE, EMA_SPAN_STEPS = 0.1, (10, 2000)
+
+
+def resolve_decay(setting, total_steps: int) -> float:
+    """train.ema_decay as a number: auto averages over about EMA_SPAN_SHARE of the run's optimizer steps
+    (decay 1 - 1/span, span within EMA_SPAN_STEPS), so a short run's average is not mostly its start and a
+    long one's not only its last batches; 0: off."""
+    if setting != "auto":
+        return float(setting)
+    low, high = EMA_SPAN_STEPS
+    span = min(max(EMA_SPAN_SHARE * total_steps, low), high)
+    return 1.0 - 1.0 / span
+
+
+class WeightAverage:
+    """The EMA of a model's weights and BatchNorm statistics: `module` is the averaged model (evaluated,
+    saved as best.pt), `update` folds in the model's weights after an optimizer step; its state_dict() is
+    plain tensors and numbers."""
+
+    def __init__(self, model: torch.nn.Module, decay: float = 0.99):
+        """A copy of `model` (made before it is compiled or wrapped); `decay` may be set until the first
+        update (the build knows the run's steps only later)."""
+        self.decay = decay
+        self.averaged = AveragedModel(model, multi_avg_fn=self._ema, use_buffers=True)
+
+    def _ema(self, averaged: list, current: list, n_averaged) -> None:
+        assert 0.0 < self.decay < 1.0, f"an EMA decay of {self.decay}"
+        get_ema_multi_avg_fn(self.decay)(averaged, current, n_averaged)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.averaged.module
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        """After an optimizer step: average = decay x average + (1 - decay) x weights (the first: a copy)."""
+        self.averaged.update_parameters(model)
+
+    def state_dict(self) -> dict:
+        return {
+            "decay": self.decay,
+            "n_averaged": int(self.averaged.n_averaged),
+            "weights": dict(self.module.state_dict()),
+        }
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.module.load_state_dict(saved["weights"])
+        self.averaged.n_averaged.fill_(int(saved["n_averaged"]))
+
+    def describe(self, total_steps: int) -> str:
+        return (
+            f"weights averaged (EMA, decay {self.decay:.4f}: about the last {1 / (1 - self.decay):.0f} of "
+            f"{total_steps} optimizer steps), validated and kept as best.pt"
+        )
