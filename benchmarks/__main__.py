@@ -565,9 +565,9 @@ def selection_md(d: dict) -> list[str]:
     """The demo's test skill as a run reports it, against what choosing on the test flight reported."""
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     lines = [
-        f"Machine: {describe(d['machine'])}. The demo ({d['config']}), one run per seed keeping every "
-        "epoch's "
-        "weights; both columns are the same training, chosen where each protocol chose.",
+        f"Machine: {describe(d['machine'])}. The demo ({d['config']}, demo flights of generator version "
+        f"{d.get('demo_generator', 2)}), one run per seed keeping every epoch's weights; both columns are "
+        "the same training, chosen where each protocol chose.",
         "",
         "| seed | test R2, untouched (0.3) | test R2, chosen on it (0.2) | optimism (R2) | test MAE km, "
         "untouched "

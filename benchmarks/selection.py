@@ -154,6 +154,8 @@ def one_seed(seed: int) -> dict:
 
 
 def main() -> None:
+    from cloudml_lib.data.synthetic import DEMO_VERSION
+
     shutil.rmtree(SCRATCH, ignore_errors=True)
     rows = []
     for seed in SEEDS:
@@ -164,6 +166,7 @@ def main() -> None:
         "machine": machine(),
         "protocol": PROTOCOL,
         "config": "configs/demo.yaml",
+        "demo_generator": DEMO_VERSION,
         "seeds": list(SEEDS),
         "runs": rows,
         "mean_optimism_r2": float(np.mean(optimism)),

@@ -32,8 +32,12 @@ def test_the_average_starts_as_a_copy_then_follows_the_weights_and_restores_exac
     assert torch.equal(average.module.film[0].weight, model.film[0].weight)
     with torch.no_grad():
         model.film[0].weight.fill_(3.0)
-    average.update(model)
-    assert torch.allclose(average.module.film[0].weight, torch.full_like(model.film[0].weight, 2.0))
+    average.update(model)  # warmed up: the second update's decay is min(0.5, 2 / 11)
+    d = 2 / 11
+    assert torch.allclose(
+        average.module.film[0].weight, torch.full_like(model.film[0].weight, d + 3 * (1 - d))
+    )
+    assert average.decay_after(0) == 0.1 and average.decay_after(100) == 0.5  # then the full decay
     saved = average.state_dict()
     again = WeightAverage(MultimodalRegressionModel(channels=[4, 4, 4]), 0.5)
     again.load_state_dict(saved)

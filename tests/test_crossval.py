@@ -115,7 +115,7 @@ def test_each_fold_is_nested_its_test_flight_untouched(reference):
         run = json.loads((ref / "folds" / held / "model" / "run.json").read_text())
         assert run["split"] == split.record() == best["split"]
         fit, _, _ = split.parts(caches)
-        expected = fit_scalers(fit).to_dict()
+        expected = fit_scalers(fit, cfg.data.radiometry).to_dict()  # the brightness scale too
         assert best["scalers"] == pytest.approx(expected)  # no statistics of the test flight or validation
         fold = json.loads((ref / "folds" / held / "fold.json").read_text())
         assert fold["protocol"] == "untouched_test" and fold["validation"]["n"] > 0

@@ -59,7 +59,7 @@ from cloudml_lib.data.dataset import prepare_data
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.science import baselines, intervals
 from cloudml_lib.science.clouds import BASELINES
-from cloudml_lib.science.report import shortcomings, write_report
+from cloudml_lib.science.report import baseline_beats, shortcomings, write_report
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,11 @@ def best_of(model: dict, maes: dict) -> dict | None:
 
 
 def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.ndarray) -> list[str]:
-    """The fold's model judged by the evaluation's rule (evaluate.shortcomings), and its test heights
-    against the training flights' range."""
+    """The fold's model judged by the evaluation's rules (report.shortcomings, and a brightness baseline
+    that does as well: report.baseline_beats), and its test heights against the training flights' range."""
     out = [f"{flight}: {w}" for w in shortcomings(result["model"], result["mean"])]
+    beaten = baseline_beats(result.get("best_baseline"))
+    out += [f"{flight}: {beaten}"] if beaten else []
     outside = float(((val_km < train_km.min()) | (val_km > train_km.max())).mean()) if len(val_km) else 0.0
     if outside > OUT_OF_RANGE_SHARE:
         out.append(

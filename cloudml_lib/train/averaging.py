@@ -8,6 +8,12 @@ the middle of where the steps wander (timm's ModelEmaV2, Polyak averaging), so i
 epochs and the epoch chosen on it is not the luck of one batch. torch's own `AveragedModel` keeps it, with the
 BatchNorm statistics averaged too (`use_buffers`): the average's statistics belong to the average's weights.
 
+Its decay warms up: after n updates it is min(decay, (1 + n) / (10 + n)) (TensorFlow's
+ExponentialMovingAverage with `num_updates`, timm's EMA warm-up), so the average follows the weights closely
+while they still move fast and averages over the full span only later. Without it the average lagged the
+early epochs that the validation data often chose, and scored worse there (benchmarks/results/
+stability.json).
+
 The average is made before the model is compiled or wrapped (a copy of a compiled module would call the
 original's compiled code), updated after every optimizer step that is taken, saved in every checkpoint under
 its own key (`Key.EMA`) and restored exactly: a resumed run's average is the uninterrupted run's. A run made
@@ -43,11 +49,16 @@ class WeightAverage:
         """A copy of `model` (made before it is compiled or wrapped); `decay` may be set until the first
         update (the build knows the run's steps only later)."""
         self.decay = decay
+        self.updates = 0  # counted here too: reading the module's counter would sync the GPU every step
         self.averaged = AveragedModel(model, multi_avg_fn=self._ema, use_buffers=True)
 
     def _ema(self, averaged: list, current: list, n_averaged) -> None:
         assert 0.0 < self.decay < 1.0, f"an EMA decay of {self.decay}"
-        get_ema_multi_avg_fn(self.decay)(averaged, current, n_averaged)
+        get_ema_multi_avg_fn(self.decay_after(self.updates))(averaged, current, n_averaged)
+
+    def decay_after(self, n: int) -> float:
+        """The decay of the update that follows `n` updates: warmed up (the module's docstring)."""
+        return min(self.decay, (1.0 + n) / (10.0 + n))
 
     @property
     def module(self) -> torch.nn.Module:
@@ -57,20 +68,22 @@ class WeightAverage:
     def update(self, model: torch.nn.Module) -> None:
         """After an optimizer step: average = decay x average + (1 - decay) x weights (the first: a copy)."""
         self.averaged.update_parameters(model)
+        self.updates += 1
 
     def state_dict(self) -> dict:
         return {
             "decay": self.decay,
-            "n_averaged": int(self.averaged.n_averaged),
+            "n_averaged": self.updates,
             "weights": dict(self.module.state_dict()),
         }
 
     def load_state_dict(self, saved: dict) -> None:
         self.module.load_state_dict(saved["weights"])
-        self.averaged.n_averaged.fill_(int(saved["n_averaged"]))
+        self.updates = int(saved["n_averaged"])
+        self.averaged.n_averaged.fill_(self.updates)
 
     def describe(self, total_steps: int) -> str:
         return (
-            f"weights averaged (EMA, decay {self.decay:.4f}: about the last {1 / (1 - self.decay):.0f} of "
-            f"{total_steps} optimizer steps), validated and kept as best.pt"
+            f"weights averaged (EMA, decay {self.decay:.4f}, warmed up: about the last "
+            f"{1 / (1 - self.decay):.0f} of {total_steps} optimizer steps), validated and kept as best.pt"
         )
