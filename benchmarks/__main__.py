@@ -1,7 +1,7 @@
 """Run every benchmark, then write benchmarks/RESULTS.md from benchmarks/results/*.json.
 
     pip install -r benchmarks/requirements.txt
-    python -m benchmarks                         # all of them (about an hour on a 2-core CPU)
+    python -m benchmarks                         # all of them (about two hours on a 2-core CPU)
     python -m benchmarks --only trainers         # one or more, comma-separated
     python -m benchmarks --report-only           # RESULTS.md from the results already there
 

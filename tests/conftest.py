@@ -48,7 +48,7 @@ def tiny_raw(data_dir, entries, cache_dir) -> dict:
         "model": {"channels": [4, 8, 8], "dropout": 0.0},
         "train": {
             "epochs": 2,
-            # the 31 height labels trained on (the last of each training flight validate): 6 batches of 5
+            # the height labels trained on (the last of each training flight validate): 7 batches of 5
             "batch_size": 5,
             "learning_rate": 0.003,
             "warmup_steps": 3,

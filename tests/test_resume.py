@@ -122,7 +122,7 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     if kill_at.startswith("commit-renamed"):
         assert "rejected 1 checkpoint(s)" in resumed.stdout and "not committed" in resumed.stdout
     # an end killed after its probe was fitted keeps that probe (fitted once): no second pass over the flights
-    kept = "Cloud / no-cloud output: the one fitted for step 18, kept from"
+    kept = "Cloud / no-cloud output: the one fitted for step 21, kept from"
     assert (kept in resumed.stdout) == kill_at.startswith(("probe", "end")), resumed.stdout[-3000:]
     assert_same_run(run, ref)
 
@@ -152,7 +152,7 @@ def test_a_probe_fitted_for_another_step_is_fitted_again(setup, tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         assert "kept from" not in r.stdout and "Cloud / no-cloud output fitted" in r.stdout
         again, first = (torch.load(d / "best.pt", weights_only=True) for d in (run, ref))
-        assert again["probe_step"] == first["probe_step"] == 18
+        assert again["probe_step"] == first["probe_step"] == 21
         assert all(torch.equal(again["model"][k], first["model"][k]) for k in first["model"])
 
 
