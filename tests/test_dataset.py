@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from cloudml_lib.base.errors import DataError
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import (
     CloudDataset,
@@ -76,8 +77,12 @@ def test_a_run_without_radiometry_sees_the_angles_alone_and_old_scalers_load(tin
     assert CloudDataset(train, scalers)[0]["scalars"].shape == (3,)
     old = Scalers.from_dict({"sza_mean": 1.0, "sza_std": 2.0, "cbh_mean": 0.5, "cbh_std": 0.3})  # 0.3's
     assert not old.radiometry
-    both = replace(scalers, radiometry_offset=280.0, radiometry_scale=4.0)
+    both = replace(scalers, radiometry_offset=280.0, radiometry_scale=4.0, radiometry_units="K")
     assert Scalers.from_dict(both.to_dict()) == both
+    both.check_units("K", "flight F")  # the same units: read
+    with pytest.raises(DataError, match="flight F: its IR file states its numbers in counts, but this model"):
+        both.check_units("counts", "flight F")
+    scalers.check_units("counts", "flight F")  # a model that never saw a temperature reads any file
 
 
 def test_items_are_standardised_and_nan_angles_filled(tiny_config):

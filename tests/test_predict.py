@@ -47,6 +47,7 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run):
         assert nc["cloud_base_height"].standard_name == "cloud_base_altitude"
         assert nc.flight_role == "a test flight of this run: nothing was trained or chosen on it"
         assert nc.model_test_skill.startswith(f"{held}: R2 ") and "training mean MAE" in nc.model_test_skill
+        assert "best baseline (" in nc.model_test_skill and "MAE skill against it" in nc.model_test_skill
         assert nc.model_verdict.startswith("Verdict") and "nothing was chosen" in nc.model_evaluation_protocol
         assert nc.interval_calibrated_on_this_flight == "no"
         assert nc.cloud_flag_source.startswith("the model") and "height product's range" in (
@@ -336,3 +337,25 @@ def test_the_brightness_temperature_flag_can_be_written_and_the_file_says_so(tin
         assert nc.flight_role == "a training flight of this run: the model was fitted on it"
     with pytest.raises(Exception, match="--cloud-flag"):
         pr.predict_flights(run_dir, [flight], out_dir=tmp_path / "x", cloud_flag="nonsense")
+
+
+def test_a_model_that_read_the_temperature_refuses_a_flight_in_other_units(tiny_run, tmp_path):
+    """It was trained on brightness statistics in kelvin: a flight whose IR file states counts would be read
+    on the wrong scale, so it is refused, naming both; nothing is written."""
+    import h5py
+
+    from cloudml_lib.base.errors import DataError
+
+    run_dir, data, entries = tiny_run
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    assert best["scalers"]["radiometry_units"] == "K"  # recorded with the scale
+    other = tmp_path / "flights"
+    shutil.copytree(data, other)
+    with h5py.File(other / entries[2]["ir_file"], "r+") as f:
+        f["Product/Signal"].attrs["units"] = "counts"
+        del f["Product/Signal"].attrs["scale_factor"], f["Product/Signal"].attrs["add_offset"]
+    with pytest.raises(
+        DataError, match="states its numbers in counts, but this model was trained on brightness"
+    ):
+        pr.predict_flights(run_dir, [entries[2]["name"]], out_dir=tmp_path / "out", data_dir=str(other))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.nc"))

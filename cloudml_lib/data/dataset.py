@@ -58,6 +58,7 @@ class Scalers:
     cbh_std: float
     radiometry_offset: float | None = None
     radiometry_scale: float | None = None
+    radiometry_units: str | None = None  # the units the statistics were in (the IR files'): checked on use
 
     @property
     def radiometry(self) -> bool:
@@ -68,10 +69,22 @@ class Scalers:
 
     @classmethod
     def from_dict(cls, d: dict) -> Scalers:
-        optional = ("radiometry_offset", "radiometry_scale")
-        return cls(
-            **{k: float(d[k]) for k in cls.__dataclass_fields__ if k not in optional or d.get(k) is not None}
-        )
+        numbers = ("sza_mean", "sza_std", "cbh_mean", "cbh_std", "radiometry_offset", "radiometry_scale")
+        out = {k: float(d[k]) for k in numbers if d.get(k) is not None}  # the last two: with radiometry
+        units = d.get("radiometry_units")
+        return cls(**out, radiometry_units=None if units is None else str(units))
+
+    def check_units(self, units: str, where: str) -> None:
+        """A model that saw the brightness statistics in some units reads only those: `units` (what the IR
+        file of `where` states) must be the training flights'."""
+        if self.radiometry and self.radiometry_units is not None and units != self.radiometry_units:
+            trained = self.radiometry_units
+            raise DataError(
+                f"{where}: its IR file states its numbers in {units}, but this model was trained on "
+                f"brightness statistics in {trained} (data.radiometry: statistics): it would read them on "
+                f"the wrong scale. Give the file in {trained} (its units attribute, with scale_factor and "
+                "add_offset where it is packed), or use a model trained with data.radiometry: none."
+            )
 
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
@@ -145,7 +158,8 @@ def fit_scalers(train: list[FlightCache], radiometry: str = "none") -> Scalers:
     places = np.delete(stats, SPREAD, axis=1)
     offset = _mean_std(stats[:, STAT_NAMES.index("mean")])[0]
     scale = _mean_std(places.reshape(-1))[1]
-    return replace(scalers, radiometry_offset=offset, radiometry_scale=scale)
+    units = train[0].radiometry.units if train else None
+    return replace(scalers, radiometry_offset=offset, radiometry_scale=scale, radiometry_units=units)
 
 
 def check_radiometry(caches: list[FlightCache]) -> None:

@@ -136,6 +136,12 @@ def radiometry_of(signal) -> Radiometry:
     return Radiometry(units, number("scale_factor", 1.0), number("add_offset", 0.0))
 
 
+def file_radiometry(path: Path, key: str, flight: str) -> Radiometry:
+    """The Radiometry an IR file's frames dataset (`key`) states."""
+    with hdf5.open_h5(Path(path), flight) as f:
+        return radiometry_of(hdf5.dataset(f, key, flight, "data.keys.ir_signal"))
+
+
 def frame_statistics(raw: np.ndarray, spec: FrameSpec, radiometry: Radiometry) -> np.ndarray:
     """(len(STAT_NAMES),) float32: the STAT_PERCENTILES, mean and standard deviation of a raw frame's finite
     values in the swath, unpacked to the file's stated units (Radiometry); NaN for a blank frame."""

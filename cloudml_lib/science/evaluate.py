@@ -345,6 +345,8 @@ def load_end_data(cfg: Config, scalers: Scalers, provenance: dict | None, stored
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(provenance))
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
         caches = [load_flight_cache(f, cfg.data, backend, pool) for f in cfg.data.flights]
+    for c in caches:  # a model that reads brightness statistics: in the units it was trained on
+        scalers.check_units(c.radiometry.units, f"flight {c.name}")
     split = choose_split(caches, cfg.data)
     if isinstance(stored_split, dict) and stored_split != split.record():
         log.warning(

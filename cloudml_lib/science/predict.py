@@ -67,6 +67,7 @@ from cloudml_lib.data.preprocess import (
     Backend,
     FramePool,
     FrameSpec,
+    file_radiometry,
     resolve_backend,
     resolve_workers,
 )
@@ -205,6 +206,10 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
     if n < t:
         raise DataError(f"flight {flight.name}: {n} frames, fewer than data.temporal_frames={t}")
     spec, path = FrameSpec.of(data), Path(data.dir) / flight.ir_file
+    if scalers.radiometry:  # the model reads brightness statistics: in the units it was trained on
+        scalers.check_units(
+            file_radiometry(path, data.keys.ir_signal, flight.name).units, f"flight {flight.name}"
+        )
     encodings, blank, filled, p10, stats = encode_flight(
         model,
         (predictor.pool or FramePool(0)).blocks(

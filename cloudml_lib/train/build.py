@@ -70,6 +70,7 @@ from cloudml_lib.data.dataset import (
     CloudDataset,
     EpochBatchSampler,
     RunData,
+    Scalers,
     prepare_data,
     quick_subset,
     split_data,
@@ -231,6 +232,9 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
         if resumed.data != cfg.data:  # a run of an earlier release keeps its reading of its data (its split)
             data = split_data(resumed, data.caches, data.train_set.flight_table)
         cfg, train_set, val_set = resumed, data.train_set, data.val_set
+        if found is not None:  # the brightness statistics in the units the run started with
+            saved = Scalers.from_dict(found.state[Key.SCALERS])
+            saved.check_units(train_set.scalers.radiometry_units or "", f"the flights of {run_dir}")
         header = {
             Key.SCALERS: train_set.scalers.to_dict(),
             Key.FINGERPRINT: fingerprint,
