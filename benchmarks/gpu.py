@@ -195,15 +195,23 @@ def training_step(model, opt, autocast, scaler, batch, train_cfg):
     return loss.detach(), applied
 
 
-def synthetic_batch(b: int, t: int, frame, device, seed: int = 0) -> dict:
-    """Frames, angles and a target that depends on the frames (so that a loss can fall)."""
+def synthetic_batch(b: int, t: int, frame, device, seed: int = 0, scalars: int = 3) -> dict:
+    """Frames, scalars (the angles; with data.radiometry the brightness statistics too: `scalars` of them) and
+    a target that depends on the frames (so that a loss can fall)."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     frames = torch.randn(b, t, *frame, generator=gen)
     target = frames[:, :, ::8, ::8].mean(dim=(1, 2, 3)) * 20
-    return {"frames": frames.to(device), "scalars": torch.randn(b, 3, generator=gen).to(device),
+    return {"frames": frames.to(device), "scalars": torch.randn(b, scalars, generator=gen).to(device),
             "target": target.to(device)}  # fmt: skip
+
+
+def n_scalars(model) -> int:
+    """The scalar inputs a model takes (the compiled or plain module's FiLM input)."""
+    from cloudml_lib.core.checkpoint import unwrap_model
+
+    return unwrap_model(model).film[0].in_features
 
 
 def time_steps(step, size: Size) -> dict:
@@ -238,7 +246,7 @@ def measure_preset(name: str, size: Size, compile_: bool | None = None) -> dict:
     t0 = time.perf_counter()
     model, opt, autocast, scaler, watch = build(cfg, device, compile_)
     b = cfg.train.batch_size
-    batch = synthetic_batch(b, cfg.data.temporal_frames, size.frame, device)
+    batch = synthetic_batch(b, cfg.data.temporal_frames, size.frame, device, scalars=n_scalars(model))
     built = time.perf_counter() - t0
     out = {
         "batch_size": b,
@@ -435,7 +443,7 @@ def precision_run(amp: bool, size: Size, steps: int, deadline: float) -> dict:
     model, opt, autocast, scaler, _ = build(cfg, device, compile_=False)
     cloudml_lib.core.device.choose_precision = keep
     b, t = cfg.train.batch_size, cfg.data.temporal_frames
-    batches = [synthetic_batch(b, t, size.frame, device, seed=s) for s in range(4)]
+    batches = [synthetic_batch(b, t, size.frame, device, seed=s, scalars=n_scalars(model)) for s in range(4)]
     losses, skipped, t0 = [], 0, time.perf_counter()
     for i in range(steps):
         loss, applied = training_step(model, opt, autocast, scaler, batches[i % len(batches)], cfg.train)
@@ -487,7 +495,7 @@ def largest_fitting_batch(name: str, size: Size, start: int) -> dict:
 
     def fits(b: int) -> bool:
         try:
-            batch = synthetic_batch(b, t, size.frame, device)
+            batch = synthetic_batch(b, t, size.frame, device, scalars=n_scalars(model))
             training_step(model, opt, autocast, scaler, batch, cfg.train)
             sync()
             return True
@@ -524,7 +532,8 @@ def probe_choice(name: str, size: Size) -> dict:
     t = cfg.data.temporal_frames
 
     def step(b):
-        training_step(model, opt, autocast, scaler, synthetic_batch(b, t, size.frame, device), cfg.train)
+        batch = synthetic_batch(b, t, size.frame, device, scalars=n_scalars(model))
+        training_step(model, opt, autocast, scaler, batch, cfg.train)
 
     r = probe_batch_size(step, device, budget=int(T4_GIB * 2**30))
     model = opt = None
@@ -625,7 +634,7 @@ def compare_states(a: dict, b: dict) -> dict:
     import torch
 
     diffs = {}
-    for piece in ("model", "optimizer"):
+    for piece in [k for k in ("model", "optimizer", "ema") if k in a]:  # ema: the weights' average, if kept
         flat_a, flat_b = flatten(a[piece]), flatten(b[piece])
         d = [
             (k, (flat_a[k].double() - flat_b[k].double()).abs().max().item())
