@@ -139,7 +139,10 @@ def child(
     autocast = (
         (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else __import__("contextlib").nullcontext
     )
-    scalers, batch = Scalers(45.0, 5.0, 1.0, 0.5), 2 * int(cfg.train.batch_size)
+    batch = 2 * int(cfg.train.batch_size)
+    scalers = Scalers(45.0, 5.0, 1.0, 0.5)  # random weights: any fixed scale times the same work
+    if cfg.data.radiometry != "none":  # the model reads the frames' brightness statistics too
+        scalers = Scalers(45.0, 5.0, 1.0, 0.5, radiometry_offset=285.0, radiometry_scale=5.0)
     with FramePool(resolve_workers("auto")) as pool:
         ready = time.perf_counter()
         if path == "per_window":

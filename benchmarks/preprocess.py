@@ -139,6 +139,8 @@ def measure_predict(frames: int, workers, device: str) -> dict:
     cfg = config(min(n for n in LENGTHS if n >= frames), workers, demo_model=device == "cpu")
     model = build_model(cfg).to(device).eval()
     scalers = Scalers(sza_mean=40.0, sza_std=10.0, cbh_mean=1.0, cbh_std=0.5)
+    if cfg.data.radiometry != "none":  # the model reads the frames' brightness statistics too
+        scalers = Scalers(40.0, 10.0, 1.0, 0.5, radiometry_offset=285.0, radiometry_scale=5.0)
     backend = SKIMAGE if device == "cpu" else Backend("kornia", "cuda")
     autocast = (lambda: torch.autocast("cuda", dtype=torch.float16)) if device == "cuda" else pr.nullcontext
     inputs = pr._flight_inputs

@@ -285,8 +285,10 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
         frames[11] = np.inf  # all inf
         frames[12, 4:9] = np.nan  # partly NaN (5 of the 32 rows kept): filled, predicted
         frames[13] = 11000.0  # every pixel equal: no contrast
+        stated = dict(f["Product/Signal"].attrs)  # its units, scale and offset stay as they were
         del f["Product/Signal"]
         f["Product/Signal"] = frames
+        f["Product/Signal"].attrs.update(stated)
     r = run_cli("predict", "--run-dir", run, "--data-dir", copy, "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "3 frames are blank (no finite pixel, or every pixel equal): no height" in r.stdout

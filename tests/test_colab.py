@@ -116,7 +116,7 @@ def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_
     progress = [
         json.loads(x[len("@progress ") :]) for x in r.stdout.splitlines() if x.startswith("@progress ")
     ]
-    assert progress and progress[-1]["total"] == 12 and 1 <= progress[-1]["step"] <= 12
+    assert progress and progress[-1]["total"] == 14 and 1 <= progress[-1]["step"] <= 14
 
 
 def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown, capsys):
@@ -139,7 +139,7 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     stop_lines = [x for x in view.notices.value.split("<br>") if "as asked" in x or "pressed" in x]
     assert stop_lines and not any("color" in x or "&#9888;" in x for x in stop_lines)  # neutral, not amber
     assert (
-        step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 12" in out
+        step >= 8 and f"Training stopped; the last checkpoint is at step {step} of 14" in out
     )  # the saved step
     assert view.bar.bar_style == ""
 
@@ -194,7 +194,7 @@ def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, t
     assert p.mode.value == "continue" and p.mode.options[0][0] == "Continue my_run"
     c = p.choice()
     assert (c.epochs, c.run_name, c.crossval, c.whole_flights) == (3, "my_run", True, False)
-    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step [69] of 12\)", p.note.value), (
+    assert re.search(r"Continuing run my_run</b> \(epoch 2 of 2, step [79] of 14\)", p.note.value), (
         p.note.value
     )
     assert p.run_name.disabled and p.preset.disabled

@@ -164,16 +164,16 @@ def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, whe
     other.mkdir()
     r = cli(twin, "labels", "--preset", "demo", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "802 labels in 5 flights" in r.stdout and (work / ".cloudml_demo" / "flights").is_dir()
+    assert "792 labels in 5 flights" in r.stdout and (work / ".cloudml_demo" / "flights_v3").is_dir()
     r = cli(twin, "diagnose", "--preset", "demo", "--json", cwd=work)
     assert r.returncode == 0 and json.loads(r.stdout)["recommendations"], r.stderr[-2000:]
     r = cli(twin, "train", "--preset", "demo", "--set", "train.epochs=1", "--run-dir", "runs/demo", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
     stored = (work / "runs" / "demo" / "config.yaml").read_text()
-    assert f"dir: {work / '.cloudml_demo' / 'flights'}" in stored  # recorded absolute
+    assert f"dir: {work / '.cloudml_demo' / 'flights_v3'}" in stored  # recorded absolute
     r = cli(twin, "evaluate", "--run-dir", work / "runs" / "demo", "--json", cwd=other)
     assert r.returncode == 0 and json.loads(r.stdout)["overall"]["n"] > 100, r.stderr[-2000:]
-    (work / ".cloudml_demo" / "flights").rename(work / "moved")
+    (work / ".cloudml_demo" / "flights_v3").rename(work / "moved")
     r = cli(twin, "evaluate", "--run-dir", work / "runs" / "demo", cwd=other)
     assert r.returncode == 2 and "--data-dir" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     r = cli(

@@ -20,7 +20,7 @@ from benchmarks.predict import predict_per_window
 from cloudml_lib.base.config import build_config
 from cloudml_lib.core import inference
 from cloudml_lib.core.model import MultimodalRegressionModel
-from cloudml_lib.data.dataset import CloudDataset, Scalers, prepare_data
+from cloudml_lib.data.dataset import CloudDataset, Scalers, n_scalar_inputs, prepare_data
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import SKIMAGE, FramePool
 from cloudml_lib.data.synthetic import make_demo_flights
@@ -30,11 +30,13 @@ CPU = torch.device("cpu")
 SCALERS = Scalers(45.0, 5.0, 1.0, 0.5)
 
 
-def model_with_cloud(channels, head: str, seed: int = 0) -> MultimodalRegressionModel:
+def model_with_cloud(channels, head: str, seed: int = 0, scalars: int = 3) -> MultimodalRegressionModel:
+    """A model of `scalars` scalar inputs (3: the angles alone; n_scalar_inputs(cfg.data.radiometry) for the
+    samples of a cache)."""
     torch.manual_seed(seed)
-    model = MultimodalRegressionModel(channels=channels, cloud_head=head)
+    model = MultimodalRegressionModel(channels=channels, cloud_head=head, n_scalars=scalars)
     if head == "probe":  # a fitted probe: the model answers (B, 2)
-        model.set_cloud_probe(torch.randn(channels[-1] + 3) * 0.3, 0.1)
+        model.set_cloud_probe(torch.randn(channels[-1] + scalars) * 0.3, 0.1)
     # BatchNorm statistics away from their initial values, as in a trained model
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
@@ -131,7 +133,7 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
     cfg, _ = resolve_config(build_config(raw))
     data = prepare_data(cfg)
     train_set, val_set = data.train_set, data.test_set  # a whole flight's samples
-    model = model_with_cloud([4, 8, 8], "probe")
+    model = model_with_cloud([4, 8, 8], "probe", scalars=n_scalar_inputs(cfg.data.radiometry))
     encoded = []
     real = model.encode_frames
     monkeypatch.setattr(model, "encode_frames", lambda frames: (encoded.append(len(frames)), real(frames))[1])
@@ -158,7 +160,7 @@ def test_a_model_in_training_mode_is_scored_in_eval_mode_and_left_as_it_was(tiny
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
     val_set = prepare_data(cfg).test_set
-    model = model_with_cloud([4, 8, 8], "none").train()
+    model = model_with_cloud([4, 8, 8], "none", scalars=n_scalar_inputs(cfg.data.radiometry)).train()
     stats = [b.clone() for b in model.buffers()]
     inference.predict(model, val_set, CPU, 4)
     assert model.training and all(torch.equal(a, b) for a, b in zip(stats, model.buffers()))
@@ -175,7 +177,7 @@ def test_a_compiled_encoder_meets_one_batch_shape(tiny_flights, tmp_path):
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))
     val_set = prepare_data(cfg).test_set
-    model = model_with_cloud([4, 8, 8], "none")
+    model = model_with_cloud([4, 8, 8], "none", scalars=n_scalar_inputs(cfg.data.radiometry))
     eager, _ = inference.predict(model, val_set, CPU, 8)
     watch = apply_compile(model, True, "default", CPU)
     for n in (5, 13, len(val_set)):

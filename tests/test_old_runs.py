@@ -74,6 +74,7 @@ def prepare(name: str, tmp_path: Path, monkeypatch) -> str:
         seed=f["seed"],
         frames_per_flight=f["frames_per_flight"],
         frame_shape=tuple(f["frame_shape"]),
+        version=f.get("generator", 2),  # every kept release wrote its demo with generator version 2
     )
     now = {
         str(p.relative_to("flights")): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -93,17 +93,18 @@ def test_oom_at_one_sample_stops_with_advice(tiny_config, tmp_path):
 def test_oom_during_validation_halves_the_evaluation_batch(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     plain_loss, plain_metrics, plain_pred = trainer.validate()
-    encode = trainer.model.encode_frames  # validation encodes frames, not windows
+    evaluated = trainer.evaluated  # the weights' average where there is one: what is validated
+    encode = evaluated.encode_frames  # validation encodes frames, not windows
 
     def small_gpu(frames):
         if len(frames) > 3:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected above 3 frames)")
         return encode(frames)
 
-    trainer.model.encode_frames = small_gpu
+    evaluated.encode_frames = small_gpu
     loss, metrics, pred = trainer.validate()
     trainer.close()
-    assert trainer.progress.eval_batch_size == 2  # 16 -> 8 -> 4 -> 2
+    assert trainer.progress.eval_batch_size == 2  # 10 -> 5 -> 2
     assert loss == pytest.approx(plain_loss, abs=1e-6)
     torch.testing.assert_close(
         torch.from_numpy(pred.height_km), torch.from_numpy(plain_pred.height_km), rtol=1e-5, atol=1e-6

@@ -31,7 +31,7 @@ def files(tiny_flights, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     raw = tiny_raw(root, entries, tmp / "cache")
     raw["checkpoint"] = {"every_steps": 3}
-    raw["train"]["epochs"] = 3  # 6 steps each; pruning may stop a trial after epoch 1 or 2
+    raw["train"]["epochs"] = 3  # 7 steps each; pruning may stop a trial after epoch 1 or 2
     cfg, space = tmp / "c.yaml", tmp / "space.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     space.write_text(yaml.safe_dump(SPACE))
@@ -89,7 +89,7 @@ def test_an_uninterrupted_sweep(reference):
 
 
 @pytest.mark.parametrize(
-    "kill_at,new_machine", [("step:23", False), ("step:23", True), ("sweep-told:2", True)]
+    "kill_at,new_machine", [("step:26", False), ("step:26", True), ("sweep-told:2", True)]
 )
 def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, kill_at, new_machine):
     """Killed in trial 1's training (its 5th step) or right after trial 1's result was told, before the copy
@@ -125,7 +125,8 @@ def test_more_trials_continue_a_finished_sweep_and_the_same_count_does_nothing(f
 
 
 COMPARE_HEADER = (
-    "| run | scored on | R2 | MAE (km) | RMSE (km) | bias (km) | n | state | epochs | time (min) | compiled "
+    "| run | scored on | R2 | MAE (km) | RMSE (km) | bias (km) | n | MAE skill vs best baseline | state | epochs "
+    "| time (min) | compiled "
     "| "
     "model.dropout | train.learning_rate |"
 )

@@ -35,7 +35,7 @@ def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path)
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
         trainer.train_step(next(batches))
         trainer.optimizer_step()
-    assert trainer.progress.step == trainer.steps_per_epoch == 6
+    assert trainer.progress.step == trainer.steps_per_epoch == 7
     # warm-up reaches the peak after warmup_steps optimizer steps, not epochs
     assert lr_factor(0, 4, 100, 0.0) == 0.25 and lr_factor(3, 4, 100, 0.0) == 1.0
     assert lr_factor(100, 4, 100, 0.01) == pytest.approx(0.01)
@@ -91,7 +91,10 @@ def test_best_checkpoint_is_plain_and_loads_weights_only(finished_run):
     assert not any(k.startswith("_orig_mod") for k in ckpt["model"])
     assert set(ckpt["model"]) == set(trainer.model.state_dict())
     assert ckpt["config"]["train"]["epochs"] == 2
-    assert set(ckpt["scalers"]) == {"sza_mean", "sza_std", "cbh_mean", "cbh_std"}  # the azimuth: sine, cosine
+    # the azimuth: sine, cosine; the brightness statistics: one offset and one scale in the file's units
+    radiometry = {"radiometry_offset", "radiometry_scale", "radiometry_units"}
+    assert set(ckpt["scalers"]) == {"sza_mean", "sza_std", "cbh_mean", "cbh_std"} | radiometry
+    assert ckpt["scalers"]["radiometry_units"] == "K" and ckpt["scalers"]["radiometry_scale"] > 0
     assert ckpt["epoch"] == report["best_epoch"] >= 1
 
 
@@ -199,11 +202,12 @@ def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_r
 
 
 def test_the_epochs_last_batch_merged_into_the_one_before_is_one_pass(tiny_config, tmp_path):
-    """31 samples in batches of 5: the one left over joins the sixth batch, which is one pass of 6, never a
+    """34 samples in batches of 11: the one left over joins the third batch, which is one pass of 12, never a
     micro-batch of one sample (BatchNorm over one sample is what the merge avoids; a run on one process then
     differs from the same run on two, tests/test_distributed.py)."""
+    tiny_config.train.batch_size = 11
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     sizes, real = [], trainer.forward
     trainer.forward = lambda frames, scalars: (sizes.append(len(frames)), real(frames, scalars))[1]
     trainer.train_epoch(0)
-    assert len(trainer.train_set) == 31 and sizes == [5, 5, 5, 5, 5, 6]
+    assert len(trainer.train_set) == 34 and sizes == [11, 11, 12]

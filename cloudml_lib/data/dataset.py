@@ -131,7 +131,7 @@ def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers, stats=None) -> np.ndar
     if not scalers.radiometry:
         return angles.astype(np.float32)
     assert stats is not None, "a model with radiometry needs the frames' statistics"
-    scaled = scaled_statistics(np.asarray(stats, np.float64).reshape(len(sza), -1), scalers)
+    scaled = scaled_statistics(np.asarray(stats, np.float64).reshape(len(sza), len(STAT_NAMES)), scalers)
     return np.concatenate([angles, scaled], 1).astype(np.float32)
 
 
