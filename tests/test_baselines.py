@@ -77,7 +77,9 @@ def test_the_baselines_are_fitted_on_the_training_part_alone(physics_flights):
     assert not np.array_equal(other["linear"][0], first["linear"][0])
 
 
-def test_flights_in_other_units_leave_the_brightness_baselines_out(physics_flights, caplog, logs_reach_caplog):
+def test_flights_in_other_units_leave_the_brightness_baselines_out(
+    physics_flights, caplog, logs_reach_caplog
+):
     train, test = sets(*physics_flights)
     kelvin = test.caches[0].part(np.arange(len(test)))
     kelvin.meta = {**kelvin.meta, "radiometry": {**kelvin.meta["radiometry"], "units": "K"}}

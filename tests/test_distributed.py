@@ -99,7 +99,7 @@ def test_a_killed_process_ends_the_job_and_a_relaunch_resumes_bit_identically(ru
     assert not (run / "evaluation.json").exists()
     r = launch(train_args(cfg, run))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Resumed from step 6" in (run / "train.log").read_text()
+    assert "Resumed from step 7" in (run / "train.log").read_text()  # the end of epoch 1
     a, b = weights(two / "best.pt"), weights(run / "best.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)  # as if never interrupted
     final = torch.load(find_checkpoints(run)[0] / STATE, weights_only=True)

@@ -84,7 +84,9 @@ def test_an_unknown_generator_version_is_refused_before_anything_is_written(tmp_
     assert not (tmp_path / "x").exists()
 
 
-def test_an_earlier_versions_demo_flights_are_kept_for_the_runs_made_on_them(tmp_path, caplog, logs_reach_caplog):
+def test_an_earlier_versions_demo_flights_are_kept_for_the_runs_made_on_them(
+    tmp_path, caplog, logs_reach_caplog
+):
     """data.demo never writes over them: a run of CloudML 0.3 continues on the flights it was trained on, and
     the notebooks continue such a run with its own demo folder."""
     import logging
