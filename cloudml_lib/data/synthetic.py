@@ -201,17 +201,30 @@ def scene_layers(
     the sun, d = h tan(sza) in the direction of the sun azimuth *relative to the heading* (`rel_az_deg`,
     clockwise from the flight axis): the direction is fixed to the aircraft, so mirroring the image across
     the flight axis is the scene with the field mirrored and the relative azimuth negated."""
-    px_km = SWATH_KM / cols
-    u_r, u_c = np.meshgrid(np.arange(rows) - rows / 2, np.arange(cols) - (cols - 1) / 2, indexing="ij")
+    u_r, u_c = _camera_grid(rows, cols)
     centre_c = (field.shape[1] - 1) / 2
     shrink = (AIRCRAFT_ALTITUDE_KM - h_km) / AIRCRAFT_ALTITUDE_KM
     cloud = ndimage.map_coordinates(field, [cam_row + u_r * shrink, centre_c + u_c * shrink], order=1)
+    return cloud, shadow_layer(field, cam_row, rows, cols, h_km, sza_deg, rel_az_deg)
+
+
+def _camera_grid(rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pixel's offset (rows, columns) from the frame's centre."""
+    return np.meshgrid(np.arange(rows) - rows / 2, np.arange(cols) - (cols - 1) / 2, indexing="ij")
+
+
+def shadow_layer(
+    field: np.ndarray, cam_row: float, rows: int, cols: int, h_km: float, sza_deg: float, rel_az_deg: float
+) -> np.ndarray:
+    """scene_layers' shadow alone: the opacity of the cloud at `h_km` between the sun and each sea pixel."""
+    px_km = SWATH_KM / cols
+    u_r, u_c = _camera_grid(rows, cols)
+    centre_c = (field.shape[1] - 1) / 2
     d_px = h_km * np.tan(np.radians(sza_deg)) / px_km
     az = np.radians(rel_az_deg)
-    shadow = ndimage.map_coordinates(
+    return ndimage.map_coordinates(
         field, [cam_row + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)], order=1
     )
-    return cloud, shadow
 
 
 @dataclass
@@ -264,7 +277,7 @@ def slab_layers(field: np.ndarray, cam_row: float, rows: int, cols: int, scene: 
     sza, rel_az = float(scene.sza[k]), float((scene.saa[k] - scene.heading[k]) % 360.0)
     cloud, shadow = scene_layers(field, cam_row, rows, cols, base + thick, sza, rel_az)
     for h in np.linspace(base, base + thick, SHADOW_SLICES)[:-1]:
-        shadow = np.maximum(shadow, scene_layers(field, cam_row, rows, cols, h, sza, rel_az)[1])
+        shadow = np.maximum(shadow, shadow_layer(field, cam_row, rows, cols, h, sza, rel_az))
     return cloud, shadow
 
 
@@ -281,9 +294,13 @@ def _render_flight_v3(rng, scene: Scene, air: Atmosphere, rows: int, cols: int):
     top_k = air.top_k(scene.height_km, scene.thickness_km)
     opacity = scene.cloudy * emissivity(scene.thickness_km)
     frames = np.empty((scene.n_frames, rows, cols), np.float32)
+    clear = np.zeros((rows, cols))
     for k in range(scene.n_frames):
-        cloud, shadow = slab_layers(field, margin + rows / 2 + k * speed_px, rows, cols, scene, k)
-        cloud, shadow = opacity[k] * cloud, scene.cloudy[k] * shadow
+        if scene.cloudy[k] == 0:  # no low cloud: neither it nor its shadow drawn (the same numbers, faster)
+            cloud = shadow = clear
+        else:
+            cloud, shadow = slab_layers(field, margin + rows / 2 + k * speed_px, rows, cols, scene, k)
+            cloud, shadow = opacity[k] * cloud, scene.cloudy[k] * shadow
         below = (1 - cloud) * (sea - 1.5 * shadow) + cloud * top_k[k]
         if scene.cirrus[k] > 0:
             below = _under_cirrus(field, below, scene.cirrus[k], margin + rows / 2 + k * speed_px, u_r, u_c)
