@@ -204,7 +204,7 @@ def twin_weights(old: str) -> dict:
 # epoch's weights there and the best in best.pt
 BEST_AS_FINAL = ("d1cecbe", "d1e9854")
 # d1cecbe's own code does not resume its stopped run to its twin's bytes (8 of 35 tensors equal, tried with
-# that code on the fixture): its recorded hashes pin nothing; compared within RESUME_ATOL to a twin trained here
+# that code on the fixture): its recorded hashes pin nothing; compared within RESUME_ATOL to a twin here
 NOT_BIT_EXACT = ("d1cecbe",)
 
 
