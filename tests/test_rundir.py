@@ -198,3 +198,43 @@ def test_a_reader_change_on_the_original_files_is_told_apart_from_changed_data(t
     with pytest.raises(CloudMLError, match="the data differs from the data this run was trained on"):
         check_data_fingerprint(saved, edited, files)
     check_data_fingerprint(saved, {name: {"samples": 40, "sha256": "a" * 16, "files": {}}}, files)  # same
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**31, 2**63])
+def test_a_lock_naming_no_possible_process_is_taken_over(tmp_path, pid):
+    """0 and -1 name groups of processes (os.kill(0, 0) succeeds: the lock was "in use" for ever), 2**31 and
+    above overflowed into a traceback: none is a process, so no trainer holds the lock."""
+    write_lock(tmp_path, host=socket.gethostname(), pid=pid, heartbeat=time.time())
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_a_same_host_lock_of_the_first_process_counts_only_while_its_heartbeat_is_fresh(tmp_path):
+    """Pid 1 is always running (init, or a container's command): judged by its heartbeat, as the words say."""
+    write_lock(tmp_path, host=socket.gethostname(), pid=1, heartbeat=time.time() - 5, started=0.0)
+    with pytest.raises(
+        CloudMLError, match=f"taken over automatically {STALE_S:.0f} s after its last heartbeat"
+    ):
+        RunLock(tmp_path).acquire()
+    write_lock(tmp_path, host=socket.gethostname(), pid=1, heartbeat=time.time() - STALE_S - 5, started=0.0)
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    lock.release()
+
+
+def test_a_live_same_host_holder_is_waited_for_in_words_that_hold(tmp_path):
+    """A live process of this machine keeps the lock whatever its heartbeat's age (an older release never
+    wrote one): the refusal says the lock is taken over when the process ends, not after 90 s."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid)  # an older release's lock: no heartbeat
+        with pytest.raises(CloudMLError) as e:
+            RunLock(tmp_path).acquire()
+        words = str(e.value)
+        assert f"pid {proc.pid}, a running process of this machine; last heartbeat never" in words
+        assert "taken over once that process has ended" in words and "90 s" not in words
+    finally:
+        proc.kill()
+        proc.wait()

@@ -12,11 +12,22 @@ import time
 HEARTBEAT_S, STALE_S = 20.0, 90.0
 
 
+PID_MAX = 2**22  # Linux's largest pid_max; 0 and negative numbers name process groups, never one process
+
+
+def valid_pid(pid) -> bool:
+    """Could `pid` be one process's number (a whole number from 1 to PID_MAX)?"""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 1 <= pid <= PID_MAX
+
+
 def process_alive(pid: int) -> bool:
-    """Is process `pid` of this host running (a pid we may not signal counts as running)?"""
+    """Is process `pid` of this host running (a pid we may not signal counts as running)? A number no process
+    can have (0 and -1 signal groups of processes; 2**31 and above overflow) is no running process."""
+    if not valid_pid(pid):
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
@@ -43,11 +54,14 @@ def holder_alive(info: dict) -> bool:
     """Is the process that wrote this lock still running? Same host: its pid tells, unless a process that
     started after the lock was written holds that pid now (the writer died and the number was given again:
     a restarted Colab VM does). Another host (a new Colab VM on the same Drive): only a heartbeat fresher
-    than STALE_S."""
+    than STALE_S. Pid 1 is the system's first process (or a container's own command), never known to have
+    written a lock: it holds one only while the lock's heartbeat is fresh, as another host's would."""
     if info.get("host") == socket.gethostname():
-        pid = int(info.get("pid", -1))
+        pid = info.get("pid")
         if pid == os.getpid() or not process_alive(pid):
             return False
+        if pid == 1:
+            return heartbeat_fresh(info)
         started, written = process_started(pid), info.get("started")
         if (
             started is not None
@@ -56,4 +70,9 @@ def holder_alive(info: dict) -> bool:
         ):
             return False  # another process under a reused pid
         return True
-    return time.time() - float(info.get("heartbeat", 0)) < STALE_S
+    return heartbeat_fresh(info)
+
+
+def heartbeat_fresh(info: dict) -> bool:
+    beat = info.get("heartbeat")
+    return isinstance(beat, (int, float)) and not isinstance(beat, bool) and time.time() - beat < STALE_S

@@ -50,6 +50,23 @@ def read_lock(path: Path) -> dict | None:
         return None
 
 
+def in_use(path: Path, other: dict) -> str:
+    """Why `path` (a lock whose holder is alive) refuses: what is waited for, in words that hold."""
+    beat = other.get("heartbeat")
+    age = f"{time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else "never (an older release)"
+    where = f"{path.parent} is in use by another trainer (host {other.get('host')}, pid {other.get('pid')}"
+    if other.get("host") == socket.gethostname() and other.get("pid") != 1:
+        return (
+            f"{where}, a running process of this machine; last heartbeat {age}). Wait for it to finish or "
+            "stop it: the lock is taken over once that process has ended. If that process is no CloudML "
+            f"trainer (its number given again to another program), delete {path}."
+        )
+    return (
+        f"{where}, last heartbeat {age}). Wait for it to finish or stop it; if that runtime is gone, the "
+        f"lock is taken over automatically {STALE_S:.0f} s after its last heartbeat (or delete {path})."
+    )
+
+
 class RunLock:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK
@@ -91,14 +108,7 @@ class RunLock:
                         f"{STALE_S:.0f} s old."
                     )
             elif other is not None and holder_alive(other):
-                age = time.time() - float(other.get("heartbeat", 0))
-                raise CloudMLError(
-                    f"{self.path.parent} is in use by another trainer (host {other.get('host')}, pid "
-                    f"{other.get('pid')}, last heartbeat {age:.0f} s ago). Wait for it to finish or stop it; "
-                    "if that "
-                    f"runtime is gone, the lock is taken over automatically {STALE_S:.0f} s after its last "
-                    f"heartbeat (or delete {self.path})."
-                )
+                raise CloudMLError(in_use(self.path, other))
             if self._take_over(other):
                 break
         else:
@@ -150,12 +160,12 @@ class RunLock:
             return False
         aside.unlink(missing_ok=True)
         if stale is not None:
+            beat = stale.get("heartbeat")
             log.warning(
-                "Taking over the run lock left by host %s, pid %s (last heartbeat %.0f s ago; that process "
-                "is gone)",
+                "Taking over the run lock left by host %s, pid %s (last heartbeat %s; that process is gone)",
                 stale.get("host"),
                 stale.get("pid"),
-                time.time() - float(stale.get("heartbeat", 0)),
+                f"{time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else "never",
             )
         return self._create()
 
