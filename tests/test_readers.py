@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import yaml
 from conftest import run_cli, tiny_raw
@@ -189,3 +190,54 @@ def test_a_fifo_where_a_run_file_should_be_never_hangs_train_or_status(name, tin
         if argv[0] == "train":
             assert r.returncode == 2 and f"{run / name}" in said and "FIFO" in said, said
     assert (run / name).is_fifo()  # left where it was: not CloudML's to remove
+
+
+def test_a_flight_file_that_is_a_fifo_never_hangs_predict(tiny_run, tmp_path):
+    """`predict` opened the IR file blocking: a FIFO in its place waited for ever (labels and train refused
+    it). Refused, named, and left where it was."""
+    run_dir, data, entries = tiny_run
+    flights = tmp_path / "flights"
+    shutil.copytree(data, flights)
+    ir = flights / entries[0]["ir_file"]
+    ir.unlink()
+    os.mkfifo(ir)
+    try:
+        r = run_cli("predict", "--run-dir", run_dir, "--data-dir", flights, "--flights", entries[0]["name"],
+                    "--out", tmp_path / "out", timeout=FIFO_LIMIT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("predict hung on a FIFO in place of an IR file")
+    said = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in said, said
+    assert f"{ir} is a FIFO" in said and "regular file" in said, said
+    assert ir.is_fifo()
+
+
+@pytest.mark.parametrize("how", ["external_link", "external_group", "broken_link", "virtual"])
+def test_a_value_stored_in_another_file_is_refused_by_name(tmp_path, how):
+    """An HDF5 external link that could not be opened gave a KeyError traceback; one that could, or a virtual
+    dataset, read data from any file (outside the data folder too) without a word."""
+    import h5py
+
+    from cloudml_lib.base.errors import DataError
+    from cloudml_lib.data.hdf5 import dataset, open_h5
+
+    other = tmp_path / "elsewhere.h5"
+    with h5py.File(other, "w") as f:
+        f["Signal"] = np.zeros((2, 3, 4), np.uint16)
+    path = tmp_path / "ir.h5"
+    with h5py.File(path, "w") as f:
+        if how == "external_link":
+            f["Product/Signal"] = h5py.ExternalLink(str(other), "/Signal")
+        elif how == "external_group":
+            f["Product"] = h5py.ExternalLink(str(other), "/")
+        elif how == "broken_link":
+            f["Product/Signal"] = h5py.ExternalLink(str(tmp_path / "gone.h5"), "/Signal")
+        else:
+            layout = h5py.VirtualLayout(shape=(2, 3, 4), dtype=np.uint16)
+            layout[:] = h5py.VirtualSource(str(other), "Signal", shape=(2, 3, 4))
+            f.create_group("Product").create_virtual_dataset("Signal", layout)
+    with open_h5(path, "F1") as f, pytest.raises(DataError) as e:
+        dataset(f, "Product/Signal", "F1", "ir_signal")
+    said = str(e.value)
+    assert f"flight F1: {path}" in said and "data.keys.ir_signal" in said, said
+    assert ("virtual dataset" if how == "virtual" else "external link") in said, said

@@ -1,9 +1,13 @@
 """HDF5 values of an ER-2 file, read with messages that name the flight, the file and the key (and the
-config key that names it): a missing file, dataset or column, text where numbers belong, fill values."""
+config key that names it): a missing file, dataset or column, text where numbers belong, fill values. A
+flight's values come from its own files: a path that is no regular file (a FIFO would block the read for
+ever), an external link or a virtual dataset (data in another file, perhaps outside the data folder) is
+refused, named."""
 
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -11,6 +15,7 @@ import h5py
 import numpy as np
 
 from cloudml_lib.base.errors import DataError
+from cloudml_lib.base.files import NotRegularFile, open_fd
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +26,15 @@ FILL_BELOW = -999.0  # fill values such as -9999 mean "none"
 @contextmanager
 def open_h5(path: Path, flight: str):
     try:
+        os.close(open_fd(path, os.O_RDONLY))  # without blocking: a FIFO is named, never waited on
         f = h5py.File(path, "r")
     except FileNotFoundError:
         raise DataError(f"flight {flight}: file not found: {path}") from None
+    except NotRegularFile as e:
+        raise DataError(
+            f"flight {flight}: {e.strerror}. A flight's data file must be a regular file: replace it with "
+            f"the file itself, or remove flight {flight} from data.flights."
+        ) from None
     except OSError as e:
         raise DataError(f"flight {flight}: cannot read {path} as HDF5 ({e}); is the file complete?") from None
     try:
@@ -32,7 +43,32 @@ def open_h5(path: Path, flight: str):
         f.close()
 
 
+def outside(f: h5py.File, key: str) -> str | None:
+    """Where `key` leads out of `f`, in words (an external link on its path, a virtual dataset); None when its
+    data are in `f`."""
+    parts = [p for p in key.split("/") if p]
+    for i in range(1, len(parts) + 1):
+        at = "/".join(parts[:i])
+        link = f.get(at, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            return f"'{at}' is an external link to {link.filename}:{link.path}"
+        if link is None:
+            return None
+    item = f.get(key)
+    if isinstance(item, h5py.Dataset) and item.is_virtual:
+        sources = sorted({m.file_name for m in item.virtual_sources()})
+        return f"'{key}' is a virtual dataset reading {', '.join(sources[:3])}"
+    return None
+
+
 def dataset(f: h5py.File, key: str, flight: str, config_key: str) -> h5py.Dataset:
+    elsewhere = outside(f, key)
+    if elsewhere:
+        raise DataError(
+            f"flight {flight}: {f.filename} {elsewhere}: CloudML reads a flight's values from its own files "
+            f"only (data.keys.{config_key}). Copy the data into the file (h5copy, or h5py), or set "
+            f"data.keys.{config_key} to a dataset stored in it."
+        )
     if key not in f or not isinstance(f[key], h5py.Dataset):
         present = []
         f.visit(lambda name: present.append(name) if isinstance(f[name], h5py.Dataset) else None)
