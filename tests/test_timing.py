@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from conftest import run_cli
 from test_picker import move, tiny_presets  # noqa: F401 (a fixture)
 
 from cloudml_lib import colab
@@ -217,3 +218,49 @@ def test_the_batch_probes_first_guess_is_calibrated_by_an_earlier_run_on_this_ki
     other = dict(any_batch, channels=[32, 64, 128])
     assert timing.calibration(runs, rec["device"], other, lambda b: 1.0) is None  # another step
     assert first_guess(est, budget) == f"; the estimate's first guess: {plain}" and first_guess(None, 1) == ""
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("at", "yesterday"),
+        ("peak_memory", [1, 2]),
+        ("step_s", 1e-300),
+        ("step_s", "fast"),
+        ("epoch_s", -5.0),
+        ("epochs_timed", 0),
+        ("estimated_need_gib", float("inf")),
+        ("peak_memory", {"peak_reserved_gib": 1e9, "peak_allocated_gib": 2.0}),
+        ("peak_memory", {"peak_reserved_gib": "9 GiB"}),
+    ],
+)
+def test_a_hand_edited_measurement_is_left_out_by_name(tmp_path, monkeypatch, field, value, caplog):
+    """A hand-edited run.json ("measured.at" a string, "peak_memory" a list, "step_s" 1e-300) gave tracebacks
+    in the picker, the preset table and `diagnose --runs`, and absurd figures "measured in your run X": each
+    field is checked for type and range before a number from it is shown; a damaged block is named once and
+    used nowhere."""
+    import logging
+
+    from cloudml_lib.base.config import load_config
+
+    runs = tmp_path / "runs"
+    rec = recorded_cuda_run(runs, "edited", "B")
+    info = json.loads((runs / "edited" / "run.json").read_text())
+    info["measured"][field] = value
+    (runs / "edited" / "run.json").write_text(json.dumps(info))
+    caplog.set_level(logging.WARNING, logger="cloudml_lib.core.timing")
+    assert timing.read_measured(runs / "edited") is None
+    assert timing.measured_words(runs, rec["device"], rec["sig"]) == "-"
+    assert timing.from_runs(runs, rec["device"], rec["sig"]) is None
+    assert timing.peak_words(runs, rec["device"], rec["sig"]) is None
+    assert timing.calibration(runs, rec["device"], rec["sig"], lambda batch: 1.0) is None
+    monkeypatch.setattr(presets, "this_device", lambda: rec["device"])
+    rows = {row[0]: row for row in presets.memory_rows(None, runs)}
+    assert rows["B"][-1] == "-"
+    assert load_config(presets.preset_config_path("B"))  # the preset itself is unchanged
+    said = [r.getMessage() for r in caplog.records if "run.json" in r.getMessage()]
+    assert len(said) == 1 and f"measured.{field}" in said[0] and "left out" in said[0], said
+    if field != "at":
+        return  # the command once (it takes seconds): the same reader serves every field
+    r = run_cli("diagnose", "--runs", runs, timeout=600)
+    assert "Traceback" not in r.stdout + r.stderr and "measured in your run edited" not in r.stdout, r.stderr

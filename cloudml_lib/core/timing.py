@@ -17,6 +17,7 @@ notebook started it from (CLOUDML_EXPECTED), so every estimate can be checked ag
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -27,6 +28,8 @@ import torch
 
 from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core import estimate
+
+log = logging.getLogger(__name__)
 
 MEASURE_BATCH = 4  # timed steps use at most this batch (scaled to the run's): seconds, not minutes, on a CPU
 TIMED_STEPS = 2  # after one warm-up step
@@ -222,13 +225,62 @@ def calibration(runs: Path, device: str, sig: dict, need_gib) -> Calibration | N
     return None if best is None else best[1]
 
 
+# what a run's "measured" block may hold: (low, high) for each number (a number outside is no measurement)
+MEASURED_RANGES = {
+    "step_s": (1e-5, 3600.0),  # seconds per optimizer step
+    "epoch_s": (1e-3, 30 * 86400.0),
+    "estimated_need_gib": (0.0, 4096.0),
+}
+PEAK_GIB = (0.0, 4096.0)
+_told: set[str] = set()
+
+
+def measured_problem(got) -> str | None:
+    """What is wrong with a "measured" block (a hand edit, another tool's file), in words; None when every
+    field is of the type and in the range the trainer writes."""
+    if not isinstance(got, dict):
+        return f"'measured' is {type(got).__name__}, not an object"
+    if not isinstance(got.get("device"), str) or not isinstance(got.get("signature"), dict):
+        return "'measured' lacks its device (text) or its step's signature (an object)"
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for key, (low, high) in MEASURED_RANGES.items():
+        v = got.get(key)
+        if (v is not None or key == "step_s") and not (number(v) and low <= v <= high):
+            return f"'measured.{key}' is {str(v)[:40]!r}, expected a number from {low:g} to {high:g}"
+    timed = got.get("epochs_timed")
+    if timed is not None and not (isinstance(timed, int) and not isinstance(timed, bool) and timed >= 1):
+        return f"'measured.epochs_timed' is {str(timed)[:40]!r}, expected a whole number of 1 or more"
+    at = got.get("at")
+    if at is not None and not (number(at) and 0 < at < time.time() + 86400):
+        return f"'measured.at' is {str(at)[:40]!r}, expected a time (seconds since 1970) not in the future"
+    peak = got.get("peak_memory")
+    if peak is not None and not isinstance(peak, dict):
+        return f"'measured.peak_memory' is {type(peak).__name__}, expected an object of GiB figures"
+    for k, v in (peak or {}).items():
+        if not (number(v) and PEAK_GIB[0] <= v <= PEAK_GIB[1]):
+            return f"'measured.peak_memory.{k}' is {str(v)[:40]!r}, expected GiB from 0 to {PEAK_GIB[1]:g}"
+    return None
+
+
 def read_measured(run: Path) -> dict | None:
-    """run.json's "measured" of a run folder (None where absent or not what the trainer writes)."""
+    """run.json's "measured" of a run folder: None where absent, or where any field is not of the type and in
+    the range the trainer writes (said once per folder: nothing from it is shown or used)."""
     from cloudml_lib.base.runfiles import RunFiles
 
     got = RunFiles(run).run_info().get("measured")
-    ok = isinstance(got, dict) and isinstance(got.get("step_s"), (int, float)) and got["step_s"] > 0
-    return got if ok and isinstance(got.get("signature"), dict) else None
+    if got is None:
+        return None
+    problem = measured_problem(got)
+    if problem:
+        if str(run) not in _told:
+            _told.add(str(run))
+            log.warning("%s: %s; its measurements are left out (the run itself is unchanged)",
+                        Path(run) / "run.json", problem)  # fmt: skip
+        return None
+    return got
 
 
 @dataclass(frozen=True)
