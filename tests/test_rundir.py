@@ -238,3 +238,25 @@ def test_a_live_same_host_holder_is_waited_for_in_words_that_hold(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_run_folder_through_dot_dot_is_checked_where_its_files_land(tiny_flights, tmp_path):
+    """`--run-dir runs/never_made/../H` was checked as a new folder (the path unnormalised: never_made does
+    not exist), then mkdir(parents=True) made never_made and the run's files landed in runs/H, a user's
+    folder. Resolved first: runs/H is checked, refused as another's, and nothing is made or changed."""
+    from conftest import run_cli, tiny_raw
+
+    data, entries = tiny_flights
+    user = tmp_path / "runs" / "H"
+    user.mkdir(parents=True)
+    (user / "notes.txt").write_text("mine\n")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw(data, entries, tmp_path / "cache")))
+    r = run_cli("train", "--config", cfg, "--run-dir", "runs/never_made/../H", cwd=tmp_path, timeout=600)
+    said = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in said and str(user) in said, said
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["H"]  # no never_made
+    assert (
+        sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+        and (user / "notes.txt").read_text() == "mine\n"
+    )
