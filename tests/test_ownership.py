@@ -6,6 +6,7 @@ that verifies; anything else, run-like names included, is refused and left byte-
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -186,7 +187,8 @@ def test_a_run_dir_that_cannot_be_a_folder_is_explained(where, cfg_file, tmp_pat
         (tmp_path / "b").symlink_to(path)
     assert main(["train", "--config", str(cfg_file), "--run-dir", str(path)]) == 2
     err = capsys.readouterr().err
-    assert str(path) in err and "Traceback" not in err
+    shown = str(path) if where != "proc" else os.path.realpath(path)  # /proc/self: where it would land
+    assert shown in err and "Traceback" not in err
 
 
 def test_the_cache_is_never_the_run_folder(cfg_file, tmp_path, capsys):
@@ -198,3 +200,43 @@ def test_the_cache_is_never_the_run_folder(cfg_file, tmp_path, capsys):
         == 2
     )
     assert "is the run folder" in capsys.readouterr().err and not run.exists()
+
+
+@pytest.mark.parametrize("copied", ["best.pt", "marker", "both"])
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_a_file_copied_from_a_cloudml_run_proves_nothing(
+    copied, command, tiny_run, cfg_file, tmp_path, capsys
+):
+    """A user's folder holding another tool's tensorboard/ and checkpoints/ plus one copied CloudML best.pt
+    (or a copied marker) was adopted: train deleted the other tool's files, truncated metrics.jsonl,
+    appended to train.log; evaluate rewrote report.md, evaluation.json, predictions.csv in any folder with a
+    best.pt. One file never proves a folder CloudML's: refused, byte-identical."""
+    from cloudml_lib.commands.cli import main
+
+    run_dir = tiny_run[0]
+    theirs = foreign(tmp_path, "run")
+    if copied in ("best.pt", "both"):
+        shutil.copy2(run_dir / "best.pt", theirs / "best.pt")
+    if copied in ("marker", "both"):
+        shutil.copy2(run_dir / MARKER, theirs / MARKER)
+    (theirs / "report.md").write_text("my report\n")
+    before = snapshot(theirs)
+    argv = {
+        "train": ["train", "--config", cfg_file, "--run-dir", theirs],
+        "evaluate": ["evaluate", "--run-dir", theirs],
+    }[command]
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{theirs} holds other things" in err and "Traceback" not in err, err
+    assert snapshot(theirs) == before
+
+
+def test_a_cloudml_run_folder_moved_elsewhere_is_adopted_by_its_content(tiny_run, tmp_path):
+    """The marker records the folder it was written in: a run folder moved (or copied) keeps working, proved
+    by its checkpoints, and is marked again where it now is."""
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_run[0], moved)
+    assert marker_kind(moved) is None  # written for the original folder
+    assert check(moved, RUN).startswith("adopted: its checkpoint")
+    claim(moved, RUN)
+    assert marker_kind(moved) == "run" and check(moved, RUN) == "marked"

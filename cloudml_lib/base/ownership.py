@@ -29,7 +29,7 @@ from cloudml_lib.base.shapes import OPT_TEXT, TEXT, Damaged, Obj, read_json
 log = logging.getLogger(__name__)
 
 MARKER = ".cloudml"
-MARKER_SHAPE = Obj({"kind": TEXT, "by": OPT_TEXT}, required=("kind",))
+MARKER_SHAPE = Obj({"kind": TEXT, "by": OPT_TEXT, "folder": OPT_TEXT}, required=("kind",))
 MARKER_LIMIT = 4096  # bytes: a marker is a line of JSON; anything bigger is not CloudML's
 CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")  # what a file manager or a file system leaves
 
@@ -46,14 +46,23 @@ class Kind:
     fits: str
 
 
+def where(folder: str | Path) -> str:
+    """A folder's place as a marker records it: absolute, `..` and links resolved."""
+    return os.path.realpath(os.path.abspath(folder))
+
+
 def marker_kind(folder: Path) -> str | None:
-    """The kind a folder's marker names; None without a marker. A marker that is no marker of CloudML's (a
-    link, a folder, not its JSON) is refused: it may be someone else's file."""
+    """The kind a folder's marker names; None without a marker, or where the marker was written for another
+    folder (it records the folder it was written in: a marker copied or moved with a folder proves nothing
+    there, and the folder is judged by its content, as an earlier release's). A marker that is no marker of
+    CloudML's (a link, a folder, not its JSON) is refused: it may be someone else's file."""
     path = Path(folder) / MARKER
     if not os.path.lexists(path):
         return None
     try:
-        return read_json(path, MARKER_SHAPE, MARKER_LIMIT)["kind"]
+        doc = read_json(path, MARKER_SHAPE, MARKER_LIMIT)
+        written_in = doc.get("folder")
+        return doc["kind"] if written_in is None or written_in == where(folder) else None
     except (OSError, Damaged) as e:
         raise CloudMLError(
             f"{path} is not a marker CloudML wrote ({shown(str(e), 200)}): the folder {folder} cannot be "
@@ -140,7 +149,7 @@ def write_marker(folder: Path, kind: str) -> None:
     from cloudml_lib.base.outputs import atomic_path
 
     with atomic_path(Path(folder) / MARKER) as tmp:
-        Path(tmp).write_text(json.dumps({"kind": kind, "by": "CloudML"}) + "\n")
+        Path(tmp).write_text(json.dumps({"kind": kind, "by": "CloudML", "folder": where(folder)}) + "\n")
 
 
 def is_marked(folder: str | Path, kind: str) -> bool:

@@ -45,9 +45,13 @@ def _folder(text: str) -> str:
             f"{text!r} is empty; name a folder: a new or empty one for what the command writes, or an "
             "existing run folder"
         )
-    plain = os.path.abspath(text)
-    real = os.path.realpath(plain)
-    return text if real == plain and ".." not in Path(text).parts else real
+    nearest = Path(os.path.abspath(text))  # the deepest part that is there (a link counted as there)
+    while not os.path.lexists(nearest) and nearest != nearest.parent:
+        nearest = nearest.parent
+    if nearest.is_symlink() and not nearest.exists():
+        return text  # a link to nowhere, or a loop: the folder check names it
+    real = os.path.realpath(text)
+    return text if real == os.path.abspath(text) and ".." not in Path(text).parts else real
 
 
 def build_parser() -> argparse.ArgumentParser:

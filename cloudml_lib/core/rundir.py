@@ -170,8 +170,9 @@ def fold_models(run_dir: Path) -> list[Path]:
 
 def check_folder_kind(run_dir: Path, command: str) -> None:
     """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
-    cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
-    also refuse a folder that is not CloudML's (base/ownership.py) and a link where a run writes a file."""
+    cross-validation folder. The wrong kind is named, with the command that fits it. `train`, `evaluate`
+    (which rewrites its outputs) and `crossval` also refuse a folder that is not CloudML's
+    (base/ownership.py) and a link where a run writes a file."""
     run_dir = Path(run_dir)
     marked = marker_kind(run_dir) if run_dir.is_dir() else None
     if (run_dir / "sweep.json").is_file() or marked == SWEEP.name:
@@ -192,7 +193,7 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
             )
         return
     if not is_crossval(run_dir):
-        if command == "train":
+        if command in ("train", "evaluate"):  # evaluate rewrites report.md, evaluation.json, predictions.csv
             check_run_writes(run_dir)
             check(run_dir, RUN)
         return
@@ -691,9 +692,11 @@ def record_failure(run_dir: Path, why: str) -> None:
 
 # ------------------------------------------------------------------------------ whose folder it is
 def adopt_run(folder: Path) -> str | None:
-    """An earlier release's run folder, proved by its content: its newest committed checkpoint that verifies
-    (the recorded checksum matches, it loads weights-only with the keys a resume needs) and holds the config
-    of the folder's config.yaml; or a best.pt that loads weights-only with the keys of a best model."""
+    """An earlier release's run folder, proved by its content, never by one file (a best.pt copied into a
+    user's folder proved it theirs): its newest committed checkpoint that verifies (the recorded checksum
+    matches, it loads weights-only with the keys a resume needs) and holds the config of the folder's
+    config.yaml; or a best.pt that loads weights-only with the keys of a best model beside a config.yaml that
+    says what its stored config says."""
     folder = Path(folder)
     for ckpt in find_checkpoints(folder):
         reason, state, _ = check_folder(ckpt, load=True)
@@ -705,8 +708,13 @@ def adopt_run(folder: Path) -> str | None:
             ckpt = load_checkpoint(best)
         except CloudMLError:
             return None
-        if isinstance(ckpt, dict) and all(k in ckpt for k in BEST_KEYS):
-            return "its best.pt loads with the keys of a best model"
+        if (
+            isinstance(ckpt, dict)
+            and all(k in ckpt for k in BEST_KEYS)
+            and os.path.lexists(folder / "config.yaml")
+            and _same_config(folder / "config.yaml", ckpt[Key.CONFIG])
+        ):
+            return "its best.pt loads with the keys of a best model, with the config of its config.yaml"
     return None
 
 
