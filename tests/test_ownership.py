@@ -240,3 +240,18 @@ def test_a_cloudml_run_folder_moved_elsewhere_is_adopted_by_its_content(tiny_run
     assert check(moved, RUN).startswith("adopted: its checkpoint")
     claim(moved, RUN)
     assert marker_kind(moved) == "run" and check(moved, RUN) == "marked"
+
+
+def test_status_calls_another_tools_checkpoints_no_cloudml_run(tmp_path, capsys):
+    """`status` called any folder holding a checkpoints/ folder "stopped (resumable)"; `compare` and the
+    picker read the same state."""
+    from cloudml_lib.commands.cli import main
+    from cloudml_lib.core.rundir import run_state
+
+    theirs = foreign(tmp_path, "run")
+    before = snapshot(theirs)
+    assert run_state(theirs).kind == "none"
+    assert main(["status", str(theirs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{theirs} holds a run's names" in err and "is not a CloudML run" in err and "stopped" not in err
+    assert snapshot(theirs) == before

@@ -33,7 +33,7 @@ from cloudml_lib.base.outputs import (
     refuse_special,
     write_text,
 )
-from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
+from cloudml_lib.base.ownership import MARKER, Kind, check, is_marked, marker_kind
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.base.shapes import TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.checkpoint import (
@@ -150,9 +150,27 @@ def check_run_writes(run_dir: Path) -> None:
         refuse_special(Path(run_dir) / name)
 
 
+RUN_NAMES = ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml")
+
+
 def has_run(run_dir: Path) -> bool:
-    run_dir = Path(run_dir)
-    return any((run_dir / n).exists() for n in ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml"))
+    """Whether a folder holds a run's names (whose run it is: is_cloudml_run)."""
+    return bool(run_names(run_dir))
+
+
+def run_names(run_dir: Path) -> list[str]:
+    return [n for n in RUN_NAMES if (Path(run_dir) / n).exists()]
+
+
+def is_cloudml_run(run_dir: Path) -> bool:
+    """A run folder CloudML can prove its own: its marker, written for it, or an earlier release's content
+    that verifies (adopt_run). Another tool's `checkpoints/` is no run of CloudML's."""
+    try:
+        if marker_kind(Path(run_dir)) == RUN.name:
+            return True
+    except CloudMLError:
+        return False  # a damaged marker: not told to be CloudML's
+    return adopt_run(Path(run_dir)) is not None
 
 
 def is_crossval(run_dir: Path) -> bool:
@@ -485,6 +503,12 @@ def run_status(run_dir: str | Path) -> dict:
         }
     if not has_run(run_dir):
         raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
+    if not is_cloudml_run(run_dir):
+        raise CloudMLError(
+            f"{run_dir} holds a run's names ({', '.join(run_names(run_dir))}) but is not a CloudML run: no "
+            f"{MARKER} marker written for it, and no checkpoint or best.pt of CloudML's that verifies. "
+            "Another tool's folder? Nothing was read further or changed."
+        )
     found = find_latest_valid(run_dir)  # the same verification as resume
     status = {
         "run_dir": str(run_dir),
@@ -641,7 +665,7 @@ def run_state(run_dir: str | Path, check_lock: bool = True) -> RunState:
     """The state of the run in `run_dir` (a cross-validation's folds each have their own). `check_lock`:
     a live lock holder makes it "running" (off for the process about to take the lock itself)."""
     run_dir = Path(run_dir)
-    if not has_run(run_dir):
+    if not has_run(run_dir) or not is_cloudml_run(run_dir):
         return RunState("none")
     if check_lock and _lock_holder(run_dir):
         return RunState("running")
