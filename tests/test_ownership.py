@@ -255,3 +255,33 @@ def test_status_calls_another_tools_checkpoints_no_cloudml_run(tmp_path, capsys)
     err = capsys.readouterr().err
     assert f"{theirs} holds a run's names" in err and "is not a CloudML run" in err and "stopped" not in err
     assert snapshot(theirs) == before
+
+
+@pytest.mark.parametrize("kind", ["predictions", "crossval", "demo"])
+def test_one_copied_results_file_adopts_no_folder(kind, tiny_run, tiny_flights, cfg_file, tmp_path, capsys):
+    """A copied summary.json, crossval.json or demo version file made a user's folder CloudML's for
+    `predict --out`, `crossval` and `make-demo-data --out`. Each kind now needs two files that verify."""
+    import json
+
+    from cloudml_lib.commands.cli import main
+    from cloudml_lib.data.synthetic import VERSION_FILE
+
+    theirs = foreign(tmp_path, kind)
+    if kind == "predictions":
+        made = tmp_path / "made"
+        assert main(["predict", "--run-dir", str(tiny_run[0]), "--out", str(made)]) == 0
+        shutil.copy2(made / "summary.json", theirs / "summary.json")
+        argv = ["predict", "--run-dir", tiny_run[0], "--out", theirs]
+    elif kind == "crossval":
+        twin = json.loads((FIXTURES / "run_d1e9854" / "expected.json").read_text())["crossval"]
+        (theirs / "crossval.json").write_text(json.dumps(twin))  # what that release's crossval wrote
+        argv = ["crossval", "--config", cfg_file, "--run-dir", theirs, "--no-controls"]
+    else:
+        shutil.copy2(tiny_flights[0] / VERSION_FILE, theirs / VERSION_FILE)
+        argv = ["make-demo-data", "--out", theirs, "--flights", "2", "--frames", "20"]
+    capsys.readouterr()
+    before = snapshot(theirs)
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{theirs} holds other things" in err and "Traceback" not in err, err
+    assert snapshot(theirs) == before

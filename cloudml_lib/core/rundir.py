@@ -755,9 +755,8 @@ def _same_config(path: Path, saved) -> bool:
 
 
 def adopt_crossval(folder: Path) -> str | None:
-    """An earlier release's cross-validation: a readable crossval.json, or a fold whose model is a run."""
-    if RunFiles(Path(folder)).crossval():
-        return "its crossval.json reads"
+    """An earlier release's cross-validation: a fold whose model is a run that verifies (a crossval.json
+    alone, which can be copied, proves nothing)."""
     fold = next((m for m in fold_models(Path(folder)) if adopt_run(m)), None)
     return f"its fold {fold.parent.name} is a run that verifies" if fold else None
 

@@ -636,9 +636,22 @@ def written_version(folder: Path) -> str | None:
 
 
 def adopt_demo(folder: Path) -> str | None:
-    """Demo flights of an earlier CloudML: the demo version file it wrote beside them."""
+    """Demo flights of an earlier CloudML, proved by two files, never by one (a copied version file proved a
+    user's folder CloudML's): the demo version file it wrote, and a flight's IR file of the demo's layout
+    (its name, and its frames where the demo writes them)."""
     version = written_version(folder)
-    return None if version is None else f"its {VERSION_FILE} says demo version {version}"
+    if version is None:
+        return None
+    for ir in sorted(Path(folder).glob("*/GLOVE2025_IRAI_L1B_Rev-_*.h5"))[:10]:
+        if not ir.is_file() or ir.is_symlink():
+            continue
+        try:
+            with h5py.File(ir, "r") as f:
+                if isinstance(f.get("Product/Signal"), h5py.Dataset):
+                    return f"its {VERSION_FILE} says demo version {version} beside flight {ir.parent.name}"
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 DEMO = Kind("demo flights", "--out", adopt_demo, "the folder of earlier demo flights to write them again")

@@ -743,8 +743,22 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
 
 
 def adopt_predictions(folder: Path) -> str | None:
-    """Predictions of an earlier CloudML: the summary.json it wrote beside them."""
-    return "its summary.json reads" if RunFiles(Path(folder)).predictions_summary() else None
+    """Predictions of an earlier CloudML, proved by two files, never by one (a copied summary.json proved a
+    user's folder CloudML's): the summary.json it wrote, and a flight's NetCDF it names that holds a cloud
+    base height."""
+    import h5py
+
+    for flight in RunFiles(Path(folder)).predictions_summary():
+        path = Path(folder) / f"{flight}_cbh.nc"
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            with h5py.File(path, "r") as nc:
+                if isinstance(nc.get("cloud_base_height"), h5py.Dataset):
+                    return f"its summary.json reads and names {path.name}, a NetCDF of cloud base heights"
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 PREDICTIONS = Kind("predictions", "--out", adopt_predictions, "a folder of earlier predictions")
