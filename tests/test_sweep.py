@@ -484,3 +484,24 @@ def test_status_of_a_sweep_is_its_trials_table(reference):
     assert pruned and "was worse than the median" in r.stdout  # why each pruned trial stopped, in words
     # a pruned trial shows its last epoch's scores, which are the validation data's: never called a test's
     assert all(line.split("|")[2].strip() == "validation" for line in pruned)
+
+
+def test_a_sweep_whose_flights_moved_continues(files, reference, tiny_flights, tmp_path):
+    """A sweep whose data folder moved (a Drive folder renamed) was refused as "a sweep with other settings":
+    a location is no setting. Another setting still is."""
+    import shutil
+
+    cfg, space, _, raw = files
+    run = tmp_path / "sweep"
+    shutil.copytree(reference, run)
+    moved = tmp_path / "moved_flights"
+    shutil.copytree(tiny_flights[0], moved)
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm", "--set", f"data.dir={moved}")
+    said = r.stdout + r.stderr
+    assert r.returncode == 0 and "other settings" not in said, said[-3000:]
+    assert "data.dir moved since it started" in said, said[-3000:]
+    assert study_of(run) == study_of(reference)
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm", "--set", "train.weight_decay=0.5")
+    assert r.returncode == 2 and "a sweep with other settings: config.train.weight_decay" in r.stderr, (
+        r.stderr
+    )

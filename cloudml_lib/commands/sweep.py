@@ -35,6 +35,7 @@ from pathlib import Path
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import (
     LEGACY_VALIDATION,
+    PATH_KEYS,
     absent_settings,
     apply_overrides,
     build_config,
@@ -193,10 +194,18 @@ def check_sweep_folder(run_dir: Path, record: dict) -> None:
         )
     if saved is None:
         return
+    # where the flights and the cache are is no setting (a Drive folder moved): each trial's run checks its
+    # flights by content when it resumes, as every run does
+    locations = {f"config.data.{key}" for key in PATH_KEYS}
+    moved = [k for k, _, _ in _differences(saved["config"], record["config"], "config") if k in locations]
+    if moved:
+        log.info("%s: the sweep's %s moved since it started; its trials check their flights by content",
+                 run_dir, ", ".join(k.removeprefix("config.") for k in moved))  # fmt: skip
     diffs = [
         f"{k} (sweep {a!r}, now {b!r})"
         for part in ("config", "space")
         for k, a, b in _differences(saved[part], record[part], part)
+        if k not in locations
     ]
     if diffs:
         raise ConfigError(
