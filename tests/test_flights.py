@@ -201,3 +201,23 @@ def test_a_long_list_of_removed_labels_goes_under_the_table_so_a_row_stays_one_l
     assert (
         _removed({one: 3}, notes, "x") == f"{REMOVED_WORDS[one]} 3" and len(notes) == 1
     )  # short: in the cell
+
+
+def test_a_linked_flight_folder_is_named_never_skipped_without_a_word(tmp_path, caplog, logs_reach_caplog):
+    """A flight folder that is a symbolic link was skipped silently (os.walk does not follow links). Outside
+    the data folder it is named with what to do; inside, it is searched where it leads, not twice."""
+    import logging
+
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    make_demo_flights(elsewhere, n_flights=2, seed=1, frames_per_flight=TINY_FRAMES, frame_shape=TINY_SHAPE)
+    root.mkdir()
+    shutil.copytree(elsewhere / "01Mar25", root / "01Mar25")
+    (root / "03Mar25").symlink_to(elsewhere / "03Mar25", target_is_directory=True)  # outside
+    (root / "again").symlink_to(root / "01Mar25", target_is_directory=True)  # inside
+    with caplog.at_level(logging.INFO, logger="cloudml_lib.data.flights"):
+        found = flights.find_flights(data_config(root))
+    assert [f.name for f in found] == ["01Mar25"] and not found[0].problems
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and f"{root / '03Mar25'} is a link to {elsewhere / '03Mar25'}" in warned[0]
+    assert "outside the data folder" in warned[0] and "set data.dir" in warned[0]
+    assert f"{root / 'again'} is a link to {root / '01Mar25'}, inside the data folder" in caplog.text

@@ -106,6 +106,27 @@ def _pick(role: str, candidates: list[tuple[int, str]], flight: str) -> tuple[st
     )
 
 
+def _linked_folder(root: Path, path: Path) -> bool:
+    """Whether `path` is a symbolic link to a folder, said once, never searched: one inside the data folder
+    leads where the search goes anyway (its files would count twice); one outside it would read flights from
+    elsewhere without a word."""
+    if not path.is_symlink():
+        return False
+    target = Path(os.path.realpath(path))
+    inside = target == Path(os.path.realpath(root)) or Path(os.path.realpath(root)) in target.parents
+    if inside:
+        log.info("%s is a link to %s, inside the data folder: searched there, not twice", path, target)
+    else:
+        log.warning(
+            "%s is a link to %s, outside the data folder (data.dir %s): not searched. To use the flights "
+            "there, copy them into the data folder, or set data.dir to a folder that holds them.",
+            path,
+            target,
+            root,
+        )
+    return True
+
+
 def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[FoundFlight]:
     """Every flight date with at least one file in data.dir (recursively), sorted by date."""
     root = Path(data.dir)
@@ -113,7 +134,11 @@ def find_flights(data: DataConfig, skip_dirs: tuple[Path, ...] = ()) -> list[Fou
     by_date: dict[dt.date, dict[str, list[tuple[int, str]]]] = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(
-            d for d in dirs if not d.startswith(".") and (Path(folder) / d).resolve() not in skip
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and (Path(folder) / d).resolve() not in skip
+            and not _linked_folder(root, Path(folder) / d)
         )
         for name in sorted(files):
             found = classify(name)
