@@ -331,3 +331,34 @@ def test_a_missing_optional_package_is_named_with_the_command_that_fits_where_th
     monkeypatch.delenv("CLOUDML_PARENT_PID")
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
     assert install_command("tensorboard") == "%pip install tensorboard"
+
+
+def test_the_package_lists_every_module_it_has():
+    """cloudml_lib/colab/modules.py, the list the Colab install checks a Drive copy against, is the
+    package."""
+    from cloudml_lib.colab.modules import MODULES
+
+    package = REPO / "cloudml_lib"
+    have = sorted(
+        p.relative_to(package).as_posix() for p in package.rglob("*.py") if "__pycache__" not in p.parts
+    )
+    assert sorted(MODULES) == have, (
+        "cloudml_lib/colab/modules.py differs from the package's modules; set MODULES to:\n"
+        + "\n".join(f'    "{m}",' for m in have)
+    )
+
+
+def test_a_copy_still_being_written_is_never_installed_as_a_success(bootstrap):
+    """The install cell reported success for a partial package (83 of 102 files, commands/ missing) while
+    Drive rewrote the copy: the fingerprint and the build saw the same incomplete tree. The package's own list
+    of its modules names what is missing, and nothing is installed."""
+    import shutil
+
+    install, code = bootstrap
+    shutil.rmtree(code / "cloudml_lib" / "commands")
+    text = refused(
+        install, code, "cloudml_lib/: ", "modules are missing (commands/__init__.py, commands/cli.py"
+    )
+    assert "Is Google Drive still copying the folder?" in text  # refused(): and nothing was installed
+    (code / "cloudml_lib" / "colab" / "modules.py").unlink()
+    refused(install, code, "cloudml_lib/colab/modules.py: is missing or unreadable")

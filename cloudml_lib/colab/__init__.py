@@ -8,7 +8,8 @@
 - sweeping.py   the optional sweep (Optuna, installed when asked for), trial by trial, and its report
 - show.py       Markdown, user errors without a traceback, presets, status, evaluation, report
 - install.py    the notebooks' first cell: install from the Drive copy when it changed (standard library
-                only, run by its path before anything is installed)
+                only, run by its path before anything is installed); modules.py  every module of the
+                package, which it checks the copy against
 
 How the flow runs, for a user or for the headless test (CLOUDML_SMOKE=1: the demo flights, a tiny run, a
 simulated disconnect, the checks of the last cells), is one profile (profile.py), chosen where the flow

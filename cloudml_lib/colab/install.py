@@ -18,6 +18,7 @@ nothing from the package: the standard library only.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.machinery
@@ -134,9 +135,38 @@ def scan(code: Path) -> tuple[list[Path], list[str]]:
                     problems.append(bad)
                 elif _scan_file(code, rel, problems):
                     files.append(rel)
+    if not problems:
+        problems += _missing_modules(code, files)
     if not problems and not any(f.parts[0] == "configs" and f.suffix == ".yaml" for f in files):
         problems.append("configs/: holds no preset (*.yaml); copy the repository's configs/ folder again")
     return sorted(files), problems
+
+
+MODULE_LIST = "colab/modules.py"  # inside the package: every module's path
+
+
+def _missing_modules(code: Path, files: list[Path]) -> list[str]:
+    """The package's own list of its modules against the copy: a copy still being written by Google Drive
+    looks complete to a fingerprint and a build (they see the same tree), not to this list."""
+    listing = code / PACKAGE_NAME / MODULE_LIST
+    try:
+        tree = ast.parse(listing.read_text(encoding="utf-8"))
+        listed = next(
+            ast.literal_eval(node.value)
+            for node in tree.body
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["MODULES"]
+        )
+    except (OSError, SyntaxError, ValueError, StopIteration, UnicodeDecodeError):
+        return [f"{PACKAGE_NAME}/{MODULE_LIST}: is missing or unreadable (the package's list of its modules)"]
+    have = {f.as_posix() for f in files}
+    missing = [m for m in listed if f"{PACKAGE_NAME}/{m}" not in have]
+    if not missing:
+        return []
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    return [
+        f"{PACKAGE_NAME}/: {len(missing)} of its {len(listed)} modules are missing ({shown}). Is Google "
+        "Drive still copying the folder? Wait until it is done"
+    ]
 
 
 def source_files(code: Path) -> list[Path]:
