@@ -188,9 +188,9 @@ def fold_models(run_dir: Path) -> list[Path]:
 
 def check_folder_kind(run_dir: Path, command: str) -> None:
     """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
-    cross-validation folder. The wrong kind is named, with the command that fits it. `train`, `evaluate`
-    (which rewrites its outputs) and `crossval` also refuse a folder that is not CloudML's
-    (base/ownership.py) and a link where a run writes a file."""
+    cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
+    also refuse a folder that is not CloudML's (base/ownership.py) and a link where a run writes a file
+    (`evaluate` too where it writes: science/evaluate.py)."""
     run_dir = Path(run_dir)
     marked = marker_kind(run_dir) if run_dir.is_dir() else None
     if (run_dir / "sweep.json").is_file() or marked == SWEEP.name:
@@ -211,7 +211,7 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
             )
         return
     if not is_crossval(run_dir):
-        if command in ("train", "evaluate"):  # evaluate rewrites report.md, evaluation.json, predictions.csv
+        if command == "train":
             check_run_writes(run_dir)
             check(run_dir, RUN)
         return

@@ -388,6 +388,15 @@ def evaluate_run(
     (changing neither); writes predictions.csv, evaluation.json and report.md. `data_dir`, `cache_dir`:
     where the flights and the preprocessing cache are now, if not where the run recorded them."""
     run_dir = Path(run_dir)
+    if (
+        write
+    ):  # report.md, evaluation.json, predictions.csv rewritten: only in a folder CloudML can prove its run
+        from cloudml_lib.base.ownership import check
+        from cloudml_lib.core.rundir import RUN, check_folder_kind, check_run_writes
+
+        check_folder_kind(Path(run_dir), "evaluate")  # a sweep's or cross-validation's folder, named as such
+        check_run_writes(Path(run_dir))
+        check(Path(run_dir), RUN)
     rm = load_run_model(run_dir, data_dir, cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     data = load_end_data(
