@@ -43,6 +43,18 @@ def open_h5(path: Path, flight: str):
         f.close()
 
 
+def holds_dataset(path: Path, key: str) -> bool:
+    """Whether `path` is a regular file (no link, no FIFO) that opens as HDF5 with a dataset at `key`: what an
+    earlier CloudML wrote beside its record (ownership's second proof)."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        with h5py.File(path, "r") as f:
+            return isinstance(f.get(key), h5py.Dataset)
+    except (OSError, ValueError):
+        return False
+
+
 def outside(f: h5py.File, key: str) -> str | None:
     """Where `key` leads out of `f`, in words (an external link on its path, a virtual dataset); None when its
     data are in `f`."""

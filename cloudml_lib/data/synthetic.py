@@ -86,6 +86,7 @@ from tqdm.auto import tqdm
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.data import times
+from cloudml_lib.data.hdf5 import holds_dataset
 
 log = logging.getLogger(__name__)
 
@@ -643,14 +644,8 @@ def adopt_demo(folder: Path) -> str | None:
     if version is None:
         return None
     for ir in sorted(Path(folder).glob("*/GLOVE2025_IRAI_L1B_Rev-_*.h5"))[:10]:
-        if not ir.is_file() or ir.is_symlink():
-            continue
-        try:
-            with h5py.File(ir, "r") as f:
-                if isinstance(f.get("Product/Signal"), h5py.Dataset):
-                    return f"its {VERSION_FILE} says demo version {version} beside flight {ir.parent.name}"
-        except (OSError, ValueError):
-            continue
+        if holds_dataset(ir, "Product/Signal"):
+            return f"its {VERSION_FILE} says demo version {version} beside flight {ir.parent.name}"
     return None
 
 

@@ -61,6 +61,7 @@ from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.hashing import input_files
+from cloudml_lib.data.hdf5 import holds_dataset
 from cloudml_lib.data.preprocess import (
     SKIMAGE,
     STAT_NAMES,
@@ -746,18 +747,10 @@ def adopt_predictions(folder: Path) -> str | None:
     """Predictions of an earlier CloudML, proved by two files, never by one (a copied summary.json proved a
     user's folder CloudML's): the summary.json it wrote, and a flight's NetCDF it names that holds a cloud
     base height."""
-    import h5py
-
     for flight in RunFiles(Path(folder)).predictions_summary():
         path = Path(folder) / f"{flight}_cbh.nc"
-        if not path.is_file() or path.is_symlink():
-            continue
-        try:
-            with h5py.File(path, "r") as nc:
-                if isinstance(nc.get("cloud_base_height"), h5py.Dataset):
-                    return f"its summary.json reads and names {path.name}, a NetCDF of cloud base heights"
-        except (OSError, ValueError):
-            continue
+        if holds_dataset(path, "cloud_base_height"):
+            return f"its summary.json reads and names {path.name}, a NetCDF of cloud base heights"
     return None
 
 
