@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 def _folder(text: str) -> str:
     """A folder argument: an empty one would silently mean the working directory (or a default). A path
     through `..` or a symbolic link is resolved first (shown so), so that what is checked is where files land:
-    `runs/never_made/../H` is H, and was checked as a new folder, then written into H."""
+    `runs/never_made/../H` is runs/H, and was checked as a new folder (never_made is not there), then
+    written into runs/H."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
             f"{text!r} is empty; name a folder: a new or empty one for what the command writes, or an "

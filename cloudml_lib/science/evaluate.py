@@ -388,9 +388,8 @@ def evaluate_run(
     (changing neither); writes predictions.csv, evaluation.json and report.md. `data_dir`, `cache_dir`:
     where the flights and the preprocessing cache are now, if not where the run recorded them."""
     run_dir = Path(run_dir)
-    if (
-        write
-    ):  # report.md, evaluation.json, predictions.csv rewritten: only in a folder CloudML can prove its run
+    if write:
+        # report.md, evaluation.json and predictions.csv are rewritten: only where CloudML proves its run
         from cloudml_lib.base.ownership import check
         from cloudml_lib.core.rundir import RUN, check_folder_kind, check_run_writes
 
