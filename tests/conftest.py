@@ -111,9 +111,10 @@ def preprocess_frame(raw, data):
 
 @pytest.fixture(autouse=True)
 def _records_reach_caplog_where_asked(request, monkeypatch):
-    """A test that reads caplog sees cloudml_lib's records whatever ran before it: an earlier in-process training
-    run or CLI command stops them at the package's own handlers (base/logs.py). pytest 9 lets caplog.set_level(logger=)
-    see them anyway, pytest 8 does not: test_timing's hand-edited-run tests failed on CI's pytest 8 only."""
+    """A test that reads caplog sees cloudml_lib's records whatever ran before it: an earlier in-process
+    training run or CLI command stops them at the package's own handlers (base/logs.py). pytest 9 lets
+    caplog.set_level(logger=) see them anyway, pytest 8 does not: test_timing's hand-edited-run tests failed
+    on CI's pytest 8 only."""
     if "caplog" in request.fixturenames:
         monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
 

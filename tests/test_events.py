@@ -83,18 +83,30 @@ def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_confi
 
 def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
     """Files of an attempt killed before its first checkpoint belong to no resume point. The attempt was
-    CloudML's (its marker, written before anything else): a folder of another project's tensorboard/
-    is refused instead (tests/test_ownership.py)."""
+    CloudML's (its marker, written before anything else, and its ledger listing the event file it wrote); an
+    event file another tool put there since is not in the ledger: it is left byte-identical and named once.
+    A folder of another project's tensorboard/ is refused outright (tests/test_ownership.py)."""
+    from cloudml_lib.base import ledger
     from cloudml_lib.base.ownership import write_marker
     from cloudml_lib.core.rundir import RUN
 
     stale = tmp_path / "run" / "tensorboard" / "events.out.tfevents.1.host.1.0"
     stale.parent.mkdir(parents=True)
-    stale.write_bytes(b"old")
     write_marker(tmp_path / "run", RUN.name)
+    ledger.start(tmp_path / "run", [])
+    ledger.add(stale)
+    stale.write_bytes(b"old")
+    theirs = stale.parent / "events.out.tfevents.2.other-tool.7.0"
+    theirs.write_bytes(b"another tool's curves")
     train_run(tiny_config, tmp_path / "run")
-    assert not stale.exists()
-    assert len([p for p in stale.parent.glob("events.out.tfevents.*") if not p.name.endswith(".final")]) == 1
+    assert not stale.exists() and theirs.read_bytes() == b"another tool's curves"
+    ours = [
+        p for p in stale.parent.glob("events.out.tfevents.*") if not p.name.endswith(".final") and p != theirs
+    ]
+    assert len(ours) == 1
+    log = (tmp_path / "run" / "train.log").read_text()
+    said = [line for line in log.splitlines() if str(theirs) in line]
+    assert len(said) == 1 and "not written by CloudML" in said[0] and "left as it is" in said[0], said
 
 
 def test_other_ranks_write_nothing(tmp_path):

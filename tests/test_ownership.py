@@ -15,7 +15,9 @@ import torch
 import yaml
 from conftest import REPO
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.ledger import LEDGER
 from cloudml_lib.base.ownership import MARKER, check, claim, marker_kind
 from cloudml_lib.core.rundir import CROSSVAL, RUN, SWEEP
 
@@ -132,7 +134,8 @@ def test_an_earlier_releases_folder_is_adopted_by_its_content_and_marked_first(
     before = snapshot(mine)
     claim(mine, kind)
     assert marker_kind(mine) == kind.name
-    assert {k: v for k, v in snapshot(mine).items() if k != MARKER} == before  # only the marker was added
+    assert {k: v for k, v in snapshot(mine).items() if k not in (MARKER, LEDGER)} == before  # nothing else
+    assert ledger.listed(mine) == set(kind.verified(mine)) and ledger.listed(mine)  # what verifies is its own
     assert "adopted, and marked as CloudML's" in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="cloudml_lib"):

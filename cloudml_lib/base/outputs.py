@@ -12,7 +12,9 @@ user sees always names the file. Checkpoints have their own commit protocol (che
 A file a command writes is never written through a symbolic link: a link found where one of its files
 belongs (metrics.jsonl, train.log, run.json, best.pt, evaluation.json, a prediction, ...) is refused,
 naming it, and its target is left untouched (`refuse_link`; appends open with O_NOFOLLOW, and only a regular
-file: a FIFO is refused, never waited on). Which folders a command may write into is ownership.py's.
+file: a FIFO is refused, never waited on). Which folders a command may write into is ownership.py's; within a
+claimed folder, a file that exists is replaced or appended to only where the folder's ledger lists it as
+CloudML's (ledger.py), and each file written is listed there.
 """
 
 from __future__ import annotations
@@ -51,13 +53,17 @@ def free_bytes(path: str | Path) -> int | None:
 @contextmanager
 def atomic_path(path: str | Path):
     """Yields a temporary path beside `path`; renamed to `path` when the block ends without error."""
+    from cloudml_lib.base import ledger
+
     path = Path(path)
     refuse_link(path)
+    ledger.refuse_unless_mine(path, "replace")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         if os.path.lexists(tmp):  # a leftover, or a link: the writer must create a file of its own
             tmp.unlink()
         yield tmp
+        ledger.add(path)  # listed first: a kill between the two never leaves a file of CloudML's unlisted
         os.replace(tmp, path)  # replaces a name, never writes through one
     except OSError as e:
         raise named(e, path) from None
@@ -116,9 +122,13 @@ def open_append(path: str | Path):
     """`path` opened for appending text (created if missing), never through a symbolic link (O_NOFOLLOW:
     no moment between a check and the open), and only a regular file: a FIFO named metrics.jsonl or
     train.log is refused at once, never waited on (files.open_fd checks the open descriptor)."""
+    from cloudml_lib.base import ledger
     from cloudml_lib.base.files import NotRegularFile, open_fd
 
     refuse_link(path)  # where O_NOFOLLOW does not exist (Windows)
+    ledger.refuse_unless_mine(path, "append to or truncate")
+    if not os.path.lexists(path):
+        ledger.add(path)  # listed before it exists (a kill between the two leaves nothing unlisted)
     try:
         fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow=False)
     except NotRegularFile as e:

@@ -44,6 +44,23 @@ class Kind:
     option: str
     adopt: Callable[[Path], str | None]
     fits: str
+    owned: Callable[[Path], list[str]] | None = None  # what of a folder claimed without a ledger verifies
+
+    def __post_init__(self):
+        _KINDS[self.name] = self
+
+    def verified(self, folder: Path) -> list[str]:
+        """The paths of `folder` that are this kind's own (ledger.py's start for a folder without a ledger):
+        by the kind's rule, or, without one, what the folder holds (its adoption verified it)."""
+        return self.owned(folder) if self.owned is not None else others_in(folder)
+
+
+_KINDS: dict[str, Kind] = {}
+
+
+def kind_named(name: str) -> Kind | None:
+    """The Kind a marker names (defined where its layer knows the files; None for one not imported)."""
+    return _KINDS.get(name)
 
 
 def where(folder: str | Path) -> str:
@@ -120,13 +137,17 @@ def check(folder: str | Path, kind: Kind) -> str:
 def claim(folder: str | Path, kind: Kind) -> Path:
     """`check`, then the folder made (where needed) and marked as CloudML's `kind`, before anything else is
     written into it; an adopted folder is said once (its marker is written now). Returns the folder."""
+    from cloudml_lib.base import ledger
+
     folder = Path(folder)
     how = check(folder, kind)
     if how == "marked":
+        ledger.listed(folder)  # made now where a folder marked before ledgers has none
         return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_marker(folder, kind.name)
+        ledger.start(folder, kind.verified(folder) if how.startswith("adopted") else [])
     except OSError as e:
         raise CloudMLError(
             f"{kind.option} {folder}: cannot make or write this folder ({e.strerror or e}); give a folder "

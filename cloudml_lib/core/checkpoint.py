@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cloudml_lib.base import faults
+from cloudml_lib.base import faults, ledger
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.files import open_regular
 from cloudml_lib.base.liveness import process_alive
@@ -145,6 +145,7 @@ def save_atomic(obj: dict, path: str | Path) -> None:
     `path` belongs is refused, as for every file a run writes: outputs.refuse_link)."""
     path = Path(path)
     refuse_link(path)
+    ledger.refuse_unless_mine(path, "replace")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         if os.path.lexists(tmp):
@@ -153,6 +154,7 @@ def save_atomic(obj: dict, path: str | Path) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        ledger.add(path)  # listed first: a kill between the two never leaves it unlisted
         os.replace(tmp, path)
     except OSError as e:
         raise (e if e.filename else OSError(e.errno, e.strerror or str(e), str(path))) from None
@@ -208,8 +210,9 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     name = f"step-{meta['step']:08d}"
     final = ckpt_dir / name
-    if (final / COMMITTED).exists():
+    if (final / COMMITTED).exists() and ledger.mine(final):
         return final  # this step is already safe on disk
+    ledger.refuse_unless_mine(final, "replace")
     local = Path(local_dir) / f"{name}.pt"
     try:
         torch.save(state, local)
@@ -232,6 +235,7 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
         write_durable(tmp / META, json.dumps(meta, indent=1).encode())
         if final.exists():  # an uncommitted leftover of this step
             _delete(final)
+        ledger.add(final)  # listed first: a kill between the two never leaves it unlisted
         os.replace(tmp, final)
         faults.point("commit-renamed")
         write_durable(final / COMMITTED, digest.encode())
@@ -398,12 +402,14 @@ def set_aside_rejected(run_dir: Path, rejected: list[dict]) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for r in rejected:
         folder = Path(r["path"])
-        if not folder.exists():
+        if not folder.exists() or not ledger.skip_unless_mine(folder, "move aside or delete"):
             continue
         if r.get("committed"):
             aside = Path(run_dir) / REJECTED_DIR / f"{folder.name}-{stamp}"
             aside.parent.mkdir(exist_ok=True)
+            ledger.add(aside)
             os.replace(folder, aside)
+            ledger.drop(folder)
             log.warning("Moved the rejected checkpoint %s to %s", folder, aside)
         else:
             _delete(folder)
@@ -429,13 +435,17 @@ def prune(run_dir: Path, keep_last: int) -> None:
 
 
 def _delete(folder: Path) -> None:
-    """Rename out of sight first, then delete: a kill mid-delete never leaves a half checkpoint."""
+    """Rename out of sight first, then delete: a kill mid-delete never leaves a half checkpoint. Only a
+    folder the run's ledger lists (another tool's `step-*` is left as it is, and named once)."""
+    if not ledger.skip_unless_mine(folder, "delete"):
+        return
     trash = folder.with_name(f".trash-{folder.name}-{os.getpid()}")
     shutil.rmtree(trash, ignore_errors=True)
     try:
         os.replace(folder, trash)
     except OSError:
         return
+    ledger.drop(folder)
     shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -19,9 +19,9 @@ Only rank 0 writes; elsewhere every method does nothing.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.errors import install_command
 from cloudml_lib.base.outputs import atomic_path
 
@@ -56,8 +56,8 @@ class Events:
                 install_command("tensorboard"),
             )
             return
-        if fresh:  # a previous attempt's files, never checkpointed
-            shutil.rmtree(events_dir(self.run_dir), ignore_errors=True)
+        if fresh:  # a previous attempt's files, never checkpointed (only those CloudML wrote: ledger.py)
+            ledger.delete(events_dir(self.run_dir))
         self.local, self.enabled = Path(local_dir) / EVENTS_DIR, True
         # TensorBoard discards what older files hold from this step on: those steps are trained again
         self.purge_step = None if fresh else start_step + 1

@@ -52,6 +52,7 @@ from cloudml_lib.core.checkpoint import (
     load_checkpoint,
     set_aside_rejected,
     step_of,
+    verify,
 )
 from cloudml_lib.core.compile import describe_saved
 from cloudml_lib.core.runlock import LOCK, read_lock
@@ -781,7 +782,38 @@ def _journal_names_a_study(path: Path) -> bool:
         return False
 
 
-RUN = Kind("run", "--run-dir", adopt_run, "an existing run folder to continue that run")
+# What a run writes at its top level (the checkpoints are proved one by one): a run folder claimed before
+# ledgers gets these, where present as regular files or folders, in its ledger (base/ledger.py). Its
+# tensorboard/ is not among them: event files prove no owner (another tool writes the same names); a fresh
+# start leaves them, named once.
+RUN_WRITES = (
+    "best.pt",
+    "config.yaml",
+    "metrics.jsonl",
+    "run.json",
+    "train.log",
+    "report.md",
+    "evaluation.json",
+    "intervals.json",
+    "provenance.json",
+    "predictions.csv",
+    "trial.json",
+    "plots",
+    REJECTED_DIR,
+)
+
+
+def owned_by_run(folder: Path) -> list[str]:
+    """What of a run folder claimed before ledgers is the run's own: the names it writes (RUN_WRITES), and
+    each checkpoint that is committed and verifies (its checksum matches)."""
+    folder = Path(folder)
+    names = [n for n in RUN_WRITES if os.path.lexists(folder / n) and not (folder / n).is_symlink()]
+    ckpts = checkpoints_dir(folder).name
+    names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
+    return names
+
+
+RUN = Kind("run", "--run-dir", adopt_run, "an existing run folder to continue that run", owned_by_run)
 CROSSVAL = Kind(
     "cross-validation", "--run-dir", adopt_crossval, "an existing cross-validation folder to continue it"
 )
