@@ -348,3 +348,53 @@ def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(se
     assert_same_run(run, ref)
     again = train(cfg, run)
     assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_once(setup, tmp_path):
+    """Ownership is decided per folder, deletion per file: a run folder that is CloudML's can still hold what
+    is not (a user's notes; another tool's checkpoint folders, older and newer than the run's, which a resume
+    walks past and checkpoint rotation would delete; its figure in plots/). The resume deletes, moves and
+    overwrites none of them (the run's ledger, .cloudml-files, does not list them), names each once, and still
+    ends on the numbers of the run never interrupted; then `evaluate` refuses to replace a report the user
+    wrote where CloudML's would go, naming it, and leaves it as it was."""
+    import hashlib
+
+    from cloudml_lib.base.ledger import LEDGER
+
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    assert train(cfg, run, kill_at="step:8").returncode == -signal.SIGKILL
+    theirs = {
+        run / "notes.txt": b"my notes",
+        run / "checkpoints" / "step-00000001" / "weights.bin": b"another tool's older checkpoint",
+        run / "checkpoints" / "step-99999999" / "model.ckpt": b"another tool's newer checkpoint",
+        run / "plots" / "theirs.png": b"not a png of CloudML's",
+    }
+    for path, data in theirs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    def digests():
+        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in theirs}
+
+    before = digests()
+    r = train(cfg, run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert digests() == before
+    said = r.stdout + r.stderr
+    for folder in ("step-00000001", "step-99999999"):
+        assert said.count(f"{run / 'checkpoints' / folder} was not written by CloudML") == 1, said[-3000:]
+    listed = json.loads((run / LEDGER).read_text())["created"]
+    assert "best.pt" in listed and not any("99999999" in p or "theirs" in p or "notes" in p for p in listed)
+    assert_same_run(run, ref)
+
+    mine = (run / "report.md").read_bytes()
+    (run / "report.md").unlink()
+    ledger_before = (run / LEDGER).read_bytes()
+    (run / LEDGER).write_text(json.dumps({"created": [p for p in listed if p != "report.md"]}))
+    (run / "report.md").write_text("my own report")
+    r = run_cli("evaluate", "--run-dir", run)
+    assert r.returncode == 2 and f"{run / 'report.md'} was not written by CloudML" in r.stderr, r.stderr
+    assert (run / "report.md").read_text() == "my own report" and digests() == before
+    (run / LEDGER).write_bytes(ledger_before)
+    (run / "report.md").write_bytes(mine)

@@ -17,6 +17,7 @@ from cloudml_lib.data.synthetic import (
     GENERATOR_ATTR,
     VERSION_FILE,
     Atmosphere,
+    demo_flight_entries,
     emissivity,
     make_demo_flights,
 )
@@ -110,3 +111,31 @@ def test_an_earlier_versions_demo_flights_are_kept_for_the_runs_made_on_them(
     assert demo_folder_of(run) == str(old)
     (run / "config.yaml").write_text(yaml.safe_dump({"data": {"dir": str(old), "demo": False}}))
     assert demo_folder_of(run) is None
+
+
+def test_demo_flights_written_again_never_replace_a_file_the_user_put_where_one_goes(tmp_path):
+    """`make-demo-data --out F` again with more flights: F's ledger lists the files of the first writing; a
+    file the user put since where a new flight's file goes is named, before anything is written, and left as
+    it was (nothing of F changes); without it, the flights are written and listed."""
+    import hashlib
+
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.base.ledger import listed
+
+    out = tmp_path / "demo"
+    make_demo_flights(out, n_flights=2, frames_per_flight=40, frame_shape=TINY_SHAPE)
+    third = demo_flight_entries(3)[2]
+    theirs = out / third["ir_file"]
+    theirs.parent.mkdir()
+    theirs.write_bytes(b"the user's own IR file")
+
+    def tree():
+        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = tree()
+    with pytest.raises(CloudMLError, match="was not written by CloudML") as e:
+        make_demo_flights(out, n_flights=3, frames_per_flight=40, frame_shape=TINY_SHAPE)
+    assert str(theirs) in str(e.value) and tree() == before
+    theirs.unlink()
+    make_demo_flights(out, n_flights=3, frames_per_flight=40, frame_shape=TINY_SHAPE)
+    assert third["ir_file"] in listed(out) and (out / third["ir_file"]).read_bytes()[:4] == b"\x89HDF"

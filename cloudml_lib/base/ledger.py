@@ -1,17 +1,19 @@
 """What CloudML wrote in a folder of its own: the record every deletion, truncation and overwrite obeys.
 
 A folder CloudML claims (ownership.py: its `.cloudml` marker) keeps beside the marker a ledger,
-`.cloudml-files`: the paths, relative to the folder, of every file and folder CloudML created there. A
-path is CloudML's when it, or a folder above it inside the claimed folder, is listed. Before a command
-replaces, truncates, appends to or deletes a path that exists, it asks `mine`; anything not listed (a
-user's notes, another tool's `tensorboard/` event file or `checkpoints/step-*`, a report written by hand) is
-left byte-identical and named once. A file CloudML creates is listed as soon as it is in place.
+`.cloudml-files`: the paths, relative to the folder, of every file and folder CloudML created there. A path
+is CloudML's when it, or a folder above it inside the claimed folder, is listed. Before a command replaces,
+truncates, appends to or deletes a path that exists, it asks `mine`; anything not listed (a user's notes,
+another tool's `tensorboard/` event file or `checkpoints/step-*`, a report written by hand) is left
+byte-identical and named once. A path is listed just before CloudML creates it (a kill between the two never
+leaves a file of CloudML's unlisted).
 
-A folder claimed before ledgers existed (an earlier release's, adopted by content; or one this release
-marked earlier) gets its ledger from what verifies as its kind's own (`Kind.owned`, e.g. a run's committed
-checkpoints and its named files), never from everything it holds. A damaged ledger is named and made again
-the same way. The ledger is written whole (temporary file, then rename) by the one process that holds the
-folder (the run lock; rank 0 of a DDP run), and guarded by a thread lock (checkpoints commit from a thread).
+The ledger is made at the first file CloudML writes or deletes in the folder, from what verifies there as the
+kind's own (`Kind.owned`; a new or empty folder: nothing, so from then on exactly what CloudML created; an
+earlier release's folder or one marked before ledgers: e.g. a run's committed checkpoints and the files a run
+writes by name), never from everything it holds. A damaged ledger is named and made again the same way. It is
+written whole (temporary file, then rename) by the one process that holds the folder (the run lock; rank 0 of
+a DDP run), under a thread lock (checkpoints commit from a thread).
 
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
@@ -26,6 +28,7 @@ import threading
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.ownership import MARKER, kind_named, marker_kind, others_in, where
 from cloudml_lib.base.shapes import TEXT, Damaged, ListOf, Obj, read_json
 
 log = logging.getLogger(__name__)
@@ -42,8 +45,6 @@ _said: set[str] = set()
 def home_of(path: str | Path) -> Path | None:
     """The claimed folder `path` lies in (the nearest folder above it with a valid marker of CloudML's,
     within DEPTH levels); None where it lies in none (a command's own output file chosen by the user)."""
-    from cloudml_lib.base.ownership import MARKER, marker_kind
-
     here = Path(os.path.abspath(path)).parent
     for _ in range(DEPTH):
         if os.path.lexists(here / MARKER):
@@ -78,8 +79,6 @@ def _read(home: Path) -> set[str] | None:
 
 
 def _write(home: Path, created: set[str]) -> None:
-    from cloudml_lib.base.ownership import where
-
     tmp = home / f".{LEDGER}.tmp-{os.getpid()}"
     try:
         if os.path.lexists(tmp):
@@ -104,8 +103,6 @@ def listed(home: Path) -> set[str]:
 def start(home: Path, entries: list[str] | None = None) -> set[str]:
     """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
     the kind's own by its rule (ownership.Kind.owned)."""
-    from cloudml_lib.base.ownership import kind_named, marker_kind, others_in
-
     if entries is None:
         kind = kind_named(marker_kind(home) or "")
         entries = kind.verified(home) if kind is not None else others_in(home)
@@ -127,8 +124,6 @@ def mine(path: str | Path) -> bool:
     home = home_of(path)
     if home is None or Path(os.path.abspath(path)) == Path(os.path.abspath(home)) / LEDGER:
         return True
-    from cloudml_lib.base.ownership import MARKER
-
     if Path(path).name == MARKER and Path(os.path.abspath(path)).parent == Path(os.path.abspath(home)):
         return True
     return is_listed(listed(home), _rel(home, path))

@@ -137,17 +137,13 @@ def check(folder: str | Path, kind: Kind) -> str:
 def claim(folder: str | Path, kind: Kind) -> Path:
     """`check`, then the folder made (where needed) and marked as CloudML's `kind`, before anything else is
     written into it; an adopted folder is said once (its marker is written now). Returns the folder."""
-    from cloudml_lib.base import ledger
-
     folder = Path(folder)
     how = check(folder, kind)
     if how == "marked":
-        ledger.listed(folder)  # made now where a folder marked before ledgers has none
         return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_marker(folder, kind.name)
-        ledger.start(folder, kind.verified(folder) if how.startswith("adopted") else [])
     except OSError as e:
         raise CloudMLError(
             f"{kind.option} {folder}: cannot make or write this folder ({e.strerror or e}); give a folder "
@@ -166,11 +162,24 @@ def claim(folder: str | Path, kind: Kind) -> Path:
 
 
 def write_marker(folder: Path, kind: str) -> None:
-    """The marker, written whole (temporary file, then rename), never through a link."""
-    from cloudml_lib.base.outputs import atomic_path
-
-    with atomic_path(Path(folder) / MARKER) as tmp:
-        Path(tmp).write_text(json.dumps({"kind": kind, "by": "CloudML", "folder": where(folder)}) + "\n")
+    """The marker, written whole (temporary file, then rename: a link there is replaced, never written
+    through)."""
+    path = Path(folder) / MARKER
+    if os.path.islink(path):
+        raise CloudMLError(
+            f"{path} is a symbolic link (to {os.readlink(path)}), where CloudML writes its marker; it never "
+            "writes through a link. Remove the link (its target is not touched) or choose another folder. "
+            "Nothing was written."
+        )
+    tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
+    try:
+        if os.path.lexists(tmp):
+            tmp.unlink()
+        tmp.write_text(json.dumps({"kind": kind, "by": "CloudML", "folder": where(folder)}) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            tmp.unlink()
 
 
 def is_marked(folder: str | Path, kind: str) -> bool:

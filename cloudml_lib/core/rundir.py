@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, renamed_keys, resume_rules
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import read_text, what_is
@@ -124,6 +125,7 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
 
 
 # The files a run writes at the top of its folder, each refused where it is a link or not a regular file.
+SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a resume was told to start from
 RUN_WRITES = (
     "config.yaml",
     "run.json",
@@ -369,11 +371,14 @@ def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
 
 def _set_aside_newer(run_dir: Path, step: int) -> None:
     newer = [p for p in find_checkpoints(run_dir) if step_of(p) > step]
+    newer = [p for p in newer if ledger.skip_unless_mine(p, "move aside")]  # another tool's step-* stays
     if newer:
-        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside = run_dir / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
+        ledger.add(aside)
         aside.mkdir()
         for p in newer:
             p.rename(aside / p.name)
+            ledger.drop(p)
         log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
 
 
@@ -786,6 +791,7 @@ def _journal_names_a_study(path: Path) -> bool:
 # ledgers gets these, where present as regular files or folders, in its ledger (base/ledger.py). Its
 # tensorboard/ is not among them: event files prove no owner (another tool writes the same names); a fresh
 # start leaves them, named once.
+SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a resume was told to start from
 RUN_WRITES = (
     "best.pt",
     "config.yaml",
@@ -810,6 +816,7 @@ def owned_by_run(folder: Path) -> list[str]:
     names = [n for n in RUN_WRITES if os.path.lexists(folder / n) and not (folder / n).is_symlink()]
     ckpts = checkpoints_dir(folder).name
     names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
+    names += [p.name for p in folder.glob(f"{SUPERSEDED}*") if p.is_dir() and not p.is_symlink()]
     return names
 
 

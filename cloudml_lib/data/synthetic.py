@@ -83,6 +83,7 @@ import numpy as np
 from scipy import ndimage
 from tqdm.auto import tqdm
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.data import times
@@ -678,6 +679,13 @@ def make_demo_flights(
     )  # made (or adopted) and marked before a flight is written
     entries = demo_flight_entries(n_flights, dates)
     names = demo_flight_names(n_flights, dates)
+    files = [out / e[key] for e in entries for key in ("ir_file", "cpl_file", "nav_file")] + [
+        out / VERSION_FILE
+    ]
+    for path in files:  # a file of the user's where a flight's file goes is named, before anything is written
+        ledger.refuse_unless_mine(path, "replace")
+    for path in files:
+        ledger.add(path)
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):
         rng = np.random.default_rng([seed, i])
         _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, (rows, cols), version)
