@@ -375,7 +375,7 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
         path.write_bytes(data)
 
     def digests():
-        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in theirs}
+        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in theirs if p.exists()}
 
     before = digests()
     r = train(cfg, run)
@@ -386,6 +386,8 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
         assert said.count(f"{run / 'checkpoints' / folder} was not written by CloudML") == 1, said[-3000:]
     listed = json.loads((run / LEDGER).read_text())["created"]
     assert "best.pt" in listed and not any("99999999" in p or "theirs" in p or "notes" in p for p in listed)
+    shutil.rmtree(run / "checkpoints" / "step-99999999")  # the user takes theirs away: the run's own remain
+    before = digests()
     assert_same_run(run, ref)
 
     mine = (run / "report.md").read_bytes()
@@ -398,3 +400,4 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
     assert (run / "report.md").read_text() == "my own report" and digests() == before
     (run / LEDGER).write_bytes(ledger_before)
     (run / "report.md").write_bytes(mine)
+    assert run_state(run).kind == "finished", run_state(run)

@@ -125,7 +125,6 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
 
 
 # The files a run writes at the top of its folder, each refused where it is a link or not a regular file.
-SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a resume was told to start from
 RUN_WRITES = (
     "config.yaml",
     "run.json",
@@ -787,33 +786,19 @@ def _journal_names_a_study(path: Path) -> bool:
         return False
 
 
-# What a run writes at its top level (the checkpoints are proved one by one): a run folder claimed before
-# ledgers gets these, where present as regular files or folders, in its ledger (base/ledger.py). Its
-# tensorboard/ is not among them: event files prove no owner (another tool writes the same names); a fresh
-# start leaves them, named once.
 SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a resume was told to start from
-RUN_WRITES = (
-    "best.pt",
-    "config.yaml",
-    "metrics.jsonl",
-    "run.json",
-    "train.log",
-    "report.md",
-    "evaluation.json",
-    "intervals.json",
-    "provenance.json",
-    "predictions.csv",
-    "trial.json",
-    "plots",
-    REJECTED_DIR,
-)
+# The folders a run makes at its top level besides checkpoints/ (whose checkpoints are proved one by one).
+RUN_FOLDERS = ("plots", REJECTED_DIR)
 
 
 def owned_by_run(folder: Path) -> list[str]:
-    """What of a run folder claimed before ledgers is the run's own: the names it writes (RUN_WRITES), and
-    each checkpoint that is committed and verifies (its checksum matches)."""
+    """What of a run folder claimed before ledgers is the run's own (base/ledger.py): the files and folders
+    it writes by name (RUN_WRITES, RUN_FOLDERS, superseded-*), and each checkpoint whose checksum matches.
+    Its tensorboard/ is not among them: event files prove no owner (another tool writes the same names); a
+    fresh start leaves them, named once."""
     folder = Path(folder)
-    names = [n for n in RUN_WRITES if os.path.lexists(folder / n) and not (folder / n).is_symlink()]
+    here = [folder / n for n in RUN_WRITES + RUN_FOLDERS]
+    names = [p.name for p in here if os.path.lexists(p) and not p.is_symlink()]
     ckpts = checkpoints_dir(folder).name
     names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
     names += [p.name for p in folder.glob(f"{SUPERSEDED}*") if p.is_dir() and not p.is_symlink()]
