@@ -107,7 +107,7 @@ def prepare(name: str, tmp_path: Path, monkeypatch) -> str:
     now = {
         str(p.relative_to("flights")): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(Path("flights").rglob("*"))
-        if p.is_file() and p.name != ".cloudml"  # the ownership marker is no flight file
+        if p.is_file() and p.name not in (".cloudml", ".cloudml-files")  # ownership, no flight file
     }
     want = expected(name)["flight_files"]
     assert now == want, (

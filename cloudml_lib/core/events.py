@@ -102,14 +102,11 @@ class Events:
         if self.enabled:
             self._writer().add_text(tag, text, step)
 
-    def image(self, step: int, tag: str, png: Path) -> None:
-        """A PNG written by the run (the evaluation scatter) shown in TensorBoard's images tab."""
-        if not self.enabled or not Path(png).is_file():
-            return
-        import matplotlib.image
-
-        pixels = matplotlib.image.imread(str(png))  # (H, W, 4) floats in 0..1
-        self._writer().add_image(tag, pixels[..., :3], step, dataformats="HWC")
+    def image(self, step: int, tag: str, pixels) -> None:
+        """A figure of the run (the evaluation scatter, as science/plots.py reads it: height x width x RGB,
+        floats in 0..1) shown in TensorBoard's images tab."""
+        if self.enabled:
+            self._writer().add_image(tag, pixels, step, dataformats="HWC")
 
     def mark(self) -> dict[str, int]:
         """Flush, and the size of each local event file now: what the next commit copies (the files only
@@ -151,7 +148,7 @@ class Events:
 FINAL_EVENTS = "events.out.tfevents.final"  # the end of a run's values, one file replaced whole
 
 
-def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict[str, Path]) -> None:
+def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict) -> None:
     """The end of a run's TensorBoard values (the test metrics as final/* scalars, the scatter figure) at
     the trained step, in a file of their own in RUN_DIR/tensorboard: written locally, then copied whole, so
     that an end run again replaces it instead of adding a second point."""
@@ -163,8 +160,8 @@ def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict[str
         events = Events(run_dir, Path(tmp), step, fresh=False)
         events.purge_step = None  # nothing of the training's files is dropped
         events.scalars(step, scalars)
-        for tag, png in images.items():
-            events.image(step, tag, png)
+        for tag, pixels in images.items():  # {tag: height x width x RGB}, drawn by the science layer
+            events.image(step, tag, pixels)
         if events.writer is None:
             return
         events.writer.close()

@@ -263,11 +263,12 @@ def write_end(run_dir: Path, final: Found, data: EndData, scored, report: dict) 
     )
     if progress["history"]:
         plots.save_figure(plots.curves_figure(progress["history"]), run_dir / "plots" / "curves.png")
+    scatter = plots.image_pixels(run_dir / "plots" / "scatter.png")  # TensorBoard's image, read here
     write_final_events(
         run_dir,
         progress["step"],
         {f"final/{k}": v for k, v in report["overall"].items()},
-        {"evaluation/scatter": run_dir / "plots" / "scatter.png"},
+        {} if scatter is None else {"evaluation/scatter": scatter},
     )
     faults.point("end-written")
     write_evaluation_json(run_dir, report)

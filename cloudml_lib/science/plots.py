@@ -112,3 +112,13 @@ def curves_png(history: list[dict], dpi: int = 90) -> bytes:
     buf = io.BytesIO()
     curves_figure(history).savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def image_pixels(png: str | Path) -> np.ndarray | None:
+    """A PNG the run wrote (the evaluation scatter) as TensorBoard shows it: height x width x RGB, floats in
+    0..1; None where it is not there."""
+    import matplotlib.image
+
+    if not Path(png).is_file():
+        return None
+    return matplotlib.image.imread(str(png))[..., :3]
