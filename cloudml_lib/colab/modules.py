@@ -52,6 +52,7 @@ MODULES = (
     "core/memory.py",
     "core/metrics.py",
     "core/model.py",
+    "core/progress.py",
     "core/provenance.py",
     "core/recovery.py",
     "core/rundir.py",

@@ -2,6 +2,7 @@
 
 - model.py        the network (frame encoder, temporal pooling, FiLM on the angles, heads), named outputs
 - checkpoint.py   what a checkpoint holds and how it is committed and verified
+- progress.py     where a run stands in its training (`Progress`: plain, read by all that reads a checkpoint)
 - rundir.py       a run folder over time: leftovers, the resume point, metrics.jsonl, where it stands
                   (`run_state`: the one definition of stopped, trained, finished, failed)
 - runlock.py      who may write into a run folder;  events.py  its TensorBoard record

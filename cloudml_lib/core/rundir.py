@@ -56,6 +56,7 @@ from cloudml_lib.core.checkpoint import (
     verify,
 )
 from cloudml_lib.core.compile import describe_saved
+from cloudml_lib.core.progress import Progress
 from cloudml_lib.core.runlock import LOCK, read_lock
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     _check_same_run(run_dir, folder, state)
     folder = _name_by_content(run_dir, folder, state)
     if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
-        _set_aside_newer(run_dir, int(state[Key.LOOP]["step"]))
+        _set_aside_newer(run_dir, int(Progress.of(state).step))
     return Found(folder, state, [], meta)
 
 
@@ -315,7 +316,7 @@ def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
     run's checkpoints/ the folder then takes its content's name, or moves to rejected/ where a checkpoint
     holds that name already, so that it is neither resumed from again at every start nor kept from pruning.
     Returns where the folder is now."""
-    step = int(state[Key.LOOP]["step"])
+    step = int(Progress.of(state).step)
     if step_of(folder) == step:
         return folder
     ours = folder.parent.resolve() == checkpoints_dir(run_dir).resolve()
@@ -348,7 +349,7 @@ def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
     run_dir = Path(run_dir)
     if run_dir.resolve() in folder.resolve().parents:
         return
-    theirs = state["loop"].get("run_id")
+    theirs = Progress.of(state).run_id or None
     newest = find_latest_valid(run_dir, load=False)
     ours = newest.meta.get("run_id") if newest.meta else None
     if theirs is not None and theirs == ours:
@@ -364,7 +365,7 @@ def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
         "run from step %d",
         run_dir,
         folder,
-        state["loop"]["step"],
+        Progress.of(state).step,
     )
 
 

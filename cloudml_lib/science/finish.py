@@ -38,6 +38,7 @@ from cloudml_lib.core.distributed import SINGLE, Dist
 from cloudml_lib.core.events import write_final_events
 from cloudml_lib.core.inference import Evaluator, eval_batch_size
 from cloudml_lib.core.model import build_model
+from cloudml_lib.core.progress import Progress
 from cloudml_lib.core.rundir import MetricsFile, run_state, trained_checkpoint, truncate_metrics
 from cloudml_lib.core.runlock import RunLock
 from cloudml_lib.data.dataset import Scalers
@@ -92,20 +93,20 @@ def finish_run(run_dir: str | Path, dist: Dist = SINGLE) -> dict:
 def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
     """Steps 1-4 above, from the final checkpoint `final`."""
     cfg = config_from_dict(final.state[Key.CONFIG])
-    progress, scalers = final.state[Key.LOOP], Scalers.from_dict(final.state[Key.SCALERS])
+    progress, scalers = Progress.of(final.state), Scalers.from_dict(final.state[Key.SCALERS])
     device = choose_device(cfg.train.device)
     model = build_model(cfg, scalers).to(device).eval()
     data = load_end_data(cfg, scalers, final.state.get(Key.PROVENANCE), final.state.get(Key.SPLIT))
     trained = best_weights(run_dir, model, final, data)
-    batch = progress.get("eval_batch_size") or eval_batch_size(cfg.train.batch_size)
+    batch = progress.eval_batch_size or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
-        fit_cloud_probe(evaluator, data, run_dir / "best.pt", dist, progress["step"])
+        fit_cloud_probe(evaluator, data, run_dir / "best.pt", dist, progress.step)
     validation = score(evaluator, data.val_set)
     calibration = calibrate_intervals(cfg, data, validation)
     scored = validation if data.split.legacy else score(evaluator, data.test_set)
     report = test_report(cfg, data, scored, trained, calibration, None if data.split.legacy else validation)
-    report["step"] = progress["step"]
+    report["step"] = progress.step
     if dist.is_main:
         intervals.save(run_dir, calibration)
         keep_cloud_baseline(run_dir / "best.pt", data, cfg)
@@ -152,13 +153,13 @@ def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndD
         model.load_state_dict(ckpt[Key.MODEL])
         return trained_of(ckpt, data)
     except (CloudMLError, RuntimeError, KeyError, TypeError, ValueError) as e:
-        progress = final.state[Key.LOOP]
+        progress = Progress.of(final.state)
         log.warning(
             "%s cannot be used (%s). The end of the run uses the newest weights (epoch %d) instead, and "
             "best.pt is rewritten with them.",
             best,
             str(e).splitlines()[0] if str(e) else type(e).__name__,
-            progress["epoch"],
+            progress.epoch,
         )
         # the weights the run validates: their average where it keeps one (train/averaging.py)
         model.load_state_dict((final.state.get(Key.EMA) or {}).get("weights") or final.state[Key.MODEL])
@@ -168,8 +169,8 @@ def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndD
             Key.MODEL: to_cpu(dict(model.state_dict())),
             Key.CONFIG: final.state[Key.CONFIG],
             Key.SCALERS: final.state[Key.SCALERS],
-            Key.EPOCH: progress["epoch"],
-            Key.STEP: progress["step"],
+            Key.EPOCH: progress.epoch,
+            Key.STEP: progress.step,
             Key.VAL_LOSS: float("nan"),
             Key.TRAIN_MEAN_KM: train_mean,
             Key.PROVENANCE: final.state.get(Key.PROVENANCE),
@@ -247,26 +248,26 @@ def keep_cloud_baseline(best: Path, data: EndData, cfg) -> None:
 
 def write_end(run_dir: Path, final: Found, data: EndData, scored, report: dict) -> None:
     """Rank 0's files of the end; evaluation.json, which marks the end as done, after all but report.md."""
-    progress = final.state[Key.LOOP]
+    progress = Progress.of(final.state)
     write_predictions_and_figure(run_dir, data.test_set, scored, report)
     metrics = MetricsFile(run_dir, SINGLE)
     truncate_metrics(metrics.path, final.state[Key.METRICS_BYTES])  # an end run again: one final record
     metrics.append(
         {
             "kind": "final",
-            "epoch": progress["epoch"],
-            "step": progress["step"],
+            "epoch": progress.epoch,
+            "step": progress.step,
             **report["overall"],
             "baseline": report["baseline"],
             "per_flight": report["per_flight"],
         }
     )
-    if progress["history"]:
-        plots.save_figure(plots.curves_figure(progress["history"]), run_dir / "plots" / "curves.png")
+    if progress.history:
+        plots.save_figure(plots.curves_figure(progress.history), run_dir / "plots" / "curves.png")
     scatter = plots.image_pixels(run_dir / "plots" / "scatter.png")  # TensorBoard's image, read here
     write_final_events(
         run_dir,
-        progress["step"],
+        progress.step,
         {f"final/{k}": v for k, v in report["overall"].items()},
         {} if scatter is None else {"evaluation/scatter": scatter},
     )

@@ -132,7 +132,7 @@ class Trainer:
         each epoch (and at a resumed start) and free to end the run by raising."""
         t, st, after_epoch = self.cfg.train, self.progress, after_epoch or (lambda history: None)
         try:
-            if st.finished:
+            if st.trained:
                 log.info(
                     "This run is trained (epoch %d/%d); nothing to train. Raise train.epochs to train "
                     "longer, or use another --run-dir for a new run.",
@@ -380,7 +380,7 @@ class Trainer:
     def save_trained(self) -> None:
         """The final checkpoint: training is over; a resume of this run goes on to its end
         (science/finish.py)."""
-        self.progress.finished = True
+        self.progress.trained = True
         self.checkpoints.save("trained", wait=True)  # every rank: the snapshot gathers from all of them
         self.dist.barrier()
         if self.dist.is_main and self.checkpoints.failed_last:

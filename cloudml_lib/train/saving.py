@@ -151,7 +151,7 @@ class Checkpoints:
             "epochs": self.cfg.train.epochs,
             "batches_per_epoch": self.sampler.batches_per_epoch(),
             "total_steps": self.total_steps,
-            "finished": st.finished,
+            "finished": st.trained,  # the key every release wrote
             "stopped_early": st.stopped_early,
             "run_id": st.run_id,
             "reason": reason,

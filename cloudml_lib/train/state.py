@@ -15,13 +15,9 @@ killed at any moment and resumed ends bit-identical to one never interrupted.
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import random
 import time
-import uuid
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -32,40 +28,10 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.core.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
 from cloudml_lib.core.distributed import Dist
 from cloudml_lib.core.inference import eval_batch_size
+from cloudml_lib.core.progress import Progress
 from cloudml_lib.core.rundir import truncate_metrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Progress:
-    """Where a run is: its position, its best model so far, its history and its recoveries. Saved in every
-    checkpoint as plain types under these names (the keys of every earlier release's checkpoints: one missing
-    from an older run takes its default here, and no class name is ever written)."""
-
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps taken
-    batch: int = 0  # batches of the current epoch done
-    best_val_loss: float = math.inf
-    best_epoch: int = 0
-    bad_epochs: int = 0  # epochs since the best (early stopping)
-    history: list = field(default_factory=list)  # one record per epoch: its losses, metrics, time
-    finished: bool = False  # trained to its last epoch (or stopped early): what is left is the run's end
-    stopped_early: bool = False
-    micro_batch_size: int | None = None  # halved by out of memory in training
-    eval_batch_size: int | None = None  # halved by out of memory in evaluation
-    oom_recoveries: int = 0
-    nonfinite_in_a_row: int = 0
-    nonfinite_total: int = 0
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # which run a checkpoint belongs to
-
-    def state_dict(self) -> dict:
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
-
-    def load_state_dict(self, saved: dict) -> None:
-        for f in fields(self):
-            if f.name in saved:
-                setattr(self, f.name, copy.deepcopy(saved[f.name]))
 
 
 class LoopState:
@@ -212,13 +178,13 @@ class TrainingState:
             )
         restore_rng(per_rank[dist.rank % len(per_rank)], self.loader_rng)
         st = self.progress
-        if st.finished and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st.stopped_early:
-            st.finished = False  # more epochs asked for: carry on
-        if not st.finished:  # the records after the checkpoint are work to redo (a trained run redoes none)
+        if st.trained and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st.stopped_early:
+            st.trained = False  # more epochs asked for: carry on
+        if not st.trained:  # the records after the checkpoint are work to redo (a trained run redoes none)
             truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
         where = (
-            "finished"
-            if st.finished
+            "trained"
+            if st.trained
             else f"epoch {st.epoch + 1}, batch {st.batch}/{self.sampler.batches_per_epoch()}"
         )
         rejected = f"; rejected {len(found.rejected)} checkpoint(s)" if found.rejected else ""
