@@ -326,3 +326,33 @@ def test_the_brightness_temperature_baseline_is_a_window_for_a_base_in_range():
     assert fitted == {"kind": "window", "low": low, "high": high}
     assert bt_flag(np.array([295.0, 281.0, 200.0, np.nan]), fitted).tolist() == [0, 1, 2, -1]
     assert fit_window(p10, np.zeros(100)) == (float("inf"), float("-inf"))  # calling nothing cloud is best
+
+
+@pytest.mark.parametrize("n", [1, 7, 4097, 33333])
+def test_the_validation_loss_is_the_training_objectives_terms_with_the_value_it_had(n):
+    """The validation loss is computed by the training loss's own terms (weighted_huber and the cloud
+    cross-entropy, every sample weighing one), and its value is bit for bit what the plain means of the
+    release before gave (written out here as the reference): early stopping and best.pt choose as before."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from cloudml_lib.train.loss import validation_loss
+
+    rng = np.random.default_rng(n)
+    for _ in range(10):
+        out = {"height": rng.normal(size=n) * 3, "cloud_logit": rng.normal(size=n) * 2}
+        target, has, flags = rng.normal(size=n), rng.random(n) < 0.7, rng.random(n) < 0.5
+        train = SimpleNamespace(height_loss_weight=0.5 + rng.random(), huber_delta=0.1 + rng.random())
+        train.cloud_loss_weight = rng.random()
+        cfg = SimpleNamespace(train=train, model=SimpleNamespace(cloud_head="joint"))
+        height = torch.from_numpy(out["height"][has])
+        want = (
+            train.height_loss_weight
+            * float(F.huber_loss(height, torch.from_numpy(target[has]), delta=train.huber_delta))
+            if has.any()
+            else 0.0
+        )
+        logits, truth = torch.from_numpy(out["cloud_logit"]), torch.from_numpy(flags.astype(np.float64))
+        want += train.cloud_loss_weight * float(F.binary_cross_entropy_with_logits(logits, truth))
+        assert validation_loss(out, target, has, flags, cfg) == want

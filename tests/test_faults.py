@@ -17,6 +17,7 @@ import torch
 import yaml
 from conftest import fit_and_finish, run_cli, tiny_raw
 
+from cloudml_lib.base import ledger
 from cloudml_lib.core.checkpoint import (
     COMMITTED,
     META,
@@ -170,7 +171,8 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_start(cfg_file, t
     assert list(tmp.glob("cloudml-ckpt-*")), "the kill should leave a staging folder"
     (run / f".best.pt.tmp-{dead.pid}").write_bytes(b"half")
     (run / "checkpoints" / f".trash-step-00000001-{dead.pid}").mkdir()
-    (run / "checkpoints" / "step-99999999").mkdir()  # garbage, never committed
+    ledger.add(run / "checkpoints" / "step-99999999")  # a write of the run's, listed as commit() lists it
+    (run / "checkpoints" / "step-99999999").mkdir()  # and killed before it was committed
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert not list(run.glob(".best.pt.tmp-*")) and not list((run / "checkpoints").glob(".trash-*"))

@@ -17,6 +17,7 @@ from cloudml_lib.base.config import MIN_FRAME_SIDE, Config
 from cloudml_lib.colab.drive import Workspace, cached_samples, frame_shape
 from cloudml_lib.core import estimate
 from cloudml_lib.core.compile import this_device
+from cloudml_lib.core.inference import eval_batch_size
 from cloudml_lib.core.timing import Expected, StepTime, device_name, from_flops, from_runs, signature, timed
 from cloudml_lib.data.splits import counts_by_role
 
@@ -103,7 +104,7 @@ class ExpectedTimes:
         train, val = counts_by_role(samples, cfg.data)
         val *= cfg.train.quick_val_fraction
         steps = math.ceil(math.ceil(train / batch) / cfg.train.grad_accum_steps)
-        return steps, math.ceil(val / (2 * batch))
+        return steps, math.ceil(val / eval_batch_size(batch))  # the Evaluator's own batch rule
 
     def _measure(self, key: str, shape: estimate.StepShape, batch: int) -> None:
         def work() -> None:

@@ -24,6 +24,12 @@ def weighted_huber(pred, target, weight, delta: float, hard_example_weight: floa
     return (per_sample * weight).sum() / weight.sum().clamp_min(1e-12)
 
 
+def cloud_terms(logit, cloud):
+    """Each sample's cloud / no-cloud cross-entropy (from the logit): what part_loss weights and
+    validation_loss averages."""
+    return F.binary_cross_entropy_with_logits(logit, cloud, reduction="none")
+
+
 def global_totals(batch: dict, all_sum) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch's total weight of the samples with a height and of all samples (`all_sum` adds
     them over processes)."""
@@ -51,7 +57,7 @@ def part_loss(
         * (w_height.sum() / totals[0].clamp_min(1e-12))
     )
     if logit is not None and cloud_weight > 0:
-        bce = F.binary_cross_entropy_with_logits(logit, part["cloud"], reduction="none")
+        bce = cloud_terms(logit, part["cloud"])
         loss = loss + cloud_weight * (bce * part["weight"]).sum() / totals[1].clamp_min(1e-12)
     return loss
 
@@ -79,22 +85,19 @@ def batch_loss(out: Outputs, batch: dict, t) -> torch.Tensor:
 
 
 def validation_loss(out: dict, target: np.ndarray, has: np.ndarray, flags: np.ndarray, cfg) -> float:
-    """The objective over a validation set, from the model's outputs as float64 arrays (inference.predict):
-    the height's Huber loss over the samples with a height (train.height_loss_weight) plus, for a joint cloud
-    output, the cloud cross-entropy over every sample (train.cloud_loss_weight); plain means (the validation
-    flights are not over-weighted, and early stopping compares the same quantity every epoch)."""
+    """The objective over a validation set, from the model's outputs as float64 arrays (inference.predict), by
+    the training's own terms (weighted_huber, cloud_terms) with every sample weighing one: the height's Huber
+    loss over the samples with a height (train.height_loss_weight) plus, for a joint cloud output, the cloud
+    cross-entropy over every sample (train.cloud_loss_weight). Plain means: the validation flights are not
+    over-weighted, no example weighs extra, and early stopping compares the same quantity every epoch."""
     t = cfg.train
-    loss = (
-        t.height_loss_weight
-        * float(
-            F.huber_loss(
-                torch.from_numpy(out["height"][has]), torch.from_numpy(target[has]), delta=t.huber_delta
-            )
+    loss = 0.0
+    if has.any():
+        height, truth = torch.from_numpy(out["height"][has]), torch.from_numpy(target[has])
+        loss = t.height_loss_weight * float(
+            weighted_huber(height, truth, torch.ones_like(truth), t.huber_delta, 0.0)
         )
-        if has.any()
-        else 0.0
-    )
     if out.get("cloud_logit") is not None and cfg.model.cloud_head == "joint":
         logits, truth = torch.from_numpy(out["cloud_logit"]), torch.from_numpy(flags.astype(np.float64))
-        loss += t.cloud_loss_weight * float(F.binary_cross_entropy_with_logits(logits, truth))
+        loss += t.cloud_loss_weight * float(cloud_terms(logits, truth).sum() / len(truth))
     return loss
