@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cloudml_lib.core.memory import GIB, MARGIN, PeakLine
+from cloudml_lib.core.memory import GIB, MARGIN, PeakLine, synthetic_inputs, synthetic_step
 
 log = logging.getLogger(__name__)
 
@@ -169,17 +169,12 @@ def _autocast(shape: StepShape):
 
 
 def train_steps(model, optimizer, shape: StepShape, batch: int, steps: int = 2) -> None:
-    """`steps` training steps at `batch` on random inputs, as the trainer takes them."""
-    x = torch.randn(batch, shape.frames, shape.rows, shape.cols)  # (B, T, H, W)
-    scalars, target = torch.randn(batch, model.film[0].in_features), torch.randn(batch)  # (B, S), (B,)
+    """`steps` training steps at `batch` on random inputs: memory.synthetic_step, the one the probe measures
+    and the timing times, under the shape's autocast (on the CPU: the count is of bytes, not of a device)."""
+    step = synthetic_step(model, optimizer, lambda: _autocast(shape))
+    inputs = synthetic_inputs(model, batch, shape.frames, shape.rows, shape.cols)
     for _ in range(steps):
-        with _autocast(shape):
-            out = model(x, scalars)
-        loss = (out.height.float() - target).pow(2).mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del out, loss
+        step(inputs)
 
 
 def _infer(model, shape: StepShape, batch: int) -> None:

@@ -92,6 +92,42 @@ def first_guess(guess, budget: float, calibrated=None) -> str:
     return words
 
 
+def synthetic_inputs(model, batch: int, frames: int, rows: int, cols: int, device=None, generator=None):
+    """A batch of random inputs of the network's shapes: frames (B, T, H, W), the scalars it takes (B, S) and
+    a height target (B,)."""
+    kw = {"device": device, "generator": generator}
+    scalars = model.film[0].in_features
+    return (
+        torch.randn(batch, frames, rows, cols, **kw),
+        torch.randn(batch, scalars, **kw),
+        torch.randn(batch, **kw),
+    )
+
+
+def synthetic_step(model, optimizer, autocast, scaler=None):
+    """The one synthetic training step, as the trainer takes one: the forward under the run's own precision
+    (`autocast`: a factory of its context, device.Precision.autocast), a loss on the height, the backward
+    (through `scaler` where the run scales fp16 losses) and the optimizer's step. What the estimate counts
+    (estimate.py, on fake tensors), the batch probe measures (measure_batch_size) and the timing times
+    (timing.py). Returns step(inputs), `inputs` from synthetic_inputs."""
+
+    def step(inputs) -> None:
+        x, scalars, target = inputs
+        with autocast():
+            out = model(x, scalars)
+        loss = (out.height.float() - target).pow(2).mean()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def measure_step_peak(step, batch_size: int, device: torch.device) -> int:
     """Peak GPU memory of `step(batch_size)` (a full training step), in bytes."""
     gc.collect()
@@ -137,15 +173,11 @@ def measure_batch_size(
     probe_model = copy.deepcopy(model).train()
     probe_opt = torch.optim.AdamW(probe_model.parameters(), lr=1e-6)
 
+    train_step = synthetic_step(probe_model, probe_opt, autocast)
+
     def step(b: int) -> None:
         gen = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(b, frames, h, w, device=device, generator=gen)  # (b, T, H, W)
-        scalars = torch.randn(b, probe_model.film[0].in_features, device=device, generator=gen)  # (b, 3)
-        with autocast():
-            loss = probe_model(x, scalars).height.float().pow(2).mean()
-        loss.backward()
-        probe_opt.step()
-        probe_opt.zero_grad(set_to_none=True)
+        train_step(synthetic_inputs(probe_model, b, frames, h, w, device, gen))
 
     with torch.random.fork_rng(devices=[device]):  # the run's RNG stream is untouched
         try:

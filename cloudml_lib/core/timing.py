@@ -28,6 +28,8 @@ import torch
 
 from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core import estimate
+from cloudml_lib.core.device import choose_precision
+from cloudml_lib.core.memory import synthetic_inputs, synthetic_step
 
 log = logging.getLogger(__name__)
 
@@ -83,31 +85,23 @@ def timed(shape: estimate.StepShape, batch: int, device: torch.device) -> StepTi
 
 
 def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> float:
-    """The time of one step at batch `b` (the model and its tensors are freed on return)."""
-    amp = torch.float16 if device.type == "cuda" else None
+    """The time of one step at batch `b` (the model and its tensors are freed on return): the one synthetic
+    step (memory.synthetic_step) under the precision a run on `device` takes (device.choose_precision: fp16
+    with loss scaling on a T4, bf16 from compute capability 8, fp32 on a CPU)."""
+    precision = choose_precision(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = estimate.model_of(shape).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x = torch.randn(b, shape.frames, shape.rows, shape.cols, device=device)
-        scalars = torch.randn(b, model.film[0].in_features, device=device)  # (b, S)
-        target = torch.randn(b, device=device)
-        scaler = torch.amp.GradScaler(device.type, enabled=amp is not None)
-
-        def step() -> None:
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                out = model(x, scalars)
-            scaler.scale((out.height.float() - target).pow(2).mean()).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-
-        step()  # warm-up: first-call allocations and kernel choices
+        scaler = torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None
+        step = synthetic_step(model, optimizer, precision.autocast(device), scaler)
+        inputs = synthetic_inputs(model, b, shape.frames, shape.rows, shape.cols, device)
+        step(inputs)  # warm-up: first-call allocations and kernel choices
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         for _ in range(TIMED_STEPS):
-            step()
+            step(inputs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t0) / TIMED_STEPS
