@@ -121,8 +121,8 @@ def _records_reach_caplog_where_asked(request, monkeypatch):
 
 @pytest.fixture
 def logs_reach_caplog(monkeypatch, caplog):
-    """A training run earlier in the session stops cloudml_lib's records at its own handlers (rundir.py): let
-    them reach caplog again, from INFO up."""
+    """A training run earlier in the session stops cloudml_lib's records at its own handlers (base/logs.py):
+    let them reach caplog again, from INFO up."""
     monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
     caplog.set_level(logging.INFO, logger="cloudml_lib")
 

@@ -332,7 +332,7 @@ def test_predict_refuses_two_nav_files_or_two_copies_of_a_flight(finished, data,
 
 
 def test_status_checks_meta_json_against_the_verified_state(run_copy):
-    from cloudml_lib.core.rundir import format_status, run_status
+    from cloudml_lib.core.status import format_status, run_status
 
     _, run = run_copy
     real = run_status(run)
@@ -460,7 +460,7 @@ def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkey
 
 def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_copy, monkeypatch):
     from cloudml_lib.core import checkpoint
-    from cloudml_lib.core.rundir import run_status
+    from cloudml_lib.core.status import run_status
 
     _, run = run_copy
     newest = find_checkpoints(run)[0]

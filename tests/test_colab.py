@@ -360,7 +360,7 @@ def test_evaluation_rows_say_whose_numbers_they_are():
 
 
 def test_a_finished_run_status_shows_no_batch_position():
-    from cloudml_lib.core.rundir import format_status
+    from cloudml_lib.core.status import format_status
 
     s = {
         "run_dir": "runs/demo",

@@ -33,7 +33,7 @@ from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.core.compile import apply_compile, cpu_ratio, describe_saved, plan
 from cloudml_lib.core.model import MultimodalRegressionModel
-from cloudml_lib.core.rundir import format_status, run_status
+from cloudml_lib.core.status import format_status, run_status
 from cloudml_lib.science.report import build_report_md
 from cloudml_lib.train import Trainer
 

@@ -183,7 +183,7 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
 
 def test_each_setting_says_whether_a_resumed_run_may_change_it():
     from cloudml_lib.base.config import NEW, SAME, resume_rules
-    from cloudml_lib.core.rundir import compare_configs
+    from cloudml_lib.core.resume import compare_configs
 
     rules = resume_rules()
     assert (

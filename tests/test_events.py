@@ -88,7 +88,7 @@ def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
     A folder of another project's tensorboard/ is refused outright (tests/test_ownership.py)."""
     from cloudml_lib.base import ledger
     from cloudml_lib.base.ownership import write_marker
-    from cloudml_lib.core.rundir import RUN
+    from cloudml_lib.core.runfolder import RUN
 
     stale = tmp_path / "run" / "tensorboard" / "events.out.tfevents.1.host.1.0"
     stale.parent.mkdir(parents=True)

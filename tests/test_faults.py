@@ -241,7 +241,7 @@ def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, m
 
     from cloudml_lib.base.errors import explain_os_error
     from cloudml_lib.commands import cli
-    from cloudml_lib.core.rundir import MetricsFile
+    from cloudml_lib.core.runfolder import MetricsFile
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))

@@ -44,7 +44,7 @@ def as_old_run_predicting_below_the_surface(run_dir: Path, shift: float = -50.0)
 
 
 def test_new_runs_get_the_bounded_head_and_older_runs_keep_theirs():
-    from cloudml_lib.core.rundir import compare_configs, resumed_config
+    from cloudml_lib.core.resume import compare_configs, resumed_config
 
     new = build_config({"data": {"demo": True}})
     assert new.model.height_head == "bounded"

@@ -162,7 +162,7 @@ def test_a_first_failed_save_names_no_previous_checkpoint_and_a_later_one_names_
 
 def test_a_failure_the_command_reports_is_in_train_log_too(tiny_raw_config, tmp_path, monkeypatch, capsys):
     from cloudml_lib.commands import cli
-    from cloudml_lib.core.rundir import MetricsFile
+    from cloudml_lib.core.runfolder import MetricsFile
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))

@@ -7,7 +7,7 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import append_text, write_text
 from cloudml_lib.core.checkpoint import save_atomic
-from cloudml_lib.core.rundir import truncate_metrics
+from cloudml_lib.core.runfolder import truncate_metrics
 
 
 @pytest.fixture

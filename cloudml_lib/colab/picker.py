@@ -45,7 +45,8 @@ from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core.compile import plan, this_device
-from cloudml_lib.core.rundir import has_run, run_status
+from cloudml_lib.core.runfolder import has_run
+from cloudml_lib.core.status import run_status
 from cloudml_lib.core.timing import Expected, duration
 
 LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the newest run started with

@@ -24,7 +24,7 @@ from cloudml_lib.commands import presets
 from cloudml_lib.core import device
 from cloudml_lib.core.compile import plan, this_device
 from cloudml_lib.core.memory import GIB
-from cloudml_lib.core.rundir import format_status, run_status
+from cloudml_lib.core.status import format_status, run_status
 
 
 def in_notebook() -> bool:
@@ -331,7 +331,7 @@ def show_comparison(folders) -> None:
     metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run
     folders."""
     from cloudml_lib.commands.compare import compare_runs, format_comparison
-    from cloudml_lib.core.rundir import has_run, is_crossval
+    from cloudml_lib.core.runfolder import has_run, is_crossval
 
     base = None
     if (

@@ -17,7 +17,7 @@ from pathlib import Path
 from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
 from cloudml_lib.colab.show import show_markdown
 from cloudml_lib.core.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
-from cloudml_lib.core.rundir import is_finished
+from cloudml_lib.core.status import is_finished
 
 OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
 EPOCHS = 2

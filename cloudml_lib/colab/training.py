@@ -25,7 +25,7 @@ from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
 from cloudml_lib.core.checkpoint import find_checkpoints
-from cloudml_lib.core.rundir import is_finished as finished
+from cloudml_lib.core.status import is_finished as finished
 from cloudml_lib.core.timing import EXPECTED_ENV
 
 

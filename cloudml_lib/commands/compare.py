@@ -19,7 +19,8 @@ from cloudml_lib.base.config import LEGACY_VALIDATION, NEW, conv_channels, resum
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
-from cloudml_lib.core.rundir import flatten_keys, has_run, is_crossval, run_state
+from cloudml_lib.core.runfolder import flatten_keys, has_run, is_crossval
+from cloudml_lib.core.status import run_state
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def run_row(run: Path, name: str, scores: str = "test") -> dict:
     validation = (evaluation.get("validation") or {}).get("pooled")
     overall = (validation if scores == "validation" and validation else evaluation.get("overall")) or final
     trial = files.trial()
-    # a sweep trial's own state (complete, pruned, failed, running), else the run's (rundir.run_state)
+    # a sweep trial's own state (complete, pruned, failed, running), else the run's (status.run_state)
     state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run_state(run))
     scored_on = "validation" if scores == "validation" and validation else held_out(evaluation, config)
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores

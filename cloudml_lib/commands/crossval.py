@@ -53,7 +53,7 @@ from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.metrics import regression_metrics
-from cloudml_lib.core.rundir import CROSSVAL, check_folder_kind
+from cloudml_lib.core.runfolder import CROSSVAL, check_folder_kind
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import prepare_data
 from cloudml_lib.data.flights import resolve_config

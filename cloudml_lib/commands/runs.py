@@ -3,7 +3,7 @@ checkpoint) with the end of the run (science/finish.py: the test flights' evalua
 intervals, the report). It is the one route for `train`, each phase of the two-phase protocol (pre-train on
 one flight, then fine-tune), each cross-validation fold and each sweep trial; every part of it resumes. In a
 torchrun job, a peer's failure is explained in plain words; a run that stops on an error says so in its
-run.json (rundir.run_state: "failed")."""
+run.json (status.run_state: "failed")."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cloudml_lib.base.config import Config, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
-from cloudml_lib.core.rundir import RUN, check_folder_kind, record_failure
+from cloudml_lib.core.runfolder import RUN, check_folder_kind, record_failure
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.science.finish import finish_run
 from cloudml_lib.train.loop import Trainer

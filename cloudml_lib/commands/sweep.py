@@ -61,7 +61,7 @@ from cloudml_lib.commands.space import (
 )
 from cloudml_lib.core.checkpoint import write_durable
 from cloudml_lib.core.distributed import Dist, init_distributed
-from cloudml_lib.core.rundir import CROSSVAL, RUN, SWEEP, flatten_keys, has_run, is_crossval
+from cloudml_lib.core.runfolder import CROSSVAL, RUN, SWEEP, flatten_keys, has_run, is_crossval
 from cloudml_lib.core.runlock import RunLock
 
 log = logging.getLogger(__name__)

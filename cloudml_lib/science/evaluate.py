@@ -227,7 +227,7 @@ def load_run_model(
     data.cache_dir if the cache is to be built elsewhere, e.g. a run trained on another machine). Every way
     best.pt can be unusable is a CloudMLError naming it. `channels_last`: force the memory format (default:
     where it was measured to pay, inference.prepare_model)."""
-    from cloudml_lib.core.rundir import check_folder_kind, has_run
+    from cloudml_lib.core.runfolder import check_folder_kind, has_run
 
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, command)
@@ -391,7 +391,7 @@ def evaluate_run(
     if write:
         # report.md, evaluation.json and predictions.csv are rewritten: only where CloudML proves its run
         from cloudml_lib.base.ownership import check
-        from cloudml_lib.core.rundir import RUN, check_folder_kind, check_run_writes
+        from cloudml_lib.core.runfolder import RUN, check_folder_kind, check_run_writes
 
         check_folder_kind(Path(run_dir), "evaluate")  # a sweep's or cross-validation's folder, named as such
         check_run_writes(Path(run_dir))

@@ -15,7 +15,7 @@
 
 The probe and the intervals are fitted once, here; `evaluate` of a finished run later re-scores with the
 stored ones and changes neither. A run is finished when its final checkpoint says it is trained and its
-evaluation.json belongs to that checkpoint's step (rundir.run_state). Killed anywhere in here, the same
+evaluation.json belongs to that checkpoint's step (status.run_state). Killed anywhere in here, the same
 command runs the end again and writes the same files: every step is deterministic.
 """
 
@@ -39,8 +39,9 @@ from cloudml_lib.core.events import write_final_events
 from cloudml_lib.core.inference import Evaluator, eval_batch_size
 from cloudml_lib.core.model import build_model
 from cloudml_lib.core.progress import Progress
-from cloudml_lib.core.rundir import MetricsFile, run_state, trained_checkpoint, truncate_metrics
+from cloudml_lib.core.runfolder import MetricsFile, truncate_metrics
 from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.core.status import run_state, trained_checkpoint
 from cloudml_lib.data.dataset import Scalers
 from cloudml_lib.science import intervals, plots
 from cloudml_lib.science.clouds import fit_probe, fitted_baseline

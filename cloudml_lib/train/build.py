@@ -51,18 +51,14 @@ from cloudml_lib.core.events import Events
 from cloudml_lib.core.memory import GIB, measure_batch_size
 from cloudml_lib.core.model import build_model, count_parameters
 from cloudml_lib.core.provenance import read_run_provenance, run_provenance, trained_backend
-from cloudml_lib.core.rundir import (
-    RUN,
-    MetricsFile,
+from cloudml_lib.core.resume import (
     check_data_fingerprint,
-    check_folder_kind,
     check_resume_config,
-    clean_leftovers,
     find_resume_point,
     recorded_files,
     resumed_config,
-    truncate_metrics,
 )
+from cloudml_lib.core.runfolder import RUN, MetricsFile, check_folder_kind, clean_leftovers, truncate_metrics
 from cloudml_lib.core.runlock import RunLock
 from cloudml_lib.core.timing import Measured, calibration, device_name, signature
 from cloudml_lib.data.cache import cache_root

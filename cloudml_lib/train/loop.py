@@ -42,7 +42,7 @@ from cloudml_lib.core.recovery import (
     run_attempt,
     undo,
 )
-from cloudml_lib.core.rundir import MetricsFile
+from cloudml_lib.core.runfolder import MetricsFile
 from cloudml_lib.core.runlock import RunLock
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
 from cloudml_lib.train.build import build_run

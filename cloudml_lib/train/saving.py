@@ -27,7 +27,7 @@ from cloudml_lib.core.checkpoint import (
 )
 from cloudml_lib.core.distributed import Dist
 from cloudml_lib.core.events import Events
-from cloudml_lib.core.rundir import MetricsFile
+from cloudml_lib.core.runfolder import MetricsFile
 from cloudml_lib.train.state import Progress, TrainingState
 
 log = logging.getLogger(__name__)

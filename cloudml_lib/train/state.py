@@ -29,7 +29,7 @@ from cloudml_lib.core.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read
 from cloudml_lib.core.distributed import Dist
 from cloudml_lib.core.inference import eval_batch_size
 from cloudml_lib.core.progress import Progress
-from cloudml_lib.core.rundir import truncate_metrics
+from cloudml_lib.core.runfolder import truncate_metrics
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,300 @@
+"""Where a run resumes from, and what a resumed run may change.
+
+The resume point: the newest checkpoint that verifies, or the one `--resume PATH` names (from this run's
+folder, or another run's into an empty folder); newer ones set aside. When a resumed run's config differs
+from the checkpoint's, settings that change the run's math (data, model, seed, batch size, optimizer and
+schedule settings) are an error naming each one; harmless ones (epochs, patience, devices, compile, logging
+and checkpoint cadence, paths) are taken from the new config with a warning. The data must be the data the
+run was trained on (its fingerprint and its recorded files).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloudml_lib.base import ledger
+from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, renamed_keys, resume_rules
+from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.core.checkpoint import (
+    META,
+    REJECTED_DIR,
+    STATE,
+    Found,
+    check_folder,
+    checkpoints_dir,
+    find_checkpoints,
+    find_latest_valid,
+    set_aside_rejected,
+    step_of,
+)
+from cloudml_lib.core.progress import Progress
+from cloudml_lib.core.runfolder import SUPERSEDED, flatten_keys, has_run
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+
+def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(math-changing differences, harmless differences), each as 'key (checkpoint X, now Y)', by each field's
+    resume rule (config.py). The saved config is read by today's rules first: a setting added since it was
+    saved counts as what that version did (its default, or its field's `absent` meaning), a value an earlier
+    version wrote as what it means now."""
+    rules, fields = resume_rules(), field_metadata()
+    a, b = flatten_keys(renamed_keys(saved)), flatten_keys(current)
+    for key, meta in fields.items():
+        if key not in a and key in b:
+            a[key] = meta["absent"]
+        elif key in a and any(a[key] is old for old in meta.get("legacy") or {}):
+            a[key] = meta["legacy"][a[key]]
+    math, harmless = [], []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            line = f"{key} (checkpoint {shown(a.get(key))}, now {shown(b.get(key))})"
+            (harmless if rules.get(key) == NEW else math).append(line)
+    return math, harmless
+
+
+def find_resume_point(run_dir: Path, mode: str) -> Found | None:
+    """The checkpoint a run continues from (None: start afresh), by --resume auto|never|PATH."""
+    if mode == "never":
+        if has_run(run_dir):
+            raise CloudMLError(
+                f"{run_dir} already holds a run and --resume never refuses to touch it; "
+                "choose another --run-dir, or use --resume auto to continue it"
+            )
+        return None
+    if mode == "auto":
+        return _newest_resume_point(run_dir)
+    folder = Path(mode)
+    if folder.is_file() and folder.name != "state.pt":
+        raise CloudMLError(
+            f"--resume {mode}: give a checkpoint folder (RUN_DIR/checkpoints/step-N) or its state.pt. "
+            + (
+                "best.pt holds the best model's weights only, not a resumable state (no optimizer, "
+                "schedule or position). "
+                if folder.name == "best.pt"
+                else ""
+            )
+            + "--resume auto continues from the newest valid checkpoint."
+        )
+    folder = folder.parent if folder.is_file() else folder
+    if not folder.is_dir():
+        raise CloudMLError(f"--resume {mode}: no such checkpoint folder")
+    if not (folder / META).is_file() and not (folder / STATE).is_file():
+        raise CloudMLError(
+            f"--resume {mode}: not a checkpoint folder (no {STATE}, no {META}); checkpoints are "
+            "RUN_DIR/checkpoints/step-N"
+        )
+    reason, state, meta = check_folder(folder)
+    if reason:
+        raise CloudMLError(f"--resume {mode}: {reason}")
+    _check_same_run(run_dir, folder, state)
+    folder = _name_by_content(run_dir, folder, state)
+    if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
+        _set_aside_newer(run_dir, int(Progress.of(state).step))
+    return Found(folder, state, [], meta)
+
+
+def _newest_resume_point(run_dir: Path) -> Found | None:
+    """--resume auto: the newest checkpoint that verifies. One whose folder name says another step than its
+    content is renamed by its content (_name_by_content) and the checkpoints are walked again: the run
+    resumes at the step inside it, and that name is never again taken for the newest checkpoint."""
+    if not find_checkpoints(run_dir):
+        if has_run(run_dir):
+            log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
+        return None
+    while True:  # each pass renames a misnamed folder or returns: at most one pass per checkpoint, plus one
+        found = find_latest_valid(run_dir)
+        for r in found.rejected:
+            log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
+        if found.folder is None:
+            break
+        set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
+        if _name_by_content(run_dir, found.folder, found.state) == found.folder:
+            return found
+    if not any(r["committed"] for r in found.rejected):
+        set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
+        log.info(
+            "%s has no committed checkpoint yet (the first write was interrupted): starting this run "
+            "from the beginning",
+            run_dir,
+        )
+        return None
+    raise CloudMLError(
+        f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
+        f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
+        f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
+    )
+
+
+def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
+    """A checkpoint is trusted by its content (the step in its verified state.pt), not by its folder's name.
+    A name that says another step (renamed or copied by hand) is warned about, naming the folder; inside this
+    run's checkpoints/ the folder then takes its content's name, or moves to rejected/ where a checkpoint
+    holds that name already, so that it is neither resumed from again at every start nor kept from pruning.
+    Returns where the folder is now."""
+    step = int(Progress.of(state).step)
+    if step_of(folder) == step:
+        return folder
+    ours = folder.parent.resolve() == checkpoints_dir(run_dir).resolve()
+    right = folder.with_name(f"step-{step:08d}")
+    taken = ours and os.path.lexists(right)
+    moved = (
+        right
+        if not taken
+        else Path(run_dir) / REJECTED_DIR / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    log.warning(
+        "Checkpoint folder %s holds step %d (its verified state.pt says so), not the step its name says: "
+        "the run resumes from step %d%s",
+        folder,
+        step,
+        step,
+        f", and the folder is moved to {moved}" if ours else "",
+    )
+    if not ours:
+        return folder
+    moved.parent.mkdir(exist_ok=True)
+    os.replace(folder, moved)
+    return moved
+
+
+def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
+    """--resume PATH continues this run: a checkpoint from inside the run folder (checkpoints/, rejected/,
+    superseded-*/), or one that carries this run's id (a copy of the whole run). Another run's checkpoint
+    goes only into an empty folder, which then becomes a copy of that run from that step."""
+    run_dir = Path(run_dir)
+    if run_dir.resolve() in folder.resolve().parents:
+        return
+    theirs = Progress.of(state).run_id or None
+    newest = find_latest_valid(run_dir, load=False)
+    ours = newest.meta.get("run_id") if newest.meta else None
+    if theirs is not None and theirs == ours:
+        return
+    if has_run(run_dir):
+        raise CloudMLError(
+            f"--resume {folder}: that checkpoint belongs to another run than the one in {run_dir}. "
+            f"To continue that run, use --run-dir with its own folder ({folder.parent.parent}); to "
+            f"continue this one, use --resume auto. Nothing was changed."
+        )
+    log.warning(
+        "Continuing in %s from %s, a checkpoint of another run folder: this folder becomes a copy of that "
+        "run from step %d",
+        run_dir,
+        folder,
+        Progress.of(state).step,
+    )
+
+
+def _set_aside_newer(run_dir: Path, step: int) -> None:
+    newer = [p for p in find_checkpoints(run_dir) if step_of(p) > step]
+    newer = [p for p in newer if ledger.skip_unless_mine(p, "move aside")]  # another tool's step-* stays
+    if newer:
+        aside = run_dir / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
+        ledger.add(aside)
+        aside.mkdir()
+        for p in newer:
+            p.rename(aside / p.name)
+            ledger.drop(p)
+        log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
+
+
+def resumed_config(cfg, saved: dict):
+    """The config a resumed run goes on with: `cfg`, with a batch size of "auto" as the run measured it when
+    it started, and a setting added since the checkpoint was saved as that version computed it
+    (absent_settings: an old run keeps its model.height_head). `cfg` itself is not changed."""
+    changes = absent_settings(saved)
+    if cfg.train.batch_size == "auto":  # measured once, when the run started
+        changes["train.batch_size"] = saved["train"]["batch_size"]
+    return derive(cfg, changes) if changes else cfg
+
+
+def check_resume_config(cfg, saved: dict) -> None:
+    """Refuse math-changing differences from the checkpoint's config; take harmless ones with a warning."""
+    cfg = resumed_config(cfg, saved)
+    math_changes, harmless = compare_configs(saved, cfg.to_dict())
+    if math_changes:
+        raise CloudMLError(
+            "the config differs from the checkpoint's in settings that change the run's math:\n  - "
+            + "\n  - ".join(math_changes)
+            + "\nResume with the checkpoint's values (see config.yaml in the run directory), or start a new "
+            "run with --run-dir NEW. Nothing was changed."
+        )
+    for key, value in absent_settings(saved).items():
+        log.info("This run was saved before %s existed: it continues with %s, as it was trained", key, value)
+    if harmless:
+        log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
+        if any(h.startswith("train.epochs ") for h in harmless):
+            log.warning(
+                "train.epochs changed: the cosine learning-rate decay is re-planned over the new length"
+            )
+
+
+def recorded_files(run_dir: Path) -> dict[str, dict]:
+    """Flight -> {role: SHA-256} of the files the run in `run_dir` started from (its provenance.json)."""
+    from cloudml_lib.core.provenance import read_run_provenance
+
+    flights = (read_run_provenance(run_dir) or {}).get("flights") or {}
+    out = {}
+    for name, info in flights.items() if isinstance(flights, dict) else []:
+        files = info.get("files") if isinstance(info, dict) else None
+        if isinstance(files, dict):
+            out[name] = {r: f.get("sha256") for r, f in files.items() if isinstance(f, dict)}
+    return out
+
+
+def _same_files(name: str, saved: dict, current: dict, recorded: dict) -> bool:
+    """Whether flight `name`'s files are the ones the run started from, by their SHA-256 (the checkpoint's
+    record, else the run's provenance.json); False where that cannot be told."""
+    before = saved.get("files") or recorded.get(name)
+    now = current.get("files")
+    return bool(before) and bool(now) and all(before.get(r) and before.get(r) == now.get(r) for r in now)
+
+
+def check_data_fingerprint(saved: dict | None, current: dict, recorded: dict | None = None) -> None:
+    """Refuse to continue a run on data whose content changed (flights, samples, labels, frames). Where a
+    flight's files are the very ones the run started from (`recorded`: flight -> {role: SHA-256}, from the
+    run's provenance.json), the reader changed, not the data: said so, with the advice that can help."""
+    if saved is None:
+        log.info("This checkpoint predates data fingerprints: the data is not compared")
+        return
+    recorded = recorded or {}
+    changes = [f"flight {n}: gone" for n in saved if n not in current]
+    changes += [f"flight {n}: new" for n in current if n not in saved]
+    reread = []
+    for n in sorted(set(saved) & set(current)):
+        a, b = saved[n], current[n]
+        if a["samples"] == b["samples"] and a["sha256"] == b["sha256"]:
+            continue
+        what = (
+            f"{a['samples']} samples in the checkpoint, {b['samples']} now"
+            if a["samples"] != b["samples"]
+            else "same number of samples, different content (labels, angles or frames)"
+        )
+        if _same_files(n, a, b, recorded):
+            reread.append(n)
+            what += "; its files are unchanged (the same SHA-256 as when the run started)"
+        changes.append(f"flight {n}: {what}")
+    if changes and reread and len(reread) == len(changes):
+        raise CloudMLError(
+            "this run cannot continue on this version of CloudML:\n  - "
+            + "\n  - ".join(changes)
+            + "\nThe files are the original ones: what changed is how CloudML reads them (a reader was "
+            "corrected since the run was saved, e.g. fill values in an ICARTT nav file are no longer taken "
+            "as angles). Continuing would train one model on two readings of the same flights. The run's "
+            "checkpoints and best.pt stay usable (evaluate, predict); use another --run-dir for a new run "
+            "on today's reading. Nothing was changed."
+        )
+    if changes:
+        raise CloudMLError(
+            "the data differs from the data this run was trained on:\n  - "
+            + "\n  - ".join(changes)
+            + "\nContinuing would mix two datasets in one run. Resume with the original data "
+            "(files, data.* filters), or start a new run with --run-dir NEW. Nothing was changed."
+        )

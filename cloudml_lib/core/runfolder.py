@@ -1,0 +1,336 @@
+"""A run folder: the names a run writes in it, its kinds (a run, a cross-validation, a sweep) and how an
+earlier release's folder of each kind is proved and adopted (base/ownership.py; base/ledger.py for what of
+it is CloudML's), which command works on which kind, what an interrupted run left behind, metrics.jsonl,
+and a failure's record. Who may write into it is runlock.py's; where a run resumes is resume.py's; where it
+stands, status.py's; its log (train.log), logs.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.files import read_text, what_is
+from cloudml_lib.base.liveness import process_alive
+from cloudml_lib.base.outputs import (
+    append_text,
+    json_safe,
+    open_append,
+    refuse_link,
+    refuse_special,
+    write_text,
+)
+from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
+from cloudml_lib.base.runfiles import RunFiles
+from cloudml_lib.base.shapes import TEXT, Damaged, Obj, parse_json
+from cloudml_lib.core.checkpoint import (
+    BEST_KEYS,
+    REJECTED_DIR,
+    STAGING,
+    STAGING_PREFIX,
+    Key,
+    check_folder,
+    checkpoints_dir,
+    find_checkpoints,
+    load_checkpoint,
+    verify,
+)
+
+if TYPE_CHECKING:
+    from cloudml_lib.core.distributed import Dist
+
+log = logging.getLogger(__name__)
+
+
+def _pid_of(name: str) -> int | None:
+    m = re.search(r"(?:tmp-|ckpt-)(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def clean_leftovers(run_dir: Path) -> list[str]:
+    """What a killed process left behind: temporary best.pt files, checkpoint folders half-written or
+    half-deleted, and staging folders in the temp directory. Only files of processes that are gone."""
+    run_dir, removed = Path(run_dir), []
+    candidates = list(run_dir.glob(".best.pt.tmp-*")) + list(run_dir.glob(".lock.tmp-*"))
+    candidates += list(checkpoints_dir(run_dir).glob(".step-*.tmp-*"))
+    candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
+    staging = Path(tempfile.gettempdir()).glob(
+        f"{STAGING_PREFIX}*"
+    )  # in a shared folder: ours by marker only
+    candidates += [p for p in staging if is_marked(p, STAGING)]
+    for p in candidates:
+        pid = _pid_of(p.name)
+        if p.name.startswith(".trash-") or (
+            pid is not None and pid != os.getpid() and not process_alive(pid)
+        ):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(p.name)
+    if removed:
+        log.info(
+            "Removed %d leftovers of an interrupted run: %s", len(removed), ", ".join(sorted(removed)[:5])
+        )
+    return removed
+
+
+def flatten_keys(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# The files a run writes at the top of its folder, each refused where it is a link or not a regular file.
+RUN_WRITES = (
+    "config.yaml",
+    "run.json",
+    "provenance.json",
+    "metrics.jsonl",
+    "train.log",
+    "best.pt",
+    "evaluation.json",
+    "predictions.csv",
+    "intervals.json",
+    "report.md",
+    "crossval.json",
+    "crossval.md",
+    "sweep.json",
+    "study.journal",
+    "trial.json",
+)
+
+
+def check_run_writes(run_dir: Path) -> None:
+    """Each file a run writes at the top of its folder is a regular file or nothing yet: not a symbolic link
+    (outputs.refuse_link), not a FIFO, a socket, a device or a folder (outputs.refuse_special)."""
+    for name in RUN_WRITES:
+        refuse_link(Path(run_dir) / name)
+        refuse_special(Path(run_dir) / name)
+
+
+RUN_NAMES = ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml")
+
+
+def has_run(run_dir: Path) -> bool:
+    """Whether a folder holds a run's names (whose run it is: is_cloudml_run)."""
+    return bool(run_names(run_dir))
+
+
+def run_names(run_dir: Path) -> list[str]:
+    return [n for n in RUN_NAMES if (Path(run_dir) / n).exists()]
+
+
+def is_cloudml_run(run_dir: Path) -> bool:
+    """A run folder CloudML can prove its own: its marker, written for it, or an earlier release's content
+    that verifies (adopt_run). Another tool's `checkpoints/` is no run of CloudML's."""
+    try:
+        if marker_kind(Path(run_dir)) == RUN.name:
+            return True
+    except CloudMLError:
+        return False  # a damaged marker: not told to be CloudML's
+    return adopt_run(Path(run_dir)) is not None
+
+
+def is_crossval(run_dir: Path) -> bool:
+    run_dir = Path(run_dir)
+    return (
+        (run_dir / "folds").is_dir()
+        or (run_dir / "crossval.json").is_file()
+        or is_marked(run_dir, "cross-validation")
+    )
+
+
+def fold_models(run_dir: Path) -> list[Path]:
+    return sorted(p / "model" for p in (Path(run_dir) / "folds").glob("*") if (p / "model").is_dir())
+
+
+def check_folder_kind(run_dir: Path, command: str) -> None:
+    """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
+    cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
+    also refuse a folder that is not CloudML's (base/ownership.py) and a link where a run writes a file
+    (`evaluate` too where it writes: science/evaluate.py)."""
+    run_dir = Path(run_dir)
+    marked = marker_kind(run_dir) if run_dir.is_dir() else None
+    if (run_dir / "sweep.json").is_file() or marked == SWEEP.name:
+        trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
+        raise CloudMLError(
+            f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
+            f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
+            "to continue the sweep: python -m cloudml_lib sweep ... with the same --run-dir. "
+            "Nothing was changed."
+        )
+    if command == "crossval":
+        check_run_writes(run_dir)  # a link where a run writes is named first: the most exact refusal
+        check(run_dir, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
+        if has_run(run_dir) and not is_crossval(run_dir):
+            raise CloudMLError(
+                f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
+                "choose another --run-dir for the cross-validation. Nothing was changed."
+            )
+        return
+    if not is_crossval(run_dir):
+        if command == "train":
+            check_run_writes(run_dir)
+            check(run_dir, RUN)
+        return
+    folds = fold_models(run_dir)
+    example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
+    if command == "train":
+        raise CloudMLError(
+            f"{run_dir} is a cross-validation folder (it holds folds/): train would write a separate "
+            f"run beside its folds. To continue the cross-validation: python -m cloudml_lib crossval "
+            f"--config FILE --run-dir {run_dir}; to train one model, choose another --run-dir. "
+            "Nothing was changed."
+        )
+    raise CloudMLError(
+        f"{run_dir} is a cross-validation folder: its results are in {run_dir / 'crossval.md'}. Each "
+        f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
+        + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else "")
+    )
+
+
+def truncate_metrics(path: Path, size: int) -> None:
+    """metrics.jsonl (`path`) continues exactly where the checkpoint left it: later lines are work to redo."""
+    with open_append(path) as f:  # never through a symbolic link: an outside file is not cut
+        if os.fstat(f.fileno()).st_size > size:
+            os.ftruncate(f.fileno(), size)
+        elif size and os.fstat(f.fileno()).st_size < size:
+            log.warning(
+                "metrics.jsonl is shorter than when the checkpoint was saved; earlier records are lost"
+            )
+
+
+class MetricsFile:
+    """RUN_DIR/metrics.jsonl: one JSON object a line (step records, epoch records, the final record); the
+    notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
+
+    def __init__(self, run_dir: Path, dist: Dist):
+        self.path, self.dist = Path(run_dir) / "metrics.jsonl", dist
+
+    def append(self, record: dict) -> None:
+        if self.dist.is_main:
+            append_text(self.path, json.dumps(json_safe(record)) + "\n")
+
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+
+def record_failure(run_dir: Path, why: str) -> None:
+    """run.json says the last command on this run stopped on an error (run_state's "failed"); the next start
+    rewrites run.json without it."""
+    if not is_marked(run_dir, RUN.name):
+        return  # not (yet) this run's folder: a refused folder is left as it was
+    if what_is(Path(run_dir) / "run.json") or (Path(run_dir) / "run.json").is_symlink():
+        return  # the refusal named it: what stands there is left as it is
+    info = RunFiles(Path(run_dir)).run_info()
+    if info or (Path(run_dir) / "checkpoints").is_dir():
+        write_text(
+            Path(run_dir) / "run.json", json.dumps(json_safe(dict(info, failed=shown(why, 300))), indent=1)
+        )
+
+
+def adopt_run(folder: Path) -> str | None:
+    """An earlier release's run folder, proved by its content, never by one file (a best.pt copied into a
+    user's folder proved it theirs): its newest committed checkpoint that verifies (the recorded checksum
+    matches, it loads weights-only with the keys a resume needs) and holds the config of the folder's
+    config.yaml; or a best.pt that loads weights-only with the keys of a best model beside a config.yaml that
+    says what its stored config says."""
+    folder = Path(folder)
+    for ckpt in find_checkpoints(folder):
+        reason, state, _ = check_folder(ckpt, load=True)
+        if reason is None and _same_config(folder / "config.yaml", state.get(Key.CONFIG)):
+            return f"its checkpoint {ckpt.name} verifies"
+    best = folder / "best.pt"
+    if best.is_file() and not best.is_symlink():
+        try:
+            ckpt = load_checkpoint(best)
+        except CloudMLError:
+            return None
+        if (
+            isinstance(ckpt, dict)
+            and all(k in ckpt for k in BEST_KEYS)
+            and os.path.lexists(folder / "config.yaml")
+            and _same_config(folder / "config.yaml", ckpt[Key.CONFIG])
+        ):
+            return "its best.pt loads with the keys of a best model, with the config of its config.yaml"
+    return None
+
+
+def _same_config(path: Path, saved) -> bool:
+    """config.yaml (where the folder has one) says what the checkpoint's config says."""
+    if not os.path.lexists(path):
+        return True
+    from cloudml_lib.base.yamlfile import read_yaml
+
+    try:
+        return isinstance(saved, dict) and flatten_keys(read_yaml(path)) == flatten_keys(saved)
+    except CloudMLError:
+        return False
+
+
+def adopt_crossval(folder: Path) -> str | None:
+    """An earlier release's cross-validation: a fold whose model is a run that verifies (a crossval.json
+    alone, which can be copied, proves nothing)."""
+    fold = next((m for m in fold_models(Path(folder)) if adopt_run(m)), None)
+    return f"its fold {fold.parent.name} is a run that verifies" if fold else None
+
+
+def adopt_sweep(folder: Path) -> str | None:
+    """An earlier release's sweep: a readable sweep.json beside a journal naming its study, or a trial that is
+    a run."""
+    folder = Path(folder)
+    if RunFiles(folder).sweep() and _journal_names_a_study(folder / "study.journal"):
+        return "its sweep.json reads and its study.journal names the study"
+    trials = sorted((p for p in (folder / "trials").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    trial = next((t for t in trials if adopt_run(t)), None)
+    return f"its trial {trial.name} is a run that verifies" if trial else None
+
+
+def _journal_names_a_study(path: Path) -> bool:
+    try:
+        first = read_text(path, limit=1 << 20, follow=False).split("\n", 1)[0] if path.is_file() else ""
+        parse_json(first, Obj({"study_name": TEXT}, required=("study_name",)))
+        return True
+    except (OSError, Damaged, CloudMLError):
+        return False
+
+
+SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a resume was told to start from
+
+
+# The folders a run makes at its top level besides checkpoints/ (whose checkpoints are proved one by one).
+RUN_FOLDERS = ("plots", REJECTED_DIR)
+
+
+def owned_by_run(folder: Path) -> list[str]:
+    """What of a run folder claimed before ledgers is the run's own (base/ledger.py): the files and folders
+    it writes by name (RUN_WRITES, RUN_FOLDERS, superseded-*), and each checkpoint whose checksum matches.
+    Its tensorboard/ is not among them: event files prove no owner (another tool writes the same names); a
+    fresh start leaves them, named once."""
+    folder = Path(folder)
+    here = [folder / n for n in RUN_WRITES + RUN_FOLDERS]
+    names = [p.name for p in here if os.path.lexists(p) and not p.is_symlink()]
+    ckpts = checkpoints_dir(folder).name
+    names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
+    names += [p.name for p in folder.glob(f"{SUPERSEDED}*") if p.is_dir() and not p.is_symlink()]
+    return names
+
+
+RUN = Kind("run", "--run-dir", adopt_run, "an existing run folder to continue that run", owned_by_run)
+
+
+CROSSVAL = Kind(
+    "cross-validation", "--run-dir", adopt_crossval, "an existing cross-validation folder to continue it"
+)
+
+
+SWEEP = Kind("sweep", "--run-dir", adopt_sweep, "an existing sweep folder to continue that sweep")
