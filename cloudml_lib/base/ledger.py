@@ -129,29 +129,28 @@ def mine(path: str | Path) -> bool:
     return is_listed(listed(home), _rel(home, path))
 
 
-def add(path: str | Path) -> None:
-    """List `path` (just created by CloudML) in its claimed folder's ledger; nothing where it lies in none."""
+def _update(path: str | Path, change) -> None:
+    """`change(listed, rel)` (the new set) applied to the ledger of the claimed folder `path` lies in; nothing
+    where it lies in none."""
     home = home_of(path)
     if home is None:
         return
     rel = _rel(home, path)
     with _lock:
         created = listed(home)
-        if not is_listed(created, rel):
-            _write(home, created | {rel})
+        changed = change(created, rel)
+        if changed != created:
+            _write(home, changed)
+
+
+def add(path: str | Path) -> None:
+    """List `path` (about to be created by CloudML) in its claimed folder's ledger."""
+    _update(path, lambda created, rel: created if is_listed(created, rel) else created | {rel})
 
 
 def drop(path: str | Path) -> None:
-    """Take `path` (just deleted by CloudML) out of its claimed folder's ledger."""
-    home = home_of(path)
-    if home is None:
-        return
-    rel = _rel(home, path)
-    with _lock:
-        created = listed(home)
-        gone = {c for c in created if c == rel or c.startswith(rel + "/")}
-        if gone:
-            _write(home, created - gone)
+    """Take `path` (just deleted or moved by CloudML), and what it held, out of its folder's ledger."""
+    _update(path, lambda created, rel: {c for c in created if c != rel and not c.startswith(rel + "/")})
 
 
 def delete(path: str | Path) -> bool:
