@@ -288,3 +288,36 @@ def test_one_copied_results_file_adopts_no_folder(kind, tiny_run, tiny_flights, 
     err = capsys.readouterr().err
     assert f"{theirs} holds other things" in err and "Traceback" not in err, err
     assert snapshot(theirs) == before
+
+
+def test_a_run_folder_marked_before_ledgers_lists_only_what_verifies_and_a_damaged_ledger_is_made_again(
+    tmp_path, caplog
+):
+    """A run folder an earlier release marked has no ledger: it gets one from what verifies as the run's (the
+    files a run writes by name, each checkpoint whose checksum matches), never from everything it holds:
+    another tool's checkpoint folder, event file and notes stay out of it, so no clean-up touches them. A
+    ledger that is not one (hand-edited) is named and made again by the same rule."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "run_1c3d260" / "stopped", run)
+    assert marker_kind(run) == RUN.name and not (run / LEDGER).exists()
+    (run / "checkpoints" / "step-00000001").mkdir()
+    (run / "checkpoints" / "step-00000001" / "weights.bin").write_bytes(b"another tool's")
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1.other.0.0").write_bytes(b"another tool's curves")
+    (run / "notes.txt").write_text("mine")
+    want = {
+        "config.yaml",
+        "metrics.jsonl",
+        "run.json",
+        "train.log",
+        "provenance.json",
+        "checkpoints/step-00000008",
+    }
+    assert ledger.listed(run) == want
+    assert not ledger.mine(run / "checkpoints" / "step-00000001") and not ledger.mine(run / "notes.txt")
+    assert ledger.mine(run / "checkpoints" / "step-00000008" / "meta.json")  # inside a listed folder
+    assert not ledger.delete(run / "tensorboard") and (run / "tensorboard").is_dir()
+    (run / LEDGER).write_text('{"created": "everything"}')
+    with caplog.at_level("WARNING", logger="cloudml_lib.base.ledger"):
+        assert ledger.listed(run) == want
+    assert f"{run / LEDGER} is damaged" in caplog.text
