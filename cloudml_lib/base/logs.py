@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from cloudml_lib.base.layout import RunFolder
+
 PACKAGE_LOGGER = "cloudml_lib"
 # The word a console line starts with: a warning's, an error's (INFO and below: none). live.py reads them.
 WARNING_WORD, PROBLEM_WORD = "Warning: ", "Problem: "
@@ -93,7 +95,7 @@ def attach_run_log(
     logger.propagate = False
     handlers = []
     if run_dir is not None:  # first: a train.log that cannot be opened leaves the console's handler as it was
-        file = _RunLogFile(Path(run_dir) / "train.log")
+        file = _RunLogFile(RunFolder(run_dir).log)
         file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         handlers.append(file)
     for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import PROBLEM_WORD, WARNING_WORD, level_word
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show
 from cloudml_lib.core.checkpoint import find_latest_valid
@@ -123,7 +124,7 @@ class LiveView:
         import ipywidgets as w
 
         self.run_dir, self.folds, self.started = run_dir, folds, time.time()
-        self.metrics_path = None if run_dir is None else Path(run_dir) / "metrics.jsonl"
+        self.metrics_path = None if run_dir is None else RunFolder(run_dir).metrics
         self.fold, self.fold_names, self.folds_seen = None, [], []
         self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="55%"))
         self.label = w.HTML("starting...")
@@ -171,7 +172,7 @@ class LiveView:
             self.fold = started.group(1)
             if self.fold not in self.folds_seen:
                 self.folds_seen.append(self.fold)
-            self.metrics_path = Path(self.folds) / "folds" / self.fold / "model" / "metrics.jsonl"
+            self.metrics_path = RunFolder(Path(self.folds) / "folds" / self.fold / "model").metrics
             self.progress, self.metrics_size, self.shown_epochs = {}, -1, 0
 
     def fold_words(self) -> str:

@@ -11,6 +11,7 @@ MODULES = (
     "base/errors.py",
     "base/faults.py",
     "base/files.py",
+    "base/layout.py",
     "base/ledger.py",
     "base/liveness.py",
     "base/logs.py",

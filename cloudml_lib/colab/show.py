@@ -20,6 +20,7 @@ from cloudml_lib.base import tables
 from cloudml_lib.base.config import load_config
 from cloudml_lib.base.errors import CloudMLError, explain_os_error
 from cloudml_lib.base.files import read_text
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.commands import presets
 from cloudml_lib.core import device
 from cloudml_lib.core.compile import plan, this_device
@@ -191,7 +192,7 @@ def show_evaluation(run_dir: Path | None) -> None:
     # is added for a run evaluated before verdicts existed
     history = [r for r in files.metrics() if r.get("kind") == "epoch"]
     show_markdown("\n".join(test_section(report, history)[2:]))
-    scatter = run_dir / "plots" / "scatter.png"
+    scatter = RunFolder(run_dir).plots / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image
 
@@ -206,7 +207,7 @@ def show_evaluation(run_dir: Path | None) -> None:
 def show_report(run_dir: Path | None) -> None:
     """RUN_DIR/report.md: its text as Markdown, each linked plot as an image (a notebook does not
     resolve the report's relative image paths itself)."""
-    path = None if run_dir is None else Path(run_dir) / "report.md"
+    path = None if run_dir is None else RunFolder(run_dir).report
     if path is None or not path.is_file():
         print("No report yet: it is written when training finishes.")
         return

@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
 from cloudml_lib.colab.show import show_markdown
 from cloudml_lib.core.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
@@ -48,18 +49,18 @@ def check_run(run_dir: Path | None) -> None:
     if not is_finished(run_dir):
         print("Smoke test not checked: the run was stopped before it finished (run all again to finish it).")
         return
-    log = (run_dir / "train.log").read_text()
+    log = (RunFolder(run_dir).log).read_text()
     assert "Resumed from step" in log, "the second start did not resume"
     newest = find_checkpoints(run_dir)[0]
     assert verify(newest) is None and read_meta(newest)["finished"], (
         f"no finished, verified checkpoint: {newest}"
     )
-    epochs = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
+    epochs = [r for r in read_records(RunFolder(run_dir).metrics) if r.get("kind") == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, EPOCHS + 1)), epochs
-    report = json.loads((run_dir / "evaluation.json").read_text())
+    report = json.loads((RunFolder(run_dir).evaluation).read_text())
     assert report["overall"]["n"] > 100 and math.isfinite(report["overall"]["r2"]), report["overall"]
-    assert load_checkpoint(run_dir / "best.pt")["model"]
-    assert "## Test flights" in (run_dir / "report.md").read_text(), "no report.md"
+    assert load_checkpoint(RunFolder(run_dir).best)["model"]
+    assert "## Test flights" in (RunFolder(run_dir).report).read_text(), "no report.md"
     assert list((run_dir / "predictions").glob("*_cbh.nc")), "no whole-flight prediction"
     board = check_tensorboard_served(run_dir)
     print(

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from cloudml_lib.base.errors import install_command
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab.drive import Workspace, run_config
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
@@ -133,7 +134,7 @@ class SweepView(LiveView):
             number, k, n = (int(x) for x in started.groups())
             self.trial = f"trial {k} of {n} (trials/{number})"  # counted from 1; the folder from 0
             self.run_dir = self.folder / "trials" / str(number)
-            self.metrics_path = self.run_dir / "metrics.jsonl"  # where live.py reads the curves
+            self.metrics_path = RunFolder(self.run_dir).metrics  # where live.py reads the curves
             self.progress, self.metrics_size, self.shown_epochs = {}, -1, 0
             self.curves.layout.display, self.placeholder.layout.display = "none", None
             self.placeholder.value = f"<i>Trial {number}'s curves appear after its first epoch.</i>"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cloudml_lib.base.config import Config, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
 from cloudml_lib.core.runfolder import RUN, check_folder_kind, record_failure
@@ -114,4 +115,4 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
         cfg.train.pretrain_flight,
         cfg.data.overweight_factor,
     )
-    return train_and_finish(phase2, run_dir, resume, dist, init_from=run_dir / "pretrain" / "best.pt")
+    return train_and_finish(phase2, run_dir, resume, dist, init_from=RunFolder(run_dir / "pretrain").best)

@@ -42,6 +42,7 @@ from cloudml_lib.base.config import (
     derive,
 )
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.ownership import Kind, check, claim, is_marked
@@ -348,7 +349,7 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     if dist.is_main:
         claim(trial_dir, trial_kind(space))  # the trial's folder, marked before trial.json goes into it
         write_text(
-            trial_dir / "trial.json",
+            RunFolder(trial_dir).trial,
             json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
         )
     try:
@@ -602,7 +603,7 @@ def rebuilt_trial(optuna, folder: Path | None, space: Space):
             user_attrs={"note": info["note"]} if info.get("note") else {},
         )
     except (ValueError, TypeError) as e:  # values outside the space: not this sweep's trial
-        log.warning("%s cannot be rebuilt (%s): counted as failed", folder / "trial.json", shown(e))
+        log.warning("%s cannot be rebuilt (%s): counted as failed", RunFolder(folder).trial, shown(e))
         return lost
 
 
@@ -693,7 +694,7 @@ def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
     study.tell(trial, value if state == "complete" else None, state=states[state])
     trial_dir = claim(run_dir / "trials" / str(trial.number), trial_kind(space))
     write_text(
-        trial_dir / "trial.json",
+        RunFolder(trial_dir).trial,
         json.dumps(
             json_safe(
                 {"number": trial.number, "params": params, "state": state, "value": value, "note": note}

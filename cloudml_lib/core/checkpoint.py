@@ -36,6 +36,7 @@ from torch import nn
 from cloudml_lib.base import faults, ledger
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.files import open_regular
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import refuse_link
 from cloudml_lib.base.ownership import write_marker
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 COMMITTED, STATE, META = "COMMITTED", "state.pt", "meta.json"
-REJECTED_DIR = "rejected"
+REJECTED_DIR = RunFolder.REJECTED
 
 
 class Key:
@@ -196,7 +197,7 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return RunFolder(run_dir).checkpoints
 
 
 def step_of(path: Path) -> int | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import read_text, what_is
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import (
     append_text,
@@ -32,7 +33,6 @@ from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.base.shapes import TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.checkpoint import (
     BEST_KEYS,
-    REJECTED_DIR,
     STAGING,
     STAGING_PREFIX,
     Key,
@@ -91,21 +91,21 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
 
 # The files a run writes at the top of its folder, each refused where it is a link or not a regular file.
 RUN_WRITES = (
-    "config.yaml",
-    "run.json",
-    "provenance.json",
-    "metrics.jsonl",
-    "train.log",
-    "best.pt",
-    "evaluation.json",
-    "predictions.csv",
-    "intervals.json",
-    "report.md",
+    RunFolder.CONFIG,
+    RunFolder.RUN_INFO,
+    RunFolder.PROVENANCE,
+    RunFolder.METRICS,
+    RunFolder.LOG,
+    RunFolder.BEST,
+    RunFolder.EVALUATION,
+    RunFolder.PREDICTIONS,
+    RunFolder.INTERVALS,
+    RunFolder.REPORT,
     "crossval.json",
     "crossval.md",
     "sweep.json",
     "study.journal",
-    "trial.json",
+    RunFolder.TRIAL,
 )
 
 
@@ -117,7 +117,7 @@ def check_run_writes(run_dir: Path) -> None:
         refuse_special(Path(run_dir) / name)
 
 
-RUN_NAMES = ("metrics.jsonl", "best.pt", "checkpoints", "config.yaml")
+RUN_NAMES = (RunFolder.METRICS, RunFolder.BEST, RunFolder.CHECKPOINTS, RunFolder.CONFIG)
 
 
 def has_run(run_dir: Path) -> bool:
@@ -214,7 +214,7 @@ class MetricsFile:
     notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
 
     def __init__(self, run_dir: Path, dist: Dist):
-        self.path, self.dist = Path(run_dir) / "metrics.jsonl", dist
+        self.path, self.dist = RunFolder(run_dir).metrics, dist
 
     def append(self, record: dict) -> None:
         if self.dist.is_main:
@@ -229,12 +229,12 @@ def record_failure(run_dir: Path, why: str) -> None:
     rewrites run.json without it."""
     if not is_marked(run_dir, RUN.name):
         return  # not (yet) this run's folder: a refused folder is left as it was
-    if what_is(Path(run_dir) / "run.json") or (Path(run_dir) / "run.json").is_symlink():
+    if what_is(RunFolder(run_dir).run_info) or (RunFolder(run_dir).run_info).is_symlink():
         return  # the refusal named it: what stands there is left as it is
     info = RunFiles(Path(run_dir)).run_info()
-    if info or (Path(run_dir) / "checkpoints").is_dir():
+    if info or (RunFolder(run_dir).checkpoints).is_dir():
         write_text(
-            Path(run_dir) / "run.json", json.dumps(json_safe(dict(info, failed=shown(why, 300))), indent=1)
+            RunFolder(run_dir).run_info, json.dumps(json_safe(dict(info, failed=shown(why, 300))), indent=1)
         )
 
 
@@ -247,9 +247,9 @@ def adopt_run(folder: Path) -> str | None:
     folder = Path(folder)
     for ckpt in find_checkpoints(folder):
         reason, state, _ = check_folder(ckpt, load=True)
-        if reason is None and _same_config(folder / "config.yaml", state.get(Key.CONFIG)):
+        if reason is None and _same_config(RunFolder(folder).config, state.get(Key.CONFIG)):
             return f"its checkpoint {ckpt.name} verifies"
-    best = folder / "best.pt"
+    best = RunFolder(folder).best
     if best.is_file() and not best.is_symlink():
         try:
             ckpt = load_checkpoint(best)
@@ -258,8 +258,8 @@ def adopt_run(folder: Path) -> str | None:
         if (
             isinstance(ckpt, dict)
             and all(k in ckpt for k in BEST_KEYS)
-            and os.path.lexists(folder / "config.yaml")
-            and _same_config(folder / "config.yaml", ckpt[Key.CONFIG])
+            and os.path.lexists(RunFolder(folder).config)
+            and _same_config(RunFolder(folder).config, ckpt[Key.CONFIG])
         ):
             return "its best.pt loads with the keys of a best model, with the config of its config.yaml"
     return None
@@ -308,7 +308,7 @@ SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a res
 
 
 # The folders a run makes at its top level besides checkpoints/ (whose checkpoints are proved one by one).
-RUN_FOLDERS = ("plots", REJECTED_DIR)
+RUN_FOLDERS = (RunFolder.PLOTS, RunFolder.REJECTED)
 
 
 def owned_by_run(folder: Path) -> list[str]:

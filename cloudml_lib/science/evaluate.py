@@ -27,6 +27,7 @@ import torch
 
 from cloudml_lib.base.config import LEGACY_VALIDATION, Config, config_from_dict, derive, height_bounds_km
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.checkpoint import BEST_KEYS, Key, load_checkpoint
@@ -231,7 +232,7 @@ def load_run_model(
 
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, command)
-    best = run_dir / "best.pt"
+    best = RunFolder(run_dir).best
     ckpt = _read_best(best, run_dir, has_run(run_dir))
     try:
         cfg = config_from_dict(ckpt[Key.CONFIG])
@@ -408,7 +409,7 @@ def evaluate_run(
     if scored.cloud_prob is None:
         log.info(
             "%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
-            run_dir / "best.pt",
+            RunFolder(run_dir).best,
         )
     if write:
         evaluated = read_evaluation(run_dir)
@@ -431,7 +432,7 @@ def write_evaluation(run_dir: Path, dataset: CloudDataset, scored: Scored, repor
 
 
 def write_predictions_and_figure(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
-    write_predictions(run_dir / "predictions.csv", dataset, scored)
+    write_predictions(RunFolder(run_dir).predictions, dataset, scored)
     has = dataset.has_height()
     plots.save_figure(
         plots.scatter_figure(
@@ -440,9 +441,9 @@ def write_predictions_and_figure(run_dir: Path, dataset: CloudDataset, scored: S
             dataset.flight_names()[has],
             f"Test flights, pooled R2 {report['overall']['r2']:.2f}",
         ),
-        run_dir / "plots" / "scatter.png",
+        RunFolder(run_dir).plots / "scatter.png",
     )
 
 
 def write_evaluation_json(run_dir: Path, report: dict) -> None:
-    write_text(run_dir / "evaluation.json", json.dumps(json_safe(report), indent=1))
+    write_text(RunFolder(run_dir).evaluation, json.dumps(json_safe(report), indent=1))

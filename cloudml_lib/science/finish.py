@@ -31,6 +31,7 @@ import torch
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.core.checkpoint import FORMAT_VERSION, Found, Key, load_checkpoint, save_atomic, to_cpu
 from cloudml_lib.core.device import choose_device, choose_precision
@@ -71,7 +72,7 @@ def finish_run(run_dir: str | Path, dist: Dist = SINGLE) -> dict:
     state = dist.from_main(run_state(run_dir, check_lock=False) if dist.is_main else None)
     if state.kind == "finished":
         report = read_evaluation(run_dir)
-        if not (run_dir / "report.md").is_file() and dist.is_main:
+        if not (RunFolder(run_dir).report).is_file() and dist.is_main:
             write_report(run_dir)
         log.info("This run is finished. Its report:\n%s", format_report(report))
         return report
@@ -102,7 +103,7 @@ def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
     batch = progress.eval_batch_size or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
-        fit_cloud_probe(evaluator, data, run_dir / "best.pt", dist, progress.step)
+        fit_cloud_probe(evaluator, data, RunFolder(run_dir).best, dist, progress.step)
     validation = score(evaluator, data.val_set)
     calibration = calibrate_intervals(cfg, data, validation)
     scored = validation if data.split.legacy else score(evaluator, data.test_set)
@@ -110,7 +111,7 @@ def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
     report["step"] = progress.step
     if dist.is_main:
         intervals.save(run_dir, calibration)
-        keep_cloud_baseline(run_dir / "best.pt", data, cfg)
+        keep_cloud_baseline(RunFolder(run_dir).best, data, cfg)
         write_end(run_dir, final, data, scored, report)
     dist.barrier()
     epoch = report["best_epoch"]
@@ -148,7 +149,7 @@ METHOD = "conformal_absolute"  # a run's intervals; cross-validation measures bo
 def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndData) -> Trained:
     """best.pt's weights into `model`, and its record of the training (evaluate.trained_of). Where best.pt
     cannot be used, the final checkpoint's weights, and best.pt rewritten with them."""
-    best = run_dir / "best.pt"
+    best = RunFolder(run_dir).best
     try:
         ckpt = load_checkpoint(best)
         model.load_state_dict(ckpt[Key.MODEL])
@@ -264,8 +265,8 @@ def write_end(run_dir: Path, final: Found, data: EndData, scored, report: dict) 
         }
     )
     if progress.history:
-        plots.save_figure(plots.curves_figure(progress.history), run_dir / "plots" / "curves.png")
-    scatter = plots.image_pixels(run_dir / "plots" / "scatter.png")  # TensorBoard's image, read here
+        plots.save_figure(plots.curves_figure(progress.history), RunFolder(run_dir).plots / "curves.png")
+    scatter = plots.image_pixels(RunFolder(run_dir).plots / "scatter.png")  # TensorBoard's image, read here
     write_final_events(
         run_dir,
         progress.step,

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from cloudml_lib.base.errors import CloudMLError, install_command
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.runfiles import INTERVAL_METHODS, RunFiles
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 METHODS = dict(zip(INTERVAL_METHODS, ("absolute", "gamma"), strict=True))
 MIN_CALIBRATION = 20  # fewer calibration heights: no interval (a 90% quantile of 10 numbers means little)
 FAR_BELOW = 0.15  # coverage this far under the target on a flight: a plain warning
-FILE = "intervals.json"
+FILE = RunFolder.INTERVALS
 
 
 def _mapie(pred_km: np.ndarray, true_km: np.ndarray, method: str, coverage: float):

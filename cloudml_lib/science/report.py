@@ -21,6 +21,7 @@ import numpy as np
 
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import LEGACY_VALIDATION
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core import provenance
@@ -28,7 +29,7 @@ from cloudml_lib.core.compile import describe_saved
 from cloudml_lib.science.baselines import SHORT as SHORT_NAMES
 from cloudml_lib.science.baselines import WORDS as BASELINE_NAMES
 
-REPORT = "report.md"
+REPORT = RunFolder.REPORT
 
 COLLAPSE_STD_RATIO = 0.3  # std(pred)/std(true) below this: the predictions collapse towards a constant
 OUT_OF_RANGE_SHARE = 0.1  # a test flight with more of its labels outside the heights trained on is named

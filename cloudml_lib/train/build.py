@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config, derive, save_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.ownership import claim as claim_folder
 from cloudml_lib.core.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
@@ -253,7 +254,7 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
             )
         run_info = RunInfo(run_dir, dist, parts.compile, provenance, measured)
         if dist.is_main:
-            save_config(cfg, run_dir / "config.yaml")  # the run's plan, as it trains
+            save_config(cfg, RunFolder(run_dir).config)  # the run's plan, as it trains
         start(found, state, parts, metrics, run_info, cfg, init_from, data.split.record())
         checkpoints.events = Events(
             run_dir, writer.local_dir if writer else None, loop.progress.step, fresh=found is None

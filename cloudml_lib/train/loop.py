@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.core.compile import CompileWatch
 from cloudml_lib.core.device import format_memory, memory_readings
 from cloudml_lib.core.distributed import SINGLE, Dist, no_sync
@@ -370,7 +371,7 @@ class Trainer:
             self.evaluated,
             self.cfg.train.early_stopping_patience,
             self.save_best,
-            self.run_dir / "best.pt",
+            RunFolder(self.run_dir).best,
         )
 
     def save_best(self) -> None:
@@ -394,7 +395,7 @@ class Trainer:
             self.progress.epoch,
             self.progress.step,
             self.progress.best_epoch,
-            self.run_dir / "best.pt",
+            RunFolder(self.run_dir).best,
         )
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.core.compile import CompileWatch
 from cloudml_lib.core.distributed import Dist
@@ -88,8 +89,8 @@ class RunInfo:
         info = dict(self.plan, compile=self.watch.update().to_dict())
         if self.measured is not None and self.measured.record() is not None:
             info["measured"] = self.measured.record()
-        write_text(self.run_dir / "run.json", json.dumps(json_safe(info), indent=1))
-        if provenance or not (self.run_dir / "provenance.json").is_file():
+        write_text(RunFolder(self.run_dir).run_info, json.dumps(json_safe(info), indent=1))
+        if provenance or not (RunFolder(self.run_dir).provenance).is_file():
             write_run_provenance(self.run_dir, json_safe(self.provenance))
 
     def report_compile(self) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.core.checkpoint import (
     FORMAT_VERSION,
     CheckpointWriter,
@@ -127,7 +128,7 @@ class Checkpoints:
                 "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
                 name,
                 step,
-                self.run_dir / "checkpoints",
+                RunFolder(self.run_dir).checkpoints,
             )
             return "progress saved"
         log.error(
@@ -179,7 +180,7 @@ class Checkpoints:
                 Key.LABEL_RANGE: self.state.header[Key.LABEL_RANGE],
                 Key.SPLIT: self.state.header[Key.SPLIT],
             },
-            self.run_dir / "best.pt",
+            RunFolder(self.run_dir).best,
         )
 
     def wait(self) -> None:

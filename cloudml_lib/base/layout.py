@@ -1,0 +1,97 @@
+"""A run folder's layout: every file and folder name a run writes, written here once.
+
+`RunFolder(path)` names the places of one run folder (`RunFolder(run_dir).best` is its best.pt); the class's
+constants are the names, for what lists or reads them by name (runfiles.py, the ledger's rule, status). What
+each file holds, and who writes it: README's "Run files" table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run folder's places, from its path (a `str` or a `Path`)."""
+
+    path: Path
+
+    BEST = "best.pt"  # the best model
+    CONFIG = "config.yaml"  # the run's plan, as it trains
+    METRICS = "metrics.jsonl"  # a record per logged step, epoch and end
+    RUN_INFO = "run.json"  # this start's plan, what compile did, the measurements, a failure
+    LOG = "train.log"
+    REPORT = "report.md"
+    EVALUATION = "evaluation.json"  # the end's numbers; its presence marks the end as done
+    INTERVALS = "intervals.json"  # the calibration of the prediction intervals
+    PROVENANCE = "provenance.json"  # what the run was trained on
+    PREDICTIONS = "predictions.csv"
+    TRIAL = "trial.json"  # a sweep trial's parameters and state
+    PLOTS = "plots"
+    CHECKPOINTS = "checkpoints"
+    TENSORBOARD = "tensorboard"
+    REJECTED = "rejected"  # committed checkpoints that failed verification, kept for inspection
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def best(self) -> Path:
+        return self.path / self.BEST
+
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def run_info(self) -> Path:
+        return self.path / self.RUN_INFO
+
+    @property
+    def log(self) -> Path:
+        return self.path / self.LOG
+
+    @property
+    def report(self) -> Path:
+        return self.path / self.REPORT
+
+    @property
+    def evaluation(self) -> Path:
+        return self.path / self.EVALUATION
+
+    @property
+    def intervals(self) -> Path:
+        return self.path / self.INTERVALS
+
+    @property
+    def provenance(self) -> Path:
+        return self.path / self.PROVENANCE
+
+    @property
+    def predictions(self) -> Path:
+        return self.path / self.PREDICTIONS
+
+    @property
+    def trial(self) -> Path:
+        return self.path / self.TRIAL
+
+    @property
+    def plots(self) -> Path:
+        return self.path / self.PLOTS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / self.TENSORBOARD
+
+    @property
+    def rejected(self) -> Path:
+        return self.path / self.REJECTED
