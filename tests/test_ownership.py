@@ -321,3 +321,31 @@ def test_a_run_folder_marked_before_ledgers_lists_only_what_verifies_and_a_damag
     with caplog.at_level("WARNING", logger="cloudml_lib.base.ledger"):
         assert ledger.listed(run) == want
     assert f"{run / LEDGER} is damaged" in caplog.text
+
+
+def _add_many(folder: str, who: int) -> None:
+    for i in range(40):
+        ledger.add(Path(folder) / f"fold-{who}" / f"file-{i}.json")
+
+
+def test_processes_writing_into_one_folder_lose_none_of_each_others_entries(tmp_path):
+    """Cross-validation folds under torchrun write into one folder at once: each one's entries in its ledger
+    survive the others' (an advisory lock on the folder around each read-and-rewrite)."""
+    import multiprocessing
+
+    from cloudml_lib.base.ownership import write_marker
+
+    folder = tmp_path / "crossval"
+    folder.mkdir()
+    write_marker(folder, CROSSVAL.name)
+    ledger.start(folder, [])
+    workers = [
+        multiprocessing.get_context("spawn").Process(target=_add_many, args=(str(folder), w))
+        for w in range(3)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert all(w.exitcode == 0 for w in workers)
+    assert ledger.listed(folder) == {f"fold-{w}/file-{i}.json" for w in range(3) for i in range(40)}

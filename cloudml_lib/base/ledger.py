@@ -13,7 +13,8 @@ kind's own (`Kind.owned`; a new or empty folder: nothing, so from then on exactl
 earlier release's folder or one marked before ledgers: e.g. a run's committed checkpoints and the files a run
 writes by name), never from everything it holds. A damaged ledger is named and made again the same way. It is
 written whole (temporary file, then rename) by the one process that holds the folder (the run lock; rank 0 of
-a DDP run), under a thread lock (checkpoints commit from a thread).
+a DDP run), or by processes of one machine under an advisory lock on the folder (cross-validation folds), and
+under a thread lock (checkpoints commit from a thread).
 
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
@@ -25,6 +26,7 @@ import json
 import logging
 import os
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
@@ -136,11 +138,33 @@ def _update(path: str | Path, change) -> None:
     if home is None:
         return
     rel = _rel(home, path)
-    with _lock:
+    with _lock, _folder_lock(home):
         created = listed(home)
         changed = change(created, rel)
         if changed != created:
             _write(home, changed)
+
+
+@contextmanager
+def _folder_lock(home: Path):
+    """An advisory lock on the claimed folder while its ledger is read and rewritten: processes of one
+    machine that write into one folder (cross-validation folds under torchrun) never lose each other's
+    entries. Where the file system has no such locks (some network mounts), only the thread lock holds."""
+    try:
+        import fcntl
+
+        fd = os.open(home, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def add(path: str | Path) -> None:

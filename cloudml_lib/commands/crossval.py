@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.config import LEGACY_VALIDATION, Config, absent_settings, derive
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
@@ -522,6 +523,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     try:
         if workers.is_main:
             claim(run_dir, CROSSVAL)  # made (or adopted) and marked before any fold writes into it
+            ledger.add(run_dir / "folds")  # the folds' folder is CloudML's, with what the folds write in it
         workers.barrier()
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
