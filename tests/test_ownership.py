@@ -304,19 +304,17 @@ def test_a_run_folder_marked_before_ledgers_lists_only_what_verifies_and_a_damag
     (run / "checkpoints" / "step-00000001" / "weights.bin").write_bytes(b"another tool's")
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out.tfevents.1.other.0.0").write_bytes(b"another tool's curves")
+    final = run / "tensorboard" / "events.out.tfevents.final"  # the end's values: a name only CloudML writes
+    final.write_bytes(b"final values")
     (run / "notes.txt").write_text("mine")
-    want = {
-        "config.yaml",
-        "metrics.jsonl",
-        "run.json",
-        "train.log",
-        "provenance.json",
-        "checkpoints/step-00000008",
-    }
+    want = {"config.yaml", "metrics.jsonl", "run.json", "train.log", "provenance.json"}
+    want |= {"checkpoints/step-00000008", "tensorboard/events.out.tfevents.final"}
     assert ledger.listed(run) == want
     assert not ledger.mine(run / "checkpoints" / "step-00000001") and not ledger.mine(run / "notes.txt")
     assert ledger.mine(run / "checkpoints" / "step-00000008" / "meta.json")  # inside a listed folder
-    assert not ledger.delete(run / "tensorboard") and (run / "tensorboard").is_dir()
+    assert not ledger.delete(run / "tensorboard") and not final.exists()  # CloudML's file goes, theirs stays
+    assert (run / "tensorboard" / "events.out.tfevents.1.other.0.0").read_bytes() == b"another tool's curves"
+    want.discard("tensorboard/events.out.tfevents.final")
     (run / LEDGER).write_text('{"created": "everything"}')
     with caplog.at_level("WARNING", logger="cloudml_lib.base.ledger"):
         assert ledger.listed(run) == want

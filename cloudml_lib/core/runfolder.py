@@ -42,6 +42,7 @@ from cloudml_lib.core.checkpoint import (
     load_checkpoint,
     verify,
 )
+from cloudml_lib.core.events import FINAL_EVENTS
 
 if TYPE_CHECKING:
     from cloudml_lib.core.distributed import Dist
@@ -313,15 +314,17 @@ RUN_FOLDERS = (RunFolder.PLOTS, RunFolder.REJECTED)
 
 def owned_by_run(folder: Path) -> list[str]:
     """What of a run folder claimed before ledgers is the run's own (base/ledger.py): the files and folders
-    it writes by name (RUN_WRITES, RUN_FOLDERS, superseded-*), and each checkpoint whose checksum matches.
-    Its tensorboard/ is not among them: event files prove no owner (another tool writes the same names); a
-    fresh start leaves them, named once."""
+    it writes by name (RUN_WRITES, RUN_FOLDERS, superseded-*), each checkpoint whose checksum matches, and
+    the end's TensorBoard file (events.FINAL_EVENTS). The other event files in tensorboard/ are not among
+    them: they prove no owner (another tool writes the same names); a fresh start leaves them, named once."""
     folder = Path(folder)
     here = [folder / n for n in RUN_WRITES + RUN_FOLDERS]
     names = [p.name for p in here if os.path.lexists(p) and not p.is_symlink()]
     ckpts = checkpoints_dir(folder).name
     names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
     names += [p.name for p in folder.glob(f"{SUPERSEDED}*") if p.is_dir() and not p.is_symlink()]
+    final = RunFolder(folder).tensorboard / FINAL_EVENTS  # a name no other tool writes: the end's values
+    names += [f"{RunFolder.TENSORBOARD}/{FINAL_EVENTS}"] if final.is_file() and not final.is_symlink() else []
     return names
 
 
