@@ -19,7 +19,8 @@ from cloudml_lib.base import ledger
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ledger import LEDGER
 from cloudml_lib.base.ownership import MARKER, check, claim, marker_kind
-from cloudml_lib.core.runfolder import CROSSVAL, RUN, SWEEP
+from cloudml_lib.commands.sweep import SWEEP
+from cloudml_lib.core.runfolder import CROSSVAL, RUN
 
 FIXTURES = REPO / "tests" / "fixtures"
 

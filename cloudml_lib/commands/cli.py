@@ -293,8 +293,8 @@ def _crossval(args) -> int:
 def _sweep(args) -> int:
     from cloudml_lib.base.ownership import check
     from cloudml_lib.base.resources import config_file
-    from cloudml_lib.commands.sweep import sweep
-    from cloudml_lib.core.runfolder import SWEEP, check_run_writes
+    from cloudml_lib.commands.sweep import SWEEP, sweep
+    from cloudml_lib.core.runfolder import check_run_writes
 
     check(Path(args.run_dir), SWEEP)  # new, empty or a sweep's own, before anything is written
     check_run_writes(Path(args.run_dir))

@@ -42,12 +42,13 @@ from cloudml_lib.base.config import (
     derive,
 )
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
+from cloudml_lib.base.files import read_text
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.ownership import Kind, check, claim, is_marked
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
-from cloudml_lib.base.shapes import INT, Damaged, Obj, parse_json
+from cloudml_lib.base.shapes import INT, TEXT, Damaged, Obj, parse_json
 from cloudml_lib.base.yamlfile import read_yaml
 from cloudml_lib.commands.space import (
     LEGACY_OBJECTIVE,
@@ -62,10 +63,41 @@ from cloudml_lib.commands.space import (
 )
 from cloudml_lib.core.checkpoint import write_durable
 from cloudml_lib.core.distributed import Dist, init_distributed
-from cloudml_lib.core.runfolder import CROSSVAL, RUN, SWEEP, flatten_keys, has_run, is_crossval
+from cloudml_lib.core.runfolder import (
+    CROSSVAL,
+    RUN,
+    SWEEP_KIND,
+    adopt_run,
+    flatten_keys,
+    has_run,
+    is_crossval,
+)
 from cloudml_lib.core.runlock import RunLock
 
 log = logging.getLogger(__name__)
+
+
+def adopt_sweep(folder: Path) -> str | None:
+    """An earlier release's sweep: a readable sweep.json beside a journal naming its study, or a trial that is
+    a run."""
+    folder = Path(folder)
+    if RunFiles(folder).sweep() and _journal_names_a_study(folder / "study.journal"):
+        return "its sweep.json reads and its study.journal names the study"
+    trials = sorted((p for p in (folder / "trials").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    trial = next((t for t in trials if adopt_run(t)), None)
+    return f"its trial {trial.name} is a run that verifies" if trial else None
+
+
+def _journal_names_a_study(path: Path) -> bool:
+    try:
+        first = read_text(path, limit=1 << 20, follow=False).split("\n", 1)[0] if path.is_file() else ""
+        parse_json(first, Obj({"study_name": TEXT}, required=("study_name",)))
+        return True
+    except (OSError, Damaged, CloudMLError):
+        return False
+
+
+SWEEP = Kind(SWEEP_KIND, "--run-dir", adopt_sweep, "an existing sweep folder to continue that sweep")
 
 STUDY_NAME = "cloudml-sweep"
 JOURNAL = "study.journal"

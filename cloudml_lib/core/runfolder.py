@@ -1,8 +1,9 @@
-"""A run folder: the names a run writes in it, its kinds (a run, a cross-validation, a sweep) and how an
-earlier release's folder of each kind is proved and adopted (base/ownership.py; base/ledger.py for what of
-it is CloudML's), which command works on which kind, what an interrupted run left behind, metrics.jsonl,
-and a failure's record. Who may write into it is runlock.py's; where a run resumes is resume.py's; where it
-stands, status.py's; its log (train.log), logs.py's.
+"""A run folder: the names a run writes in it (base/layout.py), its kinds (a run, a cross-validation) and how
+an earlier release's folder of each kind is proved and adopted (base/ownership.py; base/ledger.py for what of
+it is CloudML's; a sweep's Kind, with its journal's format, is commands/sweep.py's), which command works on
+which kind, what an interrupted run left behind, metrics.jsonl, and a failure's record. Who may write into
+it is runlock.py's; where a run resumes is resume.py's; where it stands, status.py's; its log (train.log),
+logs.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudml_lib.base.errors import CloudMLError, shown
-from cloudml_lib.base.files import read_text, what_is
+from cloudml_lib.base.files import what_is
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import (
@@ -30,7 +31,6 @@ from cloudml_lib.base.outputs import (
 )
 from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.base.shapes import TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.checkpoint import (
     BEST_KEYS,
     STAGING,
@@ -161,7 +161,7 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
     (`evaluate` too where it writes: science/evaluate.py)."""
     run_dir = Path(run_dir)
     marked = marker_kind(run_dir) if run_dir.is_dir() else None
-    if (run_dir / "sweep.json").is_file() or marked == SWEEP.name:
+    if (run_dir / "sweep.json").is_file() or marked == SWEEP_KIND:
         trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
         raise CloudMLError(
             f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
@@ -285,26 +285,6 @@ def adopt_crossval(folder: Path) -> str | None:
     return f"its fold {fold.parent.name} is a run that verifies" if fold else None
 
 
-def adopt_sweep(folder: Path) -> str | None:
-    """An earlier release's sweep: a readable sweep.json beside a journal naming its study, or a trial that is
-    a run."""
-    folder = Path(folder)
-    if RunFiles(folder).sweep() and _journal_names_a_study(folder / "study.journal"):
-        return "its sweep.json reads and its study.journal names the study"
-    trials = sorted((p for p in (folder / "trials").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
-    trial = next((t for t in trials if adopt_run(t)), None)
-    return f"its trial {trial.name} is a run that verifies" if trial else None
-
-
-def _journal_names_a_study(path: Path) -> bool:
-    try:
-        first = read_text(path, limit=1 << 20, follow=False).split("\n", 1)[0] if path.is_file() else ""
-        parse_json(first, Obj({"study_name": TEXT}, required=("study_name",)))
-        return True
-    except (OSError, Damaged, CloudMLError):
-        return False
-
-
 SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a resume was told to start from
 
 
@@ -336,4 +316,4 @@ CROSSVAL = Kind(
 )
 
 
-SWEEP = Kind("sweep", "--run-dir", adopt_sweep, "an existing sweep folder to continue that sweep")
+SWEEP_KIND = "sweep"  # the sweep's folder kind (its Kind, with the journal's format, is commands/sweep.py's)
