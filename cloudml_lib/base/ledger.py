@@ -65,8 +65,7 @@ def _rel(home: Path, path: str | Path) -> str:
 
 
 def _read(home: Path) -> set[str] | None:
-    """The listed paths; None where the folder has no ledger yet, a damaged one (named once), or one written
-    for another folder."""
+    """The listed paths; None where the folder has no ledger yet, or a damaged one (named once)."""
     path = home / LEDGER
     if not os.path.lexists(path):
         return None
@@ -78,8 +77,6 @@ def _read(home: Path) -> set[str] | None:
             f"{path} is damaged ({e}); it is made again from what in {home} verifies as CloudML's",
         )
         return None
-    if doc.get("folder") not in (None, where(home)):
-        return None  # copied or moved with its folder: it proves nothing here (as a marker: ownership.py)
     return set(doc["created"])
 
 
