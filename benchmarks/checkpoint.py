@@ -40,8 +40,8 @@ def demo_config(*overrides: str):
 
 
 def stall_per_save(n: int = 10) -> dict:
-    from cloudml_lib.core.checkpoint import find_checkpoints
-    from cloudml_lib.core.model import count_parameters
+    from cloudml_lib.core.network.model import count_parameters
+    from cloudml_lib.core.run.checkpoint import find_checkpoints
     from cloudml_lib.train import Trainer
 
     run = SCRATCH / "stall"

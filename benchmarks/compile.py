@@ -5,7 +5,7 @@
 
 For each model, with and without gradient checkpointing, two ways of compiling the same training
 step (forward, backward, AdamW step, on one fixed batch), each against eager:
-  region   what CloudML does (cloudml_lib/core/compile.py): the frame encoder compiled in place, the
+  region   what CloudML does (cloudml_lib/core/network/compile.py): the frame encoder compiled in place, the
            checkpoint around it in eager mode;
   whole    torch.compile of the whole model, the checkpoint traced inside it (the alternative).
 Each variant runs in its own process with an empty inductor cache, so its first compiled step pays
@@ -54,8 +54,8 @@ def one(model_name: str, variant: str, ckpt: bool, mode: str, device_name: str, 
     import torch
 
     from cloudml_lib.base.config import load_config
-    from cloudml_lib.core.compile import CompileReport, CompileWatch, apply_compile
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.compile import CompileReport, CompileWatch, apply_compile
+    from cloudml_lib.core.network.model import build_model
     from cloudml_lib.train import batch_loss
 
     torch.manual_seed(0)

@@ -114,15 +114,15 @@ def stand_for_t4(cap_gib: float = T4_GIB) -> dict:
     only). Returns what was set, for the results."""
     import torch
 
-    import cloudml_lib.core.device
+    import cloudml_lib.core.machine.device
     import cloudml_lib.science.evaluate
     import cloudml_lib.train.build
-    from cloudml_lib.core.device import Precision
+    from cloudml_lib.core.machine.device import Precision
 
     def fp16(device):
         return Precision(torch.float16, True) if device.type == "cuda" else Precision(None, False)
 
-    for module in (cloudml_lib.core.device, cloudml_lib.train.build, cloudml_lib.science.evaluate):
+    for module in (cloudml_lib.core.machine.device, cloudml_lib.train.build, cloudml_lib.science.evaluate):
         module.choose_precision = fp16
     if not torch.cuda.is_available():
         return {"precision": "fp32 (CPU)", "memory_cap_gib": None}
@@ -165,9 +165,9 @@ def build(cfg, device, compile_: bool | None = None):
     """The preset's model (its checkpointing, its compile unless `compile_` says), AdamW, autocast, scaler."""
     import torch
 
-    from cloudml_lib.core.compile import apply_compile
-    from cloudml_lib.core.device import choose_precision
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.machine.device import choose_precision
+    from cloudml_lib.core.network.compile import apply_compile
+    from cloudml_lib.core.network.model import build_model
 
     model = build_model(cfg).to(device)
     model.set_grad_checkpointing(cfg.model.gradient_checkpointing)
@@ -209,7 +209,7 @@ def synthetic_batch(b: int, t: int, frame, device, seed: int = 0, scalars: int =
 
 def n_scalars(model) -> int:
     """The scalar inputs a model takes (the compiled or plain module's FiLM input)."""
-    from cloudml_lib.core.checkpoint import unwrap_model
+    from cloudml_lib.core.network.compile import unwrap_model
 
     return unwrap_model(model).film[0].in_features
 
@@ -280,7 +280,7 @@ def release() -> None:
 def against_estimate(cfg, size: Size, measured: dict) -> dict:
     """The estimate of this preset's step (fp16 on a GPU), its ratios to the measurement, and the measured
     speed as a fraction of the GPU's peak FLOP rate."""
-    from cloudml_lib.core.estimate import OVERHEAD_BYTES, SLACK, StepShape, estimate
+    from cloudml_lib.core.machine.estimate import OVERHEAD_BYTES, SLACK, StepShape, estimate
 
     e = estimate(StepShape.of(cfg, None if size.smoke else "float16", frame=size.frame))
     if e is None:
@@ -431,17 +431,17 @@ def item_compile(size: Size, put) -> None:
 def precision_run(amp: bool, size: Size, steps: int, deadline: float) -> dict:
     import torch
 
-    import cloudml_lib.core.device
-    from cloudml_lib.core.device import Precision
+    import cloudml_lib.core.machine.device
+    from cloudml_lib.core.machine.device import Precision
 
     cfg = config("C", size)
     device = torch.device(size.device)
-    keep = cloudml_lib.core.device.choose_precision
+    keep = cloudml_lib.core.machine.device.choose_precision
     if not amp:
-        cloudml_lib.core.device.choose_precision = lambda d: Precision(None, False)
+        cloudml_lib.core.machine.device.choose_precision = lambda d: Precision(None, False)
     torch.manual_seed(0)
     model, opt, autocast, scaler, _ = build(cfg, device, compile_=False)
-    cloudml_lib.core.device.choose_precision = keep
+    cloudml_lib.core.machine.device.choose_precision = keep
     b, t = cfg.train.batch_size, cfg.data.temporal_frames
     batches = [synthetic_batch(b, t, size.frame, device, seed=s, scalars=n_scalars(model)) for s in range(4)]
     losses, skipped, t0 = [], 0, time.perf_counter()
@@ -524,7 +524,7 @@ def probe_choice(name: str, size: Size) -> dict:
     """What the trainer's `train.batch_size: auto` chooses (memory.measure_batch_size on the eager model)."""
     import torch
 
-    from cloudml_lib.core.memory import probe_batch_size
+    from cloudml_lib.core.machine.memory import probe_batch_size
 
     cfg = config(name, size)
     device = torch.device(size.device)
@@ -625,7 +625,7 @@ def cli_run(size: Size, run: str, kill_at: str | None) -> subprocess.CompletedPr
 
 
 def final_state(run: str) -> dict:
-    from cloudml_lib.core.checkpoint import find_checkpoints, load_checkpoint
+    from cloudml_lib.core.run.checkpoint import find_checkpoints, load_checkpoint
 
     return load_checkpoint(find_checkpoints(SCRATCH / run)[0] / "state.pt")  # newest first: the final one
 

@@ -120,9 +120,9 @@ def child(
 
     from cloudml_lib.base.config import load_config
     from cloudml_lib.base.resources import config_file
-    from cloudml_lib.core.device import choose_precision
-    from cloudml_lib.core.inference import prepare_model
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.machine.device import choose_precision
+    from cloudml_lib.core.network.inference import prepare_model
+    from cloudml_lib.core.network.model import build_model
     from cloudml_lib.data.dataset import Scalers
     from cloudml_lib.data.preprocess import SKIMAGE, FramePool, resolve_workers
     from cloudml_lib.science.predict import FlightPredictor, flights_to_predict, predict_flight

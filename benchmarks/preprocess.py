@@ -131,7 +131,7 @@ def measure_predict(frames: int, workers, device: str) -> dict:
     """predict_flight over the first `frames` frames of a flight (the rest of predict writes files)."""
     import torch
 
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.model import build_model
     from cloudml_lib.data.dataset import Scalers
     from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_workers
     from cloudml_lib.science import predict as pr
@@ -171,7 +171,7 @@ def measure_model(device: str) -> dict:
     """The network alone on random real-size windows: the rate predict cannot exceed."""
     import torch
 
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.model import build_model
 
     cfg = config(SPEED_FRAMES, 0, demo_model=device == "cpu")
     model = build_model(cfg).to(device).eval()

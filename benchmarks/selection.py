@@ -45,9 +45,9 @@ KEEP_EVERY_EPOCH = [
 
 def scores(model, cfg, dataset, indices=None) -> dict:
     """The model's loss (the training objective) and metrics in km on `dataset`'s samples with a height."""
-    from cloudml_lib.core.device import choose_device
-    from cloudml_lib.core.inference import predict
-    from cloudml_lib.core.metrics import Scored, regression_metrics
+    from cloudml_lib.core.machine.device import choose_device
+    from cloudml_lib.core.network.inference import predict
+    from cloudml_lib.core.network.metrics import Scored, regression_metrics
     from cloudml_lib.train.loss import validation_loss
 
     has = dataset.has_height()
@@ -75,8 +75,8 @@ def coverage(cal_pred, cal_true, pred, true, coverage: float = 0.9) -> float | N
 def one_seed(seed: int) -> dict:
     from cloudml_lib.base.config import config_from_dict, load_config
     from cloudml_lib.commands.runs import train_run
-    from cloudml_lib.core.checkpoint import Key, load_checkpoint
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.model import build_model
+    from cloudml_lib.core.run.checkpoint import Key, load_checkpoint
     from cloudml_lib.data.dataset import Scalers, quick_subset
     from cloudml_lib.science.evaluate import load_end_data
 

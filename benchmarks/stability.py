@@ -39,8 +39,8 @@ LAST = 4
 def one_run(setting: str, seed: int) -> dict:
     from cloudml_lib.base.config import config_from_dict, load_config
     from cloudml_lib.commands.runs import train_run
-    from cloudml_lib.core.checkpoint import Key, load_checkpoint
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.model import build_model
+    from cloudml_lib.core.run.checkpoint import Key, load_checkpoint
     from cloudml_lib.data.dataset import Scalers
     from cloudml_lib.science.evaluate import load_end_data
 

@@ -111,7 +111,7 @@ def run_bare(cfg) -> float:
     import torch
     from torch.utils.data import DataLoader
 
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.model import build_model
     from cloudml_lib.data.dataset import EpochBatchSampler
     from cloudml_lib.train import seed_everything
 
@@ -167,7 +167,7 @@ def run_lightning(cfg, run_dir: Path, every_steps: int = 100, kill_step: int = 0
     import torch
     from torch.utils.data import DataLoader
 
-    from cloudml_lib.core.model import build_model
+    from cloudml_lib.core.network.model import build_model
     from cloudml_lib.data.dataset import EpochBatchSampler
     from cloudml_lib.train import batch_loss, seed_everything
 

@@ -50,7 +50,7 @@ BROWSER_ARGS = [
 ]
 RED, AMBER = "rgb(185, 28, 28)", "rgb(180, 83, 9)"  # live.py's #b91c1c (Problem:) and #b45309 (Warning:)
 # Put first on the kernel's PYTHONPATH for the full-disk scenario: every checkpoint write of every process
-# meets a full disk (as tests/test_notices.py does), patched when cloudml_lib.core.checkpoint is imported.
+# meets a full disk (as tests/test_notices.py does), patched when cloudml_lib.core.run.checkpoint is imported.
 DISK_FULL_HOOK = """
 import errno, importlib.abc, importlib.machinery, sys
 
@@ -61,7 +61,7 @@ def _full(src, dst):
 
 class _Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "cloudml_lib.core.checkpoint":
+        if name != "cloudml_lib.core.run.checkpoint":
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         run = spec.loader.exec_module

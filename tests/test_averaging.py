@@ -10,8 +10,8 @@ import torch
 from conftest import fit_and_finish
 
 from cloudml_lib.base.config import build_config, config_from_dict
-from cloudml_lib.core.checkpoint import Key, load_checkpoint
-from cloudml_lib.core.model import MultimodalRegressionModel
+from cloudml_lib.core.network.model import MultimodalRegressionModel
+from cloudml_lib.core.run.checkpoint import Key, load_checkpoint
 from cloudml_lib.train.averaging import WeightAverage, resolve_decay
 
 

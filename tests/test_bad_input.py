@@ -16,7 +16,7 @@ import torch
 import yaml
 from conftest import REPO, run_cli, tiny_raw
 
-from cloudml_lib.core.checkpoint import META, find_checkpoints, read_meta
+from cloudml_lib.core.run.checkpoint import META, find_checkpoints, read_meta
 
 
 def refused(r, *words):
@@ -332,7 +332,7 @@ def test_predict_refuses_two_nav_files_or_two_copies_of_a_flight(finished, data,
 
 
 def test_status_checks_meta_json_against_the_verified_state(run_copy):
-    from cloudml_lib.core.status import format_status, run_status
+    from cloudml_lib.core.run.status import format_status, run_status
 
     _, run = run_copy
     real = run_status(run)
@@ -414,7 +414,7 @@ def test_a_disk_error_without_a_file_name_names_the_places(tmp_path):
 
 def test_best_pt_on_a_full_disk_is_a_named_disk_error_not_a_torch_traceback(tmp_path, monkeypatch):
     from cloudml_lib.base.errors import explain_os_error
-    from cloudml_lib.core import checkpoint
+    from cloudml_lib.core.run import checkpoint
 
     def full(obj, f):  # what torch raises when the disk fills mid-write
         f.write(b"x" * 100)
@@ -459,8 +459,8 @@ def test_evaluate_on_a_full_disk_keeps_the_previous_predictions(run_copy, monkey
 
 
 def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_copy, monkeypatch):
-    from cloudml_lib.core import checkpoint
-    from cloudml_lib.core.status import run_status
+    from cloudml_lib.core.run import checkpoint
+    from cloudml_lib.core.run.status import run_status
 
     _, run = run_copy
     newest = find_checkpoints(run)[0]
@@ -523,7 +523,7 @@ def test_a_damaged_best_model_is_named(run_copy):
 
 def test_a_fresh_unreadable_lock_is_explained(tmp_path):
     from cloudml_lib.base.errors import CloudMLError
-    from cloudml_lib.core.runlock import RunLock
+    from cloudml_lib.core.run.runlock import RunLock
 
     (tmp_path / ".lock").write_text("{not json")
     with pytest.raises(

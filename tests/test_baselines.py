@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY_SHAPE
 
 from cloudml_lib.base.config import build_config
-from cloudml_lib.core.metrics import regression_metrics
+from cloudml_lib.core.network.metrics import regression_metrics
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, fit_scalers
 from cloudml_lib.data.synthetic import make_demo_flights

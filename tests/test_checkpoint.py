@@ -7,8 +7,8 @@ import numpy as np
 import torch
 from conftest import fit_and_finish
 
-from cloudml_lib.core import checkpoint as ck
-from cloudml_lib.core.runfolder import clean_leftovers
+from cloudml_lib.core.run import checkpoint as ck
+from cloudml_lib.core.run.runfolder import clean_leftovers
 from cloudml_lib.train import Trainer
 from cloudml_lib.train.state import capture_rng, restore_rng
 
@@ -242,7 +242,7 @@ def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeyp
     (run / f".best.pt.tmp-{os.getpid()}").write_bytes(b"mine")  # a live process's: kept
     (run / "checkpoints" / f".step-00000004.tmp-{dead.pid}").mkdir()
     from cloudml_lib.base.ownership import write_marker
-    from cloudml_lib.core.checkpoint import STAGING
+    from cloudml_lib.core.run.checkpoint import STAGING
 
     (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc").mkdir()
     write_marker(tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc", STAGING)  # staged by CloudML

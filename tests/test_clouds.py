@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from cloudml_lib.core.metrics import cloud_metrics
-from cloudml_lib.core.model import MultimodalRegressionModel, Outputs
+from cloudml_lib.core.network.metrics import cloud_metrics
+from cloudml_lib.core.network.model import MultimodalRegressionModel, Outputs
 from cloudml_lib.data import cpl
 from cloudml_lib.science import intervals
 from cloudml_lib.science.clouds import cloud_report, fit_threshold
@@ -289,8 +289,8 @@ def test_the_cloud_flag_marks_a_cloud_base_in_the_heights_range_and_names_the_ot
 
 
 def test_the_probe_learns_the_cloud_classes_and_answers_the_flags_probability():
-    from cloudml_lib.core.metrics import cloud_class, softmax
-    from cloudml_lib.core.model import in_range_logit
+    from cloudml_lib.core.network.metrics import cloud_class, softmax
+    from cloudml_lib.core.network.model import in_range_logit
     from cloudml_lib.science.clouds import fit_probe
 
     rng = np.random.default_rng(0)

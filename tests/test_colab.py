@@ -360,7 +360,7 @@ def test_evaluation_rows_say_whose_numbers_they_are():
 
 
 def test_a_finished_run_status_shows_no_batch_position():
-    from cloudml_lib.core.status import format_status
+    from cloudml_lib.core.run.status import format_status
 
     s = {
         "run_dir": "runs/demo",
@@ -408,7 +408,7 @@ def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
 
 def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, monkeypatch):
     from cloudml_lib.colab import show
-    from cloudml_lib.core.compile import plan
+    from cloudml_lib.core.network.compile import plan
 
     cpu = torch.device("cpu")
     show.show_presets()

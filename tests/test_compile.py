@@ -31,9 +31,9 @@ from conftest import REPO, run_cli
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import ConfigError
-from cloudml_lib.core.compile import apply_compile, cpu_ratio, describe_saved, plan
-from cloudml_lib.core.model import MultimodalRegressionModel
-from cloudml_lib.core.status import format_status, run_status
+from cloudml_lib.core.network.compile import apply_compile, cpu_ratio, describe_saved, plan
+from cloudml_lib.core.network.model import MultimodalRegressionModel
+from cloudml_lib.core.run.status import format_status, run_status
 from cloudml_lib.science.report import build_report_md
 from cloudml_lib.train import Trainer
 
@@ -229,7 +229,7 @@ def best_weights(run: Path) -> dict:
 
 
 def last_weights(run: Path) -> dict:
-    from cloudml_lib.core.checkpoint import find_checkpoints, load_state
+    from cloudml_lib.core.run.checkpoint import find_checkpoints, load_state
 
     return load_state(find_checkpoints(run)[0] / "state.pt")["model"]
 

@@ -151,7 +151,7 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
     import json
 
     from cloudml_lib.commands.crossval import fold_config
-    from cloudml_lib.core.memory import CPU_AUTO_BATCH
+    from cloudml_lib.core.machine.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
 
     raw = copy.deepcopy(tiny_raw_config)
@@ -183,7 +183,7 @@ def test_the_loaded_config_is_never_changed_and_the_run_records_its_plan(tiny_ra
 
 def test_each_setting_says_whether_a_resumed_run_may_change_it():
     from cloudml_lib.base.config import NEW, SAME, resume_rules
-    from cloudml_lib.core.resume import compare_configs
+    from cloudml_lib.core.run.resume import compare_configs
 
     rules = resume_rules()
     assert (

@@ -10,7 +10,7 @@ from conftest import run_cli, tiny_raw
 
 from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.commands.crossval import fold_warnings
-from cloudml_lib.core.checkpoint import load_checkpoint
+from cloudml_lib.core.run.checkpoint import load_checkpoint
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import fit_scalers
 from cloudml_lib.data.splits import choose_split

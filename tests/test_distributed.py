@@ -13,7 +13,7 @@ import torch
 import yaml
 from conftest import REPO, run_cli, tiny_raw
 
-from cloudml_lib.core.checkpoint import STATE, find_checkpoints, read_meta
+from cloudml_lib.core.run.checkpoint import STATE, find_checkpoints, read_meta
 
 # Its gradient is zero in exact arithmetic (the softmax over frames ignores a shift shared by all
 # frames), so Adam turns rounding noise into steps of about the learning rate in any two runs that

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cloudml_lib.commands import cli, presets
-from cloudml_lib.core import estimate
-from cloudml_lib.core.estimate import StepShape, count_flops, measure
-from cloudml_lib.core.memory import GIB, MARGIN
+from cloudml_lib.core.machine import estimate
+from cloudml_lib.core.machine.estimate import StepShape, count_flops, measure
+from cloudml_lib.core.machine.memory import GIB, MARGIN
 
 REPO = Path(__file__).resolve().parents[1]
 FULL, NARROW = (64, 128, 256), (32, 64, 128)
@@ -26,7 +26,7 @@ REAL = dict(frames=5, rows=440, cols=640)
 RSS_SCRIPT = """
 import json, sys
 import torch
-from cloudml_lib.core.estimate import StepShape, model_of, train_steps
+from cloudml_lib.core.machine.estimate import StepShape, model_of, train_steps
 
 def status(key):
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
@@ -139,7 +139,7 @@ def test_without_an_estimate_the_reported_figures_are_used_and_labelled(monkeypa
     monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)  # a CLI test may have cut it
     presets.preset_memory.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="cloudml_lib.core.estimate"):
+        with caplog.at_level(logging.WARNING, logger="cloudml_lib.core.machine.estimate"):
             rows = presets.memory_rows(None)
         assert "memory estimate unavailable" in caplog.text and "fake tensors unsupported" in caplog.text
         assert [r[3] for r in rows] == ["unavailable"] * 3

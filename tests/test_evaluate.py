@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import fit_and_finish
 
-from cloudml_lib.core.metrics import regression_metrics
+from cloudml_lib.core.network.metrics import regression_metrics
 from cloudml_lib.science.evaluate import evaluate_run
 
 

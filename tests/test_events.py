@@ -1,4 +1,4 @@
-"""TensorBoard events (core/events.py): what a run writes, the purge marker a resume starts with,
+"""TensorBoard events (core/run/events.py): what a run writes, the purge marker a resume starts with,
 and a run without the tensorboard package. Kills and resumes: test_resume.py compares the curves of
 every killed-and-resumed run with the uninterrupted one."""
 
@@ -9,7 +9,7 @@ import pytest
 from test_resume import tensorboard_scalars
 
 from cloudml_lib.commands.runs import train_run
-from cloudml_lib.core import events as events_module
+from cloudml_lib.core.run import events as events_module
 
 pytest.importorskip("tensorboard")
 
@@ -88,7 +88,7 @@ def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
     A folder of another project's tensorboard/ is refused outright (tests/test_ownership.py)."""
     from cloudml_lib.base import ledger
     from cloudml_lib.base.ownership import write_marker
-    from cloudml_lib.core.runfolder import RUN
+    from cloudml_lib.core.run.runfolder import RUN
 
     stale = tmp_path / "run" / "tensorboard" / "events.out.tfevents.1.host.1.0"
     stale.parent.mkdir(parents=True)

@@ -18,7 +18,7 @@ import yaml
 from conftest import fit_and_finish, run_cli, tiny_raw
 
 from cloudml_lib.base import ledger
-from cloudml_lib.core.checkpoint import (
+from cloudml_lib.core.run.checkpoint import (
     COMMITTED,
     META,
     STATE,
@@ -224,7 +224,7 @@ def test_sigterm_during_set_up_stops_cleanly(cfg_file, tmp_path):
 
 def test_repeated_failed_saves_stop_the_run(tiny_config, tmp_path, monkeypatch):
     from cloudml_lib.base.errors import CloudMLError
-    from cloudml_lib.core import checkpoint
+    from cloudml_lib.core.run import checkpoint
     from cloudml_lib.train import Trainer
 
     def read_only(*a, **k):
@@ -241,7 +241,7 @@ def test_a_full_disk_anywhere_is_exit_2_with_advice(tiny_raw_config, tmp_path, m
 
     from cloudml_lib.base.errors import explain_os_error
     from cloudml_lib.commands import cli
-    from cloudml_lib.core.runfolder import MetricsFile
+    from cloudml_lib.core.run.runfolder import MetricsFile
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))

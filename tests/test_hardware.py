@@ -6,7 +6,7 @@ from conftest import run_cli
 
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.commands import presets
-from cloudml_lib.core import device, memory
+from cloudml_lib.core.machine import device, memory
 
 GIB = presets.GIB
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -140,7 +140,7 @@ def test_probe_on_a_real_gpu(tiny_config, tmp_path):
 
 
 def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
-    from cloudml_lib.core.memory import CPU_AUTO_BATCH
+    from cloudml_lib.core.machine.memory import CPU_AUTO_BATCH
     from cloudml_lib.train import Trainer
 
     tiny_config.train.batch_size = "auto"

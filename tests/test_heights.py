@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from cloudml_lib.base.config import absent_settings, build_config, config_from_dict, derive, height_bounds_km
-from cloudml_lib.core.checkpoint import Key, load_checkpoint, save_atomic
-from cloudml_lib.core.model import build_model
+from cloudml_lib.core.network.model import build_model
+from cloudml_lib.core.run.checkpoint import Key, load_checkpoint, save_atomic
 from cloudml_lib.data.dataset import Scalers, n_scalar_inputs
 from cloudml_lib.science import predict as pr
 from cloudml_lib.science.report import shortcomings, verdict
@@ -44,7 +44,7 @@ def as_old_run_predicting_below_the_surface(run_dir: Path, shift: float = -50.0)
 
 
 def test_new_runs_get_the_bounded_head_and_older_runs_keep_theirs():
-    from cloudml_lib.core.resume import compare_configs, resumed_config
+    from cloudml_lib.core.run.resume import compare_configs, resumed_config
 
     new = build_config({"data": {"demo": True}})
     assert new.model.height_head == "bounded"

@@ -18,8 +18,8 @@ from conftest import tiny_raw
 
 from benchmarks.predict import predict_per_window
 from cloudml_lib.base.config import build_config
-from cloudml_lib.core import inference
-from cloudml_lib.core.model import MultimodalRegressionModel
+from cloudml_lib.core.network import inference
+from cloudml_lib.core.network.model import MultimodalRegressionModel
 from cloudml_lib.data.dataset import CloudDataset, Scalers, n_scalar_inputs, prepare_data
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.preprocess import SKIMAGE, FramePool
@@ -172,7 +172,7 @@ def test_a_compiled_encoder_meets_one_batch_shape(tiny_flights, tmp_path):
     number of samples compiles one graph for evaluation (no recompile per subset size)."""
     if shutil.which("g++") is None and shutil.which("clang++") is None:
         pytest.skip("torch.compile on the CPU needs a C++ compiler")
-    from cloudml_lib.core.compile import apply_compile
+    from cloudml_lib.core.network.compile import apply_compile
 
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))

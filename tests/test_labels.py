@@ -188,7 +188,7 @@ def test_the_label_definition_is_part_of_the_cache_key(flights):
 
 
 def test_a_changed_label_definition_is_refused_on_resume(flights):
-    from cloudml_lib.core.resume import compare_configs
+    from cloudml_lib.core.run.resume import compare_configs
 
     root, entries, data = flights
     raw = tiny_raw(root, entries, root / "cache")

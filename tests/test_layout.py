@@ -66,6 +66,21 @@ def test_the_folders_are_the_layers():
         assert "may import" in doc.lower(), folder
 
 
+def test_cores_packages_are_its_layers():
+    """core's packages are the layers of its own contract (the run folder over the machine over the network),
+    each saying what it holds and what it may import; core itself holds no module but its docstring."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (inside,) = [c for c in contracts if c.get("containers") == ["cloudml_lib.core"]]
+    folders = sorted(p.parent.name for p in (PACKAGE / "core").glob("*/__init__.py"))
+    assert sorted(inside["layers"]) == folders
+    assert sorted(p.name for p in (PACKAGE / "core").glob("*.py")) == ["__init__.py"]
+    for folder in folders:
+        doc = ast.get_docstring(ast.parse((PACKAGE / "core" / folder / "__init__.py").read_text()))
+        assert "may import" in doc.lower(), folder
+
+
 def layer_names() -> list[str]:
     """The layers of pyproject.toml's first contract, top to bottom; independent siblings ("science | train")
     each in turn."""
@@ -75,9 +90,21 @@ def layer_names() -> list[str]:
     return [name.strip() for layer in layers["layers"] for name in layer.split("|")]
 
 
+def inner_order(init: Path) -> tuple:
+    """A layer's own packages bottom-up, as their contract lists them top-down (network, machine, run)."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    container = f"cloudml_lib.{init.parent.parent.name}"
+    for contract in contracts:
+        if contract.get("containers") == [container]:
+            return (-contract["layers"].index(init.parent.name), "")
+    return (0, init.parent.name)
+
+
 def layout_text() -> str:
-    """README's Layout block, drawn from the layers (pyproject.toml, top to bottom) and each layer package's
-    docstring."""
+    """README's Layout block, drawn from the layers (pyproject.toml, top to bottom), each layer package's
+    docstring and those of its own packages (core's)."""
     layers = layer_names()
     out = [
         "cloudml_lib/    __main__.py: python -m cloudml_lib; the layers, each importing only those below it:"
@@ -86,6 +113,10 @@ def layout_text() -> str:
         doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
         out.append(f"  {layer}/")
         out += [f"    {line}" if line else "" for line in doc.splitlines()]
+        for sub in sorted((PACKAGE / layer).glob("*/__init__.py"), key=inner_order):
+            out += ["", f"    {sub.parent.name}/"]
+            doc = ast.get_docstring(ast.parse(sub.read_text()))
+            out += [f"      {line}" if line else "" for line in doc.splitlines()]
     return "\n".join(line.rstrip() for line in out)
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from cloudml_lib.base.config import build_config
-from cloudml_lib.core import model as model_mod
-from cloudml_lib.core.checkpoint import to_cpu, unwrap_model
-from cloudml_lib.core.model import MultimodalRegressionModel, build_model, count_parameters
+from cloudml_lib.core.network import model as model_mod
+from cloudml_lib.core.network.compile import unwrap_model
+from cloudml_lib.core.network.model import MultimodalRegressionModel, build_model, count_parameters
+from cloudml_lib.core.run.checkpoint import to_cpu
 
 
 def batch(b=4, t=3, h=32, w=40, seed=0):

@@ -107,7 +107,7 @@ def test_warnings_are_amber_and_problems_red_and_say_problem():
 
 DISK_FULL_DRIVER = """
 import errno, sys
-from cloudml_lib.core import checkpoint
+from cloudml_lib.core.run import checkpoint
 
 def full(src, dst):
     raise OSError(errno.ENOSPC, "No space left on device", str(dst))
@@ -147,7 +147,7 @@ def test_a_full_disk_is_a_red_problem_and_never_a_saved_checkpoint(tiny_flights,
 
 
 def test_a_first_failed_save_names_no_previous_checkpoint_and_a_later_one_names_its_step(tmp_path):
-    from cloudml_lib.core.checkpoint import COMMITTED, previous_checkpoint_words
+    from cloudml_lib.core.run.checkpoint import COMMITTED, previous_checkpoint_words
 
     assert previous_checkpoint_words(tmp_path).startswith("no checkpoint of this run has been written yet")
     (tmp_path / "checkpoints" / "step-00000006").mkdir(parents=True)  # not committed: does not count
@@ -162,7 +162,7 @@ def test_a_first_failed_save_names_no_previous_checkpoint_and_a_later_one_names_
 
 def test_a_failure_the_command_reports_is_in_train_log_too(tiny_raw_config, tmp_path, monkeypatch, capsys):
     from cloudml_lib.commands import cli
-    from cloudml_lib.core.runfolder import MetricsFile
+    from cloudml_lib.core.run.runfolder import MetricsFile
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
@@ -346,7 +346,7 @@ def test_the_curves_keep_markers_inside_the_legend_off_the_lines_and_r2_readable
 def test_tensorboard_opens_on_the_loss_curves(monkeypatch):
     pytest.importorskip("IPython")
     from cloudml_lib.colab import show
-    from cloudml_lib.core import device
+    from cloudml_lib.core.machine import device
 
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
     monkeypatch.setattr(device, "is_colab", lambda: False)

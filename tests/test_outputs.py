@@ -6,8 +6,8 @@ import torch
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import append_text, write_text
-from cloudml_lib.core.checkpoint import save_atomic
-from cloudml_lib.core.runfolder import truncate_metrics
+from cloudml_lib.core.run.checkpoint import save_atomic
+from cloudml_lib.core.run.runfolder import truncate_metrics
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ledger import LEDGER
 from cloudml_lib.base.ownership import MARKER, check, claim, marker_kind
 from cloudml_lib.commands.sweep import SWEEP
-from cloudml_lib.core.runfolder import CROSSVAL, RUN
+from cloudml_lib.core.run.runfolder import CROSSVAL, RUN
 
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -250,7 +250,7 @@ def test_status_calls_another_tools_checkpoints_no_cloudml_run(tmp_path, capsys)
     """`status` called any folder holding a checkpoints/ folder "stopped (resumable)"; `compare` and the
     picker read the same state."""
     from cloudml_lib.commands.cli import main
-    from cloudml_lib.core.status import run_state
+    from cloudml_lib.core.run.status import run_state
 
     theirs = foreign(tmp_path, "run")
     before = snapshot(theirs)

@@ -16,7 +16,7 @@ from cloudml_lib import (
 from cloudml_lib.colab import drive, live, training
 from cloudml_lib.colab import picker as picker_mod
 from cloudml_lib.commands import presets
-from cloudml_lib.core.status import is_finished
+from cloudml_lib.core.run.status import is_finished
 from cloudml_lib.data.synthetic import make_demo_flights
 
 # A preset small enough to train in seconds on the tests' flights (40 x 48 frames); its flights are found in

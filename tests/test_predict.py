@@ -213,7 +213,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(tiny_run):
     import json
 
     from cloudml_lib.base.config import config_from_dict
-    from cloudml_lib.core.checkpoint import check_folder, find_checkpoints, load_checkpoint
+    from cloudml_lib.core.run.checkpoint import check_folder, find_checkpoints, load_checkpoint
     from cloudml_lib.data import cpl
 
     run_dir, data, entries = tiny_run

@@ -204,7 +204,7 @@ def test_the_kornia_backend_is_close_to_scikit_image_keyed_apart_and_recorded(ti
     assert 0 < diff.mean() < 0.25 and diff.max() < 3.0  # z-scored units: close, not equal
     np.testing.assert_allclose(b.mean(axis=(1, 2)), 0, atol=2e-3)
     np.testing.assert_allclose(b.std(axis=(1, 2)), 1, atol=2e-3)
-    from cloudml_lib.core.provenance import run_provenance, trained_backend
+    from cloudml_lib.core.run.provenance import run_provenance, trained_backend
 
     assert trained_backend(run_provenance([ko], tiny_config.data)) == "kornia"
     assert trained_backend({"inputs": {}}) == "skimage" and trained_backend(None) is None

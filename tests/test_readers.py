@@ -27,8 +27,8 @@ from cloudml_lib.base.config import load_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.ownership import MARKER, marker_kind
 from cloudml_lib.commands.sweep import adopt_sweep, journal_problem
-from cloudml_lib.core.checkpoint import COMMITTED, META, verify
-from cloudml_lib.core.runlock import read_lock
+from cloudml_lib.core.run.checkpoint import COMMITTED, META, verify
+from cloudml_lib.core.run.runlock import read_lock
 from cloudml_lib.data.cache import _try_open
 from cloudml_lib.data.hashing import read_memo
 from cloudml_lib.science.predict import _calibration

@@ -7,7 +7,7 @@ import torch
 from conftest import fit_and_finish
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.core.checkpoint import find_checkpoints, load_state
+from cloudml_lib.core.run.checkpoint import find_checkpoints, load_state
 from cloudml_lib.train import Trainer
 
 

@@ -14,8 +14,8 @@ import torch
 import yaml
 from conftest import REPO, run_cli, tiny_raw
 
-from cloudml_lib.core.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
-from cloudml_lib.core.status import run_state
+from cloudml_lib.core.run.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
+from cloudml_lib.core.run.status import run_state
 
 MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}  # the machine, not the math
 
@@ -111,7 +111,7 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     assert not (run / "evaluation.json").exists()
     if kill_at.startswith(("probe", "end")):  # trained: its end pending, a state of its own, said alike
         from cloudml_lib.commands.compare import run_row
-        from cloudml_lib.core.status import format_status, run_status
+        from cloudml_lib.core.run.status import format_status, run_status
 
         pending = "trained, end pending (not evaluated yet)"
         assert run_state(run).words == pending and run_row(run, "run")["state"].startswith(pending)

@@ -9,8 +9,8 @@ import yaml
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.liveness import STALE_S
-from cloudml_lib.core.resume import compare_configs
-from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.core.run.resume import compare_configs
+from cloudml_lib.core.run.runlock import RunLock
 
 
 def write_lock(run, **info):
@@ -72,7 +72,7 @@ def test_config_differences_are_sorted_into_math_and_harmless():
 
 def _acquire_at_once(run_dir, barrier, results):
     from cloudml_lib.base.errors import CloudMLError as Refused
-    from cloudml_lib.core.runlock import RunLock as Lock
+    from cloudml_lib.core.run.runlock import RunLock as Lock
 
     lock = Lock(run_dir)
     barrier.wait()
@@ -180,7 +180,7 @@ def test_a_reader_change_on_the_original_files_is_told_apart_from_changed_data(t
     differs ... Resume with the original data": the files are the original; the reader changed."""
     from cloudml_lib.base.errors import CloudMLError
     from cloudml_lib.colab.live import notebook_words
-    from cloudml_lib.core.resume import check_data_fingerprint, recorded_files
+    from cloudml_lib.core.run.resume import check_data_fingerprint, recorded_files
 
     run_dir = tiny_run[0]
     files = recorded_files(run_dir)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cloudml_lib.core.metrics import mae_interval, regression_metrics, time_blocks
+from cloudml_lib.core.network.metrics import mae_interval, regression_metrics, time_blocks
 from cloudml_lib.science import intervals, skill
 from cloudml_lib.science.report import interval_lines, metric_rows, verdict
 

@@ -16,7 +16,7 @@ from test_picker import move, tiny_presets  # noqa: F401 (a fixture)
 from cloudml_lib import colab
 from cloudml_lib.colab import expected as expected_mod
 from cloudml_lib.commands import presets
-from cloudml_lib.core import estimate, timing
+from cloudml_lib.core.machine import estimate, timing
 from cloudml_lib.data.synthetic import make_demo_flights
 
 SHAPE = estimate.StepShape((4, 8, 8), False, None, 3, 32, 40)
@@ -198,7 +198,7 @@ def test_the_batch_probes_first_guess_is_calibrated_by_an_earlier_run_on_this_ki
     turns the estimate's need into what that GPU held; the probe's line says both guesses, the probe
     decides."""
     from cloudml_lib.base.config import load_config
-    from cloudml_lib.core.memory import GIB, first_guess
+    from cloudml_lib.core.machine.memory import GIB, first_guess
 
     runs = tmp_path / "runs"
     rec = recorded_cuda_run(runs, "b_at_24", "B", batch=24)  # the measurement at batch 16, said as at 24
@@ -248,7 +248,7 @@ def test_a_hand_edited_measurement_is_left_out_by_name(tmp_path, monkeypatch, fi
     info = json.loads((runs / "edited" / "run.json").read_text())
     info["measured"][field] = value
     (runs / "edited" / "run.json").write_text(json.dumps(info))
-    caplog.set_level(logging.WARNING, logger="cloudml_lib.core.timing")
+    caplog.set_level(logging.WARNING, logger="cloudml_lib.core.machine.timing")
     assert timing.read_measured(runs / "edited") is None
     assert timing.measured_words(runs, rec["device"], rec["sig"]) == "-"
     assert timing.from_runs(runs, rec["device"], rec["sig"]) is None

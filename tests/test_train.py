@@ -9,8 +9,8 @@ from conftest import fit_and_finish, run_cli, tiny_raw
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.core import device
-from cloudml_lib.core.checkpoint import load_checkpoint
+from cloudml_lib.core.machine import device
+from cloudml_lib.core.run.checkpoint import load_checkpoint
 from cloudml_lib.train import Trainer, lr_factor, weighted_huber
 
 

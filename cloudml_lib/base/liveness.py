@@ -1,6 +1,6 @@
 """Whether the process that wrote a lock or a temporary folder is still running: on this host its pid
 tells; on another host (a new Colab VM on the same Drive) only a heartbeat fresher than STALE_S. The run
-lock (core/runlock.py), the checkpoint writer's leftovers and the cache's build folders all judge by this
+lock (core/run/runlock.py), the checkpoint writer's leftovers and the cache's build folders all judge by this
 one rule."""
 
 from __future__ import annotations

@@ -152,7 +152,10 @@ RUN_INFO = Obj(
         for k in ("processes", "total_steps", "steps_per_epoch", "epochs", "batch_size", "start_step")
     }
     | {"device": OPT_TEXT, "started_at": OPT_NUM, "compile": Maybe(COMPILE)}
-    | {"expected": Maybe(MapOf(ANY)), "measured": Maybe(MapOf(ANY))}  # core/timing.py checks their insides
+    | {
+        "expected": Maybe(MapOf(ANY)),
+        "measured": Maybe(MapOf(ANY)),
+    }  # core/machine/timing.py checks their insides
 )
 FOLD = Obj(
     {m: METRIC_SET for m in ("model", "mean", "scalars_only", "linear", "trees", "validation")}

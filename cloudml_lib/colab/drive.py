@@ -20,7 +20,7 @@ from cloudml_lib.colab.live import NotebookLog
 from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
-from cloudml_lib.core import device
+from cloudml_lib.core.machine import device
 from cloudml_lib.data import flights, synthetic
 from cloudml_lib.data.flights import ensure_demo_flights
 

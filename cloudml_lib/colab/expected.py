@@ -1,4 +1,4 @@
-"""The picker's expected time of a run as chosen, on the hardware at hand (core/timing.py says how it is
+"""The picker's expected time of a run as chosen, on the hardware at hand (core/machine/timing.py: how it is
 found): each choice's step is timed once, in a thread of its own, so that the picker answers while it is
 measured ("measuring..."), and remembered for the session; an earlier run on the same kind of device with
 the same step is used first. The epoch's length comes from the preprocessing cache the setup notebook built.
@@ -15,10 +15,18 @@ from pathlib import Path
 
 from cloudml_lib.base.config import MIN_FRAME_SIDE, Config
 from cloudml_lib.colab.drive import Workspace, cached_samples, frame_shape
-from cloudml_lib.core import estimate
-from cloudml_lib.core.compile import this_device
-from cloudml_lib.core.inference import eval_batch_size
-from cloudml_lib.core.timing import Expected, StepTime, device_name, from_flops, from_runs, signature, timed
+from cloudml_lib.core.machine import estimate
+from cloudml_lib.core.machine.timing import (
+    Expected,
+    StepTime,
+    device_name,
+    from_flops,
+    from_runs,
+    signature,
+    timed,
+)
+from cloudml_lib.core.network.compile import this_device
+from cloudml_lib.core.network.inference import eval_batch_size
 from cloudml_lib.data.splits import counts_by_role
 
 T4_NAME = "T4"  # the one GPU whose peak rate the kit states (estimate.T4_FP16_FLOPS)

@@ -44,10 +44,10 @@ from cloudml_lib.colab.expected import ExpectedTimes
 from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import plural, show, user_errors
 from cloudml_lib.commands import presets
-from cloudml_lib.core.compile import plan, this_device
-from cloudml_lib.core.runfolder import has_run
-from cloudml_lib.core.status import run_status
-from cloudml_lib.core.timing import Expected, duration
+from cloudml_lib.core.machine.timing import Expected, duration
+from cloudml_lib.core.network.compile import plan, this_device
+from cloudml_lib.core.run.runfolder import has_run
+from cloudml_lib.core.run.status import run_status
 
 LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the newest run started with
 PRESET_WORDS = {

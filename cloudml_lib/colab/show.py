@@ -22,10 +22,10 @@ from cloudml_lib.base.errors import CloudMLError, explain_os_error
 from cloudml_lib.base.files import read_text
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.commands import presets
-from cloudml_lib.core import device
-from cloudml_lib.core.compile import plan, this_device
-from cloudml_lib.core.memory import GIB
-from cloudml_lib.core.status import format_status, run_status
+from cloudml_lib.core.machine import device
+from cloudml_lib.core.machine.memory import GIB
+from cloudml_lib.core.network.compile import plan, this_device
+from cloudml_lib.core.run.status import format_status, run_status
 
 
 def in_notebook() -> bool:
@@ -102,9 +102,9 @@ def user_errors(fn):
 def show_presets(ws=None) -> None:
     """The presets with their GPU memory: estimated from the model (presets.preset_memory), and measured
     beside it where the GPU benchmark has measured it, and where a run of yours (`ws`'s runs) with the
-    preset's step ran on this kind of device (core/timing.py: run.json's "measured")."""
-    from cloudml_lib.core.estimate import StepShape
-    from cloudml_lib.core.timing import device_name, peak_words, signature
+    preset's step ran on this kind of device (core/machine/timing.py: run.json's "measured")."""
+    from cloudml_lib.core.machine.estimate import StepShape
+    from cloudml_lib.core.machine.timing import device_name, peak_words, signature
 
     gpu = presets.measured_gpu()
     reserved = {
@@ -236,7 +236,7 @@ def show_tensorboard(run_dir: Path | None) -> None:
     disconnect it shows the run up to its last checkpoint. Started from this kernel's own environment
     (use_this_pythons_tensorboard); when it cannot start, TensorBoard's own magic says why."""
     from cloudml_lib.base.errors import install_command
-    from cloudml_lib.core.events import has_tensorboard
+    from cloudml_lib.core.run.events import has_tensorboard
 
     if run_dir is None:
         return
@@ -332,7 +332,7 @@ def show_comparison(folders) -> None:
     metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run
     folders."""
     from cloudml_lib.commands.compare import compare_runs, format_comparison
-    from cloudml_lib.core.runfolder import has_run, is_crossval
+    from cloudml_lib.core.run.runfolder import has_run, is_crossval
 
     base = None
     if (

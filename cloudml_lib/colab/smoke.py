@@ -17,8 +17,8 @@ from pathlib import Path
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
 from cloudml_lib.colab.show import show_markdown
-from cloudml_lib.core.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
-from cloudml_lib.core.status import is_finished
+from cloudml_lib.core.run.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
+from cloudml_lib.core.run.status import is_finished
 
 OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
 EPOCHS = 2
@@ -73,7 +73,7 @@ def check_run(run_dir: Path | None) -> None:
 def check_tensorboard_served(run_dir: Path, wait_s: float = 60.0) -> str:
     """Smoke test: the TensorBoard the notebook started serves this run's curves (one value per step); then
     it is stopped, as the headless kernel's end would leave it running."""
-    from cloudml_lib.core.events import has_tensorboard
+    from cloudml_lib.core.run.events import has_tensorboard
 
     if not has_tensorboard():
         return ""

@@ -27,7 +27,7 @@ from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import plural, show, show_markdown, show_report, user_errors
 from cloudml_lib.commands.compare import metric_words, numbered_folders
-from cloudml_lib.core.status import is_finished as finished
+from cloudml_lib.core.run.status import is_finished as finished
 
 OPTUNA = "optuna>=4.0"  # as pyproject.toml's extras
 TRIAL = re.compile(r"^Trial (\d+) \((\d+) of (\d+)\)")  # sweep.run_trials, as each trial starts

@@ -24,9 +24,9 @@ from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
-from cloudml_lib.core.checkpoint import find_checkpoints
-from cloudml_lib.core.status import is_finished as finished
-from cloudml_lib.core.timing import EXPECTED_ENV
+from cloudml_lib.core.machine.timing import EXPECTED_ENV
+from cloudml_lib.core.run.checkpoint import find_checkpoints
+from cloudml_lib.core.run.status import is_finished as finished
 
 
 def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:

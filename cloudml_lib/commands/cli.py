@@ -294,7 +294,7 @@ def _sweep(args) -> int:
     from cloudml_lib.base.ownership import check
     from cloudml_lib.base.resources import config_file
     from cloudml_lib.commands.sweep import SWEEP, sweep
-    from cloudml_lib.core.runfolder import check_run_writes
+    from cloudml_lib.core.run.runfolder import check_run_writes
 
     check(Path(args.run_dir), SWEEP)  # new, empty or a sweep's own, before anything is written
     check_run_writes(Path(args.run_dir))
@@ -436,7 +436,7 @@ def _diagnose(args) -> int:
 
 
 def _status(args) -> int:
-    from cloudml_lib.core.status import format_status, run_status
+    from cloudml_lib.core.run.status import format_status, run_status
 
     if (Path(args.run_dir) / "sweep.json").is_file():  # a sweep: where each of its trials stands
         return _compare(argparse.Namespace(run_dirs=[args.run_dir], json=args.json))

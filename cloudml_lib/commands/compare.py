@@ -19,8 +19,8 @@ from cloudml_lib.base.config import LEGACY_VALIDATION, NEW, conv_channels, resum
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
-from cloudml_lib.core.runfolder import flatten_keys, has_run, is_crossval
-from cloudml_lib.core.status import run_state
+from cloudml_lib.core.run.runfolder import flatten_keys, has_run, is_crossval
+from cloudml_lib.core.run.status import run_state
 
 log = logging.getLogger(__name__)
 

@@ -53,8 +53,8 @@ from cloudml_lib.base.config import LEGACY_VALIDATION, Config, absent_settings, 
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
-from cloudml_lib.core.metrics import regression_metrics
-from cloudml_lib.core.runfolder import CROSSVAL, check_folder_kind
+from cloudml_lib.core.network.metrics import regression_metrics
+from cloudml_lib.core.run.runfolder import CROSSVAL, check_folder_kind
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import prepare_data
 from cloudml_lib.data.flights import resolve_config
@@ -134,7 +134,7 @@ def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.nd
 
 def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dict | None = None) -> dict:
     from cloudml_lib.commands.runs import train_run
-    from cloudml_lib.core.distributed import SINGLE
+    from cloudml_lib.core.machine.distributed import SINGLE
 
     fold_dir = Path(run_dir) / "folds" / held
     model_cfg = fold_config(cfg, held, started=started)
@@ -516,7 +516,7 @@ def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None)
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
         raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
-    from cloudml_lib.core.distributed import init_distributed
+    from cloudml_lib.core.machine.distributed import init_distributed
 
     # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))

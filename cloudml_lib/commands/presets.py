@@ -1,7 +1,7 @@
 """Which preset and batch to use on the machine at hand: the presets' memory (estimated from the model
 on fake tensors, measured by benchmarks/gpu.py where a GPU ran it), the choice of `--preset auto`, the
 memory table, the `diagnose` report and its plain-words recommendations. The machine's facts are
-core/device.py's; this is the policy the commands and the notebooks apply to them."""
+core/machine/device.py's; this is the policy the commands and the notebooks apply to them."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ from cloudml_lib.base import tables
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.base.outputs import free_bytes
 from cloudml_lib.base.resources import PRESET_FILES, config_file, measured
-from cloudml_lib.core import estimate, timing
-from cloudml_lib.core.device import compile_available, default_num_workers, gpu_report, host_memory, is_colab
-from cloudml_lib.core.memory import GIB, MARGIN
+from cloudml_lib.core.machine import estimate, timing
+from cloudml_lib.core.machine.device import (
+    compile_available,
+    default_num_workers,
+    gpu_report,
+    host_memory,
+    is_colab,
+)
+from cloudml_lib.core.machine.memory import GIB, MARGIN
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from cloudml_lib.base.config import Config, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.ownership import claim
-from cloudml_lib.core.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
-from cloudml_lib.core.runfolder import RUN, check_folder_kind, record_failure
+from cloudml_lib.core.machine.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
+from cloudml_lib.core.run.runfolder import RUN, check_folder_kind, record_failure
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.science.finish import finish_run
 from cloudml_lib.train.loop import Trainer

@@ -61,9 +61,9 @@ from cloudml_lib.commands.space import (
     suggest,
     trial_raw,
 )
-from cloudml_lib.core.checkpoint import write_durable
-from cloudml_lib.core.distributed import Dist, init_distributed
-from cloudml_lib.core.runfolder import (
+from cloudml_lib.core.machine.distributed import Dist, init_distributed
+from cloudml_lib.core.run.checkpoint import write_durable
+from cloudml_lib.core.run.runfolder import (
     CROSSVAL,
     RUN,
     SWEEP_KIND,
@@ -72,7 +72,7 @@ from cloudml_lib.core.runfolder import (
     has_run,
     is_crossval,
 )
-from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.core.run.runlock import RunLock
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Each input file's SHA-256, computed once per file version: remembered in the cache folder
 (`file_sha256.json`, keyed by path, size and modification time), streamed in small chunks so that a
-whole-flight predict keeps its memory flat. The record of what a run was made from (core/provenance.py) and
-the cache's keys use it."""
+whole-flight predict keeps its memory flat. The record of what a run was made from (core/run/provenance.py)
+and the cache's keys use it."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import logging
 
 import numpy as np
 
-from cloudml_lib.core.metrics import regression_metrics, time_blocks
+from cloudml_lib.core.network.metrics import regression_metrics, time_blocks
 from cloudml_lib.data.dataset import CloudDataset
 from cloudml_lib.data.preprocess import STAT_NAMES
 

@@ -9,14 +9,14 @@ network's features) that the end of a run fits.
   colder than the sea and warmer than high cloud: cloud where frame_p10 lies inside the window that
   classifies the training frames best); with any_layer, a threshold (cloud below it).
 Truth: the cloud flag of the profile matched to a frame (data/cpl.py: a cloud base in the label range, or
-any CPL layer); the metrics themselves are core/metrics.py's. `bt_flag` is that baseline's flag for frames
+any CPL layer); the metrics are core/network/metrics.py's. `bt_flag` is that baseline's flag for frames
 of a whole flight (predict --cloud-flag bt_threshold)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from cloudml_lib.core.metrics import cloud_metrics
+from cloudml_lib.core.network.metrics import cloud_metrics
 
 BASELINES = ("majority", "bt_threshold")
 

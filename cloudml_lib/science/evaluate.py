@@ -11,7 +11,7 @@ both go this way; only the end fits the cloud probe and calibrates the intervals
 evaluating later uses the stored ones and changes neither.
 
 Every metric set holds r2, mae_km, rmse_km, bias_km (mean of predicted - true), std_ratio
-(std(pred) / std(true)) and n (core/metrics.py); report.py says when a model does not beat the baseline.
+(std(pred) / std(true)) and n (network/metrics.py); report.py says when a model does not beat the baseline.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.core.checkpoint import BEST_KEYS, Key, load_checkpoint
-from cloudml_lib.core.device import choose_device, choose_precision
-from cloudml_lib.core.distributed import SINGLE
-from cloudml_lib.core.inference import Evaluator, eval_batch_size, prepare_model
-from cloudml_lib.core.metrics import Scored, bounds_count
-from cloudml_lib.core.model import build_model
-from cloudml_lib.core.provenance import trained_backend
+from cloudml_lib.core.machine.device import choose_device, choose_precision
+from cloudml_lib.core.machine.distributed import SINGLE
+from cloudml_lib.core.network.inference import Evaluator, eval_batch_size, prepare_model
+from cloudml_lib.core.network.metrics import Scored, bounds_count
+from cloudml_lib.core.network.model import build_model
+from cloudml_lib.core.run.checkpoint import BEST_KEYS, Key, load_checkpoint
+from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
@@ -228,7 +228,7 @@ def load_run_model(
     data.cache_dir if the cache is to be built elsewhere, e.g. a run trained on another machine). Every way
     best.pt can be unusable is a CloudMLError naming it. `channels_last`: force the memory format (default:
     where it was measured to pay, inference.prepare_model)."""
-    from cloudml_lib.core.runfolder import check_folder_kind, has_run
+    from cloudml_lib.core.run.runfolder import check_folder_kind, has_run
 
     run_dir = Path(run_dir)
     check_folder_kind(run_dir, command)
@@ -392,7 +392,7 @@ def evaluate_run(
     if write:
         # report.md, evaluation.json and predictions.csv are rewritten: only where CloudML proves its run
         from cloudml_lib.base.ownership import check
-        from cloudml_lib.core.runfolder import RUN, check_folder_kind, check_run_writes
+        from cloudml_lib.core.run.runfolder import RUN, check_folder_kind, check_run_writes
 
         check_folder_kind(Path(run_dir), "evaluate")  # a sweep's or cross-validation's folder, named as such
         check_run_writes(Path(run_dir))

@@ -33,16 +33,16 @@ from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
-from cloudml_lib.core.checkpoint import FORMAT_VERSION, Found, Key, load_checkpoint, save_atomic, to_cpu
-from cloudml_lib.core.device import choose_device, choose_precision
-from cloudml_lib.core.distributed import SINGLE, Dist
-from cloudml_lib.core.events import write_final_events
-from cloudml_lib.core.inference import Evaluator, eval_batch_size
-from cloudml_lib.core.model import build_model
-from cloudml_lib.core.progress import Progress
-from cloudml_lib.core.runfolder import MetricsFile, truncate_metrics
-from cloudml_lib.core.runlock import RunLock
-from cloudml_lib.core.status import run_state, trained_checkpoint
+from cloudml_lib.core.machine.device import choose_device, choose_precision
+from cloudml_lib.core.machine.distributed import SINGLE, Dist
+from cloudml_lib.core.network.inference import Evaluator, eval_batch_size
+from cloudml_lib.core.network.model import build_model
+from cloudml_lib.core.run.checkpoint import FORMAT_VERSION, Found, Key, load_checkpoint, save_atomic, to_cpu
+from cloudml_lib.core.run.events import write_final_events
+from cloudml_lib.core.run.progress import Progress
+from cloudml_lib.core.run.runfolder import MetricsFile, truncate_metrics
+from cloudml_lib.core.run.runlock import RunLock
+from cloudml_lib.core.run.status import run_state, trained_checkpoint
 from cloudml_lib.data.dataset import Scalers
 from cloudml_lib.science import intervals, plots
 from cloudml_lib.science.clouds import fit_probe, fitted_baseline

@@ -52,10 +52,10 @@ from cloudml_lib.base.errors import CloudMLError, DataError, shown
 from cloudml_lib.base.outputs import atomic_path, write_text
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.core.checkpoint import Key
-from cloudml_lib.core.inference import StreamEncoder, eval_batch_size, windows_forward
-from cloudml_lib.core.metrics import Scored, cloud_class, outside_bounds
-from cloudml_lib.core.provenance import trained_backend
+from cloudml_lib.core.network.inference import StreamEncoder, eval_batch_size, windows_forward
+from cloudml_lib.core.network.metrics import Scored, cloud_class, outside_bounds
+from cloudml_lib.core.run.checkpoint import Key
+from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloudml_lib.core.metrics import mae_interval, regression_metrics
+from cloudml_lib.core.network.metrics import mae_interval, regression_metrics
 from cloudml_lib.science import intervals
 
 OUT_OF_RANGE_SHARE = (

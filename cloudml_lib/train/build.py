@@ -37,31 +37,37 @@ from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.ownership import claim as claim_folder
-from cloudml_lib.core.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
-from cloudml_lib.core.compile import CompileWatch, apply_compile
-from cloudml_lib.core.device import (
+from cloudml_lib.core.machine.device import (
     Precision,
     choose_device,
     choose_precision,
     default_num_workers,
     describe_device,
 )
-from cloudml_lib.core.distributed import Dist, apply_ddp, apply_global_batchnorm
-from cloudml_lib.core.estimate import StepShape, estimate
-from cloudml_lib.core.events import Events
-from cloudml_lib.core.memory import GIB, measure_batch_size
-from cloudml_lib.core.model import build_model, count_parameters
-from cloudml_lib.core.provenance import read_run_provenance, run_provenance, trained_backend
-from cloudml_lib.core.resume import (
+from cloudml_lib.core.machine.distributed import Dist, apply_ddp, apply_global_batchnorm
+from cloudml_lib.core.machine.estimate import StepShape, estimate
+from cloudml_lib.core.machine.memory import GIB, measure_batch_size
+from cloudml_lib.core.machine.timing import Measured, calibration, device_name, signature
+from cloudml_lib.core.network.compile import CompileWatch, apply_compile
+from cloudml_lib.core.network.model import build_model, count_parameters
+from cloudml_lib.core.run.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
+from cloudml_lib.core.run.events import Events
+from cloudml_lib.core.run.provenance import read_run_provenance, run_provenance, trained_backend
+from cloudml_lib.core.run.resume import (
     check_data_fingerprint,
     check_resume_config,
     find_resume_point,
     recorded_files,
     resumed_config,
 )
-from cloudml_lib.core.runfolder import RUN, MetricsFile, check_folder_kind, clean_leftovers, truncate_metrics
-from cloudml_lib.core.runlock import RunLock
-from cloudml_lib.core.timing import Measured, calibration, device_name, signature
+from cloudml_lib.core.run.runfolder import (
+    RUN,
+    MetricsFile,
+    check_folder_kind,
+    clean_leftovers,
+    truncate_metrics,
+)
+from cloudml_lib.core.run.runlock import RunLock
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import (
     CloudDataset,

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from cloudml_lib.base.config import Config
-from cloudml_lib.core.inference import Evaluator
-from cloudml_lib.core.metrics import Scored, cloud_metrics, regression_metrics
+from cloudml_lib.core.network.inference import Evaluator
+from cloudml_lib.core.network.metrics import Scored, cloud_metrics, regression_metrics
 from cloudml_lib.data.dataset import CloudDataset
 from cloudml_lib.train.loss import validation_loss
 

@@ -27,13 +27,12 @@ from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.layout import RunFolder
-from cloudml_lib.core.compile import CompileWatch
-from cloudml_lib.core.device import format_memory, memory_readings
-from cloudml_lib.core.distributed import SINGLE, Dist, no_sync
-from cloudml_lib.core.events import Events
-from cloudml_lib.core.inference import Evaluator
-from cloudml_lib.core.metrics import Scored
-from cloudml_lib.core.recovery import (
+from cloudml_lib.core.machine.device import format_memory, memory_readings
+from cloudml_lib.core.machine.distributed import SINGLE, Dist, no_sync
+from cloudml_lib.core.network.compile import CompileWatch
+from cloudml_lib.core.network.inference import Evaluator
+from cloudml_lib.core.network.metrics import Scored
+from cloudml_lib.core.network.recovery import (
     MAX_ATTEMPTS,
     capture_undo,
     count_nonfinite_step,
@@ -43,8 +42,9 @@ from cloudml_lib.core.recovery import (
     run_attempt,
     undo,
 )
-from cloudml_lib.core.runfolder import MetricsFile
-from cloudml_lib.core.runlock import RunLock
+from cloudml_lib.core.run.events import Events
+from cloudml_lib.core.run.runfolder import MetricsFile
+from cloudml_lib.core.run.runlock import RunLock
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
 from cloudml_lib.train.build import build_run
 from cloudml_lib.train.evaluation import update_best, validate

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cloudml_lib.core.model import Outputs
+from cloudml_lib.core.network.model import Outputs
 
 
 def weighted_huber(pred, target, weight, delta: float, hard_example_weight: float):

@@ -13,10 +13,10 @@ import torch
 
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import json_safe, write_text
-from cloudml_lib.core.compile import CompileWatch
-from cloudml_lib.core.distributed import Dist
-from cloudml_lib.core.provenance import write_run_provenance
-from cloudml_lib.core.timing import Measured, expected_from_env
+from cloudml_lib.core.machine.distributed import Dist
+from cloudml_lib.core.machine.timing import Measured, expected_from_env
+from cloudml_lib.core.network.compile import CompileWatch
+from cloudml_lib.core.run.provenance import write_run_provenance
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class RunInfo:
         measured: Measured | None = None,
     ):
         self.run_dir, self.dist, self.watch, self.provenance = run_dir, dist, watch, provenance
-        self.measured = measured  # what this start's epochs take (core/timing.py)
+        self.measured = measured  # what this start's epochs take (core/machine/timing.py)
         self.plan: dict = {}
         self.compile_said = False
 

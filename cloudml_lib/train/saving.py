@@ -16,7 +16,9 @@ import torch
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.layout import RunFolder
-from cloudml_lib.core.checkpoint import (
+from cloudml_lib.core.machine.distributed import Dist
+from cloudml_lib.core.network.compile import unwrap_model
+from cloudml_lib.core.run.checkpoint import (
     FORMAT_VERSION,
     CheckpointWriter,
     Key,
@@ -24,11 +26,9 @@ from cloudml_lib.core.checkpoint import (
     previous_checkpoint_words,
     save_atomic,
     to_cpu,
-    unwrap_model,
 )
-from cloudml_lib.core.distributed import Dist
-from cloudml_lib.core.events import Events
-from cloudml_lib.core.runfolder import MetricsFile
+from cloudml_lib.core.run.events import Events
+from cloudml_lib.core.run.runfolder import MetricsFile
 from cloudml_lib.train.state import Progress, TrainingState
 
 log = logging.getLogger(__name__)

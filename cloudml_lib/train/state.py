@@ -25,11 +25,12 @@ import torch
 
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.core.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu, unwrap_model
-from cloudml_lib.core.distributed import Dist
-from cloudml_lib.core.inference import eval_batch_size
-from cloudml_lib.core.progress import Progress
-from cloudml_lib.core.runfolder import truncate_metrics
+from cloudml_lib.core.machine.distributed import Dist
+from cloudml_lib.core.network.compile import unwrap_model
+from cloudml_lib.core.network.inference import eval_batch_size
+from cloudml_lib.core.run.checkpoint import FORMAT_VERSION, PIECES, Found, Key, read_meta, to_cpu
+from cloudml_lib.core.run.progress import Progress
+from cloudml_lib.core.run.runfolder import truncate_metrics
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from cloudml_lib.base.outputs import (
 )
 from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.core.checkpoint import (
+from cloudml_lib.core.run.checkpoint import (
     BEST_KEYS,
     STAGING,
     STAGING_PREFIX,
@@ -42,10 +42,10 @@ from cloudml_lib.core.checkpoint import (
     load_checkpoint,
     verify,
 )
-from cloudml_lib.core.events import FINAL_EVENTS
+from cloudml_lib.core.run.events import FINAL_EVENTS
 
 if TYPE_CHECKING:
-    from cloudml_lib.core.distributed import Dist
+    from cloudml_lib.core.machine.distributed import Dist
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from cloudml_lib.base import faults, ledger
 from cloudml_lib.base.errors import CloudMLError
@@ -94,17 +93,6 @@ _CHUNK = 4 << 20
 
 
 # ------------------------------------------------------------------------------------ weights
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module inside torch.compile / DataParallel wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        else:
-            return model
 
 
 def to_cpu(obj):

@@ -109,8 +109,7 @@ def halve_eval_batch(batch: int) -> int:
 
 def eager_after_compile_failure(model: torch.nn.Module, watch, failure: str) -> torch.nn.Module:
     """The forward to use from now on: the plain model, its compiled encoder undone (compile.undo_compile)."""
-    from cloudml_lib.core.checkpoint import unwrap_model
-    from cloudml_lib.core.compile import undo_compile
+    from cloudml_lib.core.network.compile import undo_compile, unwrap_model
 
     log.warning(
         "torch.compile failed (%s). Continuing in eager mode from the same step; nothing is lost. "

@@ -20,7 +20,7 @@ from cloudml_lib.base import ledger
 from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, renamed_keys, resume_rules
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.layout import RunFolder
-from cloudml_lib.core.checkpoint import (
+from cloudml_lib.core.run.checkpoint import (
     META,
     REJECTED_DIR,
     STATE,
@@ -32,8 +32,8 @@ from cloudml_lib.core.checkpoint import (
     set_aside_rejected,
     step_of,
 )
-from cloudml_lib.core.progress import Progress
-from cloudml_lib.core.runfolder import SUPERSEDED, flatten_keys, has_run
+from cloudml_lib.core.run.progress import Progress
+from cloudml_lib.core.run.runfolder import SUPERSEDED, flatten_keys, has_run
 
 if TYPE_CHECKING:
     pass
@@ -239,7 +239,7 @@ def check_resume_config(cfg, saved: dict) -> None:
 
 def recorded_files(run_dir: Path) -> dict[str, dict]:
     """Flight -> {role: SHA-256} of the files the run in `run_dir` started from (its provenance.json)."""
-    from cloudml_lib.core.provenance import read_run_provenance
+    from cloudml_lib.core.run.provenance import read_run_provenance
 
     flights = (read_run_provenance(run_dir) or {}).get("flights") or {}
     out = {}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cloudml_lib.core.memory import GIB, MARGIN, PeakLine, synthetic_inputs, synthetic_step
+from cloudml_lib.core.machine.memory import GIB, MARGIN, PeakLine, synthetic_inputs, synthetic_step
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class _StorageCounter(torch.utils._python_dispatch.TorchDispatchMode):
 def model_of(shape: StepShape):
     """The network of `shape`, in training mode, checkpointed as the shape says (real or fake tensors: as
     the mode in force when it is called)."""
-    from cloudml_lib.core.model import MultimodalRegressionModel
+    from cloudml_lib.core.network.model import MultimodalRegressionModel
 
     model = MultimodalRegressionModel(channels=list(shape.channels), cloud_head=shape.cloud_head)
     model.set_grad_checkpointing(shape.checkpointing)

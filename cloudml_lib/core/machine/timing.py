@@ -6,7 +6,7 @@ source there is, in this order:
 2. a few timed steps here (the real model and AdamW on random inputs of the run's shape, after one warm-up
    step; the batch capped at MEASURE_BATCH and scaled linearly, which holds on a CPU and under-counts a GPU's
    better use of a large batch), said as measured;
-3. the step's FLOPs (core/estimate.py counts them) at a stated share of the device's peak rate, labelled as
+3. the step's FLOPs (machine/estimate.py counts them) at a stated share of the device's peak rate, labelled as
    an estimate.
 
 An epoch is its training steps plus its validation forwards (about a third of a training step each, the
@@ -28,9 +28,9 @@ import torch
 
 from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
-from cloudml_lib.core import estimate
-from cloudml_lib.core.device import choose_precision
-from cloudml_lib.core.memory import synthetic_inputs, synthetic_step
+from cloudml_lib.core.machine import estimate
+from cloudml_lib.core.machine.device import choose_precision
+from cloudml_lib.core.machine.memory import synthetic_inputs, synthetic_step
 
 log = logging.getLogger(__name__)
 

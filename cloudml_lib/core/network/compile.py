@@ -23,6 +23,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch import nn
 
 from cloudml_lib.base.config import CUDA_GRAPH_COMPILE_MODES, cuda_graph_refusal
 from cloudml_lib.base.errors import ConfigError
@@ -213,3 +214,14 @@ def undo_compile(model: torch.nn.Module, watch: CompileWatch, failure: str) -> N
         torch._dynamo.reset()
     except Exception:  # noqa: BLE001 - clearing compile caches is best effort
         pass
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside torch.compile / DataParallel wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            return model

@@ -17,14 +17,14 @@ from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.ownership import MARKER
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.core.checkpoint import (
+from cloudml_lib.core.network.compile import describe_saved
+from cloudml_lib.core.run.checkpoint import (
     Found,
     find_checkpoints,
     find_latest_valid,
 )
-from cloudml_lib.core.compile import describe_saved
-from cloudml_lib.core.runfolder import fold_models, has_run, is_cloudml_run, is_crossval, run_names
-from cloudml_lib.core.runlock import LOCK, read_lock
+from cloudml_lib.core.run.runfolder import fold_models, has_run, is_cloudml_run, is_crossval, run_names
+from cloudml_lib.core.run.runlock import LOCK, read_lock
 
 if TYPE_CHECKING:
     pass

@@ -1,7 +1,7 @@
 """Where a run stands in its training: the one typed reading of the progress every checkpoint saves.
 
 Plain data, no torch: the trainer keeps it (train/state.py), and everything that reads a saved run (the run's
-end in science/finish.py, the resume point and `status` in core/status.py) reads it as a `Progress`, never by
+end in science/finish.py, the resume point and `status` in run/status.py) reads it as a `Progress`, never by
 string keys. The attribute that means "trained to its last epoch (or stopped early)" is `trained`; it is
 saved under "finished", the key of every earlier release's checkpoints (SAVED_AS), so old runs load as they
 are. "finished" as a word for a run's state means more (trained and evaluated: status.run_state).
@@ -14,7 +14,7 @@ import math
 import uuid
 from dataclasses import dataclass, field, fields
 
-from cloudml_lib.core.checkpoint import Key
+from cloudml_lib.core.run.checkpoint import Key
 
 # An attribute saved under another key: the key every earlier release wrote.
 SAVED_AS = {"trained": "finished"}

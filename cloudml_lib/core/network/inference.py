@@ -31,9 +31,9 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.core.checkpoint import unwrap_model
-from cloudml_lib.core.model import Outputs
-from cloudml_lib.core.recovery import MAX_ATTEMPTS, halve_eval_batch, release_memory, run_attempt
+from cloudml_lib.core.network.compile import unwrap_model
+from cloudml_lib.core.network.model import Outputs
+from cloudml_lib.core.network.recovery import MAX_ATTEMPTS, halve_eval_batch, release_memory, run_attempt
 from cloudml_lib.data.dataset import CloudDataset
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from cloudml_lib.base.errors import ConfigError
-from cloudml_lib.core.memory import GIB
+from cloudml_lib.core.machine.memory import GIB
 
 
 @dataclass(frozen=True)
