@@ -173,7 +173,7 @@ def fit_and_finish(trainer) -> dict:
     from cloudml_lib.science.finish import finish_run
 
     trainer.fit()
-    return finish_run(trainer.run_dir, trainer.dist)
+    return finish_run(trainer.folder, trainer.dist)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@
 - files.py      files opened without blocking and checked on the descriptor (a regular file, never a FIFO)
 - ownership.py  which folders are CloudML's: its .cloudml marker, or an earlier release's files that verify
 - ledger.py     within such a folder, what CloudML created (.cloudml-files): all it may replace or delete
-- layout.py     a run folder's layout (`RunFolder`): every file and folder name a run writes, once
+- layout.py     a run folder's layout (`RunLayout`): every file and folder name a run writes, once
 - outputs.py    atomic writes, appends that never go through a link, folders CloudML may write into
 - yamlfile.py   YAML read safely;  logs.py  the package's log (screen and train.log)
 - tables.py     Markdown and text tables;  resources.py  files the installed package carries

@@ -1,8 +1,10 @@
 """A run folder's layout: every file and folder name a run writes, written here once.
 
-`RunFolder(path)` names the places of one run folder (`RunFolder(run_dir).best` is its best.pt); the class's
-constants are the names, for what lists or reads them by name (runfiles.py, the ledger's rule, status). What
-each file holds, and who writes it: README's "Run files" table.
+`RunLayout(path)` names the places of one run folder (`RunLayout(run_dir).best` is its best.pt); the class's
+constants are the names, for what lists or reads them by name (runfiles.py, the ledger's rule, status). The
+run folder as an object that CloudML claims, locks, resumes, reads and writes is `RunFolder`
+(core/run/folder.py), built on this layout; the layers below core know only the layout. What each file
+holds, and who writes it: README's "Run files" table.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class RunFolder:
-    """One run folder's places, from its path (a `str` or a `Path`)."""
+class RunLayout:
+    """One run folder's places, from its path (a `str`, a `Path` or another layout). A layout is a path-like
+    object (`os.fspath`, `Path(layout)`, `open`), so it goes wherever a folder's path goes."""
 
     path: Path
 
@@ -32,9 +35,16 @@ class RunFolder:
     CHECKPOINTS = "checkpoints"
     TENSORBOARD = "tensorboard"
     REJECTED = "rejected"  # committed checkpoints that failed verification, kept for inspection
+    PRETRAIN = "pretrain"  # phase 1 of the two-phase protocol, a run of its own inside the run
 
     def __post_init__(self):
         object.__setattr__(self, "path", Path(self.path))
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
 
     @property
     def best(self) -> Path:
@@ -95,3 +105,7 @@ class RunFolder:
     @property
     def rejected(self) -> Path:
         return self.path / self.REJECTED
+
+    @property
+    def pretrain(self) -> Path:
+        return self.path / self.PRETRAIN

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 
 PACKAGE_LOGGER = "cloudml_lib"
 # The word a console line starts with: a warning's, an error's (INFO and below: none). live.py reads them.
@@ -95,7 +95,7 @@ def attach_run_log(
     logger.propagate = False
     handlers = []
     if run_dir is not None:  # first: a train.log that cannot be opened leaves the console's handler as it was
-        file = _RunLogFile(RunFolder(run_dir).log)
+        file = _RunLogFile(RunLayout(run_dir).log)
         file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         handlers.append(file)
     for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:

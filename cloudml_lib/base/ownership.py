@@ -37,14 +37,16 @@ CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")  # what a file manager or a
 @dataclass(frozen=True)
 class Kind:
     """A kind of folder CloudML writes: its name in the marker and in messages, the option that names it,
-    what an earlier release's folder of this kind holds that proves it (`adopt`: the reason, or None), and
-    which folder would fit instead (for the refusal)."""
+    what an earlier release's folder of this kind holds that proves it (`adopt`: the reason, or None),
+    which folder would fit instead (for the refusal), and the command that continues one (commands' names
+    are the kinds' own, so that the run folder's rules name none)."""
 
     name: str
     option: str
     adopt: Callable[[Path], str | None]
     fits: str
     owned: Callable[[Path], list[str]] | None = None  # what of a folder claimed without a ledger verifies
+    continued_by: str = ""  # the command line (after `python -m cloudml_lib`) that continues such a folder
 
     def __post_init__(self):
         _KINDS[self.name] = self

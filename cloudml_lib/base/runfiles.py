@@ -24,7 +24,7 @@ import yaml
 
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import NotRegularFile, read_bytes
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.shapes import (
     ANY,
     BOOL,
@@ -262,23 +262,23 @@ class RunFiles:
 
     def config(self) -> dict | None:
         """config.yaml: {section: {key: value}}; None when missing or damaged (never read as empty)."""
-        text = self._text(RunFolder.CONFIG)
+        text = self._text(RunLayout.CONFIG)
         if text is None:
             return None
         try:
-            doc = loads(text, str(RunFolder(self.folder).config))
+            doc = loads(text, str(RunLayout(self.folder).config))
         except (yaml.YAMLError, CloudMLError, ValueError) as e:  # ValueError: over 4300 digits
-            return self._damage(RunFolder.CONFIG, f"not YAML: {first_line(e)}")
+            return self._damage(RunLayout.CONFIG, f"not YAML: {first_line(e)}")
         except RecursionError:
-            return self._damage(RunFolder.CONFIG, "nested too deep to be a config")
+            return self._damage(RunLayout.CONFIG, "nested too deep to be a config")
         problem = _config_problem(doc) or unicode_problem(doc)
-        return self._damage(RunFolder.CONFIG, problem) if problem else _plain(doc)
+        return self._damage(RunLayout.CONFIG, problem) if problem else _plain(doc)
 
     def evaluation(self) -> dict:
-        return self._json(RunFolder.EVALUATION, EVALUATION) or {}
+        return self._json(RunLayout.EVALUATION, EVALUATION) or {}
 
     def run_info(self) -> dict:
-        return self._json(RunFolder.RUN_INFO, RUN_INFO) or {}
+        return self._json(RunLayout.RUN_INFO, RUN_INFO) or {}
 
     def crossval(self) -> dict:
         return self._json("crossval.json", CROSSVAL) or {}
@@ -287,34 +287,34 @@ class RunFiles:
         return self._json("fold.json", FOLD)
 
     def trial(self) -> dict:
-        return self._json(RunFolder.TRIAL, TRIAL) or {}
+        return self._json(RunLayout.TRIAL, TRIAL) or {}
 
     def sweep(self) -> dict | None:
         return self._json("sweep.json", SWEEP)
 
     def provenance(self) -> dict:
-        return self._json(RunFolder.PROVENANCE, PROVENANCE) or {}
+        return self._json(RunLayout.PROVENANCE, PROVENANCE) or {}
 
     def predictions_summary(self) -> dict:
         """summary.json of a predictions folder (this folder is one): flight -> counts and variables."""
         return self._json("summary.json", PREDICTIONS_SUMMARY) or {}
 
     def intervals(self) -> dict | None:
-        cal = self._json(RunFolder.INTERVALS, INTERVALS)
+        cal = self._json(RunLayout.INTERVALS, INTERVALS)
         if cal is None:
             return None
         if cal["method"] not in INTERVAL_METHODS:
             return self._damage(
-                RunFolder.INTERVALS,
+                RunLayout.INTERVALS,
                 f"method is {shown(cal['method'])}, not one of {', '.join(INTERVAL_METHODS)}",
             )
         if len(cal["pred_km"]) != len(cal["true_km"]):
-            return self._damage(RunFolder.INTERVALS, "pred_km and true_km differ in length")
+            return self._damage(RunLayout.INTERVALS, "pred_km and true_km differ in length")
         if "group" in cal and len(cal["group"]) != len(cal["pred_km"]):
-            return self._damage(RunFolder.INTERVALS, "group and pred_km differ in length")
+            return self._damage(RunLayout.INTERVALS, "group and pred_km differ in length")
         if not 0.5 <= cal["coverage"] < 1.0:  # train.interval_coverage's range
             return self._damage(
-                RunFolder.INTERVALS, f"coverage {shown(cal['coverage'])} is not between 0.5 and 1"
+                RunLayout.INTERVALS, f"coverage {shown(cal['coverage'])} is not between 0.5 and 1"
             )
         usable = sum(
             1
@@ -322,7 +322,7 @@ class RunFiles:
             if p is not None and t is not None and p > 0 and t > 0 and math.isfinite(p) and math.isfinite(t)
         )
         if usable < INTERVALS_MIN:  # as intervals.calibrate: fewer heights calibrate nothing
-            return self._damage(RunFolder.INTERVALS, f"{usable} usable heights, fewer than {INTERVALS_MIN}")
+            return self._damage(RunLayout.INTERVALS, f"{usable} usable heights, fewer than {INTERVALS_MIN}")
         return cal
 
     def last_run(self) -> dict | None:
@@ -332,7 +332,7 @@ class RunFiles:
     def metrics(self) -> list[dict]:
         """metrics.jsonl's records; a last line cut by a kill is skipped without a word, a bad line before
         it is named (and skipped)."""
-        text = self._text(RunFolder.METRICS, limit=None)
+        text = self._text(RunLayout.METRICS, limit=None)
         if text is None:
             return []
         lines, out, bad = text.split("\n"), [], []
@@ -349,7 +349,7 @@ class RunFiles:
             (bad.append(problem) if problem else out.append(record))
         if bad:
             self._damage(
-                RunFolder.METRICS,
+                RunLayout.METRICS,
                 "; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""),
             )
         return out

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import PROBLEM_WORD, WARNING_WORD, level_word
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show
 from cloudml_lib.core.run.checkpoint import find_latest_valid
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import is_finished
 from cloudml_lib.science import plots
 from cloudml_lib.train import ProgressLines

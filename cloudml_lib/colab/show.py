@@ -20,11 +20,11 @@ from cloudml_lib.base import tables
 from cloudml_lib.base.config import load_config
 from cloudml_lib.base.errors import CloudMLError, explain_os_error
 from cloudml_lib.base.files import read_text
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.commands import presets
 from cloudml_lib.core.machine import device
 from cloudml_lib.core.machine.memory import GIB
 from cloudml_lib.core.network.compile import plan, this_device
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import format_status, run_status
 
 

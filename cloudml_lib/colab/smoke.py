@@ -14,10 +14,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
 from cloudml_lib.colab.show import show_markdown
 from cloudml_lib.core.run.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import is_finished
 
 OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]

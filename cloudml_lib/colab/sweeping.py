@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 from cloudml_lib.base.errors import install_command
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab.drive import Workspace, run_config
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import plural, show, show_markdown, show_report, user_errors
 from cloudml_lib.commands.compare import metric_words, numbered_folders
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import is_finished as finished
 
 OPTUNA = "optuna>=4.0"  # as pyproject.toml's extras

@@ -272,20 +272,24 @@ def _overrides(args) -> list[str]:
 def _train(args) -> int:
     from cloudml_lib.base.config import load_config
     from cloudml_lib.commands.runs import train_run
+    from cloudml_lib.core.run.folder import RunFolder
 
     config = config_path(args)
     cfg = load_config(config, _overrides(args))
     run_dir = Path(args.run_dir) if args.run_dir is not None else Path("runs") / Path(config).stem
-    train_run(cfg, run_dir, resume=args.resume)
+    train_run(cfg, RunFolder(run_dir), resume=args.resume)
     return 0
 
 
 def _crossval(args) -> int:
     from cloudml_lib.base.config import load_config
     from cloudml_lib.commands.crossval import crossval
+    from cloudml_lib.core.run.folder import RunFolder
 
     crossval(
-        load_config(config_path(args), _overrides(args)), Path(args.run_dir), controls=not args.no_controls
+        load_config(config_path(args), _overrides(args)),
+        RunFolder(args.run_dir),
+        controls=not args.no_controls,
     )
     return 0
 
@@ -323,8 +327,9 @@ def _sweep(args) -> int:
 def _compare(args) -> int:
     from cloudml_lib.base.outputs import json_safe
     from cloudml_lib.commands.compare import compare_runs, format_comparison
+    from cloudml_lib.core.run.folder import RunFolder
 
-    rows = compare_runs(args.run_dirs)
+    rows = compare_runs([RunFolder(d) for d in args.run_dirs])
     print(json.dumps(json_safe(rows)) if args.json else format_comparison(rows))
     return _said_damage([d for r in rows for d in r["damaged"]])
 
@@ -345,10 +350,11 @@ def _said_damage(damaged: list[str]) -> int:
 
 
 def _predict(args) -> int:
+    from cloudml_lib.core.run.folder import RunFolder
     from cloudml_lib.science.predict import predict_flights
 
     for path in predict_flights(
-        args.run_dir,
+        RunFolder(args.run_dir),
         args.flights,
         args.out,
         args.data_dir,
@@ -436,20 +442,22 @@ def _diagnose(args) -> int:
 
 
 def _status(args) -> int:
-    from cloudml_lib.core.run.status import format_status, run_status
+    from cloudml_lib.core.run.folder import RunFolder
+    from cloudml_lib.core.run.status import format_status
 
     if (Path(args.run_dir) / "sweep.json").is_file():  # a sweep: where each of its trials stands
         return _compare(argparse.Namespace(run_dirs=[args.run_dir], json=args.json))
-    status = run_status(args.run_dir)
+    status = RunFolder(args.run_dir).status()
     print(json.dumps(status) if args.json else format_status(status))
     return _said_damage(status.get("damaged", []))
 
 
 def _evaluate(args) -> int:
     from cloudml_lib.base.outputs import json_safe
+    from cloudml_lib.core.run.folder import RunFolder
     from cloudml_lib.science.evaluate import evaluate_run, format_report
 
-    report = evaluate_run(args.run_dir, data_dir=args.data_dir, cache_dir=args.cache_dir)
+    report = evaluate_run(RunFolder(args.run_dir), data_dir=args.data_dir, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(json_safe(report), allow_nan=False))
     else:

@@ -19,8 +19,8 @@ from cloudml_lib.base.config import LEGACY_VALIDATION, NEW, conv_channels, resum
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import flatten_keys, has_run, is_crossval
-from cloudml_lib.core.run.status import run_state
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,9 @@ def run_row(run: Path, name: str, scores: str = "test") -> dict:
     overall = (validation if scores == "validation" and validation else evaluation.get("overall")) or final
     trial = files.trial()
     # a sweep trial's own state (complete, pruned, failed, running), else the run's (status.run_state)
-    state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run_state(run))
+    state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(
+        RunFolder.of(run).state()
+    )
     scored_on = "validation" if scores == "validation" and validation else held_out(evaluation, config)
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
@@ -191,9 +193,9 @@ def trial_rows(folder: Path, name: str) -> list[dict]:
     return rows
 
 
-def compare_runs(folders: list[str | Path]) -> list[dict]:
-    """A row per run, cross-validation or sweep trial in `folders`; a folder holding none is refused by
-    name."""
+def compare_runs(folders: list[RunFolder | str | Path]) -> list[dict]:
+    """A row per run, cross-validation or sweep trial in `folders` (RunFolders; a path is taken as one); a
+    folder holding none is refused by name."""
     rows = []
     for f in folders:
         folder = Path(f)

@@ -54,7 +54,8 @@ from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.network.metrics import regression_metrics
-from cloudml_lib.core.run.runfolder import CROSSVAL, check_folder_kind
+from cloudml_lib.core.run.folder import RunFolder
+from cloudml_lib.core.run.runfolder import CROSSVAL
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import prepare_data
 from cloudml_lib.data.flights import resolve_config
@@ -139,11 +140,13 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dic
     fold_dir = Path(run_dir) / "folds" / held
     model_cfg = fold_config(cfg, held, started=started)
     log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
-    report = train_run(model_cfg, fold_dir / "model", dist=SINGLE)  # one process per fold
+    report = train_run(model_cfg, RunFolder(fold_dir / "model"), dist=SINGLE)  # one process per fold
     result = {"model": report["overall"], "mean": report["baseline"]}
     if controls:
         control = train_run(
-            fold_config(cfg, held, scalars_only=True, started=started), fold_dir / "scalars_only", dist=SINGLE
+            fold_config(cfg, held, scalars_only=True, started=started),
+            RunFolder(fold_dir / "scalars_only"),
+            dist=SINGLE,
         )
         result["scalars_only"] = control["overall"]
     data = prepare_data(model_cfg)
@@ -507,11 +510,13 @@ def started_settings(run_dir: Path) -> dict:
     return {}
 
 
-def crossval(cfg: Config, run_dir: str | Path, controls: bool = True, dist=None) -> dict:
-    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `dist`: a
+def crossval(cfg: Config, folder: RunFolder | str | Path, controls: bool = True, dist=None) -> dict:
+    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `folder`:
+    the cross-validation's (a path is taken as one); each fold's model is a RunFolder inside it. `dist`: a
     process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
-    run_dir = Path(run_dir)
-    check_folder_kind(run_dir, "crossval")
+    folder = RunFolder.of(folder)
+    run_dir = folder.path
+    folder.check_kind(CROSSVAL, trains=True, command="crossval")
     cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own test flight
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from cloudml_lib.base.config import Config, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError
-from cloudml_lib.base.layout import RunFolder
-from cloudml_lib.base.ownership import claim
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, explain_peer_failure, init_distributed
-from cloudml_lib.core.run.runfolder import RUN, check_folder_kind, record_failure
+from cloudml_lib.core.run.folder import RunFolder
+from cloudml_lib.core.run.runfolder import RUN
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.science.finish import finish_run
 from cloudml_lib.train.loop import Trainer
@@ -24,17 +23,23 @@ log = logging.getLogger(__name__)
 
 
 def train_run(
-    cfg: Config, run_dir: str | Path, resume: str = "auto", dist: Dist | None = None, after_epoch=None
+    cfg: Config,
+    folder: RunFolder | str | Path,
+    resume: str = "auto",
+    dist: Dist | None = None,
+    after_epoch=None,
 ) -> dict:
     """A run trained and ended; its report. With train.pretrain_flight, the two-phase protocol (each phase
-    resumable). `dist`: by default the torchrun job this process belongs to (or the single process).
-    `after_epoch(history)`: a sweep's pruner, asked after each epoch of a one-phase run."""
+    resumable). `folder`: the run (a path is taken as one). `dist`: by default the torchrun job this
+    process belongs to (or the single process). `after_epoch(history)`: a sweep's pruner, asked after each
+    epoch of a one-phase run."""
+    folder = RunFolder.of(folder)
     dist = init_distributed(cfg.train.device) if dist is None else dist
     try:
-        return run_to_end(cfg, Path(run_dir), resume, dist, after_epoch)
+        return run_to_end(cfg, folder, resume, dist, after_epoch)
     except CloudMLError as e:
-        if dist.is_main and Path(run_dir).is_dir():
-            record_failure(Path(run_dir), str(e))
+        if dist.is_main and folder.path.is_dir():
+            folder.record_failure(str(e))
         raise
     except Exception as e:
         message = explain_peer_failure(e, dist)
@@ -45,20 +50,20 @@ def train_run(
         dist.close()
 
 
-def run_to_end(cfg: Config, run_dir: Path, resume: str, dist: Dist, after_epoch=None) -> dict:
+def run_to_end(cfg: Config, folder: RunFolder, resume: str, dist: Dist, after_epoch=None) -> dict:
     """One phase, or the two-phase protocol with train.pretrain_flight (whose phases a pruner does not stop):
     trained and ended, in this job's processes (`dist` stays open: a sweep runs its trials in it)."""
     if cfg.train.pretrain_flight:
-        return train_two_phase(cfg, run_dir, resume, dist)
-    return train_and_finish(cfg, run_dir, resume, dist, after_epoch=after_epoch)
+        return train_two_phase(cfg, folder, resume, dist)
+    return train_and_finish(cfg, folder, resume, dist, after_epoch=after_epoch)
 
 
 def train_and_finish(
-    cfg: Config, run_dir: Path, resume: str, dist: Dist, init_from: Path | None = None, after_epoch=None
+    cfg: Config, folder: RunFolder, resume: str, dist: Dist, init_from: Path | None = None, after_epoch=None
 ) -> dict:
     """Train to the final checkpoint, then the end of the run: its report."""
-    Trainer(cfg, run_dir, resume, init_from=init_from, dist=dist).setup().fit(after_epoch)
-    return finish_run(run_dir, dist)
+    Trainer(cfg, folder, resume, init_from=init_from, dist=dist).setup().fit(after_epoch)
+    return finish_run(folder, dist)
 
 
 def check_pretrain_flight(cfg: Config, names: list[str]) -> list[str]:
@@ -82,13 +87,13 @@ def check_pretrain_flight(cfg: Config, names: list[str]) -> list[str]:
     return []
 
 
-def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE) -> dict:
+def train_two_phase(cfg: Config, folder: RunFolder, resume: str, dist: Dist = SINGLE) -> dict:
     """Phase 1 trains on train.pretrain_flight alone (RUN_DIR/pretrain, train.pretrain_epochs); phase 2
     fine-tunes from its best weights on all training flights, the pre-training flight weighted by
     data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
     An interrupted phase resumes; a finished phase 1 is not trained again."""
-    check_folder_kind(run_dir, "train")  # before phase 1 makes RUN_DIR/pretrain in it
-    claim(run_dir, RUN)  # the two phases' folder, marked before phase 1 writes into it
+    folder.check_kind(RUN, trains=True, command="train")  # before phase 1 makes RUN_DIR/pretrain in it
+    folder.claim(RUN)  # the two phases' folder, marked before phase 1 writes into it
     cfg, _ = resolve_config(cfg)
     names = [f.name for f in cfg.data.flights]
     problems = check_pretrain_flight(cfg, names)
@@ -107,7 +112,8 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
         },
     )
     log.info("Phase 1 of 2: pre-training on %s for %d epochs", cfg.train.pretrain_flight, phase1.train.epochs)
-    train_and_finish(phase1, run_dir / "pretrain", resume, dist)
+    pretrain = RunFolder(folder.pretrain)
+    train_and_finish(phase1, pretrain, resume, dist)
     phase2 = derive(cfg, {"data.overweight_flight": cfg.train.pretrain_flight})
     log.info(
         "Phase 2 of 2: fine-tuning on %s (%s weighted x%g)",
@@ -115,4 +121,4 @@ def train_two_phase(cfg: Config, run_dir: Path, resume: str, dist: Dist = SINGLE
         cfg.train.pretrain_flight,
         cfg.data.overweight_factor,
     )
-    return train_and_finish(phase2, run_dir, resume, dist, init_from=RunFolder(run_dir / "pretrain").best)
+    return train_and_finish(phase2, folder, resume, dist, init_from=pretrain.best)

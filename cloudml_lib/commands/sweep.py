@@ -43,7 +43,6 @@ from cloudml_lib.base.config import (
 )
 from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
 from cloudml_lib.base.files import read_text
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.ownership import Kind, check, claim, is_marked
@@ -63,6 +62,7 @@ from cloudml_lib.commands.space import (
 )
 from cloudml_lib.core.machine.distributed import Dist, init_distributed
 from cloudml_lib.core.run.checkpoint import write_durable
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import (
     CROSSVAL,
     RUN,
@@ -97,7 +97,13 @@ def _journal_names_a_study(path: Path) -> bool:
         return False
 
 
-SWEEP = Kind(SWEEP_KIND, "--run-dir", adopt_sweep, "an existing sweep folder to continue that sweep")
+SWEEP = Kind(
+    SWEEP_KIND,
+    "--run-dir",
+    adopt_sweep,
+    "an existing sweep folder to continue that sweep",
+    continued_by="sweep ...",
+)
 
 STUDY_NAME = "cloudml-sweep"
 JOURNAL = "study.journal"
@@ -331,8 +337,9 @@ def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: 
         result = crossval(cfg, trial_dir, controls=False, dist=dist)
         return dist.from_main(crossval_value(result, space.metric) if dist.is_main else None)
     from cloudml_lib.commands.runs import run_to_end
+    from cloudml_lib.core.run.folder import RunFolder
 
-    report = run_to_end(cfg, trial_dir, "auto", dist, after_epoch=pruning)
+    report = run_to_end(cfg, RunFolder(trial_dir), "auto", dist, after_epoch=pruning)
     if space.objective == LEGACY_OBJECTIVE:
         return report["overall"][space.metric]
     return (report.get("validation") or {}).get("pooled", {}).get(space.metric)

@@ -27,7 +27,6 @@ import torch
 
 from cloudml_lib.base.config import LEGACY_VALIDATION, Config, config_from_dict, derive, height_bounds_km
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.machine.device import choose_device, choose_precision
@@ -36,6 +35,7 @@ from cloudml_lib.core.network.inference import Evaluator, eval_batch_size, prepa
 from cloudml_lib.core.network.metrics import Scored, bounds_count
 from cloudml_lib.core.network.model import build_model
 from cloudml_lib.core.run.checkpoint import BEST_KEYS, Key, load_checkpoint
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
@@ -218,7 +218,7 @@ class RunModel:
 
 
 def load_run_model(
-    run_dir: str | Path,
+    run: RunFolder | str | Path,
     data_dir: str | None = None,
     command: str = "evaluate",
     cache_dir: str | None = None,
@@ -227,13 +227,14 @@ def load_run_model(
     """best.pt of a run with the config it was trained with (data.dir replaced if the files moved, and
     data.cache_dir if the cache is to be built elsewhere, e.g. a run trained on another machine). Every way
     best.pt can be unusable is a CloudMLError naming it. `channels_last`: force the memory format (default:
-    where it was measured to pay, inference.prepare_model)."""
-    from cloudml_lib.core.run.runfolder import check_folder_kind, has_run
+    where it was measured to pay, inference.prepare_model). `run`: its folder (a path is taken as one)."""
+    from cloudml_lib.core.run.runfolder import RUN
 
-    run_dir = Path(run_dir)
-    check_folder_kind(run_dir, command)
-    best = RunFolder(run_dir).best
-    ckpt = _read_best(best, run_dir, has_run(run_dir))
+    run = RunFolder.of(run)
+    run_dir = run.path
+    run.check_kind(RUN, trains=False, command=command)
+    best = run.best
+    ckpt = _read_best(best, run_dir, run.holds_run())
     try:
         cfg = config_from_dict(ckpt[Key.CONFIG])
     except CloudMLError as e:
@@ -383,21 +384,23 @@ def trained_of(ckpt: dict, data: EndData) -> Trained:
 
 
 def evaluate_run(
-    run_dir: str | Path, data_dir: str | None = None, write: bool = True, cache_dir: str | None = None
+    run: RunFolder | str | Path, data_dir: str | None = None, write: bool = True, cache_dir: str | None = None
 ) -> dict:
     """Score a finished run's best model on its test flights with its stored cloud probe and intervals
-    (changing neither); writes predictions.csv, evaluation.json and report.md. `data_dir`, `cache_dir`:
-    where the flights and the preprocessing cache are now, if not where the run recorded them."""
-    run_dir = Path(run_dir)
+    (changing neither); writes predictions.csv, evaluation.json and report.md. `run`: its folder (a path is
+    taken as one). `data_dir`, `cache_dir`: where the flights and the preprocessing cache are now, if not
+    where the run recorded them."""
+    run = RunFolder.of(run)
+    run_dir = run.path
     if write:
         # report.md, evaluation.json and predictions.csv are rewritten: only where CloudML proves its run
         from cloudml_lib.base.ownership import check
-        from cloudml_lib.core.run.runfolder import RUN, check_folder_kind, check_run_writes
+        from cloudml_lib.core.run.runfolder import RUN, check_run_writes
 
-        check_folder_kind(Path(run_dir), "evaluate")  # a sweep's or cross-validation's folder, named as such
-        check_run_writes(Path(run_dir))
-        check(Path(run_dir), RUN)
-    rm = load_run_model(run_dir, data_dir, cache_dir=cache_dir)
+        run.check_kind(RUN, trains=False, command="evaluate")  # a sweep's or cross-validation's, named so
+        check_run_writes(run_dir)
+        check(run_dir, RUN)
+    rm = load_run_model(run, data_dir, cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     data = load_end_data(
         cfg, Scalers.from_dict(ckpt[Key.SCALERS]), ckpt.get(Key.PROVENANCE), ckpt.get(Key.SPLIT)

@@ -31,7 +31,6 @@ import torch
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.core.machine.device import choose_device, choose_precision
 from cloudml_lib.core.machine.distributed import SINGLE, Dist
@@ -39,10 +38,9 @@ from cloudml_lib.core.network.inference import Evaluator, eval_batch_size
 from cloudml_lib.core.network.model import build_model
 from cloudml_lib.core.run.checkpoint import FORMAT_VERSION, Found, Key, load_checkpoint, save_atomic, to_cpu
 from cloudml_lib.core.run.events import write_final_events
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.progress import Progress
 from cloudml_lib.core.run.runfolder import MetricsFile, truncate_metrics
-from cloudml_lib.core.run.runlock import RunLock
-from cloudml_lib.core.run.status import run_state, trained_checkpoint
 from cloudml_lib.data.dataset import Scalers
 from cloudml_lib.science import intervals, plots
 from cloudml_lib.science.clouds import fit_probe, fitted_baseline
@@ -63,30 +61,31 @@ from cloudml_lib.science.report import write_report
 log = logging.getLogger(__name__)
 
 
-def finish_run(run_dir: str | Path, dist: Dist = SINGLE) -> dict:
+def finish_run(folder: RunFolder | str | Path, dist: Dist = SINGLE) -> dict:
     """The end of a trained run, done once: its report. A finished run's stored report is returned as it is
     (report.md written again if it went missing); a run whose end is pending gets it now. Every process of a
-    torchrun job calls it (the scoring is shared); rank 0 writes."""
-    run_dir = Path(run_dir)
+    torchrun job calls it (the scoring is shared); rank 0 writes. `folder`: the run (a path is taken as
+    one)."""
+    folder = RunFolder.of(folder)
+    run_dir = folder.path
     # rank 0 decides for all (the others would see its lock); a live holder elsewhere is RunLock's to refuse
-    state = dist.from_main(run_state(run_dir, check_lock=False) if dist.is_main else None)
+    state = dist.from_main(folder.state(check_lock=False) if dist.is_main else None)
     if state.kind == "finished":
         report = read_evaluation(run_dir)
-        if not (RunFolder(run_dir).report).is_file() and dist.is_main:
+        if not folder.report.is_file() and dist.is_main:
             write_report(run_dir)
         log.info("This run is finished. Its report:\n%s", format_report(report))
         return report
     if state.kind != "trained":
         raise CloudMLError(f"{run_dir} is not trained yet ({state.words}): train it first, then its end runs")
-    lock = RunLock(run_dir) if dist.is_main else None
+    lock = folder.lock() if dist.is_main else None
     if lock is not None:
-        lock.acquire()
         attach_run_log(run_dir)
     try:
         log.info(
             "The end of the run (%s): the best model on the validation data, then the test flights", state.why
         )
-        return end_run(run_dir, trained_checkpoint(run_dir), dist)
+        return end_run(run_dir, folder.trained_checkpoint(), dist)
     finally:
         if lock is not None:
             lock.release()

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from cloudml_lib.base.errors import CloudMLError, install_command
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.runfiles import INTERVAL_METHODS, RunFiles
+from cloudml_lib.core.run.folder import RunFolder
 
 log = logging.getLogger(__name__)
 

@@ -55,6 +55,7 @@ from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.inference import StreamEncoder, eval_batch_size, windows_forward
 from cloudml_lib.core.network.metrics import Scored, cloud_class, outside_bounds
 from cloudml_lib.core.run.checkpoint import Key
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cache import cache_root
@@ -758,7 +759,7 @@ PREDICTIONS = Kind("predictions", "--out", adopt_predictions, "a folder of earli
 
 
 def predict_flights(
-    run_dir: str | Path,
+    run: RunFolder | str | Path,
     flights: list[str] | None = None,
     out_dir: str | Path | None = None,
     data_dir: str | None = None,
@@ -766,16 +767,18 @@ def predict_flights(
     cache_dir: str | None = None,
     cloud_flag: str = "model",
 ) -> list[Path]:
-    """Predict whole flights with a run's best model; returns the NetCDF files written.
-    `flights`: names from the run's config or found in data.dir (default: its test flights).
+    """Predict whole flights with a run's best model; returns the NetCDF files written. `run`: the run's
+    folder (a path is taken as one). `flights`: names from the run's config or found in data.dir (default:
+    its test flights).
     `cloud_flag`: whose cloud flag the files hold: the model's, or bt_threshold (the brightness-temperature
     baseline fitted on the training flights, for a run whose verdict says it beats the model).
     `calibration_dir`: a folder whose intervals.json calibrates the intervals (a cross-validation's, whose
     leave-one-flight-out residuals show the error on a flight never seen); default the run's own.
     `cache_dir`: where the files' checksum memo goes if the run's recorded cache folder is not this
     machine's."""
-    run_dir = Path(run_dir)
-    rm = load_run_model(run_dir, data_dir, command="predict", cache_dir=cache_dir)
+    run = RunFolder.of(run)
+    run_dir = run.path
+    rm = load_run_model(run, data_dir, command="predict", cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     flagging = choose_flagging(cfg, ckpt, cloud_flag, run_dir)
     calibration = _calibration(run_dir, calibration_dir)
@@ -790,7 +793,7 @@ def predict_flights(
         calibration,
         _read_summary(out / "summary.json"),
         flagging,
-        RunFiles(run_dir).evaluation(),
+        run.files.evaluation(),
     )
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     written = []

@@ -21,11 +21,11 @@ import numpy as np
 
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import LEGACY_VALIDATION
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.compile import describe_saved
 from cloudml_lib.core.run import provenance
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.science.baselines import SHORT as SHORT_NAMES
 from cloudml_lib.science.baselines import WORDS as BASELINE_NAMES
 

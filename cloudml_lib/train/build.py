@@ -34,9 +34,7 @@ from torch.utils.data import DataLoader
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config, derive, save_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.base.logs import attach_run_log
-from cloudml_lib.base.ownership import claim as claim_folder
 from cloudml_lib.core.machine.device import (
     Precision,
     choose_device,
@@ -52,21 +50,15 @@ from cloudml_lib.core.network.compile import CompileWatch, apply_compile
 from cloudml_lib.core.network.model import build_model, count_parameters
 from cloudml_lib.core.run.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
 from cloudml_lib.core.run.events import Events
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import read_run_provenance, run_provenance, trained_backend
 from cloudml_lib.core.run.resume import (
     check_data_fingerprint,
     check_resume_config,
-    find_resume_point,
     recorded_files,
     resumed_config,
 )
-from cloudml_lib.core.run.runfolder import (
-    RUN,
-    MetricsFile,
-    check_folder_kind,
-    clean_leftovers,
-    truncate_metrics,
-)
+from cloudml_lib.core.run.runfolder import RUN, MetricsFile, truncate_metrics
 from cloudml_lib.core.run.runlock import RunLock
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import (
@@ -144,7 +136,7 @@ def data_fingerprint(caches: list) -> dict:
 
 
 def claim_run_dir(
-    cfg: Config, run_dir: Path, resume: str, dist: Dist, fingerprint: dict, flight_table: str
+    cfg: Config, folder: RunFolder, resume: str, dist: Dist, fingerprint: dict, flight_table: str
 ) -> tuple[RunLock | None, Found | None, Config]:
     """Rank 0 locks the run folder, cleans leftovers, picks the checkpoint to resume from and checks this
     config and data against it; every other rank then loads that same committed checkpoint (its checksums
@@ -154,33 +146,32 @@ def claim_run_dir(
 
     def claim():
         nonlocal lock
-        claim_folder(run_dir, RUN)  # made (or adopted) and marked as CloudML's before anything is written
-        lock = RunLock(run_dir)
-        lock.acquire()
-        attach_run_log(run_dir)
-        clean_leftovers(run_dir)
-        found = find_resume_point(run_dir, resume)
+        folder.claim(RUN)  # made (or adopted) and marked as CloudML's before anything is written
+        lock = folder.lock()
+        attach_run_log(folder.path)
+        folder.clean_leftovers()
+        found = folder.resume_point(resume)
         if found is not None:
             check_resume_config(cfg, found.state[Key.CONFIG])
-            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(run_dir))
+            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(folder.path))
         log.info("Flights:\n%s", flight_table)
         return found
 
     try:
         found = dist.main_first(claim if dist.is_main else lambda: None)  # rank 0's error stops all
-        folder = dist.from_main(None if found is None else str(found.folder))
+        point = dist.from_main(None if found is None else str(found.folder))
     except BaseException:
         if lock is not None:
             lock.release()
         raise
-    if not dist.is_main and folder is not None:
-        reason, state, meta = check_folder(Path(folder))
+    if not dist.is_main and point is not None:
+        reason, state, meta = check_folder(Path(point))
         if reason is not None:
             raise CloudMLError(
-                f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {folder}: "
+                f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {point}: "
                 f"{reason}. Every process must see the same run folder (a shared disk)."
             )
-        found = Found(Path(folder), state, [], meta)
+        found = Found(Path(point), state, [], meta)
     return lock, found, (cfg if found is None else resumed_config(cfg, found.state[Key.CONFIG]))
 
 
@@ -222,22 +213,22 @@ class Run:
     events: Events
 
 
-def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, dist: Dist) -> Run:
+def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | None, dist: Dist) -> Run:
     """Everything in the order above; the run starts from the resume point, or from `init_from`'s weights
     (fine-tuning), or fresh. `cfg` is not changed: what the run resolves (its flights, a measured batch
     size) is in Run.config and run.json. On any error the run folder is released."""
-    cfg, data, fingerprint, provenance = run_data(cfg, run_dir, dist)
+    cfg, data, fingerprint, provenance = run_data(cfg, folder, dist)
     lock = writer = None
     try:
         lock, found, resumed = claim_run_dir(
-            cfg, run_dir, resume, dist, fingerprint, data.train_set.flight_table
+            cfg, folder, resume, dist, fingerprint, data.train_set.flight_table
         )
         if resumed.data != cfg.data:  # a run of an earlier release keeps its reading of its data (its split)
             data = split_data(resumed, data.caches, data.train_set.flight_table)
         cfg, train_set, val_set = resumed, data.train_set, data.val_set
         if found is not None:  # the brightness statistics in the units the run started with
             saved = Scalers.from_dict(found.state[Key.SCALERS])
-            saved.check_units(train_set.scalers.radiometry_units or "", f"the flights of {run_dir}")
+            saved.check_units(train_set.scalers.radiometry_units or "", f"the flights of {folder.path}")
         header = {
             Key.SCALERS: train_set.scalers.to_dict(),
             Key.FINGERPRINT: fingerprint,
@@ -246,24 +237,24 @@ def build_run(cfg: Config, run_dir: Path, resume: str, init_from: Path | None, d
             Key.SPLIT: data.split.record(),
         }
         seed_everything(cfg.train.seed)
-        parts, cfg = build_parts(cfg, dist, train_set, run_dir.parent)
-        writer = CheckpointWriter(run_dir, cfg.checkpoint.keep_last) if dist.is_main else None
-        loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), MetricsFile(run_dir, dist)
+        parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent)
+        writer = CheckpointWriter(folder.path, cfg.checkpoint.keep_last) if dist.is_main else None
+        loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), folder.metrics_file(dist)
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop, parts.average)
         state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
-        checkpoints = Checkpoints(run_dir, cfg, dist, writer, state, metrics, parts.total_steps)
+        checkpoints = Checkpoints(folder.path, cfg, dist, writer, state, metrics, parts.total_steps)
         step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
         measured = Measured(device_name(parts.device), signature(step, cfg.train.batch_size))
         if parts.device.type == "cuda":  # the estimate beside what the GPU holds: every run calibrates it
             measured.estimated_need_gib = estimated_need_gib(
                 cfg, parts.device, train_set.caches[0].frame_shape
             )
-        run_info = RunInfo(run_dir, dist, parts.compile, provenance, measured)
+        run_info = RunInfo(folder, dist, parts.compile, provenance, measured)
         if dist.is_main:
-            save_config(cfg, RunFolder(run_dir).config)  # the run's plan, as it trains
+            save_config(cfg, folder.config)  # the run's plan, as it trains
         start(found, state, parts, metrics, run_info, cfg, init_from, data.split.record())
         checkpoints.events = Events(
-            run_dir, writer.local_dir if writer else None, loop.progress.step, fresh=found is None
+            folder.path, writer.local_dir if writer else None, loop.progress.step, fresh=found is None
         )
     except BaseException:
         if writer is not None:
@@ -306,13 +297,14 @@ def check_cache_apart(cfg: Config, run_dir: Path) -> None:
         )
 
 
-def run_data(cfg: Config, run_dir: Path, dist: Dist) -> tuple[Config, RunData, dict, dict]:
+def run_data(cfg: Config, folder: RunFolder, dist: Dist) -> tuple[Config, RunData, dict, dict]:
     """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
     builds a missing one, the others then read it), the datasets by role, the batch size checked against
     them, and what the run trains on by content (fingerprint) and by origin (provenance)."""
+    run_dir = folder.path
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
-    check_folder_kind(run_dir, "train")
+    folder.check_kind(RUN, trains=True, command="train")
     check_cache_apart(cfg, run_dir)
     faults.point("setup")
     # a resumed run keeps the CLAHE backend it started with (auto), or is warned that it changes

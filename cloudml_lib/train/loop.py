@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.core.machine.device import format_memory, memory_readings
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.core.network.compile import CompileWatch
@@ -43,6 +42,7 @@ from cloudml_lib.core.network.recovery import (
     undo,
 )
 from cloudml_lib.core.run.events import Events
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import MetricsFile
 from cloudml_lib.core.run.runlock import RunLock
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
@@ -61,17 +61,18 @@ class Trainer:
     def __init__(
         self,
         cfg: Config,
-        run_dir: str | Path,
+        folder: RunFolder | str | Path,
         resume: str = "auto",
         init_from: Path | None = None,
         dist: Dist = SINGLE,
     ):
         """`cfg`: the config as loaded (never changed: the run's resolved plan is `self.cfg` after setup()).
-        `init_from`: a best.pt whose weights a new run starts from (fine-tuning); ignored on resume.
-        `dist`: this process's place in a torchrun job; only rank 0 writes files."""
-        self.cfg, self.run_dir, self.resume, self.init_from, self.dist = (
+        `folder`: the run folder (a path is taken as one). `init_from`: a best.pt whose weights a new run
+        starts from (fine-tuning); ignored on resume. `dist`: this process's place in a torchrun job; only
+        rank 0 writes files."""
+        self.cfg, self.folder, self.resume, self.init_from, self.dist = (
             cfg,
-            Path(run_dir),
+            RunFolder.of(folder),
             resume,
             init_from,
             dist,
@@ -85,7 +86,7 @@ class Trainer:
     def setup(self) -> Trainer:
         """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
         checkpoints and the resume point; each part is assigned here."""
-        run = build_run(self.cfg, self.run_dir, self.resume, self.init_from, self.dist)
+        run = build_run(self.cfg, self.folder, self.resume, self.init_from, self.dist)
         self.cfg: Config = run.config  # the run's plan: flights and batch size resolved
         self.train_set: CloudDataset = run.train_set
         self.val_set: CloudDataset = run.val_set
@@ -371,7 +372,7 @@ class Trainer:
             self.evaluated,
             self.cfg.train.early_stopping_patience,
             self.save_best,
-            RunFolder(self.run_dir).best,
+            self.folder.best,
         )
 
     def save_best(self) -> None:
@@ -395,7 +396,7 @@ class Trainer:
             self.progress.epoch,
             self.progress.step,
             self.progress.best_epoch,
-            RunFolder(self.run_dir).best,
+            self.folder.best,
         )
 
     def close(self) -> None:

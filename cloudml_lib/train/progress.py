@@ -7,15 +7,14 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 
 import torch
 
-from cloudml_lib.base.layout import RunFolder
-from cloudml_lib.base.outputs import json_safe, write_text
+from cloudml_lib.base.outputs import json_safe
 from cloudml_lib.core.machine.distributed import Dist
 from cloudml_lib.core.machine.timing import Measured, expected_from_env
 from cloudml_lib.core.network.compile import CompileWatch
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import write_run_provenance
 
 log = logging.getLogger(__name__)
@@ -60,13 +59,13 @@ class RunInfo:
 
     def __init__(
         self,
-        run_dir: Path,
+        folder: RunFolder,
         dist: Dist,
         watch: CompileWatch,
         provenance: dict,
         measured: Measured | None = None,
     ):
-        self.run_dir, self.dist, self.watch, self.provenance = run_dir, dist, watch, provenance
+        self.folder, self.dist, self.watch, self.provenance = folder, dist, watch, provenance
         self.measured = measured  # what this start's epochs take (core/machine/timing.py)
         self.plan: dict = {}
         self.compile_said = False
@@ -89,9 +88,9 @@ class RunInfo:
         info = dict(self.plan, compile=self.watch.update().to_dict())
         if self.measured is not None and self.measured.record() is not None:
             info["measured"] = self.measured.record()
-        write_text(RunFolder(self.run_dir).run_info, json.dumps(json_safe(info), indent=1))
-        if provenance or not (RunFolder(self.run_dir).provenance).is_file():
-            write_run_provenance(self.run_dir, json_safe(self.provenance))
+        self.folder.write_run_info(info)
+        if provenance or not self.folder.provenance.is_file():
+            write_run_provenance(self.folder.path, json_safe(self.provenance))
 
     def report_compile(self) -> None:
         """After this start's first step (when compiling happened): say what was compiled, once."""

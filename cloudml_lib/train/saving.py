@@ -15,7 +15,6 @@ import torch
 
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.layout import RunFolder
 from cloudml_lib.core.machine.distributed import Dist
 from cloudml_lib.core.network.compile import unwrap_model
 from cloudml_lib.core.run.checkpoint import (
@@ -28,6 +27,7 @@ from cloudml_lib.core.run.checkpoint import (
     to_cpu,
 )
 from cloudml_lib.core.run.events import Events
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import MetricsFile
 from cloudml_lib.train.state import Progress, TrainingState
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.machine import estimate
 from cloudml_lib.core.machine.device import choose_precision
@@ -273,7 +273,7 @@ def read_measured(run: Path) -> dict | None:
         if str(run) not in _told:
             _told.add(str(run))
             log.warning("%s: %s; its measurements are left out (the run itself is unchanged)",
-                        RunFolder(run).run_info, problem)  # fmt: skip
+                        RunLayout(run).run_info, problem)  # fmt: skip
         return None
     return got
 

@@ -9,6 +9,6 @@
 - events.py       its TensorBoard record
 - provenance.py   what a result was made from (the run's record)
 
-The file and folder names themselves are written once, in base/layout.py (`RunFolder`), so that the layers
+The file and folder names themselves are written once, in base/layout.py (`RunLayout`), so that the layers
 below (the ledger, the readers of run files) name them too. May import: the machine, the network, data, base.
 """

@@ -35,7 +35,7 @@ import torch
 from cloudml_lib.base import faults, ledger
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.files import open_regular
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import refuse_link
 from cloudml_lib.base.ownership import write_marker
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 COMMITTED, STATE, META = "COMMITTED", "state.pt", "meta.json"
-REJECTED_DIR = RunFolder.REJECTED
+REJECTED_DIR = RunLayout.REJECTED
 
 
 class Key:
@@ -185,7 +185,7 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return RunFolder(run_dir).checkpoints
+    return RunLayout(run_dir).checkpoints
 
 
 def step_of(path: Path) -> int | None:

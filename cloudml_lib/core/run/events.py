@@ -23,12 +23,12 @@ from pathlib import Path
 
 from cloudml_lib.base import ledger
 from cloudml_lib.base.errors import install_command
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.outputs import atomic_path
 
 log = logging.getLogger(__name__)
 
-EVENTS_DIR = RunFolder.TENSORBOARD
+EVENTS_DIR = RunLayout.TENSORBOARD
 
 
 def has_tensorboard() -> bool:

@@ -13,7 +13,7 @@ import json
 import logging
 from pathlib import Path
 
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.outputs import write_text
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def read_run_provenance(run_dir: Path) -> dict | None:
 
 
 def write_run_provenance(run_dir: Path, record: dict) -> Path:
-    return write_text(RunFolder(run_dir).provenance, json.dumps(record, indent=1))
+    return write_text(RunLayout(run_dir).provenance, json.dumps(record, indent=1))
 
 
 def markdown(record: dict) -> list[str]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from cloudml_lib.base import ledger
 from cloudml_lib.base.config import NEW, absent_settings, derive, field_metadata, renamed_keys, resume_rules
 from cloudml_lib.base.errors import CloudMLError, shown
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.core.run.checkpoint import (
     META,
     REJECTED_DIR,
@@ -79,7 +79,7 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
             + (
                 "best.pt holds the best model's weights only, not a resumable state (no optimizer, "
                 "schedule or position). "
-                if folder.name == RunFolder.BEST
+                if folder.name == RunLayout.BEST
                 else ""
             )
             + "--resume auto continues from the newest valid checkpoint."

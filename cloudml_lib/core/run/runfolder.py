@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import what_is
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.liveness import process_alive
 from cloudml_lib.base.outputs import (
     append_text,
@@ -29,7 +29,7 @@ from cloudml_lib.base.outputs import (
     refuse_special,
     write_text,
 )
-from cloudml_lib.base.ownership import Kind, check, is_marked, marker_kind
+from cloudml_lib.base.ownership import Kind, check, is_marked, kind_named, marker_kind
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.run.checkpoint import (
     BEST_KEYS,
@@ -92,21 +92,21 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
 
 # The files a run writes at the top of its folder, each refused where it is a link or not a regular file.
 RUN_WRITES = (
-    RunFolder.CONFIG,
-    RunFolder.RUN_INFO,
-    RunFolder.PROVENANCE,
-    RunFolder.METRICS,
-    RunFolder.LOG,
-    RunFolder.BEST,
-    RunFolder.EVALUATION,
-    RunFolder.PREDICTIONS,
-    RunFolder.INTERVALS,
-    RunFolder.REPORT,
+    RunLayout.CONFIG,
+    RunLayout.RUN_INFO,
+    RunLayout.PROVENANCE,
+    RunLayout.METRICS,
+    RunLayout.LOG,
+    RunLayout.BEST,
+    RunLayout.EVALUATION,
+    RunLayout.PREDICTIONS,
+    RunLayout.INTERVALS,
+    RunLayout.REPORT,
     "crossval.json",
     "crossval.md",
     "sweep.json",
     "study.journal",
-    RunFolder.TRIAL,
+    RunLayout.TRIAL,
 )
 
 
@@ -118,7 +118,7 @@ def check_run_writes(run_dir: Path) -> None:
         refuse_special(Path(run_dir) / name)
 
 
-RUN_NAMES = (RunFolder.METRICS, RunFolder.BEST, RunFolder.CHECKPOINTS, RunFolder.CONFIG)
+RUN_NAMES = (RunLayout.METRICS, RunLayout.BEST, RunLayout.CHECKPOINTS, RunLayout.CONFIG)
 
 
 def has_run(run_dir: Path) -> bool:
@@ -154,22 +154,24 @@ def fold_models(run_dir: Path) -> list[Path]:
     return sorted(p / "model" for p in (Path(run_dir) / "folds").glob("*") if (p / "model").is_dir())
 
 
-def check_folder_kind(run_dir: Path, command: str) -> None:
-    """Each command on the kind of folder it works on: `train` and `evaluate` on a run, `crossval` on a
-    cross-validation folder. The wrong kind is named, with the command that fits it. `train` and `crossval`
-    also refuse a folder that is not CloudML's (base/ownership.py) and a link where a run writes a file
-    (`evaluate` too where it writes: science/evaluate.py)."""
+def check_folder_kind(run_dir: Path, wants: Kind, trains: bool, command: str) -> None:
+    """A command on the kind of folder it works on: `wants` is RUN (train, evaluate, predict) or CROSSVAL.
+    The wrong kind is named, with the command line that continues it (its Kind's `continued_by`).
+    `trains`: the command trains in the folder, so a folder that is not CloudML's (base/ownership.py) and
+    a link where a run writes a file are refused too (evaluate checks its own writes: science/evaluate.py).
+    `command` is the caller's name, only for the example it gives; no rule here depends on it."""
     run_dir = Path(run_dir)
     marked = marker_kind(run_dir) if run_dir.is_dir() else None
     if (run_dir / "sweep.json").is_file() or marked == SWEEP_KIND:
         trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
+        sweep = kind_named(SWEEP_KIND)
         raise CloudMLError(
             f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
             f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
-            "to continue the sweep: python -m cloudml_lib sweep ... with the same --run-dir. "
-            "Nothing was changed."
+            f"to continue the sweep: python -m cloudml_lib {sweep.continued_by if sweep else 'sweep ...'} "
+            "with the same --run-dir. Nothing was changed."
         )
-    if command == "crossval":
+    if wants is CROSSVAL:
         check_run_writes(run_dir)  # a link where a run writes is named first: the most exact refusal
         check(run_dir, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
         if has_run(run_dir) and not is_crossval(run_dir):
@@ -179,17 +181,17 @@ def check_folder_kind(run_dir: Path, command: str) -> None:
             )
         return
     if not is_crossval(run_dir):
-        if command == "train":
+        if trains:
             check_run_writes(run_dir)
             check(run_dir, RUN)
         return
     folds = fold_models(run_dir)
     example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
-    if command == "train":
+    if trains:
         raise CloudMLError(
-            f"{run_dir} is a cross-validation folder (it holds folds/): train would write a separate "
-            f"run beside its folds. To continue the cross-validation: python -m cloudml_lib crossval "
-            f"--config FILE --run-dir {run_dir}; to train one model, choose another --run-dir. "
+            f"{run_dir} is a cross-validation folder (it holds folds/): {command} would write a separate "
+            f"run beside its folds. To continue the cross-validation: python -m cloudml_lib "
+            f"{CROSSVAL.continued_by} --run-dir {run_dir}; to train one model, choose another --run-dir. "
             "Nothing was changed."
         )
     raise CloudMLError(
@@ -215,7 +217,7 @@ class MetricsFile:
     notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
 
     def __init__(self, run_dir: Path, dist: Dist):
-        self.path, self.dist = RunFolder(run_dir).metrics, dist
+        self.path, self.dist = RunLayout(run_dir).metrics, dist
 
     def append(self, record: dict) -> None:
         if self.dist.is_main:
@@ -225,18 +227,21 @@ class MetricsFile:
         return self.path.stat().st_size
 
 
+def write_run_info(run_dir: Path, info: dict) -> None:
+    """run.json: the one writer (a start's plan and measurements, train/progress.py; a failure, below)."""
+    write_text(RunLayout(run_dir).run_info, json.dumps(json_safe(info), indent=1))
+
+
 def record_failure(run_dir: Path, why: str) -> None:
     """run.json says the last command on this run stopped on an error (run_state's "failed"); the next start
     rewrites run.json without it."""
     if not is_marked(run_dir, RUN.name):
         return  # not (yet) this run's folder: a refused folder is left as it was
-    if what_is(RunFolder(run_dir).run_info) or (RunFolder(run_dir).run_info).is_symlink():
+    if what_is(RunLayout(run_dir).run_info) or (RunLayout(run_dir).run_info).is_symlink():
         return  # the refusal named it: what stands there is left as it is
     info = RunFiles(Path(run_dir)).run_info()
-    if info or (RunFolder(run_dir).checkpoints).is_dir():
-        write_text(
-            RunFolder(run_dir).run_info, json.dumps(json_safe(dict(info, failed=shown(why, 300))), indent=1)
-        )
+    if info or (RunLayout(run_dir).checkpoints).is_dir():
+        write_run_info(run_dir, dict(info, failed=shown(why, 300)))
 
 
 def adopt_run(folder: Path) -> str | None:
@@ -248,9 +253,9 @@ def adopt_run(folder: Path) -> str | None:
     folder = Path(folder)
     for ckpt in find_checkpoints(folder):
         reason, state, _ = check_folder(ckpt, load=True)
-        if reason is None and _same_config(RunFolder(folder).config, state.get(Key.CONFIG)):
+        if reason is None and _same_config(RunLayout(folder).config, state.get(Key.CONFIG)):
             return f"its checkpoint {ckpt.name} verifies"
-    best = RunFolder(folder).best
+    best = RunLayout(folder).best
     if best.is_file() and not best.is_symlink():
         try:
             ckpt = load_checkpoint(best)
@@ -259,8 +264,8 @@ def adopt_run(folder: Path) -> str | None:
         if (
             isinstance(ckpt, dict)
             and all(k in ckpt for k in BEST_KEYS)
-            and os.path.lexists(RunFolder(folder).config)
-            and _same_config(RunFolder(folder).config, ckpt[Key.CONFIG])
+            and os.path.lexists(RunLayout(folder).config)
+            and _same_config(RunLayout(folder).config, ckpt[Key.CONFIG])
         ):
             return "its best.pt loads with the keys of a best model, with the config of its config.yaml"
     return None
@@ -289,7 +294,7 @@ SUPERSEDED = "superseded-"  # + a time: the checkpoints newer than the one a res
 
 
 # The folders a run makes at its top level besides checkpoints/ (whose checkpoints are proved one by one).
-RUN_FOLDERS = (RunFolder.PLOTS, RunFolder.REJECTED)
+RUN_FOLDERS = (RunLayout.PLOTS, RunLayout.REJECTED)
 
 
 def owned_by_run(folder: Path) -> list[str]:
@@ -303,16 +308,27 @@ def owned_by_run(folder: Path) -> list[str]:
     ckpts = checkpoints_dir(folder).name
     names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
     names += [p.name for p in folder.glob(f"{SUPERSEDED}*") if p.is_dir() and not p.is_symlink()]
-    final = RunFolder(folder).tensorboard / FINAL_EVENTS  # a name no other tool writes: the end's values
-    names += [f"{RunFolder.TENSORBOARD}/{FINAL_EVENTS}"] if final.is_file() and not final.is_symlink() else []
+    final = RunLayout(folder).tensorboard / FINAL_EVENTS  # a name no other tool writes: the end's values
+    names += [f"{RunLayout.TENSORBOARD}/{FINAL_EVENTS}"] if final.is_file() and not final.is_symlink() else []
     return names
 
 
-RUN = Kind("run", "--run-dir", adopt_run, "an existing run folder to continue that run", owned_by_run)
+RUN = Kind(
+    "run",
+    "--run-dir",
+    adopt_run,
+    "an existing run folder to continue that run",
+    owned_by_run,
+    "train --config FILE",
+)
 
 
 CROSSVAL = Kind(
-    "cross-validation", "--run-dir", adopt_crossval, "an existing cross-validation folder to continue it"
+    "cross-validation",
+    "--run-dir",
+    adopt_crossval,
+    "an existing cross-validation folder to continue it",
+    continued_by="crossval --config FILE",
 )
 
 

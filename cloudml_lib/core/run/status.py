@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.layout import RunFolder
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.ownership import MARKER
 from cloudml_lib.base.runfiles import RunFiles
@@ -210,7 +210,7 @@ def run_state(run_dir: str | Path, check_lock: bool = True) -> RunState:
         return RunState("failed", str(failed)) if failed else RunState("stopped")
     files = RunFiles(run_dir)
     evaluation = files.evaluation()
-    if files.damaged and (RunFolder(run_dir).evaluation).exists():
+    if files.damaged and (RunLayout(run_dir).evaluation).exists():
         return RunState("trained", files.damaged[0])
     if not evaluation:
         return RunState("failed", str(failed)) if failed else RunState("trained", "not evaluated yet")
