@@ -32,7 +32,7 @@ WORK = (
     "cloudml_lib.science.predict.predict_flights",
     "cloudml_lib.science.evaluate.evaluate_run",
     "cloudml_lib.data.synthetic.make_demo_flights",
-    "cloudml_lib.data.flights.ensure_demo_flights",
+    "cloudml_lib.data.synthetic.ensure_demo_flights",
 )
 
 

@@ -95,7 +95,7 @@ def test_an_earlier_versions_demo_flights_are_kept_for_the_runs_made_on_them(
     import yaml
 
     from cloudml_lib.colab.drive import demo_folder_of
-    from cloudml_lib.data.flights import ensure_demo_flights
+    from cloudml_lib.data.synthetic import ensure_demo_flights
 
     old = tmp_path / "flights"
     make_demo_flights(old, n_flights=2, frames_per_flight=20, frame_shape=(16, 16), version=2)

@@ -22,7 +22,7 @@ from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core.machine import device
 from cloudml_lib.data import flights, synthetic
-from cloudml_lib.data.flights import ensure_demo_flights
+from cloudml_lib.data.synthetic import ensure_demo_flights
 
 # Colab's /content (CLOUDML_CONTENT moves it: the tests' twin of Colab), the Drive mounted in it, the CloudML
 # folder on Drive, and the cache on the VM's local disk (fast, lost at a disconnect)

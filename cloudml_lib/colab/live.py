@@ -36,7 +36,6 @@ from cloudml_lib.base.logs import PROBLEM_WORD, WARNING_WORD, level_word
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show
 from cloudml_lib.core.run.checkpoint import find_latest_valid
 from cloudml_lib.core.run.folder import RunFolder
-from cloudml_lib.core.run.status import is_finished
 from cloudml_lib.science import plots
 from cloudml_lib.train import ProgressLines
 
@@ -250,7 +249,7 @@ class LiveView:
         if code == 0 or self.fold is None:
             return f"{how}: {done} of {n} folds" if n else how
         fold_dir = Path(self.folds) / "folds" / self.fold
-        sub = fold_dir / ("scalars_only" if is_finished(fold_dir / "model") else "model")
+        sub = fold_dir / ("scalars_only" if RunFolder(fold_dir / "model").is_finished() else "model")
         return f"{how} in {self.fold_words()}; {saved_step(sub)}; {done} of {n} folds finished"
 
 

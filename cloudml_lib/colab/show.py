@@ -25,7 +25,7 @@ from cloudml_lib.core.machine import device
 from cloudml_lib.core.machine.memory import GIB
 from cloudml_lib.core.network.compile import plan, this_device
 from cloudml_lib.core.run.folder import RunFolder
-from cloudml_lib.core.run.status import format_status, run_status
+from cloudml_lib.core.run.status import format_status
 
 
 def in_notebook() -> bool:
@@ -158,7 +158,7 @@ def show_status(run_dir: Path | None) -> None:
         print("No run yet: choose a preset and run the Train cell.")
         return
     try:
-        status = run_status(run_dir)
+        status = RunFolder.of(run_dir).status()
     except CloudMLError as e:
         print(e)
         return

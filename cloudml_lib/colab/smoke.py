@@ -18,7 +18,6 @@ from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
 from cloudml_lib.colab.show import show_markdown
 from cloudml_lib.core.run.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
 from cloudml_lib.core.run.folder import RunFolder
-from cloudml_lib.core.run.status import is_finished
 
 OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
 EPOCHS = 2
@@ -46,7 +45,7 @@ def simulate_disconnect(run_dir: Path, command: list[str]) -> None:
 def check_run(run_dir: Path | None) -> None:
     """The training notebook: trained, checkpointed, resumed after the disconnect, evaluated, a whole flight
     predicted, TensorBoard serving the run."""
-    if not is_finished(run_dir):
+    if run_dir is None or not RunFolder.of(run_dir).is_finished():
         print("Smoke test not checked: the run was stopped before it finished (run all again to finish it).")
         return
     log = (RunFolder(run_dir).log).read_text()

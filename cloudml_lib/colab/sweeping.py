@@ -27,7 +27,6 @@ from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import plural, show, show_markdown, show_report, user_errors
 from cloudml_lib.commands.compare import metric_words, numbered_folders
 from cloudml_lib.core.run.folder import RunFolder
-from cloudml_lib.core.run.status import is_finished as finished
 
 OPTUNA = "optuna>=4.0"  # as pyproject.toml's extras
 TRIAL = re.compile(r"^Trial (\d+) \((\d+) of (\d+)\)")  # sweep.run_trials, as each trial starts
@@ -158,7 +157,7 @@ def sweep(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path | 
     if not c.sweep_trials:
         print("Sweep not asked for (tick 'Then sweep hyperparameters' in the picker, then run this cell).")
         return None
-    if run_dir is not None and not finished(run_dir):
+    if run_dir is not None and not RunFolder.of(run_dir).is_finished():
         print("The sweep waits for training to finish: run the Train cell (or Run all) again to continue it.")
         return None
     if not ensure_optuna():

@@ -26,7 +26,7 @@ from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
 from cloudml_lib.core.machine.timing import EXPECTED_ENV
 from cloudml_lib.core.run.checkpoint import find_checkpoints
-from cloudml_lib.core.run.status import is_finished as finished
+from cloudml_lib.core.run.folder import RunFolder
 
 
 def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:
@@ -118,7 +118,7 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
     if not picker.choice().whole_flights:
         print("Whole flights not asked for (tick the box in the picker, then run this cell).")
         return None
-    if not finished(run_dir):
+    if run_dir is None or not RunFolder.of(run_dir).is_finished():
         print(
             "Whole flights wait for training to finish: run the Train cell (or Run all) again to continue it."
         )
@@ -153,7 +153,7 @@ def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path
     if not c.crossval:
         print("Cross-validation not asked for (tick the box in the picker, then run this cell).")
         return None
-    if run_dir is not None and not finished(run_dir):
+    if run_dir is not None and not RunFolder.of(run_dir).is_finished():
         print(
             "Cross-validation waits for training to finish: run the Train cell (or Run all) again to "
             "continue it."

@@ -371,7 +371,7 @@ def _labels(args) -> int:
     the label definition; exit 2 when a flight is unusable (its files: a data problem), naming it."""
     from cloudml_lib.base.config import load_config
     from cloudml_lib.data import cpl, flights
-    from cloudml_lib.data.flights import ensure_demo_flights
+    from cloudml_lib.data.synthetic import ensure_demo_flights
 
     cfg = load_config(config_path(args), _overrides(args))
     data = ensure_demo_flights(cfg.data)

@@ -53,6 +53,8 @@ from cloudml_lib.base.config import LEGACY_VALIDATION, Config, absent_settings, 
 from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
+from cloudml_lib.commands.runs import train_run, with_demo_flights
+from cloudml_lib.core.machine.distributed import SINGLE, init_distributed
 from cloudml_lib.core.network.metrics import regression_metrics
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import CROSSVAL
@@ -134,9 +136,6 @@ def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.nd
 
 
 def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dict | None = None) -> dict:
-    from cloudml_lib.commands.runs import train_run
-    from cloudml_lib.core.machine.distributed import SINGLE
-
     fold_dir = Path(run_dir) / "folds" / held
     model_cfg = fold_config(cfg, held, started=started)
     log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
@@ -517,11 +516,11 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls: bool = True,
     folder = RunFolder.of(folder)
     run_dir = folder.path
     folder.check_kind(CROSSVAL, trains=True, command="crossval")
+    cfg = with_demo_flights(cfg, SINGLE if dist is None else dist)  # torchrun's group is not up yet
     cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own test flight
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
         raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
-    from cloudml_lib.core.machine.distributed import init_distributed
 
     # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))

@@ -8,6 +8,7 @@ run.json (status.run_state: "failed")."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from cloudml_lib.base.config import Config, derive
@@ -16,6 +17,7 @@ from cloudml_lib.core.machine.distributed import SINGLE, Dist, explain_peer_fail
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import RUN
 from cloudml_lib.data.flights import resolve_config
+from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.science.finish import finish_run
 from cloudml_lib.train.loop import Trainer
 
@@ -36,6 +38,7 @@ def train_run(
     folder = RunFolder.of(folder)
     dist = init_distributed(cfg.train.device) if dist is None else dist
     try:
+        cfg = with_demo_flights(cfg, dist)
         return run_to_end(cfg, folder, resume, dist, after_epoch)
     except CloudMLError as e:
         if dist.is_main and folder.path.is_dir():
@@ -48,6 +51,15 @@ def train_run(
         raise CloudMLError(message) from None
     finally:
         dist.close()
+
+
+def with_demo_flights(cfg: Config, dist: Dist = SINGLE) -> Config:
+    """Where a command starts: the demo flights written into data.dir when the config asks for the demo and
+    they are not there (rank 0 first under torchrun), and the demo's test flight where the config names none.
+    Nothing below the commands writes them (import-linter)."""
+    if not cfg.data.demo:
+        return cfg
+    return replace(cfg, data=dist.main_first(lambda: ensure_demo_flights(cfg.data)))
 
 
 def run_to_end(cfg: Config, folder: RunFolder, resume: str, dist: Dist, after_epoch=None) -> dict:

@@ -60,7 +60,7 @@ from cloudml_lib.commands.space import (
     suggest,
     trial_raw,
 )
-from cloudml_lib.core.machine.distributed import Dist, init_distributed
+from cloudml_lib.core.machine.distributed import SINGLE, Dist, init_distributed
 from cloudml_lib.core.run.checkpoint import write_durable
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import (
@@ -419,6 +419,10 @@ def sweep(
     build_config(base, source=str(config))  # the config itself first, then the space over it
     space = load_space(space_path, base)
     check_trials(n_trials, space)
+    if build_config(base).data.demo:  # written before the flights are looked at, as a command starts
+        from cloudml_lib.commands.runs import with_demo_flights
+
+        with_demo_flights(build_config(base), SINGLE if dist is None else dist)
     check_flights(space, base)  # flight names in the space against the flights found: before any trial
     optuna = require_optuna()
     own_dist = dist is None

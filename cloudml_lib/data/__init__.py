@@ -6,8 +6,9 @@
 - navigation.py   the nav per frame (the users' HDF rows, or public ICARTT text checked before use);
                   sun.py  where the sun is (NOAA's equations), and whether a nav file's angles agree
 - cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate, cloud classes
-- flights.py      flights found in a folder by their file names;  synthetic.py  the demo flights, written in
-                  the real file layout
+- flights.py      flights found in a folder by their file names
+- synthetic.py    the demo flights, written in the real file layout (only where a command starts:
+                  import-linter);  demo.py  their names and test flight, all a run needs to know of them
 - preprocess.py   a frame's preprocessing (crop, CLAHE) and its radiometric statistics, on every core or
                   the GPU
 - cache.py, cachefiles.py  the memory-mapped cache, built once, verified, copied to Drive

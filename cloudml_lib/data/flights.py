@@ -21,7 +21,8 @@ from pathlib import Path
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import Config, DataConfig, FlightConfig, check_flight_names
 from cloudml_lib.base.errors import ConfigError, DataError
-from cloudml_lib.data import cpl, er2, synthetic, times
+from cloudml_lib.data import cpl, er2, times
+from cloudml_lib.data.demo import demo_test_flights
 
 log = logging.getLogger(__name__)
 
@@ -250,46 +251,17 @@ def resolve_flights(
     return data, incomplete
 
 
-def ensure_demo_flights(data: DataConfig) -> DataConfig:
-    """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
-    then found there like real flights); returns `data` testing on the demo's test flight when it names none
-    (`data` itself is not changed)."""
-    if not data.demo:
-        return data
-    if not data.test_flights:
-        names = [n for n, _ in synthetic.demo_flight_names(synthetic.DEMO_FLIGHTS)]
-        data = replace(data, test_flights=[names[synthetic.DEMO_TEST_INDEX]])
-    version = synthetic.written_version(Path(data.dir))
-    if version is not None and version != str(synthetic.DEMO_VERSION):
-        # the runs made on them continue on them: an earlier generator's flights are never written over
-        log.warning(
-            "data.demo: the demo flights in %s were written by an earlier CloudML (generator version %s; "
-            "this one writes %d): they are kept and used as they are, so that a run trained on them goes on "
-            "with them. The demo of this version goes into a folder of its own (configs/demo.yaml: "
-            ".cloudml_demo/flights_v%d; or make-demo-data --out NEW_FOLDER).",
-            data.dir,
-            version,
-            synthetic.DEMO_VERSION,
-            synthetic.DEMO_VERSION,
-        )
-        return data
-    if not data.flights and not (Path(data.dir).is_dir() and find_flights(data)):
-        log.info("data.demo: generating %d demo flights into %s", synthetic.DEMO_FLIGHTS, data.dir)
-        synthetic.make_demo_flights(
-            data.dir, n_flights=synthetic.DEMO_FLIGHTS, seed=synthetic.DEMO_SEED, option="data.dir"
-        )
-    return data
-
-
 def prepare_flights(data: DataConfig, check_names: bool = True) -> tuple[DataConfig, list[FoundFlight]]:
-    """What a run does first: write the demo flights if asked to, then resolve the flights (the cache folders
-    are not searched). Returns (the data settings with the flights resolved, the flights skipped as
-    incomplete). `check_names=False` (cross-validation, which sets the test flight of each fold) skips the
-    checks of data.test_flights, data.validation and data.overweight_flight."""
+    """What a run does first: resolve the flights (the cache folders are not searched); the demo flights are
+    written before, where a command starts (data/synthetic.ensure_demo_flights). Returns (the data settings
+    with the flights resolved, the flights skipped as incomplete). `check_names=False` (cross-validation,
+    which sets the test flight of each fold) skips the checks of data.test_flights, data.validation and
+    data.overweight_flight."""
     from cloudml_lib.data.cache import cache_root, check_folder_settings
 
     check_folder_settings(data)
-    data = ensure_demo_flights(data)
+    if data.demo and not data.test_flights:
+        data = replace(data, test_flights=demo_test_flights(data.demo, data.test_flights))
     skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
     return resolve_flights(data, skip, check_names)
 

@@ -84,9 +84,11 @@ from scipy import ndimage
 from tqdm.auto import tqdm
 
 from cloudml_lib.base import ledger
+from cloudml_lib.base.config import DataConfig
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ownership import Kind, claim
-from cloudml_lib.data import times
+from cloudml_lib.data import flights, times
+from cloudml_lib.data.demo import DEMO_FLIGHTS, DEMO_TEST_INDEX, demo_flight_names, demo_test_flights  # noqa: F401
 from cloudml_lib.data.hdf5 import holds_dataset
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,6 @@ FLIGHT_SETTINGS = (
     (58.0, 150.0, 1.10),
     (45.0, 225.0, 0.80),
 )
-DEMO_TEST_INDEX = 2
 # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud); 3: the cloud's top in the frames,
 # its base a varying thickness below, the atmosphere of each flight its own (the module's docstring)
 DEMO_VERSION = 3
@@ -135,14 +136,9 @@ MOIST_LAPSE_K_PER_KM = 5.0  # inside the cloud (about the moist adiabat at 280-2
 ADIABATIC_FRACTION = 0.6  # the cloud's liquid water against the adiabatic profile (sub-adiabatic)
 ABSORPTION_M2_PER_G = 0.158  # longwave emissivity 1 - exp(-a LWP) of a water cloud (Stephens 1978)
 SHADOW_SLICES = 3  # heights between base and top whose shadows make the slab's
-DEMO_FLIGHTS, DEMO_SEED, DEMO_FRAMES = 5, 0, 1400
+DEMO_SEED, DEMO_FRAMES = 0, 1400
 DEMO_FRAME_SHAPE = (80, 96)  # raw sensor rows x columns of the demo camera
 ICARTT_NAV_INDEX = 4  # this demo flight's navigation is ICARTT text with a time axis
-
-
-def demo_flight_names(n_flights: int, dates: list[dt.date] | None = None) -> list[tuple[str, dt.date]]:
-    dates = dates or [dt.date(2025, 3, 1) + dt.timedelta(days=2 * i) for i in range(n_flights)]
-    return [(d.strftime("%d%b%y"), d) for d in dates[:n_flights]]
 
 
 def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> list[dict]:
@@ -700,3 +696,31 @@ def make_demo_flights(
         out,
     )
     return entries
+
+
+def ensure_demo_flights(data: DataConfig) -> DataConfig:
+    """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
+    then found there like real flights); returns `data` testing on the demo's test flight when it names none
+    (`data` itself is not changed). Called only where a command starts (commands/, colab/: import-linter's
+    contract), never from a layer that reads flights: those find the demo flights like real ones."""
+    if not data.demo:
+        return data
+    data = replace(data, test_flights=demo_test_flights(data.demo, data.test_flights))
+    version = written_version(Path(data.dir))
+    if version is not None and version != str(DEMO_VERSION):
+        # the runs made on them continue on them: an earlier generator's flights are never written over
+        log.warning(
+            "data.demo: the demo flights in %s were written by an earlier CloudML (generator version %s; "
+            "this one writes %d): they are kept and used as they are, so that a run trained on them goes on "
+            "with them. The demo of this version goes into a folder of its own (configs/demo.yaml: "
+            ".cloudml_demo/flights_v%d; or make-demo-data --out NEW_FOLDER).",
+            data.dir,
+            version,
+            DEMO_VERSION,
+            DEMO_VERSION,
+        )
+        return data
+    if not data.flights and not (Path(data.dir).is_dir() and flights.find_flights(data)):
+        log.info("data.demo: generating %d demo flights into %s", DEMO_FLIGHTS, data.dir)
+        make_demo_flights(data.dir, n_flights=DEMO_FLIGHTS, seed=DEMO_SEED, option="data.dir")
+    return data

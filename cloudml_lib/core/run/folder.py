@@ -82,6 +82,10 @@ class RunFolder(RunLayout):
         """Where the run stands, in the run states' words (stopped, trained, finished, failed, ...)."""
         return status.run_state(self.path, check_lock)
 
+    def is_finished(self) -> bool:
+        """Trained and evaluated (the state "finished"); an unreadable run is not."""
+        return status.is_finished(self.path)
+
     def status(self) -> dict:
         """Where the run stands in detail (its position, best score, lock holder, compile, damage)."""
         return status.run_status(self.path)
