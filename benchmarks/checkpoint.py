@@ -167,7 +167,7 @@ def resume_startup(repeats: int = 3) -> dict:
 
 
 def main() -> None:
-    from cloudml_lib.data.flights import ensure_demo_flights
+    from cloudml_lib.data.synthetic import ensure_demo_flights
 
     ensure_demo_flights(demo_config().data)
     result = {

@@ -18,6 +18,12 @@ optimizer step (beside the same for a fresh start), and its final weights agains
 method's uninterrupted run (bit-identical or the largest difference).
 
 Writes benchmarks/results/trainers.json. Needs `pip install -r benchmarks/requirements.txt`.
+
+`--before REV` measures instead the per-step overhead above for the code of REV (a git revision, checked
+out in a scratch worktree) and for this checkout's, in alternating processes (BEFORE_AFTER_ROUNDS each, on
+the same demo flights and cache): each side's ratios of adjacent CloudML and bare epochs, pooled, with
+their median and quartiles, and whether the two medians differ by more than the spread. Writes
+benchmarks/results/trainer_before_after.json.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ METHODS = ("bare", "cloudml", "lightning")
 EPOCHS, REPEATS = 3, 5
 RESUME_EVERY, KILL_STEP = 20, 50  # saves at steps 20, 40; killed at 50 (epoch 2, batch 11 of 39)
 OVERHEAD_PAIRS = 9
+BEFORE_AFTER_ROUNDS, BEFORE_AFTER_PAIRS = 3, 5
+BEFORE_AFTER = REPO / "benchmarks" / "results" / "trainer_before_after.json"
+CODE_ENV = "CLOUDML_BENCH_CODE"  # a child imports cloudml_lib from this folder (the `--before` revision's)
 
 
 class FirstStep:
@@ -294,10 +303,12 @@ def per_step_overhead(run_dir: Path, pairs: int = OVERHEAD_PAIRS) -> dict:
         trainer.close()
 
 
-def child(method: str, run_dir: Path, every_steps: int, kill_step: int) -> None:
+def child(method: str, run_dir: Path, every_steps: int, kill_step: int, pairs: int = OVERHEAD_PAIRS) -> None:
+    if os.environ.get(CODE_ENV):  # before anything imports cloudml_lib: the other revision's package
+        sys.path.insert(0, os.environ[CODE_ENV])
     cfg = config()
     if method == "overhead":
-        print(json.dumps(per_step_overhead(run_dir)))
+        print(json.dumps(per_step_overhead(run_dir, pairs)))
         return
     if kill_step:
         os.environ["CLOUDML_KILL_AT"] = f"step:{kill_step}"  # the CloudML trainer's own fault point
@@ -341,6 +352,81 @@ def launch(method: str, run_dir: Path, every_steps: int = 100, kill_step: int = 
     return {"train_s": out["train_s"], "process_s": whole, "to_first_step_s": out["first_step_at"] - launched}
 
 
+def overhead_child(run_dir: Path, code: Path | None, pairs: int) -> dict:
+    """One process measuring the per-step overhead, with cloudml_lib from `code` (None: this checkout)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = dict(os.environ, **({CODE_ENV: str(code)} if code else {}))
+    cmd = [sys.executable, __file__, "--child", "overhead", "--run-dir", str(run_dir), "--pairs", str(pairs)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"overhead ({code or 'this checkout'}) failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def pooled(results: list[dict]) -> dict:
+    """Every pair's ratio (CloudML epoch / bare epoch) of a side's processes, with median and quartiles."""
+    ratios = sorted(
+        c / b for r in results for b, c in zip(r["epoch_s"]["bare"], r["epoch_s"]["cloudml"], strict=True)
+    )
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return {"pairs": len(ratios), "ratio_median": median, "ratio_q1": q1, "ratio_q3": q3, "ratios": ratios}
+
+
+def before_and_after(rev: str) -> None:
+    """The per-step overhead of `rev`'s trainer and of this checkout's, in alternating processes."""
+    from cloudml_lib.data.synthetic import ensure_demo_flights
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True, cwd=REPO
+    )
+    if commit.returncode != 0:
+        raise SystemExit(f"--before {rev}: not a revision of this repository ({commit.stderr.strip()})")
+    worktree = SCRATCH / "before"
+    subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], capture_output=True, cwd=REPO)
+    shutil.rmtree(worktree, ignore_errors=True)
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), rev], check=True, cwd=REPO)
+    try:
+        cfg = config()
+        ensure_demo_flights(cfg.data)
+        data(cfg)  # the cache built once, outside the timings
+        sides = {"before": [], "after": []}
+        for n in range(BEFORE_AFTER_ROUNDS):  # alternating: the machine's drift hits both alike
+            for side, code in (("before", worktree), ("after", None)):
+                r = overhead_child(SCRATCH / "runs" / f"overhead-{side}-{n}", code, BEFORE_AFTER_PAIRS)
+                sides[side].append(r)
+                print(
+                    f"{side} round {n}: pair ratios {r['pair_ratio_q1']:.3f}..{r['pair_ratio_q3']:.3f}",
+                    flush=True,
+                )
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], capture_output=True, cwd=REPO)
+    before, after = pooled(sides["before"]), pooled(sides["after"])
+    spread = max(before["ratio_q3"] - before["ratio_q1"], after["ratio_q3"] - after["ratio_q1"])
+    result = {
+        "machine": machine(),
+        "before": {"revision": rev, "commit": commit.stdout.strip(), **before},
+        "after": {
+            "commit": subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO
+            ).stdout.strip(),
+            **after,
+        },
+        "median_difference": after["ratio_median"] - before["ratio_median"],
+        "spread": spread,
+        "worse_than_spread": after["ratio_median"] - before["ratio_median"] > spread,
+        "rounds": BEFORE_AFTER_ROUNDS,
+        "pairs_per_process": BEFORE_AFTER_PAIRS,
+        "processes": sides,
+    }
+    BEFORE_AFTER.write_text(json.dumps(result, indent=1))
+    print(
+        f"CloudML epoch / bare epoch: before {before['ratio_median']:.3f} ({before['ratio_q1']:.3f}.."
+        f"{before['ratio_q3']:.3f}), after {after['ratio_median']:.3f} ({after['ratio_q1']:.3f}.."
+        f"{after['ratio_q3']:.3f}); the difference {result['median_difference']:+.3f} against a spread of "
+        f"{spread:.3f}: {'worse' if result['worse_than_spread'] else 'no worse'} than the spread"
+    )
+
+
 def resume_runs() -> dict:
     """Per method: uninterrupted, killed + resumed; launch-to-first-step of a fresh and a resumed
     start; the final weights of the resumed run against the uninterrupted one."""
@@ -376,11 +462,16 @@ def main() -> None:
     p.add_argument("--run-dir")
     p.add_argument("--every-steps", type=int, default=100)
     p.add_argument("--kill-step", type=int, default=0)
+    p.add_argument("--pairs", type=int, default=OVERHEAD_PAIRS)
+    p.add_argument("--before", metavar="REV", help="the per-step overhead of REV's code beside this one's")
     args = p.parse_args()
     if args.child:
-        child(args.child, Path(args.run_dir), args.every_steps, args.kill_step)
+        child(args.child, Path(args.run_dir), args.every_steps, args.kill_step, args.pairs)
         return
-    from cloudml_lib.data.flights import ensure_demo_flights
+    if args.before:
+        before_and_after(args.before)
+        return
+    from cloudml_lib.data.synthetic import ensure_demo_flights
 
     cfg = config()
     ensure_demo_flights(cfg.data)
