@@ -159,6 +159,29 @@ def trainers_md(d: dict) -> list[str]:
     return lines
 
 
+def before_after_md(d: dict) -> list[str]:
+    b, a = d["before"], d["after"]
+
+    def side(x: dict) -> str:
+        quartiles = f"{x['ratio_q1']:.3f}..{x['ratio_q3']:.3f}"
+        return f"median {x['ratio_median']:.3f}, quartiles {quartiles} ({x['pairs']} pairs)"
+
+    return [
+        f"Machine: {describe(d['machine'])}. The per-step overhead above (a CloudML epoch over a bare epoch "
+        "of the same preloaded batches, pair by pair), for the trainer of "
+        f"{b['revision']} ({b['commit'][:7]}) and of {a['commit'][:7]}, "
+        f"in {d['rounds']} alternating processes each "
+        "(`python benchmarks/trainers.py --before REV`):",
+        "",
+        f"- before: {side(b)}",
+        f"- after: {side(a)}",
+        "",
+        f"The medians differ by {d['median_difference']:+.3f}, against a spread (the wider interquartile "
+        f"range) of {d['spread']:.3f}: "
+        + ("worse than its own spread." if d["worse_than_spread"] else "no worse than its own spread."),
+    ]
+
+
 def compile_md(d: dict) -> list[str]:
     names = {"region": "frame encoder (CloudML)", "whole": "whole model"}
     lines = [
@@ -687,6 +710,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("Preprocessing on every core and the GPU: cache build and predict", "preprocess", preprocess_md),
         ("Checkpoints: stall, overhead, resume start-up", "checkpoint", checkpoint_md),
         ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
+        ("The trainer before and after a change, side by side", "trainer_before_after", before_after_md),
         ("torch.compile against eager", "compile", compile_md),
         ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
         ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
