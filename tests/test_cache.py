@@ -212,3 +212,45 @@ def test_a_label_on_a_blank_frame_is_dropped_and_counted(tmp_path):
     cache = load_flight_cache(cfg.data.flights[0], cfg.data)
     assert labelled not in cache.frame_index and len(cache) == len(clean) - 1
     assert cache.meta["counts"]["blank_frame"] == 1 and cache.meta["counts"]["empty_frames"] == 1
+
+
+def _tree(folder):
+    """Every file below `folder` with its bytes: a user's files compared before and after."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_users_folders_in_the_cache_folder_are_never_replaced_or_deleted(tiny_config, caplog):
+    """The cache folder's ledger lists what CloudML built there: a folder of the user's where a flight's cache
+    goes is refused by name (nothing written into it), and one named like a killed build's leftover is left
+    byte-identical and named once, while the caches CloudML built are rebuilt and replaced as before."""
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.base.ledger import LEDGER
+
+    flight = tiny_config.data.flights[0]
+    cache = load_flight_cache(flight, tiny_config.data)  # the cache folder claimed, its ledger started
+    root = cache.path.parent
+    assert cache.path.name in (root / LEDGER).read_text()
+    mine = root / f"{cache.path.name}.tmp-elsewhere-4242"  # a killed build's name, but the user's folder
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    for p in (mine / "notes.txt", mine):  # untouched for a day: a build from another host that died
+        os.utime(p, (p.stat().st_atime - 86400, p.stat().st_mtime - 86400))
+    before = _tree(mine)
+    with open(cache.path / "frames.npy", "r+b") as f:  # damaged: CloudML rebuilds its own cache
+        f.truncate(os.path.getsize(cache.path / "frames.npy") - 100)
+    rebuilt = load_flight_cache(flight, tiny_config.data)
+    assert np.load(rebuilt.path / "frames.npy").shape[0] == rebuilt.meta["cached_frames"]
+    assert _tree(mine) == before
+    assert f"{mine} was not written by CloudML" in caplog.text
+    other = tiny_config.data.flights[1]
+    final = (
+        root
+        / f"{other.name}-{cache_mod.cache_key(other, tiny_config.data, cache_mod.resolve_backend('cpu'))}"
+    )
+    final.mkdir()  # the user's folder exactly where the second flight's cache goes
+    (final / "meta.json").write_text("the user's")
+    users = _tree(final)
+    with pytest.raises(CloudMLError, match="was not written by CloudML"):
+        load_flight_cache(other, tiny_config.data)
+    assert _tree(final) == users
+    assert not list(root.glob(f"{final.name}.tmp-*"))  # the build left nothing behind

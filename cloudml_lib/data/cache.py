@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError, shown
 from cloudml_lib.base.outputs import named
@@ -52,6 +53,8 @@ from cloudml_lib.data.cachefiles import (
     CACHE_META_LIMIT,
     copy_flight_cache,
     in_background,
+    make_temporary,
+    put_in_place,
     remove_stale_builds,
     temporary,
     write_frames,
@@ -299,7 +302,7 @@ def _build(flight: FlightConfig, data: DataConfig, final: Path, backend: Backend
     try:
         _build_into(tmp, flight, data, final, backend, pool)
     except BaseException:  # Ctrl-C, SIGTERM, a bad file, a full disk: no half cache stays
-        shutil.rmtree(tmp, ignore_errors=True)
+        ledger.delete(tmp)
         raise
 
 
@@ -309,8 +312,7 @@ def _build_into(
     labels = cpl.read_flight_labels(flight, data)
     windows, kept = build_windows(labels.frame_index, labels.n_frames, data.temporal_frames, data.edge_policy)
     needed = np.unique(windows)  # sorted raw frame indices
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    make_temporary(tmp)
     spec = FrameSpec.of(data)
     shape = (len(needed),) + output_shape(spec, labels.frame_shape[1])
     _check_space(flight, shape, tmp)
@@ -351,9 +353,7 @@ def _build_into(
         },
     )
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    put_in_place(tmp, final)
     if filled or blank.any():
         log.warning(
             "flight %s: %d non-finite pixels replaced by their frame's median; %d blank frames (no usable "

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm.auto import tqdm
 
-from cloudml_lib.base import faults
+from cloudml_lib.base import faults, ledger
 from cloudml_lib.base.errors import DataError
 from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.ownership import Kind
@@ -118,9 +118,31 @@ def remove_stale_builds(final: Path) -> None:
             newest = max([f.stat().st_mtime for f in p.iterdir()] + [p.stat().st_mtime])
         except OSError:
             continue
-        if not holder_alive({"host": host, "pid": int(pid), "heartbeat": newest}):
+        if not holder_alive({"host": host, "pid": int(pid), "heartbeat": newest}) and ledger.skip_unless_mine(
+            p, "delete"
+        ):
             log.info("removing %s, left by an interrupted cache build or copy", p)
-            shutil.rmtree(p, ignore_errors=True)
+            ledger.delete(p)
+
+
+def make_temporary(tmp: Path) -> None:
+    """The folder a build or copy writes into first, listed in its cache folder's ledger before it is made
+    (an earlier one of this process, killed, removed first where the ledger lists it)."""
+    ledger.delete(tmp)
+    ledger.refuse_unless_mine(tmp, "replace")
+    ledger.add(tmp)
+    tmp.mkdir(parents=True)
+
+
+def put_in_place(tmp: Path, final: Path) -> None:
+    """A complete build or copy renamed into place, replacing an earlier cache that CloudML wrote there; a
+    folder that its cache folder's ledger does not list (the user's) is refused and left as it is."""
+    ledger.refuse_unless_mine(final, "replace")
+    ledger.add(final)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    ledger.drop(tmp)
 
 
 def sha256_of(path: Path) -> str:
@@ -176,8 +198,7 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
         raise DataError(f"{src / 'meta.json'} is not a cache's meta.json ({e})") from None
     tmp = temporary(dst)
     remove_stale_builds(dst)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    make_temporary(tmp)
     names = ("samples.npz", "frames.npy", "meta.json")
     bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc)
     try:
@@ -193,12 +214,10 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
             expected = meta.get("frames_sha256")
             if name == "frames.npy" and expected and h.hexdigest() != expected:
                 raise DataError(f"{src / name} does not match its recorded checksum (corrupted copy)")
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
+        put_in_place(tmp, dst)
     finally:
         bar.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        ledger.delete(tmp)
 
 
 def adopt_cache(folder: Path) -> str | None:

@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.files import open_regular
 from cloudml_lib.base.ownership import is_marked
 from cloudml_lib.base.shapes import ANY, Damaged, MapOf, read_json
@@ -47,7 +48,8 @@ def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
             st.st_size / 1e9,
             time.time() - t0,
         )
-    if memo_path:
+    if memo_path and ledger.skip_unless_mine(memo_path, "replace"):
+        ledger.add(memo_path)
         memo[key] = digest
         try:
             memo_path.parent.mkdir(parents=True, exist_ok=True)
