@@ -348,3 +348,40 @@ def test_processes_writing_into_one_folder_lose_none_of_each_others_entries(tmp_
         w.join(120)
     assert all(w.exitcode == 0 for w in workers)
     assert ledger.listed(folder) == {f"fold-{w}/file-{i}.json" for w in range(3) for i in range(40)}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a forked child needs os.fork")
+def test_a_child_forked_while_a_thread_updates_the_ledger_does_not_keep_the_folder_locked(tmp_path):
+    """DataLoader or preprocessing workers are forked while another thread (the checkpoint writer, the
+    checksum thread) may hold the folder lock of a ledger update: the child drops its copy of the lock, so
+    the parent's next update does not wait for the child to exit (it waited for ever before)."""
+    import threading
+    import time
+
+    home = tmp_path / "run"
+    claim(home, RUN)
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        with ledger._folder_lock(home):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the worker: lives on for a while, as a DataLoader worker does
+        time.sleep(8)
+        os._exit(0)
+    try:
+        release.set()
+        thread.join(10)
+        added = threading.Thread(target=ledger.add, args=(home / "notes.txt",), daemon=True)
+        added.start()
+        added.join(4)
+        assert not added.is_alive(), "the ledger update waited for the forked child to exit"
+        assert "notes.txt" in (home / LEDGER).read_text()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

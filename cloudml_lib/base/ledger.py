@@ -41,6 +41,23 @@ LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file i
 DEPTH = 3  # how far above a file its claimed folder may be (RUN/checkpoints/step-N/meta.json)
 
 _lock = threading.RLock()
+_held: set[int] = set()  # descriptors of the folder locks this process holds now
+
+
+def _drop_inherited_locks() -> None:
+    """In a child forked while a thread held a folder lock (DataLoader or preprocessing workers forked beside
+    the checkpoint writer's or the hashing thread's ledger update): the child's copy of the descriptor is
+    closed, so that the lock is released when the parent's update ends, not when the child exits."""
+    for fd in list(_held):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
 _said: set[str] = set()
 
 
@@ -157,6 +174,7 @@ def _folder_lock(home: Path):
     except (ImportError, OSError):
         yield
         return
+    _held.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -164,6 +182,7 @@ def _folder_lock(home: Path):
             pass
         yield
     finally:
+        _held.discard(fd)
         os.close(fd)  # closing the descriptor releases the lock
 
 

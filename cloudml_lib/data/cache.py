@@ -59,7 +59,7 @@ from cloudml_lib.data.cachefiles import (
     temporary,
     write_frames,
 )
-from cloudml_lib.data.hashing import input_files
+from cloudml_lib.data.hashing import MEMO, input_files
 from cloudml_lib.data.preprocess import (
     SKIMAGE,
     STAT_NAMES,
@@ -522,6 +522,8 @@ def load_flight_cache(
     backend = backend or resolve_backend(data.preprocess_device)
     t0 = time.time()
     claim(cache_root(data), CACHE)  # CloudML's own cache folder (made, adopted or marked) before any write
+    if ledger.mine(cache_root(data) / MEMO):  # the checksum memo, listed here: hashing runs in a thread
+        ledger.add(cache_root(data) / MEMO)
     final = cache_root(data) / f"{flight.name}-{cache_key(flight, data, backend)}"
     cache, source = _try_open(final), "reused"
     copy = Path(data.cache_copy_dir) / final.name if data.cache_copy_dir else None

@@ -48,8 +48,7 @@ def file_sha256(path: Path, memo_dir: Path | None = None) -> str:
             st.st_size / 1e9,
             time.time() - t0,
         )
-    if memo_path and ledger.skip_unless_mine(memo_path, "replace"):
-        ledger.add(memo_path)
+    if memo_path and ledger.skip_unless_mine(memo_path, "replace"):  # listed when the cache was claimed
         memo[key] = digest
         try:
             memo_path.parent.mkdir(parents=True, exist_ok=True)
