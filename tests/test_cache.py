@@ -200,8 +200,12 @@ def test_a_flight_of_mostly_blank_frames_is_refused(tmp_path, value):
     ):
         load_flight_cache(cfg.data.flights[0], cfg.data)
     # no flight's cache folder, finished or not; the input files' SHA-256 memo (read while the frames were)
-    # and the cache folder's own marker (.cloudml) may stay
-    assert set(p.name for p in (tmp_path / "c").glob("*")) <= {"file_sha256.json", ".cloudml"}
+    # and the cache folder's own marker and ledger (.cloudml, .cloudml-files) may stay
+    assert set(p.name for p in (tmp_path / "c").glob("*")) <= {
+        "file_sha256.json",
+        ".cloudml",
+        ".cloudml-files",
+    }
 
 
 def test_a_label_on_a_blank_frame_is_dropped_and_counted(tmp_path):
