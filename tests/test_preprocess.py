@@ -137,8 +137,12 @@ def test_a_worker_that_dies_is_a_clear_error_and_leaves_no_half_cache(tiny_confi
     with pytest.raises(DataError, match="worker process died.*data.preprocess_workers"):
         cache_mod.load_caches(tiny_config.data, SKIMAGE)
     # neither a cache nor a temporary folder (the input files' SHA-256 memo may stay)
-    # no flight's cache folder; the files' SHA-256 memo and the cache folder's own marker may stay
-    assert {p.name for p in (tmp_path / "cache").iterdir()} <= {"file_sha256.json", ".cloudml"}
+    # no flight's cache folder; the files' SHA-256 memo and the cache folder's own marker and ledger may stay
+    assert {p.name for p in (tmp_path / "cache").iterdir()} <= {
+        "file_sha256.json",
+        ".cloudml",
+        ".cloudml-files",
+    }
 
 
 def cli_config(tiny_flights, tmp_path) -> Path:
