@@ -149,3 +149,27 @@ def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
     trainer.close()
     assert trainer.cfg.train.batch_size == CPU_AUTO_BATCH and tiny_config.train.batch_size == "auto"
     assert "measuring needs a GPU; using 16 on the CPU" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_the_deterministic_switch_sets_torchs_flags_and_says_what_it_costs():
+    import os
+
+    from cloudml_lib.core.machine.determinism import CUBLAS_ENV, apply_determinism, reset_determinism
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "rounding, not bit for bit" in apply_determinism(False, cuda)
+    assert not torch.are_deterministic_algorithms_enabled()  # off touches nothing
+    try:
+        words = apply_determinism(True, cuda)
+        assert (
+            torch.are_deterministic_algorithms_enabled()
+            and torch.is_deterministic_algorithms_warn_only_enabled()
+        )
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ[CUBLAS_ENV] == ":4096:8"
+        assert "bit for bit" in words and "slower" in words
+        assert "changes nothing" in apply_determinism(True, cpu)
+    finally:
+        reset_determinism()
+        os.environ.pop(CUBLAS_ENV, None)
+    assert not torch.are_deterministic_algorithms_enabled()

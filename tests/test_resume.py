@@ -127,6 +127,20 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     assert_same_run(run, ref)
 
 
+def test_deterministic_switch_runs_and_changes_nothing_on_the_cpu(setup, tmp_path):
+    """train.deterministic sets torch's deterministic algorithms for real (the log says so); on the CPU a run
+    is deterministic anyway, so a run killed and resumed with the switch on equals the reference bit for bit."""
+    cfg, ref, _ = setup
+    run = tmp_path / "run"
+    switched = ("--set", "train.deterministic=true")
+    assert train(cfg, run, *switched, kill_at="step:7").returncode == -signal.SIGKILL
+    resumed = train(cfg, run, *switched)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    said = "Deterministic algorithms (train.deterministic): on (on the CPU it changes nothing"
+    assert said in resumed.stdout + resumed.stderr
+    assert_same_run(run, ref)
+
+
 def test_killed_twice_still_bit_identical(setup, tmp_path):
     cfg, ref, _ = setup
     run = tmp_path / "run"

@@ -488,6 +488,12 @@ class TrainConfig:
         10, "optimizer steps between metrics.jsonl step records", range=(1, 1_000_000), resume=NEW
     )
     seed: int = _f(42, "seeds data order, augmentation and initialisation", range=(0, 2**31 - 1))
+    deterministic: bool = _f(
+        False,
+        "deterministic GPU algorithms: a resumed or repeated run equal bit for bit on a GPU too, at some "
+        "speed (a CPU run is deterministic anyway)",
+        resume=NEW,
+    )
     device: str = _f(
         "auto", "auto: CUDA when available, else CPU", choices=("auto", "cuda", "cpu"), resume=NEW
     )

@@ -35,6 +35,7 @@ from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config, derive, save_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.core.machine.determinism import apply_determinism
 from cloudml_lib.core.machine.device import (
     Precision,
     choose_device,
@@ -338,6 +339,10 @@ def placed_model(cfg: Config, dist: Dist, scalers) -> tuple[torch.nn.Module, tor
     device = choose_device(cfg.train.device)
     if device.type == "cuda" and dist.active:
         device = torch.device("cuda", dist.local_rank)
+    log.info(
+        "Deterministic algorithms (train.deterministic): %s",
+        apply_determinism(cfg.train.deterministic, device),
+    )
     model.to(device)
     if dist.active:
         model = apply_global_batchnorm(model, device)

@@ -5,6 +5,7 @@
                   the timing all measure this step)
 - estimate.py     a run's memory counted on fake tensors, before anything is allocated
 - timing.py       how long a run will take (an earlier run's measurement, timed steps, or the FLOPs)
+- determinism.py  train.deterministic: the same numbers on a GPU across a resume, at some speed
 - distributed.py  several processes (torchrun): ranks, the process group, who goes first
 
 May import: the network (the synthetic step builds it), data, base; nothing of the run folder.
