@@ -27,7 +27,9 @@ def finished_run(tiny_flights, tmp_path_factory):
 
 def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path):
     tiny_config.train.warmup_steps = 4
+    tiny_config.train.epochs = 3  # 21 steps: a warm-up of 4 fits (at most a fifth of the run)
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    assert trainer.progress.warmup_steps == 4
     base = tiny_config.train.learning_rate
     batches = iter(trainer.loader)
     for k in range(trainer.steps_per_epoch):
@@ -40,6 +42,38 @@ def test_lr_follows_warmup_then_cosine_per_optimizer_step(tiny_config, tmp_path)
     assert lr_factor(0, 4, 100, 0.0) == 0.25 and lr_factor(3, 4, 100, 0.0) == 1.0
     assert lr_factor(100, 4, 100, 0.01) == pytest.approx(0.01)
     assert lr_factor(52, 4, 100, 0.0) == pytest.approx(0.5)
+
+
+def test_a_warmup_longer_than_the_run_is_fitted_to_it_and_kept_across_resumes(tiny_config, tmp_path):
+    from types import SimpleNamespace
+
+    from cloudml_lib.core.run.progress import Progress
+    from cloudml_lib.train.build import fitted_warmup, use_warmup
+
+    # Auto's CPU try-out run: 12 optimizer steps under the presets' 200-step warm-up would never reach its LR
+    assert fitted_warmup(200, 12) == 3 and fitted_warmup(200, 2000) == 200 and fitted_warmup(0, 12) == 0
+    tiny_config.train.warmup_steps = 200
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    total = trainer.total_steps
+    assert trainer.progress.warmup_steps == fitted_warmup(200, total) < total
+    said = (tmp_path / "run" / "train.log").read_text()
+    assert f"Warm-up: {fitted_warmup(200, total)} optimizer steps, not train.warmup_steps' 200" in said
+    for _ in range(trainer.total_steps):  # the peak LR is reached inside the run
+        trainer.scheduler.step()
+        if trainer.optimizer.param_groups[0]["lr"] == pytest.approx(tiny_config.train.learning_rate):
+            break
+    else:
+        raise AssertionError("the run never reached its learning rate")
+    # a resumed run keeps the warm-up it started with; one saved before warm-ups were fitted, the config's
+    parts = SimpleNamespace(warmup_steps=3, total_steps=12, scheduler=SimpleNamespace(lr_lambdas=[None]))
+    kept = Progress(step=5, warmup_steps=7)
+    use_warmup(parts, kept, tiny_config)
+    assert kept.warmup_steps == 7 and parts.scheduler.lr_lambdas[0].keywords["warmup_steps"] == 7
+    old = Progress(step=5)
+    use_warmup(parts, old, tiny_config)
+    assert old.warmup_steps == 200 and parts.scheduler.lr_lambdas[0].keywords["warmup_steps"] == 200
+    with pytest.raises(CloudMLError, match="warmup_steps 'x'"):
+        use_warmup(parts, Progress(step=5, warmup_steps="x"), tiny_config)
 
 
 def test_run_directory_holds_every_promised_file(finished_run):
@@ -79,7 +113,8 @@ def test_metrics_jsonl_has_steps_epochs_and_final(finished_run):
     for r in steps:  # the LR logged after step k is the schedule's value for step k
         t = trainer.cfg.train
         assert r["lr"] == pytest.approx(
-            t.learning_rate * lr_factor(r["step"], t.warmup_steps, trainer.total_steps, t.min_lr_ratio)
+            t.learning_rate
+            * lr_factor(r["step"], trainer.progress.warmup_steps, trainer.total_steps, t.min_lr_ratio)
         )
         assert r["samples_per_s"] > 0 and math.isfinite(r["loss"])
     assert records[-1]["r2"] == report["overall"]["r2"]

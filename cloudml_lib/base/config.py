@@ -420,7 +420,11 @@ class TrainConfig:
     learning_rate: float = _f(1e-3, "peak AdamW learning rate", range=(1e-7, 1.0))
     min_lr_ratio: float = _f(0.01, "final learning rate as a fraction of the peak", range=(0.0, 1.0))
     weight_decay: float = _f(1e-2, "AdamW weight decay", range=(0.0, 1.0))
-    warmup_steps: int = _f(100, "linear warm-up length in optimizer steps", range=(0, 10_000_000))
+    warmup_steps: int = _f(
+        100,
+        "linear warm-up length in optimizer steps (at most a fifth of the run: a longer one is shortened)",
+        range=(0, 10_000_000),
+    )
     grad_clip_norm: float = _f(1.0, "gradient norm clip; 0 disables", range=(0.0, 1e6))
     huber_delta: float = _f(1.0, "Huber loss delta on the standardised target", range=(1e-6, 100.0))
     hard_example_weight: float = _f(0.0, "extra loss weight on hard examples (0: off)", range=(0.0, 10.0))

@@ -95,6 +95,45 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+MAX_WARMUP_SHARE = 0.2  # the warm-up takes at most this share of a run's optimizer steps
+
+
+def fitted_warmup(warmup_steps: int, total_steps: int) -> int:
+    """train.warmup_steps, shortened to MAX_WARMUP_SHARE of the run where it is longer: a run shorter than its
+    warm-up would never reach its learning rate (a 12-step try-out run with the presets' 200 steps)."""
+    return min(warmup_steps, max(1, math.ceil(MAX_WARMUP_SHARE * total_steps))) if warmup_steps else 0
+
+
+def use_warmup(parts: Parts, progress, cfg: Config) -> None:
+    """The warm-up a run keeps for its whole life: fitted to its length at its first start and saved with its
+    progress; a run saved before warm-ups were fitted keeps train.warmup_steps as it was (its reading)."""
+    if progress.warmup_steps is None:
+        progress.warmup_steps = cfg.train.warmup_steps if progress.step else parts.warmup_steps
+    if not isinstance(progress.warmup_steps, int) or not 0 <= progress.warmup_steps <= 10_000_000:
+        raise CloudMLError(
+            f"the checkpoint's loop state holds warmup_steps {str(progress.warmup_steps)[:40]!r}, expected a "
+            "whole number from 0 to 10000000; resume from another checkpoint (--resume PATH)"
+        )
+    if progress.step == 0 and parts.warmup_steps < cfg.train.warmup_steps:
+        log.info(
+            "Warm-up: %d optimizer steps, not train.warmup_steps' %d: a warm-up takes at most %.0f%% of the "
+            "run's %d steps, so that its learning rate is reached",
+            parts.warmup_steps,
+            cfg.train.warmup_steps,
+            100 * MAX_WARMUP_SHARE,
+            parts.total_steps,
+        )
+    if progress.warmup_steps != parts.warmup_steps:  # a resumed run: the warm-up it started with
+        parts.scheduler.lr_lambdas[0] = schedule(progress.warmup_steps, parts.total_steps, cfg)
+
+
+def schedule(warmup_steps: int, total_steps: int, cfg: Config):
+    """The LR multiplier per optimizer step (a partial: the scheduler's saved state holds no settings)."""
+    return partial(
+        lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=cfg.train.min_lr_ratio
+    )
+
+
 def check_batch_size(cfg: Config, n_train: int, world: int) -> None:
     """train.batch_size (the global batch) against the process count and the training set."""
     t, n = cfg.train, n_train
@@ -195,6 +234,7 @@ class Parts:
     num_workers: int
     steps_per_epoch: int  # optimizer steps
     total_steps: int
+    warmup_steps: int  # fitted to the run (fitted_warmup); a resumed run keeps its own (use_warmup)
 
 
 @dataclass
@@ -400,10 +440,8 @@ def build_parts(
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     if dist.active:
         torch.manual_seed(t.seed + dist.rank)  # each process its own dropout masks
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        partial(lr_factor, warmup_steps=t.warmup_steps, total_steps=total_steps, min_ratio=t.min_lr_ratio),
-    )
+    warmup_steps = fitted_warmup(t.warmup_steps, total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(warmup_steps, total_steps, cfg))
     # The loader draws its worker seed from its own generator, not the global RNG, so that
     # starting a fresh iterator on resume does not shift the dropout masks that follow.
     loader_rng = torch.Generator().manual_seed(t.seed)
@@ -434,6 +472,7 @@ def build_parts(
         num_workers=num_workers,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
+        warmup_steps=warmup_steps,
     ), cfg
 
 
@@ -481,6 +520,7 @@ def start(
         if init_from is not None:
             parts.model.load_state_dict(load_checkpoint(init_from)[Key.MODEL])  # in place
             log.info("Starting from the weights of %s", init_from)
+    use_warmup(parts, state.progress, cfg)
     run_info.start(
         {
             "processes": state.dist.world,
