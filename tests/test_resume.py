@@ -36,8 +36,8 @@ def setup(tiny_flights, tmp_path_factory):
     return cfg, ref, tmp
 
 
-def train(cfg, run_dir, *extra, kill_at=None):
-    env = {"CLOUDML_KILL_AT": kill_at} if kill_at else None
+def train(cfg, run_dir, *extra, kill_at=None, env=None):
+    env = dict(env or {}, **({"CLOUDML_KILL_AT": kill_at} if kill_at else {})) or None
     return run_cli("train", "--config", cfg, "--run-dir", run_dir, *extra, env=env)
 
 
@@ -128,8 +128,9 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
 
 
 def test_deterministic_switch_runs_and_changes_nothing_on_the_cpu(setup, tmp_path):
-    """train.deterministic sets torch's deterministic algorithms for real (the log says so); on the CPU a run
-    is deterministic anyway, so a run killed and resumed with the switch on equals the reference bit for bit."""
+    """train.deterministic sets torch's deterministic algorithms for real (the log says so); on the CPU a
+    run is deterministic anyway: killed and resumed with the switch on, it equals the reference bit for
+    bit."""
     cfg, ref, _ = setup
     run = tmp_path / "run"
     switched = ("--set", "train.deterministic=true")
@@ -144,9 +145,22 @@ def test_deterministic_switch_runs_and_changes_nothing_on_the_cpu(setup, tmp_pat
 def test_killed_twice_still_bit_identical(setup, tmp_path):
     cfg, ref, _ = setup
     run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:4").returncode == -signal.SIGKILL
+    first = {"step_s": 0.5, "epoch_s": 3.5, "total_s": 10.5, "source": "measured here", "device": "CPU"}
+    expected = {"CLOUDML_EXPECTED": json.dumps(first)}
+    assert train(cfg, run, kill_at="step:4", env=expected).returncode == -signal.SIGKILL
     assert train(cfg, run, kill_at="step:8").returncode == -signal.SIGKILL
-    assert train(cfg, run).returncode == 0
+    assert (
+        train(cfg, run, env=dict(expected, CLOUDML_EXPECTED=json.dumps(dict(first, step_s=9.0)))).returncode
+        == 0
+    )
+    # run.json keeps each start's figures: the first expected time stays, every epoch's time is counted
+    info = json.loads((run / "run.json").read_text())
+    assert [s["start_step"] for s in info["segments"]][0] == 0 and len(info["segments"]) == 3
+    assert info["expected"] == first and info["segments"][2]["expected"]["step_s"] == 9.0
+    timed = [s["measured"]["epochs_timed"] for s in info["segments"] if s["measured"]]
+    assert info["measured"]["epochs_timed"] == sum(timed) >= 3 and len(
+        info["measured"]["each_step_s"]
+    ) == sum(timed)
     assert_same_run(run, ref)
 
 

@@ -155,6 +155,7 @@ RUN_INFO = Obj(
     | {
         "expected": Maybe(MapOf(ANY)),
         "measured": Maybe(MapOf(ANY)),
+        "segments": Maybe(ListOf(ANY)),  # one per start of the run
     }  # core/machine/timing.py checks their insides
 )
 FOLD = Obj(

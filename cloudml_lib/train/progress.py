@@ -12,7 +12,7 @@ import torch
 
 from cloudml_lib.base.outputs import json_safe
 from cloudml_lib.core.machine.distributed import Dist
-from cloudml_lib.core.machine.timing import Measured, expected_from_env
+from cloudml_lib.core.machine.timing import Measured, combined, expected_from_env, segments_of
 from cloudml_lib.core.network.compile import CompileWatch
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import write_run_provenance
@@ -68,12 +68,21 @@ class RunInfo:
         self.folder, self.dist, self.watch, self.provenance = folder, dist, watch, provenance
         self.measured = measured  # what this start's epochs take (core/machine/timing.py)
         self.plan: dict = {}
+        self.earlier: list[dict] = []  # the segments of the run's earlier starts
+        self.segment: dict = {"start_step": None, "started_at": None, "expected": None}
         self.compile_said = False
 
     def start(self, plan: dict, resumed: bool) -> None:
-        """At set-up: the plan of this start; provenance.json when resuming or when it is missing."""
-        # the estimate the notebook started it from, if any: kept beside what the epochs take
-        self.plan = dict(plan, started_at=time.time(), expected=expected_from_env(os.environ))
+        """At set-up: the plan of this start; provenance.json when resuming or when it is missing. Each start
+        is a segment of the run: the estimate the notebook started it from, if any, and what its epochs took;
+        a resumed run keeps its earlier segments (its first expected time included)."""
+        self.earlier = segments_of(self.folder.files.run_info()) if resumed else []
+        self.segment = {
+            "start_step": plan.get("start_step"),
+            "started_at": time.time(),
+            "expected": expected_from_env(os.environ),
+        }
+        self.plan = dict(plan, started_at=self.segment["started_at"])
         self.write(provenance=resumed)
 
     def epoch_done(self, seconds: float, steps: int, full: bool, memory: dict) -> None:
@@ -86,8 +95,14 @@ class RunInfo:
         if not self.dist.is_main:
             return
         info = dict(self.plan, compile=self.watch.update().to_dict())
-        if self.measured is not None and self.measured.record() is not None:
-            info["measured"] = self.measured.record()
+        this = dict(self.segment, measured=self.measured.record() if self.measured is not None else None)
+        segments = [*self.earlier, this]
+        info["segments"] = segments
+        # the run's first expected time, and what all its epochs on this device took
+        info["expected"] = next((s["expected"] for s in segments if s["expected"]), None)
+        measured = combined([s["measured"] for s in segments])
+        if measured is not None:
+            info["measured"] = measured
         self.folder.write_run_info(info)
         if provenance or not self.folder.provenance.is_file():
             write_run_provenance(self.folder.path, json_safe(self.provenance))

@@ -227,6 +227,8 @@ MEASURED_RANGES = {
     "estimated_need_gib": (0.0, 4096.0),
 }
 PEAK_GIB = (0.0, 4096.0)
+MAX_EPOCHS_KEPT = 100_000  # per-epoch figures a "measured" block may list
+MAX_SEGMENTS = 1000  # starts of one run that run.json keeps
 _told: set[str] = set()
 
 
@@ -245,6 +247,19 @@ def measured_problem(got) -> str | None:
         v = got.get(key)
         if (v is not None or key == "step_s") and not (number(v) and low <= v <= high):
             return f"'measured.{key}' is {str(v)[:40]!r}, expected a number from {low:g} to {high:g}"
+    for key, bounds in (
+        ("each_step_s", MEASURED_RANGES["step_s"]),
+        ("each_epoch_s", MEASURED_RANGES["epoch_s"]),
+    ):
+        each = got.get(key)
+        if each is not None and not (
+            isinstance(each, list) and len(each) <= MAX_EPOCHS_KEPT and all(number(v) for v in each)
+            and all(bounds[0] <= v <= bounds[1] for v in each)
+        ):  # fmt: skip
+            return (
+                f"'measured.{key}' is {str(each)[:40]!r}, expected a list of numbers from {bounds[0]:g} to "
+                f"{bounds[1]:g}"
+            )
     timed = got.get("epochs_timed")
     if timed is not None and not (isinstance(timed, int) and not isinstance(timed, bool) and timed >= 1):
         return f"'measured.epochs_timed' is {str(timed)[:40]!r}, expected a whole number of 1 or more"
@@ -342,13 +357,53 @@ def expected_from_env(environ) -> dict | None:
     if not text:
         return None
     try:
-        return parse_json(text[:4096], EXPECTED_SHAPE)
+        return checked_expected(parse_json(text[:4096], EXPECTED_SHAPE))
     except Damaged:
         return None
 
 
+def checked_expected(got) -> dict | None:
+    """An "expected" block as run.json keeps it, or None where a field is not of its type or range."""
+    if not isinstance(got, dict) or EXPECTED_SHAPE.problem(got, "expected"):
+        return None
+    for key in ("step_s", "epoch_s", "total_s"):
+        v = got.get(key)
+        if v is not None and not 1e-5 <= v <= 1e9:
+            return None
+    return got
+
+
+def _is_time(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < time.time() + 86400
+
+
+def segments_of(info: dict) -> list[dict]:
+    """The segments (one per start) of a run's run.json, each with its "expected" and "measured" checked
+    (a field out of type or range reads as absent); a run written before segments were kept: one segment
+    from its own figures."""
+    found = info.get("segments")
+    if not isinstance(found, list):
+        found = [info] if info.get("expected") or info.get("measured") else []
+    segments = []
+    for seg in found[-MAX_SEGMENTS:]:
+        if not isinstance(seg, dict):
+            continue
+        measured = seg.get("measured")
+        segments.append(
+            {
+                "start_step": seg.get("start_step") if isinstance(seg.get("start_step"), int) else None,
+                "started_at": seg.get("started_at") if _is_time(seg.get("started_at")) else None,
+                "expected": checked_expected(seg.get("expected")),
+                "measured": measured if measured_problem(measured) is None else None,
+            }
+        )
+    return segments
+
+
 class Measured:
-    """What a run's epochs took on this start (full epochs only), for run.json's "measured"."""
+    """What a run's epochs took on this start (its segment of the run): per step, per full epoch, the peak
+    memory. `combined` puts the segments of one run together, so that a resumed run's figures span all its
+    starts on this kind of device, not only the last one."""
 
     def __init__(self, device: str, sig: dict):
         self.device, self.sig, self.step_s, self.epoch_s, self.peak = device, sig, [], [], {}
@@ -364,15 +419,43 @@ class Measured:
                 self.peak[k] = max(v, self.peak.get(k, v))
 
     def record(self) -> dict | None:
+        """This start's figures (a segment's "measured"); None before its first epoch."""
         if not self.step_s:
             return None
-        return {
-            "device": self.device,
-            "signature": self.sig,
-            "step_s": statistics.median(self.step_s),
-            "epoch_s": statistics.median(self.epoch_s) if self.epoch_s else None,
-            "epochs_timed": len(self.step_s),
-            "peak_memory": dict(self.peak),
-            "estimated_need_gib": self.estimated_need_gib,
-            "at": time.time(),
-        }
+        return summary(self.device, self.sig, self.step_s, self.epoch_s, self.peak, self.estimated_need_gib)
+
+
+def summary(device: str, sig: dict, step_s: list, epoch_s: list, peak: dict, need_gib) -> dict:
+    """A "measured" block: medians of the epochs' figures, the figures themselves, the peak memory."""
+    return {
+        "device": device,
+        "signature": sig,
+        "step_s": statistics.median(step_s),
+        "epoch_s": statistics.median(epoch_s) if epoch_s else None,
+        "epochs_timed": len(step_s),
+        "each_step_s": list(step_s)[-MAX_EPOCHS_KEPT:],
+        "each_epoch_s": list(epoch_s)[-MAX_EPOCHS_KEPT:],
+        "peak_memory": dict(peak),
+        "estimated_need_gib": need_gib,
+        "at": time.time(),
+    }
+
+
+def combined(blocks: list[dict]) -> dict | None:
+    """One "measured" block for the run from its segments' blocks (oldest first): the epochs of every segment
+    on the newest one's device with its step (an earlier segment without per-epoch figures counts by its
+    medians); None without any."""
+    blocks = [b for b in blocks if isinstance(b, dict) and measured_problem(b) is None]
+    if not blocks:
+        return None
+    newest = blocks[-1]
+    same = [b for b in blocks if b["device"] == newest["device"] and b["signature"] == newest["signature"]]
+    step_s, epoch_s, peak = [], [], {}
+    for b in same:
+        step_s += b.get("each_step_s") or [b["step_s"]] * min(b.get("epochs_timed", 1), MAX_EPOCHS_KEPT)
+        epoch_s += b.get("each_epoch_s") or ([b["epoch_s"]] if b.get("epoch_s") is not None else [])
+        for k, v in (b.get("peak_memory") or {}).items():
+            peak[k] = max(v, peak.get(k, v))
+    return summary(
+        newest["device"], newest["signature"], step_s, epoch_s, peak, newest.get("estimated_need_gib")
+    )
