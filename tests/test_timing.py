@@ -22,12 +22,16 @@ from cloudml_lib.data.synthetic import make_demo_flights
 SHAPE = estimate.StepShape((4, 8, 8), False, None, 3, 32, 40)
 
 
-def test_a_step_is_timed_on_the_real_model_and_scaled_to_the_batch():
+def test_a_step_is_timed_on_the_real_model_at_the_runs_own_batch(monkeypatch):
     found = timing.timed(SHAPE, 8, torch.device("cpu"))
     assert found.measured and 0 < found.seconds < 30
-    assert found.source == f"measured here by {timing.TIMED_STEPS} timed steps, at batch 4 scaled to 8"
-    small = timing.timed(SHAPE, 2, torch.device("cpu"))
-    assert small.source == f"measured here by {timing.TIMED_STEPS} timed steps"
+    assert found.source == f"measured here by {timing.TIMED_STEPS} timed steps at batch 8"
+    # warm-up steps are left out; a slow step (a large batch on a CPU) is timed once
+    calls = []
+    monkeypatch.setattr(timing, "_one", lambda *a: calls.append(1) or 30.0)
+    slow = timing.timed(SHAPE, 2, torch.device("cpu"))
+    assert slow.seconds == 30.0 and len(calls) == timing.WARMUP_STEPS + 1
+    assert slow.source == "measured here by 1 timed step at batch 2"
 
 
 def test_an_epoch_is_its_steps_and_its_validation_and_an_estimate_says_so():
@@ -43,11 +47,37 @@ def test_an_epoch_is_its_steps_and_its_validation_and_an_estimate_says_so():
     assert [timing.duration(s) for s in (0.25, 42, 600, 7200)] == ["0.25 s", "42 s", "10 min", "2.0 h"]
 
 
-def test_the_flops_estimate_is_labelled_with_its_stated_efficiency():
-    found = timing.from_flops(SHAPE, 8, 65e12)
+def test_the_flops_estimate_uses_the_share_of_peak_a_lent_gpu_measured_and_says_so(monkeypatch):
+    gpu = {"device": "NVIDIA H200", "presets": {
+        "B": {"channels": [64, 128, 256], "gradient_checkpointing": True, "torch_compile": False,
+              "fraction_of_peak_flops": 0.0395},
+        "C": {"channels": [32, 64, 128], "gradient_checkpointing": True, "torch_compile": False,
+              "fraction_of_peak_flops": 0.0133},
+        "A": {"channels": [64, 128, 256], "gradient_checkpointing": True, "torch_compile": True,
+              "fraction_of_peak_flops": 0.0949},
+    }}  # fmt: skip
+    monkeypatch.setattr(timing, "benchmark_results", lambda name: gpu if name == "gpu" else None)
+    full = estimate.StepShape((64, 128, 256), True, None, 3, 32, 40)
+    found = timing.from_flops(full, 8, 65e12)
     assert not found.measured and found.seconds > 0
-    assert f"at {timing.FLOPS_EFFICIENCY:.0%} of 65 TFLOP/s" in found.source
+    assert "at 4.0% of 65 TFLOP/s, the share preset B's eager step reached on NVIDIA H200" in found.source
+    other = timing.from_flops(SHAPE, 8, 65e12)  # a step not measured there: the lowest share measured
+    assert (
+        "at 1.3% of 65 TFLOP/s, the lowest share an eager preset's step reached on NVIDIA H200"
+        in other.source
+    )
+    gpu["presets"]["B"]["fraction_of_peak_flops"] = "9"  # a damaged figure is left out
+    assert "preset C" in timing.from_flops(full, 8, 65e12).source
+    monkeypatch.setattr(timing, "benchmark_results", lambda name: None)
+    assert (
+        f"at {timing.FLOPS_EFFICIENCY:.1%} of 65 TFLOP/s, a stated share"
+        in timing.from_flops(SHAPE, 8, 65e12).source
+    )
     assert timing.from_flops(SHAPE, 8, 0.0) is None
+    # the results file in the repository holds the lent GPU's shares: the real one is read
+    monkeypatch.undo()
+    share, why = timing.flops_efficiency(full)
+    assert 0.001 <= share < 0.25 and "eager step reached on" in why
 
 
 def test_the_run_records_its_estimate_beside_what_its_epochs_took(tiny_run):

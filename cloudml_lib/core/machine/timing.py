@@ -3,11 +3,10 @@ source there is, in this order:
 
 1. an earlier run on the same kind of device with the same step (widths, checkpointing, window, frame, batch):
    what its epochs took (run.json's "measured", written by the trainer), said as "measured in your run X";
-2. a few timed steps here (the real model and AdamW on random inputs of the run's shape, after one warm-up
-   step; the batch capped at MEASURE_BATCH and scaled linearly, which holds on a CPU and under-counts a GPU's
-   better use of a large batch), said as measured;
-3. the step's FLOPs (machine/estimate.py counts them) at a stated share of the device's peak rate, labelled as
-   an estimate.
+2. a few timed steps here (the real model and AdamW on random inputs of the run's shape, at the run's own
+   batch, after warm-up steps that are left out: first calls allocate and choose kernels), said as measured;
+3. the step's FLOPs (machine/estimate.py counts them) at the share of the device's peak rate the same step
+   reached on the GPU lent to the benchmarks (benchmarks/results/gpu.json), labelled as an estimate.
 
 An epoch is its training steps plus its validation forwards (about a third of a training step each, the
 validation batch being twice the training batch); torch.compile is not timed (compiled steps are usually
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from cloudml_lib.base.layout import RunLayout
+from cloudml_lib.base.resources import measured as benchmark_results
 from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.machine import estimate
 from cloudml_lib.core.machine.device import choose_precision
@@ -34,10 +34,13 @@ from cloudml_lib.core.machine.memory import synthetic_inputs, synthetic_step
 
 log = logging.getLogger(__name__)
 
-MEASURE_BATCH = 4  # timed steps use at most this batch (scaled to the run's): seconds, not minutes, on a CPU
-TIMED_STEPS = 2  # after one warm-up step
+WARMUP_STEPS = 2  # left out of the timing: first-call allocations and kernel choices
+TIMED_STEPS = 3  # timed after them, at the run's own batch
+STEP_BUDGET_S = 20.0  # a warm-up step slower than this: one step is timed (a large step on a CPU)
 FORWARD_SHARE = 1 / 3  # an inference forward against a training step (forward + backward + update)
-FLOPS_EFFICIENCY = 0.25  # the share of a GPU's peak rate a convolutional training step reaches (stated)
+# the share of a GPU's peak rate where no measurement says (flops_efficiency reads the lent GPU's): an
+# H200 measured 1.3-9.5 % (benchmarks/results/gpu.json), so a stated 25 % was 2.4-9x optimistic
+FLOPS_EFFICIENCY = 0.04
 EXPECTED_ENV = "CLOUDML_EXPECTED"  # the estimate a run was started from (the notebook sets it), as JSON
 EXPECTED_SHAPE = Obj(
     {"step_s": NUM, "epoch_s": NUM, "total_s": NUM, "source": TEXT, "device": OPT_TEXT},
@@ -75,20 +78,18 @@ def device_name(device: torch.device) -> str:
 
 
 def timed(shape: estimate.StepShape, batch: int, device: torch.device) -> StepTime:
-    """Seconds per training step at `batch`, from TIMED_STEPS real steps after a warm-up, at
-    min(batch, MEASURE_BATCH) and scaled linearly to `batch`."""
-    b = max(1, min(batch, MEASURE_BATCH))
-    seconds = _step_seconds(shape, b, device)
+    """Seconds per training step at the run's own `batch`: WARMUP_STEPS left out (first-call allocations,
+    kernel choices), then TIMED_STEPS timed, fewer where one step takes longer than STEP_BUDGET_S."""
+    seconds, n = _step_seconds(shape, batch, device)
     if device.type == "cuda":  # the kernel keeps no GPU memory that a training subprocess could use
         torch.cuda.empty_cache()
-    scaled = f", at batch {b} scaled to {batch}" if b != batch else ""
-    return StepTime(seconds * batch / b, f"measured here by {TIMED_STEPS} timed steps{scaled}", True)
+    return StepTime(seconds, f"measured here by {n} timed step{'s' * (n > 1)} at batch {batch}", True)
 
 
-def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> float:
-    """The time of one step at batch `b` (the model and its tensors are freed on return): the one synthetic
-    step (memory.synthetic_step) under the precision a run on `device` takes (device.choose_precision: fp16
-    with loss scaling on a T4, bf16 from compute capability 8, fp32 on a CPU)."""
+def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> tuple[float, int]:
+    """(the median time of one step at batch `b`, the steps timed); the model and its tensors are freed on
+    return: the one synthetic step (memory.synthetic_step) under the precision a run on `device` takes
+    (device.choose_precision: fp16 with loss scaling on a T4, bf16 from capability 8, fp32 on a CPU)."""
     precision = choose_precision(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -97,27 +98,52 @@ def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> fl
         scaler = torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None
         step = synthetic_step(model, optimizer, precision.autocast(device), scaler)
         inputs = synthetic_inputs(model, b, shape.frames, shape.rows, shape.cols, device)
-        step(inputs)  # warm-up: first-call allocations and kernel choices
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(TIMED_STEPS):
-            step(inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - t0) / TIMED_STEPS
+        times = [_one(step, inputs, device) for _ in range(WARMUP_STEPS)]
+        steps = TIMED_STEPS if max(times) < STEP_BUDGET_S else 1
+        times = [_one(step, inputs, device) for _ in range(steps)]
+        return statistics.median(times), steps
+
+
+def _one(step, inputs, device: torch.device) -> float:
+    t0 = time.perf_counter()
+    step(inputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def flops_efficiency(shape: estimate.StepShape) -> tuple[float, str]:
+    """The share of a GPU's peak rate a step of `shape` reaches, and where the figure comes from: the share
+    the same step (channels, checkpointing) reached on the GPU lent to the benchmarks (benchmarks/gpu.py,
+    its eager presets: a compiled step does better), else the lowest share measured there."""
+    got = benchmark_results("gpu") or {}
+    presets, shares = got.get("presets"), {}
+    for name, p in (presets or {}).items() if isinstance(presets, dict) else ():
+        share = p.get("fraction_of_peak_flops") if isinstance(p, dict) else None
+        if isinstance(share, float) and 0.001 <= share <= 1.0 and p.get("torch_compile") is False:
+            shares[(tuple(p.get("channels") or ()), bool(p.get("gradient_checkpointing")))] = (name, share)
+    if not shares:
+        return FLOPS_EFFICIENCY, "a stated share (nothing measured)"
+    device = got.get("device") if isinstance(got.get("device"), str) else "a lent GPU"
+    same = shares.get((tuple(shape.channels), bool(shape.checkpointing)))
+    if same:
+        return same[1], f"the share preset {same[0]}'s eager step reached on {device[:40]}"
+    name, share = min(shares.values(), key=lambda v: v[1])
+    return share, f"the lowest share an eager preset's step reached on {device[:40]} (preset {name})"
 
 
 def from_flops(shape: estimate.StepShape, batch: int, peak_flops: float) -> StepTime | None:
-    """The step's FLOPs at FLOPS_EFFICIENCY of `peak_flops`; None where they cannot be counted."""
+    """The step's FLOPs at the share of `peak_flops` measured for it (flops_efficiency); None where they
+    cannot be counted."""
     found = estimate.estimate(shape)
     if found is None or peak_flops <= 0:
         return None
-    seconds = found.flops_per_sample * batch / (peak_flops * FLOPS_EFFICIENCY)
+    share, why = flops_efficiency(shape)
+    seconds = found.flops_per_sample * batch / (peak_flops * share)
     return StepTime(
         seconds,
         f"estimated from the step's {found.flops_per_sample * batch / 1e12:.2f} TFLOP at "
-        f"{FLOPS_EFFICIENCY:.0%} of {peak_flops / 1e12:.0f} TFLOP/s",
+        f"{share:.1%} of {peak_flops / 1e12:.0f} TFLOP/s, {why}",
         False,
     )
 
