@@ -35,7 +35,7 @@ def test_presets_match_their_descriptions():
     assert a.channels == [64, 128, 256] and a.model.gradient_checkpointing and a.train.torch_compile
     assert a.train.torch_compile_mode == "default" and a.train.batch_size == 20
     assert b.channels == [64, 128, 256] and not b.train.torch_compile and b.train.batch_size == 16
-    assert c.channels == [32, 64, 128] and c.model.gradient_checkpointing and not c.train.torch_compile
+    assert c.channels == [32, 64, 128] and c.model.gradient_checkpointing and c.train.torch_compile
     assert c.train.batch_size == 16
     assert a.data.temporal_frames == b.data.temporal_frames == c.data.temporal_frames == 5
 

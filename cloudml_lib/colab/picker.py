@@ -53,7 +53,7 @@ LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the n
 PRESET_WORDS = {
     "A": "full model, torch.compile, batch 20",
     "B": "full model, no compile, batch 16",
-    "C": "small model, batch 16",
+    "C": "small model, torch.compile, batch 16",
     "demo": "CPU demo configuration",
     SMALL: "the demo configuration on your flights (frames smaller than the camera's)",
 }
