@@ -510,13 +510,16 @@ def preprocess_md(d: dict) -> list[str]:
     lines += [
         "",
         (
-            f"GPU ({d['machine'].get('gpu')}): kornia's CLAHE stream {rate(g['stream_kornia'])} frames/s, "
+            f"GPU ({d['machine'].get('gpu')}): the torch backend's CLAHE stream {rate(g['stream_gpu'])} "
+            "frames/s, "
             f"predict {rate(g['predict'])} frames/s ({g['predict']['model']}): a 12,000-frame flight in "
             f"{x['predict_gpu_min']:.1f} min (target under 2)."
             if g
-            else "GPU path (kornia on CUDA): not measured, no CUDA GPU where these results were made."
+            else "GPU path (the torch backend on CUDA): not measured, no CUDA GPU where these results were "
+            "made."
         ),
     ]
+    lines += torch_clahe_md(d.get("torch_clahe"))
     lines += [
         "",
         "| kornia against scikit-image, frames as cached (z-scored units) | max abs | mean abs | 99th pct | "
@@ -538,6 +541,25 @@ def preprocess_md(d: dict) -> list[str]:
     for k, r in d["demo_held_out"].items():
         lines.append(f"| {words[k]} | {r['r2']:.3f} | {r['mae_km']:.4f} | {r['rmse_km']:.4f} |")
     return lines
+
+
+def torch_clahe_md(t: dict | None) -> list[str]:
+    """The torch backend's CLAHE (data/clahe.py) beside scikit-image's on the CPU, and their difference."""
+    if not t:
+        return []
+    return [
+        "",
+        f"| CLAHE alone, {t['frames']} frames of {t['frame']}, on the CPU | frames/s | max abs difference to "
+        "scikit-image ([0, 1]) | float16 values as cached that differ |",
+        "|---|---|---|---|",
+        f"| scikit-image, 1 process | {t['skimage_1_process_frames_per_s']:.1f} | - | - |",
+        f"| torch backend (data/clahe.py), {t['torch_threads']} threads | "
+        f"{t['torch_cpu_frames_per_s']:.1f} | {t['max_abs_difference']:.1e} | "
+        f"{t['cached_values_differing']:,} of {t['cached_values']:,} |",
+        "",
+        "The torch backend is for the GPU (data.preprocess_device auto or cuda where there is one); its GPU "
+        "speed is not measured: no CUDA GPU where these results were made.",
+    ]
 
 
 def predict_md(d: dict) -> list[str]:

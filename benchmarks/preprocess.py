@@ -1,6 +1,7 @@
 """Preprocessing on every core (and the GPU): cache build and whole-flight predict, 1 process against all.
 
     python benchmarks/preprocess.py           # writes benchmarks/results/preprocess.json (about 15 minutes)
+    python benchmarks/preprocess.py --torch-clahe   # only the torch CLAHE item, into that file (a minute)
 
 Generated flights at the real 512 x 640 size (swath_slice [40, 480] keeps 440 x 640), each measurement in
 its own process (its peak RSS is its own), side by side in one run:
@@ -10,8 +11,11 @@ its own process (its peak RSS is its own), side by side in one run:
   never held whole);
 - predict: the stream of preprocessed frames predict feeds its model (frames/s, 1 process and all cores), and
   predict itself with the demo's network (16/32/64 channels) at the real size, untrained weights (the time
-  does not depend on them); where CUDA is available also kornia's CLAHE on the GPU and predict with preset C's
-  network on the GPU. A 12,000-frame flight's time is extrapolated from each measured rate;
+  does not depend on them); where CUDA is available also the torch backend's CLAHE on the GPU and predict
+  with preset C's network on the GPU. A 12,000-frame flight's time is extrapolated from each measured rate;
+- the torch backend's CLAHE (data/clahe.py) on the CPU (2 threads) against scikit-image's in one process:
+  frames/s of the CLAHE alone on the same real-size frames, and their difference (max abs of the [0, 1]
+  output; float16 values as cached that differ);
 - kornia against scikit-image: the difference of the frames (z-scored units, as cached) on demo and real-size
   frames, and its effect on the demo's held-out error: the demo trained on each backend, and the model trained
   on scikit-image frames evaluated on kornia frames (kornia runs on the CPU here, as it does for such a
@@ -42,6 +46,8 @@ SPEED_FRAMES = 400  # the flight the 1-process / all-cores rates are measured on
 PREDICT_FRAMES_CPU = 48  # the network takes ~0.6 s per frame on a 2-core CPU at this size
 FLIGHT = 12000  # frames of a long real flight, for the extrapolation
 ROUNDS = 3  # alternated repetitions of each side-by-side speed measurement
+TORCH_CLAHE_FRAMES = 32  # real-size frames the torch backend's CLAHE is timed and compared on
+TORCH_THREADS = 2  # Colab's 2 vCPUs
 
 
 def config(frames: int, workers, backend_device: str = "cpu", demo_model: bool = True):
@@ -251,6 +257,54 @@ def frame_difference() -> dict:
     return out
 
 
+def torch_clahe(frames: int = TORCH_CLAHE_FRAMES) -> dict:
+    """The torch backend's CLAHE (data/clahe.py) on the CPU with TORCH_THREADS threads against scikit-image's
+    in one process, on the same prepared real-size frames: frames/s of the CLAHE alone (the best of
+    ROUNDS), the max abs difference of the [0, 1] output, and the float16 values as cached that differ."""
+    import h5py
+    import torch
+
+    from cloudml_lib.data import clahe
+    from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, equalise_torch, prepare
+
+    folder = SCRATCH / "flights-clahe"
+    if not folder.exists():
+        from cloudml_lib.data.synthetic import make_demo_flights
+
+        make_demo_flights(folder, n_flights=2, seed=0, frames_per_flight=frames + 20, frame_shape=RAW_SHAPE)
+    cfg = config(frames, 0)
+    spec = FrameSpec.of(cfg.data)
+    with h5py.File(next(folder.rglob("*IRAI*.h5"))) as f:
+        raw = f[cfg.data.keys.ir_signal][10 : 10 + frames]
+    prepared = [prepare(r, spec) for r in raw]
+    x, blank = np.stack([p[0] for p in prepared]), np.array([p[2] for p in prepared])
+    torch.set_num_threads(TORCH_THREADS)
+    from skimage import exposure
+
+    sk_s, to_s = [], []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        sk = np.stack([exposure.equalize_adapthist(v, clip_limit=spec.clip_limit) for v in x]).astype(
+            np.float32
+        )
+        sk_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        ours = clahe.equalize_adapthist(torch.from_numpy(x), spec.clip_limit).numpy()
+        to_s.append(time.perf_counter() - t0)
+    cached_sk = np.stack([equalise_skimage(v, spec.clip_limit) for v in x]).astype(np.float16)
+    cached_to = equalise_torch(x, blank, spec.clip_limit, "cpu")
+    return {
+        "frames": len(x),
+        "frame": f"{x.shape[1]} x {x.shape[2]}",
+        "torch_threads": TORCH_THREADS,
+        "skimage_1_process_frames_per_s": len(x) / min(sk_s),
+        "torch_cpu_frames_per_s": len(x) / min(to_s),
+        "max_abs_difference": float(np.abs(ours - sk).max()),
+        "cached_values_differing": int((cached_sk.view(np.uint16) != cached_to.view(np.uint16)).sum()),
+        "cached_values": int(cached_sk.size),
+    }
+
+
 def demo_accuracy() -> dict:
     """The demo trained on each backend; the scikit-image model also evaluated on kornia frames."""
     from cloudml_lib.base.config import load_config
@@ -287,7 +341,16 @@ def demo_accuracy() -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--child", nargs="+")
+    p.add_argument(
+        "--torch-clahe", action="store_true", help="only the torch CLAHE item, into the existing results file"
+    )
     args = p.parse_args()
+    if args.torch_clahe:
+        out = REPO / "benchmarks" / "results" / "preprocess.json"
+        result = {**json.loads(out.read_text()), "torch_clahe": torch_clahe()}
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["torch_clahe"], indent=1))
+        return
     if args.child:
         kind, rest = args.child[0], [r if r in ("auto", "cpu", "cuda") else int(r) for r in args.child[1:]]
         fn = {
@@ -324,7 +387,7 @@ def main() -> None:
     gpu = None
     if torch.cuda.is_available():
         gpu = {
-            "stream_kornia": child("stream", LENGTHS[-1], "auto", "cuda"),
+            "stream_gpu": child("stream", LENGTHS[-1], "auto", "cuda"),
             "model_only": child("model", "cuda"),
             "predict": child("predict", LENGTHS[-1], "auto", "cuda"),
         }
@@ -347,6 +410,7 @@ def main() -> None:
         "predict": predict,
         "gpu": gpu,
         "extrapolated_12000_frames": extrapolated,
+        "torch_clahe": torch_clahe(),
         "kornia_vs_skimage": frame_difference(),
         "demo_held_out": demo_accuracy(),
         "targets": {

@@ -353,8 +353,8 @@ class DataConfig:
     )
     preprocess_device: str = _f(
         "auto",
-        "where CLAHE runs: cpu (scikit-image), cuda (kornia on the GPU; pip install "
-        "kornia; slightly other frames) or auto (cuda with a GPU and kornia, else cpu; a "
+        "where CLAHE runs: cpu (scikit-image on the CPU cores), cuda (scikit-image's algorithm "
+        "in torch on the GPU: the same frames) or auto (cuda with a CUDA GPU, else cpu; a "
         "model's own in predict, evaluate, resume)",
         choices=("auto", "cpu", "cuda"),
         resume=NEW,

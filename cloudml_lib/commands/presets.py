@@ -333,20 +333,16 @@ def recommendations(report: dict, cache_bytes: int | None = None) -> list[str]:
 
 
 def preprocessing_advice(gpu: bool) -> str:
-    """Where the frames' CLAHE will run with data.preprocess_device: auto, and how to move it to the GPU."""
-    from cloudml_lib.base.errors import install_command
-    from cloudml_lib.data.preprocess import available_cores, has_kornia
+    """Where the frames' CLAHE will run with data.preprocess_device: auto."""
+    from cloudml_lib.data.preprocess import available_cores
 
     cores = available_cores()
-    if gpu and has_kornia():
-        return f"Preprocessing: CLAHE on the GPU (kornia), frames read by {cores} worker processes."
-    return f"Preprocessing: {cores} worker processes (one per core this process may use), scikit-image." + (
-        f" {install_command('kornia')} to equalise the frames on the GPU (data.preprocess_device: auto then "
-        "uses it; "
-        "its frames differ slightly from scikit-image's, see the README)."
-        if gpu
-        else ""
-    )
+    if gpu:
+        return (
+            "Preprocessing: CLAHE on the GPU (torch, scikit-image's frames bit for bit), frames read by "
+            f"{cores} worker processes."
+        )
+    return f"Preprocessing: {cores} worker processes (one per core this process may use), scikit-image."
 
 
 def format_machine(report: dict) -> str:

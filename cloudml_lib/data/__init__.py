@@ -10,7 +10,7 @@
 - synthetic.py    the demo flights, written in the real file layout (only where a command starts:
                   import-linter);  demo.py  their names and test flight, all a run needs to know of them
 - preprocess.py   a frame's preprocessing (crop, CLAHE) and its radiometric statistics, on every core or
-                  the GPU
+                  the GPU;  clahe.py  scikit-image's CLAHE in batched torch, the same frames
 - cache.py, cachefiles.py  the memory-mapped cache, built once, verified, copied to Drive
 - splits.py       which samples play which role: test flights (nothing chosen on them), validation data
                   (drawn from the training flights by a stated rule), the part trained on

@@ -14,7 +14,8 @@ Layout, one folder per flight and settings: `<cache_dir>/<flight>-<key>/` with
 
 The key hashes the flight's files (name, size, modification time, and a sample of their content:
 17 blocks of 64 KiB spread over each file) and every setting that changes the arrays, the CLAHE
-backend included (preprocess.py; the frames are made by its worker processes), so a change
+backend's reading included (preprocess.py; the frames are made by its worker processes; skimage and torch
+are one reading, the same frames), so a change
 rebuilds only what it affects and an unchanged cache is reused. A folder
 is built under a temporary name and renamed into place, so an interrupted build leaves nothing
 that looks complete. Reading a sample is one positioned read of the .npy file (FrameStore):
@@ -136,8 +137,9 @@ def cache_key(flight: FlightConfig, data: DataConfig, backend: Backend = SKIMAGE
         "labels": cpl.label_definition(data),
         "angles_source": data.angles_source,
     }
-    if backend.name != SKIMAGE.name:  # absent: scikit-image, so the caches of earlier versions stay valid
-        settings["clahe_backend"] = backend.name
+    # absent: scikit-image's reading (skimage, or torch: the same frames), so earlier caches stay valid
+    if backend.reading != SKIMAGE.reading:
+        settings["clahe_backend"] = backend.reading
     if any(
         navigation.is_icartt(p) for p in er2.flight_paths(flight, data).values()
     ):  # absent: other nav files

@@ -6,11 +6,19 @@ median, block-average, min-max to [0, 1]) and `equalise` (CLAHE, then z-score). 
 radiometry is kept as numbers (`frame_statistics`: percentiles, mean and spread of its swath in the units the
 IR file states, `Radiometry`): the per-frame reading keeps no temperature, and a cloud's temperature is what
 every infrared cloud-height retrieval starts from (the network's data.radiometry inputs, the baselines).
-Two backends equalise:
-- skimage (scikit-image's `equalize_adapthist`, on the CPU): the reference; every earlier cache used it;
-- kornia (`kornia.enhance.equalize_clahe`, torch, batched): on the GPU. Its output differs a little from
-  scikit-image's (benchmarks/preprocess.py measures by how much), so it is part of the cache key, and the
-  backend a model was trained on is the one predict and evaluate use when they can.
+Three backends equalise, giving two readings of a frame:
+- skimage (scikit-image's `equalize_adapthist`, on the CPU): the reference; every cache used it;
+- torch (clahe.py: scikit-image's algorithm in batched torch, our own): on the GPU, where there is a CUDA GPU
+  (data.preprocess_device auto or cuda). Its CLAHE output is scikit-image's bit for bit (measured: max abs
+  difference 0, tests/test_clahe.py) and the z-score is the same numpy code, so its frames are the same
+  reading as scikit-image's: the decision is that the two are one reading, "skimage" (`reading`). A cache
+  built by either has the same key and serves a model trained on either (0 differing float16 values of the
+  tiny demo caches, tests/test_clahe.py); meta.json still records which backend and device built it;
+- kornia (`kornia.enhance.equalize_clahe`): the GPU path before torch, the other reading (its frames differ:
+  benchmarks/RESULTS.md). No setting chooses it any more; it is kept, as an optional package, only for the
+  models trained on it (their runs and caches recorded "kornia": predict, evaluate and a resume under auto use
+  it again, and warn where kornia is missing). Its reading is part of the cache key.
+The reading a model was trained on is the one predict and evaluate use when they can.
 
 `FramePool` streams blocks of frames, in order, from worker processes that each open the IR file, read
 their block and prepare (and, for skimage, equalise) it: the bytes are those of the serial path, at most
@@ -166,14 +174,24 @@ class Block(NamedTuple):
 
 @dataclass(frozen=True)
 class Backend:
-    name: str  # skimage | kornia
+    name: str  # skimage | torch | kornia
     device: str  # cpu | cuda
 
     def __str__(self) -> str:
         return f"{self.name} on {self.device}"
 
+    @property
+    def reading(self) -> str:
+        return reading(self.name)
+
 
 SKIMAGE = Backend("skimage", "cpu")
+
+
+def reading(backend: str) -> str:
+    """The frames a backend makes, as a model sees them: "skimage" for scikit-image and torch (clahe.py, the
+    same frames bit for bit), "kornia" for kornia's."""
+    return "skimage" if backend in ("skimage", "torch") else backend
 
 
 def output_shape(spec: FrameSpec, columns: int) -> tuple[int, int]:
@@ -223,6 +241,22 @@ def frame_p10(raw: np.ndarray, data: DataConfig | FrameSpec) -> float:
 
 
 def equalise_torch(x: np.ndarray, blank: np.ndarray, clip_limit: float, device: str) -> np.ndarray:
+    """scikit-image's CLAHE in torch (clahe.py) on `device`, then the z-score of each frame by the same numpy
+    code as the skimage backend, of (n, H, W) [0, 1] frames -> float16 (n, H, W): skimage's frames."""
+    import torch
+
+    from cloudml_lib.data import clahe
+
+    x = np.ascontiguousarray(x, np.float32)
+    if clip_limit > 0:
+        x = clahe.equalize_adapthist(torch.from_numpy(x).to(device), clip_limit).cpu().numpy()
+    out = np.zeros(x.shape, np.float16)
+    for i in np.flatnonzero(~np.asarray(blank, bool)):
+        out[i] = zscore(x[i])  # numpy's float32 sums, not torch's: the stored float16 values stay skimage's
+    return out
+
+
+def equalise_kornia(x: np.ndarray, blank: np.ndarray, clip_limit: float, device: str) -> np.ndarray:
     """kornia's CLAHE and the z-score of (n, H, W) [0, 1] frames on `device` -> float16 (n, H, W)."""
     import kornia
     import torch
@@ -239,7 +273,8 @@ def equalise_torch(x: np.ndarray, blank: np.ndarray, clip_limit: float, device: 
 
 def read_block(path: str, key: str, flight: str, index: np.ndarray, spec: FrameSpec, equalise: bool) -> Block:
     """Read the raw frames `index` (sorted) of one IR file and preprocess them; without `equalise` the frames
-    are only prepared ([0, 1] float32, for the torch backend). A worker task, and the serial path."""
+    are only prepared ([0, 1] float32, for the torch and kornia backends). A worker task, and the serial
+    path."""
     n = len(index)
     filled, blank, p10 = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.float32)
     stats = np.zeros((n, len(STAT_NAMES)), np.float32)
@@ -332,8 +367,9 @@ class FramePool:
         try:
             for block in stream:
                 if not equalise:
+                    on_device = equalise_kornia if backend.name == "kornia" else equalise_torch
                     block = block._replace(
-                        frames=equalise_torch(block.frames, block.blank, spec.clip_limit, backend.device)
+                        frames=on_device(block.frames, block.blank, spec.clip_limit, backend.device)
                     )
                 yield block
         finally:
@@ -496,50 +532,40 @@ def _picklable(e: BaseException) -> bool:
 
 def resolve_backend(setting: str, trained: str | None = None) -> Backend:
     """The backend for data.preprocess_device (auto | cpu | cuda). `trained`: the backend the model in use was
-    trained on (predict, evaluate, a resumed run); auto then keeps it, and another choice is warned about."""
+    trained on (predict, evaluate, a resumed run); auto then keeps its reading, and another is warned about.
+    skimage and torch are one reading (`reading`): auto and cuda use torch on the GPU where there is one."""
     import torch
 
     cuda = torch.cuda.is_available()
-    kornia_ok = has_kornia()
-    if setting == "cuda":
-        if not cuda:
-            raise ConfigError(
-                "data.preprocess_device: cuda, but this machine has no CUDA GPU that torch can use; "
-                "set it to auto or cpu"
-            )
-        if not kornia_ok:
-            raise ConfigError(
-                f"data.preprocess_device: cuda needs the kornia package ({install_command('kornia')}); or "
-                "set it "
-                "to auto or cpu (scikit-image on the CPU cores)"
-            )
-        chosen = Backend("kornia", "cuda")
-    elif setting == "cpu":
-        chosen = SKIMAGE
-    elif trained == "kornia":
-        chosen = Backend("kornia", "cuda" if cuda else "cpu") if kornia_ok else SKIMAGE
-    elif trained == "skimage":
-        chosen = SKIMAGE
-    else:
-        chosen = Backend("kornia", "cuda") if cuda and kornia_ok else SKIMAGE
-        if cuda and not kornia_ok:
-            log.info(
-                "preprocessing on the CPU cores (scikit-image); %s to equalise the frames on the GPU",
-                install_command("kornia"),
-            )
-    if trained and chosen.name != trained:
-        log.warning(
-            "the model was trained on frames equalised by %s, but %s is used now (data.preprocess_device: "
-            "%s%s). The frames differ slightly, and a model can lose most of its accuracy on the other "
-            "backend's frames (the demo's did: benchmarks/RESULTS.md). Use data.preprocess_device: auto%s to "
-            "match the training.",
-            trained,
-            chosen.name,
-            setting,
-            "" if kornia_ok or trained != "kornia" else ", and kornia is not installed",
-            f" (and {install_command('kornia')})" if trained == "kornia" and not kornia_ok else "",
+    if setting == "cuda" and not cuda:
+        raise ConfigError(
+            "data.preprocess_device: cuda, but this machine has no CUDA GPU that torch can use; "
+            "set it to auto or cpu"
         )
+    if setting == "cpu":
+        chosen = SKIMAGE
+    elif setting != "cuda" and trained == "kornia":  # an older model's reading, where kornia is installed
+        chosen = Backend("kornia", "cuda" if cuda else "cpu") if has_kornia() else SKIMAGE
+    else:
+        chosen = Backend("torch", "cuda") if cuda else SKIMAGE
+    if trained and chosen.reading != reading(trained):
+        _warn_other_reading(trained, chosen, setting)
     return chosen
+
+
+def _warn_other_reading(trained: str, chosen: Backend, setting: str) -> None:
+    missing = trained == "kornia" and not has_kornia()
+    log.warning(
+        "the model was trained on frames equalised by %s, but %s is used now (data.preprocess_device: "
+        "%s%s). The frames differ slightly, and a model can lose most of its accuracy on the other "
+        "backend's frames (the demo's did: benchmarks/RESULTS.md). Use data.preprocess_device: auto%s to "
+        "match the training.",
+        trained,
+        chosen.name,
+        setting,
+        ", and kornia is not installed" if missing else "",
+        f" (and {install_command('kornia')})" if missing else "",
+    )
 
 
 @functools.cache
