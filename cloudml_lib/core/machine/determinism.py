@@ -11,8 +11,8 @@ then equals the uninterrupted one to rounding, not bit for bit, and two runs of 
 - `torch.backends.cudnn.deterministic = True` and `cudnn.benchmark = False`: cuDNN's fixed algorithms;
 - `CUBLAS_WORKSPACE_CONFIG=:4096:8` (when not set already), which cuBLAS needs for repeatable matmuls.
 
-The cost is speed on a GPU only: cuDNN may not take its fastest algorithm. benchmarks/gpu.py measures it
-(its "determinism" item) when a GPU is lent; on a CPU the switch changes nothing. With these switches, a run
+The cost is speed on a GPU only: cuDNN may not take its fastest algorithm (not measured yet: no GPU was lent
+since the switch exists); on a CPU the switch changes nothing. With these switches, a run
 killed and resumed on an H200 ended bit-identical to the uninterrupted one (benchmarks/results/gpu.json,
 the resume item).
 """
