@@ -237,12 +237,20 @@ def last_weights(run: Path) -> dict:
 def test_a_compiled_run_killed_mid_epoch_and_resumed_is_bit_identical(cfg_file, tmp_path):
     cfg = cfg_file()
     assert train(cfg, tmp_path / "whole").returncode == 0
-    killed = train(cfg, tmp_path / "killed", CLOUDML_KILL_AT="step:10")  # saved at step 8: epoch 2, batch 1
-    assert killed.returncode != 0
-    resumed = train(cfg, tmp_path / "killed")
+    # each start on a machine of its own (a new Colab VM: an empty local inductor cache)
+    first_vm, second_vm = str(tmp_path / "vm1"), str(tmp_path / "vm2")
+    killed = train(cfg, tmp_path / "killed", CLOUDML_KILL_AT="step:10", CLOUDML_COMPILE_LOCAL=first_vm)
+    assert killed.returncode != 0  # saved at step 8: epoch 2, batch 1
+    assert "no compiled kernels kept yet" in killed.stdout  # a cold cache is said
+    kept = tmp_path / "killed" / "compile_cache"
+    assert any(p.is_file() for p in kept.rglob("*")), "the compiled kernels were not kept in the run folder"
+    resumed = train(cfg, tmp_path / "killed", CLOUDML_COMPILE_LOCAL=second_vm)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resumed from step 8 (epoch 2, batch 1/7)" in resumed.stdout
+    assert "torch.compile: compiled kernels kept from an earlier session" in resumed.stdout
     assert "torch.compile: compiled the frame encoder" in resumed.stdout
+    info = json.loads((tmp_path / "killed" / "run.json").read_text())["compile"]
+    assert info["cache_hits"] >= 1, info  # the new machine took the kept graphs instead of compiling them
     for get in (last_weights, best_weights):
         a, b = get(tmp_path / "whole"), get(tmp_path / "killed")
         assert max_diff(a, b) == 0.0, get.__name__

@@ -230,6 +230,8 @@ def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_wor
     c = p.choice()
     assert c.preset == "C" and c.epochs == picker_mod.CPU_EPOCHS
     assert "Auto chose C because no GPU was found: training on the CPU is slow" in p.note.value
+    # the try-out does not compile on the CPU (C compiles on a GPU)
+    assert "train.torch_compile=false" in drive.run_config(ws, c.preset, c.epochs, c.heldout, demo=False)[1]
     assert "demo configuration" not in p.note.value
     capsys.readouterr()
     drive.show_diagnostics(ws)  # the setup notebook's advice says the same

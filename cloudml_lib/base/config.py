@@ -507,6 +507,12 @@ class TrainConfig:
         "compiler; a failure falls back to eager)",
         resume=NEW,
     )
+    compile_cache_dir: str = _f(
+        "",
+        "where torch.compile's kernels are kept for the next session (a new Colab VM compiles from "
+        "scratch otherwise); empty: the run folder's compile_cache/",
+        resume=NEW,
+    )
     torch_compile_mode: str = _f(
         "default",
         "compile mode; CUDA-graph modes cannot be combined with checkpointing",

@@ -36,6 +36,7 @@ class RunLayout:
     TENSORBOARD = "tensorboard"
     REJECTED = "rejected"  # committed checkpoints that failed verification, kept for inspection
     PRETRAIN = "pretrain"  # phase 1 of the two-phase protocol, a run of its own inside the run
+    COMPILE_CACHE = "compile_cache"  # torch.compile's kernels, kept for the next machine (compile_cache.py)
 
     def __post_init__(self):
         object.__setattr__(self, "path", Path(self.path))
@@ -45,6 +46,10 @@ class RunLayout:
 
     def __str__(self) -> str:
         return str(self.path)
+
+    @property
+    def compile_cache(self) -> Path:
+        return self.path / self.COMPILE_CACHE
 
     @property
     def best(self) -> Path:

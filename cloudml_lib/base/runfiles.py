@@ -142,8 +142,8 @@ EVALUATION = Obj(
 )
 COMPILE = Obj(
     {"requested": BOOL, "active": BOOL, "break_reasons": ListOf(ANY)}
-    | {k: OPT_TEXT for k in ("what", "mode", "why", "fallback")}
-    | {k: OPT_INT for k in ("graphs", "graph_breaks", "recompiles")}
+    | {k: OPT_TEXT for k in ("what", "mode", "why", "fallback", "cache")}
+    | {k: OPT_INT for k in ("graphs", "graph_breaks", "recompiles", "cache_hits")}
     | {"compile_s": OPT_NUM}
 )
 RUN_INFO = Obj(

@@ -21,6 +21,7 @@ from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
 from cloudml_lib.core.machine import device
+from cloudml_lib.core.network.compile import this_device
 from cloudml_lib.data import flights, synthetic
 from cloudml_lib.data.synthetic import ensure_demo_flights
 
@@ -385,6 +386,10 @@ def run_config(
     else:
         path = presets.preset_config_path(preset if preset in FIXED_PRESETS else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
+        if this_device().type == "cpu":
+            # a preset in a notebook without a GPU is a try-out (Auto: 2 epochs of C), too short to win back
+            # compiling's first minute on a CPU; the presets compile for the GPU
+            over.append("train.torch_compile=false")
     if not on_demo:
         over.append(f"data.test_flights=[{', '.join(heldout if heldout else default_heldout(ws)[0])}]")
     epochs = profile().epochs(epochs)

@@ -89,6 +89,8 @@ class RunInfo:
         """An epoch's time and memory into run.json's "measured" (written by the next write)."""
         if self.measured is not None:
             self.measured.epoch(seconds, steps, full, memory)
+        if self.dist.is_main:  # what validation compiled, kept for the next session
+            self.watch.keep_cache()
 
     def write(self, provenance: bool = False) -> None:
         """run.json; provenance.json too when asked or when it went missing."""
@@ -114,6 +116,8 @@ class RunInfo:
         self.compile_said = True
         report = self.watch.update()
         (log.info if report.active else log.warning)("torch.compile: %s", report.describe())
+        if self.dist.is_main:
+            self.watch.keep_cache()
         self.write()
 
 

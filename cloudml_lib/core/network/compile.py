@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from torch import nn
 from cloudml_lib.base.config import CUDA_GRAPH_COMPILE_MODES, cuda_graph_refusal
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.base.resources import measured
+from cloudml_lib.core.network.compile_cache import CompileCache
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ class CompileReport:
     recompiles: int = 0
     compile_s: float = 0.0
     fallback: str = ""  # the error that sent the run back to eager
+    cache: str = ""  # the kept kernels: where, and whether any were there (compile_cache.py)
+    cache_hits: int = 0  # compiled graphs inductor took from its cache instead of compiling
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,9 +109,10 @@ class CompileReport:
             if not self.graph_breaks
             else f"{self.graph_breaks} graph break(s): {'; '.join(self.break_reasons[:3])}"
         )
+        kept = f", {self.cache_hits} graph(s) from the kept kernels" if self.cache_hits else ""
         return (
             f"compiled {self.what} with torch.compile(mode={self.mode!r}): {self.graphs} graph(s), {breaks}, "
-            f"{self.recompiles} recompile(s), {self.compile_s:.1f} s of compiling"
+            f"{self.recompiles} recompile(s), {self.compile_s:.1f} s of compiling{kept}"
         )
 
 
@@ -132,20 +137,27 @@ def _counters() -> dict:
             for x in row.split(",")
         )
         return {
+            "hits": counters["inductor"].get("fxgraph_cache_hit", 0),
             "graphs": counters["stats"].get("unique_graphs", 0),
             "frames": counters["frames"].get("ok", 0),
             "breaks": dict(counters["graph_break"]),
             "seconds": seconds,
         }
     except Exception:  # noqa: BLE001 - the report is best effort; compiling itself does not depend on it
-        return {"graphs": 0, "frames": 0, "breaks": {}, "seconds": 0.0}
+        return {"hits": 0, "graphs": 0, "frames": 0, "breaks": {}, "seconds": 0.0}
 
 
 class CompileWatch:
-    """Turns Dynamo's process-wide counters into this run's CompileReport (differences since apply)."""
+    """Turns Dynamo's process-wide counters into this run's CompileReport (differences since apply); keeps
+    what was compiled in the lasting cache folder, if the run has one (`keep_cache`)."""
 
-    def __init__(self, report: CompileReport):
-        self.report, self.start = report, _counters()
+    def __init__(self, report: CompileReport, cache: CompileCache | None = None):
+        self.report, self.start, self.cache = report, _counters(), cache
+
+    def keep_cache(self) -> None:
+        """Copy what was compiled since to the lasting folder (after compiling: the first step, an epoch)."""
+        if self.cache is not None and self.report.active:
+            self.cache.keep()
 
     def update(self) -> CompileReport:
         if not self.report.active:
@@ -157,11 +169,15 @@ class CompileWatch:
         r.graph_breaks = sum(v for v in reasons.values() if v > 0)
         r.recompiles = max(0, now["frames"] - self.start["frames"] - 1)
         r.compile_s = now["seconds"] - self.start["seconds"]
+        r.cache_hits = now["hits"] - self.start["hits"]
         return r
 
 
-def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.device) -> CompileWatch:
-    """Compile the frame encoder of `model` (the unwrapped module) in place when `setting` asks for it."""
+def apply_compile(
+    model: torch.nn.Module, setting, mode: str, device: torch.device, cache_dir: Path | None = None
+) -> CompileWatch:
+    """Compile the frame encoder of `model` (the unwrapped module) in place when `setting` asks for it;
+    `cache_dir`: the lasting folder of compiled kernels (compile_cache.py), None to keep inductor's own."""
     if setting and mode in CUDA_GRAPH_COMPILE_MODES and getattr(model, "grad_checkpointing", False):
         raise ConfigError(cuda_graph_refusal(mode))  # the config refuses it first; this guards direct use
     report = CompileReport(
@@ -193,6 +209,11 @@ def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.devi
     # process (cross-validation folds, tests) would count against its recompile limit, after which it
     # silently runs eager. Start from a clean slate; inductor's disk cache keeps recompiling cheap.
     torch._dynamo.reset()
+    cache = None
+    if cache_dir is not None:
+        cache = CompileCache(cache_dir)
+        report.cache = cache.open()
+        log.info("torch.compile: %s", report.cache)
     encoder = model.encoder
     # dynamic=False: each batch shape gets its own static kernels, whatever order the shapes come in, so a
     # resumed run (which may meet the short last batch first, or never) computes bit for bit as an
@@ -201,7 +222,7 @@ def apply_compile(model: torch.nn.Module, setting, mode: str, device: torch.devi
         encoder.forward, mode=mode, dynamic=False
     )  # instance attribute: keys unchanged
     log.info("compiling %s with torch.compile(mode=%r); the first steps are slow", WHAT, mode)
-    return CompileWatch(report)
+    return CompileWatch(report, cache)
 
 
 def undo_compile(model: torch.nn.Module, watch: CompileWatch, failure: str) -> None:
