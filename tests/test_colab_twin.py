@@ -13,7 +13,8 @@ the checkout (Colab's /content, moved with CLOUDML_CONTENT), with no environment
   ipykernel 6.17.1, ipywidgets 7.7.1): printed when the environment is built, and checked again after each
   test installed CloudML into it, so that neither a newer release nor CloudML's own install drifts silently.
 
-Slow (a virtual environment of ~2 GB, about 8 minutes); the environment is built once for the module.
+Slow: the environment (~5 GB: PyPI's torch 2.11.0 pulls its CUDA wheels) is built once for the module, about
+9 minutes with the download; the three tests took 19 minutes more on a busy 2-core machine (2026-11-29).
 """
 
 from __future__ import annotations
