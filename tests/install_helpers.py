@@ -3,6 +3,7 @@ a virtual environment with what Colab preinstalls (the Colab twin). Not a test m
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,9 +13,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What Colab preinstalls that CloudML uses (Colab runtime of 2026-08); NOT there: netCDF4, icartt, mapie,
-# optuna, kornia. torch is this machine's release (on Python 3.11 its CPU build; on Colab's Python, 3.13, the
-# index's build of that release, a CUDA one, run on the CPU as Colab's runs before a GPU is chosen).
+# optuna, kornia. The twin holds them to Colab's versions (COLAB_CONSTRAINTS, pip's -c): torch 2.11.0 from
+# PyPI (a CUDA build, run on the CPU as Colab's runs before a GPU is chosen), numpy, IPython, ipykernel,
+# ipywidgets as Colab has them; the rest of the suite runs this machine's torch.
 COLAB_PYTHON = "3.13"
+COLAB_CONSTRAINTS = REPO / "constraints" / "colab.txt"
 COLAB_PACKAGES = [
     "numpy",
     "scipy",
@@ -155,15 +158,27 @@ def colab_python() -> str:
     return sys.executable
 
 
-def make_colab_venv(where: Path, python: str | None = None) -> Path:
-    """A fresh virtual environment of `python` (default: this one) with what Colab preinstalls (this
-    machine's torch release first, so that the other packages keep it), and a stub google.colab whose
-    drive.mount links the mount point to the folder standing in for Google Drive ($CLOUDML_TWIN_DRIVE).
-    Returns its python."""
+def colab_pins() -> dict[str, str]:
+    """The versions COLAB_CONSTRAINTS holds, by package name in lower case: {"torch": "2.11.0", ...}."""
+    pins = {}
+    for line in COLAB_CONSTRAINTS.read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep:
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def make_colab_venv(where: Path, python: str | None = None, constraints: Path | None = None) -> Path:
+    """A fresh virtual environment of `python` (default: this one) with what Colab preinstalls, and a stub
+    google.colab whose drive.mount links the mount point to the folder standing in for Google Drive
+    ($CLOUDML_TWIN_DRIVE). With `constraints` (COLAB_CONSTRAINTS), every install is held to them and torch is
+    their release; without, torch is this machine's release. torch goes first, so that the other packages keep
+    it. Returns its python."""
     subprocess.run([python or sys.executable, "-m", "venv", str(where)], check=True)
     python = where / "bin" / "python"
-    pip(python, f"torch=={torch_version()}")
-    pip(python, *COLAB_PACKAGES)
+    held = ("-c", str(constraints)) if constraints else ()
+    pip(python, *held, f"torch=={colab_pins()['torch'] if constraints else torch_version()}")
+    pip(python, *held, *COLAB_PACKAGES)
     site = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -188,6 +203,29 @@ def make_colab_venv(where: Path, python: str | None = None) -> Path:
         "    print('Mounted at', mountpoint)\n"
     )
     return python
+
+
+def colab_versions(python: Path) -> dict[str, str]:
+    """What the environment of `python` holds of the packages COLAB_CONSTRAINTS pins, and its Python and
+    torch's CUDA build: {"python": "3.13.0", "torch": "2.11.0+cu130", "torch.cuda": "13.0", ...}."""
+    ask = (
+        "import importlib.metadata as m, json, platform, sys, torch\n"
+        "out = {'python': platform.python_version(), 'torch.cuda': str(torch.version.cuda)}\n"
+        "out.update({n: m.version(n) for n in sys.argv[1:]})\n"
+        "print(json.dumps(out))"
+    )
+    r = subprocess.run([str(python), "-c", ask, *colab_pins()], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def drifted_from_colab(versions: dict[str, str]) -> list[str]:
+    """Each package whose version is not COLAB_CONSTRAINTS' (a local build tag such as +cu130 aside)."""
+    return [
+        f"{name} {versions.get(name)} (Colab: {pin})"
+        for name, pin in colab_pins().items()
+        if (versions.get(name) or "").split("+")[0] != pin
+    ]
 
 
 def torch_version() -> str:

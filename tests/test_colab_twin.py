@@ -8,9 +8,13 @@ the checkout (Colab's /content, moved with CLOUDML_CONTENT), with no environment
 - both notebooks Run all in smoke mode with no cell error, the first cell installing from the Drive copy,
   the smoke self-check passing, TensorBoard started from the kernel's own environment;
 - the Drive copy changed: the same kernel is told to restart, a fresh one imports the change, and a module
-  deleted from the copy is gone from the installed package; nothing is ever written into the copy.
+  deleted from the copy is gone from the installed package; nothing is ever written into the copy;
+- all of it on Colab's versions (constraints/colab.txt: Python 3.13, torch 2.11.0, numpy 2.1.3, IPython 7.34,
+  ipykernel 6.17.1, ipywidgets 7.7.1): printed when the environment is built, and checked again after each
+  test installed CloudML into it, so that neither a newer release nor CloudML's own install drifts silently.
 
-Slow (a virtual environment of ~2 GB, about 8 minutes); the environment is built once for the module.
+Slow: the environment (~5 GB: PyPI's torch 2.11.0 pulls its CUDA wheels) is built once for the module, about
+9 minutes with the download; the three tests took 19 minutes more on a busy 2-core machine (2026-11-29).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 from install_helpers import (
+    COLAB_CONSTRAINTS,
+    COLAB_PYTHON,
     NOT_ON_COLAB,
     REPO,
     colab_python,
+    colab_versions,
     copy_checkout,
+    drifted_from_colab,
     make_colab_venv,
     minimal_path,
     pip,
@@ -41,14 +49,15 @@ KERNEL = "cloudml-colab-twin"
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
     root = tmp_path_factory.mktemp("twin")
-    python = make_colab_venv(root / "venv", colab_python())  # Colab's Python where this machine has it
-    release = subprocess.run(
-        [str(python), "-c", "import sys, torch; print(sys.version.split()[0], torch.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    print(f"Colab twin: Python and torch {release}")  # shown with -s, and in a failure's captured output
+    # Colab's Python where this machine has it (else this one, said below), Colab's versions of the packages
+    python = make_colab_venv(root / "venv", colab_python(), constraints=COLAB_CONSTRAINTS)
+    versions = colab_versions(python)
+    print(  # shown with -s, and in a failure's captured output
+        "Colab twin: "
+        + ", ".join(f"{name} {v}" for name, v in versions.items())
+        + ("" if versions["python"].startswith(COLAB_PYTHON + ".") else f" (no Python {COLAB_PYTHON} here)")
+    )
+    assert not drifted_from_colab(versions), f"the twin is not Colab: {drifted_from_colab(versions)}"
     missing = subprocess.run(
         [
             str(python),
@@ -192,6 +201,7 @@ def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, whe
     assert not (other / "sweep").exists()
     r = cli(twin, "train", "--config", "configs/demo.yaml", cwd=other)
     assert r.returncode == 2 and "use --preset demo" in r.stderr, r.stderr[-2000:]
+    assert not drifted_from_colab(colab_versions(twin.python)), "installing CloudML changed Colab's packages"
 
 
 def test_both_notebooks_run_all_in_the_colab_twin(kernel_env):
@@ -209,6 +219,7 @@ def test_both_notebooks_run_all_in_the_colab_twin(kernel_env):
     assert "Smoke test passed" in last and "TensorBoard served" in last, last
     assert drive_copy(twin) == before, "the install wrote into the Drive copy"
     assert not (twin.code / "build").exists() and not list(twin.code.glob("*.egg-info"))
+    assert not drifted_from_colab(colab_versions(twin.python)), "the install cell changed Colab's packages"
 
 
 def test_a_changed_drive_copy_is_what_the_next_run_imports(kernel_env):

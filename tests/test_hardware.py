@@ -1,11 +1,13 @@
 import json
+import re
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from cloudml_lib.base.errors import ConfigError
-from cloudml_lib.commands import presets
+from cloudml_lib.colab import drive
+from cloudml_lib.commands import cli, presets
 from cloudml_lib.core.machine import device, memory
 
 GIB = presets.GIB
@@ -107,6 +109,59 @@ def test_diagnose_on_this_machine():
         assert out["recommendations"][0].startswith("Preset: demo")
     text = run_cli("diagnose").stdout
     assert "Host RAM:" in text and "Recommendations:" in text
+
+
+def test_a_cuda_build_newer_than_the_driver_is_said_with_the_way_back():
+    problem = device.torch_build_problem
+    on_colab = problem("2.12.0+cu130", "13.0", "12.4", colab=True)  # `pip install -U torch` on Colab
+    assert "torch 2.12.0+cu130 is built for CUDA 13.0" in on_colab and "supports CUDA up to 12.4" in on_colab
+    assert "cannot use the GPU" in on_colab and "Restart session keeps the torch" in on_colab
+    assert "Disconnect and delete runtime" in on_colab
+    assert "pip install torch==2.11.0 --index-url https://download.pytorch.org/whl/cu128" in on_colab
+    elsewhere = problem("2.12.0+cu130", "13.0", "12.4")
+    assert "built for CUDA 12.4 or older" in elsewhere and "pytorch.org/get-started/locally/" in elsewhere
+    assert "Colab" not in elsewhere
+    assert problem("2.12.0", "12.9", "12.4", gpu_visible=False) is not None  # a newer minor, and no GPU
+    assert problem("2.12.0", "12.9", "12.4") is None  # a newer minor often runs (minor-version compatibility)
+    assert problem("2.12.0", "13.0", "12.4", gpu_visible=True) is None  # the GPU works: nothing to say
+    for driver in ("12.8", "12.9", "13.0"):  # the driver as new as the build, or newer
+        assert problem("2.11.0+cu128", "12.8", driver, gpu_visible=False) is None
+    for built, driver in (("12.8", None), (None, None), ("12.8", "?"), ("x", "12.4")):  # unknowns
+        assert problem("2.11.0", built, driver) is None
+    assert "a CPU-only build" in problem("2.11.0+cpu", None, None, driver_present=True)
+    driverless = problem("2.11.0", "12.8", None, driver_present=True, gpu_visible=False)
+    assert "finds no GPU although an NVIDIA driver is installed" in driverless
+
+
+def test_the_way_back_on_colab_names_the_torch_of_the_colab_twin():
+    pins = (REPO / "constraints" / "colab.txt").read_text()
+    release, build = device.COLAB_TORCH.split("+")
+    assert re.search(rf"^torch=={re.escape(release)}$", pins, re.M) and f"torch {device.COLAB_TORCH}" in pins
+
+
+def test_diagnose_and_the_notebook_say_why_the_gpu_is_unusable(monkeypatch, capsys):
+    monkeypatch.setattr(presets, "driver_cuda_version", lambda: "12.4")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20261101")
+    assert cli.main(["diagnose"]) == 0
+    out = capsys.readouterr().out
+    said = re.search(r"^GPU unusable: torch \S+ is built for CUDA 13\.0, .* up to 12\.4: .*$", out, re.M)
+    assert said and "Disconnect and delete runtime" in said.group(0), out
+    assert "(the driver's: up to 12.4)" in out
+    assert cli.main(["diagnose", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["driver_cuda"] == "12.4" and "CUDA 13.0" in report["torch_build_problem"]
+    drive.show_environment()  # the setup notebook's environment cell (format_machine, as show_diagnostics)
+    shown = capsys.readouterr().out
+    assert "GPU unusable: torch" in shown and "Change runtime type > T4 GPU" not in shown  # a GPU is there
+
+
+def test_the_driver_check_reads_unknown_without_a_driver_and_never_raises():
+    driver = device.driver_cuda_version()
+    assert driver is None or re.fullmatch(r"\d+\.\d+", driver)
+    if not device.nvidia_driver_present():
+        assert driver is None and device.torch_build_notice() is None
 
 
 def test_memory_readings_on_cpu():

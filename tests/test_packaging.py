@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -127,6 +128,24 @@ def test_an_installed_copy_with_the_same_fingerprint_is_not_installed_again(boot
     ensure.__globals__["imported_record"] = lambda: None
     ensure.__globals__["build_and_install"] = lambda *a: pytest.fail("installed although nothing changed")
     assert f"copy {record['fingerprint'][:10]}" in ensure()
+
+
+def test_the_install_cell_says_when_this_torch_cannot_use_the_gpu(bootstrap, capsys):
+    """`pip install -U torch` on Colab: the first cell's output says so (core/machine/device.py's words,
+    asked of the installed package in a process of its own, only where an NVIDIA driver is installed)."""
+    install, code = bootstrap
+    ensure = install["ensure_installed"]
+    ensure.__globals__["installed_record"] = lambda: {"fingerprint": install["fingerprint"](code)}
+    ensure.__globals__["imported_record"] = lambda: None
+    said = "torch 2.12.0+cu130 is built for CUDA 13.0, but the NVIDIA driver supports CUDA up to 12.4"
+    ensure.__globals__["torch_build_notice"] = lambda: said
+    ensure()
+    assert f"Warning: {said}" in capsys.readouterr().out
+    ensure.__globals__["torch_build_notice"] = lambda: None
+    ensure()
+    assert "Warning" not in capsys.readouterr().out
+    if not (Path("/proc/driver/nvidia").is_dir() or shutil.which("nvidia-smi")):  # no driver: nothing asked
+        assert install["torch_build_notice"]() is None
 
 
 def test_a_changed_copy_is_installed_and_an_imported_old_version_asks_for_a_restart(bootstrap, capsys):

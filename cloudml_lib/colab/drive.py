@@ -113,7 +113,7 @@ def _widgets_version() -> str:
 def show_environment() -> None:
     report = presets.system_report()
     print(presets.format_machine(report))
-    if not report["gpu"]:
+    if not report["gpu"] and not report.get("torch_build_problem"):  # else: a GPU this torch cannot use
         print("No GPU: in Colab choose Runtime > Change runtime type > T4 GPU, then run all cells again.")
 
 

@@ -12,6 +12,9 @@ nothing from the package: the standard library only.
    (the package asks for torch>=2.3 and no ipywidgets).
 3. When this kernel had already imported another version, the new files would meet old modules in
    memory: it says so, and that the session must be restarted, instead of running on with old code.
+4. Where an NVIDIA driver is installed, the installed CloudML is asked (in a process of its own) whether this
+   torch can use the GPU: a `pip install -U torch` brings a CUDA build newer than Colab's driver, and the
+   warning says so, and the way back, in the first cell's output.
 
 `CLOUDML_CONTENT` moves Colab's /content (the tests' twin of Colab); everything else is Colab's layout.
 """
@@ -370,6 +373,20 @@ def build_and_install(code: Path, record: dict) -> None:
     importlib.invalidate_caches()
 
 
+def torch_build_notice() -> str | None:
+    """core/machine/device.py's words when this torch cannot use the machine's NVIDIA GPU (a CUDA build newer
+    than the driver, a CPU-only build), from the installed package in a process of its own (this file imports
+    nothing of it); None without an NVIDIA driver (no process started) and wherever the answer fails."""
+    if not (os.path.isdir("/proc/driver/nvidia") or shutil.which("nvidia-smi")):
+        return None
+    ask = f"from {PACKAGE_NAME}.core.machine.device import torch_build_notice as n; print(n() or '')"
+    try:
+        done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
 def ensure_installed(content: Path | None = None) -> str:
     """Install CloudML from the Drive copy when the installed one differs; returns what is in use, in
     words."""
@@ -401,6 +418,9 @@ def ensure_installed(content: Path | None = None) -> str:
             "which stays in memory. Choose Runtime > Restart session, then Runtime > Run all: "
             "the new version is used from then on."
         )
+    notice = torch_build_notice()
+    if notice:
+        print(f"Warning: {notice}", flush=True)
     return f"{now}, installed from {code}"
 
 

@@ -22,9 +22,11 @@ from cloudml_lib.core.machine import estimate, timing
 from cloudml_lib.core.machine.device import (
     compile_available,
     default_num_workers,
+    driver_cuda_version,
     gpu_report,
     host_memory,
     is_colab,
+    torch_build_notice,
 )
 from cloudml_lib.core.machine.memory import GIB, MARGIN
 
@@ -35,12 +37,16 @@ PRESETS = ("A", "B", "C")
 
 
 def system_report(paths: dict[str, str] | None = None) -> dict:
-    """Everything `diagnose` shows: versions, GPU, host RAM, free disk where the run and cache live, CPUs."""
+    """Everything `diagnose` shows: versions, GPU, host RAM, free disk where the run and cache live, CPUs, and
+    why the GPU is unusable where this torch's build is the reason."""
+    driver = driver_cuda_version()
     return {
         "colab": is_colab(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "driver_cuda": driver,  # the highest CUDA the NVIDIA driver supports (None: no driver, or unknown)
+        "torch_build_problem": torch_build_notice(driver),
         "gpu": gpu_report(),
         "host_memory": host_memory(),
         "cpus": os.cpu_count(),
@@ -348,8 +354,12 @@ def preprocessing_advice(gpu: bool) -> str:
 def format_machine(report: dict) -> str:
     lines = [
         f"Environment: {'Google Colab' if report['colab'] else 'local'}; Python {report['python']}, "
-        f"torch {report['torch']}, CUDA {report['cuda'] or 'none'}; {report['cpus']} CPUs"
+        f"torch {report['torch']}, CUDA {report['cuda'] or 'none'}"
+        + (f" (the driver's: up to {report['driver_cuda']})" if report.get("driver_cuda") else "")
+        + f"; {report['cpus']} CPUs"
     ]
+    if report.get("torch_build_problem"):
+        lines.append(f"GPU unusable: {report['torch_build_problem']}")
     gpu = report["gpu"]
     if gpu:
         lines.append(

@@ -1,13 +1,16 @@
 """The machine: the device and the precision a run uses (and the autocast that applies it), what the GPU and
-the host have (memory, other processes, compile support), and the peak-memory readings of the epoch line.
+the host have (memory, other processes, compile support), whether this torch's CUDA build can use the GPU's
+driver at all, and the peak-memory readings of the epoch line.
 Which preset and batch to use on it is a policy of the commands (commands/presets.py); the batch probe of
 `train.batch_size: auto` is memory.py's."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,6 +152,111 @@ def gpu_report() -> dict | None:
         "allocated_by_this_process": torch.cuda.memory_allocated(0),
         "processes": gpu_processes(),
     }
+
+
+# Colab's own torch (constraints/colab.txt, what the tests' Colab twin installs): the build to go back to
+# there. A test checks that the two agree.
+COLAB_TORCH = "2.11.0+cu128"
+TORCH_BUILDS = "https://pytorch.org/get-started/locally/"
+
+
+def _cuda_tuple(version: str | None) -> tuple[int, int] | None:
+    try:
+        major, minor = str(version).split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def torch_build_problem(
+    torch_version: str,
+    torch_cuda: str | None,
+    driver_cuda: str | None,
+    *,
+    gpu_visible: bool | None = None,
+    driver_present: bool = False,
+    colab: bool = False,
+) -> str | None:
+    """Plain words when this torch cannot use the machine's NVIDIA GPU because of how it was built, and the
+    way back; None when the GPU works, there is none, or too little is known to say.
+
+    `torch_cuda`: the CUDA torch was built for (torch.version.cuda, None for a CPU-only build); `driver_cuda`:
+    the highest CUDA the driver supports (None: unknown). A build of a newer major CUDA never runs on the
+    driver (`pip install -U torch` on Colab brings a CUDA 13 build to a CUDA 12 driver); a newer minor one
+    often does (CUDA's minor-version compatibility), so it is named only when torch finds no GPU."""
+    if gpu_visible:
+        return None
+    built, driver = _cuda_tuple(torch_cuda), _cuda_tuple(driver_cuda)
+    if torch_cuda is None:
+        if not (driver_present or driver):
+            return None
+        what = f"torch {torch_version} is a CPU-only build: it cannot use this machine's NVIDIA GPU."
+    elif built and driver and (built[0] > driver[0] or (built > driver and gpu_visible is False)):
+        what = (
+            f"torch {torch_version} is built for CUDA {torch_cuda}, but this machine's NVIDIA driver "
+            f"supports CUDA up to {driver_cuda}: this torch cannot use the GPU."
+        )
+    elif driver is None and driver_present and gpu_visible is False:
+        what = (
+            f"torch {torch_version} (built for CUDA {torch_cuda}) finds no GPU although an NVIDIA driver is "
+            "installed: the driver is probably older than this build needs."
+        )
+    else:
+        return None
+    return f"{what} {_way_back(colab, driver_cuda)}"
+
+
+def _way_back(colab: bool, driver_cuda: str | None) -> str:
+    if colab:
+        release, build = COLAB_TORCH.split("+")
+        return (
+            "On Colab, Runtime > Restart session keeps the torch that pip installed; to get Colab's own "
+            "torch back, choose Runtime > Disconnect and delete runtime (a fresh VM with Colab's packages), "
+            f"or run `pip install torch=={release} --index-url https://download.pytorch.org/whl/{build}` and "
+            "then Runtime > Restart session."
+        )
+    limit = f"CUDA {driver_cuda} or older" if driver_cuda else "the CUDA version nvidia-smi shows"
+    return f"Install a torch built for {limit} ({TORCH_BUILDS} gives the command), or update the driver."
+
+
+def nvidia_driver_present() -> bool:
+    return os.path.isdir("/proc/driver/nvidia") or shutil.which("nvidia-smi") is not None
+
+
+def driver_cuda_version() -> str | None:
+    """The highest CUDA version the NVIDIA driver supports ("12.8"): libcuda's cuDriverGetVersion (needs no
+    GPU context), else nvidia-smi's "CUDA Version"; None wherever neither answers."""
+    try:
+        found = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(found)) == 0 and found.value > 0:
+            return f"{found.value // 1000}.{found.value % 1000 // 10}"
+    except Exception:  # no libcuda, another platform, a broken install: unknown, never an error
+        pass
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"CUDA Version:\s*(\d+\.\d+)", out)
+    return m.group(1) if m else None
+
+
+def torch_build_notice(driver_cuda: str | None = None) -> str | None:
+    """torch_build_problem on this machine's facts (the driver's CUDA read here unless given); never
+    raises."""
+    try:
+        visible = torch.cuda.is_available()
+    except Exception:  # a torch whose CUDA cannot even be asked: unknown
+        visible = None
+    return torch_build_problem(
+        torch.__version__,
+        torch.version.cuda,
+        driver_cuda or driver_cuda_version(),
+        gpu_visible=visible,
+        driver_present=nvidia_driver_present(),
+        colab=is_colab(),
+    )
 
 
 def compile_available() -> tuple[bool, str]:
