@@ -278,8 +278,7 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
             Key.SPLIT: data.split.record(),
         }
         seed_everything(cfg.train.seed)
-        kept = Path(cfg.train.compile_cache_dir) if cfg.train.compile_cache_dir else folder.compile_cache
-        parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent, kept)
+        parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent, kept_kernels(cfg, folder))
         writer = CheckpointWriter(folder.path, cfg.checkpoint.keep_last) if dist.is_main else None
         loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), folder.metrics_file(dist)
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop, parts.average)
@@ -415,16 +414,18 @@ def auto_batch_size(
     return measure_batch_size(model, autocast, device, cfg.data.temporal_frames, frame, guess, calibrated)
 
 
+def kept_kernels(cfg: Config, folder: RunFolder) -> Path:
+    """Where a compiled run keeps its kernels for the next machine: train.compile_cache_dir, else the run
+    folder's compile_cache/ (core/network/compile_cache.py)."""
+    return Path(cfg.train.compile_cache_dir) if cfg.train.compile_cache_dir else folder.compile_cache
+
+
 def build_parts(
-    cfg: Config,
-    dist: Dist,
-    train_set: CloudDataset,
-    runs: Path | None = None,
-    compile_cache: Path | None = None,
+    cfg: Config, dist: Dist, train_set: CloudDataset, runs: Path | None = None, kernels: Path | None = None
 ) -> tuple[Parts, Config]:
     """Steps 3-6 above, after the seeds are set; and the config with `train.batch_size: auto` measured (a new
     Config: `cfg` is not changed). `runs`: the folder of the user's runs, whose measurements on this kind of
-    GPU calibrate the batch probe's first guess; `compile_cache`: where compiled kernels are kept."""
+    GPU calibrate the batch probe's first guess; `kernels`: where compiled kernels are kept (kept_kernels)."""
     t = cfg.train
     model, device, precision = placed_model(cfg, dist, train_set.scalers)
     # the average is a copy of the model made before DDP wraps it or compile changes its encoder's forward
@@ -441,7 +442,7 @@ def build_parts(
     total_steps = steps_per_epoch * t.epochs
     if average is not None:
         average.decay = resolve_decay(t.ema_decay, total_steps)
-    watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device, compile_cache)
+    watch = apply_compile(model, t.torch_compile, t.torch_compile_mode, device, kernels)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     if dist.active:
         torch.manual_seed(t.seed + dist.rank)  # each process its own dropout masks
