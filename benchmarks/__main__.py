@@ -237,6 +237,7 @@ def compile_presets_md(d: dict) -> list[str]:
     """Each preset's compiled and eager steps, whole epochs through the Trainer, compiles cold and warm."""
     s, r = d["summary"], d["raw"]
     frame = " x ".join(map(str, d["frame"]))
+    minutes = f"{d['run_minutes']:.0f} min in all." if "run_minutes" in d else "The run was cut short."
     lines = [
         f"Machine: {describe(d['machine'])}, torch threads {d['machine']['torch_threads']}, shared with "
         f"other work. Frames {frame} for every preset; each preset's channels and checkpointing, its batch "
@@ -245,7 +246,7 @@ def compile_presets_md(d: dict) -> list[str]:
         f"range over the blocks). Epochs: {d['epochs']} tiny epochs of the real Trainer on demo flights at "
         f"that frame (setup excluded; validation and checkpoints included), inductor cache "
         f"{d['epochs_inductor_cache']}. Cold compile: an empty inductor cache; warm: a fresh process on the "
-        f"same cache. {d['run_minutes']:.0f} min in all.",
+        f"same cache. {minutes}",
         "",
         "| preset | channels, checkpointing, batch | eager steps/s | compiled steps/s | compiled / eager "
         "(range) | epochs, compiled / eager speed (after the first) | compile cold / warm | break-even "
@@ -256,6 +257,11 @@ def compile_presets_md(d: dict) -> list[str]:
         st = r[name]["steps"]
         ckpt = "on" if st["gradient_checkpointing"] else "off"
         after = x["epochs_ratio_after_first"]
+        epochs = (
+            "not run"
+            if x["epochs_ratio"] is None
+            else f"{x['epochs_ratio']:.2f}x ({'-' if after is None else f'{after:.2f}x'})"
+        )
         be = " / ".join(
             "never" if x[k] is None else f"{x[k]:,}"
             for k in ("break_even_steps_cold", "break_even_steps_warm")
@@ -264,10 +270,11 @@ def compile_presets_md(d: dict) -> list[str]:
             f"| {name} | {'/'.join(map(str, st['channels']))}, {ckpt}, {st['batch']} | "
             f"{fmt(x['eager_steps_per_s'])} | {fmt(x['compiled_steps_per_s'])} | "
             f"{x['step_ratio']:.2f}x ({x['step_ratio_min']:.2f}-{x['step_ratio_max']:.2f}) | "
-            f"{x['epochs_ratio']:.2f}x ({'-' if after is None else f'{after:.2f}x'}) | "
+            f"{epochs} | "
             f"{x['compile_cold_s']:.0f} s / {x['compile_warm_s']:.0f} s | {be} |"
         )
-    return lines + ["", *compile_decisions_md(d.get("decisions", {}))]
+    notes = [f"- {n}" for n in d.get("notes", [])]
+    return lines + ["", *notes, *compile_decisions_md(d.get("decisions", {}))]
 
 
 def compile_decisions_md(dec: dict) -> list[str]:

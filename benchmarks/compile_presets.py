@@ -2,9 +2,10 @@
 
     python benchmarks/compile_presets.py                                 # writes compile_presets.json
     python benchmarks/compile_presets.py --smoke --results OUT.json      # a tiny model: the code path only
+    python benchmarks/compile_presets.py --presets A,B --steps-only --add   # add presets, no Trainer epochs
 
 The presets, each with its own model settings (channels, gradient checkpointing) at a reduced frame and
-batch on the CPU (FRAME, BATCH below; the results say which):
+batch on the CPU (RAW_FRAME, SWATH and PRESETS below; the results say which):
   A     configs/colab_optimized_full.yaml  64/128/256, checkpointing, compiled;
   B     configs/colab_full_stable.yaml     the same network, eager by design (its compiled row is the cost
                                            of not compiling);
@@ -216,13 +217,13 @@ def prepare(scratch: Path, smoke: bool, presets: list[str]) -> None:
         prepare_data(cfg, skipped)
 
 
-def measure_preset(name: str, scratch: Path, smoke: bool) -> dict:
+def measure_preset(name: str, scratch: Path, smoke: bool, epochs: bool = True) -> dict:
     """Steps (cold), the warm compile, then the epochs eager and compiled: the raw numbers of one preset."""
     out = {}
     with tempfile.TemporaryDirectory() as cache:
         out["steps"] = child(["steps", name], scratch, smoke, Path(cache))
         out["warm"] = child(["warm", name], scratch, smoke, Path(cache))
-        for compiled in (False, True):
+        for compiled in (False, True) if epochs else ():
             run_dir = scratch / "runs" / f"{name}-{'compiled' if compiled else 'eager'}"
             shutil.rmtree(run_dir, ignore_errors=True)
             t0 = time.perf_counter()
@@ -241,7 +242,6 @@ def summary(raw: dict) -> dict:
     ratios = [statistics.median(b["eager_s"]) / statistics.median(b["compiled_s"]) for b in st["blocks"]]
     pairs = [e / c for b in st["blocks"] for e, c in zip(b["eager_s"], b["compiled_s"])]
     med_e, med_c = statistics.median(eager), statistics.median(comp)
-    ee, ec = raw["epochs_eager"]["epoch_s"], raw["epochs_compiled"]["epoch_s"]
     saved = med_e - med_c
     return {
         "eager_steps_per_s": 1 / med_e,
@@ -253,13 +253,23 @@ def summary(raw: dict) -> dict:
         "step_ratio_max": max(ratios),
         "pair_ratio_min": min(pairs),
         "pair_ratio_max": max(pairs),
-        "epochs_ratio": sum(ee) / sum(ec),
-        "epochs_ratio_after_first": sum(ee[1:]) / sum(ec[1:]) if len(ee) > 1 else None,
-        "process_ratio": raw["epochs_eager"]["process_s"] / raw["epochs_compiled"]["process_s"],
+        **epoch_ratios(raw),
         "compile_cold_s": st["compile_s"],
         "compile_warm_s": raw["warm"]["compile_s"],
         "break_even_steps_cold": round(st["compile_s"] / saved) if saved > 0 else None,
         "break_even_steps_warm": round(raw["warm"]["compile_s"] / saved) if saved > 0 else None,
+    }
+
+
+def epoch_ratios(raw: dict) -> dict:
+    """Eager over compiled time of the Trainer's epochs: all of them, those after the first, the processes."""
+    if "epochs_eager" not in raw:
+        return {"epochs_ratio": None, "epochs_ratio_after_first": None, "process_ratio": None}
+    ee, ec = raw["epochs_eager"]["epoch_s"], raw["epochs_compiled"]["epoch_s"]
+    return {
+        "epochs_ratio": sum(ee) / sum(ec),
+        "epochs_ratio_after_first": sum(ee[1:]) / sum(ec[1:]) if len(ee) > 1 else None,
+        "process_ratio": raw["epochs_eager"]["process_s"] / raw["epochs_compiled"]["process_s"],
     }
 
 
@@ -307,6 +317,8 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="a tiny model on tiny flights, the demo preset only")
     p.add_argument("--results", type=Path, help="where to write the results (default: the committed file)")
     p.add_argument("--presets", help=f"comma-separated, from {', '.join(PRESETS)}")
+    p.add_argument("--steps-only", action="store_true", help="no Trainer epochs (for a slow machine)")
+    p.add_argument("--add", action="store_true", help="add the presets to the results file already there")
     p.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -323,10 +335,14 @@ def main() -> None:
     if args.smoke and not args.results:
         p.error("--smoke needs --results: a smoke run never writes the committed results")
     presets = args.presets.split(",") if args.presets else (["demo"] if args.smoke else list(PRESETS))
-    write(presets, scratch, args.smoke, args.results or RESULTS)
+    results = args.results or RESULTS
+    old = json.loads(results.read_text()) if args.add and results.exists() else None
+    write(presets, scratch, args.smoke, results, not args.steps_only, old)
 
 
-def write(presets: list[str], scratch: Path, smoke: bool, results: Path) -> None:
+def write(
+    presets: list[str], scratch: Path, smoke: bool, results: Path, epochs: bool, old: dict | None
+) -> None:
     t0 = time.perf_counter()
     if smoke:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -344,13 +360,15 @@ def write(presets: list[str], scratch: Path, smoke: bool, results: Path) -> None
         "raw": {},
         "summary": {},
     }
+    if old:  # added presets: their batches and whether they ran epochs are recorded beside the others'
+        out = {**old, "batch": {**old["batch"], **out["batch"]}}
     for name in presets:
-        out["raw"][name] = measure_preset(name, scratch, smoke)
+        out["raw"][name] = measure_preset(name, scratch, smoke, epochs)
         out["summary"][name] = summary(out["raw"][name])
         print(name, json.dumps(out["summary"][name]), flush=True)
         results.write_text(json.dumps(out, indent=1))  # after each preset: a late failure keeps the rest
     out["decisions"] = decisions(out["summary"])
-    out["run_minutes"] = (time.perf_counter() - t0) / 60
+    out["run_minutes"] = (old or {}).get("run_minutes", 0) + (time.perf_counter() - t0) / 60
     results.write_text(json.dumps(out, indent=1))
     print(json.dumps(out["decisions"], indent=1))
 
