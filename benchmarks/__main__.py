@@ -30,6 +30,7 @@ BENCHMARKS = (
     "checkpoint",
     "trainers",
     "compile",
+    "compile_presets",
     "flip_rule",
     "cloud_head",
     "predict",
@@ -229,6 +230,73 @@ def compile_md(d: dict) -> list[str]:
                 f"peak {r.get('peak_allocated_gib', 0):.2f} GiB"
             )
             lines.append(f"| {k} | {said} |")
+    return lines
+
+
+def compile_presets_md(d: dict) -> list[str]:
+    """Each preset's compiled and eager steps, whole epochs through the Trainer, compiles cold and warm."""
+    s, r = d["summary"], d["raw"]
+    frame = " x ".join(map(str, d["frame"]))
+    minutes = f"{d['run_minutes']:.0f} min in all." if "run_minutes" in d else "The run was cut short."
+    lines = [
+        f"Machine: {describe(d['machine'])}, torch threads {d['machine']['torch_threads']}, shared with "
+        f"other work. Frames {frame} for every preset; each preset's channels and checkpointing, its batch "
+        "reduced (below); the frame encoder compiled as CloudML does. Steps: eager and compiled alternating "
+        f"on one batch, {d['blocks']} blocks of {d['pairs_per_block']} pairs (ratio: median of the blocks, "
+        f"range over the blocks). Epochs: {d['epochs']} tiny epochs of the real Trainer on demo flights at "
+        f"that frame (setup excluded; validation and checkpoints included), inductor cache "
+        f"{d['epochs_inductor_cache']}. Cold compile: an empty inductor cache; warm: a fresh process on the "
+        f"same cache. {minutes}",
+        "",
+        "| preset | channels, checkpointing, batch | eager steps/s | compiled steps/s | compiled / eager "
+        "(range) | epochs, compiled / eager speed (after the first) | compile cold / warm | break-even "
+        "steps, cold / warm |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, x in s.items():
+        st = r[name]["steps"]
+        ckpt = "on" if st["gradient_checkpointing"] else "off"
+        after = x["epochs_ratio_after_first"]
+        epochs = (
+            "not run"
+            if x["epochs_ratio"] is None
+            else f"{x['epochs_ratio']:.2f}x ({'-' if after is None else f'{after:.2f}x'})"
+        )
+        be = " / ".join(
+            "never" if x[k] is None else f"{x[k]:,}"
+            for k in ("break_even_steps_cold", "break_even_steps_warm")
+        )
+        lines.append(
+            f"| {name} | {'/'.join(map(str, st['channels']))}, {ckpt}, {st['batch']} | "
+            f"{fmt(x['eager_steps_per_s'])} | {fmt(x['compiled_steps_per_s'])} | "
+            f"{x['step_ratio']:.2f}x ({x['step_ratio_min']:.2f}-{x['step_ratio_max']:.2f}) | "
+            f"{epochs} | "
+            f"{x['compile_cold_s']:.0f} s / {x['compile_warm_s']:.0f} s | {be} |"
+        )
+    notes = [f"- {n}" for n in d.get("notes", [])]
+    return lines + ["", *notes, *compile_decisions_md(d.get("decisions", {}))]
+
+
+def compile_decisions_md(dec: dict) -> list[str]:
+    """The decisions the numbers above support, each with its rule."""
+    yes = lambda v: "yes" if v else "no"  # noqa: E731
+    lines = []
+    if "C_compiled" in dec:
+        c = dec["C_compiled"]
+        lines.append(f"- Preset C compiled: {yes(c['yes'])} ({c['rule']}).")
+    if "demo_compiled_on_cpu" in dec:
+        c = dec["demo_compiled_on_cpu"]
+        lines.append(
+            f"- The demo compiled on the CPU: {yes(c['yes'])} ({c['rule']}; a demo run is "
+            f"{c['demo_run_steps']} steps)."
+        )
+    if "B_cost" in dec:
+        c = dec["B_cost"]
+        lines.append(
+            f"- Preset B, eager by design: {c['b_eager_over_a_compiled_samples']:.2f}x A's compiled "
+            f"samples/s (batches as above); compiling B would step "
+            f"{c['b_compiled_over_b_eager_steps']:.2f}x faster."
+        )
     return lines
 
 
@@ -734,6 +802,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("Trainers: CloudML, a bare loop and PyTorch Lightning", "trainers", trainers_md),
         ("The trainer before and after a change, side by side", "trainer_before_after", before_after_md),
         ("torch.compile against eager", "compile", compile_md),
+        ("torch.compile against eager, preset by preset, on the CPU", "compile_presets", compile_presets_md),
         ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
         ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
         ("Whole flights: each frame encoded once against each window", "predict", predict_md),

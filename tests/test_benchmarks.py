@@ -74,3 +74,29 @@ def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
     assert doc["memory"]["skipped"].startswith("needs CUDA")  # out of memory is a GPU's only
     assert doc["resume"]["killed_by_sigkill"] and doc["resume"]["bit_identical"], doc["resume"]
     assert (REPO / "benchmarks" / "results" / "gpu.json").read_bytes() == committed
+
+
+def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
+    """benchmarks/compile_presets.py --smoke: steps (cold and warm compile) and whole epochs through the
+    Trainer, eager and compiled, on a tiny model and tiny flights; it never writes the committed results."""
+    import subprocess
+    import sys
+
+    committed = REPO / "benchmarks" / "results" / "compile_presets.json"
+    before = committed.read_bytes() if committed.exists() else None
+    out = tmp_path / "smoke.json"
+    r = subprocess.run(
+        [sys.executable, "benchmarks/compile_presets.py", "--smoke", "--results", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,  # only against a hang: a cold compile takes minutes on a busy 2-core machine
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    demo, raw = doc["summary"]["demo"], doc["raw"]["demo"]
+    assert demo["eager_steps_per_s"] > 0 and demo["compiled_steps_per_s"] > 0 and demo["compile_cold_s"] > 0
+    assert raw["epochs_compiled"]["compiled"] and not raw["epochs_compiled"]["fallback"]
+    assert not raw["epochs_eager"]["compiled"] and len(raw["epochs_eager"]["epoch_s"]) == doc["epochs"]
+    assert doc["smoke"] and "demo_compiled_on_cpu" in doc["decisions"]
+    assert (committed.read_bytes() if committed.exists() else None) == before
