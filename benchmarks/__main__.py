@@ -31,6 +31,7 @@ BENCHMARKS = (
     "trainers",
     "compile",
     "compile_presets",
+    "memory_format",
     "flip_rule",
     "cloud_head",
     "predict",
@@ -275,6 +276,35 @@ def compile_presets_md(d: dict) -> list[str]:
         )
     notes = [f"- {n}" for n in d.get("notes", [])]
     return lines + ["", *notes, *compile_decisions_md(d.get("decisions", {}))]
+
+
+def memory_format_md(d: dict) -> list[str]:
+    """channels_last against the default format in training, per device and model, and the choice."""
+    lines = [
+        f"Machine: {describe(d['machine'])}. Each model's training step (the real network, AdamW, the "
+        "device's precision) in both formats, alternating round by round after a warm-up step; the "
+        f"trainer takes channels_last where the median speed-up over the models is at least {d['use_at']}.",
+        "",
+        "| device | model | frame, batch | default steps/s | channels_last steps/s | speed-up (range) | "
+        "outputs differ by |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for device, models in d["models"].items():
+        for name, m in models.items():
+            lines.append(
+                f"| {device} | {name} ({'/'.join(map(str, m['channels']))}) | "
+                f"{' x '.join(map(str, m['frame']))}, {m['batch']} | {fmt(m['steps_per_s']['contiguous'])} | "
+                f"{fmt(m['steps_per_s']['channels_last'])} | {m['speedup']:.2f}x "
+                f"({m['speedup_range'][0]:.2f}-{m['speedup_range'][1]:.2f}) | "
+                f"{m['max_output_difference']:.1e} km |"
+            )
+    lines.append("")
+    for device, c in d["channels_last"].items():
+        lines.append(
+            f"- On a {device}: median speed-up {c['speedup']:.2f}x, so training takes "
+            f"{'channels_last' if c['use'] else 'the default format'}."
+        )
+    return lines
 
 
 def compile_decisions_md(dec: dict) -> list[str]:
@@ -803,6 +833,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("The trainer before and after a change, side by side", "trainer_before_after", before_after_md),
         ("torch.compile against eager", "compile", compile_md),
         ("torch.compile against eager, preset by preset, on the CPU", "compile_presets", compile_presets_md),
+        ("Training in channels_last memory format", "memory_format", memory_format_md),
         ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
         ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
         ("Whole flights: each frame encoded once against each window", "predict", predict_md),

@@ -100,3 +100,21 @@ def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
     assert not raw["epochs_eager"]["compiled"] and len(raw["epochs_eager"]["epoch_s"]) == doc["epochs"]
     assert doc["smoke"] and "demo_compiled_on_cpu" in doc["decisions"]
     assert (committed.read_bytes() if committed.exists() else None) == before
+
+
+def test_the_memory_format_benchmark_runs_on_tiny_models():
+    """benchmarks/memory_format.py --smoke: both formats train each model on the CPU and agree to rounding."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "benchmarks/memory_format.py", "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,  # only against a hang
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    choice = json.loads(r.stdout.strip().splitlines()[-1])
+    assert choice["cpu"]["speedup"] > 0 and isinstance(choice["cpu"]["use"], bool)
+    assert r.stdout.count("outputs differ by") == 3

@@ -228,3 +228,18 @@ def test_the_deterministic_switch_sets_torchs_flags_and_says_what_it_costs():
         reset_determinism()
         os.environ.pop(CUBLAS_ENV, None)
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_on_a_t4_compiling_is_offered_with_its_caveat_in_plain_words(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (7, 5))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else None)
+    ok, why = device.compile_available()
+    assert ok and "compute capability 8.0 and up" in why and "7.5" in why and "falls back to eager" in why
+    gpu = {"name": "Tesla T4", "free_bytes": 14 * 2**30, "total_bytes": 15 * 2**30}
+    name, reason = presets.choose_preset({"gpu": gpu, "compile": {"available": ok, "reason": why}})
+    assert name == "A" and "torch.compile is available, with a caveat" in reason
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    assert device.compile_available() == (True, "available")

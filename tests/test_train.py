@@ -246,3 +246,33 @@ def test_the_epochs_last_batch_merged_into_the_one_before_is_one_pass(tiny_confi
     trainer.forward = lambda frames, scalars: (sizes.append(len(frames)), real(frames, scalars))[1]
     trainer.train_epoch(0)
     assert len(trainer.train_set) == 34 and sizes == [11, 11, 12]
+
+
+def test_the_memory_format_is_chosen_by_measurement_and_kept_for_the_runs_life(
+    tiny_config, tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from cloudml_lib.core.machine.distributed import Dist
+    from cloudml_lib.core.network.model import training_memory_format
+    from cloudml_lib.core.run.checkpoint import Key
+    from cloudml_lib.train import build
+
+    use, why = training_memory_format(torch.device("cpu"))  # the committed measurement decides
+    assert isinstance(use, bool) and "benchmarks/results/memory_format.json" in why
+    monkeypatch.setattr(build, "training_memory_format", lambda device: (True, "channels_last memory format"))
+    trainer = Trainer(tiny_config, tmp_path / "run").setup()
+    conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and trainer.progress.channels_last
+    trainer.train_step(next(iter(trainer.loader)))  # trains in that format
+    trainer.optimizer_step()
+    assert trainer.progress.step == 1 and all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    # a resumed run keeps the format it started with, whatever is measured now; an older run, the default
+    monkeypatch.setattr(build, "training_memory_format", lambda device: (False, "the default memory format"))
+    for saved, expected in ((True, True), (False, False), (None, False)):
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+        parts = SimpleNamespace(model=model, device=torch.device("cpu"), channels_last=None)
+        loop = {} if saved is None else {"channels_last": saved}
+        build.use_memory_format(parts, SimpleNamespace(state={Key.LOOP: loop}), Dist())
+        assert parts.channels_last is expected
+        assert model[0].weight.is_contiguous(memory_format=torch.channels_last) is expected

@@ -129,8 +129,12 @@ def choose_preset(report: dict) -> tuple[str, str]:
     def needs(p: PresetMemory) -> str:
         return f"{p.need() / GIB:.1f} GiB at batch {p.batch} + 15% margin, {p.source()}"
 
+    reason = str(report["compile"]["reason"])
+    caveat = f"; torch.compile is {reason}" if reason.startswith("available, with") else ""
     if compile_ok and a.fits(free):
-        return "A", f"{have}, enough for the full model with torch.compile (preset A needs about {needs(a)})"
+        return "A", (
+            f"{have}, enough for the full model with torch.compile (preset A needs about {needs(a)}){caveat}"
+        )
     not_a = (
         f"torch.compile is not available ({report['compile']['reason']})"
         if not compile_ok

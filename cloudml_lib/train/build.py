@@ -48,7 +48,7 @@ from cloudml_lib.core.machine.estimate import StepShape, estimate
 from cloudml_lib.core.machine.memory import GIB, measure_batch_size
 from cloudml_lib.core.machine.timing import Measured, calibration, device_name, signature
 from cloudml_lib.core.network.compile import CompileWatch, apply_compile
-from cloudml_lib.core.network.model import build_model, count_parameters
+from cloudml_lib.core.network.model import build_model, count_parameters, training_memory_format
 from cloudml_lib.core.run.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
 from cloudml_lib.core.run.events import Events
 from cloudml_lib.core.run.folder import RunFolder
@@ -125,6 +125,27 @@ def use_warmup(parts: Parts, progress, cfg: Config) -> None:
         )
     if progress.warmup_steps != parts.warmup_steps:  # a resumed run: the warm-up it started with
         parts.scheduler.lr_lambdas[0] = schedule(progress.warmup_steps, parts.total_steps, cfg)
+
+
+def use_memory_format(parts: Parts, found: Found | None, dist: Dist) -> None:
+    """The model's memory format for the run's whole life: at its first start where a measurement says it pays
+    on this device (model.training_memory_format); a resumed run keeps its own (an older run: the default)."""
+    if found is not None:
+        saved = found.state[Key.LOOP].get("channels_last")
+        use = saved is True
+        why = (
+            f"{'channels_last' if use else 'the default'} memory format, kept from the run's start"
+            if saved is not None
+            else "the default memory format (a run started before the format was chosen by measurement)"
+        )
+    elif dist.active:
+        use, why = False, "the default memory format (several processes: DDP lays out its buckets for it)"
+    else:
+        use, why = training_memory_format(parts.device)
+    if use:
+        parts.model.to(memory_format=torch.channels_last)  # in place: the optimizer keeps its parameters
+    parts.channels_last = use
+    log.info("Memory format: %s", why)
 
 
 def schedule(warmup_steps: int, total_steps: int, cfg: Config):
@@ -235,6 +256,7 @@ class Parts:
     steps_per_epoch: int  # optimizer steps
     total_steps: int
     warmup_steps: int  # fitted to the run (fitted_warmup); a resumed run keeps its own (use_warmup)
+    channels_last: bool = False  # the model's memory format (use_memory_format)
 
 
 @dataclass
@@ -519,6 +541,7 @@ def start(
     """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
     records the plan of this start: what was resolved, and how (`split`: which data play which role, as
     splits.Split.record says). Eight parameters: the pieces start touches, each its own concern."""
+    use_memory_format(parts, found, state.dist)
     if found is not None:
         state.restore(found, metrics.path, cfg)
     else:
@@ -527,6 +550,7 @@ def start(
             parts.model.load_state_dict(load_checkpoint(init_from)[Key.MODEL])  # in place
             log.info("Starting from the weights of %s", init_from)
     use_warmup(parts, state.progress, cfg)
+    state.progress.channels_last = parts.channels_last
     run_info.start(
         {
             "processes": state.dist.world,

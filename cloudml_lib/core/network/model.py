@@ -307,3 +307,20 @@ def build_model(cfg, scalers=None) -> MultimodalRegressionModel:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def training_memory_format(device: torch.device) -> tuple[bool, str]:
+    """Whether a run trains in channels_last memory format on this kind of device, and why: where
+    benchmarks/memory_format.py measured it to pay (as predict follows benchmarks/predict.py). The numbers
+    agree with the default format's to float rounding."""
+    from cloudml_lib.base.resources import measured
+
+    choice = ((measured("memory_format") or {}).get("channels_last") or {}).get(device.type)
+    speedup = choice.get("speedup") if isinstance(choice, dict) else None
+    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not 0.1 <= speedup <= 10:
+        return False, f"the default memory format (channels_last was not measured on a {device.type})"
+    use = choice.get("use") is True
+    return use, (
+        f"{'channels_last' if use else 'the default'} memory format: channels_last measured {speedup:.2f}x "
+        f"the default's training steps on a {device.type} (benchmarks/results/memory_format.json)"
+    )

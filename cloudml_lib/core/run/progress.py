@@ -40,6 +40,8 @@ class Progress:
     oom_recoveries: int = 0
     nonfinite_in_a_row: int = 0
     nonfinite_total: int = 0
+    # whether it trains in channels_last memory format (chosen at its first start); None: an older run (not)
+    channels_last: bool | None = None
     # the warm-up this run took (fitted to its length at its first start); None: a run saved before that
     warmup_steps: int | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # which run a checkpoint belongs to
