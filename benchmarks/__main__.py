@@ -32,6 +32,7 @@ BENCHMARKS = (
     "compile",
     "compile_presets",
     "memory_format",
+    "expected_time",
     "flip_rule",
     "cloud_head",
     "predict",
@@ -305,6 +306,24 @@ def memory_format_md(d: dict) -> list[str]:
             f"{'channels_last' if c['use'] else 'the default format'}."
         )
     return lines
+
+
+def expected_time_md(d: dict) -> list[str]:
+    """The picker's expected epoch against the epochs the run took."""
+    after = d["expected_over_median_after_first"]
+    return [
+        f"Machine: {describe(d['machine'])}. {d['config']}: the expectation made before the run as "
+        f"the picker makes it ({d['timed_source']}: {d['timed_step_s']:.3f} s per step; "
+        f"{d['steps_per_epoch']} steps and {d['validation_batches']} validation batches per epoch), then "
+        "the run in a process of its own.",
+        "",
+        "| expected epoch | epochs measured | expected / median | expected / median after the first | "
+        f"within {d['within']:.0%} |",
+        "|---|---|---|---|---|",
+        f"| {d['expected_epoch_s']:.1f} s | {', '.join(f'{x:.1f}' for x in d['measured_epoch_s'])} s | "
+        f"{d['expected_over_median']:.2f} | {'-' if after is None else f'{after:.2f}'} | "
+        f"{'yes' if d['within_25_percent'] else 'no'} |",
+    ]
 
 
 def compile_decisions_md(dec: dict) -> list[str]:
@@ -834,6 +853,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("torch.compile against eager", "compile", compile_md),
         ("torch.compile against eager, preset by preset, on the CPU", "compile_presets", compile_presets_md),
         ("Training in channels_last memory format", "memory_format", memory_format_md),
+        ("The first expected time against what the epochs take", "expected_time", expected_time_md),
         ("The azimuth flip rule on turning flights", "flip_rule", flip_rule_md),
         ("Cloud / no-cloud: a probe, a joint model or a second model", "cloud_head", cloud_head_md),
         ("Whole flights: each frame encoded once against each window", "predict", predict_md),

@@ -30,6 +30,8 @@ of an H100's fp16 rate and 1/10 of its memory bandwidth). Items, in this order, 
              extrapolated to a 12,000-frame flight
   resume     one run killed by SIGKILL after a checkpoint and resumed, against the same run uninterrupted,
              with deterministic algorithms set by this script: equal bit for bit, or the largest difference
+Then the items a T4 projection needs (issue 53: context, profile, speed, epoch, predict_2cpu, graphs), written
+in gpu_t4.py; `--only t4` runs them alone, in one call of under 10 minutes.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def in_repo(text: str) -> str:
 
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu_t4 import ITEM_FUNCTIONS, T4_BOX, T4_ITEMS  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "gpu.json"
 SCRATCH = REPO / "benchmarks" / ".scratch" / "gpu"
 T4_GIB = 14.7
@@ -61,9 +65,12 @@ OOM_CAP_GIB = 6.0  # the lower cap under which the Trainer's out-of-memory recov
 # Dense fp16/bf16 tensor-core peak of GPUs this may run on (NVIDIA's data sheets), by a word of the name.
 PEAK_FLOPS = {"T4": 65e12, "A100": 312e12, "L4": 121e12, "H100": 989e12, "H200": 989e12, "V100": 125e12}
 PRESETS = {"A": "colab_optimized_full.yaml", "B": "colab_full_stable.yaml", "C": "colab_optimized.yaml"}
-ITEMS = ("presets", "compile", "precision", "memory", "predict", "resume")
+# the items of issue 46, then those a T4 projection needs (gpu_t4.py: `--only t4` runs them in one call)
+ITEMS = ("presets", "compile", "precision", "memory", "predict", "resume", *T4_ITEMS)
+GROUPS = {"t4": T4_ITEMS}
 # seconds each item may take on the GPU (the smoke run on a CPU gets 4x)
 TIME_BOX = {"presets": 120, "compile": 120, "precision": 100, "memory": 75, "predict": 40, "resume": 100}
+TIME_BOX.update(T4_BOX)
 FLIGHTS, TEST = ("01Mar25", "03Mar25", "05Mar25"), "05Mar25"
 
 
@@ -715,8 +722,9 @@ def run_item(name: str, size: Size, out: Path, box: float) -> None:
         make_flights(size)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    {"presets": item_presets, "compile": item_compile, "memory": item_memory, "predict": item_predict,
-     "resume": item_resume}.get(name, lambda s, p: item_precision(s, p, box))(size, put)  # fmt: skip
+    items = {"presets": item_presets, "compile": item_compile, "memory": item_memory, "predict": item_predict,
+             "resume": item_resume, **ITEM_FUNCTIONS}  # fmt: skip
+    items.get(name, lambda s, p: item_precision(s, p, box))(size, put)
     put("item_s", time.perf_counter() - t0)
 
 
@@ -779,7 +787,11 @@ def orchestrate(size: Size, items: list[str], results: Path, log) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--smoke", action="store_true", help="CPU, tiny frames: check the code paths")
-    p.add_argument("--only", default=",".join(ITEMS), help=f"comma-separated items of {', '.join(ITEMS)}")
+    p.add_argument(
+        "--only",
+        default=",".join(ITEMS),
+        help=f"comma-separated items of {', '.join(ITEMS)}; t4: {', '.join(T4_ITEMS)}",
+    )
     p.add_argument("--results", type=Path, default=None, help="results file (default results/gpu.json)")
     p.add_argument("--log", type=Path, default=None, help="the items' output (default: the console)")
     (
@@ -800,7 +812,11 @@ def main() -> None:
 
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU (use --smoke to check the code on the CPU)")
-    items = [i for i in ITEMS if i in args.only.split(",")]
+    asked = {i for word in args.only.split(",") for i in GROUPS.get(word, (word,))}
+    unknown = asked - set(ITEMS)
+    if unknown:
+        p.error(f"--only: unknown item(s) {', '.join(sorted(unknown))}; choose from {', '.join(ITEMS)} or t4")
+    items = [i for i in ITEMS if i in asked]
     results = args.results or (SCRATCH / "smoke.json" if args.smoke else RESULTS)
     with open(args.log, "a") if args.log else open(os.devnull, "w") as log:
         orchestrate(size, items, results, log if args.log else None)

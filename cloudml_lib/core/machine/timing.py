@@ -31,6 +31,7 @@ from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_jso
 from cloudml_lib.core.machine import estimate
 from cloudml_lib.core.machine.device import choose_precision
 from cloudml_lib.core.machine.memory import synthetic_inputs, synthetic_step
+from cloudml_lib.core.network.model import training_memory_format
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,15 @@ def timed(shape: estimate.StepShape, batch: int, device: torch.device) -> StepTi
 
 def _step_seconds(shape: estimate.StepShape, b: int, device: torch.device) -> tuple[float, int]:
     """(the median time of one step at batch `b`, the steps timed); the model and its tensors are freed on
-    return: the one synthetic step (memory.synthetic_step) under the precision a run on `device` takes
-    (device.choose_precision: fp16 with loss scaling on a T4, bf16 from capability 8, fp32 on a CPU)."""
+    return: the one synthetic step (memory.synthetic_step) in the memory format and under the precision a run
+    on `device` takes (model.training_memory_format; device.choose_precision: fp16 with loss scaling on a
+    T4, bf16 from capability 8, fp32 on a CPU)."""
     precision = choose_precision(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = estimate.model_of(shape).to(device).train()
+        if training_memory_format(device)[0]:  # the format a new run trains in here
+            model.to(memory_format=torch.channels_last)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = torch.amp.GradScaler(device.type) if precision.use_grad_scaler else None
         step = synthetic_step(model, optimizer, precision.autocast(device), scaler)
