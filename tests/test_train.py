@@ -273,6 +273,16 @@ def test_the_memory_format_is_chosen_by_measurement_and_kept_for_the_runs_life(
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
         parts = SimpleNamespace(model=model, device=torch.device("cpu"), channels_last=None)
         loop = {} if saved is None else {"channels_last": saved}
-        build.use_memory_format(parts, SimpleNamespace(state={Key.LOOP: loop}), Dist())
+        build.use_memory_format(parts, SimpleNamespace(state={Key.LOOP: loop}), Dist(), tiny_config)
         assert parts.channels_last is expected
         assert model[0].weight.is_contiguous(memory_format=torch.channels_last) is expected
+    # the setting forces it; a config saved before the setting existed means the default format
+    tiny_config.train.memory_format = "default"
+    parts = SimpleNamespace(model=torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), channels_last=None)
+    build.use_memory_format(parts, None, Dist(), tiny_config)
+    assert parts.channels_last is False
+    from cloudml_lib.base.config import absent_settings
+
+    assert {"train.memory_format": "default", "train.warmup_fit": False}.items() <= absent_settings(
+        {"data": {}, "model": {}, "train": {}}
+    ).items()

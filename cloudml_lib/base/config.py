@@ -425,6 +425,20 @@ class TrainConfig:
         "linear warm-up length in optimizer steps (at most a fifth of the run: a longer one is shortened)",
         range=(0, 10_000_000),
     )
+    warmup_fit: bool = _f(
+        True,
+        "shorten a warm-up longer than a fifth of the run's optimizer steps, so that the run reaches its "
+        "learning rate (runs made before the setting: not shortened)",
+        absent=False,
+    )
+    memory_format: str = _f(
+        "auto",
+        "the model's memory format in training: auto (channels_last where benchmarks/memory_format.py "
+        "measured it to pay on the device; the same numbers to float rounding), channels_last or default "
+        "(runs made before the setting: default)",
+        choices=("auto", "channels_last", "default"),
+        absent="default",
+    )
     grad_clip_norm: float = _f(1.0, "gradient norm clip; 0 disables", range=(0.0, 1e6))
     huber_delta: float = _f(1.0, "Huber loss delta on the standardised target", range=(1e-6, 100.0))
     hard_example_weight: float = _f(0.0, "extra loss weight on hard examples (0: off)", range=(0.0, 10.0))

@@ -127,10 +127,14 @@ def use_warmup(parts: Parts, progress, cfg: Config) -> None:
         parts.scheduler.lr_lambdas[0] = schedule(progress.warmup_steps, parts.total_steps, cfg)
 
 
-def use_memory_format(parts: Parts, found: Found | None, dist: Dist) -> None:
-    """The model's memory format for the run's whole life: at its first start where a measurement says it pays
-    on this device (model.training_memory_format); a resumed run keeps its own (an older run: the default)."""
-    if found is not None:
+def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config) -> None:
+    """The model's memory format for the run's whole life (train.memory_format; auto: at its first start where
+    a measurement says it pays on this device, model.training_memory_format; a resumed run keeps its own, an
+    older run the default)."""
+    setting = cfg.train.memory_format
+    if setting != "auto":
+        use, why = setting == "channels_last", f"{setting} (train.memory_format)"
+    elif found is not None:
         saved = found.state[Key.LOOP].get("channels_last")
         use = saved is True
         why = (
@@ -468,7 +472,7 @@ def build_parts(
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
     if dist.active:
         torch.manual_seed(t.seed + dist.rank)  # each process its own dropout masks
-    warmup_steps = fitted_warmup(t.warmup_steps, total_steps)
+    warmup_steps = fitted_warmup(t.warmup_steps, total_steps) if t.warmup_fit else t.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(warmup_steps, total_steps, cfg))
     # The loader draws its worker seed from its own generator, not the global RNG, so that
     # starting a fresh iterator on resume does not shift the dropout masks that follow.
@@ -541,7 +545,7 @@ def start(
     """From the resume point; or fresh (an empty metrics file), from `init_from`'s weights if given. run.json
     records the plan of this start: what was resolved, and how (`split`: which data play which role, as
     splits.Split.record says). Eight parameters: the pieces start touches, each its own concern."""
-    use_memory_format(parts, found, state.dist)
+    use_memory_format(parts, found, state.dist, cfg)
     if found is not None:
         state.restore(found, metrics.path, cfg)
     else:
