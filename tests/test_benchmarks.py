@@ -88,8 +88,9 @@ def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
 
 
 def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
-    """benchmarks/compile_presets.py --smoke: steps (cold and warm compile) and whole epochs through the
-    Trainer, eager and compiled, on a tiny model and tiny flights; it never writes the committed results."""
+    """benchmarks/compile_presets.py --smoke --steps-only: eager and compiled steps, the compile cold and warm,
+    on a tiny model; it never writes the committed results (its Trainer epochs: --smoke without
+    --steps-only, left out here for CI's time)."""
     import subprocess
     import sys
 
@@ -97,7 +98,8 @@ def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
     before = committed.read_bytes() if committed.exists() else None
     out = tmp_path / "smoke.json"
     r = subprocess.run(
-        [sys.executable, "benchmarks/compile_presets.py", "--smoke", "--results", str(out)],
+        # steps only: the Trainer's compiled epochs are test_compile.py's (CI time)
+        [sys.executable, "benchmarks/compile_presets.py", "--smoke", "--steps-only", "--results", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -105,10 +107,13 @@ def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
-    demo, raw = doc["summary"]["demo"], doc["raw"]["demo"]
-    assert demo["eager_steps_per_s"] > 0 and demo["compiled_steps_per_s"] > 0 and demo["compile_cold_s"] > 0
-    assert raw["epochs_compiled"]["compiled"] and not raw["epochs_compiled"]["fallback"]
-    assert not raw["epochs_eager"]["compiled"] and len(raw["epochs_eager"]["epoch_s"]) == doc["epochs"]
+    demo = doc["summary"]["demo"]
+    assert (
+        demo["compile_warm_s"] > 0
+        and demo["eager_steps_per_s"] > 0
+        and demo["compiled_steps_per_s"] > 0
+        and demo["compile_cold_s"] > 0
+    )
     assert doc["smoke"] and "demo_compiled_on_cpu" in doc["decisions"]
     assert (committed.read_bytes() if committed.exists() else None) == before
 

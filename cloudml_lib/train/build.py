@@ -138,7 +138,7 @@ def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config
         saved = found.state[Key.LOOP].get("channels_last")
         use = saved is True
         why = (
-            f"{'channels_last' if use else 'the default'} memory format, kept from the run's start"
+            f"{'channels_last' if use else 'the default'} memory format, the run's own since its first start"
             if saved is not None
             else "the default memory format (a run started before the format was chosen by measurement)"
         )
