@@ -88,8 +88,8 @@ def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
 
 
 def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
-    """benchmarks/compile_presets.py --smoke --steps-only: eager and compiled steps, the compile cold and warm,
-    on a tiny model; it never writes the committed results (its Trainer epochs: --smoke without
+    """benchmarks/compile_presets.py --smoke --steps-only: eager and compiled steps, the compile cold and
+    warm, on a tiny model; it never writes the committed results (its Trainer epochs: --smoke without
     --steps-only, left out here for CI's time)."""
     import subprocess
     import sys
