@@ -153,11 +153,17 @@ class CompileWatch:
 
     def __init__(self, report: CompileReport, cache: CompileCache | None = None):
         self.report, self.start, self.cache = report, _counters(), cache
+        self._kept_at: tuple | None = None  # Dynamo's (graphs, frames) when the kernels were last kept
 
     def keep_cache(self) -> None:
         """Copy what was compiled since to the lasting folder (after compiling: the first step, an epoch)."""
-        if self.cache is not None and self.report.active:
+        if self.cache is None or not self.report.active:
+            return
+        now = _counters()
+        compiled = (now["graphs"], now["frames"])  # nothing new compiled: no listing of a Drive folder
+        if compiled != self._kept_at:
             self.cache.keep()
+            self._kept_at = compiled
 
     def update(self) -> CompileReport:
         if not self.report.active:
