@@ -241,14 +241,14 @@ def compile_presets_md(d: dict) -> list[str]:
     frame = " x ".join(map(str, d["frame"]))
     minutes = f"{d['run_minutes']:.0f} min in all." if "run_minutes" in d else "The run was cut short."
     lines = [
-        f"Machine: {describe(d['machine'])}, torch threads {d['machine']['torch_threads']}, shared with "
-        f"other work. Frames {frame} for every preset; each preset's channels and checkpointing, its batch "
-        "reduced (below); the frame encoder compiled as CloudML does. Steps: eager and compiled alternating "
-        f"on one batch, {d['blocks']} blocks of {d['pairs_per_block']} pairs (ratio: median of the blocks, "
-        f"range over the blocks). Epochs: {d['epochs']} tiny epochs of the real Trainer on demo flights at "
-        f"that frame (setup excluded; validation and checkpoints included), inductor cache "
-        f"{d['epochs_inductor_cache']}. Cold compile: an empty inductor cache; warm: a fresh process on the "
-        f"same cache. {minutes}",
+        f"Machine: {describe(d['machine'])}, torch threads {d['machine']['torch_threads']} (whether it "
+        f"was shared with other work: the notes). Frames {frame} for every preset; each preset's channels "
+        "and checkpointing, its batch reduced (below); the frame encoder compiled as CloudML does. Steps: "
+        f"eager and compiled alternating on one batch, {d['blocks']} blocks of {d['pairs_per_block']} pairs "
+        f"(ratio: median of the blocks, range over the blocks). Epochs: {d['epochs']} tiny epochs of the "
+        "real Trainer on demo flights at that frame (setup excluded; validation and checkpoints included), "
+        f"inductor cache {d['epochs_inductor_cache']}. Cold compile: an empty inductor cache; warm: a fresh "
+        f"process on the same cache. {minutes}",
         "",
         "| preset | channels, checkpointing, batch | eager steps/s | compiled steps/s | compiled / eager "
         "(range) | epochs, compiled / eager speed (after the first) | compile cold / warm | break-even "

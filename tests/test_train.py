@@ -253,6 +253,7 @@ def test_the_memory_format_is_chosen_by_measurement_and_kept_for_the_runs_life(
 ):
     from types import SimpleNamespace
 
+    from cloudml_lib.base.config import derive
     from cloudml_lib.core.machine.distributed import Dist
     from cloudml_lib.core.network.model import training_memory_format
     from cloudml_lib.core.run.checkpoint import Key
@@ -276,6 +277,12 @@ def test_the_memory_format_is_chosen_by_measurement_and_kept_for_the_runs_life(
         build.use_memory_format(parts, SimpleNamespace(state={Key.LOOP: loop}), Dist(), tiny_config)
         assert parts.channels_last is expected
         assert model[0].weight.is_contiguous(memory_format=torch.channels_last) is expected
+    # a new compiled run keeps the default format, even where eager steps were measured faster in the other
+    monkeypatch.setattr(build, "training_memory_format", lambda device: (True, "channels_last memory format"))
+    compiled = derive(tiny_config, {"train.torch_compile": True})
+    parts = SimpleNamespace(model=torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), channels_last=None)
+    build.use_memory_format(parts, None, Dist(), compiled)
+    assert parts.channels_last is False
     # the setting forces it; a config saved before the setting existed means the default format
     tiny_config.train.memory_format = "default"
     parts = SimpleNamespace(model=torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), channels_last=None)

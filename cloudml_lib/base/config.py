@@ -434,7 +434,8 @@ class TrainConfig:
     memory_format: str = _f(
         "auto",
         "the model's memory format in training: auto (channels_last where benchmarks/memory_format.py "
-        "measured it to pay on the device; the same numbers to float rounding), channels_last or default "
+        "measured it to pay on the device, for an eager run on one process; the same numbers to float "
+        "rounding), channels_last or default "
         "(runs made before the setting: default)",
         choices=("auto", "channels_last", "default"),
         absent="default",

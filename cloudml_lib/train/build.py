@@ -129,8 +129,8 @@ def use_warmup(parts: Parts, progress, cfg: Config) -> None:
 
 def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config) -> None:
     """The model's memory format for the run's whole life (train.memory_format; auto: at its first start where
-    a measurement says it pays on this device, model.training_memory_format; a resumed run keeps its own, an
-    older run the default)."""
+    a measurement of eager steps says it pays on this device, model.training_memory_format, a compiled run
+    and DDP the default; a resumed run keeps its own, an older run the default)."""
     setting = cfg.train.memory_format
     if setting != "auto":
         use, why = setting == "channels_last", f"{setting} (train.memory_format)"
@@ -144,6 +144,12 @@ def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config
         )
     elif dist.active:
         use, why = False, "the default memory format (several processes: DDP lays out its buckets for it)"
+    elif cfg.train.torch_compile:
+        use = False
+        why = (
+            "the default memory format (a compiled run: channels_last was measured on eager steps, and "
+            "through the Trainer on a CPU compiled epochs were no faster in it)"
+        )
     else:
         use, why = training_memory_format(parts.device)
     if use:
