@@ -167,7 +167,7 @@ def cli(twin, *args, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
 
 
 def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, wheel):
-    pip(twin.python, str(wheel))  # with its dependencies: mapie, icartt from the index
+    pip(twin.python, str(wheel))  # with its dependencies (mapie from the index); icartt is not one
     work, other = twin.root / "elsewhere", twin.root / "third"
     work.mkdir()
     other.mkdir()

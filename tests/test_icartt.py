@@ -1,14 +1,16 @@
-"""Public ER-2 navigation as ICARTT text (`*_MetNav_ER2_YYYYMMDD_R0.ict`): found in data.dir, read with the
-icartt package, matched to the IR frames by time (across midnight too), fill values as NaN, and every
-problem named with its file and key. A file is checked before it is trusted: its date (header, file name,
-Day_Of_Year), its times and its angles; a flight whose frames mostly find no record is refused by train,
-flagged by labels and warned about by predict. A real NASA file (tests/fixtures/impacts_metnav) is read."""
+"""Public ER-2 navigation as ICARTT text (`*_MetNav_ER2_YYYYMMDD_R0.ict`): found in data.dir, read by
+CloudML's own reader (data/ict.py; the same values as the icartt package's on the real NASA file), matched
+to the IR frames by time (across midnight too), fill values as NaN, and every problem named with its file
+and key. A file is checked before it is trusted: its date (header, file name, Day_Of_Year), its times and
+its angles; a flight whose frames mostly find no record is refused by train, flagged by labels and warned
+about by predict. A real NASA file (tests/fixtures/impacts_metnav) is read."""
 
 from __future__ import annotations
 
 import calendar
 import datetime as dt
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -122,9 +124,9 @@ def test_icartt_problems_name_the_file_and_key(five, monkeypatch):
     path.write_text("\n".join(lines[:5]) + "\n")  # a download cut off in the header
     with pytest.raises(DataError, match=rf"cannot read {path} as ICARTT 1001 nav"):
         navigation.read_nav(flight, d, path, t)
+    path.write_text("\n".join(lines) + "\n")  # whole again: read without the icartt package
     monkeypatch.setitem(sys.modules, "icartt", None)
-    with pytest.raises(DataError, match="needs the icartt package: pip install 'icartt>=2.0'"):
-        navigation.read_nav(flight, d, path, t)
+    assert navigation.read_nav(flight, d, path, t).heading_note
 
 
 # ------------------------------------------------------------------------ checked before trusted
@@ -376,6 +378,66 @@ def read_real_file(path, n_records, warned):
     assert (
         navigation.read_nav(flight, data, path, header + seconds).matched == 0
     )  # as the header would date them
+
+
+def icartt_values(path) -> dict:
+    """Each column as the icartt package reads it (a test-only dependency: GPL-3.0, so CloudML does not
+    ship with it), fill values (the declared flag, ULOD/LLOD flags) as NaN."""
+    import icartt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = icartt.Dataset(str(path))
+    flags = [-7777.0, -8888.0]
+    out = {}
+    for name in ds.data.data.dtype.names:
+        v = np.atleast_1d(np.asarray(ds.data.data[name], np.float64)).copy()
+        miss = ds.variables[name].miss
+        v[np.isin(v, flags + ([float(miss)] if miss not in (None, "") else []))] = np.nan
+        out[name] = v
+    return out, tuple(int(x) for x in ds.dateOfCollection)
+
+
+@pytest.mark.parametrize("which", ["fixture", "full", "demo"])
+def test_our_reader_reads_what_the_icartt_package_reads(which, tmp_path):
+    from cloudml_lib.data import ict
+
+    if which == "demo":
+        path = small_nav(tmp_path, n=30)[2]
+        edit_records(path, lambda c: c["Solar_Zenith_Angle"].__setitem__(3, -9999.0))
+    else:
+        path = REAL_FIXTURE if which == "fixture" else REAL_FULL
+        if not path.is_file():
+            pytest.skip(f"the full real file is not at {path}")
+    ours, (theirs, date) = ict.read_text(path.read_text()), icartt_values(path)
+    assert ours.names == list(theirs) and ours.collected == date
+    for name in ours.names:
+        np.testing.assert_array_equal(ours.values(name), theirs[name], err_msg=name)
+    assert any(np.isnan(ours.values(name)).any() for name in ours.names)  # fill values were compared too
+
+
+def test_our_reader_names_the_line_of_a_broken_header_and_applies_scale_factors(tmp_path):
+    from cloudml_lib.data import ict
+
+    path = small_nav(tmp_path, n=20)[2]
+    lines = path.read_text().splitlines()
+    good = ict.read_text("\n".join(lines))
+
+    def broken(i, text):
+        return "\n".join(lines[:i] + [text] + lines[i + 1 :])
+
+    for i, text, said in (
+        (0, "57, 2110", "line 1: format 2110; only ICARTT format 1001"),
+        (0, "500, 1001", "line 1: a header of 500 lines, but the file has"),
+        (6, "2025, 02, 30, 2025, 03, 09", "line 7: the collection date [2025, 2, 30] is no date"),
+        (10, "1, 1", "line 11: the scale factors: 6 value(s) expected, found 2"),
+        (len(lines) - 1, "1, 2, x", "a data record: 7 value(s) expected, found 3"),
+    ):
+        with pytest.raises(ict.IcarttError, match=re.escape(said)):
+            ict.read_text(broken(i, text))
+    scaled = ict.read_text(broken(10, ", ".join(["1"] * 3 + ["0.5"] + ["1"] * 2)))
+    name = good.names[4]
+    np.testing.assert_array_equal(scaled.values(name), good.values(name) * 0.5)
 
 
 # ------------------------------------------------------------------------ too few frames matched

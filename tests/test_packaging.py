@@ -60,7 +60,8 @@ def test_every_package_the_code_imports_is_a_declared_dependency(wheel):
     }
     for name in sorted(_third_party_imports() - OPTIONAL):
         assert DISTRIBUTIONS.get(name, name).lower() in required, f"cloudml_lib imports {name}, not declared"
-    assert "netcdf4" not in required and {"xarray", "h5netcdf", "mapie", "icartt"} <= required
+    assert "netcdf4" not in required and {"xarray", "h5netcdf", "mapie"} <= required
+    assert "icartt" not in required  # GPL-3.0: CloudML (BSD-3-Clause) reads ICARTT itself (data/ict.py)
     torch = next(r for r in wheel_requirements(wheel) if r.startswith("torch"))
     assert (
         torch.replace(" ", "") == "torch>=2.3"
@@ -381,3 +382,28 @@ def test_a_copy_still_being_written_is_never_installed_as_a_success(bootstrap):
     assert "Is Google Drive still copying the folder?" in text  # refused(): and nothing was installed
     (code / "cloudml_lib" / "colab" / "modules.py").unlink()
     refused(install, code, "cloudml_lib/colab/modules.py: is missing or unreadable")
+
+
+def test_the_licence_is_declared_where_tools_read_it_and_the_citation_names_this_version(wheel):
+    """LICENSE (BSD-3-Clause) travels in the wheel and its metadata says so; no run-time dependency is GPL
+    (icartt is a test oracle only); CITATION.cff is valid and names this release."""
+    import zipfile
+
+    import yaml
+
+    import cloudml_lib
+
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        licence = z.read(next(n for n in names if n.endswith("licenses/LICENSE"))).decode()
+    assert "License-Expression: BSD-3-Clause" in meta.splitlines()
+    assert licence.startswith("BSD 3-Clause License") and licence == (REPO / "LICENSE").read_text()
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["license"] == "BSD-3-Clause"
+    assert cff["version"] == cloudml_lib.__version__ and cff["title"] and cff["authors"]
+    from cloudml_lib.commands.cli import build_parser  # the version README tells a citing user to find
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0

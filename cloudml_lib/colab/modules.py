@@ -78,6 +78,7 @@ MODULES = (
     "data/flights.py",
     "data/hashing.py",
     "data/hdf5.py",
+    "data/ict.py",
     "data/navigation.py",
     "data/preprocess.py",
     "data/splits.py",

@@ -57,6 +57,9 @@ def _folder(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cloudml_lib", description="CloudML: cloud base height from ER-2 IR frames")
+    from cloudml_lib import __version__
+
+    p.add_argument("--version", action="version", version=f"CloudML {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_training_commands(sub)
     _add_result_commands(sub)

@@ -4,7 +4,8 @@
 - hdf5.py         HDF5 values read with messages naming the flight, the file and the key
 - times.py        dates and times, epoch seconds, each lidar profile matched to its frame
 - navigation.py   the nav per frame (the users' HDF rows, or public ICARTT text checked before use);
-                  sun.py  where the sun is (NOAA's equations), and whether a nav file's angles agree
+                  ict.py  our reader of ICARTT 1001 text;  sun.py  where the sun is (NOAA's equations),
+                  and whether a nav file's angles agree
 - cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate, cloud classes
 - flights.py      flights found in a folder by their file names
 - synthetic.py    the demo flights, written in the real file layout (only where a command starts:

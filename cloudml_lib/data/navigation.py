@@ -15,8 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-import tempfile
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +23,8 @@ import numpy as np
 
 from cloudml_lib.base import files
 from cloudml_lib.base.config import DataConfig, FlightConfig
-from cloudml_lib.base.errors import CloudMLError, DataError, install_command
-from cloudml_lib.data import sun
+from cloudml_lib.base.errors import CloudMLError, DataError
+from cloudml_lib.data import ict, sun
 from cloudml_lib.data.hdf5 import numbers, open_h5
 from cloudml_lib.data.times import flight_date, match_to_frames, midnight_epoch, to_epoch_seconds, utc_text
 
@@ -50,7 +48,8 @@ ICARTT_DAY_COLUMNS = ("Day_Of_Year", "DOY", "Julian_Day")
 
 
 # In the cache key of a flight with ICARTT nav (cache.py): 2, records checked and dated by most of the header,
-# the file name and Day_Of_Year (caches built before may hold angles of the wrong day).
+# the file name and Day_Of_Year (caches built before may hold angles of the wrong day). CloudML's own reader
+# (ict.py) reads the values the icartt package read (tests/test_icartt.py), so the key stays.
 ICARTT_READER = 2
 
 
@@ -124,15 +123,8 @@ def _clean_text(raw: bytes) -> tuple[str, list[str]] | None:
     return (text, notes) if notes else None
 
 
-def _parse_icartt(path: Path, flight: FlightConfig):
-    """The parsed ICARTT 1001 file (icartt.Dataset), with at least one data record (always an array)."""
-    try:
-        import icartt
-    except ImportError:
-        raise DataError(
-            f"flight {flight.name}: {path} is ICARTT text; reading it needs the icartt package: "
-            f"{install_command('icartt>=2.0')}"
-        ) from None
+def _parse_icartt(path: Path, flight: FlightConfig) -> ict.Ict:
+    """The ICARTT 1001 file at `path` (ict.read_text), with at least one data record."""
     try:
         raw = files.read_bytes(path, ICARTT_LIMIT)
     except CloudMLError as e:
@@ -141,22 +133,13 @@ def _parse_icartt(path: Path, flight: FlightConfig):
         raise DataError(f"flight {flight.name}: cannot read {path} ({e.strerror or e})") from None
     cleaned = _clean_text(raw)
     try:
-        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="cloudml-ict-") as tmp:
-            warnings.simplefilter("ignore")  # missing normal-comment keywords: not our concern here
-            source = path
-            if cleaned is not None:  # the parser reads UTF-8 only: it reads a cleaned copy (same name)
-                source = Path(tmp) / path.name
-                source.write_text(cleaned[0], encoding="utf-8")
-            ds = icartt.Dataset(str(source))
-        dt.date(*[int(x) for x in ds.dateOfCollection])
-    except Exception as e:  # the parser raises many types on a malformed file
+        found = ict.read_text(raw.decode("utf-8") if cleaned is None else cleaned[0])
+    except ict.IcarttError as e:
         raise DataError(
-            f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({type(e).__name__}: {e}); "
-            "is it a complete *_MetNav_ER2_*.ict file?"
+            f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({e}); is it a complete "
+            "*_MetNav_ER2_*.ict file?"
         ) from None
-    if ds.data.data is not None:
-        ds.data.data = np.atleast_1d(ds.data.data)  # one record: the parser gives a 0-d array
-    if ds.data.data is None or ds.data.data.size == 0:
+    if found.raw.shape[0] == 0:
         raise DataError(
             f"flight {flight.name}: {path} holds no data records (its header only); is the download "
             "complete? Replace the file, or set data.angles_source: cpl to take the sun angles from the CPL "
@@ -164,51 +147,30 @@ def _parse_icartt(path: Path, flight: FlightConfig):
         )
     if cleaned is not None:
         log.info("flight %s: %s read despite %s", flight.name, path.name, " and ".join(cleaned[1]))
-    return ds
+    return found
 
 
-def _icartt_fills(ds) -> dict[str, list[float]]:
-    """Each column's values that mean "no value": its declared missing-value flag (header line 12) and the
-    limit-of-detection flags of the normal comments (ULOD_FLAG, LLOD_FLAG, e.g. -7777 and -8888)."""
-    lod = []
-    keywords = getattr(getattr(ds, "normalComments", None), "keywords", None) or {}
-    for key in ("ULOD_FLAG", "LLOD_FLAG"):
-        for text in getattr(keywords.get(key), "data", None) or []:
-            try:
-                lod.append(float(text))
-            except (TypeError, ValueError):  # "N/A": no flag declared
-                pass
-    fills = {}
-    for name, var in ds.variables.items():
-        try:
-            fills[name] = [float(var.miss), *lod]
-        except (TypeError, ValueError):
-            fills[name] = list(lod)
-    return fills
-
-
-def _icartt_columns(ds, path: Path, flight: FlightConfig, data: DataConfig) -> tuple[dict, str | None]:
-    """The nav columns (declared fills as NaN) under our names, plus "time" and "day" (Day_Of_Year, None
-    when absent), and the heading column's name (None when absent)."""
-    table, fills = ds.data.data, _icartt_fills(ds)
-    present = {n.lower(): n for n in table.dtype.names}
+def _icartt_columns(
+    found: ict.Ict, path: Path, flight: FlightConfig, data: DataConfig
+) -> tuple[dict, str | None]:
+    """The nav columns (fill values as NaN: ict.Ict.values) under our names, plus "time" and "day"
+    (Day_Of_Year, None when absent), and the heading column's name (None when absent)."""
+    present = {n.lower(): n for n in found.names}
 
     def column(names: str, key: str | None) -> tuple[np.ndarray | None, str | None]:
         for name in names.split("|"):
             if name.strip().lower() in present:
                 real = present[name.strip().lower()]
-                v = np.asarray(table[real], np.float64).copy()
-                v[np.isin(v, fills.get(real, []))] = np.nan
-                return v, real
+                return found.values(real), real
         if key is not None:
             raise DataError(
                 f"flight {flight.name}: {path} has no column {names!r} (data.keys.{key}); columns present: "
-                f"{', '.join(table.dtype.names)}"
+                f"{', '.join(found.names)}"
             )
         return None, None
 
     cols = {
-        name: column(getattr(data.keys, ict), ict)[0] for name, _, ict in NAV_COLUMNS if name != "heading"
+        name: column(getattr(data.keys, key), key)[0] for name, _, key in NAV_COLUMNS if name != "heading"
     }
     cols["heading"], heading_name = column(data.keys.ict_heading, None)
     cols["altitude"] = column(data.keys.ict_altitude, None)[0]  # optional: bounds predicted heights
@@ -349,22 +311,22 @@ def check_records(cols: dict, path: Path, flight: FlightConfig, first_line: int)
 def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[dict, np.ndarray, str | None]:
     """Columns (heading None when absent), epoch times (NaN for a record that is not usable) and the heading
     column's name of an ICARTT nav file, its records checked (check_records) and dated (icartt_date)."""
-    ds = _parse_icartt(path, flight)
-    cols, heading_name = _icartt_columns(ds, path, flight, data)
-    header = dt.date(*[int(x) for x in ds.dateOfCollection])
+    found = _parse_icartt(path, flight)
+    cols, heading_name = _icartt_columns(found, path, flight, data)
+    header = dt.date(*found.collected)
     date = icartt_date(path, flight, header, cols["time"], cols.pop("day"))
-    usable = check_records(cols, path, flight, ds.nHeaderFile + 1)
+    usable = check_records(cols, path, flight, found.header_lines + 1)
     seconds = cols.pop("time")
     epoch = np.where(usable, midnight_epoch(date) + seconds, np.nan)  # past 86,400 s after midnight: valid
     cols["saa"] = np.mod(cols["saa"], 360.0)  # -180..180 (the real files) and 0..360 agree after this
-    check_sun(cols, epoch, path, flight, data, synthetic=_is_demo(ds))
+    check_sun(cols, epoch, path, flight, data, synthetic=_is_demo(found))
     return cols, epoch, heading_name
 
 
-def _is_demo(ds) -> bool:
+def _is_demo(found: ict.Ict) -> bool:
     """A nav file CloudML's demo wrote (synthetic.write_icartt_nav: its PI line and mission), whose sun
     angles are set per flight, not by the sun."""
-    return getattr(ds, "PIName", "") == "CloudML demo" and getattr(ds, "missionName", "") == "DEMO"
+    return found.pi == "CloudML demo" and found.mission == "DEMO"
 
 
 def check_sun(
