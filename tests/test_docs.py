@@ -1,0 +1,89 @@
+"""Documentation that cannot rot: every relative link in README.md, the other Markdown files at the top of
+the repository and docs/ leads to a file of the checkout, and every anchor (`#section`, in the same file or
+another) to a heading there, as GitHub renders it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = sorted([*REPO.glob("*.md"), *(REPO / "docs").rglob("*.md"), REPO / "benchmarks" / "RESULTS.md"])
+LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)\)|\!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, markup and punctuation but '-' and '_' dropped, each
+    space a '-'."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading.strip())
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Each heading's anchor, numbered as GitHub numbers repeats (x, x-1, x-2)."""
+    seen, out = {}, set()
+    for line in FENCE.sub("", page.read_text()).splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            a = github_anchor(m.group(1))
+            out.add(a if a not in seen else f"{a}-{seen[a]}")
+            seen[a] = seen.get(a, 0) + 1
+    return out
+
+
+def links(page: Path) -> list[str]:
+    text = FENCE.sub("", page.read_text())
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans are not links
+    return [a or b for a, b in LINK.findall(text)]
+
+
+def test_the_anchor_rule_is_githubs():
+    assert github_anchor("What a run reports: test flights, validation data and their numbers") == (
+        "what-a-run-reports-test-flights-validation-data-and-their-numbers"
+    )
+    assert (
+        github_anchor("Cloud / no-cloud and prediction intervals")
+        == "cloud--no-cloud-and-prediction-intervals"
+    )
+    assert github_anchor("Several GPUs (torchrun)") == "several-gpus-torchrun"
+    assert github_anchor("The `train.deterministic` switch") == "the-traindeterministic-switch"
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of `page` that leads to no file, or to no heading of a Markdown file."""
+    broken = []
+    for target in links(page):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not checked offline
+            continue
+        path, _, anchor = target.partition("#")
+        where = (page.parent / path).resolve() if path else page
+        if not where.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and where.suffix == ".md" and anchor not in anchors(where):
+            broken.append(f"{target}: no heading with the anchor #{anchor} in {where.name}")
+    return broken
+
+
+def test_a_broken_link_or_anchor_is_found(tmp_path):
+    (tmp_path / "other.md").write_text("# Other page\n\n## A `code` heading\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[fine](#page) [fine](other.md#a-code-heading) ![fine](other.md) [web](https://x.org/#y)\n"
+        "[gone](missing.md) [no anchor](#nowhere) [no anchor there](other.md#other) `[code](not-a-link.md)`\n"
+        "```\n[in a fence](fenced.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "missing.md: no such file",
+        "#nowhere: no heading with the anchor #nowhere in page.md",
+        "other.md#other: no heading with the anchor #other in other.md",
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_anchor_leads_somewhere(page):
+    broken = broken_links(page)
+    assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
