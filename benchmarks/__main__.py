@@ -323,6 +323,7 @@ def expected_time_md(d: dict) -> list[str]:
         f"| {d['expected_epoch_s']:.1f} s | {', '.join(f'{x:.1f}' for x in d['measured_epoch_s'])} s | "
         f"{d['expected_over_median']:.2f} | {'-' if after is None else f'{after:.2f}'} | "
         f"{'yes' if d['within_25_percent'] else 'no'} |",
+        *([""] + [f"- {note}" for note in d["notes"]] if d.get("notes") else []),
     ]
 
 
