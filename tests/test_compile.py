@@ -57,6 +57,8 @@ def compiled_raw(raw: dict, setting=True) -> dict:
     raw = copy.deepcopy(raw)
     raw["model"]["gradient_checkpointing"] = True
     raw["train"]["torch_compile"] = setting
+    # the format a compiled run takes (build.use_memory_format), so that its eager twin compares bit for bit
+    raw["train"]["memory_format"] = "default"
     return raw
 
 

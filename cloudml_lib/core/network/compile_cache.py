@@ -6,7 +6,8 @@ empty cache against 14 s warm, minutes on a T4: benchmarks/results/gpu.json). A 
 cache in a lasting folder: its run folder's `compile_cache/` (on Drive in the notebooks), or
 `train.compile_cache_dir` (a folder of the user's, shared by runs). Inductor still works on the local disk
 (fast, and its file locks stay local): at the start the lasting files are copied to a local folder that
-inductor is pointed at (TORCHINDUCTOR_CACHE_DIR), and after compiling what is new is copied back.
+inductor is pointed at (TORCHINDUCTOR_CACHE_DIR; one per machine, shared by its runs), and after compiling
+what is new is copied back.
 
 Nothing is lost or overwritten: a file is copied only where the other side lacks it, through a temporary name
 and a rename (a copy cut by a disconnect leaves no half file under a real name), and nothing is ever deleted.
@@ -15,7 +16,6 @@ A cold cache (nothing kept yet) is said in plain words, with what the first step
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -60,13 +60,15 @@ def _copy_missing(source: Path, target: Path) -> int:
 
 
 class CompileCache:
-    """A lasting folder of compiled kernels and the local folder inductor works in."""
+    """A lasting folder of compiled kernels and the local folder inductor works in: one per machine
+    ($CLOUDML_COMPILE_LOCAL, else a TORCHINDUCTOR_CACHE_DIR the user set, else the temporary folder's
+    cloudml-compile-cache), shared by the runs on it, as inductor's own cache is: its files are named by what
+    they hold, so a second run of the same model on the machine compiles warm."""
 
     def __init__(self, lasting: Path, local: Path | None = None):
         self.lasting = Path(lasting)
-        key = hashlib.sha1(str(self.lasting.resolve()).encode()).hexdigest()[:12]
-        base = Path(os.environ.get(LOCAL_ENV) or tempfile.gettempdir())
-        self.local = local or base / "cloudml-compile-cache" / key
+        base = os.environ.get(LOCAL_ENV) or os.environ.get(INDUCTOR_ENV)
+        self.local = Path(local or base or Path(tempfile.gettempdir()) / "cloudml-compile-cache")
         self.brought = 0
 
     def open(self) -> str:
@@ -74,10 +76,17 @@ class CompileCache:
         self.local.mkdir(parents=True, exist_ok=True)
         self.brought = _copy_missing(self.lasting, self.local)
         os.environ[INDUCTOR_ENV] = str(self.local)
-        if _files(self.local):
+        kept, here = len(_files(self.lasting)), len(_files(self.local))
+        if kept:
             return (
-                f"compiled kernels kept from an earlier session: {len(_files(self.local))} files "
-                f"({self.brought} copied from {self.lasting}); compiling takes seconds where they match"
+                f"compiled kernels kept from an earlier session: {kept} files in {self.lasting} "
+                f"({self.brought} copied to this machine); compiling takes seconds where they match"
+            )
+        if here:
+            return (
+                f"no compiled kernels kept in {self.lasting} yet; this machine holds {here} files compiled "
+                "for earlier runs, used where they match; what this run needs is kept there for the next "
+                "session"
             )
         return (
             f"no compiled kernels kept yet ({self.lasting} is empty): the first step compiles from scratch "
@@ -85,7 +94,8 @@ class CompileCache:
         )
 
     def keep(self) -> int:
-        """Copy what inductor compiled since to the lasting folder; returns how many files."""
+        """Copy the local folder's files that the lasting one lacks (what this run compiled, and what other
+        runs on this machine did: the files do not say which run used them); returns how many."""
         try:
             if not self.lasting.exists():
                 ledger.add(self.lasting)  # CloudML's (its ledger lists it) before it exists
