@@ -276,3 +276,35 @@ def test_a_real_compile_failure_falls_back_to_eager_and_matches_an_eager_run(cfg
     assert "not compiled: torch.compile failed" in format_status(run_status(tmp_path / "failing"))
     assert train(cfg_file(False), tmp_path / "eager").returncode == 0
     assert max_diff(last_weights(tmp_path / "failing"), last_weights(tmp_path / "eager")) == 0.0
+
+
+def test_the_local_kernel_folder_is_the_users_on_this_machine_shared_by_runs_and_kept_per_run(
+    tmp_path, monkeypatch
+):
+    """compile_cache.py without compiling: one local folder per user and machine (a second run of the model
+    compiles warm), each run's lasting folder gets what it lacks, and a new machine gets it back."""
+    import os
+
+    from cloudml_lib.core.network import compile_cache
+    from cloudml_lib.core.network.compile_cache import INDUCTOR_ENV, LOCAL_ENV, CompileCache
+
+    monkeypatch.setattr(
+        os, "environ", {k: v for k, v in os.environ.items() if k not in (INDUCTOR_ENV, LOCAL_ENV)}
+    )
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    run_a, run_b = tmp_path / "a" / "compile_cache", tmp_path / "b" / "compile_cache"
+    first, second = CompileCache(run_a), CompileCache(run_b)
+    assert first.local == second.local == tmp_path / "tmp" / f"cloudml-compile-cache-{compile_cache._user()}"
+    assert "no compiled kernels kept yet" in first.open() and os.environ[INDUCTOR_ENV] == str(first.local)
+    kernel = first.local / "fxgraph" / "ab" / "kernel.py"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("compiled")
+    (first.local / "fxgraph" / "ab" / "kernel.py.lock").write_text("")  # a lock file is never kept
+    assert first.keep() == 1 and (run_a / "fxgraph" / "ab" / "kernel.py").read_text() == "compiled"
+    assert first.keep() == 0  # nothing new
+    assert "this machine holds 1 files compiled for earlier runs" in second.open()
+    os.environ[LOCAL_ENV] = str(tmp_path / "new_vm")  # a new machine: its local folder is empty
+    again = CompileCache(run_a)
+    assert "kept from an earlier session: 1 files" in again.open() and again.brought == 1
+    assert (tmp_path / "new_vm" / "fxgraph" / "ab" / "kernel.py").read_text() == "compiled"
+    assert not list((tmp_path / "new_vm").rglob("*.lock")) and not list(run_a.rglob(".cloudml-partial-*"))

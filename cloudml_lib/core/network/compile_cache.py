@@ -16,6 +16,7 @@ A cold cache (nothing kept yet) is said in plain words, with what the first step
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import shutil
@@ -59,16 +60,27 @@ def _copy_missing(source: Path, target: Path) -> int:
     return copied
 
 
+def _user() -> str:
+    """The user's name, for a folder name (the uid where the system has none for it, as in a container)."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError, ImportError):
+        name = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "user"
+
+
 class CompileCache:
     """A lasting folder of compiled kernels and the local folder inductor works in: one per machine
     ($CLOUDML_COMPILE_LOCAL, else a TORCHINDUCTOR_CACHE_DIR the user set, else the temporary folder's
-    cloudml-compile-cache), shared by the runs on it, as inductor's own cache is: its files are named by what
-    they hold, so a second run of the same model on the machine compiles warm."""
+    cloudml-compile-cache-<user>), shared by the runs on it, as inductor's own cache is: its files are named
+    by what they hold, so a second run of the same model on the machine compiles warm."""
 
     def __init__(self, lasting: Path, local: Path | None = None):
         self.lasting = Path(lasting)
         base = os.environ.get(LOCAL_ENV) or os.environ.get(INDUCTOR_ENV)
-        self.local = Path(local or base or Path(tempfile.gettempdir()) / "cloudml-compile-cache")
+        # one per user, as inductor's own (/tmp/torchinductor_<user>): a shared /tmp on a cluster's node
+        default = Path(tempfile.gettempdir()) / f"cloudml-compile-cache-{_user()}"
+        self.local = Path(local or base or default)
         self.brought = 0
 
     def open(self) -> str:
