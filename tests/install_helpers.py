@@ -30,6 +30,7 @@ COLAB_PACKAGES = [
     "tensorboard",
     "xarray",
     "h5netcdf",
+    "safetensors",
     "ipykernel",
     "ipywidgets==7.7.1",
 ]

@@ -89,6 +89,7 @@ MODULES = (
     "science/baselines.py",
     "science/clouds.py",
     "science/evaluate.py",
+    "science/export.py",
     "science/finish.py",
     "science/intervals.py",
     "science/plots.py",

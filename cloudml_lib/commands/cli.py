@@ -151,7 +151,7 @@ def _add_training_commands(sub) -> None:
 
 
 def _add_result_commands(sub) -> None:
-    """compare, predict, status, evaluate: the commands that read runs."""
+    """compare, predict, export, status, evaluate: the commands that read runs."""
     cm = sub.add_parser(
         "compare",
         help="runs, cross-validations or sweep trials side by side: the settings "
@@ -189,6 +189,13 @@ def _add_result_commands(sub) -> None:
         "bt_threshold, the brightness-temperature baseline fitted on the training flights, for a run whose "
         "verdict says it beats the model; each file says which it holds",
     )
+    ex = sub.add_parser(
+        "export",
+        help="a run's best model as files a colleague loads without CloudML: torch.export program, "
+        "safetensors weights, the inputs' preprocessing as JSON, a model card",
+    )
+    ex.add_argument("--run-dir", type=_folder, required=True, help="a trained run (its best.pt is exported)")
+    ex.add_argument("--out", type=_folder, help="folder for the files (default: RUN_DIR/export)")
     s = sub.add_parser(
         "status", help="where a run stands: epoch, step, progress, best metric, latest checkpoint"
     )
@@ -366,6 +373,15 @@ def _predict(args) -> int:
         cloud_flag=args.cloud_flag,
     ):
         print(f"wrote {path}")
+    return 0
+
+
+def _export(args) -> int:
+    from cloudml_lib.core.run.folder import RunFolder
+    from cloudml_lib.science.export import EXPORT_FILES, export_run
+
+    folder = export_run(RunFolder(args.run_dir), args.out)
+    print(f"wrote {', '.join(EXPORT_FILES)} to {folder}")
     return 0
 
 
@@ -579,6 +595,7 @@ def _run(args) -> int:
         "sweep": _sweep,
         "compare": _compare,
         "predict": _predict,
+        "export": _export,
         "evaluate": _evaluate,
         "status": _status,
         "diagnose": _diagnose,

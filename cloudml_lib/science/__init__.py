@@ -10,6 +10,8 @@
 - report.py     report.md, the verdicts per flight, the protocol in words;  plots.py  the figures
 - predict.py    cloud base height along whole flights (NetCDF, CSV, figures); products.py its variables
 - intervals.py  prediction intervals (split conformal);  clouds.py  cloud / no-cloud baselines, the probe
+- export.py     a run's best model as files a colleague loads without CloudML (torch.export, safetensors,
+                the inputs' preprocessing as JSON, a model card)
 
 May import: core, data, base (training never imports science: the two are independent stages).
 """

@@ -1,0 +1,138 @@
+"""`export`: a run's best model as files a colleague loads without CloudML (science/export.py). A process
+in which cloudml_lib cannot be imported loads the program and the safetensors weights with plain torch, makes
+the scalar inputs from the raw angles and brightness statistics by preprocessing.json's formulas and scalers,
+and gives CloudML's heights and cloud probabilities on the test flight to float rounding. (The frames are
+CloudML's cached ones: preprocessing.json states their steps; this test does not repeat them.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from conftest import run_cli
+
+COLLEAGUE = r"""
+import sys
+sys.modules["cloudml_lib"] = None  # CloudML cannot be imported here
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+folder, data = Path(sys.argv[1]), np.load(sys.argv[2])
+spec = json.loads((folder / "preprocessing.json").read_text())
+scalars_spec = spec["inputs"]["scalars"]
+s, order = scalars_spec["scalers"], scalars_spec["order"]
+program = torch.export.load(str(folder / "model.pt2")).module()
+with torch.no_grad():  # the weights come from the safetensors file, not from the program
+    for p in program.parameters():
+        p.zero_()
+program.load_state_dict(load_file(str(folder / "weights.safetensors")))
+sza, az = data["sza_deg"], np.radians(data["azimuth_deg"])
+columns = [
+    np.where(np.isfinite(sza), (sza - s["sza_mean"]) / s["sza_std"], 0.0),
+    np.where(np.isfinite(az), np.sin(az), 0.0),
+    np.where(np.isfinite(az), np.cos(az), 0.0),
+]
+if "radiometry_scale" in s:
+    stats = data["stats"]
+    x = (stats - s["radiometry_offset"]) / s["radiometry_scale"]
+    spread = order.index("std_scaled") - 3
+    x[:, spread] = stats[:, spread] / s["radiometry_scale"]
+    columns += list(np.where(np.isfinite(x), x, 0.0).T)
+scalars = torch.from_numpy(np.stack(columns, 1).astype(np.float32))
+assert scalars.shape[1] == len(order), (scalars.shape, order)
+with torch.no_grad():
+    out = program(torch.from_numpy(data["frames"]), scalars)
+np.savez(sys.argv[3], **{name: o.numpy() for name, o in zip(spec["outputs"], out)})
+"""
+
+
+def cloudml_answers(run):
+    """The test flight's inputs as CloudML reads them, and CloudML's answers for them."""
+    from cloudml_lib.core.network.metrics import Scored
+    from cloudml_lib.core.run.checkpoint import Key
+    from cloudml_lib.data.dataset import Scalers
+    from cloudml_lib.science.evaluate import load_end_data, load_run_model
+
+    rm = load_run_model(run, channels_last=False)
+    scalers = Scalers.from_dict(rm.ckpt[Key.SCALERS])
+    test = load_end_data(rm.cfg, scalers, rm.ckpt.get(Key.PROVENANCE)).test_set
+    index = np.arange(len(test))
+    frames = np.stack([test[i]["frames"].numpy() for i in index])
+    k, j = test.flight_of[index], test.local[index]
+    raw = {
+        "frames": frames,
+        "sza_deg": np.array([test.caches[a].sza_deg[b] for a, b in zip(k, j)], np.float64),
+        "azimuth_deg": np.array([test.azimuth[a][b] for a, b in zip(k, j)], np.float64),
+        "stats": np.stack([test.caches[a].frame_stats[b] for a, b in zip(k, j)]).astype(np.float64),
+    }
+    with torch.no_grad():
+        out = rm.model(torch.from_numpy(frames), torch.from_numpy(test.inputs(index)[0]))
+    scored = Scored.from_outputs(
+        {"height": out.height.double().numpy(), "cloud_logit": out.cloud_logit.double().numpy()}, scalers
+    )
+    return raw, scored
+
+
+def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run, tmp_path):
+    run, _, _ = tiny_run
+    r = run_cli("export", "--run-dir", run, "--out", tmp_path / "export")
+    assert r.returncode == 0, r.stderr[-3000:]
+    folder = tmp_path / "export"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(
+        ["MODEL_CARD.md", "model.pt2", "preprocessing.json", "weights.safetensors"]
+    )
+    raw, scored = cloudml_answers(run)
+    np.savez(tmp_path / "inputs.npz", **raw)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            COLLEAGUE,
+            str(folder),
+            str(tmp_path / "inputs.npz"),
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = np.load(tmp_path / "out.npz")
+    assert len(raw["frames"]) > 10 and np.isfinite(scored.height_km).all()
+    np.testing.assert_allclose(got["cloud_base_height_km"], scored.height_km, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got["cloud_probability"], scored.cloud_prob, atol=1e-5, rtol=0)
+    spec = json.loads((folder / "preprocessing.json").read_text())
+    assert spec["written_by"].startswith("CloudML") and len(spec["inputs"]["frames"]["steps"]) == 7
+    card = (folder / "MODEL_CARD.md").read_text()
+    evaluation = json.loads((run / "evaluation.json").read_text())
+    test_flight = evaluation["protocol"]["test_flights"][0]
+    mae = evaluation["per_flight"][test_flight]["mae_km"]
+    assert f"| {test_flight} |" in card and f"{mae:.3f}" in card  # the test flight's skill, as evaluated
+
+
+def test_export_refuses_a_folder_it_did_not_write_and_a_run_without_a_model(tiny_run, tmp_path):
+    run, _, _ = tiny_run
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    r = run_cli("export", "--run-dir", run, "--out", mine)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (mine / "notes.txt").read_text() == "keep me" and not (mine / "model.pt2").exists()
+    r = run_cli("export", "--run-dir", tmp_path / "nothing")
+    assert r.returncode == 2 and "best.pt" in r.stdout + r.stderr
+
+
+def test_exporting_again_writes_the_same_files_into_its_own_folder(tiny_run, tmp_path):
+    run, _, _ = tiny_run
+    out = tmp_path / "export"
+    assert run_cli("export", "--run-dir", run, "--out", out).returncode == 0
+    first = (out / "weights.safetensors").read_bytes()
+    assert run_cli("export", "--run-dir", run, "--out", out).returncode == 0  # its own folder: written again
+    assert (out / "weights.safetensors").read_bytes() == first
