@@ -435,6 +435,9 @@ def test_our_reader_names_the_line_of_a_broken_header_and_applies_scale_factors(
     ):
         with pytest.raises(ict.IcarttError, match=re.escape(said)):
             ict.read_text(broken(i, text))
+    count = lines.index("0") + 1  # the normal comments' count, after the special ones' (none)
+    lenient = ict.read_text(broken(count, str(int(lines[count]) - 1)))  # one short, as real files are
+    np.testing.assert_array_equal(lenient.raw, good.raw)  # line 1's header length decides
     scaled = ict.read_text(broken(10, ", ".join(["1"] * 3 + ["0.5"] + ["1"] * 2)))
     name = good.names[4]
     np.testing.assert_array_equal(scaled.values(name), good.values(name) * 0.5)

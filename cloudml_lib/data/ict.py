@@ -141,18 +141,16 @@ def _header(lines: list[str]) -> tuple[Ict, int]:
 
 
 def _keywords(head: list[str], at: int) -> dict[str, str]:
-    """The normal comments' KEYWORD: value lines, after the special comments that start at line `at` + 1."""
+    """The normal comments' KEYWORD: value lines, after the special comments that start at line `at` + 1.
+    Line 1's header length decides where the data start; a comment count that does not add up to it (real
+    files have one line too few) is not an error."""
     special = _fields(head[at], 1, "the count of special comment lines", at + 1, int)[0]
+    if special < 0 or at + 1 + special >= len(head):
+        raise IcarttError(f"line {at + 1}: {special} special comment lines do not fit the header")
     at += 1 + special
-    if special < 0 or at >= len(head):
-        raise IcarttError(f"line {at + 1 - special}: {special} special comment lines do not fit the header")
-    normal = _fields(head[at], 1, "the count of normal comment lines", at + 1, int)[0]
-    if normal < 1 or at + 1 + normal != len(head):
-        raise IcarttError(
-            f"line {at + 1}: {normal} normal comment lines do not end the header at its line {len(head)}"
-        )
+    _fields(head[at], 1, "the count of normal comment lines", at + 1, int)
     found = {}
-    for line in head[at + 1 : -1]:  # the last one names the columns
+    for line in head[at + 1 : -1]:  # the last header line names the columns
         m = KEYWORD.match(line)
         if m:
             found.setdefault(m.group(1).upper(), m.group(2))
