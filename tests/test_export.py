@@ -130,12 +130,15 @@ def test_export_refuses_a_folder_it_did_not_write_and_a_run_without_a_model(tiny
 
 
 def test_exporting_again_writes_the_same_files_into_its_own_folder(tiny_run, tmp_path):
+    """The default folder is the run's export/: the run folder stays the run's (status reads it)."""
     run, _, _ = tiny_run
-    out = tmp_path / "export"
-    assert run_cli("export", "--run-dir", run, "--out", out).returncode == 0
+    out = run / "export"
+    assert run_cli("export", "--run-dir", run).returncode == 0
     from safetensors.torch import load_file
 
     first = load_file(out / "weights.safetensors")
     assert run_cli("export", "--run-dir", run, "--out", out).returncode == 0  # its own folder: written again
     again = load_file(out / "weights.safetensors")  # (the header's metadata may come in another order)
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    status = run_cli("status", run)
+    assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
