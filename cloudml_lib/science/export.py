@@ -27,7 +27,7 @@ import torch
 
 from cloudml_lib import __version__
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.outputs import write_text
+from cloudml_lib.base.outputs import atomic_path, write_text
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.core.run.checkpoint import Key
 from cloudml_lib.core.run.folder import RunFolder
@@ -91,12 +91,10 @@ def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Pa
     program = _program(wrapped, frames, scalars)
     folder = claim(Path(out) if out else run.path / "export", EXPORT)
     weights = {k: v.detach().cpu().contiguous() for k, v in wrapped.state_dict().items()}
-    tmp = folder / f".{WEIGHTS}.partial"
-    save_file(weights, str(tmp), metadata={"written_by": f"CloudML {__version__}", "run": run.path.name})
-    tmp.replace(folder / WEIGHTS)
-    tmp = folder / f".{PROGRAM}.partial"
-    torch.export.save(program, str(tmp))
-    tmp.replace(folder / PROGRAM)
+    with atomic_path(folder / WEIGHTS) as tmp:  # a cut write leaves no half file; listed as CloudML's
+        save_file(weights, str(tmp), metadata={"written_by": f"CloudML {__version__}", "run": run.path.name})
+    with atomic_path(folder / PROGRAM) as tmp:
+        torch.export.save(program, str(tmp))
     evaluation = run.files.evaluation()
     write_text(folder / SPEC, json.dumps(specification(cfg, scalers, wrapped.cloud, run), indent=1))
     write_text(folder / CARD, model_card(cfg, ckpt, evaluation, run))
