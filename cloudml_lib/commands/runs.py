@@ -44,7 +44,7 @@ def train_run(
         if dist.is_main and folder.path.is_dir():
             folder.record_failure(str(e))
         raise
-    except Exception as e:
+    except (Exception, KeyboardInterrupt) as e:  # torchrun's SIGTERM may follow a peer's death
         message = explain_peer_failure(e, dist)
         if message is None:
             raise

@@ -159,18 +159,33 @@ def init_distributed(
     return Dist(rank, world, local_rank)
 
 
+_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "NCCL communicator was aborted",
+    "Socket Timeout",
+    "Broken pipe",
+)
+
+
+def _peer_failure(e: BaseException | None) -> BaseException | None:
+    """The collective's error in `e` or in what `e` interrupted: torchrun's SIGTERM (a KeyboardInterrupt)
+    can arrive while this process is still cleaning up after the failed collective."""
+    for _ in range(8):
+        if e is None:
+            return None
+        if isinstance(e, tdist.DistError) or any(w in str(e) for w in _LOST):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def explain_peer_failure(e: BaseException, dist: Dist) -> str | None:
     """A collective that failed because another process of the job died, in words (None otherwise)."""
-    text = str(e)
-    lost = (
-        "Connection reset by peer",
-        "Connection closed by peer",
-        "NCCL communicator was aborted",
-        "Socket Timeout",
-        "Broken pipe",
-    )
-    if not dist.active or not (isinstance(e, tdist.DistError) or any(w in text for w in lost)):
+    failure = _peer_failure(e) if dist.active else None
+    if failure is None:
         return None
+    text = str(failure)
     return (
         f"another process of this {dist.world}-process job stopped, so process {dist.rank} stops too "
         f"({text.splitlines()[0][:200]}). Its own message (or torchrun's summary) says why. Nothing "
