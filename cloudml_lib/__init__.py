@@ -20,4 +20,30 @@ def _source() -> dict:
 
 
 SOURCE = _source()
-__all__ = ["Config", "load_config", "CloudMLError", "ConfigError", "DataError", "SOURCE", "__version__"]
+
+# The stated Python API (commands/api.py), imported on first use: `import cloudml_lib` stays light (no torch).
+_API = ("Run", "load_run", "fit", "evaluate", "predict_flight", "read_report", "export")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from cloudml_lib.commands import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'cloudml_lib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_API])
+
+
+__all__ = [
+    "Config",
+    "load_config",
+    "CloudMLError",
+    "ConfigError",
+    "DataError",
+    "SOURCE",
+    "__version__",
+    *_API,
+]

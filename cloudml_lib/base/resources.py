@@ -6,6 +6,8 @@ installed place first, then in the checkout beside the package (a source tree, a
 - presets and sweep spaces: cloudml_lib/configs/ installed, configs/ in the checkout
 - figures the benchmarks measured and the library quotes: cloudml_lib/measured/ installed,
   benchmarks/results/ in the checkout
+- the package's version, read from its __init__.py (the layers below the commands never import the package
+  top, which reaches the commands' Python API)
 
 Nothing here depends on the working directory.
 """
@@ -64,3 +66,15 @@ def measured(name: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def package_version() -> str:
+    """cloudml_lib.__version__, read from the text of the package's __init__.py ("?" if unreadable)."""
+    import re
+
+    try:
+        text = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    except OSError:
+        return "?"
+    m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M)
+    return m.group(1) if m else "?"

@@ -35,6 +35,7 @@ MODULES = (
     "colab/sweeping.py",
     "colab/training.py",
     "commands/__init__.py",
+    "commands/api.py",
     "commands/cli.py",
     "commands/compare.py",
     "commands/crossval.py",

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cloudml_lib import __version__
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import atomic_path, write_text
 from cloudml_lib.base.ownership import Kind, claim
+from cloudml_lib.base.resources import package_version
 from cloudml_lib.core.run.checkpoint import Key
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.data.dataset import STAT_NAMES, Scalers
@@ -92,7 +92,8 @@ def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Pa
     folder = claim(Path(out) if out else run.path / "export", EXPORT)
     weights = {k: v.detach().cpu().contiguous() for k, v in wrapped.state_dict().items()}
     with atomic_path(folder / WEIGHTS) as tmp:  # a cut write leaves no half file; listed as CloudML's
-        save_file(weights, str(tmp), metadata={"written_by": f"CloudML {__version__}", "run": run.path.name})
+        written_by = f"CloudML {package_version()}"
+        save_file(weights, str(tmp), metadata={"written_by": written_by, "run": run.path.name})
     with atomic_path(folder / PROGRAM) as tmp:
         torch.export.save(program, str(tmp))
     evaluation = run.files.evaluation()
@@ -138,7 +139,7 @@ def specification(cfg, scalers: Scalers, cloud: bool, run: RunFolder) -> dict:
         scalar_names += [f"{name}_scaled" for name in STAT_NAMES]
     return {
         "format": FORMAT,
-        "written_by": f"CloudML {__version__}",
+        "written_by": f"CloudML {package_version()}",
         "run": run.path.name,
         "torch": torch.__version__,
         "load": (
@@ -236,8 +237,8 @@ def model_card(cfg, ckpt: dict, evaluation: dict, run: RunFolder) -> str:
         f"# Model card: CloudML run {run.path.name}",
         "",
         f"Cloud base height (km) from {int(cfg.data.temporal_frames)} consecutive NASA ER-2 thermal-IR "
-        f"frames and the solar angles, trained and exported by CloudML {__version__} (inputs and outputs: "
-        f"`{SPEC}`).",
+        f"frames and the solar angles, trained and exported by CloudML {package_version()} (inputs and "
+        f"outputs: `{SPEC}`).",
         "",
         "## Data",
         f"- Trained on: {', '.join(trained) or 'see the run config'}.",

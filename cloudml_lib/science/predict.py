@@ -38,7 +38,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -498,6 +498,14 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
     """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both
     preinstalled on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves
     no half file, and its error names the file."""
+    ds, encoding = flight_dataset(flight, result, run_dir)
+    with atomic_path(path) as tmp:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
+
+
+def flight_dataset(flight: str, result: dict, run_dir: Path):
+    """The whole-flight product as an xarray Dataset (its variables and global attributes) and the encoding
+    the NetCDF file stores it with."""
     counts, cal = result["counts"], result.get("calibration")
     record = result.get("provenance") or {}
     attrs = {
@@ -530,14 +538,12 @@ def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
         "preprocessing": json.dumps(record.get("preprocess")),  # the CLAHE backend, its device, workers
         **bounds_attributes(result),
     }
-    ds, encoding = products.netcdf_dataset(
+    return products.netcdf_dataset(
         result,
         attrs,
         f"{cal['coverage']:.0%}" if cal else "no",
         products.flag_variables(result["flagging"]) if "flagging" in result else {},
     )
-    with atomic_path(path) as tmp:
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
 
 
 def skill_attributes(flight: str, evaluation: dict | None) -> dict:
@@ -777,41 +783,90 @@ def predict_flights(
     `cache_dir`: where the files' checksum memo goes if the run's recorded cache folder is not this
     machine's."""
     run = RunFolder.of(run)
-    run_dir = run.path
+    out = Path(out_dir) if out_dir else run.path / "predictions"
+    job = _prepare(run, flights, data_dir, calibration_dir, cache_dir, cloud_flag, out)
+    written = []
+    with job.predictor() as predictor:
+        for name in job.names:
+            result = flight_result(predictor, job.rm, job.chosen[name], name, job.data, job.folder)
+            written.append(_write_flight(result, name, job.folder))
+    if out == run.path / "predictions":
+        write_report(run.path)
+    return written
+
+
+def predict_datasets(
+    run: RunFolder | str | Path,
+    flights: list[str] | None = None,
+    data_dir: str | None = None,
+    calibration_dir: str | Path | None = None,
+    cache_dir: str | None = None,
+    cloud_flag: str = "model",
+) -> dict:
+    """As predict_flights, but nothing is written: each flight's product as an xarray Dataset, read back from
+    a NetCDF file written to a temporary folder, so that its variables, values and attributes are those of
+    the file `predict` writes."""
+    import tempfile
+
+    import xarray as xr
+
+    job = _prepare(RunFolder.of(run), flights, data_dir, calibration_dir, cache_dir, cloud_flag, None)
+    datasets = {}
+    with job.predictor() as predictor, tempfile.TemporaryDirectory(prefix="cloudml-predict-") as tmp:
+        for name in job.names:
+            result = flight_result(predictor, job.rm, job.chosen[name], name, job.data, job.folder)
+            ds, encoding = flight_dataset(name, result, job.folder.run_dir)
+            nc = Path(tmp) / f"{name}_cbh.nc"
+            ds.to_netcdf(nc, engine="h5netcdf", encoding=encoding)
+            datasets[name] = xr.load_dataset(nc, engine="h5netcdf")
+    return datasets
+
+
+@dataclass
+class _PredictJob:
+    """What predicting a run's flights needs, checked before the first flight: the model, the flights, the
+    data settings, where the products go and how they are flagged, and how frames are preprocessed."""
+
+    rm: object
+    names: list[str]
+    chosen: dict
+    data: DataConfig
+    folder: PredictionsFolder
+    backend: Backend
+
+    @contextmanager
+    def predictor(self):
+        cfg = self.rm.cfg
+        with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
+            yield FlightPredictor(
+                self.rm.model,
+                Scalers.from_dict(self.rm.ckpt[Key.SCALERS]),
+                self.rm.device,
+                eval_batch_size(cfg.train.batch_size),
+                self.rm.autocast,
+                self.backend,
+                pool,
+            )
+
+
+def _prepare(
+    run: RunFolder, flights, data_dir, calibration_dir, cache_dir, cloud_flag: str, out: Path | None
+) -> _PredictJob:
+    """The model loaded and everything checked; `out` (None: nothing is written) made or adopted as
+    CloudML's before a file goes into it."""
     rm = load_run_model(run, data_dir, command="predict", cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
-    flagging = choose_flagging(cfg, ckpt, cloud_flag, run_dir)
-    calibration = _calibration(run_dir, calibration_dir)
-    data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
+    flagging = choose_flagging(cfg, ckpt, cloud_flag, run.path)
+    calibration = _calibration(run.path, calibration_dir)
     names = flights or list(cfg.data.test_flights)
     chosen = flights_to_predict(cfg, names)
-    out = Path(out_dir) if out_dir else run_dir / "predictions"
-    claim(out, PREDICTIONS)  # made (or adopted) and marked as CloudML's before a file goes into it
-    folder = PredictionsFolder(
-        out,
-        run_dir,
-        calibration,
-        _read_summary(out / "summary.json"),
-        flagging,
-        run.files.evaluation(),
-    )
+    if out is not None:
+        claim(out, PREDICTIONS)
+    summary = _read_summary(out / "summary.json") if out is not None else {}
+    folder = PredictionsFolder(out, run.path, calibration, summary, flagging, run.files.evaluation())
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
-    written = []
-    with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
-        predictor = FlightPredictor(
-            rm.model,
-            Scalers.from_dict(ckpt[Key.SCALERS]),
-            rm.device,
-            eval_batch_size(cfg.train.batch_size),
-            rm.autocast,
-            backend,
-            pool,
-        )
-        for name in names:
-            written.append(_predict_one(predictor, rm, chosen[name], name, data, folder))
-    if out == run_dir / "predictions":
-        write_report(run_dir)
-    return written
+    data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
+    return _PredictJob(rm, names, chosen, data, folder, backend)
 
 
 @dataclass
@@ -831,16 +886,16 @@ class PredictionsFolder:
         return self.out / "summary.json"
 
 
-def _predict_one(
+def flight_result(
     predictor: FlightPredictor,
     rm,
     flight: FlightConfig,
     name: str,
     data: DataConfig,
     folder: PredictionsFolder,
-) -> Path:
-    """One flight: predicted, then its NetCDF, CSV, plots and line of summary.json written."""
-    cfg, ckpt, out, calibration = rm.cfg, rm.ckpt, folder.out, folder.calibration
+) -> dict:
+    """One flight predicted: its heights, cloud flag and intervals, and what its files say about them."""
+    cfg, ckpt, calibration = rm.cfg, rm.ckpt, folder.calibration
     result = predict_flight(predictor, flight, data)
     result["flight"], result["height_head"] = name, cfg.model.height_head
     learned, result["learned_from"] = learned_range(ckpt, cfg)
@@ -850,7 +905,6 @@ def _predict_one(
     result["seen_in_calibration"] = seen_in_calibration(name, calibration, ckpt, cfg)
     result["counts"]["interval_calibrated_here"] = result["seen_in_calibration"]
     result["evaluation"] = folder.evaluation
-    nc = out / f"{name}_cbh.nc"
     paths = {role: Path(data.dir) / getattr(flight, f"{role}_file") for role in ("ir", "cpl", "nav")}
     result["provenance"] = {
         "label_definition": cpl.label_definition(data),
@@ -864,15 +918,21 @@ def _predict_one(
             {r: p for r, p in paths.items() if p.is_file() and p != Path(data.dir)}, cache_root(data)
         ),
     }
-    write_netcdf(nc, name, result, folder.run_dir)
     if calibration and result["seen_in_calibration"]:
         log.info(
             "flight %s: the intervals were calibrated on heights of this flight (%s): the share of CPL "
-            "heights "
-            "inside them is no measure of their coverage here",
+            "heights inside them is no measure of their coverage here",
             name,
             calibration.get("source", "?"),
         )
+    return result
+
+
+def _write_flight(result: dict, name: str, folder: PredictionsFolder) -> Path:
+    """One flight's NetCDF, CSV, plots and line of summary.json."""
+    out = folder.out
+    nc = out / f"{name}_cbh.nc"
+    write_netcdf(nc, name, result, folder.run_dir)
     write_csv(out / f"{name}_cbh.csv", result)
     along, track = flight_figures(name, result)
     plots.save_figure(along, out / f"{name}_cbh_along_flight.png")

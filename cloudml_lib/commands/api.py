@@ -1,0 +1,224 @@
+"""The Python API for a scientist's own notebook: load a run, train or resume one, evaluate it, predict a
+flight into an xarray Dataset, read its report as data, export it. Importable from the package top
+(``import cloudml_lib as cml; cml.load_run(...)``); these names are the stated API, kept from release to
+release, and everything else in the package is internal.
+
+Example
+-------
+>>> import cloudml_lib as cml
+>>> run = cml.fit("configs/demo.yaml", "runs/demo")        # doctest: +SKIP
+>>> run.report()["overall"]["r2"]                            # doctest: +SKIP
+>>> ds = run.predict("01Mar25")                              # doctest: +SKIP
+>>> ds.cloud_base_height.plot()                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloudml_lib.base.config import Config, load_config
+from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.core.run.folder import RunFolder
+
+__all__ = ["Run", "load_run", "fit", "evaluate", "predict_flight", "read_report", "export"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run folder: what a training command wrote (``best.pt``, checkpoints, metrics, evaluation).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The run's folder (``--run-dir`` of the command line).
+    """
+
+    path: Path
+
+    @property
+    def state(self) -> str:
+        """Where the run stands, in words: "stopped (resumable)", "trained, end pending (why)",
+        "finished", "failed (why)", "running" or "not a run"."""
+        return RunFolder(self.path).state().words
+
+    def history(self) -> list[dict]:
+        """One dict per epoch trained (``metrics.jsonl``): epoch, step, train_loss and val_loss (scaled
+        heights, squared), r2, mae_km, rmse_km and bias_km (km) on the validation data, lr, time_s (s)."""
+        return [r for r in RunFolder(self.path).files.metrics() if r.get("kind") == "epoch"]
+
+    def report(self) -> dict:
+        """See :func:`read_report`."""
+        return read_report(self)
+
+    def evaluate(self, data_dir: str | Path | None = None) -> dict:
+        """See :func:`evaluate`."""
+        return evaluate(self, data_dir=data_dir)
+
+    def predict(self, flight: str | None = None, **options):
+        """See :func:`predict_flight`."""
+        return predict_flight(self, flight, **options)
+
+    def export(self, out: str | Path | None = None) -> Path:
+        """See :func:`export`."""
+        return export(self, out)
+
+
+def _folder(run: Run | str | Path) -> Path:
+    return run.path if isinstance(run, Run) else Path(run)
+
+
+def load_run(path: str | Path) -> Run:
+    """A run written by ``train`` (here, on the command line or in the notebooks).
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The run's folder.
+
+    Returns
+    -------
+    Run
+
+    Raises
+    ------
+    cloudml_lib.CloudMLError
+        Where the folder holds no run (its message names the folder and what it holds).
+    """
+    folder = RunFolder.of(path)
+    if not folder.path.is_dir():
+        raise CloudMLError(f"{shown(str(folder.path))}: no such folder (a run's folder is its --run-dir)")
+    if not folder.holds_run():
+        raise CloudMLError(
+            f"{shown(str(folder.path))} holds no run (no best.pt, checkpoints, metrics or config.yaml): "
+            "give the folder that train wrote"
+        )
+    return Run(folder.path)
+
+
+def fit(config: Config | str | Path, run_dir: str | Path, resume: str = "auto") -> Run:
+    """Train a run to its end (evaluation, intervals, report), or resume it where it stopped.
+
+    Parameters
+    ----------
+    config : Config, str or pathlib.Path
+        A config (:func:`cloudml_lib.load_config`) or the path of a YAML file.
+    run_dir : str or pathlib.Path
+        The run's folder: new, or the folder of a stopped run with the same config (it resumes).
+    resume : str
+        As ``train --resume``: "auto" continues from the newest valid checkpoint in ``run_dir`` (a new run
+        where there is none), "never" refuses to touch an existing run, a path continues from that
+        checkpoint.
+
+    Returns
+    -------
+    Run
+        The finished run: ``run.report()`` holds its test-flight skill.
+    """
+    from cloudml_lib.commands.runs import train_run
+
+    cfg = config if isinstance(config, Config) else load_config(config)
+    train_run(cfg, run_dir, resume)
+    return Run(Path(run_dir))
+
+
+def evaluate(run: Run | str | Path, data_dir: str | Path | None = None) -> dict:
+    """Score a finished run's best model on its test flights again, and rewrite its evaluation files.
+
+    Parameters
+    ----------
+    run : Run, str or pathlib.Path
+    data_dir : str or pathlib.Path, optional
+        Where the flight files are now, if not where the run recorded them.
+
+    Returns
+    -------
+    dict
+        The report, as :func:`read_report` returns it.
+    """
+    from cloudml_lib.science.evaluate import evaluate_run
+
+    return evaluate_run(_folder(run), None if data_dir is None else str(data_dir))
+
+
+def predict_flight(
+    run: Run | str | Path,
+    flight: str | None = None,
+    data_dir: str | Path | None = None,
+    calibration_dir: str | Path | None = None,
+    cloud_flag: str = "model",
+):
+    """Cloud base height along a whole flight, as ``predict`` writes it to ``<flight>_cbh.nc``.
+
+    Parameters
+    ----------
+    run : Run, str or pathlib.Path
+    flight : str, optional
+        A flight's name (e.g. "01Mar25"), from the run's config or found in its data folder. Default: the
+        run's first test flight.
+    data_dir : str or pathlib.Path, optional
+        Where the flight files are, if not where the run recorded them.
+    calibration_dir : str or pathlib.Path, optional
+        A folder whose ``intervals.json`` calibrates the intervals (a cross-validation's); default the
+        run's own.
+    cloud_flag : {"model", "bt_threshold"}
+        Whose cloud flag the dataset holds: the model's, or the brightness-temperature baseline's.
+
+    Returns
+    -------
+    xarray.Dataset
+        Over ``time`` (with ``lat``, ``lon``): ``cloud_base_height`` (km) with its interval bounds,
+        ``cloud_probability``, ``cloud_flag``, ``cloud_base_height_qc``, the CPL label and flag where the
+        flight has one; the global attributes of the NetCDF file (the model's test skill, the flight's role
+        in the run, provenance). Nothing is written.
+    """
+    from cloudml_lib.science.predict import predict_datasets
+
+    datasets = predict_datasets(
+        _folder(run),
+        [flight] if flight else None,
+        data_dir=None if data_dir is None else str(data_dir),
+        calibration_dir=calibration_dir,
+        cloud_flag=cloud_flag,
+    )
+    return next(iter(datasets.values()))
+
+
+def read_report(run: Run | str | Path) -> dict:
+    """A finished run's report as data (``evaluation.json``, checked for type and range).
+
+    Returns
+    -------
+    dict
+        The scores on the test flights: ``overall`` (the model's r2, and mae_km, rmse_km, bias_km in km),
+        ``per_flight`` (the same per test flight), ``baseline`` and ``baselines`` (the training mean and the
+        fitted baselines, scored alike), ``verdict`` and ``flight_verdicts`` (in words: whether a baseline
+        wins), ``cloud`` (the cloud flag against its baselines), ``intervals`` (their coverage), and the
+        ``protocol`` it was tested under.
+
+    Raises
+    ------
+    cloudml_lib.CloudMLError
+        Where the run has no valid evaluation (not finished, or its file damaged): the message says which.
+    """
+    folder = RunFolder.of(_folder(run))
+    report = folder.files.evaluation()
+    if not report:
+        raise CloudMLError(
+            f"{shown(str(folder.path))} has no valid evaluation.json (the run is "
+            f"{folder.state().words}): finish the run (train it again with the same config), or evaluate it"
+        )
+    return report
+
+
+def export(run: Run | str | Path, out: str | Path | None = None) -> Path:
+    """Write the run's model for use without CloudML (``export`` on the command line).
+
+    Returns
+    -------
+    pathlib.Path
+        The export folder: ``weights.safetensors``, ``model.pt2``, ``preprocessing.json``, ``MODEL_CARD.md``.
+    """
+    from cloudml_lib.science.export import export_run
+
+    return export_run(_folder(run), out)

@@ -1,0 +1,100 @@
+"""The stated Python API (cloudml_lib/commands/api.py, importable from the package top): what a scientist's
+own notebook calls. A tiny run trained through it, loaded, reported, predicted into an xarray Dataset equal
+to the NetCDF file `predict` writes, and the user's mistakes named."""
+
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+import xarray as xr
+import yaml
+from conftest import REPO, tiny_raw
+
+import cloudml_lib as cml
+from cloudml_lib.science.predict import predict_flights
+
+API = ("Run", "load_run", "fit", "evaluate", "predict_flight", "read_report", "export")
+
+
+def test_the_api_is_at_the_package_top_documented_and_import_stays_light():
+    assert set(API) <= set(cml.__all__) and set(API) <= set(dir(cml))
+    import cloudml_lib.train  # noqa: F401  (a subpackage's name would hide an API function of that name)
+
+    for name in API:
+        assert not inspect.ismodule(getattr(cml, name)), name
+        doc = inspect.getdoc(getattr(cml, name))
+        assert doc and len(doc.splitlines()) >= 3, name
+    for name in ("load_run", "fit", "evaluate", "predict_flight", "read_report", "export"):
+        assert "Returns\n-------" in inspect.getdoc(getattr(cml, name)), f"{name}: numpydoc Returns"
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, cloudml_lib; print('torch' in sys.modules)"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.strip() == "False", r.stderr  # the CLI and `import cloudml_lib` start without torch
+    with pytest.raises(AttributeError, match="no attribute 'predict_flights'"):
+        cml.predict_flights  # noqa: B018  (internal: not re-exported)
+
+
+@pytest.fixture(scope="module")
+def api_run(tiny_flights, tmp_path_factory):
+    """A tiny run trained through cml.fit from a YAML file (one epoch; a whole flight validates)."""
+    root, entries = tiny_flights
+    tmp = tmp_path_factory.mktemp("api")
+    raw = tiny_raw(root, entries, tmp / "cache")
+    raw["train"]["epochs"] = 1
+    raw["data"]["validation"] = [entries[1]["name"]]
+    (tmp / "c.yaml").write_text(yaml.safe_dump(raw))
+    run = cml.fit(tmp / "c.yaml", tmp / "run")
+    return run, entries, tmp
+
+
+def test_a_run_trained_through_the_api_is_finished_and_reported_as_data(api_run):
+    run, entries, _ = api_run
+    assert isinstance(run, cml.Run) and run.state == "finished"
+    report = run.report()
+    assert report == json.loads((run.path / "evaluation.json").read_text())
+    assert set(report["per_flight"]) == {entries[2]["name"]} and -10 < report["overall"]["r2"] <= 1
+    assert report["verdict"]  # in words, whoever wins
+    history = run.history()
+    assert [h["epoch"] for h in history] == [1] and history[0]["mae_km"] >= 0
+    again = cml.load_run(str(run.path))
+    assert again == run and cml.read_report(again) == report
+    assert cml.evaluate(run)["overall"] == pytest.approx(report["overall"])  # the same model, scored again
+
+
+def test_predict_flight_gives_the_netcdf_files_dataset_and_writes_nothing(api_run, tmp_path):
+    run, entries, _ = api_run
+    name = entries[2]["name"]
+    before = sorted(p.relative_to(run.path) for p in run.path.rglob("*"))
+    ds = run.predict(name)
+    assert sorted(p.relative_to(run.path) for p in run.path.rglob("*")) == before
+    (nc,) = predict_flights(run.path, [name], out_dir=tmp_path / "out")
+    with xr.open_dataset(nc, engine="h5netcdf") as written:
+        xr.testing.assert_identical(ds, written.load())
+    assert ds.cloud_base_height.attrs["units"] == "km"
+    assert ds.attrs["flight_role"].startswith("a test flight of this run")
+    assert ds.sizes["time"] > 100 and float(ds.cloud_base_height.max()) < 20
+    default = cml.predict_flight(run)  # the run's first test flight
+    xr.testing.assert_identical(default, ds)
+
+
+def test_the_api_names_the_users_mistakes(api_run, tmp_path):
+    run, _, tmp = api_run
+    with pytest.raises(cml.CloudMLError, match="no such folder"):
+        cml.load_run(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(cml.CloudMLError, match="holds no run"):
+        cml.load_run(tmp_path / "empty")
+    with pytest.raises(cml.CloudMLError, match="no-such-flight"):
+        run.predict("no-such-flight")
+    with pytest.raises(cml.CloudMLError, match="--cloud-flag 'nope'|--cloud-flag nope"):
+        run.predict(cloud_flag="nope")
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "config.yaml").write_text((run.path / "config.yaml").read_text())
+    with pytest.raises(cml.CloudMLError, match="has no valid evaluation.json"):
+        cml.read_report(stopped)
