@@ -1,5 +1,5 @@
 """The memory estimate (estimate.py) against independent measures, and where it is used: the preset
-choice, `diagnose`, the README's table. All on the CPU, in seconds."""
+choice, `diagnose`, the memory table of docs/how-to/memory.md. All on the CPU, in seconds."""
 
 import json
 import logging
@@ -109,10 +109,10 @@ def test_every_preset_is_estimated_and_c_needs_the_least():
 
 
 def test_the_readme_quotes_the_estimate_the_code_computes():
-    readme = (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "how-to" / "memory.md").read_text()
     for name, model, batch, peak, need, _, t4, reported, measured in presets.memory_rows(None):
         row = f"| {name} | {model} | {batch} | {peak} | {need} | {t4} | {reported} | {measured} |"
-        assert row in readme, f"README.md's memory table is stale: {row}"
+        assert row in page, f"docs/how-to/memory.md's memory table is stale: {row}"
 
 
 def test_a_preset_is_chosen_by_the_estimate_of_what_fits():

@@ -119,8 +119,8 @@ def inner_order(init: Path) -> tuple:
 
 
 def layout_text() -> str:
-    """README's Layout block, drawn from the layers (pyproject.toml, top to bottom), each layer package's
-    docstring and those of its own packages (core's)."""
+    """The Layout block of docs/reference/layout.md, drawn from the layers (pyproject.toml, top to bottom),
+    each layer package's docstring and those of its own packages (core's)."""
     layers = layer_names()
     out = [
         "cloudml_lib/    __main__.py: python -m cloudml_lib; the layers, each importing only those below it:"
@@ -137,14 +137,15 @@ def layout_text() -> str:
 
 
 def test_the_readmes_layout_is_drawn_from_the_packages():
-    """Every module of the package is named in its layer's docstring, and README's Layout is those docstrings
+    """Every module of the package is named in its layer's docstring, and docs/reference/layout.md's Layout is
+    those docstrings
     (regenerate it with `python -c "from tests.test_layout import layout_text; print(layout_text())"`)."""
     text = layout_text()
     for name, path in MODULES.items():
         if path.name != "__init__.py" and path.parent != PACKAGE:
             assert path.name in text, f"{name} is in no layer's docstring"
-    assert text in (REPO / "README.md").read_text(), (
-        "README.md's Layout differs from the packages' docstrings"
+    assert text in (REPO / "docs" / "reference" / "layout.md").read_text(), (
+        "docs/reference/layout.md's Layout differs from the packages' docstrings"
     )
 
 

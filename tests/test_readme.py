@@ -1,6 +1,7 @@
-"""What README.md shows is what the code does: its first two commands are the set-up and the CI line, and its
-sample of the flight table is what `labels --preset demo` prints today (it went stale once: 301/153 shown,
-291/152 printed)."""
+"""What README.md and its docs pages show is what the code does: README's first two commands are the set-up
+and the CI line, the sample of the flight table (docs/explanation/your-data.md) is what `labels --preset demo`
+prints today (it went stale once: 301/153 shown, 291/152 printed), and the settings table
+(docs/reference/configuration.md) is the code's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
+DATA_PAGE = REPO / "docs" / "explanation" / "your-data.md"
+CONFIG_PAGE = REPO / "docs" / "reference" / "configuration.md"
 
 
 def test_the_readme_opens_with_the_demo_and_the_test_command():
@@ -29,11 +32,11 @@ def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys
     printed = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(printed) if line.startswith("flight   IR file"))
     end = next(i for i, line in enumerate(printed) if re.match(r"\d+ labels in \d+ flights", line))
-    shown = re.search(r"<!-- labels --preset demo -->\n```\n(.*?)\n```", README, re.S).group(1)
+    shown = re.search(r"<!-- labels --preset demo -->\n```\n(.*?)\n```", DATA_PAGE.read_text(), re.S).group(1)
     now = "\n".join(line.rstrip() for line in printed[start : end + 1])
     assert "\n".join(line.rstrip() for line in shown.splitlines()) == now, (
-        "README.md's flight table is stale; replace the block after <!-- labels --preset demo --> with:\n"
-        + now
+        "docs/explanation/your-data.md's flight table is stale; replace the block after "
+        "<!-- labels --preset demo --> with:\n" + now
     )
 
 
@@ -41,6 +44,10 @@ def test_the_settings_table_in_the_readme_is_generated_from_the_code():
     from cloudml_lib.base.config import settings_table
 
     shown = re.search(
-        r"<!-- settings: cloudml_lib.base.config.settings_table\(\) -->\n(.*?)\n\n", README, re.S
+        r"<!-- settings: cloudml_lib.base.config.settings_table\(\) -->\n(.*?)\n\n",
+        CONFIG_PAGE.read_text(),
+        re.S,
     ).group(1)
-    assert shown == settings_table(), "README.md's settings table is stale: paste config.settings_table()"
+    assert shown == settings_table(), (
+        "docs/reference/configuration.md's settings table is stale: paste config.settings_table()"
+    )
