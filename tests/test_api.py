@@ -98,3 +98,46 @@ def test_the_api_names_the_users_mistakes(api_run, tmp_path):
     (stopped / "config.yaml").write_text((run.path / "config.yaml").read_text())
     with pytest.raises(cml.CloudMLError, match="has no valid evaluation.json"):
         cml.read_report(stopped)
+
+
+def api_reference() -> str:
+    """docs/reference/python-api.md's reference part, drawn from the API's signatures and docstrings."""
+    parts = []
+    for name in API:
+        obj = getattr(cml, name)
+        if inspect.isclass(obj):
+            members = [m for m in vars(obj) if not m.startswith("_")]
+            head = f"### `cml.{name}`\n\nAttributes and methods: {', '.join(f'`{m}`' for m in members)}."
+        else:
+            head = f"### `cml.{name}{inspect.signature(obj)}`"
+        parts.append(f"{head}\n\n```text\n{inspect.getdoc(obj)}\n```")
+    return "\n\n".join(parts)
+
+
+PAGE = REPO / "docs" / "reference" / "python-api.md"
+MARK = "<!-- generated: tests/test_api.py api_reference() -->\n"
+
+
+def test_the_api_page_is_the_apis_docstrings():
+    text = PAGE.read_text()
+    assert MARK in text, f"{PAGE.name} lost its generated block's marker"
+    shown = text.split(MARK, 1)[1].strip()
+    assert shown == api_reference(), (
+        "docs/reference/python-api.md is stale: replace what follows its marker with tests/test_api.py's "
+        "api_reference()"
+    )
+
+
+def python_blocks(page) -> list[str]:
+    import re
+
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+
+
+def test_the_api_pages_examples_run():
+    """The page's first example is README's (run on the demo by test_demo.py); the config one runs here."""
+    first, config = python_blocks(PAGE)
+    assert first == python_blocks(REPO / "README.md")[0]
+    r = subprocess.run([sys.executable, "-c", config], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("3 ") and "did you mean 'train.epochs'" in r.stdout

@@ -27,7 +27,7 @@ def train_demo(tmp_path, name, *overrides):
 
 @pytest.mark.slow
 def test_demo_learns_height_from_the_frames(tmp_path):
-    report, stdout = train_demo(tmp_path, "demo")
+    report, stdout = train_demo(tmp_path, "runs/demo")
     assert "Epoch 12/12 |" in stdout and "New best model saved" in stdout
     held_out = report["per_flight"]["05Mar25"]  # the test flight: nothing was trained or chosen on it
     assert report["overall"]["n"] == held_out["n"] > 100
@@ -55,7 +55,26 @@ def test_demo_learns_height_from_the_frames(tmp_path):
     assert best["mae_km"] == min(m["per_flight"]["05Mar25"]["mae_km"] for m in methods.values())
     assert methods["linear"]["per_flight"]["05Mar25"]["mae_km"] < 0.7 * report["baseline"]["mae_km"]
     assert "baseline" in report["verdict"] and report["by_height"]["per_flight"]["05Mar25"]
+    readme_python_example_runs_on(tmp_path, report)
     control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true", "data.radiometry=none")
     assert control["overall"]["r2"] < 0.3  # the angles alone do not give the height
     assert held_out["r2"] - control["overall"]["r2"] > 0.5
     assert held_out["mae_km"] < 0.6 * control["overall"]["mae_km"]
+
+
+def readme_python_example_runs_on(folder, report):
+    """README's Python example (python-api.md's first), run where runs/demo is the demo's run."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    example = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    r = subprocess.run(
+        [sys.executable, "-c", example], cwd=folder, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == "finished" and lines[1].startswith(f"{report['overall']['r2']} "), lines
+    assert lines[2].endswith(" km") and 0 < float(lines[2].split()[0]) < 20, lines

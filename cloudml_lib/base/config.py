@@ -899,9 +899,9 @@ def build_config(raw: dict | None, source: str = "config") -> Config:
 
 
 def settings_table() -> str:
-    """The settings as a Markdown table (README.md's, checked by tests/test_readme.py): key, default, valid
-    values, whether a resumed run may change it, meaning. data.keys.* (the files' dataset names) are left
-    out."""
+    """The settings as a Markdown table (docs/reference/configuration.md's, checked by tests/test_readme.py):
+    key, default, valid values, whether a resumed run may change it, meaning. data.keys.* (the files' dataset
+    names) are left out."""
     rows = ["| key | default | valid | on resume | meaning |", "|---|---|---|---|---|"]
     for section in dataclasses.fields(Config):
         cls = typing.get_type_hints(Config)[section.name]

@@ -4,7 +4,7 @@
 constants are the names, for what lists or reads them by name (runfiles.py, the ledger's rule, status). The
 run folder as an object that CloudML claims, locks, resumes, reads and writes is `RunFolder`
 (core/run/folder.py), built on this layout; the layers below core know only the layout. What each file
-holds, and who writes it: README's "Run files" table.
+holds, and who writes it: docs/reference/run-folder.md.
 """
 
 from __future__ import annotations
