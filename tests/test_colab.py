@@ -485,3 +485,14 @@ def test_in_a_notebook_the_kernels_warnings_are_amber_and_its_problems_red(monke
     )
     assert "a second line &lt;kept&gt;" in warning and "Warning:" not in warning  # the sign says it
     assert '<span style="color:#b91c1c">&#10006; <b>Problem:</b> flight 09Mar25: the nav file' in problem
+
+
+def test_the_setups_cpu_advice_says_what_auto_trains_on_the_flights_found():
+    """Without a GPU, the setup's preset line follows the picker's rule: preset C briefly where the frames
+    take it, the demo configuration where they are too small for every GPU preset."""
+    from cloudml_lib.colab.drive import CPU_ADVICE, CPU_EPOCHS, cpu_advice, preset_rows
+
+    assert cpu_advice(preset_rows("C")) == CPU_ADVICE and f"preset C for {CPU_EPOCHS} epochs" in CPU_ADVICE
+    assert cpu_advice(None) == CPU_ADVICE  # no frame shape read: the picker's Auto is C too
+    small = cpu_advice(80)
+    assert "demo configuration" in small and "80 sensor rows" in small and "preset C for" not in small

@@ -196,8 +196,10 @@ def test_the_finished_note_follows_the_epochs_box(ws, shown, monkeypatch):
     assert "Run demo is finished (12 epochs)</b>: the cells below show its results without training" in (
         p.note.value
     )
+    assert "Trains preset" not in p.note.value and "epochs left" not in p.note.value  # nothing trains
     p.epochs.value = 20
     assert "it trains 8 more epochs from its last checkpoint" in p.note.value
+    assert "Trains preset <b>demo</b>" in p.note.value
     assert "without training again" not in p.note.value
     p.epochs.value = 12
     assert "without training again" in p.note.value and "trains 8 more" not in p.note.value
@@ -223,7 +225,8 @@ def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_wor
         move(f, flights, ws.data / "ER2")
     report = dict(presets.system_report(), gpu=None)
     monkeypatch.setattr(presets, "system_report", lambda *a, **k: report)
-    monkeypatch.setattr(picker_mod, "frame_rows", lambda ws: 512)  # the camera's frames (the files: 40 rows)
+    for module in (picker_mod, drive):
+        monkeypatch.setattr(module, "frame_rows", lambda ws: 512)  # the camera's frames (the files: 40 rows)
     name, why = presets.choose_preset(report)  # the command line's words: the demo configuration
     assert name == "demo" and "CPU-sized demo configuration is used" not in why and "sized for a CPU" in why
     p = colab.Picker(ws)

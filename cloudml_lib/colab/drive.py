@@ -127,6 +127,18 @@ CPU_ADVICE = (
 )
 
 
+def cpu_advice(rows: int | None) -> str:
+    """The setup's preset line without a GPU on the user's flights: what the training notebook's Auto does
+    there, by the picker's rule (frames too small for preset C: the demo configuration)."""
+    if preset_refusal("C", rows):
+        return (
+            f"Preset: no GPU was found. Your flights' frames have {rows} sensor rows, fewer than presets A, B "
+            f"and C need ({preset_rows('C')}): the training notebook's Auto trains the demo configuration on "
+            "them (a narrow model that trains on a CPU too)."
+        )
+    return CPU_ADVICE
+
+
 SMALL = (
     "small"  # the demo configuration on the user's own flights: for frames of fewer rows than the presets'
 )
@@ -498,7 +510,7 @@ def show_diagnostics(ws: Workspace) -> None:
     print("\nRecommendations:")
     lines = presets.recommendations(report, sum(f.stat().st_size for f in frames) if frames else None)
     if not report["gpu"] and lines[0].startswith("Preset: ") and not uses_demo_data(ws):
-        lines[0] = CPU_ADVICE
+        lines[0] = cpu_advice(frame_rows(ws))
     for line in lines:
         print(f"  - {line}")
     show_markdown(

@@ -493,6 +493,8 @@ class Picker:
         lines += self._run_lines(c)
         if problem:  # nothing trains until it is fixed: no "Trains ..." under the red line
             lines.append("Nothing is trained until this is fixed.")
+        elif not self._trains(c):  # a finished run shown as it is: its line above says so
+            pass
         else:
             lines.append(self._trains_line(c, flights))
             lines.append(html.escape(self._time_words(c)))
@@ -598,6 +600,15 @@ class Picker:
         if flights is not None and flights.added:
             out.append(html.escape(flights.added_words()))
         return out
+
+    def _trains(self, c: Choice) -> bool:
+        """Whether Train would train: not for a finished run whose Epochs box asks for no more epochs, nor
+        for one that early stopping ended."""
+        status = self.facts(c.run_name)[1]
+        if not (status and status["finished"]):
+            return True
+        done, planned = status["epochs_completed"], status["epochs"]
+        return done >= planned and c.epochs > planned
 
     def _finished_line(self, c: Choice, status: dict | None) -> str:
         """A finished run kept: what the Epochs box does to it now."""
