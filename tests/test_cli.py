@@ -81,6 +81,8 @@ def test_make_demo_data_writes_the_real_layout(tmp_path):
         "make-demo-data", "--out", str(tmp_path), "--flights", "2", "--frames", "40", "--size", "32x40"
     )
     assert r.returncode == 0, r.stderr
+    # the train command it suggests has a run folder of its own (without one it would continue runs/demo)
+    assert f"--set data.dir={tmp_path} --run-dir runs/{tmp_path.name}" in r.stdout
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
         "01Mar25",
         "03Mar25",

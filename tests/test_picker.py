@@ -326,6 +326,9 @@ def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_p
     )
     words = flights_now.missing_words(finished=False)
     assert "03Mar25 is there, but incomplete (no nav file)" in words and "not in data/" not in words
+    # one flight left: no advice to start a new run, which would need two
+    assert "Start a new run" not in words and "A new run needs two flights in data/" in words
+    assert "only 01Mar25 is complete there now" in flights_now.missing_words(finished=True)
     for nav in (ws.data / "ER2" / "03Mar25").glob("*nav*"):
         nav.unlink()  # its nav file alone is gone
     found = drive.incomplete_flights(ws)

@@ -147,7 +147,8 @@ def test_report_and_compare(files, tmp_path):
     for png in ("optimization_history.png", "param_importances.png"):
         assert f"(plots/{png})" in report and (run / "plots" / png).stat().st_size > 5000
     best = min(study_of(run), key=lambda t: t[3])
-    assert f"Best: trial {best[0]}, MAE (km) {best[3]:.4g}" in report
+    assert f"Best: trial {best[0] + 1} (trials/{best[0]}), MAE (km) {best[3]:.4g}" in report
+    assert "Objective: MAE (km) (mae_km), lower is better, on the trials' validation data" in report
     assert "Verdict on the best trial: " in report  # judged as a run is: against the training mean
     assert report.count("The best trial's test score, reported once") == 1  # the only test score shown
     assert "on the trials' validation data (never a test flight)" in report

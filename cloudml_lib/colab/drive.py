@@ -132,9 +132,9 @@ def cpu_advice(rows: int | None) -> str:
     there, by the picker's rule (frames too small for preset C: the demo configuration)."""
     if preset_refusal("C", rows):
         return (
-            f"Preset: no GPU was found. Your flights' frames have {rows} sensor rows, fewer than presets A, B "
-            f"and C need ({preset_rows('C')}): the training notebook's Auto trains the demo configuration on "
-            "them (a narrow model that trains on a CPU too)."
+            f"Preset: no GPU was found. Your flights' frames have {rows} sensor rows, fewer than presets A, "
+            f"B and C need ({preset_rows('C')}): the training notebook's Auto trains the demo configuration "
+            "on them (a narrow model that trains on a CPU too)."
         )
     return CPU_ADVICE
 
@@ -306,6 +306,20 @@ class RunFlights:
             + (f" (test flights: {_listed(held)})" if held else "")
             + ". If Google Drive has not synced yet, wait a minute and run this cell again."
         )
+        if len(self.now) < 2:  # no new run either: it needs one flight to train on and one to test on
+            new = (
+                "A new run needs two flights in data/ (one to train on, one to test it on): "
+                f"{'only ' + _listed(self.now) + ' is' if self.now else 'none is'} complete there now."
+            )
+            if finished:
+                return (
+                    f"{gone} Its results are shown as it was trained; training it longer needs "
+                    f"{_listed(self.removed)} back in data/. {new}"
+                )
+            return (
+                f"{gone} The run continues only on the flights it started with: put them back in data/ and "
+                f"run this cell again. {new}"
+            )
         if finished:
             return (
                 f"{gone} Its results are shown as it was trained. Training it longer would need "

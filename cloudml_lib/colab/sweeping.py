@@ -136,7 +136,7 @@ class SweepView(LiveView):
             self.metrics_path = RunFolder(self.run_dir).metrics  # where live.py reads the curves
             self.progress, self.metrics_size, self.shown_epochs = {}, -1, 0
             self.curves.layout.display, self.placeholder.layout.display = "none", None
-            self.placeholder.value = f"<i>Trial {number}'s curves appear after its first epoch.</i>"
+            self.placeholder.value = f"<i>The curves of {self.trial} appear after its first epoch.</i>"
         if text.startswith("Trial "):
             self.stale = True
 

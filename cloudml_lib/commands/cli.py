@@ -511,8 +511,9 @@ def _make_demo(args) -> int:
         f"wrote {len(entries)} flights to {args.out}, one folder each: "
         f"{', '.join(e['name'] for e in entries)}.\n"
         f"They are found by their file names, like real flights: set data.dir: {args.out} (and leave "
-        "data.flights empty), e.g.\n  python -m cloudml_lib train --config configs/demo.yaml "
-        f"--set data.dir={args.out}"
+        "data.flights empty), e.g. (a run folder of their own: runs/demo holds the built-in demo's run)\n"
+        f"  python -m cloudml_lib train --config configs/demo.yaml --set data.dir={args.out} "
+        f"--run-dir runs/{Path(args.out).name or 'demo_flights'}"
     )
     return 0
 

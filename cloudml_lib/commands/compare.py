@@ -442,7 +442,8 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
     lines = [
         f"# Sweep {run_dir.name}",
         "",
-        f"Objective: {space.metric} ({space.direction}) on the {scored_on}; "
+        f"Objective: {metric_words(space.metric)} ({space.metric}), "
+        f"{'lower' if space.direction == 'minimize' else 'higher'} is better, on the {scored_on}; "
         f"sampler {space.sampler} (seed {space.seed}), pruner {space.pruner}. "
         f"{len(study.trials)} trial(s), {len(finished)} finished, "
         f"{sum(t.state.name == 'PRUNED' for t in study.trials)} pruned.",
@@ -451,9 +452,8 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
     if summary["best"]:
         b = summary["best"]
         lines += [
-            f"Best: trial {b['number']}, {metric_words(space.metric)} {b['value']:.4g}, with "
-            + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items())
-            + ".",
+            f"Best: trial {b['number'] + 1} (trials/{b['number']}), {metric_words(space.metric)} "
+            f"{b['value']:.4g}, with " + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items()) + ".",
             "",
         ]
         said = best_verdict(run_dir / "trials" / str(b["number"]), space)

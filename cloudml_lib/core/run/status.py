@@ -159,7 +159,11 @@ def format_status(s: dict) -> str:
     lines = [f"{s['run_dir']}: {head}"]
     if s["best_metric"] is not None:
         r2 = f", R2 {s['best_r2']:.3f}" if s["best_r2"] is not None else ""
-        lines.append(f"best validation loss {s['best_metric']:.4f}{r2}")
+        lines.append(
+            f"best epoch on the validation data (the score during training, not the test flights'): loss "
+            f"{s['best_metric']:.4f}{r2}"
+            + ("; the test flights' score: evaluation.json (evaluate)" if s["finished"] else "")
+        )
     if s["latest_checkpoint"]:
         lines.append(
             f"latest checkpoint: {s['latest_checkpoint']} ({s['latest_checkpoint_age_s'] / 60:.1f} min ago)"
