@@ -58,6 +58,8 @@ def test_demo_learns_height_from_the_frames(tmp_path):
     readme_python_example_runs_on(tmp_path, report)
     control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true", "data.radiometry=none")
     assert control["overall"]["r2"] < 0.3  # the angles alone do not give the height
+    said = control["verdict"]  # a control loses by design: no advice to train it longer
+    assert said.startswith("Control run (model.scalars_only") and "Try more" not in said
     assert held_out["r2"] - control["overall"]["r2"] > 0.5
     assert held_out["mae_km"] < 0.6 * control["overall"]["mae_km"]
 

@@ -236,6 +236,11 @@ def test_a_useless_model_gets_a_verdict_in_one_sentence():
     )
     assert said(good).startswith("Verdict: the model beats predicting the training mean on 12Feb25")
     assert said({**base, "n": 0}) is None  # nothing held out to judge by
+    control = verdict(
+        {"overall": constant, "baseline": base, "per_flight": {"12Feb25": constant}, "control": "scalars"}
+    )  # a control run (crossval's scalars_only) loses by design: judged in the same words, without advice
+    assert control.startswith("Control run (scalars), to compare with the model, not to use: Verdict: this")
+    assert "not useful yet on 12Feb25" in control and "Try more epochs" not in control
     assert shortcomings(good, base) == [] and len(shortcomings({**constant, "mae_km": 0.3}, base)) == 2
     # cross-validation warns by the same rule, per flight
     warned = fold_warnings("12Feb25", {"model": worse, "mean": base}, np.array([0.3, 0.9]), np.array([0.5]))

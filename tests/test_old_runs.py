@@ -206,6 +206,11 @@ BEST_AS_FINAL = ("d1cecbe", "d1e9854")
 # d1cecbe's own code does not resume its stopped run to its twin's bytes (8 of 35 tensors equal, tried with
 # that code on the fixture): its recorded hashes pin nothing; compared within RESUME_ATOL to a twin here
 NOT_BIT_EXACT = ("d1cecbe",)
+# Its gradient is zero in exact arithmetic (the softmax over frames ignores a shift shared by all frames), so
+# under another processor's rounding Adam turns noise into steps of about the learning rate (past
+# RESUME_ATOL on an Intel Xeon for the AMD EPYC fixture of 1c3d260). It cannot change a prediction: compared
+# bit for bit where the fixture was made, left out elsewhere (as test_distributed.py leaves it out).
+SHIFT_ONLY = "temporal.2.bias"
 
 
 def assert_weights(weights: dict, old: str, twin: dict | None, keys: set, what: str) -> None:
@@ -215,7 +220,7 @@ def assert_weights(weights: dict, old: str, twin: dict | None, keys: set, what: 
         assert {k: digests(weights)[k] for k in keys} == {k: want[k] for k in keys}, what  # bit for bit
     else:
         twin = twin_weights(old) if twin is None else twin
-        for k in keys:
+        for k in keys - {SHIFT_ONLY}:
             torch.testing.assert_close(weights[k].double(), twin[k].double().reshape(weights[k].shape),
                                        atol=RESUME_ATOL, rtol=0, msg=f"{what}: {k}")  # fmt: skip
 

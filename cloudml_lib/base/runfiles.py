@@ -112,6 +112,7 @@ EVALUATION = Obj(
         "step": OPT_INT,  # the training step of the weights it scored (the end of a run writes it)
         "cloud": Maybe(CLOUD),
         "verdict": OPT_TEXT,
+        "control": OPT_TEXT,  # a control run's kind (model.scalars_only), judged without advice
         "protocol": PROTOCOL,  # how the numbers were obtained (splits.py); absent: the earlier protocol
         "flight_verdicts": MapOf(TEXT),
         "baselines": BASELINES,  # absent: written before the physical baselines

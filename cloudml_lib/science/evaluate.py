@@ -92,6 +92,8 @@ def test_report(
         "training_label_range_km": list(trained.label_range),
         "outside_training_labels": skill.outside_labels(true_km, flights, trained.label_range),
     }
+    if cfg.model.scalars_only:  # a control (crossval's scalars_only runs): judged without advice
+        report["control"] = "model.scalars_only: the network on its scalar inputs alone, no frames"
     if validation is not None:
         v = data.val_set.has_height()
         report["validation"] = skill.validation_scores(

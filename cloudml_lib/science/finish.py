@@ -103,6 +103,11 @@ def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
         fit_cloud_probe(evaluator, data, RunFolder(run_dir).best, dist, progress.step)
+    log.info(
+        "Scoring the best model on the validation data (%d samples)%s",
+        len(data.val_set),
+        "" if data.split.legacy else f", then on the test flights ({len(data.test_set)} samples)",
+    )
     validation = score(evaluator, data.val_set)
     calibration = calibrate_intervals(cfg, data, validation)
     scored = validation if data.split.legacy else score(evaluator, data.test_set)
@@ -193,6 +198,11 @@ def fit_cloud_probe(evaluator: Evaluator, data: EndData, best: Path, dist: Dist,
     if dist.from_main(kept if dist.is_main else None):  # one way for every process (the pass is shared)
         log.info("Cloud / no-cloud output: the one fitted for step %d, kept from %s", step, best)
         return
+    log.info(  # the end's longest pass on a real flight set (about a minute): said before, timed after
+        "Cloud / no-cloud output: reading the trained network's features of the %d frames of the training "
+        "flights, then fitting it",
+        len(frames),
+    )
     t0 = time.perf_counter()
     features, _ = evaluator.outputs(frames, np.arange(len(frames)), features=True)
     flags, classes = frames.cloud_flags(), model.cloud.out_features

@@ -188,6 +188,8 @@ def verdict(report: dict) -> str | None:
                 else "."
             )
         )
+    if report.get("control"):  # a control is meant to lose to the model: no advice to improve it
+        return f"Control run ({report['control']}), to compare with the model, not to use: {text}"
     if bad:
         physical = any(baseline_beats(best_baseline(report, n)) for n in bad)
         blind = (report.get("radiometry") or {}).get("network_inputs") == "none"
