@@ -87,3 +87,42 @@ def test_a_broken_link_or_anchor_is_found(tmp_path):
 def test_every_relative_link_and_anchor_leads_somewhere(page):
     broken = broken_links(page)
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+COMMAND_LINE = re.compile(r"-m cloudml_lib((?:[ \t]+[^\s`#|&\\]+)*)")
+
+
+def shown_commands() -> list[tuple[str, str, list[str]]]:
+    """Each `python -m cloudml_lib ...` (or `torchrun ... -m cloudml_lib ...`) the pages show: (page, the
+    command, the options it uses)."""
+    out = []
+    for page in PAGES:
+        for m in COMMAND_LINE.finditer(page.read_text()):
+            words = m.group(1).split()
+            command = words[0].strip("([") if words and not words[0].startswith("-") else ""
+            options = [
+                re.sub(r"[=\]\)].*", "", w.lstrip("[(")) for w in words if w.lstrip("[(").startswith("--")
+            ]
+            out.append((page.relative_to(REPO).as_posix(), command, options))
+    return out
+
+
+def test_the_commands_shown_exist_with_the_options_shown():
+    """What README and the docs show is what `--help` offers: every command, every option of it."""
+    import argparse
+
+    from cloudml_lib.commands.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    shown, wrong = shown_commands(), []
+    assert len(shown) > 30 and {c for _, c, _ in shown} >= {"train", "predict", "crossval", "sweep", "export"}
+    for page, command, options in shown:
+        if command in ("COMMAND", "...") or command.isupper():
+            continue  # a placeholder
+        if command and command not in sub.choices:
+            wrong.append(f"{page}: no command {command!r}")
+            continue
+        known = (sub.choices[command] if command else parser)._option_string_actions
+        wrong += [f"{page}: {command or 'cloudml_lib'} has no option {o}" for o in options if o not in known]
+    assert not wrong, "\n".join(wrong)
