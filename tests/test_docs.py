@@ -126,3 +126,41 @@ def test_the_commands_shown_exist_with_the_options_shown():
         known = (sub.choices[command] if command else parser)._option_string_actions
         wrong += [f"{page}: {command or 'cloudml_lib'} has no option {o}" for o in options if o not in known]
     assert not wrong, "\n".join(wrong)
+
+
+def command_reference() -> str:
+    """docs/reference/command-line.md's table of every command and option, drawn from the CLI's parser."""
+    import argparse
+
+    from cloudml_lib.commands.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {c.dest: c.help for c in sub._choices_actions}
+    parts = []
+    for name, command in sub.choices.items():
+        rows = ["| option | what it does |", "|---|---|"]
+        for a in command._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            shown = ", ".join(a.option_strings) or (a.metavar or a.dest.upper())
+            if a.option_strings and a.nargs != 0:
+                shown += f" {a.metavar or a.dest.upper()}"
+            text = (a.help or "") % {**vars(a), "prog": command.prog} if "%(" in (a.help or "") else a.help
+            shown, text = shown.replace("|", "\\|"), (text or "").replace("|", "\\|")  # a cell's own bars
+            rows.append(f"| `{shown}` | {text} |")
+        parts.append(f"### {name}\n\n{helps.get(name) or ''}\n\n" + "\n".join(rows))
+    return "\n\n".join(parts)
+
+
+COMMANDS_PAGE = REPO / "docs" / "reference" / "command-line.md"
+COMMANDS_MARK = "<!-- generated: tests/test_docs.py command_reference() -->\n"
+
+
+def test_the_command_reference_is_the_parsers():
+    text = COMMANDS_PAGE.read_text()
+    assert COMMANDS_MARK in text, "docs/reference/command-line.md lost its generated block's marker"
+    assert text.split(COMMANDS_MARK, 1)[1].strip() == command_reference(), (
+        "docs/reference/command-line.md is stale: replace what follows its marker with tests/test_docs.py's "
+        "command_reference()"
+    )
