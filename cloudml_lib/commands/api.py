@@ -122,7 +122,9 @@ def fit(config: Config | str | Path, run_dir: str | Path, resume: str = "auto") 
     return Run(Path(run_dir))
 
 
-def evaluate(run: Run | str | Path, data_dir: str | Path | None = None) -> dict:
+def evaluate(
+    run: Run | str | Path, data_dir: str | Path | None = None, cache_dir: str | Path | None = None
+) -> dict:
     """Score a finished run's best model on its test flights again, and rewrite its evaluation files.
 
     Parameters
@@ -130,6 +132,8 @@ def evaluate(run: Run | str | Path, data_dir: str | Path | None = None) -> dict:
     run : Run, str or pathlib.Path
     data_dir : str or pathlib.Path, optional
         Where the flight files are now, if not where the run recorded them.
+    cache_dir : str or pathlib.Path, optional
+        Where the preprocessing cache goes, if the run's recorded one is not on this machine.
 
     Returns
     -------
@@ -138,7 +142,11 @@ def evaluate(run: Run | str | Path, data_dir: str | Path | None = None) -> dict:
     """
     from cloudml_lib.science.evaluate import evaluate_run
 
-    return evaluate_run(_folder(run), None if data_dir is None else str(data_dir))
+    return evaluate_run(
+        _folder(run),
+        None if data_dir is None else str(data_dir),
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )
 
 
 def predict_flight(

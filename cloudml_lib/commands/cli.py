@@ -281,13 +281,12 @@ def _overrides(args) -> list[str]:
 
 def _train(args) -> int:
     from cloudml_lib.base.config import load_config
-    from cloudml_lib.commands.runs import train_run
-    from cloudml_lib.core.run.folder import RunFolder
+    from cloudml_lib.commands import api
 
     config = config_path(args)
     cfg = load_config(config, _overrides(args))
     run_dir = Path(args.run_dir) if args.run_dir is not None else Path("runs") / Path(config).stem
-    train_run(cfg, RunFolder(run_dir), resume=args.resume)
+    api.fit(cfg, run_dir, resume=args.resume)
     return 0
 
 
@@ -377,10 +376,10 @@ def _predict(args) -> int:
 
 
 def _export(args) -> int:
-    from cloudml_lib.core.run.folder import RunFolder
-    from cloudml_lib.science.export import EXPORT_FILES, export_run
+    from cloudml_lib.commands import api
+    from cloudml_lib.science.export import EXPORT_FILES
 
-    folder = export_run(RunFolder(args.run_dir), args.out)
+    folder = api.export(args.run_dir, args.out)
     print(f"wrote {', '.join(EXPORT_FILES)} to {folder}")
     return 0
 
@@ -473,10 +472,10 @@ def _status(args) -> int:
 
 def _evaluate(args) -> int:
     from cloudml_lib.base.outputs import json_safe
-    from cloudml_lib.core.run.folder import RunFolder
-    from cloudml_lib.science.evaluate import evaluate_run, format_report
+    from cloudml_lib.commands import api
+    from cloudml_lib.science.evaluate import format_report
 
-    report = evaluate_run(RunFolder(args.run_dir), data_dir=args.data_dir, cache_dir=args.cache_dir)
+    report = api.evaluate(args.run_dir, data_dir=args.data_dir, cache_dir=args.cache_dir)
     if args.json:
         print(json.dumps(json_safe(report), allow_nan=False))
     else:
