@@ -496,3 +496,31 @@ def test_the_setups_cpu_advice_says_what_auto_trains_on_the_flights_found():
     assert cpu_advice(None) == CPU_ADVICE  # no frame shape read: the picker's Auto is C too
     small = cpu_advice(80)
     assert "demo configuration" in small and "80 sensor rows" in small and "preset C for" not in small
+
+
+def test_a_cells_log_lines_are_folded_after_its_table_and_a_notice_is_shown_once(monkeypatch, capsys):
+    """The setup's data and cache cells: the table first, the reading's lines folded after it; a warning
+    both cells meet is shown by the first and folded by the second."""
+    from cloudml_lib.base.logs import attach_run_log
+    from cloudml_lib.colab import live
+
+    log = attach_run_log(None, screen=live.NotebookLog())
+    monkeypatch.setattr(live.NotebookLog, "shown_notices", set())
+    with live.folded_log("How each flight was read"):
+        log.info("flight 01Mar25: 240 frames")
+        print("| flight | frames |")
+    out = capsys.readouterr().out
+    assert out.index("| flight | frames |") < out.index("flight 01Mar25: 240 frames")  # outside a notebook
+    shown = []
+    monkeypatch.setattr(live, "in_notebook", lambda: True)
+    monkeypatch.setattr(live, "show", lambda obj: shown.append(getattr(obj, "data", obj)))
+    for _ in range(2):  # the data cell, then the cache cell
+        with live.folded_log("How each flight was cached"):
+            log.warning("flight 03Mar25: 3 frames are blank")
+            log.info("flight 03Mar25: cached")
+    notices = [s for s in shown if "3 frames are blank" in s and "<details>" not in s]
+    assert len(notices) == 1, shown  # once, in amber
+    assert "shown above, by an earlier cell" in shown[-1] and "<details><summary>" in shown[-1]
+    assert "How each flight was cached: 2 lines (click to open)" in shown[-1]
+    for h in [h for h in log.handlers if isinstance(h, live.NotebookLog)]:
+        log.removeHandler(h)

@@ -16,7 +16,7 @@ from pathlib import Path
 from cloudml_lib.base.config import Config, load_config, renamed_keys
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
-from cloudml_lib.colab.live import NotebookLog
+from cloudml_lib.colab.live import NotebookLog, folded_log
 from cloudml_lib.colab.profile import choose, profile
 from cloudml_lib.colab.show import plural, show_markdown, table, user_errors
 from cloudml_lib.commands import presets
@@ -450,15 +450,26 @@ def verify_data(ws: Workspace) -> bool:
             )
         )
     cfg = load_config(*run_config(ws, "A" if demo or fits_presets(ws) else SMALL))
-    data = ensure_demo_flights(cfg.data)  # writes them (progress bar) when missing
-    notes = flights.Notes()
-    rows, ok = flights.check_rows(data, notes)
+    with folded_log("How each flight was read"):  # the table first; the reading's details a click away
+        data = ensure_demo_flights(cfg.data)  # writes them (progress bar) when missing
+        notes = flights.Notes()
+        rows, ok = flights.check_rows(data, notes)
+        _flights_table(ws, demo, started, rows, notes)
+        _say_usable(ws, demo, ok, data, rows)
+    return ok
+
+
+def _flights_table(ws: Workspace, demo: bool, started: float, rows, notes) -> None:
     show_markdown(
         ("Demo flights" if demo else f"Your flights in `{ws.data}`")
         + f" (checked in {time.time() - started:.1f} s):\n\n"
         + flights.format_table(rows, markdown=True)
         + ("\n\n" + notes.text(markdown=True) if notes else "")
     )
+
+
+def _say_usable(ws: Workspace, demo: bool, ok: bool, data, rows) -> None:
+    """The line under the flights table: which flights a run can use, or why none."""
     usable = flights.usable_in(rows)
     if not ok and data.skip_incomplete_flights and usable:  # the line says what the table shows
         held, why = default_heldout(ws)
@@ -478,7 +489,9 @@ def verify_data(ws: Workspace) -> bool:
             f"Only one complete flight ({found[0]}): training needs a second one, one to train on and one "
             f"to test it on. Add a second flight to {ws.data}, then run this notebook again."
         )
-    return ok
+
+
+CACHE_WORDS = {"reused": "already on this machine", "copied": "copied from the Drive copy", "built": "built"}
 
 
 @user_errors
@@ -489,22 +502,21 @@ def build_cache(ws: Workspace) -> dict:
 
     cfg = load_config(*run_config(ws, "A" if uses_demo_data(ws) or fits_presets(ws) else SMALL))
     started = time.time()
-    data, _ = flights.prepare_flights(
-        cfg.data, check_names=False
-    )  # any flight may be a test flight later: cache all
-    caches = load_caches(data)
-    words = {"reused": "already on this machine", "copied": "copied from the Drive copy", "built": "built"}
-    rows = [
-        [c.name, words[c.source], f"{c.seconds:.1f} s", len(c), f"{c.meta['bytes'] / 1e6:.1f} MB"]
-        for c in caches
-    ]
-    size, samples = sum(c.meta["bytes"] for c in caches), sum(len(c) for c in caches)
-    copy = f"; a copy for later sessions in `{cfg.data.cache_copy_dir}`" if cfg.data.cache_copy_dir else ""
-    show_markdown(
-        table(["flight", "cache", "time", "samples", "size"], rows)
-        + f"\n\n**Cache ready** in {time.time() - started:.1f} s: {samples} samples from "
-        f"{plural(len(caches), 'flight')}, {size / 1e9:.3f} GB in `{cache_root(cfg.data)}`{copy}."
-    )
+    with folded_log("How each flight was cached"):  # the table first; the details a click away
+        data, _ = flights.prepare_flights(cfg.data, check_names=False)  # any flight may be a test flight
+        caches = load_caches(data)
+        rows = [
+            [c.name, CACHE_WORDS[c.source], f"{c.seconds:.1f} s", len(c), f"{c.meta['bytes'] / 1e6:.1f} MB"]
+            for c in caches
+        ]
+        size, samples = sum(c.meta["bytes"] for c in caches), sum(len(c) for c in caches)
+        kept = cfg.data.cache_copy_dir
+        copy = f"; a copy for later sessions in `{kept}`" if kept else ""
+        show_markdown(
+            table(["flight", "cache", "time", "samples", "size"], rows)
+            + f"\n\n**Cache ready** in {time.time() - started:.1f} s: {samples} samples from "
+            f"{plural(len(caches), 'flight')}, {size / 1e9:.3f} GB in `{cache_root(cfg.data)}`{copy}."
+        )
     return {
         "samples": samples,
         "bytes": size,

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -97,21 +98,54 @@ def notice_html(text: str) -> str:
 class NotebookLog(logging.Handler):
     """The package's log lines in the kernel (setup's data check and cache, the picker): a warning or a
     problem as the notebook shows every notice (notice_html: amber with a warning sign, red with
-    "Problem:"), any other line as plain text that does not break a running progress bar. Outside a notebook
-    the console's lines, with their level word."""
+    "Problem:"), once per kernel (a cell that meets it again folds it); any other line as plain text that
+    does not break a running progress bar, or, inside `folded_log`, collected and shown folded after the
+    cell's result. Outside a notebook the console's lines, with their level word."""
+
+    shown_notices: set[str] = set()  # the warnings and problems shown in this kernel, by text
+    folded: list[str] | None = None  # the lines of the cell that folds them (folded_log)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = level_word(record.levelno) + self.format(record)
-            if record.levelno >= logging.WARNING and in_notebook():
+            notice = record.levelno >= logging.WARNING and in_notebook()
+            if notice and text in NotebookLog.shown_notices and NotebookLog.folded is not None:
+                NotebookLog.folded.append(text + " (shown above, by an earlier cell)")
+            elif notice:
                 from IPython.display import HTML
 
+                NotebookLog.shown_notices.add(text)
                 sys.stdout.flush()  # the plain lines before it stay before it
                 show(HTML(f'<div style="white-space:pre-wrap">{notice_html(text)}</div>'))
+            elif NotebookLog.folded is not None:
+                NotebookLog.folded.append(text)
             else:
                 tqdm.write(text, file=sys.stdout)
         except Exception:  # noqa: BLE001 - logging must never raise
             pass
+
+
+@contextmanager
+def folded_log(what: str):
+    """A cell whose result (a table) must not drown in log lines: the package's plain lines of the block are
+    kept, and shown after it folded ("<what>: N lines"), a click away; notices stay where they arise."""
+    NotebookLog.folded = lines = []
+    try:
+        yield
+    finally:
+        NotebookLog.folded = None
+        if lines and in_notebook():
+            from IPython.display import HTML
+
+            show(
+                HTML(
+                    f"<details><summary>{html.escape(what)}: {plural(len(lines), 'line')} (click to open)"
+                    f'</summary><pre style="white-space:pre-wrap">{html.escape(chr(10).join(lines))}</pre>'
+                    "</details>"
+                )
+            )
+        elif lines:
+            print("\n".join(lines))
 
 
 class LiveView:
