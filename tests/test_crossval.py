@@ -32,6 +32,10 @@ def reference(tiny_flights, tmp_path_factory):
     cfg.write_text(yaml.safe_dump(raw))
     r = crossval(cfg, tmp / "ref")
     assert r.returncode == 0, r.stderr[-2000:]
+    # the flight table once on screen (each run's train.log has it), not twice per fold
+    assert r.stdout.count("labels kept") == 1 and "Flights: as in the table above" in r.stdout
+    control = (tmp / "ref" / "folds" / entries[0]["name"] / "scalars_only" / "train.log").read_text()
+    assert "labels kept" in control and "Control run (model.scalars_only" in r.stdout
     return cfg, tmp / "ref", [e["name"] for e in entries]
 
 

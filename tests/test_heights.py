@@ -284,6 +284,9 @@ def test_a_cloud_baseline_that_beats_the_model_is_said_in_the_verdict(tmp_path, 
     )
     assert "predict --cloud-flag bt_threshold" in said  # how to write that baseline's flag
     assert "majority" not in said
+    control = cloud_verdict({**report, "control": "scalars"})  # a control's flag: the numbers, no advice
+    assert control.startswith("Cloud flag of this control run: the brightness-temperature threshold beats")
+    assert "predict --cloud-flag" not in control and "train longer" not in control
     cloud["bt_threshold"]["overall"] = flag(0.90, 0.90)
     assert cloud_verdict(report) == "Cloud flag: the model beats both baselines (accuracy 0.930)."
     assert cloud_verdict({"overall": m}) is None  # no cloud output to judge

@@ -285,6 +285,8 @@ def cloud_verdict(report: dict) -> str | None:
         ]
         if worse:
             beaten_by.append((key, f"{words} beats it ({'; '.join(worse)})"))
+    if beaten_by and report.get("control"):  # a control is meant to lose: no advice to improve or use it
+        return "Cloud flag of this control run: " + ", and ".join(w for _, w in beaten_by) + "."
     if beaten_by:
         use = (
             " To write the brightness-temperature threshold's flag in the whole-flight files instead: "

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config, derive, save_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
-from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.base.logs import attach_run_log, to_run_log
 from cloudml_lib.core.machine.determinism import apply_determinism
 from cloudml_lib.core.machine.device import (
     Precision,
@@ -206,6 +206,20 @@ def data_fingerprint(caches: list) -> dict:
     return out
 
 
+_SHOWN_TABLES: set[str] = set()  # the flight tables this process has put on screen
+
+
+def show_flight_table(table: str) -> None:
+    """The run's flight table, into its train.log always; on screen once per process: a cross-validation's
+    control run (and the next fold's runs on the same flights) would print the same table again."""
+    if table in _SHOWN_TABLES:
+        to_run_log(f"Flights:\n{table}", logging.INFO)
+        log.info("Flights: as in the table above (the same files, labels and filters; in train.log too)")
+        return
+    _SHOWN_TABLES.add(table)
+    log.info("Flights:\n%s", table)
+
+
 def claim_run_dir(
     cfg: Config, folder: RunFolder, resume: str, dist: Dist, fingerprint: dict, flight_table: str
 ) -> tuple[RunLock | None, Found | None, Config]:
@@ -225,7 +239,7 @@ def claim_run_dir(
         if found is not None:
             check_resume_config(cfg, found.state[Key.CONFIG])
             check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(folder.path))
-        log.info("Flights:\n%s", flight_table)
+        show_flight_table(flight_table)
         return found
 
     try:
