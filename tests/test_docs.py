@@ -164,3 +164,45 @@ def test_the_command_reference_is_the_parsers():
         "docs/reference/command-line.md is stale: replace what follows its marker with tests/test_docs.py's "
         "command_reference()"
     )
+
+
+def variables_table() -> str:
+    """docs/reference/netcdf.md's table of the NetCDF variables, drawn from science/products.py's VARIABLES
+    (a run of today: the model's cloud flag on data.cloud_flag base_in_range, 90% intervals)."""
+    from cloudml_lib.science import products
+    from cloudml_lib.science.predict import Flagging
+
+    overrides = products.flag_variables(Flagging(definition="base_in_range"))
+    rows = [
+        "| variable | type | units | what it holds | flag values | CSV column |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in products.VARIABLES:
+        a = overrides.get(v.name) or products.attributes(v, "90%")
+        flags = ""
+        if "flag_values" in a:
+            flags = ", ".join(f"{int(k)} {m}" for k, m in zip(a["flag_values"], a["flag_meanings"].split()))
+        cells = [
+            f"`{v.name}`",
+            v.dtype,
+            a.get("units", ""),
+            a.get("long_name", a.get("standard_name", "")),
+            flags,
+        ]
+        cells.append(f"`{v.csv}`" if v.csv else "")
+        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+NETCDF_PAGE = REPO / "docs" / "reference" / "netcdf.md"
+NETCDF_MARK = "<!-- generated: tests/test_docs.py variables_table() -->\n"
+
+
+def test_the_netcdf_variables_table_is_the_products_table():
+    text = NETCDF_PAGE.read_text()
+    assert NETCDF_MARK in text, "docs/reference/netcdf.md lost its generated block's marker"
+    shown = text.split(NETCDF_MARK, 1)[1].split("\n\n", 1)[0].strip()
+    assert shown == variables_table(), (
+        "docs/reference/netcdf.md's variables table is stale: replace the table after its marker with "
+        "tests/test_docs.py's variables_table()"
+    )
