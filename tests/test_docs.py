@@ -206,3 +206,23 @@ def test_the_netcdf_variables_table_is_the_products_table():
         "docs/reference/netcdf.md's variables table is stale: replace the table after its marker with "
         "tests/test_docs.py's variables_table()"
     )
+
+
+def test_the_run_folder_page_names_every_file_a_run_writes():
+    """Each name of base/layout.py's RunLayout (every file and folder a run writes) has its row."""
+    from cloudml_lib.base.layout import RunLayout
+
+    page = (REPO / "docs" / "reference" / "run-folder.md").read_text()
+    names = {k: v for k, v in vars(RunLayout).items() if k.isupper() and isinstance(v, str)}
+    assert len(names) > 10
+    missing = {k: v for k, v in names.items() if f"| `{v}" not in page and f", `{v}" not in page}
+    assert not missing, f"docs/reference/run-folder.md has no row for {missing}"
+
+
+def test_the_run_states_page_says_each_state_in_the_codes_words():
+    from cloudml_lib.core.run.status import RunState
+
+    page = (REPO / "docs" / "reference" / "run-states.md").read_text()
+    for kind in ("stopped", "running", "trained", "finished", "failed"):
+        words = RunState(kind, "why").words
+        assert f"`{words}`" in page, f"docs/reference/run-states.md lacks the state {words!r}"
