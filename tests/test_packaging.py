@@ -377,7 +377,10 @@ def test_a_copy_still_being_written_is_never_installed_as_a_success(bootstrap):
     install, code = bootstrap
     shutil.rmtree(code / "cloudml_lib" / "commands")
     text = refused(
-        install, code, "cloudml_lib/: ", "modules are missing (commands/__init__.py, commands/cli.py"
+        install,
+        code,
+        "cloudml_lib/: ",
+        "modules are missing (commands/__init__.py, commands/api.py, commands/cli.py",
     )
     assert "Is Google Drive still copying the folder?" in text  # refused(): and nothing was installed
     (code / "cloudml_lib" / "colab" / "modules.py").unlink()

@@ -472,7 +472,7 @@ def test_a_crossval_objective_scores_each_trial_by_its_folds(files, tmp_path):
     rows = json.loads(run_cli("compare", run, "--json").stdout)
     assert [r["epochs"] for r in rows] == ["3 folds", "3 folds"]
     assert (
-        "(maximize) on the nested folds' validation data (the mean over folds)"
+        "Objective: R2 (r2), higher is better, on the nested folds' validation data (the mean over folds)"
         in (run / "report.md").read_text()
     )
 
