@@ -104,6 +104,7 @@ def test_a_wrong_ir_time_format_is_named(data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_cache_folder_that_is_a_file_is_named(data, tmp_path):
     cfg = write_config(tmp_path, *data)
     (tmp_path / "notes.txt").write_text("keep me")
@@ -171,6 +172,7 @@ def _replace_dataset(path: Path, key: str, value) -> None:
     ],
     ids=["IR times as text", "CPL records", "nav text"],
 )
+@pytest.mark.slow
 def test_datasets_of_the_wrong_kind_are_named(data, tmp_path, role, key, value, words):
     root, entries = data
     copy = tmp_path / "flights"
@@ -205,6 +207,7 @@ def test_numbers_stored_as_text_are_read(data, tmp_path):
     assert n == 240 and np.nanmax(np.abs(read - times[:240].astype(float))) < 1e-3
 
 
+@pytest.mark.slow
 def test_predict_on_a_full_disk_names_the_file_and_leaves_no_half_file(
     finished, tmp_path, monkeypatch, capsys
 ):
@@ -254,6 +257,7 @@ def test_a_log_file_on_a_full_disk_is_said_once_in_words(tmp_path, capsys):
     attach_run_log(None)
 
 
+@pytest.mark.slow
 def test_a_damaged_evaluation_is_computed_again_from_the_best_model(run_copy):
     cfg, run = run_copy
     good = json.loads((run / "evaluation.json").read_text())
@@ -346,6 +350,7 @@ def test_status_checks_meta_json_against_the_verified_state(run_copy):
     assert "epoch -5" not in format_status(s).splitlines()[0] and "epoch 2/2" in format_status(s)
 
 
+@pytest.mark.slow
 def test_resume_from_another_runs_checkpoint_is_refused(run_copy, finished, tmp_path):
     cfg, run = run_copy
     other = tmp_path / "other"
@@ -362,6 +367,7 @@ def test_resume_from_another_runs_checkpoint_is_refused(run_copy, finished, tmp_
     assert r.returncode == 0 and "becomes a copy of that run" in r.stdout, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_commands_on_a_crossval_folder_say_which_command_fits(finished, tmp_path):
     cfg, run = finished
     cv = tmp_path / "cv"
@@ -477,6 +483,7 @@ def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_co
     assert s["latest_checkpoint"] and newest.name not in s["latest_checkpoint"]
 
 
+@pytest.mark.slow
 def test_bit_rot_in_the_cache_is_named_instead_of_blaming_the_learning_rate(data, tmp_path):
     cfg = write_config(tmp_path, *data)
     r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "first", "--set", "train.epochs=1")
@@ -538,6 +545,7 @@ def test_a_fresh_unreadable_lock_is_explained(tmp_path):
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_a_stop_at_any_moment_exits_130(data, tmp_path, sig):
     cfg = write_config(tmp_path, *data)
     for point in ("start:1", "setup:1"):

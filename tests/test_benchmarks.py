@@ -4,6 +4,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from benchmarks.__main__ import write_report
 
 REPO = Path(__file__).parent.parent
@@ -38,6 +40,7 @@ def test_readme_tables_come_from_results_md():
     assert [r for r in rows if r not in results] == []
 
 
+@pytest.mark.slow
 def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
     """benchmarks/gpu.py --smoke: every item's code path on a tiny CPU run (the GPU run is prepared this way),
     each item in its own time-boxed process, and the results file written after each; it never writes the
@@ -86,6 +89,7 @@ def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
     assert (REPO / "benchmarks" / "results" / "gpu.json").read_bytes() == committed
 
 
+@pytest.mark.slow
 def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
     """benchmarks/compile_presets.py --smoke --steps-only: eager and compiled steps, the compile cold and
     warm, on a tiny model; it never writes the committed results (its Trainer epochs: --smoke without

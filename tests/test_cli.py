@@ -37,6 +37,7 @@ def test_usage_error_exits_2():
     assert r.returncode == 2 and "--config" in r.stderr
 
 
+@pytest.mark.slow
 def test_train_then_evaluate_json(tiny_raw_config, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw_config))
@@ -53,6 +54,7 @@ def test_train_then_evaluate_json(tiny_raw_config, tmp_path):
     assert out["overall"]["n"] == out["per_flight"][name]["n"] > 0
 
 
+@pytest.mark.slow
 def test_data_dir_flag_overrides_the_config(tiny_raw_config, tiny_flights, tmp_path):
     tiny_raw_config["data"]["dir"] = str(tmp_path / "nowhere")
     cfg = tmp_path / "c.yaml"
@@ -128,6 +130,7 @@ def test_unexpected_errors_are_not_disguised(monkeypatch):
         main(["evaluate", "--run-dir", "x"])
 
 
+@pytest.mark.slow
 def test_preset_auto_picks_the_demo_without_a_gpu(tmp_path):
     """Any command with --preset auto resolves it (cli.config_path): `labels` shows it without training (the
     demo preset's training is test_demo's)."""
@@ -146,6 +149,7 @@ def test_config_and_preset_are_exclusive():
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
+@pytest.mark.slow
 def test_run_dir_that_is_a_file_is_explained(tmp_path):
     target = tmp_path / "notes.txt"
     target.write_text("keep me")

@@ -105,6 +105,7 @@ def test_without_an_epoch_the_placeholder_says_what_happened(tmp_path, shown):
     assert "No epoch finished in this run: killed (as by a disconnect)" in view.placeholder.value
 
 
+@pytest.mark.slow
 def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_flights, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw(*tiny_flights, tmp_path / "cache")))
@@ -144,6 +145,7 @@ def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown
     assert view.bar.bar_style == ""
 
 
+@pytest.mark.slow
 def test_the_kernels_interrupt_does_not_reach_the_run_and_a_dead_kernel_stops_it(tiny_flights, tmp_path):
     """Jupyter interrupts the kernel's whole process group: a second SIGINT would stop the run at once,
     without a checkpoint. The run has a session of its own, and stops with a checkpoint when the kernel
@@ -406,6 +408,7 @@ def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
     assert type(out[1]).__name__ == "Image" and out[2][0] == "md"
 
 
+@pytest.mark.slow
 def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, monkeypatch):
     from cloudml_lib.colab import show
     from cloudml_lib.core.network.compile import plan

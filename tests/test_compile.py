@@ -65,6 +65,7 @@ def compiled_raw(raw: dict, setting=True) -> dict:
 # ------------------------------------------------------------------------------ the model alone
 
 
+@pytest.mark.slow
 def test_a_compiled_checkpointed_step_matches_eager():
     """One training step of the tiny model: compiled encoder + checkpointing against plain eager."""
     torch.manual_seed(0)
@@ -142,6 +143,7 @@ def test_old_runs_without_a_compile_record_are_described():
 # ------------------------------------------------------------------------------- the trainer
 
 
+@pytest.mark.slow
 def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_config, tmp_path):
     compiled = Trainer(build_config(compiled_raw(tiny_raw_config)), tmp_path / "compiled").setup()
     compiled.fit()
@@ -167,6 +169,7 @@ def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_con
     )
 
 
+@pytest.mark.slow
 def test_out_of_memory_with_a_compiled_model_recompiles_for_the_smaller_micro_batches(
     tiny_raw_config, tmp_path
 ):
@@ -236,6 +239,7 @@ def last_weights(run: Path) -> dict:
     return load_state(find_checkpoints(run)[0] / "state.pt")["model"]
 
 
+@pytest.mark.slow
 def test_a_compiled_run_killed_mid_epoch_and_resumed_is_bit_identical(cfg_file, tmp_path):
     cfg = cfg_file()
     assert train(cfg, tmp_path / "whole").returncode == 0
@@ -258,6 +262,7 @@ def test_a_compiled_run_killed_mid_epoch_and_resumed_is_bit_identical(cfg_file, 
         assert max_diff(a, b) == 0.0, get.__name__
 
 
+@pytest.mark.slow
 def test_a_real_compile_failure_falls_back_to_eager_and_matches_an_eager_run(cfg_file, tmp_path):
     """No C++ compiler on PATH and an empty inductor cache: inductor really fails on the first step."""
     no_compiler = tmp_path / "bin"

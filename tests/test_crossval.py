@@ -39,6 +39,7 @@ def reference(tiny_flights, tmp_path_factory):
     return cfg, tmp / "ref", [e["name"] for e in entries]
 
 
+@pytest.mark.slow
 def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     _, ref, names = reference
     result = json.loads((ref / "crossval.json").read_text())
@@ -125,6 +126,7 @@ def test_each_fold_is_nested_its_test_flight_untouched(reference):
         assert fold["protocol"] == "untouched_test" and fold["validation"]["n"] > 0
 
 
+@pytest.mark.slow
 def test_an_interrupted_crossval_continues_with_its_unfinished_fold(reference, tmp_path):
     cfg, ref, names = reference
     run = tmp_path / "cv"
@@ -167,6 +169,7 @@ def test_the_warnings_say_what_went_wrong():
     )
 
 
+@pytest.mark.slow
 def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
     cfg, _, names = reference
     raw = yaml.safe_load(cfg.read_text())

@@ -65,6 +65,7 @@ def runs(tiny_flights, tmp_path_factory):
     return cfg, one, two
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_model_as_one(runs):
     _, one, two = runs
     a, b = weights(one / "best.pt"), weights(two / "best.pt")
@@ -90,6 +91,7 @@ def test_two_processes_train_the_same_model_as_one(runs):
     assert len(list((two / "tensorboard").glob("events.out.tfevents.[0-9]*"))) == 1  # rank 0's only
 
 
+@pytest.mark.slow
 def test_a_killed_process_ends_the_job_and_a_relaunch_resumes_bit_identically(runs, tmp_path):
     cfg, _, two = runs
     run = tmp_path / "run"
@@ -124,6 +126,7 @@ def test_torchruns_sigterm_during_the_clean_up_after_a_lost_peer_still_names_the
     assert explain_peer_failure(RuntimeError("Connection closed by peer"), SINGLE) is None
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(runs, tmp_path):
     cfg, _, two = runs
     run = tmp_path / "run"
@@ -148,6 +151,7 @@ def test_a_global_batch_smaller_than_the_process_count_is_refused(runs, tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_crossval_trains_one_fold_per_process(runs, tmp_path):
     cfg, _, _ = runs
     args = ["crossval", "--config", str(cfg), "--no-controls", "--set", "train.epochs=1", "--run-dir"]
@@ -172,6 +176,7 @@ def test_a_world_size_without_torchrun_is_explained(runs, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_each_trial_with_all_processes_and_rank_0_writes(runs, tmp_path):
     """Two trials under torchrun: the values one process draws and nearly its results; one study, one
     event file per trial (rank 0's)."""

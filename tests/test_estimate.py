@@ -59,6 +59,7 @@ def test_fake_tensors_count_what_real_tensors_hold(shape):
 @pytest.mark.parametrize(
     "channels, checkpointing", [(FULL, True), (FULL, False), (NARROW, False)], ids=["A-width", "full", "C"]
 )
+@pytest.mark.slow
 def test_the_estimate_agrees_with_the_peak_memory_of_a_real_step(channels, checkpointing):
     """An independent measure: the peak RSS of a process running the step on real CPU tensors (fp32, 110 x
     160, batch 8). The process adds a few tens of MB of its own (oneDNN's scratch buffers); the tensors'

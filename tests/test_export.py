@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from conftest import run_cli
 
@@ -80,6 +81,7 @@ def cloudml_answers(run):
     return raw, scored
 
 
+@pytest.mark.slow
 def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run, tmp_path):
     run, _, _ = tiny_run
     r = run_cli("export", "--run-dir", run, "--out", tmp_path / "export")
@@ -117,6 +119,7 @@ def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run, tm
     assert f"| {test_flight} |" in card and f"{mae:.3f}" in card  # the test flight's skill, as evaluated
 
 
+@pytest.mark.slow
 def test_export_refuses_a_folder_it_did_not_write_and_a_run_without_a_model(tiny_run, tmp_path):
     run, _, _ = tiny_run
     mine = tmp_path / "mine"
@@ -129,6 +132,7 @@ def test_export_refuses_a_folder_it_did_not_write_and_a_run_without_a_model(tiny
     assert r.returncode == 2 and "best.pt" in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_exporting_again_writes_the_same_files_into_its_own_folder(tiny_run, tmp_path):
     """The default folder is the run's export/: the run folder stays the run's (status reads it)."""
     run, _, _ = tiny_run

@@ -57,6 +57,7 @@ def rewrite_state(folder: Path, state) -> None:
     (folder / COMMITTED).write_text(meta["sha256"])
 
 
+@pytest.mark.slow
 def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(cfg_file, tmp_path):
     run = tmp_path / "run"
     assert run_cli("train", "--config", str(cfg_file), "--run-dir", str(run)).returncode == 0
@@ -75,6 +76,7 @@ def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(cfg_fi
     assert r.returncode == 0 and "nothing to train" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_its_keys_is_rejected_not_a_crash(cfg_file, tmp_path):
     run = tmp_path / "run"
     r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"CLOUDML_KILL_AT": "step:8"})
@@ -93,6 +95,7 @@ class Hostile:
         return (os.system, ("echo owned > /dev/null",))
 
 
+@pytest.mark.slow
 def test_status_verifies_like_resume(cfg_file, tmp_path):
     run = tmp_path / "run"
     assert run_cli("train", "--config", str(cfg_file), "--run-dir", str(run)).returncode == 0
@@ -128,6 +131,7 @@ def test_a_corrupt_best_model_falls_back_to_the_newest_weights(tiny_config, tmp_
     assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2  # rewritten with the newest weights
 
 
+@pytest.mark.slow
 def test_resuming_onto_changed_data_is_refused(tiny_flights, tmp_path):
     root, entries = tiny_flights
     data = tmp_path / "flights"
@@ -154,6 +158,7 @@ def test_resuming_onto_changed_data_is_refused(tiny_flights, tmp_path):
     assert f"flight {entries[0]['name']}:" in r.stderr and "Nothing was changed" in r.stderr
 
 
+@pytest.mark.slow
 def test_leftovers_of_killed_processes_are_cleaned_on_the_next_start(cfg_file, tmp_path):
     run, tmp = tmp_path / "run", tmp_path / "tmp"
     tmp.mkdir()

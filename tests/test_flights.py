@@ -64,6 +64,7 @@ def test_file_names_are_classified_by_role_and_date():
     assert flights.flight_name(flights.dt.date(2024, 10, 23)) == "23Oct24"
 
 
+@pytest.mark.slow
 def test_a_config_naming_only_the_data_folder_trains_end_to_end(users_folder, tmp_path):
     raw = {
         "data": {

@@ -96,6 +96,7 @@ def test_colab_is_detected_from_its_environment(monkeypatch):
     assert device.is_colab() is False
 
 
+@pytest.mark.slow
 def test_diagnose_on_this_machine():
     r = run_cli("diagnose", "--json", "--config", "configs/demo.yaml")
     assert r.returncode == 0, r.stderr

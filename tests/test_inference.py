@@ -86,6 +86,7 @@ def gappy_flights(tiny_flights, tmp_path):
 
 @pytest.mark.parametrize("t", [3, 5, 7])
 @pytest.mark.parametrize("head", ["probe", "joint"])
+@pytest.mark.slow
 def test_a_whole_flight_encoded_once_equals_window_by_window(gappy_flights, tmp_path, t, head):
     data, entries = gappy_flights
     raw = tiny_raw(data, entries, tmp_path / "cache")

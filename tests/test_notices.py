@@ -119,6 +119,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_a_red_problem_and_never_a_saved_checkpoint(tiny_flights, tmp_path, capsys):
     import ipywidgets  # noqa: F401 - the live view's widgets
 
@@ -289,6 +290,7 @@ def test_a_finished_command_without_epochs_never_says_no_epoch_finished(tmp_path
     assert view.label.value == "<b>finished</b>"
 
 
+@pytest.mark.slow
 def test_crossval_through_the_notebook_view_follows_its_folds(tiny_flights, tmp_path, capsys):
     """The real command, stopped in its second fold, then continued to the end."""
     import ipywidgets  # noqa: F401

@@ -128,6 +128,7 @@ def previous(request, tmp_path, monkeypatch):
     return prepare(request.param, tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 def test_a_finished_run_of_an_earlier_release_predicts_its_numbers(old):
     import xarray as xr
 
@@ -158,6 +159,7 @@ def test_a_finished_run_of_an_earlier_release_predicts_its_numbers(old):
                 )
 
 
+@pytest.mark.slow
 def test_a_finished_run_of_an_earlier_release_evaluates_to_its_numbers_and_keeps_its_files(old):
     from cloudml_lib.science.evaluate import evaluate_run
 
@@ -225,6 +227,7 @@ def assert_weights(weights: dict, old: str, twin: dict | None, keys: set, what: 
                                        atol=RESUME_ATOL, rtol=0, msg=f"{what}: {k}")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
     """d1cecbe and d1e9854 saved the best weights (with the cloud probe) as their final checkpoint and
     recorded them: the resumed run's best.pt must hold the same. 1c3d260 recorded its final checkpoint (the
@@ -260,6 +263,7 @@ def assert_same_numbers(now, want, path: str, exact: bool) -> None:
         assert now == want if exact else abs(now - want) <= RESUME_ATOL, (path, now, want)
 
 
+@pytest.mark.slow
 def test_a_cross_validation_of_the_previous_release_resumes_to_its_twins_results(previous):
     r = run_cli(
         "crossval", "--config", "config.yaml", "--no-controls", "--run-dir", "crossval", cwd=Path.cwd()
@@ -274,6 +278,7 @@ def test_a_cross_validation_of_the_previous_release_resumes_to_its_twins_results
     assert (fresh["data"]["validation"], fresh["train"]["last_batch"]) == ("test_flights", "split")
 
 
+@pytest.mark.slow
 def test_a_sweep_of_the_previous_release_resumes_to_its_twins_trials(previous):
     r = run_cli(
         "sweep", "--config", "config.yaml", "--space", "space.yaml", "--trials", "3", "--run-dir", "sweep",

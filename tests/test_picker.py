@@ -73,6 +73,7 @@ def text(shown) -> str:
     return "\n".join(x for x in shown if isinstance(x, str))
 
 
+@pytest.mark.slow
 def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
     ws, shown, flights, tiny_presets, monkeypatch
 ):

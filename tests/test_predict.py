@@ -169,6 +169,7 @@ def test_the_report_links_what_the_run_holds(tiny_run):
     assert len(links) == 4 and all((run_dir / link).is_file() for link in links)
 
 
+@pytest.mark.slow
 def test_host_memory_stays_flat_as_flights_get_longer(tiny_run, tmp_path, monkeypatch):
     import tracemalloc
 

@@ -168,6 +168,7 @@ def processes_with(text: str) -> list[int]:
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.slow
 def test_a_stop_during_the_cache_build_leaves_no_half_cache_and_no_orphan(tiny_flights, tmp_path, sig):
     cfg = cli_config(tiny_flights, tmp_path)
     args = ("train", "--config", cfg, "--run-dir", tmp_path / "run")
@@ -330,6 +331,7 @@ def test_leftovers_are_judged_by_host_and_process(tmp_path):
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_a_stop_while_a_worker_starts_prints_no_traceback(tiny_flights, tmp_path, sig):
     """Ctrl-C in a terminal (or a SIGTERM to the process group) that lands while a worker process is still
     starting, before it has set its own handlers: the worker must not print a KeyboardInterrupt traceback of

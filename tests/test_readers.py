@@ -168,6 +168,7 @@ FIFO_LIMIT_S = 120  # a command refusing a FIFO takes seconds; one waiting on it
 
 
 @pytest.mark.parametrize("name", [".lock", "metrics.jsonl", "train.log", "run.json", "evaluation.json"])
+@pytest.mark.slow
 def test_a_fifo_where_a_run_file_should_be_never_hangs_train_or_status(name, tiny_run, tmp_path):
     run_dir, data, entries = tiny_run
     run = tmp_path / "run"

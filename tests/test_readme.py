@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 DATA_PAGE = REPO / "docs" / "explanation" / "your-data.md"
@@ -25,6 +27,7 @@ def test_the_readme_opens_with_the_demo_and_the_test_command():
     )
 
 
+@pytest.mark.slow
 def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys):
     from cloudml_lib.commands.cli import main
 

@@ -103,6 +103,7 @@ def assert_same_run(run_dir, ref):
     "kill_at",
     ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3", "probe-fitted:1", "end-written:1"],
 )
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     cfg, ref, _ = setup
     run = tmp_path / "run"
@@ -127,6 +128,7 @@ def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
     assert_same_run(run, ref)
 
 
+@pytest.mark.slow
 def test_deterministic_switch_runs_and_changes_nothing_on_the_cpu(setup, tmp_path):
     """train.deterministic sets torch's deterministic algorithms for real (the log says so); on the CPU a
     run is deterministic anyway: killed and resumed with the switch on, it equals the reference bit for
@@ -142,6 +144,7 @@ def test_deterministic_switch_runs_and_changes_nothing_on_the_cpu(setup, tmp_pat
     assert_same_run(run, ref)
 
 
+@pytest.mark.slow
 def test_killed_twice_still_bit_identical(setup, tmp_path):
     cfg, ref, _ = setup
     run = tmp_path / "run"
@@ -164,6 +167,7 @@ def test_killed_twice_still_bit_identical(setup, tmp_path):
     assert_same_run(run, ref)
 
 
+@pytest.mark.slow
 def test_a_probe_fitted_for_another_step_is_fitted_again(setup, tmp_path):
     """best.pt's probe is kept only by the end it was fitted for: one recorded for another step (a run trained
     further since) or not recorded (an earlier release) is fitted again, the same as a first fit."""
@@ -184,6 +188,7 @@ def test_a_probe_fitted_for_another_step_is_fitted_again(setup, tmp_path):
         assert all(torch.equal(again["model"][k], first["model"][k]) for k in first["model"])
 
 
+@pytest.mark.slow
 def test_status_of_an_interrupted_run(setup, tmp_path):
     cfg, _, _ = setup
     run = tmp_path / "run"
@@ -223,6 +228,7 @@ def _corrupt_newest_then_resume(setup, tmp_path, damage):
     return resumed.stdout
 
 
+@pytest.mark.slow
 def test_truncated_newest_checkpoint_is_rejected(setup, tmp_path):
     def truncate(p):
         with open(p, "r+b") as f:
@@ -231,6 +237,7 @@ def test_truncated_newest_checkpoint_is_rejected(setup, tmp_path):
     assert "truncated or resized" in _corrupt_newest_then_resume(setup, tmp_path, truncate)
 
 
+@pytest.mark.slow
 def test_bit_flipped_newest_checkpoint_is_rejected(setup, tmp_path):
     def flip(p):
         data = bytearray(p.read_bytes())
@@ -245,6 +252,7 @@ class _Hostile:
         return (os.system, (f"touch {os.environ['CLOUDML_PWNED']}",))
 
 
+@pytest.mark.slow
 def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatch):
     """A crafted state.pt with a valid manifest and marker: loading refuses it, nothing runs."""
     import hashlib
@@ -270,6 +278,7 @@ def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatc
     assert_same_run(run, ref)
 
 
+@pytest.mark.slow
 def test_resume_from_a_chosen_checkpoint_sets_newer_ones_aside(setup, tmp_path):
     cfg, ref, _ = setup
     run = tmp_path / "run"
@@ -301,6 +310,7 @@ def test_a_finished_run_is_not_trained_again(setup):
     assert final_state(ref)["loop"]["step"] == before
 
 
+@pytest.mark.slow
 def test_math_changes_are_refused_harmless_ones_taken(setup, tmp_path):
     cfg, _, _ = setup
     run = tmp_path / "run"
@@ -358,6 +368,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
     assert not (run / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(setup, tmp_path):
     """A folder renamed by hand (here: to a step the run never reaches) would be the newest at every start
     and never pruned: the run would resume from it forever. Its content says where it is."""
@@ -378,6 +389,7 @@ def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(se
     assert again.returncode == 0 and "nothing to train" in again.stdout
 
 
+@pytest.mark.slow
 def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_once(setup, tmp_path):
     """Ownership is decided per folder, deletion per file: a run folder that is CloudML's can still hold what
     is not (a user's notes; another tool's checkpoint folders, older and newer than the run's, which a resume

@@ -85,6 +85,7 @@ def _acquire_at_once(run_dir, barrier, results):
         results.put(0)
 
 
+@pytest.mark.slow
 def test_two_trainers_starting_at_the_same_moment_never_both_get_the_lock(tmp_path):
     import multiprocessing as mp
 

@@ -239,6 +239,7 @@ DAMAGEABLE = [
 @pytest.mark.parametrize("where,name", DAMAGEABLE, ids=[f"{w}-{n}" for w, n in DAMAGEABLE])
 @PROPERTY
 @given(data=st.data())
+@pytest.mark.slow
 def test_compare_and_status_show_what_they_can_and_name_the_damaged_file(folders, capsys, where, name, data):
     folder = folders[where]
     path = folder / name

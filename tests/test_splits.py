@@ -187,6 +187,7 @@ def twin_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_permuting_the_test_flights_labels_changes_nothing_but_the_test_scores(twin_runs):
     """What defines an untouched test flight: same seed and config, the test labels permuted, and the run
     trains to the same weights, chooses the same epoch, fits the same probe and calibrates the same

@@ -69,6 +69,7 @@ def reference(files):
     return run
 
 
+@pytest.mark.slow
 def test_an_uninterrupted_sweep(reference):
     trials = study_of(reference)
     assert [t[0] for t in trials] == [0, 1, 2]
@@ -91,6 +92,7 @@ def test_an_uninterrupted_sweep(reference):
 @pytest.mark.parametrize(
     "kill_at,new_machine", [("step:26", False), ("step:26", True), ("sweep-told:2", True)]
 )
+@pytest.mark.slow
 def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, kill_at, new_machine):
     """Killed in trial 1's training (its 5th step) or right after trial 1's result was told, before the copy
     on "Drive" was refreshed; then run again on the same machine or on a new one (no local study)."""
@@ -111,6 +113,7 @@ def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, 
         assert "Study restored from" in again.stdout
 
 
+@pytest.mark.slow
 def test_more_trials_continue_a_finished_sweep_and_the_same_count_does_nothing(files, reference, tmp_path):
     cfg, space, _, _ = files
     import shutil
@@ -132,6 +135,7 @@ COMPARE_HEADER = (
 )
 
 
+@pytest.mark.slow
 def test_report_and_compare(files, tmp_path):
     """Four trials without pruning: the report's table and Optuna's two plots; compare's table."""
     cfg, _, tmp, _ = files
@@ -287,6 +291,7 @@ def test_a_flight_name_that_is_no_flight_is_refused_before_any_trial(files, tmp_
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow
 def test_a_trial_that_cannot_start_fails_with_its_reason_and_the_sweep_goes_on(files, tmp_path):
     """A batch larger than the training set passes the space check (it needs the data) and is refused at
     the trial's set-up: that trial is failed, with the reason in trial.json, status and the report, and
@@ -324,6 +329,7 @@ def test_a_sweep_whose_every_trial_fails_finishes_and_says_why(files, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_lost_or_damaged_journal_is_refused_and_rebuilt_only_when_asked(files, reference, tmp_path):
     """Deleted, emptied or damaged, study.journal is refused with what to do (nothing changed); with
     --rebuild-study the study is rebuilt from the trial folders, the very study the sweep had."""
@@ -349,6 +355,7 @@ def test_a_lost_or_damaged_journal_is_refused_and_rebuilt_only_when_asked(files,
     assert study_of(run) == study_of(reference)
 
 
+@pytest.mark.slow
 def test_stray_trial_folders_and_a_torn_journal_line_never_make_trials(files, reference, tmp_path):
     """--rebuild-study with a stray trials/999999999 looped for ever (a failed trial per missing number),
     trials/60 added 58 phantom trials; a journal whose last line a kill cut was accepted, then broke Optuna's
@@ -449,6 +456,7 @@ def test_a_run_command_on_a_sweep_folder_points_at_its_trials(files, reference):
     assert r.returncode == 2 and "--trials 0: expected a whole number of trials >= 1" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_crossval_objective_scores_each_trial_by_its_folds(files, tmp_path):
     cfg, _, _, _ = files
     space = tmp_path / "space.yaml"

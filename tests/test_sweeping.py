@@ -74,6 +74,7 @@ def test_without_optuna_the_sweep_says_so_and_run_all_goes_on(ws, shown, monkeyp
     assert "No matching distribution found" in out and "then run this cell again" in out
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_trial_by_trial_and_shows_its_report(own, shown, monkeypatch):
     pytest.importorskip("optuna")
     p = colab.Picker(own)

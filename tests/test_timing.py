@@ -110,6 +110,7 @@ def test_the_expected_time_comes_from_the_environment_checked():
 
 
 @pytest.mark.usefixtures("tiny_presets")
+@pytest.mark.slow
 def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_the_figure(
     ws, shown, tmp_path, monkeypatch
 ):
@@ -264,6 +265,7 @@ def test_the_batch_probes_first_guess_is_calibrated_by_an_earlier_run_on_this_ki
         ("peak_memory", {"peak_reserved_gib": "9 GiB"}),
     ],
 )
+@pytest.mark.slow
 def test_a_hand_edited_measurement_is_left_out_by_name(tmp_path, monkeypatch, field, value, caplog):
     """A hand-edited run.json ("measured.at" a string, "peak_memory" a list, "step_s" 1e-300) gave tracebacks
     in the picker, the preset table and `diagnose --runs`, and absurd figures "measured in your run X": each

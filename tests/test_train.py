@@ -203,6 +203,7 @@ def test_asking_for_cuda_without_a_gpu_is_explained(monkeypatch):
         device.choose_device("cuda")
 
 
+@pytest.mark.slow
 def test_two_phase_protocol_pretrains_then_fine_tunes_and_resumes_exactly(tiny_raw_config, tmp_path):
     import signal
 
