@@ -197,7 +197,8 @@ PAGE_FACTS = """() => {
     const w = document.createTreeWalker(o, NodeFilter.SHOW_TEXT);
     for (let n = w.nextNode(); n; n = w.nextNode()) {
       const el = n.parentElement;
-      if (!el || el.offsetParent === null) continue;
+      // not shown: hidden, or inside a closed <details> (laid out, but no text rendered)
+      if (!el || el.offsetParent === null || !(el.innerText || '').trim()) continue;
       const hit = n.textContent.split('\\n').map(x => x.trim().match(/^(?:✖\\s*)?(Problem:|Warning:|⚠)/))
                    .find(Boolean);
       const line = (el.closest('p, li, div, pre') || el).innerText || '';

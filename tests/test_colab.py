@@ -523,7 +523,9 @@ def test_a_cells_log_lines_are_folded_after_its_table_and_a_notice_is_shown_once
             log.info("flight 03Mar25: cached")
     notices = [s for s in shown if "3 frames are blank" in s and "<details>" not in s]
     assert len(notices) == 1, shown  # once, in amber
-    assert "shown above, by an earlier cell" in shown[-1] and "<details><summary>" in shown[-1]
+    assert "3 frames are blank (said above, by an earlier cell)" in shown[-1]
+    assert "Warning: flight 03Mar25" not in shown[-1]  # plain text in the fold, not a second notice
+    assert "<details><summary>" in shown[-1]
     assert "How each flight was cached: 2 lines (click to open)" in shown[-1]
     for h in [h for h in log.handlers if isinstance(h, live.NotebookLog)]:
         log.removeHandler(h)

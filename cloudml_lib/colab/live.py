@@ -110,7 +110,7 @@ class NotebookLog(logging.Handler):
             text = level_word(record.levelno) + self.format(record)
             notice = record.levelno >= logging.WARNING and in_notebook()
             if notice and text in NotebookLog.shown_notices and NotebookLog.folded is not None:
-                NotebookLog.folded.append(text + " (shown above, by an earlier cell)")
+                NotebookLog.folded.append(f"{self.format(record)} (said above, by an earlier cell)")
             elif notice:
                 from IPython.display import HTML
 
