@@ -153,17 +153,19 @@ def command_reference() -> str:
     return "\n\n".join(parts)
 
 
-COMMANDS_PAGE = REPO / "docs" / "reference" / "command-line.md"
-COMMANDS_MARK = "<!-- generated: tests/test_docs.py command_reference() -->\n"
+def generated_block(page: str, maker, to_end: bool) -> None:
+    """The block after `page`'s marker `<!-- generated: tests/test_docs.py maker() -->` (to the page's end, or
+    to the next blank line) equals `maker()`, the code's own table."""
+    mark = f"<!-- generated: tests/test_docs.py {maker.__name__}() -->\n"
+    text = (REPO / page).read_text()
+    assert mark in text, f"{page} lost its generated block's marker"
+    shown = text.split(mark, 1)[1]
+    shown = (shown if to_end else shown.split("\n\n", 1)[0]).strip()
+    assert shown == maker(), f"{page} is stale: replace the block after its marker with {maker.__name__}()"
 
 
 def test_the_command_reference_is_the_parsers():
-    text = COMMANDS_PAGE.read_text()
-    assert COMMANDS_MARK in text, "docs/reference/command-line.md lost its generated block's marker"
-    assert text.split(COMMANDS_MARK, 1)[1].strip() == command_reference(), (
-        "docs/reference/command-line.md is stale: replace what follows its marker with tests/test_docs.py's "
-        "command_reference()"
-    )
+    generated_block("docs/reference/command-line.md", command_reference, to_end=True)
 
 
 def variables_table() -> str:
@@ -194,18 +196,8 @@ def variables_table() -> str:
     return "\n".join(rows)
 
 
-NETCDF_PAGE = REPO / "docs" / "reference" / "netcdf.md"
-NETCDF_MARK = "<!-- generated: tests/test_docs.py variables_table() -->\n"
-
-
 def test_the_netcdf_variables_table_is_the_products_table():
-    text = NETCDF_PAGE.read_text()
-    assert NETCDF_MARK in text, "docs/reference/netcdf.md lost its generated block's marker"
-    shown = text.split(NETCDF_MARK, 1)[1].split("\n\n", 1)[0].strip()
-    assert shown == variables_table(), (
-        "docs/reference/netcdf.md's variables table is stale: replace the table after its marker with "
-        "tests/test_docs.py's variables_table()"
-    )
+    generated_block("docs/reference/netcdf.md", variables_table, to_end=False)
 
 
 def test_the_run_folder_page_names_every_file_a_run_writes():
