@@ -286,3 +286,18 @@ def test_the_advice_for_too_few_rows_is_enough_rows_after_the_downsampling(swath
     if swath[1] - swath[0] >= MIN_FRAME_SIDE:
         at_most = int(text.split("set data.downsample to at most ")[1].split(",")[0])
         build_config({"data": {"swath_slice": swath, "downsample": at_most}})
+
+
+def test_folders_expand_environment_variables_and_an_unset_one_is_refused_by_name(monkeypatch, tmp_path):
+    """$TMPDIR/cache is each cluster machine's own disk; an unset variable stops the command before it
+    starts, naming the key and the variable."""
+    monkeypatch.setenv("CLOUDML_TEST_DISK", str(tmp_path))
+    cfg = build_config({"data": {"cache_dir": "${CLOUDML_TEST_DISK}/cache", "dir": "$CLOUDML_TEST_DISK"}})
+    assert cfg.data.cache_dir == str(tmp_path / "cache") and cfg.data.dir == str(tmp_path)
+    monkeypatch.delenv("CLOUDML_TEST_DISK")
+    with pytest.raises(ConfigError) as e:
+        build_config({"data": {"cache_dir": "$CLOUDML_TEST_DISK/cache"}})
+    assert (
+        "data.cache_dir: '$CLOUDML_TEST_DISK/cache' names the environment variable $CLOUDML_TEST_DISK"
+        in str(e.value)
+    )

@@ -3,8 +3,10 @@ a killed or stopped process and the relaunch that resumes, cross-validation fold
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +209,235 @@ def test_a_sweep_runs_each_trial_with_all_processes_and_rank_0_writes(runs, tmp_
         assert json.loads((trial / "run.json").read_text())["processes"] == 2
         assert len(list((trial / "tensorboard").glob("events.out.tfevents.[0-9]*"))) == 1
     assert not list((tmp_path / "sweep2").glob(".lock*"))
+
+
+# ---- several machines: two torchrun "nodes" on localhost, each with its own cache folder ----------------
+
+
+def _turns(rank: int, world: int, init: str, out: str) -> None:
+    """One process of a 4-process job on two "machines" (local ranks 0, 1, 0, 1): main_first's turns."""
+    import time
+
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    dist = Dist(rank, world, rank % 2)
+
+    def build():
+        with open(out, "a") as f:
+            f.write(f"start {rank} {time.monotonic()}\n")
+        time.sleep(0.3)
+        with open(out, "a") as f:
+            f.write(f"end {rank} {time.monotonic()}\n")
+        return rank
+
+    assert dist.main_first(build) == rank
+    tdist.destroy_process_group()
+
+
+def test_each_machine_builds_once_after_rank_0_then_its_other_processes_open_it(tmp_path):
+    """Rank 0 first; then the first process of the other machine (its own disk); then everyone else."""
+    out = tmp_path / "turns.txt"
+    init = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(_turns, args=(4, init, str(out)), nprocs=4)
+    times = {}
+    for line in out.read_text().splitlines():
+        what, rank, t = line.split()
+        times[what, int(rank)] = float(t)
+    assert times["end", 0] <= times["start", 2]  # rank 0, then machine 2's first process (rank 2)
+    assert max(times["end", 0], times["end", 2]) <= min(times["start", 1], times["start", 3])
+
+
+def launch_nodes(args: list[str], disks: Path, nodes: int = 2, env: dict | None = None) -> list:
+    """`torchrun --nnodes 2 --nproc_per_node 1` twice on this machine, one c10d rendezvous; each "machine"
+    has its own $TMPDIR (a node-local disk). Returns each node's CompletedProcess."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node in range(nodes):
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDML_KILL")}
+        full_env.update(env or {}, TMPDIR=str(disks / f"node{node}"))
+        (disks / f"node{node}").mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc_per_node", "1"]
+        cmd += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", "nodes"]
+        cmd += ["--node_rank", str(node), "-m", "cloudml_lib", *args]
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        )
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out.decode(), err.decode()))
+    return done
+
+
+def node_local_config(cfg: Path, tmp: Path) -> Path:
+    """The runs' config with data.cache_dir on each machine's own disk ($TMPDIR, expanded on each)."""
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"]["cache_dir"] = "$TMPDIR/cloudml-cache"
+    out = tmp / "nodes.yaml"
+    out.write_text(yaml.safe_dump(raw))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_machines(runs, tmp_path_factory):
+    """The runs' config trained by two "machines" of one process each, caches on each one's own disk."""
+    cfg, _, _ = runs
+    tmp = tmp_path_factory.mktemp("nodes")
+    config, run, disks = node_local_config(cfg, tmp), tmp / "run", tmp / "disks"
+    done = launch_nodes(train_args(config, run), disks)
+    assert all(r.returncode == 0 for r in done), [r.stderr[-3000:] for r in done]
+    return config, run, disks
+
+
+@pytest.mark.slow
+def test_two_machines_train_the_same_model_as_one_each_building_its_own_caches(runs, two_machines):
+    _, one, _ = runs
+    _, run, disks = two_machines
+    for node in (0, 1):  # each machine built the three flights' caches on its own disk
+        assert len(list((disks / f"node{node}" / "cloudml-cache").glob("0*Mar25-*"))) == 3
+    a, b = weights(one / "best.pt"), weights(run / "best.pt")
+    for k in a:
+        if k != SHIFT_ONLY:
+            assert torch.allclose(a[k].double(), b[k].double(), atol=1e-4), k
+    info = json.loads((run / "run.json").read_text())
+    assert info["processes"] == 2 and info["machines"] == 2
+    assert "batch 5 over 2 processes on 2 machines" in (run / "train.log").read_text()
+
+
+# ---- the SLURM recipe of docs/how-to/cluster.md, run as written with stand-ins for srun and scontrol -------
+
+FAKE_SRUN = """#!{python}
+# srun's stand-in: the command once per "machine" of the job, each with its own $TMPDIR; signals passed on
+import os, signal, subprocess, sys, time
+args = sys.argv[1:]
+while args[0].startswith("--"):
+    args.pop(0)
+tasks = []
+for node in range(int(os.environ["SLURM_JOB_NUM_NODES"])):
+    disk = os.path.join(os.environ["FAKE_SLURM"], "node%d" % node)
+    os.makedirs(disk, exist_ok=True)
+    env = dict(os.environ, SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_LOCALID="0", TMPDIR=disk)
+    tasks.append(subprocess.Popen(args, env=env))
+def forward(signum, frame):
+    for t in tasks:
+        if t.poll() is None:
+            t.send_signal(signum)
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+while any(t.poll() is None for t in tasks):
+    time.sleep(0.2)
+sys.exit(max(abs(t.returncode) for t in tasks))
+"""
+
+FAKE_SCONTROL = """#!/bin/bash
+# scontrol's stand-in: every machine of the job is this one; a requeue is written down
+case "$1" in
+    show) for _ in $(seq "$SLURM_JOB_NUM_NODES"); do echo localhost; done ;;
+    requeue) echo "$2" >> "$FAKE_SLURM/requeued" ;;
+    *) echo "scontrol stand-in: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def batch_script() -> str:
+    text = (REPO / "docs" / "how-to" / "cluster.md").read_text()
+    start = text.index("```bash\n#!/bin/bash\n") + len("```bash\n")
+    return text[start : text.index("```", start)]
+
+
+def stand_ins(folder: Path) -> Path:
+    """A folder for PATH: srun, scontrol and python (this interpreter)."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (
+        ("srun", FAKE_SRUN.format(python=sys.executable)),
+        ("scontrol", FAKE_SCONTROL),
+        ("python", f'#!/bin/bash\nexec "{sys.executable}" "$@"\n'),
+    ):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def stopped_process(marker: str) -> int | None:
+    """The pid of a process stopped (state T) whose environment holds `marker`, or None."""
+    for proc in Path("/proc").iterdir():
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "T" and marker.encode() in (proc / "environ").read_bytes():
+                return int(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def free_port_job_id() -> int:
+    """A job id whose rendezvous port (29500 + id % 1000, as the script says) is free here."""
+    import socket
+
+    for port in range(29500 + os.getpid() % 500, 30500):
+        with socket.socket() as s:
+            try:
+                s.bind(("localhost", port))
+            except OSError:
+                continue
+        return 7000 + port - 29500
+    pytest.skip("no free port in 29500-30499")
+
+
+def sbatch(script: Path, home: Path, fake: Path, job: int, extra: dict | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDML_KILL", "SLURM_"))}
+    env.update(
+        PATH=f"{fake / 'bin'}{os.pathsep}{env['PATH']}",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])),
+        HOME=str(home),
+        FAKE_SLURM=str(fake),
+        SLURM_JOB_ID=str(job),
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_GPUS_ON_NODE="1",
+    )
+    env.update(extra or {})
+    return subprocess.Popen(
+        ["bash", str(script)], cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+@pytest.mark.slow
+def test_the_slurm_recipe_stops_at_the_time_limit_requeues_and_resumes_to_the_same_weights(
+    two_machines, tmp_path
+):
+    config, uninterrupted, _ = two_machines
+    home, fake = tmp_path / "home", tmp_path / "slurm"
+    home.mkdir()
+    (home / "my_flights.yaml").write_text(config.read_text())  # the script's CONFIG, in its folder
+    stand_ins(fake)
+    script = home / "cloudml.sbatch"
+    script.write_text(batch_script())
+    run, job = home / "runs" / "cbh1", free_port_job_id()
+    # rank 0 halts after its 4th step (after the first checkpoint), so that the limit comes mid-run
+    job_run = sbatch(script, home, fake, job, {"CLOUDML_KILL_AT": "step:4:SIGSTOP", "CLOUDML_KILL_RANK": "0"})
+    deadline = time.monotonic() + 240
+    while (halted := stopped_process(f"FAKE_SLURM={fake}")) is None:
+        assert job_run.poll() is None and time.monotonic() < deadline, job_run.communicate()[0][-3000:]
+        time.sleep(0.2)
+    os.kill(job_run.pid, signal.SIGUSR1)  # what --signal=B:USR1@120 sends 120 s before the limit
+    time.sleep(2)  # the script passes SIGTERM on: srun, torchrun, the processes (rank 0's waits for it)
+    os.kill(halted, signal.SIGCONT)
+    out = job_run.communicate(timeout=300)[0]
+    assert "time limit near: the run stops at a checkpoint" in out
+    assert f"run {run}: stopped" in out, out[-3000:]
+    assert (fake / "requeued").read_text().split() == [str(job)]  # the script put the job back
+    assert read_meta(find_checkpoints(run)[0])["reason"] == "SIGTERM"
+    # SLURM starts the requeued job: the same script, SLURM_RESTART_COUNT=1
+    out = sbatch(script, home, fake, job, {"SLURM_RESTART_COUNT": "1"}).communicate(timeout=300)[0]
+    assert f"run {run}: finished (training exited with 0)" in out, out[-3000:]
+    assert (fake / "requeued").read_text().split() == [str(job)]  # not requeued again
+    assert "Resumed from step" in (run / "train.log").read_text()
+    a, b = weights(uninterrupted / "best.pt"), weights(run / "best.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # as if never interrupted

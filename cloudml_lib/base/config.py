@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -182,7 +183,10 @@ class DataConfig:
         resume=NEW,
     )
     cache_dir: str = _f(
-        "", "preprocessing cache, best on a fast local disk; empty: <data.dir>/cache", resume=NEW
+        "",
+        "preprocessing cache, best on a fast local disk (on a cluster, each machine's own: e.g. "
+        "$SLURM_TMPDIR/cache; ~ and environment variables are expanded); empty: <data.dir>/cache",
+        resume=NEW,
     )
     cache_copy_dir: str = _f(
         "",
@@ -851,11 +855,24 @@ def cuda_graph_refusal(mode: str) -> str:
 PATH_KEYS = ("dir", "cache_dir", "cache_copy_dir")
 
 
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")  # $NAME or ${NAME}
+
+
 def _absolute_paths(d: DataConfig) -> None:
+    """Each folder made absolute, `~` and environment variables (`$SLURM_TMPDIR/cache`: a node-local disk
+    whose path each machine of a cluster job knows) expanded where the config is built; an unset one is
+    refused by name."""
     for key in PATH_KEYS:
         value = getattr(d, key)
         if value:
-            setattr(d, key, os.path.abspath(os.path.expanduser(value)))
+            missing = [m.group(1) or m.group(2) for m in _VARIABLE.finditer(value)]
+            missing = [name for name in missing if name not in os.environ]
+            if missing:
+                raise ConfigError(
+                    f"data.{key}: {value!r} names the environment variable ${missing[0]}, which is not set "
+                    "here; set it before the command, or give the folder itself"
+                )
+            setattr(d, key, os.path.abspath(os.path.expanduser(os.path.expandvars(value))))
 
 
 MAX_PROBLEMS = 25  # listed in one message; the rest counted

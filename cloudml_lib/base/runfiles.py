@@ -150,7 +150,15 @@ COMPILE = Obj(
 RUN_INFO = Obj(
     {
         k: OPT_INT
-        for k in ("processes", "total_steps", "steps_per_epoch", "epochs", "batch_size", "start_step")
+        for k in (
+            "processes",
+            "machines",
+            "total_steps",
+            "steps_per_epoch",
+            "epochs",
+            "batch_size",
+            "start_step",
+        )
     }
     | {"device": OPT_TEXT, "started_at": OPT_NUM, "compile": Maybe(COMPILE)}
     | {

@@ -546,7 +546,9 @@ def describe_parts(
         describe_device(device),
         precision.name,
         cfg.train.batch_size,
-        f" over {dist.world} processes (BatchNorm over the whole batch)" if dist.active else "",
+        f" over {dist.world} processes{on_machines(dist)} (BatchNorm over the whole batch)"
+        if dist.active
+        else "",
         steps_per_epoch,
         num_workers,
     )
@@ -578,6 +580,7 @@ def start(
     run_info.start(
         {
             "processes": state.dist.world,
+            "machines": state.dist.machines,
             "total_steps": parts.total_steps,
             "steps_per_epoch": parts.steps_per_epoch,
             "epochs": cfg.train.epochs,
@@ -591,3 +594,7 @@ def start(
         },
         found is not None,
     )
+
+
+def on_machines(dist: Dist) -> str:
+    return f" on {dist.machines} machines" if dist.machines > 1 else ""

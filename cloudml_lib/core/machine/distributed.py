@@ -1,4 +1,5 @@
-"""Several processes, one run: `torchrun --nproc_per_node N -m cloudml_lib train --config FILE`.
+"""Several processes, one run: `torchrun --nproc_per_node N -m cloudml_lib train --config FILE`, on one
+machine or several (`--nnodes M` with a c10d rendezvous; docs/how-to/cluster.md).
 
 What this module owns:
 - `Dist`: this process's rank and the few collectives the trainer needs (sums, agreement, objects
@@ -35,8 +36,9 @@ TIMEOUT = timedelta(minutes=60)
 class Dist:
     """This process's place in the job; collectives that are no-ops with one process."""
 
-    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):
+    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, machines: int = 1):
         self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.machines = machines  # torchrun's --nnodes (its GROUP_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -83,24 +85,38 @@ class Dist:
         return out
 
     def main_first(self, fn):
-        """Rank 0 runs `fn` first (it may write, e.g. build a cache); the others run it once it
-        succeeded, and stop with rank 0's message when it failed."""
+        """`fn` (which may write: a flight's cache, the demo flights) in three turns: rank 0 first; then the
+        first process of every other machine (a node-local cache folder is built there, or copied from
+        data.cache_copy_dir, once per machine; on a shared folder it finds rank 0's); then every other
+        process, which finds its machine's. A failure in any turn stops every process with its message."""
         if not self.active:
             return fn()
-        error, result = None, None
-        if self.is_main:
-            try:
-                result = fn()
-            except Exception as e:  # noqa: BLE001 - re-raised below, after the others know
-                error = e
-        message = self.from_main(None if error is None else f"{type(error).__name__}: {error}")
-        if error is not None:
-            raise error
-        if message is not None:
-            from cloudml_lib.base.errors import CloudMLError
+        result = None
+        for turn in range(3):
+            error = None
+            if self.turn == turn:
+                try:
+                    result = fn()
+                except Exception as e:  # noqa: BLE001 - re-raised below, after the others know
+                    error = e
+            messages = self.gather(None if error is None else f"{type(error).__name__}: {error}")
+            if error is not None:
+                raise error
+            failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
+            if failed:
+                from cloudml_lib.base.errors import CloudMLError
 
-            raise CloudMLError(f"rank 0 stopped during set-up ({message.splitlines()[0]}); see its message")
-        return result if self.is_main else fn()
+                rank, message = failed[0]
+                raise CloudMLError(
+                    f"rank {rank} stopped during set-up ({message.splitlines()[0]}); see its message"
+                )
+        return result
+
+    @property
+    def turn(self) -> int:
+        """This process's turn in main_first: 0 for rank 0, 1 for the first process of another machine
+        (torchrun's LOCAL_RANK 0), 2 for the others."""
+        return 0 if self.rank == 0 else 1 if self.local_rank == 0 else 2
 
     def barrier(self) -> None:
         if self.active:
@@ -134,8 +150,9 @@ def init_distributed(
             "torchrun --nproc_per_node N -m cloudml_lib ..., or unset WORLD_SIZE for one process"
         )
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    machines = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     if tdist.is_initialized():
-        return Dist(rank, world, local_rank)
+        return Dist(rank, world, local_rank, machines)
     cuda = torch.cuda.is_available() and device_preference != "cpu"
     if cuda:
         if local_rank >= torch.cuda.device_count():
@@ -156,7 +173,7 @@ def init_distributed(
     if rank != 0:
         logging.getLogger("cloudml_lib").setLevel(logging.WARNING)  # one copy of each progress line: rank 0's
     log.info("Distributed: %d processes (%s), this is rank %d", world, backend, rank)
-    return Dist(rank, world, local_rank)
+    return Dist(rank, world, local_rank, machines)
 
 
 _LOST = (
