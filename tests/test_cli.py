@@ -1,12 +1,15 @@
 import argparse
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from cloudml_lib.commands.cli import main
 
@@ -260,3 +263,24 @@ def test_labels_exits_2_naming_an_unusable_flight(tiny_raw_config, tmp_path, cap
     name = tiny_raw_config["data"]["flights"][1]["name"]
     assert f"\n{name} " in out  # the table is printed all the same
     assert f"error: 1 of 3 flights cannot be used ({name})" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_the_pipe_early_is_no_error():
+    """`diagnose | head -n 1`: the reader leaves; the command stops quietly, exit 141 (128 + SIGPIPE)
+    as a shell would report it, without a traceback."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cloudml_lib", "diagnose"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdout.close()  # before the command has written anything
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err

@@ -431,12 +431,12 @@ def test_the_slurm_recipe_stops_at_the_time_limit_requeues_and_resumes_to_the_sa
     os.kill(halted, signal.SIGCONT)
     out = job_run.communicate(timeout=300)[0]
     assert "time limit near: the run stops at a checkpoint" in out
-    assert f"run {run}: stopped" in out, out[-3000:]
+    assert "training exited with 0" not in out and f"{run}: stopped (resumable)" in out, out[-3000:]
     assert (fake / "requeued").read_text().split() == [str(job)]  # the script put the job back
     assert read_meta(find_checkpoints(run)[0])["reason"] == "SIGTERM"
     # SLURM starts the requeued job: the same script, SLURM_RESTART_COUNT=1
     out = sbatch(script, home, fake, job, {"SLURM_RESTART_COUNT": "1"}).communicate(timeout=300)[0]
-    assert f"run {run}: finished (training exited with 0)" in out, out[-3000:]
+    assert "training exited with 0" in out and f"{run}: finished" in out, out[-3000:]
     assert (fake / "requeued").read_text().split() == [str(job)]  # not requeued again
     assert "Resumed from step" in (run / "train.log").read_text()
     a, b = weights(uninterrupted / "best.pt"), weights(run / "best.pt")

@@ -607,6 +607,9 @@ def _run(args) -> int:
     except CloudMLError as e:
         _print_error(str(e))
         return 2
+    except BrokenPipeError:  # the reader of the output left (`status RUN | head -n 1`): nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
     except OSError as e:
         message = explain_os_error(e, _places(args), resumes=args.command in ("train", "crossval", "sweep"))
         if message is None:
