@@ -20,6 +20,7 @@ from typing import Literal
 
 import yaml
 
+from cloudml_lib.base import bucket
 from cloudml_lib.base.errors import ConfigError, shown
 from cloudml_lib.base.yamlfile import loads, read_yaml
 
@@ -186,8 +187,9 @@ class DataConfig:
     )
     cache_copy_dir: str = _f(
         "",
-        "a lasting copy of the cache (e.g. on Drive): a flight's cache is copied from it "
-        "when data.cache_dir lacks it, and copied to it after being built; empty: none",
+        "a lasting copy of the cache: a folder (e.g. on Drive) or a bucket's URL (gs://BUCKET/folder with "
+        "gcsfs, s3://... with s3fs, any fsspec URL); a flight's cache is copied from it (its checksum "
+        "checked) when data.cache_dir lacks it, and copied to it after being built; empty: none",
         resume=NEW,
     )
     demo: bool = _f(
@@ -738,9 +740,28 @@ def check_validation(d: DataConfig, training: list[str]) -> list[str]:
 
 def _check_cross_field(cfg: Config, problems: list[str]) -> None:
     """Rules that involve more than one key."""
+    _check_places(cfg.data, problems)
     _check_flights(cfg.data, problems)
     _check_frames(cfg.data, problems)
     _check_settings(cfg, problems)
+
+
+def _check_places(d: DataConfig, problems: list[str]) -> None:
+    """A URL (scheme://...) is a bucket: valid for the cache's lasting copy alone (its scheme known, the
+    package that reads it installed); the flights and the cache itself are read from a local disk."""
+    for key in PATH_KEYS:
+        value = getattr(d, key)
+        if not bucket.is_url(value):
+            continue
+        if key == "cache_copy_dir":
+            problem = bucket.url_problem(f"data.{key}", value)
+            problems.extend([problem] if problem else [])
+        else:
+            problems.append(
+                f"data.{key}: {shown(value)} is a URL, but data.{key} must be a folder on this machine "
+                "(the cache is read from a local disk at every step); a bucket can hold the cache's lasting "
+                "copy: data.cache_copy_dir"
+            )
 
 
 def _check_flights(d: DataConfig, problems: list[str]) -> None:
@@ -848,13 +869,14 @@ def cuda_graph_refusal(mode: str) -> str:
 
 # Folders a config names: made absolute when the config is built, so that a run records where its data and
 # cache are, and every later command (evaluate, predict, resume) finds them from any working directory.
+# A bucket's URL (data.cache_copy_dir) is kept as written.
 PATH_KEYS = ("dir", "cache_dir", "cache_copy_dir")
 
 
 def _absolute_paths(d: DataConfig) -> None:
     for key in PATH_KEYS:
         value = getattr(d, key)
-        if value:
+        if value and not bucket.is_url(value):
             setattr(d, key, os.path.abspath(os.path.expanduser(value)))
 
 
