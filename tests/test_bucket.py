@@ -143,7 +143,22 @@ def test_a_url_is_checked_when_the_config_is_built_and_kept_as_written(monkeypat
     monkeypatch.setenv("CLOUDML_PARENT_PID", "1")  # a command a notebook started: a cell's command
     with pytest.raises(ConfigError, match="`%pip install cloudml_absent_pkg`"):
         build_config({"data": {"cache_copy_dir": "cloudmltest://bucket/cache"}})
+    stored = build_config({"data": {"cache_copy_dir": "cloudmltest://bucket/cache"}}, packages=False)
+    assert stored.data.cache_copy_dir == "cloudmltest://bucket/cache"  # a stored run's: evaluated elsewhere
     with pytest.raises(ConfigError, match=r"scheme nosuch://, which fsspec does not know; valid: .*gs://"):
         build_config({"data": {"cache_copy_dir": "nosuch://bucket/cache"}})
     with pytest.raises(ConfigError, match=r"data.cache_dir: 'memory://b/c' is a URL, but .* a folder"):
         build_config({"data": {"cache_dir": "memory://b/c"}})
+
+
+def test_a_stored_config_whose_bucket_package_is_missing_builds_the_cache(tiny_config, caplog, monkeypatch):
+    """A run trained with gs:// evaluated where gcsfs is not installed: its cache is built, said twice."""
+    from fsspec.registry import known_implementations
+
+    monkeypatch.setitem(known_implementations, "cloudmltest", {"class": "cloudml_absent_pkg.FS", "err": "no"})
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = "cloudmltest://bucket/cache"
+    built = load_flight_cache(flight, data)
+    assert built.source == "built"
+    assert "could not use the cache copy in cloudmltest://bucket/cache/" in caplog.text
+    assert "could not copy its cache to cloudmltest://bucket/cache/" in caplog.text

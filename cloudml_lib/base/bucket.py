@@ -35,9 +35,10 @@ def is_url(value) -> bool:
     return isinstance(value, str) and SCHEME.match(value) is not None
 
 
-def url_problem(key: str, url: str) -> str | None:
-    """What makes `url` unusable for `key`, in words (an unknown scheme, no bucket, the scheme's package not
-    installed, with the command that installs it); None where it can be used. Nothing is contacted."""
+def url_problem(key: str, url: str, packages: bool = True) -> str | None:
+    """What makes `url` unusable for `key`, in words (an unknown scheme, no bucket, and with `packages` the
+    scheme's package not installed, with the command that installs it); None where it can be used. Nothing
+    is contacted."""
     import fsspec
     from fsspec.registry import known_implementations, registry
 
@@ -49,6 +50,8 @@ def url_problem(key: str, url: str) -> str | None:
         )
     if not url[len(scheme) + 3 :].strip("/"):
         return f"{key}: {shown(url)} names no bucket; give e.g. {scheme}://BUCKET/cloudml/cache"
+    if not packages:
+        return None
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError:
@@ -81,6 +84,12 @@ class Prefix:
     url: str
     fs: object
     root: str
+
+    @property
+    def place(self) -> str:
+        """The URL a marker records: the file system's own spelling (gcs:// and gs://, a trailing slash:
+        one place)."""
+        return self.fs.unstrip_protocol(self.root)
 
     def path(self, rel: str = "") -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -139,7 +148,7 @@ def marker_kind(prefix: Prefix) -> str | None:
             "cannot be told to be CloudML's. Move that object away, or choose another place. Nothing was "
             "written."
         ) from None
-    return doc["kind"] if doc.get("folder") in (None, prefix.url) else None
+    return doc["kind"] if doc.get("folder") in (None, prefix.place) else None
 
 
 def claim(prefix: Prefix, kind: Kind) -> Prefix:
@@ -166,7 +175,7 @@ def claim(prefix: Prefix, kind: Kind) -> Prefix:
                 "never among other objects, and it replaces or deletes nothing it did not write. Give a new "
                 "or empty prefix (e.g. a subfolder: .../cloudml/cache). Nothing was written."
             )
-        prefix.write_json(MARKER, {"kind": kind.name, "by": "CloudML", "folder": prefix.url})
+        prefix.write_json(MARKER, {"kind": kind.name, "by": "CloudML", "folder": prefix.place})
         _write_ledger(prefix, set())
     return prefix
 
@@ -183,7 +192,7 @@ def listed(prefix: Prefix) -> set[str]:
 
 
 def _write_ledger(prefix: Prefix, created: set[str]) -> None:
-    prefix.write_json(LEDGER, {"by": "CloudML", "folder": prefix.url, "created": sorted(created)})
+    prefix.write_json(LEDGER, {"by": "CloudML", "folder": prefix.place, "created": sorted(created)})
 
 
 def add(prefix: Prefix, rel: str) -> None:

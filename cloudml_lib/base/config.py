@@ -738,23 +738,24 @@ def check_validation(d: DataConfig, training: list[str]) -> list[str]:
     return out
 
 
-def _check_cross_field(cfg: Config, problems: list[str]) -> None:
+def _check_cross_field(cfg: Config, problems: list[str], packages: bool = True) -> None:
     """Rules that involve more than one key."""
-    _check_places(cfg.data, problems)
+    _check_places(cfg.data, problems, packages)
     _check_flights(cfg.data, problems)
     _check_frames(cfg.data, problems)
     _check_settings(cfg, problems)
 
 
-def _check_places(d: DataConfig, problems: list[str]) -> None:
-    """A URL (scheme://...) is a bucket: valid for the cache's lasting copy alone (its scheme known, the
-    package that reads it installed); the flights and the cache itself are read from a local disk."""
+def _check_places(d: DataConfig, problems: list[str], packages: bool = True) -> None:
+    """A URL (scheme://...) is a bucket: valid for the cache's lasting copy alone (its scheme known, and, with
+    `packages`, the package that reads it installed); the flights and the cache itself are read from a local
+    disk."""
     for key in PATH_KEYS:
         value = getattr(d, key)
         if not bucket.is_url(value):
             continue
         if key == "cache_copy_dir":
-            problem = bucket.url_problem(f"data.{key}", value)
+            problem = bucket.url_problem(f"data.{key}", value, packages)
             problems.extend([problem] if problem else [])
         else:
             problems.append(
@@ -906,12 +907,14 @@ def renamed_keys(raw, problems: list[str] | None = None):
     return out
 
 
-def build_config(raw: dict | None, source: str = "config") -> Config:
+def build_config(raw: dict | None, source: str = "config", packages: bool = True) -> Config:
+    """A Config from a nested dict, every problem collected and named. `packages`: a bucket URL's package
+    must be installed (False for a stored run's config: evaluating it elsewhere needs no bucket)."""
     problems: list[str] = []
     raw = renamed_keys(raw or {}, problems)
     cfg = _build(Config, raw, "", problems)
     if not problems:
-        _check_cross_field(cfg, problems)
+        _check_cross_field(cfg, problems, packages)
     if problems:
         more = len(problems) - MAX_PROBLEMS
         shown_problems = problems[:MAX_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
@@ -1099,4 +1102,4 @@ def config_from_dict(d: dict) -> Config:
         d = copy.deepcopy(d)
         for key, value in old.items():
             _put(d, key, value)
-    return build_config(d, source="stored config")
+    return build_config(d, source="stored config", packages=False)
