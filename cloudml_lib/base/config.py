@@ -974,11 +974,12 @@ def resume_rules() -> dict[str, str]:
 def derive(cfg: Config, changes: dict) -> Config:
     """A new Config: `cfg` with `changes` ({"section.key": value}), validated like a loaded one. The config a
     user loaded is never changed: a run's resolved values (its flights, a measured batch size), a fold's
-    test flight or a phase's flights are a derived config, recorded in the run."""
+    test flight or a phase's flights are a derived config, recorded in the run. A bucket's package was checked
+    where `cfg` was loaded (a stored run's config, evaluated elsewhere, needs none)."""
     raw = cfg.to_dict()
     for key, value in changes.items():
         _put(raw, key, _plain(value))
-    return build_config(raw, source="derived config")
+    return build_config(raw, source="derived config", packages=False)
 
 
 def _put(raw: dict, key: str, value) -> None:
