@@ -2,6 +2,7 @@
 system standing in for gs:// and s3://."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from cloudml_lib.base import bucket
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.data import cache as cache_mod
-from cloudml_lib.data.cache import cache_key, load_flight_cache
+from cloudml_lib.data.cache import cache_folders, cache_key, check_folder_settings, load_flight_cache
 
 URL = "memory://bucket/cloudml/cache"
 
@@ -131,7 +132,10 @@ def test_a_failed_upload_is_a_warning(tiny_config, store, caplog, monkeypatch):
 def test_a_url_is_checked_when_the_config_is_built_and_kept_as_written(monkeypatch):
     from fsspec.registry import known_implementations
 
-    assert build_config({"data": {"cache_copy_dir": URL}}).data.cache_copy_dir == URL  # not made a path
+    data = build_config({"data": {"cache_copy_dir": URL, "cache_dir": "c"}}).data
+    assert data.cache_copy_dir == URL  # not made a path, as a relative folder is
+    check_folder_settings(data)  # no folder to check
+    assert cache_folders(data) == (Path("c").absolute(),)  # a bucket is not searched for flight files
     monkeypatch.setitem(  # a scheme whose package is not installed (as gcsfs for gs:// off Colab)
         known_implementations, "cloudmltest", {"class": "cloudml_absent_pkg.FS", "err": "install it"}
     )
