@@ -7,6 +7,8 @@
 - files.py      files opened without blocking and checked on the descriptor (a regular file, never a FIFO)
 - ownership.py  which folders are CloudML's: its .cloudml marker, or an earlier release's files that verify
 - ledger.py     within such a folder, what CloudML created (.cloudml-files): all it may replace or delete
+- bucket.py     a folder in a bucket (an fsspec URL: gs://, s3://): its scheme's package, the same marker and
+                ledger as a folder's
 - layout.py     a run folder's layout (`RunLayout`): every file and folder name a run writes, once
 - outputs.py    atomic writes, appends that never go through a link, folders CloudML may write into
 - yamlfile.py   YAML read safely;  logs.py  the package's log (screen and train.log)

@@ -21,6 +21,7 @@ from typing import Literal
 
 import yaml
 
+from cloudml_lib.base import bucket
 from cloudml_lib.base.errors import ConfigError, shown
 from cloudml_lib.base.yamlfile import loads, read_yaml
 
@@ -190,8 +191,9 @@ class DataConfig:
     )
     cache_copy_dir: str = _f(
         "",
-        "a lasting copy of the cache (e.g. on Drive): a flight's cache is copied from it "
-        "when data.cache_dir lacks it, and copied to it after being built; empty: none",
+        "a lasting copy of the cache: a folder (e.g. on Drive) or a bucket's URL (gs://BUCKET/folder with "
+        "gcsfs, s3://... with s3fs, any fsspec URL); a flight's cache is copied from it (its checksum "
+        "checked) when data.cache_dir lacks it, and copied to it after being built; empty: none",
         resume=NEW,
     )
     demo: bool = _f(
@@ -740,11 +742,31 @@ def check_validation(d: DataConfig, training: list[str]) -> list[str]:
     return out
 
 
-def _check_cross_field(cfg: Config, problems: list[str]) -> None:
+def _check_cross_field(cfg: Config, problems: list[str], packages: bool = True) -> None:
     """Rules that involve more than one key."""
+    _check_places(cfg.data, problems, packages)
     _check_flights(cfg.data, problems)
     _check_frames(cfg.data, problems)
     _check_settings(cfg, problems)
+
+
+def _check_places(d: DataConfig, problems: list[str], packages: bool = True) -> None:
+    """A URL (scheme://...) is a bucket: valid for the cache's lasting copy alone (its scheme known, and, with
+    `packages`, the package that reads it installed); the flights and the cache itself are read from a local
+    disk."""
+    for key in PATH_KEYS:
+        value = getattr(d, key)
+        if not bucket.is_url(value):
+            continue
+        if key == "cache_copy_dir":
+            problem = bucket.url_problem(f"data.{key}", value, packages)
+            problems.extend([problem] if problem else [])
+        else:
+            problems.append(
+                f"data.{key}: {shown(value)} is a URL, but data.{key} must be a folder on this machine "
+                "(the cache is read from a local disk at every step); a bucket can hold the cache's lasting "
+                "copy: data.cache_copy_dir"
+            )
 
 
 def _check_flights(d: DataConfig, problems: list[str]) -> None:
@@ -852,6 +874,7 @@ def cuda_graph_refusal(mode: str) -> str:
 
 # Folders a config names: made absolute when the config is built, so that a run records where its data and
 # cache are, and every later command (evaluate, predict, resume) finds them from any working directory.
+# A bucket's URL (data.cache_copy_dir) is kept as written.
 PATH_KEYS = ("dir", "cache_dir", "cache_copy_dir")
 
 
@@ -864,7 +887,7 @@ def _absolute_paths(d: DataConfig) -> None:
     refused by name."""
     for key in PATH_KEYS:
         value = getattr(d, key)
-        if value:
+        if value and not bucket.is_url(value):  # a bucket's URL is kept as written
             missing = [m.group(1) or m.group(2) for m in _VARIABLE.finditer(value)]
             missing = [name for name in missing if name not in os.environ]
             if missing:
@@ -901,12 +924,14 @@ def renamed_keys(raw, problems: list[str] | None = None):
     return out
 
 
-def build_config(raw: dict | None, source: str = "config") -> Config:
+def build_config(raw: dict | None, source: str = "config", packages: bool = True) -> Config:
+    """A Config from a nested dict, every problem collected and named. `packages`: a bucket URL's package
+    must be installed (False for a stored run's config: evaluating it elsewhere needs no bucket)."""
     problems: list[str] = []
     raw = renamed_keys(raw or {}, problems)
     cfg = _build(Config, raw, "", problems)
     if not problems:
-        _check_cross_field(cfg, problems)
+        _check_cross_field(cfg, problems, packages)
     if problems:
         more = len(problems) - MAX_PROBLEMS
         shown_problems = problems[:MAX_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
@@ -966,11 +991,12 @@ def resume_rules() -> dict[str, str]:
 def derive(cfg: Config, changes: dict) -> Config:
     """A new Config: `cfg` with `changes` ({"section.key": value}), validated like a loaded one. The config a
     user loaded is never changed: a run's resolved values (its flights, a measured batch size), a fold's
-    test flight or a phase's flights are a derived config, recorded in the run."""
+    test flight or a phase's flights are a derived config, recorded in the run. A bucket's package was checked
+    where `cfg` was loaded (a stored run's config, evaluated elsewhere, needs none)."""
     raw = cfg.to_dict()
     for key, value in changes.items():
         _put(raw, key, _plain(value))
-    return build_config(raw, source="derived config")
+    return build_config(raw, source="derived config", packages=False)
 
 
 def _put(raw: dict, key: str, value) -> None:
@@ -1094,4 +1120,4 @@ def config_from_dict(d: dict) -> Config:
         d = copy.deepcopy(d)
         for key, value in old.items():
             _put(d, key, value)
-    return build_config(d, source="stored config")
+    return build_config(d, source="stored config", packages=False)

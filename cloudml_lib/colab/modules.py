@@ -7,6 +7,7 @@ MODULES = (
     "__init__.py",
     "__main__.py",
     "base/__init__.py",
+    "base/bucket.py",
     "base/config.py",
     "base/errors.py",
     "base/faults.py",

@@ -22,9 +22,11 @@ that looks complete. Reading a sample is one positioned read of the .npy file (F
 no HDF5 reopen, no CLAHE, and no memory map whose pages would add to the process's RSS.
 
 On Colab the cache lives on the VM's local disk (`data.cache_dir`), because reading it through
-the Drive mount (FUSE) would slow every epoch; `data.cache_copy_dir` keeps a lasting copy on Drive.
-A flight's cache missing locally is copied back from there (its sha256 checked on the way) instead
-of being rebuilt, and a freshly built one is copied there, under a temporary name, then renamed.
+the Drive mount (FUSE) would slow every epoch; `data.cache_copy_dir` keeps a lasting copy on Drive, or in a
+bucket (an fsspec URL: gs://, s3://, ...; base/bucket.py). A flight's cache missing locally is copied back
+from there (its sha256 checked on the way) instead of being rebuilt, and a freshly built one is copied there:
+into a folder under a temporary name, then renamed; into a bucket, which has no rename, meta.json last. The
+local folder stays the training format in both cases (positioned reads of indexed samples: exact resume).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from cloudml_lib.base import ledger
+from cloudml_lib.base import bucket, ledger
+from cloudml_lib.base.bucket import is_url
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError, shown
 from cloudml_lib.base.outputs import named
@@ -53,11 +56,14 @@ from cloudml_lib.data.cachefiles import (
     CACHE_META,
     CACHE_META_LIMIT,
     copy_flight_cache,
+    download_flight_cache,
     in_background,
     make_temporary,
     put_in_place,
     remove_stale_builds,
+    stored_copy,
     temporary,
+    upload_flight_cache,
     write_frames,
 )
 from cloudml_lib.data.hashing import MEMO, input_files
@@ -453,6 +459,13 @@ def cache_root(data: DataConfig) -> Path:
     return Path(data.cache_dir) if data.cache_dir else Path(data.dir) / "cache"
 
 
+def cache_folders(data: DataConfig) -> tuple[Path, ...]:
+    """The folders that hold caches, skipped where flight files are searched: the cache, and its lasting copy
+    where that is a folder (not a bucket)."""
+    copy = data.cache_copy_dir
+    return (cache_root(data),) + ((Path(copy),) if copy and not is_url(copy) else ())
+
+
 def check_folder_settings(data: DataConfig) -> None:
     """data.dir, the cache and its copy must be folders (or not exist yet): a file there is named
     before any work, not met as NotADirectoryError halfway through."""
@@ -462,7 +475,7 @@ def check_folder_settings(data: DataConfig) -> None:
         ("data.cache_copy_dir", data.cache_copy_dir),
     ]
     for key, value in settings:
-        if not value:
+        if not value or is_url(value):  # a bucket (data.cache_copy_dir) is checked when the config is built
             continue
         for p in [Path(value), *Path(value).parents]:
             if p.exists():
@@ -528,16 +541,8 @@ def load_flight_cache(
         ledger.add(cache_root(data) / MEMO)
     final = cache_root(data) / f"{flight.name}-{cache_key(flight, data, backend)}"
     cache, source = _try_open(final), "reused"
-    copy = Path(data.cache_copy_dir) / final.name if data.cache_copy_dir else None
-    if cache is None and copy is not None and _try_open(copy) is not None:
-        try:
-            copy_flight_cache(copy, final, f"copy {flight.name}")
-            cache, source = _open(final), "copied"
-            log.info("flight %s: cache copied from %s in %.1f s", flight.name, copy, time.time() - t0)
-        except (DataError, OSError) as e:
-            log.warning(
-                "flight %s: could not use the cache copy in %s (%s); rebuilding", flight.name, copy, e
-            )
+    if cache is None and data.cache_copy_dir:
+        cache, source = _fetch_copy(data.cache_copy_dir, final, flight.name), "copied"
     if cache is None:
         try:
             _build(flight, data, final, backend, pool)
@@ -545,26 +550,64 @@ def load_flight_cache(
             raise named(e, final) from None
         cache, source = _open(final), "built"
         _log_built(cache, data, time.time() - t0)
-        if copy is not None:
-            t1 = time.time()
-            try:
-                claim(copy.parent, replace(CACHE, option="data.cache_copy_dir"))
-                copy_flight_cache(final, copy, f"save {flight.name}")
-                log.info(
-                    "flight %s: cache copied to %s in %.1f s, for later sessions",
-                    flight.name,
-                    copy,
-                    time.time() - t1,
-                )
-            except OSError as e:
-                log.warning(
-                    "flight %s: could not copy its cache to %s (%s); a later session will rebuild it",
-                    flight.name,
-                    copy,
-                    e,
-                )
+        if data.cache_copy_dir:
+            _save_copy(final, data.cache_copy_dir, flight.name)
     cache.source, cache.seconds = source, time.time() - t0
     return cache
+
+
+def _fetch_copy(copy_dir: str, final: Path, flight: str) -> FlightCache | None:
+    """This flight's cache copied from the lasting copy (a folder, or a bucket's prefix) with its checks
+    (copy_flight_cache, download_flight_cache); None where there is none, or where it is unusable (said in
+    a warning: the cache is then built)."""
+    t0, url = time.time(), is_url(copy_dir)
+    copy = f"{copy_dir.rstrip('/')}/{final.name}" if url else Path(copy_dir) / final.name
+    try:
+        if url:
+            prefix = bucket.open_prefix(copy_dir)
+            state = stored_copy(prefix, final.name)
+            if state == "partial":
+                raise DataError(f"{copy} is incomplete (no meta.json: an upload that was cut off)")
+            if state == "none":
+                return None
+            download_flight_cache(prefix, final.name, final, f"copy {flight}")
+        elif _try_open(copy) is not None:
+            copy_flight_cache(copy, final, f"copy {flight}")
+        else:
+            return None
+        cache = _open_copied(final, copy)
+    except (DataError, OSError) as e:
+        log.warning("flight %s: could not use the cache copy in %s (%s); rebuilding", flight, copy, e)
+        return None
+    log.info("flight %s: cache copied from %s in %.1f s", flight, copy, time.time() - t0)
+    return cache
+
+
+def _open_copied(final: Path, copy) -> FlightCache:
+    try:
+        return _open(final)
+    except Exception as e:  # noqa: BLE001 - a cache is derived data: whatever is wrong with it, it is rebuilt
+        raise DataError(f"the copy {copy} is unusable ({type(e).__name__}: {shown(str(e), 300)})") from None
+
+
+def _save_copy(final: Path, copy_dir: str, flight: str) -> None:
+    """A freshly built cache copied to the lasting copy (claimed first: CloudML's own folder or prefix) for
+    later sessions; a copy that fails is a warning (a later session builds the cache again)."""
+    t0, option = time.time(), replace(CACHE, option="data.cache_copy_dir")
+    copy = f"{copy_dir.rstrip('/')}/{final.name}" if is_url(copy_dir) else Path(copy_dir) / final.name
+    try:
+        if is_url(copy_dir):
+            upload_flight_cache(final, bucket.claim(bucket.open_prefix(copy_dir), option), f"save {flight}")
+        else:
+            claim(Path(copy_dir), option)
+            copy_flight_cache(final, copy, f"save {flight}")
+        log.info(
+            "flight %s: cache copied to %s in %.1f s, for later sessions", flight, copy, time.time() - t0
+        )
+    except OSError as e:
+        log.warning(
+            "flight %s: could not copy its cache to %s (%s); a later session will rebuild it", flight, copy, e
+        )
 
 
 def load_caches(data: DataConfig, backend: Backend | None = None) -> list[FlightCache]:

@@ -1,6 +1,6 @@
 """The files of a cache folder: frames.npy written block by block with its sha256, checked against it later,
-copied whole to and from the lasting copy (data.cache_copy_dir), and the leftovers of killed builds
-removed."""
+copied whole to and from the lasting copy (data.cache_copy_dir: a folder, or a bucket's prefix), and the
+leftovers of killed builds removed."""
 
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ from typing import NamedTuple
 import numpy as np
 from tqdm.auto import tqdm
 
-from cloudml_lib.base import faults, ledger
+from cloudml_lib.base import bucket, faults, ledger
+from cloudml_lib.base.bucket import Prefix
 from cloudml_lib.base.errors import DataError
 from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.ownership import Kind
-from cloudml_lib.base.shapes import ANY, INT, TEXT, Damaged, MapOf, Maybe, Obj, read_json
+from cloudml_lib.base.shapes import ANY, INT, TEXT, Damaged, MapOf, Maybe, Obj, parse_json, read_json
 
 log = logging.getLogger(__name__)
 
 COPY_CHUNK = 16 << 20
+DATA_FILES = ("samples.npz", "frames.npy")  # a copy's files before its meta.json, which marks it complete
 
 
 def write_frames(path: Path, shape: tuple, blocks, bar) -> Written:
@@ -199,25 +201,103 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
     tmp = temporary(dst)
     remove_stale_builds(dst)
     make_temporary(tmp)
-    names = ("samples.npz", "frames.npy", "meta.json")
+    names = (*DATA_FILES, "meta.json")
     bar = tqdm(total=sum((src / n).stat().st_size for n in names), unit="B", unit_scale=True, desc=desc)
     try:
         for name in names:
-            h = hashlib.sha256()
             with open(src / name, "rb") as fin, open(tmp / name, "wb") as fout:
-                for chunk in iter(lambda: fin.read(COPY_CHUNK), b""):
-                    fout.write(chunk)
-                    h.update(chunk)
-                    bar.update(len(chunk))
-                fout.flush()
+                sha = _stream(fin, fout, bar)
                 os.fsync(fout.fileno())
             expected = meta.get("frames_sha256")
-            if name == "frames.npy" and expected and h.hexdigest() != expected:
+            if name == "frames.npy" and expected and sha != expected:
                 raise DataError(f"{src / name} does not match its recorded checksum (corrupted copy)")
         put_in_place(tmp, dst)
     finally:
         bar.close()
         ledger.delete(tmp)
+
+
+def _stream(fin, fout, bar) -> str:
+    """Copy one open file to another in chunks; returns the sha256 of what was copied."""
+    h = hashlib.sha256()
+    for chunk in iter(lambda: fin.read(COPY_CHUNK), b""):
+        fout.write(chunk)
+        h.update(chunk)
+        bar.update(len(chunk))
+    fout.flush()
+    return h.hexdigest()
+
+
+def stored_copy(prefix: Prefix, name: str) -> str:
+    """What a bucket holds of the flight cache `name`: "whole" (its meta.json, written last, is there),
+    "partial" (objects without a meta.json: an upload that was cut off) or "none"."""
+    with bucket.errors(prefix.url_of(name)):
+        if prefix.fs.exists(prefix.path(f"{name}/meta.json")):
+            return "whole"
+        return "partial" if prefix.holds(name) else "none"
+
+
+def download_flight_cache(prefix: Prefix, name: str, dst: Path, desc: str) -> None:
+    """copy_flight_cache from a bucket: the flight cache `name` of `prefix` into the folder `dst`, under a
+    temporary name, frames.npy's sha256 checked against its meta.json's (a copy without one is refused),
+    meta.json written last, then renamed into place."""
+    src = prefix.url_of(name)
+    with bucket.errors(src):
+        try:
+            meta = prefix.read_small(f"{name}/meta.json", CACHE_META_LIMIT)
+            meta_doc = parse_json(meta, CACHE_META)
+        except Damaged as e:
+            raise DataError(f"{src}/meta.json is not a cache's meta.json ({e})") from None
+        if not isinstance(meta_doc.get("frames_sha256"), str):
+            raise DataError(f"{src}/meta.json records no checksum of frames.npy: the copy cannot be checked")
+        sizes = [prefix.fs.size(prefix.path(f"{name}/{n}")) for n in DATA_FILES]
+        tmp = temporary(dst)
+        remove_stale_builds(dst)
+        make_temporary(tmp)
+        bar = tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=desc)
+        try:
+            for n in DATA_FILES:
+                with prefix.fs.open(prefix.path(f"{name}/{n}"), "rb") as fin, open(tmp / n, "wb") as fout:
+                    sha = _stream(fin, fout, bar)
+                    os.fsync(fout.fileno())
+                if n == "frames.npy" and sha != meta_doc["frames_sha256"]:
+                    raise DataError(f"{src}/{n} does not match its recorded checksum (a damaged copy)")
+            (tmp / "meta.json").write_bytes(meta)
+            put_in_place(tmp, dst)
+        finally:
+            bar.close()
+            ledger.delete(tmp)
+
+
+def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
+    """copy_flight_cache to a bucket (claimed: bucket.claim): the flight cache folder `src`, under its own
+    name. An object store has no rename, so the data files go first and meta.json, which marks a copy
+    complete, last; an earlier copy's meta.json is removed before any of its files changes, so that no mix
+    of two copies ever looks whole. Objects there that CloudML did not write (its ledger) are refused by
+    name."""
+    name, url = src.name, prefix.url_of(src.name)
+    meta = (src / "meta.json").read_bytes()
+    try:
+        expected = parse_json(meta, CACHE_META).get("frames_sha256")
+    except Damaged as e:
+        raise DataError(f"{src / 'meta.json'} is not a cache's meta.json ({e})") from None
+    bucket.refuse_unless_mine(prefix, name, "replace")
+    bucket.add(prefix, name)  # listed before it is created
+    bar = tqdm(total=sum((src / n).stat().st_size for n in DATA_FILES), unit="B", unit_scale=True, desc=desc)
+    try:
+        with bucket.errors(url):
+            if prefix.fs.exists(prefix.path(f"{name}/meta.json")):
+                prefix.fs.rm_file(prefix.path(f"{name}/meta.json"))
+            for n in DATA_FILES:
+                with open(src / n, "rb") as fin, prefix.fs.open(prefix.path(f"{name}/{n}"), "wb") as fout:
+                    sha = _stream(fin, fout, bar)
+                if n == "frames.npy" and expected and sha != expected:
+                    raise DataError(f"{src / n} does not match its recorded checksum; not copied to {url}")
+                if prefix.fs.size(prefix.path(f"{name}/{n}")) != (src / n).stat().st_size:
+                    raise OSError(f"{url}/{n}: the bucket holds another size than the {n} sent")
+            prefix.fs.pipe_file(prefix.path(f"{name}/meta.json"), meta)  # last: the copy is whole from here
+    finally:
+        bar.close()
 
 
 def adopt_cache(folder: Path) -> str | None:

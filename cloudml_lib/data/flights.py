@@ -257,13 +257,12 @@ def prepare_flights(data: DataConfig, check_names: bool = True) -> tuple[DataCon
     with the flights resolved, the flights skipped as incomplete). `check_names=False` (cross-validation,
     which sets the test flight of each fold) skips the checks of data.test_flights, data.validation and
     data.overweight_flight."""
-    from cloudml_lib.data.cache import cache_root, check_folder_settings
+    from cloudml_lib.data.cache import cache_folders, check_folder_settings
 
     check_folder_settings(data)
     if data.demo and not data.test_flights:
         data = replace(data, test_flights=demo_test_flights(data.demo, data.test_flights))
-    skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
-    return resolve_flights(data, skip, check_names)
+    return resolve_flights(data, cache_folders(data), check_names)
 
 
 def resolve_config(cfg: Config, check_names: bool = True) -> tuple[Config, list[FoundFlight]]:

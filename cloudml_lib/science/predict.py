@@ -705,11 +705,11 @@ def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     """The files of each flight to predict, with train's checks: the run's own entry (its files as
     trained), else the flight found in data.dir by its file names; only the IR file is required. Two
     candidate files of one role (two nav files, two copies of a flight folder) are refused, as in train."""
-    from cloudml_lib.data.cache import cache_root
+    from cloudml_lib.data.cache import cache_folders
 
     data = cfg.data
     root = Path(data.dir)
-    skip = (cache_root(data),) + ((Path(data.cache_copy_dir),) if data.cache_copy_dir else ())
+    skip = cache_folders(data)
     found = (
         {f.name: f for f in find_flights(DataConfig(**{**vars(data), "angles_source": "nav"}), skip)}
         if root.is_dir()

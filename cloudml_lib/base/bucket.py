@@ -1,0 +1,216 @@
+"""A folder in a bucket: an fsspec URL (gs://, s3://, az://, memory://, ...) where CloudML keeps a lasting
+folder (data.cache_copy_dir). The counterpart, for an object store, of ownership.py and ledger.py.
+
+A URL is checked when a config is built (`url_problem`): its scheme must be one fsspec knows, and the package
+that reads it (gcsfs, s3fs, adlfs: optional) must be installed; nothing is contacted then. Credentials are
+fsspec's business: the client's default chain (gcloud, GOOGLE_APPLICATION_CREDENTIALS, AWS profiles and
+environment), or fsspec's own configuration (~/.config/fsspec, FSSPEC_<PROTOCOL>_<OPTION>).
+
+A prefix is CloudML's as a folder is: by the same `.cloudml` marker (the kind and the URL it was written for),
+written before anything else goes into a prefix that holds nothing; a prefix holding other objects is refused
+by name and left untouched (no earlier release wrote to a bucket: nothing is adopted). What CloudML created in
+it is listed in the same ledger, `.cloudml-files`, before it is created; anything not listed is never replaced
+or deleted. An object store has no lock: two sessions that add at the same moment may lose one entry, which
+only makes CloudML refuse, later, to replace that entry (the safe side).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from cloudml_lib.base.errors import CloudMLError, install_command, shown
+from cloudml_lib.base.ledger import LEDGER, LEDGER_LIMIT, LEDGER_SHAPE, is_listed
+from cloudml_lib.base.ownership import CLUTTER, MARKER, MARKER_LIMIT, MARKER_SHAPE, Kind
+from cloudml_lib.base.shapes import Damaged, parse_json
+
+SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+EXAMPLES = "gs://BUCKET/folder (needs gcsfs), s3://BUCKET/folder (s3fs), az://CONTAINER/folder (adlfs)"
+
+
+def is_url(value) -> bool:
+    """Whether a setting names a place by URL (`scheme://...`) rather than a folder."""
+    return isinstance(value, str) and SCHEME.match(value) is not None
+
+
+def url_problem(key: str, url: str, packages: bool = True) -> str | None:
+    """What makes `url` unusable for `key`, in words (an unknown scheme, no bucket, and with `packages` the
+    scheme's package not installed, with the command that installs it); None where it can be used. Nothing
+    is contacted."""
+    import fsspec
+    from fsspec.registry import known_implementations, registry
+
+    scheme = SCHEME.match(url).group(1).lower()
+    if scheme not in registry and scheme not in known_implementations:
+        return (
+            f"{key}: {shown(url)} has the scheme {scheme}://, which fsspec does not know; valid: a folder, "
+            f"or an fsspec URL such as {EXAMPLES}"
+        )
+    if not url[len(scheme) + 3 :].strip("/"):
+        return f"{key}: {shown(url)} names no bucket; give e.g. {scheme}://BUCKET/cloudml/cache"
+    if not packages:
+        return None
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError:
+        package = known_implementations.get(scheme, {}).get("class", scheme).split(".")[0]
+        return (
+            f"{key}: {shown(url)} needs the package {package} (it reads {scheme}:// URLs), which is not "
+            f"installed. Install it with `{install_command(package)}`, or set {key} to a folder (empty: no "
+            "copy)"
+        )
+    return None
+
+
+@contextmanager
+def errors(url: str):
+    """A bucket client's own exceptions (HTTP errors, missing credentials) as OSError naming the URL: what a
+    folder's copy raises, so that the callers' rules (a failed copy is a warning) hold for both."""
+    try:
+        yield
+    except (CloudMLError, OSError):
+        raise
+    except Exception as e:  # noqa: BLE001 - gcsfs, s3fs, adlfs and the auth libraries raise their own
+        text = str(e) if len(str(e)) <= 300 else str(e)[:297] + "..."
+        raise OSError(f"{url}: {type(e).__name__}: {text}") from e
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A folder in a bucket: its URL, the fsspec file system and the path within it."""
+
+    url: str
+    fs: object
+    root: str
+
+    @property
+    def place(self) -> str:
+        """The URL a marker records: the file system's own spelling (gcs:// and gs://, a trailing slash:
+        one place)."""
+        return self.fs.unstrip_protocol(self.root)
+
+    def path(self, rel: str = "") -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def url_of(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def holds(self, rel: str) -> bool:
+        """Whether any object lies at `rel` or under it."""
+        return self.fs.exists(self.path(rel)) or bool(self.fs.find(self.path(rel)))
+
+    def read_small(self, rel: str, limit: int) -> bytes:
+        """A small object's bytes (Damaged: bigger than `limit`, so not the file CloudML wrote)."""
+        if self.fs.size(self.path(rel)) > limit:
+            raise Damaged(f"{self.url_of(rel)} is bigger than {limit} bytes")
+        return self.fs.cat_file(self.path(rel))
+
+    def read_json(self, rel: str, shape, limit: int):
+        """A small JSON object of the prefix, parsed as `shape` (Damaged: too big, or not that shape)."""
+        return parse_json(self.read_small(rel, limit), shape)
+
+    def write_json(self, rel: str, doc: dict) -> None:
+        self.fs.pipe_file(self.path(rel), (json.dumps(doc, indent=0) + "\n").encode())
+
+
+def open_prefix(url: str) -> Prefix:
+    """The prefix `url` names, through fsspec (its client made with fsspec's configuration and the default
+    credentials)."""
+    from fsspec.core import url_to_fs
+
+    with errors(url):
+        fs, root = url_to_fs(url)
+    return Prefix(url.rstrip("/"), fs, root.rstrip("/"))
+
+
+def others_in(prefix: Prefix) -> list[str]:
+    """The names directly under the prefix, besides hidden ones (CloudML's marker and ledger) and clutter."""
+    try:
+        entries = prefix.fs.ls(prefix.root, detail=False)
+    except FileNotFoundError:
+        return []
+    names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
+    return sorted(n for n in names if n and not n.startswith(".") and n not in CLUTTER)
+
+
+def marker_kind(prefix: Prefix) -> str | None:
+    """The kind the prefix's marker names; None without one, or where it was written for another URL (copied
+    with the objects: it proves nothing here). A marker that is not CloudML's is refused."""
+    if not prefix.fs.exists(prefix.path(MARKER)):
+        return None
+    try:
+        doc = prefix.read_json(MARKER, MARKER_SHAPE, MARKER_LIMIT)
+    except Damaged as e:
+        raise CloudMLError(
+            f"{prefix.url_of(MARKER)} is not a marker CloudML wrote ({shown(str(e), 200)}): {prefix.url} "
+            "cannot be told to be CloudML's. Move that object away, or choose another place. Nothing was "
+            "written."
+        ) from None
+    return doc["kind"] if doc.get("folder") in (None, prefix.place) else None
+
+
+def claim(prefix: Prefix, kind: Kind) -> Prefix:
+    """ownership.claim for a bucket: the prefix marked as CloudML's `kind` (with an empty ledger) before
+    anything else is written there; one marked for another kind, or holding other objects, is refused by
+    name and left untouched. Returns the prefix."""
+    with errors(prefix.url):
+        marked = marker_kind(prefix)
+        if marked == kind.name:
+            return prefix
+        if marked is not None:
+            raise CloudMLError(
+                f"{kind.option} {prefix.url} is CloudML's {marked} folder, not a {kind.name} folder "
+                f"({MARKER} says so); give a new or empty prefix for the {kind.name}. Nothing was written."
+            )
+        others = others_in(prefix)
+        if others:
+            listed = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in others[:5]) + (
+                f" and {len(others) - 5} more" if len(others) > 5 else ""
+            )
+            raise CloudMLError(
+                f"{kind.option} {prefix.url} holds other objects ({listed}) and is not a CloudML {kind.name} "
+                f"folder: CloudML writes only where it can prove the place is its own (its {MARKER} marker), "
+                "never among other objects, and it replaces or deletes nothing it did not write. Give a new "
+                "or empty prefix (e.g. a subfolder: .../cloudml/cache). Nothing was written."
+            )
+        prefix.write_json(MARKER, {"kind": kind.name, "by": "CloudML", "folder": prefix.place})
+        _write_ledger(prefix, set())
+    return prefix
+
+
+def listed(prefix: Prefix) -> set[str]:
+    """The ledger of a claimed prefix; one that is missing or damaged is made again from what the prefix
+    holds (ledger.start's rule for a kind without its own: the prefix was claimed when it held nothing)."""
+    try:
+        return set(prefix.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)["created"])
+    except (FileNotFoundError, Damaged):
+        created = set(others_in(prefix))
+        _write_ledger(prefix, created)
+        return created
+
+
+def _write_ledger(prefix: Prefix, created: set[str]) -> None:
+    prefix.write_json(LEDGER, {"by": "CloudML", "folder": prefix.place, "created": sorted(created)})
+
+
+def add(prefix: Prefix, rel: str) -> None:
+    """List `rel` (about to be created by CloudML) in the prefix's ledger."""
+    with errors(prefix.url):
+        created = listed(prefix)
+        if not is_listed(created, rel):
+            _write_ledger(prefix, created | {rel})
+
+
+def refuse_unless_mine(prefix: Prefix, rel: str, doing: str) -> None:
+    """Raise, naming the objects, where something lies at `rel` that the prefix's ledger does not list."""
+    with errors(prefix.url):
+        if not prefix.holds(rel) or is_listed(listed(prefix), rel):
+            return
+    raise CloudMLError(
+        f"{prefix.url_of(rel)} was not written by CloudML (its record of what CloudML created, "
+        f"{prefix.url_of(LEDGER)}, does not list it), so CloudML does not {doing} it: it is left as it is. "
+        "Move it away to let CloudML write its own copy there, or choose another prefix. Nothing was written "
+        "to it."
+    )

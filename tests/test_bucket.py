@@ -1,0 +1,168 @@
+"""The cache's lasting copy in a bucket (data.cache_copy_dir: an fsspec URL), with fsspec's in-memory file
+system standing in for gs:// and s3://."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from cloudml_lib.base import bucket
+from cloudml_lib.base.config import build_config
+from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.data import cache as cache_mod
+from cloudml_lib.data.cache import cache_folders, cache_key, check_folder_settings, load_flight_cache
+
+URL = "memory://bucket/cloudml/cache"
+
+
+@pytest.fixture
+def store():
+    """fsspec's memory file system, empty before and after the test: {path: bytes} of what it holds."""
+
+    def clear():
+        MemoryFileSystem.store.clear()
+        MemoryFileSystem.pseudo_dirs[:] = [""]
+
+    clear()
+    fs = MemoryFileSystem()
+    yield lambda: {p: fs.cat_file(p) for p in fs.find("/")}
+    clear()
+
+
+def _flip(path: str, at: int = -3) -> None:
+    fs = MemoryFileSystem()
+    raw = bytearray(fs.cat_file(path))
+    raw[at] ^= 0xFF  # same size, one byte changed
+    fs.pipe_file(path, bytes(raw))
+
+
+def test_a_built_cache_is_uploaded_and_a_new_machine_copies_it(tiny_config, tmp_path, store, monkeypatch):
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = URL
+    built = load_flight_cache(flight, data)
+    assert built.source == "built"
+    held = store()
+    name = f"/bucket/cloudml/cache/{built.path.name}"
+    for f in ("samples.npz", "frames.npy", "meta.json"):
+        assert held[f"{name}/{f}"] == (built.path / f).read_bytes()
+    assert json.loads(held["/bucket/cloudml/cache/.cloudml"])["kind"] == "preprocessing cache"
+    assert json.loads(held["/bucket/cloudml/cache/.cloudml-files"])["created"] == [built.path.name]
+
+    data.cache_dir = str(tmp_path / "second_machine")  # a new VM: its local disk holds no cache
+    monkeypatch.setattr(cache_mod, "_build", lambda *a: pytest.fail("rebuilt although a valid copy exists"))
+    copied = load_flight_cache(flight, data)
+    assert copied.source == "copied" and copied.path.parent == tmp_path / "second_machine"
+    for f in ("samples.npz", "frames.npy", "meta.json"):
+        assert (copied.path / f).read_bytes() == (built.path / f).read_bytes()
+    np.testing.assert_array_equal(copied.frames.read(copied.windows[3]), built.frames.read(built.windows[3]))
+    assert load_flight_cache(flight, data).source == "reused"
+    assert store() == held  # reading the copy wrote nothing to the bucket
+
+
+def test_a_damaged_copy_in_the_bucket_is_named_and_rebuilt(tiny_config, tmp_path, store, caplog):
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = URL
+    built = load_flight_cache(flight, data)
+    frames = f"/bucket/cloudml/cache/{built.path.name}/frames.npy"
+    _flip(frames)
+    data.cache_dir = str(tmp_path / "second_machine")
+    again = load_flight_cache(flight, data)
+    assert again.source == "built"
+    assert f"memory://bucket/cloudml/cache/{built.path.name}/frames.npy does not match" in caplog.text
+    assert "rebuilding" in caplog.text
+    assert (again.path / "frames.npy").read_bytes() == (built.path / "frames.npy").read_bytes()
+    assert store()[frames] == (built.path / "frames.npy").read_bytes()  # the copy is repaired too
+    assert not list(again.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"
+
+
+def test_a_partial_upload_is_not_used(tiny_config, tmp_path, store, caplog, monkeypatch):
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = URL
+    built = load_flight_cache(flight, data)
+    meta = f"/bucket/cloudml/cache/{built.path.name}/meta.json"
+    MemoryFileSystem().rm_file(meta)  # an upload cut off before its last object
+    data.cache_dir = str(tmp_path / "second_machine")
+    copies = []
+    monkeypatch.setattr(cache_mod, "download_flight_cache", lambda *a: copies.append(a))
+    again = load_flight_cache(flight, data)
+    assert again.source == "built" and not copies
+    assert f"{built.path.name} is incomplete (no meta.json" in caplog.text
+    assert store()[meta] == (again.path / "meta.json").read_bytes()  # uploaded whole this time
+
+
+def test_a_prefix_holding_other_objects_is_refused_and_left_untouched(tiny_config, tmp_path, store):
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    fs = MemoryFileSystem()
+    fs.pipe_file("/bucket/theirs/notes.txt", b"keep me")
+    data.cache_copy_dir = "memory://bucket/theirs"
+    before = store()
+    theirs = r"data.cache_copy_dir memory://bucket/theirs holds other objects \(notes.txt\)"
+    with pytest.raises(CloudMLError, match=theirs):
+        load_flight_cache(flight, data)
+    assert store() == before
+
+    # CloudML's own prefix, but an object it did not write where this flight's cache would go
+    data.cache_copy_dir, data.cache_dir = URL, str(tmp_path / "second_machine")
+    bucket.claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    name = f"{flight.name}-{cache_key(flight, data)}"
+    fs.pipe_file(f"/bucket/cloudml/cache/{name}/mine.txt", b"a user's")
+    before = store()
+    with pytest.raises(CloudMLError, match=rf"{URL}/{name} was not written by CloudML"):
+        load_flight_cache(flight, data)
+    assert store() == before
+
+
+def test_a_failed_upload_is_a_warning(tiny_config, store, caplog, monkeypatch):
+    """A bucket client's own error (here at the first write) is said, and the run goes on."""
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = URL
+
+    def refused(*a, **k):
+        raise RuntimeError("403 Forbidden: caller does not have storage.objects.create access")
+
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", refused)
+    built = load_flight_cache(flight, data)
+    assert built.source == "built" and (built.path / "frames.npy").is_file()
+    assert f"could not copy its cache to {URL}/{built.path.name}" in caplog.text
+    assert "RuntimeError: 403 Forbidden" in caplog.text
+
+
+def test_a_url_is_checked_when_the_config_is_built_and_kept_as_written(monkeypatch):
+    from fsspec.registry import known_implementations
+
+    data = build_config({"data": {"cache_copy_dir": URL, "cache_dir": "c"}}).data
+    assert data.cache_copy_dir == URL  # not made a path, as a relative folder is
+    check_folder_settings(data)  # no folder to check
+    assert cache_folders(data) == (Path("c").absolute(),)  # a bucket is not searched for flight files
+    monkeypatch.setitem(  # a scheme whose package is not installed (as gcsfs for gs:// off Colab)
+        known_implementations, "cloudmltest", {"class": "cloudml_absent_pkg.FS", "err": "install it"}
+    )
+    monkeypatch.delenv("CLOUDML_PARENT_PID", raising=False)
+    with pytest.raises(ConfigError) as e:
+        build_config({"data": {"cache_copy_dir": "cloudmltest://bucket/cache"}})
+    needs = "data.cache_copy_dir: 'cloudmltest://bucket/cache' needs the package cloudml_absent_pkg"
+    assert needs in str(e.value)
+    monkeypatch.setenv("CLOUDML_PARENT_PID", "1")  # a command a notebook started: a cell's command
+    with pytest.raises(ConfigError, match="`%pip install cloudml_absent_pkg`"):
+        build_config({"data": {"cache_copy_dir": "cloudmltest://bucket/cache"}})
+    stored = build_config({"data": {"cache_copy_dir": "cloudmltest://bucket/cache"}}, packages=False)
+    assert stored.data.cache_copy_dir == "cloudmltest://bucket/cache"  # a stored run's: evaluated elsewhere
+    with pytest.raises(ConfigError, match=r"scheme nosuch://, which fsspec does not know; valid: .*gs://"):
+        build_config({"data": {"cache_copy_dir": "nosuch://bucket/cache"}})
+    with pytest.raises(ConfigError, match=r"data.cache_dir: 'memory://b/c' is a URL, but .* a folder"):
+        build_config({"data": {"cache_dir": "memory://b/c"}})
+
+
+def test_a_stored_config_whose_bucket_package_is_missing_builds_the_cache(tiny_config, caplog, monkeypatch):
+    """A run trained with gs:// evaluated where gcsfs is not installed: its cache is built, said twice."""
+    from fsspec.registry import known_implementations
+
+    monkeypatch.setitem(known_implementations, "cloudmltest", {"class": "cloudml_absent_pkg.FS", "err": "no"})
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = "cloudmltest://bucket/cache"
+    built = load_flight_cache(flight, data)
+    assert built.source == "built"
+    assert "could not use the cache copy in cloudmltest://bucket/cache/" in caplog.text
+    assert "could not copy its cache to cloudmltest://bucket/cache/" in caplog.text
