@@ -215,6 +215,8 @@ BAD_ARGUMENTS = {
     "sweep": [
         ["--config", "{t}/missing.yaml", "--trials", "1", "--run-dir", "{t}/sw"],
         ["--config", "x", "--trials", "many", "--run-dir", "{t}/sw"],
+        ["--config", "x", "--trials", "2", "--parallel", "0", "--run-dir", "{t}/sw"],
+        ["--config", "x", "--trials", "2", "--parallel", "two", "--run-dir", "{t}/sw"],
     ],
     "compare": [["{t}/nowhere"], []],
     "predict": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--flights"]],

@@ -36,6 +36,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _trials_at_once(text: str) -> int:
+    """--parallel: a whole number >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number >= 1: how many trials run at once, one process each (1, the "
+            "default, runs them one after another)"
+        )
+    return n
+
+
 def _folder(text: str) -> str:
     """A folder argument: an empty one would silently mean the working directory (or a default). A path
     through `..` or a symbolic link is resolved first (shown so), so that what is checked is where files land:
@@ -133,6 +147,14 @@ def _add_training_commands(sub) -> None:
     )
     sw.add_argument(
         "--trials", type=int, required=True, help="how many trials in all (raise it to add trials)"
+    )
+    sw.add_argument(
+        "--parallel",
+        type=_trials_at_once,
+        default=1,
+        metavar="N",
+        help="run N trials at once on this machine, one process each (a GPU each where there are several, "
+        "else the CPU cores shared out); default 1: one after another, reproducible to the value",
     )
     sw.add_argument(
         "--rebuild-study",
@@ -313,7 +335,13 @@ def _sweep(args) -> int:
     check_run_writes(Path(args.run_dir))
     space = args.space or config_file("sweeps/demo.yaml")
     result = sweep(
-        config_path(args), space, args.trials, args.run_dir, _overrides(args), rebuild=args.rebuild_study
+        config_path(args),
+        space,
+        args.trials,
+        args.run_dir,
+        _overrides(args),
+        rebuild=args.rebuild_study,
+        parallel=args.parallel,
     )
     if result.get("best"):
         b = result["best"]
