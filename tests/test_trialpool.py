@@ -1,5 +1,6 @@
-"""Sweeps with --parallel N (trialpool.py): N trials at once on the CPU, each as a serial sweep would run it;
-killed, the sweep leaves no trainer behind and continues from the trials' checkpoints; bad values refused."""
+"""--parallel N (trialpool.py): a sweep's trials (or a cross-validation's folds) N at once on the CPU, each as
+it would run alone; killed, a sweep leaves no trainer behind and continues from the trials' checkpoints; bad
+values refused."""
 
 import json
 import math
@@ -15,7 +16,7 @@ import yaml
 from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.base.errors import ConfigError
-from cloudml_lib.commands.sweep import check_parallel
+from cloudml_lib.commands.trialpool import check_parallel
 from cloudml_lib.core.machine.distributed import Dist
 
 optuna = pytest.importorskip("optuna")
@@ -160,18 +161,18 @@ def test_a_killed_parallel_sweep_leaves_no_trainer_and_resumes_its_trials(files,
 )
 def test_a_bad_parallel_count_is_refused_naming_the_option(parallel, words):
     with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
-        check_parallel(parallel, 4, None)
+        check_parallel(parallel, 4, "trials", "sweep")
 
 
 def test_parallel_under_torchrun_is_refused_and_more_than_the_trials_is_cut(monkeypatch):
     with pytest.raises(ConfigError, match="--parallel 2 under torchrun .2 processes.: use one or the other"):
-        check_parallel(2, 4, Dist(0, 2))
+        check_parallel(2, 4, "trials", "sweep", Dist(0, 2))
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ConfigError, match="use one or the other"):
-        check_parallel(2, 4, None)
-    assert check_parallel(1, 4, None) == 1  # torchrun alone, as before
+        check_parallel(2, 4, "trials", "sweep")
+    assert check_parallel(1, 4, "trials", "sweep") == 1  # torchrun alone, as before
     monkeypatch.delenv("WORLD_SIZE")
-    assert check_parallel(8, 3, None) == 3
+    assert check_parallel(8, 3, "trials", "sweep") == 3
 
 
 def test_the_cli_refuses_a_parallel_count_that_is_no_whole_number(tmp_path, capsys):
@@ -194,3 +195,24 @@ def test_the_cli_refuses_a_parallel_count_that_is_no_whole_number(tmp_path, caps
             )
         assert e.value.code == 2
         assert f"argument --parallel: {bad!r} is not a whole number >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_crossval_trains_two_folds_at_once_to_the_results_of_one_after_another(files, tmp_path):
+    cfg, _, tmp = files
+    raw = yaml.safe_load(cfg.read_text())
+    raw["train"]["epochs"] = 1
+    one_epoch = tmp_path / "c.yaml"
+    one_epoch.write_text(yaml.safe_dump(raw))
+    runs, said = {}, {}
+    for parallel, env in ((2, {}), (1, {"OMP_NUM_THREADS": "1"})):  # one thread each, as the workers have
+        run = tmp_path / f"cv{parallel}"
+        args = ("crossval", "--config", one_epoch, "--run-dir", run, "--no-controls", "--parallel", parallel)
+        r = run_cli(*args, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[parallel], said[parallel] = json.loads((run / "crossval.json").read_text())["folds"], r.stdout
+    assert "2 folds at once, one per process; each process uses 1 CPU thread(s)" in said[2]
+    assert "folds at once" not in said[1]
+    assert sorted(runs[2]) == sorted(runs[1]) and len(runs[2]) == 3
+    for name in runs[1]:
+        assert runs[2][name]["model"] == pytest.approx(runs[1][name]["model"], rel=1e-6)

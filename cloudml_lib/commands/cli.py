@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
-def _trials_at_once(text: str) -> int:
+def _at_once(text: str) -> int:
     """--parallel: a whole number >= 1."""
     try:
         n = int(text)
@@ -44,8 +44,8 @@ def _trials_at_once(text: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number >= 1: how many trials run at once, one process each (1, the "
-            "default, runs them one after another)"
+            f"{text!r} is not a whole number >= 1: how many run at once, one process each (1, the default, "
+            "runs them one after another)"
         )
     return n
 
@@ -135,6 +135,7 @@ def _add_training_commands(sub) -> None:
     c.add_argument(
         "--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)"
     )
+    _parallel_argument(c, "folds", "")
     sw = sub.add_parser(
         "sweep",
         help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
@@ -148,14 +149,7 @@ def _add_training_commands(sub) -> None:
     sw.add_argument(
         "--trials", type=int, required=True, help="how many trials in all (raise it to add trials)"
     )
-    sw.add_argument(
-        "--parallel",
-        type=_trials_at_once,
-        default=1,
-        metavar="N",
-        help="run N trials at once on this machine, one process each (a GPU each where there are several, "
-        "else the CPU cores shared out); default 1: one after another, reproducible to the value",
-    )
+    _parallel_argument(sw, "trials", ", reproducible to the value")
     sw.add_argument(
         "--rebuild-study",
         action="store_true",
@@ -170,6 +164,17 @@ def _add_training_commands(sub) -> None:
     )
     _data_dir_argument(sw)
     _set_argument(sw, " (for every trial)")
+
+
+def _parallel_argument(p, what: str, serial: str) -> None:
+    p.add_argument(
+        "--parallel",
+        type=_at_once,
+        default=1,
+        metavar="N",
+        help=f"train N {what} at once on this machine, one process each (a GPU each where there are several, "
+        f"else the CPU cores shared out); default 1: one after another{serial}",
+    )
 
 
 def _add_result_commands(sub) -> None:
@@ -321,6 +326,7 @@ def _crossval(args) -> int:
         load_config(config_path(args), _overrides(args)),
         RunFolder(args.run_dir),
         controls=not args.no_controls,
+        parallel=args.parallel,
     )
     return 0
 

@@ -36,7 +36,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +68,7 @@ from cloudml_lib.commands.space import (
     suggest,
     trial_raw,
 )
+from cloudml_lib.commands.trialpool import check_parallel
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, init_distributed
 from cloudml_lib.core.run.checkpoint import write_durable
 from cloudml_lib.core.run.folder import RunFolder
@@ -435,7 +435,7 @@ def sweep(
     build_config(base, source=str(config))  # the config itself first, then the space over it
     space = load_space(space_path, base)
     check_trials(n_trials, space)
-    parallel = check_parallel(parallel, n_trials, dist)
+    parallel = check_parallel(parallel, n_trials, "trials", "sweep", dist)
     if build_config(base).data.demo:  # written before the flights are looked at, as a command starts
         from cloudml_lib.commands.runs import with_demo_flights
 
@@ -523,28 +523,6 @@ def check_trials(n_trials, space: Space) -> None:
             f"seed {space.seed} with --trials {n_trials}: trial n draws with seed + n, which must stay "
             f"at most {MAX_SEED}; choose seed <= {max(0, MAX_SEED - n_trials + 1)} in the space file"
         )
-
-
-def check_parallel(parallel, n_trials: int, dist: Dist | None) -> int:
-    """--parallel: a whole number >= 1, not under torchrun (which runs each trial on all its processes);
-    more than --trials is cut to --trials, said once."""
-    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-        raise ConfigError(
-            f"--parallel {shown(parallel)}: expected a whole number of trials to run at once >= 1 (1, the "
-            "default, runs them one after another; N runs N at once, one process each)"
-        )
-    world = dist.world if dist is not None else int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if parallel > 1 and world > 1:
-        raise ConfigError(
-            f"--parallel {parallel} under torchrun ({world} processes): use one or the other. torchrun runs "
-            "each trial on all its processes; --parallel N starts N processes itself, one trial each: run "
-            "python -m cloudml_lib sweep ... --parallel N without torchrun"
-        )
-    if parallel > n_trials:
-        log.info(
-            "--parallel %d is more than --trials %d: %d trials run at once", parallel, n_trials, n_trials
-        )
-    return min(parallel, n_trials)
 
 
 def open_study(optuna, run_dir: Path, record: dict, space: Space, rebuild: bool = False) -> tuple:
@@ -775,7 +753,7 @@ def run_parallel(sw: SweepRun, n: int) -> None:
         return  # every trial is done: no worker to start
     setup = WorkerSetup(sw.run_dir, sw.store.local, sw.space.to_dict(), sw.base, sw.n_trials, sw.started)
     held: dict[int, tuple] = {}  # trial number -> (trial, values): given to a worker, not yet told
-    with Workers(n, build_config(sw.base).train.device, trial_worker, (setup,)) as workers:
+    with Workers(n, build_config(sw.base).train.device, "trials", trial_worker, (setup,)) as workers:
         while True:
             while len(held) < n and (trial := next_trial(sw.optuna, sw.study, sw.space, sw.n_trials, held)):
                 held[trial.number] = (trial, suggest(trial, sw.space))

@@ -23,7 +23,7 @@ import signal
 import threading
 from dataclasses import dataclass
 
-from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.errors import CloudMLError, ConfigError, shown
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,31 @@ class Place:
     threads: int
 
 
-def placement(device: str, n: int) -> tuple[list[Place], str]:
-    """Each of n workers' place, and the assignment in words, for train.device `device`."""
+def check_parallel(parallel, n_jobs: int, what: str, command: str, dist=None) -> int:
+    """--parallel: a whole number >= 1, not under torchrun (`dist`: the caller's process group, else the
+    environment's WORLD_SIZE), cut to the `n_jobs` `what` there are (said once). Returns the workers to
+    start."""
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(
+            f"--parallel {shown(parallel)}: expected a whole number of {what} to run at once >= 1 (1, the "
+            "default, runs them one after another; N runs N at once, one process each)"
+        )
+    world = dist.world if dist is not None else int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if parallel > 1 and world > 1:
+        raise ConfigError(
+            f"--parallel {parallel} under torchrun ({world} processes): use one or the other. torchrun's "
+            f"processes share each of the {what}'s work out their own way; --parallel N starts N processes "
+            f"itself, one of the {what} each: python -m cloudml_lib {command} ... --parallel N, without "
+            "torchrun"
+        )
+    if parallel > n_jobs:
+        log.info("--parallel %d is more than the %d %s: %d run at once", parallel, n_jobs, what, n_jobs)
+    return min(parallel, n_jobs)
+
+
+def placement(device: str, n: int, what: str) -> tuple[list[Place], str]:
+    """Each of n workers' place, and the assignment in words (`what`: trials, folds), for train.device
+    `device`."""
     import torch
 
     from cloudml_lib.core.machine.device import choose_device
@@ -50,26 +73,27 @@ def placement(device: str, n: int) -> tuple[list[Place], str]:
         count = torch.cuda.device_count()
         if n > count:
             log.warning(
-                "%d workers on %d GPU(s): some GPUs train two or more trials at once (round robin)", n, count
+                "%d workers on %d GPU(s): some GPUs train two or more at once (round robin)", n, count
             )
         threads = max(1, (os.cpu_count() or 1) // n)
-        words = f"{n} trials at once, one per process; process i trains on GPU i" + (
+        words = f"{n} {what} at once, one per process; process i trains on GPU i" + (
             f" modulo {count}" if n > count else ""
         )
         return [Place(os.getpid(), i % count, threads) for i in range(n)], words
     threads = max(1, (os.cpu_count() or 1) // n)
-    words = f"{n} trials at once, one per process; each process uses {threads} CPU thread(s)"
+    words = f"{n} {what} at once, one per process; each process uses {threads} CPU thread(s)"
     return [Place(os.getpid(), None, threads) for _ in range(n)], words
 
 
 class Workers:
-    """n worker processes, each running `target(place, jobs, results, *args)` (a module-level function, for
-    spawn; see `serve`). Use as a context manager: leaving it stops the workers still running."""
+    """n worker processes (of `what`: trials, folds), each running `target(place, jobs, results, *args)` (a
+    module-level function, for spawn; see `serve`). Use as a context manager: leaving it stops the workers
+    still running."""
 
-    def __init__(self, n: int, device: str, target, args: tuple = ()):
+    def __init__(self, n: int, device: str, what: str, target, args: tuple = ()):
         ctx = multiprocessing.get_context("spawn")
         self.jobs, self.results = ctx.Queue(), ctx.Queue()
-        places, words = placement(device, n)
+        places, words = placement(device, n, what)
         log.info("%s", words)
         # not daemonic: a job may start processes of its own (a cache's builders); they end with the worker
         self.procs = [
