@@ -26,8 +26,9 @@ each where there are several, else cores // N threads each); this process still 
 every file of the sweep folder but the trials' own, and the workers report their epochs to the same local
 journal. A serial sweep is reproducible to the value; in a parallel one, trial n still draws with seed + n
 but from the trials finished when it was asked (TPE leaves the running ones out, as Optuna does), which
-depends on timing, so its values can differ from a serial sweep's. Each trial still trains, and resumes,
-to its own result; killed, a parallel sweep continues as a serial one does (in parallel or not).
+depends on timing: random draws, and TPE's random start (trials 0 to 9), are a serial sweep's; TPE's later
+draws and the median pruner's decisions can differ. Each trial still trains, and resumes, to its own
+result; killed, a parallel sweep continues as a serial one does (in parallel or not).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from cloudml_lib.commands.space import (
     suggest,
     trial_raw,
 )
-from cloudml_lib.commands.trialpool import check_parallel
+from cloudml_lib.commands.trialpool import Workers, check_parallel, serve
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, init_distributed
 from cloudml_lib.core.run.checkpoint import write_durable
 from cloudml_lib.core.run.folder import RunFolder
@@ -746,7 +747,6 @@ def run_parallel(sw: SweepRun, n: int) -> None:
     report; the workers only train, each trial as run_trial does, reporting its epochs to the shared
     journal (Optuna's file lock makes several writers safe on one machine)."""
     from cloudml_lib.commands.compare import write_sweep_report
-    from cloudml_lib.commands.trialpool import Workers
 
     n = min(n, trials_to_run(sw))
     if n < 1:
@@ -756,11 +756,12 @@ def run_parallel(sw: SweepRun, n: int) -> None:
     with Workers(n, build_config(sw.base).train.device, "trials", trial_worker, (setup,)) as workers:
         while True:
             while len(held) < n and (trial := next_trial(sw.optuna, sw.study, sw.space, sw.n_trials, held)):
-                held[trial.number] = (trial, suggest(trial, sw.space))
+                params = suggest(trial, sw.space)
+                held[trial.number] = (trial, params)
                 sw.store.save()  # the trial and its values, before any training
-                say_trial(trial.number, sw.n_trials, held[trial.number][1])
-                build_caches(sw, trial.number, held[trial.number][1])
-                workers.put(trial.number, (trial._trial_id, trial.number, held[trial.number][1]))
+                say_trial(trial.number, sw.n_trials, params)
+                build_caches(sw, trial.number, params)
+                workers.put(trial.number, (trial._trial_id, trial.number, params))
             if not held:
                 break
             number, result = workers.next_result(idle=sw.store.save)
@@ -807,8 +808,6 @@ class WorkerSetup:
 
 def trial_worker(place, jobs, results, setup: WorkerSetup) -> None:
     """A worker process of a parallel sweep: trial after trial, each job (trial id, number, values)."""
-    from cloudml_lib.commands.trialpool import serve
-
     serve(place, jobs, results, lambda: _trial_runner(setup))
 
 
@@ -818,7 +817,7 @@ def _trial_runner(setup: WorkerSetup):
     optuna = require_optuna()
     space = Space(**setup.space)
     store = StudyFile(setup.run_dir)
-    store.local = Path(setup.journal)
+    store.local = Path(setup.journal)  # the owner's, whatever this process's temporary folder is
     study = optuna.load_study(
         study_name=STUDY_NAME, storage=store.storage(optuna), pruner=make_pruner(optuna, space)
     )
