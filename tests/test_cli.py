@@ -214,10 +214,16 @@ def test_a_config_path_from_the_checkout_used_elsewhere_names_the_preset(tmp_pat
 # command's own): exit 2, one paragraph on stderr, no traceback. In-process: one interpreter for them all.
 BAD_ARGUMENTS = {
     "train": [["--config", "{t}/missing.yaml", "--run-dir", "{t}/run"], ["--config", "x", "--resume"]],
-    "crossval": [["--config", "{t}/missing.yaml", "--run-dir", "{t}/cv"], ["--config", "x"]],
+    "crossval": [
+        ["--config", "{t}/missing.yaml", "--run-dir", "{t}/cv"],
+        ["--config", "x"],
+        ["--config", "x", "--run-dir", "{t}/cv", "--parallel", "0"],
+    ],
     "sweep": [
         ["--config", "{t}/missing.yaml", "--trials", "1", "--run-dir", "{t}/sw"],
         ["--config", "x", "--trials", "many", "--run-dir", "{t}/sw"],
+        ["--config", "x", "--trials", "2", "--parallel", "0", "--run-dir", "{t}/sw"],
+        ["--config", "x", "--trials", "2", "--parallel", "two", "--run-dir", "{t}/sw"],
     ],
     "compare": [["{t}/nowhere"], []],
     "predict": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--flights"]],

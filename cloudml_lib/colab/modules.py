@@ -44,6 +44,7 @@ MODULES = (
     "commands/runs.py",
     "commands/space.py",
     "commands/sweep.py",
+    "commands/trialpool.py",
     "core/__init__.py",
     "core/machine/__init__.py",
     "core/machine/determinism.py",

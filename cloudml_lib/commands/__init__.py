@@ -4,6 +4,7 @@
                 run, each phase of the two-phase protocol, each fold and each sweep trial
 - crossval.py   leave-one-flight-out cross-validation with baselines
 - sweep.py      hyperparameter sweeps on Optuna that survive a disconnect; space.py  their search space
+- trialpool.py  worker processes for a sweep's trials N at once on one machine, a GPU (or cores) each
 - api.py        the stated Python API for a scientist's own notebook (re-exported at the package top)
 - compare.py    runs side by side;  presets.py  which preset and batch fit the GPU at hand, diagnose
 

@@ -36,6 +36,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _at_once(text: str) -> int:
+    """--parallel: a whole number >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number >= 1: how many run at once, one process each (1, the default, "
+            "runs them one after another)"
+        )
+    return n
+
+
 def _folder(text: str) -> str:
     """A folder argument: an empty one would silently mean the working directory (or a default). A path
     through `..` or a symbolic link is resolved first (shown so), so that what is checked is where files land:
@@ -121,6 +135,7 @@ def _add_training_commands(sub) -> None:
     c.add_argument(
         "--no-controls", action="store_true", help="skip the scalars-only control runs (half the time)"
     )
+    _parallel_argument(c, "folds", "")
     sw = sub.add_parser(
         "sweep",
         help="a hyperparameter search (Optuna): trials as resumable runs; killed, "
@@ -134,6 +149,7 @@ def _add_training_commands(sub) -> None:
     sw.add_argument(
         "--trials", type=int, required=True, help="how many trials in all (raise it to add trials)"
     )
+    _parallel_argument(sw, "trials", ", reproducible to the value")
     sw.add_argument(
         "--rebuild-study",
         action="store_true",
@@ -148,6 +164,17 @@ def _add_training_commands(sub) -> None:
     )
     _data_dir_argument(sw)
     _set_argument(sw, " (for every trial)")
+
+
+def _parallel_argument(p, what: str, serial: str) -> None:
+    p.add_argument(
+        "--parallel",
+        type=_at_once,
+        default=1,
+        metavar="N",
+        help=f"train N {what} at once on this machine, one process each (a GPU each where there are several, "
+        f"else the CPU cores shared out); default 1: one after another{serial}",
+    )
 
 
 def _add_result_commands(sub) -> None:
@@ -299,6 +326,7 @@ def _crossval(args) -> int:
         load_config(config_path(args), _overrides(args)),
         RunFolder(args.run_dir),
         controls=not args.no_controls,
+        parallel=args.parallel,
     )
     return 0
 
@@ -313,7 +341,13 @@ def _sweep(args) -> int:
     check_run_writes(Path(args.run_dir))
     space = args.space or config_file("sweeps/demo.yaml")
     result = sweep(
-        config_path(args), space, args.trials, args.run_dir, _overrides(args), rebuild=args.rebuild_study
+        config_path(args),
+        space,
+        args.trials,
+        args.run_dir,
+        _overrides(args),
+        rebuild=args.rebuild_study,
+        parallel=args.parallel,
     )
     if result.get("best"):
         b = result["best"]

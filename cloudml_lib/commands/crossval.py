@@ -54,6 +54,7 @@ from cloudml_lib.base.errors import ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.commands.runs import train_run, with_demo_flights
+from cloudml_lib.commands.trialpool import Workers, check_parallel, serve
 from cloudml_lib.core.machine.distributed import SINGLE, init_distributed
 from cloudml_lib.core.network.metrics import regression_metrics
 from cloudml_lib.core.run.folder import RunFolder
@@ -162,6 +163,30 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dic
     result["warnings"] = fold_warnings(held, result, train_km, test_km)
     write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
     return result
+
+
+def run_folds(
+    cfg: Config, run_dir: Path, names: list[str], controls: bool, started: dict, parallel: int
+) -> dict:
+    """The folds `names`, one after another, or `parallel` at once, one worker process each (their caches
+    built here first: a cache has no lock of its own, and two workers must not build one at once)."""
+    if parallel <= 1:
+        return {name: run_fold(cfg, run_dir, name, controls, started) for name in names}
+    load_caches(cfg.data)
+    done = {}
+    with Workers(parallel, cfg.train.device, "folds", fold_worker, (cfg, run_dir, controls, started)) as w:
+        for name in names:
+            w.put(name, name)
+        while len(done) < len(names):
+            name, result = w.next_result(idle=lambda: None)
+            done[name] = result
+        w.close()
+    return {name: done[name] for name in names}
+
+
+def fold_worker(place, jobs, results, cfg: Config, run_dir: Path, controls: bool, started: dict) -> None:
+    """A worker process of a parallel cross-validation: fold after fold, each job its test flight's name."""
+    serve(place, jobs, results, lambda: lambda held: run_fold(cfg, run_dir, held, controls, started))
 
 
 def read_fold(run_dir: Path, held: str) -> dict:
@@ -509,10 +534,11 @@ def started_settings(run_dir: Path) -> dict:
     return {}
 
 
-def crossval(cfg: Config, folder: RunFolder | str | Path, controls: bool = True, dist=None) -> dict:
-    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `folder`:
-    the cross-validation's (a path is taken as one); each fold's model is a RunFolder inside it. `dist`: a
-    process group the caller owns (a sweep's; left open), else torchrun's own, closed at the end."""
+def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=None, parallel=1) -> dict:
+    """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `folder`: the
+    cross-validation's (a path is taken as one); each fold's model is a RunFolder in it. `dist`: a process
+    group the caller owns (a sweep's; left open), else torchrun's own, closed at the end. `parallel`: folds
+    trained at once on this machine, one worker process each (trialpool.py)."""
     folder = RunFolder.of(folder)
     run_dir = folder.path
     folder.check_kind(CROSSVAL, trains=True, command="crossval")
@@ -521,7 +547,7 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls: bool = True,
     names = [f.name for f in cfg.data.flights]
     if len(names) < 2:
         raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
-
+    parallel = check_parallel(parallel, len(names), "folds", "crossval", dist)
     # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
     try:
@@ -542,7 +568,7 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls: bool = True,
             log.info("%s", protocol_words(LEGACY_VALIDATION))
         if workers.active:
             log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
-        done = {name: run_fold(cfg, run_dir, name, controls, started) for name in mine}
+        done = run_folds(cfg, run_dir, mine, controls, started, parallel)
         workers.barrier()
     finally:
         if dist is None:

@@ -20,6 +20,15 @@ once, beside it (compare.write_sweep_report). A sweep started by CloudML 0.2 (ob
 chose on the test flights) continues under that protocol, said in its report.
 
 Under torchrun, rank 0 asks, reports and writes the study; every trial runs with all processes.
+
+With `--parallel N` (run_parallel), N trials train at once, one worker process each (trialpool.py: a GPU
+each where there are several, else cores // N threads each); this process still asks, tells and writes
+every file of the sweep folder but the trials' own, and the workers report their epochs to the same local
+journal. A serial sweep is reproducible to the value; in a parallel one, trial n still draws with seed + n
+but from the trials finished when it was asked (TPE leaves the running ones out, as Optuna does), which
+depends on timing: random draws, and TPE's random start (trials 0 to 9), are a serial sweep's; TPE's later
+draws and the median pruner's decisions can differ. Each trial still trains, and resumes, to its own
+result; killed, a parallel sweep continues as a serial one does (in parallel or not).
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ from cloudml_lib.commands.space import (
     suggest,
     trial_raw,
 )
+from cloudml_lib.commands.trialpool import Workers, check_parallel, serve
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, init_distributed
 from cloudml_lib.core.run.checkpoint import write_durable
 from cloudml_lib.core.run.folder import RunFolder
@@ -162,9 +172,11 @@ class StudyFile:
         )
 
     def save(self) -> None:
-        """Copy the journal whole (temporary file, fsync, rename): a kill leaves the old copy or the new."""
+        """Copy the journal whole (temporary file, fsync, rename): a kill leaves the old copy or the new. Its
+        whole lines only: a worker of a parallel sweep may be appending one."""
+        data = self.local.read_bytes()
         with atomic_path(self.copy) as tmp:
-            write_durable(tmp, self.local.read_bytes())
+            write_durable(tmp, data[: data.rfind(b"\n") + 1])
 
     def storage(self, optuna):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -275,9 +287,11 @@ def make_pruner(optuna, space: Space):
     return optuna.pruners.NopPruner()
 
 
-def next_trial(optuna, study, space: Space, n_trials: int):
-    """The trial left running by an interrupted sweep, else a new one while fewer than `n_trials` exist."""
+def next_trial(optuna, study, space: Space, n_trials: int, held=()):
+    """The trial left running by an interrupted sweep, else a new one while fewer than `n_trials` exist.
+    `held`: the numbers of the trials this sweep's workers are running now (trialpool.py), not to be taken."""
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    running = [t for t in running if t.number not in held]
     if running:
         log.info(
             "Trial %d was interrupted: it resumes from its checkpoint with its values", running[0].number
@@ -317,7 +331,8 @@ class Pruning:
                     "of the "
                     "earlier trials at that epoch"
                 )
-            self.store.save()
+            if self.store is not None:  # a worker of a parallel sweep: the owner refreshes the copy
+                self.store.save()
         why = self.dist.from_main(why)
         if why is not None:
             raise self.optuna.TrialPruned(why)
@@ -411,14 +426,17 @@ def sweep(
     overrides: list[str] | tuple = (),
     dist: Dist | None = None,
     rebuild: bool = False,
+    parallel: int = 1,
 ) -> dict:
     """Run (or continue) a sweep of `n_trials` trials; returns {"best": ..., "trials": [...]} on rank 0.
-    `rebuild`: a lost or damaged study.journal is rebuilt from the trial folders (else refused)."""
+    `rebuild`: a lost or damaged study.journal is rebuilt from the trial folders (else refused). `parallel`:
+    how many trials run at once, one per process (trialpool.py); 1 runs them one after another."""
     run_dir = Path(run_dir)
     base = apply_overrides(read_yaml(config), list(overrides))
     build_config(base, source=str(config))  # the config itself first, then the space over it
     space = load_space(space_path, base)
     check_trials(n_trials, space)
+    parallel = check_parallel(parallel, n_trials, "trials", "sweep", dist)
     if build_config(base).data.demo:  # written before the flights are looked at, as a command starts
         from cloudml_lib.commands.runs import with_demo_flights
 
@@ -436,7 +454,12 @@ def sweep(
         if dist.is_main:
             lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
         started = started_settings(run_dir) if legacy else {}
-        run_trials(SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist, started))
+        sw = SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist, started)
+        if parallel > 1:
+            attach_run_log(run_dir)
+            run_parallel(sw, parallel)
+        else:
+            run_trials(sw)
         if not dist.is_main:
             return {}
         from cloudml_lib.commands.compare import sweep_summary, write_sweep_report
@@ -708,19 +731,116 @@ def run_trials(sw: SweepRun) -> None:
         if job is None:
             return
         number, params = job
-        log.info(
-            "Trial %d (%d of %d): %s",
-            number,
-            number + 1,
-            sw.n_trials,
-            ", ".join(f"{k}={v}" for k, v in params.items()),
-        )
+        say_trial(number, sw.n_trials, params)
         result = run_trial(sw, trial, number, params)
         if sw.dist.is_main:
             attach_run_log(sw.run_dir)
             finish_trial(sw, trial, result, params)
             sw.store.save()
             write_sweep_report(sw.study, sw.run_dir, sw.space)
+
+
+def run_parallel(sw: SweepRun, n: int) -> None:
+    """`--parallel n`: n trials at once, one worker process each (trialpool.py). This process stays the
+    sweep's one owner: it asks for each trial (or takes back one left running that no worker holds), tells
+    each result, writes trial.json's end, the study's copy (every IDLE_EVERY_S and after each result) and the
+    report; the workers only train, each trial as run_trial does, reporting its epochs to the shared
+    journal (Optuna's file lock makes several writers safe on one machine)."""
+    from cloudml_lib.commands.compare import write_sweep_report
+
+    n = min(n, trials_to_run(sw))
+    if n < 1:
+        return  # every trial is done: no worker to start
+    setup = WorkerSetup(sw.run_dir, sw.store.local, sw.space.to_dict(), sw.base, sw.n_trials, sw.started)
+    held: dict[int, tuple] = {}  # trial number -> (trial, values): given to a worker, not yet told
+    with Workers(n, build_config(sw.base).train.device, "trials", trial_worker, (setup,)) as workers:
+        while True:
+            while len(held) < n and (trial := next_trial(sw.optuna, sw.study, sw.space, sw.n_trials, held)):
+                params = suggest(trial, sw.space)
+                held[trial.number] = (trial, params)
+                sw.store.save()  # the trial and its values, before any training
+                say_trial(trial.number, sw.n_trials, params)
+                build_caches(sw, trial.number, params)
+                workers.put(trial.number, (trial._trial_id, trial.number, params))
+            if not held:
+                break
+            number, result = workers.next_result(idle=sw.store.save)
+            trial, params = held.pop(number)
+            attach_run_log(sw.run_dir)
+            finish_trial(sw, trial, result, params)
+            sw.store.save()
+            write_sweep_report(sw.study, sw.run_dir, sw.space)
+        workers.close()
+
+
+def trials_to_run(sw: SweepRun) -> int:
+    """The trials still to run: those never asked and those left running by a kill."""
+    running = sw.study.get_trials(deepcopy=False, states=(sw.optuna.trial.TrialState.RUNNING,))
+    return sw.n_trials - len(sw.study.get_trials(deepcopy=False)) + len(running)
+
+
+def build_caches(sw: SweepRun, number: int, params: dict) -> None:
+    """A trial's preprocessing caches, opened (built if missing) by the owner before a worker opens them: a
+    cache has no lock of its own, and two workers building one flight's cache at once (the first trials on
+    a new machine, or values that change the frames) would trip over each other's files."""
+    from cloudml_lib.data.cache import load_caches
+    from cloudml_lib.data.flights import resolve_config
+
+    try:
+        cfg = build_config(trial_raw(sw.base, params), source=f"trial {number}'s config")
+        cfg = derive(cfg, sw.started) if sw.started else cfg
+        load_caches(resolve_config(cfg, check_names=False)[0].data)
+    except CloudMLError:
+        pass  # the worker meets it again and fails the trial with it, as a serial sweep does
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker rebuilds its side of the sweep from (picklable: no Optuna objects)."""
+
+    run_dir: Path
+    journal: Path  # the study's local journal, shared by the sweep's processes
+    space: dict
+    base: dict
+    n_trials: int
+    started: dict
+
+
+def trial_worker(place, jobs, results, setup: WorkerSetup) -> None:
+    """A worker process of a parallel sweep: trial after trial, each job (trial id, number, values)."""
+    serve(place, jobs, results, lambda: _trial_runner(setup))
+
+
+def _trial_runner(setup: WorkerSetup):
+    """This worker's view of the sweep (the study from the shared journal, one process, no copy to write)
+    and the function that runs one of its trials."""
+    optuna = require_optuna()
+    space = Space(**setup.space)
+    store = StudyFile(setup.run_dir)
+    store.local = Path(setup.journal)  # the owner's, whatever this process's temporary folder is
+    study = optuna.load_study(
+        study_name=STUDY_NAME, storage=store.storage(optuna), pruner=make_pruner(optuna, space)
+    )
+    sw = SweepRun(
+        optuna, study, None, space, setup.base, setup.n_trials, setup.run_dir, SINGLE, setup.started
+    )
+
+    def run(job: tuple) -> tuple:
+        trial_id, number, params = job
+        study.sampler = make_sampler(optuna, space, number)  # as the owner drew it
+        return run_trial(sw, optuna.trial.Trial(study, trial_id), number, params)
+
+    return run
+
+
+def say_trial(number: int, n_trials: int, params: dict) -> None:
+    log.info(
+        "Trial %d (%d of %d): %s",
+        number,
+        number + 1,
+        n_trials,
+        ", ".join(f"{k}={v}" for k, v in params.items()),
+    )
 
 
 def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
