@@ -584,9 +584,20 @@ def gpu_predict_resume_md(p: dict, r: dict) -> list[str]:
             f"uninterrupted run: {'bit-identical' if r['bit_identical'] else 'different'} (model "
             f"{f['model']['equal_bits']} of {f['model']['tensors']} tensors equal, optimizer "
             f"{f['optimizer']['equal_bits']} of {f['optimizer']['tensors']}, max abs diff {worst:.3g}); "
-            f"evaluation {'equal' if r['evaluation_equal'] else 'different'}."
+            f"evaluation {'equal' if r['evaluation_equal'] else 'different'}." + repeat_words(r)
         )
     return lines + failed_md(r)
+
+
+def repeat_words(r: dict) -> str:
+    """The resume item's second uninterrupted run, in words (results written before it had none)."""
+    if "uninterrupted_runs_identical" not in r:
+        return ""
+    again = "bit-identical" if r["uninterrupted_runs_identical"] else "different"
+    either = "one of them" if r["bit_identical_to_either"] else "neither"
+    return (
+        f" A second uninterrupted run: {again} to the first (the resumed run is bit-identical to {either})."
+    )
 
 
 def preprocess_md(d: dict) -> list[str]:

@@ -74,7 +74,9 @@ def test_the_gpu_benchmark_runs_its_items_on_the_cpu(tmp_path):
     assert len(compiled["epochs"]) == 3 and not compiled["compile_at_end"]["fallback"]
     assert doc["precision"]["fp16_grad_scaler"]["non_finite_losses"] == 0
     assert doc["memory"]["skipped"].startswith("needs CUDA")  # out of memory is a GPU's only
-    assert doc["resume"]["killed_by_sigkill"] and doc["resume"]["bit_identical"], doc["resume"]
+    # bit-identical to an uninterrupted run; two uninterrupted runs differed once in about ten smoke runs on
+    # this 2-core CPU (rounding, from epoch 1 on, before any kill), so the resumed run is held to either
+    assert doc["resume"]["killed_by_sigkill"] and doc["resume"]["bit_identical_to_either"], doc["resume"]
     # the items a T4 projection needs (gpu_t4.py): the CUDA-only ones say so, the others run
     t4 = ("context", "profile", "speed", "epoch", "predict_2cpu", "graphs")
     assert [i for i in t4 if "failed" in doc[i]] == [], {i: doc[i].get("failed") for i in t4}
