@@ -1,0 +1,170 @@
+"""What the test suite costs and what it checks: README's test command timed test by test, and the line and
+branch coverage of cloudml_lib it reaches.
+
+    python benchmarks/suite.py                 # README's test command, --durations=0: its time, file by file
+    python benchmarks/suite.py --quick         # the quick subset (-m "not slow") the same way
+    python benchmarks/suite.py --coverage      # README's test command under coverage.py (slower: 1.5-3x)
+
+Each writes its block for the checkout's commit into benchmarks/results/suite.json (other commits' blocks
+are kept: the suite before and after a change side by side) and the test names it ran into
+benchmarks/suite/tests_<commit>.txt. Coverage: coverage.py with branch measurement over cloudml_lib, every
+Python process the tests start measured too (coverage's `patch = subprocess`: commands, notebook kernels,
+torchrun workers); the Colab twin's own environment is not (it holds no coverage.py). The time of the Colab
+twin's environment (built in the background while the other tests run, or kept from an earlier session) is
+recorded beside, from what the suite writes to $CLOUDML_SUITE_NOTES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks import machine  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "suite.json"
+NAMES = REPO / "benchmarks" / "suite"
+SCRATCH = REPO / "benchmarks" / ".scratch" / "suite"
+DURATION = re.compile(r"^\s*([0-9.]+)s (call|setup|teardown)\s+(\S+)")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|error|deselected).*?) in ([0-9.]+)s")
+
+
+def readme_command() -> str:
+    """README's test command (its line ending in "# run the tests"), as .ci/run checks it."""
+    line = next(
+        x for x in (REPO / "README.md").read_text().splitlines() if x.rstrip().endswith("# run the tests")
+    )
+    return line.split("&&", 1)[1].rsplit("#", 1)[0].strip()
+
+
+def pytest_argv(quick: bool) -> tuple[dict, list[str]]:
+    """README's pytest call as an environment and an argv (the quick subset: its tests, -m "not slow")."""
+    words = shlex.split(readme_command())
+    env = dict(w.split("=", 1) for w in words if re.match(r"^[A-Z_]+=", w))
+    argv = [w for w in words if not re.match(r"^[A-Z_]+=", w)]
+    assert argv[:3] == ["python", "-m", "pytest"], argv
+    if quick:  # README's quick subset: the tests without the notebooks, slow ones left out
+        argv = ["python", "-m", "pytest", "-q", "tests", "-m", "not slow"]
+    return env, argv[3:]
+
+
+def parse(output: str) -> dict:
+    """Per-test and per-file seconds (setup, call and teardown together), the summary line and its time."""
+    tests: dict[str, float] = {}
+    for line in output.splitlines():
+        m = DURATION.match(line)
+        if m:
+            tests[m.group(3)] = tests.get(m.group(3), 0.0) + float(m.group(1))
+    files: dict[str, float] = {}
+    for name, seconds in tests.items():
+        f = name.split("::")[0]
+        files[f] = files.get(f, 0.0) + seconds
+    summary = [SUMMARY.match(line) for line in output.splitlines()]
+    last = [m for m in summary if m][-1]
+    return {
+        "summary": last.group(1),
+        "pytest_s": float(last.group(2)),
+        "files_s": {k: round(v, 1) for k, v in sorted(files.items(), key=lambda kv: -kv[1])},
+        "slowest_s": {k: round(v, 1) for k, v in sorted(tests.items(), key=lambda kv: -kv[1])[:30]},
+        "failed": [
+            line.split(" ", 1)[1] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))
+        ],
+    }
+
+
+def coverage_totals(report: dict) -> dict:
+    t = report["totals"]
+    return {
+        "lines": [t["covered_lines"], t["num_statements"]],
+        "branches": [t["covered_branches"], t["num_branches"]],
+        "line_pct": round(100 * t["covered_lines"] / t["num_statements"], 2),
+        "branch_pct": round(100 * t["covered_branches"] / t["num_branches"], 2),
+        "combined_pct": round(t["percent_covered"], 2),
+    }
+
+
+def commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def run(quick: bool, coverage: bool) -> dict:
+    env, args = pytest_argv(quick)
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    notes = SCRATCH / "notes.json"
+    notes.unlink(missing_ok=True)
+    full = {**os.environ, **env, "CLOUDML_SUITE_NOTES": str(notes)}
+    cmd = [sys.executable, "-m", "pytest", *args, "--durations=0", "-p", "no:cacheprovider"]
+    if coverage:
+        rc = SCRATCH / "coveragerc"
+        data = SCRATCH / "coverage"
+        for old in SCRATCH.glob("coverage*"):
+            old.unlink() if old.is_file() else None
+        rc.write_text(
+            "[run]\nbranch = True\nsource = cloudml_lib\nparallel = True\npatch = subprocess\n"
+            f"data_file = {data}\n"
+        )
+        full["COVERAGE_RCFILE"] = str(rc)
+        cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", *cmd[3:]]
+    load = os.getloadavg()
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True)
+    out = parse(r.stdout + r.stderr)
+    out.update(exit_status=r.returncode, wall_s=round(time.monotonic() - t0, 1))
+    out["load_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
+    if notes.exists():
+        out["notes"] = json.loads(notes.read_text())
+    if coverage:
+        subprocess.run(
+            [sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=REPO, check=True
+        )
+        report = SCRATCH / "coverage.json"
+        subprocess.run(
+            [sys.executable, "-m", "coverage", "json", f"--rcfile={rc}", "-q", "-o", str(report)],
+            cwd=REPO,
+            check=True,
+        )
+        out["coverage"] = coverage_totals(json.loads(report.read_text()))
+    names = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+    ).stdout
+    listed = sorted(line for line in names.splitlines() if "::" in line)
+    out["tests"] = len(listed)
+    NAMES.mkdir(exist_ok=True)
+    (NAMES / f"tests_{commit()}{'_quick' if quick else ''}.txt").write_text("\n".join(listed) + "\n")
+    return out
+
+
+def record(block: dict, key: str) -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results["machine"] = machine()
+    results.setdefault("commits", {}).setdefault(commit(), {})[key] = block
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help='the quick subset: -m "not slow", no notebooks')
+    p.add_argument("--coverage", action="store_true", help="under coverage.py: line and branch coverage")
+    args = p.parse_args()
+    key = "coverage" if args.coverage else "quick" if args.quick else "full"
+    block = run(args.quick, args.coverage)
+    record(block, key)
+    print(json.dumps({k: v for k, v in block.items() if k not in ("files_s", "slowest_s")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
