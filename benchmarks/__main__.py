@@ -593,6 +593,8 @@ def repeat_words(r: dict) -> str:
     """The resume item's second uninterrupted run, in words (results written before it had none)."""
     if "uninterrupted_runs_identical" not in r:
         return ""
+    if isinstance(r["uninterrupted_runs_identical"], str):  # the smoke's: not run, the resume being identical
+        return f" A second uninterrupted run: {r['uninterrupted_runs_identical']}."
     again = "bit-identical" if r["uninterrupted_runs_identical"] else "different"
     either = "one of them" if r["bit_identical_to_either"] else "neither"
     return (

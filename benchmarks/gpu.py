@@ -79,8 +79,10 @@ class Size:
 
     def __init__(self, smoke: bool):
         self.smoke = smoke
-        self.raw = (80, 96) if smoke else (512, 640)  # the camera's rows x columns
-        self.swath = (8, 72) if smoke else (40, 480)
+        # the camera's rows x columns, and the rows kept; the smoke's frames are 32 x 48 (the demo camera's
+        # rows, half its columns), which keeps each item's CPU run to seconds
+        self.raw = (80, 48) if smoke else (512, 640)
+        self.swath = (8, 40) if smoke else (40, 480)
         self.frame = (self.swath[1] - self.swath[0], self.raw[1])  # 440 x 640 on the GPU
         self.flight_frames = 160 if smoke else 500
         self.warmup, self.steps = (1, 2) if smoke else (3, 10)
@@ -669,7 +671,9 @@ def flatten(obj, prefix: str = "") -> dict:
 def item_resume(size: Size, put) -> None:
     """Killed by SIGKILL and resumed, against an uninterrupted run; and a second uninterrupted run, which says
     whether training on this machine repeats itself bit for bit at all (a difference between the two
-    uninterrupted runs is the machine's, not the resume's: once in about ten smoke runs on a 2-core CPU)."""
+    uninterrupted runs is the machine's, not the resume's: once in about ten smoke runs on a 2-core CPU). The
+    CPU smoke trains that second run only where the resumed run differs from the first (its only use
+    there); the GPU run always does (whether the GPU repeats itself is a result of its own)."""
     for run in ("resume_ref", "resume_again", "resume_killed"):
         shutil.rmtree(SCRATCH / run, ignore_errors=True)
     ref = cli_run(size, "resume_ref", None)
@@ -680,27 +684,35 @@ def item_resume(size: Size, put) -> None:
     put("killed_by_sigkill", killed.returncode == -9)
     resumed = cli_run(size, "resume_killed", None)
     put("resumed_exit", resumed.returncode)
-    again = cli_run(size, "resume_again", None)
-    for name, p in (("uninterrupted", ref), ("resumed", resumed), ("again", again)):
+    for name, p in (("uninterrupted", ref), ("resumed", resumed)):
         if p.returncode:
             put(f"{name}_stderr", in_repo(p.stderr[-1500:]))
     resumed_from = [in_repo(line) for line in resumed.stdout.splitlines() if "esum" in line][:2]
     put("resumed_log", resumed_from)
-    if ref.returncode == 0 and resumed.returncode == 0 and again.returncode == 0:
-        diffs = compare_states(final_state("resume_ref"), final_state("resume_killed"))
-        put("final_state", diffs)
-        put("bit_identical", identical(diffs))
+    if ref.returncode or resumed.returncode:
+        return
+    diffs = compare_states(final_state("resume_ref"), final_state("resume_killed"))
+    put("final_state", diffs)
+    put("bit_identical", identical(diffs))
+    same = identical(diffs)
+    if not (size.smoke and same):
+        again = cli_run(size, "resume_again", None)
+        if again.returncode:
+            put("again_stderr", in_repo(again.stderr[-1500:]))
+            return
         put(
             "uninterrupted_runs_identical",
             identical(compare_states(*map(final_state, ("resume_ref", "resume_again")))),
         )
-        other = compare_states(final_state("resume_again"), final_state("resume_killed"))
-        put("bit_identical_to_either", identical(diffs) or identical(other))
-        evals = [
-            json.loads((SCRATCH / r / "evaluation.json").read_text())["overall"]
-            for r in ("resume_ref", "resume_killed")
-        ]
-        put("evaluation_equal", evals[0] == evals[1])
+        same = same or identical(compare_states(final_state("resume_again"), final_state("resume_killed")))
+    else:
+        put("uninterrupted_runs_identical", "not run: the resumed run equals the first bit for bit")
+    put("bit_identical_to_either", same)
+    evals = [
+        json.loads((SCRATCH / r / "evaluation.json").read_text())["overall"]
+        for r in ("resume_ref", "resume_killed")
+    ]
+    put("evaluation_equal", evals[0] == evals[1])
     put("determinism", "torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic, "
         "cudnn.benchmark off, CUBLAS_WORKSPACE_CONFIG=:4096:8; killed by SIGKILL after optimizer step "
         f"{kill} (checkpoints every 3 steps)")  # fmt: skip

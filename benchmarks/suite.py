@@ -4,10 +4,12 @@ branch coverage of cloudml_lib it reaches.
     python benchmarks/suite.py                 # README's test command, --durations=0: its time, file by file
     python benchmarks/suite.py --quick         # the quick subset (-m "not slow") the same way
     python benchmarks/suite.py --coverage      # README's test command under coverage.py (slower: 1.5-3x)
+    python benchmarks/suite.py --from-output ci.out --notes notes.json --how "..."   # a run done elsewhere
 
 Each writes its block for the checkout's commit into benchmarks/results/suite.json (other commits' blocks
-are kept: the suite before and after a change side by side) and the test names it ran into
-benchmarks/suite/tests_<commit>.txt. Coverage: coverage.py with branch measurement over cloudml_lib, every
+are kept: the suite before and after a change side by side), the test names it ran into
+benchmarks/suite/tests_<commit>.txt, and pytest's whole output into benchmarks/.scratch/suite/pytest.out.
+Coverage: coverage.py with branch measurement over cloudml_lib, every
 Python process the tests start measured too (coverage's `patch = subprocess`: commands, notebook kernels,
 torchrun workers); the Colab twin's own environment is not (it holds no coverage.py). The time of the Colab
 twin's environment (built in the background while the other tests run, or kept from an earlier session) is
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -92,9 +95,10 @@ def coverage_totals(report: dict) -> dict:
 
 
 def commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    """The checkout's commit, "+changes" where its tracked files differ from it (measured, not committed)."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short=7", "HEAD") + ("+changes" if changed else "")
 
 
 def run(quick: bool, coverage: bool) -> dict:
@@ -116,10 +120,14 @@ def run(quick: bool, coverage: bool) -> dict:
         full["COVERAGE_RCFILE"] = str(rc)
         cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", *cmd[3:]]
     load = os.getloadavg()
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    (SCRATCH / "pytest.out").write_text(r.stdout + r.stderr)  # a failure's whole story, kept for reading
     out = parse(r.stdout + r.stderr)
     out.update(exit_status=r.returncode, wall_s=round(time.monotonic() - t0, 1))
+    # processor time of the suite and every process it waited for (what two cores share)
+    out["cpu_s"] = round(cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1)
     out["load_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
     if notes.exists():
         out["notes"] = json.loads(notes.read_text())
@@ -134,18 +142,24 @@ def run(quick: bool, coverage: bool) -> dict:
             check=True,
         )
         out["coverage"] = coverage_totals(json.loads(report.read_text()))
+    out["tests"] = write_names(quick)
+    return out
+
+
+def write_names(quick: bool) -> int:
+    """The names of the tests README's command (or the quick subset) collects, into NAMES; their count."""
+    env, args = pytest_argv(quick)
     names = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, "--collect-only", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *args, "--collect-only", "-p", "no:cacheprovider"],
         cwd=REPO,
-        env=full,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
     ).stdout
     listed = sorted(line for line in names.splitlines() if "::" in line)
-    out["tests"] = len(listed)
     NAMES.mkdir(exist_ok=True)
     (NAMES / f"tests_{commit()}{'_quick' if quick else ''}.txt").write_text("\n".join(listed) + "\n")
-    return out
+    return len(listed)
 
 
 def record(block: dict, key: str) -> None:
@@ -159,7 +173,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help='the quick subset: -m "not slow", no notebooks')
     p.add_argument("--coverage", action="store_true", help="under coverage.py: line and branch coverage")
+    p.add_argument(
+        "--from-output",
+        type=Path,
+        metavar="FILE",
+        help="record instead what a run already printed (e.g. `bash .ci/run` in a fresh clone with "
+        "PYTEST_ADDOPTS=--durations=0), under the key fresh_clone; with --notes and --how",
+    )
+    p.add_argument("--notes", type=Path, help="that run's $CLOUDML_SUITE_NOTES file (the twin's time)")
+    p.add_argument("--how", default="", help="that run's machine, load and command, in words")
     args = p.parse_args()
+    if args.from_output:
+        block = parse(args.from_output.read_text())
+        block["measured"] = args.how
+        if args.notes and args.notes.is_file():
+            block["notes"] = json.loads(args.notes.read_text())
+        block["tests"] = write_names(False)
+        record(block, "fresh_clone")
+        print(json.dumps({k: v for k, v in block.items() if k not in ("files_s", "slowest_s")}, indent=1))
+        return
     key = "coverage" if args.coverage else "quick" if args.quick else "full"
     block = run(args.quick, args.coverage)
     record(block, key)

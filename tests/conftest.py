@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import copy
+import io
+import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, prepare
 from cloudml_lib.data.synthetic import make_demo_flights
 
 REPO = Path(__file__).resolve().parent.parent
+FRESH_THREADS = (
+    torch.get_num_threads()
+)  # torch's intra-op threads in a new process (before any test sets them)
 TINY_SHAPE = (40, 48)  # raw rows x columns of the test camera
 TINY_FRAMES = 240
 
@@ -150,11 +161,12 @@ def ws(tmp_path, monkeypatch):
     return colab.workspace()
 
 
-def run_cli(
+def run_process(
     *args, cwd=None, env: dict | None = None, timeout: float | None = None
 ) -> subprocess.CompletedProcess:
     """`python -m cloudml_lib ARGS` in a process of its own (from the repository, or `cwd`), its output
-    captured; no fault injection inherited (CLOUDML_KILL_AT only where `env` sets it)."""
+    captured; no fault injection inherited (CLOUDML_KILL_AT only where `env` sets it). For a test whose point
+    is the process: a signal or a kill (CLOUDML_KILL_AT), the interpreter's exit status, what it imports."""
     full = {k: v for k, v in os.environ.items() if k != "CLOUDML_KILL_AT"}
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full.get("PYTHONPATH", "")]))
     full.update(env or {})
@@ -168,6 +180,250 @@ def run_cli(
     )
 
 
+def run_cli(
+    *args, cwd=None, env: dict | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m cloudml_lib ARGS` run in this process (cli.main, as `python -m cloudml_lib` runs it), for a
+    test that checks a command's message, exit status and files: what it prints to stdout and stderr is
+    captured, its exit status is main's (2 for a refusal, 1 with the traceback on stderr for anything
+    unexpected, argparse's own), from the repository or `cwd`, with `env` set for the call alone. Everything
+    a command changes in the process is put back afterwards: the working directory, the environment (and
+    tempfile's folder, which follows TMPDIR), the signal handlers, cloudml_lib's log handlers. A Ctrl-C
+    during the command stops the suite (the command's own handler turned it into exit status 130). A fault
+    (CLOUDML_KILL_AT in `env`) runs in a process of its own (run_process): its signal or kill is the point.
+    `timeout` guards against a hang, as subprocess.run's does: past it, SIGALRM stops the command (a blocking
+    read or wait is interrupted) and subprocess.TimeoutExpired is raised."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from cloudml_lib.commands import cli
+
+    if "CLOUDML_KILL_AT" in (env or {}):  # a fault's signal or kill is the point: a process of its own
+        return run_process(*args, cwd=cwd, env=env, timeout=timeout)
+    argv = [str(a) for a in args]
+    saved = _ProcessState.save()
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.pop("CLOUDML_KILL_AT", None)
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    # torch's threads as a new process would start them (OMP_NUM_THREADS is read once, at torch's start)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or FRESH_THREADS))
+    os.chdir(REPO if cwd is None else cwd)
+    interrupts = CTRL_C.count
+    try:
+        with redirect_stdout(out), redirect_stderr(err), _time_limit(timeout):
+            try:
+                code = cli.main(argv)
+            except SystemExit as e:  # argparse (a usage error, --help, --version)
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, (int, type(None))):
+                    print(e.code, file=sys.stderr)
+            except Exception:  # what the interpreter would print, with its exit status
+                traceback.print_exc()
+                code = 1
+    except _Hung:
+        raise subprocess.TimeoutExpired(
+            ["python", "-m", "cloudml_lib", *argv], timeout, out.getvalue()
+        ) from None
+    finally:
+        saved.restore()
+    if CTRL_C.count != interrupts:
+        raise KeyboardInterrupt("Ctrl-C while a command ran in the test's process")
+    return subprocess.CompletedProcess(
+        ["python", "-m", "cloudml_lib", *argv], code, out.getvalue(), err.getvalue()
+    )
+
+
+class _Hung(BaseException):
+    """A command in this process past its time limit (a BaseException: no `except Exception` of the
+    command's own takes it)."""
+
+
+@contextmanager
+def _time_limit(seconds: float | None):
+    if not seconds:
+        yield
+        return
+
+    def hung(signum, frame):
+        raise _Hung
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# What CloudML remembers for the life of its process (a table or a notice said once, a fault point's count):
+# a command run in this process starts with them empty, as in a process of its own, and they are put back
+# after it. tests/test_layout.py checks that every module-level set or dict of cloudml_lib is here or in
+# NOT_PER_COMMAND, with its reason.
+PER_PROCESS = (
+    ("cloudml_lib.train.build", "_SHOWN_TABLES"),
+    ("cloudml_lib.base.config", "_NOTICED"),
+    ("cloudml_lib.base.ledger", "_said"),
+    ("cloudml_lib.core.machine.timing", "_told"),
+    ("cloudml_lib.base.faults", "_counts"),
+)
+NOT_PER_COMMAND = (
+    ("cloudml_lib.base.ledger", "_held"),  # the folder locks this process holds now: released by their owners
+    ("cloudml_lib.base.ownership", "_KINDS"),  # the kinds of folder, registered at import
+    ("cloudml_lib.colab.expected", "_RUNNING"),  # the notebook's measuring threads (no command starts one)
+)
+
+
+class _ProcessState:
+    """What a command run in this process may change for the ones after it, saved and put back."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        import importlib
+
+        self.memories = {}
+        for module, name in PER_PROCESS:
+            memory = getattr(importlib.import_module(module), name)
+            self.memories[(module, name)] = (memory, copy.copy(memory))
+            memory.clear()
+        self.cwd = os.getcwd()
+        self.environ = dict(os.environ)
+        self.threads = torch.get_num_threads()
+        self.tempdir = None
+        self.handlers = {s: signal.getsignal(s) for s in self.SIGNALS}
+        logger = logging.getLogger("cloudml_lib")
+        self.log = (list(logger.handlers), logger.level, logger.propagate)
+
+    @classmethod
+    def save(cls) -> _ProcessState:
+        state = cls()
+        state.tempdir = tempfile.tempdir
+        return state
+
+    def restore(self) -> None:
+        for memory, before in self.memories.values():
+            memory.clear()
+            memory.update(before)
+        os.chdir(self.cwd)
+        torch.set_num_threads(self.threads)
+        os.environ.clear()
+        os.environ.update(self.environ)
+        tempfile.tempdir = self.tempdir
+        for s, h in self.handlers.items():
+            CTRL_C.real_signal(s, h)  # exactly the handler it found (signal.signal would wrap it)
+        logger = logging.getLogger("cloudml_lib")
+        handlers, level, propagate = self.log
+        for h in logger.handlers:
+            if h not in handlers:
+                h.close()  # a run's train.log is not held open by the test process
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+class _CtrlC:
+    """Counts the Ctrl-Cs (SIGINT) this process receives while a handler other than Python's own holds
+    SIGINT: CloudML's (the command line's, a training loop's) turn the first Ctrl-C into a stop at a
+    checkpoint or exit status 130, which a test would report as a failure while the suite went on. Every
+    SIGINT handler installed in this process is wrapped to count first (signal.signal is wrapped for the
+    session, pytest_configure); after each test the handlers are put back to pytest's, and a counted Ctrl-C
+    stops the suite."""
+
+    def __init__(self):
+        self.count = 0
+        self.real_signal = signal.signal
+        self.pytest_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.blocked_at_start: set = set()
+
+    def signal(self, signum, handler):
+        if signum == signal.SIGINT and callable(handler) and not getattr(handler, "_counts_ctrl_c", False):
+            inner = handler
+
+            def handler(number, frame):
+                self.count += 1
+                return inner(number, frame)
+
+            handler._counts_ctrl_c = True
+            handler.__wrapped__ = inner
+        return self.real_signal(signum, handler)
+
+
+CTRL_C = _CtrlC()
+
+
+def pytest_configure(config):
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # started in the background by a shell (`nohup pytest ... &`), which ignores Ctrl-C there: every
+        # process a test starts would inherit that, and the tests of a stop by Ctrl-C would fail; a shell's
+        # foreground command gets the default, and so does the suite
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        CTRL_C.pytest_handlers[signal.SIGINT] = signal.default_int_handler
+    CTRL_C.blocked_at_start = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    signal.signal = CTRL_C.signal
+
+
+def pytest_unconfigure(config):
+    signal.signal = CTRL_C.real_signal
+    if TWIN is not None:
+        notes = os.environ.get("CLOUDML_SUITE_NOTES")  # benchmarks/suite.py records the twin's time beside
+        if notes:
+            Path(notes).write_text(json.dumps({"colab_twin_environment": TWIN.how, "seconds": TWIN.seconds}))
+        shutil.rmtree(TWIN.scratch, ignore_errors=True)
+
+
+TWIN = None  # the Colab twin's environment (install_helpers.TwinEnvironment), where its tests were selected
+TWIN_MODULE = "test_colab_twin.py"
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: a quick run builds no twin
+def pytest_collection_modifyitems(session, config, items):
+    """The Colab twin's tests go last, and its environment starts building in the background now: the other
+    tests run while pip downloads and unpacks Colab's torch."""
+    global TWIN
+    twin = [item for item in items if item.path.name == TWIN_MODULE]
+    if not twin:
+        return
+    items[:] = [item for item in items if item.path.name != TWIN_MODULE] + twin
+    from install_helpers import TwinEnvironment
+
+    TWIN = TwinEnvironment(Path(tempfile.mkdtemp(prefix="cloudml-twin-")))
+    TWIN.start()
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_left_as_found():
+    """A test, or CloudML run in this process, must leave Ctrl-C and SIGTERM as it found them: blocked in the
+    main thread or ignored, they would stay so in every process started later (a child inherits both), and a
+    notebook kernel that ran CloudML would no longer be interrupted. The state is put back, and the test
+    fails naming what it left."""
+    yield
+    if threading.current_thread() is not threading.main_thread():
+        return
+    stops = {signal.SIGINT, signal.SIGTERM}
+    blocked = stops & set(signal.pthread_sigmask(signal.SIG_BLOCK, [])) - CTRL_C.blocked_at_start
+    ignored = {s for s in stops if signal.getsignal(s) == signal.SIG_IGN != CTRL_C.pytest_handlers.get(s)}
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    for s in ignored:
+        CTRL_C.real_signal(s, CTRL_C.pytest_handlers[s])
+    left = [f"{signal.Signals(s).name} blocked" for s in blocked] + [
+        f"{signal.Signals(s).name} ignored" for s in ignored
+    ]
+    assert not left, f"the test left {', '.join(left)} in pytest's process"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = CTRL_C.count
+    yield
+    if threading.current_thread() is threading.main_thread():
+        for s, h in CTRL_C.pytest_handlers.items():  # a command the test ran here may have left its own
+            CTRL_C.real_signal(s, h)
+    if CTRL_C.count != before:
+        item.session.shouldstop = "Ctrl-C (a handler of CloudML's had taken it while the test ran)"
+
+
 def fit_and_finish(trainer) -> dict:
     """A set-up Trainer's run trained and ended (commands/runs.py's route, in this process): its report."""
     from cloudml_lib.science.finish import finish_run
@@ -176,11 +432,89 @@ def fit_and_finish(trainer) -> dict:
     return finish_run(trainer.folder, trainer.dist)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tiny_flights, tmp_path_factory):
-    """A tiny run of today's code (one epoch), trained once per test module over its own copy of the tiny
-    flights: its folder, its flights' folder and their entries."""
-    from cloudml_lib.train import Trainer
+class SessionRuns:
+    """Runs a session trains once, as a user would with `python -m cloudml_lib train`, over the tiny flights
+    and one config file (`cfg`: the tiny config, checkpoints every 3 steps, the last 3 kept, its cache in
+    the session's folder), and copies for each test that changes them: `finished()` ran to its end;
+    `killed(point)` was killed by SIGKILL at a fault point (CLOUDML_KILL_AT, e.g. "step:8"), in a process of
+    its own. A test resumes or damages its copy with the same `cfg`: nothing it does differs from a run it
+    trained itself."""
+
+    def __init__(self, root: Path, flights: Path, entries: list[dict]):
+        import yaml
+
+        self.root, self.flights, self.entries = root, flights, entries
+        raw = tiny_raw(flights, entries, root / "cache")
+        raw["checkpoint"] = {"every_steps": 3, "keep_last": 3}
+        self.raw = raw
+        self.cfg = root / "tiny.yaml"
+        self.cfg.write_text(yaml.safe_dump(raw))
+        self._built: dict[str, Path] = {}
+
+    def _run(self, name: str, **env) -> Path:
+        if name not in self._built:
+            run = self.root / name.replace(":", "-")
+            r = run_cli("train", "--config", self.cfg, "--run-dir", run, env=env or None)
+            want = -signal.SIGKILL if env.get("CLOUDML_KILL_AT") else 0
+            assert r.returncode == want, (name, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+            self._built[name] = run
+        return self._built[name]
+
+    def finished(self) -> Path:
+        return self._run("finished")
+
+    def killed(self, point: str) -> Path:
+        return self._run(f"killed:{point}", CLOUDML_KILL_AT=point)
+
+    def copy(self, run: Path, dest: Path) -> Path:
+        return same_folder_at(run, dest)
+
+
+@pytest.fixture(scope="session")
+def session_runs(tiny_flights, tmp_path_factory) -> SessionRuns:
+    root, entries = tiny_flights
+    return SessionRuns(tmp_path_factory.mktemp("session_runs"), root, entries)
+
+
+def same_folder_at(src: Path, dest: Path) -> Path:
+    """A copy of the CloudML folder `src` at `dest` that stands for `src` itself, as if its commands had run
+    there: its markers and ledgers (which record the folder they were written in, so that a copied marker
+    proves nothing) name `dest`'s folders. A test that resumes or damages a run the session made once
+    works on this; one about a folder really copied or moved uses shutil.copytree."""
+    from cloudml_lib.base.ledger import LEDGER
+    from cloudml_lib.base.ownership import MARKER, where
+
+    shutil.copytree(src, dest)
+    for name in (MARKER, LEDGER):
+        for path in Path(dest).rglob(name):
+            doc = json.loads(path.read_text())
+            old_place = where(Path(src) / path.parent.relative_to(dest))
+            if doc.get("folder") == old_place:
+                path.write_text(json.dumps(dict(doc, folder=where(path.parent))) + "\n")
+    return Path(dest)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """Every file under `folder` by its relative path: its SHA-256 (a link: where it points)."""
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): os.readlink(p)
+        if p.is_symlink()
+        else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
+
+
+@pytest.fixture(scope="session")
+def shared_tiny_run(tiny_flights, tmp_path_factory):
+    """The tiny run of today's code (one epoch), trained once per session through the Python API from a YAML
+    file (cml.fit, as a user's notebook does), over its own copy of the tiny flights: its folder, its
+    flights' folder and their entries. Tests read it through `tiny_run` or change a copy (`tiny_run_copy`)."""
+    import yaml
+
+    import cloudml_lib as cml
 
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("tiny_run")
@@ -190,5 +524,36 @@ def tiny_run(tiny_flights, tmp_path_factory):
     raw["train"]["epochs"] = 1
     # a whole flight validates (its 25 heights calibrate the intervals; the tiny time blocks hold too few)
     raw["data"]["validation"] = [entries[1]["name"]]
-    fit_and_finish(Trainer(build_config(raw), tmp / "run").setup())
+    (tmp / "tiny_run.yaml").write_text(yaml.safe_dump(raw))
+    cml.fit(tmp / "tiny_run.yaml", tmp / "run")
     return tmp / "run", data, entries
+
+
+@pytest.fixture
+def tiny_run(shared_tiny_run):
+    """The session's tiny run (shared_tiny_run), read in place: a test that changes a file of the run or of
+    its flights fails here, naming them (it should use tiny_run_copy, or copy the flights it changes); lines
+    added to its train.log are allowed (predict and evaluate log into the run they read)."""
+    run, data, _ = shared_tiny_run
+    log = (run / "train.log").read_bytes()
+    before = (digest(run), digest(data))
+    yield shared_tiny_run
+    after = (digest(run), digest(data))
+    changed = sorted(
+        f"{where}/{name}"
+        for where, a, b in (("run", before[0], after[0]), ("flights", before[1], after[1]))
+        for name in set(a) | set(b)
+        if a.get(name) != b.get(name)
+    )
+    if (run / "train.log").read_bytes().startswith(log):  # a command that reads a run logs there too
+        changed = [name for name in changed if name != "run/train.log"]
+    assert not changed, f"the test changed the session's shared tiny run (use tiny_run_copy): {changed}"
+
+
+@pytest.fixture
+def tiny_run_copy(shared_tiny_run, tmp_path):
+    """A copy of the session's tiny run in this test's folder, to change (its flights are shared: copy
+    those a test changes): the copy's folder, the flights' folder and their entries."""
+    run, data, entries = shared_tiny_run
+    shutil.copytree(run, tmp_path / "tiny_run")
+    return tmp_path / "tiny_run", data, entries

@@ -169,6 +169,21 @@ def colab_pins() -> dict[str, str]:
     return pins
 
 
+COLAB_STUB = {
+    "__init__.py": '"""A stand-in for Colab\'s google.colab, for the tests\' Colab twin."""\n',
+    "drive.py": (
+        '"""drive.mount of the Colab twin: links the mount point to $CLOUDML_TWIN_DRIVE (Google Drive\'s '
+        'stand-in)."""\n'
+        "import os\n\n\n"
+        "def mount(mountpoint, force_remount=False, **kwargs):\n"
+        "    if not os.path.isdir(os.path.join(mountpoint, 'MyDrive')):\n"
+        "        os.makedirs(os.path.dirname(mountpoint), exist_ok=True)\n"
+        "        os.symlink(os.environ['CLOUDML_TWIN_DRIVE'], mountpoint)\n"
+        "    print('Mounted at', mountpoint)\n"
+    ),
+}
+
+
 def make_colab_venv(where: Path, python: str | None = None, constraints: Path | None = None) -> Path:
     """A fresh virtual environment of `python` (default: this one) with what Colab preinstalls, and a stub
     google.colab whose drive.mount links the mount point to the folder standing in for Google Drive
@@ -190,20 +205,142 @@ def make_colab_venv(where: Path, python: str | None = None, constraints: Path | 
     )
     stub = site / "google" / "colab"  # no google/__init__.py: "google" stays a namespace (protobuf)
     stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text(
-        '"""A stand-in for Colab\'s google.colab, for the tests\' Colab twin."""\n'
-    )
-    (stub / "drive.py").write_text(
-        '"""drive.mount of the Colab twin: links the mount point to $CLOUDML_TWIN_DRIVE (Google Drive\'s '
-        'stand-in)."""\n'
-        "import os\n\n\n"
-        "def mount(mountpoint, force_remount=False, **kwargs):\n"
-        "    if not os.path.isdir(os.path.join(mountpoint, 'MyDrive')):\n"
-        "        os.makedirs(os.path.dirname(mountpoint), exist_ok=True)\n"
-        "        os.symlink(os.environ['CLOUDML_TWIN_DRIVE'], mountpoint)\n"
-        "    print('Mounted at', mountpoint)\n"
-    )
+    for name, text in COLAB_STUB.items():
+        (stub / name).write_text(text)
     return python
+
+
+def freeze(python: Path) -> str:
+    """Every distribution the environment of `python` holds, with its version (pip freeze --all)."""
+    r = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "freeze", "--all"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+class TwinEnvironment:
+    """The Colab twin's virtual environment (make_colab_venv with COLAB_CONSTRAINTS), built in the background
+    from the session's start (`start`: about 4 minutes here, mostly downloading PyPI's CUDA build of torch
+    2.11), and kept between sessions where the machine allows: in $CLOUDML_TWIN_CACHE (default
+    ~/.cache/cloudml-tests), under a key of everything it is made of (Colab's Python and pins, the packages,
+    the google.colab stub). A kept one is used only if it holds exactly what it held when built (pip
+    freeze, recorded then); the tests install CloudML into it, and `reset` removes what they added when they
+    end. Where the folder cannot be kept (another session holds it, or none can be made), one is built in the
+    session's temporary folder. $CLOUDML_TWIN_CACHE=off builds a fresh one each session."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
+        self.python_exe: Path | None = None
+        self.how = ""
+        self.seconds: float | None = None
+        self._error: BaseException | None = None
+        self._thread = None
+        self._lock = None
+
+    @staticmethod
+    def key(base: str) -> str:
+        import hashlib
+
+        version = subprocess.run(
+            [base, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True
+        ).stdout
+        parts = [version, COLAB_CONSTRAINTS.read_text(), "\n".join(COLAB_PACKAGES), json.dumps(COLAB_STUB)]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+    def start(self) -> None:
+        import threading
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._build, name="colab-twin-build", daemon=True)
+            self._thread.start()
+
+    def python(self, timeout: float = 1800) -> Path:
+        """The twin's python, waiting for the build (started here if it was not)."""
+        self.start()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the Colab twin's environment was not built in {timeout:.0f} s")
+        if self._error is not None:
+            raise RuntimeError(
+                f"the Colab twin's environment could not be built: {self._error}"
+            ) from self._error
+        return self.python_exe
+
+    def _build(self) -> None:
+        import time
+
+        try:
+            t0 = time.monotonic()
+            base = colab_python()
+            where = self._kept_folder(base)
+            if where is None:
+                where = self.scratch / "colab-twin"
+                self.how = "built for this session"
+            venv, record = where / "venv", where / "freeze.txt"
+            python = venv / "bin" / "python"
+            if record.is_file() and python.is_file() and self._pristine(python, record.read_text()):
+                self.how = f"kept in {where} (as built)"
+            else:
+                shutil.rmtree(venv, ignore_errors=True)
+                record.unlink(missing_ok=True)
+                make_colab_venv(venv, base, constraints=COLAB_CONSTRAINTS)
+                record.write_text(freeze(python))
+                self.how = self.how or f"built into {where}"
+            self.seconds = round(time.monotonic() - t0, 1)
+            self.how += f", {self.seconds:.0f} s"
+            self.python_exe = python
+        except BaseException as e:  # noqa: BLE001 - said where the twin's tests ask for it
+            self._error = e
+
+    def _kept_folder(self, base: str) -> Path | None:
+        """The folder of this key under the cache, locked for this session; None where it cannot be."""
+        import fcntl
+
+        root = os.environ.get("CLOUDML_TWIN_CACHE", str(Path.home() / ".cache" / "cloudml-tests"))
+        if root == "off":
+            return None
+        where = Path(root) / f"colab-twin-{self.key(base)}"
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            self._lock = open(where / ".lock", "w")  # noqa: SIM115 - held for the session
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None
+        return where
+
+    def _pristine(self, python: Path, recorded: str) -> bool:
+        """The environment holds what it held when built, after removing what the tests added (`reset`)."""
+        try:
+            self.reset(python, recorded)
+            return freeze(python) == recorded
+        except (AssertionError, OSError, subprocess.SubprocessError):
+            return False
+
+    def reset(self, python: Path | None = None, recorded: str | None = None) -> None:
+        """Uninstall what is not in the recorded freeze (CloudML and what its wheel brought: mapie)."""
+        python = python or self.python_exe
+        if python is None:
+            return
+        recorded = (
+            recorded if recorded is not None else (python.parent.parent.parent / "freeze.txt").read_text()
+        )
+        names = {line.split("==")[0].split(" @ ")[0].lower() for line in recorded.splitlines() if line}
+        added = [
+            line.split("==")[0].split(" @ ")[0]
+            for line in freeze(python).splitlines()
+            if line and line.split("==")[0].split(" @ ")[0].lower() not in names
+        ]
+        if added:
+            subprocess.run(
+                [str(python), "-m", "pip", "--disable-pip-version-check", "uninstall", "-y", "-q", *added],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
 
 
 def colab_versions(python: Path) -> dict[str, str]:

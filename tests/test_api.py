@@ -4,13 +4,13 @@ to the NetCDF file `predict` writes, and the user's mistakes named."""
 
 import inspect
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 import xarray as xr
-import yaml
-from conftest import REPO, tiny_raw
+from conftest import REPO
 
 import cloudml_lib as cml
 from cloudml_lib.science.predict import predict_flights
@@ -40,16 +40,13 @@ def test_the_api_is_at_the_package_top_documented_and_import_stays_light():
 
 
 @pytest.fixture(scope="module")
-def api_run(tiny_flights, tmp_path_factory):
-    """A tiny run trained through cml.fit from a YAML file (one epoch; a whole flight validates)."""
-    root, entries = tiny_flights
+def api_run(shared_tiny_run, tmp_path_factory):
+    """The session's tiny run, trained through cml.fit from a YAML file (one epoch; a whole flight
+    validates: conftest.shared_tiny_run), copied for this module (cml.evaluate writes into it)."""
+    run, _, entries = shared_tiny_run
     tmp = tmp_path_factory.mktemp("api")
-    raw = tiny_raw(root, entries, tmp / "cache")
-    raw["train"]["epochs"] = 1
-    raw["data"]["validation"] = [entries[1]["name"]]
-    (tmp / "c.yaml").write_text(yaml.safe_dump(raw))
-    run = cml.fit(tmp / "c.yaml", tmp / "run")
-    return run, entries, tmp
+    shutil.copytree(run, tmp / "run")
+    return cml.load_run(tmp / "run"), entries, tmp
 
 
 def test_a_run_trained_through_the_api_is_finished_and_reported_as_data(api_run):

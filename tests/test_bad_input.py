@@ -46,21 +46,16 @@ def write_config(tmp_path, data_dir, entries, **sections) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def finished(data, tmp_path_factory):
-    """A finished tiny run (config file, run folder); tests copy it before changing anything."""
-    tmp = tmp_path_factory.mktemp("finished")
-    cfg = write_config(tmp, *data)
-    r = run_cli("train", "--config", cfg, "--run-dir", tmp / "run")
-    assert r.returncode == 0, r.stderr[-2000:]
-    return cfg, tmp / "run"
+@pytest.fixture
+def finished(session_runs):
+    """The session's finished tiny run (config file, run folder), read in place (conftest.SessionRuns)."""
+    return session_runs.cfg, session_runs.finished()
 
 
 @pytest.fixture
-def run_copy(finished, tmp_path):
-    cfg, run = finished
-    shutil.copytree(run, tmp_path / "run")
-    return cfg, tmp_path / "run"
+def run_copy(session_runs, tmp_path):
+    """A copy of the session's finished tiny run, to change, and its config file."""
+    return session_runs.cfg, session_runs.copy(session_runs.finished(), tmp_path / "run")
 
 
 # ------------------------------------------------------------------ C. tracebacks that became messages

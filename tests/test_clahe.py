@@ -83,11 +83,11 @@ def test_a_cache_built_by_torch_is_the_scikit_image_cache(tiny_config, tmp_path)
 
 
 def test_a_model_trained_on_scikit_image_frames_scores_the_same_on_torch_frames(
-    tiny_run, tmp_path, monkeypatch
+    tiny_run_copy, tmp_path, monkeypatch
 ):
     from cloudml_lib.science import evaluate
 
-    run, _, _ = tiny_run
+    run, _, _ = tiny_run_copy
     reference = evaluate.evaluate_run(run, write=False)
     # the torch backend on the CPU, building its own caches in an empty folder
     monkeypatch.setattr(evaluate, "resolve_backend", lambda *a, **k: TORCH_CPU)

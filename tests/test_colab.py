@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import REPO, run_cli, tiny_raw
+from conftest import REPO, run_cli, run_process, tiny_raw
 
 from cloudml_lib import colab
 from cloudml_lib.colab import drive, live, training
@@ -109,8 +109,8 @@ def test_without_an_epoch_the_placeholder_says_what_happened(tmp_path, shown):
 def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_flights, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw(*tiny_flights, tmp_path / "cache")))
-    env = {"TQDM_DISABLE": "1", "CLOUDML_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
-    r = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", env=env)
+    env = {"TQDM_DISABLE": "1", "CLOUDML_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}  # what the notebook sets
+    r = run_process("train", "--config", cfg, "--run-dir", tmp_path / "run", env=env)  # read at its start
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "batch/s" not in out and "it/s" not in out and "frame/s" not in out, out[-3000:]

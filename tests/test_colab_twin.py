@@ -13,8 +13,10 @@ the checkout (Colab's /content, moved with CLOUDML_CONTENT), with no environment
   ipykernel 6.17.1, ipywidgets 7.7.1): printed when the environment is built, and checked again after each
   test installed CloudML into it, so that neither a newer release nor CloudML's own install drifts silently.
 
-Slow: the environment (~5 GB: PyPI's torch 2.11.0 pulls its CUDA wheels) is built once for the module, about
-9 minutes with the download; the three tests took 19 minutes more on a busy 2-core machine (2026-11-29).
+Slow: the environment (~5 GB: PyPI's torch 2.11.0 pulls its CUDA wheels) is built in the background from the
+session's start (conftest.py: about 2 minutes on a quiet 2-core machine once pip holds the wheels, more with
+the download), or kept from an earlier session (install_helpers.TwinEnvironment); these tests run last and
+took about 4 minutes together (benchmarks/results/suite.json).
 """
 
 from __future__ import annotations
@@ -29,15 +31,13 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 from install_helpers import (
-    COLAB_CONSTRAINTS,
     COLAB_PYTHON,
     NOT_ON_COLAB,
     REPO,
-    colab_python,
+    TwinEnvironment,
     colab_versions,
     copy_checkout,
     drifted_from_colab,
-    make_colab_venv,
     minimal_path,
     pip,
 )
@@ -48,14 +48,19 @@ KERNEL = "cloudml-colab-twin"
 
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
+    import conftest
+
     root = tmp_path_factory.mktemp("twin")
-    # Colab's Python where this machine has it (else this one, said below), Colab's versions of the packages
-    python = make_colab_venv(root / "venv", colab_python(), constraints=COLAB_CONSTRAINTS)
+    # Colab's Python where this machine has it (else this one, said below), Colab's versions of the packages:
+    # built in the background since the session started (conftest), or kept from an earlier session as built
+    environment = conftest.TWIN or TwinEnvironment(root)
+    python = environment.python()
     versions = colab_versions(python)
     print(  # shown with -s, and in a failure's captured output
         "Colab twin: "
         + ", ".join(f"{name} {v}" for name, v in versions.items())
         + ("" if versions["python"].startswith(COLAB_PYTHON + ".") else f" (no Python {COLAB_PYTHON} here)")
+        + f"; its environment {environment.how}"
     )
     assert not drifted_from_colab(versions), f"the twin is not Colab: {drifted_from_colab(versions)}"
     missing = subprocess.run(
@@ -94,9 +99,10 @@ def twin(tmp_path_factory):
     assert shutil.which("tensorboard", path=env["PATH"]) is None, (
         "the kernel's PATH must not hold tensorboard"
     )
-    return SimpleNamespace(
+    yield SimpleNamespace(
         root=root, python=python, drive=drive, content=content, code=code, jupyter=root / "jupyter"
     )
+    environment.reset()  # what the tests installed (CloudML, mapie) removed: the environment as built
 
 
 @pytest.fixture
@@ -198,7 +204,7 @@ def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, whe
     assert r.returncode == 0, r.stderr[-2000:]
     r = cli(twin, "sweep", "--preset", "demo", "--trials", "1", "--run-dir", "sweep", cwd=other)
     assert r.returncode == 2 and "pip install 'optuna>=4.0'" in r.stderr, r.stderr[-2000:]  # not on Colab
-    assert not (other / "sweep").exists()
+    assert not (other / "sweep").exists() and not (other / ".cloudml_demo").exists()  # refused before writing
     r = cli(twin, "train", "--config", "configs/demo.yaml", cwd=other)
     assert r.returncode == 2 and "use --preset demo" in r.stderr, r.stderr[-2000:]
     assert not drifted_from_colab(colab_versions(twin.python)), "installing CloudML changed Colab's packages"
@@ -238,10 +244,13 @@ def test_a_changed_drive_copy_is_what_the_next_run_imports(kernel_env):
             client.execute_cell(nb.cells[1], 1)  # the same kernel, the copy changed
         said = text_of(nb.cells[1])
         assert "Installing CloudML" in said and "Runtime > Restart session" in said, said
+        # a restarted session: its first cell (the rest of the notebook, run by the test above, imports the
+        # same installed package)
         check = "import cloudml_lib.twin_marker as m; print('marker:', m.VALUE)"
-        fresh = run_notebook("colab_setup.ipynb", twin, extra=(check,))
-        first = text_of(next(c for c in fresh.cells if c.cell_type == "code"))
-        assert "Installing" not in first, first  # the restart message's install stands
+        fresh = run_first_cell(install, twin, check)
+        assert "Installing" not in text_of(fresh.cells[0]), text_of(
+            fresh.cells[0]
+        )  # the restart's install stands
         assert "marker: changed on Drive" in text_of(fresh.cells[-1])
     finally:
         marker.unlink(missing_ok=True)
@@ -249,8 +258,22 @@ def test_a_changed_drive_copy_is_what_the_next_run_imports(kernel_env):
         "import importlib.util as u; "
         "print('marker installed:', u.find_spec('cloudml_lib.twin_marker') is not None)"
     )
-    again = run_notebook("colab_setup.ipynb", twin, extra=(gone,))
-    assert "Installing" in text_of(next(c for c in again.cells if c.cell_type == "code"))
+    again = run_first_cell(install, twin, gone)
+    assert "Installing" in text_of(again.cells[0]), text_of(again.cells[0])
     assert "marker installed: False" in text_of(
         again.cells[-1]
-    )  # a deleted module is not installed from a build/
+    )  # a deleted module is not installed from build/
+
+
+def run_first_cell(install, twin, check: str) -> nbformat.NotebookNode:
+    """A fresh kernel (Runtime > Restart session) running the notebook's first cell, then `check`."""
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(install.source), nbformat.v4.new_code_cell(check)]
+    )
+    try:
+        client_for(nb, twin).execute()
+    except CellExecutionError as e:
+        pytest.fail(f"the first cell failed in the Colab twin:\n{str(e)[-6000:]}")
+    return nb

@@ -52,15 +52,22 @@ def weights(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_flights, tmp_path_factory):
-    """The same config trained by 1 process and by 2 (global batch 5 either way: 3 and 2 samples)."""
+def ddp_config(tiny_flights, tmp_path_factory) -> Path:
+    """The tiny config the module's jobs train (checkpoints every 3 steps)."""
     root, entries = tiny_flights
     tmp = tmp_path_factory.mktemp("ddp")
     raw = tiny_raw(root, entries, tmp / "cache")  # dropout 0: see the README's torchrun section
     raw["checkpoint"] = {"every_steps": 3}
     cfg = tmp / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    one, two = tmp / "one", tmp / "two"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def runs(ddp_config):
+    """The same config trained by 1 process and by 2 (global batch 5 either way: 3 and 2 samples)."""
+    cfg = ddp_config
+    one, two = cfg.parent / "one", cfg.parent / "two"
     for run, nproc in ((one, 1), (two, 2)):
         r = launch(train_args(cfg, run), nproc)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -143,8 +150,8 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(run
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_global_batch_smaller_than_the_process_count_is_refused(runs, tmp_path):
-    cfg, _, _ = runs
+def test_a_global_batch_smaller_than_the_process_count_is_refused(ddp_config, tmp_path):
+    cfg = ddp_config
     r = launch(train_args(cfg, tmp_path / "run") + ["--set", "train.batch_size=1"])
     assert r.returncode != 0
     assert (
@@ -171,8 +178,8 @@ def test_crossval_trains_one_fold_per_process(runs, tmp_path):
         assert got[name]["trees"] == want[name]["trees"]
 
 
-def test_a_world_size_without_torchrun_is_explained(runs, tmp_path):
-    cfg, _, _ = runs
+def test_a_world_size_without_torchrun_is_explained(ddp_config, tmp_path):
+    cfg = ddp_config
     r = launch(train_args(cfg, tmp_path / "run"), nproc=1, env={"WORLD_SIZE": "2"})
     assert r.returncode == 2 and "WORLD_SIZE=2 is set but RANK or MASTER_ADDR is not" in r.stderr
     assert not (tmp_path / "run").exists()

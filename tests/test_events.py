@@ -157,3 +157,23 @@ def test_the_notebook_starts_this_kernels_own_tensorboard_whatever_path_holds(tm
     (lonely / "tensorboard").chmod(0o755)
     monkeypatch.delenv("TENSORBOARD_BINARY")
     assert use_this_pythons_tensorboard() == str(lonely / "tensorboard")
+
+
+def test_each_starts_file_sorts_after_the_earlier_starts_files_whatever_their_process_ids(tmp_path):
+    """TensorBoard reads a folder's files in the order of their names and applies a purge to the files read
+    before it. torch names a file by its second and process id: a resume in the same second by a process of a
+    lower id (a command run in a notebook's kernel or a test's process after a killed subprocess) was read
+    first, and its purge marker dropped nothing while the curves lost steps (test_resume in one process)."""
+    killed = events_module.Events(tmp_path / "run", tmp_path / "a", 0, fresh=True)
+    resumed = events_module.Events(tmp_path / "run", tmp_path / "b", 8, fresh=False)
+    resumed.started_ns = killed.started_ns + 1  # began after, in the same second
+    second = str(killed.started_ns // 10**9)
+    names = [
+        f"events.out.tfevents.{int(second) - 1}.vm.50000.3",  # an earlier release's file, a second before
+        f"events.out.tfevents.{second}.vm.40000.0",  # an earlier release's file, in the same second
+        killed.committed_name(f"events.out.tfevents.{second}.vm.26783.0"),
+        resumed.committed_name(f"events.out.tfevents.{second}.vm.16878.196"),
+        events_module.FINAL_EVENTS,
+    ]
+    assert sorted(names) == names
+    assert resumed.committed_name(f"events.out.tfevents.{second}.vm.16878.196").endswith(".vm.16878.196")

@@ -82,8 +82,8 @@ def cloudml_answers(run):
 
 
 @pytest.mark.slow
-def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run, tmp_path):
-    run, _, _ = tiny_run
+def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run_copy, tmp_path):
+    run, _, _ = tiny_run_copy
     r = run_cli("export", "--run-dir", run, "--out", tmp_path / "export")
     assert r.returncode == 0, r.stderr[-3000:]
     folder = tmp_path / "export"
@@ -133,9 +133,9 @@ def test_export_refuses_a_folder_it_did_not_write_and_a_run_without_a_model(tiny
 
 
 @pytest.mark.slow
-def test_exporting_again_writes_the_same_files_into_its_own_folder(tiny_run, tmp_path):
+def test_exporting_again_writes_the_same_files_into_its_own_folder(tiny_run_copy, tmp_path):
     """The default folder is the run's export/: the run folder stays the run's (status reads it)."""
-    run, _, _ = tiny_run
+    run, _, _ = tiny_run_copy
     out = run / "export"
     assert run_cli("export", "--run-dir", run).returncode == 0
     from safetensors.torch import load_file

@@ -58,9 +58,8 @@ def rewrite_state(folder: Path, state) -> None:
 
 
 @pytest.mark.slow
-def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(cfg_file, tmp_path):
-    run = tmp_path / "run"
-    assert run_cli("train", "--config", str(cfg_file), "--run-dir", str(run)).returncode == 0
+def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(session_runs, tmp_path):
+    cfg_file, run = session_runs.cfg, session_runs.copy(session_runs.finished(), tmp_path / "run")
     final = find_checkpoints(run)[0]
     data = bytearray((final / STATE).read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -77,10 +76,8 @@ def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(cfg_fi
 
 
 @pytest.mark.slow
-def test_a_checkpoint_without_its_keys_is_rejected_not_a_crash(cfg_file, tmp_path):
-    run = tmp_path / "run"
-    r = run_cli("train", "--config", str(cfg_file), "--run-dir", str(run), env={"CLOUDML_KILL_AT": "step:8"})
-    assert r.returncode == -signal.SIGKILL
+def test_a_checkpoint_without_its_keys_is_rejected_not_a_crash(session_runs, tmp_path):
+    cfg_file, run = session_runs.cfg, session_runs.copy(session_runs.killed("step:8"), tmp_path / "run")
     newest = next(p for p in find_checkpoints(run) if (p / COMMITTED).is_file())
     state = torch.load(newest / STATE, weights_only=True)
     del state["config"]
@@ -96,9 +93,8 @@ class Hostile:
 
 
 @pytest.mark.slow
-def test_status_verifies_like_resume(cfg_file, tmp_path):
-    run = tmp_path / "run"
-    assert run_cli("train", "--config", str(cfg_file), "--run-dir", str(run)).returncode == 0
+def test_status_verifies_like_resume(session_runs, tmp_path):
+    run = session_runs.copy(session_runs.finished(), tmp_path / "run")
     real = status(run)
     fake = run / "checkpoints" / "step-99999999"
     shutil.copytree(find_checkpoints(run)[0], fake)

@@ -92,8 +92,8 @@ def test_the_run_of_the_previous_release_loads_with_its_unbounded_head(tmp_path)
     assert rm.cfg.model.height_head == "unbounded" and rm.model.height_head == "unbounded"
 
 
-def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run, tmp_path):
-    run_dir, _, entries = tiny_run
+def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run_copy, tmp_path):
+    run_dir, _, entries = tiny_run_copy
     best = load_checkpoint(run_dir / "best.pt")
     assert best[Key.CONFIG]["model"]["height_head"] == "bounded"
     evaluation = json.loads((run_dir / "evaluation.json").read_text())
@@ -125,11 +125,11 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run, tmp_path):
         assert np.isfinite(cbh).sum() > 10 and np.nanmin(cbh) >= 0.0 and np.nanmax(cbh) <= 2.0
 
 
-def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(tiny_run, tmp_path):
+def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(tiny_run_copy, tmp_path):
     from cloudml_lib.science.evaluate import evaluate_run, format_report
 
     run_dir = tmp_path / "old"
-    shutil.copytree(tiny_run[0], run_dir)
+    shutil.copytree(tiny_run_copy[0], run_dir)
     as_old_run_predicting_below_the_surface(run_dir)
     (path,) = pr.predict_flights(run_dir)  # into the run: report.md is rewritten
     with netCDF4.Dataset(path) as nc:

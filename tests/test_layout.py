@@ -210,3 +210,33 @@ def test_every_module_says_what_it_owns(name):
         pytest.skip("an entry point")
     doc = ast.get_docstring(ast.parse(MODULES[name].read_text()))
     assert doc and len(doc.split()) >= 5, f"{name} has no opening docstring"
+
+
+def module_memories() -> set[tuple[str, str]]:
+    """Every module-level set, dict or list of cloudml_lib built empty (`_said: set[str] = set()`): what a
+    process remembers between the commands it runs."""
+    empty = ("set()", "{}", "[]", "dict()", "list()")
+    out = set()
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            target, value = (
+                (node.target, node.value)
+                if isinstance(node, ast.AnnAssign)
+                else (node.targets[0], node.value)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1
+                else (None, None)
+            )
+            if isinstance(target, ast.Name) and value is not None and ast.unparse(value) in empty:
+                out.add((name, target.id))
+    return out
+
+
+def test_every_memory_of_a_process_is_known_to_the_in_process_command_runner():
+    """conftest.run_cli runs a command in the test's process: what CloudML remembers for a process's life (a
+    table said once) is emptied for each command there, as a process of its own starts; a new memory must be
+    listed (PER_PROCESS) or said not to be per command (NOT_PER_COMMAND), or an in-process test would see an
+    earlier command's."""
+    from conftest import NOT_PER_COMMAND, PER_PROCESS
+
+    known = set(PER_PROCESS) | set(NOT_PER_COMMAND)
+    assert module_memories() == known

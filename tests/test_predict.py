@@ -14,8 +14,8 @@ from cloudml_lib.science import predict as pr
 from cloudml_lib.science import products
 
 
-def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run):
-    run_dir, _, entries = tiny_run
+def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_copy):
+    run_dir, _, entries = tiny_run_copy
     held = entries[2]["name"]
     (path,) = pr.predict_flights(run_dir)  # default: the test flight
     assert path == run_dir / "predictions" / f"{held}_cbh.nc"
@@ -157,8 +157,8 @@ def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(tiny_run, tmp
         assert 0 < float(diff.mean()) < 0.3
 
 
-def test_the_report_links_what_the_run_holds(tiny_run):
-    run_dir, _, entries = tiny_run
+def test_the_report_links_what_the_run_holds(tiny_run_copy):
+    run_dir, _, entries = tiny_run_copy
     pr.predict_flights(run_dir)
     report = (run_dir / "report.md").read_text()
     held = entries[2]["name"]
@@ -209,7 +209,7 @@ def test_a_flight_without_its_nav_file_keeps_its_lidar_labels(tiny_run, tmp_path
         assert cbh.count() > 0 and np.isfinite(cbh.compressed()).all()
 
 
-def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(tiny_run):
+def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(tiny_run_copy):
     import hashlib
     import json
 
@@ -217,7 +217,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(tiny_run):
     from cloudml_lib.core.run.checkpoint import check_folder, find_checkpoints, load_checkpoint
     from cloudml_lib.data import cpl
 
-    run_dir, data, entries = tiny_run
+    run_dir, data, entries = tiny_run_copy
     sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
     best = load_checkpoint(run_dir / "best.pt")
     cfg = config_from_dict(best["config"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, run_cli, tiny_raw
+from conftest import REPO, run_cli, same_folder_at, tiny_raw
 
 from cloudml_lib.core.run.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
 from cloudml_lib.core.run.status import run_state
@@ -34,6 +34,24 @@ def setup(tiny_flights, tmp_path_factory):
     r = train(cfg, ref)
     assert r.returncode == 0, r.stderr
     return cfg, ref, tmp
+
+
+@pytest.fixture(scope="module")
+def killed(setup):
+    """killed(point, run): a copy at `run` of the reference config's run killed by SIGKILL at `point` (a
+    fault point of CLOUDML_KILL_AT), killed once for the module and copied for each test that resumes or
+    damages it."""
+    cfg, _, tmp = setup
+    made = {}
+
+    def copy(point: str, run: Path) -> Path:
+        if point not in made:
+            made[point] = tmp / f"killed-{point.replace(':', '-')}"
+            r = train(cfg, made[point], kill_at=point)
+            assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+        return same_folder_at(made[point], run)
+
+    return copy
 
 
 def train(cfg, run_dir, *extra, kill_at=None, env=None):
@@ -104,11 +122,9 @@ def assert_same_run(run_dir, ref):
     ["step:2", "step:7", "step:8", "commit-copied:2", "commit-renamed:3", "probe-fitted:1", "end-written:1"],
 )
 @pytest.mark.slow
-def test_sigkill_then_resume_is_bit_identical(setup, tmp_path, kill_at):
+def test_sigkill_then_resume_is_bit_identical(setup, killed, tmp_path, kill_at):
     cfg, ref, _ = setup
-    run = tmp_path / "run"
-    killed = train(cfg, run, kill_at=kill_at)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    run = killed(kill_at, tmp_path / "run")
     assert not (run / "evaluation.json").exists()
     if kill_at.startswith(("probe", "end")):  # trained: its end pending, a state of its own, said alike
         from cloudml_lib.commands.compare import run_row
@@ -150,8 +166,10 @@ def test_killed_twice_still_bit_identical(setup, tmp_path):
     run = tmp_path / "run"
     first = {"step_s": 0.5, "epoch_s": 3.5, "total_s": 10.5, "source": "measured here", "device": "CPU"}
     expected = {"CLOUDML_EXPECTED": json.dumps(first)}
-    assert train(cfg, run, kill_at="step:4", env=expected).returncode == -signal.SIGKILL
-    assert train(cfg, run, kill_at="step:8").returncode == -signal.SIGKILL
+    # each start killed once its first checkpoint is whole (a kill at a step may come before the background
+    # writer commits the checkpoint of a step before it: that start would leave nothing to resume)
+    assert train(cfg, run, kill_at="committed:1", env=expected).returncode == -signal.SIGKILL
+    assert train(cfg, run, kill_at="committed:1").returncode == -signal.SIGKILL
     assert (
         train(cfg, run, env=dict(expected, CLOUDML_EXPECTED=json.dumps(dict(first, step_s=9.0)))).returncode
         == 0
@@ -189,10 +207,9 @@ def test_a_probe_fitted_for_another_step_is_fitted_again(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_status_of_an_interrupted_run(setup, tmp_path):
+def test_status_of_an_interrupted_run(setup, killed, tmp_path):
     cfg, _, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="commit-renamed:3").returncode == -signal.SIGKILL
+    run = killed("commit-renamed:3", tmp_path / "run")
     r = run_cli("status", run, "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
@@ -215,10 +232,9 @@ def test_status_of_an_interrupted_run(setup, tmp_path):
     assert "stopped (resumable)" in text and "rejected:" in text
 
 
-def _corrupt_newest_then_resume(setup, tmp_path, damage):
+def _corrupt_newest_then_resume(setup, killed, tmp_path, damage):
     cfg, ref, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
+    run = killed("step:12", tmp_path / "run")
     newest = newest_committed(run)
     damage(newest / STATE)
     resumed = train(cfg, run)
@@ -229,22 +245,22 @@ def _corrupt_newest_then_resume(setup, tmp_path, damage):
 
 
 @pytest.mark.slow
-def test_truncated_newest_checkpoint_is_rejected(setup, tmp_path):
+def test_truncated_newest_checkpoint_is_rejected(setup, killed, tmp_path):
     def truncate(p):
         with open(p, "r+b") as f:
             f.truncate(p.stat().st_size // 2)
 
-    assert "truncated or resized" in _corrupt_newest_then_resume(setup, tmp_path, truncate)
+    assert "truncated or resized" in _corrupt_newest_then_resume(setup, killed, tmp_path, truncate)
 
 
 @pytest.mark.slow
-def test_bit_flipped_newest_checkpoint_is_rejected(setup, tmp_path):
+def test_bit_flipped_newest_checkpoint_is_rejected(setup, killed, tmp_path):
     def flip(p):
         data = bytearray(p.read_bytes())
         data[len(data) // 2] ^= 0x01
         p.write_bytes(bytes(data))
 
-    assert "checksum mismatch" in _corrupt_newest_then_resume(setup, tmp_path, flip)
+    assert "checksum mismatch" in _corrupt_newest_then_resume(setup, killed, tmp_path, flip)
 
 
 class _Hostile:
@@ -253,15 +269,14 @@ class _Hostile:
 
 
 @pytest.mark.slow
-def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatch):
+def test_checkpoint_carrying_code_is_refused_not_run(setup, killed, tmp_path, monkeypatch):
     """A crafted state.pt with a valid manifest and marker: loading refuses it, nothing runs."""
     import hashlib
 
     marker = tmp_path / "pwned"
     monkeypatch.setenv("CLOUDML_PWNED", str(marker))
     cfg, ref, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
+    run = killed("step:12", tmp_path / "run")
     newest = newest_committed(run)
     state = torch.load(newest / STATE, weights_only=True)
     state["extra"] = _Hostile()
@@ -279,10 +294,9 @@ def test_checkpoint_carrying_code_is_refused_not_run(setup, tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_resume_from_a_chosen_checkpoint_sets_newer_ones_aside(setup, tmp_path):
+def test_resume_from_a_chosen_checkpoint_sets_newer_ones_aside(setup, killed, tmp_path):
     cfg, ref, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:13").returncode == -signal.SIGKILL
+    run = killed("step:13", tmp_path / "run")
     older = find_checkpoints(run)[-1]
     newer = [p.name for p in find_checkpoints(run) if step_of(p) > step_of(older)]
     assert newer
@@ -311,10 +325,9 @@ def test_a_finished_run_is_not_trained_again(setup):
 
 
 @pytest.mark.slow
-def test_math_changes_are_refused_harmless_ones_taken(setup, tmp_path):
+def test_math_changes_are_refused_harmless_ones_taken(setup, killed, tmp_path):
     cfg, _, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:7").returncode == -signal.SIGKILL
+    run = killed("step:7", tmp_path / "run")
     r = train(cfg, run, "--set", "train.seed=1", "--set", "model.channels=[4,8,16]")
     assert r.returncode == 2
     assert "train.seed (checkpoint 42, now 1)" in r.stderr and "model.channels" in r.stderr
@@ -369,12 +382,11 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(setup, tmp_path):
+def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(setup, killed, tmp_path):
     """A folder renamed by hand (here: to a step the run never reaches) would be the newest at every start
     and never pruned: the run would resume from it forever. Its content says where it is."""
     cfg, ref, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:12").returncode == -signal.SIGKILL
+    run = killed("step:12", tmp_path / "run")
     newest = newest_committed(run)
     step = read_meta(newest)["step"]
     wrong = newest.with_name("step-99999999")
@@ -390,7 +402,7 @@ def test_a_checkpoint_folder_named_for_another_step_is_trusted_by_its_content(se
 
 
 @pytest.mark.slow
-def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_once(setup, tmp_path):
+def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_once(setup, killed, tmp_path):
     """Ownership is decided per folder, deletion per file: a run folder that is CloudML's can still hold what
     is not (a user's notes; another tool's checkpoint folders, older and newer than the run's, which a resume
     walks past and checkpoint rotation would delete; its figure in plots/). The resume deletes, moves and
@@ -402,8 +414,7 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
     from cloudml_lib.base.ledger import LEDGER
 
     cfg, ref, _ = setup
-    run = tmp_path / "run"
-    assert train(cfg, run, kill_at="step:8").returncode == -signal.SIGKILL
+    run = killed("step:8", tmp_path / "run")
     theirs = {
         run / "notes.txt": b"my notes",
         run / "checkpoints" / "step-00000001" / "weights.bin": b"another tool's older checkpoint",

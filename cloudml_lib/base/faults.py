@@ -4,10 +4,10 @@ CLOUDML_KILL_AT="name:n[:SIGNAL]" sends this process SIGKILL (or SIGNAL) the n-t
 reached. Points: "start" (`python -m cloudml_lib` before anything is imported), "setup" (the trainer's set-up
 begins), "cache-block" (a block of frames written to a cache being built), "step" (after each optimizer step),
 "commit-copied" (state.pt copied, no manifest yet), "commit-renamed" (folder in place, no commit marker yet),
-"probe-fitted" (the run is trained and its cloud probe is in best.pt, its evaluation not written),
-"end-written" (every file of the run's end is written but evaluation.json and report.md), "sweep-told" (a
-sweep trial's result is in the local study, its copy in the sweep folder not refreshed). Under torchrun,
-CLOUDML_KILL_RANK=r limits it to the process of rank r."""
+"committed" (a checkpoint written whole, in the writer's thread), "probe-fitted" (the run is trained and its
+cloud probe is in best.pt, its evaluation not written), "end-written" (every file of the run's end is written
+but evaluation.json and report.md), "sweep-told" (a sweep trial's result is in the local study, its copy in
+the sweep folder not refreshed). Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r."""
 
 from __future__ import annotations
 

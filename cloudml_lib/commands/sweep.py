@@ -437,12 +437,12 @@ def sweep(
     space = load_space(space_path, base)
     check_trials(n_trials, space)
     parallel = check_parallel(parallel, n_trials, "trials", "sweep", dist)
+    optuna = require_optuna()  # before anything is written (the demo's flights took 10 s to be refused)
     if build_config(base).data.demo:  # written before the flights are looked at, as a command starts
         from cloudml_lib.commands.runs import with_demo_flights
 
         with_demo_flights(build_config(base), SINGLE if dist is None else dist)
     check_flights(space, base)  # flight names in the space against the flights found: before any trial
-    optuna = require_optuna()
     own_dist = dist is None
     dist = init_distributed(build_config(base).train.device) if own_dist else dist
     record = {"config": base, "space": space.to_dict(), "trials": n_trials, "config_file": str(config)}

@@ -229,6 +229,7 @@ def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
         faults.point("commit-renamed")
         write_durable(final / COMMITTED, digest.encode())
         _fsync_dir(ckpt_dir)
+        faults.point("committed")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         local.unlink(missing_ok=True)

@@ -12,6 +12,11 @@ the first step after the resume point (`purge_step`), so TensorBoard drops the o
 that step on (those of the steps being trained again) and every curve holds one value per step.
 A fresh start removes event files a previous attempt left without a checkpoint.
 
+TensorBoard reads a folder's event files in the order of their names, and a purge applies to the files
+read before it: so the run folder names each start's file by the nanosecond it began (torch names it by
+the second and the process id, and two starts in the same second, the later one in a process with a lower
+id, were read the wrong way round: the resumed file's purge marker came first and the curves lost steps).
+
 The `tensorboard` package is optional: without it nothing is written and the run says how to enable it.
 Only rank 0 writes; elsewhere every method does nothing.
 """
@@ -19,6 +24,7 @@ Only rank 0 writes; elsewhere every method does nothing.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from cloudml_lib.base import ledger
@@ -62,6 +68,7 @@ class Events:
         self.local, self.enabled = Path(local_dir) / EVENTS_DIR, True
         # TensorBoard discards what older files hold from this step on: those steps are trained again
         self.purge_step = None if fresh else start_step + 1
+        self.started_ns = time.time_ns()  # names this start's files in the run folder (sorted after earlier)
 
     def _writer(self):
         """The SummaryWriter, made at the first value (a finished run opened again leaves no empty file)."""
@@ -126,8 +133,21 @@ class Events:
         for name, size in marks.items():
             with open(self.local / name, "rb") as src:
                 data = src.read(size)
-            with atomic_path(target / name) as tmp:
+            with atomic_path(target / self.committed_name(name)) as tmp:
                 Path(tmp).write_bytes(data)
+
+    def committed_name(self, local: str) -> str:
+        """A local file's name in the run folder: torch's `events.out.tfevents.<second>.<host>.<pid>.<n>`
+        with the start's nanosecond in place of its second, so that the names sort as the starts began (an
+        earlier release's files, named by the second, sort before: their second's digits end where these go
+        on)."""
+        prefix = "events.out.tfevents."
+        rest = (
+            local[len(prefix) :].split(".", 1)[1]
+            if local.startswith(prefix) and "." in local[len(prefix) :]
+            else local
+        )
+        return f"{prefix}{self.started_ns:019d}.{rest}"
 
     def close(self) -> None:
         """Commit everything written (a stop after the last checkpoint: a resume purges what is ahead)."""

@@ -1,0 +1,148 @@
+"""The suite's own machinery (conftest.py): a command run in the test's process behaves as in a process of its
+own and leaves the process as it found it, and one Ctrl-C stops the suite even while CloudML's own handler
+holds SIGINT (a command's, which turns it into exit status 130, or a training loop's, which stops at the next
+step)."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+from conftest import REPO, run_cli
+
+INNER = """
+import os
+import time
+from pathlib import Path
+
+from conftest import run_cli
+
+
+def mark():
+    Path(os.environ["MARK"]).write_text("waiting")
+
+
+def test_a_command_in_this_process(monkeypatch):
+    from cloudml_lib.commands import cli
+
+    def waits(args):
+        mark()
+        time.sleep(60)
+        return 0
+
+    monkeypatch.setattr(cli, "_status", waits)
+    assert run_cli("status", "x").returncode == 0
+
+
+def test_a_training_loop_in_this_process():
+    from cloudml_lib.train.signals import StopRequest
+
+    stop = StopRequest()
+    with stop.trapped():  # as Trainer.fit holds SIGINT: the first Ctrl-C stops at the next step
+        mark()
+        for _ in range(600):
+            if stop.asked:
+                break
+            time.sleep(0.1)
+
+
+def test_after():
+    Path(os.environ["MARK"] + ".after").write_text("ran")
+"""
+
+
+@pytest.mark.parametrize("which", ["a_command", "a_training_loop"])
+def test_one_ctrl_c_stops_the_suite_while_cloudml_holds_sigint(tmp_path, which):
+    (tmp_path / "test_inner.py").write_text(INNER)
+    mark = tmp_path / "mark"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]), MARK=str(mark))
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p", "no:cacheprovider", "-k",
+         f"{which} or after", "test_inner.py"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not mark.exists() and inner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), inner.communicate(timeout=60)[0][-3000:]
+    inner.send_signal(signal.SIGINT)  # what the terminal sends pytest on Ctrl-C
+    out = inner.communicate(timeout=120)[0]
+    assert inner.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert not (tmp_path / "mark.after").exists(), "the suite went on after one Ctrl-C"
+
+
+def test_a_command_in_this_process_leaves_the_process_as_it_found_it(tmp_path):
+    logger = logging.getLogger("cloudml_lib")
+
+    def state():
+        return (
+            os.getcwd(), dict(os.environ), tempfile.gettempdir(), torch.get_num_threads(),
+            list(logger.handlers), logger.propagate, signal.getsignal(signal.SIGINT),
+            signal.getsignal(signal.SIGTERM),
+        )  # fmt: skip
+
+    before = state()
+    (tmp_path / "vm").mkdir()
+    env = {"TMPDIR": str(tmp_path / "vm"), "OMP_NUM_THREADS": "1", "CLOUDML_TEST_MARK": "1"}
+    r = run_cli("make-demo-data", "--out", tmp_path / "flights", "--flights", "2", "--frames", "10", env=env)
+    assert r.returncode == 0 and "wrote 2 flights" in r.stdout, r.stderr
+    assert state() == before
+
+
+def test_a_command_in_this_process_sees_its_environment_and_a_fresh_process_memory(tmp_path, monkeypatch):
+    """TMPDIR (tempfile caches its folder), OMP_NUM_THREADS (torch reads it once), and what CloudML says once
+    per process: as a process of its own would."""
+    from cloudml_lib.commands import cli
+
+    seen = []
+
+    def notes(args):
+        from cloudml_lib.train import build
+
+        seen.append((tempfile.gettempdir(), torch.get_num_threads(), set(build._SHOWN_TABLES)))
+        build._SHOWN_TABLES.add("a table said in this command")
+        return 0
+
+    monkeypatch.setattr(cli, "_status", notes)
+    (tmp_path / "vm").mkdir()
+    for _ in range(2):
+        assert (
+            run_cli("status", "x", env={"TMPDIR": str(tmp_path / "vm"), "OMP_NUM_THREADS": "1"}).returncode
+            == 0
+        )
+    assert seen == [(str(tmp_path / "vm"), 1, set())] * 2
+
+
+def test_a_command_past_its_time_limit_is_stopped_with_timeout_expired(monkeypatch):
+    from cloudml_lib.commands import cli
+
+    def hangs(args):
+        try:
+            time.sleep(30)
+        except Exception:  # noqa: BLE001 - a command's own broad handler must not swallow the limit
+            pass
+        return 0
+
+    monkeypatch.setattr(cli, "_status", hangs)
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli("status", "x", timeout=1)
+    assert time.monotonic() - started < 20
+
+
+def test_an_unexpected_failure_in_process_is_exit_status_1_with_its_traceback(monkeypatch):
+    from cloudml_lib.commands import cli
+
+    def fails(args):
+        raise ValueError("an unexpected failure")
+
+    monkeypatch.setattr(cli, "_status", fails)
+    r = run_cli("status", "x")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: an unexpected failure" in r.stderr
+    assert run_cli("no-such-command").returncode == 2  # argparse's own exit status
+    assert run_cli("--version").returncode == 0
