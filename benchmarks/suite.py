@@ -83,6 +83,16 @@ def parse(output: str) -> dict:
     }
 
 
+def read_notes(path: Path) -> dict:
+    """The suite's notes (the twin's environment: how and in how many seconds), with no folder of this machine
+    in them (a results file names none)."""
+    notes = json.loads(path.read_text())
+    return {
+        k: re.sub(r"(?<![\w.])/[^\s,;)]+", "a folder", v) if isinstance(v, str) else v
+        for k, v in notes.items()
+    }
+
+
 def coverage_totals(report: dict) -> dict:
     t = report["totals"]
     return {
@@ -130,7 +140,7 @@ def run(quick: bool, coverage: bool) -> dict:
     out["cpu_s"] = round(cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1)
     out["load_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
     if notes.exists():
-        out["notes"] = json.loads(notes.read_text())
+        out["notes"] = read_notes(notes)
     if coverage:
         subprocess.run(
             [sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=REPO, check=True
@@ -187,7 +197,7 @@ def main() -> None:
         block = parse(args.from_output.read_text())
         block["measured"] = args.how
         if args.notes and args.notes.is_file():
-            block["notes"] = json.loads(args.notes.read_text())
+            block["notes"] = read_notes(args.notes)
         block["tests"] = write_names(False)
         record(block, "fresh_clone")
         print(json.dumps({k: v for k, v in block.items() if k not in ("files_s", "slowest_s")}, indent=1))

@@ -27,6 +27,30 @@ def test_the_readme_opens_with_the_demo_and_the_test_command():
     )
 
 
+def test_the_suites_time_in_the_readme_and_the_testing_page_is_the_last_measured():
+    """README and docs/how-to/testing.md state the suite's time as benchmarks/results/suite.json last recorded
+    it (benchmarks/suite.py): the whole suite in a fresh clone, the quick subset, the Colab twin beside."""
+    import json
+
+    suite = json.loads((REPO / "benchmarks" / "results" / "suite.json").read_text())
+
+    def last(kind: str) -> dict:
+        return [c[kind] for c in suite["commits"].values() if kind in c][-1]
+
+    full, quick = last("fresh_clone"), last("quick")
+    minutes = lambda seconds: round(seconds / 60)  # noqa: E731
+    assert not full["failed"] and not quick["failed"]  # figures of green runs
+    flat = " ".join(README.split())
+    assert f"{full['tests']} tests, {minutes(full['pytest_s'])} minutes in a fresh clone" in flat
+    assert f"runs {quick['tests']} of them in {minutes(quick['pytest_s'])} minutes" in flat
+    page = " ".join((REPO / "docs" / "how-to" / "testing.md").read_text().split())
+    q, f = minutes(quick["pytest_s"]), minutes(full["pytest_s"])
+    assert f"{quick['tests']} tests in {q} minutes, against {f}" in page
+    twin = full["files_s"]["tests/test_colab_twin.py"]
+    assert f"{minutes(twin)} minutes for its three tests" in page
+    assert f"built meanwhile in {full['notes']['seconds']:.0f} s" in page
+
+
 @pytest.mark.slow
 def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys):
     from cloudml_lib.commands.cli import main
