@@ -36,7 +36,8 @@ from benchmarks import machine  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "suite.json"
 NAMES = REPO / "benchmarks" / "suite"
 SCRATCH = REPO / "benchmarks" / ".scratch" / "suite"
-DURATION = re.compile(r"^\s*([0-9.]+)s (call|setup|teardown)\s+(\S+)")
+# a test's name as --durations prints it (under pytest-xdist's groups, "@group" follows it: left out)
+DURATION = re.compile(r"^\s*([0-9.]+)s (call|setup|teardown)\s+([^\s@]+)")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|error|deselected).*?) in ([0-9.]+)s")
 
 
@@ -55,7 +56,7 @@ def pytest_argv(quick: bool) -> tuple[dict, list[str]]:
     argv = [w for w in words if not re.match(r"^[A-Z_]+=", w)]
     assert argv[:3] == ["python", "-m", "pytest"], argv
     if quick:  # README's quick subset: the tests without the notebooks, slow ones left out
-        argv = ["python", "-m", "pytest", "-q", "tests", "-m", "not slow"]
+        argv = ["python", "-m", "pytest", "-q", "-n", "2", "tests", "-m", "not slow"]
     return env, argv[3:]
 
 

@@ -26,6 +26,13 @@ from cloudml_lib.data.preprocess import FrameSpec, equalise_skimage, prepare
 from cloudml_lib.data.synthetic import make_demo_flights
 
 REPO = Path(__file__).resolve().parent.parent
+# Under pytest-xdist (README's test command: `-n 2`), each worker is given one core: torch's threads here and
+# in every process a test starts (OMP_NUM_THREADS), so that two workers do not contend for both cores.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+MACHINE_THREADS = torch.get_num_threads()  # torch's own choice here (a fixture made on this machine had it)
+if WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 FRESH_THREADS = (
     torch.get_num_threads()
 )  # torch's intra-op threads in a new process (before any test sets them)
@@ -361,34 +368,78 @@ def pytest_configure(config):
         CTRL_C.pytest_handlers[signal.SIGINT] = signal.default_int_handler
     CTRL_C.blocked_at_start = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
     signal.signal = CTRL_C.signal
+    if WORKER and os.environ.get("CLOUDML_XDIST_GROUPS"):
+        config.option.loadgroup = True  # the worker names each test's group, as under --dist loadgroup
+    if not WORKER and getattr(config.option, "numprocesses", None):
+        if config.option.dist == "load":
+            # -n alone: the tests marked xdist_group (the notebooks, the twin's) each share one worker; the
+            # workers read their arguments again, so they are told through the environment
+            config.option.dist = "loadgroup"
+            os.environ["CLOUDML_XDIST_GROUPS"] = "1"
+        # pytest-xdist's controller: it builds the Colab twin's environment (pytest_xdist_node_collection_
+        # finished) and tells the worker that runs the twin's tests where, through this file
+        global TWIN_STATE_DIR
+        TWIN_STATE_DIR = Path(tempfile.mkdtemp(prefix="cloudml-twin-"))
+        os.environ["CLOUDML_TWIN_STATE"] = str(TWIN_STATE_DIR / "state.json")
 
 
 def pytest_unconfigure(config):
     signal.signal = CTRL_C.real_signal
-    if TWIN is not None:
+    if TWIN is not None and TWIN.scratch is not None:  # the process that built it
         notes = os.environ.get("CLOUDML_SUITE_NOTES")  # benchmarks/suite.py records the twin's time beside
         if notes:
             Path(notes).write_text(json.dumps({"colab_twin_environment": TWIN.how, "seconds": TWIN.seconds}))
         shutil.rmtree(TWIN.scratch, ignore_errors=True)
+    if TWIN_STATE_DIR is not None:
+        shutil.rmtree(TWIN_STATE_DIR, ignore_errors=True)
 
 
+TWIN_STATE_DIR = (
+    None  # pytest-xdist's controller: the folder of the twin's outcome (and of its build if not kept)
+)
 TWIN = None  # the Colab twin's environment (install_helpers.TwinEnvironment), where its tests were selected
 TWIN_MODULE = "test_colab_twin.py"
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")  # before pytest-xdist reads groups
+def _notebooks_on_one_worker(items):
+    """Under pytest-xdist, both notebooks run on one worker, one after the other: their smoke test shares one
+    workspace (.cloudml_smoke), which the training notebook finds as the setup notebook left it."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group("notebooks"))
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: a quick run builds no twin
 def pytest_collection_modifyitems(session, config, items):
     """The Colab twin's tests go last, and its environment starts building in the background now: the other
-    tests run while pip downloads and unpacks Colab's torch."""
+    tests run while pip downloads and unpacks Colab's torch. Under pytest-xdist the controller builds it
+    (pytest_xdist_node_collection_finished) and the worker given the twin's tests reads where."""
     global TWIN
     twin = [item for item in items if item.path.name == TWIN_MODULE]
     if not twin:
         return
     items[:] = [item for item in items if item.path.name != TWIN_MODULE] + twin
-    from install_helpers import TwinEnvironment
+    from install_helpers import TwinBuiltElsewhere, TwinEnvironment
 
+    if WORKER:
+        TWIN = TwinBuiltElsewhere(None, Path(os.environ["CLOUDML_TWIN_STATE"]))
+        return
     TWIN = TwinEnvironment(Path(tempfile.mkdtemp(prefix="cloudml-twin-")))
     TWIN.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """pytest-xdist's controller, once a worker has collected (and deselected): where the Colab twin's tests
+    are among them, its environment starts building here, in the background, while the workers test."""
+    global TWIN
+    if TWIN is None and any(TWIN_MODULE in nodeid for nodeid in ids):
+        from install_helpers import TwinEnvironment
+
+        state = Path(os.environ["CLOUDML_TWIN_STATE"])
+        TWIN = TwinEnvironment(state.parent, state)
+        TWIN.start()
 
 
 @pytest.fixture(autouse=True)

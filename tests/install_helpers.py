@@ -232,8 +232,9 @@ class TwinEnvironment:
     end. Where the folder cannot be kept (another session holds it, or none can be made), one is built in the
     session's temporary folder. $CLOUDML_TWIN_CACHE=off builds a fresh one each session."""
 
-    def __init__(self, scratch: Path):
+    def __init__(self, scratch: Path, state: Path | None = None):
         self.scratch = scratch
+        self.state = state  # where the build's outcome is written for other processes (TwinBuiltElsewhere)
         self.python_exe: Path | None = None
         self.how = ""
         self.seconds: float | None = None
@@ -295,6 +296,12 @@ class TwinEnvironment:
             self.python_exe = python
         except BaseException as e:  # noqa: BLE001 - said where the twin's tests ask for it
             self._error = e
+        if self.state is not None:
+            doc = {"python": str(self.python_exe or ""), "how": self.how, "seconds": self.seconds}
+            doc["error"] = "" if self._error is None else f"{type(self._error).__name__}: {self._error}"
+            partial = self.state.with_suffix(".partial")
+            partial.write_text(json.dumps(doc))
+            partial.replace(self.state)
 
     def _kept_folder(self, base: str) -> Path | None:
         """The folder of this key under the cache, locked for this session; None where it cannot be."""
@@ -341,6 +348,28 @@ class TwinEnvironment:
                 text=True,
                 timeout=600,
             )
+
+
+class TwinBuiltElsewhere(TwinEnvironment):
+    """The Colab twin's environment as another process of the session builds it (under pytest-xdist, the
+    controller: conftest.py), read from the outcome that process writes to `state` when its build ends."""
+
+    def start(self) -> None:
+        pass
+
+    def python(self, timeout: float = 1800) -> Path:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.state.is_file():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Colab twin's environment was not built in {timeout:.0f} s")
+            time.sleep(1)
+        doc = json.loads(self.state.read_text())
+        if doc["error"]:
+            raise RuntimeError(f"the Colab twin's environment could not be built: {doc['error']}")
+        self.python_exe, self.how, self.seconds = Path(doc["python"]), doc["how"], doc["seconds"]
+        return self.python_exe
 
 
 def colab_versions(python: Path) -> dict[str, str]:

@@ -42,7 +42,7 @@ from install_helpers import (
     pip,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("colab-twin")]  # one worker: one environment
 KERNEL = "cloudml-colab-twin"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -27,13 +28,16 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import run_cli
+from conftest import MACHINE_THREADS, run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OLD = {name: FIXTURES / f"run_{name}" for name in ("d1cecbe", "d1e9854", "1c3d260", "0a8a03d")}
 KEPT = ("d1e9854", "1c3d260", "0a8a03d")  # the releases whose cross-validations and sweeps are kept
 # the runs' flights and cache where the tests put them (d1e9854 stored absolute paths: a user's moved folder)
 MOVED = ("--data-dir", "flights", "--set", "data.cache_dir=cache")
+# a fixture was made by a process of its own with torch's own number of threads (under pytest-xdist a worker's
+# tests get one): its runs resume bit for bit only with the same
+AS_MADE = {"OMP_NUM_THREADS": str(MACHINE_THREADS)}
 # weights (and km, for metrics) after a resume under another torch build than the fixture's
 RESUME_ATOL = 2e-3
 
@@ -207,7 +211,13 @@ def twin_weights(old: str) -> dict:
         "cfg = config_from_dict(yaml.safe_load(open('stopped/config.yaml'))); "
         "train_run(derive(cfg, {'data.dir': 'flights', 'data.cache_dir': 'cache'}), 'twin')"
     )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=Path.cwd())
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path.cwd(),
+        env={**os.environ, **AS_MADE},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return best_weights(Path("twin"))
 
@@ -243,7 +253,16 @@ def test_a_stopped_run_of_an_earlier_release_resumes_to_its_twins_weights(old):
     recorded them: the resumed run's best.pt must hold the same. 1c3d260 recorded its final checkpoint (the
     last epoch's weights) and kept its twin's best.pt (finished/): the resumed run's final checkpoint and
     best.pt must hold the same. Either way the final checkpoint is at the same step."""
-    r = run_cli("train", "--config", "stopped/config.yaml", "--run-dir", "stopped", *MOVED, cwd=Path.cwd())
+    r = run_cli(
+        "train",
+        "--config",
+        "stopped/config.yaml",
+        "--run-dir",
+        "stopped",
+        *MOVED,
+        cwd=Path.cwd(),
+        env=AS_MADE,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resumed from step 8" in r.stdout
     final = sorted(Path("stopped/checkpoints").glob("step-*"))[-1]
@@ -276,7 +295,14 @@ def assert_same_numbers(now, want, path: str, exact: bool) -> None:
 @pytest.mark.slow
 def test_a_cross_validation_of_the_previous_release_resumes_to_its_twins_results(previous):
     r = run_cli(
-        "crossval", "--config", "config.yaml", "--no-controls", "--run-dir", "crossval", cwd=Path.cwd()
+        "crossval",
+        "--config",
+        "config.yaml",
+        "--no-controls",
+        "--run-dir",
+        "crossval",
+        cwd=Path.cwd(),
+        env=AS_MADE,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     now = json.loads(Path("crossval/crossval.json").read_text())
@@ -298,7 +324,7 @@ def test_a_cross_validation_of_the_previous_release_resumes_to_its_twins_results
 def test_a_sweep_of_the_previous_release_resumes_to_its_twins_trials(previous):
     r = run_cli(
         "sweep", "--config", "config.yaml", "--space", "space.yaml", "--trials", "3", "--run-dir", "sweep",
-        *MOVED, cwd=Path.cwd(),
+        *MOVED, cwd=Path.cwd(), env=AS_MADE,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     for number, trial in expected(previous)["sweep"].items():
