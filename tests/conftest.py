@@ -377,10 +377,12 @@ def pytest_configure(config):
             config.option.dist = "loadgroup"
             os.environ["CLOUDML_XDIST_GROUPS"] = "1"
         # pytest-xdist's controller: it builds the Colab twin's environment (pytest_xdist_node_collection_
-        # finished) and tells the worker that runs the twin's tests where, through this file
-        global TWIN_STATE_DIR
-        TWIN_STATE_DIR = Path(tempfile.mkdtemp(prefix="cloudml-twin-"))
-        os.environ["CLOUDML_TWIN_STATE"] = str(TWIN_STATE_DIR / "state.json")
+        # finished) and tells the worker that runs the twin's tests where, through this file (its folder made
+        # only if the twin's tests were selected)
+        import secrets
+
+        folder = Path(tempfile.gettempdir()) / f"cloudml-twin-{os.getpid()}-{secrets.token_hex(8)}"
+        os.environ["CLOUDML_TWIN_STATE"] = str(folder / "state.json")
 
 
 def pytest_unconfigure(config):
@@ -390,13 +392,8 @@ def pytest_unconfigure(config):
         if notes:
             Path(notes).write_text(json.dumps({"colab_twin_environment": TWIN.how, "seconds": TWIN.seconds}))
         shutil.rmtree(TWIN.scratch, ignore_errors=True)
-    if TWIN_STATE_DIR is not None:
-        shutil.rmtree(TWIN_STATE_DIR, ignore_errors=True)
 
 
-TWIN_STATE_DIR = (
-    None  # pytest-xdist's controller: the folder of the twin's outcome (and of its build if not kept)
-)
 TWIN = None  # the Colab twin's environment (install_helpers.TwinEnvironment), where its tests were selected
 TWIN_MODULE = "test_colab_twin.py"
 
@@ -438,6 +435,7 @@ def pytest_xdist_node_collection_finished(node, ids):
         from install_helpers import TwinEnvironment
 
         state = Path(os.environ["CLOUDML_TWIN_STATE"])
+        state.parent.mkdir(mode=0o700)  # the outcome's folder, and the build's where it is not kept
         TWIN = TwinEnvironment(state.parent, state)
         TWIN.start()
 

@@ -2,8 +2,9 @@
 whole family: the run lock, a checkpoint's manifest, the hash memo, a flight cache's meta.json, the folder
 marker, a sweep's journal, config files, --set values and --calibration's intervals. Each is fed the
 hostile documents of the adversarial pass (nesting 20,000 deep: it found 100,000, which fails the same way,
-past Python's recursion limit; 5,000-digit integers, the wrong type at the top) and random JSON (Hypothesis), and answers with its documented outcome: a value of the right shape,
-"damaged" (None, {}, a reason) or a message naming the file. Never another exception.
+past Python's recursion limit; 5,000-digit integers, the wrong type at the top) and random JSON
+(Hypothesis), and answers with its documented outcome: a value of the right shape, "damaged" (None, {}, a
+reason) or a message naming the file. Never another exception.
 
 And no file opened by `train` or `status` can hang them: a FIFO in place of the lock, the metrics, the log
 or a run file is refused in a process of its own with a time limit (a regression fails one test, not CI)."""
