@@ -376,6 +376,9 @@ def pytest_configure(config):
             # workers read their arguments again, so they are told through the environment
             config.option.dist = "loadgroup"
             os.environ["CLOUDML_XDIST_GROUPS"] = "1"
+            # in the order collected (pytest_collection_modifyitems), not the groups first: the twin's tests
+            # come last, once its environment is built, while both workers test
+            config.option.loadscopereorder = False
         # pytest-xdist's controller: it builds the Colab twin's environment (pytest_xdist_node_collection_
         # finished) and tells the worker that runs the twin's tests where, through this file (its folder made
         # only if the twin's tests were selected)
@@ -420,6 +423,8 @@ def pytest_collection_modifyitems(session, config, items):
     from install_helpers import TwinBuiltElsewhere, TwinEnvironment
 
     if WORKER:
+        # the notebooks (one worker, one after the other: minutes) first, while the other worker tests
+        items.sort(key=lambda item: item.path.suffix != ".ipynb")
         TWIN = TwinBuiltElsewhere(None, Path(os.environ["CLOUDML_TWIN_STATE"]))
         return
     TWIN = TwinEnvironment(Path(tempfile.mkdtemp(prefix="cloudml-twin-")))

@@ -151,6 +151,7 @@ def test_the_notebook_starts_this_kernels_own_tensorboard_whatever_path_holds(tm
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     binary = use_this_pythons_tensorboard()
     assert binary.startswith(str(tmp_path)) and os.environ["TENSORBOARD_BINARY"] == binary
+    assert use_this_pythons_tensorboard() == binary  # asked again: the launcher it set, no other
     r = subprocess.run([binary, "--version_tb"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip()[:1].isdigit(), r.stderr[-1000:]
     (lonely / "tensorboard").write_text("#!/bin/sh\necho beside\n")
