@@ -368,6 +368,7 @@ def pytest_configure(config):
         CTRL_C.pytest_handlers[signal.SIGINT] = signal.default_int_handler
     CTRL_C.blocked_at_start = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
     signal.signal = CTRL_C.signal
+    config.pluginmanager.register(_NotebooksOnOneWorker(), "cloudml-notebooks-on-one-worker")
     if WORKER and os.environ.get("CLOUDML_XDIST_GROUPS"):
         config.option.loadgroup = True  # the worker names each test's group, as under --dist loadgroup
     if not WORKER and getattr(config.option, "numprocesses", None):
@@ -401,13 +402,23 @@ TWIN = None  # the Colab twin's environment (install_helpers.TwinEnvironment), w
 TWIN_MODULE = "test_colab_twin.py"
 
 
-@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")  # before pytest-xdist reads groups
-def _notebooks_on_one_worker(items):
+NOTEBOOKS_GROUP = "notebooks"
+
+
+class _NotebooksOnOneWorker:
     """Under pytest-xdist, both notebooks run on one worker, one after the other: their smoke test shares one
-    workspace (.cloudml_smoke), which the training notebook finds as the setup notebook left it."""
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group("notebooks"))
+    workspace (.cloudml_smoke), which the training notebook finds as the setup notebook left it. A plugin of
+    its own (registered in pytest_configure), as this module holds the other pytest_collection_modifyitems:
+    pytest takes a conftest's hooks by their pytest_ names only, and calls a per-item hook of this file
+    only for items under tests/, never for the notebooks at the top. (A hook under another name with
+    specname was never called: the notebooks ran on two workers at once, the training one reading the demo
+    flights while the setup one was still writing them.)"""
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            if item.path.suffix == ".ipynb":
+                item.add_marker(pytest.mark.xdist_group(NOTEBOOKS_GROUP))
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: a quick run builds no twin
@@ -416,6 +427,9 @@ def pytest_collection_modifyitems(session, config, items):
     tests run while pip downloads and unpacks Colab's torch. Under pytest-xdist the controller builds it
     (pytest_xdist_node_collection_finished) and the worker given the twin's tests reads where."""
     global TWIN
+    apart = [i.nodeid for i in items if i.path.suffix == ".ipynb" and not i.nodeid.endswith(NOTEBOOKS_GROUP)]
+    if WORKER and config.getvalue("loadgroup") and apart:
+        raise pytest.UsageError(f"the notebooks would run on two workers at once: {apart} are not grouped")
     twin = [item for item in items if item.path.name == TWIN_MODULE]
     if not twin:
         return
