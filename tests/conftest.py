@@ -368,17 +368,16 @@ def pytest_configure(config):
         CTRL_C.pytest_handlers[signal.SIGINT] = signal.default_int_handler
     CTRL_C.blocked_at_start = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
     signal.signal = CTRL_C.signal
-    config.pluginmanager.register(_NotebooksOnOneWorker(), "cloudml-notebooks-on-one-worker")
+    config.pluginmanager.register(_WholeFilesOnOneWorker(), "cloudml-whole-files-on-one-worker")
     if WORKER and os.environ.get("CLOUDML_XDIST_GROUPS"):
         config.option.loadgroup = True  # the worker names each test's group, as under --dist loadgroup
     if not WORKER and getattr(config.option, "numprocesses", None):
         if config.option.dist == "load":
-            # -n alone: the tests marked xdist_group (the notebooks, the twin's) each share one worker; the
-            # workers read their arguments again, so they are told through the environment
+            # -n alone: each group (a file, the notebooks, the twin's tests) runs on one worker; the workers
+            # read their arguments again, so they are told through the environment
             config.option.dist = "loadgroup"
             os.environ["CLOUDML_XDIST_GROUPS"] = "1"
-            # in the order collected (pytest_collection_modifyitems), not the groups first: the twin's tests
-            # come last, once its environment is built, while both workers test
+            # in the order collected (pytest_collection_modifyitems: FIRST), not the largest groups first
             config.option.loadscopereorder = False
         # pytest-xdist's controller: it builds the Colab twin's environment (pytest_xdist_node_collection_
         # finished) and tells the worker that runs the twin's tests where, through this file (its folder made
@@ -403,44 +402,77 @@ TWIN_MODULE = "test_colab_twin.py"
 
 
 NOTEBOOKS_GROUP = "notebooks"
+# Under pytest-xdist each worker takes whole groups (a test file, the two notebooks), in this order first: the
+# longest files go early, so that no worker is left alone with one at the end; the Colab twin's third, once
+# its environment (built meanwhile by the controller) is about ready. The other files follow as collected.
+FIRST = (
+    NOTEBOOKS_GROUP,
+    "test_distributed",
+    "colab-twin",
+    "test_benchmarks",
+    "test_old_runs",
+    "test_demo",
+    "test_compile",
+    "test_resume",
+    "test_trialpool",
+    "test_inference",
+    "test_estimate",
+    "test_sweep",
+)
 
 
-class _NotebooksOnOneWorker:
-    """Under pytest-xdist, both notebooks run on one worker, one after the other: their smoke test shares one
-    workspace (.cloudml_smoke), which the training notebook finds as the setup notebook left it. A plugin of
-    its own (registered in pytest_configure), as this module holds the other pytest_collection_modifyitems:
-    pytest takes a conftest's hooks by their pytest_ names only, and calls a per-item hook of this file
-    only for items under tests/, never for the notebooks at the top. (A hook under another name with
-    specname was never called: the notebooks ran on two workers at once, the training one reading the demo
-    flights while the setup one was still writing them.)"""
+def xdist_group_of(item) -> str:
+    """A test's group under pytest-xdist: its marker's (the twin's), both notebooks', or its file's."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
+    return NOTEBOOKS_GROUP if item.path.suffix == ".ipynb" else item.path.stem
+
+
+class _WholeFilesOnOneWorker:
+    """Under pytest-xdist, each test file runs on one worker, its tests one after the other, and both
+    notebooks together: the notebooks' smoke test shares one workspace (.cloudml_smoke), which the training
+    notebook finds as the setup notebook left it; a file's module-scoped fixtures (trained runs, a torchrun
+    job's reference) are built once, not again on each worker and after each test of another file in between.
+    A plugin of its own (registered in pytest_configure), as this module holds the other
+    pytest_collection_modifyitems: pytest takes a conftest's hooks by their pytest_ names only, and calls a
+    per-item hook of this file only for items under tests/, never for the notebooks at the top. (A hook under
+    another name with specname was never called: the notebooks ran on two workers at once, the training one
+    reading the demo flights while the setup one was still writing them.)"""
 
     @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
     def pytest_collection_modifyitems(self, items):
         for item in items:
-            if item.path.suffix == ".ipynb":
-                item.add_marker(pytest.mark.xdist_group(NOTEBOOKS_GROUP))
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: a quick run builds no twin
 def pytest_collection_modifyitems(session, config, items):
     """The Colab twin's tests go last, and its environment starts building in the background now: the other
     tests run while pip downloads and unpacks Colab's torch. Under pytest-xdist the controller builds it
-    (pytest_xdist_node_collection_finished) and the worker given the twin's tests reads where."""
+    (pytest_xdist_node_collection_finished) and the worker given the twin's tests reads where; the groups go
+    in the order of FIRST."""
     global TWIN
-    apart = [i.nodeid for i in items if i.path.suffix == ".ipynb" and not i.nodeid.endswith(NOTEBOOKS_GROUP)]
-    if WORKER and config.getvalue("loadgroup") and apart:
-        raise pytest.UsageError(f"the notebooks would run on two workers at once: {apart} are not grouped")
+    if WORKER and config.getvalue("loadgroup"):
+        apart = [
+            i.nodeid for i in items if i.path.suffix == ".ipynb" and not i.nodeid.endswith(NOTEBOOKS_GROUP)
+        ]
+        if apart:
+            raise pytest.UsageError(
+                f"the notebooks would run on two workers at once: {apart} are not grouped"
+            )
+        rank = {group: n for n, group in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(xdist_group_of(item), len(FIRST)))
     twin = [item for item in items if item.path.name == TWIN_MODULE]
     if not twin:
         return
-    items[:] = [item for item in items if item.path.name != TWIN_MODULE] + twin
     from install_helpers import TwinBuiltElsewhere, TwinEnvironment
 
     if WORKER:
-        # the notebooks (one worker, one after the other: minutes) first, while the other worker tests
-        items.sort(key=lambda item: item.path.suffix != ".ipynb")
         TWIN = TwinBuiltElsewhere(None, Path(os.environ["CLOUDML_TWIN_STATE"]))
         return
+    items[:] = [item for item in items if item.path.name != TWIN_MODULE] + twin
     TWIN = TwinEnvironment(Path(tempfile.mkdtemp(prefix="cloudml-twin-")))
     TWIN.start()
 
