@@ -403,13 +403,14 @@ TWIN_MODULE = "test_colab_twin.py"
 
 NOTEBOOKS_GROUP = "notebooks"
 # Under pytest-xdist each worker takes whole groups (a test file, the two notebooks), in this order first: the
-# longest files go early, so that no worker is left alone with one at the end; the Colab twin's third, once
-# its environment (built meanwhile by the controller) is about ready. The other files follow as collected.
+# longest files go early, so that no worker is left alone with one at the end; the Colab twin's fourth, once
+# its environment (built meanwhile by the controller, 226 s in a fresh clone) is about ready. The other files
+# follow as collected.
 FIRST = (
     NOTEBOOKS_GROUP,
     "test_distributed",
-    "colab-twin",
     "test_benchmarks",
+    "colab-twin",
     "test_old_runs",
     "test_demo",
     "test_compile",
