@@ -377,7 +377,7 @@ def pytest_configure(config):
             # read their arguments again, so they are told through the environment
             config.option.dist = "loadgroup"
             os.environ["CLOUDML_XDIST_GROUPS"] = "1"
-            # in the order collected (pytest_collection_modifyitems: FIRST), not the largest groups first
+            # in the order of pytest_collection_modifyitems (the longest first), not the most tests first
             config.option.loadscopereorder = False
         # pytest-xdist's controller: it builds the Colab twin's environment (pytest_xdist_node_collection_
         # finished) and tells the worker that runs the twin's tests where, through this file (its folder made
@@ -402,24 +402,39 @@ TWIN_MODULE = "test_colab_twin.py"
 
 
 NOTEBOOKS_GROUP = "notebooks"
-# Under pytest-xdist each worker takes whole groups (a test file, the two notebooks), in this order first: the
-# longest files go early, so that no worker is left alone with one at the end; the Colab twin's fourth, once
-# its environment (built meanwhile by the controller, 226 s in a fresh clone) is about ready. The other files
-# follow as collected.
-FIRST = (
-    NOTEBOOKS_GROUP,
-    "test_distributed",
-    "test_benchmarks",
-    "colab-twin",
-    "test_old_runs",
-    "test_demo",
-    "test_compile",
-    "test_resume",
-    "test_trialpool",
-    "test_inference",
-    "test_estimate",
-    "test_sweep",
-)
+# Under pytest-xdist each worker takes whole groups (a test file, the two notebooks), the longest first (by
+# the seconds benchmarks/results/suite.json last recorded for each file), so that no worker is left alone
+# with a long one at the end; the Colab twin's tests fourth, once its environment (built meanwhile by the
+# controller: 226 s in a fresh clone) is about ready. Files without a recorded time go first (a new file may
+# be long).
+TWIN_GROUP, TWIN_PLACE = "colab-twin", 3
+SUITE_RESULTS = REPO / "benchmarks" / "results" / "suite.json"
+
+
+def recorded_group_seconds(quick: bool) -> dict[str, float]:
+    """Each group's seconds in the last run benchmarks/suite.py recorded (the quick subset's for a quick run);
+    empty where there is none or the file does not read (the order is then the collection's)."""
+    try:
+        commits = json.loads(SUITE_RESULTS.read_text())["commits"]
+        kind = "quick" if quick else "fresh_clone"
+        files = [c[kind]["files_s"] for c in commits.values() if kind in c][-1]
+        seconds: dict[str, float] = {}
+        for name, s in files.items():
+            group = NOTEBOOKS_GROUP if name.endswith(".ipynb") else Path(name).stem
+            group = TWIN_GROUP if group + ".py" == TWIN_MODULE else group
+            seconds[group] = seconds.get(group, 0.0) + float(s)
+        return seconds
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return {}
+
+
+def groups_in_order(groups: list[str], seconds: dict[str, float]) -> list[str]:
+    """`groups` (in collection order) longest first by `seconds`, those without a time before them, the
+    twin's fourth."""
+    known = sorted((g for g in groups if g != TWIN_GROUP), key=lambda g: -seconds.get(g, float("inf")))
+    if TWIN_GROUP in groups:
+        known.insert(TWIN_PLACE, TWIN_GROUP)
+    return known
 
 
 def xdist_group_of(item) -> str:
@@ -453,7 +468,7 @@ def pytest_collection_modifyitems(session, config, items):
     """The Colab twin's tests go last, and its environment starts building in the background now: the other
     tests run while pip downloads and unpacks Colab's torch. Under pytest-xdist the controller builds it
     (pytest_xdist_node_collection_finished) and the worker given the twin's tests reads where; the groups go
-    in the order of FIRST."""
+    the longest first (groups_in_order)."""
     global TWIN
     if WORKER and config.getvalue("loadgroup"):
         apart = [
@@ -463,8 +478,10 @@ def pytest_collection_modifyitems(session, config, items):
             raise pytest.UsageError(
                 f"the notebooks would run on two workers at once: {apart} are not grouped"
             )
-        rank = {group: n for n, group in enumerate(FIRST)}
-        items.sort(key=lambda item: rank.get(xdist_group_of(item), len(FIRST)))
+        groups = list(dict.fromkeys(xdist_group_of(item) for item in items))
+        quick = "not slow" in (config.option.markexpr or "")
+        rank = {g: n for n, g in enumerate(groups_in_order(groups, recorded_group_seconds(quick)))}
+        items.sort(key=lambda item: rank[xdist_group_of(item)])
     twin = [item for item in items if item.path.name == TWIN_MODULE]
     if not twin:
         return

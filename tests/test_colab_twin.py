@@ -30,6 +30,7 @@ from types import SimpleNamespace
 
 import nbformat
 import pytest
+from conftest import TWIN_GROUP
 from install_helpers import (
     COLAB_PYTHON,
     NOT_ON_COLAB,
@@ -42,7 +43,7 @@ from install_helpers import (
     pip,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("colab-twin")]  # one worker: one environment
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(TWIN_GROUP)]  # one worker: one environment
 KERNEL = "cloudml-colab-twin"
 
 

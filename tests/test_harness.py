@@ -146,3 +146,42 @@ def test_an_unexpected_failure_in_process_is_exit_status_1_with_its_traceback(mo
     assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: an unexpected failure" in r.stderr
     assert run_cli("no-such-command").returncode == 2  # argparse's own exit status
     assert run_cli("--version").returncode == 0
+
+
+def test_under_xdist_the_longest_files_go_first_and_the_twin_fourth(tmp_path, monkeypatch):
+    """The order whole files are handed to the workers: by the seconds the last recorded run took, a file
+    never timed first, the Colab twin's tests fourth (its environment is built meanwhile); without a record
+    that reads, the collection's order."""
+    import json
+
+    import conftest
+
+    groups = ["test_a", conftest.TWIN_GROUP, "test_b", "notebooks", "test_new", "test_c"]
+    seconds = {"test_a": 5.0, "test_b": 50.0, "notebooks": 30.0, "test_c": 1.0, conftest.TWIN_GROUP: 300.0}
+    order = conftest.groups_in_order(groups, seconds)
+    assert order == ["test_new", "test_b", "notebooks", conftest.TWIN_GROUP, "test_a", "test_c"]
+    record = {
+        "commits": {
+            "old": {"fresh_clone": {"files_s": {"tests/test_a.py": 1.0}}},
+            "new": {
+                "fresh_clone": {
+                    "files_s": {
+                        "tests/test_a.py": 2.0,
+                        "colab_setup.ipynb": 3.0,
+                        "colab_training.ipynb": 4.0,
+                        "tests/test_colab_twin.py": 9.0,
+                    }
+                },
+                "quick": {"files_s": {"tests/test_a.py": 0.5}},
+            },
+        }
+    }
+    results = tmp_path / "suite.json"
+    results.write_text(json.dumps(record))
+    monkeypatch.setattr(conftest, "SUITE_RESULTS", results)
+    got = conftest.recorded_group_seconds(False)
+    assert got == {"test_a": 2.0, "notebooks": 7.0, conftest.TWIN_GROUP: 9.0}
+    assert conftest.recorded_group_seconds(True) == {"test_a": 0.5}
+    results.write_text("{not json")
+    assert conftest.recorded_group_seconds(False) == {}
+    assert conftest.groups_in_order(["test_x", "test_y"], {}) == ["test_x", "test_y"]
