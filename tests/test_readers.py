@@ -242,3 +242,17 @@ def test_a_value_stored_in_another_file_is_refused_by_name(tmp_path, how):
     said = str(e.value)
     assert f"flight F1: {path}" in said and "data.keys.ir_signal" in said, said
     assert ("virtual dataset" if how == "virtual" else "external link") in said, said
+
+
+def test_yaml_nested_past_the_bound_is_refused_before_parsing_and_below_it_read():
+    """A hostile depth is refused at once (PyYAML's scan of it took a second per file, quadratic in depth);
+    a document nested up to the bound is still read."""
+    from cloudml_lib.base.yamlfile import MAX_FLOW_DEPTH, loads
+
+    deep = "[" * MAX_FLOW_DEPTH + "1" + "]" * MAX_FLOW_DEPTH
+    value = loads(deep)
+    for _ in range(MAX_FLOW_DEPTH - 1):
+        value = value[0]
+    assert value == [1]
+    with pytest.raises(RecursionError, match=f"nested over {MAX_FLOW_DEPTH} deep"):
+        loads("[" * (MAX_FLOW_DEPTH + 1), "x.yaml")

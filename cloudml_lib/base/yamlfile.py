@@ -41,10 +41,29 @@ _FLOAT_1_2 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789."))
 
 
+# Brackets open at once that a document may hold: PyYAML's parser recurses per level (Python's recursion
+# limit ends it near 500 levels) after a scan whose cost grows with the square of the depth (a second per
+# hostile file); a config nests a few levels.
+MAX_FLOW_DEPTH = 200
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _deepest_flow(text: str) -> int:
+    """The most `[` and `{` open at once (brackets inside quotes counted too: a bound, not a parse)."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(text):
+        depth = depth + 1 if m.group() in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def loads(text: str, name: str = "<text>"):
     """YAML text by the kit's one loader (SafeLoader, unique keys, YAML 1.2 numbers). Raises yaml.YAMLError,
     ConfigError (a key twice), ValueError (an integer of over 4300 digits) or RecursionError (nested too
-    deep); the callers say which file or option."""
+    deep: over MAX_FLOW_DEPTH brackets at once, refused before parsing); the callers say which file or
+    option."""
+    if _deepest_flow(text) > MAX_FLOW_DEPTH:
+        raise RecursionError(f"{name}: lists or mappings nested over {MAX_FLOW_DEPTH} deep")
     loader = _UniqueKeyLoader(text)
     loader.name = name
     try:
