@@ -120,6 +120,7 @@ def test_the_training_subprocess_prints_progress_lines_not_a_flood_of_bars(tiny_
     assert progress and progress[-1]["total"] == 14 and 1 <= progress[-1]["step"] <= 14
 
 
+@pytest.mark.slow
 def test_a_stop_says_the_step_the_checkpoint_holds(tiny_flights, tmp_path, shown, capsys):
     raw = tiny_raw(*tiny_flights, tmp_path / "cache")
     raw["checkpoint"] = {"every_steps": 3}
@@ -182,6 +183,7 @@ def test_the_kernels_interrupt_does_not_reach_the_run_and_a_dead_kernel_stops_it
 # ------------------------------------------------------------------ the picker
 
 
+@pytest.mark.slow
 def test_the_picker_comes_back_with_the_run_the_user_started(ws, tiny_flights, tmp_path, shown, monkeypatch):
     raw = tiny_raw(*tiny_flights, tmp_path / "cache")
     raw["checkpoint"] = {"every_steps": 3}

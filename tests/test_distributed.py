@@ -150,6 +150,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(run
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_global_batch_smaller_than_the_process_count_is_refused(ddp_config, tmp_path):
     cfg = ddp_config
     r = launch(train_args(cfg, tmp_path / "run") + ["--set", "train.batch_size=1"])
@@ -242,6 +243,7 @@ def _turns(rank: int, world: int, init: str, out: str) -> None:
     tdist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_each_machine_builds_once_after_rank_0_then_its_other_processes_open_it(tmp_path):
     """Rank 0 first; then the first process of the other machine (its own disk); then everyone else."""
     out = tmp_path / "turns.txt"

@@ -88,6 +88,7 @@ def test_the_peak_is_linear_in_the_batch_at_the_real_size():
     assert e.train_per_sample > 0 and e.train_fixed > 0  # weights and optimizer state are the fixed part
 
 
+@pytest.mark.slow
 def test_checkpointing_and_half_precision_lower_the_peak_as_expected():
     """Checkpointing keeps one frame's activations instead of all T x 3 blocks'; fp16 halves what is kept.
     The same pass counts FLOPs: checkpointing recomputes the frame encoder's forward (about a third more)."""

@@ -56,6 +56,7 @@ def test_after():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["a_command", "a_training_loop"])
 def test_one_ctrl_c_stops_the_suite_while_cloudml_holds_sigint(tmp_path, which):
     (tmp_path / "test_inner.py").write_text(INNER)

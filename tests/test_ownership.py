@@ -327,6 +327,7 @@ def _add_many(folder: str, who: int) -> None:
         ledger.add(Path(folder) / f"fold-{who}" / f"file-{i}.json")
 
 
+@pytest.mark.slow
 def test_processes_writing_into_one_folder_lose_none_of_each_others_entries(tmp_path):
     """Cross-validation folds under torchrun write into one folder at once: each one's entries in its ledger
     survive the others' (an advisory lock on the folder around each read-and-rewrite)."""

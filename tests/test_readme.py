@@ -51,6 +51,34 @@ def test_the_suites_time_in_the_readme_and_the_testing_page_is_the_last_measured
     assert f"built meanwhile in {full['notes']['seconds']:.0f} s" in page
 
 
+def test_every_test_of_5_s_or_more_in_the_last_full_run_is_marked_slow():
+    """The quick subset's rule (README, docs/how-to/testing.md): a test that took 5 s or more in the last full
+    run benchmarks/suite.py recorded is marked slow, so that `-m "not slow"` leaves it out."""
+    import importlib
+    import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from suite import SLOW_S
+
+    suite = json.loads((REPO / "benchmarks" / "results" / "suite.json").read_text())
+    full = [c["fresh_clone"] for c in suite["commits"].values() if "fresh_clone" in c][-1]
+    long = [name for name, s in full["slowest_s"].items() if s >= SLOW_S and not name.endswith(".ipynb")]
+    assert long  # the record holds them
+    unmarked = []
+    for name in long:
+        path, *inner = name.split("[")[0].split("::")
+        obj = importlib.import_module(Path(path).stem)
+        marks = []
+        for part in ["", *inner]:
+            obj = getattr(obj, part) if part else obj
+            found = getattr(obj, "pytestmark", [])  # a module's may be one mark or a list
+            marks += found if isinstance(found, list) else [found]
+        if "slow" not in {m.name for m in marks}:
+            unmarked.append(name)
+    assert unmarked == [], f"took {SLOW_S:.0f} s or more in the last full run: mark them @pytest.mark.slow"
+
+
 @pytest.mark.slow
 def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys):
     from cloudml_lib.commands.cli import main

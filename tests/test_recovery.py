@@ -47,6 +47,7 @@ def fit(cfg, run, *, forward_wrap=None, micro=None, eval_wrap=None):
     return trainer, report
 
 
+@pytest.mark.slow
 def test_oom_halves_the_micro_batch_and_matches_the_run_without_injection(tiny_config, tmp_path):
     """Injected OOM above 2 samples: the run completes in micro-batches of 2, with the batch size and LR
     of the plan, and its weights match an uninjected run that used micro-batches of 2 throughout."""

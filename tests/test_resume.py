@@ -339,6 +339,7 @@ def test_math_changes_are_refused_harmless_ones_taken(setup, killed, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
     cfg, _, _ = setup
     run = tmp_path / "run"

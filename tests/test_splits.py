@@ -212,6 +212,7 @@ def test_permuting_the_test_flights_labels_changes_nothing_but_the_test_scores(t
     ]
 
 
+@pytest.mark.slow
 def test_a_noise_test_flight_gets_no_positive_skill_and_is_called_so(twin_runs):
     """Selection on the test flight is how a model of no skill reports some: the permuted flight is noise,
     and the run, which chose nothing on it, reports no skill there and says so."""
