@@ -219,6 +219,7 @@ def test_the_continue_button_shows_the_whole_run_name(ws, shown):
     assert p.mode.style.button_width == "auto"  # ipywidgets 8's fixed 148 px would cut it short
 
 
+@pytest.mark.slow
 def test_auto_without_a_gpu_on_your_flights_is_a_short_cpu_run_said_in_plain_words(
     ws, shown, flights, monkeypatch, capsys
 ):
