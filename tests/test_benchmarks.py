@@ -123,6 +123,7 @@ def test_the_presets_compile_benchmark_runs_on_a_tiny_model(tmp_path):
     assert (committed.read_bytes() if committed.exists() else None) == before
 
 
+@pytest.mark.slow
 def test_the_memory_format_benchmark_runs_on_tiny_models():
     """benchmarks/memory_format.py --smoke: both formats train each model on the CPU and agree to rounding."""
     import subprocess
