@@ -21,6 +21,7 @@ DISTRIBUTIONS = {"yaml": "pyyaml", "skimage": "scikit-image", "sklearn": "scikit
 OPTIONAL = {"optuna", "kornia", "tensorboard", "ipywidgets", "IPython", "google"}
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_module_and_data_file_of_the_checkout(wheel):
     """Nothing to list by hand: a new sub-package, module, preset or sweep space is in the wheel, and nothing
     that is not in the checkout (a stale build/) is."""

@@ -148,6 +148,7 @@ def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_t
     assert f"measured in your run {run_dir.name}" in q.note.value and len(calls) == 1
 
 
+@pytest.mark.slow
 def test_an_earlier_runs_peak_memory_is_said_beside_the_presets_estimate(ws, shown, tmp_path):
     """A run of preset C on this device recorded its peak: the preset table says it beside the estimate."""
     from cloudml_lib.base.config import load_config
