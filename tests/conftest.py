@@ -405,8 +405,8 @@ NOTEBOOKS_GROUP = "notebooks"
 # Under pytest-xdist each worker takes whole groups (a test file, the two notebooks), the longest first (by
 # the seconds benchmarks/results/suite.json last recorded for each file), so that no worker is left alone
 # with a long one at the end; the Colab twin's tests fourth, once its environment (built meanwhile by the
-# controller: 226 s in a fresh clone) is about ready. Files without a recorded time go first (a new file may
-# be long).
+# controller: 2 to 4 minutes in a fresh clone) is about ready. Files without a recorded time go first (a
+# new file may be long).
 TWIN_GROUP, TWIN_PLACE = "colab-twin", 3
 SUITE_RESULTS = REPO / "benchmarks" / "results" / "suite.json"
 
@@ -465,10 +465,10 @@ class _WholeFilesOnOneWorker:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: a quick run builds no twin
 def pytest_collection_modifyitems(session, config, items):
-    """The Colab twin's tests go last, and its environment starts building in the background now: the other
+    """The Colab twin's environment starts building in the background now, and its tests go last: the other
     tests run while pip downloads and unpacks Colab's torch. Under pytest-xdist the controller builds it
     (pytest_xdist_node_collection_finished) and the worker given the twin's tests reads where; the groups go
-    the longest first (groups_in_order)."""
+    the longest first, the twin's fourth (groups_in_order)."""
     global TWIN
     if WORKER and config.getvalue("loadgroup"):
         apart = [
