@@ -531,6 +531,34 @@ def _stop_signals_left_as_found():
     assert not left, f"the test left {', '.join(left)} in pytest's process"
 
 
+def _torch_switches() -> dict:
+    return {
+        "torch.use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "torch.get_default_dtype()": torch.get_default_dtype(),
+        "torch.is_grad_enabled()": torch.is_grad_enabled(),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _torch_switches_left_as_found():
+    """A test, or a CloudML run in this process, must leave torch's process-wide switches as it found them:
+    a deterministic run in-process once left torch.use_deterministic_algorithms on, and a later test of the
+    same worker failed on CI (a notebook's kernel would have kept it too). The switches are put back, and the
+    test fails naming what it left."""
+    found = _torch_switches()
+    yield
+    left = {k: v for k, v in _torch_switches().items() if v != found[k]}
+    if left:
+        torch.use_deterministic_algorithms(found["torch.use_deterministic_algorithms"])
+        torch.backends.cudnn.deterministic = found["torch.backends.cudnn.deterministic"]
+        torch.backends.cudnn.benchmark = found["torch.backends.cudnn.benchmark"]
+        torch.set_default_dtype(found["torch.get_default_dtype()"])
+        torch.set_grad_enabled(found["torch.is_grad_enabled()"])
+    assert not left, f"the test left torch's switches changed in pytest's process: {left}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     before = CTRL_C.count

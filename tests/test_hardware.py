@@ -210,7 +210,12 @@ def test_batch_size_auto_on_cpu_uses_a_stated_default(tiny_config, tmp_path):
 def test_the_deterministic_switch_sets_torchs_flags_and_says_what_it_costs():
     import os
 
-    from cloudml_lib.core.machine.determinism import CUBLAS_ENV, apply_determinism, reset_determinism
+    from cloudml_lib.core.machine.determinism import (
+        CUBLAS_ENV,
+        apply_determinism,
+        reset_determinism,
+        restore_determinism,
+    )
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert "rounding, not bit for bit" in apply_determinism(False, cuda)
@@ -225,8 +230,25 @@ def test_the_deterministic_switch_sets_torchs_flags_and_says_what_it_costs():
         assert os.environ[CUBLAS_ENV] == ":4096:8"
         assert "bit for bit" in words and "slower" in words
         assert "changes nothing" in apply_determinism(True, cpu)
+        # the next run of the process (a notebook's kernel) with the switch off gets torch's switches back
+        assert apply_determinism(False, cpu) == "off (on the CPU a run is deterministic anyway)"
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+        assert CUBLAS_ENV not in os.environ
+        # the end of a run (Trainer.close) puts them back too, as they were before it
+        torch.backends.cudnn.benchmark = True
+        apply_determinism(True, cpu)
+        restore_determinism()
+        assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = False
+        # switches the user set in the process before any run are theirs: left on, and said
+        torch.use_deterministic_algorithms(True)
+        said = apply_determinism(False, cuda)
+        assert torch.are_deterministic_algorithms_enabled() and "left on" in said, said
+        restore_determinism()
+        assert torch.are_deterministic_algorithms_enabled()
     finally:
         reset_determinism()
+        torch.backends.cudnn.benchmark = False
         os.environ.pop(CUBLAS_ENV, None)
     assert not torch.are_deterministic_algorithms_enabled()
 

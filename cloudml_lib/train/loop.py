@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from cloudml_lib.base import faults
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.core.machine.determinism import restore_determinism
 from cloudml_lib.core.machine.device import format_memory, memory_readings
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.core.network.compile import CompileWatch
@@ -401,7 +402,8 @@ class Trainer:
 
     def close(self) -> None:
         """Let an in-flight checkpoint finish, commit the TensorBoard events, then release the run
-        directory."""
+        directory and torch's deterministic switches (train.deterministic) as they were before the run."""
+        restore_determinism()
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.lock is not None:
