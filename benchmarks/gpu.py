@@ -56,7 +56,7 @@ def in_repo(text: str) -> str:
 
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu_t4 import ITEM_FUNCTIONS, T4_BOX, T4_ITEMS  # noqa: E402
+from benchmarks.gpu_t4 import ITEM_FUNCTIONS, NEEDS_CUDA, T4_BOX, T4_ITEMS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "gpu.json"
 SCRATCH = REPO / "benchmarks" / ".scratch" / "gpu"
@@ -577,9 +577,19 @@ def forced_oom_run(size: Size) -> dict:
     return out
 
 
+SMOKE_SKIPS = {"memory": "needs CUDA: out of memory and the probe are measured on a GPU only"}
+
+
+def skipped_here(name: str, size: Size, cuda: bool) -> str | None:
+    """Why item `name` does not run here (said in the results without starting its process), or None."""
+    if size.smoke and name in SMOKE_SKIPS:
+        return SMOKE_SKIPS[name]
+    return None if cuda else NEEDS_CUDA.get(name)
+
+
 def item_memory(size: Size, put) -> None:
     if size.smoke:
-        put("skipped", "needs CUDA: out of memory and the probe are measured on a GPU only")
+        put("skipped", SMOKE_SKIPS["memory"])
         return
     for name in ("A", "B"):
         probe = probe_choice(name, size)
@@ -779,11 +789,19 @@ def orchestrate(size: Size, items: list[str], results: Path, log) -> dict:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     old = json.loads(results.read_text()) if results.exists() and set(items) != set(ITEMS) else {}
     doc = {**old, **header(size)}
+    import torch
+
+    cuda = torch.cuda.is_available()
     flights = subprocess.Popen(
         [sys.executable, __file__, "--make-flights", *(["--smoke"] if size.smoke else [])]
     )
     for name in items:
         box = TIME_BOX[name] * (4 if size.smoke else 1)
+        if why := skipped_here(name, size, cuda):
+            doc[name] = {"skipped": why}
+            results.write_text(json.dumps(doc, indent=1, default=str))
+            print(f"gpu.py: {name}: skipped, {why}", flush=True)
+            continue
         if name != "presets" and flights.wait() != 0:
             doc[name] = {"failed": "the synthetic flights could not be written; see the log"}
             results.write_text(json.dumps(doc, indent=1, default=str))

@@ -86,9 +86,14 @@ def rate(step, warm: int, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+# the items that measure what a CPU does not have: skipped without CUDA, said so (gpu.py does not start a
+# process for them there)
+NEEDS_CUDA = {"context": "needs CUDA", "graphs": "needs CUDA (CUDA graphs)"}
+
+
 def item_context(size, put) -> None:
     if not _cuda():
-        return put("skipped", "needs CUDA")
+        return put("skipped", NEEDS_CUDA["context"])
     import torch
 
     free, total = torch.cuda.mem_get_info()
@@ -198,7 +203,7 @@ def item_predict_2cpu(size, put) -> None:
 
 def item_graphs(size, put) -> None:
     if not _cuda():
-        return put("skipped", "needs CUDA (CUDA graphs)")
+        return put("skipped", NEEDS_CUDA["graphs"])
     import torch
 
     g = _g()
