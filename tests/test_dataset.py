@@ -99,6 +99,7 @@ def test_items_are_standardised_and_nan_angles_filled(tiny_config):
     assert abs(item["target"].item() - expected) < 1e-5
 
 
+@pytest.mark.slow
 def test_augmentation_is_deterministic_per_seed_epoch_and_sample(tiny_config):
     train, _, scalers = datasets(tiny_config)
     ds = CloudDataset(train, scalers, augment=True, seed=7)

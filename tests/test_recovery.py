@@ -113,6 +113,7 @@ def test_oom_during_validation_halves_the_evaluation_batch(tiny_config, tmp_path
     assert pred.cloud_prob is None and plain_pred.cloud_prob is None  # the probe is fitted when training ends
 
 
+@pytest.mark.slow
 def test_compile_failure_falls_back_to_eager_and_loses_nothing(tiny_config, tmp_path):
     """A compiled forward that breaks on its 3rd call ("static input data pointer changed")."""
 
