@@ -393,7 +393,13 @@ def pytest_unconfigure(config):
     if TWIN is not None and TWIN.scratch is not None:  # the process that built it
         notes = os.environ.get("CLOUDML_SUITE_NOTES")  # benchmarks/suite.py records the twin's time beside
         if notes:
-            Path(notes).write_text(json.dumps({"colab_twin_environment": TWIN.how, "seconds": TWIN.seconds}))
+            doc = {"colab_twin_environment": TWIN.how, "seconds": TWIN.seconds}
+            asked = TWIN.state.parent / "asked.json" if TWIN.state is not None else None
+            if asked is not None and asked.is_file() and TWIN.began_at is not None:
+                first = json.loads(asked.read_text())  # a worker's: when the twin's first test asked for it
+                doc["twin_tests_began_after_s"] = round(first["asked_at"] - TWIN.began_at, 1)
+                doc["twin_tests_waited_s"] = first["waited_s"]
+            Path(notes).write_text(json.dumps(doc))
         shutil.rmtree(TWIN.scratch, ignore_errors=True)
 
 

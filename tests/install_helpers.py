@@ -238,6 +238,7 @@ class TwinEnvironment:
         self.python_exe: Path | None = None
         self.how = ""
         self.seconds: float | None = None
+        self.began_at: float | None = None  # time.time() when the build began
         self._error: BaseException | None = None
         self._thread = None
         self._lock = None
@@ -275,7 +276,7 @@ class TwinEnvironment:
         import time
 
         try:
-            t0 = time.monotonic()
+            t0, self.began_at = time.monotonic(), time.time()
             base = colab_python()
             where = self._kept_folder(base)
             if where is None:
@@ -360,11 +361,15 @@ class TwinBuiltElsewhere(TwinEnvironment):
     def python(self, timeout: float = 1800) -> Path:
         import time
 
-        deadline = time.monotonic() + timeout
+        asked, t0 = time.time(), time.monotonic()
+        deadline = t0 + timeout
         while not self.state.is_file():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the Colab twin's environment was not built in {timeout:.0f} s")
             time.sleep(1)
+        waited = self.state.parent / "asked.json"  # when the twin's tests first asked, for the suite's notes
+        if not waited.exists():
+            waited.write_text(json.dumps({"asked_at": asked, "waited_s": round(time.monotonic() - t0, 1)}))
         doc = json.loads(self.state.read_text())
         if doc["error"]:
             raise RuntimeError(f"the Colab twin's environment could not be built: {doc['error']}")
