@@ -646,6 +646,29 @@ def same_folder_at(src: Path, dest: Path) -> Path:
     return Path(dest)
 
 
+def assert_reads_back(folder: Path) -> list[str]:
+    """Every file under `folder` that a command wrote and another reads back (base/runfiles.READERS) read by
+    its reader without damage, and the folder read by `compare` and `status` as the notebooks and the API
+    read it, nothing named damaged: what the writers write, the readers take. Returns the files read."""
+    from cloudml_lib.base.runfiles import READERS, RunFiles
+    from cloudml_lib.commands.compare import compare_runs
+
+    read, damaged = [], []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and path.name in READERS:
+            files = RunFiles(path.parent)
+            getattr(files, READERS[path.name])()
+            damaged += files.damaged
+            read.append(str(path.relative_to(folder)))
+    assert damaged == [], damaged
+    rows = compare_runs([folder])  # as the notebooks' Compare and the API read it
+    assert [d for r in rows for d in r["damaged"]] == [], rows
+    for command in (("compare", folder), ("status", folder)):  # as a user runs them
+        r = run_cli(*command)
+        assert r.returncode == 0 and "damaged" not in r.stdout + r.stderr, (command, r.stdout, r.stderr)
+    return read
+
+
 def digest(folder: Path) -> dict[str, str]:
     """Every file under `folder` by its relative path: its SHA-256 (a link: where it points)."""
     import hashlib

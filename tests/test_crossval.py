@@ -6,7 +6,7 @@ import signal
 import numpy as np
 import pytest
 import yaml
-from conftest import run_cli, tiny_raw
+from conftest import assert_reads_back, run_cli, tiny_raw
 
 from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.commands.crossval import fold_warnings
@@ -90,6 +90,23 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     )
     own = json.loads((ref / "folds" / names[0] / "model" / "intervals.json").read_text())
     assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]  # the other folds' errors only
+
+
+def test_every_file_a_crossval_writes_reads_back_and_compare_shows_its_numbers(reference):
+    """What crossval writes, its readers take (runfiles.py): a fresh cross-validation in Compare with its
+    numbers, today's protocol and its skill, never "damaged" (Compare once called a fresh crossval.json
+    damaged: its summary's skill has no metric level, and the reader wanted one)."""
+    from cloudml_lib.commands.compare import compare_runs, format_comparison
+
+    _, ref, names = reference
+    read = assert_reads_back(ref)
+    assert "crossval.json" in read and f"folds/{names[0]}/model/evaluation.json" in read
+    (row,) = compare_runs([ref])
+    assert row["state"] == "finished" and row["held_out"] == f"each flight once ({len(names)} folds, mean)"
+    summary = json.loads((ref / "crossval.json").read_text())["summary"]
+    assert row["metrics"]["mae_km"] == summary["model"]["mae_km"]["mean"] > 0
+    assert row["skill"] == f"{summary['skill_vs_best_baseline']['mean']:+.2f} vs each fold's best (mean)"
+    assert "CloudML 0.2" not in format_comparison([row])
 
 
 def test_a_fold_scored_by_an_earlier_release_gets_todays_baselines(reference):

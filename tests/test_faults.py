@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import fit_and_finish, run_cli, tiny_raw
+from conftest import assert_reads_back, fit_and_finish, run_cli, tiny_raw
 
 from cloudml_lib.base import ledger
 from cloudml_lib.core.run.checkpoint import (
@@ -90,6 +90,12 @@ def test_a_checkpoint_without_its_keys_is_rejected_not_a_crash(session_runs, tmp
 class Hostile:
     def __reduce__(self):
         return (os.system, ("echo owned > /dev/null",))
+
+
+def test_every_file_a_finished_run_writes_reads_back(session_runs):
+    """What train writes (and its end: evaluation, provenance), its readers take, in place."""
+    read = assert_reads_back(session_runs.finished())
+    assert {"config.yaml", "evaluation.json", "run.json", "provenance.json", "metrics.jsonl"} <= set(read)
 
 
 @pytest.mark.slow

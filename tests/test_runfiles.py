@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudml_lib.base.runfiles import RunFiles, numbered_folders
+from cloudml_lib.base.runfiles import READERS, RunFiles, numbered_folders
 from cloudml_lib.commands import cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_d1cecbe"
@@ -24,23 +24,9 @@ PROPERTY = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-# reader of each file (a sweep's and a cross-validation's files in their own folders)
-READERS = {
-    "config.yaml": "config",
-    "evaluation.json": "evaluation",
-    "run.json": "run_info",
-    "provenance.json": "provenance",
-    "intervals.json": "intervals",
-    "metrics.jsonl": "metrics",
-    "trial.json": "trial",
-    "sweep.json": "sweep",
-    "crossval.json": "crossval",
-    "fold.json": "fold",
-    "last_run.json": "last_run",
-    "summary.json": "predictions_summary",
-}
 TRIAL = {"number": 0, "params": {"model.dropout": 0.1}, "state": "failed", "value": None, "note": "why"}
 SUMMARY = {"model": {"r2": {"mean": 0.2, "std": 0.1}, "mae_km": {"mean": 0.3, "std": 0.05}}}
+SUMMARY["skill_vs_best_baseline"] = {"mean": 0.1, "std": 0.2}  # as commands/crossval.py writes it
 VALID_EXTRA = {
     "trial.json": TRIAL,
     "sweep.json": {"config": {"train": {"epochs": 2}}, "space": {"params": {}}, "trials": 3},

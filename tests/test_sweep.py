@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_cli, tiny_raw
+from conftest import REPO, assert_reads_back, run_cli, tiny_raw
 
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.commands.space import build_space
@@ -87,6 +87,13 @@ def test_an_uninterrupted_sweep(reference):
             "fail", "failed"
         )
         assert (reference / "trials" / str(n) / "checkpoints").is_dir()  # an ordinary resumable run
+
+
+@pytest.mark.slow
+def test_every_file_a_sweep_writes_reads_back(reference):
+    """What sweep writes (sweep.json, each trial's trial.json and run files), its readers take."""
+    read = assert_reads_back(reference)
+    assert "sweep.json" in read and {f"trials/{n}/trial.json" for n in range(3)} <= set(read)
 
 
 @pytest.mark.parametrize(

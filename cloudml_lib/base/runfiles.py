@@ -173,7 +173,10 @@ FOLD = Obj(
     | {"protocol": TEXT, "best_baseline": Maybe(BEST_BASELINE)},
     required=("model", "warnings"),
 )
-SUMMARY = MapOf(MapOf(Obj({"mean": OPT_NUM, "std": OPT_NUM})))
+MEAN_STD = Obj({"mean": OPT_NUM, "std": OPT_NUM})
+# method -> metric -> mean and std over the folds; beside them the network's skill against each fold's best
+# baseline, one mean and std (commands/crossval.py: skill_verdict)
+SUMMARY = MapOf(MapOf(MEAN_STD), named={"skill_vs_best_baseline": MEAN_STD})
 CROSSVAL = Obj(
     {"folds": MapOf(FOLD), "summary": SUMMARY, "warnings": ListOf(TEXT), "verdicts": ListOf(TEXT)}
     | {"protocol": TEXT, "pooled": METRIC_SET, "undefined": MapOf(MapOf(ListOf(TEXT)))},
@@ -260,6 +263,25 @@ CONFIG_VALUES = 5000
 
 
 # ---------------------------------------------------------------------------------------- the readers
+
+
+# The reader (a RunFiles method) of each file a command writes and another reads back, by the file's name
+# in its folder: the tests read back every such file each command writes (tests/conftest.py:
+# assert_reads_back), so that a writer and its reader cannot disagree unseen.
+READERS = {
+    "config.yaml": "config",
+    "evaluation.json": "evaluation",
+    "run.json": "run_info",
+    "provenance.json": "provenance",
+    "intervals.json": "intervals",
+    "metrics.jsonl": "metrics",
+    "trial.json": "trial",
+    "sweep.json": "sweep",
+    "crossval.json": "crossval",
+    "fold.json": "fold",
+    "last_run.json": "last_run",
+    "summary.json": "predictions_summary",
+}
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError, shown
@@ -79,9 +79,11 @@ class ListOf(Shape):
 
 @dataclass(frozen=True)
 class MapOf(Shape):
-    """An object whose every value has one shape (flight name -> metrics)."""
+    """An object whose every value has one shape (flight name -> metrics), except the keys of `named`, each
+    with a shape of its own (a summary's methods, and beside them one figure that is not a method's)."""
 
     value: Shape
+    named: dict = field(default_factory=dict)
 
     def problem(self, value, where):
         if not isinstance(value, dict):
@@ -90,7 +92,7 @@ class MapOf(Shape):
             (
                 p
                 for k, v in value.items()
-                if (p := self.value.problem(v, f"{where}.{k}" if where else str(k)))
+                if (p := self.named.get(k, self.value).problem(v, f"{where}.{k}" if where else str(k)))
             ),
             None,
         )

@@ -150,16 +150,16 @@ def crossval_row(folder: Path, name: str) -> dict:
     first = rows[0] if rows else {"config": None, "compiled": "no"}
     model = result.get("summary", {}).get("model", {})
     skill = (result.get("summary", {}).get("skill_vs_best_baseline") or {}).get("mean")
+    # the earlier protocol only where crossval.json says so (read, without a protocol or with CloudML 0.2's);
+    # a damaged file says nothing about it, and is named with the damage
+    legacy = bool(result) and result.get("protocol") in (None, "test_flights")
     return {
         "run": name,
         "config": first["config"],
         "held_out": f"each flight once ({len(folds)} folds, mean"
-        + (
-            ", chosen on each test flight: CloudML 0.2)"
-            if result.get("protocol") in (None, "test_flights")
-            else ")"
-        ),
-        "state": "finished" if result else "stopped (resumable)",
+        + (", chosen on each test flight: CloudML 0.2)" if legacy else ")"),
+        # crossval.json is written when the last fold ends: there, finished (its damage named beside)
+        "state": "finished" if (folder / "crossval.json").exists() else "stopped (resumable)",
         "note": "",
         "epochs": f"{len(folds)} folds",
         "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
