@@ -634,14 +634,13 @@ def same_folder_at(src: Path, dest: Path) -> Path:
     proves nothing) name `dest`'s folders. A test that resumes or damages a run the session made once
     works on this; one about a folder really copied or moved uses shutil.copytree."""
     from cloudml_lib.base.ledger import LEDGER
-    from cloudml_lib.base.ownership import MARKER, where
+    from cloudml_lib.base.ownership import MARKER, recorded_here, where
 
     shutil.copytree(src, dest)
     for name in (MARKER, LEDGER):
         for path in Path(dest).rglob(name):
             doc = json.loads(path.read_text())
-            old_place = where(Path(src) / path.parent.relative_to(dest))
-            if doc.get("folder") == old_place:
+            if recorded_here(doc.get("folder"), Path(src) / path.parent.relative_to(dest)):
                 path.write_text(json.dumps(dict(doc, folder=where(path.parent))) + "\n")
     return Path(dest)
 

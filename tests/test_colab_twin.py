@@ -173,6 +173,22 @@ def cli(twin, *args, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
     )
 
 
+# what preprocessing.json's "load" says a colleague does, with plain torch, at frame sizes odd and even
+COLLEAGUE_LOADS = """
+import json, safetensors.torch, torch
+spec = json.load(open("preprocessing.json"))
+program = torch.export.load("model.pt2").module()
+program.load_state_dict(safetensors.torch.load_file("weights.safetensors"))
+t, s = spec["inputs"]["window"]["frames"], len(spec["inputs"]["scalars"]["order"])
+sizes = []
+for rows, cols in ((17, 23), (55, 101)):
+    heights = program(torch.zeros(2, t, rows, cols), torch.zeros(2, s))[0]
+    assert heights.shape == (2,) and torch.isfinite(heights).all()
+    sizes.append(f"{rows}x{cols}")
+print("frame sizes:", " ".join(sizes))
+"""
+
+
 def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, wheel):
     pip(twin.python, str(wheel))  # with its dependencies (mapie from the index); icartt is not one
     work, other = twin.root / "elsewhere", twin.root / "third"
@@ -203,6 +219,17 @@ def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, whe
         cwd=other,
     )
     assert r.returncode == 0, r.stderr[-2000:]
+    # export on Colab's torch (2.11 failed at a free frame size), loaded there with plain torch at any size
+    r = cli(twin, "export", "--run-dir", work / "runs" / "demo", "--out", other / "export", cwd=other)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    loaded = subprocess.run(
+        [str(twin.python), "-c", COLLEAGUE_LOADS],
+        cwd=other / "export",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert loaded.returncode == 0 and "frame sizes: 17x23 55x101" in loaded.stdout, loaded.stderr[-2000:]
     r = cli(twin, "sweep", "--preset", "demo", "--trials", "1", "--run-dir", "sweep", cwd=other)
     assert r.returncode == 2 and "pip install 'optuna>=4.0'" in r.stderr, r.stderr[-2000:]  # not on Colab
     assert not (other / "sweep").exists() and not (other / ".cloudml_demo").exists()  # refused before writing

@@ -112,11 +112,42 @@ def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run_cop
     np.testing.assert_allclose(got["cloud_probability"], scored.cloud_prob, atol=1e-5, rtol=0)
     spec = json.loads((folder / "preprocessing.json").read_text())
     assert spec["written_by"].startswith("CloudML") and len(spec["inputs"]["frames"]["steps"]) == 7
+    # every file readable by the colleague it is for: each as any new file of the user's (the umask)
+    (tmp_path / "new").write_text("")
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir() if not p.name.startswith(".")}
+    assert set(modes.values()) == {oct((tmp_path / "new").stat().st_mode & 0o777)}, modes
+    # no path of the writer's machine travels with it (the markers record a digest of their folder)
+    for path in folder.iterdir():
+        text = path.read_bytes()
+        assert str(tmp_path).encode() not in text and str(run).encode() not in text, path.name
+    # how the nav is read and matched to the frames, named as the run read them
+    nav = spec["inputs"]["navigation"]
+    assert nav["variables"]["hdf"]["solar_zenith_deg"] == "nav/solarZenith" and "within 2 s" in nav["match"]
     card = (folder / "MODEL_CARD.md").read_text()
     evaluation = json.loads((run / "evaluation.json").read_text())
     test_flight = evaluation["protocol"]["test_flights"][0]
     mae = evaluation["per_flight"][test_flight]["mae_km"]
     assert f"| {test_flight} |" in card and f"{mae:.3f}" in card  # the test flight's skill, as evaluated
+
+
+def test_the_programs_window_max_is_max_pooling_at_any_frame_size():
+    """The program's 2 x 2 pooling (export._WindowMax, which torch 2.11's export takes at a free frame size)
+    gives max_pool2d's numbers, odd rows and columns dropped alike; the network's own pooling is swapped in
+    the exported copy only, its parameters' names unchanged."""
+    from cloudml_lib.core.network.model import FrameEncoder
+    from cloudml_lib.science.export import _for_export, _WindowMax
+
+    torch.manual_seed(0)
+    for shape in [(2, 3, 16, 16), (1, 4, 17, 23), (3, 2, 55, 101)]:
+        x = torch.randn(shape)
+        assert torch.equal(_WindowMax()(x), torch.nn.functional.max_pool2d(x, 2))
+    encoder = FrameEncoder([4, 8, 8])
+    names = list(encoder.state_dict())
+    frames = torch.randn(3, 1, 41, 67)
+    before = encoder.eval()(frames)
+    swapped = _for_export(encoder)
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in swapped.modules())
+    assert list(swapped.state_dict()) == names and torch.equal(swapped(frames), before)
 
 
 @pytest.mark.slow

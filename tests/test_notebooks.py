@@ -105,6 +105,7 @@ def test_the_training_notebook_has_each_section():
         "colab.show_status(",
         "colab.show_evaluation(",
         "colab.whole_flights(",
+        "colab.export(",
         "colab.crossval(",
         "colab.show_tensorboard(",
         "colab.show_comparison(",

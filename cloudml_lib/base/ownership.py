@@ -16,6 +16,7 @@ behind); `claim` decides and marks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -66,8 +67,17 @@ def kind_named(name: str) -> Kind | None:
 
 
 def where(folder: str | Path) -> str:
-    """A folder's place as a marker records it: absolute, `..` and links resolved."""
-    return os.path.realpath(os.path.abspath(folder))
+    """A folder's place as a marker records it: a digest of its absolute path (`..` and links resolved). It
+    binds the marker to the folder it was written in without naming a path of the writer's machine (a run or
+    an export travels to a colleague with its marker)."""
+    real = os.path.realpath(os.path.abspath(folder))
+    return "sha256:" + hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def recorded_here(recorded: str | None, folder: str | Path) -> bool:
+    """Whether a marker's recorded place is `folder`: today's digest, or the plain path an earlier release
+    recorded."""
+    return recorded in (where(folder), os.path.realpath(os.path.abspath(folder)))
 
 
 def marker_kind(folder: Path) -> str | None:
@@ -81,7 +91,7 @@ def marker_kind(folder: Path) -> str | None:
     try:
         doc = read_json(path, MARKER_SHAPE, MARKER_LIMIT)
         written_in = doc.get("folder")
-        return doc["kind"] if written_in is None or written_in == where(folder) else None
+        return doc["kind"] if written_in is None or recorded_here(written_in, folder) else None
     except (OSError, Damaged) as e:
         raise CloudMLError(
             f"{path} is not a marker CloudML wrote ({shown(str(e), 200)}): the folder {folder} cannot be "

@@ -61,10 +61,15 @@ def check_run(run_dir: Path | None) -> None:
     assert load_checkpoint(RunFolder(run_dir).best)["model"]
     assert "## Test flights" in (RunFolder(run_dir).report).read_text(), "no report.md"
     assert list((run_dir / "predictions").glob("*_cbh.nc")), "no whole-flight prediction"
+    from cloudml_lib.science.export import EXPORT_FILES
+
+    missing = [n for n in EXPORT_FILES if not (run_dir / "export" / n).is_file()]
+    assert not missing, f"the Export cell did not write {', '.join(missing)}"
     board = check_tensorboard_served(run_dir)
     print(
         f"Smoke test passed: trained {EPOCHS} epochs, checkpointed, resumed after a disconnect at step "
-        f"{DISCONNECT_STEP}, evaluated (test R2 {report['overall']['r2']:.2f}), whole flight predicted"
+        f"{DISCONNECT_STEP}, evaluated (test R2 {report['overall']['r2']:.2f}), whole flight predicted, "
+        "exported"
         f"{board}."
     )
 

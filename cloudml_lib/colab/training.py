@@ -146,6 +146,37 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
 
 
 @user_errors
+def export(run_dir: Path | None) -> Path | None:
+    """The run's best model as a folder a colleague loads with plain torch (`python -m cloudml_lib export`:
+    the program, the weights, how to make the inputs, the model card), in RUN/export; exported again only
+    when best.pt is newer than it. Says where the files are and how they are loaded."""
+    from cloudml_lib.science.export import EXPORT_FILES, PROGRAM
+
+    if run_dir is None or not RunFolder.of(run_dir).is_finished():
+        print("Export waits for training to finish: run the Train cell (or Run all) again to continue it.")
+        return None
+    out, best = run_dir / "export", RunFolder(run_dir).best
+    done = all((out / name).is_file() for name in EXPORT_FILES)
+    if done and (out / PROGRAM).stat().st_mtime >= best.stat().st_mtime:
+        print(f"Already exported (the best model has not changed since): {out}")
+    else:
+        view = LiveView(None, bar=False)
+        code = run_live(command("export", "--run-dir", run_dir), view)
+        report_end(code, view, "export", None)  # a refusal is said as the user's error, without a traceback
+        if code != 0:
+            return None
+    show_markdown(
+        f"**To share the model**, give the folder `{out}` (on your Drive: right-click, *Share*), "
+        f"{len(EXPORT_FILES)} files: `{'`, `'.join(EXPORT_FILES)}`. A colleague needs only torch and "
+        "safetensors: `program = torch.export.load('model.pt2').module()`, "
+        "`program.load_state_dict(safetensors.torch.load_file('weights.safetensors'))`, then "
+        "`program(frames, scalars)` gives the height in km; `preprocessing.json` says how to make the inputs "
+        "from the ER-2 files, and `MODEL_CARD.md` what the model was trained on and how well it did."
+    )
+    return out
+
+
+@user_errors
 def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path | None:
     """With the box ticked: every flight the test flight once, with baselines (the same `python -m cloudml_lib
     crossval` command, resumable: run the cell again after a disconnect). Shows crossval.md."""

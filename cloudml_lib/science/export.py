@@ -18,6 +18,7 @@ cannot be imported and reproduces CloudML's predictions to float rounding.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -77,25 +78,63 @@ class _Exported(torch.nn.Module):
         return (height,)
 
 
+class _WindowMax(torch.nn.Module):
+    """MaxPool2d(2) as the program computes it: the max of each 2 x 2 window (an odd last row or column
+    dropped), the same numbers. torch 2.11's export guards max_pool2d's output size on the parity of the
+    frame's rows and columns (its meta rounds with a branch), so a free frame size failed there ("Constraints
+    violated (cols, rows)"); windows taken by unfold carry no such guard. For the program only: in training,
+    max_pool2d's gradient (to one element of a tie) is the network's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unfold(2, 2, 2).unfold(3, 2, 2).amax(dim=(-2, -1))
+
+
+def _plain_2x2(pool: torch.nn.Module) -> bool:
+    """A MaxPool2d of 2 x 2 windows, stride 2, no padding, dilation or ceil mode (the network's)."""
+    pair = lambda v, n: v in (n, (n, n))  # noqa: E731
+    return (
+        isinstance(pool, torch.nn.MaxPool2d)
+        and pair(pool.kernel_size, 2)
+        and pair(pool.stride, 2)
+        and pair(pool.padding, 0)
+        and pair(pool.dilation, 1)
+        and not pool.ceil_mode
+    )
+
+
+def _for_export(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each 2 x 2 max pooling computed as _WindowMax (no parameter changes: the same names)."""
+    for module in list(model.modules()):
+        for child, sub in list(module.named_children()):
+            if _plain_2x2(sub):
+                setattr(module, child, _WindowMax())
+    return model
+
+
 def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Path:
     """Write a run's best model as a folder a colleague loads without CloudML (the module's docstring);
     returns the folder."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     run = RunFolder.of(run)
     rm = load_run_model(run, command="export", channels_last=False)
     cfg, ckpt = rm.cfg, rm.ckpt
     scalers = Scalers.from_dict(ckpt[Key.SCALERS])
-    wrapped = _Exported(rm.model.float().cpu().eval(), scalers).eval()
+    wrapped = _Exported(_for_export(rm.model.float().cpu().eval()), scalers).eval()
     frames, scalars = _example(cfg, scalers)
     program = _program(wrapped, frames, scalars)
     folder = claim(Path(out) if out else run.path / "export", EXPORT)
     weights = {k: v.detach().cpu().contiguous() for k, v in wrapped.state_dict().items()}
-    with atomic_path(folder / WEIGHTS) as tmp:  # a cut write leaves no half file; listed as CloudML's
-        written_by = f"CloudML {package_version()}"
-        save_file(weights, str(tmp), metadata={"written_by": written_by, "run": run.path.name})
+    written_by = f"CloudML {package_version()}"
+    # each file made by Python's open, as any new file of the user's (their umask: readable by the colleague
+    # it is for; safetensors' own writer made weights.safetensors 0600); a cut write leaves no half file
+    blob = save(weights, metadata={"written_by": written_by, "run": run.path.name})
+    with atomic_path(folder / WEIGHTS) as tmp:
+        tmp.write_bytes(blob)
+    buffer = io.BytesIO()  # torch.export.save to a buffer: a temporary name not ending in .pt2 is warned of
+    torch.export.save(program, buffer)
     with atomic_path(folder / PROGRAM) as tmp:
-        torch.export.save(program, str(tmp))
+        tmp.write_bytes(buffer.getvalue())
     evaluation = run.files.evaluation()
     write_text(folder / SPEC, json.dumps(specification(cfg, scalers, wrapped.cloud, run), indent=1))
     write_text(folder / CARD, model_card(cfg, ckpt, evaluation, run))
@@ -111,6 +150,7 @@ def _example(cfg, scalers: Scalers) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 MIN_SIDE = 16  # three 2x2 poolings leave at least 2 x 2
+TESTED_TORCH = "2.11.0"  # Colab's (constraints/colab.txt; tests/test_colab_twin.py exports there)
 
 
 def _program(wrapped: torch.nn.Module, frames: torch.Tensor, scalars: torch.Tensor):
@@ -125,9 +165,12 @@ def _program(wrapped: torch.nn.Module, frames: torch.Tensor, scalars: torch.Tens
                 dynamic_shapes={"frames": {0: batch, 2: rows, 3: cols}, "scalars": {0: batch}},
             )
     except Exception as e:  # torch.export raises many types
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
         raise CloudMLError(
-            f"export: torch {torch.__version__} could not export the network ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0][:300]}). Export with torch 2.5 or newer."
+            f"export: torch.export of torch {torch.__version__} could not export the network with a free "
+            f"batch and frame size ({why}). Nothing was written; the run is untouched. CloudML's export is "
+            f"tested on torch {TESTED_TORCH} (Colab's) and on the newest release: install one of them "
+            f"(pip install 'torch=={TESTED_TORCH}') and export again."
         ) from None
 
 
@@ -156,6 +199,7 @@ def specification(cfg, scalers: Scalers, cloud: bool, run: RunFolder) -> dict:
                 "formulas": _scalar_formulas(d, scalers),
                 "scalers": scalers.to_dict(),
             },
+            "navigation": _nav_spec(d),
             "window": {
                 "frames": int(d.temporal_frames),
                 "rule": (
@@ -189,6 +233,51 @@ def _frames_spec(d) -> dict:
             "standardise by the frame's own mean and standard deviation: (x - mean) / (std + 1e-6)",
             "round to float16, then back to float32 (as CloudML's cache holds the frames)",
         ],
+    }
+
+
+def _nav_spec(d) -> dict:
+    """Where the sun angles and the heading of each frame come from, and how a nav record is matched to a
+    frame (data/navigation.py), as the run read them."""
+    from cloudml_lib.data.navigation import NAV_MATCH_TOLERANCE_S
+
+    k = d.keys
+    if d.angles_source == "cpl":
+        return {
+            "source": "the CPL lidar file's own angles, per labelled profile (data.angles_source: cpl)",
+            "variables": {"solar_zenith_deg": k.cpl_zenith, "sun_azimuth_deg": k.cpl_azimuth},
+            "match": (
+                f"each profile's time ({k.cpl_time}) to the nearest IR frame time ({k.ir_time}) within "
+                f"{float(d.match_tolerance_s):g} s"
+            ),
+        }
+    return {
+        "source": (
+            "the flight's nav file: the HDF nav (*_nav.hdf) or the ICARTT MetNav text (*_MetNav_ER2_*.ict)"
+        ),
+        "variables": {
+            "hdf": {
+                "solar_zenith_deg": k.nav_zenith,
+                "sun_azimuth_deg": k.nav_azimuth,
+                "true_heading_deg": k.nav_heading,
+                "time": k.nav_time,
+            },
+            "icartt_columns": {
+                "solar_zenith_deg": k.ict_zenith,
+                "sun_azimuth_deg": k.ict_azimuth,
+                "true_heading_deg": k.ict_heading,
+                "time_s_of_day": k.ict_time,
+            },
+        },
+        "match": (
+            f"HDF nav without {k.nav_time}: nav row i is IR frame i (rows beyond the frames unused, "
+            f"frames beyond the rows without nav). With a time axis (the HDF's {k.nav_time}, the "
+            f"ICARTT's {k.ict_time} from 00 UTC of the file's date): each frame ({k.ir_time}, epoch "
+            f"seconds) takes the nearest usable record within {NAV_MATCH_TOLERANCE_S:g} s, else it has "
+            "no nav. A record is unusable with a fill value, a solar zenith outside 0..180 deg or a sun "
+            "azimuth outside -180..360 deg"
+        ),
+        "unknown": "a frame without nav: zenith_standardised, sin_azimuth and cos_azimuth all 0",
     }
 
 
