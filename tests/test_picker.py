@@ -276,6 +276,20 @@ def test_flights_too_small_for_the_presets_train_with_the_demo_configuration_sai
     assert drive.verify_data(ws)  # every flight usable with the configuration that will train them
     said = text(shown) + capsys.readouterr().out
     assert "not usable" not in said and "480" not in said
+    # one flight without its IR file among them: listed and skipped, as the presets do, and the line under the
+    # table names the flights that can be used (it said "None of the flights found can be used")
+    next((ws.data / "ER2").rglob("*IRAI*_20250301*")).unlink()
+    assert load_config(
+        *drive.run_config(ws, c.preset, c.epochs, c.heldout, demo=False)
+    ).data.skip_incomplete_flights
+    shown.clear()
+    assert not drive.verify_data(ws)
+    said = text(shown) + capsys.readouterr().out
+    assert "missing: no IR file" in said and "None of the flights" not in said
+    assert (
+        "skipped (data.skip_incomplete_flights: true); 3 flights can be used: 03Mar25, 05Mar25, 07Mar25"
+        in said
+    )
 
 
 def test_own_flights_after_a_demo_run_make_a_new_run_the_default_and_the_demo_run_is_kept(

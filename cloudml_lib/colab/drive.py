@@ -408,7 +408,9 @@ def run_config(
         )
     elif preset == SMALL:  # the demo configuration on the user's flights (frames too small for A, B, C)
         path = presets.preset_config_path("demo")
-        over = [f"data.dir={ws.data}", "data.demo=false"] + _cache_overrides(ws, "flights")
+        # as the presets do: a flight that lacks a file is listed and skipped, not a stop for the others
+        over = [f"data.dir={ws.data}", "data.demo=false", "data.skip_incomplete_flights=true"]
+        over += _cache_overrides(ws, "flights")
     else:
         path = presets.preset_config_path(preset if preset in FIXED_PRESETS else "C")
         over = [f"data.dir={ws.data}"] + _cache_overrides(ws, "flights")
@@ -471,12 +473,18 @@ def _flights_table(ws: Workspace, demo: bool, started: float, rows, notes) -> No
 def _say_usable(ws: Workspace, demo: bool, ok: bool, data, rows) -> None:
     """The line under the flights table: which flights a run can use, or why none."""
     usable = flights.usable_in(rows)
-    if not ok and data.skip_incomplete_flights and usable:  # the line says what the table shows
+    if not ok and usable and data.skip_incomplete_flights:  # the line says what the table shows
         held, why = default_heldout(ws)
         print(
             "Flights marked missing or not usable are skipped (data.skip_incomplete_flights: true); "
             f"{plural(len(usable), 'flight')} can be used: {', '.join(usable)}. Test flight: "
             f"{why}."
+        )
+    elif not ok and usable:
+        print(
+            f"{plural(len(usable), 'flight')} can be used: {', '.join(usable)}. The flights marked missing "
+            "or not usable stop a run of this configuration (data.skip_incomplete_flights is off): fix their "
+            f"files, or move them out of {ws.data}, then run this notebook again."
         )
     elif not ok and not demo:
         print(

@@ -594,17 +594,19 @@ def _say_other_column(
     other_frames, other_ok = match_to_frames(t_other, frame_t, data.match_tolerance_s)
     both = filtered & matched & other_ok
     moved = int((both & (other_frames != frames)).sum())
-    gained = int((filtered & matched & ~other_ok).sum()) - int((filtered & ~matched & other_ok).sum())
+    here, there = int((filtered & matched).sum()), int((filtered & other_ok).sum())
     other = OTHER_COLUMN[data.cpl_time_column]
     log.info(
         "flight %s: against the profile %s time (data.cpl_time_column: %s), %d of %d labels sit on another "
-        "frame and %+d more match",
+        "frame, and %d profiles match a frame (%d with the %s time used)",
         name,
         other,
         other,
         moved,
         int(both.sum()),
-        gained,
+        there,
+        here,
+        data.cpl_time_column,
     )
 
 
