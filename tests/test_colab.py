@@ -388,26 +388,28 @@ def test_a_finished_run_status_shows_no_batch_position():
     assert head == "runs/demo: finished: 12 of 12 epochs, step 468/468" and "batch" not in head
 
 
-def test_the_report_is_shown_as_text_and_images(tmp_path, monkeypatch):
+def test_the_report_cell_points_to_report_md_and_shows_only_what_the_cells_above_do_not(
+    tiny_run, monkeypatch
+):
+    """The Report cell repeated the evaluation in full (5 screens after its 2): now it names report.md, the
+    sections the cells above showed, the training's device in a line, and folds the rest."""
     from cloudml_lib.colab import show
 
     out = []
     monkeypatch.setattr(show, "in_notebook", lambda: True)
     monkeypatch.setattr(show, "show", out.append)
     monkeypatch.setattr(show, "show_markdown", lambda text: out.append(("md", text)))
-    run = tmp_path / "run"
-    (run / "plots").mkdir(parents=True)
-    plots.save_figure(
-        plots.curves_figure([{"epoch": 1, "train_loss": 1, "val_loss": 1, "r2": 0.1, "lr": 1e-3}]),
-        run / "plots" / "curves.png",
-    )
-    (run / "report.md").write_text(
-        "# Run\n\n| a | b |\n|---|---|\n\n## Training curves\n\n"
-        "![Training curves](plots/curves.png)\n\n## After\ntext\n"
-    )
+    run, _, _ = tiny_run
     show.show_report(run)
-    assert out[0][0] == "md" and "| a | b |" in out[0][1]
-    assert type(out[1]).__name__ == "Image" and out[2][0] == "md"
+    report = (run / "report.md").read_text()
+    assert "## Test flights" in report and "## Data provenance" in report
+    first = out[0][1]
+    assert f"`{run / 'report.md'}`" in first and "Above: Test flights" in first
+    assert out[1][0] == "md" and out[1][1].startswith("**Training.** Device: CPU")
+    folded = [o for o in out[2:] if type(o).__name__ == "HTML"]
+    assert folded and all("<details>" in o.data for o in folded) and "Data provenance" in folded[0].data
+    text = " ".join(o[1] if isinstance(o, tuple) else o.data for o in out)
+    assert "| test flight |" not in text and "Image" not in {type(o).__name__ for o in out}  # shown above
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import os
 import re
 import sys
@@ -205,11 +206,43 @@ def show_evaluation(run_dir: Path | None) -> None:
 
 @user_errors
 def show_report(run_dir: Path | None) -> None:
-    """RUN_DIR/report.md: its text as Markdown, each linked plot as an image (a notebook does not
-    resolve the report's relative image paths itself)."""
+    """RUN_DIR/report.md, pointed to, with only what the cells above do not show: the training's device and
+    compile, then the data's provenance, the cross-validation and any file that could not be read, each folded
+    (a click away). Its test flights, curves, scatter and whole flights are the Evaluation, Train and Whole
+    flights cells' (the page repeated them in full: five screens)."""
     path = None if run_dir is None else RunFolder(run_dir).report
     if path is None or not path.is_file():
         print("No report yet: it is written when training finishes.")
+        return
+    sections = report_sections(read_text(path, limit=1 << 24, follow=False))
+    shown_here = [t for t in sections if t not in SHOWN_ABOVE]
+    show_markdown(
+        f"**The run's report**: `{path}` (for GitHub or a Markdown viewer; its plots are in `plots/`). "
+        f"Above: {', '.join(t for t in sections if t in SHOWN_ABOVE) or 'nothing yet'}."
+    )
+    for title in shown_here:
+        body = sections[title].strip()
+        if title == "Training":
+            show_markdown(f"**{title}.** " + " ".join(body.split("\n\n")))
+        elif in_notebook():
+            from IPython.display import HTML
+
+            show(
+                HTML(
+                    f"<details><summary>{html.escape(title)} (click to open)</summary>"
+                    f'<pre style="white-space:pre-wrap">{html.escape(body)}</pre></details>'
+                )
+            )
+        else:
+            print(f"{title}:\n{body}")
+
+
+def show_page(folder: Path) -> None:
+    """FOLDER/report.md whole (a sweep's, which no cell above shows): its text as Markdown, each linked plot
+    as an image (a notebook does not resolve the report's relative image paths itself)."""
+    path = RunFolder(folder).report
+    if not path.is_file():
+        print("No report yet.")
         return
     text = []
     for line in read_text(path, limit=1 << 24, follow=False).splitlines() + [""]:
@@ -220,13 +253,30 @@ def show_report(run_dir: Path | None) -> None:
         if "".join(text).strip():
             show_markdown("\n".join(text))
         text = []
-        if (run_dir / image.group(1)).is_file() and in_notebook():
+        if (folder / image.group(1)).is_file() and in_notebook():
             from IPython.display import Image
 
-            show(Image(filename=str(run_dir / image.group(1))))
+            show(Image(filename=str(folder / image.group(1))))
     if "".join(text).strip():
         show_markdown("\n".join(text))
     print(f"The same page for GitHub or a Markdown viewer: {path}")
+
+
+# what report.md holds that the training notebook's cells above the report already show
+SHOWN_ABOVE = ("Test flights", "Training curves", "Predicted vs true", "Whole flights")
+
+
+def report_sections(text: str) -> dict[str, str]:
+    """report.md's "## " sections by title, in order (the title line and the page's heading left out)."""
+    sections: dict[str, str] = {}
+    title = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip()
+            sections[title] = ""
+        elif title is not None:
+            sections[title] += line + "\n"
+    return sections
 
 
 @user_errors

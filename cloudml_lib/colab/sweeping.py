@@ -24,7 +24,7 @@ from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab.drive import Workspace, run_config
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
-from cloudml_lib.colab.show import plural, show, show_markdown, show_report, user_errors
+from cloudml_lib.colab.show import plural, show, show_markdown, show_page, user_errors
 from cloudml_lib.commands.compare import metric_words, numbered_folders
 from cloudml_lib.core.run.folder import RunFolder
 
@@ -173,5 +173,5 @@ def sweep(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path | 
     view = SweepView(folder, c.sweep_trials)
     report_end(run_live(sweep_command(ws, c), view), view, "sweep", None)
     view.table.value = trials_html(folder, c.sweep_trials)
-    show_report(folder)
+    show_page(folder)
     return folder
