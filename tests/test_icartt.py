@@ -152,9 +152,11 @@ def warned(logs_reach_caplog, caplog):
     return lambda: " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 
-def small_nav(tmp_path, n=60, start_s=64800.0, sza=40.0, saa=150.0, name=NAME, flight_date=DAY):
+def small_nav(tmp_path, n=60, start_s=64800.0, sza=40.0, saa=150.0, name=NAME, flight_date=DAY, demo=False):
     """An ICARTT nav file (one record a second, from 10 s before `n` frames to 10 s after them, the frames 1 s
-    apart from `start_s` seconds of day) and (flight, data settings, path, frame times) to read it with."""
+    apart from `start_s` seconds of day) and (flight, data settings, path, frame times) to read it with. A
+    user's file unless `demo` (the demo's: its angles set per flight, not by the sun, and records it leaves
+    out said without a warning)."""
     seconds = start_s + np.arange(n, dtype=float)
     per_frame = {
         "sza": np.broadcast_to(np.asarray(sza, float), (n,)).copy(),
@@ -164,6 +166,9 @@ def small_nav(tmp_path, n=60, start_s=64800.0, sza=40.0, saa=150.0, name=NAME, f
         "lon": np.full(n, -122.0),
     }
     write_icartt_nav(tmp_path / name, DAY, seconds, per_frame, NoFill())
+    if not demo:  # another PI than the demo's
+        lines = (tmp_path / name).read_text().splitlines(keepends=True)
+        (tmp_path / name).write_text("".join([lines[0], "Test, Pilot\n", *lines[2:]]))
     flight = FlightConfig(name="09Mar25", nav_file=name, date=flight_date.isoformat())
     return flight, DataConfig(dir=str(tmp_path)), tmp_path / name, MIDNIGHT + seconds + 0.2
 
@@ -223,6 +228,13 @@ def test_fill_values_in_the_time_column_are_refused_or_left_out_with_a_count(tmp
         "or not a number). A frame takes the nearest usable record within 2 s" in warned()
     )
     assert nav.matched == nav.timed == 60 and np.all(nav.values["sza"] == 40.0)  # each from a neighbour
+    # the demo's own nav leaves records out on purpose: said in the log, never a newcomer's first warning
+    before = warned().count("nav records usable")
+    (tmp_path / "demo").mkdir()
+    flight, data, path, t = small_nav(tmp_path / "demo", demo=True)
+    edit_records(path, lambda c: c["Time_Start"].__setitem__(slice(0, None, 4), -9999.0))
+    assert navigation.read_nav(flight, data, path, t).matched == 60
+    assert warned().count("nav records usable") == before == 1
 
 
 def test_the_header_date_is_outvoted_by_the_file_name_and_day_of_year(tmp_path, warned):
@@ -318,7 +330,7 @@ def test_angles_not_a_number_or_impossible_are_left_out_and_a_file_of_them_refus
 
 
 def test_a_flight_across_midnight_keeps_every_record(tmp_path, warned):
-    flight, data, path, t = small_nav(tmp_path, start_s=86400.0 - 30)
+    flight, data, path, t = small_nav(tmp_path, start_s=86400.0 - 30, demo=True)
     text = path.read_text().splitlines()
     assert text[-1].startswith("86439, 69")  # Time_Start past 86,400 s, on the next day of the year
     nav = navigation.read_nav(flight, data, path, t)
@@ -327,7 +339,7 @@ def test_a_flight_across_midnight_keeps_every_record(tmp_path, warned):
 
 def test_a_zenith_past_90_is_kept_and_azimuths_in_either_convention_agree(tmp_path, warned):
     sza, saa = np.linspace(88.0, 92.2, 60), np.linspace(-179.0, 179.0, 60)
-    flight, data, path, t = small_nav(tmp_path, sza=sza, saa=saa)
+    flight, data, path, t = small_nav(tmp_path, sza=sza, saa=saa, demo=True)
     lines = path.read_text().splitlines()
     assert lines[int(lines[0].split(",")[0])].split(", ")[6] == "-179"  # the first record, -180..180
     nav = navigation.read_nav(flight, data, path, t)

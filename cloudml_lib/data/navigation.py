@@ -250,7 +250,9 @@ def _out_of_order(seconds: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return back
 
 
-def check_records(cols: dict, path: Path, flight: FlightConfig, first_line: int) -> np.ndarray:
+def check_records(
+    cols: dict, path: Path, flight: FlightConfig, first_line: int, demo: bool = False
+) -> np.ndarray:
     """Which records are usable: a time (seconds from 00 UTC of the file's date) in 0..2 days and after every
     earlier record, a sun zenith of 0..180 deg and an azimuth of -180..360 deg, none a fill value. Position
     and heading outside their ranges become NaN (no flip there). Refuses a file with no usable record, or
@@ -293,8 +295,8 @@ def check_records(cols: dict, path: Path, flight: FlightConfig, first_line: int)
             "(a complete *_MetNav_ER2_*.ict), or set data.angles_source: cpl to take the sun angles from the "
             "CPL file."
         )
-    if not usable.all():
-        log.warning(
+    if not usable.all():  # the demo's nav leaves records out on purpose (as real files do): no warning there
+        (log.info if demo else log.warning)(
             "flight %s: %s: %d of %d nav records usable (%.1f%%); left out: %s. A frame takes the nearest "
             "usable record within %g s, else it has no nav",
             flight.name,
@@ -315,7 +317,7 @@ def _read_icartt(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[di
     cols, heading_name = _icartt_columns(found, path, flight, data)
     header = dt.date(*found.collected)
     date = icartt_date(path, flight, header, cols["time"], cols.pop("day"))
-    usable = check_records(cols, path, flight, found.header_lines + 1)
+    usable = check_records(cols, path, flight, found.header_lines + 1, demo=_is_demo(found))
     seconds = cols.pop("time")
     epoch = np.where(usable, midnight_epoch(date) + seconds, np.nan)  # past 86,400 s after midnight: valid
     cols["saa"] = np.mod(cols["saa"], 360.0)  # -180..180 (the real files) and 0..360 agree after this
