@@ -93,3 +93,37 @@ def test_channels_chosen_by_memory_optimized_are_shown_as_the_model_has_them(tmp
     head, _, *rows = table(format_comparison(compare_runs([a, c])))
     at = head.index("model.channels")
     assert rows[1][at] == "[32, 64, 128]" and rows[0][at] != "[]"
+
+
+def test_a_run_on_other_flights_differs_by_its_flights_and_test_flights_not_by_their_folder(tmp_path):
+    """Compare said "No setting differs" between the demo run and a run on the user's own flights: the
+    flights (by name), the test flights and data.demo are what a run was trained on; where they live is not."""
+    a = copy_run(tmp_path / "a", data__demo=True)
+    config = yaml.safe_load((a / "config.yaml").read_text())
+    theirs = [dict(f, name=f"1{i}Feb25") for i, f in enumerate(config["data"]["flights"])]
+    b = copy_run(
+        tmp_path / "b", data__demo=False, data__flights=theirs, data__test_flights=["10Feb25"], data__dir="/x"
+    )
+    text = format_comparison(compare_runs([a, b]))
+    head = table(text)[0]
+    assert {"data.demo", "data.flights", "data.test_flights"} <= set(head) and "data.dir" not in head
+    assert "No setting differs" not in text
+
+
+def test_the_sweeps_history_plot_counts_trials_from_1_as_every_line_does(tmp_path, monkeypatch):
+    """Optuna's history plot counted trials from 0 under lines that count them from 1."""
+    import optuna
+
+    from cloudml_lib.commands import compare
+    from cloudml_lib.science import plots
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    assert compare._optuna_figure("history", study, tmp_path / "h.png", "mae_km") is None
+    ax = drawn[0].axes[0]
+    drawn[0].canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels[:3] == ["1", "2", "3"] and "counted from 1" in ax.get_xlabel(), labels

@@ -262,6 +262,7 @@ def test_the_memory_format_is_chosen_by_measurement_and_kept_for_the_runs_life(
 
     use, why = training_memory_format(torch.device("cpu"))  # the committed measurement decides
     assert isinstance(use, bool) and "benchmarks/results/memory_format.json" in why
+    assert why.startswith(("channels_last;", "the default")) and "memory format" not in why  # said once
     monkeypatch.setattr(build, "training_memory_format", lambda device: (True, "channels_last memory format"))
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))

@@ -25,13 +25,10 @@ from cloudml_lib.core.run.runfolder import flatten_keys, has_run, is_crossval
 log = logging.getLogger(__name__)
 
 # Where the data is and what differs between folds by design: never a "setting that differs".
-NOT_SETTINGS = (
-    "data.dir",
-    "data.cache_dir",
-    "data.cache_copy_dir",
-    "data.flights",
-    "data.test_flights",
-)
+# where the files live: bookkeeping (the flights a run used, by name, and its test flights are settings)
+NOT_SETTINGS = ("data.dir", "data.cache_dir", "data.cache_copy_dir")
+# resume rule NEW, but what a run was trained on: the demo's flights or the user's
+DATA_SETTINGS = ("data.demo",)
 MIN_FOR_IMPORTANCE = 3  # fANOVA over fewer finished trials splits the importance evenly: noise
 METRIC_COLUMNS = (("r2", "R2"), ("mae_km", "MAE (km)"), ("rmse_km", "RMSE (km)"), ("bias_km", "bias (km)"))
 
@@ -256,7 +253,7 @@ def differing_settings(rows: list[dict]) -> list[str]:
         k
         for k in keys
         if not k.startswith(NOT_SETTINGS)
-        and rules.get(k) != NEW
+        and (rules.get(k) != NEW or k in DATA_SETTINGS)
         and len({json.dumps(f.get(k)) for f in flat}) > 1
     ]
 
@@ -265,6 +262,8 @@ def settings_of(config: dict) -> dict:
     """A run's settings, flat ("model.channels"), as the run used them: channels left empty (chosen by
     model.memory_optimized) shown as the channels the model has, never as []."""
     flat = flatten_keys(config)
+    if isinstance(flat.get("data.flights"), list):  # the flights by name: their files' places are bookkeeping
+        flat["data.flights"] = sorted(f.get("name") for f in flat["data.flights"] if isinstance(f, dict))
     if flat.get("model.channels") == []:
         flat["model.channels"] = conv_channels([], bool(flat.get("model.memory_optimized")))
     return flat
@@ -413,9 +412,14 @@ def _optuna_figure(kind: str, study, path: Path, metric: str) -> str | None:
         try:
             if kind == "history":
                 ax = ovm.plot_optimization_history(study, target_name=metric_words(metric))
-                from matplotlib.ticker import MaxNLocator
+                from matplotlib.ticker import FuncFormatter, MaxNLocator
 
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials 0, 1: never 0.2, 0.4
+                # counted from 1 as every line of the notebook and the report does (Optuna's from 0)
+                ax.xaxis.set_major_formatter(
+                    FuncFormatter(lambda x, _: f"{round(x) + 1}" if x > -0.5 else "")
+                )
+                ax.set_xlabel("trial (counted from 1; its folder is trials/<trial - 1>)")
             else:
                 ax = ovm.plot_param_importances(
                     study,

@@ -138,16 +138,16 @@ def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config
         saved = found.state[Key.LOOP].get("channels_last")
         use = saved is True
         why = (
-            f"{'channels_last' if use else 'the default'} memory format, the run's own since its first start"
+            f"{'channels_last' if use else 'the default'}, the run's own since its first start"
             if saved is not None
-            else "the default memory format (a run started before the format was chosen by measurement)"
+            else "the default (a run started before the format was chosen by measurement)"
         )
     elif dist.active:
-        use, why = False, "the default memory format (several processes: DDP lays out its buckets for it)"
+        use, why = False, "the default (several processes: DDP lays out its buckets for it)"
     elif cfg.train.torch_compile:
         use = False
         why = (
-            "the default memory format (a compiled run: channels_last was measured on eager steps, and "
+            "the default (a compiled run: channels_last was measured on eager steps, and "
             "through the Trainer on a CPU compiled epochs were no faster in it)"
         )
     else:

@@ -318,9 +318,9 @@ def training_memory_format(device: torch.device) -> tuple[bool, str]:
     choice = ((measured("memory_format") or {}).get("channels_last") or {}).get(device.type)
     speedup = choice.get("speedup") if isinstance(choice, dict) else None
     if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not 0.1 <= speedup <= 10:
-        return False, f"the default memory format (channels_last was not measured on a {device.type})"
+        return False, f"the default (channels_last was not measured on a {device.type})"
     use = choice.get("use") is True
     return use, (
-        f"{'channels_last' if use else 'the default'} memory format: channels_last measured {speedup:.2f}x "
-        f"the default's training steps on a {device.type} (benchmarks/results/memory_format.json)"
+        f"{'channels_last' if use else 'the default'}; channels_last measured {speedup:.2f}x the default's "
+        f"training steps on a {device.type} (benchmarks/results/memory_format.json)"
     )
