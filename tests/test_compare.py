@@ -97,7 +97,8 @@ def test_channels_chosen_by_memory_optimized_are_shown_as_the_model_has_them(tmp
 
 def test_a_run_on_other_flights_differs_by_its_flights_and_test_flights_not_by_their_folder(tmp_path):
     """Compare said "No setting differs" between the demo run and a run on the user's own flights: the
-    flights (by name), the test flights and data.demo are what a run was trained on; where they live is not."""
+    flights (by name), the test flights and data.demo are what a run was trained on; where they live is
+    not."""
     a = copy_run(tmp_path / "a", data__demo=True)
     config = yaml.safe_load((a / "config.yaml").read_text())
     theirs = [dict(f, name=f"1{i}Feb25") for i, f in enumerate(config["data"]["flights"])]
