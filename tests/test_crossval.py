@@ -36,6 +36,9 @@ def reference(tiny_flights, tmp_path_factory):
     assert r.stdout.count("labels kept") == 1 and "Flights: as in the table above" in r.stdout
     control = (tmp / "ref" / "folds" / entries[0]["name"] / "scalars_only" / "train.log").read_text()
     assert "labels kept" in control and "Control run (model.scalars_only" in r.stdout
+    for name in (e["name"] for e in entries):  # each end said once, naming its run (two runs a fold)
+        for what in ("model", "scalars-only control"):
+            assert r.stdout.count(f"The end of the fold {name}'s {what} (") == 1, r.stdout[-3000:]
     return cfg, tmp / "ref", [e["name"] for e in entries]
 
 

@@ -83,12 +83,26 @@ def finish_run(folder: RunFolder | str | Path, dist: Dist = SINGLE) -> dict:
         attach_run_log(run_dir)
     try:
         log.info(
-            "The end of the run (%s): the best model on the validation data, then the test flights", state.why
+            "The end of the %s (%s): the best model on the validation data, then the test flights",
+            which_run(run_dir),
+            state.why,
         )
         return end_run(run_dir, folder.trained_checkpoint(), dist)
     finally:
         if lock is not None:
             lock.release()
+
+
+def which_run(run_dir: Path) -> str:
+    """The run in words, where it is one of several in a cross-validation or a sweep (their lines share one
+    console): "run", "fold 01Mar25's model", "fold 01Mar25's scalars-only control", "trial 3"."""
+    run_dir = Path(run_dir)
+    if run_dir.parent.parent.name == "folds":
+        what = "model" if run_dir.name == "model" else "scalars-only control"
+        return f"fold {run_dir.parent.name}'s {what}"
+    if run_dir.parent.name == "trials" and run_dir.name.isdigit():
+        return f"trial {int(run_dir.name) + 1}"
+    return "run"
 
 
 def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
