@@ -356,3 +356,27 @@ def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_p
     note = p.note.value
     assert "Run <b>done</b> exists and is finished (" in note and "it is continued" not in note
     assert "(finished" not in p.note.value  # "is finished (2 epochs)", not "finished (finished ..."
+
+
+def test_a_start_refused_before_its_run_existed_is_not_offered_to_continue(
+    ws, shown, flights, tiny_presets, monkeypatch
+):
+    """A Train cell whose command was refused before it made the run folder (exit 2: the message names what
+    to fix) left the picker remembering that run, and the next Run all offered to "continue" it. The picker's
+    memory goes back to what it was: nothing here, or the run before."""
+    for f in ("01Mar25", "03Mar25", "05Mar25"):
+        move(f, flights, ws.data / "ER2")
+    p = colab.Picker(ws)
+    refused = []
+    monkeypatch.setattr(training, "run_live", lambda cmd, view, env=None: refused.append(cmd) or 2)
+    with pytest.raises(colab.UserError):
+        colab.train(ws, p)
+    assert refused and not (ws.runs / p.choice().run_name).exists()
+    assert not (ws.root / "last_run.json").exists() and not colab.Picker(ws).continuing
+    picker_mod.Choice(preset="B", epochs=2, run_name="before", heldout=["05Mar25"]).save(ws.root)
+    before = (ws.root / "last_run.json").read_text()
+    p = colab.Picker(ws)
+    p.mode.value = "new"
+    with pytest.raises(colab.UserError):
+        colab.train(ws, p)
+    assert (ws.root / "last_run.json").read_text() == before  # the run before is the one remembered

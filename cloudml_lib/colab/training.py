@@ -73,6 +73,27 @@ def kept(status: dict | None, c: Choice, run_dir: Path) -> bool:
     return True
 
 
+def _remembered(ws: Workspace) -> str | None:
+    """The choice the picker remembers now (last_run.json's text), to put back if a start is refused."""
+    from cloudml_lib.colab.picker import LAST_RUN
+
+    path = ws.root / LAST_RUN
+    return path.read_text() if path.is_file() and not path.is_symlink() else None
+
+
+def _remember_again(ws: Workspace, text: str | None) -> None:
+    """The picker's memory as it was before a start that was refused: the refused run never existed, so the
+    next Run all does not offer to "continue" it."""
+    from cloudml_lib.base import ledger
+    from cloudml_lib.base.outputs import write_text
+    from cloudml_lib.colab.picker import LAST_RUN
+
+    if text is None:
+        ledger.delete(ws.root / LAST_RUN)
+    else:
+        write_text(ws.root / LAST_RUN, text)
+
+
 @user_errors
 def train(ws: Workspace, picker: Picker) -> Path:
     """Train (or continue) the picked run with the live view; returns its run directory. In the smoke
@@ -89,6 +110,7 @@ def train(ws: Workspace, picker: Picker) -> Path:
     if flights is not None and flights.removed:  # finished (problem() refuses an unfinished one)
         show_markdown(f"**Run {c.run_name} is not trained again.** {flights.missing_words(finished=True)}")
         return run_dir
+    remembered = _remembered(ws)
     c.save(ws.root)  # "Run all" after a disconnect comes back with this choice
     if flights is not None and flights.added:
         show_markdown(flights.added_words())
@@ -106,6 +128,8 @@ def train(ws: Workspace, picker: Picker) -> Path:
     picker.times.wait(60)  # a step still being timed (seconds): its figure goes with the run
     expected = picker.expected_record(c)  # kept in run.json beside what the epochs take
     code = run_live(cmd, view, {EXPECTED_ENV: json.dumps(expected)} if expected else None)
+    if code != 0 and not run_dir.is_dir():  # refused before any run existed: nothing to offer to continue
+        _remember_again(ws, remembered)
     picker.recheck()  # the note above says where the run stands now
     report_end(code, view, "training", run_dir)
     return run_dir
