@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 
 def train_demo(tmp_path, name, *overrides):
@@ -56,6 +56,15 @@ def test_demo_learns_height_from_the_frames(tmp_path):
     assert methods["linear"]["per_flight"]["05Mar25"]["mae_km"] < 0.7 * report["baseline"]["mae_km"]
     assert "baseline" in report["verdict"] and report["by_height"]["per_flight"]["05Mar25"]
     readme_python_example_runs_on(tmp_path, report)
+    # the docs' examples of a demo run's progress use its real step counts (they once said 39 a epoch, of 30)
+    run = json.loads((tmp_path / "runs" / "demo" / "run.json").read_text())
+    per_epoch, total = run["steps_per_epoch"], run["total_steps"]
+    states = (REPO / "docs" / "reference" / "run-states.md").read_text()
+    assert f"batch 0/{per_epoch}, step {per_epoch}/{total} (" in states
+    assert (
+        f"Resumed from step {per_epoch} (epoch 2, batch 0/{per_epoch})"
+        in (REPO / "docs" / "how-to" / "resume.md").read_text()
+    )
     control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true", "data.radiometry=none")
     assert control["overall"]["r2"] < 0.3  # the angles alone do not give the height
     said = control["verdict"]  # a control loses by design: no advice to train it longer
