@@ -456,3 +456,23 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
     (run / LEDGER).write_bytes(ledger_before)
     (run / "report.md").write_bytes(mine)
     assert run_state(run).kind == "finished", run_state(run)
+
+
+def test_more_or_fewer_epochs_on_resume_are_said_not_warned_of(tiny_config, logs_reach_caplog, caplog):
+    """The picker says more or fewer epochs are fine for a continued run; the run then gave two amber
+    warnings. One line, at INFO, for epochs (and patience); another setting taken from the new config is
+    still a warning."""
+    import logging
+
+    from cloudml_lib.base.config import derive
+    from cloudml_lib.core.run.resume import check_resume_config
+
+    saved = tiny_config.to_dict()
+    check_resume_config(derive(tiny_config, {"train.epochs": tiny_config.train.epochs + 3}), saved)
+    said = [r for r in caplog.records if "Resuming with changed settings" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO, said
+    assert "train.epochs (checkpoint" in said[0].getMessage() and "re-planned" in said[0].getMessage()
+    caplog.clear()
+    check_resume_config(derive(tiny_config, {"train.log_every_steps": 7}), saved)
+    said = [r for r in caplog.records if "Resuming with changed settings" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING

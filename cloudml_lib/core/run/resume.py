@@ -216,6 +216,10 @@ def resumed_config(cfg, saved: dict):
     return derive(cfg, changes) if changes else cfg
 
 
+# settings a user changes on purpose when continuing a run (the picker's Epochs; the run's patience)
+ASKED_ON_RESUME = ("train.epochs ", "train.early_stopping_patience ")
+
+
 def check_resume_config(cfg, saved: dict) -> None:
     """Refuse math-changing differences from the checkpoint's config; take harmless ones with a warning."""
     cfg = resumed_config(cfg, saved)
@@ -230,11 +234,15 @@ def check_resume_config(cfg, saved: dict) -> None:
     for key, value in absent_settings(saved).items():
         log.info("This run was saved before %s existed: it continues with %s, as it was trained", key, value)
     if harmless:
-        log.warning("Resuming with changed settings (taken from the new config): %s", "; ".join(harmless))
-        if any(h.startswith("train.epochs ") for h in harmless):
-            log.warning(
-                "train.epochs changed: the cosine learning-rate decay is re-planned over the new length"
-            )
+        replanned = any(h.startswith("train.epochs ") for h in harmless)
+        # more or fewer epochs is what a user continuing a run asks for (the notebook's picker offers it):
+        # said, not warned of; another change taken from the new config is worth a look
+        asked = all(h.startswith(ASKED_ON_RESUME) for h in harmless)
+        (log.info if asked else log.warning)(
+            "Resuming with changed settings (taken from the new config): %s%s",
+            "; ".join(harmless),
+            "; the cosine learning-rate decay is re-planned over the new length" if replanned else "",
+        )
 
 
 def recorded_files(run_dir: Path) -> dict[str, dict]:
