@@ -380,3 +380,15 @@ def test_a_start_refused_before_its_run_existed_is_not_offered_to_continue(
     with pytest.raises(colab.UserError):
         colab.train(ws, p)
     assert (ws.root / "last_run.json").read_text() == before  # the run before is the one remembered
+
+
+def test_with_one_flight_the_picker_never_advises_a_new_run_it_would_refuse(ws, shown, flights, tiny_presets):
+    """A remembered run whose test flight is gone, one flight left in data/: the advice was "choose 'Start a
+    new run'", which the picker then refused (a new run needs two flights)."""
+    move("01Mar25", flights, ws.data / "ER2")
+    picker_mod.Choice(preset="B", epochs=2, run_name="gone", heldout=["05Mar25"]).save(ws.root)
+    p = colab.Picker(ws)
+    assert p.continuing
+    problem = p.problem()
+    assert "05Mar25 is not in" in problem and "Start a new run" not in problem, problem
+    assert "a new run needs two flights" in problem and "1 complete flight is there" in problem

@@ -442,9 +442,12 @@ class Picker:
                 f"the test flight {', '.join(missing)} is not in {self.ws.data} now. If Google Drive has "
                 "not synced yet, wait a minute and run this cell again; otherwise "
                 + (
-                    "choose 'Start a new run' in the picker."
-                    if self.continuing
-                    else "choose other test flights in the picker."
+                    "choose other test flights in the picker."
+                    if not self.continuing
+                    else "choose 'Start a new run' in the picker."
+                    if len(self.found) >= 2
+                    else f"put it back: a new run needs two flights in {self.ws.data} (one to train on, one "
+                    f"to test it on), and {plural(len(self.found), 'complete flight')} is there."
                 )
             )
         if len(self.found) < 2:
