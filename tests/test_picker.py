@@ -392,3 +392,20 @@ def test_with_one_flight_the_picker_never_advises_a_new_run_it_would_refuse(ws, 
     problem = p.problem()
     assert "05Mar25 is not in" in problem and "Start a new run" not in problem, problem
     assert "a new run needs two flights" in problem and "1 complete flight is there" in problem
+
+
+def test_a_new_run_named_as_an_existing_one_is_said_so_beside_the_pressed_button(
+    ws, shown, flights, tiny_presets
+):
+    """*Start a new run* was shown pressed above "it is continued": the note now says the name is an
+    existing run's, what Train does with it, and how to get a new one."""
+    for f in ("01Mar25", "03Mar25", "05Mar25"):
+        move(f, flights, ws.data / "ER2")
+    picker_mod.Choice(preset="B", epochs=2, run_name="before", heldout=["05Mar25"]).save(ws.root)
+    (ws.runs / "half").mkdir(parents=True)
+    p = colab.Picker(ws)
+    p.mode.value = "new"
+    p.run_name.value = "half"
+    note = p.note.value
+    assert "<i>Start a new run</i> is chosen, but run <b>half</b> exists (" in note, note
+    assert "Train continues it, on its own flights. Give another run name for a new run." in note
