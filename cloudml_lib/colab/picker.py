@@ -591,15 +591,14 @@ class Picker:
         elif (self.ws.runs / c.run_name).exists():
             unfinished, words = progress(self.ws.runs / c.run_name, c)
             # the name typed is an existing run's: said beside the pressed "Start a new run", never as if new
-            chosen = "<i>Start a new run</i> is chosen, but " if self.previous is not None else ""
+            lead = "<i>Start a new run</i> is chosen, but run" if self.previous is not None else "Run"
             out = [
-                f"{chosen}run <b>{name}</b> exists ({words}): Train continues it, on its own flights. Give "
+                f"{lead} <b>{name}</b> exists ({words}): Train continues it, on its own flights. Give "
                 "another run name for a new run."
                 if unfinished
-                else f"{chosen}run <b>{name}</b> exists and is {words}: the cells below show its results; "
+                else f"{lead} <b>{name}</b> exists and is {words}: the cells below show its results; "
                 "it is not trained again. Give another run name for a new run."
             ]
-            out[0] = out[0][0].upper() + out[0][1:] if not chosen else out[0]
         else:
             out = [f"A new run <b>{name}</b>."]
         if flights is not None and flights.removed and finished:
