@@ -47,6 +47,52 @@ def test_an_epoch_is_its_steps_and_its_validation_and_an_estimate_says_so():
     assert [timing.duration(s) for s in (0.25, 42, 600, 7200)] == ["0.25 s", "42 s", "10 min", "2.0 h"]
 
 
+def test_the_runs_end_is_its_samples_read_forward_at_a_share_of_an_epochs_time_per_sample():
+    """Issue 65, item 6: the end (cloud probe, scoring, intervals, report) said beside the training's time."""
+    step = timing.StepTime(0.5, "measured here", True, with_validation=True)
+    e = timing.Expected(step, 40, 6, 3, step_samples=16, end_samples=1000, share=(0.75, "as measured"))
+    per = 0.5 * 40 / (40 * 16)  # an epoch's seconds per sample
+    assert e.end_s == pytest.approx(timing.end_seconds(per, 1000, 0.75)) == pytest.approx(per * 0.75 * 1000)
+    assert e.words().endswith(
+        "60 s for the run (measured here); then about 23 s for its end (the cloud probe, scoring, report: "
+        "1000 samples read, as measured)."
+    )
+    assert e.record("CPU")["end_s"] == e.end_s and timing.checked_expected(e.record("CPU")) is not None
+    assert (
+        timing.Expected(step, 40, 6, 3).end_s is None
+        and "for its end" not in timing.Expected(step, 40, 6, 3).words()
+    )
+    assert timing.per_sample({"step_s": 0.8, "signature": {"batch": 8}}, accumulation=2) == pytest.approx(
+        0.05
+    )
+    assert timing.per_sample({"step_s": 0.8, "signature": {}}) is None and timing.per_sample(None) is None
+
+
+def test_the_ends_share_comes_from_the_newest_run_that_recorded_its_end_on_this_device(tmp_path):
+    def run(name: str, **end):
+        (tmp_path / name).mkdir()
+        record = timing.end_record(4.0, 6.0, 100, 0.1, "CPU (2 threads)", False)
+        (tmp_path / name / "run.json").write_text(json.dumps({"end": {**record, **end}}))
+
+    assert timing.end_share(tmp_path, "CPU (2 threads)") == (
+        timing.END_SHARE,
+        "as measured for the demo on a CPU",
+    )
+    run("a", at=1.0e9)
+    run("b", at=1.1e9)  # newer: 6 s for 100 samples at 0.1 s each, 0.6
+    run("gpu", at=1.2e9, device="Tesla T4", share=0.2)
+    run("control", at=1.3e9, scalars_only=True, share=3.0)
+    run("damaged", at=1.4e9, share="0.1")
+    run("out_of_range", at=1.5e9, share=1e6)
+    assert timing.end_share(tmp_path, "CPU (2 threads)") == (pytest.approx(0.6), "as measured in your run b")
+    assert timing.end_share(tmp_path, "Tesla T4")[1] == "as measured in your run gpu"
+    assert timing.end_share(tmp_path, "CPU (2 threads)", scalars_only=True)[0] == 3.0
+    assert timing.end_share(tmp_path, "Tesla T4", scalars_only=True)[0] == timing.END_SHARE_SCALARS
+    assert (
+        timing.read_end(tmp_path / "damaged") is None and timing.read_end(tmp_path / "out_of_range") is None
+    )
+
+
 def test_the_flops_estimate_uses_the_share_of_peak_a_lent_gpu_measured_and_says_so(monkeypatch):
     gpu = {"device": "NVIDIA H200", "presets": {
         "B": {"channels": [64, 128, 256], "gradient_checkpointing": True, "torch_compile": False,
@@ -99,6 +145,18 @@ def test_the_run_records_its_estimate_beside_what_its_epochs_took(tiny_run):
     assert timing.from_runs(run_dir.parent, "Tesla T4", measured["signature"]) is None  # another device
     other = dict(measured["signature"], batch=measured["signature"]["batch"] + 1)
     assert timing.from_runs(run_dir.parent, measured["device"], other) is None  # another step
+    # the end: its expected time from the run's own epochs, said first, and what it took (issue 65, item 6)
+    end = timing.read_end(run_dir)
+    assert end is not None and end["device"] == measured["device"] and not end["scalars_only"]
+    assert end["took_s"] > 0 and end["expected_s"] > 0 and end["samples"] > 0
+    assert end["share"] == pytest.approx(end["took_s"] / (timing.per_sample(measured) * end["samples"]))
+    log = (run_dir / "train.log").read_text()
+    said = (
+        f"then the test flights: about {timing.duration(end['expected_s'])} ({end['samples']} samples read at"
+    )
+    assert log.count(said) == 1, log[-3000:]
+    took = f"the end took {timing.duration(end['took_s'])} (expected {timing.duration(end['expected_s'])})"
+    assert took in log
 
 
 def test_the_expected_time_comes_from_the_environment_checked():
@@ -130,10 +188,15 @@ def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_t
     p.times.wait()
     note = p.note.value
     assert "Expected time: about" in note and "per epoch (" in note and "for the run (measured here" in note
+    assert "for its end (the cloud probe, scoring, report: " in note
     p.epochs.value = 5  # the same step: not timed again, the total follows
     p.crossval.value = True
     p.times.wait()
     assert len(calls) == 1 and "for the run (measured here" in p.note.value
+    assert (
+        "Then cross-validation: one run per flight, each with its scalars-only control: about "
+        in p.note.value
+    )
     p.sweep.value = True
     assert "at most), into" in p.note.value and "; about" in p.note.value  # the sweep's time too
     p.sweep.value = False
@@ -146,6 +209,12 @@ def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_t
     q.mode.value = "new"
     q.times.wait()
     assert f"measured in your run {run_dir.name}" in q.note.value and len(calls) == 1
+    # its end too, and the cross-validation cell's expected time from both, nothing timed again
+    assert f"samples read, as measured in your run {run_dir.name})" in q.note.value
+    end, per = timing.read_end(run_dir), timing.per_sample(timing.read_measured(run_dir))
+    folds = q.crossval_expected()
+    assert folds is not None and len(calls) == 1
+    assert folds > 3 * (2 * per * 10 + timing.end_seconds(per, end["samples"], end["share"]))  # 3 folds
 
 
 @pytest.mark.slow

@@ -165,6 +165,7 @@ RUN_INFO = Obj(
         "expected": Maybe(MapOf(ANY)),
         "measured": Maybe(MapOf(ANY)),
         "segments": Maybe(ListOf(ANY)),  # one per start of the run
+        "end": Maybe(MapOf(ANY)),  # what the run's end took against its expected time
     }  # core/machine/timing.py checks their insides
 )
 FOLD = Obj(

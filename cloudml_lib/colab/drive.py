@@ -181,9 +181,11 @@ def frame_shape(folder: Path) -> tuple[int, int] | None:
     return (min(rows), min(cols)) if rows else None
 
 
-def cached_samples(cfg: Config) -> dict[str, int]:
+def cached_samples(cfg: Config, count: str = "samples") -> dict[str, int]:
     """Samples per flight in the preprocessing cache the run will use (its flight caches' meta.json; the
-    newest where a flight has several): {} before the setup notebook built it."""
+    newest where a flight has several): {} before the setup notebook built it. `count`: "samples", those
+    with a height (what an epoch trains on), or "cloud_samples", every frame a cloud label matched (what the
+    end of a run reads: the probe, the scoring); a cache without that count gives "samples"."""
     from cloudml_lib.base.shapes import Damaged, read_json
     from cloudml_lib.data.cache import cache_root
     from cloudml_lib.data.cachefiles import CACHE_META, CACHE_META_LIMIT
@@ -193,7 +195,8 @@ def cached_samples(cfg: Config) -> dict[str, int]:
     for meta in sorted(root.glob("*/meta.json")) if root.is_dir() else []:
         try:
             doc = read_json(meta, CACHE_META, CACHE_META_LIMIT)
-            when, n = meta.stat().st_mtime, doc["counts"].get("samples")  # what an epoch trains on
+            when, counts = meta.stat().st_mtime, doc["counts"]
+            n = counts.get(count, counts.get("samples"))
         except (OSError, Damaged):
             continue
         if isinstance(n, int) and (doc["flight"] not in found or when > found[doc["flight"]][0]):

@@ -17,9 +17,12 @@ from cloudml_lib.base.config import MIN_FRAME_SIDE, Config
 from cloudml_lib.colab.drive import Workspace, cached_samples, frame_shape
 from cloudml_lib.core.machine import estimate
 from cloudml_lib.core.machine.timing import (
+    CONTROL_SHARE,
     Expected,
     StepTime,
     device_name,
+    end_seconds,
+    end_share,
     from_flops,
     from_runs,
     signature,
@@ -70,8 +73,9 @@ class ExpectedTimes:
             return None
         return ((min(d.swath_slice[1], raw[0]) - d.swath_slice[0]) // d.downsample, raw[1] // d.downsample)
 
-    def of(self, cfg: Config, epochs: int) -> Expected | str:
-        """The expected time of a run of `cfg` for `epochs`, or in words why it is not known yet."""
+    def of(self, cfg: Config, epochs: int, measure: bool = True) -> Expected | str:
+        """The expected time of a run of `cfg` for `epochs`, or in words why it is not known yet; without
+        `measure`, only from an earlier run (nothing timed)."""
         frame, batch = self.frame(cfg), cfg.train.batch_size
         if frame is None:
             return "Expected time: known once flights are in the data folder."
@@ -86,6 +90,8 @@ class ExpectedTimes:
             step = self.known.get(key)
             if step is None:
                 step = from_runs(self.ws.runs, self.device_name, sig)
+                if step is None and not measure:
+                    return "Expected time: no earlier run of this step here."
                 if step is None:
                     self.known[key] = "measuring"
                     self._measure(key, shape, batch)
@@ -99,20 +105,62 @@ class ExpectedTimes:
                 if step == "measuring"
                 else f"Expected time: {step}."
             )
-        return Expected(step, *self._epoch(cfg, batch), epochs)
+        steps, val_batches, read = self._epoch(cfg, batch)
+        return Expected(
+            step,
+            steps,
+            val_batches,
+            epochs,
+            step_samples=batch * cfg.train.grad_accum_steps,
+            end_samples=read,
+            share=end_share(self.ws.runs, self.device_name),
+        )
 
-    def _epoch(self, cfg: Config, batch: int) -> tuple[int | None, int]:
-        """(training steps per epoch, validation forwards per epoch) from the cached samples."""
-        root = f"{cfg.data.cache_dir}|{cfg.data.dir}"
+    def crossval(self, cfg: Config, epochs: int, controls: bool = True, measure: bool = True) -> float | None:
+        """The expected time of a cross-validation of `cfg` (commands/crossval.py: each flight the test flight
+        once, a model run per fold and, with `controls`, its scalars-only control at CONTROL_SHARE of it): per
+        fold, its epochs at its own number of training samples and its end, at the run's epoch time per
+        sample. None where the run's own expected time is not known yet."""
+        from cloudml_lib.commands.crossval import fold_config
+
+        run = self.of(cfg, epochs, measure)
+        samples = self.samples(cfg)
+        if not isinstance(run, Expected) or run.epoch_s is None or not run.step_samples or len(samples) < 2:
+            return None
+        per = run.epoch_s / (run.steps_per_epoch * run.step_samples)  # seconds per sample of an epoch
+        total = 0.0
+        for held in samples:
+            fold = fold_config(cfg, held)
+            train, _ = counts_by_role(samples, fold.data)
+            seconds = epochs * per * train + end_seconds(per, self.end_samples(fold), run.share[0])
+            total += seconds * (1 + (CONTROL_SHARE if controls else 0.0))
+        return total
+
+    def samples(self, cfg: Config, count: str = "samples") -> dict[str, int]:
+        """The cached samples per flight of the run's data (cached_samples), read once per recheck."""
+        root = f"{cfg.data.cache_dir}|{cfg.data.dir}|{count}"
         if root not in self._samples:
-            self._samples[root] = cached_samples(cfg)
-        samples = self._samples[root]
+            self._samples[root] = cached_samples(cfg, count)
+        return self._samples[root]
+
+    def end_samples(self, cfg: Config) -> int:
+        """The samples the end of a run of `cfg` reads: every cloud-labelled frame of the validation and test
+        data, and of the training part where a cloud probe is fitted on it (science/finish.py)."""
+        frames = self.samples(cfg, "cloud_samples")
+        train, val = counts_by_role(frames, cfg.data)
+        test = sum(k for n, k in frames.items() if n in cfg.data.test_flights)
+        return (train if cfg.model.cloud_head == "probe" else 0) + val + test
+
+    def _epoch(self, cfg: Config, batch: int) -> tuple[int | None, int, int]:
+        """(training steps per epoch, validation forwards per epoch, the samples the run's end reads) from
+        the cached samples."""
+        samples = self.samples(cfg)
         if not samples:
-            return None, 0
+            return None, 0, 0
         train, val = counts_by_role(samples, cfg.data)
-        val *= cfg.train.quick_val_fraction
         steps = math.ceil(math.ceil(train / batch) / cfg.train.grad_accum_steps)
-        return steps, math.ceil(val / eval_batch_size(batch))  # the Evaluator's own batch rule
+        quick = val * cfg.train.quick_val_fraction
+        return steps, math.ceil(quick / eval_batch_size(batch)), self.end_samples(cfg)  # Evaluator's batch
 
     def _measure(self, key: str, shape: estimate.StepShape, batch: int) -> None:
         def work() -> None:

@@ -518,7 +518,7 @@ class Picker:
                     f"{', '.join(self.heldout_default) or 'none'})."
                 )
         if c.crossval:
-            lines.append("Then cross-validation: one run per flight.")
+            lines.append(html.escape(self._crossval_words(c)))
         if c.sweep_trials:
             budget = c.sweep_trials * c.sweep_epochs
             sweep_time = self._expected(c)
@@ -551,6 +551,28 @@ class Picker:
             )
         ]
 
+    def crossval_expected(self) -> float | None:
+        """The chosen cross-validation's expected time from the runs measured here (the run just trained:
+        its epochs and its end), nothing timed; None without such a run."""
+        c = self.choice()
+        try:
+            cfg = load_config(*run_config(self.ws, c.preset, c.epochs, c.heldout, demo=c.preset == "demo"))
+        except CloudMLError:
+            return None
+        return ExpectedTimes(self.ws, lambda: None).crossval(cfg, c.epochs, measure=False)
+
+    def _crossval_words(self, c: Choice) -> str:
+        """The note's line on the cross-validation the box asks for: what it runs and its expected time."""
+        line = "Then cross-validation: one run per flight, each with its scalars-only control"
+        try:
+            cfg = load_config(*run_config(self.ws, c.preset, c.epochs, c.heldout, demo=c.preset == "demo"))
+        except CloudMLError:
+            return line + "."
+        seconds = self.times.crossval(cfg, c.epochs)
+        if seconds is None:
+            return line + " (its expected time: known with the run's)."
+        return line + f": about {duration(seconds)} in all (an estimate from the run's expected time)."
+
     def _expected(self, c: Choice) -> Expected | str:
         """The expected time of choice `c` as it would train (its config), or words why not yet."""
         try:
@@ -567,7 +589,7 @@ class Picker:
             return cpu + found
         status = self.facts(c.run_name)[1]
         done = status["epochs_completed"] if status and self.continuing else 0
-        left = Expected(found.step, found.steps_per_epoch, found.val_batches, max(0, c.epochs - done))
+        left = replace(found, epochs=max(0, c.epochs - done))  # its end still to come
         what = f"the {plural(left.epochs, 'epoch')} left" if done else "the run"
         return cpu + left.words(what)
 

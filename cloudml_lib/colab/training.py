@@ -16,6 +16,7 @@ again would need. An unfinished one is refused before anything starts, naming th
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from cloudml_lib.base.runfiles import RunFiles
@@ -24,7 +25,7 @@ from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.profile import profile
 from cloudml_lib.colab.show import UserError, in_notebook, plural, show, show_markdown, user_errors
-from cloudml_lib.core.machine.timing import EXPECTED_ENV
+from cloudml_lib.core.machine.timing import EXPECTED_ENV, duration
 from cloudml_lib.core.run.checkpoint import find_checkpoints
 from cloudml_lib.core.run.folder import RunFolder
 
@@ -218,12 +219,21 @@ def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path
     cv_dir = ws.runs / f"{c.run_name}_crossval"
     cmd[cmd.index("train")] = "crossval"
     cmd[cmd.index("--run-dir") + 1] = str(cv_dir)
+    expected = None if cv_dir.is_dir() else picker.crossval_expected()  # a continued one: part is done
     show_markdown(
         f"**Cross-validation** into `{cv_dir}`: one run per flight; run this cell again after a "
         "disconnect and it continues with the unfinished fold."
+        + (
+            ""
+            if expected is None
+            else f" Expected time: about {duration(expected)} (from your runs' measured epochs and ends)."
+        )
     )
+    t0 = time.time()
     view = LiveView(None, folds=cv_dir)  # follows the fold being trained: "fold 2 of 5", its curves
     report_end(run_live(cmd, view), view, "cross-validation", None)
+    took = f"The cross-validation took {duration(time.time() - t0)}"
+    print(took + (f" (expected {duration(expected)})." if expected is not None else "."))
     show_markdown((cv_dir / "crossval.md").read_text())
     return cv_dir
 

@@ -32,6 +32,7 @@ from cloudml_lib.base import faults
 from cloudml_lib.base.config import config_from_dict
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
+from cloudml_lib.core.machine import timing
 from cloudml_lib.core.machine.device import choose_device, choose_precision
 from cloudml_lib.core.machine.distributed import SINGLE, Dist
 from cloudml_lib.core.network.inference import Evaluator, eval_batch_size
@@ -82,12 +83,7 @@ def finish_run(folder: RunFolder | str | Path, dist: Dist = SINGLE) -> dict:
     if lock is not None:
         attach_run_log(run_dir)
     try:
-        log.info(
-            "The end of the %s (%s): the best model on the validation data, then the test flights",
-            which_run(run_dir),
-            state.why,
-        )
-        return end_run(run_dir, folder.trained_checkpoint(), dist)
+        return end_run(run_dir, folder.trained_checkpoint(), dist, state.why)
     finally:
         if lock is not None:
             lock.release()
@@ -105,13 +101,22 @@ def which_run(run_dir: Path) -> str:
     return "run"
 
 
-def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
-    """Steps 1-4 above, from the final checkpoint `final`."""
+def end_run(run_dir: Path, final: Found, dist: Dist, why: str = "not evaluated yet") -> dict:
+    """Steps 1-4 above, from the final checkpoint `final`; `why` the end is pending (status.run_state's
+    words). Its expected time is said first, and what it took recorded (EndClock)."""
+    t0 = time.time()
     cfg = config_from_dict(final.state[Key.CONFIG])
     progress, scalers = Progress.of(final.state), Scalers.from_dict(final.state[Key.SCALERS])
     device = choose_device(cfg.train.device)
     model = build_model(cfg, scalers).to(device).eval()
     data = load_end_data(cfg, scalers, final.state.get(Key.PROVENANCE), final.state.get(Key.SPLIT))
+    clock = EndClock(run_dir, cfg, device, data, t0)
+    log.info(
+        "The end of the %s (%s): the best model on the validation data, then the test flights%s",
+        which_run(run_dir),
+        why,
+        clock.expected_words(),
+    )
     trained = best_weights(run_dir, model, final, data)
     batch = progress.eval_batch_size or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
@@ -131,11 +136,64 @@ def end_run(run_dir: Path, final: Found, dist: Dist) -> dict:
         intervals.save(run_dir, calibration)
         keep_cloud_baseline(RunFolder(run_dir).best, data, cfg)
         write_end(run_dir, final, data, scored, report)
+        clock.record()
     dist.barrier()
     epoch = report["best_epoch"]
     log.info("Full test with the best model (epoch %d):\n%s", epoch, format_report(report))
-    log.info("Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/)", run_dir)
+    log.info(
+        "Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/); %s",
+        run_dir,
+        clock.took_words(),
+    )
     return report
+
+
+class EndClock:
+    """The end's expected time (timing.end_seconds: the samples it reads, at this run's measured epoch time
+    per sample and the end's share of it) and what it took, kept in run.json's "end" so that the next
+    expected time on this kind of device uses it."""
+
+    def __init__(self, run_dir: Path, cfg, device: torch.device, data: EndData, t0: float):
+        self.run_dir, self.t0, self.device = Path(run_dir), t0, timing.device_name(device)
+        self.samples = len(data.val_set) + (0 if data.split.legacy else len(data.test_set))
+        if cfg.model.cloud_head == "probe":
+            self.samples += len(data.frames)
+        measured = timing.read_measured(self.run_dir)
+        same = measured is not None and measured.get("device") == self.device
+        self.per_sample = timing.per_sample(measured, cfg.train.grad_accum_steps) if same else None
+        self.scalars_only = bool(cfg.model.scalars_only)
+        self.share = timing.end_share(self.run_dir.parent, self.device, self.scalars_only)
+        self.expected = (
+            None
+            if self.per_sample is None
+            else timing.end_seconds(self.per_sample, self.samples, self.share[0])
+        )
+        self.took: float | None = None
+
+    def expected_words(self) -> str:
+        if self.expected is None:
+            return ""
+        return (
+            f": about {timing.duration(self.expected)} ({self.samples} samples read at "
+            f"{self.share[0]:.2f} of a training sample's time each, {self.share[1]})"
+        )
+
+    def record(self) -> None:
+        """run.json's "end" (rank 0)."""
+        self.took = time.time() - self.t0
+        folder = RunFolder(self.run_dir)
+        info = folder.files.run_info()
+        if info:  # a run.json to add to: every run trained since run.json was written has one
+            end = timing.end_record(
+                self.expected, self.took, self.samples, self.per_sample, self.device, self.scalars_only
+            )
+            folder.write_run_info(dict(info, end=end))
+
+    def took_words(self) -> str:
+        took = time.time() - self.t0 if self.took is None else self.took
+        if self.expected is None:
+            return f"the end took {timing.duration(took)}"
+        return f"the end took {timing.duration(took)} (expected {timing.duration(self.expected)})"
 
 
 def calibrate_intervals(cfg, data: EndData, validation) -> dict | None:

@@ -27,7 +27,7 @@ import torch
 
 from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.resources import measured as benchmark_results
-from cloudml_lib.base.shapes import NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
+from cloudml_lib.base.shapes import NUM, OPT_NUM, OPT_TEXT, TEXT, Damaged, Obj, parse_json
 from cloudml_lib.core.machine import estimate
 from cloudml_lib.core.machine.device import choose_precision
 from cloudml_lib.core.machine.memory import synthetic_inputs, synthetic_step
@@ -42,9 +42,22 @@ FORWARD_SHARE = 1 / 3  # an inference forward against a training step (forward +
 # the share of a GPU's peak rate where no measurement says (flops_efficiency reads the lent GPU's): an
 # H200 measured 1.3-9.5 % (benchmarks/results/gpu.json), so a stated 25 % was 2.4-9x optimistic
 FLOPS_EFFICIENCY = 0.04
+# The end of a run (science/finish.py: the cloud probe over the training flights' frames, the validation and
+# test samples scored, the intervals, the report) reads every sample once, forward only: its seconds per
+# sample against a training epoch's per sample (optimizer steps and the epoch's validation). Measured for the
+# demo on a 2-core CPU: 0.78 (7 s for 1332 samples, loading the data and the weights included). A run records
+# its own (run.json "end"); later expected times on that kind of device use it (end_share).
+END_SHARE = 0.75
+END_SHARE_RANGE = (0.01, 100.0)
+# A scalars-only run's end against its training epoch's time per sample (no frame is encoded in either, so
+# reading the samples weighs more): 0.8-1.0 s for 1332 samples, about 1.5, in the demo's cross-validation
+END_SHARE_SCALARS = 1.5
+# A cross-validation's scalars-only control against its fold's model run (the same samples, no frames
+# encoded): its epochs and end took 3.2-4.4 s against 38-50 s in the demo's cross-validation on a 2-core CPU
+CONTROL_SHARE = 0.08
 EXPECTED_ENV = "CLOUDML_EXPECTED"  # the estimate a run was started from (the notebook sets it), as JSON
 EXPECTED_SHAPE = Obj(
-    {"step_s": NUM, "epoch_s": NUM, "total_s": NUM, "source": TEXT, "device": OPT_TEXT},
+    {"step_s": NUM, "epoch_s": NUM, "total_s": NUM, "end_s": OPT_NUM, "source": TEXT, "device": OPT_TEXT},
     required=("step_s", "source"),
 )
 
@@ -331,6 +344,17 @@ class Expected:
     steps_per_epoch: int | None  # None: the epoch's length is not known yet (no cache)
     val_batches: int
     epochs: int
+    step_samples: int = 0  # samples per optimizer step (the batch times the accumulation); 0: not known
+    end_samples: int = 0  # the samples the run's end reads (end_seconds); 0: its end not counted
+    share: tuple[float, str] = (END_SHARE, "as measured for the demo on a CPU")  # end_share's
+
+    @property
+    def end_s(self) -> float | None:
+        """The end of the run after its last epoch (end_seconds), at this run's epoch time per sample."""
+        if self.epoch_s is None or not (self.step_samples and self.end_samples and self.steps_per_epoch):
+            return None
+        per = self.epoch_s / (self.steps_per_epoch * self.step_samples)
+        return end_seconds(per, self.end_samples, self.share[0])
 
     @property
     def epoch_s(self) -> float | None:
@@ -353,9 +377,16 @@ class Expected:
                 f"({self.step.source}); the epoch's length is known once the setup notebook has built "
                 "the cache."
             )
+        end = (
+            ""
+            if self.end_s is None
+            else f"; then about {duration(self.end_s)} for its end (the cloud probe, scoring, report: "
+            f"{self.end_samples} samples read, {self.share[1]})"
+        )
         return (
             f"Expected time{label}: about {duration(self.epoch_s)} per epoch ({self.steps_per_epoch} steps "
-            f"of {duration(self.step.seconds)}), {duration(self.total_s)} for {what} ({self.step.source})."
+            f"of {duration(self.step.seconds)}), {duration(self.total_s)} for {what} ({self.step.source})"
+            f"{end}."
         )
 
     def record(self, device: str) -> dict:
@@ -364,9 +395,77 @@ class Expected:
             "step_s": self.step.seconds,
             "epoch_s": self.epoch_s,
             "total_s": self.total_s,
+            "end_s": self.end_s,
             "source": self.step.source,
             "device": device,
         }
+
+
+def end_share(runs: Path, device: str, scalars_only: bool = False) -> tuple[float, str]:
+    """The end's seconds per sample against a training epoch's (END_SHARE), and where it comes from: the
+    newest earlier run in `runs` on this kind of device, with frames or scalars only as asked, that recorded
+    its end (run.json "end"), else the figure measured for the demo."""
+    best = None
+    for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
+        got = read_end(run)
+        if got is None or got["device"] != device or got.get("scalars_only", False) != scalars_only:
+            continue
+        if best is None or got["at"] > best[0]:
+            best = (got["at"], run.name, got["share"])
+    if best is None:
+        return (END_SHARE_SCALARS if scalars_only else END_SHARE), "as measured for the demo on a CPU"
+    return best[2], f"as measured in your run {best[1]}"
+
+
+def end_seconds(per_sample_s: float, samples: int, share: float) -> float:
+    """The expected time of a run's end: every sample it reads (`samples`: the probe's frames, the validation
+    and test samples), forward only, at `share` of a training epoch's `per_sample_s`."""
+    return per_sample_s * share * samples
+
+
+def end_record(expected_s: float | None, took_s: float, samples: int, per_sample_s: float | None,
+               device: str, scalars_only: bool) -> dict:  # fmt: skip
+    """What run.json keeps of a run's end ("end"): its expected time (None where the run measured no epoch
+    on this kind of device), what it took, the samples it read, and its share of a training epoch's time
+    per sample."""
+    share = took_s / (per_sample_s * samples) if per_sample_s and samples else None
+    return {
+        "expected_s": expected_s,
+        "took_s": took_s,
+        "samples": samples,
+        "share": share,
+        "device": device,
+        "scalars_only": scalars_only,
+        "at": time.time(),
+    }
+
+
+def read_end(run: Path) -> dict | None:
+    """run.json's "end" of a run folder where every field is of its type and range; else None."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    got = RunFiles(run).run_info().get("end")
+    if not isinstance(got, dict):
+        return None
+    share, took, at = got.get("share"), got.get("took_s"), got.get("at")
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+    if not (number(share) and END_SHARE_RANGE[0] <= share <= END_SHARE_RANGE[1]):
+        return None
+    if not (number(took) and 0 <= took <= 30 * 86400 and _is_time(at) and isinstance(got.get("device"), str)):
+        return None
+    return got
+
+
+def per_sample(measured: dict | None, accumulation: int = 1) -> float | None:
+    """A training epoch's seconds per sample from a run's "measured" (its optimizer step's time, the epoch's
+    validation included, over the samples of one step: the batch times train.grad_accum_steps); None
+    without one."""
+    if not measured:
+        return None
+    batch = (measured.get("signature") or {}).get("batch")
+    if not isinstance(batch, int) or batch < 1:
+        return None
+    return measured["step_s"] / (batch * max(1, int(accumulation)))
 
 
 def duration(seconds: float | None) -> str:
@@ -396,7 +495,7 @@ def checked_expected(got) -> dict | None:
     """An "expected" block as run.json keeps it, or None where a field is not of its type or range."""
     if not isinstance(got, dict) or EXPECTED_SHAPE.problem(got, "expected"):
         return None
-    for key in ("step_s", "epoch_s", "total_s"):
+    for key in ("step_s", "epoch_s", "total_s", "end_s"):
         v = got.get(key)
         if v is not None and not 1e-5 <= v <= 1e9:
             return None
