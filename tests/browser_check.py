@@ -5,8 +5,8 @@ its own (BUDGET_S: one stuck scenario fails alone): a stop, kernel restart and R
 full disk for every checkpoint save (red problems, never "checkpoint saved"); the user's own flights after a
 demo run (a new run on them by default); one flight (refused in words); the cross-validation live view.
 
-    python tests/browser_check.py [--python PYTHON] [--out DIR] [--notebooks colab_setup.ipynb ...]
-        [--scenarios continue disk-full own-flights one-flight crossval]
+    python tests/browser_check.py [--python PYTHON] [--kernel-python PYTHON] [--out DIR]
+        [--notebooks colab_setup.ipynb ...] [--scenarios continue disk-full own-flights one-flight crossval]
 
 starts JupyterLab from PYTHON's environment (default: this one; e.g. a venv with JupyterLab 3.6.8,
 ipywidgets 7.7.1 and IPython 7.34, Colab's versions, or one with JupyterLab 4 and ipywidgets 8) on a copy of
@@ -38,6 +38,10 @@ CHROMIUM = Path(os.environ.get("CLOUDML_CHROMIUM", "/usr/bin/chromium"))
 RUN_TIMEOUT_S = 900
 WIDGET_TEXT = "widget(s) not rendered ('Error displaying widget', or its text such as VBox(children=...))"
 MAX_TRAIN_OUTPUT_PX = 3000  # the flooded Train cell was 14,567 px tall
+# The training notebook after one run, in screens of a 1400 x 1000 window (issue 65: 14.9 screens, its
+# Report cell repeating the evaluation): the notebook's height over what such a window shows of it
+SCREEN = (1400, 1000)
+MAX_TRAINING_SCREENS = 8
 VISIBLE_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden):not(.p-mod-hidden)"
 BROWSER_ARGS = [
     "--no-sandbox",
@@ -124,9 +128,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def colab_layout(root: Path) -> None:
+    """Colab's layout under `root`, for a kernel that takes this machine for Colab (the Colab twin's, whose
+    google.colab stub mounts CLOUDML_TWIN_DRIVE): /content (CLOUDML_CONTENT) and a Drive holding the
+    checkout's copy in MyDrive/CloudML/code, which the notebooks' first cell installs from."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from install_helpers import copy_checkout
+
+    (root / "content").mkdir(exist_ok=True)
+    copy_checkout(root / "gdrive" / "MyDrive" / "CloudML" / "code")
+
+
+def kernel_copy(python: str, base: Path) -> str:
+    """A copy of the virtual environment of `python` in `base` (hard links: quick, and no space taken), so
+    that the notebooks' install cell installs CloudML into the copy and never into the environment given
+    (the suite's Colab twin keeps its own as built); `python` itself where it is not a virtual environment."""
+    found = subprocess.run(
+        [python, "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    prefix = Path(found[0])
+    if found[0] == found[1] or not (prefix / "pyvenv.cfg").is_file():
+        return python
+    copy = base / "kernel-env"
+    subprocess.run(["cp", "-al", str(prefix), str(copy)], check=True)
+    return str(copy / "bin" / Path(python).name)
+
+
 def start_lab(
-    python: str, root: Path, log: Path, smoke: bool = True, pythonpath: str = ""
+    python: str, root: Path, log: Path, smoke: bool = True, pythonpath: str = "", kernel: str | None = None
 ) -> tuple[subprocess.Popen, str]:
+    """JupyterLab from `python`'s environment over `root`; its kernel `kernel`'s Python where given (a
+    kernelspec of its own named python3, as Colab's kernel runs in an environment of its own), else the
+    server's."""
     port, token = _free_port(), secrets.token_hex(8)
     env = {k: v for k, v in os.environ.items() if k != "CLOUDML_SMOKE"}
     # PYTHON's own bin first: `jupyter` would otherwise start whichever jupyter-lab comes first on PATH, and
@@ -138,6 +174,23 @@ def start_lab(
         PATH=str(Path(python).parent) + os.pathsep + env.get("PATH", ""),
         **({"CLOUDML_SMOKE": "1"} if smoke else {}),
     )
+    if kernel:  # found before the server's own python3 (JUPYTER_PATH comes first)
+        colab_layout(root)
+        spec = root / ".jupyter-data" / "kernels" / "python3"
+        spec.mkdir(parents=True, exist_ok=True)
+        (spec / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [kernel, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "Python 3",
+                    "language": "python",
+                    # CloudML as the first cell installs it from the Drive copy, not from the checkout
+                    "env": {"PYTHONPATH": pythonpath.rstrip(os.pathsep)},
+                }
+            )
+        )
+        env["JUPYTER_PATH"] = str(root / ".jupyter-data")
+        env.update(CLOUDML_CONTENT=str(root / "content"), CLOUDML_TWIN_DRIVE=str(root / "gdrive"))
     cmd = [
         python,
         "-m",
@@ -206,7 +259,18 @@ PAGE_FACTS = """() => {
                              color: getComputedStyle(el).color, text: line.trim().slice(0, 300)});
     }
   }
-  return {bars, text, raw_tables: [...raw_tables], notices,
+  // The notebook's whole height and the window's chrome above and below it (its scroller's own height)
+  const panel = document.querySelector(
+      '.jp-NotebookPanel:not(.lm-mod-hidden):not(.p-mod-hidden) .jp-Notebook');
+  // from the first cell's top to the last cell's bottom (the scroller adds room to scroll past the end)
+  const all = panel ? [...panel.querySelectorAll('.jp-Cell')] : [];
+  const notebook_px = all.length ?
+    all[all.length - 1].getBoundingClientRect().bottom - all[0].getBoundingClientRect().top : -1;
+  // each cell's height, for a person to see where the room goes (browser_check.json)
+  const cells_px = all.map(c => [Math.round(c.getBoundingClientRect().height),
+                                 (c.innerText || '').trim().split('\\n')[0].slice(0, 60)]);
+  const chrome_px = panel ? window.innerHeight - panel.clientHeight : -1;
+  return {bars, text, raw_tables: [...raw_tables], notices, notebook_px, chrome_px, cells_px,
           tables: document.querySelectorAll('.jp-RenderedMarkdown table').length,
           tensorboard_frames: document.querySelectorAll('iframe[id^="tensorboard-frame"]').length,
           images: document.querySelectorAll('.jp-OutputArea-output img').length,
@@ -236,6 +300,7 @@ def run_notebook(page, url: str, name: str, out: Path, tag: str = "") -> dict:
     time.sleep(2)  # the last outputs render
     facts = page.evaluate(PAGE_FACTS)
     facts["finished"] = FINAL_MARKS[name] in facts["text"]
+    facts["screens"] = screens(facts)
     stem = tag or Path(name).stem
     page.screenshot(path=str(out / f"{stem}.png"), full_page=True)
     for i, cell in enumerate(
@@ -244,6 +309,21 @@ def run_notebook(page, url: str, name: str, out: Path, tag: str = "") -> dict:
         if cell.query_selector(".jp-OutputArea-output"):
             cell.screenshot(path=str(out / f"{stem}-cell{i:02d}.png"))
     return facts
+
+
+def screens(facts: dict) -> float | None:
+    """The notebook's length in screens of a SCREEN window: its height over what the window shows of it (the
+    window's height less JupyterLab's bars; the width, and so the wrapping, is the same)."""
+    if facts["notebook_px"] <= 0 or not 0 <= facts["chrome_px"] < SCREEN[1]:
+        return None
+    return round(facts["notebook_px"] / (SCREEN[1] - facts["chrome_px"]), 1)
+
+
+def torch_version(python: str) -> str:
+    r = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    )
+    return r.stdout.strip() or "not installed"
 
 
 def lab_version(python: str) -> str:
@@ -283,6 +363,11 @@ def judge(name: str, facts: dict) -> list[str]:
             )
         if facts["images"] < 2:
             bad.append(f"{facts['images']} images (curves, scatter, along-flight figure expected)")
+        if facts["screens"] is None or facts["screens"] > MAX_TRAINING_SCREENS:
+            bad.append(
+                f"the notebook is {facts['screens']} screens of a {SCREEN[0]} x {SCREEN[1]} window (at most "
+                f"{MAX_TRAINING_SCREENS})"
+            )
         if has_tensorboard() and facts["tensorboard_frames"] != 1:
             bad.append(
                 f"{facts['tensorboard_frames']} TensorBoard frames in the TensorBoard cell (1 expected)"
@@ -655,7 +740,7 @@ SCENARIO_RUNS = {
 }  # fmt: skip
 
 
-def _in_lab(python: str, base: Path, out: Path, name: str) -> dict:
+def _in_lab(python: str, base: Path, out: Path, name: str, kernel: str | None = None) -> dict:
     """Scenario `name` in a JupyterLab and a folder of its own, within its wall-time budget; its problems (a
     timeout is one, with a screenshot) and how long it took."""
     from types import SimpleNamespace
@@ -676,14 +761,16 @@ def _in_lab(python: str, base: Path, out: Path, name: str) -> dict:
     t0 = time.time()
     _scale[0] = time_scale()
     _deadline[0] = t0 + BUDGET_S[name] * _scale[0]
-    lab, url = start_lab(python, root, out / f"jupyterlab-{name}.log", smoke=smoke, pythonpath=pythonpath)
+    lab, url = start_lab(
+        python, root, out / f"jupyterlab-{name}.log", smoke=smoke, pythonpath=pythonpath, kernel=kernel
+    )
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 4200})
             page.set_default_timeout(60_000 * _scale[0])
             try:
-                problems = scenario(page, url, out, SimpleNamespace(root=root, python=python))
+                problems = scenario(page, url, out, SimpleNamespace(root=root, python=kernel or python))
             except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
                 page.screenshot(path=str(out / f"{name}-failed.png"), full_page=True)
                 problems = [f"{type(e).__name__}: {e}"]
@@ -696,17 +783,20 @@ def _in_lab(python: str, base: Path, out: Path, name: str) -> dict:
     return {"problems": problems, "seconds": round(time.time() - t0), "budget_s": budget, "scale": _scale[0]}
 
 
-def check(python: str, out: Path, notebooks: list[str], scenarios: tuple = SCENARIOS) -> dict:
+def check(
+    python: str, out: Path, notebooks: list[str], scenarios: tuple = SCENARIOS, kernel: str | None = None
+) -> dict:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="cloudml-browser-"))
+    kernel = kernel_copy(kernel, base) if kernel else None
     root = base / "notebooks"
     root.mkdir()
     for name in notebooks:
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "configs", root / "configs")
-    lab, url = start_lab(python, root, out / "jupyterlab.log")
+    lab, url = start_lab(python, root, out / "jupyterlab.log", kernel=kernel)
     results, kernel_versions = {}, "unknown"
     try:
         with sync_playwright() as p:
@@ -726,9 +816,12 @@ def check(python: str, out: Path, notebooks: list[str], scenarios: tuple = SCENA
         _stop(lab)
         _stop_tensorboards(root)
     for name in scenarios:
-        results[SCENARIO_RUNS[name][2]] = _in_lab(python, base, out, name)
+        results[SCENARIO_RUNS[name][2]] = _in_lab(python, base, out, name, kernel)
+    results["versions"] = (
+        f"server: JupyterLab {lab_version(python)}; kernel: {kernel_versions}, "
+        f"torch {torch_version(kernel or python)}"
+    )
     shutil.rmtree(base, ignore_errors=True)
-    results["versions"] = f"server: JupyterLab {lab_version(python)}; kernel: {kernel_versions}"
     (out / "browser_check.json").write_text(json.dumps(results, indent=1))
     return results
 
@@ -766,6 +859,12 @@ def main() -> int:
     ap.add_argument(
         "--python", default=sys.executable, help="the Python whose JupyterLab and kernel are used"
     )
+    ap.add_argument(
+        "--kernel-python",
+        default=None,
+        help="the Python the notebooks' kernel runs (its own environment, as on Colab: e.g. the Colab "
+        "twin's, Python 3.13 with torch 2.11 and ipykernel 6.17.1); default: --python's",
+    )
     ap.add_argument("--out", default="browser-check", help="folder for screenshots and browser_check.json")
     ap.add_argument("--notebooks", nargs="+", default=["colab_setup.ipynb", "colab_training.ipynb"])
     ap.add_argument(
@@ -781,7 +880,7 @@ def main() -> int:
     if lacking:
         print("cannot run the browser check; missing: " + "; ".join(lacking), file=sys.stderr)
         return 2
-    results = check(args.python, Path(args.out), args.notebooks, tuple(args.scenarios))
+    results = check(args.python, Path(args.out), args.notebooks, tuple(args.scenarios), args.kernel_python)
     print(results.pop("versions"))
     for name, r in results.items():
         print(f"{name}: " + ("OK" if not r["problems"] else "PROBLEMS:\n  - " + "\n  - ".join(r["problems"])))

@@ -406,10 +406,32 @@ def test_the_report_cell_points_to_report_md_and_shows_only_what_the_cells_above
     first = out[0][1]
     assert f"`{run / 'report.md'}`" in first and "Above: Test flights" in first
     assert out[1][0] == "md" and out[1][1].startswith("**Training.** Device: CPU")
-    folded = [o for o in out[2:] if type(o).__name__ == "HTML"]
-    assert folded and all("<details>" in o.data for o in folded) and "Data provenance" in folded[0].data
+    folded = [o[1] for o in out[2:]]  # each a fold of Markdown: a blank line each side, so tables render
+    assert folded and all(f.startswith("<details><summary>") and f.endswith("\n\n</details>") for f in folded)
+    assert "Data provenance (click to open)</summary>\n\n" in folded[0] and "\n| flight |" in folded[0]
     text = " ".join(o[1] if isinstance(o, tuple) else o.data for o in out)
     assert "| test flight |" not in text and "Image" not in {type(o).__name__ for o in out}  # shown above
+
+
+def test_the_evaluation_cell_shows_the_verdicts_and_metrics_and_folds_the_rest(tiny_run, monkeypatch):
+    """The page was 9.9 screens of a 1400 x 1000 window with every table of the evaluation open (the browser
+    check measures it): the verdicts and the metrics first, the rest a click away."""
+    from cloudml_lib.colab import show
+
+    out = []
+    monkeypatch.setattr(show, "in_notebook", lambda: True)
+    monkeypatch.setattr(show, "show", out.append)
+    monkeypatch.setattr(show, "show_markdown", lambda text: out.append(("md", text)))
+    run, _, _ = tiny_run
+    show.show_evaluation(run)
+    (_, head), (_, folded) = out[:2]
+    assert "Verdict: " in head and "| model: flight " in head and "Cloud flag: " in head
+    assert "*training mean* predicts" not in head and "validation loss" not in head
+    assert folded.startswith(f"<details><summary>{show.MORE_WORDS} (click to open)</summary>\n\n")
+    assert folded.endswith("\n\n</details>") and "*training mean* predicts" in folded
+    assert "prediction intervals" in folded and "| cloud / no-cloud |" in folded
+    assert "Cloud flag: " not in folded  # said once, first
+    assert type(out[2]).__name__ == "Image"  # the scatter
 
 
 @pytest.mark.slow

@@ -354,12 +354,14 @@ def test_tensorboard_opens_on_the_loss_curves(monkeypatch):
     monkeypatch.setattr(device, "is_colab", lambda: False)
     page = show.tensorboard_frame(6006).data
     assert re.search(r'<iframe id="tensorboard-frame-[0-9a-f]+"', page) and "url.port = 6006;" in page
+    assert page.startswith(f"<details><summary>{show.TENSORBOARD_SUMMARY}</summary><iframe ")  # folded
     assert 'url.searchParams.set("tagFilter", "loss");' in page and 'url.hash = "timeseries";' in page
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
     assert '"/proxy/6006/"' in show.tensorboard_frame(6006).data
     monkeypatch.setattr(device, "is_colab", lambda: True)
     script = show.tensorboard_frame(6006).data
     assert "google.colab.kernel.proxyPort(6006" in script and '"tagFilter", "loss"' in script
+    assert "createElement('details')" in script and "fold.appendChild(frame)" in script
 
 
 def test_the_installed_tensorboard_reads_the_parameter_it_is_opened_with():

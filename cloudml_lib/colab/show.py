@@ -187,21 +187,36 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
-    from cloudml_lib.science.report import test_section
+    from cloudml_lib.science.report import test_parts
 
     # Markdown tables and the verdicts in sentences (a monospace block wrapped them mid-word); the verdict
-    # is added for a run evaluated before verdicts existed
+    # is added for a run evaluated before verdicts existed. The verdicts and the metrics first, the rest
+    # folded (the page was 10 screens with all of it open)
     history = [r for r in files.metrics() if r.get("kind") == "epoch"]
-    show_markdown("\n".join(test_section(report, history)[2:]))
+    head, more = test_parts(report, history)
+    show_markdown("\n".join(head))
+    if in_notebook():
+        show_markdown(
+            f"<details><summary>{MORE_WORDS} (click to open)</summary>\n\n"
+            + "\n".join(more)
+            + "\n\n</details>"
+        )
+    else:
+        show_markdown("\n".join(more))
     scatter = RunFolder(run_dir).plots / "scatter.png"
     if scatter.exists() and in_notebook():
         from IPython.display import Image
 
-        show(Image(filename=str(scatter)))
+        show(Image(filename=str(scatter), width=SCATTER_WIDTH_PX))
     print(
         f"Predictions: {run_dir / 'predictions.csv'}\nPlots: {run_dir / 'plots'}\nBest model: "
         f"{run_dir / 'best.pt'}"
     )
+
+
+SCATTER_WIDTH_PX = 400  # the evaluation's scatter in the notebook (its file: 550 px square)
+# what show_evaluation folds: test_parts' second part
+MORE_WORDS = "Heights by range, the cloud flag's table, the baselines, the intervals, the validation scores"
 
 
 @user_errors
@@ -224,14 +239,9 @@ def show_report(run_dir: Path | None) -> None:
         body = sections[title].strip()
         if title == "Training":
             show_markdown(f"**{title}.** " + " ".join(body.split("\n\n")))
-        elif in_notebook():
-            from IPython.display import HTML
-
-            show(
-                HTML(
-                    f"<details><summary>{html.escape(title)} (click to open)</summary>"
-                    f'<pre style="white-space:pre-wrap">{html.escape(body)}</pre></details>'
-                )
+        elif in_notebook():  # Markdown inside the fold: its tables rendered as tables once opened
+            show_markdown(
+                f"<details><summary>{html.escape(title)} (click to open)</summary>\n\n{body}\n\n</details>"
             )
         else:
             print(f"{title}:\n{body}")
@@ -322,10 +332,15 @@ def show_tensorboard(run_dir: Path | None) -> None:
 TENSORBOARD_QUERY, TENSORBOARD_PAGE = {"tagFilter": "loss"}, "timeseries"
 
 
+# TensorBoard's frame is folded: the Train cell's live curves come first, and 800 px open took the training
+# notebook past 8 screens of a 1400 x 1000 window (tests/browser_check.py measures it)
+TENSORBOARD_SUMMARY = "TensorBoard: every run's curves side by side (click to open)"
+
+
 def tensorboard_frame(port: int, height: int = 800):
     """The frame `%tensorboard` shows (tensorboard.notebook: Colab's proxied port; elsewhere the page's host
-    at `port`, or $TENSORBOARD_PROXY_URL), opened on the loss curves. Its id starts "tensorboard-frame" as
-    TensorBoard's own does."""
+    at `port`, or $TENSORBOARD_PROXY_URL), opened on the loss curves, folded under TENSORBOARD_SUMMARY. Its
+    id starts "tensorboard-frame" as TensorBoard's own does."""
     import json
     import secrets
 
@@ -342,14 +357,20 @@ def tensorboard_frame(port: int, height: int = 800):
             f" url.searchParams.set('tensorboardColab', 'true'); {view}"
             " const frame = document.createElement('iframe'); frame.src = url;"
             f" frame.setAttribute('width', '100%'); frame.setAttribute('height', '{int(height)}');"
-            " frame.setAttribute('frameborder', 0); document.body.appendChild(frame);"
+            " frame.setAttribute('frameborder', 0);"
+            " const fold = document.createElement('details');"
+            " const summary = document.createElement('summary');"
+            f" summary.textContent = {json.dumps(TENSORBOARD_SUMMARY)}; fold.appendChild(summary);"
+            " fold.appendChild(frame); document.body.appendChild(fold);"
             " })();"
         )
     proxy = os.environ.get("TENSORBOARD_PROXY_URL")
     where = json.dumps(proxy.replace("%PORT%", str(int(port))) if proxy else "/")
     frame = f"tensorboard-frame-{secrets.token_hex(8)}"
     return HTML(
-        f'<iframe id="{frame}" width="100%" height="{int(height)}" frameborder="0"></iframe>\n<script>'
+        f"<details><summary>{html.escape(TENSORBOARD_SUMMARY, quote=False)}</summary>"
+        f'<iframe id="{frame}" width="100%" height="{int(height)}" frameborder="0"></iframe>'
+        "</details>\n<script>"
         f"(function() {{ const url = new URL({where}, window.location);"
         + ("" if proxy else f" url.port = {int(port)};")
         + f" {view} document.getElementById({json.dumps(frame)}).src = url; }})();</script>"

@@ -567,23 +567,36 @@ def epoch_lines(history: list[dict], best_epoch) -> list[str]:
 def test_section(report: dict, history: list[dict] | None = None) -> list[str]:
     """The test flights: how they were scored, the verdict, the metrics per flight, predictions outside the
     bounds, clouds, intervals, the validation score of the chosen model and of every epoch."""
+    head, more = test_parts(report, history, cloud_verdict_first=False)
+    return ["## Test flights", "", *head, *more]
+
+
+def test_parts(
+    report: dict, history: list[dict] | None = None, cloud_verdict_first: bool = True
+) -> tuple[list[str], list[str]]:
+    """test_section in two parts: what a reader needs first (how the flights were scored, the verdicts in
+    words, the metrics against the baselines) and the rest (heights by range, the cloud flag's table, the
+    baselines explained, the radiometry, the intervals, the validation scores), which the notebook folds.
+    `cloud_verdict_first`: the cloud flag's verdict in the first part (the notebook), else after its table."""
     report = with_verdict(report)
-    out = ["## Test flights", "", protocol_words(report), ""]
-    out += [report["verdict"], ""] if report.get("verdict") else []
-    out += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
-    out += _metrics_table(report) + [""]
-    out += skill_lines(report) + [""] if report.get("baselines") else []
-    out += height_range_lines(report) + [""] if report.get("by_height") else []
-    out += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
+    head = [protocol_words(report), ""]
+    head += [report["verdict"], ""] if report.get("verdict") else []
+    clouds = cloud_verdict(report) if report.get("cloud") else None
+    head += [clouds, ""] if clouds and cloud_verdict_first else []
+    head += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
+    head += _metrics_table(report) + [""]
+    head += skill_lines(report) + [""] if report.get("baselines") else []
+    more = height_range_lines(report) + [""] if report.get("by_height") else []
+    more += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
     if report.get("cloud"):
-        out += cloud_table(report) + [""]
-        out += [cloud_verdict(report), ""] if cloud_verdict(report) else []
-    out += [BASELINE_WORDS, ""]
-    out += [radiometry_words(report), ""] if report.get("radiometry") else []
-    out += interval_lines(report) + [""] if report.get("intervals") else []
-    out += validation_lines(report) + [""] if report.get("validation") else []
-    out += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []
-    return out
+        more += cloud_table(report) + [""]
+        more += [clouds, ""] if clouds and not cloud_verdict_first else []
+    more += [BASELINE_WORDS, ""]
+    more += [radiometry_words(report), ""] if report.get("radiometry") else []
+    more += interval_lines(report) + [""] if report.get("intervals") else []
+    more += validation_lines(report) + [""] if report.get("validation") else []
+    more += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []
+    return head, more
 
 
 def build_report_md(run_dir: Path) -> str:
