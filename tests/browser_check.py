@@ -586,7 +586,7 @@ def _make_flights(ctx, n: int) -> list[str]:
         )
     names = sorted(d.name for d in made.iterdir() if d.is_dir())[:n]
     for name in names:
-        shutil.copytree(made / name, ctx.root / "CloudML" / "data" / "ER2" / name)
+        shutil.copytree(made / name, ctx.home / "data" / "ER2" / name)
     return names
 
 
@@ -770,7 +770,10 @@ def _in_lab(python: str, base: Path, out: Path, name: str, kernel: str | None = 
             page = browser.new_page(viewport={"width": 1400, "height": 4200})
             page.set_default_timeout(60_000 * _scale[0])
             try:
-                problems = scenario(page, url, out, SimpleNamespace(root=root, python=kernel or python))
+                # the CloudML folder: CLOUDML_HOME, or on a Colab-like kernel the Drive's (colab_layout)
+                home = root / "gdrive" / "MyDrive" / "CloudML" if kernel else root / "CloudML"
+                ctx = SimpleNamespace(root=root, python=kernel or python, home=home)
+                problems = scenario(page, url, out, ctx)
             except Exception as e:  # noqa: BLE001 - a timeout is a failed check, with a picture
                 page.screenshot(path=str(out / f"{name}-failed.png"), full_page=True)
                 problems = [f"{type(e).__name__}: {e}"]

@@ -434,6 +434,22 @@ def test_the_evaluation_cell_shows_the_verdicts_and_metrics_and_folds_the_rest(t
     assert type(out[2]).__name__ == "Image"  # the scatter
 
 
+@pytest.mark.slow  # the export command's own process
+def test_the_export_cell_of_a_run_whose_best_model_is_gone_says_what_to_do(tiny_run_copy, capsys):
+    """An export folder beside a best.pt deleted since: the cell ran into a FileNotFoundError of its own."""
+    from cloudml_lib.science.export import EXPORT_FILES
+
+    run = tiny_run_copy[0]
+    (run / "export").mkdir()
+    for name in EXPORT_FILES:
+        (run / "export" / name).write_text("an earlier export")
+    (run / "best.pt").unlink()
+    with pytest.raises(colab.UserError) as e:
+        colab.export(run)
+    assert "best.pt" in str(e.value) and "Traceback" not in str(e.value), str(e.value)
+    assert "Already exported" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_the_preset_table_and_picker_say_what_compiling_does_here(ws, shown, monkeypatch):
     from cloudml_lib.colab import show

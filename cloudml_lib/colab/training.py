@@ -181,8 +181,8 @@ def export(run_dir: Path | None) -> Path | None:
         print("Export waits for training to finish: run the Train cell (or Run all) again to continue it.")
         return None
     out, best = run_dir / "export", RunFolder(run_dir).best
-    done = all((out / name).is_file() for name in EXPORT_FILES)
-    if done and (out / PROGRAM).stat().st_mtime >= best.stat().st_mtime:
+    done = best.is_file() and all((out / name).is_file() for name in EXPORT_FILES)  # no best.pt: the
+    if done and (out / PROGRAM).stat().st_mtime >= best.stat().st_mtime:  # command says what to do
         print(f"Already exported (the best model has not changed since): {out}")
     else:
         view = LiveView(None, bar=False)
