@@ -320,6 +320,24 @@ def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(tiny_r
     )
 
 
+def test_predicts_summary_is_read_back_by_every_reader(tiny_run_copy):
+    """Issue 65, item 1: what predict writes into the run (predictions/summary.json) is read back by its
+    reader, by compare and by status (conftest.assert_reads_back), and the report says its counts."""
+    from conftest import assert_reads_back
+
+    from cloudml_lib.base.runfiles import RunFiles
+    from cloudml_lib.science.report import write_report
+
+    run_dir, _, entries = tiny_run_copy
+    flight = entries[2]["name"]
+    pr.predict_flights(run_dir, [flight])  # into the run's predictions/, as the Whole flights cell does
+    assert "predictions/summary.json" in assert_reads_back(run_dir)
+    counts = RunFiles(run_dir / "predictions").predictions_summary()[flight]
+    assert counts["frames"] > 0 and counts["variables"]["cloud_base_height"]["max"] > 0, counts
+    write_report(run_dir)
+    assert f"### {flight}" in (run_dir / "report.md").read_text()
+
+
 def test_the_brightness_temperature_flag_can_be_written_and_the_file_says_so(tiny_run, tmp_path):
     """When the verdict says the brightness-temperature baseline beats the model's cloud output, predict
     writes that baseline's flag (fitted on the training flights, kept in best.pt), and says which it holds."""

@@ -14,6 +14,7 @@ from conftest import run_cli
 from test_picker import move, tiny_presets  # noqa: F401 (a fixture)
 
 from cloudml_lib import colab
+from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab import expected as expected_mod
 from cloudml_lib.commands import presets
 from cloudml_lib.core.machine import estimate, timing
@@ -204,6 +205,9 @@ def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_t
     run_dir = colab.train(ws, p)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["expected"]["source"].startswith("measured here") and info["expected"]["total_s"] > 0
+    # what the notebook wrote beside the runs (last_run.json), read back by its reader (issue 65, item 1)
+    remembered = RunFiles(ws.root)
+    assert remembered.last_run()["run_name"] == run_dir.name and remembered.damaged == []
     assert info["measured"]["step_s"] > 0
     q = colab.Picker(ws)  # the next picker on this device: the run's own measurement, no timing
     q.mode.value = "new"
