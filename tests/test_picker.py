@@ -315,6 +315,13 @@ def test_own_flights_after_a_demo_run_make_a_new_run_the_default_and_the_demo_ru
     assert p.continuing and p.choice().preset == "demo"
     assert p.heldout.value == ("05Mar25",) and dict(p.heldout.options) == {"05Mar25 (demo)": "05Mar25"}
     assert "it goes on with the demo flights, not yours" in p.note.value
+    # a run on the user's flights exists, and the newest run is the demo's again: no news, the demo goes
+    # on (the note said "Your flights are in data/ now" above "Run preset_small exists and is finished")
+    (ws.runs / "preset_small").mkdir()
+    (ws.runs / "preset_small" / "config.yaml").write_text(yaml.safe_dump({"data": {"demo": False}}))
+    q = colab.Picker(ws)
+    assert q.continuing and q.choice().preset == "demo"
+    assert "Your flights are in data/ now" not in q.note.value
 
 
 def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_presets, tiny_run, capsys):

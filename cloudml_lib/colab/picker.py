@@ -180,8 +180,11 @@ class Picker:
             flights = self.facts(self.previous[0].run_name)[0]
             if flights is not None:
                 self.previous = (replace(self.previous[0], heldout=flights.heldout), *self.previous[1:])
-        # the user's flights arrived after a demo run: a new run on them is the default (the demo run kept)
-        self.own_after_demo = bool(self.previous and self.previous[0].preset == "demo" and not self.demo)
+        # the user's flights arrived after a demo run: a new run on them is the default (the demo run kept);
+        # not news where a run on them exists already (the user went back to the demo since: it goes on)
+        self.own_after_demo = bool(
+            self.previous and self.previous[0].preset == "demo" and not self.demo and not self._own_runs()
+        )
         rows = self._build_widgets()
         self._typed_name, self._loading = False, False
         self.mode.observe(self._on_mode, names="value")
@@ -535,6 +538,13 @@ class Picker:
                 "</code>. Optuna is installed when the sweep starts, if missing."
             )
         return "<br>".join(lines)
+
+    def _own_runs(self) -> list[str]:
+        """The runs in runs/ trained on the user's own flights (config.yaml's data.demo false)."""
+        from cloudml_lib.base.runfiles import RunFiles
+
+        runs = sorted(p for p in self.ws.runs.iterdir() if p.is_dir()) if self.ws.runs.is_dir() else []
+        return [p.name for p in runs if ((RunFiles(p).config() or {}).get("data") or {}).get("demo") is False]
 
     def _demo_news(self) -> list[str]:
         """The user's own flights arrived after a demo run: said, with what becomes of the demo run."""
