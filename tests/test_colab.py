@@ -388,18 +388,27 @@ def test_a_finished_run_status_shows_no_batch_position():
     assert head == "runs/demo: finished: 12 of 12 epochs, step 468/468" and "batch" not in head
 
 
-def test_the_report_cell_points_to_report_md_and_shows_only_what_the_cells_above_do_not(
-    tiny_run, monkeypatch
-):
-    """The Report cell repeated the evaluation in full (5 screens after its 2): now it names report.md, the
-    sections the cells above showed, the training's device in a line, and folds the rest."""
+@pytest.fixture
+def cell_output(monkeypatch) -> list:
+    """What a cell of colab/show.py displays, in order, as in a notebook: a Markdown text as ("md", text),
+    any other object as it is."""
     from cloudml_lib.colab import show
 
     out = []
     monkeypatch.setattr(show, "in_notebook", lambda: True)
     monkeypatch.setattr(show, "show", out.append)
     monkeypatch.setattr(show, "show_markdown", lambda text: out.append(("md", text)))
-    run, _, _ = tiny_run
+    return out
+
+
+def test_the_report_cell_points_to_report_md_and_shows_only_what_the_cells_above_do_not(
+    tiny_run, cell_output
+):
+    """The Report cell repeated the evaluation in full (5 screens after its 2): now it names report.md, the
+    sections the cells above showed, the training's device in a line, and folds the rest."""
+    from cloudml_lib.colab import show
+
+    out, (run, _, _) = cell_output, tiny_run
     show.show_report(run)
     report = (run / "report.md").read_text()
     assert "## Test flights" in report and "## Data provenance" in report
@@ -413,16 +422,12 @@ def test_the_report_cell_points_to_report_md_and_shows_only_what_the_cells_above
     assert "| test flight |" not in text and "Image" not in {type(o).__name__ for o in out}  # shown above
 
 
-def test_the_evaluation_cell_shows_the_verdicts_and_metrics_and_folds_the_rest(tiny_run, monkeypatch):
+def test_the_evaluation_cell_shows_the_verdicts_and_metrics_and_folds_the_rest(tiny_run, cell_output):
     """The page was 9.9 screens of a 1400 x 1000 window with every table of the evaluation open (the browser
     check measures it): the verdicts and the metrics first, the rest a click away."""
     from cloudml_lib.colab import show
 
-    out = []
-    monkeypatch.setattr(show, "in_notebook", lambda: True)
-    monkeypatch.setattr(show, "show", out.append)
-    monkeypatch.setattr(show, "show_markdown", lambda text: out.append(("md", text)))
-    run, _, _ = tiny_run
+    out, (run, _, _) = cell_output, tiny_run
     show.show_evaluation(run)
     (_, head), (_, folded) = out[:2]
     assert "Verdict: " in head and "| model: flight " in head and "Cloud flag: " in head
