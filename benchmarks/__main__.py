@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -309,22 +310,33 @@ def memory_format_md(d: dict) -> list[str]:
 
 
 def expected_time_md(d: dict) -> list[str]:
-    """The picker's expected epoch against the epochs the run took."""
-    after = d["expected_over_median_after_first"]
-    return [
-        f"Machine: {describe(d['machine'])}. {d['config']}: the expectation made before the run as "
-        f"the picker makes it ({d['timed_source']}: {d['timed_step_s']:.3f} s per step; "
-        f"{d['steps_per_epoch']} steps and {d['validation_batches']} validation batches per epoch), then "
-        "the run in a process of its own.",
+    """The picker's expected epoch, estimated in several fresh processes, against the epochs the run took."""
+    epochs = d["measured_epoch_s"]
+    lines = [
+        f"Machine: {describe(d['machine'])}. {d['config']}: the expectation made before the run as the "
+        f"picker makes it, {d['repeats']} times, each in a fresh process as a user's kernel makes it "
+        f"({d['steps_per_epoch']} steps and {d['validation_batches']} validation batches per epoch), then "
+        f"the run in a process of its own: its epochs took {min(epochs):.1f}-{max(epochs):.1f} s, median "
+        f"{statistics.median(epochs):.1f} s.",
         "",
-        "| expected epoch | epochs measured | expected / median | expected / median after the first | "
+        "| estimate | step timed | expected epoch | expected / median | expected / median after the first | "
         f"within {d['within']:.0%} |",
-        "|---|---|---|---|---|",
-        f"| {d['expected_epoch_s']:.1f} s | {', '.join(f'{x:.1f}' for x in d['measured_epoch_s'])} s | "
-        f"{d['expected_over_median']:.2f} | {'-' if after is None else f'{after:.2f}'} | "
-        f"{'yes' if d['within_25_percent'] else 'no'} |",
-        *([""] + [f"- {note}" for note in d["notes"]] if d.get("notes") else []),
+        "|---|---|---|---|---|---|",
     ]
+    for i, e in enumerate(d["estimates"], 1):
+        after = e["expected_over_median_after_first"]
+        lines.append(
+            f"| {i} | {e['step_s']:.3f} s ({e['source']}) | {e['expected_epoch_s']:.1f} s | "
+            f"{e['expected_over_median']:.2f} | {'-' if after is None else f'{after:.2f}'} | "
+            f"{'yes' if abs(e['expected_over_median'] - 1) <= d['within'] else 'no'} |"
+        )
+    verdict = "all within" if d["within_25_percent"] else "not all within"
+    lines += [
+        "",
+        f"Expected / median from {min(r['expected_over_median'] for r in d['estimates']):.2f} to "
+        f"{max(r['expected_over_median'] for r in d['estimates']):.2f}: {verdict} {d['within']:.0%}.",
+    ]
+    return lines + ([""] + [f"- {note}" for note in d["notes"]] if d.get("notes") else [])
 
 
 def compile_decisions_md(dec: dict) -> list[str]:
