@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 2  # left out of the timing: first-call allocations and kernel choices
 # timed after them, at the run's own batch: at least TIMED_STEPS, and more until TIMED_S have passed (up to
-# MAX_TIMED_STEPS), the median kept. Three steps alone read 0.059-0.144 s for the demo's 0.05 s step on a quiet
-# 2-core CPU (a burst of another process's work lands on one of three); the median of a second's steps is steady
+# MAX_TIMED_STEPS), the median kept. Three steps alone read 0.059-0.144 s for the demo's 0.05 s step on a
+# quiet 2-core CPU (a burst of another process's work lands on one of three); a second's median is steady
 TIMED_STEPS = 3
 TIMED_S = 1.0
 MAX_TIMED_STEPS = 20
