@@ -411,8 +411,8 @@ NOTEBOOKS_GROUP = "notebooks"
 # Under pytest-xdist each worker takes whole groups (a test file, the two notebooks), the longest first (by
 # the seconds benchmarks/results/suite.json last recorded for each file), so that no worker is left alone
 # with a long one at the end; the Colab twin's tests fourth, once its environment (built meanwhile by the
-# controller: 2 to 4 minutes in a fresh clone) is about ready. Files without a recorded time go first (a
-# new file may be long).
+# controller: 2 to 4 minutes in a fresh clone) is about ready, after three long files. Files without a
+# recorded time go first (a new file may be long).
 TWIN_GROUP, TWIN_PLACE = "colab-twin", 3
 SUITE_RESULTS = REPO / "benchmarks" / "results" / "suite.json"
 
@@ -436,11 +436,13 @@ def recorded_group_seconds(quick: bool) -> dict[str, float]:
 
 def groups_in_order(groups: list[str], seconds: dict[str, float]) -> list[str]:
     """`groups` (in collection order) longest first by `seconds`, those without a time before them, the
-    twin's fourth."""
-    known = sorted((g for g in groups if g != TWIN_GROUP), key=lambda g: -seconds.get(g, float("inf")))
+    twin's fourth of those with a time. (Fourth of all, it came right after three files never timed: a few
+    tests of a second each, so that its tests asked for its environment 5 s in and waited 142 s for it.)"""
+    new = [g for g in groups if g != TWIN_GROUP and g not in seconds]
+    known = sorted((g for g in groups if g != TWIN_GROUP and g in seconds), key=lambda g: -seconds[g])
     if TWIN_GROUP in groups:
         known.insert(TWIN_PLACE, TWIN_GROUP)
-    return known
+    return new + known
 
 
 def xdist_group_of(item) -> str:

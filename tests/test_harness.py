@@ -151,16 +151,33 @@ def test_an_unexpected_failure_in_process_is_exit_status_1_with_its_traceback(mo
 
 def test_under_xdist_the_longest_files_go_first_and_the_twin_fourth(tmp_path, monkeypatch):
     """The order whole files are handed to the workers: by the seconds the last recorded run took, a file
-    never timed first, the Colab twin's tests fourth (its environment is built meanwhile); without a record
-    that reads, the collection's order."""
+    never timed first, the Colab twin's tests fourth of the timed ones (its environment is built meanwhile);
+    without a record that reads, the collection's order."""
     import json
 
     import conftest
 
-    groups = ["test_a", conftest.TWIN_GROUP, "test_b", "notebooks", "test_new", "test_c"]
+    groups = ["test_a", conftest.TWIN_GROUP, "test_b", "notebooks", "test_new", "test_c", "test_d", "test_e"]
     seconds = {"test_a": 5.0, "test_b": 50.0, "notebooks": 30.0, "test_c": 1.0, conftest.TWIN_GROUP: 300.0}
+    seconds["test_d"] = 2.0
     order = conftest.groups_in_order(groups, seconds)
-    assert order == ["test_new", "test_b", "notebooks", conftest.TWIN_GROUP, "test_a", "test_c"]
+    assert order == [
+        "test_new",
+        "test_e",
+        "test_b",
+        "notebooks",
+        "test_a",
+        conftest.TWIN_GROUP,
+        "test_d",
+        "test_c",
+    ]
+    # the twin after three timed files however many new ones come first (they once put it 5 s into the run)
+    assert conftest.groups_in_order(["test_x", "test_y", "test_z", conftest.TWIN_GROUP], {"test_z": 9.0}) == [
+        "test_x",
+        "test_y",
+        "test_z",
+        conftest.TWIN_GROUP,
+    ]
     record = {
         "commits": {
             "old": {"fresh_clone": {"files_s": {"tests/test_a.py": 1.0}}},
