@@ -33,6 +33,11 @@ MACHINE_THREADS = torch.get_num_threads()  # torch's own choice here (a fixture 
 if WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+# inductor (torch.compile on the CPU) trusts the processor's flags for its vector instructions instead of
+# compiling and loading six probe programs in each process with a new kernel folder: about 10 s of CPU each
+# time (a cold compile of the tiny model: 32 s to 22 s). The kernels themselves are compiled and run as
+# before; a machine whose compiler cannot build them fails the compile, and CloudML falls back as it would.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 FRESH_THREADS = (
     torch.get_num_threads()
 )  # torch's intra-op threads in a new process (before any test sets them)

@@ -123,7 +123,7 @@ def test_a_full_width_model_on_real_size_frames_gives_the_same_numbers(tmp_path)
     assert_same(ref_h, ref_p, new)
 
 
-@pytest.mark.parametrize("t", [3, 5, 7])
+@pytest.mark.parametrize("t", [3, pytest.param(5, marks=pytest.mark.slow), 7])  # 5: 5 s or more once
 def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
     tiny_flights, tmp_path, t, monkeypatch
 ):

@@ -74,9 +74,23 @@ def test_every_test_of_5_s_or_more_in_the_last_full_run_is_marked_slow():
             obj = getattr(obj, part) if part else obj
             found = getattr(obj, "pytestmark", [])  # a module's may be one mark or a list
             marks += found if isinstance(found, list) else [found]
-        if "slow" not in {m.name for m in marks}:
+        if "slow" not in {m.name for m in marks} | param_marks(marks, name):
             unmarked.append(name)
     assert unmarked == [], f"took {SLOW_S:.0f} s or more in the last full run: mark them @pytest.mark.slow"
+
+
+def param_marks(marks: list, name: str) -> set[str]:
+    """The marks of the parameter set a test's `name` names ("test[5]": pytest.param(5, marks=...))."""
+    if "[" not in name:
+        return set()
+    wanted = name.split("[", 1)[1][:-1]
+    found = set()
+    for m in marks:
+        if m.name == "parametrize":
+            for p in m.args[1]:
+                if isinstance(p, type(pytest.param(0))) and (p.id or "-".join(map(str, p.values))) == wanted:
+                    found |= {x.name for x in p.marks}
+    return found
 
 
 @pytest.mark.slow
