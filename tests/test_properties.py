@@ -124,7 +124,9 @@ VALUES = ["", " ", "x", "-1", "0", "2", "1e400", "nan", "demo", "auto", "Z", "²
 
 
 @settings(PROPERTY, max_examples=30)
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(  # diagnose: 5 s or more once (it looks at the machine)
+    "command", [pytest.param(c, marks=pytest.mark.slow) if c == "diagnose" else c for c in sorted(COMMANDS)]
+)
 @given(data=st.data())
 def test_any_arguments_to_any_command_end_in_exit_0_or_2(stubbed, capsys, command, data):
     """Tokens drawn from the command's own options, paths (missing, a file, the folder itself) and odd
