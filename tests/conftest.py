@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -202,7 +203,8 @@ def run_cli(
     a command changes in the process is put back afterwards: the working directory, the environment (and
     tempfile's folder, which follows TMPDIR), the signal handlers, cloudml_lib's log handlers. A Ctrl-C
     during the command stops the suite (the command's own handler turned it into exit status 130). A fault
-    (CLOUDML_KILL_AT in `env`) runs in a process of its own (run_process): its signal or kill is the point.
+    (CLOUDML_KILL_AT in `env`) runs in a process of its own (run_forked; run_process for the "start" point,
+    before anything is imported): its signal or kill is the point.
     `timeout` guards against a hang, as subprocess.run's does: past it, SIGALRM stops the command (a blocking
     read or wait is interrupted) and subprocess.TimeoutExpired is raised."""
     from contextlib import redirect_stderr, redirect_stdout
@@ -210,7 +212,8 @@ def run_cli(
     from cloudml_lib.commands import cli
 
     if "CLOUDML_KILL_AT" in (env or {}):  # a fault's signal or kill is the point: a process of its own
-        return run_process(*args, cwd=cwd, env=env, timeout=timeout)
+        started = str((env or {})["CLOUDML_KILL_AT"]).startswith("start:")  # before anything is imported
+        return (run_process if started else run_forked)(*args, cwd=cwd, env=env, timeout=timeout)
     argv = [str(a) for a in args]
     saved = _ProcessState.save()
     out, err = io.StringIO(), io.StringIO()
@@ -242,6 +245,77 @@ def run_cli(
         raise KeyboardInterrupt("Ctrl-C while a command ran in the test's process")
     return subprocess.CompletedProcess(
         ["python", "-m", "cloudml_lib", *argv], code, out.getvalue(), err.getvalue()
+    )
+
+
+def run_forked(
+    *args, cwd=None, env: dict | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m cloudml_lib ARGS` in a process of its own that starts as a fork of this one: the same
+    command, killed or signalled for real (its exit status, its files), without importing torch and CloudML
+    again (about 6 s of CPU a process, run_process's). The child starts as a new process would: the
+    environment with `env`, the working directory, torch's threads from OMP_NUM_THREADS, Python's own
+    signal handlers, CloudML's per-process memories empty, no exit handler of this process; it leaves as the
+    interpreter would (its threads joined, its own exit handlers run, its output flushed). stdout and
+    stderr go to files the result reads back. Past `timeout` the child is killed and
+    subprocess.TimeoutExpired raised, as subprocess.run does."""
+    import atexit
+    import importlib
+
+    from cloudml_lib.commands import cli
+
+    argv = [str(a) for a in args]
+    with tempfile.TemporaryDirectory(prefix="cloudml-fork-") as folder:
+        out_path, err_path = Path(folder) / "stdout", Path(folder) / "stderr"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                atexit._clear()  # this process's exit handlers are pytest's, not the command's
+                for fd, path in ((1, out_path), (2, err_path)):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+                sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
+                CTRL_C.real_signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as at a start
+                CTRL_C.real_signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, CTRL_C.blocked_at_start)
+                for module, name in PER_PROCESS:
+                    getattr(importlib.import_module(module), name).clear()
+                os.environ.pop("CLOUDML_KILL_AT", None)
+                os.environ.update({k: str(v) for k, v in (env or {}).items()})
+                tempfile.tempdir = None
+                torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or FRESH_THREADS))
+                os.chdir(REPO if cwd is None else cwd)
+                try:
+                    code = cli.main(argv)
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                except BaseException:  # noqa: BLE001 - what the interpreter would print, with its status
+                    traceback.print_exc()
+                    code = 1
+                for t in threading.enumerate():
+                    if t is not threading.current_thread() and not t.daemon:
+                        t.join()
+                atexit._run_exitfuncs()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code if isinstance(code, int) else 1)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(["python", "-m", "cloudml_lib", *argv], timeout)
+            time.sleep(0.02)
+        out, err = (p.read_text(errors="replace") for p in (out_path, err_path))
+    return subprocess.CompletedProcess(
+        ["python", "-m", "cloudml_lib", *argv], os.waitstatus_to_exitcode(status), out, err
     )
 
 

@@ -119,6 +119,59 @@ def test_a_command_in_this_process_sees_its_environment_and_a_fresh_process_memo
     assert seen == [(str(tmp_path / "vm"), 1, set())] * 2
 
 
+def test_a_killed_command_runs_in_a_fork_that_starts_as_a_new_process(tmp_path, monkeypatch):
+    """run_cli with CLOUDML_KILL_AT: a process of its own (killed for real, its exit status the kill's),
+    forked from pytest's but started as `python -m cloudml_lib` would be; pytest's exit handlers stay
+    pytest's."""
+    import atexit
+    import json
+
+    from cloudml_lib.base import faults
+    from cloudml_lib.commands import cli
+    from cloudml_lib.train import build
+
+    def notes(args):
+        print(json.dumps({
+            "pid": os.getpid(), "tmp": tempfile.gettempdir(), "threads": torch.get_num_threads(),
+            "tables": sorted(build._SHOWN_TABLES), "cwd": os.getcwd(),
+            "mark": os.environ.get("CLOUDML_TEST_MARK"),
+        }), flush=True)  # fmt: skip
+        faults.point("step")
+        return 0
+
+    monkeypatch.setattr(cli, "_status", notes)
+    monkeypatch.setattr(build, "_SHOWN_TABLES", {"a table said in pytest's process"})
+    ran = tmp_path / "pytest's exit handler ran"
+    handler = ran.touch
+    atexit.register(handler)
+    try:
+        (tmp_path / "vm").mkdir()
+        env = {"TMPDIR": str(tmp_path / "vm"), "OMP_NUM_THREADS": "1", "CLOUDML_TEST_MARK": "1"}
+        killed = run_cli("status", "x", cwd=tmp_path, env={**env, "CLOUDML_KILL_AT": "step:1"})
+        ended = run_cli("status", "x", cwd=tmp_path, env={**env, "CLOUDML_KILL_AT": "step:2"})
+    finally:
+        atexit.unregister(handler)
+    assert killed.returncode == -signal.SIGKILL and ended.returncode == 0, (killed, ended)
+    seen = [json.loads(r.stdout) for r in (killed, ended)]
+    assert seen[0]["pid"] != os.getpid() != seen[1]["pid"]
+    for child in seen:
+        assert {k: v for k, v in child.items() if k != "pid"} == {
+            "tmp": str(tmp_path / "vm"), "threads": 1, "tables": [], "cwd": str(tmp_path), "mark": "1",
+        }  # fmt: skip
+    assert not ran.exists() and os.environ.get("CLOUDML_TEST_MARK") is None
+    assert build._SHOWN_TABLES == {"a table said in pytest's process"}
+
+
+def test_a_forked_command_past_its_time_limit_is_killed_with_timeout_expired(monkeypatch):
+    from cloudml_lib.commands import cli
+
+    monkeypatch.setattr(cli, "_status", lambda args: time.sleep(30) or 0)
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli("status", "x", env={"CLOUDML_KILL_AT": "step:1"}, timeout=1)
+    assert time.monotonic() - started < 10
+
+
 def test_a_command_past_its_time_limit_is_stopped_with_timeout_expired(monkeypatch):
     from cloudml_lib.commands import cli
 
