@@ -134,17 +134,17 @@ def test_unexpected_errors_are_not_disguised(monkeypatch):
 
 
 @pytest.mark.slow
-def test_preset_auto_picks_the_demo_without_a_gpu(tmp_path):
+def test_preset_auto_picks_the_demo_without_a_gpu(demo_flights):
     """Any command with --preset auto resolves it (cli.config_path): `labels` shows it without training (the
-    demo preset's training is test_demo's)."""
+    demo preset's training is test_demo's, its flights written there)."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: auto would pick A, B or C")
-    r = run_cli("labels", "--preset", "auto", "--data-dir", str(tmp_path / "flights"))
+    r = run_cli("labels", "--preset", "auto", "--data-dir", str(demo_flights))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Preset auto: demo, because no CUDA GPU was found" in r.stdout + r.stderr
-    assert "792 labels in 5 flights" in r.stdout  # the demo's five flights, written and read
+    assert "792 labels in 5 flights" in r.stdout  # the demo's five flights, read
 
 
 def test_config_and_preset_are_exclusive():
@@ -152,13 +152,15 @@ def test_config_and_preset_are_exclusive():
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 11 s in the last recorded run, when the demo's flights were written before the refusal
 def test_run_dir_that_is_a_file_is_explained(tmp_path):
     target = tmp_path / "notes.txt"
     target.write_text("keep me")
-    r = run_cli("train", "--config", "configs/demo.yaml", "--run-dir", str(target))
+    flights = tmp_path / "flights"
+    r = run_cli("train", "--config", "configs/demo.yaml", "--run-dir", str(target), "--data-dir", flights)
     assert r.returncode == 2 and "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
     assert target.read_text() == "keep me"
+    assert not flights.exists()  # refused before the demo's flights were written
 
 
 @pytest.mark.parametrize("command", ["train", "crossval", "sweep", "labels", "diagnose"])

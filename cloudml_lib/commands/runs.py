@@ -19,6 +19,7 @@ from cloudml_lib.core.run.runfolder import RUN
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.data.synthetic import ensure_demo_flights
 from cloudml_lib.science.finish import finish_run
+from cloudml_lib.train.build import check_run_folder
 from cloudml_lib.train.loop import Trainer
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def train_run(
     folder = RunFolder.of(folder)
     dist = init_distributed(cfg.train.device) if dist is None else dist
     try:
+        check_run_folder(cfg, folder)  # a refused folder before the demo's flights are written (12 s)
         cfg = with_demo_flights(cfg, dist)
         return run_to_end(cfg, folder, resume, dist, after_epoch)
     except CloudMLError as e:

@@ -384,15 +384,22 @@ def check_cache_apart(cfg: Config, run_dir: Path) -> None:
         )
 
 
-def run_data(cfg: Config, folder: RunFolder, dist: Dist) -> tuple[Config, RunData, dict, dict]:
-    """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
-    builds a missing one, the others then read it), the datasets by role, the batch size checked against
-    them, and what the run trains on by content (fingerprint) and by origin (provenance)."""
+def check_run_folder(cfg: Config, folder: RunFolder) -> None:
+    """The run folder can take this run (a folder, new or a run's own, apart from the cache), checked before
+    anything is written for it: the demo's flights included (commands/runs.py), then again at the set-up."""
     run_dir = folder.path
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     folder.check_kind(RUN, trains=True, command="train")
     check_cache_apart(cfg, run_dir)
+
+
+def run_data(cfg: Config, folder: RunFolder, dist: Dist) -> tuple[Config, RunData, dict, dict]:
+    """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
+    builds a missing one, the others then read it), the datasets by role, the batch size checked against
+    them, and what the run trains on by content (fingerprint) and by origin (provenance)."""
+    run_dir = folder.path
+    check_run_folder(cfg, folder)
     faults.point("setup")
     # a resumed run keeps the CLAHE backend it started with (auto), or is warned that it changes
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(read_run_provenance(run_dir)))
