@@ -4,9 +4,10 @@ for a user, or for the headless test of the notebooks.
 - the user's profile: the CloudML folder on Drive in Colab (./CloudML or CLOUDML_HOME elsewhere), the user's
   flights (the demo flights until there are some), the picker's choices; nothing else happens.
 - the smoke profile (CLOUDML_SMOKE=1, `pytest --nbmake colab_setup.ipynb colab_training.ipynb`): a workspace
-  in `.cloudml_smoke/`, always the demo flights with the cache on a "VM disk" and a copy in the workspace (as
-  in Colab), a tiny run of smoke.EPOCHS epochs named "smoke", killed mid-epoch as by a disconnect before the
-  Train cell continues it, and the checks of the last cells (smoke.py, imported by this profile only).
+  in `.cloudml_smoke/`, always the demo flights (half their length: smoke.DEMO_FRAMES) with the cache on a
+  "VM disk" and a copy in the workspace (as in Colab), a tiny run of smoke.EPOCHS epochs named "smoke",
+  killed mid-epoch as by a disconnect before the Train cell continues it, and the checks of the last cells
+  (smoke.py, imported by this profile only).
 
 The cells ask the profile what to do; none of them tests for the smoke test itself.
 """
@@ -31,6 +32,11 @@ class Profile:
     def demo_only(self) -> bool:
         """The demo flights whatever data/ holds."""
         return self.smoke
+
+    @property
+    def demo_frames(self) -> int | None:
+        """Frames per demo flight where this profile writes them; None: the demo's own length."""
+        return self._smoke().DEMO_FRAMES if self.smoke else None
 
     @property
     def cache_copy(self) -> bool:

@@ -21,12 +21,13 @@ from cloudml_lib.core.run.folder import RunFolder
 
 OVERRIDES = ["train.epochs=2", "checkpoint.every_steps=10", "train.log_every_steps=5"]
 EPOCHS = 2
+DEMO_FRAMES = 700  # frames per demo flight, half the demo's: the same flow at half the cost
 DISCONNECT_STEP = 25
 
 
 def check_cache(cache: dict | None) -> None:
     """The set-up notebook: the data check passed and the cache holds samples, copied to its lasting place."""
-    assert cache and cache["flights"] == 5 and cache["samples"] > 500, cache
+    assert cache and cache["flights"] == 5 and cache["samples"] > 250, cache
     copies = list(Path(cache["copy_dir"]).glob("*/meta.json"))
     assert len(copies) == 5, f"the cache was not copied to {cache['copy_dir']}: {copies}"
     print("Smoke test: setup checks passed.")
@@ -57,7 +58,7 @@ def check_run(run_dir: Path | None) -> None:
     epochs = [r for r in read_records(RunFolder(run_dir).metrics) if r.get("kind") == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, EPOCHS + 1)), epochs
     report = json.loads((RunFolder(run_dir).evaluation).read_text())
-    assert report["overall"]["n"] > 100 and math.isfinite(report["overall"]["r2"]), report["overall"]
+    assert report["overall"]["n"] > 50 and math.isfinite(report["overall"]["r2"]), report["overall"]
     assert load_checkpoint(RunFolder(run_dir).best)["model"]
     assert "## Test flights" in (RunFolder(run_dir).report).read_text(), "no report.md"
     assert list((run_dir / "predictions").glob("*_cbh.nc")), "no whole-flight prediction"

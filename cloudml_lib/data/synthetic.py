@@ -698,9 +698,10 @@ def make_demo_flights(
     return entries
 
 
-def ensure_demo_flights(data: DataConfig) -> DataConfig:
+def ensure_demo_flights(data: DataConfig, frames: int = DEMO_FRAMES) -> DataConfig:
     """With `data.demo`, write the demo flights into data.dir when it holds no flight files (they are
-    then found there like real flights); returns `data` testing on the demo's test flight when it names none
+    then found there like real flights), of `frames` frames each (the notebooks' headless test writes
+    shorter ones); returns `data` testing on the demo's test flight when it names none
     (`data` itself is not changed). Called only where a command starts (commands/, colab/: import-linter's
     contract), never from a layer that reads flights: those find the demo flights like real ones."""
     if not data.demo:
@@ -722,5 +723,7 @@ def ensure_demo_flights(data: DataConfig) -> DataConfig:
         return data
     if not data.flights and not (Path(data.dir).is_dir() and flights.find_flights(data)):
         log.info("data.demo: generating %d demo flights into %s", DEMO_FLIGHTS, data.dir)
-        make_demo_flights(data.dir, n_flights=DEMO_FLIGHTS, seed=DEMO_SEED, option="data.dir")
+        make_demo_flights(
+            data.dir, n_flights=DEMO_FLIGHTS, seed=DEMO_SEED, frames_per_flight=frames, option="data.dir"
+        )
     return data
