@@ -103,10 +103,10 @@ def test_a_whole_flight_encoded_once_equals_window_by_window(gappy_flights, tmp_
 
 @pytest.mark.slow
 def test_a_full_width_model_on_real_size_frames_gives_the_same_numbers(tmp_path):
-    """Preset B's model (64/128/256) on 440 x 640 frames, T = 5, a flight of 9 frames (its two ends, each
-    with windows shifted inside the flight, and whole windows between)."""
+    """Preset B's model (64/128/256) on 440 x 640 frames, T = 5, a flight of 7 frames (its two ends, each
+    with windows shifted inside the flight: frames 0-1 and 5-6, and whole windows between: 2-4)."""
     entries = make_demo_flights(
-        tmp_path / "flights", n_flights=2, seed=4, frames_per_flight=9, frame_shape=(512, 640)
+        tmp_path / "flights", n_flights=2, seed=4, frames_per_flight=7, frame_shape=(512, 640)
     )
     raw = {
         "data": {

@@ -94,10 +94,10 @@ def param_marks(marks: list, name: str) -> set[str]:
 
 
 @pytest.mark.slow
-def test_the_flight_table_in_the_readme_is_what_the_code_prints(tmp_path, capsys):
+def test_the_flight_table_in_the_readme_is_what_the_code_prints(demo_flights, capsys):
     from cloudml_lib.commands.cli import main
 
-    assert main(["labels", "--preset", "demo", "--data-dir", str(tmp_path / "flights")]) == 0
+    assert main(["labels", "--preset", "demo", "--data-dir", str(demo_flights)]) == 0
     printed = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(printed) if line.startswith("flight   IR file"))
     end = next(i for i, line in enumerate(printed) if re.match(r"\d+ labels in \d+ flights", line))
