@@ -39,6 +39,12 @@ if WORKER:
 # time (a cold compile of the tiny model: 32 s to 22 s). The kernels themselves are compiled and run as
 # before; a machine whose compiler cannot build them fails the compile, and CloudML falls back as it would.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# OpenMP's threads wait asleep, not spinning, between parallel regions (libgomp reads this as torch loads it:
+# in pytest-xdist's workers, which start after this is set, and in every process a test starts). The same
+# threads and the same sums; what changes is the CPU a waiting thread burns while the other worker holds the
+# other core: a test that must run with torch's own threads (test_old_runs.py, 2 on this machine) took
+# 169 s of CPU with a loaded second core, 128 s with this.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # inductor compiles its C++ kernels in this process, one after the other, instead of starting a pool of
 # compiling processes (each importing torch again) in every process that compiles: each worker has one core
 # (`-n 2`), so a pool only adds its start. The same kernels (test_compile.py cold: 218 s to 179 s of CPU).
