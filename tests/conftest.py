@@ -250,7 +250,8 @@ def run_cli(
 
     if "CLOUDML_KILL_AT" in (env or {}):  # a fault's signal or kill is the point: a process of its own
         started = str((env or {})["CLOUDML_KILL_AT"]).startswith("start:")  # before anything is imported
-        return (run_process if started else run_forked)(*args, cwd=cwd, env=env, timeout=timeout)
+        forks = not started and _threads_of(env) == 1
+        return (run_forked if forks else run_process)(*args, cwd=cwd, env=env, timeout=timeout)
     argv = [str(a) for a in args]
     saved = _ProcessState.save()
     out, err = io.StringIO(), io.StringIO()
@@ -285,6 +286,11 @@ def run_cli(
     )
 
 
+def _threads_of(env: dict | None) -> int:
+    """torch's intra-op threads in a new process given `env` (OMP_NUM_THREADS, else torch's own choice)."""
+    return int((env or {}).get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or FRESH_THREADS)
+
+
 def run_forked(
     *args, cwd=None, env: dict | None = None, timeout: float | None = None
 ) -> subprocess.CompletedProcess:
@@ -295,7 +301,10 @@ def run_forked(
     signal handlers, CloudML's per-process memories empty, no exit handler of this process; it leaves as the
     interpreter would (its threads joined, its own exit handlers run, its output flushed). stdout and
     stderr go to files the result reads back. Past `timeout` the child is killed and
-    subprocess.TimeoutExpired raised, as subprocess.run does."""
+    subprocess.TimeoutExpired raised, as subprocess.run does. For commands of one thread only (run_cli sends
+    the others to run_process): OpenMP cannot start threads in a fork of a process whose own threads it ran
+    (the child hangs in its first parallel operator), and pytest's process runs commands with torch's own
+    threads where pytest-xdist does not hold each worker to one."""
     import atexit
     import importlib
 
@@ -323,7 +332,7 @@ def run_forked(
                 os.environ.pop("CLOUDML_KILL_AT", None)
                 os.environ.update({k: str(v) for k, v in (env or {}).items()})
                 tempfile.tempdir = None
-                torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or FRESH_THREADS))
+                torch.set_num_threads(_threads_of(None))
                 os.chdir(REPO if cwd is None else cwd)
                 try:
                     code = cli.main(argv)
