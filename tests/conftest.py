@@ -286,6 +286,9 @@ def run_cli(
     )
 
 
+FORK_GUARD_S = 900  # run_forked's time limit where the test gives none
+
+
 def _threads_of(env: dict | None) -> int:
     """torch's intra-op threads in a new process given `env` (OMP_NUM_THREADS, else torch's own choice)."""
     return int((env or {}).get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or FRESH_THREADS)
@@ -349,12 +352,15 @@ def run_forked(
                 sys.stderr.flush()
             finally:
                 os._exit(code if isinstance(code, int) else 1)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # a guard against a hang (a fork that deadlocked), never a measure of speed: the suite's kills end
+        # in seconds
+        timeout = FORK_GUARD_S if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            if deadline is not None and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 raise subprocess.TimeoutExpired(["python", "-m", "cloudml_lib", *argv], timeout)

@@ -152,7 +152,6 @@ def test_config_and_preset_are_exclusive():
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-@pytest.mark.slow  # 11 s in the last recorded run, when the demo's flights were written before the refusal
 def test_run_dir_that_is_a_file_is_explained(tmp_path):
     target = tmp_path / "notes.txt"
     target.write_text("keep me")
