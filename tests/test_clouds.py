@@ -204,6 +204,7 @@ def test_coverage_on_a_flight_never_seen_and_the_verdict():
     }  # nothing to choose on
 
 
+@pytest.mark.slow
 def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_output(
     tiny_raw_config, tmp_path
 ):

@@ -320,6 +320,7 @@ def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(tiny_r
     )
 
 
+@pytest.mark.slow
 def test_predicts_summary_is_read_back_by_every_reader(tiny_run_copy):
     """Issue 65, item 1: what predict writes into the run (predictions/summary.json) is read back by its
     reader, by compare and by status (conftest.assert_reads_back), and the report says its counts."""
