@@ -356,15 +356,18 @@ def run_forked(
         # in seconds
         timeout = FORK_GUARD_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise subprocess.TimeoutExpired(["python", "-m", "cloudml_lib", *argv], timeout)
-            time.sleep(0.02)
+        try:
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(["python", "-m", "cloudml_lib", *argv], timeout)
+                time.sleep(0.02)
+        except BaseException:  # past the limit, or Ctrl-C in pytest: the child does not outlive the test
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
         out, err = (p.read_text(errors="replace") for p in (out_path, err_path))
     return subprocess.CompletedProcess(
         ["python", "-m", "cloudml_lib", *argv], os.waitstatus_to_exitcode(status), out, err
