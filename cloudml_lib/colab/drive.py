@@ -456,9 +456,7 @@ def verify_data(ws: Workspace) -> bool:
         )
     cfg = load_config(*run_config(ws, "A" if demo or fits_presets(ws) else SMALL))
     with folded_log("How each flight was read"):  # the table first; the reading's details a click away
-        frames = profile().demo_frames
-        # written (progress bar) when missing
-        data = ensure_demo_flights(cfg.data) if frames is None else ensure_demo_flights(cfg.data, frames)
+        data = ensure_demo_flights(cfg.data, profile().demo_frames)  # written (progress bar) when missing
         notes = flights.Notes()
         rows, ok = flights.check_rows(data, notes)
         _flights_table(ws, demo, started, rows, notes)

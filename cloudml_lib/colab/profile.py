@@ -34,9 +34,11 @@ class Profile:
         return self.smoke
 
     @property
-    def demo_frames(self) -> int | None:
-        """Frames per demo flight where this profile writes them; None: the demo's own length."""
-        return self._smoke().DEMO_FRAMES if self.smoke else None
+    def demo_frames(self) -> int:
+        """Frames per demo flight where this profile writes them: the demo's own length, or the smoke's."""
+        from cloudml_lib.data.synthetic import DEMO_FRAMES
+
+        return self._smoke().DEMO_FRAMES if self.smoke else DEMO_FRAMES
 
     @property
     def cache_copy(self) -> bool:
