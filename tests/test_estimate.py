@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloudml_lib.commands import cli, presets
-from cloudml_lib.core.machine import estimate
+from cloudml_lib.core.machine import estimate, kept_estimates
 from cloudml_lib.core.machine.estimate import StepShape, count_flops, measure
 from cloudml_lib.core.machine.memory import GIB, MARGIN
 
@@ -161,3 +161,92 @@ def test_diagnose_prints_the_memory_table_on_a_machine_without_a_gpu(capsys):
     assert cli.main(["diagnose", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["preset_memory"]
     assert [r["preset"] for r in rows] == ["A", "B", "C"] and rows[0]["largest batch here"] == "-"
+
+
+@pytest.fixture
+def kept_here(tmp_path, monkeypatch):
+    """The kept estimates in a folder of this test's own (the temporary folder's, as TMPDIR sets it), the
+    in-process cache emptied before and after."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    estimate._estimate.cache_clear()
+    yield kept_estimates.folder()
+    estimate._estimate.cache_clear()
+
+
+SMALL = StepShape((4, 8, 8), False, None, 2, 16, 16)
+FIGURES = {"train": {"fixed": 1e6, "per_sample": 2e6}, "infer": {"fixed": 1e5, "per_sample": 3e5},
+           "flops_per_sample": 4e9}  # fmt: skip
+
+
+def test_an_estimate_is_counted_once_per_machine_and_read_back_by_the_next_process(kept_here):
+    """The second process (here: the in-process cache emptied) reads the figures the first counted, without
+    counting: the file named by its shape, torch and code, with its checksum, in a folder of the user's."""
+    first = estimate.estimate(SMALL)
+    (path,) = kept_here.glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["key"]["torch"] == estimate.torch.__version__ and doc["key"]["shape"]["rows"] == 16
+    assert doc["sha256"] and (kept_here.stat().st_mode & 0o777) == 0o700
+    estimate._estimate.cache_clear()
+    calls = []
+    real = estimate.measure
+    try:
+        estimate.measure = lambda *a, **k: calls.append(a) or real(*a, **k)
+        second = estimate.estimate(SMALL)
+    finally:
+        estimate.measure = real
+    assert calls == [] and second == first  # read back, not counted
+    other = kept_estimates.key_of(dict(vars(SMALL), checkpointing=True))
+    assert kept_estimates.path_of(other) != path  # another shape has a file of its own
+    changed_code = dict(kept_estimates.key_of(vars(SMALL)), code="0" * 16)
+    assert kept_estimates.path_of(changed_code) != path  # so has the same shape under changed code
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda d: d["train"].update(per_sample=1.0), "SHA-256 does not match"),
+        (lambda d: d.update(train={"fixed": -1.0, "per_sample": 1.0}), "out of range"),
+        (lambda d: d["key"].update(torch="1.0"), "another shape, torch or code"),
+        (lambda d: d.update(flops_per_sample=float("nan")), "out of range"),
+        (lambda d: "not json", "not a JSON object"),
+    ],
+    ids=["edited", "negative", "other-torch", "nan", "not-object"],
+)
+def test_a_kept_estimate_changed_since_it_was_written_is_said_ignored_and_left_as_it_is(
+    kept_here, caplog, change, said
+):
+    key = kept_estimates.key_of(vars(SMALL))
+    kept_estimates.keep(key, FIGURES)
+    assert kept_estimates.read(key) == FIGURES
+    path = kept_estimates.path_of(key)
+    doc = json.loads(path.read_text())
+    changed = change(doc)
+    if isinstance(changed, str):
+        doc = changed
+    elif said != "SHA-256 does not match":  # a change that also wrote a matching checksum
+        doc["sha256"] = kept_estimates._checksum(doc)
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="cloudml_lib.core.machine.kept_estimates"):
+        assert kept_estimates.read(key) is None  # estimate.py then counts afresh
+    assert str(path) in caplog.text and said in caplog.text and "left as it is" in caplog.text, caplog.text
+    kept_estimates.keep(key, FIGURES)  # what a count afresh keeps
+    assert path.read_bytes() == before  # never replaced
+    assert [p.name for p in kept_here.iterdir()] == [path.name]  # no file left half-written
+
+
+def test_a_kept_estimate_folder_that_is_a_link_or_a_file_is_not_used(kept_here, tmp_path):
+    key = kept_estimates.key_of(vars(SMALL))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    kept_here.symlink_to(elsewhere)
+    kept_estimates.keep(key, FIGURES)
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    (elsewhere / kept_estimates.path_of(key).name).write_text("{}")
+    assert kept_estimates.read(key) is None  # nor read through it
+    kept_here.unlink()
+    kept_here.write_text("a user's file\n")
+    kept_estimates.keep(key, FIGURES)
+    assert kept_estimates.read(key) is None and kept_here.read_text() == "a user's file\n"
