@@ -6,7 +6,7 @@ import pytest
 from conftest import REPO, run_cli
 
 
-def train_demo(tmp_path, name, *overrides):
+def train_demo(tmp_path, flights, name, *overrides):
     args = [
         "train",
         "--config",
@@ -14,7 +14,7 @@ def train_demo(tmp_path, name, *overrides):
         "--run-dir",
         tmp_path / name,
         "--set",
-        f"data.dir={tmp_path / 'flights'}",
+        f"data.dir={flights}",
         "--set",
         f"data.cache_dir={tmp_path / 'cache'}",
     ]
@@ -26,8 +26,10 @@ def train_demo(tmp_path, name, *overrides):
 
 
 @pytest.mark.slow
-def test_demo_learns_height_from_the_frames(tmp_path):
-    report, stdout = train_demo(tmp_path, "runs/demo")
+def test_demo_learns_height_from_the_frames(tmp_path, demo_flights):
+    """The demo's flights as `--preset demo` writes them, written once for the session (conftest's
+    demo_flights: the generator's files are tested in test_synthetic.py and by test_cli's `--preset auto`)."""
+    report, stdout = train_demo(tmp_path, demo_flights, "runs/demo")
     assert "Epoch 12/12 |" in stdout and "New best model saved" in stdout
     held_out = report["per_flight"]["05Mar25"]  # the test flight: nothing was trained or chosen on it
     assert report["overall"]["n"] == held_out["n"] > 100
@@ -65,7 +67,9 @@ def test_demo_learns_height_from_the_frames(tmp_path):
         f"Resumed from step {per_epoch} (epoch 2, batch 0/{per_epoch})"
         in (REPO / "docs" / "how-to" / "resume.md").read_text()
     )
-    control, _ = train_demo(tmp_path, "scalars_only", "model.scalars_only=true", "data.radiometry=none")
+    control, _ = train_demo(
+        tmp_path, demo_flights, "scalars_only", "model.scalars_only=true", "data.radiometry=none"
+    )
     assert control["overall"]["r2"] < 0.3  # the angles alone do not give the height
     said = control["verdict"]  # a control loses by design: no advice to train it longer
     assert said.startswith("Control run (model.scalars_only") and "Try more" not in said
