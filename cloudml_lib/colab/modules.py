@@ -51,6 +51,7 @@ MODULES = (
     "core/machine/device.py",
     "core/machine/distributed.py",
     "core/machine/estimate.py",
+    "core/machine/kept_estimates.py",
     "core/machine/memory.py",
     "core/machine/timing.py",
     "core/network/__init__.py",
