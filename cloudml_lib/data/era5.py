@@ -1,0 +1,388 @@
+"""ERA5 reanalysis as the Copernicus Climate Data Store serves it, read and interpolated to each IR frame.
+
+A flight's atmosphere (its sea, air, humidity, boundary layer and, with pressure levels, its lower
+troposphere) comes from ERA5 files in the data folder: in the flight's folder, or one file for a campaign's
+box beside the flights (`era5_files`). Both NetCDF layouts the CDS has served are read:
+
+- since the 2024 CDS (its new GRIB-to-NetCDF converter): NetCDF-4, the time coordinate `valid_time` in
+  seconds since 1970-01-01, `latitude` descending, `longitude`, levels on `pressure_level` (hPa), and
+  `expver` and `number` as coordinates; values stored as floats;
+- before (the legacy CDS): NetCDF-3, `time` in hours since 1900-01-01, `level` (millibars), values packed
+  as 16-bit integers with `scale_factor` and `add_offset`, and during ERA5T's overlap an `expver` dimension
+  (1: ERA5, 5: ERA5T) whose members hold NaN where the other holds the value.
+
+Longitudes come as 0..360 or -180..180, latitudes either way up: each grid is put in one order, and a box
+that crosses the date line stays one box. GRIB files are read only where cfgrib is installed (optional;
+its install command is named). Units are read from each variable's attributes and checked against the
+quantity's unit and a physical range; what a file lacks is named with what it affects.
+
+A frame takes each value linearly in time between the file's hours and bilinearly in space between its
+grid points (`Era5.at`); a frame outside the file's hours or box is refused by name, never extrapolated.
+Single levels: ERA5's short names (SINGLE); pressure levels (LEVELS) from 1000 to 700 hPa."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cloudml_lib.base.errors import DataError, install_command
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """An ERA5 variable: what it is, its unit (as ERA5 writes it, and the spellings taken as the same), the
+    physically possible range of its values, and what CloudML derives from it (for a message)."""
+
+    what: str
+    units: tuple[str, ...]
+    low: float
+    high: float
+    feeds: str
+
+
+SINGLE = {
+    "t2m": Quantity(
+        "2 m temperature", ("K",), 180.0, 340.0, "relative humidity, LCL, sea-air difference, LTS"
+    ),
+    "d2m": Quantity("2 m dew point temperature", ("K",), 150.0, 330.0, "relative humidity, LCL"),
+    "sst": Quantity("sea surface temperature", ("K",), 260.0, 320.0, "sea-air difference"),
+    "skt": Quantity("skin temperature", ("K",), 180.0, 350.0, "the sea's temperature where sst is missing"),
+    "sp": Quantity("surface pressure", ("Pa",), 40000.0, 110000.0, "LCL, LTS, EIS"),
+    "msl": Quantity("mean sea level pressure", ("Pa",), 85000.0, 110000.0, "a predictor of its own"),
+    "blh": Quantity("boundary layer height", ("m",), 0.0, 6000.0, "a predictor of its own"),
+    "tcwv": Quantity(
+        "total column water vapour", ("kg m**-2", "kg m-2", "kg/m2", "kg m^-2"), 0.0, 100.0, "a predictor"
+    ),
+    "lcc": Quantity(
+        "low cloud cover", ("(0 - 1)", "1", "0-1", "dimensionless", "~"), 0.0, 1.0, "a predictor"
+    ),
+    "u10": Quantity("10 m eastward wind", ("m s**-1", "m s-1", "m/s"), -100.0, 100.0, "wind speed"),
+    "v10": Quantity("10 m northward wind", ("m s**-1", "m s-1", "m/s"), -100.0, 100.0, "wind speed"),
+}
+
+LEVELS = {
+    "t": Quantity("temperature", ("K",), 150.0, 350.0, "LTS, EIS"),
+    "q": Quantity("specific humidity", ("kg kg**-1", "kg kg-1", "kg/kg", "1"), 0.0, 0.05, "EIS"),
+    "z": Quantity(
+        "geopotential", ("m**2 s**-2", "m2 s-2", "m^2/s^2"), -10000.0, 400000.0, "EIS (z at 700 hPa)"
+    ),
+    "r": Quantity("relative humidity", ("%",), 0.0, 150.0, "a predictor"),
+}
+
+PRESSURE_UNITS = ("hPa", "millibars", "mbar", "hectopascal")
+LEVEL_RANGE_HPA = (700.0, 1000.0)  # the lower troposphere: the levels read (ISSUE: 1000-700 hPa)
+GRID_TOLERANCE = 1e-6  # degrees: a frame on the box's edge is inside it
+
+
+@dataclass
+class Grid:
+    """One variable on (time, latitude, longitude), in one order: times and latitudes ascending, longitudes
+    ascending and contiguous in `convention` (180: -180..180, 360: 0..360)."""
+
+    name: str
+    path: Path
+    times: np.ndarray  # epoch seconds, ascending
+    lats: np.ndarray  # ascending
+    lons: np.ndarray  # ascending, in `convention`
+    values: np.ndarray  # (time, lat, lon) float64, NaN where the file holds none (a land point's sst)
+    convention: int = 180
+    level: float | None = None  # hPa, for a pressure-level variable
+
+
+@dataclass
+class Era5:
+    """The ERA5 variables found for a flight: `grids` by name (single levels by their short name, pressure
+    levels as "t700", "z850", ...), the files they came from, and what is missing with what it affects."""
+
+    grids: dict[str, Grid] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)  # name -> what it affects
+
+    def names(self) -> list[str]:
+        return sorted(self.grids)
+
+    def at(self, name: str, t: np.ndarray, lat: np.ndarray, lon: np.ndarray, flight: str) -> np.ndarray:
+        """The variable `name` at each frame (epoch seconds, degrees): linear in time, bilinear in space.
+        NaN where the frame's time or position is unknown; a frame outside the file's hours or box is refused
+        by name (DataError)."""
+        return interpolate(self.grids[name], t, lat, lon, flight)
+
+    def describe(self) -> str:
+        if not self.grids:
+            return "no ERA5 variable"
+        levels = sorted({g.level for g in self.grids.values() if g.level is not None})
+        single = [n for n, g in self.grids.items() if g.level is None]
+        text = f"single levels {', '.join(sorted(single))}" if single else "no single level"
+        if levels:
+            text += f"; pressure levels {', '.join(f'{p:g}' for p in levels)} hPa"
+        return text
+
+
+# ------------------------------------------------------------------------------------------------- reading
+
+
+def _engine(path: Path) -> str:
+    """xarray's engine for the file by its first bytes: NetCDF-3 (scipy), NetCDF-4/HDF5 (h5netcdf), GRIB
+    (cfgrib, optional)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise DataError(f"ERA5 file {path} cannot be read: {e.strerror or e}") from None
+    if head.startswith(b"CDF\x01") or head.startswith(b"CDF\x02"):
+        return "scipy"
+    if head.startswith(b"\x89HDF"):
+        return "h5netcdf"
+    if head.startswith(b"GRIB"):
+        try:
+            import cfgrib  # noqa: F401
+        except ImportError:
+            raise DataError(
+                f"ERA5 file {path} is GRIB, which CloudML reads only with cfgrib: "
+                f"{install_command('cfgrib')}, "
+                "or download NetCDF from the Climate Data Store (data_format: netcdf)"
+            ) from None
+        return "cfgrib"
+    raise DataError(f"ERA5 file {path} is neither NetCDF nor GRIB (it begins {head[:4]!r})")
+
+
+def open_dataset(path: Path):
+    """The file as an xarray Dataset in one layout: `time` (epoch seconds), `latitude`, `longitude`,
+    `level` (hPa) where it has levels; expver and ensemble members resolved. Values unpacked (scale_factor,
+    add_offset, _FillValue) by xarray's decoding."""
+    import xarray as xr
+
+    path = Path(path)
+    engine = _engine(path)
+    try:
+        ds = xr.open_dataset(path, engine=engine, mask_and_scale=True, decode_times=True)
+        ds = ds.load()
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise DataError(f"ERA5 file {path} cannot be read as NetCDF: {str(e)[:300]}") from None
+    ds = ds.rename({k: v for k, v in {"valid_time": "time", "lat": "latitude", "lon": "longitude"}.items()
+                    if k in ds.variables and v not in ds.variables})  # fmt: skip
+    if "pressure_level" in ds.dims or "pressure_level" in ds.coords:
+        ds = ds.rename({"pressure_level": "level"})
+    for coord in ("time", "latitude", "longitude"):
+        if coord not in ds.coords:
+            raise DataError(
+                f"ERA5 file {path} has no {coord!r} coordinate "
+                f"(coordinates: {', '.join(map(str, ds.coords))}): "
+                "not a file of the Climate Data Store's layout (valid_time or time, latitude, longitude)"
+            )
+    if "expver" in ds.dims:  # the legacy overlap of ERA5 (1) and ERA5T (5): each hour from the member with it
+        merged = ds.isel(expver=0, drop=True)
+        for k in range(1, ds.sizes["expver"]):
+            merged = merged.fillna(ds.isel(expver=k, drop=True))
+        ds = merged
+    if "number" in ds.dims:  # an ensemble dimension: the reanalysis is member 0
+        ds = ds.sel(number=0) if 0 in ds["number"].values else ds.isel(number=0)
+    ds = ds.drop_vars([v for v in ("expver", "number") if v in ds.coords], errors="ignore")
+    if "level" in ds.coords:
+        units = str(ds["level"].attrs.get("units", "hPa"))
+        if units not in PRESSURE_UNITS:
+            raise DataError(
+                f"ERA5 file {path}: pressure levels in {units!r}; expected hPa ({', '.join(PRESSURE_UNITS)})"
+            )
+    return ds.assign_coords(time=_epoch_seconds(ds["time"].values, path))
+
+
+def _epoch_seconds(times: np.ndarray, path: Path) -> np.ndarray:
+    t = np.atleast_1d(times)
+    if np.issubdtype(t.dtype, np.datetime64):
+        return t.astype("datetime64[ns]").astype(np.int64) / 1e9
+    raise DataError(
+        f"ERA5 file {path}: its times could not be read as dates (units {t.dtype}); the CDS writes "
+        "'seconds since 1970-01-01' (valid_time) or 'hours since 1900-01-01' (time)"
+    )
+
+
+def _check_units(da, name: str, q: Quantity, path: Path) -> None:
+    units = str(da.attrs.get("units", "")).strip()
+    if units not in q.units:
+        raise DataError(
+            f"ERA5 file {path}: {name} ({q.what}) is in {units or 'no stated unit'!r}; expected "
+            f"{q.units[0]!r}, as the Climate Data Store writes it"
+        )
+    finite = np.asarray(da.values, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    if finite.size and (finite.min() < q.low or finite.max() > q.high):
+        raise DataError(
+            f"ERA5 file {path}: {name} ({q.what}) holds values from {finite.min():g} to {finite.max():g} "
+            f"{units}, outside what is physically possible ({q.low:g} to {q.high:g} {units}): a damaged "
+            "file, "
+            "or a variable of another unit under ERA5's name"
+        )
+
+
+def _ordered(values: np.ndarray, times, lats, lons, name: str, path: Path, level=None) -> Grid:
+    """A (time, lat, lon) array in ascending times and latitudes, and longitudes contiguous in the
+    convention (-180..180 or 0..360) in which the grid is regular."""
+    times, lats, lons = (np.asarray(x, dtype=np.float64) for x in (times, lats, lons))
+    values = np.asarray(values, dtype=np.float64)
+    t_order, y_order = np.argsort(times, kind="stable"), np.argsort(lats, kind="stable")
+    values = values[t_order][:, y_order]
+    times, lats = times[t_order], lats[y_order]
+    if np.any(np.diff(times) <= 0) or np.any(np.diff(lats) <= 0):
+        raise DataError(f"ERA5 file {path}: {name} repeats a time or a latitude: not one grid")
+    best = None
+    for convention in (180, 360):
+        lon = _in_convention(lons, convention)
+        order = np.argsort(lon, kind="stable")
+        steps = np.diff(lon[order])
+        if np.all(steps > 0) and (steps.size == 0 or np.ptp(steps) <= 1e-6 * max(1.0, steps.max())):
+            best = (convention, lon[order], values[:, :, order])
+            break
+    if best is None:  # not regular in either: keep -180..180, sorted (bilinear between neighbours still)
+        lon = _in_convention(lons, 180)
+        order = np.argsort(lon, kind="stable")
+        best = (180, lon[order], values[:, :, order])
+    convention, lons, values = best
+    return Grid(name, path, times, lats, lons, values, convention, level)
+
+
+def _in_convention(lon, convention: int) -> np.ndarray:
+    lon = np.asarray(lon, dtype=np.float64)
+    return np.mod(lon, 360.0) if convention == 360 else np.mod(lon + 180.0, 360.0) - 180.0
+
+
+def read_file(path: Path) -> Era5:
+    """The ERA5 variables of one file (single levels, or pressure levels within 1000-700 hPa)."""
+    ds = open_dataset(path)
+    found = Era5(files=[Path(path)])
+    for name in ds.data_vars:
+        da = ds[name]
+        q = SINGLE.get(name) or LEVELS.get(name)
+        if q is None:
+            continue
+        if ("level" in da.dims) != (name in LEVELS):
+            raise DataError(
+                f"ERA5 file {path}: {name} ({q.what}) is "
+                f"{'on pressure levels' if 'level' in da.dims else 'without pressure levels'}; ERA5 has it "
+                f"{'on pressure levels' if name in LEVELS else 'on single levels'}"
+            )
+        _check_units(da, name, q, path)
+        if "level" in da.dims:
+            for p in ds["level"].values:
+                p = float(p)
+                if LEVEL_RANGE_HPA[0] <= p <= LEVEL_RANGE_HPA[1]:
+                    one = da.sel(level=p).transpose("time", "latitude", "longitude")
+                    key = f"{name}{p:g}"
+                    found.grids[key] = _ordered(
+                        one.values, ds["time"].values, ds["latitude"].values, ds["longitude"].values, key,
+                        Path(path), level=p,
+                    )  # fmt: skip
+        else:
+            one = da.transpose("time", "latitude", "longitude")
+            found.grids[name] = _ordered(
+                one.values, ds["time"].values, ds["latitude"].values, ds["longitude"].values, name, Path(path)
+            )
+    if not found.grids:
+        known = ", ".join([*SINGLE, *LEVELS])
+        raise DataError(
+            f"ERA5 file {path} holds none of the variables CloudML reads ({known}); it has: "
+            f"{', '.join(map(str, ds.data_vars)) or 'no variable'}"
+        )
+    return found
+
+
+def read_files(paths: list[Path]) -> Era5:
+    """The variables of several files (a flight's single and pressure levels, or a campaign's): a variable
+    in two files is refused (which one would be meant is not known); what is missing is named with what it
+    affects."""
+    out = Era5()
+    for path in paths:
+        one = read_file(Path(path))
+        twice = sorted(set(one.grids) & set(out.grids))
+        if twice:
+            where = {n: out.grids[n].path.name for n in twice}
+            raise DataError(
+                f"ERA5 files {Path(path).name} and {', '.join(sorted(set(where.values())))} both hold "
+                f"{', '.join(twice)}: keep one file per variable for a flight (or one campaign file)"
+            )
+        out.grids.update(one.grids)
+        out.files.append(Path(path))
+    for name, q in SINGLE.items():
+        if name not in out.grids:
+            out.missing[name] = f"{q.what}: {q.feeds}"
+    if not any(g.level is not None for g in out.grids.values()):
+        out.missing["pressure levels"] = "lower-tropospheric stability and estimated inversion strength"
+    return out
+
+
+# ------------------------------------------------------------------------------------------- interpolating
+
+
+def _bracket(axis: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices i (with i + 1 inside) and weights w of x between axis[i] and axis[i + 1] (linear)."""
+    if axis.size == 1:
+        return np.zeros(x.shape, int), np.zeros(x.shape)
+    i = np.clip(np.searchsorted(axis, x, side="right") - 1, 0, axis.size - 2)
+    w = (x - axis[i]) / (axis[i + 1] - axis[i])
+    return i, np.clip(w, 0.0, 1.0)
+
+
+def interpolate(grid: Grid, t, lat, lon, flight: str) -> np.ndarray:
+    """`grid` at each frame: linear in time between hours, bilinear in space between grid points. NaN where
+    a frame's time or position is unknown (NaN); a frame outside the grid's hours or box: DataError naming
+    the flight, the frames and the file's span."""
+    t, lat, lon = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (t, lat, lon))
+    known = np.isfinite(t) & np.isfinite(lat) & np.isfinite(lon)
+    lon_c = _in_convention(lon, grid.convention)
+    outside = known & (
+        (t < grid.times[0] - GRID_TOLERANCE)
+        | (t > grid.times[-1] + GRID_TOLERANCE)
+        | (lat < grid.lats[0] - GRID_TOLERANCE)
+        | (lat > grid.lats[-1] + GRID_TOLERANCE)
+        | (lon_c < grid.lons[0] - GRID_TOLERANCE)
+        | (lon_c > grid.lons[-1] + GRID_TOLERANCE)
+    )
+    if outside.any():
+        raise DataError(_outside_message(grid, flight, t, lat, lon, outside))
+    out = np.full(t.shape, np.nan)
+    if not known.any():
+        return out
+    ti, tw = _bracket(grid.times, t[known])
+    yi, yw = _bracket(grid.lats, lat[known])
+    xi, xw = _bracket(grid.lons, lon_c[known])
+    v = grid.values
+    single_t, single_y, single_x = (n == 1 for n in v.shape)
+    t1, y1, x1 = (ti + (0 if single_t else 1), yi + (0 if single_y else 1), xi + (0 if single_x else 1))
+
+    def plane(k):
+        return (
+            v[k, yi, xi] * (1 - yw) * (1 - xw)
+            + v[k, yi, x1] * (1 - yw) * xw
+            + v[k, y1, xi] * yw * (1 - xw)
+            + v[k, y1, x1] * yw * xw
+        )
+
+    out[known] = plane(ti) * (1 - tw) + plane(t1) * tw
+    return out
+
+
+def _outside_message(grid: Grid, flight: str, t, lat, lon, outside: np.ndarray) -> str:
+    import datetime as dt
+
+    def when(s: float) -> str:
+        return dt.datetime.fromtimestamp(s, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    idx = np.flatnonzero(outside)
+    first = int(idx[0])
+    lo, hi = (grid.lons[0], grid.lons[-1])
+    west, east = _in_convention(lo, 180), _in_convention(hi, 180)
+    box = f"{grid.lats[0]:g} to {grid.lats[-1]:g} N, {west:g} to {east:g} E"
+    return (
+        f"flight {flight}: {idx.size} frame(s) lie outside ERA5 file {grid.path.name}'s hours or box "
+        f"({grid.name}: {when(grid.times[0])} to {when(grid.times[-1])}, {box}), e.g. frame {first} at "
+        f"{when(t[first]) if math.isfinite(t[first]) else 'an unknown time'}, {lat[first]:.3f} N "
+        f"{lon[first]:.3f} E. CloudML does not extrapolate the atmosphere: download a box and hours that "
+        "hold "
+        "the whole flight (the fetch command computes them from the nav files)"
+    )

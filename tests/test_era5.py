@@ -1,0 +1,212 @@
+"""ERA5 files as the Climate Data Store serves them (data/era5.py) and the predictors derived from them
+(data/atmosphere.py): both NetCDF layouts, both longitude conventions, latitudes either way up, packed
+values, the interpolation against values computed by hand, a frame outside the box refused by name."""
+
+import datetime as dt
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from cloudml_lib.base.errors import DataError
+from cloudml_lib.data import atmosphere, era5
+
+T0 = dt.datetime(2025, 3, 1, 18, tzinfo=dt.timezone.utc).timestamp()  # 18 UTC on a flight day
+HOUR = 3600.0
+
+
+def field(t_hours, lat, lon):
+    """A value linear in time, latitude and longitude (what linear and bilinear interpolation reproduce
+    exactly): 285 K + 0.5 K per hour + 0.2 K per degree north - 0.1 K per degree east (east of 0..360)."""
+    return 285.0 + 0.5 * t_hours + 0.2 * lat - 0.1 * lon
+
+
+def grid_values(hours, lats, lons, east360=True):
+    t, y, x = np.meshgrid(hours, lats, np.mod(lons, 360.0) if east360 else lons, indexing="ij")
+    return field(t, y, x)
+
+
+def new_layout(path, lons=(200.0, 200.25, 200.5), lats=(30.5, 30.25, 30.0), hours=(0, 1, 2), extra=None):
+    """The 2024 CDS's single-levels file: valid_time in seconds since 1970, latitude descending, expver and
+    number as coordinates, NetCDF-4, floats."""
+    times = np.array([T0 + h * HOUR for h in hours]).astype("datetime64[s]")
+    values = grid_values(np.array(hours, float), np.array(lats), np.array(lons)).astype(np.float32)
+    ds = xr.Dataset(
+        {
+            "t2m": (("valid_time", "latitude", "longitude"), values, {"units": "K"}),
+            "d2m": (("valid_time", "latitude", "longitude"), values - 3.0, {"units": "K"}),
+            **(extra or {}),
+        },
+        coords={
+            "valid_time": ("valid_time", times),
+            "latitude": (
+                "latitude",
+                np.array(lats),
+                {"units": "degrees_north", "stored_direction": "decreasing"},
+            ),
+            "longitude": ("longitude", np.array(lons), {"units": "degrees_east"}),
+            "number": 0,
+            "expver": ("valid_time", np.array(["0001"] * len(hours))),
+        },
+    )
+    ds.to_netcdf(path, engine="h5netcdf", encoding={"valid_time": {"units": "seconds since 1970-01-01"}})
+    return path
+
+
+def legacy_layout(path, lons=(-160.0, -159.75, -159.5), lats=(30.5, 30.25, 30.0), hours=(0, 1, 2)):
+    """The legacy CDS's file: time in hours since 1900, NetCDF-3, values packed in 16-bit integers, and the
+    ERA5/ERA5T overlap as an expver dimension (ERA5 for the first two hours, ERA5T for the last)."""
+    times = np.array([T0 + h * HOUR for h in hours]).astype("datetime64[s]")
+    values = grid_values(np.array(hours, float), np.array(lats), np.array(lons))
+    both = np.stack([values, values])
+    both[0, 2:] = np.nan  # ERA5 has not reached the last hour
+    both[1, :2] = np.nan  # ERA5T holds only it
+    ds = xr.Dataset(
+        {"t2m": (("time", "expver", "latitude", "longitude"), both.transpose(1, 0, 2, 3), {"units": "K"})},
+        coords={"time": times, "expver": [1, 5], "latitude": np.array(lats), "longitude": np.array(lons)},
+    )
+    packing = {"dtype": "int16", "scale_factor": 0.001, "add_offset": 290.0, "_FillValue": np.int16(-32767)}
+    ds.to_netcdf(
+        path,
+        engine="scipy",
+        encoding={"t2m": packing, "time": {"units": "hours since 1900-01-01 00:00:00.0", "dtype": "int32"}},
+    )
+    return path
+
+
+def test_the_2024_layout_is_read_and_interpolated_linearly_in_time_and_bilinearly_in_space(tmp_path):
+    found = era5.read_files([new_layout(tmp_path / "era5.nc")])
+    assert found.names() == ["d2m", "t2m"] and "sst" in found.missing and "pressure levels" in found.missing
+    assert "sea-air difference" in found.missing["sst"]  # what is missing, with what it affects
+    t = np.array([T0, T0 + 1.5 * HOUR, T0 + 2 * HOUR])
+    lat = np.array([30.0, 30.1, 30.5])
+    lon = np.array([200.0, -159.8, 200.5])  # either convention for the frames
+    got = found.at("t2m", t, lat, lon, "01Mar25")
+    want = field(np.array([0.0, 1.5, 2.0]), lat, np.mod(lon, 360.0))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)  # float32 in the file
+    # a point between four grid points: the mean of the corners, by hand
+    g = found.grids["t2m"]
+    centre = found.at("t2m", [T0], [30.125], [200.125], "x")[0]
+    corners = g.values[0, 0:2, 0:2]
+    assert g.lats[0] < g.lats[1] and centre == pytest.approx(corners.mean(), abs=1e-9)
+
+
+def test_the_legacy_layout_packed_with_expver_reads_the_same_values(tmp_path):
+    found = era5.read_files([legacy_layout(tmp_path / "old.nc")])
+    t = np.array([T0 + 0.5 * HOUR, T0 + 1.75 * HOUR])  # the second between ERA5's hour and ERA5T's
+    lat, lon = np.array([30.2, 30.4]), np.array([-159.9, 200.3])
+    got = found.at("t2m", t, lat, lon, "01Mar25")
+    np.testing.assert_allclose(
+        got, field(np.array([0.5, 1.75]), lat, np.mod(lon, 360.0)), atol=2e-3
+    )  # packed
+
+
+def test_a_grid_across_the_date_line_is_one_box_in_either_convention(tmp_path):
+    for lons in ((179.75, 180.0, 180.25), (179.75, -180.0, -179.75)):
+        path = new_layout(tmp_path / f"dl{lons[1]}.nc", lons=lons)
+        found = era5.read_files([path])
+        lon = np.array([179.9, -179.9, 180.1])
+        got = found.at("t2m", np.full(3, T0), np.full(3, 30.25), lon, "x")
+        np.testing.assert_allclose(got, field(0.0, 30.25, np.mod(lon, 360.0)), atol=1e-4)
+
+
+def test_a_frame_outside_the_box_or_the_hours_is_refused_by_name_never_extrapolated(tmp_path):
+    found = era5.read_files([new_layout(tmp_path / "era5.nc")])
+    with pytest.raises(
+        DataError, match=r"flight 01Mar25: 1 frame\(s\) lie outside ERA5 file era5.nc.*frame 1"
+    ):
+        found.at("t2m", [T0, T0], [30.2, 31.0], [200.1, 200.1], "01Mar25")
+    with pytest.raises(DataError, match=r"frame 0 at 2025-03-01 21:00 UTC"):
+        found.at("t2m", [T0 + 3 * HOUR], [30.2], [200.1], "01Mar25")  # after the file's last hour
+    unknown = found.at("t2m", [np.nan, T0], [30.2, np.nan], [200.1, 200.1], "01Mar25")
+    assert np.isnan(unknown).all()  # no time or no position: unknown, not refused
+
+
+def test_units_ranges_and_layouts_that_are_not_era5_are_named(tmp_path):
+    dims = ("valid_time", "latitude", "longitude")
+    bad = new_layout(tmp_path / "c.nc", extra={"sst": (dims, np.full((3, 3, 3), 15.0), {"units": "degC"})})
+    with pytest.raises(DataError, match=r"sst \(sea surface temperature\) is in 'degC'; expected 'K'"):
+        era5.read_files([bad])
+    hot = new_layout(tmp_path / "h.nc", extra={"blh": (dims, np.full((3, 3, 3), 9e4), {"units": "m"})})
+    with pytest.raises(DataError, match=r"blh .* 90000 .* outside what is physically possible"):
+        era5.read_files([hot])
+    (tmp_path / "x.nc").write_bytes(b"not a netcdf file")
+    with pytest.raises(DataError, match="neither NetCDF nor GRIB"):
+        era5.read_files([tmp_path / "x.nc"])
+    (tmp_path / "g.grib").write_bytes(b"GRIB" + bytes(100))
+    try:
+        import cfgrib  # noqa: F401
+    except ImportError:
+        with pytest.raises(DataError, match="pip install"):
+            era5.read_files([tmp_path / "g.grib"])
+
+
+def test_pressure_levels_are_read_between_1000_and_700_hpa(tmp_path):
+    times = np.array([T0 + h * HOUR for h in (0, 1)]).astype("datetime64[s]")
+    levels = np.array([1000.0, 850.0, 700.0, 500.0])
+    shape = (2, 4, 2, 2)
+    t = 290.0 - (1000.0 - levels)[None, :, None, None] * 0.05 + np.zeros(shape)
+    ds = xr.Dataset(
+        {
+            "t": (("valid_time", "pressure_level", "latitude", "longitude"), t, {"units": "K"}),
+            "z": (
+                ("valid_time", "pressure_level", "latitude", "longitude"),
+                np.full(shape, 30000.0),
+                {"units": "m**2 s**-2"},
+            ),
+        },  # fmt: skip
+        coords={
+            "valid_time": times,
+            "pressure_level": ("pressure_level", levels, {"units": "hPa"}),
+            "latitude": [30.25, 30.0],
+            "longitude": [200.0, 200.25],
+        },
+    )
+    ds.to_netcdf(tmp_path / "pl.nc", engine="h5netcdf")
+    found = era5.read_files([tmp_path / "pl.nc"])
+    assert {"t1000", "t850", "t700", "z700"} <= set(found.grids) and "t500" not in found.grids
+    assert "pressure levels" not in found.missing and found.grids["t700"].level == 700.0
+    got = found.at("t700", [T0], [30.1], [200.1], "x")[0]
+    assert got == pytest.approx(290.0 - 300 * 0.05)
+
+
+# ------------------------------------------------------------------------------------------ the predictors
+
+
+def test_the_lcl_meets_saturation_of_the_lifted_parcel_and_agrees_with_espy():
+    """Romps's LCL: a parcel lifted dry-adiabatically that far is just saturated (its vapour pressure, carried
+    with it in proportion to the pressure, equals saturation at its new temperature); Espy's rule agrees to
+    a few percent at the humidity of marine air."""
+    p, t = 101000.0, 293.0
+    for depression in (1.0, 3.0, 6.0, 10.0):
+        td = t - depression
+        z = atmosphere.lcl_height(p, t, td)
+        rh = atmosphere.relative_humidity(t, td)
+        e = rh * atmosphere.saturation_vapour_pressure(t)
+        qv = atmosphere.specific_humidity(p, e)
+        cpm = (1 - qv) * atmosphere.CP_AIR + qv * atmosphere.CP_VAP
+        rm = (1 - qv) * atmosphere.R_AIR + qv * atmosphere.R_VAP
+        t_lcl = t - atmosphere.GRAVITY * z / cpm  # the dry adiabat in height
+        p_lcl = p * (t_lcl / t) ** (cpm / rm)  # and in pressure
+        assert e * p_lcl / p == pytest.approx(atmosphere.saturation_vapour_pressure(t_lcl), rel=1e-6)
+        assert z == pytest.approx(atmosphere.lcl_height_espy(t, td), rel=0.06)
+    assert atmosphere.lcl_height(p, t, t) == pytest.approx(0.0, abs=1e-6)  # saturated: at the surface
+    assert np.isnan(atmosphere.lcl_height(p, np.nan, 290.0))
+
+
+def test_relative_humidity_stability_and_inversion_strength_against_worked_values():
+    assert atmosphere.relative_humidity(300.0, 300.0) == pytest.approx(1.0)
+    # Magnus-type curves give 0.543 at 25 C with a 15 C dew point: within 1 %
+    assert atmosphere.relative_humidity(298.15, 288.15) == pytest.approx(0.543, rel=0.01)
+    # theta(700 hPa) of 280 K: 280 (1000/700)^0.2853 = 310.0 K; surface air 290 K at 1000 hPa: theta 290 K
+    lts = atmosphere.lower_tropospheric_stability(280.0, 290.0, 100000.0)
+    assert lts == pytest.approx(280.0 * (1000 / 700) ** atmosphere.KAPPA - 290.0)
+    assert lts == pytest.approx(20.0, abs=0.05)
+    # Wood and Bretherton's expression at 850 hPa and 285 K, by hand: qs = 0.0104, (g/cp)(1 - 1.318/2.727)
+    # = 5.0 K/km (the textbook pseudo-adiabat there: 4.7)
+    assert 1000 * atmosphere.moist_adiabatic_lapse_rate(285.0, 85000.0) == pytest.approx(5.04, abs=0.05)
+    eis = atmosphere.estimated_inversion_strength(280.0, 3100.0, 290.0, 100000.0, 500.0)
+    gamma = atmosphere.moist_adiabatic_lapse_rate(285.0, 85000.0)
+    assert eis == pytest.approx(lts - gamma * 2600.0)
+    assert atmosphere.sea_air_difference(291.0, 290.0) == 1.0
+    assert atmosphere.wind_speed(3.0, 4.0) == 5.0
