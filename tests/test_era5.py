@@ -210,3 +210,37 @@ def test_relative_humidity_stability_and_inversion_strength_against_worked_value
     assert eis == pytest.approx(lts - gamma * 2600.0)
     assert atmosphere.sea_air_difference(291.0, 290.0) == 1.0
     assert atmosphere.wind_speed(3.0, 4.0) == 5.0
+
+
+def test_a_flights_own_era5_files_come_before_the_campaigns(tmp_path):
+    (tmp_path / "01Mar25").mkdir()
+    (tmp_path / "03Mar25").mkdir()
+    campaign = new_layout(tmp_path / "ERA5_GLOVE2025_single.nc")
+    own = new_layout(tmp_path / "01Mar25" / "era5_single_20250301.nc")
+    (tmp_path / "01Mar25" / "notes_era5.txt").write_text("not an ERA5 file by its name")
+    assert era5.find_files(tmp_path, tmp_path / "01Mar25") == [own]
+    assert era5.find_files(tmp_path, tmp_path / "03Mar25") == [campaign]
+    assert era5.find_files(tmp_path / "03Mar25", tmp_path / "03Mar25") == []  # never above data.dir
+
+
+def test_predictors_are_derived_from_the_interpolated_variables_and_the_missing_ones_named(tmp_path):
+    dims = ("valid_time", "latitude", "longitude")
+    sst = np.full((3, 3, 3), 291.0)
+    sst[:, 0, :] = np.nan  # land under the northern row: the skin temperature stands in
+    extra = {
+        "sp": (dims, np.full((3, 3, 3), 101000.0), {"units": "Pa"}),
+        "sst": (dims, sst, {"units": "K"}),
+        "skt": (dims, np.full((3, 3, 3), 289.0), {"units": "K"}),
+    }
+    found = era5.read_files([new_layout(tmp_path / "era5.nc", extra=extra)])
+    ok, lacking = era5.available_predictors(found)
+    assert {"sea_air_difference", "lcl_height", "relative_humidity"} <= set(ok)
+    assert lacking["eis"] == "t700, z700" and lacking["boundary_layer_height"] == "blh"
+    t, lat, lon = np.array([T0, T0 + HOUR]), np.array([30.1, 30.5]), np.array([200.1, 200.2])
+    got = era5.predictors_at(found, t, lat, lon, "01Mar25")
+    t2m = found.at("t2m", t, lat, lon, "x")
+    np.testing.assert_allclose(got["sea_air_difference"], [291.0 - t2m[0], 289.0 - t2m[1]])  # sst, then skt
+    np.testing.assert_allclose(got["lcl_height"], atmosphere.lcl_height(101000.0, t2m, t2m - 3.0))
+    assert got["lcl_height"] == pytest.approx(atmosphere.lcl_height_espy(t2m, t2m - 3.0), rel=0.06)
+    with pytest.raises(DataError, match="unknown atmosphere predictor"):
+        era5.predictors_at(found, t, lat, lon, "01Mar25", ["cape"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -386,3 +387,109 @@ def _outside_message(grid: Grid, flight: str, t, lat, lon, outside: np.ndarray) 
         "hold "
         "the whole flight (the fetch command computes them from the nav files)"
     )
+
+
+# ---------------------------------------------------------------------------------------- finding, deriving
+
+ERA5_NAME = re.compile(r"^era5.*\.(nc|nc4|netcdf|grib|grb|grib2)$", re.IGNORECASE)
+
+
+def find_files(data_dir: Path, flight_folder: Path) -> list[Path]:
+    """A flight's ERA5 files: those in its own folder (names beginning "ERA5", NetCDF or GRIB), else a
+    campaign's beside the flights (in a folder between the flight's and data.dir, nearest first). Sorted;
+    empty where there are none."""
+    root, here = Path(data_dir).resolve(), Path(flight_folder).resolve()
+    folders = [here, *[p for p in here.parents if p == root or root in p.parents]]
+    for folder in folders:
+        found = sorted(p for p in folder.iterdir() if p.is_file() and ERA5_NAME.match(p.name))
+        if found:
+            return found
+        if folder == root:
+            break
+    return []
+
+
+# The predictors and what each needs: name -> (unit, the variables, what it is)
+PREDICTORS = {
+    "t2m": ("K", ("t2m",), "2 m air temperature"),
+    "sea_surface_temperature": (
+        "K",
+        ("sst|skt",),
+        "the sea's surface temperature (skin where sst is missing)",
+    ),
+    "sea_air_difference": ("K", ("sst|skt", "t2m"), "sea surface less 2 m air temperature"),
+    "relative_humidity": ("1", ("t2m", "d2m"), "2 m relative humidity over liquid water"),
+    "lcl_height": ("m", ("sp", "t2m", "d2m"), "lifting condensation level of surface air (Romps 2017)"),
+    "boundary_layer_height": ("m", ("blh",), "ERA5's boundary layer height"),
+    "column_water_vapour": ("kg m-2", ("tcwv",), "total column water vapour"),
+    "low_cloud_cover": ("1", ("lcc",), "ERA5's low cloud cover"),
+    "wind_speed": ("m s-1", ("u10", "v10"), "10 m wind speed"),
+    "lts": ("K", ("t700", "t2m", "sp"), "lower-tropospheric stability (Klein and Hartmann 1993)"),
+    "eis": (
+        "K",
+        ("t700", "z700", "t2m", "sp", "d2m"),
+        "estimated inversion strength (Wood and Bretherton 2006)",
+    ),
+}
+
+
+def _has(found: Era5, need: str) -> bool:
+    return any(n in found.grids for n in need.split("|"))
+
+
+def available_predictors(found: Era5) -> tuple[list[str], dict[str, str]]:
+    """The predictors `found` allows, and each other one with the variables it lacks."""
+    ok, lacking = [], {}
+    for name, (_, needs, _) in PREDICTORS.items():
+        missing = [n.replace("|", " or ") for n in needs if not _has(found, n)]
+        if missing:
+            lacking[name] = ", ".join(missing)
+        else:
+            ok.append(name)
+    return ok, lacking
+
+
+def predictors_at(
+    found: Era5, t, lat, lon, flight: str, names: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Each predictor (PREDICTORS, or `names`) at each frame: the variables interpolated, then derived
+    (atmosphere.py). A frame outside the files' hours or box is refused by name (DataError)."""
+    from cloudml_lib.data import atmosphere as atm
+
+    names = names or available_predictors(found)[0]
+    cache: dict[str, np.ndarray] = {}
+
+    def v(name: str) -> np.ndarray:
+        if name not in cache:
+            if name == "sst|skt":
+                sea = v("sst") if "sst" in found.grids else np.full(np.shape(t), np.nan)
+                if "skt" in found.grids:
+                    sea = np.where(np.isfinite(sea), sea, v("skt"))
+                cache[name] = sea
+            else:
+                cache[name] = found.at(name, t, lat, lon, flight)
+        return cache[name]
+
+    derive = {
+        "t2m": lambda: v("t2m"),
+        "sea_surface_temperature": lambda: v("sst|skt"),
+        "sea_air_difference": lambda: atm.sea_air_difference(v("sst|skt"), v("t2m")),
+        "relative_humidity": lambda: atm.relative_humidity(v("t2m"), v("d2m")),
+        "lcl_height": lambda: atm.lcl_height(v("sp"), v("t2m"), v("d2m")),
+        "boundary_layer_height": lambda: v("blh"),
+        "column_water_vapour": lambda: v("tcwv"),
+        "low_cloud_cover": lambda: v("lcc"),
+        "wind_speed": lambda: atm.wind_speed(v("u10"), v("v10")),
+        "lts": lambda: atm.lower_tropospheric_stability(v("t700"), v("t2m"), v("sp")),
+        "eis": lambda: atm.estimated_inversion_strength(
+            v("t700"),
+            atm.geopotential_height(v("z700")),
+            v("t2m"),
+            v("sp"),
+            atm.lcl_height(v("sp"), v("t2m"), v("d2m")),
+        ),
+    }
+    unknown = [n for n in names if n not in derive]
+    if unknown:
+        raise DataError(f"unknown atmosphere predictor(s) {unknown}; valid: {', '.join(PREDICTORS)}")
+    return {name: derive[name]() for name in names}
