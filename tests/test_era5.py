@@ -244,3 +244,54 @@ def test_predictors_are_derived_from_the_interpolated_variables_and_the_missing_
     assert got["lcl_height"] == pytest.approx(atmosphere.lcl_height_espy(t2m, t2m - 3.0), rel=0.06)
     with pytest.raises(DataError, match="unknown atmosphere predictor"):
         era5.predictors_at(found, t, lat, lon, "01Mar25", ["cape"])
+
+
+# ------------------------------------------------------------------------------- what to ask the CDS for
+
+
+def test_the_requests_of_a_flight_across_the_date_line_keep_one_box_on_the_grid():
+    from cloudml_lib.data import era5_requests as req
+
+    t = T0 + np.array([0.0, 1800.0, 3000.0])  # 18:00 to 18:50 UTC
+    lat = np.array([30.1, 30.2, 30.3])
+    lon = np.array([179.9, -179.95, -179.8])  # eastward across 180
+    (single, levels) = req.flight_requests("01Mar25", t, lat, lon)
+    # the frames between 179.9 and 180.2 east: the grid points 179.75 and 180.25 around them, one step more
+    assert single.keys["area"] == [30.75, 179.5, 29.75, 180.5] == levels.keys["area"]
+    assert single.keys["time"] == ["18:00", "19:00"] and single.keys["day"] == ["01"]
+    assert (
+        single.dataset == "reanalysis-era5-single-levels"
+        and "2m_dewpoint_temperature" in single.keys["variable"]
+    )
+    assert (
+        levels.keys["pressure_level"] == ["700", "850", "925", "1000"]
+        and single.target == "ERA5_single_01Mar25_20250301.nc"
+    )
+    west = req.flight_requests("x", t, lat, np.array([-120.1, -120.3, -119.9]), levels=False)
+    assert [r.keys["area"] for r in west] == [
+        [30.75, -120.75, 29.75, -119.5]
+    ]  # a track away from it: -180..180
+
+
+def test_a_flight_across_midnight_gets_one_request_per_day_with_its_own_hours(tmp_path):
+    from cloudml_lib.data import era5_requests as req
+
+    midnight = dt.datetime(2025, 3, 2, tzinfo=dt.timezone.utc).timestamp()
+    t = midnight + np.array([-5400.0, -60.0, np.nan, 2400.0])  # 22:30 to 00:40 UTC, one frame without a time
+    got = req.flight_requests("01Mar25", t, np.full(4, 30.2), np.full(4, 200.1), levels=False)
+    assert [(r.keys["day"], r.keys["time"]) for r in got] == [
+        (["01"], ["22:00", "23:00"]),
+        (["02"], ["00:00", "01:00"]),
+    ]
+    with pytest.raises(DataError, match="no frame has a position"):
+        req.flight_requests("01Mar25", t, np.full(4, np.nan), np.full(4, 200.1))
+    # the two days' files, as the CDS would serve them, read as one flight's hours
+    for day, hours in ((0, (22, 23)), (1, (24, 25))):
+        new_layout(tmp_path / f"ERA5_single_01Mar25_{day}.nc", hours=tuple(h - 18 for h in hours))
+    found = era5.read_files(era5.find_files(tmp_path, tmp_path))
+    assert found.grids["t2m"].times.size == 4
+    got = found.at("t2m", [midnight - 1800.0], [30.25], [200.0], "01Mar25")  # between 23:00 and 00:00
+    assert got[0] == pytest.approx(field(5.5, 30.25, 200.0), abs=1e-4)
+    new_layout(tmp_path / "ERA5_again.nc", hours=(4, 5))  # 22:00 again
+    with pytest.raises(DataError, match="both hold t2m for the same hours"):
+        era5.read_files(era5.find_files(tmp_path, tmp_path))

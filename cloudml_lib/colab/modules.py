@@ -81,6 +81,7 @@ MODULES = (
     "data/demo.py",
     "data/er2.py",
     "data/era5.py",
+    "data/era5_requests.py",
     "data/flights.py",
     "data/hashing.py",
     "data/hdf5.py",

@@ -9,7 +9,8 @@
 - cpl.py          the CPL layers to one label per frame: layer, filters, matching, match rate, cloud classes
 - flights.py      flights found in a folder by their file names
 - era5.py         ERA5 reanalysis as the Climate Data Store serves it (both NetCDF layouts), interpolated
-                  to each frame;  atmosphere.py  the predictors derived from it (LCL, LTS, EIS, ...)
+                  to each frame;  atmosphere.py  the predictors derived from it (LCL, LTS, EIS, ...);
+                  era5_requests.py  the box and hours of a flight, as requests to the Climate Data Store
 - synthetic.py    the demo flights, written in the real file layout (only where a command starts:
                   import-linter);  demo.py  their names and test flight, all a run needs to know of them
 - preprocess.py   a frame's preprocessing (crop, CLAHE) and its radiometric statistics, on every core or

@@ -300,14 +300,8 @@ def read_files(paths: list[Path]) -> Era5:
     out = Era5()
     for path in paths:
         one = read_file(Path(path))
-        twice = sorted(set(one.grids) & set(out.grids))
-        if twice:
-            where = {n: out.grids[n].path.name for n in twice}
-            raise DataError(
-                f"ERA5 files {Path(path).name} and {', '.join(sorted(set(where.values())))} both hold "
-                f"{', '.join(twice)}: keep one file per variable for a flight (or one campaign file)"
-            )
-        out.grids.update(one.grids)
+        for name, grid in one.grids.items():
+            out.grids[name] = _joined(out.grids[name], grid) if name in out.grids else grid
         out.files.append(Path(path))
     for name, q in SINGLE.items():
         if name not in out.grids:
@@ -315,6 +309,29 @@ def read_files(paths: list[Path]) -> Era5:
     if not any(g.level is not None for g in out.grids.values()):
         out.missing["pressure levels"] = "lower-tropospheric stability and estimated inversion strength"
     return out
+
+
+def _joined(a: Grid, b: Grid) -> Grid:
+    """One variable from two files of the same grid and different hours (a flight across midnight, fetched a
+    day at a time), joined in time; two files holding the same hour, or other grids, are refused."""
+    same_grid = (
+        a.convention == b.convention
+        and a.level == b.level
+        and a.lats.shape == b.lats.shape
+        and a.lons.shape == b.lons.shape
+        and np.allclose(a.lats, b.lats)
+        and np.allclose(a.lons, b.lons)
+    )
+    if not same_grid or np.intersect1d(a.times, b.times).size:
+        raise DataError(
+            f"ERA5 files {a.path.name} and {b.path.name} both hold {a.name}"
+            + (" for the same hours" if same_grid else " on different grids")
+            + ": keep one file per variable and hour for a flight (or one campaign file)"
+        )
+    times = np.concatenate([a.times, b.times])
+    order = np.argsort(times, kind="stable")
+    values = np.concatenate([a.values, b.values])[order]
+    return Grid(a.name, a.path, times[order], a.lats, a.lons, values, a.convention, a.level)
 
 
 # ------------------------------------------------------------------------------------------- interpolating
