@@ -295,3 +295,23 @@ def test_a_flight_across_midnight_gets_one_request_per_day_with_its_own_hours(tm
     new_layout(tmp_path / "ERA5_again.nc", hours=(4, 5))  # 22:00 again
     with pytest.raises(DataError, match="both hold t2m for the same hours"):
         era5.read_files(era5.find_files(tmp_path, tmp_path))
+
+
+def test_a_demo_flights_requests_come_from_its_ir_times_and_nav_positions(tiny_flights):
+    """The track of a flight as the files give it: IR times, nav positions (the demo flights lie off
+    California): the box holds every frame's position, the hours every frame's time."""
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.data import era5_requests as req
+
+    root, entries = tiny_flights
+    data = build_config({"data": {"dir": str(root), "flights": entries, "swath_slice": [4, 36]}}).data
+    flight = data.flights[0]
+    t, lat, lon = req.flight_track(flight, data)
+    ok = np.isfinite(t) & np.isfinite(lat) & np.isfinite(lon)
+    assert ok.sum() > 0.9 * t.size and 20 < np.nanmedian(lat) < 45 and -130 < np.nanmedian(lon) < -110
+    (single,) = req.flight_requests(flight.name, t, lat, lon, levels=False)
+    north, west, south, east = single.keys["area"]
+    assert south < lat[ok].min() <= lat[ok].max() < north and west < lon[ok].min() <= lon[ok].max() < east
+    hours = [int(h[:2]) for h in single.keys["time"]]
+    first, last = (dt.datetime.fromtimestamp(x, dt.timezone.utc) for x in (t[ok].min(), t[ok].max()))
+    assert hours[0] <= first.hour and (last.hour + 1) % 24 in hours

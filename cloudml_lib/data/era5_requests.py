@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def flight_box(lat, lon, flight: str) -> Box:
     east180 = np.mod(lon + 180.0, 360.0) - 180.0
     east360 = np.mod(lon, 360.0)
     # the convention in which the track is narrower: across the date line, 0..360 keeps it one box
-    lon = east360 if np.ptp(east360) < np.ptp(east180) else east180
+    lon = east360 if np.ptp(east360) + 1.0 < np.ptp(east180) else east180  # not for a rounding's difference
     snap_down = lambda x: math.floor(x / GRID_STEP) * GRID_STEP - GRID_STEP  # noqa: E731
     snap_up = lambda x: math.ceil(x / GRID_STEP) * GRID_STEP + GRID_STEP  # noqa: E731
     north, south = min(90.0, snap_up(lat.max())), max(-90.0, snap_down(lat.min()))
@@ -149,3 +150,20 @@ def flight_requests(flight: str, times, lat, lon, levels: bool = True) -> list[R
                 )
             )
     return out
+
+
+def flight_track(flight, data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(epoch seconds, latitude, longitude) of each IR frame of `flight` (a FlightConfig of `data`): the IR
+    file's times, the positions from the flight's nav file (NaN where a frame has none)."""
+    from cloudml_lib.data import er2, navigation
+
+    paths = er2.flight_paths(flight, data)
+    nav_path = paths.get("nav") or (Path(data.dir) / flight.nav_file if flight.nav_file else None)
+    if nav_path is None or not Path(nav_path).is_file():
+        raise DataError(
+            f"flight {flight.name}: no nav file, so its positions (and the ERA5 box) are not known; put its "
+            "nav file beside its IR file"
+        )
+    frame_t = er2.read_ir_times(paths["ir"], flight, data)[0]
+    nav = navigation.read_nav(flight, data, Path(nav_path), frame_t)
+    return frame_t, nav.values["lat"], nav.values["lon"]
