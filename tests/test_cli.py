@@ -234,6 +234,7 @@ BAD_ARGUMENTS = {
     "diagnose": [["--config", "{t}/missing.yaml"], ["--preset", "Z"]],
     "labels": [["--config", "{t}/missing.yaml"], ["--config", "x", "--preset", "demo"]],
     "make-demo-data": [["--out", "{t}/demo", "--size", "big"], ["--out", "{t}/demo", "--flights", "two"]],
+    "fetch-era5": [["--config", "{t}/missing.yaml"], ["--preset", "demo", "--flights"]],
 }
 
 

@@ -3,6 +3,8 @@
 values, the interpolation against values computed by hand, a frame outside the box refused by name."""
 
 import datetime as dt
+import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,3 +317,157 @@ def test_a_demo_flights_requests_come_from_its_ir_times_and_nav_positions(tiny_f
     hours = [int(h[:2]) for h in single.keys["time"]]
     first, last = (dt.datetime.fromtimestamp(x, dt.timezone.utc) for x in (t[ok].min(), t[ok].max()))
     assert hours[0] <= first.hour and (last.hour + 1) % 24 in hours
+
+
+class StandInCDS:
+    """The Climate Data Store's client as the tests stand it in: checks each request as the CDS API takes
+    it, and serves a NetCDF of the 2024 layout over exactly the requested box and hours."""
+
+    def __init__(self, serve_garbage: bool = False):
+        self.requests, self.serve_garbage = [], serve_garbage
+
+    def retrieve(self, dataset, keys, target):
+        from cloudml_lib.data import era5_requests as req
+
+        self.requests.append((dataset, keys))
+        assert keys["product_type"] == ["reanalysis"] and keys["data_format"] == "netcdf"
+        north, west, south, east = keys["area"]
+        assert north > south and east > west and all(round(x / 0.25) * 0.25 == x for x in keys["area"])
+        if self.serve_garbage:
+            Path(target).write_bytes(b"<html>Service unavailable</html>")
+            return
+        day = dt.datetime(
+            int(keys["year"][0]), int(keys["month"][0]), int(keys["day"][0]), tzinfo=dt.timezone.utc
+        )
+        times = np.array([day.timestamp() + int(h[:2]) * HOUR for h in keys["time"]]).astype("datetime64[s]")
+        lats = np.arange(north, south - 0.125, -0.25)
+        lons = np.arange(west, east + 0.125, 0.25)
+        shape = (len(times), len(lats), len(lons))
+        coords = {"valid_time": times, "latitude": lats, "longitude": lons, "number": 0}
+        dims = ("valid_time", "latitude", "longitude")
+        if dataset == req.SINGLE_DATASET:
+            short = {v: k for k, v in req.SINGLE_VARIABLES.items()}
+            values = {"t2m": 289.0, "d2m": 286.0, "sst": 290.0, "skt": 290.0, "sp": 101500.0, "msl": 101500.0,
+                      "blh": 700.0, "tcwv": 20.0, "lcc": 0.8, "u10": 5.0, "v10": -3.0}  # fmt: skip
+            units = {"sp": "Pa", "msl": "Pa", "blh": "m", "tcwv": "kg m**-2", "lcc": "(0 - 1)",
+                     "u10": "m s**-1",
+                     "v10": "m s**-1"}  # fmt: skip
+            ds = xr.Dataset(
+                {
+                    short[v]: (dims, np.full(shape, values[short[v]]), {"units": units.get(short[v], "K")})
+                    for v in keys["variable"]
+                },  # fmt: skip
+                coords=coords,
+            )
+        else:
+            levels = np.array([float(p) for p in keys["pressure_level"]])
+            dims4 = ("valid_time", "pressure_level", "latitude", "longitude")
+            full = (shape[0], len(levels), *shape[1:])
+            t = 289.0 - 0.006 * (1000.0 - levels)[None, :, None, None] / 0.12 + np.zeros(full)
+            ds = xr.Dataset(
+                {
+                    "t": (dims4, t, {"units": "K"}),
+                    "q": (dims4, np.full(full, 0.006), {"units": "kg kg**-1"}),
+                    "z": (dims4, np.full(full, 29000.0), {"units": "m**2 s**-2"}),
+                    "r": (dims4, np.full(full, 70.0), {"units": "%"}),
+                },
+                coords={**coords, "pressure_level": ("pressure_level", levels, {"units": "hPa"})},
+            )
+        ds.to_netcdf(target, engine="h5netcdf")
+
+
+def test_fetch_era5_asks_for_each_flights_box_and_hours_writes_its_folder_and_fetches_only_whats_missing(
+    tiny_flights, tmp_path, monkeypatch
+):
+    import shutil
+
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.commands import era5 as command
+    from cloudml_lib.data import era5_requests as req
+
+    root, entries = tiny_flights
+    shutil.copytree(root, tmp_path / "flights")
+    cfg = build_config(
+        {"data": {"dir": str(tmp_path / "flights"), "flights": entries[:2], "swath_slice": [4, 36]}}
+    )
+    cds = StandInCDS()
+    done = command.fetch(cfg, client=cds)
+    # two datasets for each UTC day: 01Mar25 flies in one, 03Mar25 across midnight into 4 March
+    assert len(done["fetched"]) == 6 == len(cds.requests)
+    assert (
+        sorted(Path(p).name for p in done["fetched"] if "03Mar25" in p)[-1]
+        == "ERA5_single_03Mar25_20250304.nc"
+    )
+    assert (
+        sorted(Path(p).name for p in done["fetched"])[0] == f"ERA5_pressure_{entries[0]['name']}_20250301.nc"
+    )
+    for entry in entries[:2]:  # the predictors of every frame: inside the box and the hours fetched
+        flight = next(f for f in cfg.data.flights if f.name == entry["name"])
+        folder = command.flight_folder(flight, cfg.data)
+        found = era5.read_files(era5.find_files(tmp_path / "flights", folder))
+        t, lat, lon = req.flight_track(flight, cfg.data)
+        got = era5.predictors_at(found, t, lat, lon, flight.name)
+        assert set(got) == set(era5.PREDICTORS)
+        assert np.nanmax(np.abs(got["sea_air_difference"] - 1.0)) < 1e-9
+    again = command.fetch(cfg, client=StandInCDS(serve_garbage=True))
+    assert again["fetched"] == [] and len(again["kept"]) == 6  # nothing asked for twice
+    # what the CDS serves is read back before it takes a name: a page of HTML is named, no file is left
+    (Path(done["fetched"][0])).unlink()
+    with pytest.raises(DataError, match="neither NetCDF nor GRIB"):
+        command.fetch(cfg, client=StandInCDS(serve_garbage=True))
+    folder = Path(done["fetched"][0]).parent
+    assert not Path(done["fetched"][0]).exists() and not list(folder.glob(".*.partial"))
+    # without the client: its install command; without a key: where to put one
+    monkeypatch.setitem(__import__("sys").modules, "cdsapi", None)
+    with pytest.raises(CloudMLError, match=r"pip install 'cdsapi>=0.7'"):
+        command.fetch(cfg)
+
+
+def test_fetch_era5_dry_run_prints_the_requests_from_the_command_line(tiny_flights, tmp_path):
+    import yaml
+    from conftest import run_cli
+
+    root, entries = tiny_flights
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        yaml.safe_dump({"data": {"dir": str(root), "flights": entries[:1], "swath_slice": [4, 36]}})
+    )
+    r = run_cli("fetch-era5", "--config", cfg, "--dry-run", "--no-levels")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = [line for line in r.stdout.splitlines() if " <- " in line]  # the log's lines beside it
+    assert line.startswith(f"{entries[0]['name']}: ") and "reanalysis-era5-single-levels" in line
+    assert (
+        '"area": [' in line
+        and not (root / entries[0]["name"] / f"ERA5_single_{entries[0]['name']}_20250301.nc").exists()
+    )
+    r = run_cli("fetch-era5", "--config", cfg, "--flights", "09Dec99", "--dry-run")
+    assert r.returncode == 2 and "--flights: 09Dec99 not among the flights found" in r.stderr
+
+
+def test_the_cds_key_comes_from_the_usual_places_or_colabs_secrets_and_is_never_logged(
+    tmp_path, monkeypatch, caplog
+):
+    import sys
+    import types
+
+    from cloudml_lib.base.errors import CloudMLError
+    from cloudml_lib.commands import era5 as command
+
+    made = []
+    stand_in = types.ModuleType("cdsapi")
+    stand_in.Client = lambda **kw: made.append(kw) or "client"
+    monkeypatch.setitem(sys.modules, "cdsapi", stand_in)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("CDSAPI_KEY", "CDSAPI_URL", "CDSAPI_RC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(command, "colab_key", lambda: None)
+    with pytest.raises(CloudMLError, match=r"no Climate Data Store key was found: .*~/.cdsapirc"):
+        command.cds_client()
+    (tmp_path / ".cdsapirc").write_text("url: https://cds.climate.copernicus.eu/api\nkey: in-the-file\n")
+    assert command.cds_client() == "client" and made[-1] == {"quiet": True}  # the client reads its file
+    monkeypatch.setattr(command, "colab_key", lambda: "secret-from-colab")
+    with caplog.at_level(logging.DEBUG):
+        command.cds_client()
+    assert made[-1]["key"] == "secret-from-colab" and made[-1]["url"] == command.CDS_URL
+    assert "secret-from-colab" not in caplog.text

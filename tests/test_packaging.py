@@ -18,8 +18,9 @@ INSTALL = REPO / "cloudml_lib" / "colab" / "install.py"
 # import name -> distribution name, where they differ
 DISTRIBUTIONS = {"yaml": "pyyaml", "skimage": "scikit-image", "sklearn": "scikit-learn"}
 # imported only where present, each with its install command when missing (or only in a notebook / on Colab)
-# cfgrib: ERA5 in GRIB (the "grib" extra), named with its install command where a GRIB file is met
-OPTIONAL = {"optuna", "kornia", "tensorboard", "ipywidgets", "IPython", "google", "cfgrib"}
+# cfgrib: ERA5 in GRIB (the "grib" extra), cdsapi: fetch-era5's client (the "era5" extra); each named with
+# its install command where it is needed
+OPTIONAL = {"optuna", "kornia", "tensorboard", "ipywidgets", "IPython", "google", "cfgrib", "cdsapi"}
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ MODULES = (
     "commands/cli.py",
     "commands/compare.py",
     "commands/crossval.py",
+    "commands/era5.py",
     "commands/presets.py",
     "commands/runs.py",
     "commands/space.py",

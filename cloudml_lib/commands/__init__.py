@@ -3,6 +3,7 @@
 - runs.py       a run from start to end: training, then its end (science/finish.py); the one route for a
                 run, each phase of the two-phase protocol, each fold and each sweep trial
 - crossval.py   leave-one-flight-out cross-validation with baselines
+- era5.py       fetch-era5: the flights' ERA5 from the Climate Data Store, with the user's key
 - sweep.py      hyperparameter sweeps on Optuna that survive a disconnect; space.py  their search space
 - trialpool.py  worker processes for a sweep's trials N at once on one machine, a GPU (or cores) each
 - api.py        the stated Python API for a scientist's own notebook (re-exported at the package top)

@@ -255,6 +255,19 @@ def _add_data_commands(sub) -> None:
         help="a folder of your runs: beside the estimate, what the newest run with each preset's step "
         "measured on this kind of device",
     )
+    f = sub.add_parser(
+        "fetch-era5",
+        help="ERA5 for your flights from the Climate Data Store (your key): the box and hours of each "
+        "flight from its nav file, into its folder; a second run fetches only what is missing",
+    )
+    _config_arguments(f, "the flights of this config")
+    _data_dir_argument(f)
+    _set_argument(f, "")
+    f.add_argument("--flights", nargs="+", default=None, help="only these flights (default: every one)")
+    f.add_argument(
+        "--no-levels", action="store_true", help="single levels only (no pressure levels: no LTS or EIS)"
+    )
+    f.add_argument("--dry-run", action="store_true", help="print the requests, fetch nothing")
     d = sub.add_parser("make-demo-data", help="write synthetic flights in the real ER-2 file layout")
     d.add_argument("--out", type=_folder, required=True, help="folder to write the flight files into")
     d.add_argument("--flights", type=int, default=5, help="number of flights (default 5, at least 2)")
@@ -453,6 +466,26 @@ def _labels(args) -> int:
     return 2
 
 
+def _fetch_era5(args) -> int:
+    """Fetch the flights' missing ERA5 files; --dry-run prints the requests."""
+    import json
+
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.commands import era5
+
+    cfg = load_config(config_path(args), _overrides(args))
+    if args.dry_run:
+        for flight, path, request in era5.plan(cfg, args.flights, not args.no_levels):
+            print(f"{flight}: {path} <- {request.dataset} {json.dumps(request.keys)}")
+        return 0
+    done = era5.fetch(cfg, args.flights, not args.no_levels)
+    print(
+        f"ERA5: {len(done['fetched'])} file(s) fetched, {len(done['kept'])} already there "
+        f"({len(done['planned'])} for the flights)"
+    )
+    return 0
+
+
 def _diagnose(args) -> int:
     from cloudml_lib.commands.presets import (
         format_machine,
@@ -634,6 +667,7 @@ def _run(args) -> int:
         "status": _status,
         "diagnose": _diagnose,
         "labels": _labels,
+        "fetch-era5": _fetch_era5,
         "make-demo-data": _make_demo,
     }
     try:
