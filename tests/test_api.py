@@ -63,6 +63,7 @@ def test_a_run_trained_through_the_api_is_finished_and_reported_as_data(api_run)
     assert cml.evaluate(run)["overall"] == pytest.approx(report["overall"])  # the same model, scored again
 
 
+@pytest.mark.slow
 def test_predict_flight_gives_the_netcdf_files_dataset_and_writes_nothing(api_run, tmp_path):
     run, entries, _ = api_run
     name = entries[2]["name"]

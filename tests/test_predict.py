@@ -14,6 +14,7 @@ from cloudml_lib.science import predict as pr
 from cloudml_lib.science import products
 
 
+@pytest.mark.slow
 def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_copy):
     run_dir, _, entries = tiny_run_copy
     held = entries[2]["name"]
