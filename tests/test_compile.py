@@ -305,7 +305,9 @@ def test_the_local_kernel_folder_is_the_users_on_this_machine_shared_by_runs_and
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     run_a, run_b = tmp_path / "a" / "compile_cache", tmp_path / "b" / "compile_cache"
     first, second = CompileCache(run_a), CompileCache(run_b)
-    assert first.local == second.local == tmp_path / "tmp" / f"cloudml-compile-cache-{compile_cache._user()}"
+    assert (
+        first.local == second.local == tmp_path / "tmp" / f"cloudml-compile-cache-{compile_cache.user_name()}"
+    )
     assert "no compiled kernels kept yet" in first.open() and os.environ[INDUCTOR_ENV] == str(first.local)
     kernel = first.local / "fxgraph" / "ab" / "kernel.py"
     kernel.parent.mkdir(parents=True)

@@ -26,6 +26,7 @@ import torch
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.files import NotRegularFile, read_text
+from cloudml_lib.core.network.compile_cache import user_name
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +37,9 @@ MAX_PEAK = 1e15  # bytes: a peak line beyond a petabyte is not a step of this ne
 MAX_FLOPS = 1e18  # per sample
 
 
-def _user() -> str:
-    try:
-        import getpass
-
-        name = getpass.getuser()
-    except (KeyError, OSError, ImportError):
-        name = str(os.getuid()) if hasattr(os, "getuid") else "user"
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "user"
-
-
 def folder() -> Path:
     """This user's folder of kept estimates on this machine (TMPDIR is read each time)."""
-    return Path(tempfile.gettempdir()) / f"cloudml-estimates-{_user()}"
+    return Path(tempfile.gettempdir()) / f"cloudml-estimates-{user_name()}"
 
 
 @functools.cache

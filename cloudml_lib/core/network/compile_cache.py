@@ -60,7 +60,7 @@ def _copy_missing(source: Path, target: Path) -> int:
     return copied
 
 
-def _user() -> str:
+def user_name() -> str:
     """The user's name, for a folder name (the uid where the system has none for it, as in a container)."""
     try:
         name = getpass.getuser()
@@ -79,7 +79,7 @@ class CompileCache:
         self.lasting = Path(lasting)
         base = os.environ.get(LOCAL_ENV) or os.environ.get(INDUCTOR_ENV)
         # one per user, as inductor's own (/tmp/torchinductor_<user>): a shared /tmp on a cluster's node
-        default = Path(tempfile.gettempdir()) / f"cloudml-compile-cache-{_user()}"
+        default = Path(tempfile.gettempdir()) / f"cloudml-compile-cache-{user_name()}"
         self.local = Path(local or base or default)
         self.brought = 0
 
