@@ -40,6 +40,7 @@ BENCHMARKS = (
     "selection",
     "stability",
     "radiometry",
+    "atmosphere",
     "gpu",
 )
 
@@ -881,6 +882,55 @@ def radiometry_md(d: dict) -> list[str]:
     ]
 
 
+def atmosphere_md(d: dict) -> list[str]:
+    """Leave-one-flight-out on the demo with its ERA5: the network on the frames, on the atmosphere, on both,
+    beside every baseline, and whether the frames add anything to the atmosphere."""
+    from cloudml_lib.science.baselines import SHORT
+
+    s, runs = d["summary"], d["runs"]
+    settings = list(s)
+    flights = list(runs[0]["folds"])
+
+    def per_flight(setting: str, method: str, key: str) -> list[float]:
+        mine = [r for r in runs if r["setting"] == setting and method in r["folds"][flights[0]]]
+        return [float(np.mean([r["folds"][f][method][key] for r in mine])) for f in flights]
+
+    lines = [
+        f"Machine: {describe(d['machine'])}. The demo's five flights (generator version "
+        f"{d['demo_generator']}, with its ERA5 files), each the test flight once (nested: its epoch chosen "
+        f"on validation data of its own training flights), {d['epochs']} epochs per fold, seeds "
+        f"{', '.join(map(str, d['seeds']))}; {d['minutes']} min in all. The network's numbers are the mean "
+        "over seeds (+- their spread); the baselines do not depend on the seed.",
+        "",
+        "| test MAE km (R2) | " + " | ".join(flights) + " | mean of flights |",
+        "|---" * (len(flights) + 2) + "|",
+    ]
+    rows = [(f"network, data.atmosphere {v}", v, "model") for v in settings]
+    baselines = [m for m in s[settings[0]]["mean_over_folds"] if m != "model"]
+    rows += [(f"baseline: {SHORT.get(m, m)}", settings[0], m) for m in baselines]
+    for label, setting, method in rows:
+        mae, r2 = per_flight(setting, method, "mae_km"), per_flight(setting, method, "r2")
+        overall = s[setting]["mean_over_folds"][method]
+        spread = f" +- {fmt(overall['mae_km']['spread_over_seeds'], 3)}" if method == "model" else ""
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{fmt(a, 3)} ({fmt(b, 2)})" for a, b in zip(mae, r2))
+            + f" | {fmt(overall['mae_km']['mean'], 3)}{spread} ({fmt(overall['r2']['mean'], 2)}) |"
+        )
+    n = len(d["seeds"])
+    lines += [
+        "",
+        "| test flight | the best without the frames (MAE km, per seed) | the best with them | seeds in "
+        "which the frames add nothing |",
+        "|---|---|---|---|",
+    ]
+    for flight, v in d["images"].items():
+        a = "; ".join(f"{r['frameless'][0]} {fmt(r['frameless'][1], 3)}" for r in v["by_seed"])
+        b = "; ".join(f"{r['with_frames'][0]} {fmt(r['with_frames'][1], 3)}" for r in v["by_seed"])
+        lines.append(f"| {flight} | {a} | {b} | {v['frames_add_nothing_in_seeds']} of {n} |")
+    return lines
+
+
 def stability_md(d: dict) -> list[str]:
     """The test score from epoch to epoch and seed to seed, with and without the weights' average."""
     lines = [
@@ -929,6 +979,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("Choosing on the test flight: the optimism of CloudML 0.2's protocol", "selection", selection_md),
         ("Steady training: the weights' moving average", "stability", stability_md),
         ("Radiometry and the baselines that see the temperature", "radiometry", radiometry_md),
+        ("The flight's atmosphere: do the frames add anything?", "atmosphere", atmosphere_md),
         ("The test suite: its time and its coverage", "suite", suite_md),
     ]
     lines = [

@@ -95,6 +95,8 @@ def test_make_demo_data_writes_the_real_layout(tmp_path):
     assert sorted(p.name for p in (tmp_path / "01Mar25").iterdir()) == [
         "CPL_L2_V1-02_01kmLay_900001_01mar25.hdf5",
         "CRS_20250301_nav.hdf",
+        "ERA5_pressure_01Mar25_20250301.nc",  # generator 4: the flight's reanalysis beside it
+        "ERA5_single_01Mar25_20250301.nc",
         "GLOVE2025_IRAI_L1B_Rev-_20250301-003.h5",
     ]
     assert (tmp_path / "03Mar25" / "GLOVE2025_IRAI_L1B_Rev-_20250303.h5").is_file()  # no revision suffix

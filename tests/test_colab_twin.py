@@ -197,7 +197,7 @@ def test_the_installed_wheel_runs_every_command_away_from_the_checkout(twin, whe
     other.mkdir()
     r = cli(twin, "labels", "--preset", "demo", cwd=work)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "792 labels in 5 flights" in r.stdout and (work / ".cloudml_demo" / "flights_v3").is_dir()
+    assert "792 labels in 5 flights" in r.stdout and (work / ".cloudml_demo" / "flights_v4").is_dir()
     r = cli(twin, "diagnose", "--preset", "demo", "--json", cwd=work)
     assert r.returncode == 0 and json.loads(r.stdout)["recommendations"], r.stderr[-2000:]
     # the run trains on shorter demo flights (make-demo-data): what the commands do is the point, not the size

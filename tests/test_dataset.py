@@ -198,3 +198,63 @@ def test_quick_subset_is_fixed_and_evenly_spread():
     assert a.tolist() == quick_subset(100, 0.1).tolist()
     assert len(a) == 10 and a[0] == 0 and a[-1] == 99
     assert len(quick_subset(3, 0.1)) == 1
+
+
+def test_the_atmosphere_is_scaled_on_the_part_trained_on_alone(tiny_config):
+    """data.atmosphere: each predictor standardised over the part trained on; a test flight (or a validation
+    block) with a shifted atmosphere changes no scaler, a flight trained on does (the check can fail); the
+    shifted flight's own predictors reach its inputs on the fitted scale, after the angles and statistics."""
+    from dataclasses import replace
+
+    from cloudml_lib.base.config import derive
+    from cloudml_lib.data.dataset import Scalers, split_data
+    from cloudml_lib.data.preprocess import STAT_NAMES
+
+    cfg = derive(tiny_config, {"data.atmosphere": "with_frames"})
+    names = ("lcl_height", "sea_air_difference")
+    rng = np.random.default_rng(0)
+    caches = [
+        replace(c, atmosphere=rng.normal([600.0, 1.0], [80.0, 0.3], (len(c), 2)), atmosphere_names=names)
+        for c in load_caches(cfg.data)
+    ]
+    split = choose_split(caches, cfg.data)
+    fit, val, test = split.parts(caches)
+    first = split_data(cfg, caches)
+    s = first.train_set.scalers
+    values = np.concatenate([c.atmosphere for c in fit])
+    assert s.atmosphere == list(names)
+    np.testing.assert_allclose(s.atmosphere_mean, values.mean(0)) and np.testing.assert_allclose(
+        s.atmosphere_std, values.std(0)
+    )
+    assert Scalers.from_dict(s.to_dict()) == s  # stored with the others, read back the same
+
+    def shifted(flights):
+        out = [c.part(np.arange(len(c))) for c in caches]
+        return split_data(
+            cfg, [replace(c, atmosphere=c.atmosphere + [300.0, 2.0]) if c.name in flights else c for c in out]
+        )
+
+    for others in ({c.name for c in test}, {c.name for c in val} - {c.name for c in fit}):
+        assert shifted(others).train_set.scalers == s, others
+    assert shifted({fit[0].name}).train_set.scalers != s
+    before, after = (
+        first.test_set.inputs(np.arange(3))[0],
+        shifted({c.name for c in test}).test_set.inputs(np.arange(3))[0],
+    )
+    width = 3 + len(STAT_NAMES)
+    assert before.shape == (3, width + 2)
+    moved = np.tile(np.array([300.0, 2.0]) / s.atmosphere_std, (3, 1))
+    np.testing.assert_allclose(after[:, width:] - before[:, width:], moved, rtol=1e-4)
+    np.testing.assert_array_equal(after[:, :width], before[:, :width])
+    item = first.test_set[0]["scalars"]
+    np.testing.assert_allclose(item.numpy(), before[0], rtol=1e-6)  # __getitem__ and inputs agree
+    # a frame without a position takes the training mean (0), never a NaN
+    caches[0].atmosphere[0] = np.nan
+    assert np.isfinite(split_data(cfg, caches).train_set.inputs(np.arange(5))[0]).all()
+    # scalers of a run before the setting, and a damaged record, named
+    assert (
+        Scalers.from_dict({"sza_mean": 1.0, "sza_std": 2.0, "cbh_mean": 0.5, "cbh_std": 0.3}).atmosphere
+        is None
+    )
+    with pytest.raises(ValueError, match="one finite mean and one positive spread"):
+        Scalers.from_dict({**s.to_dict(), "atmosphere_std": [1.0, -1.0]})

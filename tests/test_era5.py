@@ -388,6 +388,8 @@ def test_fetch_era5_asks_for_each_flights_box_and_hours_writes_its_folder_and_fe
 
     root, entries = tiny_flights
     shutil.copytree(root, tmp_path / "flights")
+    for own in (tmp_path / "flights").rglob("ERA5_*"):  # the demo's own (generator 4): fetched here instead
+        own.unlink()
     cfg = build_config(
         {"data": {"dir": str(tmp_path / "flights"), "flights": entries[:2], "swath_slice": [4, 36]}}
     )
@@ -433,14 +435,12 @@ def test_fetch_era5_dry_run_prints_the_requests_from_the_command_line(tiny_fligh
     cfg.write_text(
         yaml.safe_dump({"data": {"dir": str(root), "flights": entries[:1], "swath_slice": [4, 36]}})
     )
+    before = sorted(root.rglob("*"))
     r = run_cli("fetch-era5", "--config", cfg, "--dry-run", "--no-levels")
     assert r.returncode == 0, r.stderr[-2000:]
     (line,) = [line for line in r.stdout.splitlines() if " <- " in line]  # the log's lines beside it
     assert line.startswith(f"{entries[0]['name']}: ") and "reanalysis-era5-single-levels" in line
-    assert (
-        '"area": [' in line
-        and not (root / entries[0]["name"] / f"ERA5_single_{entries[0]['name']}_20250301.nc").exists()
-    )
+    assert '"area": [' in line and sorted(root.rglob("*")) == before  # nothing written
     r = run_cli("fetch-era5", "--config", cfg, "--flights", "09Dec99", "--dry-run")
     assert r.returncode == 2 and "--flights: 09Dec99 not among the flights found" in r.stderr
 
@@ -471,3 +471,121 @@ def test_the_cds_key_comes_from_the_usual_places_or_colabs_secrets_and_is_never_
         command.cds_client()
     assert made[-1]["key"] == "secret-from-colab" and made[-1]["url"] == command.CDS_URL
     assert "secret-from-colab" not in caplog.text
+
+
+def test_the_setup_notebooks_era5_cell_says_what_to_do_without_a_key_then_fetches_what_is_missing(
+    ws, tmp_path, monkeypatch, capsys
+):
+    """colab.fetch_era5: without a key it names the secret to add and fetches nothing; with one, the client
+    (installed on demand: pip is the remote service stood in here) fetches each flight's files, and the cell
+    run again finds them all."""
+    from cloudml_lib.colab import drive
+    from cloudml_lib.commands import era5 as command
+    from cloudml_lib.data.synthetic import make_demo_flights
+
+    make_demo_flights(ws.data / "ER2", n_flights=2, frames_per_flight=60, version=3)  # no ERA5 beside them
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("CDSAPI_KEY", "CDSAPI_URL", "CDSAPI_RC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(command, "colab_key", lambda: None)
+    done = drive.fetch_era5(ws)
+    said = capsys.readouterr().out
+    assert done["missing"] == ["01Mar25", "03Mar25"] and done["fetched"] == []
+    assert "a notebook secret named CDSAPI_KEY" in said and "Training works without them" in said
+    assert not list((ws.data / "ER2").rglob("ERA5_*"))
+    monkeypatch.setattr(command, "colab_key", lambda: "secret-from-colab")
+    installs = []
+    monkeypatch.setattr(drive, "ensure_package", lambda *a: installs.append(a[1]) or True)
+    cds = StandInCDS()
+    monkeypatch.setattr(command, "cds_client", lambda: cds)
+    done = drive.fetch_era5(ws)
+    assert installs == [command.CDSAPI] and len(done["fetched"]) == len(cds.requests) == 6
+    assert "Fetched 6 ERA5 files for 01Mar25, 03Mar25" in capsys.readouterr().out
+    again = drive.fetch_era5(ws)
+    assert again["missing"] == [] and "Every flight has its ERA5 files" in capsys.readouterr().out
+
+
+def test_a_run_reads_the_atmosphere_where_every_flight_has_it_and_says_in_one_line_what_it_could_use(
+    copied_flights, caplog
+):
+    """data.atmosphere with_frames: without ERA5 beside any flight the run trains on the frames as before and
+    says so in one line; `alone` then stops with what to do; ERA5 beside some flights only stops the run
+    naming the others; beside every flight, each labelled frame gets the predictors the files allow."""
+    from cloudml_lib.commands import era5 as command
+    from cloudml_lib.data.dataset import prepare_data
+
+    root, entries, config = copied_flights
+    for path in root.rglob("ERA5_*"):  # flights as they come from the camera and lidar alone
+        path.unlink()
+    with caplog.at_level(logging.INFO, logger="cloudml_lib.data.predictors"):
+        data = prepare_data(config(atmosphere="with_frames"))
+    said = [r.getMessage() for r in caplog.records if r.name == "cloudml_lib.data.predictors"]
+    assert len(said) == 1 and "no ERA5 file lies beside the flights" in said[0] and "fetch-era5" in said[0]
+    assert data.train_set.scalers.atmosphere is None and data.train_set.atmosphere()[1] == ()
+    assert prepare_data(config()).train_set.scalers == data.train_set.scalers  # as a run before the setting
+    with pytest.raises(DataError, match="data.atmosphere: alone needs the atmosphere of each flight"):
+        prepare_data(config(atmosphere="alone"))
+    first = config(atmosphere="with_frames").data.flights[0]
+    command.fetch(config(), names=[first.name], client=StandInCDS())
+    with pytest.raises(DataError, match=f"beside flights {first.name} but not .*--flights"):
+        prepare_data(config(atmosphere="with_frames"))
+    command.fetch(config(), client=StandInCDS())
+    data = prepare_data(config(atmosphere="with_frames"))
+    values, names = data.test_set.atmosphere()
+    assert list(names) == list(era5.PREDICTORS) == data.test_set.scalers.atmosphere
+    assert np.isfinite(values).all() and np.allclose(values[:, names.index("sea_air_difference")], 1.0)
+    # the stand-in's fields are constant: centred, with a spread of 1 (not of nothing), so a test flight's
+    # other value stays a number of its units' size
+    assert data.test_set.scalers.atmosphere_std[names.index("t2m")] == 1.0
+    assert np.abs(data.test_set.inputs(np.arange(4))[0]).max() < 10
+
+
+@pytest.mark.slow
+def test_a_model_that_read_the_atmosphere_evaluates_and_predicts_with_the_same_predictors(
+    copied_flights, tmp_path
+):
+    """A tiny run with data.atmosphere with_frames: the network takes the predictors beside the angles and
+    statistics; its report says what it saw; evaluate and predict read the same predictors from each flight's
+    files, and a flight whose files are gone is named, never scored on a made-up atmosphere."""
+    import yaml
+
+    import cloudml_lib as cml
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.commands import era5 as command
+    from cloudml_lib.data.preprocess import STAT_NAMES
+    from cloudml_lib.science.evaluate import load_run_model
+
+    root, entries, config = copied_flights
+    command.fetch(config(), client=StandInCDS())  # what a flight lacks (the demo's own files are kept)
+    raw = build_config_dict(config(atmosphere="with_frames"))
+    raw["train"]["epochs"] = 1
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    run = cml.fit(tmp_path / "c.yaml", tmp_path / "run")
+    report = cml.read_report(run)
+    assert report["atmosphere"] == {"network_inputs": "with_frames", "predictors": list(era5.PREDICTORS)}
+    model = load_run_model(run.path).model
+    assert model.film[0].in_features == 3 + len(STAT_NAMES) + len(era5.PREDICTORS)
+    again = cml.evaluate(run)
+    assert again["overall"] == pytest.approx(report["overall"], rel=1e-6)  # the same predictors, numbers
+    ds = cml.predict_flight(run)
+    assert np.isfinite(ds["cloud_base_height"].values).any()
+    import json
+
+    spec = json.loads((cml.export(run, tmp_path / "export") / "preprocessing.json").read_text())["inputs"]
+    assert spec["scalars"]["order"][-len(era5.PREDICTORS) :] == [f"{n}_standardised" for n in era5.PREDICTORS]
+    assert (
+        spec["scalars"]["shape"] == ["batch", model.film[0].in_features]
+        and "lcl_height_standardised = (" in (spec["scalars"]["formulas"][-1])
+    )
+    test_flight = build_config(raw).data.test_flights[0]
+    for path in (root / test_flight).glob("ERA5_*"):
+        path.unlink()
+    with pytest.raises(DataError, match=f"this model reads the atmosphere of each flight|{test_flight}"):
+        cml.predict_flight(run)
+
+
+def build_config_dict(cfg) -> dict:
+    """A Config as the plain dict a YAML file holds."""
+    from dataclasses import asdict
+
+    return asdict(cfg)

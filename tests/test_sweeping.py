@@ -52,9 +52,11 @@ def test_the_sweep_is_off_unless_asked_for(ws, shown, monkeypatch, capsys):
 
 
 def test_without_optuna_the_sweep_says_so_and_run_all_goes_on(ws, shown, monkeypatch, capsys):
-    real = sweeping.importlib.util.find_spec
+    from cloudml_lib.colab import drive
+
+    real = drive.importlib.util.find_spec
     monkeypatch.setattr(
-        sweeping.importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a)
+        drive.importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a)
     )
     asked = []
 
@@ -64,13 +66,13 @@ def test_without_optuna_the_sweep_says_so_and_run_all_goes_on(ws, shown, monkeyp
             cmd, 1, "", "ERROR: No matching distribution found for optuna>=4.0"
         )
 
-    monkeypatch.setattr(sweeping.subprocess, "run", pip)
+    monkeypatch.setattr(drive.subprocess, "run", pip)
     p = colab.Picker(ws)
     p.sweep.value = True
     assert colab.sweep(ws, p, None) is None  # no exception: Run all goes on
     out = capsys.readouterr().out
     assert asked and asked[0][1:4] == ["-m", "pip", "install"] and "optuna>=4.0" in asked[0]
-    assert "installing it now" in out and "Optuna could not be installed, so no sweep runs" in out
+    assert "installing optuna>=4.0 now" in out and "optuna could not be installed, so no sweep runs" in out
     assert "No matching distribution found" in out and "then run this cell again" in out
 
 

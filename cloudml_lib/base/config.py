@@ -46,6 +46,8 @@ STORED_ONLY = (LEGACY_VALIDATION,)  # values only an earlier release's stored co
 VALIDATION = Literal["auto", "flight", "time_blocks", "test_flights"]
 # data.radiometry: what the network sees of the frames' temperatures besides the per-frame reading
 RADIOMETRY = ("statistics", "none")
+# data.atmosphere: what the network sees of the flight's atmosphere (data/predictors.py)
+ATMOSPHERE = ("none", "with_frames", "alone")
 # data.cloud_flag: what the cloud / no-cloud output marks (any_layer: runs made before the setting existed)
 CLOUD_FLAGS = ("base_in_range", "any_layer")
 # keys an earlier release named otherwise: read under today's name (section, old name) -> new name
@@ -269,6 +271,17 @@ class DataConfig:
         "flights trained on (benchmarks/results/radiometry.json measured it against none). none: the "
         "per-frame reading alone, as runs made before this setting (they keep it)",
         choices=RADIOMETRY,
+        absent="none",
+    )
+    atmosphere: str = _f(
+        "none",
+        "what the network sees of each flight's atmosphere, from the ERA5 files beside the flights "
+        "(data/predictors.py; fetch-era5 downloads them): none: the frames and the sun alone, as runs made "
+        "before this setting (they keep it); with_frames: the reanalysis predictors (lifting condensation "
+        "level, sea-air difference, humidity, stability, ...) beside the frames, each scaled on the part of "
+        "the training flights trained on (flights without ERA5 files: the frames alone, said in one line); "
+        "alone: the predictors and the sun's angles, no frames",
+        choices=ATMOSPHERE,
         absent="none",
     )
     cbh_min_km: float = _f(0.1, "labels below this are dropped", range=(0.0, 20.0))

@@ -73,11 +73,32 @@ PROTOCOL = Obj(
     required=("name",),
 )
 # The height baselines (science/baselines.py BASELINES) and what the report says of the best of them
-HEIGHT_BASELINES = ("mean", "linear", "trees")
+# (a record of an earlier release names the first three; the four of the atmosphere came with ERA5)
+HEIGHT_BASELINES = (
+    "mean",
+    "linear",
+    "trees",
+    "physical",
+    "cold_top",
+    "atmosphere_trees",
+    "atmosphere_brightness_trees",
+)
 BEST_BASELINE = Obj(
     {"name": OneOf(HEIGHT_BASELINES), "mae_km": NUM, "model_mae_km": NUM, "skill": OPT_NUM}
     | {"skill_against": MapOf(OPT_NUM)},
     required=("name", "mae_km", "model_mae_km", "skill"),
+)
+# Whether the frames add anything to the atmosphere on a test flight (baselines.beyond_atmosphere)
+BEYOND_ATMOSPHERE = Obj(
+    {
+        "frames_model": OneOf(("network", *HEIGHT_BASELINES)),
+        "frames_mae_km": NUM,
+        "atmosphere_model": OneOf(HEIGHT_BASELINES),
+        "atmosphere_mae_km": NUM,
+        "skill": OPT_NUM,
+        "frames_add": BOOL,
+    },
+    required=("frames_model", "frames_mae_km", "atmosphere_model", "atmosphere_mae_km", "frames_add"),
 )
 BASELINES = Obj(
     {
@@ -87,6 +108,10 @@ BASELINES = Obj(
             Obj({"overall": METRIC_SET, "per_flight": MapOf(METRIC_SET)}, required=("overall",))
         ),
         "best": Obj({"per_flight": MapOf(Maybe(BEST_BASELINE)), "pooled": Maybe(BEST_BASELINE)}),
+        "left_out": MapOf(TEXT),  # baseline -> why (absent: written before the atmosphere's)
+        "beyond_atmosphere": Obj(
+            {"per_flight": MapOf(Maybe(BEYOND_ATMOSPHERE)), "pooled": Maybe(BEYOND_ATMOSPHERE)}
+        ),
     },
     required=("methods", "best"),
 )
@@ -99,6 +124,8 @@ BY_HEIGHT = Obj(
     required=("per_flight",),
 )
 RADIOMETRY = Obj({"network_inputs": TEXT, "units": MapOf(TEXT), "words": TEXT}, required=("network_inputs",))
+# What the network saw of the flights' atmosphere (data.atmosphere; absent: written before the setting)
+ATMOSPHERE_SEEN = Obj({"network_inputs": TEXT, "predictors": ListOf(TEXT)}, required=("network_inputs",))
 # The calibration methods intervals.json may name (intervals.METHODS maps each to its score).
 INTERVAL_METHODS = ("conformal_absolute", "conformal_gamma")
 EVALUATION = Obj(
@@ -118,6 +145,7 @@ EVALUATION = Obj(
         "baselines": BASELINES,  # absent: written before the physical baselines
         "by_height": BY_HEIGHT,
         "radiometry": RADIOMETRY,
+        "atmosphere": ATMOSPHERE_SEEN,
         "mae_interval_km": MapOf(Maybe(ListOf(NUM))),
         "training_label_range_km": ListOf(NUM),
         "outside_training_labels": MapOf(MapOf(NUM)),
@@ -169,9 +197,9 @@ RUN_INFO = Obj(
     }  # core/machine/timing.py checks their insides
 )
 FOLD = Obj(
-    {m: METRIC_SET for m in ("model", "mean", "scalars_only", "linear", "trees", "validation")}
+    {m: METRIC_SET for m in ("model", "scalars_only", "validation", *HEIGHT_BASELINES)}
     | {"cloud": Maybe(CLOUD), "warnings": ListOf(TEXT), "mae_interval_km": Maybe(ListOf(NUM))}
-    | {"protocol": TEXT, "best_baseline": Maybe(BEST_BASELINE)},
+    | {"protocol": TEXT, "best_baseline": Maybe(BEST_BASELINE), "left_out": MapOf(TEXT)},
     required=("model", "warnings"),
 )
 MEAN_STD = Obj({"mean": OPT_NUM, "std": OPT_NUM})

@@ -7,14 +7,17 @@ workspace in `.cloudml_smoke/`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudml_lib.base.config import Config, load_config, renamed_keys
-from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.errors import CloudMLError, install_command
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.colab.live import NotebookLog, folded_log
 from cloudml_lib.colab.profile import choose, profile
@@ -500,6 +503,69 @@ def _say_usable(ws: Workspace, demo: bool, ok: bool, data, rows) -> None:
             f"Only one complete flight ({found[0]}): training needs a second one, one to train on and one "
             f"to test it on. Add a second flight to {ws.data}, then run this notebook again."
         )
+
+
+def ensure_package(module: str, requirement: str, why: str, without: str) -> bool:
+    """`module` importable by this Python: installed with pip (`requirement`) when missing, saying `why`;
+    False, with what pip said, what that means (`without`) and how to try again, when that fails."""
+    if importlib.util.find_spec(module) is not None:
+        return True
+    print(f"{why}: installing {requirement} now (about a minute)...")
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", requirement], capture_output=True, text=True
+    )
+    importlib.invalidate_caches()
+    if r.returncode == 0 and importlib.util.find_spec(module) is not None:
+        print(f"{module} installed.")
+        return True
+    tail = (r.stderr or r.stdout or "").strip().splitlines()[-3:]
+    said = "\n  ".join(tail) or f"exit status {r.returncode}"
+    print(
+        f"{module} could not be installed, {without}. pip said:\n  {said}\n"
+        f"To try again: `{install_command(requirement)}` in a cell (needs the internet), then run this cell "
+        "again."
+    )
+    return False
+
+
+@user_errors
+def fetch_era5(ws: Workspace) -> dict:
+    """Each flight's ERA5 files (the atmosphere a run can read, data.atmosphere): a table of what lies beside
+    each flight; what is missing fetched from the Climate Data Store with the user's key (the notebook's
+    secret CDSAPI_KEY, or ~/.cdsapirc), the client installed on demand (commands/era5.py). Without a key it
+    says how to add one; nothing else depends on this cell."""
+    from cloudml_lib.commands import era5 as fetching
+    from cloudml_lib.data import predictors
+
+    cfg = load_config(*run_config(ws, "A" if uses_demo_data(ws) or fits_presets(ws) else SMALL))
+    data, _ = flights.prepare_flights(cfg.data, check_names=False)
+    have = {f.name: predictors.flight_files(f, data) for f in data.flights}
+    rows = [[n, ", ".join(p.name for p in files) or "none"] for n, files in have.items()]
+    show_markdown("**ERA5 beside each flight:**\n\n" + table(["flight", "ERA5 files"], rows))
+    missing = [n for n, files in have.items() if not files]
+    result = {"flights": len(have), "missing": missing, "fetched": []}
+    if not missing:
+        print(
+            "Every flight has its ERA5 files: a run with data.atmosphere can read each flight's atmosphere."
+        )
+        return result
+    if fetching.colab_key() is None and not os.environ.get("CDSAPI_KEY") and not fetching.has_rc():
+        print(
+            f"No ERA5 for {', '.join(missing)}. The network and the atmosphere baselines can read each "
+            "flight's atmosphere once its ERA5 files are there. To fetch them here you need "
+            f"{fetching.KEY_HELP}; then run this cell again. Training works without them (on the frames "
+            "alone)."
+        )
+        return result
+    if not ensure_package(
+        "cdsapi", fetching.CDSAPI, "ERA5 comes from the Climate Data Store's client", "so no ERA5 is fetched"
+    ):
+        return result
+    with folded_log("How the ERA5 requests went"):
+        done = fetching.fetch(cfg, missing)
+    result["fetched"] = done["fetched"]
+    print(f"Fetched {plural(len(done['fetched']), 'ERA5 file')} for {', '.join(missing)}.")
+    return result
 
 
 CACHE_WORDS = {"reused": "already on this machine", "copied": "copied from the Drive copy", "built": "built"}

@@ -13,15 +13,11 @@ resumes: run the cell again after a disconnect and the sweep continues with the 
 from __future__ import annotations
 
 import html
-import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from cloudml_lib.base.errors import install_command
 from cloudml_lib.base.runfiles import RunFiles
-from cloudml_lib.colab.drive import Workspace, run_config
+from cloudml_lib.colab.drive import Workspace, ensure_package, run_config
 from cloudml_lib.colab.live import LiveView, command, report_end, run_live
 from cloudml_lib.colab.picker import Choice, Picker
 from cloudml_lib.colab.show import plural, show, show_markdown, show_page, user_errors
@@ -59,26 +55,12 @@ def sweep_command(ws: Workspace, c: Choice) -> list[str]:
 def ensure_optuna() -> bool:
     """Optuna importable by this Python (the sweep's subprocess runs the same one): installed with pip when
     missing, saying so; False, with what pip said and how to try again, when that fails."""
-    if importlib.util.find_spec("optuna") is not None:
-        return True
-    print(
-        "The sweep runs on Optuna, which this runtime does not have (Colab does not include it): installing "
-        f"it now ({OPTUNA}, about a minute)..."
+    return ensure_package(
+        "optuna",
+        OPTUNA,
+        "The sweep runs on Optuna, which this runtime does not have (Colab does not include it)",
+        "so no sweep runs; nothing else is affected",
     )
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", OPTUNA], capture_output=True, text=True
-    )
-    importlib.invalidate_caches()
-    if r.returncode == 0 and importlib.util.find_spec("optuna") is not None:
-        print("Optuna installed.")
-        return True
-    tail = (r.stderr or r.stdout or "").strip().splitlines()[-3:]
-    said = "\n  ".join(tail) or f"exit status {r.returncode}"
-    print(
-        f"Optuna could not be installed, so no sweep runs; nothing else is affected. pip said:\n  {said}\n"
-        f"To try again: `{install_command(OPTUNA)}` in a cell (needs the internet), then run this cell again."
-    )
-    return False
 
 
 def _value(v) -> str:

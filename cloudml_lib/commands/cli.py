@@ -280,8 +280,9 @@ def _add_data_commands(sub) -> None:
         "--generator",
         type=int,
         default=None,
-        help="the generator version (default: the newest, 3: the cloud's top in the frames, its base a "
-        "varying thickness below; 2: CloudML 0.3's easy demo, byte for byte, for the runs made on it)",
+        help="the generator version (default: the newest, 4: version 3's flights with ERA5 files of their "
+        "atmosphere beside them; 3: the cloud's top in the frames, its base a varying thickness below, no "
+        "ERA5; 2: CloudML 0.3's easy demo; each byte for byte, for the runs made on it)",
     )
 
 

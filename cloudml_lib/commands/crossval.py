@@ -13,11 +13,19 @@ training part alone):
 - `mean`: the training flights' mean height (the baseline every report carries);
 - `linear`, `trees`: a ridge regression and gradient-boosted trees on the labelled frame's raw brightness
   statistics (in the units the IR file states) plus the angles: what the physics sees;
+- with ERA5 files beside the flights (read for the baselines whatever data.atmosphere says): `physical` (the
+  lifting condensation level of the surface air, no fitted parameter), `cold_top` (the top from the coldest
+  pixels in kelvin, the 2 m air and a lapse rate, less a typical thickness), `atmosphere_trees` (the trees on
+  the atmosphere alone) and `atmosphere_brightness_trees` (on the atmosphere and the brightness together);
+  without them, one line says why they could not be fitted;
 - `scalars_only`: a control, the same network trained on its scalar inputs alone (the sun's angles, and with
   data.radiometry the brightness statistics), no frames (`folds/<flight>/scalars_only`).
-Each fold names its best baseline and the network's MAE skill against it. A fold finished by an earlier
-release (whose `trees` saw the per-frame reading of the frames, not the temperature) gets its baselines
-fitted again, so that one table compares the same baselines on every fold.
+Each fold names its best baseline and the network's MAE skill against it, and the verdicts say on how many
+test flights the frames add nothing to the atmosphere (the best model that sees them, the network or the
+trees on atmosphere + brightness, against the best on the atmosphere alone). A fold finished by an earlier
+release (whose `trees` saw the per-frame reading of the frames, not the temperature, or that had no baseline
+on the atmosphere) gets its baselines fitted again, so that one table compares the same baselines on every
+fold.
 Cloud / no-cloud is scored per fold against its two baselines (`clouds.py`: the majority class and a
 brightness-temperature threshold, both fitted on the fold's training flights). Prediction intervals
 are measured where they matter, on flights never seen (`intervals.py`): for each test flight,
@@ -64,11 +72,34 @@ from cloudml_lib.data.dataset import prepare_data
 from cloudml_lib.data.flights import resolve_config
 from cloudml_lib.science import baselines, intervals
 from cloudml_lib.science.clouds import BASELINES
-from cloudml_lib.science.report import baseline_beats, shortcomings, write_report
+from cloudml_lib.science.report import baseline_beats, frames_words, shortcomings, write_report
 
 log = logging.getLogger(__name__)
 
-COMPARED = ("model", "mean", "scalars_only", "linear", "trees")
+COMPARED = ("model", "mean", "scalars_only", *baselines.BASELINES[1:])
+# each method in the fold table's columns; the first five always shown, the others where a fold has them
+COLUMNS = {
+    "model": "model",
+    "mean": "mean",
+    "scalars_only": "scalars only",
+    "linear": "linear",
+    "trees": "trees",
+    "physical": "LCL",
+    "cold_top": "cold top",
+    "atmosphere_trees": "trees on atmosphere",
+    "atmosphere_brightness_trees": "trees on atmosphere + brightness",
+}
+# what the verdicts call each method the image model is weighed against, in the order they are said
+BEATEN = {
+    "mean": "the training mean",
+    "linear": "the linear model on brightness statistics",
+    "trees": "the gradient-boosted trees on brightness statistics",
+    "physical": "the lifting condensation level (physical, no fitted parameter)",
+    "cold_top": "the cold-top retrieval (physical, no fitted parameter)",
+    "atmosphere_trees": "the gradient-boosted trees on the atmosphere",
+    "atmosphere_brightness_trees": "the gradient-boosted trees on the atmosphere and brightness statistics",
+    "scalars_only": "the scalars-only control",
+}
 OUT_OF_RANGE_SHARE = 0.1  # test heights outside the training range above this share: warn
 
 
@@ -95,13 +126,15 @@ def fold_config(cfg: Config, held: str, scalars_only: bool = False, started: dic
 
 def fold_baselines(cfg: Config, model_metrics: dict, data) -> dict:
     """The baselines of one fold (`data`: its prepare_data), fitted on its training part: each one's metrics
-    on the test flight, and the best with the network's skill against it (`model_metrics`: the network's)."""
+    on the test flight, those left out with the reason, and the best with the network's skill against it
+    (`model_metrics`: the network's)."""
     has = data.test_set.has_height()
     true_km = data.test_set.targets_km()[has]
-    predicted = baselines.fit_predict(data.train_set, [data.test_set], cfg.train.seed)
-    out = {k: regression_metrics(true_km, v[0][has]) for k, v in predicted.items() if k != "mean"}
+    fitted = baselines.fit_predict(data.train_set, [data.test_set], cfg.train.seed, cfg.data)
+    out = {k: regression_metrics(true_km, v[0][has]) for k, v in fitted.heights.items() if k != "mean"}
     maes = {k: m["mae_km"] for k, m in out.items()}
-    return {**out, "best_baseline": best_of(model_metrics, {**maes, "mean": None})}
+    best = best_of(model_metrics, {**maes, "mean": None})
+    return {**out, "left_out": fitted.left_out, "best_baseline": best}
 
 
 def best_of(model: dict, maes: dict) -> dict | None:
@@ -204,14 +237,15 @@ def read_fold(run_dir: Path, held: str) -> dict:
 
 
 def with_baselines(cfg: Config, held: str, result: dict, started: dict | None) -> dict:
-    """A fold scored by an earlier release (no `linear` baseline; its `trees` saw the per-frame reading of
-    the frames) with today's baselines fitted on its training part, so that every fold compares the same."""
-    if "linear" in result:
+    """A fold scored by an earlier release (no `linear` baseline, its `trees` having seen the per-frame
+    reading of the frames; or no record of the atmosphere's baselines, `left_out`) with today's baselines
+    fitted on its training part, so that every fold compares the same."""
+    if "linear" in result and "left_out" in result:
         return result
     log.info("Fold %s was scored by an earlier CloudML: its baselines are fitted again", held)
     data = prepare_data(fold_config(cfg, held, started=started))
     fitted = fold_baselines(cfg, result["model"], data)
-    result = {k: v for k, v in result.items() if k != "trees"}
+    result = {k: v for k, v in result.items() if k not in baselines.BASELINES[1:]}
     maes = {k: (r or {}).get("mae_km") for k, r in {**result, **fitted}.items() if k in baselines.BASELINES}
     return {**result, **fitted, "best_baseline": best_of(result["model"], maes)}
 
@@ -258,12 +292,7 @@ def summarise(folds: dict) -> dict:
             "test flights (accuracy)."
             + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
         )
-    for method, words in (
-        ("mean", "the training mean"),
-        ("linear", "the linear model on brightness statistics"),
-        ("trees", "the gradient-boosted trees on brightness statistics"),
-        ("scalars_only", "the scalars-only control"),
-    ):
+    for method, words in BEATEN.items():
         pairs = [(f["model"]["mae_km"], f[method]["mae_km"]) for f in folds.values() if method in f]
         if pairs:
             wins = sum(a < b for a, b in pairs)
@@ -271,8 +300,26 @@ def summarise(folds: dict) -> dict:
                 f"The image model beats {words} on {wins} of {len(pairs)} test flights (MAE)."
                 + ("" if wins == len(pairs) else f" It does NOT beat it on {len(pairs) - wins}.")
             )
-    verdicts += skill_verdict(folds, summary)
+    verdicts += skill_verdict(folds, summary) + atmosphere_verdict(folds)
     return {"summary": summary, "verdicts": verdicts, "undefined": undefined}
+
+
+def atmosphere_verdict(folds: dict) -> list[str]:
+    """Whether the frames add anything to the atmosphere, test flight by test flight (report.frames_words), or
+    the one line that says why the atmosphere baselines could not be fitted ([] for folds of a release
+    before them)."""
+    per = {
+        n: baselines.beyond_atmosphere(
+            f["model"].get("mae_km"), {k: (f.get(k) or {}).get("mae_km") for k in baselines.BASELINES}
+        )
+        for n, f in folds.items()
+    }
+    said = frames_words(per)
+    if said:
+        return [said]
+    left_out = [f.get("left_out") or {} for f in folds.values()]
+    why = sorted({v for out in left_out for k, v in out.items() if k in baselines.ATMOSPHERE_ONLY})
+    return [f"The atmosphere baselines could not be fitted: {'; '.join(why)}."] if why else []
 
 
 def skill_verdict(folds: dict, summary: dict) -> list[str]:
@@ -362,25 +409,8 @@ def format_markdown(result: dict) -> str:
         "interval over time blocks, RMSE, bias, std(pred)/std(true), n; beside it the R2 and MAE of the "
         'baselines on the same flight). R2 "undefined": the flight\'s labels do not vary.',
         "",
-        "| test flight | n | R2 model | R2 mean | R2 scalars only | R2 linear | R2 trees | MAE model | "
-        "MAE model 95% | MAE mean | MAE scalars only | MAE linear | MAE trees | best baseline | "
-        "skill vs it | RMSE model | bias model | std ratio model |",
-        "|" + "---|" * 18,
+        *_fold_table(result["folds"]),
     ]
-    for name, f in result["folds"].items():
-        get = f.get
-        interval = f.get("mae_interval_km")
-        lines.append(
-            f"| {name} | {f['model']['n']} | "
-            + " | ".join(
-                [_cell(get(m), "r2") for m in COMPARED]
-                + [_cell(f["model"], "mae_km"), f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"]
-                + [_cell(get(m), "mae_km") for m in COMPARED[1:]]
-                + _best_cells(f.get("best_baseline"))
-                + [_cell(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
-            )
-            + " |"
-        )
     s = result["summary"]
     keys = ("r2", "mae_km", "rmse_km", "bias_km", "std_ratio")
     lines += [
@@ -410,6 +440,26 @@ def format_markdown(result: dict) -> str:
     if result["warnings"]:
         lines += ["", "Warnings:", *[f"- {w}" for w in result["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+def _fold_table(folds: dict) -> list[str]:
+    """Markdown: each fold's test flight, the R2 and MAE of the model and of each method (COLUMNS: the first
+    five always, the others where a fold has them), the best baseline and the skill against it, and the
+    model's RMSE, bias and std ratio."""
+    shown = [m for m in COMPARED if m in list(COLUMNS)[:5] or any(m in f for f in folds.values())]
+    header = ["test flight", "n", *(f"R2 {COLUMNS[m]}" for m in shown), "MAE model", "MAE model 95%"]
+    header += [f"MAE {COLUMNS[m]}" for m in shown[1:]]
+    header += ["best baseline", "skill vs it", "RMSE model", "bias model", "std ratio model"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, f in folds.items():
+        interval = f.get("mae_interval_km")
+        cells = [name, str(f["model"]["n"])] + [_cell(f.get(m), "r2") for m in shown]
+        cells += [_cell(f["model"], "mae_km"), f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"]
+        cells += [_cell(f.get(m), "mae_km") for m in shown[1:]]
+        cells += _best_cells(f.get("best_baseline"))
+        cells += [_cell(f["model"], k) for k in ("rmse_km", "bias_km", "std_ratio")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _best_cells(best: dict | None) -> list[str]:

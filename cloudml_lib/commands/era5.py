@@ -34,6 +34,14 @@ KEY_HELP = (
 )
 
 
+CDSAPI = "cdsapi>=0.7"  # as pyproject.toml's era5 extra
+
+
+def has_rc() -> bool:
+    """Whether the CDS client's own key file is there (CDSAPI_RC, or ~/.cdsapirc)."""
+    return Path(os.environ.get("CDSAPI_RC", Path.home() / ".cdsapirc")).is_file()
+
+
 def colab_key() -> str | None:
     """The notebook's secret CDSAPI_KEY on Colab (google.colab.userdata), else None."""
     try:
@@ -52,12 +60,10 @@ def cds_client():
         import cdsapi  # type: ignore[import-not-found]
     except ImportError:
         raise CloudMLError(
-            f"fetching ERA5 needs the Climate Data Store's client: {install_command('cdsapi>=0.7')}, then "
-            f"{KEY_HELP}"
+            f"fetching ERA5 needs the Climate Data Store's client: {install_command(CDSAPI)}, then {KEY_HELP}"
         ) from None
     key = colab_key()
-    has_rc = Path(os.environ.get("CDSAPI_RC", Path.home() / ".cdsapirc")).is_file()
-    if key is None and not os.environ.get("CDSAPI_KEY") and not has_rc:
+    if key is None and not os.environ.get("CDSAPI_KEY") and not has_rc():
         raise CloudMLError(f"no Climate Data Store key was found: {KEY_HELP}")
     if key is not None:
         return cdsapi.Client(url=os.environ.get("CDSAPI_URL", CDS_URL), key=key, quiet=True)

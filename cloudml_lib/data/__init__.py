@@ -10,9 +10,11 @@
 - flights.py      flights found in a folder by their file names
 - era5.py         ERA5 reanalysis as the Climate Data Store serves it (both NetCDF layouts), interpolated
                   to each frame;  atmosphere.py  the predictors derived from it (LCL, LTS, EIS, ...);
-                  era5_requests.py  the box and hours of a flight, as requests to the Climate Data Store
+                  era5_requests.py  the box and hours of a flight, as requests to the Climate Data Store;
+                  predictors.py  a run's flights' predictors at each labelled frame (data.atmosphere)
 - synthetic.py    the demo flights, written in the real file layout (only where a command starts:
-                  import-linter);  demo.py  their names and test flight, all a run needs to know of them
+                  import-linter);  demo.py  their names and test flight, all a run needs to know of them;
+                  demo_era5.py  the ERA5 files beside them (generator 4), drawn around their atmosphere
 - preprocess.py   a frame's preprocessing (crop, CLAHE) and its radiometric statistics, on every core or
                   the GPU;  clahe.py  scikit-image's CLAHE in batched torch, the same frames
 - cache.py, cachefiles.py  the memory-mapped cache, built once, verified, copied to Drive

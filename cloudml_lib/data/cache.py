@@ -221,6 +221,10 @@ class FlightCache:
     meta: dict
     source: str = "reused"  # reused, copied (from data.cache_copy_dir) or built
     seconds: float = 0.0  # time to make it ready
+    # (N, P) the atmosphere's predictors at each labelled frame (data/predictors.py attach; not cached: read
+    # from the ERA5 files each time), NaN where a frame has no position; None: not read
+    atmosphere: np.ndarray | None = None
+    atmosphere_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.cbh_km)
@@ -260,7 +264,8 @@ class FlightCache:
             "frame_stats",
         )
         per_sample += ("sza_deg", "saa_deg", "heading_deg")
-        return replace(self, **{k: getattr(self, k)[rows] for k in per_sample})
+        part = replace(self, **{k: getattr(self, k)[rows] for k in per_sample})
+        return part if self.atmosphere is None else replace(part, atmosphere=self.atmosphere[rows])
 
 
 def _open(path: Path) -> FlightCache:

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import DataError
+from cloudml_lib.data import predictors
 from cloudml_lib.data.cache import FlightCache, load_caches
 from cloudml_lib.data.cpl import BASE_IN_RANGE, cloud_classes
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
@@ -59,10 +60,19 @@ class Scalers:
     radiometry_offset: float | None = None
     radiometry_scale: float | None = None
     radiometry_units: str | None = None  # the units the statistics were in (the IR files'): checked on use
+    # with data.atmosphere: the predictors the network reads (data/predictors.py), in order, and each one's
+    # mean and spread over the part trained on (None: no atmosphere, as every run before the setting)
+    atmosphere: list[str] | None = None
+    atmosphere_mean: list[float] | None = None
+    atmosphere_std: list[float] | None = None
 
     @property
     def radiometry(self) -> bool:
         return self.radiometry_scale is not None
+
+    @property
+    def n_atmosphere(self) -> int:
+        return len(self.atmosphere or ())
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -72,7 +82,28 @@ class Scalers:
         numbers = ("sza_mean", "sza_std", "cbh_mean", "cbh_std", "radiometry_offset", "radiometry_scale")
         out = {k: float(d[k]) for k in numbers if d.get(k) is not None}  # the last two: with radiometry
         units = d.get("radiometry_units")
-        return cls(**out, radiometry_units=None if units is None else str(units))
+        scalers = cls(**out, radiometry_units=None if units is None else str(units))
+        names = d.get("atmosphere")
+        if names is None:
+            return scalers
+        mean, std = d.get("atmosphere_mean"), d.get("atmosphere_std")
+        if not (
+            isinstance(names, list)
+            and all(isinstance(n, str) for n in names)
+            and all(isinstance(x, list) and len(x) == len(names) for x in (mean, std))
+            and all(isinstance(v, (int, float)) and np.isfinite(v) for v in [*mean, *std])
+            and all(v > 0 for v in std)
+        ):
+            raise ValueError(
+                "the scalers' atmosphere must be a list of predictor names with one finite mean and one "
+                f"positive spread each, not {names!r}, {mean!r}, {std!r}"
+            )
+        return replace(
+            scalers,
+            atmosphere=list(names),
+            atmosphere_mean=[float(v) for v in mean],
+            atmosphere_std=[float(v) for v in std],
+        )
 
     def check_units(self, units: str, where: str) -> None:
         """A model that saw the brightness statistics in some units reads only those: `units` (what the IR
@@ -113,26 +144,43 @@ def mirror_line(heading_deg: np.ndarray, mode: str, along_track_axis: str) -> np
 ANGLE_INPUTS = 3  # the zenith angle, the azimuth's sine and cosine
 
 
-def n_scalar_inputs(radiometry: str) -> int:
-    """How many scalar inputs the network takes with data.radiometry `radiometry`."""
-    return ANGLE_INPUTS + (len(STAT_NAMES) if radiometry != "none" else 0)
+def n_scalar_inputs(radiometry: str, n_atmosphere: int = 0) -> int:
+    """How many scalar inputs the network takes with data.radiometry `radiometry` and `n_atmosphere`
+    predictors of the atmosphere."""
+    return ANGLE_INPUTS + (len(STAT_NAMES) if radiometry != "none" else 0) + n_atmosphere
 
 
-def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers, stats=None) -> np.ndarray:
+def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers, stats=None, atmosphere=None) -> np.ndarray:
     """(N, 3) float32 network scalars: the standardised zenith angle (the training mean where unknown) and
     the azimuth's sine and cosine (0, 0 where unknown: no direction), so 359 and 1 degrees lie close; with the
     scalers' radiometry, (N, 3 + K): then the frames' radiometric statistics `stats` (N, K), on the scalers'
-    scale (0, the training mean, where one is not finite)."""
+    scale (0, the training mean, where one is not finite); with the scalers' atmosphere, then the predictors
+    `atmosphere` (N, P), each standardised (0, the training mean, where one is not finite)."""
     sza = np.asarray(sza_deg, np.float64).reshape(-1)
     az = np.radians(np.asarray(azimuth_deg, np.float64).reshape(-1))
     z = np.where(np.isfinite(sza), (sza - scalers.sza_mean) / scalers.sza_std, 0.0)
     known = np.isfinite(az)
-    angles = np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1)
-    if not scalers.radiometry:
-        return angles.astype(np.float32)
-    assert stats is not None, "a model with radiometry needs the frames' statistics"
-    scaled = scaled_statistics(np.asarray(stats, np.float64).reshape(len(sza), len(STAT_NAMES)), scalers)
-    return np.concatenate([angles, scaled], 1).astype(np.float32)
+    parts = [np.stack([z, np.where(known, np.sin(az), 0.0), np.where(known, np.cos(az), 0.0)], 1)]
+    if scalers.radiometry:
+        assert stats is not None, "a model with radiometry needs the frames' statistics"
+        parts.append(
+            scaled_statistics(np.asarray(stats, np.float64).reshape(len(sza), len(STAT_NAMES)), scalers)
+        )
+    if scalers.atmosphere:
+        assert atmosphere is not None, "a model that reads the atmosphere needs its predictors"
+        parts.append(
+            scaled_atmosphere(
+                np.asarray(atmosphere, np.float64).reshape(len(sza), scalers.n_atmosphere), scalers
+            )
+        )
+    return np.concatenate(parts, 1).astype(np.float32)
+
+
+def scaled_atmosphere(values: np.ndarray, scalers: Scalers) -> np.ndarray:
+    """(N, P) the atmosphere's predictors standardised by the scalers; 0 (the training mean) where one is not
+    finite."""
+    x = (values - np.asarray(scalers.atmosphere_mean)) / np.asarray(scalers.atmosphere_std)
+    return np.where(np.isfinite(x), x, 0.0)
 
 
 SPREAD = STAT_NAMES.index("std")  # the one statistic that is a spread, not a place on the scale
@@ -145,13 +193,28 @@ def scaled_statistics(stats: np.ndarray, scalers: Scalers) -> np.ndarray:
     return np.where(np.isfinite(x), x, 0.0)
 
 
-def fit_scalers(train: list[FlightCache], radiometry: str = "none") -> Scalers:
+def fit_scalers(train: list[FlightCache], radiometry: str = "none", atmosphere: str = "none") -> Scalers:
     """The scalers of the part trained on (`train`); with data.radiometry `radiometry` (not none) the scale
     of the radiometric statistics too: their mean frame's mean brightness, and the spread of every percentile
-    and mean over them."""
+    and mean over them; with data.atmosphere `atmosphere` (not none) and the caches' predictors
+    (predictors.attach), each predictor's mean and spread over `train`."""
     cat = lambda attr: np.concatenate([getattr(c, attr) for c in train]).astype(np.float64)  # noqa: E731
     sza, cbh = _mean_std(cat("sza_deg")), _mean_std(cat("cbh_km"))
     scalers = Scalers(sza[0], sza[1], cbh[0], cbh[1])
+    if atmosphere != "none" and train and train[0].atmosphere is not None:
+        names = list(train[0].atmosphere_names)
+        assert all(list(c.atmosphere_names) == names for c in train), "one set of predictors per run"
+        values = np.concatenate([c.atmosphere for c in train]).astype(np.float64)  # (N, P)
+        # a predictor that does not vary over the part trained on (one flight's constant field) is centred
+        # only: a spread of nothing would blow a test flight's different value up to millions
+        fitted = [_mean_std(values[:, k]) for k in range(len(names))]
+        fitted = [(m, s if s > 1e-6 * max(1.0, abs(m)) else 1.0) for m, s in fitted]
+        scalers = replace(
+            scalers,
+            atmosphere=names,
+            atmosphere_mean=[m for m, _ in fitted],
+            atmosphere_std=[s for _, s in fitted],
+        )
     if radiometry == "none":
         return scalers
     stats = np.concatenate([c.frame_stats for c in train]).astype(np.float64)  # (N, K)
@@ -294,6 +357,18 @@ class CloudDataset(Dataset):
             return np.zeros((0, len(STAT_NAMES)))
         return np.concatenate([c.frame_stats for c in self.caches])[self._global()].astype(np.float64)
 
+    def atmosphere(self) -> tuple[np.ndarray, tuple[str, ...]]:
+        """((N, P) each sample's atmosphere predictors as read (data/predictors.py; NaN where unknown), their
+        names); (N, 0) and () where the flights' predictors were not read."""
+        if not self.caches or any(c.atmosphere is None for c in self.caches):
+            return np.zeros((len(self), 0)), ()
+        names = self.caches[0].atmosphere_names
+        if any(c.atmosphere_names != names for c in self.caches):
+            return np.zeros((len(self), 0)), ()
+        if not len(self):
+            return np.zeros((0, len(names))), names
+        return np.concatenate([c.atmosphere for c in self.caches])[self._global()].astype(np.float64), names
+
     def angles(self) -> np.ndarray:
         """(N, 3) the angle inputs as the network sees them (without augmentation)."""
         return self.inputs(np.arange(len(self)))[0][:, :ANGLE_INPUTS]
@@ -311,12 +386,12 @@ class CloudDataset(Dataset):
         __getitem__ gives them without augmentation, but without reading their frames."""
         indices = np.asarray(indices, np.int64)
         s = self.scalers
-        width = ANGLE_INPUTS + (len(STAT_NAMES) if s.radiometry else 0)
+        width = ANGLE_INPUTS + (len(STAT_NAMES) if s.radiometry else 0) + s.n_atmosphere
         scalars, targets = np.zeros((len(indices), width), np.float32), np.zeros(len(indices), np.float32)
         for k, c in enumerate(self.caches):
             mine = self.flight_of[indices] == k
             j = self.local[indices[mine]]
-            scalars[mine] = scalar_inputs(c.sza_deg[j], self.azimuth[k][j], s, c.frame_stats[j])
+            scalars[mine] = scalar_inputs(c.sza_deg[j], self.azimuth[k][j], s, c.frame_stats[j], _rows(c, j))
             height = c.cbh_km[j].astype(np.float64)
             targets[mine] = np.where(np.isfinite(height), (height - s.cbh_mean) / s.cbh_std, 0.0)
         return scalars, targets
@@ -334,7 +409,8 @@ class CloudDataset(Dataset):
                 np.random.default_rng([self.seed, self.epoch, int(i)]),
                 line if np.isfinite(line) else None,
             )
-        scalars = torch.from_numpy(scalar_inputs(c.sza_deg[j], azimuth, s, c.frame_stats[j : j + 1])[0])
+        scalars = scalar_inputs(c.sza_deg[j], azimuth, s, c.frame_stats[j : j + 1], _rows(c, [j]))
+        scalars = torch.from_numpy(scalars[0])
         height = float(c.cbh_km[j])
         has = np.isfinite(height)
         target = torch.tensor((height - s.cbh_mean) / s.cbh_std if has else 0.0, dtype=torch.float32)
@@ -348,6 +424,11 @@ class CloudDataset(Dataset):
             "weight": weight,
             "index": int(i),
         }
+
+
+def _rows(cache: FlightCache, rows) -> np.ndarray | None:
+    """The cache's atmosphere predictors at `rows`, or None where it has none."""
+    return None if cache.atmosphere is None else cache.atmosphere[np.asarray(rows, np.int64)]
 
 
 @dataclass
@@ -367,7 +448,7 @@ def prepare_data(cfg: Config, skipped: list[FoundFlight] = (), backend: Backend 
     """Caches of all (resolved) flights, split by role, scalers fitted on the part trained on only. The
     training set carries `flight_table`: each flight's files, frames, labels kept and removed by each filter
     (the trainer logs it once the run's log file exists)."""
-    caches = load_caches(cfg.data, backend)
+    caches = predictors.attach(load_caches(cfg.data, backend), cfg.data)
     notes = Notes()
     table = format_table(summary_rows(cfg.data, caches, list(skipped), notes))
     table += ("\n" + notes.text()) if notes else ""
@@ -388,7 +469,17 @@ def split_data(cfg: Config, caches: list[FlightCache], table: str = "") -> RunDa
     check_parts(fit, val, split)
     if cfg.data.radiometry != "none":
         check_radiometry(caches)
-    scalers = fit_scalers(fit, cfg.data.radiometry)
+    scalers = fit_scalers(fit, cfg.data.radiometry, cfg.data.atmosphere)
+    if scalers.atmosphere:
+        log.info(
+            "atmosphere: the network sees %d ERA5 predictors %s (data.atmosphere: %s), each standardised on "
+            "the part trained on",
+            scalers.n_atmosphere,
+            "beside the frames"
+            if cfg.data.atmosphere == "with_frames"
+            else "and the sun's angles, no frames",
+            cfg.data.atmosphere,
+        )
     if scalers.radiometry:
         log.info(
             "radiometry: the network sees the labelled frame's brightness statistics in %s, on the scale "

@@ -17,10 +17,10 @@ files hold (ER2_DATA.md, "Corrections from public evidence"):
   public-style ICARTT text instead (`*_MetNav_ER2_YYYYMMDD_R0.ict`, with a time axis, a Day_Of_Year
   column, the sun azimuth in -180..180, fill -9999 and the limit-of-detection flags -7777 / -8888).
 
-The scene of generator version 3 (`make_demo_flights`' default; all sizes scale with the frame width; "px" is
-one camera pixel at nadir). What the camera sees of a low cloud is its *top*; the lidar labels its *base*, a
-thickness below, and nothing in one frame's temperatures gives that thickness, the sea's temperature under an
-overcast or the day's lapse rate, so no temperature statistic gives the base exactly:
+The scene of generator versions 3 and 4 (4 is `make_demo_flights`' default; all sizes scale with the frame
+width; "px" is one camera pixel at nadir). What the camera sees of a low cloud is its *top*; the lidar labels
+its *base*, a thickness below, and nothing in one frame's temperatures gives that thickness, the sea's
+temperature under an overcast or the day's lapse rate, so no temperature statistic gives the base exactly:
 - A marine boundary layer per flight (`Atmosphere`): the sea's temperature differs between flights (285.5 to
   292 K, the range of sea surface temperatures off California in NOAA's OISST climatology, about 12-19 C), the
   air at the surface 0.5-1.5 K cooler than the sea (a typical marine air-sea difference), and the temperature
@@ -63,6 +63,32 @@ overcast or the day's lapse rate, so no temperature statistic gives the base exa
 - The IR file says what its numbers are: counts packed as CF-1.8 does (`units` K, `scale_factor` 0.01,
   `add_offset` 180: a count is 0.01 K above 180 K), and which generator wrote it (`cloudml_demo_generator`).
 
+Generator version 4 is version 3's flights (the same frames, labels and nav, byte for byte but the IR file's
+`cloudml_demo_generator`) with the ERA5 reanalysis of their atmosphere beside them, as fetch-era5 would
+download it (demo_era5.py: its physics, its errors and their sources):
+- in each flight's folder, `ERA5_single_<flight>_<YYYYMMDD>.nc` and `ERA5_pressure_<flight>_<YYYYMMDD>.nc`
+  for each UTC day the flight touches (two pairs for the flight across 00 UTC), named, boxed (0.25 degree
+  grid) and timed (hourly) as era5_requests asks the Climate Data Store for them; the legacy CDS layout
+  (NetCDF-3, packed 16-bit values) on the second of every three flights (of five: the second and fifth),
+  the 2024 one (NetCDF-4) on the others;
+- the truth behind them is the atmosphere that makes the frames, as a 0.25 degree hourly field holds it: the
+  flight's sea (with a gentle gradient) and air, its lapse rates to the cloud's mean base and through the
+  cloud to its mean top, an inversion of 6-12 K above the top (BOUNDARY_LAYERS), the free troposphere at
+  6.5 K/km, and a 2 m dew point whose lifting condensation level (Romps 2017) is the cloud's mean base where
+  the boundary layer is coupled and 0.25-0.40 km below it on the decoupled flights (the second, fourth and
+  seventh: those whose sub-cloud lapse rate is 7-8 K/km, well below the dry adiabat). Coupled and decoupled
+  stratocumulus-topped layers are both common (observed in VOCALS-REx by Jones, Bretherton and Leon 2011,
+  ACP 11, 7143; reviewed by Wood 2012, MWR 140, 2373: a decoupled layer's cloud base lies above the surface
+  air's condensation level); a mixed-layer model decouples subtropical stratocumulus layers except near
+  the coast, where they are under about 750 m deep (Bretherton and Wyant 1997, JAS 54, 148). The offsets
+  of 0.25-0.40 km are our choice within that picture, not a published distribution. The boundary layer
+  height is the cloud top's. The base's drift along the flight is not in the field: neither the frames
+  alone nor the reanalysis alone gives the base exactly;
+- the reanalysis differs from that truth by a per-flight bias plus a smooth field, of the sizes published
+  for ERA5 where a figure was found and assumed otherwise (demo_era5.ERRORS), drawn from a random stream of
+  the flight's own (`[seed, flight, 4]`), so that the frames, labels and nav draw exactly version 3's
+  numbers.
+
 Generator version 2 (CloudML 0.2-0.3; `make_demo_flights(version=2)` writes it again, byte for byte, for the
 runs made on it): every cloud pixel at the temperature of its base + 0.3 km (a constant thickness, one sea
 temperature for all flights and 6.5 K/km from 289 K at the surface up), so the frames' coldest pixels gave the
@@ -87,7 +113,7 @@ from cloudml_lib.base import ledger
 from cloudml_lib.base.config import DataConfig
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ownership import Kind, claim
-from cloudml_lib.data import flights, times
+from cloudml_lib.data import demo_era5, flights, times
 from cloudml_lib.data.demo import DEMO_FLIGHTS, DEMO_TEST_INDEX, demo_flight_names, demo_test_flights  # noqa: F401
 from cloudml_lib.data.hdf5 import holds_dataset
 
@@ -115,9 +141,10 @@ FLIGHT_SETTINGS = (
     (45.0, 225.0, 0.80),
 )
 # 2: cirrus in the frames, low cloud of varying opacity (cloud / no-cloud); 3: the cloud's top in the frames,
-# its base a varying thickness below, the atmosphere of each flight its own (the module's docstring)
-DEMO_VERSION = 3
-DEMO_VERSIONS = (2, 3)  # the versions make_demo_flights writes (each byte for byte)
+# its base a varying thickness below, the atmosphere of each flight its own; 4: 3's flights with the ERA5
+# reanalysis of their atmosphere beside them (the module's docstring)
+DEMO_VERSION = 4
+DEMO_VERSIONS = (2, 3, 4)  # the versions make_demo_flights writes (2 and 3 byte for byte as before)
 VERSION_FILE = ".cloudml_demo_version"  # written beside the flights; an earlier version's flights are kept
 GENERATOR_ATTR = "cloudml_demo_generator"  # the IR file's attribute naming its generator version (3 on)
 # Version 3's flights, one entry each (cycled past the eighth): the sea's temperature (K), the air's
@@ -131,6 +158,19 @@ ATMOSPHERES = (
     (287.0, 0.5, 9.8, 0.20),
     (292.0, 1.1, 7.0, 0.42),
     (285.5, 0.9, 8.8, 0.28),
+)
+# Version 4's flights (cycled as ATMOSPHERES): how far the cloud base lies above the lifting condensation
+# level of the surface air (km; 0: a coupled, well-mixed layer; the decoupled ones are flights whose sub-cloud
+# lapse rate is well below the dry adiabat) and the inversion above the cloud top (K)
+BOUNDARY_LAYERS = (
+    (0.00, 9.0),
+    (0.30, 7.0),
+    (0.00, 11.0),
+    (0.25, 6.0),
+    (0.00, 10.0),
+    (0.00, 12.0),
+    (0.40, 8.0),
+    (0.00, 9.0),
 )
 MOIST_LAPSE_K_PER_KM = 5.0  # inside the cloud (about the moist adiabat at 280-290 K)
 ADIABATIC_FRACTION = 0.6  # the cloud's liquid water against the adiabatic profile (sub-adiabatic)
@@ -422,9 +462,9 @@ def _write_flight(
     n_frames: int,
     shape,
     version: int = DEMO_VERSION,
-) -> None:
+) -> tuple[Scene, demo_era5.Track]:
     """One demo flight's files (IR, CPL, nav) in `out`; `shape`: the camera's (rows, columns); `version`: the
-    generator's (DEMO_VERSIONS)."""
+    generator's (DEMO_VERSIONS). Returns its scene and its frames' times and positions."""
     rows, cols = shape
     sza_c, saa_c, h_mean = FLIGHT_SETTINGS[index % len(FLIGHT_SETTINGS)]
     if index >= len(FLIGHT_SETTINGS):
@@ -433,10 +473,7 @@ def _write_flight(
             saa_c + rng.uniform(-20, 20),
             h_mean + rng.uniform(-0.1, 0.1),
         )
-    midnight = float(calendar.timegm(date.timetuple()))
-    t0 = midnight + 64800.0 + 600.0 * index  # 18:00 UTC and later, epoch seconds
-    if index == 1:  # this flight crosses 00 UTC half way
-        t0 = midnight + 86400.0 - n_frames // 2
+    midnight, t0 = flight_start(date, index, n_frames)
     frame_t = t0 + np.arange(n_frames) + rng.uniform(-0.02, 0.02, n_frames)
     height = np.clip(h_mean + 0.38 * _smooth_series(rng, n_frames, 6.0), 0.05, 2.3)
     cloudy = (_smooth_series(rng, n_frames, 40.0) > -0.45).astype(np.float64)  # bursts and clear gaps
@@ -474,6 +511,45 @@ def _write_flight(
         write_icartt_nav(out / entry["nav_file"], date, frame_t - midnight, nav, rng)
     else:
         _write_hdf_nav(out / entry["nav_file"], nav, index, rng)
+    return scene, demo_era5.Track(frame_t, nav["lat"], nav["lon"])
+
+
+def flight_start(date: dt.date, index: int, n_frames: int) -> tuple[float, float]:
+    """(00 UTC of `date`, the first frame's nominal time) in epoch seconds: 18:00 UTC and later; the second
+    flight crosses 00 UTC half way. Frame k is taken within 0.02 s of t0 + k."""
+    midnight = float(calendar.timegm(date.timetuple()))
+    t0 = midnight + 64800.0 + 600.0 * index
+    if index == 1:
+        t0 = midnight + 86400.0 - n_frames // 2
+    return midnight, t0
+
+
+def era5_span(date: dt.date, index: int, n_frames: int) -> np.ndarray:
+    """Epoch seconds around every frame of a flight (a second before the first, one after the last): the hours
+    of its ERA5 files and so their names (one per UTC day) are known before the flight is written."""
+    t0 = flight_start(date, index, n_frames)[1]
+    return np.array([t0 - 1.0, t0 + n_frames])
+
+
+def boundary_layer(index: int, scene: Scene) -> demo_era5.BoundaryLayer:
+    """Version 4: the smooth large-scale state of a flight's atmosphere that its ERA5 files hold: its sea, air
+    and lapse rates (ATMOSPHERES), its cloud's mean base and top, the condensation level of its surface air
+    and its inversion (BOUNDARY_LAYERS), and its low cloud cover."""
+    sea, air_sea, lapse, _ = ATMOSPHERES[index % len(ATMOSPHERES)]
+    decoupling, inversion = BOUNDARY_LAYERS[index % len(BOUNDARY_LAYERS)]
+    base = float(scene.height_km.mean())
+    top = base + float(scene.thickness_km.mean())
+    return demo_era5.BoundaryLayer(
+        sea,
+        air_sea,
+        lapse,
+        MOIST_LAPSE_K_PER_KM,
+        base,
+        top,
+        base - decoupling,
+        inversion,
+        float(scene.cloudy.mean()),
+    )
 
 
 def _write_ir(path: Path, counts: np.ndarray, frame_t: np.ndarray, index: int, version: int) -> None:
@@ -667,7 +743,7 @@ def make_demo_flights(
     if version not in DEMO_VERSIONS:
         raise ValueError(
             f"--generator {version}: this CloudML writes demo flights of generator version "
-            f"{' or '.join(map(str, DEMO_VERSIONS))}"
+            f"{', '.join(map(str, DEMO_VERSIONS[:-1]))} or {DEMO_VERSIONS[-1]}"
         )
     rows, cols = frame_shape
     out = claim(
@@ -675,16 +751,28 @@ def make_demo_flights(
     )  # made (or adopted) and marked before a flight is written
     entries = demo_flight_entries(n_flights, dates)
     names = demo_flight_names(n_flights, dates)
+    folders = [(out / e["ir_file"]).parent for e in entries]
+    spans = [era5_span(date, i, frames_per_flight) for i, (_, date) in enumerate(names)]
     files = [out / e[key] for e in entries for key in ("ir_file", "cpl_file", "nav_file")] + [
         out / VERSION_FILE
     ]
+    if version >= 4:  # found by name in the flight's folder (era5.find_files): no entry names them
+        files += [
+            f / n for f, (name, _), s in zip(folders, names, spans) for n in demo_era5.file_names(name, s)
+        ]
     for path in files:  # a file of the user's where a flight's file goes is named, before anything is written
         ledger.refuse_unless_mine(path, "replace")
     for path in files:
         ledger.add(path)
     for i in tqdm(range(n_flights), desc="demo flights", unit="flight"):
         rng = np.random.default_rng([seed, i])
-        _write_flight(out, entries[i], names[i][1], i, rng, frames_per_flight, (rows, cols), version)
+        scene, track = _write_flight(
+            out, entries[i], names[i][1], i, rng, frames_per_flight, (rows, cols), version
+        )
+        if version >= 4:  # a stream of its own: the draws of the frames, labels and nav stay version 3's
+            layer, layout = boundary_layer(i, scene), demo_era5.layout_of(i)
+            era5_rng = np.random.default_rng([seed, i, 4])
+            demo_era5.write_flight(folders[i], names[i][0], layer, track, spans[i], layout, era5_rng)
     (out / VERSION_FILE).write_text(f"{version}\n")
     log.info(
         "wrote %d demo flights (generator version %d, %d frames of %dx%d each) to %s",

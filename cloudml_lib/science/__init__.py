@@ -6,7 +6,8 @@
 - evaluate.py   the one route from best.pt to the test flights' report (the end and `evaluate` take it);
                 skill.py  its numbers per flight, with their spread and by height range
 - baselines.py  the height's baselines (the training mean, a linear model and trees on the frame's
-                brightness statistics), the best of them and the network's skill against it
+                brightness statistics; with ERA5 two physical retrievals and trees on the atmosphere), the
+                best of them, the network's skill against it, whether the frames add to the atmosphere
 - report.py     report.md, the verdicts per flight, the protocol in words;  plots.py  the figures
 - predict.py    cloud base height along whole flights (NetCDF, CSV, figures); products.py its variables
 - intervals.py  prediction intervals (split conformal);  clouds.py  cloud / no-cloud baselines, the probe

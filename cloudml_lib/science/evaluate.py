@@ -37,6 +37,7 @@ from cloudml_lib.core.network.model import build_model
 from cloudml_lib.core.run.checkpoint import BEST_KEYS, Key, load_checkpoint
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import trained_backend
+from cloudml_lib.data import predictors
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
@@ -99,11 +100,15 @@ def test_report(
         report["validation"] = skill.validation_scores(
             data.val_set.targets_km()[v], validation.height_km[v], data.val_set.flight_names()[v]
         )
-    predicted = baselines.fit_predict(data.frames, [test], cfg.train.seed)
-    predicted = {k: v[0][has] for k, v in predicted.items()}
+    fitted = baselines.fit_predict(data.frames, [test], cfg.train.seed, cfg.data)
+    predicted = {k: v[0][has] for k, v in fitted.heights.items()}
     predicted["mean"] = np.full(int(has.sum()), float(trained.train_mean_km))  # the report's baseline
-    report["baselines"] = baselines.compare_baselines(true_km, pred_km, flights, predicted)
+    report["baselines"] = baselines.compare_baselines(true_km, pred_km, flights, predicted, fitted.left_out)
     report["radiometry"] = radiometry_record(cfg, test)
+    report["atmosphere"] = {
+        "network_inputs": cfg.data.atmosphere if test.scalers.atmosphere else "none",
+        "predictors": list(test.scalers.atmosphere or []),
+    }
     best = (report["baselines"]["best"] or {}).get("pooled")
     report["by_height"] = skill.by_height(
         true_km,
@@ -257,7 +262,8 @@ def load_run_model(
             )
         raise CloudMLError(
             f"{best}: its network takes {film.shape[-1]} scalar inputs, but the config stored with it "
-            f"(data.radiometry: {cfg.data.radiometry}) gives {model.film[0].in_features}; the file was "
+            f"(data.radiometry: {cfg.data.radiometry}, data.atmosphere: {cfg.data.atmosphere}) gives "
+            f"{model.film[0].in_features}; the file was "
             f"damaged or edited. Run train on {run_dir} again to rewrite it from the checkpoints."
         )
     try:
@@ -349,6 +355,8 @@ def load_end_data(cfg: Config, scalers: Scalers, provenance: dict | None, stored
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(provenance))
     with FramePool(resolve_workers(cfg.data.preprocess_workers)) as pool:
         caches = [load_flight_cache(f, cfg.data, backend, pool) for f in cfg.data.flights]
+    if scalers.atmosphere:  # a model that reads the atmosphere: the same predictors, from the flights' files
+        caches = predictors.attach(caches, cfg.data, scalers.atmosphere)
     for c in caches:  # a model that reads brightness statistics: in the units it was trained on
         scalers.check_units(c.radiometry.units, f"flight {c.name}")
     split = choose_split(caches, cfg.data)

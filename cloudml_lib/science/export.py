@@ -145,7 +145,7 @@ def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Pa
 def _example(cfg, scalers: Scalers) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs for tracing: 2 windows of T frames (the program takes any batch and any frame of at least
     MIN_SIDE rows and columns: the network pools its features over the frame)."""
-    n_scalars = 3 + (len(STAT_NAMES) if scalers.radiometry else 0)
+    n_scalars = 3 + (len(STAT_NAMES) if scalers.radiometry else 0) + scalers.n_atmosphere
     return torch.zeros(2, int(cfg.data.temporal_frames), 64, 96), torch.zeros(2, n_scalars)
 
 
@@ -180,6 +180,7 @@ def specification(cfg, scalers: Scalers, cloud: bool, run: RunFolder) -> dict:
     scalar_names = ["zenith_standardised", "sin_azimuth", "cos_azimuth"]
     if scalers.radiometry:
         scalar_names += [f"{name}_scaled" for name in STAT_NAMES]
+    scalar_names += [f"{name}_standardised" for name in scalers.atmosphere or []]
     return {
         "format": FORMAT,
         "written_by": f"CloudML {package_version()}",
@@ -298,6 +299,16 @@ def _scalar_formulas(d, scalers: Scalers) -> list[str]:
             "float32): percentiles "
             f"{', '.join(n for n in STAT_NAMES if n.startswith('p'))}, mean: (value - radiometry_offset) / "
             "radiometry_scale; std: std / radiometry_scale; 0 where not finite"
+        )
+    if scalers.atmosphere:
+        out.append(
+            "the flight's atmosphere from ERA5 at the labelled frame (CloudML's data/predictors.py, "
+            "interpolated linearly in time and bilinearly in space; units in era5.PREDICTORS): "
+            + ", ".join(
+                f"{n}_standardised = ({n} - {m:.6g}) / {s:.6g}"
+                for n, m, s in zip(scalers.atmosphere, scalers.atmosphere_mean, scalers.atmosphere_std)
+            )
+            + "; 0 where not finite"
         )
     return out
 

@@ -63,6 +63,7 @@ from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.hashing import input_files
 from cloudml_lib.data.hdf5 import holds_dataset
+from cloudml_lib.data.predictors import frames_atmosphere
 from cloudml_lib.data.preprocess import (
     SKIMAGE,
     STAT_NAMES,
@@ -222,7 +223,14 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
         StreamEncoder(model, device, predictor.batch_size, autocast),
     )
     azimuth = model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth)
-    scalars = scalar_inputs(inputs["sza"], azimuth, scalers, stats)  # each window's centre frame's
+    atmosphere = None
+    if scalers.atmosphere:  # a model that reads the atmosphere: its predictors at every frame
+        atmosphere = frames_atmosphere(
+            flight, data, inputs["t"], inputs["lat"], inputs["lon"], scalers.atmosphere
+        )
+    scalars = scalar_inputs(
+        inputs["sza"], azimuth, scalers, stats, atmosphere
+    )  # each window's centre frame's
     first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
     scored = Scored.from_outputs(

@@ -6,11 +6,12 @@ crossval.md, provenance.json), so any command that adds results (train, evaluate
 it. Images are linked by paths relative to the run directory.
 
 `shortcomings` is the one rule that says a model is of no use yet (its predictions collapse towards a
-constant, or it does not beat the training mean); `baseline_beats` adds the physical baselines (baselines.py:
-a linear model and trees on the frame's brightness statistics): where the best of them does at least as well,
-the network adds nothing yet, and the verdict says so with both numbers named. `verdict` says it in a
-sentence, for report.md, the evaluation's text (evaluate.py) and the notebook; cross-validation warns by the
-same rules.
+constant, or it does not beat the training mean); `baseline_beats` adds the other baselines (baselines.py:
+a linear model and trees on the frame's brightness statistics; with ERA5, the physical retrievals and trees on
+the atmosphere): where the best of them does at least as well, the network adds nothing yet, and the verdict
+says so with both numbers named. `verdict` says it in a sentence, for report.md, the evaluation's text
+(evaluate.py) and the notebook, and says whether the frames add anything to the atmosphere
+(`atmosphere_verdict`); cross-validation warns by the same rules.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.compile import describe_saved
 from cloudml_lib.core.run import provenance
 from cloudml_lib.core.run.folder import RunFolder
+from cloudml_lib.science.baselines import (
+    ATMOSPHERE,
+    ATMOSPHERE_ONLY,
+    BASELINES,
+    CLOUD_THICKNESS_KM,
+    COLD_STATISTIC,
+    LAPSE_RATE_K_PER_KM,
+)
 from cloudml_lib.science.baselines import SHORT as SHORT_NAMES
 from cloudml_lib.science.baselines import WORDS as BASELINE_NAMES
 
@@ -78,7 +87,7 @@ def best_baseline(report: dict, name: str | None) -> dict | None:
 
 
 def baseline_beats(best: dict | None) -> str | None:
-    """The clause that says a physical baseline does at least as well as the network (both MAEs named), or
+    """The clause that says a baseline does at least as well as the network (both MAEs named), or
     None (none does, or the best is the training mean: shortcomings says that)."""
     if not best or best["name"] == "mean" or not _finite(best.get("skill")) or best["skill"] > 0:
         return None
@@ -91,7 +100,7 @@ def baseline_beats(best: dict | None) -> str | None:
 
 def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, str] | None:
     """One test flight judged: (useful, the clause that says why): whether the model beats the training mean
-    and the best physical baseline there (with the MAE's interval over time blocks and its skill against that
+    and the best baseline there (with the MAE's interval over time blocks and its skill against that
     baseline) or why not, an R2 that is undefined (labels that do not vary), labels outside the heights
     trained on. None without heights to judge by."""
     if not model.get("n") or not _finite(model.get("mae_km")):
@@ -109,7 +118,7 @@ def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, 
         )
         if best and best["name"] != "mean" and _finite(best.get("skill")):
             said += (
-                f"; the best physical baseline, {BASELINE_NAMES.get(best['name'], best['name'])}, has MAE "
+                f"; the best baseline, {BASELINE_NAMES.get(best['name'], best['name'])}, has MAE "
                 f"{best['mae_km']:.3f} km: the network's MAE skill against it is {best['skill']:+.2f}"
             )
     if not _finite(model.get("r2")):
@@ -188,25 +197,91 @@ def verdict(report: dict) -> str | None:
                 else "."
             )
         )
+    atmosphere = atmosphere_verdict(report)
+    text += f" {atmosphere}" if atmosphere else ""
     if report.get("control"):  # a control is meant to lose to the model: no advice to improve it
         return f"Control run ({report['control']}), to compare with the model, not to use: {text}"
     if bad:
-        physical = any(baseline_beats(best_baseline(report, n)) for n in bad)
-        blind = (report.get("radiometry") or {}).get("network_inputs") == "none"
-        text += (
-            " Where a baseline on the brightness temperature does as well, the network's heights add nothing "
-            "to it: publish the baseline beside them (or instead)."
-            if physical
-            else ""
-        )
-        text += " Try more epochs, more flights, or check the labels" + (
-            "; or data.radiometry: statistics (this network never saw a temperature)."
-            if physical and blind
-            else "."
-        )
+        text += advice(report, bad)
     if (report.get("protocol") or {}).get("name") == LEGACY_VALIDATION:
         text += " " + LEGACY_WORDS
     return text
+
+
+def advice(report: dict, bad: list[str]) -> str:
+    """What to do where the model is not useful yet on the test flights `bad`: publish a baseline that does as
+    well, train longer, and show the network what that baseline saw (a temperature, the atmosphere)."""
+    winners = [b["name"] for b in (best_baseline(report, n) for n in bad) if baseline_beats(b)]
+    blind = (report.get("radiometry") or {}).get("network_inputs") == "none"
+    airless = (report.get("atmosphere") or {}).get("network_inputs", "none") == "none"
+    text = (
+        " Where a baseline does as well, the network's heights add nothing to it: publish the baseline "
+        "beside them (or instead)."
+        if winners
+        else ""
+    )
+    tries = (
+        ["data.radiometry: statistics (this network never saw a temperature)"] if winners and blind else []
+    )
+    if airless and any(w in ATMOSPHERE for w in winners):
+        tries.append("data.atmosphere: with_frames (this network never saw the atmosphere)")
+    return (
+        text
+        + " Try more epochs, more flights, or check the labels"
+        + "".join(f"; or {t}" for t in tries)
+        + "."
+    )
+
+
+def atmosphere_verdict(report: dict) -> str | None:
+    """Whether the frames add anything to the atmosphere, flight by flight (frames_words), or the one line
+    that says the baselines on the atmosphere could not be fitted, and why; None for a report written before
+    them."""
+    b = report.get("baselines") or {}
+    said = frames_words((b.get("beyond_atmosphere") or {}).get("per_flight") or {})
+    if said:
+        return said
+    why = sorted({v for k, v in (b.get("left_out") or {}).items() if k in ATMOSPHERE_ONLY})
+    return f"The atmosphere baselines could not be fitted: {'; '.join(why)}." if why else None
+
+
+def frames_words(per_flight: dict) -> str | None:
+    """ "On 3 of 5 test flights the frames add nothing to the atmosphere (...)": each test flight's
+    best model that sees the frames against the best on the atmosphere alone (baselines.beyond_atmosphere,
+    by flight), both named with their MAE; None without one. The evaluation's verdict and crossval's."""
+    per = {n: r for n, r in per_flight.items() if isinstance(r, dict)}
+    if not per:
+        return None
+    parts = []
+    for adds in (False, True):
+        group = {n: r for n, r in per.items() if r["frames_add"] == adds}
+        if group:
+            where = (
+                f"on {next(iter(group))}" if len(per) == 1 else f"on {len(group)} of {len(per)} test flights"
+            )
+            said = "; ".join(
+                (f"{n}: " if len(per) > 1 else "") + _frames_against(r) for n, r in group.items()
+            )
+            parts.append(
+                f"{where} the frames add {'something' if adds else 'nothing'} to the atmosphere ({said})"
+            )
+    text = "; ".join(parts)
+    return (
+        text[0].upper()
+        + text[1:]
+        + ". (The best model that sees the frames, the network or trees on atmosphere + brightness, against "
+        "the best on the atmosphere alone, the LCL retrieval or trees on atmosphere.)"
+    )
+
+
+def _frames_against(r: dict) -> str:
+    """ "trees on atmosphere MAE 0.120 km, the best that sees the frames (the network) 0.130 km"."""
+    short = lambda k: SHORT_NAMES.get(k, k)  # noqa: E731
+    atmosphere = f"{short(r['atmosphere_model'])} MAE {r['atmosphere_mae_km']:.3f} km"
+    frames = f"the best that sees the frames ({short(r['frames_model'])}) {r['frames_mae_km']:.3f} km"
+    if not r["frames_add"]:
+        return f"{atmosphere}, {frames}"
+    return f"{frames} against {atmosphere}, MAE skill {_signed(r.get('skill'))}"
 
 
 LEGACY_WORDS = (
@@ -249,8 +324,13 @@ BASELINE_WORDS = (
     "the units the IR file states) and the sun's angles; *trees on brightness* are gradient-boosted trees "
     "on the same; *majority class* says the training flights' commoner of cloud and clear sky everywhere; "
     "*brightness-temperature threshold* says cloud where a frame's 10th-percentile brightness (its coldest "
-    "pixels) lies in the window (or below the threshold) that classifies the training flights best. A model "
-    "worth using beats them."
+    "pixels) lies in the window (or below the threshold) that classifies the training flights best. With "
+    "ERA5 files beside the flights (fetch-era5): *LCL retrieval* puts the base at the lifting condensation "
+    "level of the reanalysis surface air (Romps 2017; no fitted parameter); *cold-top retrieval* puts the "
+    f"top {LAPSE_RATE_K_PER_KM} K/km below the 2 m air at the frame's {COLD_STATISTIC} brightness (frames in "
+    f"kelvin only) and the base {CLOUD_THICKNESS_KM} km under it; *trees on atmosphere* are the trees on the "
+    "ERA5 predictors alone; *trees on atmosphere + brightness* on those and the brightness statistics and "
+    "angles together. A model worth using beats them."
 )
 
 
@@ -265,6 +345,17 @@ def radiometry_words(report: dict) -> str:
         f"{r.get('network_inputs')})"
     )
     return f"{seen}; the brightness statistics are in {r.get('words') or 'the units the IR files state'}."
+
+
+def atmosphere_words(report: dict) -> str:
+    """What the network saw of the flights' atmosphere (data.atmosphere)."""
+    a = report["atmosphere"]
+    names = ", ".join(a.get("predictors") or [])
+    if a.get("network_inputs") == "alone":
+        return f"The network saw the flights' atmosphere from ERA5 ({names}) and the sun's angles, no frames."
+    if a.get("network_inputs") == "with_frames":
+        return f"The network saw the flights' atmosphere from ERA5 ({names}) beside its frames."
+    return "The network saw no reanalysis: the frames and the sun alone (data.atmosphere: none)."
 
 
 def cloud_verdict(report: dict) -> str | None:
@@ -373,7 +464,7 @@ def skill_lines(report: dict) -> list[str]:
     network's MAE skill against each baseline ([] without baselines)."""
     b = report.get("baselines") or {}
     best = b.get("best") or {}
-    names = [n for n in ("mean", "linear", "trees") if n in (b.get("methods") or {})]
+    names = [n for n in BASELINES if n in (b.get("methods") or {})]
     rows = []
     places = [(f"flight {k}", v) for k, v in (best.get("per_flight") or {}).items()]
     places += [("pooled", best.get("pooled"))] if len(best.get("per_flight") or {}) != 1 else []
@@ -593,6 +684,7 @@ def test_parts(
         more += [clouds, ""] if clouds and not cloud_verdict_first else []
     more += [BASELINE_WORDS, ""]
     more += [radiometry_words(report), ""] if report.get("radiometry") else []
+    more += [atmosphere_words(report), ""] if report.get("atmosphere") else []
     more += interval_lines(report) + [""] if report.get("intervals") else []
     more += validation_lines(report) + [""] if report.get("validation") else []
     more += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []

@@ -295,14 +295,21 @@ def build_model(cfg, scalers=None) -> MultimodalRegressionModel:
     low, high = height_bounds_km(cfg.data)
     return MultimodalRegressionModel(
         channels=cfg.channels,
-        n_scalars=n_scalar_inputs(cfg.data.radiometry),
+        n_scalars=n_scalar_inputs(cfg.data.radiometry, atmosphere_inputs(cfg, scalers)),
         dropout=cfg.model.dropout,
-        scalars_only=cfg.model.scalars_only,
+        scalars_only=cfg.model.scalars_only
+        or (cfg.data.atmosphere == "alone" and bool(atmosphere_inputs(cfg, scalers))),
         cloud_head=cfg.model.cloud_head,
         height_head=cfg.model.height_head,
         height_range=((low - mean) / std, (high - mean) / std),
         cloud_classes=len(CLASS_MEANINGS) if cfg.data.cloud_flag == "base_in_range" else 1,
     )
+
+
+def atmosphere_inputs(cfg, scalers=None) -> int:
+    """How many atmosphere predictors the network of `cfg` reads: the run's scalers' (fitted where the
+    flights had ERA5 files, data/predictors.py); without scalers (memory estimates) none."""
+    return 0 if scalers is None or cfg.data.atmosphere == "none" else scalers.n_atmosphere
 
 
 def count_parameters(model: nn.Module) -> int:
