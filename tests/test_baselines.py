@@ -399,3 +399,17 @@ def test_with_era5_beside_the_flights_the_baselines_read_it_though_the_network_d
     np.testing.assert_allclose(fitted.heights["physical"][0], lcl_km, rtol=1e-6)
     cold = data.test_set.frame_stats()[:, STAT_NAMES.index(baselines.COLD_STATISTIC)]
     np.testing.assert_allclose(fitted.heights["cold_top"][0], baselines.cold_top_base_km(289.0, cold))
+
+
+def test_the_frames_add_something_when_any_model_that_reads_them_beats_the_atmosphere_alone():
+    """beyond_atmosphere: the best model that reads the frames (the network, or a baseline on their brightness,
+    the cold-top retrieval, trees on both) against the best on the atmosphere alone; equal is "nothing"."""
+    from cloudml_lib.science.baselines import beyond_atmosphere
+
+    maes = {"physical": 0.30, "atmosphere_trees": 0.25, "linear": 0.40, "trees": 0.20, "mean": 0.10}
+    v = beyond_atmosphere(0.35, maes)  # the training mean reads nothing: never in the comparison
+    assert (v["frames_model"], v["atmosphere_model"], v["frames_add"]) == ("trees", "atmosphere_trees", True)
+    assert v["skill"] == pytest.approx(1 - 0.20 / 0.25)
+    v = beyond_atmosphere(0.25, {**maes, "trees": 0.26})
+    assert (v["frames_model"], v["frames_add"]) == ("network", False)  # as good is not better
+    assert beyond_atmosphere(0.2, {"linear": 0.3}) is None  # no atmosphere: no verdict on it

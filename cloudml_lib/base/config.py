@@ -280,7 +280,8 @@ class DataConfig:
         "before this setting (they keep it); with_frames: the reanalysis predictors (lifting condensation "
         "level, sea-air difference, humidity, stability, ...) beside the frames, each scaled on the part of "
         "the training flights trained on (flights without ERA5 files: the frames alone, said in one line); "
-        "alone: the predictors and the sun's angles, no frames",
+        "alone: the predictors and the sun's angles, no frames. The default is none: on the demo's flights "
+        "the frames alone did best (benchmarks/results/atmosphere.json); measure yours with crossval",
         choices=ATMOSPHERE,
         absent="none",
     )

@@ -21,8 +21,8 @@ training part alone):
 - `scalars_only`: a control, the same network trained on its scalar inputs alone (the sun's angles, and with
   data.radiometry the brightness statistics), no frames (`folds/<flight>/scalars_only`).
 Each fold names its best baseline and the network's MAE skill against it, and the verdicts say on how many
-test flights the frames add nothing to the atmosphere (the best model that sees them, the network or the
-trees on atmosphere + brightness, against the best on the atmosphere alone). A fold finished by an earlier
+test flights the frames add nothing to the atmosphere (the best model that reads them, the network or a
+baseline on their brightness, against the best on the atmosphere alone). A fold finished by an earlier
 release (whose `trees` saw the per-frame reading of the frames, not the temperature, or that had no baseline
 on the atmosphere) gets its baselines fitted again, so that one table compares the same baselines on every
 fold.

@@ -42,8 +42,9 @@ different units) is left out with its reason (Fitted.left_out), logged and kept 
 network's skill score against it, MAE skill = 1 - MAE(network) / MAE(baseline): above 0 the network adds
 something, at or below 0 a baseline does as well. Choosing the best baseline on the test flight only makes the
 comparison harder for the network: it never changes the network. `beyond_atmosphere` asks whether the frames
-add anything to the atmosphere: on each test flight, the best model that sees the frames (the network, or
-`atmosphere_brightness_trees`) against the best on the atmosphere alone (`physical`, `atmosphere_trees`).
+add anything to the atmosphere: on each test flight, the best model that reads the frames (the network, the
+brightness baselines, `cold_top`, `atmosphere_brightness_trees`) against the best on the atmosphere alone
+(`physical`, `atmosphere_trees`): the frames add nothing where even the best of them does no better.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ BASELINES = (
 BRIGHTNESS = ("linear", "trees")  # the frame's brightness and the sun
 ATMOSPHERE = ("physical", "cold_top", "atmosphere_trees", "atmosphere_brightness_trees")  # need ERA5
 ATMOSPHERE_ONLY = ("physical", "atmosphere_trees")  # nothing of the frames: what the frames must add to
-SEES_FRAMES = ("atmosphere_brightness_trees",)  # beside the network: the frames and the atmosphere
+# beside the network, what reads the frames (their brightness): the verdict on the images takes their best
+SEES_FRAMES = ("linear", "trees", "cold_top", "atmosphere_brightness_trees")
 WORDS = {
     "mean": "predicting the training mean",
     "linear": "a linear model on the frame's brightness statistics and the sun's angles",
@@ -172,7 +174,9 @@ def fit_predict(
     trees = _trees(train_atm[has], y, seed)
     fitted.heights["atmosphere_trees"] = [_predict(trees, a) for a in scored_atm]
     if units:
-        fitted.leave_out(SEES_FRAMES, units, "The trees on the atmosphere and the brightness are")
+        fitted.leave_out(
+            ("atmosphere_brightness_trees",), units, "The trees on the atmosphere and the brightness are"
+        )
         return fitted
     both = _trees(np.concatenate([train_atm[has], x], axis=1), y, seed)
     fitted.heights["atmosphere_brightness_trees"] = [
@@ -360,10 +364,10 @@ def compare_baselines(
 
 
 def beyond_atmosphere(network_mae: float | None, maes: dict[str, float | None]) -> dict | None:
-    """Whether the frames add anything to the atmosphere on one test flight: the best model that sees them
-    (the network, or SEES_FRAMES) against the best on the atmosphere alone (ATMOSPHERE_ONLY), each named
-    with its MAE, and the MAE skill of the one against the other (`frames_add`: the frames' is lower). None
-    without a baseline on the atmosphere alone."""
+    """Whether the frames add anything to the atmosphere on one test flight: the best model that reads them
+    (the network, or one of SEES_FRAMES) against the best on the atmosphere alone (ATMOSPHERE_ONLY), each
+    named with its MAE, and the MAE skill of the one against the other (`frames_add`: the frames' is lower).
+    None without a baseline on the atmosphere alone."""
     finite = lambda v: v is not None and bool(np.isfinite(v))  # noqa: E731
     alone = {k: maes[k] for k in ATMOSPHERE_ONLY if finite(maes.get(k))}
     frames = {"network": network_mae} if finite(network_mae) else {}

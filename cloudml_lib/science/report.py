@@ -269,7 +269,7 @@ def frames_words(per_flight: dict) -> str | None:
     return (
         text[0].upper()
         + text[1:]
-        + ". (The best model that sees the frames, the network or trees on atmosphere + brightness, against "
+        + ". (The best model that reads the frames, the network or a baseline on their brightness, against "
         "the best on the atmosphere alone, the LCL retrieval or trees on atmosphere.)"
     )
 
