@@ -402,8 +402,9 @@ def test_with_era5_beside_the_flights_the_baselines_read_it_though_the_network_d
 
 
 def test_the_frames_add_something_when_any_model_that_reads_them_beats_the_atmosphere_alone():
-    """beyond_atmosphere: the best model that reads the frames (the network, or a baseline on their brightness,
-    the cold-top retrieval, trees on both) against the best on the atmosphere alone; equal is "nothing"."""
+    """beyond_atmosphere: the best model that reads the frames (the network, or a baseline on their
+    brightness, the cold-top retrieval, trees on both) against the best on the atmosphere alone; equal is
+    "nothing"."""
     from cloudml_lib.science.baselines import beyond_atmosphere
 
     maes = {"physical": 0.30, "atmosphere_trees": 0.25, "linear": 0.40, "trees": 0.20, "mean": 0.10}
