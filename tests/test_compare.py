@@ -128,3 +128,26 @@ def test_the_sweeps_history_plot_counts_trials_from_1_as_every_line_does(tmp_pat
     drawn[0].canvas.draw()
     labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert labels[:3] == ["1", "2", "3"] and "counted from 1" in ax.get_xlabel(), labels
+
+
+def test_the_table_says_whether_the_frames_add_anything_to_the_atmosphere_per_flight(tmp_path):
+    """The column "frames beyond the atmosphere": from each evaluation's baselines.beyond_atmosphere, per test
+    flight and pooled; "-" for a run without ERA5 (or written before)."""
+    a = copy_run(tmp_path / "a")
+    old = copy_run(tmp_path / "old")
+    evaluation = json.loads((a / "evaluation.json").read_text())
+    ((name, m),) = evaluation["per_flight"].items()
+    evaluation["per_flight"] = {name: m, "12Feb25": m}
+    evaluation["protocol"] = {"name": "untouched_test", "test_flights": [name, "12Feb25"]}
+    said = {"frames_model": "network", "frames_mae_km": 0.12, "atmosphere_model": "physical"}
+    evaluation.setdefault("baselines", {"methods": {}, "best": {}})["beyond_atmosphere"] = {
+        "per_flight": {
+            name: {**said, "atmosphere_mae_km": 0.2, "skill": 0.4, "frames_add": True},
+            "12Feb25": {**said, "atmosphere_mae_km": 0.1, "skill": -0.2, "frames_add": False},
+        },
+        "pooled": {**said, "atmosphere_mae_km": 0.15, "skill": 0.2, "frames_add": True},
+    }
+    (a / "evaluation.json").write_text(json.dumps(evaluation))
+    head, _, *rows = table(format_comparison(compare_runs([a, old])))
+    column = head.index("frames beyond the atmosphere")
+    assert [r[column] for r in rows] == ["add +0.40", "nothing", "add +0.20", "-"]

@@ -136,7 +136,7 @@ def test_more_trials_continue_a_finished_sweep_and_the_same_count_does_nothing(f
 
 COMPARE_HEADER = (
     "| run | scored on | R2 | MAE (km) | RMSE (km) | bias (km) | n | MAE skill vs best baseline "
-    "| state | epochs | time (min) | compiled "
+    "| frames beyond the atmosphere | state | epochs | time (min) | compiled "
     "| "
     "model.dropout | train.learning_rate |"
 )

@@ -106,6 +106,8 @@ def run_row(run: Path, name: str, scores: str = "test") -> dict:
         "per_flight": evaluation.get("per_flight") if scores == "test" else None,
         "skill": best_skill(evaluation, None) if scored_on != "validation" else None,
         "flight_skill": {f: best_skill(evaluation, f) for f in evaluation.get("per_flight") or {}},
+        "frames": frames_beyond(evaluation, None) if scored_on != "validation" else None,
+        "flight_frames": {f: frames_beyond(evaluation, f) for f in evaluation.get("per_flight") or {}},
     }
 
 
@@ -122,17 +124,30 @@ def best_skill(evaluation: dict, flight: str | None) -> str | None:
     return f"{best['skill']:+.2f} vs {SHORT.get(best['name'], best['name'])}"
 
 
+def frames_beyond(evaluation: dict, flight: str | None) -> str | None:
+    """ "add +0.35" or "nothing": whether the frames add anything to the atmosphere on a test flight (None:
+    pooled), the best model that reads them against the best on the atmosphere alone, as the evaluation
+    recorded it (baselines.beyond_atmosphere); None without ERA5 (or written before)."""
+    b = (evaluation.get("baselines") or {}).get("beyond_atmosphere") or {}
+    v = b.get("pooled") if flight is None else (b.get("per_flight") or {}).get(flight)
+    if not isinstance(v, dict) or "frames_add" not in v:
+        return None
+    skill = v.get("skill")
+    return "nothing" if not v["frames_add"] else "add" + ("" if skill is None else f" {skill:+.2f}")
+
+
 def run_rows(run: Path, name: str) -> list[dict]:
     """A run's rows: each test flight's numbers, then the pooled ones, named so, where it has several test
     flights; one row where it has one."""
     row = run_row(run, name)
     per = row.pop("per_flight") or {}
     skills = row.pop("flight_skill") or {}
+    frames = row.pop("flight_frames") or {}
     if len(per) < 2:
         return [row]
     flights = [
         {**row, "run": f"{name}: {f}", "held_out": f, "metrics": {k: m.get(k) for k, _ in METRIC_COLUMNS}}
-        | {"n": m.get("n"), "skill": skills.get(f)}
+        | {"n": m.get("n"), "skill": skills.get(f), "frames": frames.get(f)}
         for f, m in per.items()
     ]
     return flights + [{**row, "run": f"{name}: pooled", "held_out": f"pooled over {row['held_out']}"}]
@@ -165,7 +180,17 @@ def crossval_row(folder: Path, name: str) -> dict:
         "compiled": first["compiled"],
         "damaged": files.damaged + [d for r in rows for d in r["damaged"]],
         "skill": None if skill is None else f"{skill:+.2f} vs each fold's best (mean)",
+        "frames": _folds_frames([r.get("frames") for r in rows]),
     }
+
+
+def _folds_frames(said: list[str | None]) -> str | None:
+    """ "add on 3 of 5 folds": on how many folds the frames add something to the atmosphere (folds without
+    ERA5 not counted); None where no fold says."""
+    known = [s for s in said if s is not None]
+    if not known:
+        return None
+    return f"add on {sum(s.startswith('add') for s in known)} of {len(known)} folds"
 
 
 def trial_rows(folder: Path, name: str) -> list[dict]:
@@ -294,6 +319,7 @@ def format_comparison(rows: list[dict]) -> str:
         *(label for _, label in METRIC_COLUMNS),
         "n",
         "MAE skill vs best baseline",
+        "frames beyond the atmosphere",
         "state",
         "epochs",
         "time (min)",
@@ -309,6 +335,7 @@ def format_comparison(rows: list[dict]) -> str:
             *(_metric(r["metrics"][k]) for k, _ in METRIC_COLUMNS),
             "-" if r.get("n") is None else str(r["n"]),
             r.get("skill") or "-",
+            r.get("frames") or "-",
             r["state"],
             r["epochs"],
             f"{r['minutes']:.1f}",
