@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from benchmarks import PROTOCOL, machine  # noqa: E402
-from benchmarks.radiometry import LAST_EPOCHS, _spread, fold_epochs  # noqa: E402
+from benchmarks.radiometry import LAST_EPOCHS, _spread, demo_crossval, fold_epochs  # noqa: E402
 
 SCRATCH = REPO / "benchmarks" / ".scratch" / "atmosphere"
 SEEDS = (42, 7, 1)
@@ -49,26 +49,11 @@ KEYS = ("r2", "mae_km", "bias_km", "n")
 
 def one_run(setting: str, seed: int, epochs: int, warmup: int) -> dict:
     """One cross-validation: every fold's numbers, the network's and each baseline's."""
-    from cloudml_lib.base.config import load_config
-    from cloudml_lib.commands.crossval import crossval
     from cloudml_lib.science.baselines import BASELINES
 
-    run = SCRATCH / "runs" / f"{setting}-{seed}"
-    cfg = load_config(
-        REPO / "configs" / "demo.yaml",
-        [
-            f"data.dir={SCRATCH / 'flights'}",
-            f"data.cache_dir={SCRATCH / 'cache'}",
-            f"data.atmosphere={setting}",
-            f"train.seed={seed}",
-            f"train.epochs={epochs}",
-            f"train.warmup_steps={warmup}",
-            "model.cloud_head=none",  # the height is trained as with the probe; its fit is not timed here
-        ],
+    result, seconds, run = demo_crossval(
+        SCRATCH, f"{setting}-{seed}", f"data.atmosphere={setting}", seed, epochs, warmup
     )
-    t0 = time.perf_counter()
-    result = crossval(cfg, run, controls=False)
-    seconds = time.perf_counter() - t0
     folds = {}
     for name, f in result["folds"].items():
         model = run / "folds" / name / "model"

@@ -52,18 +52,19 @@ def fold_epochs(run: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r.get("kind") == "epoch"]
 
 
-def one_run(variant: str, seed: int, epochs: int, warmup: int) -> dict:
-    """One cross-validation: every fold's numbers."""
+def demo_crossval(scratch: Path, name: str, setting: str, seed: int, epochs: int, warmup: int):
+    """One nested cross-validation of the demo (configs/demo.yaml) in `scratch` with `setting` ("key=value"),
+    on the CPU budget of the module's docstring: (its result, seconds, its folder)."""
     from cloudml_lib.base.config import load_config
     from cloudml_lib.commands.crossval import crossval
 
-    run = SCRATCH / "runs" / f"{variant}-{seed}"
+    run = scratch / "runs" / name
     cfg = load_config(
         REPO / "configs" / "demo.yaml",
         [
-            f"data.dir={SCRATCH / 'flights'}",
-            f"data.cache_dir={SCRATCH / 'cache'}",
-            f"data.radiometry={variant}",
+            f"data.dir={scratch / 'flights'}",
+            f"data.cache_dir={scratch / 'cache'}",
+            setting,
             f"train.seed={seed}",
             f"train.epochs={epochs}",
             f"train.warmup_steps={warmup}",
@@ -72,7 +73,14 @@ def one_run(variant: str, seed: int, epochs: int, warmup: int) -> dict:
     )
     t0 = time.perf_counter()
     result = crossval(cfg, run, controls=False)
-    seconds = time.perf_counter() - t0
+    return result, time.perf_counter() - t0, run
+
+
+def one_run(variant: str, seed: int, epochs: int, warmup: int) -> dict:
+    """One cross-validation: every fold's numbers."""
+    result, seconds, run = demo_crossval(
+        SCRATCH, f"{variant}-{seed}", f"data.radiometry={variant}", seed, epochs, warmup
+    )
     folds = {}
     for name, f in result["folds"].items():
         model = run / "folds" / name / "model"
@@ -134,6 +142,8 @@ def main() -> None:
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     p.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "radiometry.json"))
     args = p.parse_args()
+    from cloudml_lib.data.synthetic import DEMO_VERSION
+
     seeds = [int(s) for s in args.seeds.split(",")]
     warmup = max(1, round(30 * args.epochs / 12))  # the demo's 30 steps over 12 epochs, scaled
     shutil.rmtree(SCRATCH, ignore_errors=True)
@@ -147,7 +157,7 @@ def main() -> None:
         "machine": machine(),
         "protocol": PROTOCOL + "; nested leave-one-flight-out cross-validation (crossval)",
         "config": "configs/demo.yaml",
-        "demo_generator": 3,
+        "demo_generator": DEMO_VERSION,
         "epochs": args.epochs,
         "warmup_steps": warmup,
         "seeds": seeds,
