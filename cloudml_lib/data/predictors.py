@@ -40,12 +40,12 @@ def flight_files(flight: FlightConfig, data: DataConfig) -> list[Path]:
 
 
 def frames_atmosphere(
-    flight: FlightConfig, data: DataConfig, t, lat, lon, names: list[str], files: list[Path] | None = None
+    flight: FlightConfig, data: DataConfig, t, lat, lon, names: list[str], found: era5.Era5 | None = None
 ) -> np.ndarray:
     """(N, P) the predictors `names` at frames of `flight` at times `t` (epoch seconds) and positions
-    (degrees): NaN where a frame's time or position is unknown; a frame outside the files' hours or box is
-    refused by name (era5.interpolate)."""
-    found = era5.read_files(files if files is not None else flight_files(flight, data))
+    (degrees), from `found` (its files read; None: read here): NaN where a frame's time or position is
+    unknown; a frame outside the files' hours or box is refused by name (era5.interpolate)."""
+    found = found if found is not None else era5.read_files(flight_files(flight, data))
     ok, lacking = era5.available_predictors(found)
     missing = [n for n in names if n not in ok]
     if missing:
@@ -91,8 +91,9 @@ def attach(caches: list, data: DataConfig, names: list[str] | None = None) -> li
             f"the network must read every flight's atmosphere or none. {FETCH_HINT} (--flights "
             f"{' '.join(lacking)}), or leave those flights out (data.flights), or set data.atmosphere: none"
         )
+    found = {n: era5.read_files(f) for n, f in files.items()}  # each flight's files read once
     if names is None:
-        allowed = [set(era5.available_predictors(era5.read_files(f))[0]) for f in files.values()]
+        allowed = [set(era5.available_predictors(f)[0]) for f in found.values()]
         names = [n for n in era5.PREDICTORS if all(n in a for a in allowed)]
         if not names:
             raise DataError(
@@ -106,7 +107,7 @@ def attach(caches: list, data: DataConfig, names: list[str] | None = None) -> li
         flight = by_name[c.name]
         t, lat, lon = flight_track(flight, data)
         rows = np.asarray(c.frame_index, np.int64)
-        values = frames_atmosphere(flight, data, t[rows], lat[rows], lon[rows], names, files[c.name])
+        values = frames_atmosphere(flight, data, t[rows], lat[rows], lon[rows], names, found[c.name])
         out.append(replace(c, atmosphere=values, atmosphere_names=tuple(names)))
     unknown = sum(int((~np.isfinite(c.atmosphere).all(axis=1)).sum()) for c in out)
     log.info(
