@@ -214,7 +214,7 @@ def test_the_atmosphere_is_scaled_on_the_part_trained_on_alone(tiny_config):
     names = ("lcl_height", "sea_air_difference")
     rng = np.random.default_rng(0)
     caches = [
-        replace(c, atmosphere=rng.normal([600.0, 1.0], [80.0, 0.3], (len(c), 2)), atmosphere_names=names)
+        replace(c, atmosphere=rng.normal([600.0, 1.0], [80.0, 1.0], (len(c), 2)), atmosphere_names=names)
         for c in load_caches(cfg.data)
     ]
     split = choose_split(caches, cfg.data)
@@ -251,6 +251,12 @@ def test_the_atmosphere_is_scaled_on_the_part_trained_on_alone(tiny_config):
     # a frame without a position takes the training mean (0), never a NaN
     caches[0].atmosphere[0] = np.nan
     assert np.isfinite(split_data(cfg, caches).train_set.inputs(np.arange(5))[0]).all()
+    # a predictor that barely varies over the part trained on (one flight's atmosphere) is scaled by the
+    # size of a reanalysis' error at a point, not by almost nothing: another flight stays a few spreads away
+    narrow = [
+        replace(c, atmosphere=c.atmosphere * [1.0, 0.0] + [0.0, 1.0 + 1e-3 * rng.random()]) for c in caches
+    ]
+    assert split_data(cfg, narrow).train_set.scalers.atmosphere_std[1] == 0.5
     # scalers of a run before the setting, and a damaged record, named
     assert (
         Scalers.from_dict({"sza_mean": 1.0, "sza_std": 2.0, "cbh_mean": 0.5, "cbh_std": 0.3}).atmosphere

@@ -426,20 +426,24 @@ def test_fetch_era5_asks_for_each_flights_box_and_hours_writes_its_folder_and_fe
         command.fetch(cfg)
 
 
-def test_fetch_era5_dry_run_prints_the_requests_from_the_command_line(tiny_flights, tmp_path):
+def test_fetch_era5_dry_run_prints_the_requests_from_the_command_line(copied_flights, tmp_path):
+    """--dry-run: the request of each file that is missing, "kept" for each that is there; nothing written."""
     import yaml
     from conftest import run_cli
 
-    root, entries = tiny_flights
+    root, entries, _ = copied_flights
+    kept = sorted((root / entries[0]["name"]).glob("ERA5_single_*"))
+    kept[0].unlink()  # the demo flight's own single-levels file: its request is what a fetch would send
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         yaml.safe_dump({"data": {"dir": str(root), "flights": entries[:1], "swath_slice": [4, 36]}})
     )
     before = sorted(root.rglob("*"))
-    r = run_cli("fetch-era5", "--config", cfg, "--dry-run", "--no-levels")
+    r = run_cli("fetch-era5", "--config", cfg, "--dry-run")
     assert r.returncode == 0, r.stderr[-2000:]
     (line,) = [line for line in r.stdout.splitlines() if " <- " in line]  # the log's lines beside it
     assert line.startswith(f"{entries[0]['name']}: ") and "reanalysis-era5-single-levels" in line
+    assert f"{kept[0].name.replace('single', 'pressure')} is there already: kept" in r.stdout
     assert '"area": [' in line and sorted(root.rglob("*")) == before  # nothing written
     r = run_cli("fetch-era5", "--config", cfg, "--flights", "09Dec99", "--dry-run")
     assert r.returncode == 2 and "--flights: 09Dec99 not among the flights found" in r.stderr
@@ -534,9 +538,9 @@ def test_a_run_reads_the_atmosphere_where_every_flight_has_it_and_says_in_one_li
     values, names = data.test_set.atmosphere()
     assert list(names) == list(era5.PREDICTORS) == data.test_set.scalers.atmosphere
     assert np.isfinite(values).all() and np.allclose(values[:, names.index("sea_air_difference")], 1.0)
-    # the stand-in's fields are constant: centred, with a spread of 1 (not of nothing), so a test flight's
-    # other value stays a number of its units' size
-    assert data.test_set.scalers.atmosphere_std[names.index("t2m")] == 1.0
+    # the stand-in's fields are constant: centred, with the spread of a reanalysis' error (0.5 K), not of
+    # nothing, so a test flight's other value stays a number of its units' size
+    assert data.test_set.scalers.atmosphere_std[names.index("t2m")] == 0.5
     assert np.abs(data.test_set.inputs(np.arange(4))[0]).max() < 10
 
 
@@ -589,3 +593,44 @@ def build_config_dict(cfg) -> dict:
     from dataclasses import asdict
 
     return asdict(cfg)
+
+
+def test_a_missing_value_in_a_file_where_the_flight_is_is_refused_by_name_and_a_lost_file_named(
+    tiny_flights, tmp_path
+):
+    """A NaN of the file's at a frame with a known time and position is named (file, predictor, frame), never
+    taken for a frame without a position; a model asked to score a flight whose files are gone is told where
+    to fetch them, not to change a setting it was trained with."""
+    import shutil
+
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.data import era5_requests as req
+    from cloudml_lib.data import predictors
+
+    root, entries = tiny_flights
+    shutil.copytree(root, tmp_path / "flights")
+    data = build_config(
+        {"data": {"dir": str(tmp_path / "flights"), "flights": entries[:1], "swath_slice": [4, 36]}}
+    ).data
+    flight = data.flights[0]
+    t, lat, lon = req.flight_track(flight, data)
+    names = ["t2m", "lcl_height"]
+    assert np.isfinite(predictors.frames_atmosphere(flight, data, t, lat, lon, names)[np.isfinite(lat)]).all()
+    (single,) = [p for p in predictors.flight_files(flight, data) if p.name.startswith("ERA5_single")]
+    ds = xr.load_dataset(single)
+    ds["t2m"][:] = np.nan
+    single.unlink()
+    ds.to_netcdf(single, engine="h5netcdf" if "valid_time" in ds.coords else "scipy")
+    with pytest.raises(
+        DataError, match=rf"flight {flight.name}: its ERA5 files .* hold no value of t2m .*frame"
+    ):
+        predictors.frames_atmosphere(flight, data, t, lat, lon, names)
+    for path in predictors.flight_files(flight, data):
+        path.unlink()
+    with pytest.raises(DataError, match=rf"flight {flight.name}: no ERA5 file lies beside it .*--flights"):
+        predictors.frames_atmosphere(flight, data, t, lat, lon, names)
+    from types import SimpleNamespace
+
+    with pytest.raises(DataError, match="this model reads the atmosphere of each flight it scores") as e:
+        predictors.attach([SimpleNamespace(name=flight.name)], data, names)  # files are looked for first
+    assert "data.atmosphere: none" not in str(e.value)

@@ -477,7 +477,10 @@ def _fetch_era5(args) -> int:
     cfg = load_config(config_path(args), _overrides(args))
     if args.dry_run:
         for flight, path, request in era5.plan(cfg, args.flights, not args.no_levels):
-            print(f"{flight}: {path} <- {request.dataset} {json.dumps(request.keys)}")
+            if path.exists():  # a real run keeps it (read back as ERA5 first): nothing to fetch
+                print(f"{flight}: {path} is there already: kept")
+            else:
+                print(f"{flight}: {path} <- {request.dataset} {json.dumps(request.keys)}")
         return 0
     done = era5.fetch(cfg, args.flights, not args.no_levels)
     print(

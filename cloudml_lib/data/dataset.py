@@ -205,10 +205,8 @@ def fit_scalers(train: list[FlightCache], radiometry: str = "none", atmosphere: 
         names = list(train[0].atmosphere_names)
         assert all(list(c.atmosphere_names) == names for c in train), "one set of predictors per run"
         values = np.concatenate([c.atmosphere for c in train]).astype(np.float64)  # (N, P)
-        # a predictor that does not vary over the part trained on (one flight's constant field) is centred
-        # only: a spread of nothing would blow a test flight's different value up to millions
         fitted = [_mean_std(values[:, k]) for k in range(len(names))]
-        fitted = [(m, s if s > 1e-6 * max(1.0, abs(m)) else 1.0) for m, s in fitted]
+        fitted = [(m, _spread_floor(name, s)) for name, (m, s) in zip(names, fitted)]
         scalers = replace(
             scalers,
             atmosphere=names,
@@ -223,6 +221,24 @@ def fit_scalers(train: list[FlightCache], radiometry: str = "none", atmosphere: 
     scale = _mean_std(places.reshape(-1))[1]
     units = train[0].radiometry.units if train else None
     return replace(scalers, radiometry_offset=offset, radiometry_scale=scale, radiometry_units=units)
+
+
+def _spread_floor(name: str, spread: float) -> float:
+    """A predictor's spread over the part trained on, at least predictors.SPREAD_FLOOR of its unit (the size
+    of a reanalysis' error at a point): over one flight, or a short stretch of one, the atmosphere barely
+    varies, and a spread of almost nothing would put another flight's value hundreds of spreads away."""
+    floor = predictors.spread_floor(name)
+    if spread >= floor:
+        return spread
+    log.warning(
+        "atmosphere: %s varies by %.3g over the part trained on (one flight, or a short stretch of one): "
+        "scaled by %.3g instead, the size of a reanalysis' error, so that another flight's value stays "
+        "within reach; more training flights give the network more than one atmosphere to learn from",
+        name,
+        spread,
+        floor,
+    )
+    return floor
 
 
 def check_radiometry(caches: list[FlightCache]) -> None:

@@ -165,7 +165,10 @@ def open_dataset(path: Path):
         ds = xr.open_dataset(path, engine=engine, mask_and_scale=True, decode_times=True)
         ds = ds.load()
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise DataError(f"ERA5 file {path} cannot be read as NetCDF: {str(e)[:300]}") from None
+        raise DataError(
+            f"ERA5 file {path} cannot be read as NetCDF: {str(e)[:300]}. A download cut short: delete it and "
+            "fetch it again (fetch-era5 fetches what is missing)"
+        ) from None
     ds = ds.rename({k: v for k, v in {"valid_time": "time", "lat": "latitude", "lon": "longitude"}.items()
                     if k in ds.variables and v not in ds.variables})  # fmt: skip
     if "pressure_level" in ds.dims or "pressure_level" in ds.coords:
@@ -209,7 +212,8 @@ def _check_units(da, name: str, q: Quantity, path: Path) -> None:
     if units not in q.units:
         raise DataError(
             f"ERA5 file {path}: {name} ({q.what}) is in {units or 'no stated unit'!r}; expected "
-            f"{q.units[0]!r}, as the Climate Data Store writes it"
+            f"{q.units[0]!r}, as the Climate Data Store writes it. Download it again from the CDS "
+            "(fetch-era5 fetches what is missing), or convert the variable and its units attribute"
         )
     finite = np.asarray(da.values, dtype=np.float64)
     finite = finite[np.isfinite(finite)]
@@ -217,8 +221,7 @@ def _check_units(da, name: str, q: Quantity, path: Path) -> None:
         raise DataError(
             f"ERA5 file {path}: {name} ({q.what}) holds values from {finite.min():g} to {finite.max():g} "
             f"{units}, outside what is physically possible ({q.low:g} to {q.high:g} {units}): a damaged "
-            "file, "
-            "or a variable of another unit under ERA5's name"
+            "file, or a variable of another unit under ERA5's name. Delete it and fetch it again"
         )
 
 

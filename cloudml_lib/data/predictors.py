@@ -33,6 +33,17 @@ FETCH_HINT = (
 )
 
 
+# The smallest spread a predictor is scaled by, per unit (era5.PREDICTORS): about a reanalysis' error at a
+# point (0.5 K of temperature, 50 m of height, 0.05 of a fraction, 1 kg m-2 of water vapour, 0.5 m/s of wind;
+# data/demo_era5.py ERRORS gives the published figures behind them)
+SPREAD_FLOOR = {"K": 0.5, "m": 50.0, "1": 0.05, "kg m-2": 1.0, "m s-1": 0.5}
+
+
+def spread_floor(name: str) -> float:
+    """The smallest spread predictor `name` is scaled by (SPREAD_FLOOR of its unit)."""
+    return SPREAD_FLOOR[era5.PREDICTORS[name][0]]
+
+
 def flight_files(flight: FlightConfig, data: DataConfig) -> list[Path]:
     """`flight`'s ERA5 files: in its folder, else a campaign's between it and data.dir (era5.find_files)."""
     folder = (Path(data.dir) / flight.ir_file).parent
@@ -45,7 +56,15 @@ def frames_atmosphere(
     """(N, P) the predictors `names` at frames of `flight` at times `t` (epoch seconds) and positions
     (degrees), from `found` (its files read; None: read here): NaN where a frame's time or position is
     unknown; a frame outside the files' hours or box is refused by name (era5.interpolate)."""
-    found = found if found is not None else era5.read_files(flight_files(flight, data))
+    if found is None:
+        files = flight_files(flight, data)
+        if not files:
+            folder = (Path(data.dir) / flight.ir_file).parent
+            raise DataError(
+                f"flight {flight.name}: no ERA5 file lies beside it in {folder}, and this model reads the "
+                f"atmosphere ({', '.join(names)}). {FETCH_HINT} (--flights {flight.name})"
+            )
+        found = era5.read_files(files)
     ok, lacking = era5.available_predictors(found)
     missing = [n for n in names if n not in ok]
     if missing:
@@ -56,7 +75,21 @@ def frames_atmosphere(
             + f". Fetch them again with the variables they need: {FETCH_HINT}"
         )
     values = era5.predictors_at(found, t, lat, lon, flight.name, names)
-    return np.stack([np.asarray(values[n], np.float64) for n in names], axis=1).reshape(-1, len(names))
+    out = np.stack([np.asarray(values[n], np.float64) for n in names], axis=1).reshape(-1, len(names))
+    known = np.isfinite(np.asarray(t, np.float64)) & np.isfinite(np.asarray(lat, np.float64))
+    known &= np.isfinite(np.asarray(lon, np.float64))
+    gaps = known[:, None] & ~np.isfinite(out)
+    if gaps.any():  # a missing value of the file's, never taken for a frame without a position
+        k = int(np.flatnonzero(gaps.any(axis=0))[0])
+        files = ", ".join(p.name for p in found.files)
+        first = int(np.flatnonzero(gaps[:, k])[0])
+        raise DataError(
+            f"flight {flight.name}: its ERA5 files ({files}) hold no value of {names[k]} "
+            f"({era5.PREDICTORS[names[k]][2]}) at {int(gaps[:, k].sum())} frame(s) with a known time and "
+            f"position (e.g. frame {first}): missing values (NaN, a land point's sea temperature) where the "
+            "flight is. Delete the files and fetch them again, or leave the flight out (data.flights)"
+        )
+    return out
 
 
 def attach(caches: list, data: DataConfig, names: list[str] | None = None) -> list:
@@ -70,8 +103,15 @@ def attach(caches: list, data: DataConfig, names: list[str] | None = None) -> li
     by_name = {f.name: f for f in data.flights}
     files = {c.name: flight_files(by_name[c.name], data) if c.name in by_name else [] for c in caches}
     have = [n for n, f in files.items() if f]
+    lacking = [n for n, f in files.items() if not f]
+    if lacking and names is not None:
+        raise DataError(
+            f"this model reads the atmosphere of each flight it scores ({', '.join(names)}), but no ERA5 "
+            f"file lies beside {', '.join(lacking)} in {data.dir}: {FETCH_HINT} (--flights "
+            f"{' '.join(lacking)}); the model cannot score a flight without its atmosphere"
+        )
     if not have:
-        if names is None and data.atmosphere == "with_frames":
+        if data.atmosphere == "with_frames":
             log.info(
                 "data.atmosphere: with_frames, but no ERA5 file lies beside the flights (%s): the network "
                 "sees the frames and the sun alone; %s",
@@ -80,11 +120,10 @@ def attach(caches: list, data: DataConfig, names: list[str] | None = None) -> li
             )
             return caches
         raise DataError(
-            f"{'this model reads' if names else 'data.atmosphere: ' + data.atmosphere + ' needs'} the "
-            f"atmosphere of each flight, but no ERA5 file lies beside the flights ({', '.join(files)}) in "
-            f"{data.dir}: {FETCH_HINT}, or set data.atmosphere: none"
+            f"data.atmosphere: {data.atmosphere} needs the atmosphere of each flight, but no ERA5 file lies "
+            f"beside the flights ({', '.join(files)}) in {data.dir}: {FETCH_HINT}, or set "
+            "data.atmosphere: none"
         )
-    lacking = [n for n, f in files.items() if not f]
     if lacking:
         raise DataError(
             f"data.atmosphere: ERA5 files lie beside flights {', '.join(have)} but not {', '.join(lacking)}: "

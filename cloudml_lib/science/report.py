@@ -337,13 +337,18 @@ BASELINE_WORDS = (
 def radiometry_words(report: dict) -> str:
     """What the network saw of the frames' temperatures, and in which units the brightness statistics are."""
     r = report["radiometry"]
-    seen = (
-        "The network saw the labelled frame's brightness statistics beside its frames (data.radiometry: "
-        "statistics)"
-        if r.get("network_inputs") == "statistics"
-        else "The network saw the per-frame reading of its frames alone, no temperature (data.radiometry: "
-        f"{r.get('network_inputs')})"
-    )
+    alone = (report.get("atmosphere") or {}).get("network_inputs") == "alone"
+    if r.get("network_inputs") == "statistics":
+        where = "but not the frames themselves" if alone else "beside its frames"
+        seen = f"The network saw the labelled frame's brightness statistics {where}"
+        seen += " (data.radiometry: statistics)"
+    elif alone:
+        seen = f"The network saw nothing of the frames (data.radiometry: {r.get('network_inputs')})"
+    else:
+        seen = (
+            "The network saw the per-frame reading of its frames alone, no temperature (data.radiometry: "
+            f"{r.get('network_inputs')})"
+        )
     return f"{seen}; the brightness statistics are in {r.get('words') or 'the units the IR files state'}."
 
 
