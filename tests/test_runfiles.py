@@ -267,3 +267,12 @@ def test_finite_numbers_only_where_a_run_writes_them():
     from cloudml_lib.base.runfiles import NUM, OPT_NUM
 
     assert NUM.problem(math.inf, "x") and NUM.problem(True, "x") and OPT_NUM.problem(None, "x") is None
+
+
+def test_the_baselines_a_report_may_name_are_the_science_layers():
+    """runfiles' HEIGHT_BASELINES (the base layer cannot import science) is baselines.BASELINES, in order:
+    a baseline added there and not here would make every new report read as damaged."""
+    from cloudml_lib.base.runfiles import HEIGHT_BASELINES
+    from cloudml_lib.science.baselines import BASELINES
+
+    assert HEIGHT_BASELINES == BASELINES
