@@ -634,3 +634,20 @@ def test_a_missing_value_in_a_file_where_the_flight_is_is_refused_by_name_and_a_
     with pytest.raises(DataError, match="this model reads the atmosphere of each flight it scores") as e:
         predictors.attach([SimpleNamespace(name=flight.name)], data, names)  # files are looked for first
     assert "data.atmosphere: none" not in str(e.value)
+
+
+def test_the_predictors_a_run_reads_are_part_of_its_data_fingerprint(tiny_config):
+    """A run that reads the atmosphere resumes only on the same predictors (an ERA5 file changed since is new
+    data); a run that reads none keeps the fingerprint it had before the setting (old runs resume)."""
+    from dataclasses import replace
+
+    from cloudml_lib.data.cache import load_caches
+    from cloudml_lib.train.build import data_fingerprint
+
+    caches = load_caches(tiny_config.data)
+    before = data_fingerprint(caches)
+    names = ("t2m",)
+    read = [replace(c, atmosphere=np.full((len(c), 1), 289.0), atmosphere_names=names) for c in caches]
+    warmer = [replace(c, atmosphere=c.atmosphere + 0.5) for c in read]
+    assert data_fingerprint(read) != before and data_fingerprint(warmer) != data_fingerprint(read)
+    assert data_fingerprint(caches) == before and data_fingerprint(read) == data_fingerprint(read)

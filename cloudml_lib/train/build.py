@@ -191,14 +191,17 @@ def check_batch_size(cfg: Config, n_train: int, world: int) -> None:
 
 def data_fingerprint(caches: list) -> dict:
     """What the run trains, validates and tests on, by content: per flight (its whole cache) its sample count
-    and a hash of its labelled frames, labels and angles. A resumed run must see the same (file times may
-    differ)."""
+    and a hash of its labelled frames, labels and angles (and the atmosphere's predictors where the run reads
+    them). A resumed run must see the same (file times may differ)."""
     out = {}
     for c in caches:
         h = hashlib.sha256()
         for a in (c.frame_index, c.cbh_km, c.cloud, c.sza_deg, c.saa_deg, c.heading_deg, c.windows):
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(str(c.meta.get("frames_sha256", c.meta.get("bytes"))).encode())
+        if c.atmosphere is not None:  # the ERA5 predictors it reads: a file changed since is new data
+            h.update(np.ascontiguousarray(c.atmosphere).tobytes())
+            h.update(",".join(c.atmosphere_names).encode())
         files = {
             role: f.get("sha256") for role, f in (c.meta.get("files") or {}).items() if isinstance(f, dict)
         }
