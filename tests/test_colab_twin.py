@@ -15,9 +15,9 @@ the checkout (Colab's /content, moved with CLOUDML_CONTENT), with no environment
   test installed CloudML into it, so that neither a newer release nor CloudML's own install drifts silently.
 
 Slow: the environment (~5 GB: PyPI's torch 2.11.0 pulls its CUDA wheels) is built in the background from the
-session's start (conftest.py: about 2 minutes on a quiet 2-core machine once pip holds the wheels, more with
-the download), or kept from an earlier session (install_helpers.TwinEnvironment); these tests run last and
-took about 4 minutes together (benchmarks/results/suite.json).
+session's start (conftest.py: under a minute on a quiet 2-core machine with uv, a dev dependency; about 2
+with pip, which it falls back to), or kept from an earlier session (install_helpers.TwinEnvironment);
+these tests run last and took about 3 minutes together (benchmarks/results/suite.json).
 """
 
 from __future__ import annotations
