@@ -148,7 +148,8 @@ def uv_install(python: Path, *args: str, timeout: float = 1200) -> subprocess.Co
     is missing or fails (an index only pip's configuration names, say)."""
     uv = uv_bin()
     if uv:
-        cmd = [uv, "pip", "install", "--quiet", "--python", str(python), *args]
+        # byte-compiled as pip does: else every process of the twin compiles torch's modules on import
+        cmd = [uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python), *args]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode == 0:
             return r

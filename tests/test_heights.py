@@ -107,7 +107,8 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run_copy, tmp_path
         assert "0 heights below the surface and 0 above" in nc.cloud_base_height_masked
         qc = np.ma.filled(nc["cloud_base_height_qc"][:], -1)
         cbh = np.ma.filled(nc["cloud_base_height"][:].astype(float), np.nan)
-        assert (((qc == 0) | (qc == 3)) == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
+        kept = (qc == 0) | (qc == 3) | (qc == 4)  # 4: inside the span, the inputs outside training's
+        assert (kept == np.isfinite(cbh)).all() and (qc != 1).all() and (qc != 2).all()
         low, high = best[Key.LABEL_RANGE]  # the span of the heights the model was fitted on
         assert 0.1 <= low < high <= 2.0
         outside = (cbh < low) | (cbh > high)  # above every training label too: an extrapolation
@@ -116,7 +117,7 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run_copy, tmp_path
             f"{int((qc == 3).sum())} heights outside {low:g}-{high:g} km (the span of the labels the model "
             "was" in (nc.cloud_base_height_outside_labels)
         )
-        assert list(nc["cloud_base_height_qc"].flag_values) == [0, 1, 2, 3]
+        assert list(nc["cloud_base_height_qc"].flag_values) == [0, 1, 2, 3, 4]
         assert nc["cloud_base_height_qc"].flag_meanings.split()[:3] == [  # what files written before meant
             "inside_bounds",
             "below_surface_masked",

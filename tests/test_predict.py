@@ -21,7 +21,9 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_cop
     (path,) = pr.predict_flights(run_dir)  # default: the test flight
     assert path == run_dir / "predictions" / f"{held}_cbh.nc"
     with netCDF4.Dataset(path) as nc:
-        assert nc.Conventions == "CF-1.8" and set(nc.variables) == {
+        assert nc.Conventions == "CF-1.8, ACDD-1.3" and set(nc.variables) == {
+            "trajectory",  # CF's discrete sampling geometry: the flight, its cf_role trajectory_id
+            "input_distance",  # the domain check (data/domain.py)
             "time",
             "lat",
             "lon",
@@ -312,7 +314,10 @@ def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(tiny_r
             ds["cloud_base_height_doubled"].values, 2 * ds["cloud_base_height"].values, rtol=1e-6
         )
         assert ds["cloud_base_height_doubled"].attrs["long_name"] == "twice the height"
-        assert set(ds.coords) == {"time", "lat", "lon"} and ds["cloud_base_height"].attrs["units"] == "km"
+        assert (
+            set(ds.coords) == {"time", "lat", "lon", "trajectory"}
+            and ds["cloud_base_height"].attrs["units"] == "km"
+        )
     rows = (tmp_path / path.name.replace(".nc", ".csv")).read_text().splitlines()
     assert rows[0].split(",") == [v.csv for v in products.VARIABLES] and rows[0].endswith("doubled_km")
     summary = json.loads((tmp_path / "summary.json").read_text())[entries[2]["name"]]["variables"]

@@ -126,6 +126,27 @@ BY_HEIGHT = Obj(
 RADIOMETRY = Obj({"network_inputs": TEXT, "units": MapOf(TEXT), "words": TEXT}, required=("network_inputs",))
 # What the network saw of the flights' atmosphere (data.atmosphere; absent: written before the setting)
 ATMOSPHERE_SEEN = Obj({"network_inputs": TEXT, "predictors": ListOf(TEXT)}, required=("network_inputs",))
+# The domain check of the test flights (data/domain.py; absent: written before it)
+INPUTS = Obj(
+    {
+        "checked": BOOL,
+        "why": TEXT,
+        "threshold": NUM,
+        "per_flight": MapOf(
+            Obj(
+                {
+                    "frames": INT,
+                    "outside": INT,
+                    "mae_km_outside": OPT_NUM,
+                    "mae_km_inside": OPT_NUM,
+                    "words": TEXT,
+                },
+                required=("frames", "outside", "words"),
+            )
+        ),
+    },
+    required=("checked",),
+)
 # The calibration methods intervals.json may name (intervals.METHODS maps each to its score).
 INTERVAL_METHODS = ("conformal_absolute", "conformal_gamma")
 EVALUATION = Obj(
@@ -146,6 +167,7 @@ EVALUATION = Obj(
         "by_height": BY_HEIGHT,
         "radiometry": RADIOMETRY,
         "atmosphere": ATMOSPHERE_SEEN,
+        "inputs": INPUTS,
         "mae_interval_km": MapOf(Maybe(ListOf(NUM))),
         "training_label_range_km": ListOf(NUM),
         "outside_training_labels": MapOf(MapOf(NUM)),
@@ -253,10 +275,12 @@ COUNTS = Obj(
             "height_outside_labels",
             "cloud_above_range",
             "cloud_below_range",
+            "inputs_outside_training",
+            "height_inputs_outside",
         )
     }
     | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")}
-    | {"interval_calibrated_here": BOOL},
+    | {"interval_calibrated_here": BOOL, "inputs_vs_training": OPT_TEXT},
     required=COUNTS_KEPT,
 )
 PREDICTIONS_SUMMARY = MapOf(COUNTS)

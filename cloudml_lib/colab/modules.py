@@ -81,6 +81,7 @@ MODULES = (
     "data/dataset.py",
     "data/demo.py",
     "data/demo_era5.py",
+    "data/domain.py",
     "data/er2.py",
     "data/era5.py",
     "data/era5_requests.py",

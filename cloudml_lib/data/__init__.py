@@ -21,6 +21,8 @@
 - splits.py       which samples play which role: test flights (nothing chosen on them), validation data
                   (drawn from the training flights by a stated rule), the part trained on
 - dataset.py      windows of T frames, the scalers, the batch sampler;  hashing.py  file checksums
+- domain.py       the inputs of the samples a model was trained on, and whether a new frame's lie among
+                  them (ranges and a Mahalanobis distance): where a flight's heights extrapolate
 
 May import: base.
 """

@@ -364,6 +364,14 @@ class CloudDataset(Dataset):
         """The IR frame of each sample (its time order within its flight)."""
         return self._per_sample("frame_index").astype(np.int64)
 
+    def sza_deg(self) -> np.ndarray:
+        """Each sample's solar zenith angle (degrees, NaN where unknown)."""
+        return self._per_sample("sza_deg").astype(np.float64)
+
+    def azimuth_deg(self) -> np.ndarray:
+        """Each sample's sun azimuth as the network sees it (model_azimuth; NaN where unknown)."""
+        return self._per_flight(self.azimuth).astype(np.float64)
+
     def frame_p10(self) -> np.ndarray:
         return self._per_sample("frame_p10").astype(np.float64)
 

@@ -40,6 +40,7 @@ from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data import predictors
 from cloudml_lib.data.cache import load_flight_cache
 from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
+from cloudml_lib.data.domain import dataset_inputs, recorded
 from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_workers
 from cloudml_lib.data.splits import Split, choose_split
 from cloudml_lib.science import baselines, intervals, plots, skill
@@ -49,6 +50,7 @@ from cloudml_lib.science.report import (
     cloud_verdict,
     coverage_words,
     flight_verdicts,
+    inputs_words,
     interval_lines,
     metric_rows,
     protocol_words,
@@ -68,6 +70,7 @@ class Trained:
     train_mean_km: float
     best_epoch: int
     label_range: list
+    domain: dict | None = None  # best.pt's record of the inputs trained on (data/domain.py); None: before it
 
 
 def test_report(
@@ -117,6 +120,7 @@ def test_report(
         trained.label_range,
         None if best is None else (baselines.SHORT[best["name"]], predicted[best["name"]]),
     )
+    report["inputs"] = inputs_record(trained.domain, test, scored.height_km)
     report["flight_verdicts"] = flight_verdicts(report)
     report["verdict"] = verdict(report)
     report["out_of_bounds"] = bounds_count(pred_km, height_bounds_km(cfg.data))
@@ -133,6 +137,31 @@ def test_report(
         seen = list(data.split.test) if data.split.legacy else calibration.get("flights") or []
         report["intervals"] = skill.interval_scores(true_km, pred_km, flights, calibration, seen)
     return report
+
+
+def inputs_record(record, test: CloudDataset, pred_km: np.ndarray) -> dict:
+    """The domain check on the test flights' labelled frames (data/domain.py): per flight how many lie
+    outside the inputs trained on, in words, and the model's MAE on the heights inside and outside."""
+    found, why = recorded(record)
+    if found is None:
+        return {"checked": False, "why": why}
+    judged = found.judge(dataset_inputs(test))
+    flights, true_km, has = test.flight_names(), test.targets_km(), test.has_height()
+    per = {}
+    for name in dict.fromkeys(flights[has]):
+        mine = (flights == name) & has  # the heights scored (a sample with a cloud flag alone has none)
+        sub = judged.subset(mine)
+        err = np.abs(pred_km[mine] - true_km[mine])
+        has = np.isfinite(err)
+        out, inside = has & sub.outside, has & ~sub.outside
+        per[str(name)] = {
+            "frames": int(mine.sum()),
+            "outside": int(sub.outside.sum()),
+            "mae_km_outside": float(err[out].mean()) if out.any() else None,
+            "mae_km_inside": float(err[inside].mean()) if inside.any() else None,
+            "words": found.words(str(name), sub, "labelled heights"),
+        }
+    return {"checked": True, "threshold": found.threshold, "per_flight": per}
 
 
 def radiometry_record(cfg: Config, dataset: CloudDataset) -> dict:
@@ -208,6 +237,8 @@ def format_report(report: dict) -> str:
         extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
     if with_verdict(report).get("verdict"):
         extra += "\n\n" + with_verdict(report)["verdict"]
+    if inputs_words(report):
+        extra += "\n\n" + " ".join(inputs_words(report))
     if cloud_verdict(report):
         extra += "\n" + cloud_verdict(report)
     return "\n".join(lines) + extra
@@ -390,7 +421,7 @@ def trained_of(ckpt: dict, data: EndData) -> Trained:
     if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, float) for v in span)):
         km = data.frames.targets_km()[data.frames.has_height()]
         span = [float(km.min()), float(km.max())] if km.size else []
-    return Trained(float(ckpt[Key.TRAIN_MEAN_KM]), int(ckpt[Key.EPOCH]), span)
+    return Trained(float(ckpt[Key.TRAIN_MEAN_KM]), int(ckpt[Key.EPOCH]), span, ckpt.get(Key.DOMAIN))
 
 
 def evaluate_run(

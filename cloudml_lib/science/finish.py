@@ -252,7 +252,7 @@ def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndD
             Key.VAL_LOSS: float("nan"),
             Key.TRAIN_MEAN_KM: train_mean,
             Key.PROVENANCE: final.state.get(Key.PROVENANCE),
-            **{k: final.state[k] for k in (Key.LABEL_RANGE, Key.SPLIT) if k in final.state},
+            **{k: final.state[k] for k in (Key.LABEL_RANGE, Key.SPLIT, Key.DOMAIN) if k in final.state},
         }
         save_atomic(ckpt, best)
         return trained_of(ckpt, data)

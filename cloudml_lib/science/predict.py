@@ -51,6 +51,7 @@ from cloudml_lib.base.config import LEGACY_VALIDATION, DataConfig, FlightConfig,
 from cloudml_lib.base.errors import CloudMLError, DataError, shown
 from cloudml_lib.base.outputs import atomic_path, write_text
 from cloudml_lib.base.ownership import Kind, claim
+from cloudml_lib.base.resources import package_version
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.inference import StreamEncoder, eval_batch_size, windows_forward
 from cloudml_lib.core.network.metrics import Scored, cloud_class, outside_bounds
@@ -60,6 +61,7 @@ from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data import cpl, er2, navigation
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import Scalers, model_azimuth, scalar_inputs
+from cloudml_lib.data.domain import Domain, inputs_of, recorded
 from cloudml_lib.data.flights import find_flights
 from cloudml_lib.data.hashing import input_files
 from cloudml_lib.data.hdf5 import holds_dataset
@@ -187,6 +189,8 @@ class FlightPredictor:
     autocast: object = nullcontext
     backend: Backend = SKIMAGE
     pool: FramePool | None = None
+    domain: Domain | None = None  # the training samples' inputs (data/domain.py); None: cannot check
+    unchecked: str = ""  # why not
 
 
 def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataConfig) -> dict:
@@ -223,14 +227,13 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
         StreamEncoder(model, device, predictor.batch_size, autocast),
     )
     azimuth = model_azimuth(inputs["saa"], inputs["heading"], data.sun_azimuth)
-    atmosphere = None
-    if scalers.atmosphere:  # a model that reads the atmosphere: its predictors at every frame
-        atmosphere = frames_atmosphere(
-            flight, data, inputs["t"], inputs["lat"], inputs["lon"], scalers.atmosphere
-        )
-    scalars = scalar_inputs(
-        inputs["sza"], azimuth, scalers, stats, atmosphere
-    )  # each window's centre frame's
+    atmosphere = scalers.atmosphere and frames_atmosphere(  # a model that reads it: at every frame
+        flight, data, inputs["t"], inputs["lat"], inputs["lon"], scalers.atmosphere
+    )
+    scalars = scalar_inputs(inputs["sza"], azimuth, scalers, stats, atmosphere)  # each window's centre's
+    judged = predictor.domain and predictor.domain.judge(  # each frame's inputs against the training's
+        inputs_of(inputs["sza"], azimuth, stats if scalers.radiometry else None, atmosphere)
+    )
     first = np.clip(np.arange(n) - t // 2, 0, n - t)  # shift policy at the ends
     out = windows_forward(model, encodings, first[:, None] + np.arange(t)[None, :], scalars, device, autocast)
     scored = Scored.from_outputs(
@@ -249,13 +252,13 @@ def predict_flight(predictor: FlightPredictor, flight: FlightConfig, data: DataC
         "predicted": int((keep & ~blank).sum()),
     }
     _say_counts(flight.name, counts)
-    out = {k: v[keep] for k, v in inputs.items()}
-    out["cbh_km"] = pred[keep]
+    out = {k: v[keep] for k, v in inputs.items()} | {"cbh_km": pred[keep], "p10": p10[keep], "counts": counts}
     out["cloud_probability"] = prob[keep] if getattr(model, "cloud_output", False) else None
     out["class_probability"] = None if classes is None or out["cloud_probability"] is None else classes[keep]
-    out["p10"] = p10[keep]
     out["frame_index"] = np.flatnonzero(keep)
-    out["counts"] = counts
+    if judged is not None:  # the domain check, over the same frames
+        out["input_distance"] = np.where(blank, np.nan, judged.distance)[keep]
+        out["inputs_outside"], out["judged"] = judged.outside[keep] & ~blank[keep], judged.subset(keep)
     return out
 
 
@@ -388,6 +391,7 @@ def frame_flags(result: dict, flagging: Flagging) -> np.ndarray | None:
 # cloud_base_height_qc (products.py); -1: no height predicted. 3 came later: appended, so that files written
 # before keep the meanings of 0-2.
 QC_INSIDE, QC_BELOW, QC_ABOVE, QC_UNLEARNED = 0, 1, 2, 3
+QC_UNSEEN = 4  # a height kept, on a frame whose inputs lie outside the training samples' (data/domain.py)
 
 
 def bound_heights(
@@ -457,6 +461,32 @@ def bound_heights(
     return ceiling
 
 
+def flag_unseen(result: dict, predictor: FlightPredictor, name: str) -> None:
+    """The domain check's verdict on the flight: a height given on a frame whose inputs lie outside the
+    training samples' gets QC_UNSEEN where it had QC_INSIDE (a height outside the labels' span keeps
+    QC_UNLEARNED, a masked one its own flag), counted; the flight's sentence in the log and in
+    result["inputs_vs_training"]."""
+    if predictor.domain is None:
+        result["inputs_vs_training"] = f"flight {name}: {predictor.unchecked}"
+        log.info("flight %s: %s", name, predictor.unchecked)
+        return
+    qc, outside = result["cbh_qc"], result.pop("inputs_outside")
+    given = np.isfinite(result["cbh_km"])  # the heights the file gives (a cloud base flagged, in bounds)
+    unseen = outside & given & (qc == QC_INSIDE)  # a height outside the labels' span keeps its 3
+    qc[unseen] = QC_UNSEEN
+    result["counts"].update(
+        inputs_outside_training=int(outside.sum()), height_inputs_outside=int(unseen.sum())
+    )
+    words = predictor.domain.words(name, result.pop("judged").subset(given), "heights")
+    result["input_distance_threshold"] = predictor.domain.threshold
+    result["inputs_vs_training"] = words + (
+        f" (cloud_base_height_qc {QC_UNSEEN}, or {QC_UNLEARNED} where the height itself lies outside the "
+        f"labels' span; {int(outside.sum())} of all {outside.size} frames, heights or not, lie outside: "
+        "input_distance)"
+    )
+    (log.warning if (outside & given).any() else log.info)("%s", result["inputs_vs_training"])
+
+
 def bounds_attributes(result: dict) -> dict:
     """The NetCDF attributes that say how cloud_base_height is bounded, by which head, and how many heights
     were masked."""
@@ -516,10 +546,9 @@ def flight_dataset(flight: str, result: dict, run_dir: Path):
     the NetCDF file stores it with."""
     counts, cal = result["counts"], result.get("calibration")
     record = result.get("provenance") or {}
+    source = result.get("source") or f"a CloudML model of run '{Path(run_dir).name}'"
     attrs = {
-        "Conventions": "CF-1.8",
-        "title": f"Cloud base height along ER-2 flight {flight}, predicted from thermal-IR frames",
-        "source": f"CloudML model {run_dir / 'best.pt'}",
+        **products.discovery_attributes(flight, result, source, package_version()),
         "comment": (
             f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
             f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median"
@@ -536,6 +565,12 @@ def flight_dataset(flight: str, result: dict, run_dir: Path):
         if cal
         else "no intervals",
         "flight_role": result.get("role", "unknown"),
+        "inputs_vs_training": result.get("inputs_vs_training", "not checked"),
+        **(
+            {"input_distance_threshold": float(result["input_distance_threshold"])}
+            if "input_distance_threshold" in result
+            else {}
+        ),
         **skill_attributes(flight, result.get("evaluation")),
         **flag_attributes(result),
         # JSON text: the label definition of the CPL labels here (and of the model's training data), the
@@ -555,9 +590,10 @@ def flight_dataset(flight: str, result: dict, run_dir: Path):
 
 
 def skill_attributes(flight: str, evaluation: dict | None) -> dict:
-    """Global attributes that say how good the model that wrote the file is: its test skill per test flight
-    (with the baseline's), its verdict and the protocol it was tested under, from evaluation.json (read as
-    untrusted); said plainly where the run has none."""
+    """Global attributes that say how good the model that wrote the file is, from evaluation.json (read as
+    untrusted): `model_test_skill` is this flight's own test skill, where it was a test flight of the run, and
+    says plainly that it is unmeasured where not; the run's other test flights' skill is apart
+    (`model_test_skill_other_flights`), with the verdict and the protocol they were tested under."""
     from cloudml_lib.science.report import best_baseline, protocol_words, with_verdict
 
     if not evaluation:
@@ -565,20 +601,28 @@ def skill_attributes(flight: str, evaluation: dict | None) -> dict:
     report = with_verdict(evaluation)
     per, base = report.get("per_flight") or {}, report.get("baseline_per_flight") or {}
     intervals_km = report.get("mae_interval_km") or {}
-    skill = "; ".join(
-        f"{name}: R2 {_num(m.get('r2'))}, MAE {_num(m.get('mae_km'))} km"
-        + (
-            f" (95% {intervals_km[name][0]:.3f}-{intervals_km[name][1]:.3f})"
-            if intervals_km.get(name)
-            else ""
+
+    def skill_of(name: str, m: dict) -> str:
+        return (
+            f"{name}: R2 {_num(m.get('r2'))}, MAE {_num(m.get('mae_km'))} km"
+            + (
+                f" (95% {intervals_km[name][0]:.3f}-{intervals_km[name][1]:.3f})"
+                if intervals_km.get(name)
+                else ""
+            )
+            + f", n {m.get('n')}"
+            + (f"; training mean MAE {_num(base[name].get('mae_km'))} km" if name in base else "")
+            + _best_words(best_baseline(report, name))
         )
-        + f", n {m.get('n')}"
-        + (f"; training mean MAE {_num(base[name].get('mae_km'))} km" if name in base else "")
-        + _best_words(best_baseline(report, name))
-        for name, m in per.items()
-    )
+
+    others = "; ".join(skill_of(name, m) for name, m in per.items() if name != flight and isinstance(m, dict))
+    own = per.get(flight)
     return {
-        "model_test_skill": skill or "none",
+        "model_test_skill": skill_of(flight, own)
+        if isinstance(own, dict)
+        else f"not measured on this flight: {flight} was not a test flight of the run (the skill on its "
+        "test flights, in model_test_skill_other_flights, is no measure of the skill here)",
+        "model_test_skill_other_flights": others or "none",
         "model_verdict": report.get("verdict") or "none",
         "model_evaluation_protocol": protocol_words(report),
     }
@@ -854,6 +898,7 @@ class _PredictJob:
                 self.rm.autocast,
                 self.backend,
                 pool,
+                *recorded(self.rm.ckpt.get(Key.DOMAIN)),
             )
 
 
@@ -906,8 +951,10 @@ def flight_result(
     cfg, ckpt, calibration = rm.cfg, rm.ckpt, folder.calibration
     result = predict_flight(predictor, flight, data)
     result["flight"], result["height_head"] = name, cfg.model.height_head
+    result["source"] = model_source(cfg, ckpt, folder.run_dir)
     learned, result["learned_from"] = learned_range(ckpt, cfg)
     cloud_and_intervals(result, folder.flagging, calibration, height_bounds_km(cfg.data), learned)
+    flag_unseen(result, predictor, name)
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
     result["flagging"], result["role"] = folder.flagging, flight_role(name, ckpt, cfg)
     result["seen_in_calibration"] = seen_in_calibration(name, calibration, ckpt, cfg)
@@ -945,7 +992,11 @@ def _write_flight(result: dict, name: str, folder: PredictionsFolder) -> Path:
     along, track = flight_figures(name, result)
     plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
     plots.save_figure(track, out / f"{name}_track.png")
-    folder.summary[name] = dict(result["counts"], variables=products.summary(result))
+    folder.summary[name] = dict(
+        result["counts"],
+        variables=products.summary(result),
+        inputs_vs_training=result.get("inputs_vs_training"),
+    )
     write_text(folder.summary_path, json.dumps(folder.summary, indent=1))
     log.info(
         "flight %s: %d of %d frames predicted -> %s (CSV and plots beside it)",
@@ -986,6 +1037,23 @@ def choose_flagging(cfg, ckpt: dict, cloud_flag: str, run_dir: Path) -> Flagging
             "model's flag. Nothing was written."
         )
     return Flagging(cfg.model.cloud_threshold, "bt_threshold", definition, baseline)
+
+
+def model_source(cfg, ckpt: dict, run_dir: Path) -> str:
+    """The model that wrote a file, in words for its `source` attribute: what it is, which weights, its run's
+    name (never a path of the machine)."""
+    what = (
+        "a network on its scalar inputs alone (the sun's angles and what else the run gives it), no frames"
+        if cfg.model.scalars_only or getattr(cfg.data, "atmosphere", "none") == "alone"
+        else f"a convolutional network over {cfg.data.temporal_frames} thermal-IR frames (channels "
+        f"{', '.join(map(str, cfg.model.channels))})"
+    )
+    epoch = ckpt.get(Key.EPOCH)
+    return (
+        f"CloudML {package_version()} model: {what}, the best weights"
+        + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
+        + f" of run '{Path(run_dir).name}'"
+    )
 
 
 def learned_range(ckpt: dict, cfg) -> tuple[tuple[float, float], str]:

@@ -108,17 +108,33 @@ VARIABLES = (
             "long_name": "quality of cloud_base_height: inside the bounds a cloud base can have (the global "
             "attribute cloud_base_height_bounds), or masked for lying below the surface or above the upper "
             "bound (the aircraft, else data.cbh_max_km), or kept but outside the span of the labels the "
-            "model "
-            "learned from (the global attribute cloud_base_height_outside_labels says which span: an "
-            "extrapolation); missing where no height was predicted",
-            # 3 was appended later: files written before keep the meanings of 0-2
-            "flag_values": np.array([0, 1, 2, 3], np.int8),
+            "model learned from (the global attribute cloud_base_height_outside_labels says which span: an "
+            "extrapolation), or kept inside that span but on a frame whose inputs lie outside those of the "
+            "samples the model was trained on (the global attribute inputs_vs_training: an extrapolation "
+            "too); "
+            "missing where no height was predicted",
+            # 3 and 4 were appended later: files written before keep the meanings of 0-2 (0-3)
+            "flag_values": np.array([0, 1, 2, 3, 4], np.int8),
             "flag_meanings": (
-                "inside_bounds below_surface_masked above_upper_bound_masked outside_labels_range"
+                "inside_bounds below_surface_masked above_upper_bound_masked outside_labels_range "
+                "inputs_outside_training"
             ),
         },
         "cbh_qc",
         None,
+    ),
+    Variable(
+        "input_distance",
+        "input_distance",
+        "f4",
+        {
+            "long_name": "Mahalanobis distance of the frame's inputs (sun angles, brightness statistics, the "
+            "atmosphere, as the network sees them) from those of the samples the model was trained on; "
+            "beyond the global attribute input_distance_threshold the frame is outside (cloud_base_height_qc "
+            "4)",
+            "units": "1",
+        },
+        "input_distance",
     ),
     Variable(
         "cloud_base_height_lower",
@@ -230,6 +246,83 @@ def flag_variables(flagging) -> dict:
     }
 
 
+# ACDD 1.3's coverage_content_type of each variable (what kind of numbers it holds)
+CONTENT = {
+    "time": "coordinate",
+    "lat": "coordinate",
+    "lon": "coordinate",
+    "frame_index": "referenceInformation",
+    "cloud_probability": "modelResult",
+    "cloud_flag": "thematicClassification",
+    "cloud_base_height": "modelResult",
+    "cloud_base_height_qc": "qualityInformation",
+    "input_distance": "qualityInformation",
+    "cloud_base_height_lower": "modelResult",
+    "cloud_base_height_upper": "modelResult",
+    "cpl_cloud_base_height": "physicalMeasurement",
+    "cpl_cloud_flag": "thematicClassification",
+}
+
+
+def _iso(seconds: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(float(seconds), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def discovery_attributes(flight: str, result: dict, source: str, version: str) -> dict:
+    """The file's CF trajectory and ACDD 1.3 discovery attributes: what it is, where and when it lies, what
+    made it (`source`: the model and its run, never a path; CloudML's `version`) and when."""
+    import datetime as dt
+
+    t = np.asarray(result["t"], np.float64)
+    lat, lon = (np.asarray(result.get(k, np.full(t.size, np.nan)), np.float64) for k in ("lat", "lon"))
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = {
+        "Conventions": "CF-1.8, ACDD-1.3",
+        "featureType": "trajectory",
+        "cdm_data_type": "Trajectory",
+        "title": f"Cloud base height along NASA ER-2 flight {flight}, predicted from thermal-IR frames",
+        "summary": (
+            "Cloud base height (km above sea level) at every thermal-IR camera frame of ER-2 flight "
+            f"{flight}, "
+            "predicted by a CloudML neural network trained on Cloud Physics Lidar (CPL) cloud bases of other "
+            "frames and flights, with the model's cloud flag, a quality flag (cloud_base_height_qc), "
+            "prediction intervals where calibrated, and the CPL base where a lidar profile was matched"
+        ),
+        "keywords": "cloud base height, cloud base altitude, marine boundary layer clouds, thermal infrared "
+        "imagery, lidar, ER-2, machine learning",
+        "id": f"{flight}_cbh",
+        "source": source,
+        "history": f"{now} python -m cloudml_lib predict (CloudML {version}): {source}",
+        "date_created": now,
+        "processing_level": "L2: a geophysical variable at every frame along the flight track",
+        "product_version": f"CloudML {version}",
+        "platform": "NASA ER-2 high-altitude aircraft",
+        "instrument": "thermal-infrared camera (the frames); Cloud Physics Lidar, CPL (the labels)",
+        "standard_name_vocabulary": "CF Standard Name Table v86",
+    }
+    if np.isfinite(t).any():
+        start, end = float(np.nanmin(t)), float(np.nanmax(t))
+        step = float(np.nanmedian(np.diff(t))) if t.size > 1 else 0.0
+        out |= {
+            "time_coverage_start": _iso(start),
+            "time_coverage_end": _iso(end),
+            "time_coverage_duration": f"PT{end - start:.0f}S",
+            "time_coverage_resolution": f"PT{step:.2f}S",
+        }
+    if np.isfinite(lat).any() and np.isfinite(lon).any():
+        out |= {
+            "geospatial_lat_min": float(np.nanmin(lat)),
+            "geospatial_lat_max": float(np.nanmax(lat)),
+            "geospatial_lon_min": float(np.nanmin(lon)),
+            "geospatial_lon_max": float(np.nanmax(lon)),
+            "geospatial_lat_units": "degrees_north",
+            "geospatial_lon_units": "degrees_east",
+        }
+    return out
+
+
 def netcdf_dataset(result: dict, attrs: dict, coverage: str, overrides: dict | None = None):
     """An xarray Dataset of the variables the result holds, and the encoding (dtype, _FillValue,
     compression). `overrides`: variable name -> attributes that replace the table's (flag_variables)."""
@@ -242,7 +335,8 @@ def netcdf_dataset(result: dict, attrs: dict, coverage: str, overrides: dict | N
             continue
         values = np.asarray(values, np.float64)
         data = values.astype(v.dtype) if v.always else np.where(missing(v, values), np.nan, values)
-        attrs_v = (overrides or {}).get(v.name) or attributes(v, coverage)
+        attrs_v = dict((overrides or {}).get(v.name) or attributes(v, coverage))
+        attrs_v.setdefault("coverage_content_type", CONTENT.get(v.name, "auxiliaryInformation"))
         (coords if v.coordinate else variables)[v.name] = ("time", data, attrs_v)
         encoding[v.name] = {
             "dtype": v.dtype,
@@ -250,7 +344,12 @@ def netcdf_dataset(result: dict, attrs: dict, coverage: str, overrides: dict | N
         }
         if not v.coordinate and not v.always:
             encoding[v.name]["zlib"] = True
+    # CF's discrete sampling geometry: one trajectory (the flight), named by its cf_role variable
+    coords["trajectory"] = ((), str(attrs.get("id", "flight")).removesuffix("_cbh"), TRAJECTORY)
     return xr.Dataset(variables, coords=coords, attrs=attrs), encoding
+
+
+TRAJECTORY = {"cf_role": "trajectory_id", "long_name": "the ER-2 flight"}
 
 
 def csv_header() -> list[str]:

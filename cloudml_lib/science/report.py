@@ -334,6 +334,34 @@ BASELINE_WORDS = (
 )
 
 
+def inputs_words(report: dict) -> list[str]:
+    """The domain check of the test flights in words (data/domain.py): each flight's share of labelled frames
+    outside the inputs trained on, with the MAE there; [] for an evaluation made before the check."""
+    record = report.get("inputs")
+    if not isinstance(record, dict):
+        return []
+    if not record.get("checked"):
+        return [f"Test flights' inputs: {record.get('why', 'not checked')}."]
+    lines = []
+    for name, r in (record.get("per_flight") or {}).items():
+        if not isinstance(r, dict):
+            continue
+        line = str(r.get("words", name))
+        if r.get("mae_km_outside") is not None:
+            line += f" (MAE {_num(r['mae_km_outside'])} km on those heights"
+            line += (
+                f", {_num(r['mae_km_inside'])} km on the rest)" if r.get("mae_km_inside") is not None else ")"
+            )
+        lines.append(line[0].upper() + line[1:] + ".")
+    return lines
+
+
+def any_outside(report: dict) -> bool:
+    """Whether a test flight has labelled frames outside the inputs trained on."""
+    per = (report.get("inputs") or {}).get("per_flight") or {}
+    return any(isinstance(r, dict) and r.get("outside") for r in per.values())
+
+
 def radiometry_words(report: dict) -> str:
     """What the network saw of the frames' temperatures, and in which units the brightness statistics are."""
     r = report["radiometry"]
@@ -677,6 +705,7 @@ def test_parts(
     report = with_verdict(report)
     head = [protocol_words(report), ""]
     head += [report["verdict"], ""] if report.get("verdict") else []
+    head += [" ".join(inputs_words(report)), ""] if any_outside(report) else []
     clouds = cloud_verdict(report) if report.get("cloud") else None
     head += [clouds, ""] if clouds and cloud_verdict_first else []
     head += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
@@ -690,6 +719,7 @@ def test_parts(
     more += [BASELINE_WORDS, ""]
     more += [radiometry_words(report), ""] if report.get("radiometry") else []
     more += [atmosphere_words(report), ""] if report.get("atmosphere") else []
+    more += [" ".join(inputs_words(report)), ""] if inputs_words(report) and not any_outside(report) else []
     more += interval_lines(report) + [""] if report.get("intervals") else []
     more += validation_lines(report) + [""] if report.get("validation") else []
     more += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []
@@ -782,6 +812,8 @@ def counts_in_words(c: dict | None) -> str:
             f"{c['height_outside_labels']} heights lie outside the labels' range the model learned from: "
             "extrapolations, kept and flagged 3 in cloud_base_height_qc"
         )
+    if c.get("inputs_vs_training"):
+        parts.append(str(c["inputs_vs_training"]))
     if c.get("cpl_cloud_agreement") is not None:
         parts.append(
             f"the cloud flag agrees with the CPL lidar on {c['cpl_cloud_agreement']:.0%} of the frames it "

@@ -61,6 +61,7 @@ from cloudml_lib.core.run.resume import (
 )
 from cloudml_lib.core.run.runfolder import RUN, MetricsFile, truncate_metrics
 from cloudml_lib.core.run.runlock import RunLock
+from cloudml_lib.data import domain
 from cloudml_lib.data.cache import cache_root
 from cloudml_lib.data.dataset import (
     CloudDataset,
@@ -319,13 +320,7 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
         if found is not None:  # the brightness statistics in the units the run started with
             saved = Scalers.from_dict(found.state[Key.SCALERS])
             saved.check_units(train_set.scalers.radiometry_units or "", f"the flights of {folder.path}")
-        header = {
-            Key.SCALERS: train_set.scalers.to_dict(),
-            Key.FINGERPRINT: fingerprint,
-            Key.PROVENANCE: provenance,
-            Key.LABEL_RANGE: label_range(train_set),
-            Key.SPLIT: data.split.record(),
-        }
+        header = run_header(train_set, fingerprint, provenance, data.split.record())
         seed_everything(cfg.train.seed)
         parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent, kept_kernels(cfg, folder))
         writer = CheckpointWriter(folder.path, cfg.checkpoint.keep_last) if dist.is_main else None
@@ -366,6 +361,19 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
         run_info=run_info,
         events=checkpoints.events,
     )
+
+
+def run_header(train_set: CloudDataset, fingerprint, provenance, split: dict) -> dict:
+    """What every checkpoint and best.pt carry of the run's data: the scalers, the data's fingerprint and
+    provenance, the span of the labels and the inputs trained on (the domain check), the split."""
+    return {
+        Key.SCALERS: train_set.scalers.to_dict(),
+        Key.FINGERPRINT: fingerprint,
+        Key.PROVENANCE: provenance,
+        Key.LABEL_RANGE: label_range(train_set),
+        Key.SPLIT: split,
+        Key.DOMAIN: domain.of_dataset(train_set).to_dict(),
+    }
 
 
 def label_range(dataset: CloudDataset) -> list[float]:

@@ -179,6 +179,7 @@ class Checkpoints:
                 Key.PROVENANCE: self.state.header[Key.PROVENANCE],
                 Key.LABEL_RANGE: self.state.header[Key.LABEL_RANGE],
                 Key.SPLIT: self.state.header[Key.SPLIT],
+                **{k: self.state.header[k] for k in (Key.DOMAIN,) if k in self.state.header},
             },
             RunFolder(self.run_dir).best,
         )

@@ -73,6 +73,9 @@ class Key:
     # the run's header (every checkpoint and best.pt): the span of the heights the model was fitted on (km),
     # and which data played which role (data/splits.py); runs made before them lack them
     LABEL_RANGE, SPLIT = "label_range_km", "split"
+    # the header too: the inputs of the samples trained on (data/domain.py), for the domain check of a new
+    # flight; runs made before it lack it (their flights cannot be checked)
+    DOMAIN = "input_domain"
     # best.pt, written by the end of the run: the brightness-temperature baseline's cloud flag, fitted on the
     # training flights (science/clouds.py), for predict --cloud-flag bt_threshold
     CLOUD_BASELINE = "cloud_baseline"
