@@ -176,9 +176,11 @@ def predict_flight(
     -------
     xarray.Dataset
         Over ``time`` (with ``lat``, ``lon``): ``cloud_base_height`` (km) with its interval bounds,
-        ``cloud_probability``, ``cloud_flag``, ``cloud_base_height_qc``, the CPL label and flag where the
-        flight has one; the global attributes of the NetCDF file (the model's test skill, the flight's role
-        in the run, provenance). Nothing is written.
+        ``cloud_probability``, ``cloud_flag``, ``cloud_base_height_qc`` (4: the frame's inputs lie outside
+        those trained on), ``input_distance``, the CPL label and flag where the flight has one; the global
+        attributes of the NetCDF file (``inputs_vs_training``: the flight against the training inputs in
+        words; the model's test skill on this flight where it was a test flight; the flight's role in the
+        run, provenance). Nothing is written.
     """
     from cloudml_lib.science.predict import predict_datasets
 

@@ -42,6 +42,7 @@ VARIABLES = (
         "f8",
         {
             "standard_name": "time",
+            "long_name": "time of the thermal-IR frame (UTC)",
             "units": "seconds since 1970-01-01 00:00:00",
             "calendar": "standard",
             "axis": "T",
@@ -55,16 +56,27 @@ VARIABLES = (
         "frame_index",
         "frame_index",
         "i4",
-        {"long_name": "frame index in the IR file"},
+        {"long_name": "frame index in the IR file", "units": "1"},
         "frame_index",
         None,
+        coordinate=True,  # an auxiliary coordinate: which frame of the IR file each value is
         always=True,
     ),
     Variable(
-        "lat", "lat", "f8", {"standard_name": "latitude", "units": "degrees_north"}, "lat", coordinate=True
+        "lat",
+        "lat",
+        "f8",
+        {"standard_name": "latitude", "long_name": "latitude of the aircraft", "units": "degrees_north"},
+        "lat",
+        coordinate=True,
     ),
     Variable(
-        "lon", "lon", "f8", {"standard_name": "longitude", "units": "degrees_east"}, "lon", coordinate=True
+        "lon",
+        "lon",
+        "f8",
+        {"standard_name": "longitude", "long_name": "longitude of the aircraft", "units": "degrees_east"},
+        "lon",
+        coordinate=True,
     ),
     Variable(
         "cloud_probability",
@@ -140,14 +152,23 @@ VARIABLES = (
         "cloud_base_height_lower",
         "lower",
         "f4",
-        {"long_name": "lower bound of the {coverage} prediction interval of cloud_base_height", **HEIGHT},
+        {
+            # the interval's bounds are cloud base altitudes too (quantiles of the prediction)
+            "standard_name": "cloud_base_altitude",
+            "long_name": "lower bound of the {coverage} prediction interval of cloud_base_height",
+            **HEIGHT,
+        },
         "cbh_lower_km",
     ),
     Variable(
         "cloud_base_height_upper",
         "upper",
         "f4",
-        {"long_name": "upper bound of the {coverage} prediction interval of cloud_base_height", **HEIGHT},
+        {
+            "standard_name": "cloud_base_altitude",
+            "long_name": "upper bound of the {coverage} prediction interval of cloud_base_height",
+            **HEIGHT,
+        },
         "cbh_upper_km",
     ),
     Variable(
@@ -300,7 +321,9 @@ def discovery_attributes(flight: str, result: dict, source: str, version: str) -
         "product_version": f"CloudML {version}",
         "platform": "NASA ER-2 high-altitude aircraft",
         "instrument": "thermal-infrared camera (the frames); Cloud Physics Lidar, CPL (the labels)",
-        "standard_name_vocabulary": "CF Standard Name Table v86",
+        "standard_name_vocabulary": "CF Standard Name Table v93",
+        "acknowledgment": "The thermal-IR frames, the Cloud Physics Lidar layers and the navigation are "
+        "NASA's, from ER-2 flights of its airborne science programme",
     }
     if np.isfinite(t).any():
         start, end = float(np.nanmin(t)), float(np.nanmax(t))
@@ -312,13 +335,25 @@ def discovery_attributes(flight: str, result: dict, source: str, version: str) -
             "time_coverage_resolution": f"PT{step:.2f}S",
         }
     if np.isfinite(lat).any() and np.isfinite(lon).any():
+        south, north, west, east = (float(f(a)) for a in (lat, lon) for f in (np.nanmin, np.nanmax))
         out |= {
-            "geospatial_lat_min": float(np.nanmin(lat)),
-            "geospatial_lat_max": float(np.nanmax(lat)),
-            "geospatial_lon_min": float(np.nanmin(lon)),
-            "geospatial_lon_max": float(np.nanmax(lon)),
+            "geospatial_lat_min": south,
+            "geospatial_lat_max": north,
+            "geospatial_lon_min": west,
+            "geospatial_lon_max": east,
             "geospatial_lat_units": "degrees_north",
             "geospatial_lon_units": "degrees_east",
+            "geospatial_bounds": f"POLYGON (({west} {south}, {east} {south}, {east} {north}, {west} {north}, "
+            f"{west} {south}))",
+            "geospatial_bounds_crs": "EPSG:4326",
+        }
+    if "height_bounds" in result:  # the heights a cloud base may have here (bound_heights)
+        low, high = result["height_bounds"]
+        out |= {
+            "geospatial_vertical_min": float(low) * 1000.0,
+            "geospatial_vertical_max": float(high) * 1000.0,
+            "geospatial_vertical_units": "m",
+            "geospatial_vertical_positive": "up",
         }
     return out
 
