@@ -139,7 +139,8 @@ def train(ws: Workspace, picker: Picker) -> Path:
 @user_errors
 def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path | None:
     """With the box ticked: every frame of the test flights through the best model (NetCDF, CSV,
-    plots), as `python -m cloudml_lib predict`; shows the along-flight figures and where the files are."""
+    plots), as `python -m cloudml_lib predict`; shows the along-flight figures, where the files are, and
+    whether each flight's inputs lie among those the model was trained on (the domain check)."""
     if not picker.choice().whole_flights:
         print("Whole flights not asked for (tick the box in the picker, then run this cell).")
         return None
@@ -160,9 +161,14 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
     out = run_dir / "predictions"
     view = LiveView(None, bar=False)
     report_end(run_live(command("predict", "--run-dir", run_dir), view), view, "prediction", None)
+    summary = RunFiles(out).predictions_summary()  # each flight's counts, and its inputs against training's
     for png in sorted(out.glob("*_cbh_along_flight.png")):
         flight = png.name[: -len("_cbh_along_flight.png")]
-        show_markdown(f"**{flight}**: `{out / (flight + '_cbh.nc')}` (NetCDF, CF-1.8) and `{flight}_cbh.csv`")
+        said = (summary.get(flight) or {}).get("inputs_vs_training")
+        show_markdown(
+            f"**{flight}**: `{out / (flight + '_cbh.nc')}` (NetCDF, a CF trajectory) and `{flight}_cbh.csv`"
+            + (f"\n\n{said[0].upper() + said[1:]}." if said else "")
+        )
         if in_notebook():
             from IPython.display import Image
 
