@@ -315,7 +315,7 @@ def test_one_table_of_variables_drives_the_netcdf_the_csv_and_the_summary(tiny_r
         )
         assert ds["cloud_base_height_doubled"].attrs["long_name"] == "twice the height"
         assert (
-            set(ds.coords) == {"time", "lat", "lon", "trajectory"}
+            set(ds.coords) == {"time", "frame_index", "lat", "lon", "trajectory"}
             and ds["cloud_base_height"].attrs["units"] == "km"
         )
     rows = (tmp_path / path.name.replace(".nc", ".csv")).read_text().splitlines()

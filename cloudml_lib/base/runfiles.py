@@ -168,6 +168,13 @@ EVALUATION = Obj(
         "radiometry": RADIOMETRY,
         "atmosphere": ATMOSPHERE_SEEN,
         "inputs": INPUTS,
+        "against_best": MapOf(
+            Obj(
+                {"mae_difference_km": NUM, "interval_km": ListOf(NUM), "baseline": TEXT, "call": TEXT},
+                required=("mae_difference_km", "interval_km", "baseline", "call"),
+            )
+        ),
+        "own_mean_mae_km": MapOf(NUM),
         "mae_interval_km": MapOf(Maybe(ListOf(NUM))),
         "training_label_range_km": ListOf(NUM),
         "outside_training_labels": MapOf(MapOf(NUM)),

@@ -107,11 +107,13 @@ def test_report(
     predicted = {k: v[0][has] for k, v in fitted.heights.items()}
     predicted["mean"] = np.full(int(has.sum()), float(trained.train_mean_km))  # the report's baseline
     report["baselines"] = baselines.compare_baselines(true_km, pred_km, flights, predicted, fitted.left_out)
+    best = (report["baselines"].get("best") or {}).get("per_flight")
+    report["against_best"] = skill.against_best(
+        best, true_km, pred_km, flights, test.frame_indices()[has], predicted
+    )
+    report["own_mean_mae_km"] = skill.own_mean_mae(true_km, flights)
     report["radiometry"] = radiometry_record(cfg, test)
-    report["atmosphere"] = {
-        "network_inputs": cfg.data.atmosphere if test.scalers.atmosphere else "none",
-        "predictors": list(test.scalers.atmosphere or []),
-    }
+    report["atmosphere"] = atmosphere_record(cfg, test)
     best = (report["baselines"]["best"] or {}).get("pooled")
     report["by_height"] = skill.by_height(
         true_km,
@@ -162,6 +164,14 @@ def inputs_record(record, test: CloudDataset, pred_km: np.ndarray) -> dict:
             "words": found.words(str(name), sub, "labelled heights"),
         }
     return {"checked": True, "threshold": found.threshold, "per_flight": per}
+
+
+def atmosphere_record(cfg: Config, dataset: CloudDataset) -> dict:
+    """What the network saw of the flights' atmosphere (data.atmosphere, and its predictors)."""
+    return {
+        "network_inputs": cfg.data.atmosphere if dataset.scalers.atmosphere else "none",
+        "predictors": list(dataset.scalers.atmosphere or []),
+    }
 
 
 def radiometry_record(cfg: Config, dataset: CloudDataset) -> dict:

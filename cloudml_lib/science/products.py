@@ -291,6 +291,20 @@ def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(float(seconds), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def time_coverage(t: np.ndarray) -> dict:
+    """ACDD's time coverage of the frames' times (seconds since 1970): start, end, duration, resolution."""
+    if not np.isfinite(t).any():
+        return {}
+    start, end = float(np.nanmin(t)), float(np.nanmax(t))
+    step = float(np.nanmedian(np.diff(t))) if t.size > 1 else 0.0
+    return {
+        "time_coverage_start": _iso(start),
+        "time_coverage_end": _iso(end),
+        "time_coverage_duration": f"PT{end - start:.0f}S",
+        "time_coverage_resolution": f"PT{step:.2f}S",
+    }
+
+
 def discovery_attributes(flight: str, result: dict, source: str, version: str) -> dict:
     """The file's CF trajectory and ACDD 1.3 discovery attributes: what it is, where and when it lies, what
     made it (`source`: the model and its run, never a path; CloudML's `version`) and when."""
@@ -325,15 +339,7 @@ def discovery_attributes(flight: str, result: dict, source: str, version: str) -
         "acknowledgment": "The thermal-IR frames, the Cloud Physics Lidar layers and the navigation are "
         "NASA's, from ER-2 flights of its airborne science programme",
     }
-    if np.isfinite(t).any():
-        start, end = float(np.nanmin(t)), float(np.nanmax(t))
-        step = float(np.nanmedian(np.diff(t))) if t.size > 1 else 0.0
-        out |= {
-            "time_coverage_start": _iso(start),
-            "time_coverage_end": _iso(end),
-            "time_coverage_duration": f"PT{end - start:.0f}S",
-            "time_coverage_resolution": f"PT{step:.2f}S",
-        }
+    out |= time_coverage(t)
     if np.isfinite(lat).any() and np.isfinite(lon).any():
         south, north, west, east = (float(f(a)) for a in (lat, lon) for f in (np.nanmin, np.nanmax))
         out |= {

@@ -98,6 +98,41 @@ def baseline_beats(best: dict | None) -> str | None:
     )
 
 
+def no_skill(name: str, model: dict, report: dict) -> str | None:
+    """The clause that says the model has no skill on a flight (R2 at or below 0, or an MAE not below that of
+    the flight's own mean height), or None: beating the training mean is not skill where another flight's
+    atmosphere set that mean."""
+    r2, mae = model.get("r2"), model.get("mae_km")
+    own = (report.get("own_mean_mae_km") or {}).get(name)
+    if _finite(r2) and r2 <= 0:
+        return f"it has no skill there (R2 {r2:.2f}: no better than the flight's own mean height)"
+    if _finite(own) and _finite(mae) and mae >= own:
+        return (
+            f"it has no skill there (MAE {mae:.3f} km, not below the {own:.3f} km of the flight's own mean "
+            "height)"
+        )
+    return None
+
+
+def against_words(a: dict) -> tuple[str | None, str]:
+    """(the clause of a problem, or None; the words of the difference) for the network against its best
+    baseline on a flight (skill.against_best): better or worse only where the interval excludes 0."""
+    label = BASELINE_NAMES.get(a["baseline"], a["baseline"])
+    low, high = a["interval_km"]
+    diff = (
+        f"MAE {a['mae_difference_km']:+.3f} km against {label} (95% interval over time blocks {low:+.3f} to "
+        f"{high:+.3f} km)"
+    )
+    if a["call"] == "better":
+        return None, f"better than {label}: {diff}"
+    if a["call"] == "worse":
+        return f"worse than {label}: {diff}", diff
+    return (
+        f"level with {label}: {diff}, an interval that holds 0, so the network is not shown to add to it",
+        diff,
+    )
+
+
 def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, str] | None:
     """One test flight judged: (useful, the clause that says why): whether the model beats the training mean
     and the best baseline there (with the MAE's interval over time blocks and its skill against that
@@ -106,7 +141,11 @@ def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, 
     if not model.get("n") or not _finite(model.get("mae_km")):
         return None
     best = best_baseline(report, name or None)
-    problems = shortcomings(model, baseline) + [b for b in [baseline_beats(best)] if b]
+    against = (report.get("against_best") or {}).get(name) if name else None
+    if not (isinstance(against, dict) and len(against.get("interval_km") or []) == 2):
+        against = None  # a report written before it (or a damaged one): the point estimate speaks
+    versus, difference = against_words(against) if against else (baseline_beats(best), "")
+    problems = [p for p in [*shortcomings(model, baseline), no_skill(name, model, report), versus] if p]
     if problems:
         said = " and ".join(problems)
     else:
@@ -121,6 +160,7 @@ def judged(name: str, model: dict, baseline: dict, report: dict) -> tuple[bool, 
                 f"; the best baseline, {BASELINE_NAMES.get(best['name'], best['name'])}, has MAE "
                 f"{best['mae_km']:.3f} km: the network's MAE skill against it is {best['skill']:+.2f}"
             )
+        said += f"; {difference}" if difference else ""
     if not _finite(model.get("r2")):
         said += f"; R2 is undefined there: its {model['n']} labels do not vary"
     out = (report.get("outside_training_labels") or {}).get(name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloudml_lib.core.network.metrics import mae_interval, regression_metrics
+from cloudml_lib.core.network.metrics import mae_difference, mae_interval, regression_metrics
 from cloudml_lib.science import intervals
 
 OUT_OF_RANGE_SHARE = (
@@ -39,6 +39,38 @@ def height_scores(true_km, pred_km, flights, frames, train_mean_km: float) -> di
         out["baseline_per_flight"][str(name)] = regression_metrics(true_km[m], baseline[m])
         out["mae_interval_km"][str(name)] = mae_interval(true_km[m], pred_km[m], np.asarray(frames)[m])
     return out
+
+
+def against_best(best: dict, true_km, pred_km, flights, frames, predicted: dict) -> dict:
+    """Per test flight, the network against its best baseline (`best`: compare_baselines' per-flight best)
+    on the same heights: MAE(network) - MAE(baseline) with its 95% interval over time blocks, both models'
+    errors resampled together, and the call: better or worse only where the interval excludes 0, else
+    level."""
+    true_km, pred_km, flights, frames = (np.asarray(a) for a in (true_km, pred_km, flights, frames))
+    out = {}
+    for name, b in (best or {}).items():
+        if not isinstance(b, dict) or b.get("name") not in predicted:
+            continue
+        m = flights == name
+        diff = mae_difference(true_km[m], pred_km[m], np.asarray(predicted[b["name"]])[m], frames[m])
+        if diff is None:
+            continue
+        low, high = diff["interval_km"]
+        out[str(name)] = diff | {
+            "baseline": b["name"],
+            "call": "better" if high < 0 else "worse" if low > 0 else "level",
+        }
+    return out
+
+
+def own_mean_mae(true_km, flights) -> dict:
+    """Per flight, the MAE of its own mean height: a model no better than that has no skill there (it may
+    still beat the training mean, which another flight's atmosphere set)."""
+    true_km, flights = np.asarray(true_km, np.float64), np.asarray(flights)
+    return {
+        str(n): float(np.abs(true_km[flights == n] - true_km[flights == n].mean()).mean())
+        for n in dict.fromkeys(flights.tolist())
+    }
 
 
 def by_height(true_km, pred_km, flights, label_range: list[float] | None, baseline: tuple | None) -> dict:
