@@ -175,6 +175,15 @@ EVALUATION = Obj(
             )
         ),
         "own_mean_mae_km": MapOf(NUM),
+        "as_papers_report": Obj(
+            {
+                "tolerances_km": ListOf(NUM),
+                "per_flight": MapOf(MapOf(OPT_NUM)),
+                "mean_over_flights": MapOf(NUM),
+                "flights": INT,
+            },
+            required=("tolerances_km", "per_flight"),
+        ),
         "mae_interval_km": MapOf(Maybe(ListOf(NUM))),
         "training_label_range_km": ListOf(NUM),
         "outside_training_labels": MapOf(MapOf(NUM)),

@@ -112,6 +112,7 @@ def test_report(
         best, true_km, pred_km, flights, test.frame_indices()[has], predicted
     )
     report["own_mean_mae_km"] = skill.own_mean_mae(true_km, flights)
+    report["as_papers_report"] = skill.as_papers_report(true_km, pred_km, flights, test.frame_indices()[has])
     report["radiometry"] = radiometry_record(cfg, test)
     report["atmosphere"] = atmosphere_record(cfg, test)
     best = (report["baselines"]["best"] or {}).get("pooled")

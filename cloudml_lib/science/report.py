@@ -374,6 +374,47 @@ BASELINE_WORDS = (
 )
 
 
+def paper_lines(report: dict) -> list[str]:
+    """What cloud-base papers quote, per test flight (skill.as_papers_report): the median absolute error, the
+    shares within the tolerances, the lag-1 autocorrelations and the effective number of independent heights;
+    the mean over the flights with how many stand behind it. [] for a report written before it."""
+    rec = report.get("as_papers_report")
+    if not isinstance(rec, dict) or not rec.get("per_flight"):
+        return []
+    tols = [t for t in rec.get("tolerances_km") or [] if _finite(t)]
+    lines = ["As papers report them (time order within each flight):", ""]
+    for name, r in rec["per_flight"].items():
+        within = ", ".join(
+            f"{r[f'within_{t:g}_km']:.0%} within ±{t:g} km"
+            for t in tols
+            if _finite(r.get(f"within_{t:g}_km"))
+        )
+        lag = ", ".join(
+            f"{r[k]:.2f} of the {what}"
+            for k, what in (("lag1_labels", "labels"), ("lag1_residuals", "residuals"))
+            if _finite(r.get(k))
+        )
+        lag = f"lag-1 autocorrelation {lag}" if lag else ""
+        eff = r.get("effective_n")
+        lines.append(
+            f"- {name}: median |error| {_num(r.get('median_ae_km'))} km; {within}"
+            + (f"; {lag}" if lag else "")
+            + (f": about {eff:.0f} independent heights of {r.get('n')}" if _finite(eff) else "")
+        )
+    mean, k = rec.get("mean_over_flights") or {}, rec.get("flights")
+    if mean and isinstance(k, int) and k > 1:
+        lines.append(
+            f"- mean over {k} flights (each a single realisation of its atmosphere: {k - 1} degrees of "
+            f"freedom): median |error| {_num(mean.get('median_ae_km'))} km; "
+            + ", ".join(
+                f"{mean[f'within_{t:g}_km']:.0%} within ±{t:g} km"
+                for t in tols
+                if _finite(mean.get(f"within_{t:g}_km"))
+            )
+        )
+    return lines
+
+
 def inputs_words(report: dict) -> list[str]:
     """The domain check of the test flights in words (data/domain.py): each flight's share of labelled frames
     outside the inputs trained on, with the MAE there; [] for an evaluation made before the check."""
@@ -751,6 +792,7 @@ def test_parts(
     head += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
     head += _metrics_table(report) + [""]
     head += skill_lines(report) + [""] if report.get("baselines") else []
+    head += paper_lines(report) + [""] if paper_lines(report) else []
     more = height_range_lines(report) + [""] if report.get("by_height") else []
     more += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
     if report.get("cloud"):

@@ -63,6 +63,51 @@ def against_best(best: dict, true_km, pred_km, flights, frames, predicted: dict)
     return out
 
 
+TOLERANCES_KM = (0.1, 0.25)  # the shares of heights within these of the label, as papers report them
+
+
+def lag1(values: np.ndarray) -> float | None:
+    """The lag-1 autocorrelation of a series in time order (None with fewer than 3 values or no spread)."""
+    x = np.asarray(values, np.float64)
+    if x.size < 3 or not np.ptp(x) > 0:
+        return None
+    a, b = x[:-1] - x.mean(), x[1:] - x.mean()
+    return float((a * b).sum() / ((x - x.mean()) ** 2).sum())
+
+
+def as_papers_report(true_km, pred_km, flights, frames) -> dict:
+    """Per test flight, what cloud-base papers quote beside R2 and MAE: the median absolute error, the share
+    of heights within each of TOLERANCES_KM, the lag-1 autocorrelation of the labels and of the residuals
+    (in time order) and the effective sample size of the residuals, n (1 - r) / (1 + r) for their lag-1
+    autocorrelation r (AR(1); n where r <= 0); then the mean over the flights, with how many stand behind
+    it."""
+    true_km, pred_km, flights, frames = (np.asarray(a) for a in (true_km, pred_km, flights, frames))
+    per = {}
+    for name in dict.fromkeys(flights.tolist()):
+        m = flights == name
+        order = np.argsort(frames[m], kind="stable")
+        t, err = true_km[m][order].astype(np.float64), (pred_km[m] - true_km[m])[order].astype(np.float64)
+        r = lag1(err)
+        per[str(name)] = {
+            "median_ae_km": float(np.median(np.abs(err))),
+            **{f"within_{tol:g}_km": float((np.abs(err) <= tol).mean()) for tol in TOLERANCES_KM},
+            "lag1_labels": lag1(t),
+            "lag1_residuals": r,
+            "n": int(err.size),
+            "effective_n": float(err.size * (1 - r) / (1 + r))
+            if r is not None and r > 0
+            else float(err.size),
+        }
+    keys = ["median_ae_km", *(f"within_{tol:g}_km" for tol in TOLERANCES_KM)]
+    mean = {k: float(np.mean([v[k] for v in per.values()])) for k in keys} if per else {}
+    return {
+        "tolerances_km": list(TOLERANCES_KM),
+        "per_flight": per,
+        "mean_over_flights": mean,
+        "flights": len(per),
+    }
+
+
 def own_mean_mae(true_km, flights) -> dict:
     """Per flight, the MAE of its own mean height: a model no better than that has no skill there (it may
     still beat the training mean, which another flight's atmosphere set)."""

@@ -1,0 +1,93 @@
+"""The verdict per test flight as a reviewer reads it: better or worse than the best baseline only where the
+paired difference's interval over time blocks excludes 0, else level; never praise where the model has no
+skill on the flight (R2 at or below 0, or no better than the flight's own mean)."""
+
+import numpy as np
+import pytest
+
+from cloudml_lib.core.network.metrics import mae_difference, regression_metrics
+from cloudml_lib.science import baselines, skill
+from cloudml_lib.science.report import flight_verdicts, paper_lines, verdict
+
+RNG = np.random.default_rng(3)
+
+
+def report_of(true_km, net_km, base_km, frames, train_mean=1.0) -> dict:
+    """A one-flight report as evaluate builds it (skill.height_scores, compare_baselines, against_best)."""
+    flights = np.full(true_km.size, "F1")
+    report = skill.height_scores(true_km, net_km, flights, frames, train_mean)
+    predicted = {"linear": base_km, "mean": np.full(true_km.size, train_mean)}
+    report["baselines"] = baselines.compare_baselines(true_km, net_km, flights, predicted, {})
+    best = report["baselines"]["best"]["per_flight"]
+    report["against_best"] = skill.against_best(best, true_km, net_km, flights, frames, predicted)
+    report["own_mean_mae_km"] = skill.own_mean_mae(true_km, flights)
+    return report
+
+
+def flight(n=300):
+    true_km = 0.5 + 1.2 * RNG.random(n)
+    return true_km, np.arange(n) * 3  # labels every third frame
+
+
+def test_the_paired_difference_is_level_when_its_interval_holds_zero_and_better_when_not():
+    true_km, frames = flight()
+    a = true_km + RNG.normal(0, 0.2, true_km.size)
+    b = true_km + RNG.normal(0, 0.2, true_km.size)
+    level = mae_difference(true_km, a, b, frames)
+    assert level["interval_km"][0] < 0 < level["interval_km"][1]
+    better = mae_difference(true_km, true_km + RNG.normal(0, 0.05, true_km.size), b, frames)
+    assert better["interval_km"][1] < 0 and better["mae_difference_km"] < 0
+    assert mae_difference(true_km[:4], a[:4], b[:4], frames[:4]) is None  # too few heights
+
+
+def test_a_network_level_with_its_best_baseline_is_said_level_not_praised():
+    true_km, frames = flight()
+    net = true_km + RNG.normal(0, 0.15, true_km.size)
+    base = true_km + RNG.normal(0, 0.15, true_km.size)
+    report = report_of(true_km, net, base, frames)
+    assert report["against_best"]["F1"]["call"] == "level"
+    said = verdict(report)
+    assert "level with" in said and "not shown to add to it" in said and "beats every baseline" not in said
+    assert said.startswith("Verdict: this model is not useful yet on F1")
+
+
+def test_a_network_better_beyond_the_interval_beats_every_baseline_with_its_interval_said():
+    true_km, frames = flight()
+    report = report_of(
+        true_km,
+        true_km + RNG.normal(0, 0.03, true_km.size),
+        true_km + RNG.normal(0, 0.3, true_km.size),
+        frames,
+    )
+    said = flight_verdicts(report)["F1"]
+    assert "the model beats every baseline" in said and "better than" in said and "95% interval" in said
+
+
+def test_no_praise_where_the_model_has_no_skill_on_the_flight_though_it_beats_the_baselines():
+    true_km, frames = flight()
+    net = np.full(true_km.size, true_km.mean()) + RNG.normal(0, 0.2, true_km.size)  # its own mean, and noise
+    base = np.full(true_km.size, 3.0)  # a baseline far off: the network beats it by a wide margin
+    report = report_of(true_km, net, base, frames, train_mean=3.0)
+    assert regression_metrics(true_km, net)["r2"] < 0 and regression_metrics(true_km, net)["std_ratio"] > 0.3
+    said = verdict(report)
+    assert "it has no skill there" in said and "beats" not in said.split("F1")[0]
+    assert "not useful yet" in said
+
+
+def test_numbers_as_papers_report_them_with_the_effective_sample_size_of_correlated_residuals():
+    n = 2000
+    err = np.zeros(n)
+    for i in range(1, n):  # AR(1) residuals, r = 0.8: about n (1 - r) / (1 + r) = n / 9 independent heights
+        err[i] = 0.8 * err[i - 1] + RNG.normal(0, 0.1)
+    true_km = 0.5 + RNG.random(n)
+    frames = np.arange(n)[::-1]  # given out of time order: sorted by frame before the lag is taken
+    rec = skill.as_papers_report(true_km, true_km + err[::-1], np.full(n, "F1"), frames)
+    r = rec["per_flight"]["F1"]
+    assert 0.75 < r["lag1_residuals"] < 0.85 and abs(r["lag1_labels"]) < 0.1
+    assert n / 12 < r["effective_n"] < n / 7
+    assert r["median_ae_km"] == pytest.approx(np.median(np.abs(err)))
+    assert r["within_0.1_km"] == pytest.approx(np.mean(np.abs(err) <= 0.1), abs=1e-3) and rec[
+        "tolerances_km"
+    ] == [0.1, 0.25]
+    lines = "\n".join(paper_lines({"as_papers_report": rec}))
+    assert f"about {r['effective_n']:.0f} independent heights of {n}" in lines
