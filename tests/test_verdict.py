@@ -91,3 +91,32 @@ def test_numbers_as_papers_report_them_with_the_effective_sample_size_of_correla
     ] == [0.1, 0.25]
     lines = "\n".join(paper_lines({"as_papers_report": rec}))
     assert f"about {r['effective_n']:.0f} independent heights of {n}" in lines
+
+
+def test_intervals_short_of_their_target_beyond_chance_or_too_wide_are_said():
+    from cloudml_lib.science.report import interval_warnings, short_of_target
+
+    assert short_of_target(0.63, 70, 0.9) and not short_of_target(0.86, 70, 0.9)  # 60 of 70 is chance
+    iv = {
+        "coverage_target": 0.9,
+        "per_flight": {
+            "F1": {"coverage": 0.06, "n": 70, "mean_width_km": 0.3},
+            "F2": {"coverage": 0.88, "n": 50, "mean_width_km": 0.94},
+        },
+    }
+    said = interval_warnings(iv, [0.12, 1.98])
+    assert said[0].startswith("On F1 the intervals hold 6% of 70 heights for a 90% target: short of it")
+    assert len(said) == 2 and "0.94 km wide" in said[1] and "too wide to inform a height" in said[1]
+
+
+def test_a_validation_unlike_the_test_flight_is_said_in_the_verdict():
+    true_km, frames = flight()
+    report = report_of(
+        true_km,
+        true_km + RNG.normal(0, 0.03, true_km.size),
+        true_km + RNG.normal(0, 0.3, true_km.size),
+        frames,
+    )
+    report["validation"] = {"pooled": {"r2": 0.03, "bias_km": 0.32}}
+    said = verdict(report)
+    assert "disagree with the test flights (validation R2 0.03, bias +0.32 km; test R2 0.9" in said

@@ -52,6 +52,7 @@ from cloudml_lib.science.report import (
     flight_verdicts,
     inputs_words,
     interval_lines,
+    interval_warnings,
     metric_rows,
     protocol_words,
     verdict,
@@ -236,6 +237,8 @@ def format_report(report: dict) -> str:
                 for k, v in report["intervals"]["per_flight"].items()
             )
         )
+        said = interval_warnings(report["intervals"], report.get("training_label_range_km"))
+        extra += "\n" + " ".join(said) if said else ""
     # every column 10 wide with two spaces between: no two column names can run together
     head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
     width = max(28, *(len(name) for name, _ in rows))

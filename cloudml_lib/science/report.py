@@ -239,6 +239,8 @@ def verdict(report: dict) -> str | None:
         )
     atmosphere = atmosphere_verdict(report)
     text += f" {atmosphere}" if atmosphere else ""
+    disagree = validation_disagrees(report)
+    text += f" {disagree}" if disagree else ""
     if report.get("control"):  # a control is meant to lose to the model: no advice to improve it
         return f"Control run ({report['control']}), to compare with the model, not to use: {text}"
     if bad:
@@ -246,6 +248,24 @@ def verdict(report: dict) -> str | None:
     if (report.get("protocol") or {}).get("name") == LEGACY_VALIDATION:
         text += " " + LEGACY_WORDS
     return text
+
+
+DISAGREE_R2 = 0.3  # the validation data's and the test flights' R2 further apart than this: said
+
+
+def validation_disagrees(report: dict) -> str | None:
+    """The sentence that says the validation data that chose the epoch (and calibrated the intervals) and the
+    test flights disagree, R2 further apart than DISAGREE_R2, or None."""
+    v = ((report.get("validation") or {}).get("pooled")) or {}
+    t = report.get("overall") or {}
+    if not (_finite(v.get("r2")) and _finite(t.get("r2")) and abs(v["r2"] - t["r2"]) > DISAGREE_R2):
+        return None
+    return (
+        "The validation data that chose the epoch and calibrated the intervals disagree with the test "
+        f"flights (validation R2 {v['r2']:.2f}, bias {v.get('bias_km', float('nan')):+.2f} km; test R2 "
+        f"{t['r2']:.2f}, bias {t.get('bias_km', float('nan')):+.2f} km): what was chosen on one may not suit "
+        "the other."
+    )
 
 
 def advice(report: dict, bad: list[str]) -> str:
@@ -729,7 +749,49 @@ def interval_lines(report: dict) -> list[str]:
         for k, v in iv["per_flight"].items()
     ]
     header = ["test flight", "coverage", "target", "mean width km", "n"]
-    return lines + tables.markdown(header, rows).splitlines()
+    said = interval_warnings(iv, report.get("training_label_range_km"))
+    return lines + tables.markdown(header, rows).splitlines() + ([""] + said if said else [])
+
+
+def short_of_target(coverage: float, n: int, target: float) -> bool:
+    """Whether a coverage on n heights falls below the target by more than binomial noise (one-sided 2.5%:
+    fewer heights inside than a calibration that holds the target would give 97.5% of the time)."""
+    from scipy.stats import binom
+
+    return n > 0 and binom.cdf(round(coverage * n), n, target) < 0.025
+
+
+def interval_warnings(iv: dict, label_range) -> list[str]:
+    """The intervals in words where they fail a reader: a test flight whose coverage falls below the target
+    by more than its binomial noise, and intervals too wide to inform (half the span of the heights trained
+    on, or more)."""
+    out, target = [], iv.get("coverage_target")
+    for name, v in (iv.get("per_flight") or {}).items():
+        cov, n = v.get("coverage"), v.get("n")
+        if _finite(cov) and isinstance(n, int) and _finite(target) and short_of_target(cov, n, target):
+            out.append(
+                f"On {name} the intervals hold {cov:.0%} of {n} heights for a {target:.0%} target: short of "
+                "it by more than chance (binomial, one-sided 2.5%). Calibrated on other data, they do not "
+                "hold on this flight: calibrate across flights (a cross-validation's intervals.json, "
+                "`predict --calibration CROSSVAL_DIR`)."
+            )
+    widths = [
+        v["mean_width_km"] for v in (iv.get("per_flight") or {}).values() if _finite(v.get("mean_width_km"))
+    ]
+    if (
+        widths
+        and label_range
+        and len(label_range) == 2
+        and _finite(label_range[0])
+        and _finite(label_range[1])
+    ):
+        span = float(label_range[1]) - float(label_range[0])
+        if span > 0 and max(widths) >= 0.5 * span:
+            out.append(
+                f"The intervals are {max(widths):.2f} km wide, half or more of the span of the heights "
+                f"trained on ({label_range[0]:.2f}-{label_range[1]:.2f} km): too wide to inform a height."
+            )
+    return out
 
 
 def validation_lines(report: dict) -> list[str]:
