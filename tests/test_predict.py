@@ -53,6 +53,8 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_cop
         assert "best baseline (" in nc.model_test_skill and "MAE skill against it" in nc.model_test_skill
         assert nc.model_verdict.startswith("Verdict") and "nothing was chosen" in nc.model_evaluation_protocol
         assert nc.interval_calibrated_on_this_flight == "no"
+        here = nc.interval_coverage_on_this_flight  # the tiny run's CPL heights of its test flight
+        assert "CPL heights inside the 90% intervals: " in here and ("short of" in here or "within" in here)
         assert nc.cloud_flag_source.startswith("the model") and "height product's range" in (
             nc.cloud_flag_definition
         )

@@ -293,6 +293,7 @@ COUNTS = Obj(
             "cloud_below_range",
             "inputs_outside_training",
             "height_inputs_outside",
+            "cpl_interval_n",
         )
     }
     | {k: OPT_NUM for k in ("cpl_cloud_agreement", "cpl_inside_interval")}

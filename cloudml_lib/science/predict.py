@@ -372,6 +372,7 @@ def cloud_and_intervals(
             if has.any()
             else None
         )
+        counts["cpl_interval_n"] = int(has.sum())
 
 
 def frame_flags(result: dict, flagging: Flagging) -> np.ndarray | None:
@@ -564,6 +565,7 @@ def flight_dataset(flight: str, result: dict, run_dir: Path):
         )
         if cal
         else "no intervals",
+        "interval_coverage_on_this_flight": coverage_here(result),
         "flight_role": result.get("role", "unknown"),
         "inputs_vs_training": result.get("inputs_vs_training", "not checked"),
         **(
@@ -587,6 +589,27 @@ def flight_dataset(flight: str, result: dict, run_dir: Path):
         f"{cal['coverage']:.0%}" if cal else "no",
         products.flag_variables(result["flagging"]) if "flagging" in result else {},
     )
+
+
+def coverage_here(result: dict) -> str:
+    """The share of the flight's CPL heights inside its intervals, in words: whether it falls short of the
+    target by more than binomial noise (the intervals do not hold here), or is no measure (calibrated
+    here)."""
+    from cloudml_lib.science.report import short_of_target
+
+    cal, counts = result.get("calibration"), result["counts"]
+    share, n = counts.get("cpl_inside_interval"), counts.get("cpl_interval_n", 0)
+    if not cal or share is None or not n:
+        return "not measured (no intervals, or no CPL height on this flight)"
+    said = f"{share:.0%} of {n} CPL heights inside the {cal['coverage']:.0%} intervals"
+    if result.get("seen_in_calibration"):
+        return said + ": calibrated on this flight's heights, so no measure of their coverage"
+    if short_of_target(share, n, float(cal["coverage"])):
+        return said + (
+            ": short of the target by more than chance (binomial, one-sided 2.5%): the intervals do not hold "
+            "on this flight"
+        )
+    return said + ": within binomial noise of the target"
 
 
 def skill_attributes(flight: str, evaluation: dict | None) -> dict:
