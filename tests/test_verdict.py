@@ -120,3 +120,27 @@ def test_a_validation_unlike_the_test_flight_is_said_in_the_verdict():
     report["validation"] = {"pooled": {"r2": 0.03, "bias_km": 0.32}}
     said = verdict(report)
     assert "disagree with the test flights (validation R2 0.03, bias +0.32 km; test R2 0.9" in said
+
+
+def test_the_cloud_verdict_sends_no_one_to_another_flag_on_a_difference_within_noise():
+    from cloudml_lib.science.clouds import cloud_report
+    from cloudml_lib.science.report import cloud_verdict
+
+    n = 600
+    frames = np.arange(n) * 2
+    flags = (np.sin(frames / 40.0) > 0).astype(int)  # cloud in long stretches, as along a flight
+    p10 = np.where(flags == 1, 270.0, 290.0) + RNG.normal(0, 6, n)  # colder under cloud, noisy
+    train = {"flag": flags, "p10": p10 + RNG.normal(0, 1, n)}
+    flights = np.full(n, "F1")
+    level_prob = (p10 < 280).astype(float) * 0.8 + 0.1  # the threshold's own flag, nearly
+    level_prob[::50] = 1 - level_prob[::50]  # a few frames more or less right: within noise
+    report = {"cloud": cloud_report(flags, level_prob, flights, p10, train, 0.5, False, frames)}
+    a = report["cloud"]["accuracy_against"]["bt_threshold"]
+    assert a["call"] == "level" and a["interval"][0] < 0 <= a["interval"][1]
+    said = cloud_verdict(report)
+    assert "level: accuracy" in said and "--cloud-flag bt_threshold" not in said
+    worse_prob = np.where(RNG.random(n) < 0.3, 1 - flags, flags).astype(float)  # 30% wrong everywhere
+    report = {"cloud": cloud_report(flags, worse_prob, flights, p10, train, 0.5, False, frames)}
+    said = cloud_verdict(report)
+    assert report["cloud"]["accuracy_against"]["bt_threshold"]["call"] == "worse"
+    assert "worse: accuracy" in said and "predict --cloud-flag bt_threshold" in said

@@ -62,6 +62,14 @@ CLOUD_SCORES = Obj({"overall": MapOf(OPT_NUM), "per_flight": MapOf(MapOf(OPT_NUM
 CLOUD = Obj(
     {"threshold": OPT_NUM, "train_cloud_share": OPT_NUM, "bt_window": Maybe(ListOf(OPT_NUM))}
     | {m: CLOUD_SCORES for m in ("model", "bt_threshold", "majority")}
+    | {
+        "accuracy_against": MapOf(
+            Obj(
+                {"difference": NUM, "interval": ListOf(NUM), "call": TEXT},
+                required=("difference", "interval"),
+            )
+        )
+    }
 )
 COVERAGE = Obj(
     {"coverage": OPT_NUM, "mean_width_km": OPT_NUM, "n": OPT_INT, "calibrated_here": BOOL},

@@ -122,9 +122,11 @@ def cloud_report(
     train: dict,
     threshold: float,
     window: bool = False,
+    frames: np.ndarray | None = None,
 ) -> dict:
     """Overall and per-flight metrics of the model (when it has a cloud output) and of both baselines;
-    `window`: the brightness-temperature baseline is a window (data.cloud_flag base_in_range)."""
+    `window`: the brightness-temperature baseline is a window (data.cloud_flag base_in_range); with the
+    frames' indices (`frames`), the model's accuracy against each baseline's with its paired interval."""
     methods = {name: baseline_scores(name, train, p10, window) for name in BASELINES}
     if prob is not None:
         methods = {"model": (prob, threshold), **methods}
@@ -136,6 +138,8 @@ def cloud_report(
     }
     if window:
         out["bt_window"] = [fitted["low"], fitted["high"]]
+    if prob is not None and frames is not None:
+        out["accuracy_against"] = accuracy_against(flags, methods, flights, frames)
     for name, (score, thr) in methods.items():
         out[name] = {
             "overall": cloud_metrics(flags, score, thr),
@@ -144,6 +148,34 @@ def cloud_report(
                 for f in dict.fromkeys(flights)
             },
         }
+    return out
+
+
+def accuracy_against(flags, methods: dict, flights, frames) -> dict:
+    """The model's accuracy less each baseline's on the same frames, with a 95% interval over time blocks
+    (each flight's own: both flags resampled together), and the call: better or worse only where the interval
+    excludes 0, else level."""
+    from cloudml_lib.core.network.metrics import paired_difference
+
+    flags, flights = np.asarray(flags, np.int64), np.asarray(flights)
+    flight_id = np.unique(flights, return_inverse=True)[1]
+    blocks = (
+        np.asarray(frames, np.int64) + flight_id.astype(np.int64) * 10**9
+    )  # never one block across flights
+
+    def right(name):
+        score, thr = methods[name]
+        score = np.asarray(score, np.float64)
+        return np.where(np.isfinite(score), ((score >= thr).astype(np.int64) == flags), np.nan)
+
+    model, out = right("model"), {}
+    for name in BASELINES:
+        d = model - right(name)
+        ok = np.isfinite(d)
+        got = paired_difference(d[ok], blocks[ok])
+        if got is not None:
+            low, high = got["interval"]
+            out[name] = got | {"call": "better" if low > 0 else "worse" if high < 0 else "level"}
     return out
 
 

@@ -128,15 +128,12 @@ def test_report(
     report["flight_verdicts"] = flight_verdicts(report)
     report["verdict"] = verdict(report)
     report["out_of_bounds"] = bounds_count(pred_km, height_bounds_km(cfg.data))
+    train_flags = {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()}
+    window = cfg.data.cloud_flag == "base_in_range"
     report["cloud"] = cloud_report(
-        test.cloud_flags(),
-        scored.cloud_prob,
-        test.flight_names(),
-        test.frame_p10(),
-        {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()},
-        cfg.model.cloud_threshold,
-        window=cfg.data.cloud_flag == "base_in_range",
-    )
+        test.cloud_flags(), scored.cloud_prob, test.flight_names(), test.frame_p10(), train_flags,
+        cfg.model.cloud_threshold, window=window, frames=test.frame_indices(),
+    )  # fmt: skip
     if calibration is not None:
         seen = list(data.split.test) if data.split.legacy else calibration.get("flights") or []
         report["intervals"] = skill.interval_scores(true_km, pred_km, flights, calibration, seen)

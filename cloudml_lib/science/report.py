@@ -500,6 +500,9 @@ def cloud_verdict(report: dict) -> str | None:
     if not model.get("n"):
         return None
     names = {"majority": "the majority class", "bt_threshold": "the brightness-temperature threshold"}
+    against = cloud.get("accuracy_against")
+    if isinstance(against, dict) and against:
+        return cloud_verdict_paired(report, model, against, names)
     beaten_by = []
     for key, words in names.items():
         base = (cloud.get(key) or {}).get("overall") or {}
@@ -529,6 +532,44 @@ def cloud_verdict(report: dict) -> str | None:
         )
     acc = model.get("accuracy")
     return "Cloud flag: the model beats both baselines" + (f" (accuracy {acc:.3f})." if _finite(acc) else ".")
+
+
+def cloud_verdict_paired(report: dict, model: dict, against: dict, names: dict) -> str:
+    """The cloud verdict on accuracy (the share of frames flagged right), against each baseline by the paired
+    difference over time blocks: better or worse only where its interval excludes 0, else level; the other
+    flag recommended only where it is better beyond that noise."""
+    said, worse, level = [], [], []
+    for key, words in names.items():
+        a = against.get(key)
+        if not (isinstance(a, dict) and len(a.get("interval") or []) == 2 and _finite(a.get("difference"))):
+            continue
+        low, high = a["interval"]
+        diff = (
+            f"accuracy {a['difference']:+.3f} against {words} (95% interval over time blocks {low:+.3f} to "
+            f"{high:+.3f})"
+        )
+        (worse if a["call"] == "worse" else level if a["call"] == "level" else said).append((key, diff))
+    acc = model.get("accuracy")
+    head = f"Cloud flag (accuracy {acc:.3f}): " if _finite(acc) else "Cloud flag: "
+    if report.get("control"):
+        return head + "of this control run: " + "; ".join(d for _, d in worse + level + said) + "."
+    if not worse and not level:
+        return head + "the model beats both baselines: " + "; ".join(d for _, d in said) + "."
+    text = (
+        head
+        + "the model's cloud / no-cloud is not shown useful yet: "
+        + "; ".join(
+            ("worse: " if (k, d) in worse else "level: " if (k, d) in level else "") + d
+            for k, d in worse + level + said
+        )
+        + "."
+    )
+    if any(k == "bt_threshold" for k, _ in worse):
+        text += (
+            " The brightness-temperature threshold flags better beyond chance: to write its flag in the "
+            "whole-flight files, predict --cloud-flag bt_threshold."
+        )
+    return text + " Or train longer or on more flights."
 
 
 def bounds_in_words(c: dict) -> str:

@@ -156,22 +156,33 @@ def time_blocks(frame_index: np.ndarray) -> list[np.ndarray]:
     return [b for b in np.array_split(order, min(MIN_BLOCKS, order.size)) if b.size]
 
 
-def mae_difference(
-    true_km: np.ndarray, pred_a: np.ndarray, pred_b: np.ndarray, frame_index: np.ndarray, level: float = 0.95
-) -> dict | None:
-    """MAE(a) - MAE(b) (km) on the same samples and a `level` bootstrap interval of it that resamples whole
-    time blocks (time_blocks) with both models' errors together (paired); None with fewer than 5 samples."""
-    t = np.asarray(true_km, np.float64)
-    d = np.abs(np.asarray(pred_a, np.float64) - t) - np.abs(np.asarray(pred_b, np.float64) - t)
+def paired_difference(d: np.ndarray, frame_index: np.ndarray, level: float = 0.95) -> dict | None:
+    """The mean of per-sample differences `d` between two models on the same samples, and a `level`
+    bootstrap interval of it that resamples whole time blocks (time_blocks; both models' samples together);
+    None with fewer than 5 samples."""
+    d = np.asarray(d, np.float64)
     if d.size < 5:
         return None
     blocks = time_blocks(frame_index)
     sums, sizes = np.array([d[b].sum() for b in blocks]), np.array([b.size for b in blocks])
     draw = np.random.default_rng(0).integers(0, len(blocks), size=(BOOTSTRAP_DRAWS, len(blocks)))
-    diffs = sums[draw].sum(axis=1) / sizes[draw].sum(axis=1)
+    means = sums[draw].sum(axis=1) / sizes[draw].sum(axis=1)
     tail = 100 * (1 - level) / 2
-    low, high = float(np.percentile(diffs, tail)), float(np.percentile(diffs, 100 - tail))
-    return {"mae_difference_km": float(d.mean()), "interval_km": [low, high], "blocks": len(blocks)}
+    low, high = float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+    return {"difference": float(d.mean()), "interval": [low, high], "blocks": len(blocks)}
+
+
+def mae_difference(
+    true_km: np.ndarray, pred_a: np.ndarray, pred_b: np.ndarray, frame_index: np.ndarray, level: float = 0.95
+) -> dict | None:
+    """MAE(a) - MAE(b) (km) on the same samples with its paired interval over time blocks
+    (paired_difference); None with fewer than 5 samples."""
+    t = np.asarray(true_km, np.float64)
+    d = np.abs(np.asarray(pred_a, np.float64) - t) - np.abs(np.asarray(pred_b, np.float64) - t)
+    got = paired_difference(d, frame_index, level)
+    if got is None:
+        return None
+    return {"mae_difference_km": got["difference"], "interval_km": got["interval"], "blocks": got["blocks"]}
 
 
 def mae_interval(
