@@ -194,6 +194,9 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dic
     if report.get("validation"):
         result["validation"] = report["validation"]["pooled"]
     result["warnings"] = fold_warnings(held, result, train_km, test_km)
+    inputs = ((report.get("inputs") or {}).get("per_flight") or {}).get(held)
+    if inputs and inputs.get("outside"):  # the domain check: the test flight unlike the training flights
+        result["warnings"].append(f"Fold {held}: {inputs['words']}.")
     write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
     return result
 
