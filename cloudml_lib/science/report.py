@@ -550,7 +550,7 @@ def cloud_verdict_paired(report: dict, model: dict, against: dict, names: dict) 
         )
         (worse if a["call"] == "worse" else level if a["call"] == "level" else said).append((key, diff))
     acc = model.get("accuracy")
-    head = f"Cloud flag (accuracy {acc:.3f}): " if _finite(acc) else "Cloud flag: "
+    head = f"Cloud flag: accuracy {acc:.3f}; " if _finite(acc) else "Cloud flag: "
     if report.get("control"):
         return head + "of this control run: " + "; ".join(d for _, d in worse + level + said) + "."
     if not worse and not level:
