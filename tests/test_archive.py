@@ -13,6 +13,8 @@ import pytest
 
 import cloudml_lib.science.predict as pr
 
+pytestmark = pytest.mark.slow  # the module's product: a whole flight predicted (about 10 s)
+
 # The variables CF's standard-name table has no name for: ACDD 1.3 asks every geophysical variable for one,
 # and none is invented here. The test fails if the table gains one (then it should be used).
 NO_CF_NAME = {"cloud_probability": "cloud_probability", "input_distance": "input_distance"}

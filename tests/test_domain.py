@@ -86,6 +86,7 @@ def shifted_flight(data: str, entries: list, name: str, dest, kelvin: float):
     return dest
 
 
+@pytest.mark.slow
 def test_predict_flags_the_frames_of_a_warmer_flight_and_says_so_where_a_training_flight_is_inside(
     tiny_run, tmp_path
 ):
@@ -113,6 +114,7 @@ def test_predict_flags_the_frames_of_a_warmer_flight_and_says_so_where_a_trainin
     assert entries[2]["name"] in a.attrs["model_test_skill_other_flights"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("record", ["absent", "damaged"])
 def test_a_run_without_the_record_predicts_and_says_it_cannot_check(tiny_run_copy, tmp_path, record):
     import torch

@@ -20,6 +20,7 @@ def test_metrics_on_known_numbers():
     assert regression_metrics(np.array([]), np.array([]))["n"] == 0
 
 
+@pytest.mark.slow
 def test_evaluate_reproduces_the_training_report(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
 

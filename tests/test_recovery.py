@@ -201,6 +201,7 @@ def test_too_many_nonfinite_steps_stop_with_a_clear_message(tiny_config, tmp_pat
     assert not (tmp_path / "run" / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_loader_workers_do_not_change_the_result(tiny_config, tmp_path):
     tiny_config.train.epochs = 1
     a, _ = fit(tiny_config, tmp_path / "a")

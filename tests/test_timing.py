@@ -102,6 +102,7 @@ def test_the_ends_share_comes_from_the_newest_run_that_recorded_its_end_on_this_
     )
 
 
+@pytest.mark.slow
 def test_the_flops_estimate_uses_the_share_of_peak_a_lent_gpu_measured_and_says_so(monkeypatch):
     gpu = {"device": "NVIDIA H200", "presets": {
         "B": {"channels": [64, 128, 256], "gradient_checkpointing": True, "torch_compile": False,
