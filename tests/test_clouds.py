@@ -246,6 +246,7 @@ def test_a_probe_run_trains_the_height_as_a_height_only_run_and_adds_the_cloud_o
     assert "Cloud / no-cloud output fitted on the trained network's features" in said and "clear sky)" in said
 
 
+@pytest.mark.slow
 def test_a_joint_run_trains_both_outputs_and_evaluates_as_saved(tiny_raw_config, tmp_path):
     import copy
 

@@ -158,6 +158,7 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
     assert model.training is False
 
 
+@pytest.mark.slow
 def test_a_model_in_training_mode_is_scored_in_eval_mode_and_left_as_it_was(tiny_flights, tmp_path):
     root, entries = tiny_flights
     cfg, _ = resolve_config(build_config(tiny_raw(root, entries, tmp_path / "cache")))

@@ -324,6 +324,7 @@ def test_own_flights_after_a_demo_run_make_a_new_run_the_default_and_the_demo_ru
     assert "Your flights are in data/ now" not in q.note.value
 
 
+@pytest.mark.slow
 def test_lines_that_contradicted_each_other_now_agree(ws, shown, flights, tiny_presets, tiny_run, capsys):
     """One flight: setup said "Setup done" after "Add a second flight", the note advised "Start a new run"
     (then refused) and said "Trains ... on your 1 flight" under the red line; a flight whose nav file alone is
