@@ -178,13 +178,13 @@ def test_a_fault_point_fires_only_where_and_when_it_is_asked(monkeypatch):
             faults.point("step")
         monkeypatch.setenv("CLOUDML_KILL_AT", "step:2:SIGUSR1")
         faults.point("setup")  # another point
-        faults.point("step")  # the first arrival
+        faults.point("step", settle=lambda: received.append("settled"))  # the first arrival: nothing
         assert received == []
         monkeypatch.setenv("CLOUDML_KILL_RANK", "1")
         faults.point("step")  # rank 0 is not the one asked for
         monkeypatch.delenv("CLOUDML_KILL_RANK")
-        faults.point("step")  # the second arrival at "step" of this rank
-        assert received == [signal.SIGUSR1]
+        faults.point("step", settle=lambda: received.append("settled"))  # the 2nd arrival at "step" of rank 0
+        assert received == ["settled", signal.SIGUSR1]  # a checkpoint in flight is committed before the kill
     finally:
         signal.signal(signal.SIGUSR1, previous)
 

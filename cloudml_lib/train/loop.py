@@ -344,7 +344,7 @@ class Trainer:
             self.stop.ask()  # maybe another process was asked
         self.progress_lines(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
         self.run_info.report_compile()
-        faults.point("step")
+        faults.point("step", settle=self.checkpoints.wait)
         if stop:
             self._stop_now()
 
