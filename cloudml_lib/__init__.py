@@ -22,7 +22,7 @@ def _source() -> dict:
 SOURCE = _source()
 
 # The stated Python API (commands/api.py), imported on first use: `import cloudml_lib` stays light (no torch).
-_API = ("Run", "load_run", "fit", "evaluate", "predict_flight", "read_report", "export")
+_API = ("Run", "load_run", "fit", "evaluate", "predict_flight", "adapt", "read_report", "export")
 
 
 def __getattr__(name: str):

@@ -15,7 +15,7 @@ from conftest import REPO
 import cloudml_lib as cml
 from cloudml_lib.science.predict import predict_flights
 
-API = ("Run", "load_run", "fit", "evaluate", "predict_flight", "read_report", "export")
+API = ("Run", "load_run", "fit", "evaluate", "predict_flight", "adapt", "read_report", "export")
 
 
 def test_the_api_is_at_the_package_top_documented_and_import_stays_light():

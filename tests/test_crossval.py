@@ -93,6 +93,14 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     assert pooled["method"] == iv["chosen"] and pooled["n"] == sum(
         f["model"]["n"] for f in result["folds"].values()
     )
+    # the adaptation curve (train.adaptation_labels [10, 25, 50]): the tiny flights hold 20-28 labels, too few
+    # to score any N after a gap, and each fold says so (test_adapt.py scores a longer flight)
+    adaptation = result["adaptation"]
+    assert adaptation["labels"] == [10, 25, 50] and set(adaptation["per_flight"]) == set(names)
+    for record in adaptation["per_flight"].values():
+        assert record["curve"] == [] and set(record["left_out"]) == {"10", "25", "50"}
+        assert record["gap_frames"] >= 30 and "leave fewer than 20 to score" in record["left_out"]["10"]
+    assert "## Adaptation to each test flight with a few of its labels" in md
     own = json.loads((ref / "folds" / names[0] / "model" / "intervals.json").read_text())
     assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]  # the other folds' errors only
 

@@ -502,6 +502,13 @@ class TrainConfig:
         absent="pooled",
         resume=NEW,
     )
+    adaptation_labels: list = _f(
+        [10, 25, 50],
+        "crossval's adaptation curve: for each test flight, its fold's network (its head) fine-tuned on the "
+        "flight's first N labels in time for each N here, and scored, beside the baselines given the same N "
+        "labels, only after a gap (science/adapt.py); [] : no curve",
+        resume=NEW,
+    )
     pretrain_flight: str = _f(
         "",
         "two-phase protocol: first train on this flight alone (RUN_DIR/pretrain), then "
@@ -862,6 +869,15 @@ def _check_settings(cfg: Config, problems: list[str]) -> None:
         problems.append(
             f"model.channels: {shown(m.channels)} is not valid; expected three positive integers, "
             "e.g. [64, 128, 256], or [] to follow model.memory_optimized"
+        )
+    n = t.adaptation_labels
+    if not (
+        isinstance(n, list)
+        and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 10000 for k in n)
+    ):
+        problems.append(
+            f"train.adaptation_labels: {shown(n)} is not valid; expected a list of label counts from 1 to "
+            "10000, e.g. [10, 25, 50], or [] for no adaptation curve"
         )
     if t.height_loss_weight == 0 and m.cloud_head != "joint":
         problems.append(

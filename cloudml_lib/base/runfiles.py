@@ -252,9 +252,34 @@ MEAN_STD = Obj({"mean": OPT_NUM, "std": OPT_NUM})
 # method -> metric -> mean and std over the folds; beside them the network's skill against each fold's best
 # baseline, one mean and std (commands/crossval.py: skill_verdict)
 SUMMARY = MapOf(MapOf(MEAN_STD), named={"skill_vs_best_baseline": MEAN_STD})
+# the adaptation curve of one test flight (science/adapt.py): per N, the network and the baselines on the part
+# scored, the best baseline, the paired difference against it, the intervals' coverage there
+ADAPT_POINT = Obj(
+    {"n": INT, "network": METRIC_SET, "baselines": MapOf(METRIC_SET), "best_baseline": OPT_TEXT}
+    | {"against_best": Maybe(MapOf(ANY)), "intervals": Maybe(MapOf(ANY))},
+    required=("n", "network", "baselines"),
+)
+ADAPT_FLIGHT = Obj(
+    {
+        "labels": INT,
+        "gap_frames": INT,
+        "gap_from": TEXT,
+        "left_out": MapOf(TEXT),
+        "curve": ListOf(ADAPT_POINT),
+    }
+    | {"scored_labels": INT, "scored_from_frame": INT, "baselines_left_out": MapOf(TEXT)}
+    | {"words": ListOf(TEXT), "error": TEXT},
+    required=("curve",),
+)
+ADAPTATION = Obj(
+    {"labels": ListOf(INT), "per_flight": MapOf(ADAPT_FLIGHT), "summary": ListOf(MapOf(ANY))}
+    | {"verdicts": ListOf(TEXT)},
+    required=("labels", "per_flight"),
+)
 CROSSVAL = Obj(
     {"folds": MapOf(FOLD), "summary": SUMMARY, "warnings": ListOf(TEXT), "verdicts": ListOf(TEXT)}
-    | {"protocol": TEXT, "pooled": METRIC_SET, "undefined": MapOf(MapOf(ListOf(TEXT)))},
+    | {"protocol": TEXT, "pooled": METRIC_SET, "undefined": MapOf(MapOf(ListOf(TEXT)))}
+    | {"adaptation": Maybe(ADAPTATION)},
     required=("summary",),
 )
 TRIAL = Obj(

@@ -97,6 +97,7 @@ MODULES = (
     "data/synthetic.py",
     "data/times.py",
     "science/__init__.py",
+    "science/adapt.py",
     "science/baselines.py",
     "science/clouds.py",
     "science/evaluate.py",

@@ -21,7 +21,7 @@ from cloudml_lib.base.config import Config, load_config
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.core.run.folder import RunFolder
 
-__all__ = ["Run", "load_run", "fit", "evaluate", "predict_flight", "read_report", "export"]
+__all__ = ["Run", "load_run", "fit", "evaluate", "predict_flight", "adapt", "read_report", "export"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class Run:
     def predict(self, flight: str | None = None, **options):
         """See :func:`predict_flight`."""
         return predict_flight(self, flight, **options)
+
+    def adapt(self, flight: str | None = None, **options) -> dict:
+        """See :func:`adapt`."""
+        return adapt(self, flight, **options)
 
     def export(self, out: str | Path | None = None) -> Path:
         """See :func:`export`."""
@@ -192,6 +196,50 @@ def predict_flight(
         cloud_flag=cloud_flag,
     )
     return next(iter(datasets.values()))
+
+
+def adapt(
+    run: Run | str | Path,
+    flight: str | None = None,
+    labels: list[int] | tuple[int, ...] = (10, 25, 50),
+    data_dir: str | Path | None = None,
+) -> dict:
+    """How much a few labels of a new flight recover: the run's network fine-tuned on the flight's first N
+    labels in time, for each N of ``labels``, scored only on the labels after a gap, beside the baselines
+    given the same N labels (science/adapt.py). Nothing is written.
+
+    Parameters
+    ----------
+    run : Run, str or pathlib.Path
+    flight : str, optional
+        One of the run's test flights, or a new flight in its data folder (``data_dir``); never a flight it
+        trained or validated on. Default: the run's first test flight.
+    labels : list of int
+        The label counts N to adapt on (0, the run as trained, is always scored too).
+    data_dir : str or pathlib.Path, optional
+        Where the flight files are (the run's training flights too), if not where the run recorded them.
+
+    Returns
+    -------
+    dict
+        ``curve`` (per N: ``network`` and each of ``baselines`` scored by r2, mae_km, rmse_km, bias_km;
+        ``best_baseline`` and ``against_best``, the paired MAE difference with its interval and its call,
+        better, worse or level; ``intervals``, their coverage on the scored part), ``gap_frames`` and
+        ``gap_from``, ``scored_labels``, ``left_out`` (each N the flight cannot show, with the reason),
+        ``role`` and ``words`` (the curve in sentences).
+    """
+    from cloudml_lib.science.adapt import adapt_run
+
+    if not isinstance(labels, (list, tuple)) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in labels
+    ):
+        raise CloudMLError(f"labels: {shown(labels)} is not valid; expected a list of counts of 1 or more")
+    if flight is not None and not isinstance(flight, str):
+        raise CloudMLError(
+            f"flight: {shown(flight)} is not valid; expected a flight's name such as '05Mar25'"
+        )
+    folder = _folder(run)
+    return adapt_run(folder, flight, list(labels), None if data_dir is None else str(data_dir))
 
 
 def read_report(run: Run | str | Path) -> dict:

@@ -58,7 +58,7 @@ import numpy as np
 
 from cloudml_lib.base import ledger
 from cloudml_lib.base.config import LEGACY_VALIDATION, Config, absent_settings, derive
-from cloudml_lib.base.errors import ConfigError, DataError
+from cloudml_lib.base.errors import CloudMLError, ConfigError, DataError
 from cloudml_lib.base.outputs import json_safe, write_text
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.commands.runs import train_run, with_demo_flights
@@ -401,6 +401,88 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
     return result
 
 
+def across_folds(cfg: Config, run_dir: Path, names: list[str], started: dict, result: dict) -> None:
+    """Into `result`: the pooled metrics, the intervals on each flight never seen (interval_step), then each
+    test flight's adaptation curve (adaptation_step; after the intervals: its N = 0 keeps each fold's
+    calibration from the other folds)."""
+    pairs = [fold_pairs(run_dir, n) for n in names]
+    result["pooled"] = regression_metrics(
+        np.concatenate([t for _, t in pairs]), np.concatenate([p for p, _ in pairs])
+    )
+    result["intervals"] = interval_step(run_dir, names, cfg.train.interval_coverage)
+    result["verdicts"] += result["intervals"]["verdicts"]
+    if cfg.train.adaptation_labels:
+        result["adaptation"] = adaptation_step(cfg, run_dir, names, started)
+        result["verdicts"] += result["adaptation"]["verdicts"]
+
+
+def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dict:
+    """The adaptation curve (science/adapt.py) of one fold's test flight, for the fold's trained model with
+    the baselines fitted on the fold's training part; a fold that cannot be adapted says why (`error`)."""
+    from cloudml_lib.core.run.checkpoint import Key
+    from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
+    from cloudml_lib.science.adapt import curve_words, flight_curve
+    from cloudml_lib.science.evaluate import load_run_model
+
+    model = RunFolder(Path(run_dir) / "folds" / held / "model")
+    try:
+        rm = load_run_model(model, command="crossval")
+    except CloudMLError as e:
+        return {"curve": [], "error": str(e), "words": [f"{held}: no adaptation curve: {e}"]}
+    fold_cfg = derive(rm.cfg, {"train.adaptation_labels": list(cfg.train.adaptation_labels)})
+    data = prepare_data(fold_config(cfg, held, started=started))
+    scalers = Scalers.from_dict(rm.ckpt[Key.SCALERS])
+    flight = CloudDataset(
+        data.test_set.caches, scalers, sun_azimuth=fold_cfg.data.sun_azimuth, cloud=False,
+        flags=flag_range(fold_cfg),
+    )  # fmt: skip
+    record, _ = flight_curve(rm.model, fold_cfg, flight, data.train_set, intervals.load(model.path))
+    record["words"] = curve_words(held, record)
+    return record
+
+
+def adaptation_step(cfg: Config, run_dir: Path, names: list[str], started: dict) -> dict:
+    """Every fold's adaptation curve, and per N the mean over the flights that show it of the network's MAE
+    and of the best adapted baseline's on the part scored, with how many flights call it better, level or
+    worse (science/adapt.py)."""
+    per_flight = {n: fold_adaptation(cfg, run_dir, n, started) for n in names}
+    summary, verdicts = [], []
+    for n in [0, *sorted(set(cfg.train.adaptation_labels))]:
+        points = [p for f in per_flight.values() for p in f["curve"] if p["n"] == n]
+        if not points:
+            continue
+        net = _nanmean([p["network"]["mae_km"] for p in points])
+        best = _nanmean(
+            [(p["baselines"].get(p.get("best_baseline") or "") or {}).get("mae_km") for p in points]
+        )
+        calls = [((p.get("against_best") or {}).get("call")) for p in points]
+        counts = {c: calls.count(c) for c in ("better", "level", "worse")}
+        summary.append(
+            {"n": n, "flights": len(points), "network_mae_km": net, "best_baseline_mae_km": best, **counts}
+        )
+    if summary:
+        words = "; ".join(
+            f"N = {s['n']}: {_num(s['network_mae_km'])} km against {_num(s['best_baseline_mae_km'])} km "
+            f"({s['better']} better, {s['level']} level, {s['worse']} worse of {s['flights']})"
+            for s in summary
+        )
+        verdicts.append(
+            "Adaptation (the network fine-tuned on each test flight's first N labels, the baselines given "
+            "the same N; scored after a gap): mean MAE of the network against the best adapted baseline, "
+            f"{words}."
+        )
+    return {
+        "labels": sorted(set(cfg.train.adaptation_labels)),
+        "per_flight": per_flight,
+        "summary": summary,
+        "verdicts": verdicts,
+    }
+
+
+def _num(value) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.3f}"
+
+
 def format_markdown(result: dict) -> str:
     lines = [
         "# Leave-one-flight-out cross-validation",
@@ -439,10 +521,30 @@ def format_markdown(result: dict) -> str:
             + " |"
         )
     lines += _cloud_lines(result) + _interval_lines(result.get("intervals"))
+    lines += _adaptation_lines(result.get("adaptation"))
     lines += ["", *[f"- {v}" for v in result["verdicts"]]]
     if result["warnings"]:
         lines += ["", "Warnings:", *[f"- {w}" for w in result["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+def _adaptation_lines(adaptation: dict | None) -> list[str]:
+    """Markdown: each test flight's adaptation curve in words (science/adapt.py)."""
+    if not adaptation:
+        return []
+    lines = [
+        "",
+        "## Adaptation to each test flight with a few of its labels",
+        "",
+        "The fold's network (its head) fine-tuned on the flight's first N labels in time, a fixed number of "
+        "steps; the baselines given the same N labels (their mean error on them removed); the intervals "
+        "calibrated on them by cross-fitting. Scored only on the labels after the largest N's block and a "
+        "gap (the e-folding lag of the flight's brightness), the same labels for every N.",
+        "",
+    ]
+    for record in adaptation["per_flight"].values():
+        lines += [f"- {w}" if not w.startswith("  ") else f"  - {w.strip()}" for w in record.get("words", [])]
+    return lines
 
 
 def _fold_table(folds: dict) -> list[str]:
@@ -636,12 +738,7 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=No
         **summarise(folds),
         "warnings": [w for f in folds.values() for w in f["warnings"]],
     }
-    pairs = [fold_pairs(run_dir, n) for n in names]
-    result["pooled"] = regression_metrics(
-        np.concatenate([t for _, t in pairs]), np.concatenate([p for p, _ in pairs])
-    )
-    result["intervals"] = interval_step(run_dir, names, cfg.train.interval_coverage)
-    result["verdicts"] += result["intervals"]["verdicts"]
+    across_folds(cfg, run_dir, names, started, result)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "crossval.json", json.dumps(json_safe(result), indent=1))
     write_text(run_dir / "crossval.md", format_markdown(result))

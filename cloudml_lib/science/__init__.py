@@ -11,6 +11,8 @@
 - report.py     report.md, the verdicts per flight, the protocol in words;  plots.py  the figures
 - predict.py    cloud base height along whole flights (NetCDF, CSV, figures); products.py its variables
 - intervals.py  prediction intervals (split conformal);  clouds.py  cloud / no-cloud baselines, the probe
+- adapt.py      a new flight's first N labels: the network's head fine-tuned, the baselines and intervals
+                given the same labels, all scored only after a gap (crossval's curve, the API's `adapt`)
 - export.py     a run's best model as files a colleague loads without CloudML (torch.export, safetensors,
                 the inputs' preprocessing as JSON, a model card)
 
