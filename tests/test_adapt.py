@@ -115,8 +115,16 @@ def test_the_gap_is_the_brightness_e_folding_lag_with_a_floor():
     assert gap == adapt.GAP_FLOOR_FRAMES and "raised to the floor" in why
 
 
-def test_adapting_on_a_trained_flight_or_with_bad_labels_is_refused(tiny_run):
+def test_adapting_on_a_trained_flight_or_with_bad_labels_is_refused(tiny_run, capsys):
+    """And the command on the tiny test flight (23 labels): each N said too many to score after a gap."""
+    from cloudml_lib.commands.cli import main
+
     run, _, entries = tiny_run
+    assert main(["adapt", "--run-dir", str(run), "--labels", "10"]) == 0
+    out = capsys.readouterr().out
+    assert f"{entries[2]['name']}: 10 left out: the flight has" in out and "fewer than 20 to score" in out
+    assert main(["adapt", "--run-dir", str(run), "--flight", entries[0]["name"]]) == 2
+    assert "is a training flight of this run" in capsys.readouterr().err
     with pytest.raises(
         CloudMLError, match=f"flight {entries[0]['name']} is a training flight.*never trained"
     ):

@@ -232,6 +232,7 @@ BAD_ARGUMENTS = {
     "predict": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--flights"]],
     "evaluate": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--nope"]],
     "export": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--out"]],
+    "adapt": [["--run-dir", "{t}/nowhere"], ["--run-dir", "{t}/nowhere", "--labels", "many"]],
     "status": [["{t}/nowhere"], ["{t}/a", "{t}/b"]],
     "diagnose": [["--config", "{t}/missing.yaml"], ["--preset", "Z"]],
     "labels": [["--config", "{t}/missing.yaml"], ["--config", "x", "--preset", "demo"]],

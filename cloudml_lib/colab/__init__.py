@@ -4,8 +4,8 @@
 - picker.py     the preset picker, which comes back with the run the user started;  expected.py  how long
                 the run as chosen will take, timed once per choice
 - live.py       a command as a subprocess with a live view (bar, curves, notices, folded log)
-- training.py   train, cross-validate, predict whole flights, export the model, and the smoke test's
-                checks
+- training.py   train, cross-validate, predict whole flights, adapt to a flight, export the model, and the
+                smoke test's checks
 - sweeping.py   the optional sweep (Optuna, installed when asked for), trial by trial, and its report
 - show.py       Markdown, user errors without a traceback, presets, status, evaluation, report
 - install.py    the notebooks' first cell: install from the Drive copy when it changed (standard library
@@ -47,7 +47,7 @@ from cloudml_lib.colab.show import (
     show_tensorboard,
 )
 from cloudml_lib.colab.sweeping import sweep
-from cloudml_lib.colab.training import check_smoke_run, crossval, export, train, whole_flights
+from cloudml_lib.colab.training import adapt, check_smoke_run, crossval, export, train, whole_flights
 
 __all__ = [
     "Choice",
@@ -59,6 +59,7 @@ __all__ = [
     "check_setup",
     "check_smoke_run",
     "crossval",
+    "adapt",
     "export",
     "fetch_era5",
     "free_gpu_memory",

@@ -177,6 +177,25 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
 
 
 @user_errors
+def adapt(run_dir: Path | None, flight: str = "", labels=(10, 25, 50)) -> None:
+    """How much a few labels of a flight recover (`python -m cloudml_lib adapt`, science/adapt.py): the run's
+    network fine-tuned on the flight's first N labels, scored after a gap beside the baselines given the same
+    N; `flight` "" is the run's first test flight. Nothing is written."""
+    if run_dir is None or not RunFolder.of(run_dir).is_finished():
+        print(
+            "Adaptation waits for training to finish: run the Train cell (or Run all) again to continue it."
+        )
+        return
+    if not isinstance(flight, str):
+        raise UserError(f"flight: {flight!r} is not valid; expected a flight's name such as '01Apr25', or ''")
+    args = ["adapt", "--run-dir", run_dir, "--labels", *map(str, labels)] + (
+        ["--flight", flight] if flight else []
+    )
+    view = LiveView(None, bar=False)
+    report_end(run_live(command(*args), view), view, "adaptation", None)
+
+
+@user_errors
 def export(run_dir: Path | None) -> Path | None:
     """The run's best model as a folder a colleague loads with plain torch (`python -m cloudml_lib export`:
     the program, the weights, how to make the inputs, the model card), in RUN/export; exported again only

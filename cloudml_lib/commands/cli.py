@@ -228,11 +228,38 @@ def _add_result_commands(sub) -> None:
     )
     s.add_argument("run_dir", type=_folder)
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_adapt_command(sub)
     e = sub.add_parser("evaluate", help="score a run's best model on its test flights")
     e.add_argument("--run-dir", type=_folder, required=True)
     _data_dir_argument(e, moved=True)
     _cache_dir_argument(e)
     e.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_adapt_command(sub) -> None:
+    """adapt: a few labels of a flight, scored honestly (science/adapt.py)."""
+    ad = sub.add_parser(
+        "adapt",
+        help="how much a few labels of a flight recover: the run's network fine-tuned on its first N labels, "
+        "scored after a gap beside the baselines given the same N (nothing is written)",
+    )
+    ad.add_argument("--run-dir", type=_folder, required=True, help="a finished run")
+    ad.add_argument(
+        "--flight",
+        metavar="NAME",
+        help="one of the run's test flights, or a new flight found in data.dir (default: its first test "
+        "flight)",
+    )
+    ad.add_argument(
+        "--labels",
+        type=int,
+        nargs="+",
+        default=[10, 25, 50],
+        metavar="N",
+        help="the label counts to adapt on (default: 10 25 50)",
+    )
+    _data_dir_argument(ad, moved=True)
+    ad.add_argument("--json", action="store_true", help="print one JSON object instead of sentences")
 
 
 def _add_data_commands(sub) -> None:
@@ -555,6 +582,18 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _adapt(args) -> int:
+    from cloudml_lib.base.outputs import json_safe
+    from cloudml_lib.commands import api
+
+    record = api.adapt(args.run_dir, args.flight, args.labels, data_dir=args.data_dir)
+    if args.json:
+        print(json.dumps(json_safe(record), allow_nan=False))
+    else:
+        print("\n".join(record["words"]))
+    return 0
+
+
 def _make_demo(args) -> int:
     from cloudml_lib.base.ownership import check
     from cloudml_lib.data.synthetic import DEMO, DEMO_VERSION, make_demo_flights
@@ -668,6 +707,7 @@ def _run(args) -> int:
         "predict": _predict,
         "export": _export,
         "evaluate": _evaluate,
+        "adapt": _adapt,
         "status": _status,
         "diagnose": _diagnose,
         "labels": _labels,
