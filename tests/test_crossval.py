@@ -210,3 +210,68 @@ def test_crossval_needs_no_validation_flight_in_the_config(reference, tmp_path):
     r = run_cli("crossval", "--config", plain, "--run-dir", tmp_path / "cv", "--no-controls")
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(json.loads((tmp_path / "cv" / "crossval.json").read_text())["folds"]) == names
+
+
+@pytest.mark.slow
+def test_a_campaign_is_held_out_with_all_its_flights(tiny_flights, tmp_path):
+    """data.fold_by campaign: the campaign from the IR file names (one flight renamed WHYMSIE2024_IRAI_...),
+    each held out whole, its validation drawn from the other campaign's flights; said in crossval.md, and
+    compare names it."""
+    import shutil
+
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.commands.compare import compare_runs
+    from cloudml_lib.commands.crossval import crossval as run_crossval
+
+    root, entries = tiny_flights
+    data = tmp_path / "flights"
+    shutil.copytree(root, data)
+    last = entries[2]
+    renamed = last["ir_file"].replace("GLOVE2025_IRAI", "WHYMSIE2024_IRAI")
+    (data / last["ir_file"]).rename(data / renamed)
+    raw = tiny_raw(data, [*entries[:2], {**last, "ir_file": renamed}], tmp_path / "cache")
+    raw["train"].update(epochs=1, adaptation_labels=[])
+    raw["data"]["fold_by"] = "campaign"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    result = run_crossval(load_config(cfg), tmp_path / "cv", controls=False)
+    names = [e["name"] for e in entries]
+    assert list(result["folds"]) == ["GLOVE2025", "WHYMSIE2024"] and result["fold_by"] == "campaign"
+    for fold, tested in (("GLOVE2025", names[:2]), ("WHYMSIE2024", names[2:])):
+        best = load_checkpoint(tmp_path / "cv" / "folds" / fold / "model" / "best.pt")
+        assert best["config"]["data"]["test_flights"] == tested
+        split = best["split"]
+        assert not set(split["validation"]) & set(tested)  # validation from the other campaign
+        assert result["folds"][fold]["model"]["n"] > 20  # every flight of the campaign scored
+    md = (tmp_path / "cv" / "crossval.md").read_text()
+    assert "Folds: 2 campaigns, each held out with all its flights" in md and "WHYMSIE2024 (05Mar25)" in md
+    assert compare_runs([tmp_path / "cv"])[0]["held_out"] == "each campaign once (2 folds, mean)"
+
+
+def test_campaigns_stated_in_the_config_and_the_mistakes_named(tiny_raw_config, tmp_path):
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.base.errors import ConfigError
+    from cloudml_lib.commands.crossval import fold_config, fold_groups
+
+    names = [f["name"] for f in tiny_raw_config["data"]["flights"]]
+
+    def config(campaigns, fold_by="campaign"):
+        raw = {
+            **tiny_raw_config,
+            "data": {**tiny_raw_config["data"], "fold_by": fold_by, "campaigns": campaigns},
+        }
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+        return load_config(tmp_path / "c.yaml")
+
+    cfg = config([{"name": "A", "flights": names[:1]}, {"name": "B", "flights": names[1:]}])
+    assert fold_groups(cfg) == {"A": names[:1], "B": names[1:]}
+    assert fold_config(cfg, "B").data.test_flights == names[1:]
+    assert fold_groups(config([], fold_by="flight")) == {n: [n] for n in names}
+    with pytest.raises(ConfigError, match="the flights form 1 campaign.*GLOVE2025: 3 flights.*at least two"):
+        fold_groups(config([]))  # every tiny flight's IR file says GLOVE2025
+    with pytest.raises(ConfigError, match=f"{names[2]} in no campaign"):
+        fold_groups(config([{"name": "A", "flights": names[:2]}]))
+    with pytest.raises(ConfigError, match=f"{names[0]} is in campaign A too"):
+        config([{"name": "A", "flights": names[:1]}, {"name": "B", "flights": names}])
+    with pytest.raises(ConfigError, match=r"data.campaigns\[0\].name: '../x' is not valid"):
+        config([{"name": "../x", "flights": names}])

@@ -225,6 +225,18 @@ class DataConfig:
         "that reading",
         absent=LEGACY_VALIDATION,
     )
+    fold_by: str = _f(
+        "flight",
+        "what crossval holds out in each fold: flight (each flight once), or campaign (each campaign's "
+        "flights together: data.campaigns, else read from the IR file names' prefix, e.g. GLOVE2025 in "
+        "GLOVE2025_IRAI_L1B_...; the validation data then come from the other campaigns)",
+        choices=("flight", "campaign"),
+    )
+    campaigns: list = _f(
+        [],
+        "data.fold_by campaign: the grouping, a list of {name, flights} (e.g. {name: WHYMSIE2024, flights: "
+        "[12Aug24, 15Aug24]}), each flight in one; empty: each flight's campaign from its IR file name",
+    )
     validation_share: float = _f(
         0.2,
         "data.validation time_blocks: the share of each training flight's labels, its last in time, held "
@@ -847,6 +859,40 @@ def _check_frames(d: DataConfig, problems: list[str]) -> None:
         )
 
 
+CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a fold's folder is named after it
+
+
+def _check_campaigns(campaigns, problems: list[str]) -> None:
+    """data.campaigns: a list of {name, flights}, each name a plain folder name, no flight in two."""
+    if not isinstance(campaigns, list):
+        return  # _coerce said it
+    seen: dict[str, str] = {}
+    for i, entry in enumerate(campaigns):
+        where = f"data.campaigns[{i}]"
+        if not (isinstance(entry, dict) and set(entry) == {"name", "flights"}):
+            problems.append(
+                f"{where}: {shown(entry)} is not valid; expected {{name: NAME, flights: [FLIGHT, ...]}}"
+            )
+            continue
+        name, flights = entry["name"], entry["flights"]
+        if not (isinstance(name, str) and CAMPAIGN_NAME.fullmatch(name)):
+            problems.append(
+                f"{where}.name: {shown(name)} is not valid; expected letters, digits, '_', '-' or '.', "
+                "starting with a letter or digit (a fold's folder is named after it)"
+            )
+        if not (isinstance(flights, list) and flights and all(isinstance(f, str) for f in flights)):
+            problems.append(
+                f"{where}.flights: {shown(flights)} is not valid; expected a list of flight names"
+            )
+            continue
+        for flight in flights:
+            if flight in seen:
+                problems.append(
+                    f"{where}.flights: {flight} is in campaign {seen[flight]} too; a flight is in one"
+                )
+            seen[flight] = str(name)
+
+
 def _check_settings(cfg: Config, problems: list[str]) -> None:
     """The label range, the DEM threshold, the model's channels, the losses, the batch and compile
     settings."""
@@ -870,6 +916,7 @@ def _check_settings(cfg: Config, problems: list[str]) -> None:
             f"model.channels: {shown(m.channels)} is not valid; expected three positive integers, "
             "e.g. [64, 128, 256], or [] to follow model.memory_optimized"
         )
+    _check_campaigns(d.campaigns, problems)
     n = t.adaptation_labels
     if not (
         isinstance(n, list)

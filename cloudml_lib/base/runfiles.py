@@ -279,7 +279,7 @@ ADAPTATION = Obj(
 CROSSVAL = Obj(
     {"folds": MapOf(FOLD), "summary": SUMMARY, "warnings": ListOf(TEXT), "verdicts": ListOf(TEXT)}
     | {"protocol": TEXT, "pooled": METRIC_SET, "undefined": MapOf(MapOf(ListOf(TEXT)))}
-    | {"adaptation": Maybe(ADAPTATION)},
+    | {"adaptation": Maybe(ADAPTATION), "fold_by": OneOf(("flight", "campaign")), "held_out": TEXT},
     required=("summary",),
 )
 TRIAL = Obj(

@@ -168,7 +168,8 @@ def crossval_row(folder: Path, name: str) -> dict:
     return {
         "run": name,
         "config": first["config"],
-        "held_out": f"each flight once ({len(folds)} folds, mean"
+        "held_out": ("each campaign once" if result.get("fold_by") == "campaign" else "each flight once")
+        + f" ({len(folds)} folds, mean"
         + (", chosen on each test flight: CloudML 0.2)" if legacy else ")"),
         # crossval.json is written when the last fold ends: there, finished (its damage named beside)
         "state": "finished" if (folder / "crossval.json").exists() else "stopped (resumable)",

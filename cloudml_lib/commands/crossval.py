@@ -69,7 +69,7 @@ from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import CROSSVAL
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import prepare_data
-from cloudml_lib.data.flights import resolve_config
+from cloudml_lib.data.flights import campaign_groups, resolve_config
 from cloudml_lib.science import baselines, intervals
 from cloudml_lib.science.clouds import BASELINES
 from cloudml_lib.science.report import baseline_beats, frames_words, shortcomings, write_report
@@ -104,24 +104,41 @@ OUT_OF_RANGE_SHARE = 0.1  # test heights outside the training range above this s
 
 
 def fold_config(cfg: Config, held: str, scalars_only: bool = False, started: dict | None = None) -> Config:
-    """The run of one fold (a derived config): `held` is its only test flight; its validation data come from
-    the other flights by the config's rule (named validation flights: those left, or auto where none is).
+    """The run of one fold (a derived config): `held` names it, its only test flight, or with data.fold_by
+    campaign the campaign whose flights it tests (fold_groups); its validation data come from the other
+    flights by the config's rule (named validation flights: those left, or auto where none is).
     `started`: the settings a cross-validation started by an earlier release keeps in every fold
     (started_settings; CloudML 0.2's protocol among them: chosen on the test flight)."""
+    tested = fold_groups(cfg)[held] if cfg.data.fold_by == "campaign" else [held]
     validation = cfg.data.validation
     if isinstance(validation, list):
-        validation = [n for n in validation if n != held] or "auto"
+        validation = [n for n in validation if n not in tested] or "auto"
     changes = {
         "data.validation": validation,
         **(started or {}),
-        "data.test_flights": [held],
+        "data.test_flights": tested,
         "model.scalars_only": scalars_only,
     }
-    if cfg.data.overweight_flight == held:
-        changes["data.overweight_flight"] = ""  # the test flight of this fold; weighted in the others
-    if cfg.train.pretrain_flight == held:
-        changes["train.pretrain_flight"] = ""  # the test flight: this fold trains in one phase
+    if cfg.data.overweight_flight in tested:
+        changes["data.overweight_flight"] = ""  # a test flight of this fold; weighted in the others
+    if cfg.train.pretrain_flight in tested:
+        changes["train.pretrain_flight"] = ""  # a test flight: this fold trains in one phase
     return derive(cfg, changes)
+
+
+def fold_groups(cfg: Config) -> dict[str, list[str]]:
+    """Each fold's name and its test flights: every flight alone (data.fold_by flight), or each campaign's
+    flights together (campaign: data/flights.py's campaign_groups); a ConfigError with fewer than two."""
+    if cfg.data.fold_by != "campaign":
+        return {f.name: [f.name] for f in cfg.data.flights}
+    groups = campaign_groups(cfg.data)
+    if len(groups) < 2:
+        raise ConfigError(
+            f"data.fold_by campaign: the flights form {len(groups)} campaign(s) "
+            f"({'; '.join(f'{c}: {len(f)} flights' for c, f in groups.items()) or 'none'}); holding one out "
+            "needs at least two. Use data.fold_by: flight, or state the grouping in data.campaigns"
+        )
+    return groups
 
 
 def fold_baselines(cfg: Config, model_metrics: dict, data) -> dict:
@@ -169,6 +186,16 @@ def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.nd
     return out
 
 
+def fold_words(groups: dict[str, list[str]]) -> str:
+    """The folds in words: each flight the test flight once, or each campaign's flights held out together."""
+    if all([name] == flights for name, flights in groups.items()):
+        return f"{len(groups)} flights, each the test flight once: {', '.join(groups)}"
+    return (
+        f"{len(groups)} campaigns, each held out with all its flights (validation from the others): "
+        + "; ".join(f"{name} ({', '.join(flights)})" for name, flights in groups.items())
+    )
+
+
 def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dict | None = None) -> dict:
     fold_dir = Path(run_dir) / "folds" / held
     model_cfg = fold_config(cfg, held, started=started)
@@ -189,14 +216,16 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dic
         result["model"], {k: (result.get(k) or {}).get("mae_km") for k in baselines.BASELINES}
     )
     result["cloud"] = report.get("cloud")
-    result["mae_interval_km"] = (report.get("mae_interval_km") or {}).get(held)
+    tested = model_cfg.data.test_flights
+    result["mae_interval_km"] = (report.get("mae_interval_km") or {}).get(held) if tested == [held] else None
     result["protocol"] = (report.get("protocol") or {}).get("name", LEGACY_VALIDATION)
     if report.get("validation"):
         result["validation"] = report["validation"]["pooled"]
     result["warnings"] = fold_warnings(held, result, train_km, test_km)
-    inputs = ((report.get("inputs") or {}).get("per_flight") or {}).get(held)
-    if inputs and inputs.get("outside"):  # the domain check: the test flight unlike the training flights
-        result["warnings"].append(f"Fold {held}: {inputs['words']}.")
+    for flight in tested:  # the domain check: a test flight unlike the training flights
+        inputs = ((report.get("inputs") or {}).get("per_flight") or {}).get(flight)
+        if inputs and inputs.get("outside"):
+            result["warnings"].append(f"Fold {held}: {inputs['words']}.")
     write_text(fold_dir / "fold.json", json.dumps(json_safe(result), indent=1))
     return result
 
@@ -417,8 +446,9 @@ def across_folds(cfg: Config, run_dir: Path, names: list[str], started: dict, re
 
 
 def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dict:
-    """The adaptation curve (science/adapt.py) of one fold's test flight, for the fold's trained model with
-    the baselines fitted on the fold's training part; a fold that cannot be adapted says why (`error`)."""
+    """The adaptation curve (science/adapt.py) of each of one fold's test flights (flight -> record), for the
+    fold's trained model with the baselines fitted on the fold's training part; a fold that cannot be adapted
+    says why (`error`)."""
     from cloudml_lib.core.run.checkpoint import Key
     from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
     from cloudml_lib.science.adapt import curve_words, flight_curve
@@ -428,24 +458,24 @@ def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dic
     try:
         rm = load_run_model(model, command="crossval")
     except CloudMLError as e:
-        return {"curve": [], "error": str(e), "words": [f"{held}: no adaptation curve: {e}"]}
+        return {held: {"curve": [], "error": str(e), "words": [f"{held}: no adaptation curve: {e}"]}}
     fold_cfg = derive(rm.cfg, {"train.adaptation_labels": list(cfg.train.adaptation_labels)})
     data = prepare_data(fold_config(cfg, held, started=started))
-    scalers = Scalers.from_dict(rm.ckpt[Key.SCALERS])
-    flight = CloudDataset(
-        data.test_set.caches, scalers, sun_azimuth=fold_cfg.data.sun_azimuth, cloud=False,
-        flags=flag_range(fold_cfg),
-    )  # fmt: skip
-    record, _ = flight_curve(rm.model, fold_cfg, flight, data.train_set, intervals.load(model.path))
-    record["words"] = curve_words(held, record)
-    return record
+    scalers, out = Scalers.from_dict(rm.ckpt[Key.SCALERS]), {}
+    for cache in data.test_set.caches:  # each test flight of the fold (a campaign's: several)
+        flight = CloudDataset(
+            [cache], scalers, sun_azimuth=fold_cfg.data.sun_azimuth, cloud=False, flags=flag_range(fold_cfg)
+        )
+        record, _ = flight_curve(rm.model, fold_cfg, flight, data.train_set, intervals.load(model.path))
+        out[cache.name] = {**record, "words": curve_words(cache.name, record)}
+    return out
 
 
 def adaptation_step(cfg: Config, run_dir: Path, names: list[str], started: dict) -> dict:
     """Every fold's adaptation curve, and per N the mean over the flights that show it of the network's MAE
     and of the best adapted baseline's on the part scored, with how many flights call it better, level or
     worse (science/adapt.py)."""
-    per_flight = {n: fold_adaptation(cfg, run_dir, n, started) for n in names}
+    per_flight = {f: r for n in names for f, r in fold_adaptation(cfg, run_dir, n, started).items()}
     summary, verdicts = [], []
     for n in [0, *sorted(set(cfg.train.adaptation_labels))]:
         points = [p for f in per_flight.values() for p in f["curve"] if p["n"] == n]
@@ -489,6 +519,7 @@ def format_markdown(result: dict) -> str:
         "",
         protocol_words(result.get("protocol")),
         "",
+        *([f"Folds: {result['held_out']}.", ""] if result.get("fold_by") == "campaign" else []),
         "Each flight is the test flight of one fold; metrics in km on that flight (model: R2, MAE with its "
         "95% "
         "interval over time blocks, RMSE, bias, std(pred)/std(true), n; beside it the R2 and MAE of the "
@@ -699,9 +730,11 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=No
     folder.check_kind(CROSSVAL, trains=True, command="crossval")
     cfg = with_demo_flights(cfg, SINGLE if dist is None else dist)  # torchrun's group is not up yet
     cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own test flight
-    names = [f.name for f in cfg.data.flights]
-    if len(names) < 2:
-        raise ConfigError(f"crossval needs at least two flights; found {', '.join(names) or 'none'}")
+    if len(cfg.data.flights) < 2:
+        found = ", ".join(f.name for f in cfg.data.flights) or "none"
+        raise ConfigError(f"crossval needs at least two flights; found {found}")
+    groups = fold_groups(cfg)
+    names = list(groups)
     parallel = check_parallel(parallel, len(names), "folds", "crossval", dist)
     # Under torchrun: the processes only meet twice (caches built, folds done), hours apart at most.
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
@@ -716,9 +749,7 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=No
         started = started_settings(run_dir)
         # started by CloudML 0.2, or a trial of a sweep it started: its protocol throughout
         legacy = LEGACY_VALIDATION in (started.get("data.validation"), cfg.data.validation)
-        log.info(
-            "Cross-validation over %d flights, each the test flight once: %s", len(names), ", ".join(names)
-        )
+        log.info("Cross-validation: %s", fold_words(groups))
         if legacy:
             log.info("%s", protocol_words(LEGACY_VALIDATION))
         if workers.active:
@@ -734,6 +765,8 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=No
     folds = {name: with_baselines(cfg, name, f, started) for name, f in folds.items()}
     result = {
         "protocol": LEGACY_VALIDATION if legacy else "nested",
+        "fold_by": cfg.data.fold_by,
+        "held_out": fold_words(groups),
         "folds": folds,
         **summarise(folds),
         "warnings": [w for f in folds.values() for w in f["warnings"]],

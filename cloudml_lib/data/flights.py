@@ -65,6 +65,43 @@ class FoundFlight:
         )
 
 
+CAMPAIGN_PREFIX = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*?)_IRAI_", re.IGNORECASE)
+
+
+def campaign_of(ir_file: str) -> str | None:
+    """The campaign an IR file's name gives (GLOVE2025 for GLOVE2025_IRAI_L1B_Rev-_20250210-003.h5), or None
+    where the name has no such prefix."""
+    found = CAMPAIGN_PREFIX.match(Path(ir_file).name)
+    return found.group(1) if found else None
+
+
+def campaign_groups(data: DataConfig) -> dict[str, list[str]]:
+    """Each campaign with its flights, in the order of data.flights: data.campaigns where it is given (every
+    flight in one), else from each IR file's name. A ConfigError names a flight without one."""
+    names = [f.name for f in data.flights]
+    if data.campaigns:
+        of = {f: c["name"] for c in data.campaigns for f in c["flights"]}
+        unknown = sorted(set(of) - set(names))
+        missing = [n for n in names if n not in of]
+        wrong = [f"{', '.join(unknown)} not among the flights ({', '.join(names)})"] if unknown else []
+        wrong += [f"{', '.join(missing)} in no campaign"] if missing else []
+        if wrong:
+            raise ConfigError(f"data.campaigns: {'; '.join(wrong)}; each flight of data.flights is in one")
+    else:
+        of = {f.name: campaign_of(f.ir_file) for f in data.flights}
+        missing = [n for n, c in of.items() if c is None]
+        if missing:
+            raise ConfigError(
+                f"data.fold_by campaign: the IR file of {', '.join(missing)} names no campaign (expected a "
+                "name such as GLOVE2025_IRAI_L1B_...h5); state the grouping in data.campaigns, e.g. "
+                "[{name: GLOVE2025, flights: [10Feb25, 12Feb25]}, ...]"
+            )
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(of[n], []).append(n)
+    return groups
+
+
 def flight_name(date: dt.date) -> str:
     return f"{date.day:02d}{date.strftime('%b')}{date.year % 100:02d}"
 

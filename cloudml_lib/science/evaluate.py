@@ -153,8 +153,8 @@ def inputs_record(record, test: CloudDataset, pred_km: np.ndarray) -> dict:
         mine = (flights == name) & has  # the heights scored (a sample with a cloud flag alone has none)
         sub = judged.subset(mine)
         err = np.abs(pred_km[mine] - true_km[mine])
-        has = np.isfinite(err)
-        out, inside = has & sub.outside, has & ~sub.outside
+        finite = np.isfinite(err)  # not `has`: the loop's mask of every test flight stays as it is
+        out, inside = finite & sub.outside, finite & ~sub.outside
         per[str(name)] = {
             "frames": int(mine.sum()),
             "outside": int(sub.outside.sum()),
