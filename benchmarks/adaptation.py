@@ -1,4 +1,5 @@
-"""A few labels of the test flight: how much of the skill they recover, scored honestly, on each demo flight.
+"""A few labels of the test flight: how much of the skill they recover, scored honestly, on each demo flight;
+and whose intervals hold on a flight never seen.
 
     python benchmarks/adaptation.py      # writes benchmarks/results/adaptation.json (about 15 min on 2 cores)
     python benchmarks/adaptation.py --epochs 2 --seeds 42 --results /tmp/a.json   # a quick look
@@ -13,6 +14,12 @@ gap. The CPU budget of benchmarks/atmosphere.py: 6 epochs per fold, no cloud out
 Per N: the network's MAE and the best adapted baseline's, the mean over the flights of each seed, then their
 mean and spread over the seeds; how many flight-seeds call the network better, level or worse (the paired
 MAE difference over time blocks); the intervals' coverage. Per flight and seed, the whole curve.
+
+The intervals on each test flight (N = 0), two calibrations side by side: the fold's own (on its validation
+data drawn from its training flights, as a single run calibrates) and crossval's across flights (each flight's
+intervals calibrated on the other folds' test flights, the method chosen on them: what `predict --calibration
+CROSSVAL_DIR` carries into a run); per flight their coverage and whether it falls short of the 90% target by
+more than binomial noise.
 """
 
 from __future__ import annotations
@@ -39,7 +46,43 @@ LABELS = (10, 25, 50)
 def one_run(seed: int, epochs: int, warmup: int) -> dict:
     """One cross-validation with its adaptation curves: per flight, per N, what the summary reads."""
     setting = f"train.adaptation_labels=[{', '.join(map(str, LABELS))}]"
-    result, seconds, _ = demo_crossval(SCRATCH, f"adapt-{seed}", setting, seed, epochs, warmup)
+    result, seconds, run = demo_crossval(SCRATCH, f"adapt-{seed}", setting, seed, epochs, warmup)
+    return {
+        "seed": seed,
+        "seconds": seconds,
+        "flights": curves(result),
+        "intervals": interval_coverage(result, run),
+    }
+
+
+def interval_coverage(result: dict, run: Path) -> dict:
+    """Per test flight, the coverage of its fold's own intervals (calibrated on the fold's validation data,
+    as a single run's are: its evaluation.json) and of the intervals calibrated across the other folds' test
+    flights (crossval's, nested), with whether each falls short of the target beyond binomial noise."""
+    from cloudml_lib.science.report import short_of_target
+
+    target = result["intervals"]["coverage"]
+    nested = result["intervals"]["nested"]["per_flight"]
+    out = {}
+    for name in result["folds"]:
+        evaluation = json.loads((run / "folds" / name / "model" / "evaluation.json").read_text())
+        own = ((evaluation.get("intervals") or {}).get("per_flight") or {}).get(name) or {}
+        across = nested.get(name) or {}
+        out[name] = {
+            kind: {
+                "coverage": got.get("coverage"),
+                "mean_width_km": got.get("mean_width_km"),
+                "n": got.get("n"),
+                "short_beyond_noise": got.get("coverage") is not None
+                and short_of_target(got["coverage"], got["n"], target),
+            }
+            for kind, got in (("own_validation", own), ("across_flights", across))
+        }
+    return out
+
+
+def curves(result: dict) -> dict:
+    """Per test flight, its adaptation curve as the summary reads it."""
     flights = {}
     for name, record in result["adaptation"]["per_flight"].items():
         flights[name] = {
@@ -61,7 +104,7 @@ def one_run(seed: int, epochs: int, warmup: int) -> dict:
                 for p in record["curve"]
             ],
         }
-    return {"seed": seed, "seconds": seconds, "flights": flights}
+    return flights
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -88,6 +131,22 @@ def summarise(runs: list[dict]) -> dict:
             "best_baseline_mae_km": spread("best_baseline_mae_km"),
             "calls": {c: sum(p["call"] == c for p in flat) for c in ("better", "level", "worse")},
             "coverage": mean("coverage", flat),
+        }
+    return out
+
+
+def interval_summary(runs: list[dict]) -> dict:
+    """Per calibration: the mean coverage and width over flights and seeds, and the flight-seeds short of the
+    target beyond binomial noise."""
+    out = {}
+    for kind in ("own_validation", "across_flights"):
+        rows = [f[kind] for r in runs for f in r["intervals"].values() if f[kind]["coverage"] is not None]
+        out[kind] = {
+            "flight_seeds": len(rows),
+            "mean_coverage": float(np.mean([r["coverage"] for r in rows])) if rows else None,
+            "lowest_coverage": float(np.min([r["coverage"] for r in rows])) if rows else None,
+            "mean_width_km": float(np.mean([r["mean_width_km"] for r in rows])) if rows else None,
+            "short_beyond_noise": sum(r["short_beyond_noise"] for r in rows),
         }
     return out
 
@@ -120,10 +179,12 @@ def main() -> None:
         "adaptation": {"steps": ADAPT_STEPS, "anchor": ANCHOR, "gap_floor_frames": GAP_FLOOR_FRAMES},
         "seeds": seeds,
         "summary": summarise(runs),
+        "interval_target": 0.9,
+        "intervals": interval_summary(runs),
         "runs": runs,
         "seconds": time.perf_counter() - t0,
     }
-    Path(args.results).write_text(json.dumps(out, indent=1))
+    Path(args.results).write_text(json.dumps(out, indent=1, default=lambda v: v.item()))  # numpy scalars
     shutil.rmtree(SCRATCH, ignore_errors=True)
     print(f"wrote {args.results}")
 

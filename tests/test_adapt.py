@@ -57,11 +57,12 @@ def test_a_new_flight_is_adapted_on_its_first_labels_and_scored_after_the_gap(ne
     first, ten, many = got["curve"]
     assert first["network"] != ten["network"] != many["network"]  # the head moved
     assert first["baselines"]["mean"] != ten["baselines"]["mean"]  # the training mean became the flight's own
-    assert ten["intervals"] is None  # 10 labels cannot calibrate an interval: said
+    assert ten["intervals"]["calibrated_on"] == "the run's"  # 10 labels cannot calibrate an interval
+    assert many["intervals"]["calibrated_on"] == "the run's and the first 25 labels' out-of-fold"
     assert 0 <= many["intervals"]["coverage"] <= 1 and many["intervals"]["target"] == 0.9
     words = "\n".join(got["words"])
     assert f"scored on its {got['scored_labels']} labels" in words and "N = 25: network MAE" in words
-    assert "no interval (fewer than 20 labels" in words
+    assert "(calibrated on the run's and the first 25 labels' out-of-fold errors)" in words
 
 
 def test_the_scored_labels_move_no_weight(new_flight):
