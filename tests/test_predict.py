@@ -358,6 +358,10 @@ def test_the_brightness_temperature_flag_can_be_written_and_the_file_says_so(tin
     assert baseline["low"] is None or baseline["low"] < baseline["high"]
     with netCDF4.Dataset(path) as nc:
         assert nc.cloud_flag_source.startswith("the brightness-temperature baseline (window")
+        # its bounds in the units the IR files state (the demo's: kelvin, packed), not "the file's units"
+        assert baseline["units"] == "K" and f"{baseline['high']:g} stored (" in nc.cloud_flag_source
+        unpacked = baseline["high"] * baseline["scale"] + baseline["offset"]
+        assert f"{unpacked:.4g} K, by the file's scale_factor" in nc.cloud_flag_source
         assert nc["cloud_flag"].flag_meanings.split() == list(products.BT_MEANINGS)
         flag, cbh = nc["cloud_flag"][:], nc["cloud_base_height"][:]
         assert set(np.unique(flag.compressed())) <= {0, 1, 2} and (flag == 1).sum() > 10

@@ -92,6 +92,20 @@ def test_numbers_as_papers_report_them_with_the_effective_sample_size_of_correla
     ] == [0.1, 0.25]
     lines = "\n".join(paper_lines({"as_papers_report": rec}))
     assert f"about {r['effective_n']:.0f} independent heights of {n}" in lines
+    # the tolerances are settable (train.tolerances_km), and a wrong one is named
+    own = skill.as_papers_report(true_km, true_km + err[::-1], np.full(n, "F1"), frames, [0.05, 0.5])
+    assert own["tolerances_km"] == [0.05, 0.5] and set(own["mean_over_flights"]) == {
+        "median_ae_km",
+        "within_0.05_km",
+        "within_0.5_km",
+    }
+    assert own["per_flight"]["F1"]["within_0.5_km"] == pytest.approx(np.mean(np.abs(err) <= 0.5), abs=1e-3)
+    from cloudml_lib.base.config import load_config
+    from cloudml_lib.base.errors import ConfigError
+
+    assert load_config(None, ["train.tolerances_km=[0.5]"]).train.tolerances_km == [0.5]
+    with pytest.raises(ConfigError, match=r"train.tolerances_km: \[0, 1\] is not valid"):
+        load_config(None, ["train.tolerances_km=[0, 1]"])
 
 
 def test_intervals_short_of_their_target_beyond_chance_or_too_wide_are_said():
@@ -139,3 +153,46 @@ def test_the_cloud_verdict_sends_no_one_to_another_flag_on_a_difference_within_n
     said = cloud_verdict(report)
     assert report["cloud"]["accuracy_against"]["bt_threshold"]["call"] == "worse"
     assert "worse: accuracy" in said and "predict --cloud-flag bt_threshold" in said
+
+
+@pytest.mark.slow
+def test_a_test_flight_of_high_cloud_alone_is_said_so_and_scored_for_its_cloud_flag(
+    tiny_flights, tmp_path, logs_reach_caplog, caplog
+):
+    """Every CPL base of the test flight 5 km higher, above data.cbh_max_km: the run trains, its report says
+    the flight has no height label in the product's range (not the time-format advice) and scores its cloud
+    flag; the same flight as a training flight is refused, naming it."""
+    import shutil
+
+    import h5py
+    import yaml
+    from conftest import assert_reads_back, tiny_raw
+
+    import cloudml_lib as cml
+    from cloudml_lib.base.errors import DataError
+
+    root, entries = tiny_flights
+    data = tmp_path / "flights"
+    shutil.copytree(root, data)
+    with h5py.File(data / entries[2]["cpl_file"], "r+") as f:
+        bases = f["layer_descriptor/Layer_Base_Altitude"]
+        values = bases[...]
+        values[values > 0] += 5.0
+        bases[...] = values
+    raw = tiny_raw(data, entries, tmp_path / "cache")
+    raw["train"]["epochs"] = 1
+    raw["data"]["validation"] = [entries[1]["name"]]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    report = cml.fit(tmp_path / "c.yaml", tmp_path / "run").report()
+    name = entries[2]["name"]
+    assert report["no_height_label"] == [name] and report["overall"]["n"] == 0
+    assert report["verdict"].startswith(f"No height label on test flight {name}: every cloud base")
+    assert report["cloud"]["model"]["per_flight"][name]["n"] > 20  # its cloud flag scored
+    log = caplog.text  # the flights are read before the run's log is open
+    assert f"flight {name}: every cloud base the lidar measured while the camera recorded" in log
+    assert "above 2 km, 0 below 0.1 km" in log and "ir_time_format" not in log
+    assert "evaluation.json" in assert_reads_back(tmp_path / "run")
+    raw["data"].update(test_flights=[entries[0]["name"]], validation=[entries[1]["name"]])
+    (tmp_path / "c2.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(DataError, match=f"no usable height label: {name};.*can only be a test flight"):
+        cml.fit(tmp_path / "c2.yaml", tmp_path / "run2")

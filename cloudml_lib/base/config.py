@@ -514,6 +514,12 @@ class TrainConfig:
         absent="pooled",
         resume=NEW,
     )
+    tolerances_km: list = _f(
+        [0.1, 0.25],
+        "the report's shares of test heights within these distances (km) of the lidar's, as cloud-base "
+        "papers quote them (e.g. within 0.5 km)",
+        resume=NEW,
+    )
     adaptation_labels: list = _f(
         [10, 25, 50],
         "crossval's adaptation curve: for each test flight, its fold's network (its head) fine-tuned on the "
@@ -893,6 +899,29 @@ def _check_campaigns(campaigns, problems: list[str]) -> None:
             seen[flight] = str(name)
 
 
+def _check_report_lists(t: TrainConfig, problems: list[str]) -> None:
+    """train.tolerances_km and train.adaptation_labels: lists of numbers in their ranges."""
+    tol = t.tolerances_km
+    if not (
+        isinstance(tol, list)
+        and tol
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 20 for v in tol)
+    ):
+        problems.append(
+            f"train.tolerances_km: {shown(tol)} is not valid; expected a list of distances in km above 0 "
+            "and up to 20, e.g. [0.1, 0.25, 0.5]"
+        )
+    n = t.adaptation_labels
+    if not (
+        isinstance(n, list)
+        and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 10000 for k in n)
+    ):
+        problems.append(
+            f"train.adaptation_labels: {shown(n)} is not valid; expected a list of label counts from 1 to "
+            "10000, e.g. [10, 25, 50], or [] for no adaptation curve"
+        )
+
+
 def _check_settings(cfg: Config, problems: list[str]) -> None:
     """The label range, the DEM threshold, the model's channels, the losses, the batch and compile
     settings."""
@@ -917,15 +946,7 @@ def _check_settings(cfg: Config, problems: list[str]) -> None:
             "e.g. [64, 128, 256], or [] to follow model.memory_optimized"
         )
     _check_campaigns(d.campaigns, problems)
-    n = t.adaptation_labels
-    if not (
-        isinstance(n, list)
-        and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 10000 for k in n)
-    ):
-        problems.append(
-            f"train.adaptation_labels: {shown(n)} is not valid; expected a list of label counts from 1 to "
-            "10000, e.g. [10, 25, 50], or [] for no adaptation curve"
-        )
+    _check_report_lists(t, problems)
     if t.height_loss_weight == 0 and m.cloud_head != "joint":
         problems.append(
             f"train.height_loss_weight: 0 leaves nothing to train with model.cloud_head: {m.cloud_head} "

@@ -176,6 +176,7 @@ EVALUATION = Obj(
         "radiometry": RADIOMETRY,
         "atmosphere": ATMOSPHERE_SEEN,
         "inputs": INPUTS,
+        "no_height_label": ListOf(TEXT),  # test flights scored for their cloud flag alone
         "against_best": MapOf(
             Obj(
                 {"mae_difference_km": NUM, "interval_km": ListOf(NUM), "baseline": TEXT, "call": TEXT},

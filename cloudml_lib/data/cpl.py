@@ -412,6 +412,23 @@ def _read_cpl_datasets(path: Path, name: str, data: DataConfig) -> dict:
         }
 
 
+def _all_beyond_range(name: str, cpl: dict, matched: np.ndarray, data: DataConfig) -> str | None:
+    """Where every single-layer cloud base the lidar measured during the camera's recording lies outside
+    data.cbh_min_km..cbh_max_km (a flight of high cloud alone, say): that in words, else None."""
+    measured = matched & np.isfinite(cpl["t"]) & np.isfinite(cpl["height"]) & ~cpl["multi"]
+    above = measured & (cpl["height"] > data.cbh_max_km)
+    below = measured & (cpl["height"] < data.cbh_min_km)
+    if not measured.any() or (above | below).sum() < measured.sum():
+        return None
+    return (
+        f"flight {name}: every cloud base the lidar measured while the camera recorded "
+        f"({int(measured.sum())} profiles: {int(above.sum())} above {data.cbh_max_km:g} km, "
+        f"{int(below.sum())} below {data.cbh_min_km:g} km) lies outside the height product's range "
+        "(data.cbh_min_km..cbh_max_km): it has no height label. As a test flight it is scored for its cloud "
+        "flag alone; it cannot train or validate the height."
+    )
+
+
 def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     """Read, filter and match one flight's labels; frames stay on disk."""
     check_files(flight, data)
@@ -444,7 +461,11 @@ def read_flight_labels(flight: FlightConfig, data: DataConfig) -> FlightLabels:
     counts["cloud_labels"], counts["clear_sky"] = int(len(pick)), int((cloud == 0).sum())
     counts["multi_layer_profiles"] = cpl["multi_layer_profiles"]
     _say_counts(flight.name, counts, heading_note, data)
-    if counts["kept"] == 0:
+    beyond = _all_beyond_range(flight.name, cpl, matched, data) if counts["kept"] == 0 else None
+    if beyond and len(pick):  # the time matching worked: only the range removed every height
+        log.warning("%s", beyond)
+        counts["all_beyond_range"] = 1
+    elif counts["kept"] == 0:
         raise DataError(
             f"flight {flight.name}: no lidar label survives the filters and time matching ({counts}); time "
             f"spans: camera {_span(frame_t)}, lidar {_span(cpl['t'])}. Check data.ir_time_format, "

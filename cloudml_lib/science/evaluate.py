@@ -89,9 +89,10 @@ def test_report(
     test = data.test_set
     has = test.has_height()
     true_km, pred_km, flights = test.targets_km()[has], scored.height_km[has], test.flight_names()[has]
+    frames = test.frame_indices()[has]
     report = {
         "protocol": protocol(data.split),
-        **skill.height_scores(true_km, pred_km, flights, test.frame_indices()[has], trained.train_mean_km),
+        **skill.height_scores(true_km, pred_km, flights, frames, trained.train_mean_km),
         "train_mean_km": float(trained.train_mean_km),
         "best_epoch": int(trained.best_epoch),
         "training_label_range_km": list(trained.label_range),
@@ -109,11 +110,10 @@ def test_report(
     predicted["mean"] = np.full(int(has.sum()), float(trained.train_mean_km))  # the report's baseline
     report["baselines"] = baselines.compare_baselines(true_km, pred_km, flights, predicted, fitted.left_out)
     best = (report["baselines"].get("best") or {}).get("per_flight")
-    report["against_best"] = skill.against_best(
-        best, true_km, pred_km, flights, test.frame_indices()[has], predicted
-    )
+    report["against_best"] = skill.against_best(best, true_km, pred_km, flights, frames, predicted)
     report["own_mean_mae_km"] = skill.own_mean_mae(true_km, flights)
-    report["as_papers_report"] = skill.as_papers_report(true_km, pred_km, flights, test.frame_indices()[has])
+    tolerances = cfg.train.tolerances_km
+    report["as_papers_report"] = skill.as_papers_report(true_km, pred_km, flights, frames, tolerances)
     report["radiometry"] = radiometry_record(cfg, test)
     report["atmosphere"] = atmosphere_record(cfg, test)
     best = (report["baselines"]["best"] or {}).get("pooled")
@@ -126,7 +126,9 @@ def test_report(
     )
     report["inputs"] = inputs_record(trained.domain, test, scored.height_km)
     report["flight_verdicts"] = flight_verdicts(report)
-    report["verdict"] = verdict(report)
+    report["no_height_label"] = [c.name for c in test.caches if not c.has_height.any()]  # high cloud, say
+    report["verdict"] = " ".join(filter(None, [verdict(report), no_height_words(report["no_height_label"])]))
+    report["verdict"] = report["verdict"] or None
     report["out_of_bounds"] = bounds_count(pred_km, height_bounds_km(cfg.data))
     train_flags = {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()}
     window = cfg.data.cloud_flag == "base_in_range"
@@ -138,6 +140,17 @@ def test_report(
         seen = list(data.split.test) if data.split.legacy else calibration.get("flights") or []
         report["intervals"] = skill.interval_scores(true_km, pred_km, flights, calibration, seen)
     return report
+
+
+def no_height_words(flights: list[str]) -> str | None:
+    """The test flights without a height label in the product's range, in words; None where there are none."""
+    if not flights:
+        return None
+    return (
+        f"No height label on test flight{'s' * (len(flights) > 1)} {', '.join(flights)}: every cloud base "
+        "the lidar measured there lies outside the product's range (data.cbh_min_km..cbh_max_km), so the "
+        "height is not scored there; the cloud flag is."
+    )
 
 
 def inputs_record(record, test: CloudDataset, pred_km: np.ndarray) -> dict:

@@ -323,6 +323,10 @@ def keep_cloud_baseline(best: Path, data: EndData, cfg) -> None:
     --cloud-flag bt_threshold writes it); best.pt left as it is where it already holds the same."""
     train = {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()}
     fitted = {**fitted_baseline(train, cfg.data.cloud_flag == "base_in_range"), "flag": cfg.data.cloud_flag}
+    stated = {(c.radiometry.units, c.radiometry.scale, c.radiometry.offset) for c in data.frames.caches}
+    if len(stated) == 1:  # the numbers it thresholds are the IR files' stored ones: say what they are
+        ((units, scale, offset),) = stated
+        fitted.update(units=units, scale=float(scale), offset=float(offset))
     ckpt = load_checkpoint(best)
     if ckpt.get(Key.CLOUD_BASELINE) != fitted:
         ckpt[Key.CLOUD_BASELINE] = fitted

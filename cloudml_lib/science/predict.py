@@ -672,13 +672,31 @@ def flag_attributes(result: dict) -> dict:
         b = f.baseline or {}
         source = (
             f"the brightness-temperature baseline ({b.get('kind')} on frame_p10, the 10th percentile of the "
-            "raw "
-            f"frame in the IR file's units: {b.get('low')} to {b.get('high')}; None is open), fitted on the "
-            "training flights"
+            f"frame's stored values: {bt_bounds_words(b)}), fitted on the training flights"
         )
     else:
         source = f"the model (cloud probability at or above {f.threshold:g})"
     return {"cloud_flag_source": source, "cloud_flag_definition": products.flag_definition(f.definition)}
+
+
+def bt_bounds_words(b: dict) -> str:
+    """The brightness-temperature baseline's bounds in the IR files' stated units: "below 10520 stored
+    (285.2 K, by the file's scale_factor 0.01 and add_offset 180)", "below 285.2 K", or in the file's own
+    numbers where it states no units (or a run ended before the units were kept)."""
+
+    def one(v) -> str:
+        if v is None:
+            return "open"
+        units, scale, offset = b.get("units"), b.get("scale", 1.0), b.get("offset", 0.0)
+        if units in (None, "unstated"):
+            why = "it states no units" if units else "units not recorded by the CloudML that ended the run"
+            return f"{v:g} in the IR file's own numbers ({why})"
+        if (scale, offset) == (1.0, 0.0):
+            return f"{v:g} {units}"
+        unpacked = f"{v * scale + offset:.4g} {units}"
+        return f"{v:g} stored ({unpacked}, by the file's scale_factor {scale:g} and add_offset {offset:g})"
+
+    return f"from {one(b.get('low'))} to {one(b.get('high'))}"
 
 
 def write_csv(path: Path, result: dict) -> None:

@@ -75,9 +75,10 @@ def lag1(values: np.ndarray) -> float | None:
     return float((a * b).sum() / ((x - x.mean()) ** 2).sum())
 
 
-def as_papers_report(true_km, pred_km, flights, frames) -> dict:
+def as_papers_report(true_km, pred_km, flights, frames, tolerances_km=TOLERANCES_KM) -> dict:
     """Per test flight, what cloud-base papers quote beside R2 and MAE: the median absolute error, the share
-    of heights within each of TOLERANCES_KM, the lag-1 autocorrelation of the labels and of the residuals
+    of heights within each of `tolerances_km` (train.tolerances_km; TOLERANCES_KM by default), the lag-1
+    autocorrelation of the labels and of the residuals
     (in time order) and the effective sample size of the residuals, n (1 - r) / (1 + r) for their lag-1
     autocorrelation r (AR(1); n where r <= 0); then the mean over the flights, with how many stand behind
     it."""
@@ -90,7 +91,7 @@ def as_papers_report(true_km, pred_km, flights, frames) -> dict:
         r = lag1(err)
         per[str(name)] = {
             "median_ae_km": float(np.median(np.abs(err))),
-            **{f"within_{tol:g}_km": float((np.abs(err) <= tol).mean()) for tol in TOLERANCES_KM},
+            **{f"within_{tol:g}_km": float((np.abs(err) <= tol).mean()) for tol in tolerances_km},
             "lag1_labels": lag1(t),
             "lag1_residuals": r,
             "n": int(err.size),
@@ -98,10 +99,10 @@ def as_papers_report(true_km, pred_km, flights, frames) -> dict:
             if r is not None and r > 0
             else float(err.size),
         }
-    keys = ["median_ae_km", *(f"within_{tol:g}_km" for tol in TOLERANCES_KM)]
+    keys = ["median_ae_km", *(f"within_{tol:g}_km" for tol in tolerances_km)]
     mean = {k: float(np.mean([v[k] for v in per.values()])) for k in keys} if per else {}
     return {
-        "tolerances_km": list(TOLERANCES_KM),
+        "tolerances_km": [float(t) for t in tolerances_km],
         "per_flight": per,
         "mean_over_flights": mean,
         "flights": len(per),
