@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from cloudml_lib.data.domain import Domain, inputs_of, names_of, recorded
+from cloudml_lib.data.domain import MIN_DISTANCE, Domain, inputs_of, names_of, recorded
 
 RNG = np.random.default_rng(7)
 
@@ -72,6 +72,10 @@ def test_a_missing_input_is_not_judged_and_the_record_reads_back_checked():
     bad["precision"] = bad["precision"][:-1]
     found, why = recorded(bad)
     assert found is None and "precision matrix is not 15 x 15" in why
+    # training samples all alike (their distances 0): a threshold of at least MIN_DISTANCE, a record that
+    # reads back (a threshold of 0 once read as damaged)
+    alike = Domain.fit(np.ones((5, 3)), ["a", "b", "c"], ["1", "1", "1"], ["f"])
+    assert alike.threshold == MIN_DISTANCE and recorded(alike.to_dict())[1] == ""
 
 
 def shifted_flight(data: str, entries: list, name: str, dest, kelvin: float):

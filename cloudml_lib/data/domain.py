@@ -38,6 +38,7 @@ ANGLES = ("solar_zenith_angle", "sun_azimuth_sine", "sun_azimuth_cosine")
 MARGIN_SHARE = 0.1  # of an input's training span, on each side
 MARGIN_FLOOR = {"degree": 2.0, "1": 0.05, "K": 0.5}  # about what the input is measured to (else 0)
 DISTANCE_FACTOR = 1.25  # a frame is outside beyond this times the largest training sample's distance
+MIN_DISTANCE = 1.0  # and never within one standard deviation (training samples all alike: their distances 0)
 NAMED = 3  # the inputs a flight's sentence names at most
 
 # (what the input is, in words; the word for a value above and below every training sample's)
@@ -138,7 +139,8 @@ class Domain:
         d = _mahalanobis(z, precision)
         return cls(
             list(names), list(units), low, high, margin, mean, std, precision,
-            float(DISTANCE_FACTOR * d.max()) if d.size else float("inf"), int(len(values)), list(flights),
+            max(float(DISTANCE_FACTOR * d.max()), MIN_DISTANCE) if d.size else float("inf"), int(len(values)),
+            list(flights),
         )  # fmt: skip
 
     def judge(self, values: np.ndarray) -> Judged:
