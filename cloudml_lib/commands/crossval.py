@@ -720,11 +720,14 @@ def started_settings(run_dir: Path) -> dict:
     return {}
 
 
-def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=None, parallel=1) -> dict:
+def crossval(
+    cfg: Config, folder: RunFolder | str | Path, controls=True, dist=None, parallel=1, adapt=True
+) -> dict:
     """Every fold (resuming an unfinished one, skipping finished ones), then the summary files. `folder`: the
     cross-validation's (a path is taken as one); each fold's model is a RunFolder in it. `dist`: a process
     group the caller owns (a sweep's; left open), else torchrun's own, closed at the end. `parallel`: folds
-    trained at once on this machine, one worker process each (trialpool.py)."""
+    trained at once on this machine, one worker process each (trialpool.py). `adapt`: the adaptation curves
+    (train.adaptation_labels; a sweep's trials leave them out: they choose nothing)."""
     folder = RunFolder.of(folder)
     run_dir = folder.path
     folder.check_kind(CROSSVAL, trains=True, command="crossval")
@@ -771,7 +774,9 @@ def crossval(cfg: Config, folder: RunFolder | str | Path, controls=True, dist=No
         **summarise(folds),
         "warnings": [w for f in folds.values() for w in f["warnings"]],
     }
-    across_folds(cfg, run_dir, names, started, result)
+    across_folds(
+        cfg if adapt else derive(cfg, {"train.adaptation_labels": []}), run_dir, names, started, result
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "crossval.json", json.dumps(json_safe(result), indent=1))
     write_text(run_dir / "crossval.md", format_markdown(result))

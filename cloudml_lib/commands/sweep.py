@@ -349,7 +349,7 @@ def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: 
     if space.objective == "crossval":
         from cloudml_lib.commands.crossval import crossval
 
-        result = crossval(cfg, trial_dir, controls=False, dist=dist)
+        result = crossval(cfg, trial_dir, controls=False, dist=dist, adapt=False)
         return dist.from_main(crossval_value(result, space.metric) if dist.is_main else None)
     from cloudml_lib.commands.runs import run_to_end
     from cloudml_lib.core.run.folder import RunFolder
