@@ -30,7 +30,7 @@ def new_flight(shared_tiny_run, tmp_path_factory):
     run, data, _ = shared_tiny_run
     tmp = tmp_path_factory.mktemp("adapt")
     made = make_demo_flights(
-        tmp / "made", n_flights=2, seed=9, frames_per_flight=1000, frame_shape=(40, 48),
+        tmp / "made", n_flights=2, seed=9, frames_per_flight=600, frame_shape=(40, 48),
         dates=[dt.date(2025, 4, 1), dt.date(2025, 4, 3)],
     )  # fmt: skip
     flights = tmp / "flights"
@@ -39,6 +39,7 @@ def new_flight(shared_tiny_run, tmp_path_factory):
     return run, flights, made[0]["name"]
 
 
+@pytest.mark.slow
 def test_a_new_flight_is_adapted_on_its_first_labels_and_scored_after_the_gap(new_flight):
     run, flights, name = new_flight
     got = cml.adapt(run, name, labels=[10, 25], data_dir=flights)
@@ -65,6 +66,7 @@ def test_a_new_flight_is_adapted_on_its_first_labels_and_scored_after_the_gap(ne
     assert "(calibrated on the run's and the first 25 labels' out-of-fold errors)" in words
 
 
+@pytest.mark.slow
 def test_the_scored_labels_move_no_weight(new_flight):
     """The heads fine-tuned at each N are the same when the scored part's labels are shuffled, and not when
     an adaptation label changes: nothing is chosen or fitted on what is scored."""

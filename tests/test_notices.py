@@ -281,6 +281,25 @@ def test_the_crossval_view_shows_the_fold_its_curves_and_a_truthful_end(tmp_path
     assert "Cross-validation stopped in fold 2 of 3" in capsys.readouterr().out
 
 
+def test_the_crossval_view_names_a_campaign_fold(tmp_path):
+    """data.fold_by campaign: the view reads crossval's own list of campaigns and names the one held out."""
+    import ipywidgets  # noqa: F401
+
+    from cloudml_lib.commands.crossval import fold_words
+
+    view = live.LiveView(None, folds=tmp_path / "cv")
+    groups = {"GLOVE2025": ["01Mar25", "03Mar25"], "WHYMSIE2024": ["05Mar25"]}
+    view.line(f"Cross-validation {fold_words(groups)}")
+    view.line(
+        "Fold WHYMSIE2024: its flights 05Mar25 are the test flights; training and validating on the others"
+    )
+    assert view.fold_words() == "fold 2 of 2 (test campaign WHYMSIE2024)"
+    flights = live.LiveView(None, folds=tmp_path / "cv2")
+    flights.line(f"Cross-validation {fold_words({'01Mar25': ['01Mar25'], '03Mar25': ['03Mar25']})}")
+    flights.line("Fold 03Mar25: 03Mar25 is the test flight; training and validating on the other flights")
+    assert flights.fold_words() == "fold 2 of 2 (test flight 03Mar25)"
+
+
 def test_a_finished_command_without_epochs_never_says_no_epoch_finished(tmp_path):
     import ipywidgets  # noqa: F401
 

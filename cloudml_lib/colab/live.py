@@ -52,8 +52,9 @@ NOTICE = re.compile(
 PROBLEM_LINE = re.compile(rf"^{re.escape(PROBLEM_WORD)}")
 WARNING_LINE = re.compile(rf"^(?:{re.escape(WARNING_WORD)}|warning: |\S+:\d+: \w*Warning: )")
 EPOCH = re.compile(r"^Epoch \d+/\d+ \|")
-FOLD = re.compile(r"^Fold (\w+):")  # crossval.py, as each fold starts
-FOLDS = re.compile(r"^Cross-validation over \d+ flights, each the test flight once: (.+)$")  # crossval.py
+FOLD = re.compile(r"^Fold ([^\s:]+):")  # crossval.py, as each fold starts
+# crossval.py's list of folds: flights, or campaigns (data.fold_by campaign: "NAME (FLIGHT, ...); ...")
+FOLDS = re.compile(r"^Cross-validation over \d+ (flights|campaigns), each [^:]*: (.+)$")
 LOG_LINES, NOTICES = 400, 8
 # Advice written for a terminal, in the notebook's words (the command runs under a cell and a picker)
 NOTEBOOK_WORDS = [
@@ -158,7 +159,7 @@ class LiveView:
 
         self.run_dir, self.folds, self.started = run_dir, folds, time.time()
         self.metrics_path = None if run_dir is None else RunFolder(run_dir).metrics
-        self.fold, self.fold_names, self.folds_seen = None, [], []
+        self.fold, self.fold_names, self.folds_seen, self.fold_kind = None, [], [], "flight"
         self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="55%"))
         self.label = w.HTML("starting...")
         self.status = w.HTML()
@@ -200,7 +201,9 @@ class LiveView:
         bar and curves)."""
         listed, started = FOLDS.match(text), FOLD.match(text)
         if listed:
-            self.fold_names = [n.strip() for n in listed.group(1).split(",")]
+            self.fold_kind = "campaign" if listed.group(1) == "campaigns" else "flight"
+            parts = listed.group(2).split("; " if self.fold_kind == "campaign" else ",")
+            self.fold_names = [n.split(" (")[0].strip() for n in parts]
         if started:
             self.fold = started.group(1)
             if self.fold not in self.folds_seen:
@@ -215,7 +218,7 @@ class LiveView:
         names = self.fold_names or self.folds_seen
         of = f" of {len(self.fold_names)}" if self.fold_names else ""
         k = names.index(self.fold) + 1 if self.fold in names else len(self.folds_seen)
-        return f"fold {k}{of} (test flight {self.fold})"
+        return f"fold {k}{of} (test {self.fold_kind} {self.fold})"
 
     def refresh(self) -> None:
         p, fold = self.progress, html.escape(self.fold_words())

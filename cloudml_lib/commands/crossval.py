@@ -189,9 +189,9 @@ def fold_warnings(flight: str, result: dict, train_km: np.ndarray, val_km: np.nd
 def fold_words(groups: dict[str, list[str]]) -> str:
     """The folds in words: each flight the test flight once, or each campaign's flights held out together."""
     if all([name] == flights for name, flights in groups.items()):
-        return f"{len(groups)} flights, each the test flight once: {', '.join(groups)}"
+        return f"over {len(groups)} flights, each the test flight once: {', '.join(groups)}"
     return (
-        f"{len(groups)} campaigns, each held out with all its flights (validation from the others): "
+        f"over {len(groups)} campaigns, each held out with all its flights (validation from the others): "
         + "; ".join(f"{name} ({', '.join(flights)})" for name, flights in groups.items())
     )
 
@@ -199,7 +199,14 @@ def fold_words(groups: dict[str, list[str]]) -> str:
 def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dict | None = None) -> dict:
     fold_dir = Path(run_dir) / "folds" / held
     model_cfg = fold_config(cfg, held, started=started)
-    log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
+    if model_cfg.data.test_flights == [held]:
+        log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
+    else:
+        log.info(
+            "Fold %s: its flights %s are the test flights; training and validating on the other campaigns",
+            held,
+            ", ".join(model_cfg.data.test_flights),
+        )
     report = train_run(model_cfg, RunFolder(fold_dir / "model"), dist=SINGLE)  # one process per fold
     result = {"model": report["overall"], "mean": report["baseline"]}
     if controls:
@@ -451,10 +458,16 @@ def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dic
     says why (`error`)."""
     from cloudml_lib.core.run.checkpoint import Key
     from cloudml_lib.data.dataset import CloudDataset, Scalers, flag_range
-    from cloudml_lib.science.adapt import curve_words, flight_curve
+    from cloudml_lib.science.adapt import curve_words, flight_curve, too_few
     from cloudml_lib.science.evaluate import load_run_model
 
     model = RunFolder(Path(run_dir) / "folds" / held / "model")
+    counts = {
+        f: (m or {}).get("n") for f, m in ((model.files.evaluation() or {}).get("per_flight") or {}).items()
+    }
+    short = {f: too_few(n, cfg.train.adaptation_labels) for f, n in counts.items() if isinstance(n, int)}
+    if counts and all(short.get(f) for f in counts):  # no flight of the fold can show any N: nothing to load
+        return {f: {**r, "words": curve_words(f, r)} for f, r in short.items()}
     try:
         rm = load_run_model(model, command="crossval")
     except CloudMLError as e:
@@ -519,7 +532,7 @@ def format_markdown(result: dict) -> str:
         "",
         protocol_words(result.get("protocol")),
         "",
-        *([f"Folds: {result['held_out']}.", ""] if result.get("fold_by") == "campaign" else []),
+        *([f"Cross-validation {result['held_out']}.", ""] if result.get("fold_by") == "campaign" else []),
         "Each flight is the test flight of one fold; metrics in km on that flight (model: R2, MAE with its "
         "95% "
         "interval over time blocks, RMSE, bias, std(pred)/std(true), n; beside it the R2 and MAE of the "
@@ -752,7 +765,7 @@ def crossval(
         started = started_settings(run_dir)
         # started by CloudML 0.2, or a trial of a sweep it started: its protocol throughout
         legacy = LEGACY_VALIDATION in (started.get("data.validation"), cfg.data.validation)
-        log.info("Cross-validation: %s", fold_words(groups))
+        log.info("Cross-validation %s", fold_words(groups))  # the notebook's view reads it (colab/live.py)
         if legacy:
             log.info("%s", protocol_words(LEGACY_VALIDATION))
         if workers.active:

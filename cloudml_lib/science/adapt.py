@@ -158,6 +158,22 @@ def plan(frames: np.ndarray, ns: list[int], gap: int) -> tuple[list[int], int, d
     return [], 0, left
 
 
+def too_few(labels: int, ns: list[int]) -> dict | None:
+    """Each N a flight of `labels` labels cannot show even before its gap (N to adapt on and MIN_SCORED to
+    score), as curve's record says it; None where some N might fit (the gap decides: plan)."""
+    wanted = sorted({int(n) for n in ns if n > 0})
+    if not wanted or labels >= wanted[0] + MIN_SCORED:
+        return None
+    why = (
+        f"the flight has {labels} labels: {{n}} to adapt on and {MIN_SCORED} to score need {{need}} at least"
+    )
+    return {
+        "labels": int(labels),
+        "left_out": {str(n): why.format(n=n, need=n + MIN_SCORED) for n in wanted},
+        "curve": [],
+    }
+
+
 def interval_calibration(model, scalers, lab: Labelled, n: int, run: tuple):
     """A calibration (intervals.calibrate) from the out-of-fold errors of the first `n` labels: each of FOLDS
     runs in time predicted by the head fine-tuned on the others; None below intervals.MIN_CALIBRATION."""
