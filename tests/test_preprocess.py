@@ -283,6 +283,32 @@ def test_a_machine_that_cannot_start_processes_preprocesses_in_this_one(tiny_con
     np.testing.assert_array_equal(np.concatenate([b.frames for b in blocks]), np.stack(serial))
 
 
+def test_a_frozen_worker_is_stopped_and_its_frames_are_preprocessed_here(tiny_config, monkeypatch, caplog):
+    """A worker that sends nothing (SIGSTOP: what a hung read or a deadlock looks like) is no wait for ever:
+    past the limit the workers are killed, said, and the flight's frames come from this process, the same."""
+    monkeypatch.setattr(preprocess, "NO_REPLY_S", 1.0)
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
+    data = tiny_config.data
+    flight = data.flights[0]
+    index = np.arange(130)
+    where = (Path(data.dir) / flight.ir_file, data.keys.ir_signal, flight.name)
+    with FramePool(2) as pool:
+        assert len(list(pool.blocks(*where, index[:64], preprocess.FrameSpec.of(data), SKIMAGE))) == 2
+        procs = list(pool._procs)  # both have answered (their imports done): only a frozen one is late now
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        blocks = list(pool.blocks(*where, index, preprocess.FrameSpec.of(data), SKIMAGE))
+        assert pool.workers == 0 and not pool._procs
+    assert all(not p.is_alive() for p in procs)  # the frozen one too: nothing left behind
+    assert f"preprocessing worker process {procs[1].pid} sent no block of frames in 1 s" in caplog.text
+    assert "data.preprocess_workers: 0" in caplog.text
+    serial = [
+        preprocess_frame(raw, data)[0].astype(np.float16)
+        for raw in _raw(Path(data.dir) / flight.ir_file, index)
+    ]
+    np.testing.assert_array_equal(np.concatenate([b.index for b in blocks]), index)
+    np.testing.assert_array_equal(np.concatenate([b.frames for b in blocks]), np.stack(serial))
+
+
 def test_the_progress_bar_counts_each_frame_once_as_the_blocks_arrive(tiny_config, tmp_path, monkeypatch):
     bars = []
 

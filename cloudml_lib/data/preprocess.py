@@ -64,6 +64,10 @@ KORNIA_CLIP_SCALE = (
 )
 KORNIA_GRID = (8, 8)  # scikit-image's default kernel is 1/8 of each side: 8 x 8 tiles
 WORKER_NICENESS = 10
+# How long the main process waits for a worker's next block (~0.6 s of work; far more on a loaded machine or
+# a slow Drive read) before it takes the worker for frozen (a hung read, a deadlock, SIGSTOP): the workers are
+# stopped and the rest of the flight is preprocessed in the main process, said. Never a wait for ever.
+NO_REPLY_S = 300.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -385,7 +389,7 @@ class FramePool:
             return
         n = len(self._procs)
         depth = max(2 * n, math.ceil(ahead / BLOCK_FRAMES) + n)  # blocks in flight, all workers together
-        sent = 0
+        sent, frozen = 0, None
         try:
             for k in range(len(chunks)):
                 while sent < len(chunks) and sent - k < depth:
@@ -395,14 +399,35 @@ class FramePool:
                         raise self._died(sent % n, where[2]) from None
                     self.submitted += len(chunks[sent])
                     sent += 1
-                yield self._receive(k % n, where[2])
+                block = self._receive(k % n, where[2])
+                if block is None:  # a frozen worker (stopped now, said): the rest in this process
+                    frozen = k
+                    break
+                yield block
         except BaseException:
             self.close(kill=True)  # Ctrl-C, SIGTERM, an error, or the consumer stopping early
             raise
+        for chunk in chunks[frozen:] if frozen is not None else []:
+            yield read_block(*where, chunk, spec, equalise)
 
-    def _receive(self, i: int, flight: str) -> Block:
+    def _receive(self, i: int, flight: str) -> Block | None:
+        """Block i's result; None (the workers stopped, said) where its worker sent nothing in NO_REPLY_S."""
         pipe, proc = self._pipes[i], self._procs[i]
-        mp_connection.wait([pipe, proc.sentinel])
+        if not mp_connection.wait([pipe, proc.sentinel], timeout=NO_REPLY_S):
+            log.warning(
+                "flight %s: preprocessing worker process %d sent no block of frames in %.0f s (a hung read "
+                "of the file, or the process frozen); the workers are stopped and the rest of this flight is "
+                "preprocessed in this process (slower; nothing is lost). Set data.preprocess_workers: 0 to "
+                "preprocess in this process from the start.",
+                flight,
+                proc.pid,
+                NO_REPLY_S,
+            )
+            for p in self._procs:
+                p.kill()  # SIGKILL: a stopped process takes no SIGTERM until it is continued
+            self.close(kill=True)
+            self.workers = 0
+            return None
         try:
             if not pipe.poll():
                 raise EOFError
