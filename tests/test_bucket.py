@@ -153,6 +153,12 @@ def test_a_url_is_checked_when_the_config_is_built_and_kept_as_written(monkeypat
         build_config({"data": {"cache_copy_dir": "nosuch://bucket/cache"}})
     with pytest.raises(ConfigError, match=r"data.cache_dir: 'memory://b/c' is a URL, but .* a folder"):
         build_config({"data": {"cache_dir": "memory://b/c"}})
+    with pytest.raises(ConfigError) as e:  # fsspec's local store makes no folders: refused before anything
+        build_config({"data": {"cache_copy_dir": "file:///tmp/copies"}})
+    assert "'file:///tmp/copies' names a folder on this machine as a URL; write the folder itself: " in str(
+        e.value
+    )
+    assert str(e.value).rstrip().endswith("data.cache_copy_dir: /tmp/copies")
 
 
 def test_a_stored_config_whose_bucket_package_is_missing_builds_the_cache(tiny_config, caplog, monkeypatch):

@@ -103,6 +103,14 @@ def test_flight_lists_are_checked(tiny_raw_config):
     assert "data.flights[0].nav_file: missing" in msg
 
 
+@pytest.mark.parametrize("name", ["../x", "/tmp/x", "..", "a\\b"])
+def test_a_flight_name_is_a_plain_name_never_a_path(tiny_raw_config, name):
+    """A flight's name names its cache folder: '../x' or an absolute path would write beyond the cache."""
+    tiny_raw_config["data"]["flights"][1]["name"] = name
+    with pytest.raises(ConfigError, match=r"data.flights\[1\].name: .* is not a plain name"):
+        build_config(tiny_raw_config)
+
+
 def test_a_random_split_is_never_the_default(tiny_raw_config):
     from cloudml_lib.data.flights import resolve_flights
 

@@ -164,6 +164,25 @@ def test_epoch_times_survive_strays_and_say_which_format(tmp_path, caplog, monke
     assert "IR times read as Unix epoch seconds (detected); 3 unusable values" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        (lambda t: t[::-1].copy(), "0 repeat the time before and 19 run backwards (first: frame 1 at"),
+        (lambda t: np.r_[t[:8], t[7], t[9:]], "1 repeat the time before and 0 run backwards (first: frame 8"),
+    ],
+)
+def test_frame_times_that_repeat_or_run_backwards_are_refused_by_name(tmp_path, edit, said):
+    """Frames whose times run backwards would get the mirror-image frames' lidar heights: refused, naming the
+    file, its time key and the first offending frame (stray fill values apart, as the test above shows)."""
+    t = edit(MIDNIGHT + T0 + np.arange(20, dtype=float))
+    with pytest.raises(DataError) as e:
+        labels_for(tmp_path, write_flight(tmp_path, ir_time=t))
+    msg = str(e.value)
+    where = f"flight 10Feb25: {tmp_path / NAMES['ir']} 'Time/TimeUTC'"
+    assert msg.startswith(f"{where}: the frames' times do not increase: ")
+    assert said in msg and "data.flights" in msg
+
+
 def test_time_format_detection_and_midnight_wrap():
     sod = np.array([86398.0, 86399.0, 0.0, 1.0])
     t, fmt, bad = times.to_epoch_seconds(sod, "auto", DATE, "test")

@@ -50,8 +50,13 @@ def url_problem(key: str, url: str, packages: bool = True) -> str | None:
         )
     if not url[len(scheme) + 3 :].strip("/"):
         return f"{key}: {shown(url)} names no bucket; give e.g. {scheme}://BUCKET/cloudml/cache"
-    if not packages:
+    if not packages:  # a stored run's config: read as it was written
         return None
+    if scheme in ("file", "local"):  # fsspec's local store makes no folders: no copy would ever be made
+        return (
+            f"{key}: {shown(url)} names a folder on this machine as a URL; write the folder itself: "
+            f"{key}: {url[len(scheme) + 3 :] or '/'}"
+        )
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError:

@@ -819,6 +819,12 @@ def _check_flights(d: DataConfig, problems: list[str]) -> None:
                 problems.append(
                     f"data.flights[{i}].{name}: missing; each flight needs name, " + ", ".join(roles)
                 )
+        if isinstance(flight.name, str) and flight.name and not plain_name(flight.name):
+            problems.append(
+                f"data.flights[{i}].name: {shown(flight.name)} is not a plain name: a flight's name "
+                "names its cache folder and its files, so it holds no '/' or '\\' and is not '.' or '..' "
+                "(e.g. 10Feb25)"
+            )
         flights.append(flight)
     d.flights = flights
     if isinstance(d.validation, list) and not all(isinstance(v, str) for v in d.validation):
@@ -863,6 +869,11 @@ def _check_frames(d: DataConfig, problems: list[str]) -> None:
                 else f", e.g. [{s[0]}, {s[0] + MIN_FRAME_SIDE}]"
             )
         )
+
+
+def plain_name(name: str) -> bool:
+    """A name that is one folder's name and no path: no separator, not '.' or '..', no NUL."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a fold's folder is named after it

@@ -59,6 +59,24 @@ def check_files(flight: FlightConfig, data: DataConfig) -> None:
         )
 
 
+def check_increasing(frame_t: np.ndarray, where: str) -> None:
+    """The frames' times must increase (unusable values, NaN here, apart): a file whose times repeat or run
+    backwards is refused by name, as lidar heights matched by time would attach to the wrong frames."""
+    usable = np.flatnonzero(np.isfinite(frame_t))
+    steps = np.diff(frame_t[usable])
+    bad = np.flatnonzero(steps <= 0)
+    if bad.size == 0:
+        return
+    i, j = usable[bad[0]], usable[bad[0] + 1]
+    raise DataError(
+        f"{where}: the frames' times do not increase: {int((steps == 0).sum())} repeat the time before and "
+        f"{int((steps < 0).sum())} run backwards (first: frame {j} at {frame_t[j]:.3f} s after frame {i} at "
+        f"{frame_t[i]:.3f} s). Lidar heights matched by time would attach to the wrong frames. Check the "
+        "file (a merged or re-ordered export?) and replace it with one whose times increase, or leave the "
+        "flight out (data.flights)."
+    )
+
+
 def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[np.ndarray, int, int, int]:
     """Epoch time per frame (NaN where unusable) and the raw frame shape."""
     k, name = data.keys, flight.name
@@ -96,6 +114,7 @@ def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[n
         )
         raw_t = raw_t[:n_frames]
     frame_t, fmt, n_bad = to_epoch_seconds(raw_t, data.ir_time_format, flight_date(flight), where)
+    check_increasing(frame_t, where)
     how = "detected" if data.ir_time_format == "auto" else "set by data.ir_time_format"
     log.info(
         "flight %s: IR times read as %s (%s)%s",
