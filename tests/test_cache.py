@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 
 import numpy as np
@@ -8,6 +9,7 @@ from conftest import preprocess_frame
 from cloudml_lib.base.config import build_config
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data.cache import build_windows, load_caches, load_flight_cache
+from cloudml_lib.data.cachefiles import verify_cache
 
 
 def test_windows_edge_policies():
@@ -142,23 +144,54 @@ def test_cache_copy_is_written_and_copied_back_instead_of_rebuilt(tiny_config, t
     assert load_flight_cache(flight, data).source == "reused"
 
 
-def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path):
+def _flip_a_byte(path):
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF  # same size, one byte changed
+    path.write_bytes(bytes(raw))
+
+
+def _heights_a_km_higher(path):
+    """A samples.npz that reads well: every height shifted by 1 km (what no size or format check sees)."""
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["cbh_km"] = arrays["cbh_km"] + 1.0
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+@pytest.mark.parametrize(
+    "name, tamper", [("frames.npy", _flip_a_byte), ("samples.npz", _heights_a_km_higher)]
+)
+def test_a_corrupted_cache_copy_is_rebuilt_not_used(tiny_config, tmp_path, name, tamper):
     data, flight = tiny_config.data, tiny_config.data.flights[0]
     data.cache_copy_dir = str(tmp_path / "drive_cache")
     built = load_flight_cache(flight, data)
-    expected = np.load(built.path / "frames.npy")
-    copy = tmp_path / "drive_cache" / built.path.name / "frames.npy"
-    raw = bytearray(copy.read_bytes())
-    raw[-3] ^= 0xFF  # same size, one byte changed
-    copy.write_bytes(bytes(raw))
+    expected = (built.path / name).read_bytes()
+    copy = tmp_path / "drive_cache" / built.path.name / name
+    tamper(copy)
     import shutil
 
     shutil.rmtree(built.path)
     again = load_flight_cache(flight, data)
     assert again.source == "built"
-    np.testing.assert_array_equal(np.load(again.path / "frames.npy"), expected)
-    assert copy.read_bytes() == (again.path / "frames.npy").read_bytes()  # the copy is repaired too
+    assert (again.path / name).read_bytes() == expected == copy.read_bytes()  # the copy is repaired too
     assert not list(built.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"
+
+
+def test_a_cache_whose_samples_changed_is_rebuilt(tiny_config, caplog, monkeypatch):
+    """samples.npz holds the labels the network learns: one changed since its build is never trained on."""
+    monkeypatch.setattr(logging.getLogger("cloudml_lib"), "propagate", True)
+    flight = tiny_config.data.flights[0]
+    cache = load_flight_cache(flight, tiny_config.data)
+    heights = cache.cbh_km.copy()
+    _heights_a_km_higher(cache.path / "samples.npz")
+    assert verify_cache(cache) == (
+        f"flight {flight.name}: the preprocessing cache {cache.path} is corrupt: samples.npz no longer "
+        "matches the checksum recorded when it was built (bit rot on the disk, or a damaged copy)"
+    )
+    again = load_flight_cache(flight, tiny_config.data)
+    assert again.source == "built" and "samples.npz no longer matches the checksum" in caplog.text
+    np.testing.assert_array_equal(again.cbh_km, heights)
 
 
 def _blank_some_frames(tmp_path, which, value):

@@ -61,8 +61,10 @@ from cloudml_lib.data.cachefiles import (
     make_temporary,
     put_in_place,
     remove_stale_builds,
+    sha256_of,
     stored_copy,
     temporary,
+    unlike_recorded,
     upload_flight_cache,
     write_frames,
 )
@@ -270,6 +272,8 @@ class FlightCache:
 
 def _open(path: Path) -> FlightCache:
     meta = read_json(path / "meta.json", CACHE_META, CACHE_META_LIMIT)  # Damaged: the cache is rebuilt
+    if unlike_recorded(meta, "samples.npz", sha256_of(path / "samples.npz")):  # labels, angles, statistics
+        raise DataError(f"cache {path}: samples.npz no longer matches the checksum recorded at its build")
     arrays = np.load(path / "samples.npz")
     store = FrameStore(path / "frames.npy")
     expected = store.offset + store.frame_bytes * store.shape[0]
@@ -357,6 +361,7 @@ def _build_into(
         radiometry={**written.radiometry._asdict(), "statistics": list(STAT_NAMES)},
         files=files(),
         bytes=int((tmp / "frames.npy").stat().st_size),
+        samples_sha256=sha256_of(tmp / "samples.npz"),
         preprocess={
             "backend": backend.name,
             "device": backend.device,

@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 
 COPY_CHUNK = 16 << 20
 DATA_FILES = ("samples.npz", "frames.npy")  # a copy's files before its meta.json, which marks it complete
+# meta.json's checksum of each data file (samples.npz's since 0.3.1: a cache built before has frames' alone)
+RECORDED = {"frames.npy": "frames_sha256", "samples.npz": "samples_sha256"}
+
+
+def unlike_recorded(meta: dict, name: str, sha: str) -> bool:
+    """Whether data file `name`'s sha256 differs from the one its meta.json recorded (none recorded: no)."""
+    expected = meta.get(RECORDED[name])
+    return isinstance(expected, str) and sha != expected
 
 
 def write_frames(path: Path, shape: tuple, blocks, bar) -> Written:
@@ -156,21 +164,19 @@ def sha256_of(path: Path) -> str:
 
 
 def verify_cache(cache) -> str | None:
-    """None if frames.npy still matches the checksum recorded when it was built; otherwise why not."""
-    expected = cache.meta.get("frames_sha256")
-    try:
-        actual = sha256_of(cache.frames.path)
-    except OSError as e:
-        return (
-            f"flight {cache.name}: cannot read the preprocessing cache "
-            f"{cache.frames.path} ({e.strerror or e})"
-        )
-    if expected and actual != expected:
-        return (
-            f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: frames.npy no longer "
-            "matches "
-            "the checksum recorded when it was built (bit rot on the disk, or a damaged copy)"
-        )
+    """None if frames.npy (and samples.npz, where recorded) still match the checksums recorded when the cache
+    was built; otherwise why not."""
+    for name in DATA_FILES:
+        path = Path(cache.path) / name
+        try:
+            actual = sha256_of(path)
+        except OSError as e:
+            return f"flight {cache.name}: cannot read the preprocessing cache {path} ({e.strerror or e})"
+        if unlike_recorded(cache.meta, name, actual):
+            return (
+                f"flight {cache.name}: the preprocessing cache {cache.path} is corrupt: {name} no longer "
+                "matches the checksum recorded when it was built (bit rot on the disk, or a damaged copy)"
+            )
     return None
 
 
@@ -183,6 +189,7 @@ CACHE_META = Obj(
         "n_frames": INT,
         "bytes": INT,
         "frames_sha256": TEXT,
+        "samples_sha256": TEXT,
         "counts": MapOf(ANY),
         "preprocess": MapOf(ANY),
         "match": Maybe(MapOf(ANY)),
@@ -208,8 +215,7 @@ def copy_flight_cache(src: Path, dst: Path, desc: str) -> None:
             with open(src / name, "rb") as fin, open(tmp / name, "wb") as fout:
                 sha = _stream(fin, fout, bar)
                 os.fsync(fout.fileno())
-            expected = meta.get("frames_sha256")
-            if name == "frames.npy" and expected and sha != expected:
+            if name in RECORDED and unlike_recorded(meta, name, sha):
                 raise DataError(f"{src / name} does not match its recorded checksum (corrupted copy)")
         put_in_place(tmp, dst)
     finally:
@@ -260,7 +266,7 @@ def download_flight_cache(prefix: Prefix, name: str, dst: Path, desc: str) -> No
                 with prefix.fs.open(prefix.path(f"{name}/{n}"), "rb") as fin, open(tmp / n, "wb") as fout:
                     sha = _stream(fin, fout, bar)
                     os.fsync(fout.fileno())
-                if n == "frames.npy" and sha != meta_doc["frames_sha256"]:
+                if unlike_recorded(meta_doc, n, sha):
                     raise DataError(f"{src}/{n} does not match its recorded checksum (a damaged copy)")
             (tmp / "meta.json").write_bytes(meta)
             put_in_place(tmp, dst)
@@ -278,7 +284,7 @@ def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
     name, url = src.name, prefix.url_of(src.name)
     meta = (src / "meta.json").read_bytes()
     try:
-        expected = parse_json(meta, CACHE_META).get("frames_sha256")
+        meta_doc = parse_json(meta, CACHE_META)
     except Damaged as e:
         raise DataError(f"{src / 'meta.json'} is not a cache's meta.json ({e})") from None
     bucket.refuse_unless_mine(prefix, name, "replace")
@@ -291,7 +297,7 @@ def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
             for n in DATA_FILES:
                 with open(src / n, "rb") as fin, prefix.fs.open(prefix.path(f"{name}/{n}"), "wb") as fout:
                     sha = _stream(fin, fout, bar)
-                if n == "frames.npy" and expected and sha != expected:
+                if unlike_recorded(meta_doc, n, sha):
                     raise DataError(f"{src / n} does not match its recorded checksum; not copied to {url}")
                 if prefix.fs.size(prefix.path(f"{name}/{n}")) != (src / n).stat().st_size:
                     raise OSError(f"{url}/{n}: the bucket holds another size than the {n} sent")
