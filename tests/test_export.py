@@ -6,6 +6,7 @@ CloudML's cached ones: preprocessing.json states their steps; this test does not
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -128,6 +129,37 @@ def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run_cop
     test_flight = evaluation["protocol"]["test_flights"][0]
     mae = evaluation["per_flight"][test_flight]["mae_km"]
     assert f"| {test_flight} |" in card and f"{mae:.3f}" in card  # the test flight's skill, as evaluated
+    digest = hashlib.sha256((folder / "weights.safetensors").read_bytes()).hexdigest()
+    assert f"- Weights: `weights.safetensors`, sha256 {digest}." in card and "Training:" not in card
+
+
+def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tiny_run_copy, tmp_path):
+    """best.pt replaced after the evaluation: the card says so instead of the other weights' skill; a run
+    whose end is pending says its weights are the best so far."""
+    from cloudml_lib.core.run.checkpoint import Key, load_checkpoint, save_atomic
+
+    run, _, _ = tiny_run_copy
+    ckpt = load_checkpoint(run / "best.pt")
+    name = next(k for k, v in ckpt[Key.MODEL].items() if v.is_floating_point())
+    ckpt[Key.MODEL][name] = ckpt[Key.MODEL][name] + 0.01
+    save_atomic(ckpt, run / "best.pt")
+    assert run_cli("export", "--run-dir", run, "--out", tmp_path / "a").returncode == 0
+    card = (tmp_path / "a" / "MODEL_CARD.md").read_text()
+    assert (
+        "Not evaluated on these weights: evaluation.json scored other weights than best.pt holds now" in card
+    )
+    assert "| MAE km |" not in card
+    assert run_cli("evaluate", "--run-dir", run).returncode == 0  # scored again: the skill is theirs
+    assert run_cli("export", "--run-dir", run, "--out", tmp_path / "b").returncode == 0
+    assert "| MAE km |" in (tmp_path / "b" / "MODEL_CARD.md").read_text()
+    (run / "evaluation.json").unlink()
+    assert run_cli("export", "--run-dir", run, "--out", tmp_path / "c").returncode == 0
+    card = (tmp_path / "c" / "MODEL_CARD.md").read_text()
+    assert (
+        "- Training: the run is trained, end pending (not evaluated yet); these are its best weights so far"
+        in card
+    )
+    assert "Not evaluated on these weights: the run has no evaluation.json" in card
 
 
 def test_the_programs_window_max_is_max_pooling_at_any_frame_size():

@@ -166,6 +166,7 @@ EVALUATION = Obj(
         "train_mean_km": OPT_NUM,
         "best_epoch": OPT_INT,
         "step": OPT_INT,  # the training step of the weights it scored (the end of a run writes it)
+        "weights_sha256": OPT_TEXT,  # checkpoint.weights_sha256 of the weights it scored (since 0.3.1)
         "cloud": Maybe(CLOUD),
         "verdict": OPT_TEXT,
         "control": OPT_TEXT,  # a control run's kind (model.scalars_only), judged without advice

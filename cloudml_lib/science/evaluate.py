@@ -34,7 +34,7 @@ from cloudml_lib.core.machine.distributed import SINGLE
 from cloudml_lib.core.network.inference import Evaluator, eval_batch_size, prepare_model
 from cloudml_lib.core.network.metrics import Scored, bounds_count
 from cloudml_lib.core.network.model import build_model
-from cloudml_lib.core.run.checkpoint import BEST_KEYS, Key, load_checkpoint
+from cloudml_lib.core.run.checkpoint import BEST_KEYS, Key, load_checkpoint, weights_sha256
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data import predictors
@@ -474,6 +474,7 @@ def evaluate_run(
     scored = score(evaluator, data.test_set)
     validation = None if data.split.legacy else score(evaluator, data.val_set)
     report = test_report(cfg, data, scored, trained_of(ckpt, data), intervals.load(run_dir), validation)
+    report["weights_sha256"] = weights_sha256(ckpt[Key.MODEL])
     if scored.cloud_prob is None:
         log.info(
             "%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",

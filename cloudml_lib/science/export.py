@@ -18,6 +18,7 @@ cannot be imported and reproduces CloudML's predictions to float rounding.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -30,8 +31,9 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import atomic_path, write_text
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.base.resources import package_version
-from cloudml_lib.core.run.checkpoint import Key
+from cloudml_lib.core.run.checkpoint import Key, weights_sha256
 from cloudml_lib.core.run.folder import RunFolder
+from cloudml_lib.core.run.status import RunState, run_state
 from cloudml_lib.data.dataset import STAT_NAMES, Scalers
 from cloudml_lib.science.evaluate import load_run_model
 
@@ -137,7 +139,8 @@ def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Pa
         tmp.write_bytes(buffer.getvalue())
     evaluation = run.files.evaluation()
     write_text(folder / SPEC, json.dumps(specification(cfg, scalers, wrapped.cloud, run), indent=1))
-    write_text(folder / CARD, model_card(cfg, ckpt, evaluation, run))
+    weights_line = f"- Weights: `{WEIGHTS}`, sha256 {hashlib.sha256(blob).hexdigest()}."
+    write_text(folder / CARD, model_card(cfg, ckpt, evaluation, run, weights_line))
     log.info("Exported %s's best model to %s (%s)", run.path.name, folder, ", ".join(EXPORT_FILES))
     return folder
 
@@ -323,8 +326,27 @@ def _outputs_spec(cloud: bool, cfg) -> dict:
     return out
 
 
-def model_card(cfg, ckpt: dict, evaluation: dict, run: RunFolder) -> str:
-    """MODEL_CARD.md: what the model was trained on and how well it did, in words and numbers."""
+def not_these_weights(evaluation: dict, ckpt: dict, state: RunState) -> str | None:
+    """None where evaluation.json scored exactly the weights best.pt holds (checkpoint.weights_sha256; an
+    earlier release's evaluation, without it, by the run's state alone); else why its skill is not theirs."""
+    if not evaluation:
+        return "the run has no evaluation.json (run `evaluate` on it, then export again)"
+    recorded = evaluation.get("weights_sha256")
+    if recorded is None:
+        return None if state.kind == "finished" else f"the run is {state.words}"
+    if recorded != weights_sha256(ckpt[Key.MODEL]):
+        return (
+            "evaluation.json scored other weights than best.pt holds now (best.pt was replaced after the "
+            "evaluation): run `evaluate` on the run, then export again"
+        )
+    return None
+
+
+def model_card(cfg, ckpt: dict, evaluation: dict, run: RunFolder, weights_line: str = "") -> str:
+    """MODEL_CARD.md: what the model was trained on and how well it did, in words and numbers (test skill
+    only where the evaluation scored these very weights)."""
+    state = run_state(run.path, check_lock=False)
+    unproven = not_these_weights(evaluation, ckpt, state)
     protocol = evaluation.get("protocol") or {}
     tests = protocol.get("test_flights") or list(cfg.data.test_flights)
     validation = protocol.get("validation") or {}
@@ -346,14 +368,36 @@ def model_card(cfg, ckpt: dict, evaluation: dict, run: RunFolder) -> str:
         f"- Test flights (nothing trained or chosen on them): {', '.join(tests) or 'none'}.",
         f"- Labels: the CPL lidar's cloud base, {float(cfg.data.cbh_min_km):g} to "
         f"{float(cfg.data.cbh_max_km):g} km.",
+        *([weights_line] if weights_line else []),
+        *(
+            []
+            if state.kind == "finished"
+            else [
+                f"- Training: the run is {state.words}; these are its best weights so far, not a "
+                "finished run's."
+            ]
+        ),
         "",
         "## How well it did",
-        *_skill_lines(evaluation, tests),
+        *_proven_skill_lines(evaluation, tests, unproven),
         "",
         "## Limits",
         *_limit_lines(evaluation, ckpt),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _proven_skill_lines(evaluation: dict, tests: list[str], unproven: str | None) -> list[str]:
+    """The test skill where it is these weights' (`unproven`: why not, from not_these_weights)."""
+    if unproven is not None:
+        return [f"Not evaluated on these weights: {unproven}."]
+    if evaluation.get("weights_sha256"):
+        return _skill_lines(evaluation, tests)
+    return _skill_lines(evaluation, tests) + [
+        "",
+        "(An evaluation of an earlier release, which records no checksum of the weights it scored: matched "
+        "to these weights by the run's state alone.)",
+    ]
 
 
 def _validation_words(protocol: dict) -> str:

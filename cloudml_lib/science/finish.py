@@ -37,7 +37,15 @@ from cloudml_lib.core.machine.device import choose_device, choose_precision
 from cloudml_lib.core.machine.distributed import SINGLE, Dist
 from cloudml_lib.core.network.inference import Evaluator, eval_batch_size
 from cloudml_lib.core.network.model import build_model
-from cloudml_lib.core.run.checkpoint import FORMAT_VERSION, Found, Key, load_checkpoint, save_atomic, to_cpu
+from cloudml_lib.core.run.checkpoint import (
+    FORMAT_VERSION,
+    Found,
+    Key,
+    load_checkpoint,
+    save_atomic,
+    to_cpu,
+    weights_sha256,
+)
 from cloudml_lib.core.run.events import write_final_events
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.progress import Progress
@@ -135,6 +143,7 @@ def end_run(run_dir: Path, final: Found, dist: Dist, why: str = "not evaluated y
     if dist.is_main:
         intervals.save(run_dir, calibration)
         keep_cloud_baseline(RunFolder(run_dir).best, data, cfg)
+        report["weights_sha256"] = weights_sha256(load_checkpoint(RunFolder(run_dir).best)[Key.MODEL])
         write_end(run_dir, final, data, scored, report)
         clock.record()
     dist.barrier()

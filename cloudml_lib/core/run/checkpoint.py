@@ -169,6 +169,18 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def weights_sha256(state_dict: dict) -> str:
+    """The sha256 of a model's weights (names, dtypes, shapes and values, in name order), whatever file or
+    memory layout holds them: what an evaluation scored and an export carries are the same weights exactly
+    when their digests are."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     h, size = hashlib.sha256(), 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
