@@ -98,13 +98,49 @@ def test_the_api_names_the_users_mistakes(api_run, tmp_path):
         cml.load_run(tmp_path / "empty")
     with pytest.raises(cml.CloudMLError, match="no-such-flight"):
         run.predict("no-such-flight")
-    with pytest.raises(cml.CloudMLError, match="--cloud-flag 'nope'|--cloud-flag nope"):
+    with pytest.raises(ValueError, match="cloud_flag='nope': expected 'model' or 'bt_threshold'"):
         run.predict(cloud_flag="nope")
     stopped = tmp_path / "stopped"
     stopped.mkdir()
     (stopped / "config.yaml").write_text((run.path / "config.yaml").read_text())
     with pytest.raises(cml.CloudMLError, match="has no valid evaluation.json"):
         cml.read_report(stopped)
+
+
+@pytest.mark.parametrize(
+    "call, said",
+    [
+        (lambda run, d: cml.load_run(123), "path=123: expected a folder's path"),
+        (lambda run, d: cml.fit({"train": {}}, d), "config={'train': {}}: expected a folder's path"),
+        (lambda run, d: cml.fit("configs/demo.yaml", None), "run_dir=None: expected a folder's path"),
+        (lambda run, d: cml.fit("configs/demo.yaml", d, resume=1), "resume=1: expected 'auto', 'never'"),
+        (lambda run, d: cml.evaluate(run, data_dir=5), "data_dir=5: expected a folder's path"),
+        (lambda run, d: cml.predict_flight(run, flight=3), "flight=3: expected a flight's name"),
+        (lambda run, d: cml.adapt(run, labels="10"), "labels='10': expected a list of whole numbers"),
+        (lambda run, d: cml.export(run, out=1), "out=1: expected a folder's path"),
+        (lambda run, d: cml.read_report(2.5), "run=2.5: expected a folder's path"),
+    ],
+)
+def test_a_wrong_type_is_a_type_error_naming_the_argument_before_anything_is_written(
+    api_run, tmp_path, call, said
+):
+    run, _, _ = api_run
+    before = sorted(p.relative_to(run.path) for p in run.path.rglob("*"))
+    with pytest.raises(TypeError) as e:
+        call(run, tmp_path / "new_run")
+    assert isinstance(e.value, cml.CloudMLError) and said in str(e.value) and "--" not in str(e.value)
+    assert (
+        not (tmp_path / "new_run").exists()
+        and sorted(p.relative_to(run.path) for p in run.path.rglob("*")) == before
+    )
+
+
+def test_a_config_changed_after_loading_is_checked_again_by_fit(tmp_path):
+    cfg = cml.load_config(REPO / "configs" / "demo.yaml")
+    cfg.train.epochs = "2"
+    with pytest.raises(cml.CloudMLError, match="train.epochs: expected an integer, got '2'"):
+        cml.fit(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing written, no train.log
 
 
 def api_reference() -> str:

@@ -19,6 +19,15 @@ class DataError(CloudMLError):
     """A flight file, key or value is missing or unusable."""
 
 
+class ArgumentTypeError(CloudMLError, TypeError):
+    """A Python API argument of the wrong type: the message names the argument (`run_dir=`) and what is
+    valid. A TypeError too, as Python's convention is."""
+
+
+class ArgumentValueError(CloudMLError, ValueError):
+    """A Python API argument of the right type and a wrong value (named, with what is valid)."""
+
+
 ECHO_CHARS = 120  # a value echoed in a message is cut to this; a YAML alias bomb must not become megabytes
 
 

@@ -14,11 +14,12 @@ Example
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloudml_lib.base.config import Config, load_config
-from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.config import Config, build_config, load_config
+from cloudml_lib.base.errors import ArgumentTypeError, ArgumentValueError, CloudMLError, shown
 from cloudml_lib.core.run.folder import RunFolder
 
 __all__ = ["Run", "load_run", "fit", "evaluate", "predict_flight", "adapt", "read_report", "export"]
@@ -68,8 +69,35 @@ class Run:
         return export(self, out)
 
 
-def _folder(run: Run | str | Path) -> Path:
-    return run.path if isinstance(run, Run) else Path(run)
+def _place(name: str, value, optional: bool = False) -> Path | None:
+    """A path argument checked before anything is read or written: a str or os.PathLike, not empty."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes) and str(value).strip():
+        return Path(value)
+    raise ArgumentTypeError(
+        f"{name}={shown(value)}: expected a folder's path, a str or pathlib.Path"
+        + (", or None" if optional else "")
+    )
+
+
+def _folder(run, name: str = "run") -> Path:
+    """A run argument: a Run (load_run, fit) or its folder's path."""
+    return run.path if isinstance(run, Run) else _place(name, run)
+
+
+def _flight(flight) -> str | None:
+    if flight is None or (isinstance(flight, str) and flight.strip()):
+        return flight
+    raise ArgumentTypeError(f"flight={shown(flight)}: expected a flight's name such as '05Mar25', or None")
+
+
+def _config(config) -> Config:
+    """fit's config: a Config validated again (one changed after it was loaded is checked as a file is), or
+    a YAML file's path."""
+    if isinstance(config, Config):
+        return build_config(config.to_dict(), source="the Config given as config=")
+    return load_config(_place("config", config))
 
 
 def load_run(path: str | Path) -> Run:
@@ -89,13 +117,13 @@ def load_run(path: str | Path) -> Run:
     cloudml_lib.CloudMLError
         Where the folder holds no run (its message names the folder and what it holds).
     """
-    folder = RunFolder.of(path)
+    folder = RunFolder.of(_place("path", path))
     if not folder.path.is_dir():
-        raise CloudMLError(f"{shown(str(folder.path))}: no such folder (a run's folder is its --run-dir)")
+        raise CloudMLError(f"path={shown(str(folder.path))}: no such folder (a run's folder: fit's run_dir=)")
     if not folder.holds_run():
         raise CloudMLError(
-            f"{shown(str(folder.path))} holds no run (no best.pt, checkpoints, metrics or config.yaml): "
-            "give the folder that train wrote"
+            f"path={shown(str(folder.path))} holds no run (no best.pt, checkpoints, metrics or config.yaml): "
+            "give the folder that fit (or train) wrote"
         )
     return Run(folder.path)
 
@@ -121,9 +149,13 @@ def fit(config: Config | str | Path, run_dir: str | Path, resume: str = "auto") 
     """
     from cloudml_lib.commands.runs import train_run
 
-    cfg = config if isinstance(config, Config) else load_config(config)
-    train_run(cfg, run_dir, resume)
-    return Run(Path(run_dir))
+    cfg, folder = _config(config), _place("run_dir", run_dir)
+    if not isinstance(resume, (str, os.PathLike)) or isinstance(resume, str) and not resume.strip():
+        raise ArgumentTypeError(
+            f"resume={shown(resume)}: expected 'auto', 'never' or a checkpoint's path (a str or pathlib.Path)"
+        )
+    train_run(cfg, folder, os.fspath(resume))
+    return Run(folder)
 
 
 def evaluate(
@@ -146,10 +178,13 @@ def evaluate(
     """
     from cloudml_lib.science.evaluate import evaluate_run
 
-    return evaluate_run(
+    folder, data, cache = (
         _folder(run),
-        None if data_dir is None else str(data_dir),
-        cache_dir=None if cache_dir is None else str(cache_dir),
+        _place("data_dir", data_dir, True),
+        _place("cache_dir", cache_dir, True),
+    )
+    return evaluate_run(
+        folder, None if data is None else str(data), cache_dir=None if cache is None else str(cache)
     )
 
 
@@ -188,11 +223,15 @@ def predict_flight(
     """
     from cloudml_lib.science.predict import predict_datasets
 
+    folder, flight = _folder(run), _flight(flight)
+    data, calibration = _place("data_dir", data_dir, True), _place("calibration_dir", calibration_dir, True)
+    if cloud_flag not in ("model", "bt_threshold"):
+        raise ArgumentValueError(f"cloud_flag={shown(cloud_flag)}: expected 'model' or 'bt_threshold'")
     datasets = predict_datasets(
-        _folder(run),
+        folder,
         [flight] if flight else None,
-        data_dir=None if data_dir is None else str(data_dir),
-        calibration_dir=calibration_dir,
+        data_dir=None if data is None else str(data),
+        calibration_dir=calibration,
         cloud_flag=cloud_flag,
     )
     return next(iter(datasets.values()))
@@ -231,15 +270,17 @@ def adapt(
     from cloudml_lib.science.adapt import adapt_run
 
     if not isinstance(labels, (list, tuple)) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in labels
+        isinstance(n, int) and not isinstance(n, bool) for n in labels
     ):
-        raise CloudMLError(f"labels: {shown(labels)} is not valid; expected a list of counts of 1 or more")
-    if flight is not None and not isinstance(flight, str):
-        raise CloudMLError(
-            f"flight: {shown(flight)} is not valid; expected a flight's name such as '05Mar25'"
+        raise ArgumentTypeError(
+            f"labels={shown(labels)}: expected a list of whole numbers such as [10, 25, 50]"
         )
-    folder = _folder(run)
-    return adapt_run(folder, flight, list(labels), None if data_dir is None else str(data_dir))
+    if not all(n >= 1 for n in labels):
+        raise ArgumentValueError(
+            f"labels={shown(labels)}: expected counts of 1 or more, such as [10, 25, 50]"
+        )
+    folder, flight, data = _folder(run), _flight(flight), _place("data_dir", data_dir, True)
+    return adapt_run(folder, flight, list(labels), None if data is None else str(data))
 
 
 def read_report(run: Run | str | Path) -> dict:
@@ -279,4 +320,4 @@ def export(run: Run | str | Path, out: str | Path | None = None) -> Path:
     """
     from cloudml_lib.science.export import export_run
 
-    return export_run(_folder(run), out)
+    return export_run(_folder(run), _place("out", out, True))
