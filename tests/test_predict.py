@@ -66,6 +66,9 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_cop
             0.9
         )
         assert "heights from the validation data of the training flights" in nc.interval_calibration
+        spread = nc.interval_calibration_flights  # the tiny run validates on one flight: what that misses
+        assert spread.startswith("calibrated on one flight's heights (")
+        assert "--calibration CROSSVAL_DIR" in spread
         t = nc["time"][:]
         assert np.all(np.diff(t) > 0) and 1.7e9 < t[0] < 1.8e9
         labels = np.ma.filled(nc["cpl_cloud_base_height"][:], np.nan)

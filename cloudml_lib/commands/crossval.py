@@ -418,7 +418,7 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
                 *everything,
                 result["chosen"],
                 coverage,
-                f"leave-one-flight-out residuals of {len(names)} flights ({run_dir})",
+                f"leave-one-flight-out residuals of {len(names)} flights (cross-validation {run_dir.name})",
                 groups=groups,
             ),
         )
