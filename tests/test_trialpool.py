@@ -5,6 +5,7 @@ values refused."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,6 +154,43 @@ def test_a_killed_parallel_sweep_leaves_no_trainer_and_resumes_its_trials(files,
         assert log.count("parameters, channels") == 2 and "Resumed from step" in log  # not from scratch
     for n in (2, 3):
         assert (run / "trials" / str(n) / "train.log").read_text().count("parameters, channels") == 1
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_is_named_then_replaced_and_its_trial_resumes(files, tmp_path, monkeypatch):
+    """One worker stops itself (SIGSTOP at its third step: what a hung read or driver call looks like from
+    outside): the owner names it once it is quiet, then kills it, starts another, and the trial resumes from
+    its checkpoint; the sweep ends with every trial complete. (The owner runs forked from this process: it
+    keeps the short limits set here.)"""
+    from cloudml_lib.commands import trialpool
+
+    monkeypatch.setattr(trialpool, "IDLE_EVERY_S", 0.5)
+    monkeypatch.setattr(trialpool, "QUIET_WARN_S", 4.0)
+    monkeypatch.setattr(trialpool, "QUIET_STOP_S", 12.0)
+    cfg, space, _ = files
+    run = tmp_path / "sweep"
+    env = {
+        "TMPDIR": str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+        "CLOUDML_KILL_AT": "step:3:SIGSTOP",
+        "CLOUDML_KILL_ONCE": str(tmp_path / "stopped-once"),
+    }
+    r = run_cli(*sweep_args(cfg, space, run, trials=2), env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "stopped-once").exists()
+    said = (run / "train.log").read_text()  # the sweep's log
+    named = re.search(r"Worker (\d) \(process (\d+)\) has made no progress on trial (\d) for \d+ s", said)
+    assert named, said[-3000:]
+    worker, pid, trial = named.groups()
+    assert (
+        f"Worker {worker} (process {pid}) made no progress on trial {trial} for 12 s: it was stopped and a "
+        f"new worker started; trial {trial} goes back in the queue and resumes from its checkpoint." in said
+    )
+    assert not alive(int(pid))
+    trials = trials_of(run)
+    assert [t.number for t in trials] == [0, 1] and all(t.state.name == "COMPLETE" for t in trials)
+    log = (run / "trials" / trial / "train.log").read_text()
+    assert "Resumed from step 3" in log  # its checkpoint, committed before the stop
 
 
 @pytest.mark.parametrize(

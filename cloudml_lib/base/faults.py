@@ -9,7 +9,8 @@ thread: the kills inside a write are the next two), "commit-copied" (state.pt co
 writer's thread), "probe-fitted" (the run is trained and its cloud probe is in best.pt, its evaluation not
 written), "end-written" (every file of the run's end is written but evaluation.json and report.md),
 "sweep-told" (a sweep trial's result is in the local study, its copy in the sweep folder not refreshed).
-Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r."""
+Under torchrun, CLOUDML_KILL_RANK=r limits it to the process of rank r. CLOUDML_KILL_ONCE=PATH limits it to
+one process of all that share the variable (a trial pool's workers): the first to create PATH."""
 
 from __future__ import annotations
 
@@ -32,9 +33,22 @@ def point(name: str, settle=None) -> None:
         return
     _counts[name] = _counts.get(name, 0) + 1
     if _counts[name] == int(n or 1):
+        if not _first_of_all(os.environ.get("CLOUDML_KILL_ONCE")):
+            return
         if settle is not None:
             settle()
         os.kill(os.getpid(), getattr(signal, sig) if sig else signal.SIGKILL)
+
+
+def _first_of_all(path: str | None) -> bool:
+    """Whether this process is the first to reach here of all those given `path` (None: every one is)."""
+    if not path:
+        return True
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def at_start() -> None:

@@ -1,7 +1,9 @@
 """Whether the process that wrote a lock or a temporary folder is still running: on this host its pid
 tells; on another host (a new Colab VM on the same Drive) only a heartbeat fresher than STALE_S. The run
 lock (core/run/runlock.py), the checkpoint writer's leftovers and the cache's build folders all judge by this
-one rule."""
+one rule. And whether a worker process is moving: `beat()` at each step of work (a training step, an
+evaluation), read by the process that handed it the work (commands/trialpool.py), which names a worker
+that has gone quiet and stops one frozen."""
 
 from __future__ import annotations
 
@@ -76,3 +78,19 @@ def holder_alive(info: dict) -> bool:
 def heartbeat_fresh(info: dict) -> bool:
     beat = info.get("heartbeat")
     return isinstance(beat, (int, float)) and not isinstance(beat, bool) and time.time() - beat < STALE_S
+
+
+_progress = None  # a shared double (multiprocessing's RawValue) this process's beats go to; None: nowhere
+
+
+def report_progress_to(slot) -> None:
+    """From now on, `beat()` writes the time into `slot` (a worker's, read by its owner)."""
+    global _progress
+    _progress = slot
+
+
+def beat() -> None:
+    """This process made progress now (a training step, an evaluation): cheap, and nothing where no owner
+    watches."""
+    if _progress is not None:
+        _progress.value = time.time()

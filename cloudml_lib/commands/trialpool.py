@@ -21,23 +21,35 @@ import os
 import queue
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
+from cloudml_lib.base import liveness
 from cloudml_lib.base.errors import CloudMLError, ConfigError, shown
 
 log = logging.getLogger(__name__)
 
 IDLE_EVERY_S = 10.0  # how often the owner's `idle` runs while it waits for a result
 STOP_WAIT_S = 60.0  # a worker asked to stop saves a checkpoint first; then it is killed
+# A worker holding a job that reports no progress (liveness.beat: each training step, each evaluation) for
+# QUIET_WARN_S is named in the log (a hung read of Drive, a driver call that never returns, a frozen process);
+# after QUIET_STOP_S it is killed, another worker takes its place and its job goes back in the queue: it
+# resumes from its checkpoint when a worker is free. Never a silent wait for ever.
+QUIET_WARN_S = 600.0
+QUIET_STOP_S = 1800.0
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where a worker trains: its GPU (None: the CPU) and torch threads; `parent`: the owner's pid."""
+    """Where a worker trains: its GPU (None: the CPU) and torch threads; `parent`: the owner's pid. `beat`
+    (its last progress, time.time()) and `holding` (the id of the job it runs, -1 none): shared values the
+    owner reads (Workers.watch)."""
 
     parent: int
     gpu: int | None
     threads: int
+    beat: object = None
+    holding: object = None
 
 
 def check_parallel(parallel, n_jobs: int, what: str, command: str, dist=None) -> int:
@@ -91,17 +103,34 @@ class Workers:
     still running."""
 
     def __init__(self, n: int, device: str, what: str, target, args: tuple = ()):
-        ctx = multiprocessing.get_context("spawn")
-        self.jobs, self.results = ctx.Queue(), ctx.Queue()
+        self.ctx = multiprocessing.get_context("spawn")
+        self.jobs, self.results = self.ctx.Queue(), self.ctx.Queue()
+        self.what, self.target, self.args = what[:-1], target, args  # "trial", "fold"
+        self.sent: dict[int, tuple] = {}  # job id -> (key, job), until its result comes back
+        self.next_id = -1
         places, words = placement(device, n, what)
         log.info("%s", words)
+        self.places: list[Place] = []
+        self.procs: list = []
+        self.warned: list[bool] = []
+        for i, place in enumerate(places):
+            self._start(i, place)
+
+    def _start(self, i: int, place: Place) -> None:
+        """Worker i (a new one in its place after a frozen one), with fresh shared values."""
+        place = Place(
+            place.parent, place.gpu, place.threads, self.ctx.RawValue("d", 0.0), self.ctx.RawValue("q", -1)
+        )
         # not daemonic: a job may start processes of its own (a cache's builders); they end with the worker
-        self.procs = [
-            ctx.Process(target=target, args=(p, self.jobs, self.results, *args), name=f"worker-{i}")
-            for i, p in enumerate(places)
-        ]
-        for p in self.procs:
-            p.start()
+        proc = self.ctx.Process(
+            target=self.target, args=(place, self.jobs, self.results, *self.args), name=f"worker-{i}"
+        )
+        proc.start()
+        for listed, value in ((self.places, place), (self.procs, proc), (self.warned, False)):
+            if i < len(listed):
+                listed[i] = value
+            else:
+                listed.append(value)
 
     def __enter__(self) -> Workers:
         return self
@@ -111,7 +140,52 @@ class Workers:
 
     def put(self, key, job) -> None:
         """A job for the next free worker; its result comes back with `key`."""
-        self.jobs.put((key, job))
+        jid = self.next_id = self.next_id + 1  # never reused: no worker's id is ever another job's
+        self.sent[jid] = (key, job)
+        self.jobs.put((key, job, jid))
+
+    def watch(self) -> None:
+        """A worker quiet for QUIET_WARN_S on a job is named; after QUIET_STOP_S it is killed, replaced, and
+        its job put back in the queue (it resumes from its checkpoint)."""
+        now = time.time()
+        for i, (place, proc) in enumerate(zip(self.places, self.procs)):
+            jid = place.holding.value
+            if jid not in self.sent or proc.exitcode is not None:
+                self.warned[i] = False
+                continue
+            quiet, (key, job) = now - place.beat.value, self.sent[jid]
+            if quiet >= QUIET_STOP_S:
+                proc.kill()  # SIGKILL: a frozen (stopped) process takes no SIGTERM
+                proc.join(timeout=STOP_WAIT_S)
+                log.warning(
+                    "Worker %d (process %d) made no progress on %s %s for %s: it was stopped and a new "
+                    "worker started; %s %s goes back in the queue and resumes from its checkpoint.",
+                    i,
+                    proc.pid,
+                    self.what,
+                    key,
+                    _minutes(quiet),
+                    self.what,
+                    key,
+                )
+                self._start(i, place)
+                del self.sent[jid]
+                self.put(key, job)
+            elif quiet >= QUIET_WARN_S and not self.warned[i]:
+                self.warned[i] = True
+                log.warning(
+                    "Worker %d (process %d) has made no progress on %s %s for %s (a hung read of Drive, a "
+                    "driver call that does not return, a frozen process?); past %s it is stopped and %s %s "
+                    "resumed later from its checkpoint.",
+                    i,
+                    proc.pid,
+                    self.what,
+                    key,
+                    _minutes(quiet),
+                    _minutes(QUIET_STOP_S),
+                    self.what,
+                    key,
+                )
 
     def next_result(self, idle) -> tuple:
         """The next (key, result) a worker sends; `idle()` runs every IDLE_EVERY_S meanwhile. A worker's
@@ -121,6 +195,7 @@ class Workers:
                 key, result = self.results.get(timeout=IDLE_EVERY_S)
             except queue.Empty:
                 idle()
+                self.watch()
                 dead = [p for p in self.procs if p.exitcode is not None]
                 if dead:
                     raise CloudMLError(
@@ -131,6 +206,7 @@ class Workers:
                 continue
             if isinstance(result, BaseException):
                 raise result
+            self.sent = {j: s for j, s in self.sent.items() if s[0] != key}
             return key, result
 
     def close(self) -> None:
@@ -161,13 +237,21 @@ def serve(place: Place, jobs, results, make_run) -> None:
     try:
         _place(place)
         run = make_run()
+        liveness.report_progress_to(place.beat)
         while (item := jobs.get()) is not None:
-            key, job = item
+            key, job, jid = item
+            liveness.beat()
+            place.holding.value = jid
             results.put((key, run(job)))
+            place.holding.value = -1
     except KeyboardInterrupt:
         return
     except Exception as e:  # noqa: BLE001 - the owner raises it, as one process would
         results.put((None, _picklable(e)))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def _stop(signum, frame):

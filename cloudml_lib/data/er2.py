@@ -115,12 +115,11 @@ def read_ir_times(path: Path, flight: FlightConfig, data: DataConfig) -> tuple[n
         raw_t = raw_t[:n_frames]
     frame_t, fmt, n_bad = to_epoch_seconds(raw_t, data.ir_time_format, flight_date(flight), where)
     check_increasing(frame_t, where)
-    how = "detected" if data.ir_time_format == "auto" else "set by data.ir_time_format"
     log.info(
         "flight %s: IR times read as %s (%s)%s",
         name,
         "Unix epoch seconds" if fmt == "epoch" else "seconds of day",
-        how,
+        "detected" if data.ir_time_format == "auto" else "set by data.ir_time_format",
         f"; {n_bad} unusable values (0, fill or far off): those frames get no label" if n_bad else "",
     )
     if data.swath_slice[1] > rows:

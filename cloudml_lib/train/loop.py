@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from cloudml_lib.base import faults
+from cloudml_lib.base import faults, liveness
 from cloudml_lib.base.config import Config
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.core.machine.determinism import restore_determinism
@@ -338,6 +338,7 @@ class Trainer:
         """A checkpoint if one is due, the notebook's progress line, the test fault point, a stop asked
         for."""
         st = self.progress
+        liveness.beat()
         self.checkpoints.save_if_due(st.step)
         stop = self.dist.any_true(self.stop.asked, device=self.device)[0]  # signals differ between processes
         if stop:

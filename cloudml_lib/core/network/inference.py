@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from cloudml_lib.base import liveness
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.core.network.compile import unwrap_model
 from cloudml_lib.core.network.model import Outputs
@@ -286,6 +287,7 @@ class Evaluator:
         """The model's outputs by name (or, with `features`, the head's input) and the standardised targets of
         `indices` of `dataset`, in order, on every process."""
         mine = indices[self.dist.shard(len(indices))]
+        liveness.beat()
         for _ in range(MAX_ATTEMPTS):
             result, failure = run_attempt(
                 lambda: predict(
