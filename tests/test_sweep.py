@@ -323,6 +323,34 @@ def test_a_trial_that_cannot_start_fails_with_its_reason_and_the_sweep_goes_on(f
     assert [t[1] for t in study_of(run)] == states
 
 
+def test_a_full_disk_stops_the_sweep_and_the_trial_resumes_when_run_again(files, tmp_path, monkeypatch):
+    """Checkpoints that cannot be written (a full disk) stop the sweep with the trial left to resume, never
+    failed for good: once there is space, the same command trains it on from its last checkpoint."""
+    import errno
+
+    from cloudml_lib.core.run import checkpoint
+
+    cfg, space, _, _ = files
+    run, real = tmp_path / "sweep", checkpoint.commit
+
+    def full(state, meta, run_dir, local_dir):
+        if Path(run_dir).name == "0" and meta["step"] > 3:  # trial 0, after its first checkpoint
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir))
+        return real(state, meta, run_dir, local_dir)
+
+    monkeypatch.setattr(checkpoint, "commit", full)
+    r = sweep_cli(cfg, space, run, 2, None, tmp_path / "vm")
+    assert r.returncode == 2 and "3 checkpoints in a row could not be written" in r.stderr, r.stderr[-2000:]
+    assert [t[1] for t in study_of(run)] == ["RUNNING"]  # not failed: it resumes
+    monkeypatch.setattr(checkpoint, "commit", real)  # space freed
+    again = sweep_cli(cfg, space, run, 2, None, tmp_path / "vm")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "Trial 0 was interrupted: it resumes from its checkpoint" in again.stdout
+    states = [t[1] for t in study_of(run)]
+    assert states[0] == "COMPLETE" and states[1] in ("COMPLETE", "PRUNED")  # the space's pruner may stop 1
+    assert "Resumed from step 3" in (run / "trials" / "0" / "train.log").read_text()
+
+
 def test_a_sweep_whose_every_trial_fails_finishes_and_says_why(files, tmp_path):
     cfg, _, _, _ = files
     space = tmp_path / "space.yaml"

@@ -19,6 +19,11 @@ class DataError(CloudMLError):
     """A flight file, key or value is missing or unusable."""
 
 
+class TransientError(CloudMLError):
+    """A cause of the moment, not of the settings (a full disk, a folder gone read-only, Drive gone): the same
+    work succeeds once it is fixed. A sweep's trial it stops is left to resume, never marked failed."""
+
+
 class ArgumentTypeError(CloudMLError, TypeError):
     """A Python API argument of the wrong type: the message names the argument (`run_dir=`) and what is
     valid. A TypeError too, as Python's convention is."""

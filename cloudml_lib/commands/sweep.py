@@ -50,7 +50,7 @@ from cloudml_lib.base.config import (
     build_config,
     derive,
 )
-from cloudml_lib.base.errors import CloudMLError, ConfigError, install_command, shown
+from cloudml_lib.base.errors import CloudMLError, ConfigError, TransientError, install_command, shown
 from cloudml_lib.base.files import read_text
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import atomic_path, json_safe, write_text
@@ -411,6 +411,8 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
         value = objective_value(space, cfg, trial_dir, pruning, dist)
     except optuna.TrialPruned as e:
         return "pruned", None, str(e)
+    except TransientError:  # a full disk: the sweep stops, the trial left running resumes when run again
+        raise
     except CloudMLError as e:  # the same values would be refused again: the trial is over, the sweep goes on
         return "failed", None, str(e)
     if value is None or not math.isfinite(value):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from cloudml_lib.base.config import Config
-from cloudml_lib.base.errors import CloudMLError
+from cloudml_lib.base.errors import TransientError
 from cloudml_lib.core.machine.distributed import Dist
 from cloudml_lib.core.network.compile import unwrap_model
 from cloudml_lib.core.run.checkpoint import (
@@ -101,12 +101,12 @@ class Checkpoints:
                 if step is not None
                 else "(no checkpoint of this run was written: it starts again from the beginning)"
             )
-            raise CloudMLError(
+            raise TransientError(
                 f"{self.writer.failures_in_a_row} checkpoints in a row could not be written to "
                 f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more "
                 f"work goes unsaved. Free space there or make it writable, then run the same command again "
                 f"{resume}."
-            )
+            ) from self.writer.last_exception
         marks = self.events.mark() if self.events else None  # the events up to this step go first
         self.writer.submit(
             state,

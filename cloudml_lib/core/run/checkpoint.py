@@ -466,6 +466,7 @@ class CheckpointWriter:
         write_marker(self.local_dir, STAGING)  # a leftover is cleaned only where this proves it CloudML's
         self._thread: threading.Thread | None = None
         self.failures, self.failures_in_a_row, self.last_error = 0, 0, None
+        self.last_exception: BaseException | None = None
 
     def submit(self, state: dict, meta: dict, wait: bool = False, before=None) -> float:
         """Start writing `state` (already a CPU snapshot), after `before()` (files that must not lag behind
@@ -503,6 +504,7 @@ class CheckpointWriter:
         except Exception as e:  # noqa: BLE001 - one failed save must not stop training (the trainer counts them)
             self.failures += 1
             self.failures_in_a_row += 1
+            self.last_exception = e
             self.last_error = f"{type(e).__name__}: {e}"
             log.error(
                 "Checkpoint at step %d could not be written (%s: %s). Training continues; %s Free space on "
