@@ -386,3 +386,24 @@ def test_a_child_forked_while_a_thread_updates_the_ledger_does_not_keep_the_fold
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4, 5])
+def test_a_users_files_deep_below_a_run_folder_are_judged_by_its_ledger(tmp_path, depth):
+    """A user's TensorBoard runs some folders below a run's tensorboard/: a clean-up of that folder deletes
+    what CloudML listed and leaves the user's files byte-identical at any depth (the claimed folder was once
+    looked for three levels up only: deeper files counted as in no claimed folder, and were deleted)."""
+    from cloudml_lib.base.ownership import write_marker
+
+    run = tmp_path / "run"
+    (run / "tensorboard").mkdir(parents=True)
+    write_marker(run, RUN.name)
+    ledger.start(run, ["tensorboard/events.out.tfevents.1"])
+    (run / "tensorboard" / "events.out.tfevents.1").write_bytes(b"cloudml's")
+    deep = run / "tensorboard" / Path(*[f"mine{i}" for i in range(depth)])
+    deep.mkdir(parents=True)
+    (deep / "events.out.tfevents.2").write_bytes(b"the user's")
+    assert ledger.home_of(deep / "events.out.tfevents.2") == run
+    assert not ledger.delete(run / "tensorboard")
+    assert not (run / "tensorboard" / "events.out.tfevents.1").exists()
+    assert (deep / "events.out.tfevents.2").read_bytes() == b"the user's"

@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 LEDGER = ".cloudml-files"
 LEDGER_SHAPE = Obj({"by": TEXT, "folder": TEXT, "created": ListOf(TEXT)}, required=("created",))
 LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file is not CloudML's ledger
-DEPTH = 3  # how far above a file its claimed folder may be (RUN/checkpoints/step-N/meta.json)
 
 _lock = threading.RLock()
 _held: set[int] = set()  # descriptors of the folder locks this process holds now
@@ -63,9 +62,10 @@ _said: set[str] = set()
 
 def home_of(path: str | Path) -> Path | None:
     """The claimed folder `path` lies in (the nearest folder above it with a valid marker of CloudML's,
-    within DEPTH levels); None where it lies in none (a command's own output file chosen by the user)."""
+    however deep: a user's files five folders below a run's tensorboard/ are judged by the run's ledger as
+    those one below are); None where it lies in none (a command's own output file chosen by the user)."""
     here = Path(os.path.abspath(path)).parent
-    for _ in range(DEPTH):
+    while True:
         if os.path.lexists(here / MARKER):
             try:
                 return here if marker_kind(here) is not None else None
@@ -74,7 +74,6 @@ def home_of(path: str | Path) -> Path | None:
         if here.parent == here:
             return None
         here = here.parent
-    return None
 
 
 def _rel(home: Path, path: str | Path) -> str:
