@@ -132,7 +132,7 @@ def test_adapting_on_a_trained_flight_or_with_bad_labels_is_refused(tiny_run, ca
         CloudMLError, match=f"flight {entries[0]['name']} is a training flight.*never trained"
     ):
         cml.adapt(run, entries[0]["name"])
-    with pytest.raises(CloudMLError, match=r"labels: \[0\] is not valid"):
+    with pytest.raises(ValueError, match=r"labels=\[0\]: expected counts of 1 or more"):
         cml.adapt(run, labels=[0])
-    with pytest.raises(CloudMLError, match="flight: 3 is not valid"):
+    with pytest.raises(TypeError, match="flight=3: expected a flight's name"):
         cml.adapt(run, 3)

@@ -114,6 +114,28 @@ def test_a_prefix_holding_other_objects_is_refused_and_left_untouched(tiny_confi
     assert store() == before
 
 
+def test_a_prefix_is_cloudmls_by_a_marker_naming_it_and_a_ledger_never_built_from_what_is_there(store):
+    """A marker that names no URL (or another) proves nothing: the prefix holding other objects is refused.
+    A claimed prefix whose ledger is gone gets an empty one: another tool's object there is never replaced."""
+    fs = MemoryFileSystem()
+    fs.pipe_file("/bucket/copied/.cloudml", b'{"kind": "preprocessing cache", "by": "CloudML"}')
+    fs.pipe_file("/bucket/copied/theirs.bin", b"keep me")
+    copied = bucket.open_prefix("memory://bucket/copied")
+    assert bucket.marker_kind(copied) is None
+    before = store()
+    with pytest.raises(CloudMLError, match=r"holds other objects \(theirs.bin\)"):
+        bucket.claim(copied, cache_mod.CACHE)
+    assert store() == before
+    prefix = bucket.claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    fs.rm_file("/bucket/cloudml/cache/.cloudml-files")  # the ledger lost
+    fs.pipe_file("/bucket/cloudml/cache/flight-key/frames.npy", b"another tool's")
+    with pytest.raises(CloudMLError, match="was not written by CloudML"):
+        bucket.refuse_unless_mine(prefix, "flight-key", "replace")
+    assert bucket.listed(prefix) == set() and fs.cat_file("/bucket/cloudml/cache/flight-key/frames.npy") == (
+        b"another tool's"
+    )
+
+
 def test_a_failed_upload_is_a_warning(tiny_config, store, caplog, monkeypatch):
     """A bucket client's own error (here at the first write) is said, and the run goes on."""
     data, flight = tiny_config.data, tiny_config.data.flights[0]

@@ -300,7 +300,8 @@ def test_a_run_folder_marked_before_ledgers_lists_only_what_verifies_and_a_damag
     ledger that is not one (hand-edited) is named and made again by the same rule."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "run_1c3d260" / "stopped", run)
-    assert marker_kind(run) == RUN.name and not (run / LEDGER).exists()
+    assert marker_kind(run, proven=False) == RUN.name and not (run / LEDGER).exists()
+    assert marker_kind(run) is None  # a marker that names no folder proves nothing by itself
     (run / "checkpoints" / "step-00000001").mkdir()
     (run / "checkpoints" / "step-00000001" / "weights.bin").write_bytes(b"another tool's")
     (run / "tensorboard").mkdir()
@@ -407,3 +408,20 @@ def test_a_users_files_deep_below_a_run_folder_are_judged_by_its_ledger(tmp_path
     assert not ledger.delete(run / "tensorboard")
     assert not (run / "tensorboard" / "events.out.tfevents.1").exists()
     assert (deep / "events.out.tfevents.2").read_bytes() == b"the user's"
+
+
+def test_a_marker_that_names_no_folder_proves_nothing_by_itself(tmp_path):
+    """A marker as earlier releases wrote them (no folder), copied into a user's folder of their own
+    metrics.jsonl and train.log: the folder is judged by its content, which does not verify, so it is refused
+    and left byte-identical (it was trusted: train truncated the metrics and appended to the log)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / MARKER).write_text('{"kind": "run", "by": "CloudML"}')
+    (folder / "metrics.jsonl").write_text('{"my": "numbers"}\n')
+    (folder / "train.log").write_text("my notes\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert marker_kind(folder) is None and marker_kind(folder, proven=False) == RUN.name
+    with pytest.raises(CloudMLError, match="mine"):
+        check(folder, RUN)
+    assert not ledger.mine(folder / "metrics.jsonl") and not ledger.mine(folder / "train.log")
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != LEDGER} == before

@@ -17,6 +17,7 @@ only makes CloudML refuse, later, to replace that entry (the safe side).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from cloudml_lib.base.errors import CloudMLError, install_command, shown
 from cloudml_lib.base.ledger import LEDGER, LEDGER_LIMIT, LEDGER_SHAPE, is_listed
 from cloudml_lib.base.ownership import CLUTTER, MARKER, MARKER_LIMIT, MARKER_SHAPE, Kind
 from cloudml_lib.base.shapes import Damaged, parse_json
+
+log = logging.getLogger(__name__)
 
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 EXAMPLES = "gs://BUCKET/folder (needs gcsfs), s3://BUCKET/folder (s3fs), az://CONTAINER/folder (adlfs)"
@@ -141,8 +144,8 @@ def others_in(prefix: Prefix) -> list[str]:
 
 
 def marker_kind(prefix: Prefix) -> str | None:
-    """The kind the prefix's marker names; None without one, or where it was written for another URL (copied
-    with the objects: it proves nothing here). A marker that is not CloudML's is refused."""
+    """The kind the prefix's marker names; None without one, or where it does not name this prefix (copied
+    with the objects, or naming none: it proves nothing here). A marker that is not CloudML's is refused."""
     if not prefix.fs.exists(prefix.path(MARKER)):
         return None
     try:
@@ -153,7 +156,7 @@ def marker_kind(prefix: Prefix) -> str | None:
             "cannot be told to be CloudML's. Move that object away, or choose another place. Nothing was "
             "written."
         ) from None
-    return doc["kind"] if doc.get("folder") in (None, prefix.place) else None
+    return doc["kind"] if doc.get("folder") == prefix.place else None
 
 
 def claim(prefix: Prefix, kind: Kind) -> Prefix:
@@ -186,14 +189,19 @@ def claim(prefix: Prefix, kind: Kind) -> Prefix:
 
 
 def listed(prefix: Prefix) -> set[str]:
-    """The ledger of a claimed prefix; one that is missing or damaged is made again from what the prefix
-    holds (ledger.start's rule for a kind without its own: the prefix was claimed when it held nothing)."""
+    """The ledger of a claimed prefix; one that is missing or damaged proves nothing CloudML's: it is made
+    again empty, never from what happens to be there (what CloudML wrote before stays, not replaced)."""
     try:
         return set(prefix.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)["created"])
-    except (FileNotFoundError, Damaged):
-        created = set(others_in(prefix))
-        _write_ledger(prefix, created)
-        return created
+    except (FileNotFoundError, Damaged) as e:
+        log.warning(
+            "%s has no readable record of what CloudML wrote there (%s): nothing there is taken as "
+            "CloudML's, so no object of it is replaced or deleted; a new record starts empty",
+            prefix.url,
+            "missing" if isinstance(e, FileNotFoundError) else f"damaged: {shown(str(e), 200)}",
+        )
+        _write_ledger(prefix, set())
+        return set()
 
 
 def _write_ledger(prefix: Prefix, created: set[str]) -> None:

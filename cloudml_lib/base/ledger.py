@@ -68,7 +68,7 @@ def home_of(path: str | Path) -> Path | None:
     while True:
         if os.path.lexists(here / MARKER):
             try:
-                return here if marker_kind(here) is not None else None
+                return here if marker_kind(here, proven=False) is not None else None
             except CloudMLError:
                 return None
         if here.parent == here:
@@ -122,8 +122,14 @@ def start(home: Path, entries: list[str] | None = None) -> set[str]:
     """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
     the kind's own by its rule (ownership.Kind.owned)."""
     if entries is None:
-        kind = kind_named(marker_kind(home) or "")
-        entries = kind.verified(home) if kind is not None else others_in(home)
+        proven = marker_kind(home)
+        kind = kind_named(proven or marker_kind(home, proven=False) or "")
+        if proven is None:  # a marker that proves nothing by itself (copied, or naming no folder): the
+            # the kind's own where the content verifies as an earlier release's (its adoption), else nothing
+            adopted = kind is not None and kind.owned is not None and kind.adopt(home)
+            entries = kind.owned(home) if adopted else []
+        else:
+            entries = kind.verified(home) if kind is not None else others_in(home)
     with _lock:
         _write(home, set(entries))
     return set(entries)

@@ -80,18 +80,24 @@ def recorded_here(recorded: str | None, folder: str | Path) -> bool:
     return recorded in (where(folder), os.path.realpath(os.path.abspath(folder)))
 
 
-def marker_kind(folder: Path) -> str | None:
-    """The kind a folder's marker names; None without a marker, or where the marker was written for another
-    folder (it records the folder it was written in: a marker copied or moved with a folder proves nothing
-    there, and the folder is judged by its content, as an earlier release's). A marker that is no marker of
-    CloudML's (a link, a folder, not its JSON) is refused: it may be someone else's file."""
+def marker_kind(folder: Path, proven: bool = True) -> str | None:
+    """The kind a folder's marker names; None without a marker, or where the marker does not prove it: one
+    written for another folder (it records the folder it was written in: a marker copied or moved with a
+    folder proves nothing there), or one that names no folder (as earlier releases wrote them, or a copy of
+    such a run's); such a folder is judged by its content, as an earlier release's. `proven=False`: the kind
+    any marker of CloudML's names (the ledger's claimed folder: the nearest that holds one). A marker that is
+    no marker of CloudML's (a link, a folder, not its JSON) is refused: it may be someone else's file."""
     path = Path(folder) / MARKER
     if not os.path.lexists(path):
         return None
     try:
         doc = read_json(path, MARKER_SHAPE, MARKER_LIMIT)
         written_in = doc.get("folder")
-        return doc["kind"] if written_in is None or recorded_here(written_in, folder) else None
+        return (
+            doc["kind"]
+            if not proven or (written_in is not None and recorded_here(written_in, folder))
+            else None
+        )
     except (OSError, Damaged) as e:
         raise CloudMLError(
             f"{path} is not a marker CloudML wrote ({shown(str(e), 200)}): the folder {folder} cannot be "

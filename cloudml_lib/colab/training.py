@@ -16,6 +16,7 @@ again would need. An unfinished one is refused before anything starts, naming th
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -193,6 +194,13 @@ def adapt(run_dir: Path | None, flight: str = "", labels=(10, 25, 50)) -> None:
     )
     view = LiveView(None, bar=False)
     report_end(run_live(command(*args), view), view, "adaptation", None)
+    curve = [line.strip() for line in view.lines if _CURVE.search(line)]  # the result, out of the folded log
+    if curve:
+        show_markdown("**Adaptation** (the log above has the rest):\n\n" + "\n".join(f"- {x}" for x in curve))
+
+
+# the lines of science/adapt.py's curve_words: where it is scored, what is left out, each N's result
+_CURVE = re.compile(r": scored on its \d+ labels|: \d+ left out: |^\s*N = \d+: |: no adaptation curve")
 
 
 @user_errors
