@@ -756,9 +756,10 @@ def coverage_words(v: dict, target: float) -> str:
     return f"coverage {cov} for a {target:.0%} target, mean width {width}"
 
 
-def interval_lines(report: dict) -> list[str]:
+def interval_lines(report: dict, warnings: bool = True) -> list[str]:
     """The intervals: how they were calibrated, then per test flight their coverage beside the target (only
-    where they were not calibrated) and their width."""
+    where they were not calibrated) and their width; with `warnings`, where they fail a reader in words
+    (interval_warnings: test_parts puts those first)."""
     iv = report.get("intervals")
     if not iv:
         return []
@@ -790,7 +791,7 @@ def interval_lines(report: dict) -> list[str]:
         for k, v in iv["per_flight"].items()
     ]
     header = ["test flight", "coverage", "target", "mean width km", "n"]
-    said = interval_warnings(iv, report.get("training_label_range_km"))
+    said = interval_warnings(iv, report.get("training_label_range_km")) if warnings else []
     return lines + tables.markdown(header, rows).splitlines() + ([""] + said if said else [])
 
 
@@ -896,6 +897,12 @@ def test_parts(
     head += _metrics_table(report) + [""]
     head += skill_lines(report) + [""] if report.get("baselines") else []
     head += paper_lines(report) + [""] if paper_lines(report) else []
+    short = (
+        interval_warnings(report["intervals"], report.get("training_label_range_km"))
+        if report.get("intervals")
+        else []
+    )
+    head += [" ".join(short), ""] if short else []  # intervals that do not hold: said first, not folded
     more = height_range_lines(report) + [""] if report.get("by_height") else []
     more += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
     if report.get("cloud"):
@@ -905,7 +912,7 @@ def test_parts(
     more += [radiometry_words(report), ""] if report.get("radiometry") else []
     more += [atmosphere_words(report), ""] if report.get("atmosphere") else []
     more += [" ".join(inputs_words(report)), ""] if inputs_words(report) and not any_outside(report) else []
-    more += interval_lines(report) + [""] if report.get("intervals") else []
+    more += interval_lines(report, warnings=False) + [""] if report.get("intervals") else []
     more += validation_lines(report) + [""] if report.get("validation") else []
     more += epoch_lines(history or [], report.get("best_epoch")) + [""] if history else []
     return head, more
