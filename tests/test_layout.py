@@ -41,7 +41,8 @@ def imports_of(path: Path) -> set[str]:
 def test_the_layers_hold():
     """Every module in exactly one layer (exhaustive), each importing only from the layers below it, science
     and training independent siblings (neither imports the other), the network in core importing nothing of
-    the run folder, and figures (matplotlib) only above training: import-linter, as pyproject.toml says."""
+    the run folder, its model and compilation no data reader (the network importable alone), and figures
+    (matplotlib) only above training: import-linter, as pyproject.toml says."""
     r = subprocess.run(
         [
             sys.executable,
@@ -53,7 +54,7 @@ def test_the_layers_hold():
         text=True,
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in r.stdout
+    assert "Contracts: 5 kept, 0 broken." in r.stdout
 
 
 def test_the_folders_are_the_layers():

@@ -36,6 +36,24 @@ MAX_DEM_SURFACE_M = 10.0  # above this a "sea level" threshold keeps coastal lan
 CLOUD_HEADS = ("probe", "joint", "none")
 # model.height_head: bounded (between the surface and data.cbh_max_km) or unbounded (runs before it existed)
 HEIGHT_HEADS = ("bounded", "unbounded")
+# What the network's shape is made of, here so that the network (core/network) imports no data reader:
+# the classes of its cloud output (data/cpl.py: what a CPL profile says of the cloud under the aircraft, by
+# the base of the flag's layer against the label range), and its scalar inputs (data/dataset.py: the angles,
+# then a frame's radiometric statistics by name, data/preprocess.py's frame_statistics, in this order: where
+# the coldest pixels (cloud tops) and the warmest (the sea) lie, and between).
+CLEAR, BASE_IN_RANGE, BASE_ABOVE, BASE_BELOW = 0, 1, 2, 3
+CLASS_MEANINGS = ("clear_sky", "cloud_base_in_range", "cloud_base_above_range", "cloud_base_below_range")
+ANGLE_INPUTS = 3  # the zenith angle, the azimuth's sine and cosine
+STAT_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 99)
+STAT_NAMES = tuple(f"p{q}" for q in STAT_PERCENTILES) + ("mean", "std")
+
+
+def n_scalar_inputs(radiometry: str, n_atmosphere: int = 0) -> int:
+    """How many scalar inputs the network takes with data.radiometry `radiometry` and `n_atmosphere`
+    predictors of the atmosphere."""
+    return ANGLE_INPUTS + (len(STAT_NAMES) if radiometry != "none" else 0) + n_atmosphere
+
+
 SURFACE_KM = 0.0  # the lowest a cloud base can be: the labels are over the ocean (DEM_Surface_Altitude 0)
 # data.validation: where the data that chooses (the best epoch, early stopping, the intervals' width) comes
 # from. "test_flights" is the reading of runs made before the setting existed (CloudML 0.2 and earlier chose

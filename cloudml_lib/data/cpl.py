@@ -16,6 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from cloudml_lib.base.config import BASE_ABOVE as BASE_ABOVE  # the classes: base/config.py's, named here too
+from cloudml_lib.base.config import BASE_BELOW as BASE_BELOW
+from cloudml_lib.base.config import BASE_IN_RANGE as BASE_IN_RANGE
+from cloudml_lib.base.config import CLASS_MEANINGS as CLASS_MEANINGS
+from cloudml_lib.base.config import CLEAR as CLEAR
 from cloudml_lib.base.config import DataConfig, FlightConfig
 from cloudml_lib.base.errors import DataError
 from cloudml_lib.data.er2 import check_files, flight_paths, read_ir_times
@@ -61,9 +66,8 @@ class FlightLabels:
 # ------------------------------------------------------------------------------------ labels
 
 # What a CPL profile says of the cloud under the aircraft, by the base of the flag's layer against the label
-# range (data.cloud_flag base_in_range): the classes of the cloud output and of cpl_cloud_flag.
-CLEAR, BASE_IN_RANGE, BASE_ABOVE, BASE_BELOW = 0, 1, 2, 3
-CLASS_MEANINGS = ("clear_sky", "cloud_base_in_range", "cloud_base_above_range", "cloud_base_below_range")
+# range (data.cloud_flag base_in_range): the classes of the cloud output and of cpl_cloud_flag (base/config.py
+# holds them: the network's output is made of them).
 CLASS_WORDS = (
     "clear sky (no CPL layer)",
     "a cloud base in the height product's range",

@@ -31,13 +31,16 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from cloudml_lib.base.config import ANGLE_INPUTS as ANGLE_INPUTS  # base/config.py's, named here too
+from cloudml_lib.base.config import STAT_NAMES as STAT_NAMES
 from cloudml_lib.base.config import Config
+from cloudml_lib.base.config import n_scalar_inputs as n_scalar_inputs
 from cloudml_lib.base.errors import DataError
 from cloudml_lib.data import predictors
 from cloudml_lib.data.cache import FlightCache, load_caches
 from cloudml_lib.data.cpl import BASE_IN_RANGE, cloud_classes
 from cloudml_lib.data.flights import FoundFlight, Notes, format_table, summary_rows
-from cloudml_lib.data.preprocess import STAT_NAMES, Backend
+from cloudml_lib.data.preprocess import Backend
 from cloudml_lib.data.splits import Split, check_parts, choose_split
 
 log = logging.getLogger(__name__)
@@ -139,15 +142,6 @@ def mirror_line(heading_deg: np.ndarray, mode: str, along_track_axis: str) -> np
     axis = 0.0 if along_track_axis == "rows" else 90.0
     heading = np.asarray(heading_deg, np.float64)
     return np.where(np.isfinite(heading), axis + (heading if mode == "ground" else 0.0), np.nan)
-
-
-ANGLE_INPUTS = 3  # the zenith angle, the azimuth's sine and cosine
-
-
-def n_scalar_inputs(radiometry: str, n_atmosphere: int = 0) -> int:
-    """How many scalar inputs the network takes with data.radiometry `radiometry` and `n_atmosphere`
-    predictors of the atmosphere."""
-    return ANGLE_INPUTS + (len(STAT_NAMES) if radiometry != "none" else 0) + n_atmosphere
 
 
 def scalar_inputs(sza_deg, azimuth_deg, scalers: Scalers, stats=None, atmosphere=None) -> np.ndarray:

@@ -51,6 +51,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cloudml_lib.base.config import STAT_NAMES as STAT_NAMES  # base/config.py's, named here too
+from cloudml_lib.base.config import STAT_PERCENTILES as STAT_PERCENTILES
 from cloudml_lib.base.config import DataConfig
 from cloudml_lib.base.errors import ConfigError, DataError, install_command, shown
 from cloudml_lib.data import hdf5
@@ -89,10 +91,8 @@ class FrameSpec(NamedTuple):
         )
 
 
-# The radiometric statistics of a frame (frame_statistics), in this order: where the coldest pixels (cloud
-# tops) and the warmest (the sea) lie, and between; a statistic's name is its key wherever it is stored
-STAT_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 99)
-STAT_NAMES = tuple(f"p{q}" for q in STAT_PERCENTILES) + ("mean", "std")
+# The radiometric statistics of a frame (frame_statistics), STAT_NAMES in base/config.py's order; a
+# statistic's name is its key wherever it is stored
 
 
 class Radiometry(NamedTuple):

@@ -47,9 +47,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cloudml_lib.base.config import CLOUD_HEADS, HEIGHT_HEADS, height_bounds_km
-from cloudml_lib.data.cpl import BASE_IN_RANGE, CLASS_MEANINGS
-from cloudml_lib.data.dataset import n_scalar_inputs
+from cloudml_lib.base.config import (
+    BASE_IN_RANGE,
+    CLASS_MEANINGS,
+    CLOUD_HEADS,
+    HEIGHT_HEADS,
+    height_bounds_km,
+    n_scalar_inputs,
+)
 
 
 class Outputs(NamedTuple):
