@@ -84,8 +84,13 @@ def check_tensorboard_served(run_dir: Path, wait_s: float = 60.0) -> str:
         return ""
     from tensorboard import manager
 
-    mine = [i for i in manager.get_all() if Path(i.logdir).resolve() == run_dir.parent.resolve()]
-    assert mine, f"no TensorBoard was started for {run_dir.parent}"
+    deadline, mine = time.time() + wait_s, []
+    while True:  # a start that outlasted the manager's wait (a loaded machine) is still coming up
+        mine = [i for i in manager.get_all() if Path(i.logdir).resolve() == run_dir.parent.resolve()]
+        if mine or time.time() > deadline:
+            break
+        time.sleep(1.0)
+    assert mine, f"no TensorBoard was started for {run_dir.parent} (none serves it after {wait_s:.0f} s)"
     name = f"{run_dir.name}/tensorboard"
     url = f"http://localhost:{mine[0].port}/data/plugin/scalars/scalars?" + urllib.parse.urlencode(
         {"run": name, "tag": "train/loss"}
