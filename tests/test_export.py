@@ -133,6 +133,7 @@ def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run_cop
     assert f"- Weights: `weights.safetensors`, sha256 {digest}." in card and "Training:" not in card
 
 
+@pytest.mark.slow
 def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tiny_run_copy, tmp_path):
     """best.pt replaced after the evaluation: the card says so instead of the other weights' skill; a run
     whose end is pending says its weights are the best so far."""
