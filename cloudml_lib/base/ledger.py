@@ -124,7 +124,7 @@ def start(home: Path, entries: list[str] | None = None) -> set[str]:
     if entries is None:
         proven = marker_kind(home)
         kind = kind_named(proven or marker_kind(home, proven=False) or "")
-        if proven is None:  # a marker that proves nothing by itself (copied, or naming no folder): the
+        if proven is None:  # a marker that proves nothing by itself (copied, or naming no folder):
             # the kind's own where the content verifies as an earlier release's (its adoption), else nothing
             adopted = kind is not None and kind.owned is not None and kind.adopt(home)
             entries = kind.owned(home) if adopted else []
