@@ -425,3 +425,123 @@ def test_a_marker_that_names_no_folder_proves_nothing_by_itself(tmp_path):
         check(folder, RUN)
     assert not ledger.mine(folder / "metrics.jsonl") and not ledger.mine(folder / "train.log")
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != LEDGER} == before
+
+
+def claimed_run(tmp_path) -> Path:
+    from cloudml_lib.base.ownership import write_marker
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_marker(run, RUN.name)
+    ledger.start(run, [])
+    return run
+
+
+def test_a_file_changed_after_cloudml_wrote_it_is_the_users_and_a_report_goes_beside_it(tmp_path, caplog):
+    """The ledger records what CloudML wrote (size and sha256), not only the name: a file edited since is
+    never replaced or deleted, and is named; a document for people (report.md) goes to report.new.md instead,
+    said once (a user's text in report.md was replaced without a word: the ledger listed the name). An edit
+    that keeps the size is found by the checksum."""
+    from cloudml_lib.base.outputs import target, write_text
+
+    run = claimed_run(tmp_path)
+    write_text(run / "evaluation.json", '{"r2": 0.5}')
+    write_text(target(run / "report.md"), "# Results\n")
+    write_text(run / "evaluation.json", '{"r2": 0.6}')  # CloudML's own file: replaced as before
+    (run / "evaluation.json").write_text('{"r2": 0.9}')  # the same size, another number
+    (run / "report.md").write_text("# Results\nMy reading of the numbers.\n")
+    with pytest.raises(
+        CloudMLError, match=r"evaluation.json was changed after CloudML wrote it \(its content"
+    ):
+        write_text(run / "evaluation.json", '{"r2": 0.7}')
+    assert (run / "evaluation.json").read_text() == '{"r2": 0.9}'
+    with caplog.at_level("WARNING"):
+        assert write_text(target(run / "report.md"), "# Results, again\n") == run / "report.new.md"
+        write_text(target(run / "report.md"), "# Results, a third time\n")
+    assert caplog.text.count("report.md was edited after CloudML wrote it: it is kept as it is") == 1
+    assert (run / "report.md").read_text() == "# Results\nMy reading of the numbers.\n"
+    assert (run / "report.new.md").read_text() == "# Results, a third time\n"
+    assert not ledger.delete(run / "report.md") and not ledger.delete(run)  # a clean-up leaves them
+    assert (run / "report.md").exists() and (run / "evaluation.json").read_text() == '{"r2": 0.9}'
+    assert not (run / "report.new.md").exists()  # CloudML's own, unchanged: deleted
+
+
+def test_a_kill_between_the_record_and_the_rename_leaves_the_old_file_cloudmls(tmp_path):
+    from cloudml_lib.base.outputs import write_text
+
+    run = claimed_run(tmp_path)
+    write_text(run / "run.json", '{"step": 1}')
+    newer = run / ".run.json.tmp-1"
+    newer.write_text('{"step": 2}')
+    ledger.add(run / "run.json", content=newer)  # recorded; killed before the rename
+    assert ledger.mine(run / "run.json")
+    os.replace(newer, run / "run.json")
+    assert ledger.mine(run / "run.json")
+
+
+def test_an_appended_file_is_checked_by_its_fingerprint_not_read_again_at_every_line(tmp_path, monkeypatch):
+    """train.log and metrics.jsonl: the fingerprint of what CloudML appended (size and sha256) is kept as the
+    lines go and recorded with the ledger; a later process finds the file CloudML's by it. Cut or rewritten
+    by the user: refused, naming it. Longer than its record (a process killed after its last record, or a
+    user's added line): CloudML's. A truncation to a checkpoint's size is recorded before it is made."""
+    from cloudml_lib.base.outputs import append_text
+
+    run = claimed_run(tmp_path)
+    log = run / "metrics.jsonl"
+    for i in range(3):
+        append_text(log, f'{{"step": {i}}}\n')
+    reads = []
+    real = ledger._sha256
+    monkeypatch.setattr(ledger, "_sha256", lambda *a: reads.append(a) or real(*a))
+    append_text(log, '{"step": 3}\n')
+    assert reads == []  # this process's own appends: a stat, no read
+    ledger.flush()
+    monkeypatch.setattr(ledger, "_growing", {})  # a new process
+    assert ledger.mine(log)
+    append_text(log, '{"step": 4}\n')  # longer than the record: the last lines came after it
+    ledger.flush()
+    monkeypatch.setattr(ledger, "_growing", {})
+    ledger.truncating(log, len('{"step": 0}\n') * 2)  # recorded; killed before the cut
+    monkeypatch.setattr(ledger, "_growing", {})
+    assert ledger.mine(log)
+    text = log.read_text()
+    log.write_text(text.replace('"step": 1', '"step": 9'))  # the user's edit, the same size
+    monkeypatch.setattr(ledger, "_growing", {})
+    with pytest.raises(CloudMLError, match="metrics.jsonl was changed after CloudML wrote it"):
+        append_text(log, '{"step": 5}\n')
+    log.write_text(text[:10])  # cut
+    with pytest.raises(CloudMLError, match=r"it holds 10 bytes, of the 24 CloudML wrote"):
+        append_text(log, '{"step": 5}\n')
+    assert log.read_text() == text[:10]
+
+
+def test_evaluate_keeps_a_report_the_user_edited_and_a_resume_refuses_a_rewritten_log(session_runs, tmp_path):
+    """Whole commands: `evaluate` on a run whose report.md a user rewrote writes report.new.md and says so
+    (report.md kept byte-identical; it was replaced without a word); `train` on a stopped run whose
+    train.log the user rewrote refuses, naming it, and changes nothing (it appended to the user's file)."""
+    from conftest import digest, run_cli
+
+    run = session_runs.copy(session_runs.finished(), tmp_path / "run")
+    notes = "# My reading of this run\n"
+    (run / "report.md").write_text(notes)
+    r = run_cli("evaluate", "--run-dir", run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (run / "report.md").read_text() == notes and "## Test flights" in (
+        run / "report.new.md"
+    ).read_text()
+    assert f"{run / 'report.md'} was edited after CloudML wrote it: it is kept" in r.stdout + r.stderr
+    stopped = session_runs.copy(session_runs.killed("step:8"), tmp_path / "stopped")
+    (stopped / "train.log").write_text("my own log of this run\n")
+    before = digest(stopped)
+    r = run_cli("train", "--config", session_runs.cfg, "--run-dir", stopped)
+    said = r.stdout + r.stderr
+    assert r.returncode != 0 and f"{stopped / 'train.log'} was changed after CloudML wrote it" in said, said
+    after = digest(stopped)
+    assert "Traceback" not in said and after["train.log"] == before["train.log"]
+    # what changed is CloudML's bookkeeping: the run lock, and run.json's record of the failure
+    assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} <= {
+        ".lock",
+        "run.json",
+        LEDGER,
+    }
+    assert "train.log was changed after CloudML wrote it" in (stopped / "run.json").read_text()

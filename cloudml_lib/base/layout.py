@@ -76,6 +76,18 @@ class RunLayout:
         return self.path / self.REPORT
 
     @property
+    def newest_report(self) -> Path:
+        """report.md, or report.new.md where CloudML wrote its report there since (a user edited report.md:
+        outputs.target) and it is the newer of the two."""
+        new = self.path / f"{Path(self.REPORT).stem}.new.md"
+        try:
+            if new.is_file() and new.stat().st_mtime >= self.report.stat().st_mtime:
+                return new
+        except OSError:
+            pass
+        return self.report
+
+    @property
     def evaluation(self) -> Path:
         return self.path / self.EVALUATION
 

@@ -16,12 +16,24 @@ written whole (temporary file, then rename) by the one process that holds the fo
 a DDP run), or by processes of one machine under an advisory lock on the folder (cross-validation folds), and
 under a thread lock (checkpoints commit from a thread).
 
+A file CloudML writes whole (outputs.atomic_path: run.json, evaluation.json, report.md, a prediction) is
+recorded with its size and sha256, and a file it appends to (train.log, metrics.jsonl) with its size and the
+sha256 of what CloudML wrote (its fingerprint, kept as the appends go and written with the ledger's next
+write, at the end of the process, or when the log closes). A listed file whose content no longer matches was
+changed by someone else since: it is the user's from then on (never replaced, truncated, appended to or
+deleted; named once). An appended file may be longer than its record (a process killed after its last
+record): its recorded part must match. Folders (checkpoints, the folds') and files written by their own
+protocols (the cache's, whose checksums are their own) are listed by name, as are the files of a ledger
+written before content was recorded.
+
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import logging
 import os
@@ -31,12 +43,19 @@ from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ownership import MARKER, kind_named, marker_kind, others_in, where
-from cloudml_lib.base.shapes import TEXT, Damaged, ListOf, Obj, read_json
+from cloudml_lib.base.shapes import BOOL, INT, TEXT, Damaged, ListOf, MapOf, Obj, read_json
 
 log = logging.getLogger(__name__)
 
 LEDGER = ".cloudml-files"
-LEDGER_SHAPE = Obj({"by": TEXT, "folder": TEXT, "created": ListOf(TEXT)}, required=("created",))
+# a file's content as CloudML wrote it: its size and sha256 (a file written whole: the newest and the one
+# before, so that a kill between the record and the rename leaves the file that stands there CloudML's), or
+# for a file CloudML appends to ("grows"), the sha256 of its first `size` bytes
+CONTENT_SHAPE = Obj({"size": INT, "sha256": ListOf(TEXT), "grows": BOOL}, required=("size", "sha256"))
+LEDGER_SHAPE = Obj(
+    {"by": TEXT, "folder": TEXT, "created": ListOf(TEXT), "contents": MapOf(CONTENT_SHAPE)},
+    required=("created",),
+)
 LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file is not CloudML's ledger
 
 _lock = threading.RLock()
@@ -80,8 +99,9 @@ def _rel(home: Path, path: str | Path) -> str:
     return Path(os.path.abspath(path)).relative_to(Path(os.path.abspath(home))).as_posix()
 
 
-def _read(home: Path) -> set[str] | None:
-    """The listed paths; None where the folder has no ledger yet, or a damaged one (named once)."""
+def _read(home: Path) -> tuple[set[str], dict[str, dict]] | None:
+    """The listed paths and the contents recorded; None where the folder has no ledger yet, or a damaged one
+    (named once)."""
     path = home / LEDGER
     if not os.path.lexists(path):
         return None
@@ -93,34 +113,46 @@ def _read(home: Path) -> set[str] | None:
             f"{path} is damaged ({e}); it is made again from what in {home} verifies as CloudML's",
         )
         return None
-    return set(doc["created"])
+    return set(doc["created"]), dict(doc.get("contents", {}))
 
 
-def _write(home: Path, created: set[str]) -> None:
+def _write(home: Path, created: set[str], contents: dict[str, dict]) -> None:
+    """The ledger written whole, the fingerprints of this process's appends in `home` brought up to date."""
+    contents = {rel: c for rel, c in contents.items() if is_listed(created, rel)}
+    for growth in list(_growing.values()):
+        if growth.home == home and is_listed(created, growth.rel):
+            contents[growth.rel] = growth.record()
     tmp = home / f".{LEDGER}.tmp-{os.getpid()}"
     try:
         if os.path.lexists(tmp):
             tmp.unlink()
-        doc = {"by": "CloudML", "folder": where(home), "created": sorted(created)}
-        tmp.write_text(json.dumps(doc, indent=0))
+        doc = {"by": "CloudML", "folder": where(home), "created": sorted(created), "contents": contents}
+        tmp.write_text(json.dumps(doc, indent=0, sort_keys=True))
         os.replace(tmp, home / LEDGER)
     finally:
         if os.path.lexists(tmp):
             tmp.unlink()
+    for growth in _growing.values():
+        if growth.home == home:
+            growth.dirty = False
+
+
+def _record(home: Path) -> tuple[set[str], dict[str, dict]]:
+    with _lock:
+        found = _read(home)
+        if found is None:
+            found = start(home), {}
+        return found
 
 
 def listed(home: Path) -> set[str]:
     """The ledger of the claimed folder `home`, made first where it has none (from its kind's rule)."""
-    with _lock:
-        created = _read(home)
-        if created is None:
-            created = start(home)
-        return created
+    return _record(home)[0]
 
 
 def start(home: Path, entries: list[str] | None = None) -> set[str]:
     """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
-    the kind's own by its rule (ownership.Kind.owned)."""
+    the kind's own by its rule (ownership.Kind.owned); listed by name (no content recorded)."""
     if entries is None:
         proven = marker_kind(home)
         kind = kind_named(proven or marker_kind(home, proven=False) or "")
@@ -131,7 +163,7 @@ def start(home: Path, entries: list[str] | None = None) -> set[str]:
         else:
             entries = kind.verified(home) if kind is not None else others_in(home)
     with _lock:
-        _write(home, set(entries))
+        _write(home, set(entries), {})
     return set(entries)
 
 
@@ -140,31 +172,176 @@ def is_listed(created: set[str], rel: str) -> bool:
     return any("/".join(parts[:i]) in created for i in range(1, len(parts) + 1))
 
 
-def mine(path: str | Path) -> bool:
-    """Whether CloudML may replace, truncate, append to or delete `path`: it does not exist yet, it lies in
-    no claimed folder, or its claimed folder's ledger lists it (or a folder above it)."""
+# ------------------------------------------------------------------------------------------ contents
+
+
+def _sha256(path: str | Path, size: int | None = None):
+    """The sha256 (a hashlib object) of `path`'s first `size` bytes (all where None); None where shorter."""
+    h, left = hashlib.sha256(), size
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(1 << 20 if left is None else min(left, 1 << 20))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return None if left else h
+
+
+def _differs(path: str | Path, rec: dict) -> str | None:
+    """How `path` differs from what CloudML recorded writing (words), or None where it matches."""
+    try:
+        size = os.stat(path).st_size
+        if not os.path.isfile(path):
+            return "it is no longer a file"
+        if rec.get("grows"):
+            growth = _growing.get(os.path.abspath(path))
+            if growth is not None and growth.size == size:
+                return None  # this process wrote all of it (a stat: nothing read again per append)
+            if size < rec["size"]:
+                return f"it holds {size} bytes, of the {rec['size']} CloudML wrote"
+            h = _sha256(path, rec["size"])
+        else:
+            if size != rec["size"]:
+                return f"it holds {size} bytes where CloudML wrote {rec['size']}"
+            h = _sha256(path)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    if h is None or h.hexdigest() not in rec["sha256"]:
+        return "its content is not what CloudML wrote (its sha256 differs)"
+    return None
+
+
+def _judge(path: str | Path) -> tuple[str, str] | None:
+    """None where CloudML may replace, truncate, append to or delete `path`; else why not: ("unlisted", "")
+    or ("changed", how)."""
     if not os.path.lexists(path):
-        return True
+        return None
     home = home_of(path)
     if home is None or Path(os.path.abspath(path)) == Path(os.path.abspath(home)) / LEDGER:
-        return True
+        return None
     if Path(path).name == MARKER and Path(os.path.abspath(path)).parent == Path(os.path.abspath(home)):
-        return True
-    return is_listed(listed(home), _rel(home, path))
+        return None
+    rel = _rel(home, path)
+    created, contents = _record(home)
+    if not is_listed(created, rel):
+        return "unlisted", ""
+    rec = contents.get(rel)
+    how = None if rec is None else _differs(path, rec)
+    return None if how is None else ("changed", how)
+
+
+def mine(path: str | Path) -> bool:
+    """Whether CloudML may replace, truncate, append to or delete `path`: it does not exist yet, it lies in
+    no claimed folder, or its claimed folder's ledger lists it (or a folder above it) and, where its content
+    was recorded, it still holds what CloudML wrote."""
+    return _judge(path) is None
+
+
+def changed(path: str | Path) -> bool:
+    """Whether `path` is listed as CloudML's but was changed by someone else since CloudML wrote it."""
+    found = _judge(path)
+    return found is not None and found[0] == "changed"
+
+
+class _Growth:
+    """The fingerprint of a file this process appends to: its size and the running sha256 of all of it."""
+
+    def __init__(self, home: Path, rel: str, size: int, h):
+        self.home, self.rel, self.size, self.hash, self.dirty = home, rel, size, h, True
+
+    def record(self) -> dict:
+        return {"size": self.size, "sha256": [self.hash.hexdigest()], "grows": True}
+
+
+_growing: dict[str, _Growth] = {}  # absolute path -> its fingerprint, for the files this process appends to
+
+
+def appending(path: str | Path) -> None:
+    """`path` (CloudML's: checked before) is about to be appended to by this process: its fingerprint starts
+    from all it holds now (read once; then kept as the appends go)."""
+    key = os.path.abspath(path)
+    home = home_of(path)
+    if home is None:
+        return
+    try:
+        size = os.stat(path).st_size if os.path.lexists(path) else 0
+        growth = _growing.get(key)
+        if growth is not None and growth.size == size:
+            return
+        h = _sha256(path) if size else hashlib.sha256()
+    except OSError:
+        return  # the open that follows names the problem
+    with _lock:
+        _growing[key] = _Growth(home, _rel(home, path), size, h)
+
+
+def appended(path: str | Path, data: bytes) -> None:
+    """`data` was appended to `path` by this process (kept in its fingerprint; written with the ledger)."""
+    growth = _growing.get(os.path.abspath(path))
+    if growth is not None:
+        growth.hash.update(data)
+        growth.size += len(data)
+        growth.dirty = True
+
+
+def truncating(path: str | Path, size: int) -> None:
+    """`path` (CloudML's, appended to) is about to be cut to its first `size` bytes: the fingerprint of those
+    is written first, so that a kill between the two leaves a file that is longer than its record, which
+    verifies."""
+    home = home_of(path)
+    if home is None:
+        return
+    h = _sha256(path, size)
+    if h is None:
+        return
+    with _lock:
+        _growing[os.path.abspath(path)] = _Growth(home, _rel(home, path), size, h)
+    flush()
+
+
+def flush() -> None:
+    """Write the fingerprints of this process's appends that the ledgers do not hold yet."""
+    with _lock:
+        homes = {g.home for g in _growing.values() if g.dirty}
+    for home in homes:
+        try:
+            with _lock, _folder_lock(home):
+                created, contents = _record(home)
+                _write(home, created, contents)
+        except OSError:
+            pass  # a full disk, a folder gone: the record stays shorter, which the next start accepts
+
+
+atexit.register(flush)
+
+
+def _forget_growth() -> None:
+    _growing.clear()  # a forked child appends to files of its own, if any
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_growth)
+
+
+# ------------------------------------------------------------------------------------------ changes
 
 
 def _update(path: str | Path, change) -> None:
-    """`change(listed, rel)` (the new set) applied to the ledger of the claimed folder `path` lies in; nothing
-    where it lies in none."""
+    """`change(listed, contents, rel)` (the new listed set; `contents` changed in place) applied to the ledger
+    of the claimed folder `path` lies in; nothing where it lies in none."""
     home = home_of(path)
     if home is None:
         return
     rel = _rel(home, path)
     with _lock, _folder_lock(home):
-        created = listed(home)
-        changed = change(created, rel)
-        if changed != created:
-            _write(home, changed)
+        created, contents = _record(home)
+        before = dict(contents)
+        changed_ = change(created, contents, rel)
+        growing = any(g.dirty and g.home == home for g in _growing.values())
+        if changed_ != created or contents != before or growing:
+            _write(home, changed_, contents)
 
 
 @contextmanager
@@ -191,14 +368,35 @@ def _folder_lock(home: Path):
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def add(path: str | Path) -> None:
-    """List `path` (about to be created by CloudML) in its claimed folder's ledger."""
-    _update(path, lambda created, rel: created if is_listed(created, rel) else created | {rel})
+def add(path: str | Path, content: Path | None = None) -> None:
+    """List `path` (about to be created or replaced by CloudML) in its claimed folder's ledger; where
+    `content` is given (the finished file about to be renamed to `path`), its size and sha256 are recorded
+    as `path`'s, the previous record kept beside it until the next write."""
+    record = None
+    if content is not None:
+        record = {"size": os.stat(content).st_size, "sha256": [_sha256(content).hexdigest()]}
+
+    def change(created, contents, rel):
+        if record is not None:
+            before = contents.get(rel)
+            kept = before["sha256"][:1] if before and not before.get("grows") else []
+            hashes = record["sha256"] + [h for h in kept if h not in record["sha256"]]
+            contents[rel] = dict(record, sha256=hashes)
+        return created if is_listed(created, rel) else created | {rel}
+
+    _update(path, change)
 
 
 def drop(path: str | Path) -> None:
     """Take `path` (just deleted or moved by CloudML), and what it held, out of its folder's ledger."""
-    _update(path, lambda created, rel: {c for c in created if c != rel and not c.startswith(rel + "/")})
+
+    def change(created, contents, rel):
+        for c in [c for c in contents if c == rel or c.startswith(rel + "/")]:
+            del contents[c]
+        return {c for c in created if c != rel and not c.startswith(rel + "/")}
+
+    _growing.pop(os.path.abspath(path), None)
+    _update(path, change)
 
 
 def delete(path: str | Path) -> bool:
@@ -209,8 +407,12 @@ def delete(path: str | Path) -> bool:
     path = Path(path)
     if not os.path.lexists(path):
         return True
+    if path.is_dir() and not path.is_symlink() and os.path.lexists(path / MARKER):
+        return _delete_claimed(path)
     if mine(path):
         if path.is_dir() and not path.is_symlink():
+            if _changed_inside(path):
+                return all([delete(child) for child in sorted(path.iterdir())])
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
@@ -222,8 +424,41 @@ def delete(path: str | Path) -> bool:
     return False
 
 
+def _delete_claimed(folder: Path) -> bool:
+    """A claimed folder itself: what its ledger allows goes, each by the rules; the marker, the ledger and
+    the folder last, and only where nothing else is left."""
+    rest = [p for p in sorted(folder.iterdir()) if p.name not in (MARKER, LEDGER)]
+    if not all([delete(child) for child in rest]):
+        return False
+    for name in (LEDGER, MARKER):
+        (folder / name).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _changed_inside(folder: Path) -> bool:
+    """Whether a listed folder holds a file whose recorded content was changed since (kept when it goes)."""
+    home = home_of(folder)
+    if home is None:
+        return False
+    rel = _rel(home, folder)
+    contents = _record(home)[1]
+    inside = [c for c in contents if c.startswith(rel + "/")]
+    return any(_differs(home / c, contents[c]) for c in inside if os.path.lexists(home / c))
+
+
 def not_mine(path: str | Path, doing: str) -> str:
     """The words for a path CloudML leaves alone: what it would have done, and what the user can do."""
+    found = _judge(path)
+    if found is not None and found[0] == "changed":
+        return (
+            f"{path} was changed after CloudML wrote it ({found[1]}), so it is yours now: CloudML does not "
+            f"{doing} it, and it is left as it is. Move it out of the folder (or rename it) to let CloudML "
+            "write its own file there, or choose another folder."
+        )
     home = home_of(path)
     return (
         f"{path} was not written by CloudML (its folder's record of what CloudML created, "

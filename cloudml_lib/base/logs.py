@@ -60,6 +60,12 @@ class _RunLogFile(logging.FileHandler):
 
         return open_append(self.baseFilename)  # never through a symbolic link (refused, naming it)
 
+    def close(self):
+        from cloudml_lib.base import ledger
+
+        super().close()
+        ledger.flush()  # the log's fingerprint (what CloudML wrote in it) into its folder's ledger
+
     def emit(self, record):
         self._failed_now = False
         super().emit(record)

@@ -52,7 +52,10 @@ def free_bytes(path: str | Path) -> int | None:
 
 @contextmanager
 def atomic_path(path: str | Path):
-    """Yields a temporary path beside `path`; renamed to `path` when the block ends without error."""
+    """Yields a temporary path beside `path`; renamed to `path` when the block ends without error, its size
+    and sha256 recorded in the folder's ledger. Where `path` is CloudML's by name but was changed since
+    CloudML wrote it, it is kept and the write refused, naming it (a document for people goes beside it
+    instead: `target`)."""
     from cloudml_lib.base import ledger
 
     path = Path(path)
@@ -63,7 +66,8 @@ def atomic_path(path: str | Path):
         if os.path.lexists(tmp):  # a leftover, or a link: the writer must create a file of its own
             tmp.unlink()
         yield tmp
-        ledger.add(path)  # listed first: a kill between the two never leaves a file of CloudML's unlisted
+        # listed (with what it holds) first: a kill between the two never leaves a file of CloudML's unlisted
+        ledger.add(path, content=tmp)
         os.replace(tmp, path)  # replaces a name, never writes through one
     except OSError as e:
         raise named(e, path) from None
@@ -77,7 +81,34 @@ def atomic_path(path: str | Path):
             tmp.unlink()
 
 
+_said_aside: set[str] = set()
+
+
+def target(path: str | Path) -> Path:
+    """Where a document for people (report.md, crossval.md, a model card) is written: `path`, or where a
+    user edited it since CloudML wrote it, NAME.new.EXT beside it (the edited file kept; said once)."""
+    import logging
+
+    from cloudml_lib.base import ledger
+
+    path = Path(path)
+    if not ledger.changed(path):
+        return path
+    new = path.with_name(f"{path.stem}.new{path.suffix}")
+    if str(path) not in _said_aside:
+        _said_aside.add(str(path))
+        logging.getLogger(__name__).warning(
+            "%s was edited after CloudML wrote it: it is kept as it is, and the new one is %s (move or "
+            "delete the edited file to have CloudML write %s again).",
+            path,
+            new,
+            path.name,
+        )
+    return new
+
+
 def write_text(path: str | Path, text: str) -> Path:
+    """`text` written atomically to `path`; returns the path."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
@@ -90,6 +121,32 @@ def append_text(path: str | Path, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise named(e, path) from None
+
+
+class Appending:
+    """A text file CloudML appends to: each write is flushed and kept in the ledger's fingerprint of the
+    file (its size and the sha256 of what CloudML wrote), so that a later start knows the file is still
+    CloudML's without reading it again at every line."""
+
+    def __init__(self, path: str | Path, f):
+        self.path, self._f = path, f
+
+    def write(self, text: str) -> int:
+        from cloudml_lib.base import ledger
+
+        n = self._f.write(text)
+        self._f.flush()
+        ledger.appended(self.path, text.encode("utf-8"))
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
 
 
 def refuse_link(path: str | Path) -> None:
@@ -129,6 +186,7 @@ def open_append(path: str | Path):
     ledger.refuse_unless_mine(path, "append to or truncate")
     if not os.path.lexists(path):
         ledger.add(path)  # listed before it exists (a kill between the two leaves nothing unlisted)
+    ledger.appending(path)  # its fingerprint, from what it holds now
     try:
         fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow=False)
     except NotRegularFile as e:
@@ -140,7 +198,7 @@ def open_append(path: str | Path):
         if Path(path).is_symlink():  # ELOOP: a link appeared since
             refuse_link(path)
         raise named(e, path) from None
-    return os.fdopen(fd, "a", encoding="utf-8")
+    return Appending(path, os.fdopen(fd, "a", encoding="utf-8"))
 
 
 def json_safe(obj):

@@ -225,7 +225,7 @@ def show_report(run_dir: Path | None) -> None:
     compile, then the data's provenance, the cross-validation and any file that could not be read, each folded
     (a click away). Its test flights, curves, scatter and whole flights are the Evaluation, Train and Whole
     flights cells' (the page repeated them in full: five screens)."""
-    path = None if run_dir is None else RunFolder(run_dir).report
+    path = None if run_dir is None else RunFolder(run_dir).newest_report
     if path is None or not path.is_file():
         print("No report yet: it is written when training finishes.")
         return
@@ -250,7 +250,7 @@ def show_report(run_dir: Path | None) -> None:
 def show_page(folder: Path) -> None:
     """FOLDER/report.md whole (a sweep's, which no cell above shows): its text as Markdown, each linked plot
     as an image (a notebook does not resolve the report's relative image paths itself)."""
-    path = RunFolder(folder).report
+    path = RunFolder(folder).newest_report
     if not path.is_file():
         print("No report yet.")
         return

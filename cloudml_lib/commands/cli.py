@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError, explain_os_error, shown
+from cloudml_lib.base.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +398,7 @@ def _sweep(args) -> int:
             + ", ".join(f"{k}={v}" for k, v in b["params"].items())
         )
     if result:
-        print(f"report: {Path(args.run_dir) / 'report.md'}")
+        print(f"report: {RunLayout(Path(args.run_dir)).newest_report}")
     failed = [t for t in result.get("trials", []) if t["state"] == "fail"]
     if failed and len(failed) == len(result["trials"]):
         raise CloudMLError(

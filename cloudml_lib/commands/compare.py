@@ -17,7 +17,7 @@ from pathlib import Path
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import LEGACY_VALIDATION, NEW, conv_channels, resume_rules
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.outputs import write_text
+from cloudml_lib.base.outputs import target, write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import flatten_keys, has_run, is_crossval
@@ -502,4 +502,4 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
         f"(not pruned), this sweep has {len(finished)}."
     )
     lines.append(reason or "![parameter importances](plots/param_importances.png) (fANOVA, seed 0)")
-    return write_text(run_dir / "report.md", "\n".join(lines) + "\n")
+    return write_text(target(run_dir / "report.md"), "\n".join(lines) + "\n")

@@ -59,7 +59,7 @@ import numpy as np
 from cloudml_lib.base import ledger
 from cloudml_lib.base.config import LEGACY_VALIDATION, Config, absent_settings, derive
 from cloudml_lib.base.errors import CloudMLError, ConfigError, DataError
-from cloudml_lib.base.outputs import json_safe, write_text
+from cloudml_lib.base.outputs import json_safe, target, write_text
 from cloudml_lib.base.ownership import claim
 from cloudml_lib.commands.runs import train_run, with_demo_flights
 from cloudml_lib.commands.trialpool import Workers, check_parallel, serve
@@ -792,7 +792,7 @@ def crossval(
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "crossval.json", json.dumps(json_safe(result), indent=1))
-    write_text(run_dir / "crossval.md", format_markdown(result))
+    write_text(target(run_dir / "crossval.md"), format_markdown(result))
     write_report(run_dir)
     log.info("Cross-validation:\n%s", format_markdown(result))
     for w in result["warnings"]:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.outputs import atomic_path, write_text
+from cloudml_lib.base.outputs import atomic_path, target, write_text
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.base.resources import package_version
 from cloudml_lib.core.run.checkpoint import Key, weights_sha256
@@ -140,7 +140,7 @@ def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Pa
     evaluation = run.files.evaluation()
     write_text(folder / SPEC, json.dumps(specification(cfg, scalers, wrapped.cloud, run), indent=1))
     weights_line = f"- Weights: `{WEIGHTS}`, sha256 {hashlib.sha256(blob).hexdigest()}."
-    write_text(folder / CARD, model_card(cfg, ckpt, evaluation, run, weights_line))
+    write_text(target(folder / CARD), model_card(cfg, ckpt, evaluation, run, weights_line))
     log.info("Exported %s's best model to %s (%s)", run.path.name, folder, ", ".join(EXPORT_FILES))
     return folder
 

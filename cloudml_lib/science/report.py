@@ -22,7 +22,7 @@ import numpy as np
 
 from cloudml_lib.base import tables
 from cloudml_lib.base.config import LEGACY_VALIDATION
-from cloudml_lib.base.outputs import write_text
+from cloudml_lib.base.outputs import target, write_text
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.compile import describe_saved
 from cloudml_lib.core.run import provenance
@@ -1024,4 +1024,4 @@ def counts_in_words(c: dict | None) -> str:
 
 
 def write_report(run_dir: str | Path) -> Path:
-    return write_text(Path(run_dir) / REPORT, build_report_md(Path(run_dir)))
+    return write_text(target(Path(run_dir) / REPORT), build_report_md(Path(run_dir)))

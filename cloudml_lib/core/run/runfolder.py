@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cloudml_lib.base import ledger
 from cloudml_lib.base.errors import CloudMLError, shown
 from cloudml_lib.base.files import what_is
 from cloudml_lib.base.layout import RunLayout
@@ -205,6 +206,7 @@ def truncate_metrics(path: Path, size: int) -> None:
     """metrics.jsonl (`path`) continues exactly where the checkpoint left it: later lines are work to redo."""
     with open_append(path) as f:  # never through a symbolic link: an outside file is not cut
         if os.fstat(f.fileno()).st_size > size:
+            ledger.truncating(path, size)  # its record first: a kill between the two leaves it CloudML's
             os.ftruncate(f.fileno(), size)
         elif size and os.fstat(f.fileno()).st_size < size:
             log.warning(
@@ -253,19 +255,19 @@ def adopt_run(folder: Path) -> str | None:
     folder = Path(folder)
     for ckpt in find_checkpoints(folder):
         reason, state, _ = check_folder(ckpt, load=True)
-        if reason is None and _same_config(RunLayout(folder).config, state.get(Key.CONFIG)):
+        if reason is None and _same_config(RunLayout(folder).config, (state or {}).get(Key.CONFIG)):
             return f"its checkpoint {ckpt.name} verifies"
     best = RunLayout(folder).best
     if best.is_file() and not best.is_symlink():
         try:
-            ckpt = load_checkpoint(best)
+            loaded = load_checkpoint(best)
         except CloudMLError:
             return None
         if (
-            isinstance(ckpt, dict)
-            and all(k in ckpt for k in BEST_KEYS)
+            isinstance(loaded, dict)
+            and all(k in loaded for k in BEST_KEYS)
             and os.path.lexists(RunLayout(folder).config)
-            and _same_config(RunLayout(folder).config, ckpt[Key.CONFIG])
+            and _same_config(RunLayout(folder).config, loaded[Key.CONFIG])
         ):
             return "its best.pt loads with the keys of a best model, with the config of its config.yaml"
     return None
