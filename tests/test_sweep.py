@@ -351,6 +351,51 @@ def test_a_full_disk_stops_the_sweep_and_the_trial_resumes_when_run_again(files,
     assert "Resumed from step 3" in (run / "trials" / "0" / "train.log").read_text()
 
 
+@pytest.mark.slow
+def test_a_trial_an_earlier_release_failed_for_a_full_disk_is_trained_again(files, reference, tmp_path):
+    """An earlier release failed a trial for good when its checkpoints could not be written (a full disk), and
+    running the sweep again did not retrain it. Now the same command trains it again, as a new trial with
+    the same values that does not count towards --trials, once; a trial failed for its values stays failed."""
+    from conftest import same_folder_at
+
+    from cloudml_lib.base import ledger
+
+    cfg, space, _, _ = files
+    run = same_folder_at(reference, tmp_path / "sweep")
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(run / "study.journal"))
+    )
+    study = optuna.load_study(study_name="cloudml-sweep", storage=storage)
+    first = study.trials[0]
+    full = (
+        "3 checkpoints in a row could not be written to trials/3/checkpoints (OSError: [Errno 28] No space "
+        "left on device). Training stops so that no more work goes unsaved."
+    )
+    for note in (full, "train.batch_size 4000 is larger than the training set"):
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.FAIL,
+                params=first.params,
+                distributions=first.distributions,
+                user_attrs={"note": note},
+            )
+        )
+    ledger.add(run / "study.journal", content=run / "study.journal")  # as that release's sweep wrote it
+    r = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = r.stdout + r.stderr
+    assert "Trial 3 failed in an earlier run for a cause that passes ('3 checkpoints in a row" in said, said
+    assert "Trial 5 (an earlier trial's values, trained again)" in said
+    assert "Trial 4 failed" not in said
+    trials = study_of(run)
+    assert trials[:3] == study_of(reference)  # the trials that count were done: none trained again
+    assert [t[1] for t in trials[3:5]] == ["FAIL", "FAIL"] and trials[5][1] in ("COMPLETE", "PRUNED")
+    assert trials[5][2] == first.params and trials[5][5]["retry_of"] == 3
+    again = sweep_cli(cfg, space, run, 3, None, tmp_path / "vm")  # trained again once, not at every start
+    assert again.returncode == 0 and "failed in an earlier run" not in again.stdout + again.stderr
+    assert len(study_of(run)) == 6
+
+
 def test_a_sweep_whose_every_trial_fails_finishes_and_says_why(files, tmp_path):
     cfg, _, _, _ = files
     space = tmp_path / "space.yaml"

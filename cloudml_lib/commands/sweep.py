@@ -300,10 +300,50 @@ def next_trial(optuna, study, space: Space, n_trials: int, held=()):
             optuna, space, running[0].number
         )  # for a value not drawn before the kill
         return optuna.trial.Trial(study, running[0]._trial_id)
-    if len(study.trials) >= n_trials:
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    if not waiting and len(counted(optuna, study)) >= n_trials:
         return None
     study.sampler = make_sampler(optuna, space, len(study.trials))
-    return study.ask()
+    return study.ask()  # a waiting trial (one trained again: retry_passing_failures) first
+
+
+# What an earlier release failed a trial for, for good, though the cause passes (a full disk, a folder made
+# read-only, a device out of memory): this release leaves such a trial running, to resume (TransientError).
+PASSING_CAUSES = (
+    "could not be written",
+    "no space left on device",
+    "[errno 28]",
+    "[errno 122]",
+    "disk quota exceeded",
+    "out of memory",
+)
+
+
+def failed_for_a_passing_cause(optuna, trial) -> bool:
+    note = str(trial.user_attrs.get("note") or "").lower()
+    return trial.state == optuna.trial.TrialState.FAIL and any(cause in note for cause in PASSING_CAUSES)
+
+
+def counted(optuna, study) -> list:
+    """The trials that count towards --trials: all but those an earlier release failed for a passing cause
+    (each is trained again as a new trial)."""
+    return [t for t in study.get_trials(deepcopy=False) if not failed_for_a_passing_cause(optuna, t)]
+
+
+def retry_passing_failures(optuna, study) -> None:
+    """Each trial an earlier release failed for a passing cause, and not trained again yet, is queued to be
+    trained again with its values (a new trial, its own folder; the failed one stays in the study, said)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    for t in trials:
+        if failed_for_a_passing_cause(optuna, t) and t.number not in retried:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            log.warning(
+                "Trial %d failed in an earlier run for a cause that passes (%s): it is trained again, as a "
+                "new trial with the same values; it does not count towards --trials.",
+                t.number,
+                shown(t.user_attrs.get("note"), 300),
+            )
 
 
 class Pruning:
@@ -455,6 +495,7 @@ def sweep(
     try:
         if dist.is_main:
             lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
+            retry_passing_failures(optuna, study)
         started = started_settings(run_dir) if legacy else {}
         sw = SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist, started)
         if parallel > 1:
@@ -776,9 +817,11 @@ def run_parallel(sw: SweepRun, n: int) -> None:
 
 
 def trials_to_run(sw: SweepRun) -> int:
-    """The trials still to run: those never asked and those left running by a kill."""
-    running = sw.study.get_trials(deepcopy=False, states=(sw.optuna.trial.TrialState.RUNNING,))
-    return sw.n_trials - len(sw.study.get_trials(deepcopy=False)) + len(running)
+    """The trials still to run: those never asked, those left running by a kill and those queued to be
+    trained again."""
+    states = (sw.optuna.trial.TrialState.RUNNING, sw.optuna.trial.TrialState.WAITING)
+    unfinished = sw.study.get_trials(deepcopy=False, states=states)
+    return max(0, sw.n_trials - len(counted(sw.optuna, sw.study))) + len(unfinished)
 
 
 def build_caches(sw: SweepRun, number: int, params: dict) -> None:
@@ -836,13 +879,8 @@ def _trial_runner(setup: WorkerSetup):
 
 
 def say_trial(number: int, n_trials: int, params: dict) -> None:
-    log.info(
-        "Trial %d (%d of %d): %s",
-        number,
-        number + 1,
-        n_trials,
-        ", ".join(f"{k}={v}" for k, v in params.items()),
-    )
+    where = f"{number + 1} of {n_trials}" if number < n_trials else "an earlier trial's values, trained again"
+    log.info("Trial %d (%s): %s", number, where, ", ".join(f"{k}={v}" for k, v in params.items()))
 
 
 def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
