@@ -69,16 +69,23 @@ class Run:
         return export(self, out)
 
 
-def _place(name: str, value, optional: bool = False) -> Path | None:
+def _place(name: str, value) -> Path:
     """A path argument checked before anything is read or written: a str or os.PathLike, not empty."""
-    if value is None and optional:
-        return None
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes) and str(value).strip():
         return Path(value)
-    raise ArgumentTypeError(
-        f"{name}={shown(value)}: expected a folder's path, a str or pathlib.Path"
-        + (", or None" if optional else "")
-    )
+    raise ArgumentTypeError(f"{name}={shown(value)}: expected a folder's path, a str or pathlib.Path")
+
+
+def _maybe_place(name: str, value) -> Path | None:
+    """An optional path argument: None, or as `_place` checks it."""
+    if value is None:
+        return None
+    try:
+        return _place(name, value)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(
+            f"{name}={shown(value)}: expected a folder's path, a str or pathlib.Path, or None"
+        ) from None
 
 
 def _folder(run, name: str = "run") -> Path:
@@ -180,8 +187,8 @@ def evaluate(
 
     folder, data, cache = (
         _folder(run),
-        _place("data_dir", data_dir, True),
-        _place("cache_dir", cache_dir, True),
+        _maybe_place("data_dir", data_dir),
+        _maybe_place("cache_dir", cache_dir),
     )
     return evaluate_run(
         folder, None if data is None else str(data), cache_dir=None if cache is None else str(cache)
@@ -224,7 +231,7 @@ def predict_flight(
     from cloudml_lib.science.predict import predict_datasets
 
     folder, flight = _folder(run), _flight(flight)
-    data, calibration = _place("data_dir", data_dir, True), _place("calibration_dir", calibration_dir, True)
+    data, calibration = _maybe_place("data_dir", data_dir), _maybe_place("calibration_dir", calibration_dir)
     if cloud_flag not in ("model", "bt_threshold"):
         raise ArgumentValueError(f"cloud_flag={shown(cloud_flag)}: expected 'model' or 'bt_threshold'")
     datasets = predict_datasets(
@@ -279,7 +286,7 @@ def adapt(
         raise ArgumentValueError(
             f"labels={shown(labels)}: expected counts of 1 or more, such as [10, 25, 50]"
         )
-    folder, flight, data = _folder(run), _flight(flight), _place("data_dir", data_dir, True)
+    folder, flight, data = _folder(run), _flight(flight), _maybe_place("data_dir", data_dir)
     return adapt_run(folder, flight, list(labels), None if data is None else str(data))
 
 
@@ -320,4 +327,4 @@ def export(run: Run | str | Path, out: str | Path | None = None) -> Path:
     """
     from cloudml_lib.science.export import export_run
 
-    return export_run(_folder(run), _place("out", out, True))
+    return export_run(_folder(run), _maybe_place("out", out))

@@ -519,6 +519,8 @@ def _angles(
     (dropped). A nav file that too few frames found (data.min_nav_match) is a DataError."""
     frame_t, frames = m.frame_t, m.frames
     if data.angles_source == "nav":
+        if nav_path is None:
+            raise DataError(f"flight {flight.name}: no nav file, and data.angles_source is nav")
         nav = read_nav(flight, data, nav_path, frame_t)
         problem = nav_match_problem(nav, flight, data, nav_path)
         if problem:

@@ -281,6 +281,7 @@ class CloudDataset(Dataset):
     ):
         self.caches, self.scalers, self.augment, self.seed = caches, scalers, augment, seed
         self.flags = flags
+        self.flight_table = ""  # the training set's: each flight's files and filters, as a table (below)
         # per flight: the cloud class of each sample (cpl.cloud_classes; 0/1 for any CPL layer) and the flag
         self.classes = [
             c.cloud.astype(np.int8) if flags is None else cloud_classes(c.layer_base_km, c.cloud, *flags)

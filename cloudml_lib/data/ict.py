@@ -48,6 +48,8 @@ class Ict:
 
     def values(self, name: str) -> np.ndarray:
         """The values of `name`: its numbers times its scale factor, NaN where a number is a flag."""
+        if self.raw is None:
+            raise IcarttError(f"{name}: the file's numbers were not read")
         raw = self.raw[:, self.names.index(name)]
         out = raw * self.scale[name]
         out[np.isin(raw, self.flags(name))] = np.nan
@@ -56,7 +58,8 @@ class Ict:
     def flags(self, name: str) -> list[float]:
         """The raw numbers of `name` that mean "no value": the declared missing-value flag and the normal
         comments' limit-of-detection flags (ULOD_FLAG, LLOD_FLAG) where they are numbers."""
-        out = [] if self.missing.get(name) is None else [self.missing[name]]
+        declared = self.missing.get(name)
+        out = [] if declared is None else [declared]
         for key in ("ULOD_FLAG", "LLOD_FLAG"):
             number = _number(self.keywords.get(key, ""))
             if number is not None:
@@ -149,7 +152,7 @@ def _keywords(head: list[str], at: int) -> dict[str, str]:
         raise IcarttError(f"line {at + 1}: {special} special comment lines do not fit the header")
     at += 1 + special
     _fields(head[at], 1, "the count of normal comment lines", at + 1, int)
-    found = {}
+    found: dict[str, str] = {}
     for line in head[at + 1 : -1]:  # the last header line names the columns
         m = KEYWORD.match(line)
         if m:

@@ -139,7 +139,7 @@ def _parse_icartt(path: Path, flight: FlightConfig) -> ict.Ict:
             f"flight {flight.name}: cannot read {path} as ICARTT 1001 nav ({e}); is it a complete "
             "*_MetNav_ER2_*.ict file?"
         ) from None
-    if found.raw.shape[0] == 0:
+    if found.raw is None or found.raw.shape[0] == 0:
         raise DataError(
             f"flight {flight.name}: {path} holds no data records (its header only); is the download "
             "complete? Replace the file, or set data.angles_source: cpl to take the sun angles from the CPL "
@@ -208,8 +208,8 @@ def icartt_date(path: Path, flight: FlightConfig, header: dt.date, seconds, day)
     named = _date_in_name(path.name)
     by_day = _date_of_days(day, seconds, (named or header).year)
     day_column = f"its Day_Of_Year column (day {by_day.timetuple().tm_yday})" if by_day else ""
-    said = {"the header (line 7)": header, "the file name": named, day_column: by_day}
-    said = {who: d for who, d in said.items() if d is not None}
+    candidates = {"the header (line 7)": header, "the file name": named, day_column: by_day}
+    said: dict[str, dt.date] = {who: d for who, d in candidates.items() if d is not None}
     votes = Counter(said.values())
     date, n = votes.most_common(1)[0]
     if len(votes) == 1:
@@ -217,17 +217,19 @@ def icartt_date(path: Path, flight: FlightConfig, header: dt.date, seconds, day)
     told = "; ".join(f"{who} says {d}" for who, d in said.items())
     why = f"{n} of {len(said)} agree"
     if n == 1:  # no two agree: a tie
+        own: dt.date | None
         try:
-            date, why = flight_date(flight), "the flight's own date decides"
+            own, why = flight_date(flight), "the flight's own date decides"
         except DataError:
-            date = None
-        if date not in votes:
+            own = None
+        if own is None or own not in votes:
             raise DataError(
                 f"flight {flight.name}: {path}: cannot tell which day its times count from: {told}"
-                + (f"; the flight's date is {date}" if date else "")
+                + (f"; the flight's date is {own}" if own else "")
                 + ". Make them agree (line 7 of the header is the UTC date of the first record), or check "
                 "that the nav file belongs to this flight."
             )
+        date = own
     log.warning(
         "flight %s: %s: the header's date (line 7) is %s, but the dates disagree (%s); its records are dated "
         "%s (%s). If that is wrong, correct line 7 of the header or the file name.",
@@ -377,7 +379,7 @@ def _read_hdf_nav(
 ) -> tuple[dict, np.ndarray | None, str | None]:
     k = data.keys
     with open_h5(path, flight.name) as f:
-        cols = {
+        cols: dict[str, np.ndarray | None] = {
             name: numbers(f, getattr(k, key), flight.name, key, "angles or coordinates in degrees").reshape(
                 -1
             )

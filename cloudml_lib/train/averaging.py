@@ -23,6 +23,8 @@ before the setting existed has none and keeps training and validating its raw we
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -53,7 +55,7 @@ class WeightAverage:
         self.updates = 0  # counted here too: reading the module's counter would sync the GPU every step
         self.averaged = AveragedModel(model, multi_avg_fn=self._ema, use_buffers=True)
 
-    def _ema(self, averaged: list, current: list, n_averaged) -> None:
+    def _ema(self, averaged: Sequence[torch.Tensor], current: Sequence[torch.Tensor], n_averaged) -> None:
         assert 0.0 < self.decay < 1.0, f"an EMA decay of {self.decay}"
         get_ema_multi_avg_fn(self.decay_after(self.updates))(averaged, current, n_averaged)
 

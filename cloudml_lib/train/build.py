@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -48,7 +49,12 @@ from cloudml_lib.core.machine.estimate import StepShape, estimate
 from cloudml_lib.core.machine.memory import GIB, measure_batch_size
 from cloudml_lib.core.machine.timing import Measured, calibration, device_name, signature
 from cloudml_lib.core.network.compile import CompileWatch, apply_compile
-from cloudml_lib.core.network.model import build_model, count_parameters, training_memory_format
+from cloudml_lib.core.network.model import (
+    MultimodalRegressionModel,
+    build_model,
+    count_parameters,
+    training_memory_format,
+)
 from cloudml_lib.core.run.checkpoint import CheckpointWriter, Found, Key, check_folder, load_checkpoint
 from cloudml_lib.core.run.events import Events
 from cloudml_lib.core.run.folder import RunFolder
@@ -80,6 +86,13 @@ from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.state import LoopState, TrainingState, stateful
 
 log = logging.getLogger(__name__)
+
+
+def resolved(size: int | str | None, what: str = "train.batch_size") -> int:
+    """A size the build has settled ("auto" measured, None filled in) by the time it is used."""
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise RuntimeError(f"{what} is {size!r} where the build has settled it")
+    return size
 
 
 def seed_everything(seed: int) -> None:
@@ -136,7 +149,7 @@ def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config
     if setting != "auto":
         use, why = setting == "channels_last", f"{setting} (train.memory_format)"
     elif found is not None:
-        saved = found.state[Key.LOOP].get("channels_last")
+        saved = (found.state or {})[Key.LOOP].get("channels_last")
         use = saved is True
         why = (
             f"{'channels_last' if use else 'the default'}, the run's own since its first start"
@@ -154,7 +167,8 @@ def use_memory_format(parts: Parts, found: Found | None, dist: Dist, cfg: Config
     else:
         use, why = training_memory_format(parts.device)
     if use:
-        parts.model.to(memory_format=torch.channels_last)  # in place: the optimizer keeps its parameters
+        # in place: the optimizer keeps its parameters (torch's stubs omit the keyword)
+        parts.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     parts.channels_last = use
     log.info("Memory format: %s", why)
 
@@ -260,7 +274,7 @@ def claim_run_dir(
                 f"rank {dist.rank} cannot read the checkpoint rank 0 resumes from, {point}: "
                 f"{reason}. Every process must see the same run folder (a shared disk)."
             )
-        found = Found(Path(point), state, [], meta)
+        found = Found(Path(point), state, [], meta or {})
     return lock, found, (cfg if found is None else resumed_config(cfg, found.state[Key.CONFIG]))
 
 
@@ -318,18 +332,21 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
             data = split_data(resumed, data.caches, data.train_set.flight_table)
         cfg, train_set, val_set = resumed, data.train_set, data.val_set
         if found is not None:  # the brightness statistics in the units the run started with
-            saved = Scalers.from_dict(found.state[Key.SCALERS])
+            saved = Scalers.from_dict((found.state or {})[Key.SCALERS])
             saved.check_units(train_set.scalers.radiometry_units or "", f"the flights of {folder.path}")
         header = run_header(train_set, fingerprint, provenance, data.split.record())
         seed_everything(cfg.train.seed)
         parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent, kept_kernels(cfg, folder))
         writer = CheckpointWriter(folder.path, cfg.checkpoint.keep_last) if dist.is_main else None
-        loop, metrics = LoopState(dist, parts.device, cfg.train.batch_size), folder.metrics_file(dist)
+        loop, metrics = (
+            LoopState(dist, parts.device, resolved(cfg.train.batch_size)),
+            folder.metrics_file(dist),
+        )
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop, parts.average)
         state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
         checkpoints = Checkpoints(folder.path, cfg, dist, writer, state, metrics, parts.total_steps)
         step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
-        measured = Measured(device_name(parts.device), signature(step, cfg.train.batch_size))
+        measured = Measured(device_name(parts.device), signature(step, resolved(cfg.train.batch_size)))
         if parts.device.type == "cuda":  # the estimate beside what the GPU holds: every run calibrates it
             measured.estimated_need_gib = estimated_need_gib(
                 cfg, parts.device, train_set.caches[0].frame_shape
@@ -449,7 +466,7 @@ def placed_model(cfg: Config, dist: Dist, scalers) -> tuple[torch.nn.Module, tor
     )
     model.to(device)
     if dist.active:
-        model = apply_global_batchnorm(model, device)
+        model = cast(MultimodalRegressionModel, apply_global_batchnorm(model, device))  # the same module
     return model, device, choose_precision(device)
 
 
@@ -501,7 +518,9 @@ def build_parts(
         per_process = auto_batch_size(cfg, model, precision, train_set.caches[0].frame_shape, runs)
         cfg = derive(cfg, {"train.batch_size": min(dist.gather(per_process)) * dist.world})
         t = cfg.train
-    sampler = EpochBatchSampler(len(train_set), t.batch_size, t.seed, rank=dist.rank, world=dist.world)
+    sampler = EpochBatchSampler(
+        len(train_set), resolved(t.batch_size), t.seed, rank=dist.rank, world=dist.world
+    )
     steps_per_epoch = math.ceil(sampler.batches_per_epoch() / t.grad_accum_steps)
     total_steps = steps_per_epoch * t.epochs
     if average is not None:

@@ -27,6 +27,7 @@ def validate(
     """Validation loss (the training objective, loss.validation_loss), metrics (km; with a cloud output its
     accuracy and ROC-AUC) and the model's answers (`Scored`, in km) for `indices` of `dataset`."""
     out, target = evaluator.outputs(dataset, indices)
+    assert isinstance(out, dict)  # the outputs by name (no `features`)
     scored = Scored.from_outputs(out, dataset.scalers)
     has = dataset.has_height()[indices]
     flags = dataset.cloud_flags()[indices]

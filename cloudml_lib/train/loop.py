@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from cloudml_lib.core.machine.distributed import SINGLE, Dist, no_sync
 from cloudml_lib.core.network.compile import CompileWatch
 from cloudml_lib.core.network.inference import Evaluator
 from cloudml_lib.core.network.metrics import Scored
+from cloudml_lib.core.network.model import MultimodalRegressionModel
 from cloudml_lib.core.network.recovery import (
     MAX_ATTEMPTS,
     capture_undo,
@@ -47,7 +49,7 @@ from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import MetricsFile
 from cloudml_lib.core.run.runlock import RunLock
 from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
-from cloudml_lib.train.build import build_run
+from cloudml_lib.train.build import build_run, resolved
 from cloudml_lib.train.evaluation import update_best, validate
 from cloudml_lib.train.loss import global_totals, part_loss
 from cloudml_lib.train.progress import ProgressLines, RunInfo, log_step, mean_loss
@@ -84,11 +86,18 @@ class Trainer:
         self.caches_checked = False
         self.progress_lines = ProgressLines(dist.is_main and os.environ.get("CLOUDML_PROGRESS") == "1")
 
+    @property
+    def saving(self) -> Checkpoints:
+        """The run's checkpoints (set up by setup())."""
+        if self.checkpoints is None:
+            raise RuntimeError("Trainer.setup() has not run: the run has no checkpoints yet")
+        return self.checkpoints
+
     def setup(self) -> Trainer:
         """The ordered build (build.py): data, run folder, model, precision, compile, DDP, optimizer, loader,
         checkpoints and the resume point; each part is assigned here."""
         run = build_run(self.cfg, self.folder, self.resume, self.init_from, self.dist)
-        self.cfg: Config = run.config  # the run's plan: flights and batch size resolved
+        self.cfg = run.config  # the run's plan: flights and batch size resolved
         self.train_set: CloudDataset = run.train_set
         self.val_set: CloudDataset = run.val_set
         self.quick_val: np.ndarray = run.quick_val
@@ -122,7 +131,7 @@ class Trainer:
             self.device,
             self.autocast,
             self.dist,
-            self.progress.eval_batch_size,
+            resolved(self.progress.eval_batch_size, "the evaluation batch size"),
             self.num_workers,
             self._eager_after_compile_failure,
         )
@@ -144,7 +153,9 @@ class Trainer:
                 )
                 return
             for model in {id(m): m for m in (self.model, self.evaluated)}.values():
-                model.clear_cloud_probe()  # a probe is fitted at the end of the run, not before
+                cast(
+                    MultimodalRegressionModel, model
+                ).clear_cloud_probe()  # a probe is fitted at the end of the run, not before
             with self.stop.trapped():
                 done = st.epoch >= t.epochs
                 while True:
@@ -200,7 +211,7 @@ class Trainer:
         self.run_info.write()  # recompiles for validation show here
         if stop or st.epoch >= t.epochs:
             return True
-        self.checkpoints.save("epoch_end")
+        self.saving.save("epoch_end")
         if self.dist.any_true(self.stop.asked, device=self.device)[0]:
             self.stop.ask()
             self._stop_now()
@@ -264,7 +275,7 @@ class Trainer:
             refuse_retry_across_processes(self.dist, failure, self.progress.step)
             undo(before, self.model, self.optimizer, self.device)
             if failure == "oom":
-                halve_micro_batch(self.progress, len(batch["target"]), self.cfg.train.batch_size)
+                halve_micro_batch(self.progress, len(batch["target"]), resolved(self.cfg.train.batch_size))
             else:
                 self._eager_after_compile_failure(failure)
         raise CloudMLError("a training step kept failing after every recovery was tried; see the log above")
@@ -277,8 +288,9 @@ class Trainer:
         # smaller than the batch. The epoch's last batch, with a few samples merged into it
         # (EpochBatchSampler), may exceed batch_size; splitting it there (split, runs before 0.3) can leave
         # a micro-batch of one sample for BatchNorm, what the merge avoids.
-        whole = t.last_batch == "whole" and st.micro_batch_size >= t.batch_size
-        mb = n if whole else st.micro_batch_size
+        micro = resolved(st.micro_batch_size, "the micro-batch size")
+        whole = t.last_batch == "whole" and micro >= resolved(t.batch_size)
+        mb = n if whole else micro
         # The weighted mean is over the global batch: each process's gradients are its share of it,
         # scaled by the process count because DDP averages them.
         totals = global_totals(
@@ -339,20 +351,20 @@ class Trainer:
         for."""
         st = self.progress
         liveness.beat()
-        self.checkpoints.save_if_due(st.step)
+        self.saving.save_if_due(st.step)
         stop = self.dist.any_true(self.stop.asked, device=self.device)[0]  # signals differ between processes
         if stop:
             self.stop.ask()  # maybe another process was asked
         self.progress_lines(st, self.total_steps, self.cfg.train.epochs, self.sampler.batches_per_epoch())
         self.run_info.report_compile()
-        faults.point("step", settle=self.checkpoints.wait)
+        faults.point("step", settle=self.saving.wait)
         if stop:
             self._stop_now()
 
     def _stop_now(self) -> None:
-        self.checkpoints.save(self.stop.name, wait=True)
+        self.saving.save(self.stop.name, wait=True)
         self.dist.barrier()  # no process leaves before the save is committed
-        saved = self.checkpoints.say_stopped(self.stop.name)  # what is on disk, never a false "saved"
+        saved = self.saving.say_stopped(self.stop.name)  # what is on disk, never a false "saved"
         raise KeyboardInterrupt(f"stopped by {self.stop.name}; {saved}")
 
     def _eager_after_compile_failure(self, failure: str) -> None:
@@ -378,18 +390,18 @@ class Trainer:
         )
 
     def save_best(self) -> None:
-        self.checkpoints.save_best(self.evaluated, float(np.nanmean(self.train_set.targets_km())))
+        self.saving.save_best(self.evaluated, float(np.nanmean(self.train_set.targets_km())))
 
     # ------------------------------------------------------------------------------ the end of training
     def save_trained(self) -> None:
         """The final checkpoint: training is over; a resume of this run goes on to its end
         (science/finish.py)."""
         self.progress.trained = True
-        self.checkpoints.save("trained", wait=True)  # every rank: the snapshot gathers from all of them
+        self.saving.save("trained", wait=True)  # every rank: the snapshot gathers from all of them
         self.dist.barrier()
-        if self.dist.is_main and self.checkpoints.failed_last:
+        if self.dist.is_main and self.saving.failed_last:
             raise CloudMLError(
-                f"the final checkpoint could not be written ({self.checkpoints.failed_last}): training is "
+                f"the final checkpoint could not be written ({self.saving.failed_last}): training is "
                 "done but not recorded. Free space or fix the folder's permissions, then run the same "
                 "command again: it resumes from the last checkpoint that was written."
             )

@@ -30,9 +30,9 @@ def cloud_terms(logit, cloud):
     return F.binary_cross_entropy_with_logits(logit, cloud, reduction="none")
 
 
-def global_totals(batch: dict, all_sum) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch's total weight of the samples with a height and of all samples (`all_sum` adds
-    them over processes)."""
+def global_totals(batch: dict, all_sum) -> torch.Tensor:
+    """The global batch's total weight of the samples with a height and of all samples, in one tensor of two
+    (`all_sum` adds them over processes)."""
     weight = batch["weight"]
     return all_sum(torch.stack([(weight * batch["has_height"]).sum(), weight.sum()]))
 

@@ -154,5 +154,5 @@ def log_step(loop, optimizer, metrics, events, epoch: int, bar) -> None:
 
 def mean_loss(dist: Dist, loss_sum: torch.Tensor, batches: torch.Tensor) -> float:
     """Mean batch loss: each process holds its parts of the global batches' losses."""
-    loss_sum, batches = dist.all_sum(torch.stack([loss_sum, batches.float()])).tolist()
-    return loss_sum / max(1.0, batches / dist.world)
+    total, count = dist.all_sum(torch.stack([loss_sum, batches.float()])).tolist()
+    return total / max(1.0, count / dist.world)

@@ -6,6 +6,7 @@ of saving is its concern."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -107,13 +108,10 @@ class Checkpoints:
                 f"work goes unsaved. Free space there or make it writable, then run the same command again "
                 f"{resume}."
             ) from self.writer.last_exception
-        marks = self.events.mark() if self.events else None  # the events up to this step go first
-        self.writer.submit(
-            state,
-            self.manifest(reason),
-            wait=wait,
-            before=(lambda: self.events.commit(marks)) if self.events else None,
-        )
+        events = self.events
+        # the events up to this step go first
+        commit_events = functools.partial(events.commit, events.mark()) if events else None
+        self.writer.submit(state, self.manifest(reason), wait=wait, before=commit_events)
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.last_save = time.monotonic()

@@ -21,6 +21,8 @@ class StopRequest:
 
     @property
     def name(self) -> str:
+        if self.signum is None:
+            raise RuntimeError("no stop was asked")
         return signal.Signals(self.signum).name
 
     def ask(self, signum: int = signal.SIGTERM) -> None:

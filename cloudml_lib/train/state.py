@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -69,7 +70,9 @@ class LoopState:
 
     def state_dict(self) -> dict:
         """Collective: every process calls it (the sums are over all of them)."""
-        acc = {k: self.dist.all_sum(v) for k, v in self.acc.items() if isinstance(v, torch.Tensor)}
+        acc: dict[str, torch.Tensor | int] = {
+            k: self.dist.all_sum(v) for k, v in self.acc.items() if isinstance(v, torch.Tensor)
+        }
         acc["window_samples"] = self.dist.sum_int(self.acc["window_samples"], self.device)
         return dict(self.progress.state_dict(), acc=acc)
 
@@ -160,6 +163,7 @@ class TrainingState:
         """Each registered piece from its key, this process's RNGs, the metrics file cut back to the
         checkpoint's length; a finished run given more epochs carries on."""
         saved, dist = found.state, self.dist
+        assert saved is not None and found.folder is not None  # a checkpoint that verified, loaded
         for key, piece in self.pieces.items():
             if key == Key.EMA and key not in saved:
                 raise CloudMLError(
@@ -204,7 +208,7 @@ def ago(seconds: float) -> str:
 
 def capture_rng(*generators: torch.Generator) -> dict:
     """Every random number generator a resumed run must continue exactly."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state())  # the legacy form: a tuple
     return {
         "python": random.getstate(),
         "numpy": {

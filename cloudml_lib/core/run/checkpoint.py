@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -346,12 +346,13 @@ def check_structure(state) -> str | None:
 
 @dataclass
 class Found:
-    """The checkpoint to resume from (or None), its manifest, and what was rejected on the way."""
+    """The checkpoint to resume from (or None), its manifest (empty where none), and what was rejected on
+    the way."""
 
     folder: Path | None
     state: dict | None
     rejected: list[dict]
-    meta: dict | None = None
+    meta: dict = field(default_factory=dict)
 
 
 def find_checkpoints(run_dir: Path) -> list[Path]:
@@ -360,7 +361,7 @@ def find_checkpoints(run_dir: Path) -> list[Path]:
     if not d.is_dir():
         return []
     found = [p for p in d.iterdir() if p.is_dir() and step_of(p) is not None]
-    return sorted(found, key=step_of, reverse=True)
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)  # each has a step (above)
 
 
 def check_folder(folder: Path, load: bool = True) -> tuple[str | None, dict | None, dict | None]:
@@ -385,12 +386,12 @@ def find_latest_valid(run_dir: Path, load: bool = True) -> Found:
 
     A folder pruned by a running save while it is being read (another process) is skipped, not an error."""
     for _ in range(3):
-        rejected = []
+        rejected: list[dict] = []
         try:
             for folder in find_checkpoints(run_dir):
                 reason, state, meta = check_folder(folder, load)
                 if reason is None:
-                    return Found(folder, state, rejected, meta)
+                    return Found(folder, state, rejected, meta or {})
                 rejected.append(
                     {"path": str(folder), "reason": reason, "committed": (folder / COMMITTED).is_file()}
                 )
@@ -425,11 +426,11 @@ def prune(run_dir: Path, keep_last: int) -> None:
     committed = [p for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file()]
     if not committed:
         return
-    newest = step_of(committed[0])
+    newest = step_of(committed[0]) or 0  # a checkpoint folder's name always has its step
     for p in committed[keep_last:]:
         _delete(p)
     for p in find_checkpoints(run_dir):
-        if not (p / COMMITTED).is_file() and step_of(p) < newest:
+        if not (p / COMMITTED).is_file() and (step_of(p) or 0) < newest:
             _delete(p)
     for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):  # a write whose process is gone
         pid = p.name.rsplit("-", 1)[-1]
@@ -465,7 +466,8 @@ class CheckpointWriter:
         self.local_dir = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
         write_marker(self.local_dir, STAGING)  # a leftover is cleaned only where this proves it CloudML's
         self._thread: threading.Thread | None = None
-        self.failures, self.failures_in_a_row, self.last_error = 0, 0, None
+        self.failures, self.failures_in_a_row = 0, 0
+        self.last_error: str | None = None
         self.last_exception: BaseException | None = None
 
     def submit(self, state: dict, meta: dict, wait: bool = False, before=None) -> float:

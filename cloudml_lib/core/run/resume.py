@@ -53,7 +53,8 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
             a[key] = meta["absent"]
         elif key in a and any(a[key] is old for old in meta.get("legacy") or {}):
             a[key] = meta["legacy"][a[key]]
-    math, harmless = [], []
+    math: list[str] = []
+    harmless: list[str] = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             line = f"{key} (checkpoint {shown(a.get(key))}, now {shown(b.get(key))})"
@@ -95,11 +96,12 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     reason, state, meta = check_folder(folder)
     if reason:
         raise CloudMLError(f"--resume {mode}: {reason}")
+    assert state is not None  # verified and loaded
     _check_same_run(run_dir, folder, state)
     folder = _name_by_content(run_dir, folder, state)
     if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
         _set_aside_newer(run_dir, int(Progress.of(state).step))
-    return Found(folder, state, [], meta)
+    return Found(folder, state, [], meta or {})
 
 
 def _newest_resume_point(run_dir: Path) -> Found | None:
@@ -117,6 +119,7 @@ def _newest_resume_point(run_dir: Path) -> Found | None:
         if found.folder is None:
             break
         set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
+        assert found.state is not None  # verified and loaded
         if _name_by_content(run_dir, found.folder, found.state) == found.folder:
             return found
     if not any(r["committed"] for r in found.rejected):
@@ -194,7 +197,7 @@ def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
 
 
 def _set_aside_newer(run_dir: Path, step: int) -> None:
-    newer = [p for p in find_checkpoints(run_dir) if step_of(p) > step]
+    newer = [p for p in find_checkpoints(run_dir) if (step_of(p) or 0) > step]
     newer = [p for p in newer if ledger.skip_unless_mine(p, "move aside")]  # another tool's step-* stays
     if newer:
         aside = run_dir / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
@@ -263,7 +266,9 @@ def _same_files(name: str, saved: dict, current: dict, recorded: dict) -> bool:
     record, else the run's provenance.json); False where that cannot be told."""
     before = saved.get("files") or recorded.get(name)
     now = current.get("files")
-    return bool(before) and bool(now) and all(before.get(r) and before.get(r) == now.get(r) for r in now)
+    if not before or not now:
+        return False
+    return all(before.get(r) and before.get(r) == now.get(r) for r in now)
 
 
 def check_data_fingerprint(saved: dict | None, current: dict, recorded: dict | None = None) -> None:

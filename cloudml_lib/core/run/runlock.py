@@ -72,7 +72,7 @@ class RunLock:
         self.path = Path(run_dir) / LOCK
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def _read(self) -> dict | None:
         return read_lock(self.path)
