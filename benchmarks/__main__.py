@@ -42,6 +42,7 @@ BENCHMARKS = (
     "radiometry",
     "atmosphere",
     "adaptation",
+    "ledger",
     "gpu",
 )
 
@@ -1031,6 +1032,23 @@ def stability_md(d: dict) -> list[str]:
     return lines
 
 
+def ledger_md(d: dict) -> list[str]:
+    """A metrics line's append with the ledger's content record and without it."""
+    m = d["ms_per_line_median"]
+    return [
+        f"Machine: {describe(d['machine'])}. `append_text` of a step record into a claimed run folder, "
+        f"{d['blocks']} alternating blocks of {d['lines_per_block']} lines per variant "
+        "(`benchmarks/ledger.py`).",
+        "",
+        "| ledger | ms per metrics line (median of blocks) |",
+        "|---|---|",
+        f"| names and contents (this release) | {fmt(m['with_content'], 3)} |",
+        f"| names only (the fingerprint switched off) | {fmt(m['names_only'], 3)} |",
+        "",
+        f"Ratio: {fmt(d['with_content_over_names_only'], 2)}.",
+    ]
+
+
 def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Path:
     sections = [
         ("Data path: the cached loader against the research loader", "data_path", data_path_md),
@@ -1050,6 +1068,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("Radiometry and the baselines that see the temperature", "radiometry", radiometry_md),
         ("The flight's atmosphere: do the frames add anything?", "atmosphere", atmosphere_md),
         ("A few labels of a new flight, and intervals on a flight never seen", "adaptation", adaptation_md),
+        ("The ledger's content record: a metrics line's cost", "ledger", ledger_md),
         ("The test suite: its time and its coverage", "suite", suite_md),
     ]
     lines = [

@@ -438,10 +438,11 @@ def claimed_run(tmp_path) -> Path:
 
 
 def test_a_file_changed_after_cloudml_wrote_it_is_the_users_and_a_report_goes_beside_it(tmp_path, caplog):
-    """The ledger records what CloudML wrote (size and sha256), not only the name: a file edited since is
-    never replaced or deleted, and is named; a document for people (report.md) goes to report.new.md instead,
-    said once (a user's text in report.md was replaced without a word: the ledger listed the name). An edit
-    that keeps the size is found by the checksum."""
+    """The ledger records what CloudML wrote (size and sha256), not only the name: a file changed since is
+    never replaced or deleted. A document for people (report.md) stays and the new one goes to report.new.md,
+    said once (a user's text in report.md was replaced without a word: the ledger listed the name); another
+    file (evaluation.json, damaged or edited) is renamed evaluation.json.kept-1 first, its bytes as they
+    were, and said. An edit that keeps the size is found by the checksum."""
     from cloudml_lib.base.outputs import target, write_text
 
     run = claimed_run(tmp_path)
@@ -450,11 +451,13 @@ def test_a_file_changed_after_cloudml_wrote_it_is_the_users_and_a_report_goes_be
     write_text(run / "evaluation.json", '{"r2": 0.6}')  # CloudML's own file: replaced as before
     (run / "evaluation.json").write_text('{"r2": 0.9}')  # the same size, another number
     (run / "report.md").write_text("# Results\nMy reading of the numbers.\n")
-    with pytest.raises(
-        CloudMLError, match=r"evaluation.json was changed after CloudML wrote it \(its content"
-    ):
+    with caplog.at_level("WARNING"):
         write_text(run / "evaluation.json", '{"r2": 0.7}')
-    assert (run / "evaluation.json").read_text() == '{"r2": 0.9}'
+    assert (run / "evaluation.json.kept-1").read_text() == '{"r2": 0.9}'  # kept, as it was
+    assert (run / "evaluation.json").read_text() == '{"r2": 0.7}'
+    assert (
+        "evaluation.json was changed after CloudML wrote it (damaged, or edited): it is kept" in caplog.text
+    )
     with caplog.at_level("WARNING"):
         assert write_text(target(run / "report.md"), "# Results, again\n") == run / "report.new.md"
         write_text(target(run / "report.md"), "# Results, a third time\n")
@@ -462,8 +465,8 @@ def test_a_file_changed_after_cloudml_wrote_it_is_the_users_and_a_report_goes_be
     assert (run / "report.md").read_text() == "# Results\nMy reading of the numbers.\n"
     assert (run / "report.new.md").read_text() == "# Results, a third time\n"
     assert not ledger.delete(run / "report.md") and not ledger.delete(run)  # a clean-up leaves them
-    assert (run / "report.md").exists() and (run / "evaluation.json").read_text() == '{"r2": 0.9}'
-    assert not (run / "report.new.md").exists()  # CloudML's own, unchanged: deleted
+    assert (run / "report.md").exists() and (run / "evaluation.json.kept-1").read_text() == '{"r2": 0.9}'
+    assert not (run / "report.new.md").exists() and not (run / "evaluation.json").exists()  # CloudML's
 
 
 def test_a_kill_between_the_record_and_the_rename_leaves_the_old_file_cloudmls(tmp_path):

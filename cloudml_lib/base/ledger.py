@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,8 +193,9 @@ def _sha256(path: str | Path, size: int | None = None):
 def _differs(path: str | Path, rec: dict) -> str | None:
     """How `path` differs from what CloudML recorded writing (words), or None where it matches."""
     try:
-        size = os.stat(path).st_size
-        if not os.path.isfile(path):
+        st = os.stat(path)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
             return "it is no longer a file"
         if rec.get("grows"):
             growth = _growing.get(os.path.abspath(path))
@@ -262,17 +264,22 @@ def appending(path: str | Path) -> None:
     """`path` (CloudML's: checked before) is about to be appended to by this process: its fingerprint starts
     from all it holds now (read once; then kept as the appends go)."""
     key = os.path.abspath(path)
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        size = 0
+    except OSError:
+        return  # the open that follows names the problem
+    growth = _growing.get(key)
+    if growth is not None and growth.size == size:
+        return  # this process's own appends: kept as they go
     home = home_of(path)
     if home is None:
         return
     try:
-        size = os.stat(path).st_size if os.path.lexists(path) else 0
-        growth = _growing.get(key)
-        if growth is not None and growth.size == size:
-            return
         h = _sha256(path) if size else hashlib.sha256()
     except OSError:
-        return  # the open that follows names the problem
+        return
     with _lock:
         _growing[key] = _Growth(home, _rel(home, path), size, h)
 

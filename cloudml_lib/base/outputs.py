@@ -54,12 +54,14 @@ def free_bytes(path: str | Path) -> int | None:
 def atomic_path(path: str | Path):
     """Yields a temporary path beside `path`; renamed to `path` when the block ends without error, its size
     and sha256 recorded in the folder's ledger. Where `path` is CloudML's by name but was changed since
-    CloudML wrote it, it is kept and the write refused, naming it (a document for people goes beside it
-    instead: `target`)."""
+    CloudML wrote it (damaged on Drive, or edited), it is first renamed NAME.kept-N, its bytes as they are,
+    and said (`set_aside`; a document for people goes beside it instead: `target`). A file CloudML did not
+    write is refused, naming it."""
     from cloudml_lib.base import ledger
 
     path = Path(path)
     refuse_link(path)
+    set_aside(path)
     ledger.refuse_unless_mine(path, "replace")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -107,6 +109,33 @@ def target(path: str | Path) -> Path:
     return new
 
 
+def set_aside(path: str | Path) -> Path | None:
+    """A file CloudML writes again (evaluation.json, run.json, a sweep's journal) that was changed since
+    CloudML wrote it (damaged, or edited): renamed to NAME.kept-N beside it, its bytes as they are, and said;
+    the new file then takes the name. Returns the new name, or None where nothing needed to move."""
+    import logging
+
+    from cloudml_lib.base import ledger
+
+    path = Path(path)
+    if not ledger.changed(path):
+        return None
+    n = 1
+    while os.path.lexists(path.with_name(f"{path.name}.kept-{n}")):
+        n += 1
+    kept = path.with_name(f"{path.name}.kept-{n}")
+    os.rename(path, kept)  # a rename never replaces, truncates or deletes what the file holds
+    ledger.drop(path)
+    logging.getLogger(__name__).warning(
+        "%s was changed after CloudML wrote it (damaged, or edited): it is kept, as it is, as %s; CloudML "
+        "writes its own %s in its place.",
+        path,
+        kept,
+        path.name,
+    )
+    return kept
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """`text` written atomically to `path`; returns the path."""
     with atomic_path(path) as tmp:
@@ -135,7 +164,7 @@ class Appending:
         from cloudml_lib.base import ledger
 
         n = self._f.write(text)
-        self._f.flush()
+        self._f.flush()  # on disk before its fingerprint: a ledger written meanwhile never records more
         ledger.appended(self.path, text.encode("utf-8"))
         return n
 
