@@ -172,7 +172,7 @@ def variables_table() -> str:
     """docs/reference/netcdf.md's table of the NetCDF variables, drawn from science/products.py's VARIABLES
     (a run of today: the model's cloud flag on data.cloud_flag base_in_range, 90% intervals)."""
     from cloudml_lib.science import products
-    from cloudml_lib.science.predict import Flagging
+    from cloudml_lib.science.flagging import Flagging
 
     overrides = products.flag_variables(Flagging(definition="base_in_range"))
     rows = [

@@ -26,6 +26,7 @@ from cloudml_lib.base.config import absent_settings, build_config, config_from_d
 from cloudml_lib.core.network.model import build_model
 from cloudml_lib.core.run.checkpoint import Key, load_checkpoint, save_atomic
 from cloudml_lib.data.dataset import Scalers, n_scalar_inputs
+from cloudml_lib.science import flagging, flightfile
 from cloudml_lib.science import predict as pr
 from cloudml_lib.science.report import shortcomings, verdict
 
@@ -181,7 +182,7 @@ def test_heights_above_the_aircraft_or_the_label_range_are_masked():
     calibration = intervals.calibrate(
         np.linspace(0.2, 1.8, 40), np.linspace(0.2, 1.8, 40) + 0.3, "conformal_absolute", 0.9, "a test"
     )
-    pr.cloud_and_intervals(result, pr.Flagging(0.5), calibration, (0.0, 2.0))
+    flagging.cloud_and_intervals(result, flagging.Flagging(0.5), calibration, (0.0, 2.0))
     np.testing.assert_array_equal(result["cbh_qc"], [1, 0, 2, 2, -1, 0, 0])  # 1.5 km: above the aircraft
     np.testing.assert_allclose(result["cbh_km"], [np.nan, 0.5, np.nan, np.nan, np.nan, 2.0, 0.05])
     keys = ("height_below_surface", "height_above_ceiling", "altitude_known")
@@ -311,18 +312,18 @@ def test_heights_outside_the_labels_range_are_kept_flagged_counted_and_drawn_apa
         "lat": np.zeros(6),
         "lon": np.zeros(6),
     }
-    pr.cloud_and_intervals(result, pr.Flagging(0.5), None, (0.0, 2.0), learned=(0.1, 2.0))
+    flagging.cloud_and_intervals(result, flagging.Flagging(0.5), None, (0.0, 2.0), learned=(0.1, 2.0))
     np.testing.assert_array_equal(result["cbh_qc"], [3, 0, 3, 0, 3, 2])  # 5 km under an aircraft at 18 km
     np.testing.assert_allclose(result["cbh_km"], [0.05, 0.5, 5.0, 1.0, 0.099, np.nan])  # kept, not masked
     assert result["counts"]["height_outside_labels"] == 3 and result["counts"]["height_above_ceiling"] == 1
-    attrs = pr.bounds_attributes(result)
+    attrs = flightfile.bounds_attributes(result)
     assert attrs["cloud_base_height_outside_labels"].startswith("3 heights outside 0.1-2 km")
     from cloudml_lib.science.report import counts_in_words
 
     assert "3 heights lie outside the labels' range" in counts_in_words(
         {"predicted": 6, "frames": 6, "blank": 0, "no_time": 0, "filled_pixels": 0, **result["counts"]}
     )
-    along, _ = pr.flight_figures("X", result)
+    along, _ = flightfile.flight_figures("X", result)
     labels = [line.get_label() for line in along.axes[0].get_lines()]
     assert "outside 0.1-2 km, the labels' range (extrapolated)" in labels
     assert "height masked (below the surface or above the bound)" in labels  # the masked one, apart

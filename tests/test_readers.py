@@ -27,7 +27,8 @@ from test_runfiles import PROPERTY, json_values
 from cloudml_lib.base.config import load_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
 from cloudml_lib.base.ownership import MARKER, marker_kind
-from cloudml_lib.commands.sweep import adopt_sweep, journal_problem
+from cloudml_lib.commands.study import journal_problem
+from cloudml_lib.commands.sweep import adopt_sweep
 from cloudml_lib.core.run.checkpoint import COMMITTED, META, verify
 from cloudml_lib.core.run.runlock import read_lock
 from cloudml_lib.data.cache import _try_open

@@ -433,6 +433,12 @@ def test_a_lost_or_damaged_journal_is_refused_and_rebuilt_only_when_asked(files,
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Study rebuilt from 3 trial folder(s)" in r.stdout + r.stderr
     assert study_of(run) == study_of(reference)
+    # the damaged journal was CloudML's, changed since: kept as it was, under another name, and said
+    assert (run / "study.journal.kept-1").read_bytes() == damage
+    assert (
+        f"{journal} was changed after CloudML wrote it (damaged, or edited): it is kept"
+        in r.stdout + r.stderr
+    )
 
 
 @pytest.mark.slow
@@ -462,6 +468,7 @@ def test_stray_trial_folders_and_a_torn_journal_line_never_make_trials(files, re
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ends in a line cut by an interruption" in r.stdout + r.stderr
     assert study_of(run) == study_of(reference)
+    assert (run / "study.journal.kept-1").read_bytes().endswith(b'"trial_id": 1')  # the cut copy, kept
 
 
 def test_a_damaged_sweep_json_is_refused_naming_it(files, reference, tmp_path):

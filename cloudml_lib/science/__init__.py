@@ -9,7 +9,9 @@
                 brightness statistics; with ERA5 two physical retrievals and trees on the atmosphere), the
                 best of them, the network's skill against it, whether the frames add to the atmosphere
 - report.py     report.md, the verdicts per flight, the protocol in words;  plots.py  the figures
-- predict.py    cloud base height along whole flights (NetCDF, CSV, figures); products.py its variables
+- predict.py    cloud base height along whole flights: each frame's inputs, the model on them, the files
+                written;  flagging.py  each frame's cloud flag, height qc and interval;  flightfile.py
+                the NetCDF, CSV and plots;  products.py  their variables
 - intervals.py  prediction intervals (split conformal);  clouds.py  cloud / no-cloud baselines, the probe
 - adapt.py      a new flight's first N labels: the network's head fine-tuned, the baselines and intervals
                 given the same labels, all scored only after a gap (crossval's curve, the API's `adapt`)

@@ -35,7 +35,6 @@ and the track coloured by predicted CBH.
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from contextlib import contextmanager, nullcontext
@@ -44,17 +43,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from cloudml_lib.base.config import LEGACY_VALIDATION, DataConfig, FlightConfig, height_bounds_km
-from cloudml_lib.base.errors import CloudMLError, DataError, shown
-from cloudml_lib.base.outputs import atomic_path, write_text
+from cloudml_lib.base.errors import CloudMLError, DataError
+from cloudml_lib.base.outputs import write_text
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.base.resources import package_version
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.inference import StreamEncoder, eval_batch_size, windows_forward
-from cloudml_lib.core.network.metrics import Scored, cloud_class, outside_bounds
+from cloudml_lib.core.network.metrics import Scored
 from cloudml_lib.core.run.checkpoint import Key
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import trained_backend
@@ -77,9 +75,21 @@ from cloudml_lib.data.preprocess import (
     resolve_workers,
 )
 from cloudml_lib.science import intervals, plots, products
-from cloudml_lib.science.baselines import SHORT
-from cloudml_lib.science.clouds import bt_flag
 from cloudml_lib.science.evaluate import load_run_model
+from cloudml_lib.science.flagging import (
+    Flagging,
+    choose_flagging,
+    cloud_and_intervals,
+    flag_unseen,
+    learned_range,
+)
+from cloudml_lib.science.flightfile import (
+    flight_dataset,
+    flight_figures,
+    spread_words,
+    write_csv,
+    write_netcdf,
+)
 from cloudml_lib.science.report import write_report
 
 log = logging.getLogger(__name__)
@@ -314,505 +324,6 @@ def _say_counts(name: str, counts: dict) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Flagging:
-    """How a frame's cloud flag is made: from the model's probability at `threshold` (and its classes), or
-    from the brightness-temperature baseline (`source` bt_threshold, `baseline`: clouds.fitted_baseline);
-    `definition`: what the flag marks (data.cloud_flag)."""
-
-    threshold: float = 0.5
-    source: str = "model"
-    definition: str = "any_layer"
-    baseline: dict | None = None
-
-
-def cloud_and_intervals(
-    result: dict,
-    flagging: Flagging,
-    calibration: dict | None,
-    bounds: tuple[float, float] = (0.0, np.inf),
-    learned: tuple[float, float] | None = None,
-) -> None:
-    """The cloud flag of each frame (cpl's classes, or 1 cloud / 0 none; -1 unknown: a blank frame or no cloud
-    output), the height kept only where a cloud (base in the range) is flagged and inside `bounds`
-    (bound_heights), and its interval bounds; counts added to result["counts"]."""
-    counts = result["counts"]
-    flag = frame_flags(result, flagging)
-    if flag is not None:
-        result["cbh_km"] = np.where(flag == 1, result["cbh_km"], np.nan)  # a height only under its cloud
-        counts["clear_sky"], counts["cloud"] = int((flag == 0).sum()), int((flag == 1).sum())
-        if (flag >= 2).any() or flagging.definition == "base_in_range":
-            counts["cloud_above_range"], counts["cloud_below_range"] = (
-                int((flag == 2).sum()),
-                int((flag == 3).sum()),
-            )
-        truth = np.isfinite(result["cpl_cloud"]) & (flag >= 0)
-        counts["cpl_cloud_agreement"] = (
-            float(((flag[truth] == 1) == (result["cpl_cloud"][truth] == 1)).mean()) if truth.any() else None
-        )
-    result["cloud_flag"] = flag  # no cloud output: no cloud variables
-    ceiling = bound_heights(result, bounds, learned)
-    result["lower"], result["upper"] = (
-        intervals.bounds(result["cbh_km"], calibration)
-        if calibration
-        else (np.full(len(result["t"]), np.nan),) * 2
-    )
-    if calibration:  # an interval reaching below the surface or above the ceiling means nothing there
-        result["lower"] = np.maximum(result["lower"], bounds[0])
-        result["upper"] = np.minimum(result["upper"], ceiling)
-    if calibration:
-        has = np.isfinite(result["label"]) & np.isfinite(result["lower"])
-        counts["cpl_inside_interval"] = (
-            float(
-                (
-                    (result["label"][has] >= result["lower"][has])
-                    & (result["label"][has] <= result["upper"][has])
-                ).mean()
-            )
-            if has.any()
-            else None
-        )
-        counts["cpl_interval_n"] = int(has.sum())
-
-
-def frame_flags(result: dict, flagging: Flagging) -> np.ndarray | None:
-    """Each frame's flag (int8, -1 unknown) by `flagging`; None where the model has no cloud output and the
-    model's flag is asked for."""
-    if flagging.source == "bt_threshold":
-        flag = bt_flag(result["p10"], flagging.baseline)
-        if flagging.definition != "base_in_range":
-            flag = np.where(flag == 2, 1, flag)  # colder than a threshold: cloud, whatever its height
-        return flag.astype(np.int8)
-    if result["cloud_probability"] is None:
-        return None
-    classes = cloud_class(result["cloud_probability"], result.get("class_probability"), flagging.threshold)
-    return classes.astype(np.int8)
-
-
-# cloud_base_height_qc (products.py); -1: no height predicted. 3 came later: appended, so that files written
-# before keep the meanings of 0-2.
-QC_INSIDE, QC_BELOW, QC_ABOVE, QC_UNLEARNED = 0, 1, 2, 3
-QC_UNSEEN = 4  # a height kept, on a frame whose inputs lie outside the training samples' (data/domain.py)
-
-
-def bound_heights(
-    result: dict, bounds: tuple[float, float], learned: tuple[float, float] | None = None
-) -> np.ndarray:
-    """Heights that cannot be a cloud base are never given as one: below `bounds[0]` (the surface), or above
-    the ceiling (the aircraft's altitude where the nav file gives it, else `bounds[1]`, data.cbh_max_km) they
-    are masked (NaN) and flagged in result["cbh_qc"]; a height within float rounding of a bound is put on it.
-    A height kept but outside `learned` (the span of the labels the model was fitted on; data.cbh_min_km to
-    data.cbh_max_km for a run that did not record it) is an extrapolation: flagged QC_UNLEARNED, kept. Counted
-    in result["counts"] and said in the log. Returns the ceiling per frame (km)."""
-    height, counts = result["cbh_km"], result["counts"]
-    altitude = result.get("altitude_km")
-    known = np.isfinite(altitude) if altitude is not None else np.zeros(height.size, bool)
-    ceiling = np.where(known, altitude, bounds[1]) if known.any() else np.full(height.size, bounds[1])
-    below, above = outside_bounds(height, bounds[0], ceiling)
-    qc = np.where(np.isfinite(height), QC_INSIDE, -1).astype(np.int8)
-    qc[below], qc[above] = QC_BELOW, QC_ABOVE
-    with np.errstate(invalid="ignore"):
-        result["cbh_km"] = np.where(below | above, np.nan, np.clip(height, bounds[0], ceiling))
-        kept = result["cbh_km"]
-        unlearned = (
-            np.isfinite(kept) & ((kept < learned[0]) | (kept > learned[1]))
-            if learned is not None
-            else np.zeros(kept.size, bool)
-        )
-    qc[unlearned] = QC_UNLEARNED
-    result["cbh_qc"], result["height_bounds"] = qc, (float(bounds[0]), float(bounds[1]))
-    if learned is not None:
-        result["learned_range"] = (float(learned[0]), float(learned[1]))
-    counts.update(
-        height_below_surface=int(below.sum()),
-        height_above_ceiling=int(above.sum()),
-        altitude_known=int(known.sum()),
-    )
-    if learned is not None:
-        counts["height_outside_labels"] = int(unlearned.sum())
-    if unlearned.any():
-        log.info(
-            "flight %s: %d predicted heights lie outside %.2f-%.2f km (%s): kept as extrapolations, flagged "
-            "%d "
-            "in cloud_base_height_qc",
-            result.get("flight", "?"),
-            int(unlearned.sum()),
-            learned[0],
-            learned[1],
-            result.get("learned_from", "the labels the model learned from"),
-            QC_UNLEARNED,
-        )
-    if below.any() or above.any():
-        log.warning(
-            "flight %s: %d predicted heights cannot be a cloud base and are left out (missing, flagged in "
-            "cloud_base_height_qc): %d below the surface (%.2f km), %d above %s.%s",
-            result.get("flight", "?"),
-            int(below.sum() + above.sum()),
-            int(below.sum()),
-            bounds[0],
-            int(above.sum()),
-            f"the aircraft or {bounds[1]:.2f} km (data.cbh_max_km)"
-            if known.any()
-            else f"{bounds[1]:.2f} km (data.cbh_max_km)",
-            ""
-            if result.get("height_head") == "bounded"
-            else " This model was trained before model.height_head existed; a new run's heights stay "
-            "inside these bounds.",
-        )
-    return ceiling
-
-
-def flag_unseen(result: dict, predictor: FlightPredictor, name: str) -> None:
-    """The domain check's verdict on the flight: a height given on a frame whose inputs lie outside the
-    training samples' gets QC_UNSEEN where it had QC_INSIDE (a height outside the labels' span keeps
-    QC_UNLEARNED, a masked one its own flag), counted; the flight's sentence in the log and in
-    result["inputs_vs_training"]."""
-    if predictor.domain is None:
-        result["inputs_vs_training"] = f"flight {name}: {predictor.unchecked}"
-        log.info("flight %s: %s", name, predictor.unchecked)
-        return
-    qc, outside = result["cbh_qc"], result.pop("inputs_outside")
-    given = np.isfinite(result["cbh_km"])  # the heights the file gives (a cloud base flagged, in bounds)
-    unseen = outside & given & (qc == QC_INSIDE)  # a height outside the labels' span keeps its 3
-    qc[unseen] = QC_UNSEEN
-    result["counts"].update(
-        inputs_outside_training=int(outside.sum()), height_inputs_outside=int(unseen.sum())
-    )
-    words = predictor.domain.words(name, result.pop("judged").subset(given), "heights")
-    result["input_distance_threshold"] = predictor.domain.threshold
-    result["inputs_vs_training"] = words + (
-        f" (cloud_base_height_qc {QC_UNSEEN}, or {QC_UNLEARNED} where the height itself lies outside the "
-        f"labels' span; {int(outside.sum())} of all {outside.size} frames, heights or not, lie outside: "
-        "input_distance)"
-    )
-    (log.warning if (outside & given).any() else log.info)("%s", result["inputs_vs_training"])
-
-
-def bounds_attributes(result: dict) -> dict:
-    """The NetCDF attributes that say how cloud_base_height is bounded, by which head, and how many heights
-    were masked."""
-    low, high = result["height_bounds"]
-    counts = result["counts"]
-    head = result.get("height_head", "unbounded")
-    return {
-        "cloud_base_height_min_km": low,
-        "cloud_base_height_max_km": high,
-        "cloud_base_height_bounds": (
-            f"a cloud base lies between {low:g} km (the sea surface: the labels are over the ocean) and "
-            + (
-                f"the aircraft's altitude from the nav file ({counts['altitude_known']} frames), else "
-                if counts["altitude_known"]
-                else "(the nav file gives no aircraft altitude) "
-            )
-            + f"{high:g} km (data.cbh_max_km, the top of the labels' range); a height outside is masked "
-            "(missing) and flagged in cloud_base_height_qc; interval bounds are cut to the same range"
-        ),
-        "height_head": (
-            "bounded: the model's height output cannot leave these bounds"
-            if head == "bounded"
-            else "unbounded: a model made before model.height_head existed; its heights outside the bounds "
-            "are masked"
-        ),
-        "cloud_base_height_masked": (
-            f"{counts['height_below_surface']} heights below the surface and "
-            f"{counts['height_above_ceiling']} above the upper bound masked"
-        ),
-        **(
-            {
-                "cloud_base_height_outside_labels": (
-                    f"{counts['height_outside_labels']} heights outside {result['learned_range'][0]:g}-"
-                    f"{result['learned_range'][1]:g} km "
-                    f"({result.get('learned_from', 'data.cbh_min_km to data.cbh_max_km')}:"
-                    f" no label the model learned from lies there): kept, flagged {QC_UNLEARNED} "
-                    "(outside_labels_range) in cloud_base_height_qc"
-                )
-            }
-            if "height_outside_labels" in counts and "learned_range" in result
-            else {}
-        ),
-    }
-
-
-def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
-    """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both
-    preinstalled on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves
-    no half file, and its error names the file."""
-    ds, encoding = flight_dataset(flight, result, run_dir)
-    with atomic_path(path) as tmp:
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
-
-
-def flight_dataset(flight: str, result: dict, run_dir: Path):
-    """The whole-flight product as an xarray Dataset (its variables and global attributes) and the encoding
-    the NetCDF file stores it with."""
-    counts, cal = result["counts"], result.get("calibration")
-    record = result.get("provenance") or {}
-    source = result.get("source") or f"a CloudML model of run '{Path(run_dir).name}'"
-    attrs = {
-        **products.discovery_attributes(flight, result, source, package_version()),
-        "comment": (
-            f"{counts['blank']} blank frames (no finite pixel or no contrast) have no height; "
-            f"{counts['filled_pixels']} non-finite pixels were filled with their frame's median"
-        ),
-        "cloud_threshold": float(result.get("cloud_threshold", 0.5)),
-        "interval_method": cal["method"] + " (MAPIE split conformal)" if cal else "none",
-        "interval_coverage": float(cal["coverage"]) if cal else np.nan,
-        "interval_calibration": f"{cal['n']} heights from {cal['source']}" if cal else "none",
-        "interval_calibration_flights": spread_words(cal) if cal else "no intervals",
-        "interval_calibrated_on_this_flight": (
-            ("yes: the share of CPL heights inside the intervals is no measure of their coverage here")
-            if result.get("seen_in_calibration")
-            else "no"
-        )
-        if cal
-        else "no intervals",
-        "interval_coverage_on_this_flight": coverage_here(result),
-        "flight_role": result.get("role", "unknown"),
-        "inputs_vs_training": result.get("inputs_vs_training", "not checked"),
-        **(
-            {"input_distance_threshold": float(result["input_distance_threshold"])}
-            if "input_distance_threshold" in result
-            else {}
-        ),
-        **skill_attributes(flight, result.get("evaluation")),
-        **flag_attributes(result),
-        # JSON text: the label definition of the CPL labels here (and of the model's training data), the
-        # SHA-256 of this flight's input files, and the training data's record (per-flight counts and files)
-        "label_definition": json.dumps(record.get("label_definition")),
-        "input_files": json.dumps(record.get("input_files")),
-        "training_data_provenance": json.dumps(record.get("trained_on")),
-        "preprocessing": json.dumps(record.get("preprocess")),  # the CLAHE backend, its device, workers
-        **bounds_attributes(result),
-    }
-    return products.netcdf_dataset(
-        result,
-        attrs,
-        f"{cal['coverage']:.0%}" if cal else "no",
-        products.flag_variables(result["flagging"]) if "flagging" in result else {},
-    )
-
-
-def spread_words(cal: dict) -> str:
-    """Whether a calibration holds the spread between flights, in words: calibrated on one flight, the
-    intervals may fall short on another (the users' pooled intervals covered 27-34 % of some flights)."""
-    flights = [str(f) for f in cal.get("flights") or []]
-    if not flights:
-        return "the flights it was calibrated on are not recorded (a calibration of an earlier release)"
-    if len(flights) == 1:
-        return (
-            f"calibrated on one flight's heights ({flights[0]}): the spread between flights is not in them, "
-            f"so on another flight they may hold less than their {float(cal['coverage']):.0%}; calibrated "
-            "across flights: a cross-validation's intervals (predict --calibration CROSSVAL_DIR)"
-        )
-    return (
-        f"calibrated across {len(flights)} flights' heights ({', '.join(flights)}): the spread between them "
-        "is in them; a flight unlike all of them may still fall short"
-    )
-
-
-def coverage_here(result: dict) -> str:
-    """The share of the flight's CPL heights inside its intervals, in words: whether it falls short of the
-    target by more than binomial noise (the intervals do not hold here), or is no measure (calibrated
-    here)."""
-    from cloudml_lib.science.report import short_of_target
-
-    cal, counts = result.get("calibration"), result["counts"]
-    share, n = counts.get("cpl_inside_interval"), counts.get("cpl_interval_n", 0)
-    if not cal or share is None or not n:
-        return "not measured (no intervals, or no CPL height on this flight)"
-    said = f"{share:.0%} of {n} CPL heights inside the {cal['coverage']:.0%} intervals"
-    if result.get("seen_in_calibration"):
-        return said + ": calibrated on this flight's heights, so no measure of their coverage"
-    if short_of_target(share, n, float(cal["coverage"])):
-        return said + (
-            ": short of the target by more than chance (binomial, one-sided 2.5%): the intervals do not hold "
-            "on this flight"
-        )
-    return said + ": within binomial noise of the target"
-
-
-def skill_attributes(flight: str, evaluation: dict | None) -> dict:
-    """Global attributes that say how good the model that wrote the file is, from evaluation.json (read as
-    untrusted): `model_test_skill` is this flight's own test skill, where it was a test flight of the run, and
-    says plainly that it is unmeasured where not; the run's other test flights' skill is apart
-    (`model_test_skill_other_flights`), with the verdict and the protocol they were tested under."""
-    from cloudml_lib.science.report import best_baseline, protocol_words, with_verdict
-
-    if not evaluation:
-        return {"model_test_skill": "not evaluated (the run has no evaluation.json)"}
-    report = with_verdict(evaluation)
-    per, base = report.get("per_flight") or {}, report.get("baseline_per_flight") or {}
-    intervals_km = report.get("mae_interval_km") or {}
-
-    def skill_of(name: str, m: dict) -> str:
-        return (
-            f"{name}: R2 {_num(m.get('r2'))}, MAE {_num(m.get('mae_km'))} km"
-            + (
-                f" (95% {intervals_km[name][0]:.3f}-{intervals_km[name][1]:.3f})"
-                if intervals_km.get(name)
-                else ""
-            )
-            + f", n {m.get('n')}"
-            + (f"; training mean MAE {_num(base[name].get('mae_km'))} km" if name in base else "")
-            + _best_words(best_baseline(report, name))
-        )
-
-    others = "; ".join(skill_of(name, m) for name, m in per.items() if name != flight and isinstance(m, dict))
-    own = per.get(flight)
-    return {
-        "model_test_skill": skill_of(flight, own)
-        if isinstance(own, dict)
-        else f"not measured on this flight: {flight} was not a test flight of the run (the skill on its "
-        "test flights, in model_test_skill_other_flights, is no measure of the skill here)",
-        "model_test_skill_other_flights": others or "none",
-        "model_verdict": report.get("verdict") or "none",
-        "model_evaluation_protocol": protocol_words(report),
-    }
-
-
-def _num(v) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) and np.isfinite(v) else "undefined"
-
-
-def _best_words(best: dict | None) -> str:
-    """ "; best baseline (linear on brightness) MAE 0.118 km, MAE skill against it +0.17" ("" without one)."""
-    if not best or best.get("skill") is None:
-        return ""
-    return (
-        f"; best baseline ({SHORT.get(best['name'], best['name'])}) MAE {_num(best['mae_km'])} km, MAE skill "
-        f"against it {best['skill']:+.2f}"
-    )
-
-
-def flag_attributes(result: dict) -> dict:
-    """Global attributes that say which cloud flag the file holds and what it marks."""
-    f: Flagging = result.get("flagging") or Flagging()
-    if f.source == "bt_threshold":
-        b = f.baseline or {}
-        source = (
-            f"the brightness-temperature baseline ({b.get('kind')} on frame_p10, the 10th percentile of the "
-            f"frame's stored values: {bt_bounds_words(b)}), fitted on the training flights"
-        )
-    else:
-        source = f"the model (cloud probability at or above {f.threshold:g})"
-    return {"cloud_flag_source": source, "cloud_flag_definition": products.flag_definition(f.definition)}
-
-
-def bt_bounds_words(b: dict) -> str:
-    """The brightness-temperature baseline's bounds in the IR files' stated units: "below 10520 stored
-    (285.2 K, by the file's scale_factor 0.01 and add_offset 180)", "below 285.2 K", or in the file's own
-    numbers where it states no units (or a run ended before the units were kept)."""
-
-    def one(v) -> str:
-        if v is None:
-            return "open"
-        units, scale, offset = b.get("units"), b.get("scale", 1.0), b.get("offset", 0.0)
-        if units in (None, "unstated"):
-            why = "it states no units" if units else "units not recorded by the CloudML that ended the run"
-            return f"{v:g} in the IR file's own numbers ({why})"
-        if (scale, offset) == (1.0, 0.0):
-            return f"{v:g} {units}"
-        unpacked = f"{v * scale + offset:.4g} {units}"
-        return f"{v:g} stored ({unpacked}, by the file's scale_factor {scale:g} and add_offset {offset:g})"
-
-    return f"from {one(b.get('low'))} to {one(b.get('high'))}"
-
-
-def write_csv(path: Path, result: dict) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(products.csv_header())
-        w.writerows(products.csv_rows(result))
-
-
-def _mark_heights(ax, hours: np.ndarray, result: dict) -> None:
-    """Heights outside the labels' range (kept: extrapolations) and heights masked, drawn apart."""
-    qc = np.asarray(result.get("cbh_qc", np.zeros(len(hours))), np.int64)
-    unlearned = qc == QC_UNLEARNED
-    if unlearned.any():  # drawn apart: heights no label the model learned from lies at
-        low, high = result.get("learned_range", (np.nan, np.nan))
-        ax.plot(
-            hours[unlearned],
-            result["cbh_km"][unlearned],
-            "x",
-            ms=4,
-            color="tab:purple",
-            label=f"outside {low:g}-{high:g} km, the labels' range (extrapolated)",
-        )
-    masked = (qc == QC_BELOW) | (qc == QC_ABOVE)
-    if masked.any():  # a tick along the bottom where a height was left out as no cloud base
-        ax.plot(
-            hours[masked],
-            np.full(int(masked.sum()), 0.02),
-            "|",
-            ms=6,
-            color="tab:orange",
-            transform=ax.get_xaxis_transform(),
-            label="height masked (below the surface or above the bound)",
-        )
-
-
-# stretches without a height drawn behind the line, by the frame's flag: (flag value, colour, label)
-NO_HEIGHT_SHADES = (
-    (0, "0.85", "clear sky (predicted)"),
-    (2, "#d8cdea", "cloud only above the range: no height (predicted)"),
-    (3, "#f3dcc4", "a base below the range: no height (predicted)"),
-)
-
-
-def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
-    hours = (result["t"] - result["t"][0]) / 3600.0
-    along = Figure(figsize=(11, 4.4))
-    ax = along.subplots()
-    flag = result.get("cloud_flag")
-    flags = np.full(len(hours), -1) if flag is None else np.asarray(flag)
-    clear = flags == 0
-    for value, colour, label in NO_HEIGHT_SHADES:
-        if (flags == value).any():
-            ax.fill_between(
-                hours,
-                0,
-                1,
-                where=flags == value,
-                transform=ax.get_xaxis_transform(),
-                color=colour,
-                step="mid",
-                lw=0,
-                label=label,
-            )
-    lower, upper = result.get("lower"), result.get("upper")
-    if lower is not None and np.isfinite(lower).any():
-        cal = result.get("calibration") or {}
-        ax.fill_between(
-            hours,
-            lower,
-            upper,
-            color="tab:blue",
-            alpha=0.25,
-            lw=0,
-            label=f"{cal.get('coverage', 0):.0%} interval",
-        )
-    ax.plot(hours, result["cbh_km"], lw=0.8, label="predicted")
-    _mark_heights(ax, hours, result)
-    has = np.isfinite(result["label"])
-    ax.plot(hours[has], result["label"][has], "o", ms=3, color="tab:red", label="CPL lidar")
-    ax.set(xlabel="hours since the first frame", ylabel="cloud base height (km)", title=f"Flight {flight}")
-    # below the axes: a legend inside would cover the heights of the flight's last stretch
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=8, frameon=False)
-    ax.grid(alpha=0.3)
-    along.tight_layout()
-    track = Figure(figsize=(6, 5))
-    ax = track.subplots()
-    if clear.any():
-        ax.scatter(result["lon"][clear], result["lat"][clear], s=4, color="0.8", label="clear sky")
-        ax.legend(loc="best", fontsize=8)
-    sc = ax.scatter(result["lon"], result["lat"], c=result["cbh_km"], s=4, cmap="viridis")
-    track.colorbar(sc, ax=ax, label="predicted cloud base height (km)")
-    ax.set(xlabel="longitude (deg)", ylabel="latitude (deg)", title=f"Flight {flight}: track")
-    track.tight_layout()
-    return along, track
-
-
 def flights_to_predict(cfg, names: list[str]) -> dict[str, FlightConfig]:
     """The files of each flight to predict, with train's checks: the run's own entry (its files as
     trained), else the flight found in data.dir by its file names; only the IR file is required. Two
@@ -1014,7 +525,7 @@ def flight_result(
     result["source"] = model_source(cfg, ckpt, folder.run_dir)
     learned, result["learned_from"] = learned_range(ckpt, cfg)
     cloud_and_intervals(result, folder.flagging, calibration, height_bounds_km(cfg.data), learned)
-    flag_unseen(result, predictor, name)
+    flag_unseen(result, predictor.domain, predictor.unchecked, name)
     result["calibration"], result["cloud_threshold"] = calibration, cfg.model.cloud_threshold
     result["flagging"], result["role"] = folder.flagging, flight_role(name, ckpt, cfg)
     result["seen_in_calibration"] = seen_in_calibration(name, calibration, ckpt, cfg)
@@ -1068,37 +579,6 @@ def _write_flight(result: dict, name: str, folder: PredictionsFolder) -> Path:
     return nc
 
 
-CLOUD_FLAGS = ("model", "bt_threshold")  # predict --cloud-flag
-
-
-def choose_flagging(cfg, ckpt: dict, cloud_flag: str, run_dir: Path) -> Flagging:
-    """How the files' cloud flag is made (--cloud-flag): the model's, or the brightness-temperature baseline
-    best.pt keeps (a CloudMLError naming what to do where it keeps none)."""
-    if cloud_flag not in CLOUD_FLAGS:
-        raise CloudMLError(f"--cloud-flag {shown(cloud_flag)}: choose one of {', '.join(CLOUD_FLAGS)}")
-    definition = cfg.data.cloud_flag
-    if cloud_flag == "model":
-        return Flagging(cfg.model.cloud_threshold, "model", definition)
-    baseline = ckpt.get(Key.CLOUD_BASELINE)
-    valid = (
-        isinstance(baseline, dict)
-        and baseline.get("kind") in ("window", "threshold")
-        and all(
-            v is None or (isinstance(v, float) and np.isfinite(v))
-            for v in (baseline.get("low"), baseline.get("high"))
-        )
-    )
-    if not valid:
-        raise CloudMLError(
-            f"--cloud-flag bt_threshold: {run_dir / 'best.pt'} holds no brightness-temperature baseline (a "
-            "run "
-            "ended by an earlier CloudML, or a damaged file). Evaluate the run's end again with this version "
-            f"(python -m cloudml_lib train ... --run-dir {run_dir} after raising train.epochs), or use the "
-            "model's flag. Nothing was written."
-        )
-    return Flagging(cfg.model.cloud_threshold, "bt_threshold", definition, baseline)
-
-
 def model_source(cfg, ckpt: dict, run_dir: Path) -> str:
     """The model that wrote a file, in words for its `source` attribute: what it is, which weights, its run's
     name (never a path of the machine)."""
@@ -1114,20 +594,6 @@ def model_source(cfg, ckpt: dict, run_dir: Path) -> str:
         + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
         + f" of run '{Path(run_dir).name}'"
     )
-
-
-def learned_range(ckpt: dict, cfg) -> tuple[tuple[float, float], str]:
-    """(the heights the model learned from, in words where they come from): the span of the labels it was
-    fitted on (best.pt), or data.cbh_min_km to data.cbh_max_km for a run that did not record it."""
-    span = ckpt.get(Key.LABEL_RANGE)
-    if (
-        isinstance(span, list)
-        and len(span) == 2
-        and all(isinstance(v, float) and np.isfinite(v) for v in span)
-    ):
-        if span[0] <= span[1]:
-            return (span[0], span[1]), "the span of the labels the model was fitted on"
-    return (float(cfg.data.cbh_min_km), float(cfg.data.cbh_max_km)), "data.cbh_min_km to data.cbh_max_km"
 
 
 def flight_role(name: str, ckpt: dict, cfg) -> str:

@@ -227,7 +227,7 @@ def flag_definition(definition: str) -> str:
 
 
 def flag_variables(flagging) -> dict:
-    """The cloud variables' attributes for how the file's flag was made (predict.Flagging): what cloud_flag,
+    """The cloud variables' attributes for how the file's flag was made (flagging.Flagging): what cloud_flag,
     cpl_cloud_flag and cloud_probability mean, by variable name."""
     if flagging.definition != "base_in_range":
         bt = {

@@ -8,6 +8,7 @@
 - averaging.py   the moving average of the weights (train.ema_decay): what is validated and kept
 - progress.py    run.json and the notebook's progress lines;  signals.py  stopping on SIGTERM/Ctrl-C
 - loss.py        the objective: weighted Huber on the standardised height (and the validation loss)
+- nonfinite.py   a NaN/inf loss: the step skipped and counted, the caches checked for bit rot
 
 May import: core, data, base (never science, commands or colab: pyproject.toml's import-linter contracts).
 """

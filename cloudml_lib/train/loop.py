@@ -37,7 +37,6 @@ from cloudml_lib.core.network.model import MultimodalRegressionModel
 from cloudml_lib.core.network.recovery import (
     MAX_ATTEMPTS,
     capture_undo,
-    count_nonfinite_step,
     eager_after_compile_failure,
     halve_micro_batch,
     refuse_retry_across_processes,
@@ -52,6 +51,7 @@ from cloudml_lib.data.dataset import CloudDataset, EpochBatchSampler
 from cloudml_lib.train.build import build_run, resolved
 from cloudml_lib.train.evaluation import update_best, validate
 from cloudml_lib.train.loss import global_totals, part_loss
+from cloudml_lib.train.nonfinite import count_nonfinite_step
 from cloudml_lib.train.progress import ProgressLines, RunInfo, log_step, mean_loss
 from cloudml_lib.train.saving import Checkpoints
 from cloudml_lib.train.signals import StopRequest

@@ -7,5 +7,6 @@
 - inference.py    a model over many windows (each frame encoded once) and the Evaluator
 - metrics.py      the metrics of heights and cloud flags, the same during and after training
 
-May import: data, base; nothing of the machine or the run folder (import-linter: core's layers).
+May import: data, base; nothing of the machine or the run folder (import-linter: core's layers). The
+model, compile.py and recovery.py read no data at all: the network is importable alone (a contract).
 """

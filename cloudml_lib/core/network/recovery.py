@@ -4,20 +4,18 @@ The Trainer wraps each batch in `run_attempt`. Before an attempt, `capture_undo`
 attempt could change (BatchNorm buffers, the RNG, gradients accumulated so far); after a failure
 `undo` puts them back, so the redone batch counts once and a later resume stays bit-exact. Out of
 memory halves the micro-batch (training) or the evaluation batch (validation); a compile failure
-switches to the eager model. A NaN/inf loss skips the step (`count_nonfinite_step`), and the first
-one checks the cache for bit rot.
+switches to the eager model. (A NaN/inf loss, which skips the step and checks the cache for bit rot, is
+the trainer's: train/nonfinite.py; this module reads no data.)
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import time
 
 import torch
 
-from cloudml_lib.base.errors import CloudMLError, DataError
-from cloudml_lib.data.cachefiles import verify_cache
+from cloudml_lib.base.errors import CloudMLError
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 16  # recoveries of one step: halvings of the micro-batch, one fall-back to eager
@@ -133,50 +131,3 @@ def refuse_retry_across_processes(dist, failure: str, step: int) -> None:
             )
             + "then run the same command to resume."
         )
-
-
-def count_nonfinite_step(st, train, caches: list, caches_checked: bool) -> bool:
-    """A skipped NaN/inf step counted and said; the caches checked the first time (returns True once they
-    were); training stopped after train.max_nonfinite_steps in a row."""
-    st.nonfinite_in_a_row += 1
-    st.nonfinite_total += 1
-    log.warning(
-        "Non-finite loss at step %d (epoch %d, batch %d): step skipped, weights unchanged (%d in a row, "
-        "%d in all).",
-        st.step,
-        st.epoch + 1,
-        st.batch,
-        st.nonfinite_in_a_row,
-        st.nonfinite_total,
-    )
-    if not caches_checked:
-        check_caches_intact(caches)
-    if st.nonfinite_in_a_row >= train.max_nonfinite_steps:
-        raise CloudMLError(
-            f"training stopped: {train.max_nonfinite_steps} optimizer steps in a row had a NaN or infinite "
-            "loss "
-            f"(train.max_nonfinite_steps). The preprocessing cache was checked against its checksums and is "
-            "intact, so the data did not change; the weights were never updated with those steps, and "
-            "best.pt "
-            f"and the checkpoints hold finite models. Lower train.learning_rate (now "
-            f"{train.learning_rate}), then run the same command to resume from the last checkpoint."
-        )
-    return True
-
-
-def check_caches_intact(caches: list) -> None:
-    """A NaN loss can come from bit rot in the cache rather than the optimisation: every cache is
-    checked against the checksum recorded when it was built (same files on every process, so all
-    take the same decision)."""
-    t0 = time.time()
-    problems = [p for p in map(verify_cache, caches) if p]
-    if problems:
-        raise DataError(
-            "NaN/inf losses: " + "; ".join(problems) + ". Delete the named cache folder(s): they are "
-            "rebuilt from the IR files at the next start. Then run the same command again: training "
-            "resumes from the last checkpoint, whose weights are finite."
-        )
-    log.info(
-        "The preprocessing cache matches its checksums (checked in %.1f s): the data is intact",
-        time.time() - t0,
-    )
