@@ -377,6 +377,7 @@ def test_evaluations_with_and_without_the_atmosphere_baselines_read_back_and_rep
         assert "could not be fitted" not in md
 
 
+@pytest.mark.slow
 def test_with_era5_beside_the_flights_the_baselines_read_it_though_the_network_does_not(copied_flights):
     """data.atmosphere none: the network sees no reanalysis, the baselines read it from the files fetch-era5
     wrote (the stand-in CDS's uniform air: 289 K over a 286 K dew point at 1015 hPa)."""
