@@ -163,6 +163,25 @@ def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tin
     assert "Not evaluated on these weights: the run has no evaluation.json" in card
 
 
+@pytest.mark.slow
+def test_a_stopped_run_exports_its_best_weights_so_far_said_as_such_and_without_them_is_refused(
+    session_runs, tmp_path
+):
+    """A run stopped in its second epoch (the session's run killed at step 8): the card says the run is
+    stopped and these are its best weights so far, with no test skill; the same run without a best.pt (killed
+    before its first epoch ended) is refused by name, nothing written."""
+    run = session_runs.copy(session_runs.killed("step:8"), tmp_path / "run")
+    assert run_cli("export", "--run-dir", run, "--out", tmp_path / "a").returncode == 0
+    card = (tmp_path / "a" / "MODEL_CARD.md").read_text()
+    assert "- Training: the run is stopped (resumable)" in card and "best weights so far" in card, card
+    assert "| MAE km |" not in card
+    assert "Not evaluated on these weights: the run has no evaluation.json" in card
+    (run / "best.pt").unlink()
+    r = run_cli("export", "--run-dir", run, "--out", tmp_path / "b")
+    assert r.returncode == 2 and "best.pt" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert not (tmp_path / "b").exists()
+
+
 def test_the_programs_window_max_is_max_pooling_at_any_frame_size():
     """The program's 2 x 2 pooling (export._WindowMax, which torch 2.11's export takes at a free frame size)
     gives max_pool2d's numbers, odd rows and columns dropped alike; the network's own pooling is swapped in
