@@ -349,8 +349,11 @@ class TwinEnvironment:
         return where
 
     def _pristine(self, python: Path, recorded: str) -> bool:
-        """The environment holds what it held when built, after removing what the tests added (`reset`)."""
+        """The environment holds what it held when built, after removing what the tests added (`reset`), and
+        where it was built: a moved one's scripts (tensorboard, jupyter) start the old place's python."""
         try:
+            if not _scripts_start(python):
+                return False
             self.reset(python, recorded)
             return freeze(python) == recorded
         except (AssertionError, OSError, subprocess.SubprocessError):
@@ -377,6 +380,21 @@ class TwinEnvironment:
                 text=True,
                 timeout=600,
             )
+
+
+def _scripts_start(python: Path) -> bool:
+    """Whether every script of the environment of `python` whose first line names a python names this one
+    (a virtual environment moved to another folder keeps its old place there, and its scripts fail)."""
+    for script in python.parent.iterdir():
+        try:
+            with open(script, "rb") as f:
+                first = f.readline(4096)
+        except OSError:  # a folder, a dangling link
+            continue
+        words = first[2:].split() if first.startswith(b"#!") else []
+        if words and b"python" in words[0] and Path(os.fsdecode(words[0])).parent != python.parent:
+            return False
+    return True
 
 
 class TwinBuiltElsewhere(TwinEnvironment):

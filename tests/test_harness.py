@@ -256,3 +256,18 @@ def test_under_xdist_the_longest_files_go_first_and_the_twin_fourth(tmp_path, mo
     results.write_text("{not json")
     assert conftest.recorded_group_seconds(False) == {}
     assert conftest.groups_in_order(["test_x", "test_y"], {}) == ["test_x", "test_y"]
+
+
+def test_a_kept_twin_environment_moved_to_another_folder_is_built_again(tmp_path):
+    """A virtual environment's scripts start the python of the folder it was built in: one moved since (its
+    tensorboard could not start) is not taken as kept; one where it was built is."""
+    from install_helpers import _scripts_start
+
+    bin_ = tmp_path / "venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text("")
+    (bin_ / "activate").write_text("# no first line naming a python\n")
+    (bin_ / "tensorboard").write_text(f"#!{bin_ / 'python'}\nimport sys\n")
+    assert _scripts_start(bin_ / "python")
+    (bin_ / "jupyter").write_text("#!/where/it/was/built/venv/bin/python3.13\nimport sys\n")
+    assert not _scripts_start(bin_ / "python")
