@@ -32,6 +32,7 @@ local folder stays the training format in both cases (positioned reads of indexe
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -272,9 +273,11 @@ class FlightCache:
 
 def _open(path: Path) -> FlightCache:
     meta = read_json(path / "meta.json", CACHE_META, CACHE_META_LIMIT)  # Damaged: the cache is rebuilt
-    if unlike_recorded(meta, "samples.npz", sha256_of(path / "samples.npz")):  # labels, angles, statistics
+    # labels, angles, statistics: read once, and what is checked is what is loaded
+    samples = (path / "samples.npz").read_bytes()
+    if unlike_recorded(meta, "samples.npz", hashlib.sha256(samples).hexdigest()):
         raise DataError(f"cache {path}: samples.npz no longer matches the checksum recorded at its build")
-    arrays = np.load(path / "samples.npz")
+    arrays = np.load(io.BytesIO(samples))
     store = FrameStore(path / "frames.npy")
     expected = store.offset + store.frame_bytes * store.shape[0]
     if (path / "frames.npy").stat().st_size != expected or store.shape[0] != meta["cached_frames"]:
