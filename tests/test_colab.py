@@ -576,3 +576,32 @@ def test_a_cells_log_lines_are_folded_after_its_table_and_a_notice_is_shown_once
     assert "How each flight was cached: 2 lines (click to open)" in shown[-1]
     for h in [h for h in log.handlers if isinstance(h, live.NotebookLog)]:
         log.removeHandler(h)
+
+
+def test_whole_flights_say_a_flights_inputs_against_training_once(tmp_path, monkeypatch, shown):
+    """The domain check's sentence is a warning in predict's log, shown above as a notice: the flight's own
+    lines below do not repeat it; a flight whose inputs lie inside says so there (no warning above)."""
+    from types import SimpleNamespace
+
+    outside = "flight F1: 28 of its 353 heights (8%) come from frames that lie outside the inputs"
+    inside = "flight F2: every frame's inputs lie among the training flights'"
+    run_dir = tmp_path / "run"
+    out = run_dir / "predictions"
+    out.mkdir(parents=True)
+    for flight in ("F1", "F2"):
+        (out / f"{flight}_cbh_along_flight.png").write_bytes(b"")
+    summary = {"F1": {"inputs_vs_training": outside}, "F2": {"inputs_vs_training": inside}}
+
+    def predict(cmd, view, env=None):
+        view.line(f"Warning: {outside}")  # as the command prints a warning (base/logs.py)
+        return 0
+
+    monkeypatch.setattr(training, "run_live", predict)
+    monkeypatch.setattr(training, "run_flights", lambda ws, run: None)
+    monkeypatch.setattr(training.RunFolder, "is_finished", lambda self: True)
+    monkeypatch.setattr(training.RunFiles, "predictions_summary", lambda self: summary)
+    picker = SimpleNamespace(choice=lambda: SimpleNamespace(whole_flights=True))
+    assert training.whole_flights(None, picker, run_dir) == out
+    said = [x for x in shown if isinstance(x, str)]
+    assert sum(outside[1:] in x for x in said) == 0  # said once: the notice above
+    assert sum("Flight F2: every frame's inputs lie among the training flights'" in x for x in said) == 1

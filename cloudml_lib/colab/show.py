@@ -214,9 +214,12 @@ def show_evaluation(run_dir: Path | None) -> None:
     )
 
 
-SCATTER_WIDTH_PX = 400  # the evaluation's scatter in the notebook (its file: 550 px square)
+SCATTER_WIDTH_PX = 340  # the evaluation's scatter in the notebook (its file: 550 px square)
 # what show_evaluation folds: test_parts' second part
-MORE_WORDS = "Heights by range, the cloud flag's table, the baselines, the intervals, the validation scores"
+MORE_WORDS = (
+    "The skill against each baseline, heights by range, the cloud flag's table, the intervals, the "
+    "validation scores"
+)
 
 
 @user_errors

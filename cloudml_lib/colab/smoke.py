@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from cloudml_lib.colab.live import LiveView, read_records, report_end, run_live
+from cloudml_lib.colab.live import LiveView, read_records, run_live
 from cloudml_lib.colab.show import show_markdown
 from cloudml_lib.core.run.checkpoint import find_checkpoints, load_checkpoint, read_meta, verify
 from cloudml_lib.core.run.folder import RunFolder
@@ -40,7 +40,11 @@ def simulate_disconnect(run_dir: Path, command: list[str]) -> None:
     view = LiveView(run_dir)
     code = run_live(command, view, {"CLOUDML_KILL_AT": f"step:{DISCONNECT_STEP}"})
     assert code == -signal.SIGKILL, f"the simulated disconnect did not happen (exit status {code})"
-    report_end(code, view, "training", run_dir)
+    # as a Colab disconnect and Run all would leave it: the bar stopped where the run was killed, with its
+    # words (report_end's advice to run the cell again is the cell's next step here), its curves hidden (the
+    # resumed view below draws every epoch again) and its log folded
+    view.end(code, view.outcome("killed (as by a disconnect)", code))
+    view.curves.layout.display = "none"
 
 
 def check_run(run_dir: Path | None) -> None:

@@ -166,6 +166,8 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
     for png in sorted(out.glob("*_cbh_along_flight.png")):
         flight = png.name[: -len("_cbh_along_flight.png")]
         said = (summary.get(flight) or {}).get("inputs_vs_training")
+        if said and any(said in line for line in view.notice_lines):  # said above already, as a warning
+            said = None
         show_markdown(
             f"**{flight}**: `{out / (flight + '_cbh.nc')}` (NetCDF, a CF trajectory) and `{flight}_cbh.csv`"
             + (f"\n\n{said[0].upper() + said[1:]}." if said else "")
@@ -173,8 +175,11 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
         if in_notebook():
             from IPython.display import Image
 
-            show(Image(filename=str(png)))
+            show(Image(filename=str(png), width=ALONG_FLIGHT_WIDTH_PX))
     return out
+
+
+ALONG_FLIGHT_WIDTH_PX = 900  # a whole flight's figure in the notebook (its file: 1210 x 484 px)
 
 
 @user_errors

@@ -884,8 +884,9 @@ def test_parts(
     report: dict, history: list[dict] | None = None, cloud_verdict_first: bool = True
 ) -> tuple[list[str], list[str]]:
     """test_section in two parts: what a reader needs first (how the flights were scored, the verdicts in
-    words, the metrics against the baselines) and the rest (heights by range, the cloud flag's table, the
-    baselines explained, the radiometry, the intervals, the validation scores), which the notebook folds.
+    words, the metrics beside the baselines') and the rest (the skill against each baseline, heights by
+    range, the cloud flag's table, the baselines explained, the radiometry, the intervals, the validation
+    scores), which the notebook folds.
     `cloud_verdict_first`: the cloud flag's verdict in the first part (the notebook), else after its table."""
     report = with_verdict(report)
     head = [protocol_words(report), ""]
@@ -895,7 +896,6 @@ def test_parts(
     head += [clouds, ""] if clouds and cloud_verdict_first else []
     head += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
     head += _metrics_table(report) + [""]
-    head += skill_lines(report) + [""] if report.get("baselines") else []
     head += paper_lines(report) + [""] if paper_lines(report) else []
     short = (
         interval_warnings(report["intervals"], report.get("training_label_range_km"))
@@ -903,7 +903,9 @@ def test_parts(
         else []
     )
     head += [" ".join(short), ""] if short else []  # intervals that do not hold: said first, not folded
-    more = height_range_lines(report) + [""] if report.get("by_height") else []
+    # the skill against each baseline: the table above holds their numbers, the verdict the best one's
+    more = skill_lines(report) + [""] if report.get("baselines") else []
+    more += height_range_lines(report) + [""] if report.get("by_height") else []
     more += [bounds_in_words(report["out_of_bounds"]), ""] if report.get("out_of_bounds") else []
     if report.get("cloud"):
         more += cloud_table(report) + [""]
