@@ -144,6 +144,7 @@ def test_worker_processes_give_the_same_bytes_and_prepare_ahead_of_the_model(tin
     assert sum(n for n, _ in ahead) == 240  # each frame encoded once
 
 
+@pytest.mark.slow
 def test_a_model_trained_on_kornia_frames_is_predicted_with_kornia(tiny_run, tmp_path):
     """The backend recorded in best.pt is the one predict uses (auto), on the CPU here; its heights are close
     to those from scikit-image frames, not equal, and the NetCDF file says which made them."""
