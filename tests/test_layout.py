@@ -212,6 +212,38 @@ def test_no_function_takes_more_than_seven_parameters_without_a_reason():
     assert many - set(MORE_PARAMETERS) == set() and set(MORE_PARAMETERS) - many == set()
 
 
+# Imported where they are used, never at a module's top: every process that starts a command (a sweep's
+# trials, torchrun's processes, the notebooks' training runs) imports the commands, and these cost it about
+# 0.7 s of CPU more at each start (matplotlib resolving its backend imported pyplot; scipy came with the
+# demo's generator), 90 s or so of the suite's CPU over its processes. numpy, torch and h5py (the readers)
+# stay at the top.
+IMPORTED_WHERE_USED = ("matplotlib", "scipy", "sklearn", "mapie", "xarray", "pandas", "netCDF4", "optuna")
+
+
+def top_level_imports(tree: ast.Module) -> set[str]:
+    """The top-level packages a module imports as it loads (an `if TYPE_CHECKING:` block left out)."""
+    nodes = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        nodes += [node, *(node.body + node.orelse if isinstance(node, (ast.If, ast.Try)) else [])]
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_a_commands_start_imports_no_plotting_or_fitting_library():
+    found = {
+        name: sorted(top_level_imports(ast.parse(path.read_text())) & set(IMPORTED_WHERE_USED))
+        for name, path in MODULES.items()
+    }
+    assert {name: libs for name, libs in found.items() if libs} == {}
+
+
 def test_there_is_no_import_cycle():
     graph = {name: imports_of(p) - {name} for name, p in MODULES.items()}
     state, cycles = {}, []

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import ndimage
 
 from cloudml_lib.data import atmosphere as atm
 from cloudml_lib.data import era5_requests
@@ -111,6 +110,14 @@ class Track:
     times: np.ndarray
     lat: np.ndarray
     lon: np.ndarray
+
+
+def ndimage():
+    """scipy.ndimage, imported when flights are made: half a second of every command's start otherwise
+    (the commands import this module and synthetic.py, and make flights only for the demo)."""
+    from scipy import ndimage as module
+
+    return module
 
 
 def layout_of(index: int) -> str:
@@ -202,7 +209,7 @@ def _with_error(truth: np.ndarray, name: str, rng) -> np.ndarray:
     bias_sd, field_sd, relative = ERRORS[name]
     pad = [int(np.ceil(4.0 * s)) for s in ERROR_SCALES]  # white noise beyond the edges too: the same field
     noise = rng.standard_normal([n + 2 * p for n, p in zip(truth.shape, pad)])
-    noise = ndimage.gaussian_filter(noise, ERROR_SCALES, mode="constant")[tuple(slice(p, -p) for p in pad)]
+    noise = ndimage().gaussian_filter(noise, ERROR_SCALES, mode="constant")[tuple(slice(p, -p) for p in pad)]
     error = rng.normal(0.0, bias_sd) + field_sd * noise / _smoothed_sd()
     return truth * (1.0 + error) if relative else truth + error
 
@@ -212,7 +219,7 @@ def _smoothed_sd() -> float:
     sample would take the field's common part for its scale)."""
     impulse = np.zeros(tuple(8 * int(np.ceil(s)) + 1 for s in ERROR_SCALES))
     impulse[tuple(n // 2 for n in impulse.shape)] = 1.0
-    return float(np.sqrt(np.square(ndimage.gaussian_filter(impulse, ERROR_SCALES, mode="constant")).sum()))
+    return float(np.sqrt(np.square(ndimage().gaussian_filter(impulse, ERROR_SCALES, mode="constant")).sum()))
 
 
 def dew_point_for_lcl(sp, t2m, lcl_m, iterations: int = 40) -> np.ndarray:

@@ -106,7 +106,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from scipy import ndimage
 from tqdm.auto import tqdm
 
 from cloudml_lib.base import ledger
@@ -115,6 +114,7 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ownership import Kind, claim
 from cloudml_lib.data import demo_era5, flights, times
 from cloudml_lib.data.demo import DEMO_FLIGHTS, DEMO_TEST_INDEX, demo_flight_names, demo_test_flights  # noqa: F401
+from cloudml_lib.data.demo_era5 import ndimage
 from cloudml_lib.data.hdf5 import holds_dataset
 
 log = logging.getLogger(__name__)
@@ -204,13 +204,13 @@ def demo_flight_entries(n_flights: int, dates: list[dt.date] | None = None) -> l
 
 def _smooth_series(rng: np.random.Generator, n: int, sigma: float) -> np.ndarray:
     """Zero-mean, unit-std noise smoothed over `sigma` samples."""
-    x = ndimage.gaussian_filter1d(rng.standard_normal(n + 6 * int(sigma)), sigma)[3 * int(sigma) :][:n]
+    x = ndimage().gaussian_filter1d(rng.standard_normal(n + 6 * int(sigma)), sigma)[3 * int(sigma) :][:n]
     return (x - x.mean()) / (x.std() + 1e-9)
 
 
 def _cloud_field(rng: np.random.Generator, shape: tuple[int, int], scale_px: float) -> np.ndarray:
     """Cloud opacity in [0, 1]: thresholded smooth noise with soft edges, about 40% cover."""
-    noise = ndimage.gaussian_filter(rng.standard_normal(shape), scale_px)
+    noise = ndimage().gaussian_filter(rng.standard_normal(shape), scale_px)
     noise = (noise - noise.mean()) / noise.std()
     return 1.0 / (1.0 + np.exp(-(noise - 0.25) / 0.12))
 
@@ -242,7 +242,7 @@ def scene_layers(
     u_r, u_c = _camera_grid(rows, cols)
     centre_c = (field.shape[1] - 1) / 2
     shrink = (AIRCRAFT_ALTITUDE_KM - h_km) / AIRCRAFT_ALTITUDE_KM
-    cloud = ndimage.map_coordinates(field, [cam_row + u_r * shrink, centre_c + u_c * shrink], order=1)
+    cloud = ndimage().map_coordinates(field, [cam_row + u_r * shrink, centre_c + u_c * shrink], order=1)
     return cloud, shadow_layer(field, cam_row, rows, cols, h_km, sza_deg, rel_az_deg)
 
 
@@ -260,7 +260,7 @@ def shadow_layer(
     centre_c = (field.shape[1] - 1) / 2
     d_px = h_km * np.tan(np.radians(sza_deg)) / px_km
     az = np.radians(rel_az_deg)
-    return ndimage.map_coordinates(
+    return ndimage().map_coordinates(
         field, [cam_row + u_r - d_px * np.cos(az), centre_c + u_c + d_px * np.sin(az)], order=1
     )
 
@@ -349,7 +349,7 @@ def _render_flight_v3(rng, scene: Scene, air: Atmosphere, rows: int, cols: int):
 def _under_cirrus(field, below, cirrus: float, row: float, u_r, u_c):
     """The frame seen through a cirrus veil: streaks (the cloud field stretched along-track, far from the
     low cloud's part of it) of emissivity up to `cirrus` at CIRRUS_K."""
-    streak = ndimage.map_coordinates(
+    streak = ndimage().map_coordinates(
         field,
         [(row + u_r * 0.25) % field.shape[0], (field.shape[1] - 1) / 2 - u_c * 1.5],
         order=1,
@@ -382,7 +382,7 @@ def _render_flight(rng, scene: Scene, rows: int, cols: int):
         ground = sea - 1.5 * shadow
         below = (1 - cloud) * ground + cloud * t_cloud
         if cirrus[k] > 0:  # streaks: the cloud field stretched along-track, far from the low cloud's part
-            streak = ndimage.map_coordinates(
+            streak = ndimage().map_coordinates(
                 field,
                 [
                     (margin + rows / 2 + k * speed_px + u_r * 0.25) % field.shape[0],

@@ -13,15 +13,18 @@ import csv
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from cloudml_lib.base.outputs import atomic_path
 from cloudml_lib.base.resources import package_version
 from cloudml_lib.science import products
 from cloudml_lib.science.baselines import SHORT
 from cloudml_lib.science.flagging import QC_ABOVE, QC_BELOW, QC_UNLEARNED, Flagging
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +302,8 @@ NO_HEIGHT_SHADES = (
 
 
 def flight_figures(flight: str, result: dict) -> tuple[Figure, Figure]:
+    from matplotlib.figure import Figure
+
     hours = (result["t"] - result["t"][0]) / 3600.0
     along = Figure(figsize=(11, 4.4))
     ax = along.subplots()

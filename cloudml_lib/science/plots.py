@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline", "inline"):
-    matplotlib.use("Agg")  # headless by default; notebooks keep their own backend
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Figures are built as plain Figure objects, never through pyplot: the notebook's inline backend
 # shows every pyplot figure still open when a cell ends, so an interrupt between creating and
-# closing one would show the curves twice.
+# closing one would show the curves twice. A plain Figure saves through matplotlib's Agg canvas
+# whatever the backend is, so nothing here chooses one (asking matplotlib for its backend imports
+# pyplot). matplotlib itself is imported where a figure is made: about half a second of every
+# command's start, in the many processes (a sweep's trials, torchrun's) that draw nothing.
 
 
 R2_FLOOR = -1.0  # the R2 axis stops here: a tiny quick subset's R2 of -40 would flatten every other value
@@ -26,6 +27,9 @@ def curves_figure(history: list[dict]) -> Figure:
     validation data, which chose the model; the chosen epoch, the lowest validation loss, ringed). Every
     marker inside its axes (a margin above the highest), the loss legend above the axes (never over a line),
     R2 drawn from -1 to 1 with a note when a value lies below."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     fig = Figure(figsize=(13, 3.9))
     axes = fig.subplots(1, 3)
     epochs = [h["epoch"] for h in history]
@@ -81,6 +85,8 @@ def _plot_r2(ax, epochs: list[int], r2: list) -> None:
 
 
 def scatter_figure(true_km: np.ndarray, pred_km: np.ndarray, flights: np.ndarray, title: str = "") -> Figure:
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(5, 5))
     ax = fig.subplots()
     for name in dict.fromkeys(flights):
