@@ -286,7 +286,7 @@ def run_cli(
     )
 
 
-FORK_GUARD_S = 900  # run_forked's time limit where the test gives none
+FORK_GUARD_S = 450  # run_forked's time limit where the test gives none: before pytest's own (600 s)
 
 
 def _threads_of(env: dict | None) -> int:
@@ -318,10 +318,12 @@ def run_forked(
         out_path, err_path = Path(folder) / "stdout", Path(folder) / "stderr"
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: never returns into pytest
             code = 1
             try:
+                _die_with(parent)
                 atexit._clear()  # this process's exit handlers are pytest's, not the command's
                 for fd, path in ((1, out_path), (2, err_path)):
                     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
@@ -372,6 +374,18 @@ def run_forked(
     return subprocess.CompletedProcess(
         ["python", "-m", "cloudml_lib", *argv], os.waitstatus_to_exitcode(status), out, err
     )
+
+
+def _die_with(parent: int) -> None:
+    """The forked child is killed when pytest's worker ends (stopped by pytest-timeout, killed): it holds
+    copies of the worker's descriptors, and a child left behind would keep CI's output open after the worker
+    was gone. Linux's parent-death signal; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the worker ended before the signal was asked for
+            os._exit(1)
 
 
 class _Hung(BaseException):

@@ -11,7 +11,10 @@ import errno
 import io
 import json
 import logging
+import os
 import re
+import signal
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -101,6 +104,75 @@ def test_warnings_are_amber_and_problems_red_and_say_problem():
     assert "color:#b91c1c" in problem and "<b>Problem:</b> Checkpoint at step 3" in problem
     assert live.classify("/usr/lib/x/torch/nn.py:12: UserWarning: something old") == "warning"
     assert live.classify("warning: runs/x/train.log cannot be written (No space left on device)") == "warning"
+
+
+# ------------------------------------------------------------ a forked child and the console's lock
+
+FORKED_CONSOLE = """
+import logging, os, signal, threading
+from tqdm.auto import tqdm
+from cloudml_lib.base import logs
+
+log = logs.attach_run_log(None)
+bar = tqdm(total=2, disable=False)  # a progress bar, as a run shows: tqdm's lock exists before any fork
+
+# a child that dies while it holds the console's lock (SIGKILL, the out-of-memory killer)
+pid = os.fork()
+if pid == 0:
+    tqdm.get_lock().acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(pid, 0)
+log.info("the parent logs after its child was killed holding the lock")
+
+# a child forked while a thread of the parent holds the lock (a bar refreshing, tqdm's monitor)
+held, done = threading.Event(), threading.Event()
+
+def refresh():
+    with tqdm.get_lock():
+        held.set()
+        done.wait(30)
+
+thread = threading.Thread(target=refresh)
+thread.start()
+held.wait(30)
+pid = os.fork()
+if pid == 0:
+    log.info("the child logs while its parent's thread holds the lock")
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+done.set()
+thread.join()
+bar.close()
+log.info(f"the child ended with status {os.waitstatus_to_exitcode(status)}")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a forked child needs os.fork")
+def test_a_forked_child_never_freezes_its_parents_console_or_its_own():
+    """tqdm's console lock is shared with a forked child (a DataLoader worker, the suite's forked runs) by a
+    cross-process semaphore: a child killed while it held it froze the parent's next log line for good (CI's
+    hang in test_resume, a run killed as its checkpoint committed while a step's line was written), and a
+    child forked while a parent's thread held it waited for ever at its first line. A fork now gives the
+    child a lock of its own. The process is the point: a failure here hangs it, not the suite."""
+    with subprocess.Popen(
+        [sys.executable, "-c", FORKED_CONSOLE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a frozen child is stopped with its parent, not left behind
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"a log line waited for ever for a lock a forked child held; it printed: {out!r}")
+    assert proc.returncode == 0, err
+    assert [line for line in out.splitlines() if line.startswith("the ")] == [
+        "the parent logs after its child was killed holding the lock",
+        "the child logs while its parent's thread holds the lock",
+        "the child ended with status 0",
+    ], out + err
 
 
 # ------------------------------------------------------------ a full disk (defect 2), train.log (defect 8)

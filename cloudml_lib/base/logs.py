@@ -9,10 +9,14 @@ or a problem (red) from progress, whatever the message says. train.log keeps log
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 from pathlib import Path
 
 from tqdm.auto import tqdm
+from tqdm.std import TqdmDefaultWriteLock
+from tqdm.std import tqdm as tqdm_base
 
 from cloudml_lib.base.layout import RunLayout
 
@@ -44,6 +48,28 @@ class _TqdmHandler(logging.StreamHandler):
 
     def handleError(self, record):
         pass  # the console is gone (a closed pipe): there is no one to tell
+
+
+def _console_lock_of_its_own() -> None:
+    """In a forked child (a DataLoader worker, a forked run): tqdm's console lock is a lock of the child's
+    own. tqdm's default lock pairs a thread lock with a cross-process semaphore that a fork shares with its
+    parent: a child killed while it held it (SIGKILL, the kernel's out-of-memory killer) left it held for
+    good, and the parent's next log line or progress bar waited forever; a thread lock another thread held
+    at the fork stays held in the child's copy. A user's own workers that pass tqdm's lock on (tqdm's
+    `initializer=tqdm.set_lock, initargs=(tqdm.get_lock(),)`) still share it: their initializer runs after
+    this."""
+    TqdmDefaultWriteLock.mp_lock = None  # a lock made from now on: the thread lock alone
+    TqdmDefaultWriteLock.th_lock = threading.RLock()
+    classes = [tqdm_base]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        if "_lock" in vars(cls):  # a lock tqdm made in the parent (get_lock sets it on the class asked)
+            cls.set_lock(TqdmDefaultWriteLock())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_console_lock_of_its_own)
 
 
 class _RunLogFile(logging.FileHandler):
