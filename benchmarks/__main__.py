@@ -828,6 +828,25 @@ def suite_md(d: dict) -> list[str]:
     return lines
 
 
+def defects_md(d: dict) -> list[str]:
+    """The ten slowest tests of 0a8a03d, each with its defect put back (benchmarks/defects.py)."""
+    lines = [
+        f"Machine: {describe(d['machine'])}. Commit {d['commit']}: {d['what']}; {d['minutes']} min in all, "
+        "two at a time.",
+        "",
+        "| test | the defect put back | failed | what it said | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in d["runs"]:
+        said = r["said"].replace("|", "/")
+        said = said if len(said) <= 160 else said[:157] + "..."
+        lines.append(
+            f"| `{r['test'].split('::')[-1]}` | {r['defect']} | {'yes' if r['failed'] else '**no**'} | "
+            f"{said} | {r['seconds']:.0f} |"
+        )
+    return lines
+
+
 def radiometry_md(d: dict) -> list[str]:
     """Leave-one-flight-out on the demo: the network with and without radiometry against every baseline."""
     s, runs = d["summary"], d["runs"]
@@ -1070,6 +1089,7 @@ def write_report(results: Path = RESULTS, out: Path = HERE / "RESULTS.md") -> Pa
         ("A few labels of a new flight, and intervals on a flight never seen", "adaptation", adaptation_md),
         ("The ledger's content record: a metrics line's cost", "ledger", ledger_md),
         ("The test suite: its time and its coverage", "suite", suite_md),
+        ("The slowest tests with their defects put back", "defects", defects_md),
     ]
     lines = [
         "# Benchmark results",

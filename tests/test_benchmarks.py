@@ -32,6 +32,26 @@ def test_the_report_carries_the_measured_numbers(tmp_path):
     assert "Not measured: no CUDA GPU" in text
 
 
+def test_each_slow_tests_defect_still_applies_and_its_test_exists():
+    """benchmarks/defects.py puts back each of the ten slowest tests' defects: every defect's text is in its
+    file once (the code has not moved away from it), every test it runs exists, and the record names the same
+    tests, each failed as it must."""
+    import ast
+
+    from benchmarks.defects import DEFECTS, RESULTS, check_defects
+
+    assert check_defects() == [] and len(DEFECTS) == 10
+    for test, *_ in DEFECTS:
+        path, _, name = test.partition("::")
+        assert (REPO / path).is_file(), test
+        if name:
+            tree = ast.parse((REPO / path).read_text())
+            assert name in {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}, test
+    record = json.loads(RESULTS.read_text())
+    assert [r["test"] for r in record["runs"]] == [t for t, *_ in DEFECTS]
+    assert all(r["failed"] and r["said"] for r in record["runs"]), record["runs"]
+
+
 def test_readme_tables_come_from_results_md():
     section = (REPO / "docs" / "explanation" / "benchmarks.md").read_text()
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
