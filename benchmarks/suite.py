@@ -74,8 +74,11 @@ def parse(output: str) -> dict:
     for name, seconds in tests.items():
         f = name.split("::")[0]
         files[f] = files.get(f, 0.0) + seconds
-    summary = [SUMMARY.match(line) for line in output.splitlines()]
-    last = [m for m in summary if m][-1]
+    summary = [m for m in map(SUMMARY.match, output.splitlines()) if m]
+    if not summary:  # pytest never ran its tests (a usage error, a missing plugin): its last words
+        tail = "\n".join(output.splitlines()[-15:])
+        raise SystemExit(f"pytest printed no summary line; it ended with:\n{tail}")
+    last = summary[-1]
     return {
         "summary": last.group(1),
         "pytest_s": float(last.group(2)),
@@ -212,6 +215,11 @@ def main() -> None:
         record(block, "fresh_clone")
         print(json.dumps({k: v for k, v in block.items() if k not in ("files_s", "slowest_s")}, indent=1))
         return
+    if args.coverage:
+        import importlib.util
+
+        if importlib.util.find_spec("coverage") is None:
+            p.error("--coverage needs coverage.py: pip install -r benchmarks/requirements.txt")
     key = "coverage" if args.coverage else "quick" if args.quick else "full"
     block = run(args.quick, args.coverage)
     record(block, key)

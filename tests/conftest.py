@@ -512,8 +512,51 @@ class _CtrlC:
 CTRL_C = _CtrlC()
 
 
+SUITE_TOKEN = "CLOUDML_SUITE_TOKEN"  # in the environment of every process this session starts
+
+
+def processes_left_behind(token: str) -> list[tuple[int, str]]:
+    """(pid, command line) of each process still running whose environment, as it was started, carries this
+    session's token: started by the suite (a test's command, a torchrun job, a kernel, anything they started
+    in turn, in a session of their own or not), other than this process. Linux's /proc; elsewhere none."""
+    needle, found = f"{SUITE_TOKEN}={token}".encode(), []
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # ended, not yet reaped
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        found.append((int(entry.name), command.strip()))
+    return found
+
+
+def _stop_what_was_left_behind() -> None:
+    """At the session's end: a process the suite started and left running (a worker stopped by pytest-timeout
+    leaves its commands behind, their fixtures never torn down) is killed and named, so that it never holds
+    CI's output open after pytest has ended (CI then waits for it until its own time limit)."""
+    left = processes_left_behind(os.environ.get(SUITE_TOKEN, ""))
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        named = "; ".join(f"{pid}: {command[:160]}" for pid, command in left)
+        print(f"\nThe tests left {len(left)} process(es) running, killed now: {named}", file=sys.__stderr__)
+
+
 def pytest_configure(config):
     if not WORKER:
+        import secrets
+
+        # this session's own token (a pytest a test starts gets one of its own, and sweeps only its own)
+        os.environ[SUITE_TOKEN] = secrets.token_hex(8)
         # the bytecode of CloudML and the benchmarks, written once before any process starts: where
         # PYTHONDONTWRITEBYTECODE is set (as on this machine), Python writes none itself, and each process
         # the suite starts compiled the package from source again (about 0.3 s of CPU each). Beside the
@@ -552,6 +595,8 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     signal.signal = CTRL_C.real_signal
+    if not WORKER:  # pytest-xdist's workers have ended by now
+        _stop_what_was_left_behind()
     if TWIN is not None and TWIN.scratch is not None:  # the process that built it
         notes = os.environ.get("CLOUDML_SUITE_NOTES")  # benchmarks/suite.py records the twin's time beside
         if notes:

@@ -271,3 +271,21 @@ def test_a_kept_twin_environment_moved_to_another_folder_is_built_again(tmp_path
     assert _scripts_start(bin_ / "python")
     (bin_ / "jupyter").write_text("#!/where/it/was/built/venv/bin/python3.13\nimport sys\n")
     assert not _scripts_start(bin_ / "python")
+
+
+def test_a_process_the_suite_left_running_is_found_by_its_token():
+    """conftest's end of session kills what the tests left running (found by the token in its environment,
+    however it was started), never a process of another session or one started before."""
+    from conftest import SUITE_TOKEN, processes_left_behind
+
+    token = os.environ[SUITE_TOKEN]
+    mine = subprocess.Popen(["sleep", "60"], start_new_session=True)  # out of the suite's process group
+    other = subprocess.Popen(["sleep", "60"], env=dict(os.environ, **{SUITE_TOKEN: "another-session"}))
+    try:
+        found = dict(processes_left_behind(token))
+        assert found.get(mine.pid) == "sleep 60" and other.pid not in found and os.getpid() not in found
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+    assert mine.pid not in dict(processes_left_behind(token))  # ended and reaped: not listed
