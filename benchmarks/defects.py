@@ -190,10 +190,11 @@ def main() -> int:
     p.add_argument("--only", help="comma-separated numbers of DEFECTS (from 1)")
     p.add_argument("--jobs", type=int, default=2, help="tests at a time (default 2: one per core)")
     args = p.parse_args()
-    numbers = [int(n) for n in args.only.split(",")] if args.only else list(range(1, len(DEFECTS) + 1))
-    bad = [n for n in numbers if not 1 <= n <= len(DEFECTS)]
+    words = args.only.split(",") if args.only else [str(n) for n in range(1, len(DEFECTS) + 1)]
+    bad = [w for w in words if not (w.strip().isdigit() and 1 <= int(w) <= len(DEFECTS))]
     if bad:
-        p.error(f"--only: {bad} not among 1 to {len(DEFECTS)}")
+        p.error(f"--only: {', '.join(map(repr, bad))} not among the numbers 1 to {len(DEFECTS)}")
+    numbers = [int(w) for w in words]
     wrong = check_defects()
     if wrong:
         print("\n".join(wrong), file=sys.stderr)
