@@ -448,6 +448,7 @@ def gpu_md(d: dict | None) -> list[str]:
         *gpu_memory_md(d["memory"]),
         "",
         *gpu_predict_resume_md(d["predict"], d["resume"]),
+        *gpu_t4_md(d),
     ]
 
 
@@ -602,6 +603,51 @@ def gpu_predict_resume_md(p: dict, r: dict) -> list[str]:
             f"evaluation {'equal' if r['evaluation_equal'] else 'different'}." + repeat_words(r)
         )
     return lines + failed_md(r)
+
+
+SPEED_VARIANTS = (
+    ("channels_last", "channels_last"),
+    ("cudnn_benchmark", "cudnn.benchmark"),
+    ("deterministic", "train.deterministic"),
+    ("compiled", "compiled"),
+)
+
+
+def gpu_t4_md(d: dict) -> list[str]:
+    """The items a T4 projection needs (gpu_t4.py), where measured; an item found not valid says why."""
+    if "speed" not in d:
+        return []
+    lines = ["", "The measurements a T4 projection needs (`--only t4`, gpu_t4.py):", ""]
+    c = d.get("context", {})
+    if "total_gib" in c:
+        lines += [
+            "- CUDA outside PyTorch's allocator (outside the cap): "
+            f"{c['outside_allocator_after_start_gib']:.2f} GiB once started, "
+            f"{c['outside_allocator_with_cudnn_cublas_gib']:.2f} GiB with cuDNN and cuBLAS "
+            "loaded (this GPU's CUDA; a T4's differs).",
+        ]
+    g = d.get("graphs", {})
+    if "crashed" in g:
+        lines += [
+            "- CUDA graphs (compile `reduce-overhead`) around the checkpointed encoder, which the config "
+            "refuses: "
+            + (f"crashed ({g['error']})." if g["crashed"] else f"ran, {g['steps_per_s']:.2f} steps/s.")
+        ]
+    for name in ("profile", "epoch", "predict_2cpu"):
+        if "not_valid" in d.get(name, {}):
+            lines.append(f"- `{name}`: not valid, not shown: {d[name]['not_valid']}.")
+    lines += [
+        "",
+        "| preset | eager steps/s | " + " | ".join(f"{words} / eager" for _, words in SPEED_VARIANTS) + " |",
+        "|---|---|" + "---|" * len(SPEED_VARIANTS),
+    ]
+    for preset in ("A", "B", "C"):
+        r = d["speed"].get(preset)
+        if isinstance(r, dict) and "eager_steps_per_s" in r:
+            ratios = [f"{r[f'{key}_over_eager']:.2f}x" if f"{key}_over_eager" in r else "-" for key, _ in
+                      SPEED_VARIANTS]  # fmt: skip
+            lines.append(f"| {preset} | {r['eager_steps_per_s']:.2f} | {' | '.join(ratios)} |")
+    return lines + failed_md(d["speed"])
 
 
 def repeat_words(r: dict) -> str:

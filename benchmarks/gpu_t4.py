@@ -53,9 +53,15 @@ def _cuda() -> bool:
 
 
 def two_cpus() -> list[int]:
-    """Hold this process (and what it starts) to two CPUs, as a Colab VM has; returns them."""
+    """Hold this process (and what it starts) to two CPUs, as a Colab VM has; returns them. PyTorch's own
+    threads are set to two as well: it counted the machine's CPUs when it started, and its sixteen threads on
+    two CPUs made the loading in the main process (workers 0) eleven times slower than in 2 workers, a
+    contention a Colab's own 2-thread process does not have (the first measurement, gpu.json's call 3)."""
+    import torch
+
     cpus = sorted(os.sched_getaffinity(0))[:2]
     os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
     return cpus
 
 
@@ -111,6 +117,7 @@ def kind_of(name: str) -> str:
 
 
 def item_profile(size, put) -> None:
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _cuda() else [])
@@ -124,9 +131,9 @@ def item_profile(size, put) -> None:
             wall = time.perf_counter() - t0
         events = prof.key_averages()
         device_us = {}
-        for e in events:
+        for e in events:  # the kernels alone: an operator's own device time is its kernels' counted again
             us = getattr(e, "self_device_time_total", 0) or 0
-            if us > 0:
+            if us > 0 and e.device_type != DeviceType.CPU:
                 device_us[kind_of(e.key)] = device_us.get(kind_of(e.key), 0) + us
         busy = sum(device_us.values()) / 1e6
         put(preset, {
@@ -174,6 +181,7 @@ def item_speed(size, put) -> None:
 
 def item_epoch(size, put) -> None:
     put("cpus", two_cpus())
+    put("torch_threads", __import__("torch").get_num_threads())
     g = _g()
     for workers in (0, 2):
         extra = ["train.epochs=2", "checkpoint.every_steps=1000", f"data.num_workers={workers}"]
@@ -192,6 +200,7 @@ def item_predict_2cpu(size, put) -> None:
 
     g = _g()
     put("cpus", two_cpus())
+    put("torch_threads", __import__("torch").get_num_threads())
     out = g.SCRATCH / "predict_2cpu.json"
     child("demo" if size.smoke else "full", "per_frame", size.flight_frames, size.device, out,
           folder=g.SCRATCH / "flights")  # fmt: skip
