@@ -323,6 +323,48 @@ def test_a_run_folder_marked_before_ledgers_lists_only_what_verifies_and_a_damag
     assert f"{run / LEDGER} is damaged" in caplog.text
 
 
+def test_a_ledger_made_from_what_verifies_records_each_file_as_found_and_a_later_edit_is_the_users(
+    tmp_path, caplog, monkeypatch
+):
+    """A ledger made again from what verifies (an earlier release's folder, or one whose ledger was lost)
+    listed names alone: a report.md or train.log edited after that was CloudML's for good, replaced or
+    appended to without a word. Each listed file is now recorded as it was found: edited or cut later, it is
+    the user's; a line added at a log's end is not, and CloudML's own next writes (report.md whole, best.pt
+    by a checkpoint's protocol, which records no content) go on as before."""
+    import json
+
+    from cloudml_lib.base.outputs import append_text, target, write_text
+    from cloudml_lib.core.run.checkpoint import save_atomic
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "run_1c3d260" / "finished", run)
+    assert {"report.md", "train.log", "best.pt", "evaluation.json"} <= ledger.listed(run)
+    contents = json.loads((run / LEDGER).read_text())["contents"]
+    assert contents["train.log"]["size"] == (run / "train.log").stat().st_size
+    assert all(not r.startswith("checkpoints/") for r in contents)  # folders: their own checksums
+    monkeypatch.setattr(ledger, "_growing", {})  # a new process
+    save_atomic({"weights": 1}, run / "best.pt")  # CloudML's protocol: replaced, and again
+    save_atomic({"weights": 2}, run / "best.pt")
+    assert torch.load(run / "best.pt") == {"weights": 2} and ledger.mine(run / "best.pt")
+    append_text(run / "train.log", "a line CloudML adds\n")
+    with open(run / "train.log", "a") as f:
+        f.write("a line of the user's at the end\n")
+    monkeypatch.setattr(ledger, "_growing", {})
+    assert ledger.mine(run / "train.log")  # longer than its record: a log's
+    log = (run / "train.log").read_text()
+    (run / "train.log").write_text(log.replace("Epoch", "epoch", 1))  # edited in place, the same size
+    monkeypatch.setattr(ledger, "_growing", {})
+    with pytest.raises(CloudMLError, match="train.log was changed after CloudML wrote it"):
+        append_text(run / "train.log", "more\n")
+    notes = (run / "report.md").read_text() + "My reading of these numbers.\n"
+    (run / "report.md").write_text(notes[len(notes) // 2 :])  # the user's text over what was found
+    with caplog.at_level("WARNING"):
+        assert write_text(target(run / "report.md"), "# Results, again\n") == run / "report.new.md"
+    assert (run / "report.md").read_text() == notes[len(notes) // 2 :]
+    assert "report.md was edited after CloudML wrote it: it is kept" in caplog.text
+    assert not ledger.delete(run) and (run / "report.md").exists() and (run / "train.log").exists()
+
+
 def _add_many(folder: str, who: int) -> None:
     for i in range(40):
         ledger.add(Path(folder) / f"fold-{who}" / f"file-{i}.json")

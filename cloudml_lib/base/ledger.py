@@ -23,8 +23,9 @@ write, at the end of the process, or when the log closes). A listed file whose c
 changed by someone else since: it is the user's from then on (never replaced, truncated, appended to or
 deleted; named once). An appended file may be longer than its record (a process killed after its last
 record): its recorded part must match. Folders (checkpoints, the folds') and files written by their own
-protocols (the cache's, whose checksums are their own) are listed by name, as are the files of a ledger
-written before content was recorded.
+protocols (the cache's, whose checksums are their own; best.pt) are listed by name, as are the files of a
+ledger written before content was recorded. A ledger made from what verifies records each file it lists as
+it was found (its size and the sha256 of that much): changed later, it is the user's.
 
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
@@ -153,7 +154,8 @@ def listed(home: Path) -> set[str]:
 
 def start(home: Path, entries: list[str] | None = None) -> set[str]:
     """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
-    the kind's own by its rule (ownership.Kind.owned); listed by name (no content recorded)."""
+    the kind's own by its rule (ownership.Kind.owned), each file of it recorded as it is now (`_as_found`)."""
+    contents: dict[str, dict] = {}
     if entries is None:
         proven = marker_kind(home)
         kind = kind_named(proven or marker_kind(home, proven=False) or "")
@@ -163,9 +165,32 @@ def start(home: Path, entries: list[str] | None = None) -> set[str]:
             entries = kind.owned(home) if adopted else []
         else:
             entries = kind.verified(home) if kind is not None else others_in(home)
+        contents = _as_found(home, entries)
     with _lock:
-        _write(home, set(entries), {})
+        _write(home, set(entries), contents)
     return set(entries)
+
+
+def _as_found(home: Path, entries: list[str]) -> dict[str, dict]:
+    """The content records of a ledger made from what verified (an earlier release's folder, or one whose
+    ledger was lost): each listed file as it is now, by its size and the sha256 of that much, as an
+    appended file's fingerprint is kept (a file CloudML appends to may grow; one it writes whole gets its
+    exact record at its next write). From then on a change to what it holds (an edit, a cut) makes it the
+    user's, as in a folder whose ledger CloudML kept; listed by name alone, a verified file was CloudML's for
+    good whatever was done to it later. Folders (checkpoints: their own checksums) stay listed by name."""
+    found = {}
+    for rel in entries:
+        path = home / rel
+        try:
+            if path.is_symlink() or not path.is_file():
+                continue
+            size = path.stat().st_size
+            h = _sha256(path, size)
+        except OSError:
+            continue  # unreadable now: listed by name, as before
+        if h is not None:
+            found[rel] = {"size": size, "sha256": [h.hexdigest()], "grows": True}
+    return found
 
 
 def is_listed(created: set[str], rel: str) -> bool:
@@ -378,7 +403,8 @@ def _folder_lock(home: Path):
 def add(path: str | Path, content: Path | None = None) -> None:
     """List `path` (about to be created or replaced by CloudML) in its claimed folder's ledger; where
     `content` is given (the finished file about to be renamed to `path`), its size and sha256 are recorded
-    as `path`'s, the previous record kept beside it until the next write."""
+    as `path`'s, the previous record kept beside it until the next write; where not, any record of `path` is
+    dropped (listed by name, as what such a write leaves)."""
     record = None
     if content is not None:
         record = {"size": os.stat(content).st_size, "sha256": [_sha256(content).hexdigest()]}
@@ -389,6 +415,8 @@ def add(path: str | Path, content: Path | None = None) -> None:
             kept = before["sha256"][:1] if before and not before.get("grows") else []
             hashes = record["sha256"] + [h for h in kept if h not in record["sha256"]]
             contents[rel] = dict(record, sha256=hashes)
+        else:  # written by a protocol that records no content (a checkpoint, best.pt): a record of what was
+            contents.pop(rel, None)  # there before would make CloudML's next write of it look like a user's
         return created if is_listed(created, rel) else created | {rel}
 
     _update(path, change)
