@@ -8,5 +8,6 @@
 - metrics.py      the metrics of heights and cloud flags, the same during and after training
 
 May import: data, base; nothing of the machine or the run folder (import-linter: core's layers). The
-model, compile.py and recovery.py read no data at all: the network is importable alone (a contract).
+model, compile.py, recovery.py and metrics.py read no data at all: the network is importable alone (a
+contract).
 """

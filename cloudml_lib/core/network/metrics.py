@@ -10,11 +10,19 @@ dataset, in km.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from cloudml_lib.data.cpl import BASE_IN_RANGE
-from cloudml_lib.data.dataset import Scalers
+from cloudml_lib.base.config import BASE_IN_RANGE  # the cloud classes are the config's (cpl names them too)
+
+
+class HeightScale(Protocol):
+    """How a standardised height becomes km (data.dataset.Scalers has it): metrics read no data type."""
+
+    cbh_mean: float
+    cbh_std: float
+
 
 BOUND_TOLERANCE_KM = 1e-3  # a height this far past a bound is float rounding, not outside it
 
@@ -75,7 +83,7 @@ class Scored:
     class_prob: np.ndarray | None = None  # (N, K) probability of each cloud class; None: no classes
 
     @classmethod
-    def from_outputs(cls, out: dict, scalers: Scalers) -> Scored:
+    def from_outputs(cls, out: dict, scalers: HeightScale) -> Scored:
         """From the model's outputs by name (predict)."""
         logit = out["cloud_logit"]
         prob = None if logit is None else 1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))
