@@ -1,6 +1,7 @@
 """The cache's lasting copy in a bucket (data.cache_copy_dir: an fsspec URL), with fsspec's in-memory file
 system standing in for gs:// and s3://."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -75,6 +76,48 @@ def test_a_damaged_copy_in_the_bucket_is_named_and_rebuilt(tiny_config, tmp_path
     assert (again.path / "frames.npy").read_bytes() == (built.path / "frames.npy").read_bytes()
     assert store()[frames] == (built.path / "frames.npy").read_bytes()  # the copy is repaired too
     assert not list(again.path.parent.glob("*.tmp-*")), "a temporary copy was left behind"
+
+
+def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwritten(
+    tiny_config, tmp_path, store, caplog, monkeypatch
+):
+    """The bucket's ledger records each object CloudML uploaded (size and sha256), as a folder's ledger does:
+    one whose content changed since (damaged, or edited: the same size, one byte) is moved to NAME.kept-1,
+    its bytes as they were, and said, before CloudML's own copy goes in its place (it was overwritten
+    without a word). An upload cut off after the records were dropped leaves names alone: replaced."""
+    from cloudml_lib.data import cachefiles
+
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = URL
+    built = load_flight_cache(flight, data)
+    name = built.path.name
+    contents = json.loads(store()["/bucket/cloudml/cache/.cloudml-files"])["contents"]
+    for f in ("samples.npz", "frames.npy", "meta.json"):
+        local = (built.path / f).read_bytes()
+        assert contents[f"{name}/{f}"] == {"size": len(local), "sha256": [hashlib.sha256(local).hexdigest()]}
+    samples = f"/bucket/cloudml/cache/{name}/samples.npz"
+    _flip(samples, at=100)
+    edited = store()[samples]
+    data.cache_dir = str(tmp_path / "second_machine")
+    again = load_flight_cache(flight, data)
+    assert again.source == "built"
+    held = store()
+    assert held[f"{samples}.kept-1"] == edited and held[samples] == (built.path / "samples.npz").read_bytes()
+    said = f"{URL}/{name}/samples.npz was changed after CloudML wrote it (damaged, or edited): it is kept as "
+    assert said + f"{URL}/{name}/samples.npz.kept-1" in caplog.text
+
+    def cut(*a):
+        raise OSError("the connection dropped")
+
+    monkeypatch.setattr(cachefiles, "_stream", cut)  # the records dropped, then the upload cut off
+    prefix = bucket.open_prefix(URL)
+    with pytest.raises(OSError, match="the connection dropped"):
+        cachefiles.upload_flight_cache(again.path, prefix, "save")
+    monkeypatch.undo()
+    assert "contents" not in json.loads(store()["/bucket/cloudml/cache/.cloudml-files"])
+    cachefiles.upload_flight_cache(again.path, prefix, "save")  # what the cut left: listed by name alone
+    assert not MemoryFileSystem().exists(f"{samples}.kept-2")
+    assert store()[samples] == (built.path / "samples.npz").read_bytes()
 
 
 def test_a_partial_upload_is_not_used(tiny_config, tmp_path, store, caplog, monkeypatch):

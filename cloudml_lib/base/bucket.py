@@ -10,12 +10,16 @@ A prefix is CloudML's as a folder is: by the same `.cloudml` marker (the kind an
 written before anything else goes into a prefix that holds nothing; a prefix holding other objects is refused
 by name and left untouched (no earlier release wrote to a bucket: nothing is adopted). What CloudML created in
 it is listed in the same ledger, `.cloudml-files`, before it is created; anything not listed is never replaced
-or deleted. An object store has no lock: two sessions that add at the same moment may lose one entry, which
-only makes CloudML refuse, later, to replace that entry (the safe side).
+or deleted. Each object CloudML uploaded is recorded there too, by its size and sha256 (`record`), as a
+folder's files are: an object whose content changed since (damaged, or edited) is the user's, and before
+CloudML writes where it lies it is moved aside to NAME.kept-N, its bytes as they were, and said
+(`set_aside_changed`). An object store has no lock: two sessions that add at the same moment may lose one
+entry, which only makes CloudML refuse, later, to replace that entry (the safe side).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -191,8 +195,14 @@ def claim(prefix: Prefix, kind: Kind) -> Prefix:
 def listed(prefix: Prefix) -> set[str]:
     """The ledger of a claimed prefix; one that is missing or damaged proves nothing CloudML's: it is made
     again empty, never from what happens to be there (what CloudML wrote before stays, not replaced)."""
+    return _ledger(prefix)[0]
+
+
+def _ledger(prefix: Prefix) -> tuple[set[str], dict[str, dict]]:
+    """The listed names and the content records (base/ledger.py's format) of a claimed prefix."""
     try:
-        return set(prefix.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)["created"])
+        doc = prefix.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)
+        return set(doc["created"]), dict(doc.get("contents", {}))
     except (FileNotFoundError, Damaged) as e:
         log.warning(
             "%s has no readable record of what CloudML wrote there (%s): nothing there is taken as "
@@ -201,19 +211,71 @@ def listed(prefix: Prefix) -> set[str]:
             "missing" if isinstance(e, FileNotFoundError) else f"damaged: {shown(str(e), 200)}",
         )
         _write_ledger(prefix, set())
-        return set()
+        return set(), {}
 
 
-def _write_ledger(prefix: Prefix, created: set[str]) -> None:
-    prefix.write_json(LEDGER, {"by": "CloudML", "folder": prefix.place, "created": sorted(created)})
+def _write_ledger(prefix: Prefix, created: set[str], contents: dict[str, dict] | None = None) -> None:
+    doc = {"by": "CloudML", "folder": prefix.place, "created": sorted(created)}
+    kept = {rel: c for rel, c in (contents or {}).items() if is_listed(created, rel)}
+    prefix.write_json(LEDGER, {**doc, "contents": kept} if kept else doc)
 
 
 def add(prefix: Prefix, rel: str) -> None:
     """List `rel` (about to be created by CloudML) in the prefix's ledger."""
     with errors(prefix.url):
-        created = listed(prefix)
+        created, contents = _ledger(prefix)
         if not is_listed(created, rel):
-            _write_ledger(prefix, created | {rel})
+            _write_ledger(prefix, created | {rel}, contents)
+
+
+def record(prefix: Prefix, written: dict[str, tuple[int, str]]) -> None:
+    """Record what CloudML just uploaded: {rel: (size, sha256)} (each rel listed, or under a listed name)."""
+    with errors(prefix.url):
+        created, contents = _ledger(prefix)
+        contents.update({rel: {"size": size, "sha256": [sha]} for rel, (size, sha) in written.items()})
+        _write_ledger(prefix, created, contents)
+
+
+def _sha256_of(prefix: Prefix, rel: str) -> str:
+    h = hashlib.sha256()
+    with prefix.fs.open(prefix.path(rel), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def set_aside_changed(prefix: Prefix, rels: list[str]) -> list[str]:
+    """Before CloudML writes or removes the objects `rels`: each one whose content is not what CloudML
+    recorded uploading (damaged, or edited since) is moved to REL.kept-N, its bytes as they were, and said;
+    then every record of `rels` is dropped (a write cut off later leaves an object listed by name alone,
+    which CloudML may replace). Returns the names the changed objects were moved to."""
+    moved = []
+    with errors(prefix.url):
+        created, contents = _ledger(prefix)
+        for rel in rels:
+            rec = contents.get(rel)
+            if rec is None or not prefix.fs.exists(prefix.path(rel)):
+                continue
+            size = prefix.fs.size(prefix.path(rel))
+            if size == rec["size"] and _sha256_of(prefix, rel) in rec["sha256"]:
+                continue
+            n = 1
+            while prefix.fs.exists(prefix.path(f"{rel}.kept-{n}")):
+                n += 1
+            aside = f"{rel}.kept-{n}"
+            prefix.fs.copy(prefix.path(rel), prefix.path(aside))
+            if prefix.fs.size(prefix.path(aside)) != size:
+                raise OSError(f"{prefix.url_of(aside)}: the copy of {rel} is not whole; nothing was replaced")
+            log.warning(
+                "%s was changed after CloudML wrote it (damaged, or edited): it is kept as %s, and CloudML "
+                "writes its own in its place",
+                prefix.url_of(rel),
+                prefix.url_of(aside),
+            )
+            moved.append(aside)
+        if any(rel in contents for rel in rels):
+            _write_ledger(prefix, created, {r: c for r, c in contents.items() if r not in rels})
+    return moved
 
 
 def refuse_unless_mine(prefix: Prefix, rel: str, doing: str) -> None:

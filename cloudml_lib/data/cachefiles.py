@@ -289,7 +289,10 @@ def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
         raise DataError(f"{src / 'meta.json'} is not a cache's meta.json ({e})") from None
     bucket.refuse_unless_mine(prefix, name, "replace")
     bucket.add(prefix, name)  # listed before it is created
+    # an object changed since CloudML uploaded it (its ledger's record) is kept aside, never overwritten
+    bucket.set_aside_changed(prefix, [f"{name}/{n}" for n in ("meta.json", *DATA_FILES)])
     bar = tqdm(total=sum((src / n).stat().st_size for n in DATA_FILES), unit="B", unit_scale=True, desc=desc)
+    written = {}
     try:
         with bucket.errors(url):
             if prefix.fs.exists(prefix.path(f"{name}/meta.json")):
@@ -301,7 +304,10 @@ def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
                     raise DataError(f"{src / n} does not match its recorded checksum; not copied to {url}")
                 if prefix.fs.size(prefix.path(f"{name}/{n}")) != (src / n).stat().st_size:
                     raise OSError(f"{url}/{n}: the bucket holds another size than the {n} sent")
+                written[f"{name}/{n}"] = ((src / n).stat().st_size, sha)
             prefix.fs.pipe_file(prefix.path(f"{name}/meta.json"), meta)  # last: the copy is whole from here
+            written[f"{name}/meta.json"] = (len(meta), hashlib.sha256(meta).hexdigest())
+            bucket.record(prefix, written)
     finally:
         bar.close()
 
