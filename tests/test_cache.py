@@ -291,3 +291,26 @@ def test_a_users_folders_in_the_cache_folder_are_never_replaced_or_deleted(tiny_
         load_flight_cache(other, tiny_config.data)
     assert _tree(final) == users
     assert not list(root.glob(f"{final.name}.tmp-*"))  # the build left nothing behind
+
+
+def test_the_checksum_memo_stays_cloudmls_after_the_cache_folders_ledger_is_made_again(tmp_path, caplog):
+    """A cache folder whose ledger was lost gets one made again from what it holds, by name (a run folder's
+    files are recorded as found; a cache's have checksums of their own): the memo of input files' sha256
+    (file_sha256.json), which CloudML replaces whole at every new input file, stays CloudML's (recorded as
+    found, it was taken for a user's edit at its next write, and never written again)."""
+    from cloudml_lib.base import ledger
+    from cloudml_lib.base.ownership import claim
+    from cloudml_lib.data.cachefiles import CACHE
+    from cloudml_lib.data.hashing import MEMO, file_sha256
+
+    folder = claim(tmp_path / "cache", CACHE)
+    inputs = [tmp_path / f"input-{i}.bin" for i in range(3)]
+    for i, p in enumerate(inputs):
+        p.write_bytes(bytes([i]) * 1000)
+    file_sha256(inputs[0], folder)
+    (folder / ledger.LEDGER).unlink(missing_ok=True)  # lost: made again from what verifies at the next write
+    with caplog.at_level("WARNING"):
+        file_sha256(inputs[1], folder)
+        file_sha256(inputs[2], folder)
+    assert "changed after CloudML wrote it" not in caplog.text
+    assert len(json.loads((folder / MEMO).read_text())) == 3 and ledger.mine(folder / MEMO)

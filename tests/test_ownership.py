@@ -338,9 +338,16 @@ def test_a_ledger_made_from_what_verifies_records_each_file_as_found_and_a_later
 
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "run_1c3d260" / "finished", run)
-    assert {"report.md", "train.log", "best.pt", "evaluation.json"} <= ledger.listed(run)
+    ledger.add(run / "plots")  # the first call makes the ledger (a new name listed: the others' records kept)
+    assert {"report.md", "train.log", "best.pt", "evaluation.json", "plots"} <= ledger.listed(run)
     contents = json.loads((run / LEDGER).read_text())["contents"]
-    assert contents["train.log"]["size"] == (run / "train.log").stat().st_size
+    assert (
+        contents["train.log"]["size"] == (run / "train.log").stat().st_size and contents["train.log"]["grows"]
+    )
+    assert (
+        contents["report.md"]["size"] == (run / "report.md").stat().st_size
+        and "grows" not in contents["report.md"]
+    )
     assert all(not r.startswith("checkpoints/") for r in contents)  # folders: their own checksums
     monkeypatch.setattr(ledger, "_growing", {})  # a new process
     save_atomic({"weights": 1}, run / "best.pt")  # CloudML's protocol: replaced, and again
@@ -357,10 +364,10 @@ def test_a_ledger_made_from_what_verifies_records_each_file_as_found_and_a_later
     with pytest.raises(CloudMLError, match="train.log was changed after CloudML wrote it"):
         append_text(run / "train.log", "more\n")
     notes = (run / "report.md").read_text() + "My reading of these numbers.\n"
-    (run / "report.md").write_text(notes[len(notes) // 2 :])  # the user's text over what was found
+    (run / "report.md").write_text(notes)  # the user's lines added at the end of a report
     with caplog.at_level("WARNING"):
         assert write_text(target(run / "report.md"), "# Results, again\n") == run / "report.new.md"
-    assert (run / "report.md").read_text() == notes[len(notes) // 2 :]
+    assert (run / "report.md").read_text() == notes
     assert "report.md was edited after CloudML wrote it: it is kept" in caplog.text
     assert not ledger.delete(run) and (run / "report.md").exists() and (run / "train.log").exists()
 

@@ -25,7 +25,8 @@ deleted; named once). An appended file may be longer than its record (a process 
 record): its recorded part must match. Folders (checkpoints, the folds') and files written by their own
 protocols (the cache's, whose checksums are their own; best.pt) are listed by name, as are the files of a
 ledger written before content was recorded. A ledger made from what verifies records each file it lists as
-it was found (its size and the sha256 of that much): changed later, it is the user's.
+it was found (its size and sha256; an appended one's as a fingerprint that may grow): changed later, it is
+the user's.
 
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
@@ -143,7 +144,7 @@ def _record(home: Path) -> tuple[set[str], dict[str, dict]]:
     with _lock:
         found = _read(home)
         if found is None:
-            found = start(home), {}
+            found = _start(home)
         return found
 
 
@@ -155,6 +156,11 @@ def listed(home: Path) -> set[str]:
 def start(home: Path, entries: list[str] | None = None) -> set[str]:
     """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
     the kind's own by its rule (ownership.Kind.owned), each file of it recorded as it is now (`_as_found`)."""
+    return _start(home, entries)[0]
+
+
+def _start(home: Path, entries: list[str] | None = None) -> tuple[set[str], dict[str, dict]]:
+    """start's ledger: the listed paths and the content records it wrote."""
     contents: dict[str, dict] = {}
     if entries is None:
         proven = marker_kind(home)
@@ -165,19 +171,26 @@ def start(home: Path, entries: list[str] | None = None) -> set[str]:
             entries = kind.owned(home) if adopted else []
         else:
             entries = kind.verified(home) if kind is not None else others_in(home)
-        contents = _as_found(home, entries)
+        # the files of a kind with a rule for what it writes (a run's); a cache's have checksums of their own
+        contents = _as_found(home, entries) if kind is not None and kind.owned is not None else {}
     with _lock:
         _write(home, set(entries), contents)
-    return set(entries)
+    return set(entries), contents
+
+
+APPENDED = (
+    ".log",
+    ".jsonl",
+)  # the files CloudML appends to (train.log, metrics.jsonl); the others it writes whole
 
 
 def _as_found(home: Path, entries: list[str]) -> dict[str, dict]:
     """The content records of a ledger made from what verified (an earlier release's folder, or one whose
-    ledger was lost): each listed file as it is now, by its size and the sha256 of that much, as an
-    appended file's fingerprint is kept (a file CloudML appends to may grow; one it writes whole gets its
-    exact record at its next write). From then on a change to what it holds (an edit, a cut) makes it the
-    user's, as in a folder whose ledger CloudML kept; listed by name alone, a verified file was CloudML's for
-    good whatever was done to it later. Folders (checkpoints: their own checksums) stay listed by name."""
+    ledger was lost): each listed file as it is now, by its size and sha256, as CloudML records a file it
+    wrote whole; a file it appends to (APPENDED) by the fingerprint of what it holds, which may grow. From
+    then on a change to what it holds (an edit, a cut, for a file written whole an addition too) makes it
+    the user's, as in a folder whose ledger CloudML kept; listed by name alone, a verified file was CloudML's
+    for good whatever was done to it later. Folders (checkpoints: their own checksums) stay listed by name."""
     found = {}
     for rel in entries:
         path = home / rel
@@ -189,7 +202,9 @@ def _as_found(home: Path, entries: list[str]) -> dict[str, dict]:
         except OSError:
             continue  # unreadable now: listed by name, as before
         if h is not None:
-            found[rel] = {"size": size, "sha256": [h.hexdigest()], "grows": True}
+            found[rel] = {"size": size, "sha256": [h.hexdigest()]}
+            if path.suffix in APPENDED:
+                found[rel]["grows"] = True
     return found
 
 
