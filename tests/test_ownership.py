@@ -438,6 +438,44 @@ def test_a_child_forked_while_a_thread_updates_the_ledger_does_not_keep_the_fold
         os.waitpid(pid, 0)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a forked child needs os.fork")
+def test_a_child_forked_while_a_thread_holds_the_ledgers_thread_lock_updates_its_own_ledgers(tmp_path):
+    """A command forked while a thread of its parent is inside a ledger update (the suite's forked runs, a
+    worker forked beside the checksum thread): the child's copy of the thread lock would stay held for ever,
+    since the thread that holds it does not exist in the child, and its first file would wait for ever. The
+    child gets a lock of its own."""
+    import signal
+    import threading
+
+    parents, childs = tmp_path / "parent", tmp_path / "child"
+    claim(parents, RUN)
+    claim(childs, RUN)
+    held, release = threading.Event(), threading.Event()
+
+    def updating():
+        with ledger._lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=updating)
+    thread.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: a bounded wait (SIGALRM ends it) instead of a hung suite
+        signal.alarm(5)
+        ledger.add(childs / "notes.txt")
+        os._exit(0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child waited for its parent's thread lock"
+    assert "notes.txt" in (childs / LEDGER).read_text()
+    ledger.add(parents / "notes.txt")  # the parent's own lock is untouched
+    assert "notes.txt" in (parents / LEDGER).read_text()
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3, 4, 5])
 def test_a_users_files_deep_below_a_run_folder_are_judged_by_its_ledger(tmp_path, depth):
     """A user's TensorBoard runs some folders below a run's tensorboard/: a clean-up of that folder deletes

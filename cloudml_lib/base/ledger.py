@@ -21,12 +21,12 @@ recorded with its size and sha256, and a file it appends to (train.log, metrics.
 sha256 of what CloudML wrote (its fingerprint, kept as the appends go and written with the ledger's next
 write, at the end of the process, or when the log closes). A listed file whose content no longer matches was
 changed by someone else since: it is the user's from then on (never replaced, truncated, appended to or
-deleted; named once). An appended file may be longer than its record (a process killed after its last
-record): its recorded part must match. Folders (checkpoints, the folds') and files written by their own
-protocols (the cache's, whose checksums are their own; best.pt) are listed by name, as are the files of a
-ledger written before content was recorded. A ledger made from what verifies records each file it lists as
-it was found (its size and sha256; an appended one's as a fingerprint that may grow): changed later, it is
-the user's.
+deleted; named once). An appended file may be longer than its record (a process killed after its last record):
+its recorded part must match. Folders (checkpoints, the folds') and files written by their own protocols (the
+cache's, whose checksums are their own; best.pt) are listed by name (their next write drops any record of
+their content), as are the files of a ledger written before content was recorded. A ledger made from what
+verifies records each file it lists as it was found (its size and sha256; an appended one's as a fingerprint
+that may grow): changed later, it is the user's.
 
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
@@ -68,7 +68,10 @@ _held: set[int] = set()  # descriptors of the folder locks this process holds no
 def _drop_inherited_locks() -> None:
     """In a child forked while a thread held a folder lock (DataLoader or preprocessing workers forked beside
     the checkpoint writer's or the hashing thread's ledger update): the child's copy of the descriptor is
-    closed, so that the lock is released when the parent's update ends, not when the child exits."""
+    closed, so that the lock is released when the parent's update ends, not when the child exits; and the
+    child gets a thread lock of its own (its copy of one a parent's thread held would stay held for ever)."""
+    global _lock
+    _lock = threading.RLock()
     for fd in list(_held):
         try:
             os.close(fd)
