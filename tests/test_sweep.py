@@ -103,13 +103,28 @@ def test_every_file_a_sweep_writes_reads_back(reference):
 def test_a_killed_sweep_continues_to_the_same_study(files, reference, tmp_path, kill_at, new_machine):
     """Killed in trial 1's training (its 5th step) or right after trial 1's result was told, before the copy
     on "Drive" was refreshed; then run again on the same machine or on a new one (no local study)."""
+    import shutil
+
     cfg, space, _, _ = files
     run = tmp_path / "sweep"
     killed = sweep_cli(cfg, space, run, kill_at=kill_at, tmpdir=tmp_path / "vm1")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    shutil.copytree(run, tmp_path / "as_killed", symlinks=True)
     again = sweep_cli(cfg, space, run, tmpdir=tmp_path / ("vm2" if new_machine else "vm1"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert study_of(run) == study_of(reference)
+    if not new_machine and kill_at.startswith("step"):
+        # the folder put back as the kill left it, at the same path, on the machine whose own journal went on
+        # to the end: that journal is not this folder's any more (it was taken, and trial 1 never finished)
+        shutil.rmtree(run)
+        shutil.copytree(tmp_path / "as_killed", run, symlinks=True)
+        put_back = sweep_cli(cfg, space, run, tmpdir=tmp_path / "vm1")
+        assert put_back.returncode == 0, put_back.stderr[-3000:]
+        assert "not the copy this machine saved last" in put_back.stderr + put_back.stdout
+        assert "Trial 1 was interrupted: it resumes from its checkpoint" in put_back.stdout
+        assert study_of(run) == study_of(reference)
+        ends = [json.loads((r / "trials/1/trial.json").read_text())["state"] for r in (run, reference)]
+        assert ends[0] == ends[1] != "running"
     log1 = (run / "trials" / "1" / "train.log").read_text()
     assert log1.count("parameters, channels") == 2 if kill_at.startswith("step") else 1  # one resumed start
     if kill_at.startswith("step"):

@@ -2,7 +2,8 @@
 
 The study lives in an append-only journal on the local disk (Optuna's JournalStorage; SQLite on a Drive mount
 loses progress, optuna #2582); `StudyFile` keeps its copy in the sweep folder, written whole after each ask,
-epoch report and result, and restores it where the local file is missing (a new Colab VM) or behind it. A
+epoch report and result, and restores it where the local file is missing (a new Colab VM), behind it, or
+ahead of a copy this machine did not save last (the folder restored from a backup, or copied again). A
 journal is read back line by line, each record checked for its shape (`journal_problem`); a lost or damaged
 one is refused with what to do, or, when asked (`--rebuild-study`), rebuilt from the trial folders
 (`rebuild_study`: each trial's values, state and epoch reports as its folder records them). Each trial's
@@ -13,8 +14,10 @@ sampler is seeded by the space's seed plus its number, and the pruner decides fr
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 
 STUDY_NAME = "cloudml-sweep"
 JOURNAL = "study.journal"
+SAVED = "saved.json"  # beside the local journal
 
 
 class StudyFile:
@@ -50,6 +54,9 @@ class StudyFile:
         self.copy = Path(run_dir) / JOURNAL
         key = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
         self.local = Path(tempfile.gettempdir()) / f"cloudml-sweep-{key}" / JOURNAL
+        # the size and sha256 of the copy this machine last wrote (or restored from): the local journal
+        # continues the copy there only where the copy is still that one
+        self.stamp = self.local.parent / SAVED
 
     def restore(self, has_trials: bool) -> str | None:
         """The journal to go on with: the local one when it extends the copy (this machine ran ahead of its
@@ -64,9 +71,18 @@ class StudyFile:
         here, here_problem = _read_journal(self.local)
         saved, here = _whole_lines(saved, self.copy), _whole_lines(here, self.local)
         if saved is not None and here is not None and here.startswith(saved):
-            return None
+            if here == saved or self._saved_here(saved):
+                return None
+            log.warning(
+                "%s goes further than %s, which is not the copy this machine saved last (the sweep folder "
+                "was restored or copied from elsewhere since): the sweep goes on from %s",
+                self.local,
+                self.copy,
+                self.copy,
+            )
         if saved is not None:
             self.local.write_bytes(saved)
+            self._stamp(saved)
             log.info("Study restored from %s", self.copy)
             return None
         if here is not None and has_trials:
@@ -88,8 +104,30 @@ class StudyFile:
         wrote it (damaged, a line cut, or edited: restore left out what it could not read) is kept under
         another name first, as it is."""
         data = self.local.read_bytes()
+        data = data[: data.rfind(b"\n") + 1]
         with atomic_path(self.copy) as tmp:  # a copy changed since: kept as study.journal.kept-N first
-            write_durable(tmp, data[: data.rfind(b"\n") + 1])
+            write_durable(tmp, data)
+        self._stamp(data)
+
+    def _stamp(self, copy: bytes) -> None:
+        """Remember the copy as this machine wrote or read it (a temporary file, then a rename)."""
+        tmp = self.stamp.with_name(f".{SAVED}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"size": len(copy), "sha256": hashlib.sha256(copy).hexdigest()}))
+        os.replace(tmp, self.stamp)
+
+    def _saved_here(self, copy: bytes) -> bool:
+        """The copy in the sweep folder is the one this machine saved last (so a local journal that goes
+        further holds only what a kill kept from the copy). No stamp (a journal of an earlier release, a
+        damaged stamp): not known, so no."""
+        try:
+            stamp = json.loads(self.stamp.read_text())
+        except (OSError, ValueError):
+            return False
+        return (
+            isinstance(stamp, dict)
+            and stamp.get("size") == len(copy)
+            and stamp.get("sha256") == hashlib.sha256(copy).hexdigest()
+        )
 
     def storage(self, optuna):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
