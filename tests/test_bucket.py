@@ -120,6 +120,33 @@ def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwri
     assert store()[samples] == (built.path / "samples.npz").read_bytes()
 
 
+def test_a_kept_copy_cut_off_is_removed_and_the_changed_object_left_as_it_was(
+    tiny_config, tmp_path, store, monkeypatch
+):
+    """The copy that keeps a changed object aside, cut off short: the upload stops naming both, the object
+    stays as it was, and the short copy (CloudML's, made a moment before) is not left behind as if it were
+    the user's bytes."""
+    data, flight = tiny_config.data, tiny_config.data.flights[0]
+    data.cache_copy_dir = URL
+    built = load_flight_cache(flight, data)
+    samples = f"/bucket/cloudml/cache/{built.path.name}/samples.npz"
+    _flip(samples, at=100)
+    edited = store()[samples]
+    fs = MemoryFileSystem()
+    monkeypatch.setattr(
+        MemoryFileSystem, "copy", lambda self, a, b, **kw: fs.pipe_file(b, fs.cat_file(a)[:50])
+    )
+    prefix = bucket.open_prefix(URL)
+    with pytest.raises(OSError, match="samples.npz.kept-1.*nothing was replaced"):
+        bucket.set_aside_changed(prefix, [f"{built.path.name}/samples.npz"])
+    assert store()[samples] == edited and not fs.exists(f"{samples}.kept-1")
+    monkeypatch.undo()
+    assert bucket.set_aside_changed(prefix, [f"{built.path.name}/samples.npz"]) == [
+        f"{built.path.name}/samples.npz.kept-1"
+    ]
+    assert store()[f"{samples}.kept-1"] == edited
+
+
 def test_a_partial_upload_is_not_used(tiny_config, tmp_path, store, caplog, monkeypatch):
     data, flight = tiny_config.data, tiny_config.data.flights[0]
     data.cache_copy_dir = URL

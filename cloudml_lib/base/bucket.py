@@ -263,9 +263,7 @@ def set_aside_changed(prefix: Prefix, rels: list[str]) -> list[str]:
             while prefix.fs.exists(prefix.path(f"{rel}.kept-{n}")):
                 n += 1
             aside = f"{rel}.kept-{n}"
-            prefix.fs.copy(prefix.path(rel), prefix.path(aside))
-            if prefix.fs.size(prefix.path(aside)) != size:
-                raise OSError(f"{prefix.url_of(aside)}: the copy of {rel} is not whole; nothing was replaced")
+            _copy_whole(prefix, rel, aside, size)
             log.warning(
                 "%s was changed after CloudML wrote it (damaged, or edited): it is kept as %s, and CloudML "
                 "writes its own in its place",
@@ -276,6 +274,30 @@ def set_aside_changed(prefix: Prefix, rels: list[str]) -> list[str]:
         if any(rel in contents for rel in rels):
             _write_ledger(prefix, created, {r: c for r, c in contents.items() if r not in rels})
     return moved
+
+
+def _copy_whole(prefix: Prefix, rel: str, aside: str, size: int) -> None:
+    """Copy object `rel` to the free name `aside`; a copy cut off or short is removed (CloudML made it a
+    moment ago) and the upload stops, `rel` as it was."""
+    try:
+        prefix.fs.copy(prefix.path(rel), prefix.path(aside))
+        whole = prefix.fs.size(prefix.path(aside)) == size
+    except BaseException:
+        _remove_own(prefix, aside)
+        raise
+    if not whole:
+        _remove_own(prefix, aside)
+        raise OSError(
+            f"{prefix.url_of(rel)} could not be copied whole to {prefix.url_of(aside)}: nothing was replaced"
+        )
+
+
+def _remove_own(prefix: Prefix, rel: str) -> None:
+    try:
+        if prefix.fs.exists(prefix.path(rel)):
+            prefix.fs.rm_file(prefix.path(rel))
+    except OSError:
+        pass  # the next upload takes the next free name
 
 
 def refuse_unless_mine(prefix: Prefix, rel: str, doing: str) -> None:
