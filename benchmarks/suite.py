@@ -4,7 +4,7 @@ branch coverage of cloudml_lib it reaches.
     python benchmarks/suite.py                 # README's test command, --durations=0: its time, file by file
     python benchmarks/suite.py --quick         # the quick subset (-m "not slow") the same way
     python benchmarks/suite.py --coverage      # README's test command under coverage.py (slower: 1.5-3x)
-    python benchmarks/suite.py --from-output ci.out --notes notes.json --how "..."   # a run done elsewhere
+    python benchmarks/suite.py --from-output ci.out --notes notes.json --cpu DIR --how "..."   # run elsewhere
 
 Each writes its block for the checkout's commit into benchmarks/results/suite.json (other commits' blocks
 are kept: the suite before and after a change side by side), the test names it ran into
@@ -13,7 +13,9 @@ Coverage: coverage.py with branch measurement over cloudml_lib, every
 Python process the tests start measured too (coverage's `patch = subprocess`: commands, notebook kernels,
 torchrun workers); the Colab twin's own environment is not (it holds no coverage.py). The time of the Colab
 twin's environment (built in the background while the other tests run, or kept from an earlier session) is
-recorded beside, from what the suite writes to $CLOUDML_SUITE_NOTES.
+recorded beside, from what the suite writes to $CLOUDML_SUITE_NOTES. The processor time of each test (its
+process's and those it waited for: benchmarks/cpu_use.py) is recorded per file: what two cores share, where
+a test's wall time under pytest-xdist is the other worker's load as much as its own.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def pytest_argv(quick: bool) -> tuple[dict, list[str]]:
     return env, argv[3:]
 
 
+PER_TEST = ("files_s", "slowest_s", "files_cpu_s", "costliest_cpu_s")  # kept in the file, not printed
 SLOW_S = 5.0  # a test of this many seconds in a full run is marked slow (the quick subset leaves it out)
 
 
@@ -96,6 +99,24 @@ def parse(output: str) -> dict:
     }
 
 
+def cpu_use(folder: Path) -> dict:
+    """The processor time of the tests (benchmarks/cpu_use.py's lines in `folder`): in all, per file, and
+    the 30 costliest tests; each its own process's and the processes' it waited for."""
+    lines = [json.loads(x) for f in sorted(folder.glob("*.jsonl")) for x in f.read_text().splitlines() if x]
+    if not lines:
+        return {}
+    cost = {x["test"]: x["own_s"] + x["children_s"] for x in lines}
+    files: dict[str, float] = {}
+    for name, seconds in cost.items():
+        files[name.split("::")[0]] = files.get(name.split("::")[0], 0.0) + seconds
+    return {
+        "cpu_in_tests_s": round(sum(cost.values()), 1),
+        "cpu_in_their_processes_s": round(sum(x["children_s"] for x in lines), 1),
+        "files_cpu_s": {k: round(v, 1) for k, v in sorted(files.items(), key=lambda kv: -kv[1])},
+        "costliest_cpu_s": {k: round(v, 1) for k, v in sorted(cost.items(), key=lambda kv: -kv[1])[:30]},
+    }
+
+
 def read_notes(path: Path) -> dict:
     """The suite's notes (the twin's environment: how and in how many seconds), with no folder of this machine
     in them (a results file names none)."""
@@ -129,8 +150,12 @@ def run(quick: bool, coverage: bool) -> dict:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     notes = SCRATCH / "notes.json"
     notes.unlink(missing_ok=True)
-    full = {**os.environ, **env, "CLOUDML_SUITE_NOTES": str(notes)}
+    cpu_dir = SCRATCH / "cpu"
+    for old in cpu_dir.glob("*.jsonl"):
+        old.unlink()
+    full = {**os.environ, **env, "CLOUDML_SUITE_NOTES": str(notes), "CLOUDML_SUITE_CPU": str(cpu_dir)}
     cmd = [sys.executable, "-m", "pytest", *args, "--durations=0", "-p", "no:cacheprovider"]
+    cmd += ["-p", "benchmarks.cpu_use"]  # each test's processor time
     if coverage:
         rc = SCRATCH / "coveragerc"
         data = SCRATCH / "coverage"
@@ -154,6 +179,7 @@ def run(quick: bool, coverage: bool) -> dict:
     out["load_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
     if notes.exists():
         out["notes"] = read_notes(notes)
+    out.update(cpu_use(cpu_dir))
     if coverage:
         subprocess.run(
             [sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=REPO, check=True
@@ -205,15 +231,23 @@ def main() -> None:
     )
     p.add_argument("--notes", type=Path, help="that run's $CLOUDML_SUITE_NOTES file (the twin's time)")
     p.add_argument("--how", default="", help="that run's machine, load and command, in words")
+    p.add_argument(
+        "--cpu",
+        type=Path,
+        metavar="DIR",
+        help="that run's $CLOUDML_SUITE_CPU folder (run with PYTEST_ADDOPTS='-p benchmarks.cpu_use')",
+    )
     args = p.parse_args()
     if args.from_output:
         block = parse(args.from_output.read_text())
         block["measured"] = args.how
         if args.notes and args.notes.is_file():
             block["notes"] = read_notes(args.notes)
+        if args.cpu:
+            block.update(cpu_use(args.cpu))
         block["tests"] = write_names(False)
         record(block, "fresh_clone")
-        print(json.dumps({k: v for k, v in block.items() if k not in ("files_s", "slowest_s")}, indent=1))
+        print(json.dumps({k: v for k, v in block.items() if k not in PER_TEST}, indent=1))
         return
     if args.coverage:
         import importlib.util
@@ -223,7 +257,7 @@ def main() -> None:
     key = "coverage" if args.coverage else "quick" if args.quick else "full"
     block = run(args.quick, args.coverage)
     record(block, key)
-    print(json.dumps({k: v for k, v in block.items() if k not in ("files_s", "slowest_s")}, indent=1))
+    print(json.dumps({k: v for k, v in block.items() if k not in PER_TEST}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benchmarks/RESULTS.md is rendered from the results files, never typed by hand."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -160,3 +161,51 @@ def test_the_memory_format_benchmark_runs_on_tiny_models():
     choice = json.loads(r.stdout.strip().splitlines()[-1])
     assert choice["cpu"]["speedup"] > 0 and isinstance(choice["cpu"]["use"], bool)
     assert r.stdout.count("outputs differ by") == 3
+
+
+def test_the_suites_processor_time_is_recorded_test_by_test(tmp_path):
+    """benchmarks/cpu_use.py (loaded by benchmarks/suite.py): each test's processor time, its own and that of
+    the processes it waited for, summed per file by suite.cpu_use; a test that sleeps costs none."""
+    import subprocess
+    import sys
+
+    from benchmarks.suite import cpu_use
+
+    (tmp_path / "test_work.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_busy():\n    t = time.process_time()\n    while time.process_time() - t < 0.3: pass\n"
+        "def test_child():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.3: pass'], check=True)\n"
+        "def test_asleep():\n    time.sleep(0.3)\n"
+    )
+    folder = tmp_path / "cpu"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "benchmarks.cpu_use",
+            "test_work.py",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "CLOUDML_SUITE_CPU": str(folder), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = {x["test"]: x for x in map(json.loads, (folder / "main.jsonl").read_text().splitlines())}
+    busy, child, asleep = (lines[f"test_work.py::test_{n}"] for n in ("busy", "child", "asleep"))
+    assert busy["own_s"] >= 0.25 and busy["children_s"] < 0.05
+    assert child["children_s"] >= 0.25 and child["own_s"] < 0.2
+    assert asleep["own_s"] + asleep["children_s"] < 0.1 and asleep["wall_s"] >= 0.25
+    summed = cpu_use(folder)
+    assert summed["files_cpu_s"]["test_work.py"] == pytest.approx(
+        sum(x["own_s"] + x["children_s"] for x in lines.values()), abs=0.1
+    )
+    assert list(summed["costliest_cpu_s"])[2] == "test_work.py::test_asleep"
