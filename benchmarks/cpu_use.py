@@ -41,6 +41,6 @@ def pytest_runtest_protocol(item, nextitem):
         "wall_s": round(time.perf_counter() - t0, 3),
     }
     os.makedirs(folder, exist_ok=True)
-    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name = getattr(item.config, "workerinput", {}).get("workerid", "main")  # pytest-xdist's gw0, gw1...
     with open(os.path.join(folder, f"{name}.jsonl"), "a") as f:
         f.write(json.dumps(line) + "\n")
