@@ -476,3 +476,46 @@ def test_more_or_fewer_epochs_on_resume_are_said_not_warned_of(tiny_config, logs
     check_resume_config(derive(tiny_config, {"train.log_every_steps": 7}), saved)
     said = [r for r in caplog.records if "Resuming with changed settings" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
+
+
+@pytest.mark.slow
+def test_a_backup_put_back_over_a_run_that_went_on_continues_from_where_its_best_pt_was_written(
+    session_runs, tmp_path
+):
+    """A run backed up after epoch 1 (killed at step 8: its best.pt is epoch 1's), then trained to its end
+    (its best: epoch 2), then the backup put back over it. The checkpoints after the backup stayed and the end
+    scored the backup's best.pt, epoch 1's model, as the run's best, and called the run finished. Now the run
+    continues from the newest checkpoint whose record of the best is best.pt's, to the uninterrupted run's
+    weights bit for bit, and ends again (its evaluation.json was of another training to the same step): the
+    newer checkpoints set aside where the folder's ledger lists them (best.pt alone put back), else named
+    and the command refused, nothing changed (a restore that deletes nothing, `cp -a backup/. run/`, puts
+    the backup's ledger back too)."""
+    cfg, finished = session_runs.cfg, session_runs.finished()
+    want = torch.load(finished / "best.pt", weights_only=False)
+    assert want["epoch"] == 2  # the case: the best changed after the backup
+    backup = session_runs.copy(session_runs.killed("step:8"), tmp_path / "backup")
+    run = session_runs.copy(backup, tmp_path / "run")
+    train = lambda: run_cli("train", "--config", cfg, "--run-dir", run)  # noqa: E731
+    assert train().returncode == 0
+    same = lambda: all(  # noqa: E731
+        torch.equal(got[k], want["model"][k]) for got in [torch.load(run / "best.pt")["model"]] for k in got
+    )
+    assert same()
+    shutil.copy2(backup / "best.pt", run / "best.pt")  # best.pt alone put back (Drive: an older version)
+    r = train()
+    said = r.stdout + r.stderr
+    assert r.returncode == 0, said[-2000:]
+    assert (
+        "holds the best model of epoch 1" in said and "the newest checkpoint that agrees with best.pt" in said
+    )
+    assert json.loads((run / "evaluation.json").read_text())["best_epoch"] == 2 and same()
+    assert any(p.name.startswith("superseded-") for p in run.iterdir())
+    put_back = same_folder_at(backup, tmp_path / "as_backed_up_there")  # a backup of `run` itself
+    shutil.copytree(put_back, run, dirs_exist_ok=True)
+    before = {p.name: (p / STATE).read_bytes() for p in find_checkpoints(run)}
+    r = train()
+    said = r.stdout + r.stderr
+    assert r.returncode == 2 and "are not listed in the folder's record" in said, said[-2000:]
+    assert {p.name: (p / STATE).read_bytes() for p in find_checkpoints(run)} == before
+    named = said.split("the checkpoints after it")[1].split(")")[0]
+    assert "step-00000014" in named and "step-00000012" not in named, said[-2000:]  # 12 agrees with best.pt

@@ -11,6 +11,7 @@ run was trained on (its fingerprint and its recorded files).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -25,10 +26,12 @@ from cloudml_lib.core.run.checkpoint import (
     REJECTED_DIR,
     STATE,
     Found,
+    Key,
     check_folder,
     checkpoints_dir,
     find_checkpoints,
     find_latest_valid,
+    load_checkpoint,
     set_aside_rejected,
     step_of,
 )
@@ -101,7 +104,9 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     folder = _name_by_content(run_dir, folder, state)
     if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
         _set_aside_newer(run_dir, int(Progress.of(state).step))
-    return Found(folder, state, [], meta or {})
+    found = Found(folder, state, [], meta or {})
+    _set_aside_later_evaluation(run_dir, found)
+    return found
 
 
 def _newest_resume_point(run_dir: Path) -> Found | None:
@@ -121,6 +126,8 @@ def _newest_resume_point(run_dir: Path) -> Found | None:
         set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
         assert found.state is not None  # verified and loaded
         if _name_by_content(run_dir, found.folder, found.state) == found.folder:
+            found = _agreeing_with_best(run_dir, found)
+            _set_aside_later_evaluation(run_dir, found)
             return found
     if not any(r["committed"] for r in found.rejected):
         set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
@@ -134,6 +141,85 @@ def _newest_resume_point(run_dir: Path) -> Found | None:
         f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
         f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
         f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
+    )
+
+
+def _best_record(run_dir: Path) -> tuple[int, float, int | None] | None:
+    """(epoch, validation loss, step) of the best model best.pt holds; None where that cannot be told (no
+    best.pt, an unreadable one, one of an earlier release without them, or the newest weights the end wrote
+    there, without a loss, where best.pt could not be used)."""
+    best = RunLayout(run_dir).best
+    if not best.is_file():
+        return None
+    try:
+        ckpt = load_checkpoint(best)
+    except (CloudMLError, OSError, RuntimeError, ValueError, EOFError):
+        return None  # the end says so, and writes the newest weights there (science/finish.py)
+    epoch, loss, step = ckpt.get(Key.EPOCH), ckpt.get(Key.VAL_LOSS), ckpt.get(Key.STEP)
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not isinstance(loss, float):
+        return None
+    if not math.isfinite(loss):
+        return None
+    return epoch, loss, step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _best_disagrees(best: tuple[int, float, int | None], state: dict) -> bool:
+    """best.pt is not the best model the checkpoint `state` records, and not a later one either (a kill
+    between best.pt and the checkpoint that follows it leaves best.pt ahead: the run redoes that epoch and
+    writes it again): best.pt was put back from an earlier state of the run, or replaced."""
+    epoch, loss, step = best
+    progress = Progress.of(state)
+    ahead = step > progress.step if step is not None else epoch > progress.epoch
+    return not ahead and (epoch, loss) != (progress.best_epoch, progress.best_val_loss)
+
+
+def _agreeing_with_best(run_dir: Path, found: Found) -> Found:
+    """The newest checkpoint whose record of the best model is best.pt's: `found` where it is; an earlier
+    one, with the newer ones set aside, where best.pt was put back from an earlier state of the run (a
+    backup copied over a run that went on: its end would have scored the earlier best as the run's, and
+    called the run finished). Refused where no checkpoint agrees."""
+    best = _best_record(run_dir)
+    assert found.state is not None and found.folder is not None
+    if best is None or not _best_disagrees(best, found.state):
+        return found
+    newest = Progress.of(found.state)
+    said = (
+        f"{RunLayout(run_dir).best} holds the best model of epoch {best[0]} (validation loss {best[1]:.4g}), "
+        f"but checkpoint {found.folder.name} records epoch {newest.best_epoch} (validation loss "
+        f"{newest.best_val_loss:.4g}) as the best: best.pt was put back from an earlier state of the run, "
+        "or replaced"
+    )
+    for folder in find_checkpoints(run_dir):
+        named = step_of(folder)
+        if named is None or named >= newest.step:
+            continue
+        reason, state, meta = check_folder(folder)
+        if reason is None and state is not None and not _best_disagrees(best, state):
+            step = int(Progress.of(state).step)
+            newer = [p for p in find_checkpoints(run_dir) if (step_of(p) or 0) > step]
+            others = [p.name for p in newer if not ledger.mine(p)]
+            if others:  # a backup's ledger put back too: it does not list what the run wrote after it
+                raise CloudMLError(
+                    f"{said}. The run can continue from step {step}, the newest checkpoint that agrees with "
+                    f"best.pt, but the checkpoints after it ({', '.join(others)}) are not listed in the "
+                    f"folder's record of what CloudML wrote ({ledger.LEDGER}, put back too?), so CloudML "
+                    f"does not move them. Move them out of {checkpoints_dir(run_dir)} (e.g. into a folder "
+                    "beside the run), then run the same command again: the run continues from step "
+                    f"{step}. Nothing was changed."
+                )
+            log.warning(
+                "%s. The run continues from step %d, the newest checkpoint that agrees with best.pt (what "
+                "was trained after it is trained again, as it was); the checkpoints after it are set aside.",
+                said,
+                step,
+            )
+            _set_aside_newer(run_dir, step)
+            return Found(folder, state, found.rejected, meta or {})
+    raise CloudMLError(
+        f"{said}, and no checkpoint of the run agrees with it. Ending the run would score that earlier model "
+        f"as the run's best. Put back the best.pt of the same time as the checkpoints, continue from a "
+        f"checkpoint of your choice (--resume {checkpoints_dir(run_dir)}/step-N), or train afresh "
+        "with --run-dir NEW. Nothing was changed."
     )
 
 
@@ -207,6 +293,41 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
             p.rename(aside / p.name)
             ledger.drop(p)
         log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
+
+
+def _set_aside_later_evaluation(run_dir: Path, found: Found) -> None:
+    """evaluation.json of a later state of the run than the checkpoint it continues from (the run resumed
+    from an earlier checkpoint: --resume PATH, or best.pt put back) is moved aside: trained again to the same
+    step, the run would pass for ended with that earlier training's scores (and best.pt's cloud output not
+    fitted again). Refused where it is not CloudML's, or changed since."""
+    from cloudml_lib.base.runfiles import RunFiles
+
+    assert found.state is not None
+    step = int(Progress.of(found.state).step)
+    evaluation = RunLayout(run_dir).evaluation
+    scored = RunFiles(run_dir).evaluation().get("step") if evaluation.is_file() else None
+    if not isinstance(scored, int) or scored <= step:
+        return
+    if not ledger.mine(evaluation) or ledger.changed(evaluation):
+        raise CloudMLError(
+            f"{evaluation} scored the run at step {scored}, later than the checkpoint it continues from "
+            f"(step {step}), and is not CloudML's as written ({ledger.LEDGER} does not list it, or it was "
+            "changed since), so CloudML does not move it. Move it out of the run folder, then run the same "
+            "command again. Nothing was changed."
+        )
+    aside = Path(run_dir) / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
+    ledger.add(aside)
+    aside.mkdir(exist_ok=True)
+    evaluation.rename(aside / evaluation.name)
+    ledger.drop(evaluation)
+    log.warning(
+        "%s scored the run at step %d, later than the checkpoint it continues from (step %d): moved to %s; "
+        "the run's end scores it anew",
+        evaluation.name,
+        scored,
+        step,
+        aside,
+    )
 
 
 def resumed_config(cfg, saved: dict):
