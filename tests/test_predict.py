@@ -76,6 +76,14 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_cop
     for name in (f"{held}_cbh.csv", f"{held}_cbh_along_flight.png", f"{held}_track.png"):
         assert (run_dir / "predictions" / name).is_file()
     assert len((run_dir / "predictions" / f"{held}_cbh.csv").read_text().splitlines()) == n + 1
+    # best.pt replaced after the evaluation (put back from a backup): no skill of other weights in the files
+    best = torch.load(run_dir / "best.pt", weights_only=False)
+    best["model"] = {k: v + 1e-3 if v.is_floating_point() else v for k, v in best["model"].items()}
+    torch.save(best, run_dir / "best.pt")
+    (path,) = pr.predict_flights(run_dir, out_dir=run_dir / "after")
+    with netCDF4.Dataset(path) as nc:
+        assert nc.model_test_skill.startswith("not evaluated on these weights: evaluation.json scored other")
+        assert "model_verdict" not in nc.ncattrs()
 
 
 def test_a_flight_with_only_ir_and_nav_files_is_predicted(tiny_run, tmp_path):

@@ -170,7 +170,8 @@ def claim(folder: str | Path, kind: Kind) -> Path:
         ) from None
     if how.startswith("adopted"):
         log.info(
-            "%s: a %s folder of an earlier CloudML (%s); adopted, and marked as CloudML's (%s)",
+            "%s: a %s folder CloudML wrote, by its content (%s), but not marked for this place (moved or "
+            "copied here, or written by an earlier release); adopted, and marked as CloudML's (%s)",
             folder,
             kind.name,
             how.split(": ", 1)[1],

@@ -181,6 +181,8 @@ def skill_attributes(flight: str, evaluation: dict | None) -> dict:
 
     if not evaluation:
         return {"model_test_skill": "not evaluated (the run has no evaluation.json)"}
+    if isinstance(evaluation.get("unproven"), str):  # predict.py: scored other weights than these
+        return {"model_test_skill": f"not evaluated on these weights: {evaluation['unproven']}"}
     report = with_verdict(evaluation)
     per, base = report.get("per_flight") or {}, report.get("baseline_per_flight") or {}
     intervals_km = report.get("mae_interval_km") or {}

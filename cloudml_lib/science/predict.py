@@ -53,7 +53,7 @@ from cloudml_lib.base.resources import package_version
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.inference import StreamEncoder, eval_batch_size, windows_forward
 from cloudml_lib.core.network.metrics import Scored
-from cloudml_lib.core.run.checkpoint import Key
+from cloudml_lib.core.run.checkpoint import Key, weights_sha256
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.provenance import trained_backend
 from cloudml_lib.data import cpl, er2, navigation
@@ -473,6 +473,23 @@ class _PredictJob:
             )
 
 
+def _evaluation_of(run: RunFolder, ckpt: dict) -> dict:
+    """The run's evaluation.json where it scored the very weights predicting (checkpoint.weights_sha256; an
+    earlier release's, without it, as it is); else only why its skill is not theirs (said once here, and in
+    each file's model_test_skill: best.pt was replaced, or put back from a backup, after the evaluation)."""
+    evaluation = run.files.evaluation()
+    recorded = evaluation.get("weights_sha256")
+    if not recorded or recorded == weights_sha256(ckpt[Key.MODEL]):
+        return evaluation
+    why = (
+        "evaluation.json scored other weights than best.pt holds now (best.pt was replaced, or put back from "
+        "a backup, after the evaluation; its prediction intervals were calibrated on those weights' errors "
+        "too): run `evaluate` on the run, or train it again to its end"
+    )
+    log.warning("%s: the files carry no test skill. %s", run.best, why)
+    return {"unproven": why}
+
+
 def _prepare(
     run: RunFolder, flights, data_dir, calibration_dir, cache_dir, cloud_flag: str, out: Path | None
 ) -> _PredictJob:
@@ -487,7 +504,7 @@ def _prepare(
     if out is not None:
         claim(out, PREDICTIONS)
     summary = _read_summary(out / "summary.json") if out is not None else {}
-    folder = PredictionsFolder(out, run.path, calibration, summary, flagging, run.files.evaluation())
+    folder = PredictionsFolder(out, run.path, calibration, summary, flagging, _evaluation_of(run, ckpt))
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
     return _PredictJob(rm, names, chosen, data, folder, backend)
