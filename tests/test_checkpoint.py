@@ -4,6 +4,7 @@ import os
 import random
 
 import numpy as np
+import pytest
 import torch
 from conftest import fit_and_finish
 
@@ -119,6 +120,7 @@ def test_checkpoint_is_weights_only_loadable(tiny_config, tmp_path):
     assert loaded["sampler"] == {"seed": tiny_config.train.seed, "epoch": 0, "position": 0, "samples": 0}
 
 
+@pytest.mark.slow
 def test_a_failed_write_is_logged_and_training_goes_on(tiny_config, tmp_path, monkeypatch):
     """Disk full on the second checkpoint: logged, the first stays intact, the run completes."""
     tiny_config.checkpoint.every_steps = 2
