@@ -102,11 +102,10 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     assert state is not None  # verified and loaded
     _check_same_run(run_dir, folder, state)
     folder = _name_by_content(run_dir, folder, state)
+    _set_aside_later_evaluation(run_dir, int(Progress.of(state).step))  # first: it may refuse
     if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
         _set_aside_newer(run_dir, int(Progress.of(state).step))
-    found = Found(folder, state, [], meta or {})
-    _set_aside_later_evaluation(run_dir, found)
-    return found
+    return Found(folder, state, [], meta or {})
 
 
 def _newest_resume_point(run_dir: Path) -> Found | None:
@@ -127,7 +126,8 @@ def _newest_resume_point(run_dir: Path) -> Found | None:
         assert found.state is not None  # verified and loaded
         if _name_by_content(run_dir, found.folder, found.state) == found.folder:
             found = _agreeing_with_best(run_dir, found)
-            _set_aside_later_evaluation(run_dir, found)
+            assert found.state is not None
+            _set_aside_later_evaluation(run_dir, int(Progress.of(found.state).step))
             return found
     if not any(r["committed"] for r in found.rejected):
         set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
@@ -213,6 +213,7 @@ def _agreeing_with_best(run_dir: Path, found: Found) -> Found:
                 said,
                 step,
             )
+            _set_aside_later_evaluation(run_dir, step)  # first: it may refuse, nothing changed yet
             _set_aside_newer(run_dir, step)
             return Found(folder, state, found.rejected, meta or {})
     raise CloudMLError(
@@ -288,22 +289,20 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
     if newer:
         aside = run_dir / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
         ledger.add(aside)
-        aside.mkdir()
+        aside.mkdir(exist_ok=True)  # evaluation.json may have gone there this second
         for p in newer:
             p.rename(aside / p.name)
             ledger.drop(p)
         log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
 
 
-def _set_aside_later_evaluation(run_dir: Path, found: Found) -> None:
+def _set_aside_later_evaluation(run_dir: Path, step: int) -> None:
     """evaluation.json of a later state of the run than the checkpoint it continues from (the run resumed
     from an earlier checkpoint: --resume PATH, or best.pt put back) is moved aside: trained again to the same
     step, the run would pass for ended with that earlier training's scores (and best.pt's cloud output not
     fitted again). Refused where it is not CloudML's, or changed since."""
     from cloudml_lib.base.runfiles import RunFiles
 
-    assert found.state is not None
-    step = int(Progress.of(found.state).step)
     evaluation = RunLayout(run_dir).evaluation
     scored = RunFiles(run_dir).evaluation().get("step") if evaluation.is_file() else None
     if not isinstance(scored, int) or scored <= step:
