@@ -42,6 +42,7 @@ def demo_config(*overrides: str):
 def stall_per_save(n: int = 10) -> dict:
     from cloudml_lib.core.network.model import count_parameters
     from cloudml_lib.core.run.checkpoint import find_checkpoints
+    from cloudml_lib.core.run.folder import RunFolder
     from cloudml_lib.train import Trainer
 
     run = SCRATCH / "stall"
@@ -58,7 +59,7 @@ def stall_per_save(n: int = 10) -> dict:
         trainer.checkpoints.wait()  # measure each save alone
         trainer.progress.step += 1
         synchronous.append(trainer.checkpoints.save("bench", wait=True))
-    size = (find_checkpoints(run)[0] / "state.pt").stat().st_size
+    size = (find_checkpoints(RunFolder(run))[0] / "state.pt").stat().st_size
     params = count_parameters(trainer.model)
     trainer.close()
     return {

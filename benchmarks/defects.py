@@ -86,8 +86,7 @@ DEFECTS = [
         "tests/test_sweep.py::test_report_and_compare",
         "the sweep's report draws no optimisation history",
         "cloudml_lib/commands/compare.py",
-        'reason = _optuna_figure("history", study, run_dir / "plots" / "optimization_history.png", '
-        "space.metric)",
+        'reason = _optuna_figure("history", study, folder.plots / "optimization_history.png", space.metric)',
         'reason = "not drawn"',
     ),
     (

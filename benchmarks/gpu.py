@@ -654,8 +654,11 @@ def identical(diffs: dict) -> bool:
 
 def final_state(run: str) -> dict:
     from cloudml_lib.core.run.checkpoint import find_checkpoints, load_checkpoint
+    from cloudml_lib.core.run.folder import RunFolder
 
-    return load_checkpoint(find_checkpoints(SCRATCH / run)[0] / "state.pt")  # newest first: the final one
+    return load_checkpoint(
+        find_checkpoints(RunFolder(SCRATCH / run))[0] / "state.pt"
+    )  # newest first: the final one
 
 
 def compare_states(a: dict, b: dict) -> dict:

@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.core.run.checkpoint import META, find_checkpoints, read_meta
+from cloudml_lib.core.run.folder import RunFolder
 
 
 def refused(r, *words):
@@ -236,7 +237,7 @@ def test_a_log_file_on_a_full_disk_is_said_once_in_words(tmp_path, capsys):
 
     from cloudml_lib.base.logs import attach_run_log
 
-    logger = attach_run_log(tmp_path)
+    logger = attach_run_log(RunFolder(tmp_path))
     handler = next(h for h in logger.handlers if hasattr(h, "baseFilename"))
     handler.stream = open(os.devnull, "w")
 
@@ -310,7 +311,7 @@ def test_predict_gives_no_height_for_blank_frames_and_counts_them(finished, data
     shutil.copytree(run, tmp_path / "run")
     shutil.copytree(tmp_path / "out", tmp_path / "run" / "predictions")
     assert "3 blank frames (no finite pixel, or no contrast) have no height" in build_report_md(
-        tmp_path / "run"
+        RunFolder(tmp_path / "run")
     )
 
 
@@ -334,12 +335,12 @@ def test_status_checks_meta_json_against_the_verified_state(run_copy):
     from cloudml_lib.core.run.status import format_status, run_status
 
     _, run = run_copy
-    real = run_status(run)
-    newest = find_checkpoints(run)[0]
+    real = run_status(RunFolder(run))
+    newest = find_checkpoints(RunFolder(run))[0]
     meta = read_meta(newest)
     meta.update(epoch=-5, epochs=2, step=5_000_000_000)
     (newest / META).write_text(json.dumps(meta))
-    s = run_status(run)
+    s = run_status(RunFolder(run))
     assert s["rejected"] and "meta.json disagrees with state.pt" in s["rejected"][0]["reason"]
     assert s["step"] < real["step"] and 0 <= s["progress"] <= 100 and s["epoch"] >= 1
     assert "epoch -5" not in format_status(s).splitlines()[0] and "epoch 2/2" in format_status(s)
@@ -351,7 +352,7 @@ def test_resume_from_another_runs_checkpoint_is_refused(run_copy, finished, tmp_
     other = tmp_path / "other"
     r = run_cli("train", "--config", cfg, "--run-dir", other, "--set", "train.epochs=1")
     assert r.returncode == 0, r.stderr[-2000:]
-    theirs = find_checkpoints(run)[-1]
+    theirs = find_checkpoints(RunFolder(run))[-1]
     r = run_cli("train", "--config", cfg, "--run-dir", other, "--resume", theirs)
     refused(r, "that checkpoint belongs to another run", f"use --run-dir with its own folder ({run})")
     r = run_cli("train", "--config", cfg, "--run-dir", other, "--resume", run / "best.pt")
@@ -464,7 +465,7 @@ def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_co
     from cloudml_lib.core.run.status import run_status
 
     _, run = run_copy
-    newest = find_checkpoints(run)[0]
+    newest = find_checkpoints(RunFolder(run))[0]
     real = checkpoint.sha256_file
 
     def denied(path):
@@ -473,7 +474,7 @@ def test_an_unreadable_checkpoint_is_rejected_as_unreadable_not_read_only(run_co
         return real(path)
 
     monkeypatch.setattr(checkpoint, "sha256_file", denied)
-    s = run_status(run)
+    s = run_status(RunFolder(run))
     assert s["rejected"][0]["reason"].startswith("cannot read state.pt (Permission denied)")
     assert s["latest_checkpoint"] and newest.name not in s["latest_checkpoint"]
 
@@ -531,10 +532,10 @@ def test_a_fresh_unreadable_lock_is_explained(tmp_path):
     with pytest.raises(
         CloudMLError, match=r"exists but cannot be read \(not the JSON object a lock holds: .*delete "
     ):
-        RunLock(tmp_path).acquire()
+        RunLock(RunFolder(tmp_path)).acquire()
     old = 1_000_000_000
     os.utime(tmp_path / ".lock", (old, old))  # a damaged lock long left behind: taken over
-    lock = RunLock(tmp_path)
+    lock = RunLock(RunFolder(tmp_path))
     lock.acquire()
     lock.release()
 

@@ -13,6 +13,7 @@ from conftest import TINY_SHAPE
 
 from cloudml_lib.base.config import build_config
 from cloudml_lib.core.network.metrics import regression_metrics
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.data.cache import load_caches
 from cloudml_lib.data.dataset import CloudDataset, fit_scalers
 from cloudml_lib.data.preprocess import STAT_NAMES
@@ -370,7 +371,7 @@ def test_evaluations_with_and_without_the_atmosphere_baselines_read_back_and_rep
         files = RunFiles(folder)
         assert files.evaluation()["baselines"] == json.loads(json.dumps(json_safe(report["baselines"])))
         assert files.damaged == []
-        md = (write_report(folder)).read_text()
+        md = (write_report(RunFolder(folder))).read_text()
         assert "| test | best baseline |" in md
         assert ("skill vs trees on atmosphere" in md) == (name == "today")
         assert ("add nothing to the atmosphere" in md) == (name == "today")

@@ -9,6 +9,7 @@ import torch
 from conftest import fit_and_finish
 
 from cloudml_lib.core.run import checkpoint as ck
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import clean_leftovers
 from cloudml_lib.train import Trainer
 from cloudml_lib.train.state import capture_rng, restore_rng
@@ -19,7 +20,7 @@ def small_state(step):
 
 
 def test_commit_writes_state_manifest_and_marker(tmp_path):
-    folder = ck.commit(small_state(4), {"step": 4, "epoch": 0}, tmp_path, tmp_path)
+    folder = ck.commit(small_state(4), {"step": 4, "epoch": 0}, RunFolder(tmp_path), tmp_path)
     assert folder.name == "step-00000004"
     assert sorted(p.name for p in folder.iterdir()) == ["COMMITTED", "meta.json", "state.pt"]
     meta = json.loads((folder / "meta.json").read_text())
@@ -31,31 +32,31 @@ def test_commit_writes_state_manifest_and_marker(tmp_path):
 
 
 def test_verify_names_each_defect(tmp_path):
-    f = ck.commit(small_state(1), {"step": 1}, tmp_path, tmp_path)
+    f = ck.commit(small_state(1), {"step": 1}, RunFolder(tmp_path), tmp_path)
     (f / "COMMITTED").unlink()
     assert "not committed" in ck.verify(f)
-    f = ck.commit(small_state(2), {"step": 2}, tmp_path, tmp_path)
+    f = ck.commit(small_state(2), {"step": 2}, RunFolder(tmp_path), tmp_path)
     (f / "meta.json").write_text("{")
     assert "meta.json" in ck.verify(f)
-    f = ck.commit(small_state(3), {"step": 3}, tmp_path, tmp_path)
+    f = ck.commit(small_state(3), {"step": 3}, RunFolder(tmp_path), tmp_path)
     (f / "state.pt").unlink()
     assert "missing" in ck.verify(f)
 
 
 def test_prune_keeps_the_newest_committed_and_drops_leftovers(tmp_path):
     for step in (1, 2, 3, 4):
-        ck.commit(small_state(step), {"step": step}, tmp_path, tmp_path)
+        ck.commit(small_state(step), {"step": step}, RunFolder(tmp_path), tmp_path)
     (tmp_path / "checkpoints" / "step-00000002" / "COMMITTED").unlink()  # an interrupted one
     stale = tmp_path / "checkpoints" / ".step-00000009.tmp-999999"
     stale.mkdir()
-    ck.prune(tmp_path, keep_last=2)
-    assert [p.name for p in ck.find_checkpoints(tmp_path)] == ["step-00000004", "step-00000003"]
+    ck.prune(RunFolder(tmp_path), keep_last=2)
+    assert [p.name for p in ck.find_checkpoints(RunFolder(tmp_path))] == ["step-00000004", "step-00000003"]
     assert not stale.exists()
 
 
 def test_a_kill_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypatch):
     for step in (1, 2, 3):
-        ck.commit(small_state(step), {"step": step}, tmp_path, tmp_path)
+        ck.commit(small_state(step), {"step": step}, RunFolder(tmp_path), tmp_path)
     real_rmtree = ck.shutil.rmtree
 
     def dies_after_one_file(path, ignore_errors=False):
@@ -67,14 +68,14 @@ def test_a_kill_while_pruning_never_leaves_half_a_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(ck.shutil, "rmtree", dies_after_one_file)
     try:
-        ck.prune(tmp_path, keep_last=2)
+        ck.prune(RunFolder(tmp_path), keep_last=2)
     except SystemExit:
         pass
     monkeypatch.setattr(ck.shutil, "rmtree", real_rmtree)
-    left = ck.find_checkpoints(tmp_path)
+    left = ck.find_checkpoints(RunFolder(tmp_path))
     assert [p.name for p in left] == ["step-00000003", "step-00000002"]
     assert all(ck.verify(p) is None for p in left)  # every folder a resume can be pointed at is whole
-    ck.prune(tmp_path, keep_last=2)  # the next prune clears the half-deleted leftover
+    ck.prune(RunFolder(tmp_path), keep_last=2)  # the next prune clears the half-deleted leftover
     assert not list((tmp_path / "checkpoints").glob(".trash-*"))
 
 
@@ -140,7 +141,7 @@ def test_a_failed_write_is_logged_and_training_goes_on(tiny_config, tmp_path, mo
     log = (tmp_path / "run" / "train.log").read_text()
     assert "could not be written (OSError: [Errno 28] No space left on device)" in log
     assert "the previous checkpoint is intact" in log
-    folders = ck.find_checkpoints(tmp_path / "run")
+    folders = ck.find_checkpoints(RunFolder(tmp_path / "run"))
     assert folders and all(ck.verify(f) is None for f in folders)
     assert not list((tmp_path / "run" / "checkpoints").glob(".step-*"))
 
@@ -195,7 +196,9 @@ def test_structure_is_part_of_verification(tmp_path):
     assert "incomplete: no optimizer" in ck.check_structure({"format": ck.FORMAT_VERSION, "model": {}})
     assert "format 7" in ck.check_structure({"format": 7})
     assert "not a checkpoint" in ck.check_structure([1, 2])
-    folder = ck.commit(small_state(5), {"step": 5}, tmp_path, tmp_path)  # verifies, but has no optimizer...
+    folder = ck.commit(
+        small_state(5), {"step": 5}, RunFolder(tmp_path), tmp_path
+    )  # verifies, but has no optimizer...
     reason, state, _ = ck.check_folder(folder)
     assert state is None and reason.startswith("format None")
 
@@ -206,18 +209,18 @@ def test_a_full_staging_disk_is_said_in_words(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ck.torch, "save", full)
     try:
-        ck.commit(small_state(1), {"step": 1}, tmp_path / "run", tmp_path)
+        ck.commit(small_state(1), {"step": 1}, RunFolder(tmp_path / "run"), tmp_path)
     except OSError as e:
         assert e.errno == errno.ENOSPC and "no space left on the local disk" in str(e)
     else:
         raise AssertionError("no error")
-    assert not ck.find_checkpoints(tmp_path / "run")
+    assert not ck.find_checkpoints(RunFolder(tmp_path / "run"))
 
 
 def test_a_folder_pruned_while_being_read_is_walked_past(tmp_path, monkeypatch):
     run = tmp_path / "run"
     for step in (1, 2):
-        ck.commit(dict(small_state(step)), {"step": step}, run, tmp_path)
+        ck.commit(dict(small_state(step)), {"step": step}, RunFolder(run), tmp_path)
     real, calls = ck.check_folder, []
 
     def racing(folder, load=True):
@@ -227,7 +230,7 @@ def test_a_folder_pruned_while_being_read_is_walked_past(tmp_path, monkeypatch):
         return real(folder, load=False)
 
     monkeypatch.setattr(ck, "check_folder", racing)
-    found = ck.find_latest_valid(run)
+    found = ck.find_latest_valid(RunFolder(run))
     assert found.folder.name == "step-00000002" and found.meta["step"] == 2
 
 
@@ -250,7 +253,7 @@ def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeyp
     write_marker(tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-abc", STAGING)  # staged by CloudML
     (tmp_path / "tmp" / "cloudml-ckpt-abc").mkdir()  # owner unknown: kept
     (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-xyz").mkdir()  # no marker: not ours, whatever its name
-    removed = clean_leftovers(run)
+    removed = clean_leftovers(RunFolder(run))
     assert len(removed) == 3
     assert (run / f".best.pt.tmp-{os.getpid()}").exists() and (tmp_path / "tmp" / "cloudml-ckpt-abc").exists()
     assert (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-xyz").exists()

@@ -33,6 +33,7 @@ from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.core.network.compile import apply_compile, cpu_ratio, describe_saved, plan
 from cloudml_lib.core.network.model import MultimodalRegressionModel
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import format_status, run_status
 from cloudml_lib.science.report import build_report_md
 from cloudml_lib.train import Trainer
@@ -160,12 +161,12 @@ def test_compiled_training_matches_eager_and_is_reported_everywhere(tiny_raw_con
     log = (tmp_path / "compiled" / "train.log").read_text()
     assert "torch.compile: compiled the frame encoder" in log and "no graph break" in log
     assert f"torch.compile on the CPU: {cpu_ratio()}" in log
-    status = format_status(run_status(tmp_path / "compiled"))
+    status = format_status(run_status(RunFolder(tmp_path / "compiled")))
     assert "torch.compile: compiled the frame encoder" in status
-    md = build_report_md(tmp_path / "compiled")
+    md = build_report_md(RunFolder(tmp_path / "compiled"))
     assert "torch.compile: compiled the frame encoder" in md and "no graph break" in md
     assert "torch.compile: not compiled (train.torch_compile is off)" in format_status(
-        run_status(tmp_path / "eager")
+        run_status(RunFolder(tmp_path / "eager"))
     )
 
 
@@ -238,7 +239,7 @@ def best_weights(run: Path) -> dict:
 def last_weights(run: Path) -> dict:
     from cloudml_lib.core.run.checkpoint import find_checkpoints, load_state
 
-    return load_state(find_checkpoints(run)[0] / "state.pt")["model"]
+    return load_state(find_checkpoints(RunFolder(run))[0] / "state.pt")["model"]
 
 
 @pytest.mark.slow
@@ -283,7 +284,7 @@ def test_a_real_compile_failure_falls_back_to_eager_and_matches_an_eager_run(cfg
     )
     info = json.loads((tmp_path / "failing" / "run.json").read_text())["compile"]
     assert info["requested"] and not info["active"] and "compiler" in info["fallback"].lower(), info
-    assert "not compiled: torch.compile failed" in format_status(run_status(tmp_path / "failing"))
+    assert "not compiled: torch.compile failed" in format_status(run_status(RunFolder(tmp_path / "failing")))
     # the eager run compiles nothing: in this process, with the threads a new process would have
     assert run_cli("train", "--config", cfg_file(False), "--run-dir", tmp_path / "eager").returncode == 0
     assert max_diff(last_weights(tmp_path / "failing"), last_weights(tmp_path / "eager")) == 0.0

@@ -17,6 +17,7 @@ from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, explain_peer_failure
 from cloudml_lib.core.run.checkpoint import STATE, find_checkpoints, read_meta
+from cloudml_lib.core.run.folder import RunFolder
 
 # Its gradient is zero in exact arithmetic (the softmax over frames ignores a shift shared by all
 # frames), so Adam turns rounding noise into steps of about the learning rate in any two runs that
@@ -109,7 +110,7 @@ def test_a_job_stopped_by_sigterm_then_killed_resumes_each_time_to_bit_identical
     run = tmp_path / "run"
     r = launch(train_args(cfg, run), env={"CLOUDML_KILL_AT": "step:4:SIGTERM", "CLOUDML_KILL_RANK": "1"})
     assert r.returncode != 0
-    newest = find_checkpoints(run)[0]
+    newest = find_checkpoints(RunFolder(run))[0]
     assert read_meta(newest)["reason"] == "SIGTERM" and read_meta(newest)["step"] == 5
     assert "Stopped by SIGTERM at step 5" in (run / "train.log").read_text()
     # the 3rd step of this launch (a fault point counts the steps of its process): step 8 of the run
@@ -124,7 +125,7 @@ def test_a_job_stopped_by_sigterm_then_killed_resumes_each_time_to_bit_identical
     assert "Resumed from step 7" in (run / "train.log").read_text()  # the end of epoch 1
     a, b = weights(two / "best.pt"), weights(run / "best.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)  # as if never interrupted
-    final = torch.load(find_checkpoints(run)[0] / STATE, weights_only=True)
+    final = torch.load(find_checkpoints(RunFolder(run))[0] / STATE, weights_only=True)
     assert len(final["rng_ranks"]) == 2 and final["processes"] == 2
 
 
@@ -437,7 +438,7 @@ def test_the_slurm_recipe_stops_at_the_time_limit_requeues_and_resumes_to_the_sa
     assert "time limit near: the run stops at a checkpoint" in out
     assert "training exited with 0" not in out and f"{run}: stopped (resumable)" in out, out[-3000:]
     assert (fake / "requeued").read_text().split() == [str(job)]  # the script put the job back
-    assert read_meta(find_checkpoints(run)[0])["reason"] == "SIGTERM"
+    assert read_meta(find_checkpoints(RunFolder(run))[0])["reason"] == "SIGTERM"
     # SLURM starts the requeued job: the same script, SLURM_RESTART_COUNT=1
     out = sbatch(script, home, fake, job, {"SLURM_RESTART_COUNT": "1"}).communicate(timeout=300)[0]
     assert "training exited with 0" in out and f"{run}: finished" in out, out[-3000:]

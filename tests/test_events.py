@@ -10,6 +10,7 @@ from test_resume import tensorboard_scalars
 
 from cloudml_lib.commands.runs import train_run
 from cloudml_lib.core.run import events as events_module
+from cloudml_lib.core.run.folder import RunFolder
 
 pytest.importorskip("tensorboard")
 
@@ -110,7 +111,7 @@ def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
 
 
 def test_other_ranks_write_nothing(tmp_path):
-    ev = events_module.Events(tmp_path, None, 0, fresh=True)
+    ev = events_module.Events(RunFolder(tmp_path), None, 0, fresh=True)
     ev.scalars(1, {"train/loss": 1.0})
     ev.text(1, "memory", "x")
     assert ev.mark() == {} and not (tmp_path / "tensorboard").exists()
@@ -165,8 +166,8 @@ def test_each_starts_file_sorts_after_the_earlier_starts_files_whatever_their_pr
     before it. torch names a file by its second and process id: a resume in the same second by a process of a
     lower id (a command run in a notebook's kernel or a test's process after a killed subprocess) was read
     first, and its purge marker dropped nothing while the curves lost steps (test_resume in one process)."""
-    killed = events_module.Events(tmp_path / "run", tmp_path / "a", 0, fresh=True)
-    resumed = events_module.Events(tmp_path / "run", tmp_path / "b", 8, fresh=False)
+    killed = events_module.Events(RunFolder(tmp_path / "run"), tmp_path / "a", 0, fresh=True)
+    resumed = events_module.Events(RunFolder(tmp_path / "run"), tmp_path / "b", 8, fresh=False)
     resumed.started_ns = killed.started_ns + 1  # began after, in the same second
     second = str(killed.started_ns // 10**9)
     names = [

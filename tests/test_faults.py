@@ -27,6 +27,7 @@ from cloudml_lib.core.run.checkpoint import (
     read_meta,
     sha256_file,
 )
+from cloudml_lib.core.run.folder import RunFolder
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def rewrite_state(folder: Path, state) -> None:
 @pytest.mark.slow
 def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(session_runs, tmp_path):
     cfg_file, run = session_runs.cfg, session_runs.copy(session_runs.finished(), tmp_path / "run")
-    final = find_checkpoints(run)[0]
+    final = find_checkpoints(RunFolder(run))[0]
     data = bytearray((final / STATE).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (final / STATE).write_bytes(bytes(data))
@@ -78,7 +79,7 @@ def test_a_corrupted_checkpoint_is_set_aside_and_its_step_committed_again(sessio
 @pytest.mark.slow
 def test_a_checkpoint_without_its_keys_is_rejected_not_a_crash(session_runs, tmp_path):
     cfg_file, run = session_runs.cfg, session_runs.copy(session_runs.killed("step:8"), tmp_path / "run")
-    newest = next(p for p in find_checkpoints(run) if (p / COMMITTED).is_file())
+    newest = next(p for p in find_checkpoints(RunFolder(run)) if (p / COMMITTED).is_file())
     state = torch.load(newest / STATE, weights_only=True)
     del state["config"]
     rewrite_state(newest, state)
@@ -103,7 +104,7 @@ def test_status_verifies_like_resume(session_runs, tmp_path):
     run = session_runs.copy(session_runs.finished(), tmp_path / "run")
     real = status(run)
     fake = run / "checkpoints" / "step-99999999"
-    shutil.copytree(find_checkpoints(run)[0], fake)
+    shutil.copytree(find_checkpoints(RunFolder(run))[0], fake)
     meta = read_meta(fake)
     meta.update(step=999, total_steps=78)
     (fake / META).write_text(json.dumps(meta))

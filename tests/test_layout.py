@@ -212,6 +212,89 @@ def test_no_function_takes_more_than_seven_parameters_without_a_reason():
     assert many - set(MORE_PARAMETERS) == set() and set(MORE_PARAMETERS) - many == set()
 
 
+# A run's folder (a run, a fold, a trial, a cross-validation or a sweep) is the RunFolder (core/run/folder.py;
+# its places, base/layout.py's RunLayout, below core): the library passes that object, and a bare path for a
+# run is taken only where a user or another layer hands one in, each named here with why. The notebooks'
+# helpers (colab/) take the paths the notebooks hold.
+RUN_PATH_TAKERS = {  # "file function": why it takes a bare path for a run
+    "cloudml_lib/commands/api.py load_run": "the Python API: a scientist's path",
+    "cloudml_lib/commands/api.py fit": "the Python API: a scientist's path",
+    "cloudml_lib/commands/api.py evaluate": "the Python API: a Run or a path",
+    "cloudml_lib/commands/api.py predict_flight": "the Python API: a Run or a path",
+    "cloudml_lib/commands/api.py adapt": "the Python API: a Run or a path",
+    "cloudml_lib/commands/api.py read_report": "the Python API: a Run or a path",
+    "cloudml_lib/commands/api.py export": "the Python API: a Run or a path",
+    "cloudml_lib/commands/api.py _folder": "the API's one conversion of what it was given into a RunFolder",
+    "cloudml_lib/core/run/folder.py of": "RunFolder.of: a path made the object, where one comes in",
+    "cloudml_lib/commands/runs.py train_run": "the library's entry to train, as its docs show it",
+    "cloudml_lib/commands/crossval.py crossval": "the library's entry to cross-validate, as its docs show it",
+    "cloudml_lib/science/evaluate.py load_run_model": "the library's entry to a trained model, in the docs",
+    "cloudml_lib/science/evaluate.py evaluate_run": "the library's entry to evaluate, as its docs show it",
+    "cloudml_lib/science/predict.py predict_flights": "the library's entry to predict, as its docs show it",
+    "cloudml_lib/train/loop.py __init__": "Trainer(cfg, run_dir): the library's trainer, as its docs show it",
+    "cloudml_lib/core/run/runfolder.py adopt_run": "a Kind's proof: base/ownership.py knows paths only",
+    "cloudml_lib/core/run/runfolder.py adopt_crossval": "a Kind's proof: base/ownership.py knows paths only",
+    "cloudml_lib/core/run/runfolder.py owned_by_run": "a Kind's rule: base/ownership.py knows paths only",
+    "cloudml_lib/commands/sweep.py adopt_sweep": "a Kind's proof: base/ownership.py knows paths only",
+}
+RUN_PARAMETERS = (
+    "run_dir",
+    "run",
+    "trial_dir",
+    "fold_dir",
+    "model_dir",
+    "sweep_folder",
+    "folder",
+    "where",
+    "path",
+)
+
+
+def takes_a_run_path(node: ast.FunctionDef, run_kinds_callbacks: set[str]) -> bool:
+    """A parameter that is a run's folder given as a path: named for a run (run_dir, run, ...) and annotated
+    with a path type, or unannotated; a generic name (folder, where, path) where its annotation names a run
+    too (RunFolder | str | Path), a `path` where its function does (load_run); a run kind's own proof or
+    rule (Kind(...) below)."""
+    if node.name in run_kinds_callbacks:
+        return True
+    for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+        if a.arg not in RUN_PARAMETERS:
+            continue
+        text = ast.unparse(a.annotation) if a.annotation is not None else ""
+        pathlike = not text or any(t in text for t in ("Path", "str", "PathLike"))
+        named_for_a_run = a.arg in ("run_dir", "run", "trial_dir", "fold_dir", "model_dir", "sweep_folder")
+        of_a_run = "Run" in text or (a.arg == "path" and node.name.endswith("_run"))
+        if pathlike and (named_for_a_run or of_a_run):
+            return True
+    return False
+
+
+def test_a_run_is_passed_as_its_folder_object_and_a_path_comes_in_at_few_doors():
+    """Outside the notebooks' helpers, at most 20 functions take a bare path for a run, each named with why
+    (RUN_PATH_TAKERS); every other function takes the RunFolder (or its RunLayout, below core)."""
+    found = set()
+    for name, p in MODULES.items():
+        if name.startswith("cloudml_lib.colab"):
+            continue
+        tree = ast.parse(p.read_text())
+        callbacks = {  # the proofs and rules of the run kinds (a run, a cross-validation, a sweep)
+            arg.id
+            for call in ast.walk(tree)
+            if isinstance(call, ast.Call)
+            and getattr(call.func, "id", None) == "Kind"
+            and ast.unparse(call.args[0]) in ("'run'", "'cross-validation'", "SWEEP_KIND")
+            for arg in call.args
+            if isinstance(arg, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and takes_a_run_path(
+                node, callbacks
+            ):
+                found.add(f"{p.relative_to(REPO)} {node.name}")
+    assert found - set(RUN_PATH_TAKERS) == set() and set(RUN_PATH_TAKERS) - found == set()
+    assert len(RUN_PATH_TAKERS) <= 20
+
+
 # Imported where they are used, never at a module's top: every process that starts a command (a sweep's
 # trials, torchrun's processes, the notebooks' training runs) imports the commands, and these cost it about
 # 0.7 s of CPU more at each start (matplotlib resolving its backend imported pyplot; scipy came with the

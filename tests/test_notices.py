@@ -25,6 +25,7 @@ from conftest import tiny_raw
 
 from cloudml_lib.base import logs
 from cloudml_lib.colab import live
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.science import plots
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cloudml_lib"
@@ -222,13 +223,15 @@ def test_a_full_disk_is_a_red_problem_and_never_a_saved_checkpoint(tiny_flights,
 def test_a_first_failed_save_names_no_previous_checkpoint_and_a_later_one_names_its_step(tmp_path):
     from cloudml_lib.core.run.checkpoint import COMMITTED, previous_checkpoint_words
 
-    assert previous_checkpoint_words(tmp_path).startswith("no checkpoint of this run has been written yet")
+    assert previous_checkpoint_words(RunFolder(tmp_path)).startswith(
+        "no checkpoint of this run has been written yet"
+    )
     (tmp_path / "checkpoints" / "step-00000006").mkdir(parents=True)  # not committed: does not count
-    assert previous_checkpoint_words(tmp_path).startswith("no checkpoint")
+    assert previous_checkpoint_words(RunFolder(tmp_path)).startswith("no checkpoint")
     done = tmp_path / "checkpoints" / "step-00000003"
     done.mkdir()
     (done / COMMITTED).write_text("x")
-    assert previous_checkpoint_words(tmp_path) == (
+    assert previous_checkpoint_words(RunFolder(tmp_path)) == (
         "the previous checkpoint is intact (step 3): a resume starts from there."
     )
 

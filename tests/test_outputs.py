@@ -7,6 +7,7 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.logs import attach_run_log
 from cloudml_lib.base.outputs import append_text, write_text
 from cloudml_lib.core.run.checkpoint import save_atomic
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import truncate_metrics
 
 
@@ -32,7 +33,7 @@ def linked(tmp_path):
         ("metrics.jsonl", lambda p: truncate_metrics(p, 0)),  # a resume cutting records it will redo
         ("run.json", lambda p: write_text(p, "{}")),
         ("best.pt", lambda p: save_atomic({"model": {}}, p)),
-        ("train.log", lambda p: attach_run_log(p.parent)),
+        ("train.log", lambda p: attach_run_log(RunFolder(p.parent))),
     ],
 )
 def test_a_run_file_that_is_a_symbolic_link_is_refused_and_its_target_untouched(linked, name, write):

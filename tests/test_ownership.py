@@ -20,6 +20,7 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ledger import LEDGER
 from cloudml_lib.base.ownership import MARKER, check, claim, marker_kind
 from cloudml_lib.commands.sweep import SWEEP
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import CROSSVAL, RUN
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -254,7 +255,7 @@ def test_status_calls_another_tools_checkpoints_no_cloudml_run(tmp_path, capsys)
 
     theirs = foreign(tmp_path, "run")
     before = snapshot(theirs)
-    assert run_state(theirs).kind == "none"
+    assert run_state(RunFolder(theirs)).kind == "none"
     assert main(["status", str(theirs)]) == 2
     err = capsys.readouterr().err
     assert f"{theirs} holds a run's names" in err and "is not a CloudML run" in err and "stopped" not in err

@@ -16,6 +16,7 @@ from cloudml_lib import (
 from cloudml_lib.colab import drive, live, training
 from cloudml_lib.colab import picker as picker_mod
 from cloudml_lib.commands import presets
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import is_finished
 from cloudml_lib.data.synthetic import make_demo_flights
 
@@ -87,7 +88,7 @@ def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
     monkeypatch.setenv("CLOUDML_KILL_AT", "step:5")  # a disconnect after the checkpoint at step 3
     run_dir = colab.train(ws, p)
     monkeypatch.delenv("CLOUDML_KILL_AT")
-    assert not is_finished(run_dir) and (run_dir / "checkpoints").is_dir()
+    assert not is_finished(RunFolder(run_dir)) and (run_dir / "checkpoints").is_dir()
 
     move("05Mar25", data, flights)  # Drive has not synced the held-out flight yet
     p = colab.Picker(ws)
@@ -113,7 +114,7 @@ def test_a_remembered_run_keeps_its_flights_whatever_data_holds(
     p = colab.Picker(ws)
     assert p.continuing and p.problem() is None and p.choice().heldout == ["05Mar25"]
     assert "New in data/ since run preset_B started: 07Mar25" in p.note.value
-    assert colab.train(ws, p) == run_dir and is_finished(run_dir)  # continued, not refused
+    assert colab.train(ws, p) == run_dir and is_finished(RunFolder(run_dir))  # continued, not refused
     assert "Run preset_B is finished (2 epochs)</b>" in p.note.value  # the note above follows the run
     assert "Resumed from step" in (run_dir / "train.log").read_text()
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]

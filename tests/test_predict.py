@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.data import preprocess
 from cloudml_lib.science import predict as pr
 from cloudml_lib.science import products
@@ -84,6 +85,12 @@ def test_the_netcdf_file_follows_cf_with_one_value_per_usable_frame(tiny_run_cop
     with netCDF4.Dataset(path) as nc:
         assert nc.model_test_skill.startswith("not evaluated on these weights: evaluation.json scored other")
         assert "model_verdict" not in nc.ncattrs()
+        # nor intervals calibrated on the other weights' errors: intervals.json records whose they are
+        assert nc.interval_method == "none" and nc.interval_calibration_flights == "no intervals"
+        assert np.isnan(np.ma.filled(nc["cloud_base_height_lower"][:], np.nan)).all()
+    from cloudml_lib.science.evaluate import evaluate_run
+
+    assert "intervals" not in evaluate_run(run_dir, write=False)  # evaluate scores them without, as predict
 
 
 def test_a_flight_with_only_ir_and_nav_files_is_predicted(tiny_run, tmp_path):
@@ -238,7 +245,7 @@ def test_provenance_is_in_every_checkpoint_the_report_and_the_netcdf(tiny_run_co
     sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
     best = load_checkpoint(run_dir / "best.pt")
     cfg = config_from_dict(best["config"])
-    committed = [check_folder(p)[1] for p in find_checkpoints(run_dir)]
+    committed = [check_folder(p)[1] for p in find_checkpoints(RunFolder(run_dir))]
     assert committed and all(c is not None for c in committed)
     for ckpt in [best] + committed:
         record = ckpt["provenance"]
@@ -355,7 +362,7 @@ def test_predicts_summary_is_read_back_by_every_reader(tiny_run_copy):
     assert "predictions/summary.json" in assert_reads_back(run_dir)
     counts = RunFiles(run_dir / "predictions").predictions_summary()[flight]
     assert counts["frames"] > 0 and counts["variables"]["cloud_base_height"]["max"] > 0, counts
-    write_report(run_dir)
+    write_report(RunFolder(run_dir))
     assert f"### {flight}" in (run_dir / "report.md").read_text()
 
 

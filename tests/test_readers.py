@@ -30,6 +30,7 @@ from cloudml_lib.base.ownership import MARKER, marker_kind
 from cloudml_lib.commands.study import journal_problem
 from cloudml_lib.commands.sweep import adopt_sweep
 from cloudml_lib.core.run.checkpoint import COMMITTED, META, verify
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runlock import read_lock
 from cloudml_lib.data.cache import _try_open
 from cloudml_lib.data.hashing import read_memo
@@ -161,7 +162,7 @@ def test_a_calibration_given_with_intervals_that_do_not_read_is_refused_by_name(
     (tmp_path / "cv").mkdir()
     (tmp_path / "cv" / "intervals.json").write_text(text)
     with pytest.raises(CloudMLError, match=why) as e:
-        _calibration(tmp_path / "run", tmp_path / "cv")
+        _calibration(RunFolder(tmp_path / "run"), tmp_path / "cv", "0" * 64)
     assert str(tmp_path / "cv" / "intervals.json") in str(e.value) and "--calibration" in str(e.value)
 
 

@@ -8,6 +8,7 @@ from conftest import fit_and_finish
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.core.run.checkpoint import find_checkpoints, load_state
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.train import Trainer
 
 
@@ -61,7 +62,7 @@ def test_oom_halves_the_micro_batch_and_matches_the_run_without_injection(tiny_c
     assert injected.progress.step == reference.progress.step == injected.total_steps
     assert injected.optimizer.param_groups[0]["lr"] == reference.optimizer.param_groups[0]["lr"]
     assert_close(weights(injected), weights(reference), rtol=1e-5, atol=1e-6)
-    saved = load_state(find_checkpoints(tmp_path / "a")[0] / "state.pt")
+    saved = load_state(find_checkpoints(RunFolder(tmp_path / "a"))[0] / "state.pt")
     assert saved["loop"]["micro_batch_size"] == 2
     log = (tmp_path / "a" / "train.log").read_text()
     assert "GPU out of memory at step 0: redoing the batch in micro-batches of 4 (batch size 8" in log

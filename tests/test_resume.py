@@ -15,6 +15,7 @@ import yaml
 from conftest import REPO, run_cli, same_folder_at, tiny_raw
 
 from cloudml_lib.core.run.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.status import run_state
 
 MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}  # the machine, not the math
@@ -61,11 +62,11 @@ def train(cfg, run_dir, *extra, kill_at=None, env=None):
 
 def newest_committed(run_dir):
     """The newest whole checkpoint: a write the kill interrupted may sit above it, uncommitted."""
-    return next(p for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file())
+    return next(p for p in find_checkpoints(RunFolder(run_dir)) if (p / COMMITTED).is_file())
 
 
 def final_state(run_dir):
-    newest = find_checkpoints(run_dir)[0]
+    newest = find_checkpoints(RunFolder(run_dir))[0]
     assert read_meta(newest)["finished"]
     return torch.load(newest / STATE, weights_only=True)
 
@@ -131,8 +132,9 @@ def test_sigkill_then_resume_is_bit_identical(setup, killed, tmp_path, kill_at):
         from cloudml_lib.core.run.status import format_status, run_status
 
         pending = "trained, end pending (not evaluated yet)"
-        assert run_state(run).words == pending and run_row(run, "run")["state"].startswith(pending)
-        assert format_status(run_status(run)).startswith(f"{run}: {pending}: 3 of 3 epochs")
+        assert run_state(RunFolder(run)).words == pending
+        assert run_row(RunFolder(run), "run")["state"].startswith(pending)
+        assert format_status(run_status(RunFolder(run))).startswith(f"{run}: {pending}: 3 of 3 epochs")
     resumed = train(cfg, run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ("Resumed from step" in resumed.stdout) == (kill_at != "step:2")
@@ -300,8 +302,8 @@ def test_checkpoint_carrying_code_is_refused_not_run(setup, killed, tmp_path, mo
 def test_resume_from_a_chosen_checkpoint_sets_newer_ones_aside(setup, killed, tmp_path):
     cfg, ref, _ = setup
     run = killed("step:13", tmp_path / "run")
-    older = find_checkpoints(run)[-1]
-    newer = [p.name for p in find_checkpoints(run) if step_of(p) > step_of(older)]
+    older = find_checkpoints(RunFolder(run))[-1]
+    newer = [p.name for p in find_checkpoints(RunFolder(run)) if step_of(p) > step_of(older)]
     assert newer
     r = train(cfg, run, "--resume", str(older))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -376,7 +378,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(setup, tmp_path):
 
     stopped = re.search(r"Stopped by SIGTERM at step (\d+); checkpoint saved", out)
     assert stopped, out[-2000:]
-    newest = find_checkpoints(run)[0]
+    newest = find_checkpoints(RunFolder(run))[0]
     meta = read_meta(newest)
     # The stop step is on disk; its save says SIGTERM unless a cadence or epoch-end save of that
     # same step came first (a signal just before an epoch end).
@@ -455,7 +457,7 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
     assert (run / "report.md").read_text() == "my own report" and digests() == before
     (run / LEDGER).write_bytes(ledger_before)
     (run / "report.md").write_bytes(mine)
-    assert run_state(run).kind == "finished", run_state(run)
+    assert run_state(RunFolder(run)).kind == "finished", run_state(RunFolder(run))
 
 
 def test_more_or_fewer_epochs_on_resume_are_said_not_warned_of(tiny_config, logs_reach_caplog, caplog):
@@ -512,10 +514,10 @@ def test_a_backup_put_back_over_a_run_that_went_on_continues_from_where_its_best
     assert any(p.name.startswith("superseded-") for p in run.iterdir())
     put_back = same_folder_at(backup, tmp_path / "as_backed_up_there")  # a backup of `run` itself
     shutil.copytree(put_back, run, dirs_exist_ok=True)
-    before = {p.name: (p / STATE).read_bytes() for p in find_checkpoints(run)}
+    before = {p.name: (p / STATE).read_bytes() for p in find_checkpoints(RunFolder(run))}
     r = train()
     said = r.stdout + r.stderr
     assert r.returncode == 2 and "are not listed in the folder's record" in said, said[-2000:]
-    assert {p.name: (p / STATE).read_bytes() for p in find_checkpoints(run)} == before
+    assert {p.name: (p / STATE).read_bytes() for p in find_checkpoints(RunFolder(run))} == before
     named = said.split("the checkpoints after it")[1].split(")")[0]
     assert "step-00000014" in named and "step-00000012" not in named, said[-2000:]  # 12 agrees with best.pt

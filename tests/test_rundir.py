@@ -9,6 +9,7 @@ import yaml
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.liveness import STALE_S
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.resume import compare_configs
 from cloudml_lib.core.run.runlock import RunLock
 
@@ -23,7 +24,7 @@ def test_a_live_trainer_on_this_host_keeps_its_lock(tmp_path):
     try:
         write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid, heartbeat=time.time())
         with pytest.raises(CloudMLError, match=f"in use by another trainer .*pid {proc.pid}"):
-            RunLock(tmp_path).acquire()
+            RunLock(RunFolder(tmp_path)).acquire()
     finally:
         proc.kill()
         proc.wait()
@@ -33,7 +34,7 @@ def test_a_dead_trainers_lock_is_taken_over(tmp_path):
     proc = subprocess.Popen(["true"])
     proc.wait()
     write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid, heartbeat=time.time())
-    lock = RunLock(tmp_path)
+    lock = RunLock(RunFolder(tmp_path))
     lock.acquire()
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == lock.me["pid"]
     lock.release()
@@ -43,9 +44,9 @@ def test_a_dead_trainers_lock_is_taken_over(tmp_path):
 def test_another_runtimes_lock_counts_while_its_heartbeat_is_fresh(tmp_path):
     write_lock(tmp_path, host="colab-vm-old", pid=123, heartbeat=time.time() - 10)
     with pytest.raises(CloudMLError, match="host colab-vm-old"):
-        RunLock(tmp_path).acquire()
+        RunLock(RunFolder(tmp_path)).acquire()
     write_lock(tmp_path, host="colab-vm-old", pid=123, heartbeat=time.time() - STALE_S - 5)
-    lock = RunLock(tmp_path)
+    lock = RunLock(RunFolder(tmp_path))
     lock.acquire()  # the old VM is gone: taken over
     lock.release()
 
@@ -74,7 +75,7 @@ def _acquire_at_once(run_dir, barrier, results):
     from cloudml_lib.base.errors import CloudMLError as Refused
     from cloudml_lib.core.run.runlock import RunLock as Lock
 
-    lock = Lock(run_dir)
+    lock = Lock(RunFolder(run_dir))
     barrier.wait()
     try:
         lock.acquire()
@@ -184,7 +185,7 @@ def test_a_reader_change_on_the_original_files_is_told_apart_from_changed_data(t
     from cloudml_lib.core.run.resume import check_data_fingerprint, recorded_files
 
     run_dir = tiny_run[0]
-    files = recorded_files(run_dir)
+    files = recorded_files(RunFolder(run_dir))
     name = next(iter(files))
     assert files[name] and all(len(h) == 64 for h in files[name].values())
     saved = {name: {"samples": 40, "sha256": "a" * 16}}  # an old checkpoint: no file hashes of its own
@@ -206,7 +207,7 @@ def test_a_lock_naming_no_possible_process_is_taken_over(tmp_path, pid):
     """0 and -1 name groups of processes (os.kill(0, 0) succeeds: the lock was "in use" for ever), 2**31 and
     above overflowed into a traceback: none is a process, so no trainer holds the lock."""
     write_lock(tmp_path, host=socket.gethostname(), pid=pid, heartbeat=time.time())
-    lock = RunLock(tmp_path)
+    lock = RunLock(RunFolder(tmp_path))
     lock.acquire()
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
     lock.release()
@@ -218,9 +219,9 @@ def test_a_same_host_lock_of_the_first_process_counts_only_while_its_heartbeat_i
     with pytest.raises(
         CloudMLError, match=f"taken over automatically {STALE_S:.0f} s after its last heartbeat"
     ):
-        RunLock(tmp_path).acquire()
+        RunLock(RunFolder(tmp_path)).acquire()
     write_lock(tmp_path, host=socket.gethostname(), pid=1, heartbeat=time.time() - STALE_S - 5, started=0.0)
-    lock = RunLock(tmp_path)
+    lock = RunLock(RunFolder(tmp_path))
     lock.acquire()
     lock.release()
 
@@ -232,7 +233,7 @@ def test_a_live_same_host_holder_is_waited_for_in_words_that_hold(tmp_path):
     try:
         write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid)  # an older release's lock: no heartbeat
         with pytest.raises(CloudMLError) as e:
-            RunLock(tmp_path).acquire()
+            RunLock(RunFolder(tmp_path)).acquire()
         words = str(e.value)
         assert f"pid {proc.pid}, a running process of this machine; last heartbeat never" in words
         assert "taken over once that process has ended" in words and "90 s" not in words

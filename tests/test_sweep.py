@@ -11,6 +11,7 @@ from conftest import REPO, assert_reads_back, run_cli, tiny_raw
 
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.commands.space import build_space
+from cloudml_lib.core.run.folder import RunFolder
 
 optuna = pytest.importorskip("optuna")
 SPACE = {
@@ -535,7 +536,7 @@ def test_without_optuna_the_sweep_says_how_to_install_it(files, tmp_path, monkey
     monkeypatch.setattr(builtins, "__import__", no_optuna)
     cfg, space, _, _ = files
     with pytest.raises(ConfigError, match="pip install 'optuna>=4.0'"):
-        sweep_module.sweep(cfg, space, 2, tmp_path / "sweep")
+        sweep_module.sweep(cfg, space, 2, RunFolder(tmp_path / "sweep"))
     assert not (tmp_path / "sweep").exists()
 
 

@@ -18,6 +18,7 @@ from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.colab import expected as expected_mod
 from cloudml_lib.commands import presets
 from cloudml_lib.core.machine import estimate, timing
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.data.synthetic import make_demo_flights
 
 SHAPE = estimate.StepShape((4, 8, 8), False, None, 3, 32, 40)
@@ -98,7 +99,8 @@ def test_the_ends_share_comes_from_the_newest_run_that_recorded_its_end_on_this_
     assert timing.end_share(tmp_path, "CPU (2 threads)", scalars_only=True)[0] == 3.0
     assert timing.end_share(tmp_path, "Tesla T4", scalars_only=True)[0] == timing.END_SHARE_SCALARS
     assert (
-        timing.read_end(tmp_path / "damaged") is None and timing.read_end(tmp_path / "out_of_range") is None
+        timing.read_end(RunFolder(tmp_path / "damaged")) is None
+        and timing.read_end(RunFolder(tmp_path / "out_of_range")) is None
     )
 
 
@@ -140,7 +142,7 @@ def test_the_run_records_its_estimate_beside_what_its_epochs_took(tiny_run):
     """run.json's "measured": the device, the step (as the picker compares it), seconds per step and per
     epoch, peak memory; an earlier run with the same step on this device is then the figure used."""
     run_dir = tiny_run[0]
-    measured = timing.read_measured(run_dir)
+    measured = timing.read_measured(RunFolder(run_dir))
     assert measured is not None and measured["device"] == timing.device_name(torch.device("cpu"))
     assert (
         measured["step_s"] > 0 and measured["epochs_timed"] >= 1 and "peak_rss_gib" in measured["peak_memory"]
@@ -156,7 +158,7 @@ def test_the_run_records_its_estimate_beside_what_its_epochs_took(tiny_run):
     other = dict(measured["signature"], batch=measured["signature"]["batch"] + 1)
     assert timing.from_runs(run_dir.parent, measured["device"], other) is None  # another step
     # the end: its expected time from the run's own epochs, said first, and what it took (issue 65, item 6)
-    end = timing.read_end(run_dir)
+    end = timing.read_end(RunFolder(run_dir))
     assert end is not None and end["device"] == measured["device"] and not end["scalars_only"]
     assert end["took_s"] > 0 and end["expected_s"] > 0 and end["samples"] > 0
     assert end["share"] == pytest.approx(end["took_s"] / (timing.per_sample(measured) * end["samples"]))
@@ -224,7 +226,10 @@ def test_the_picker_measures_each_choice_once_says_measuring_and_the_run_keeps_t
     assert f"measured in your run {run_dir.name}" in q.note.value and len(calls) == 1
     # its end too, and the cross-validation cell's expected time from both, nothing timed again
     assert f"samples read, as measured in your run {run_dir.name})" in q.note.value
-    end, per = timing.read_end(run_dir), timing.per_sample(timing.read_measured(run_dir))
+    end, per = (
+        timing.read_end(RunFolder(run_dir)),
+        timing.per_sample(timing.read_measured(RunFolder(run_dir))),
+    )
     folds = q.crossval_expected()
     assert folds is not None and len(calls) == 1
     assert folds > 3 * (2 * per * 10 + timing.end_seconds(per, end["samples"], end["share"]))  # 3 folds
@@ -364,7 +369,7 @@ def test_a_hand_edited_measurement_is_left_out_by_name(tmp_path, monkeypatch, fi
     info["measured"][field] = value
     (runs / "edited" / "run.json").write_text(json.dumps(info))
     caplog.set_level(logging.WARNING, logger="cloudml_lib.core.machine.timing")
-    assert timing.read_measured(runs / "edited") is None
+    assert timing.read_measured(RunFolder(runs / "edited")) is None
     assert timing.measured_words(runs, rec["device"], rec["sig"]) == "-"
     assert timing.from_runs(runs, rec["device"], rec["sig"]) is None
     assert timing.peak_words(runs, rec["device"], rec["sig"]) is None

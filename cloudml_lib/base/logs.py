@@ -114,7 +114,7 @@ class _RunLogFile(logging.FileHandler):
 
 
 def attach_run_log(
-    run_dir: Path | None = None, console=None, screen: logging.Handler | None = None
+    run: RunLayout | None = None, console=None, screen: logging.Handler | None = None
 ) -> logging.Logger:
     """The package logger prints to the console and, with a run directory, to train.log.
 
@@ -126,8 +126,8 @@ def attach_run_log(
     logger.setLevel(logging.INFO)
     logger.propagate = False
     handlers = []
-    if run_dir is not None:  # first: a train.log that cannot be opened leaves the console's handler as it was
-        file = _RunLogFile(RunLayout(run_dir).log)
+    if run is not None:  # first: a train.log that cannot be opened leaves the console's handler as it was
+        file = _RunLogFile(run.log)
         file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         handlers.append(file)
     for h in [h for h in logger.handlers if getattr(h, "_cloudml", False)]:

@@ -309,6 +309,7 @@ INTERVALS = Obj(
         "mode": OneOf(("pooled", "per_flight")),  # with `group` (each pair's flight) and `flights`
         "group": ListOf(TEXT),
         "flights": ListOf(TEXT),
+        "weights_sha256": TEXT,  # the weights calibrated (checkpoint.weights_sha256); earlier ends: none
     },
     required=("method", "coverage", "n", "source", "pred_km", "true_km"),
 )

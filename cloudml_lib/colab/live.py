@@ -348,7 +348,7 @@ def run_live(cmd: list[str], view: LiveView, env: dict | None = None) -> int:
 
 
 def saved_step(run_dir: Path) -> str:
-    found = find_latest_valid(run_dir, load=False) if run_dir.is_dir() else None
+    found = find_latest_valid(RunFolder(run_dir), load=False) if run_dir.is_dir() else None
     if found is None or not found.meta:
         return "no checkpoint was saved yet, so it starts from the beginning"
     return f"the last checkpoint is at step {found.meta['step']} of {found.meta.get('total_steps', '?')}"

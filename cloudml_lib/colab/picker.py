@@ -47,7 +47,6 @@ from cloudml_lib.commands import presets
 from cloudml_lib.core.machine.timing import Expected, duration
 from cloudml_lib.core.network.compile import plan, this_device
 from cloudml_lib.core.run.folder import RunFolder
-from cloudml_lib.core.run.runfolder import has_run
 
 LAST_RUN = "last_run.json"  # in the CloudML folder (on Drive): the choice the newest run started with
 PRESET_WORDS = {
@@ -116,7 +115,7 @@ def demo_heldout(run_dir: Path) -> list[str]:
 def _status(run_dir: Path) -> dict | None:
     """A run folder's verified status; None when it holds no run or cannot be read."""
     try:
-        return RunFolder.of(run_dir).status() if has_run(run_dir) else None
+        return RunFolder.of(run_dir).status() if RunFolder.of(run_dir).holds_run() else None
     except CloudMLError:
         return None
 

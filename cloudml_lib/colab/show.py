@@ -406,18 +406,19 @@ def show_comparison(folders) -> None:
     metrics, epochs, time, compiled. `folders`: one folder of runs (each run in it) or a list of run
     folders."""
     from cloudml_lib.commands.compare import compare_runs, format_comparison
-    from cloudml_lib.core.run.runfolder import has_run, is_crossval
 
     base = None
     if (
         isinstance(folders, (str, Path))
-        and not has_run(folders)
-        and not is_crossval(folders)
+        and not RunFolder.of(folders).holds_run()
+        and not RunFolder.of(folders).is_crossval()
         and not (Path(folders) / "sweep.json").is_file()
     ):
         base = Path(folders)
         folders = sorted(
-            p for p in base.iterdir() if has_run(p) or is_crossval(p) or (p / "sweep.json").is_file()
+            p
+            for p in base.iterdir()
+            if RunFolder(p).holds_run() or RunFolder(p).is_crossval() or (p / "sweep.json").is_file()
         )
         if not folders:
             show_markdown(f"No runs in {base} yet.")

@@ -55,7 +55,7 @@ def check_run(run_dir: Path | None) -> None:
         return
     log = (RunFolder(run_dir).log).read_text()
     assert "Resumed from step" in log, "the second start did not resume"
-    newest = find_checkpoints(run_dir)[0]
+    newest = find_checkpoints(RunFolder(run_dir))[0]
     assert verify(newest) is None and read_meta(newest)["finished"], (
         f"no finished, verified checkpoint: {newest}"
     )

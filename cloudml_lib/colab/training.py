@@ -34,7 +34,7 @@ from cloudml_lib.core.run.folder import RunFolder
 def continued_flights(ws: Workspace, run_dir: Path) -> RunFlights | None:
     """The flights of a run that has a checkpoint to continue from (None for a new run, one that starts
     from the beginning, or one on the demo flights)."""
-    return run_flights(ws, run_dir) if find_checkpoints(run_dir) else None
+    return run_flights(ws, run_dir) if find_checkpoints(RunFolder(run_dir)) else None
 
 
 def train_command(ws: Workspace, c: Choice) -> list[str]:
@@ -49,7 +49,7 @@ def train_command(ws: Workspace, c: Choice) -> list[str]:
             f"data.flights={json.dumps(pinned.entries)}",
             f"data.test_flights={json.dumps(pinned.heldout)}",
         ]
-    own = demo_folder_of(run_dir) if c.preset == "demo" and find_checkpoints(run_dir) else None
+    own = demo_folder_of(run_dir) if c.preset == "demo" and find_checkpoints(RunFolder(run_dir)) else None
     if own is not None:  # a demo run continues on the demo flights it was trained on
         overrides.append(f"data.dir={own}")
     cmd = command("train", "--config", config, "--run-dir", run_dir)

@@ -88,9 +88,9 @@ def _maybe_place(name: str, value) -> Path | None:
         ) from None
 
 
-def _folder(run, name: str = "run") -> Path:
-    """A run argument: a Run (load_run, fit) or its folder's path."""
-    return run.path if isinstance(run, Run) else _place(name, run)
+def _folder(run, name: str = "run") -> RunFolder:
+    """A run argument: a Run (load_run, fit) or its folder's path, as the RunFolder the library takes."""
+    return RunFolder(run.path if isinstance(run, Run) else _place(name, run))
 
 
 def _flight(flight) -> str | None:
@@ -307,7 +307,7 @@ def read_report(run: Run | str | Path) -> dict:
     cloudml_lib.CloudMLError
         Where the run has no valid evaluation (not finished, or its file damaged): the message says which.
     """
-    folder = RunFolder.of(_folder(run))
+    folder = _folder(run)
     report = folder.files.evaluation()
     if not report:
         raise CloudMLError(

@@ -377,16 +377,17 @@ def _sweep(args) -> int:
     from cloudml_lib.base.ownership import check
     from cloudml_lib.base.resources import config_file
     from cloudml_lib.commands.sweep import SWEEP, sweep
+    from cloudml_lib.core.run.folder import RunFolder
     from cloudml_lib.core.run.runfolder import check_run_writes
 
     check(Path(args.run_dir), SWEEP)  # new, empty or a sweep's own, before anything is written
-    check_run_writes(Path(args.run_dir))
+    check_run_writes(RunLayout(args.run_dir))
     space = args.space or config_file("sweeps/demo.yaml")
     result = sweep(
         config_path(args),
         space,
         args.trials,
-        args.run_dir,
+        RunFolder(args.run_dir),
         _overrides(args),
         rebuild=args.rebuild_study,
         parallel=args.parallel,

@@ -20,7 +20,7 @@ from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.outputs import target, write_text
 from cloudml_lib.base.runfiles import RunFiles, numbered_folders
 from cloudml_lib.core.run.folder import RunFolder
-from cloudml_lib.core.run.runfolder import flatten_keys, has_run, is_crossval
+from cloudml_lib.core.run.runfolder import flatten_keys, fold_models
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,11 @@ def own_epochs(records: list[dict], planned: int | None) -> tuple[list[dict], st
     return kept, "; ".join(notes)
 
 
-def run_row(run: Path, name: str, scores: str = "test") -> dict:
+def run_row(run: RunFolder, name: str, scores: str = "test") -> dict:
     """One training run (or a sweep trial's run); its damaged files named in "damaged". `scores`: which of
     its numbers the row shows: the test flights' (pooled where there are several: run_rows adds a row per
     flight) or, for a sweep's trial, the validation data's that chose it."""
-    files = RunFiles(run)
+    files = RunFiles(run.path)
     config, records = files.config(), files.metrics()
     planned = ((config or {}).get("train") or {}).get("epochs")
     epochs, odd = own_epochs(records, planned if isinstance(planned, int) else None)
@@ -80,9 +80,7 @@ def run_row(run: Path, name: str, scores: str = "test") -> dict:
     overall = (validation if scores == "validation" and validation else evaluation.get("overall")) or final
     trial = files.trial()
     # a sweep trial's own state (complete, pruned, failed, running), else the run's (status.run_state)
-    state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(
-        RunFolder.of(run).state()
-    )
+    state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run.state())
     scored_on = "validation" if scores == "validation" and validation else held_out(evaluation, config)
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"
@@ -136,7 +134,7 @@ def frames_beyond(evaluation: dict, flight: str | None) -> str | None:
     return "nothing" if not v["frames_add"] else "add" + ("" if skill is None else f" {skill:+.2f}")
 
 
-def run_rows(run: Path, name: str) -> list[dict]:
+def run_rows(run: RunFolder, name: str) -> list[dict]:
     """A run's rows: each test flight's numbers, then the pooled ones, named so, where it has several test
     flights; one row where it has one."""
     row = run_row(run, name)
@@ -153,12 +151,12 @@ def run_rows(run: Path, name: str) -> list[dict]:
     return flights + [{**row, "run": f"{name}: pooled", "held_out": f"pooled over {row['held_out']}"}]
 
 
-def crossval_row(folder: Path, name: str) -> dict:
+def crossval_row(folder: RunFolder, name: str) -> dict:
     """A cross-validation: the mean over its folds."""
-    files = RunFiles(folder)
+    files = RunFiles(folder.path)
     result = files.crossval()
-    folds = sorted(p / "model" for p in (folder / "folds").glob("*") if (p / "model").is_dir())
-    rows = [run_row(f, name) for f in folds]
+    folds = fold_models(folder)
+    rows = [run_row(RunFolder(f), name) for f in folds]
     first = rows[0] if rows else {"config": None, "compiled": "no"}
     model = result.get("summary", {}).get("model", {})
     skill = (result.get("summary", {}).get("skill_vs_best_baseline") or {}).get("mean")
@@ -172,7 +170,7 @@ def crossval_row(folder: Path, name: str) -> dict:
         + f" ({len(folds)} folds, mean"
         + (", chosen on each test flight: CloudML 0.2)" if legacy else ")"),
         # crossval.json is written when the last fold ends: there, finished (its damage named beside)
-        "state": "finished" if (folder / "crossval.json").exists() else "stopped (resumable)",
+        "state": "finished" if (folder.path / "crossval.json").exists() else "stopped (resumable)",
         "note": "",
         "epochs": f"{len(folds)} folds",
         "metrics": {k: (model.get(k) or {}).get("mean") for k, _ in METRIC_COLUMNS},
@@ -194,20 +192,21 @@ def _folds_frames(said: list[str | None]) -> str | None:
     return f"add on {sum(s.startswith('add') for s in known)} of {len(known)} folds"
 
 
-def trial_rows(folder: Path, name: str) -> list[dict]:
+def trial_rows(folder: RunFolder, name: str) -> list[dict]:
     """A row per trial folder (trials/<number>), its state and note from trial.json."""
     rows = []
-    legacy = "protocol" not in (RunFiles(folder).sweep() or {"protocol": None})
-    for t in numbered_folders(folder / "trials"):
-        label = str(Path(name) / "trials" / t.name)
+    legacy = "protocol" not in (RunFiles(folder.path).sweep() or {"protocol": None})
+    for trial in numbered_folders(folder.path / "trials"):
+        t = RunFolder(trial)
+        label = str(Path(name) / "trials" / trial.name)
         row = (
             crossval_row(t, label)
-            if is_crossval(t)
+            if t.is_crossval()
             else run_row(t, label, "test" if legacy else "validation")
         )
         row.pop("per_flight", None)
         row.pop("flight_skill", None)
-        files = RunFiles(t)
+        files = RunFiles(trial)
         info = files.trial()
         row["state"] = {"complete": "finished"}.get(info.get("state"), info.get("state") or row["state"])
         row["note"] = info.get("note") or row["note"]
@@ -221,12 +220,12 @@ def compare_runs(folders: list[RunFolder | str | Path]) -> list[dict]:
     folder holding none is refused by name."""
     rows = []
     for f in folders:
-        folder = Path(f)
-        if (folder / "sweep.json").exists():
+        folder = RunFolder.of(f)
+        if (folder.path / "sweep.json").exists():
             rows += trial_rows(folder, str(f)) or [empty_sweep_row(folder, str(f))]
-        elif is_crossval(folder):
+        elif folder.is_crossval():
             rows.append(crossval_row(folder, str(f)))
-        elif has_run(folder):
+        elif folder.holds_run():
             rows += run_rows(folder, str(f))
         else:
             raise CloudMLError(
@@ -236,9 +235,9 @@ def compare_runs(folders: list[RunFolder | str | Path]) -> list[dict]:
     return rows
 
 
-def empty_sweep_row(folder: Path, name: str) -> dict:
+def empty_sweep_row(folder: RunFolder, name: str) -> dict:
     """A sweep without a trial folder yet: one row that says so (and whether its sweep.json reads)."""
-    files = RunFiles(folder)
+    files = RunFiles(folder.path)
     files.sweep()
     return {
         "run": name,
@@ -381,7 +380,7 @@ def metric_words(metric: str) -> str:
     return dict(METRIC_COLUMNS).get(metric, metric)
 
 
-def best_verdict(trial_dir: Path, space) -> str | None:
+def best_verdict(trial: RunFolder, space) -> str | None:
     """The best trial's test score, reported once (it was chosen on its validation score; no trial was chosen
     on a test flight), and judged as a run is (science.report.verdict); None where it has none (a
     cross-validation objective: crossval.md holds its folds, or not evaluated)."""
@@ -389,7 +388,7 @@ def best_verdict(trial_dir: Path, space) -> str | None:
 
     if space.objective == "crossval":
         return None
-    report = RunFiles(trial_dir).evaluation()
+    report = RunFiles(trial.path).evaluation()
     said = verdict(with_verdict(report)) if report else None
     if not said:
         return None
@@ -463,7 +462,7 @@ def _optuna_figure(kind: str, study, path: Path, metric: str) -> str | None:
     return None
 
 
-def write_sweep_report(study, run_dir: Path, space) -> Path:
+def write_sweep_report(study, folder: RunFolder, space) -> Path:
     """report.md: the objective, the best trial, the trials table and Optuna's two plots."""
     summary = sweep_summary(study, space)
     finished = complete_trials(study)
@@ -472,7 +471,7 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
         "validation": "trials' validation data (never a test flight)",
     }.get(space.objective, "test flights (objective held_out: a sweep of CloudML 0.2, chosen on them)")
     lines = [
-        f"# Sweep {run_dir.name}",
+        f"# Sweep {folder.path.name}",
         "",
         f"Objective: {metric_words(space.metric)} ({space.metric}), "
         f"{'lower' if space.direction == 'minimize' else 'higher'} is better, on the {scored_on}; "
@@ -488,18 +487,18 @@ def write_sweep_report(study, run_dir: Path, space) -> Path:
             f"{b['value']:.4g}, with " + ", ".join(f"{k} = {_cell(v)}" for k, v in b["params"].items()) + ".",
             "",
         ]
-        said = best_verdict(run_dir / "trials" / str(b["number"]), space)
+        said = best_verdict(RunFolder(folder.path / "trials" / str(b["number"])), space)
         lines += [said, ""] if said else []
-    lines += ["## Trials", "", format_comparison(trial_rows(run_dir, "."))]
+    lines += ["## Trials", "", format_comparison(trial_rows(folder, "."))]
     lines += ["", "## Optimisation history", ""]
-    reason = _optuna_figure("history", study, run_dir / "plots" / "optimization_history.png", space.metric)
+    reason = _optuna_figure("history", study, folder.plots / "optimization_history.png", space.metric)
     lines.append(reason or "![optimisation history](plots/optimization_history.png)")
     lines += ["", "## Importance of each parameter", ""]
     reason = (
-        _optuna_figure("importance", study, run_dir / "plots" / "param_importances.png", space.metric)
+        _optuna_figure("importance", study, folder.plots / "param_importances.png", space.metric)
         if len(finished) >= MIN_FOR_IMPORTANCE
         else f"Not drawn yet: it needs {MIN_FOR_IMPORTANCE} finished trials "
         f"(not pruned), this sweep has {len(finished)}."
     )
     lines.append(reason or "![parameter importances](plots/param_importances.png) (fANOVA, seed 0)")
-    return write_text(target(run_dir / "report.md"), "\n".join(lines) + "\n")
+    return write_text(target(folder.path / "report.md"), "\n".join(lines) + "\n")

@@ -196,8 +196,8 @@ def fold_words(groups: dict[str, list[str]]) -> str:
     )
 
 
-def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dict | None = None) -> dict:
-    fold_dir = Path(run_dir) / "folds" / held
+def run_fold(cfg: Config, folder: RunFolder, held: str, controls: bool, started: dict | None = None) -> dict:
+    fold_dir = folder.path / "folds" / held
     model_cfg = fold_config(cfg, held, started=started)
     if model_cfg.data.test_flights == [held]:
         log.info("Fold %s: %s is the test flight; training and validating on the other flights", held, held)
@@ -238,15 +238,15 @@ def run_fold(cfg: Config, run_dir: Path, held: str, controls: bool, started: dic
 
 
 def run_folds(
-    cfg: Config, run_dir: Path, names: list[str], controls: bool, started: dict, parallel: int
+    cfg: Config, folder: RunFolder, names: list[str], controls: bool, started: dict, parallel: int
 ) -> dict:
     """The folds `names`, one after another, or `parallel` at once, one worker process each (their caches
     built here first: a cache has no lock of its own, and two workers must not build one at once)."""
     if parallel <= 1:
-        return {name: run_fold(cfg, run_dir, name, controls, started) for name in names}
+        return {name: run_fold(cfg, folder, name, controls, started) for name in names}
     load_caches(cfg.data)
     done = {}
-    with Workers(parallel, cfg.train.device, "folds", fold_worker, (cfg, run_dir, controls, started)) as w:
+    with Workers(parallel, cfg.train.device, "folds", fold_worker, (cfg, folder, controls, started)) as w:
         for name in names:
             w.put(name, name)
         while len(done) < len(names):
@@ -256,16 +256,16 @@ def run_folds(
     return {name: done[name] for name in names}
 
 
-def fold_worker(place, jobs, results, cfg: Config, run_dir: Path, controls: bool, started: dict) -> None:
+def fold_worker(place, jobs, results, cfg: Config, folder: RunFolder, controls: bool, started: dict) -> None:
     """A worker process of a parallel cross-validation: fold after fold, each job its test flight's name."""
-    serve(place, jobs, results, lambda: lambda held: run_fold(cfg, run_dir, held, controls, started))
+    serve(place, jobs, results, lambda: lambda held: run_fold(cfg, folder, held, controls, started))
 
 
-def read_fold(run_dir: Path, held: str) -> dict:
+def read_fold(folder: RunFolder, held: str) -> dict:
     """A fold another process trained: its fold.json, checked."""
     from cloudml_lib.base.runfiles import RunFiles
 
-    files = RunFiles(Path(run_dir) / "folds" / held)
+    files = RunFiles(folder.path / "folds" / held)
     result = files.fold()
     if result is None:
         raise DataError(
@@ -393,10 +393,10 @@ def _nanstd(values) -> float | None:
     return float(np.std(v)) if v else None
 
 
-def fold_pairs(run_dir: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
+def fold_pairs(folder: RunFolder, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(predicted, true) km of the test samples with a height of one fold, from its predictions.csv."""
     pred, true = [], []
-    with open(Path(run_dir) / "folds" / name / "model" / "predictions.csv", newline="") as f:
+    with open(folder.path / "folds" / name / "model" / "predictions.csv", newline="") as f:
         for row in csv.DictReader(f):
             if row["true_km"] and row["pred_km"]:
                 pred.append(float(row["pred_km"]))
@@ -404,28 +404,29 @@ def fold_pairs(run_dir: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(pred), np.asarray(true)
 
 
-def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
+def interval_step(folder: RunFolder, names: list[str], coverage: float) -> dict:
     """Measure every interval method on flights never seen, choose one, and write the calibrations: the
     cross-validation's (all folds) and each fold model's (the other folds)."""
-    by_flight = {name: fold_pairs(run_dir, name) for name in names}
+    by_flight = {name: fold_pairs(folder, name) for name in names}
     result = intervals.leave_one_flight_out(by_flight, coverage)
     if result["chosen"]:
         everything = [np.concatenate(x) for x in zip(*by_flight.values())]
         groups = np.concatenate([[n] * len(v[0]) for n, v in by_flight.items()])
         intervals.save(
-            run_dir,
+            folder,
             intervals.calibrate(
                 *everything,
                 result["chosen"],
                 coverage,
-                f"leave-one-flight-out residuals of {len(names)} flights (cross-validation {run_dir.name})",
+                f"leave-one-flight-out residuals of {len(names)} flights "
+                f"(cross-validation {folder.path.name})",
                 groups=groups,
             ),
         )
         for name in names:
             others = [np.concatenate(x) for x in zip(*(v for k, v in by_flight.items() if k != name))]
             intervals.save(
-                run_dir / "folds" / name / "model",
+                RunFolder(folder.path / "folds" / name / "model"),
                 intervals.calibrate(
                     *others,
                     result["chosen"],
@@ -437,22 +438,22 @@ def interval_step(run_dir: Path, names: list[str], coverage: float) -> dict:
     return result
 
 
-def across_folds(cfg: Config, run_dir: Path, names: list[str], started: dict, result: dict) -> None:
+def across_folds(cfg: Config, folder: RunFolder, names: list[str], started: dict, result: dict) -> None:
     """Into `result`: the pooled metrics, the intervals on each flight never seen (interval_step), then each
     test flight's adaptation curve (adaptation_step; after the intervals: its N = 0 keeps each fold's
     calibration from the other folds)."""
-    pairs = [fold_pairs(run_dir, n) for n in names]
+    pairs = [fold_pairs(folder, n) for n in names]
     result["pooled"] = regression_metrics(
         np.concatenate([t for _, t in pairs]), np.concatenate([p for p, _ in pairs])
     )
-    result["intervals"] = interval_step(run_dir, names, cfg.train.interval_coverage)
+    result["intervals"] = interval_step(folder, names, cfg.train.interval_coverage)
     result["verdicts"] += result["intervals"]["verdicts"]
     if cfg.train.adaptation_labels:
-        result["adaptation"] = adaptation_step(cfg, run_dir, names, started)
+        result["adaptation"] = adaptation_step(cfg, folder, names, started)
         result["verdicts"] += result["adaptation"]["verdicts"]
 
 
-def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dict:
+def fold_adaptation(cfg: Config, folder: RunFolder, held: str, started: dict) -> dict:
     """The adaptation curve (science/adapt.py) of each of one fold's test flights (flight -> record), for the
     fold's trained model with the baselines fitted on the fold's training part; a fold that cannot be adapted
     says why (`error`)."""
@@ -461,7 +462,7 @@ def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dic
     from cloudml_lib.science.adapt import curve_words, flight_curve, too_few
     from cloudml_lib.science.evaluate import load_run_model
 
-    model = RunFolder(Path(run_dir) / "folds" / held / "model")
+    model = RunFolder(folder.path / "folds" / held / "model")
     counts = {
         f: (m or {}).get("n") for f, m in ((model.files.evaluation() or {}).get("per_flight") or {}).items()
     }
@@ -484,11 +485,11 @@ def fold_adaptation(cfg: Config, run_dir: Path, held: str, started: dict) -> dic
     return out
 
 
-def adaptation_step(cfg: Config, run_dir: Path, names: list[str], started: dict) -> dict:
+def adaptation_step(cfg: Config, folder: RunFolder, names: list[str], started: dict) -> dict:
     """Every fold's adaptation curve, and per N the mean over the flights that show it of the network's MAE
     and of the best adapted baseline's on the part scored, with how many flights call it better, level or
     worse (science/adapt.py)."""
-    per_flight = {f: r for n in names for f, r in fold_adaptation(cfg, run_dir, n, started).items()}
+    per_flight = {f: r for n in names for f, r in fold_adaptation(cfg, folder, n, started).items()}
     summary, verdicts = [], []
     for n in [0, *sorted(set(cfg.train.adaptation_labels))]:
         points = [p for f in per_flight.values() for p in f["curve"] if p["n"] == n]
@@ -719,14 +720,14 @@ def _interval_lines(iv: dict | None) -> list[str]:
     return lines
 
 
-def started_settings(run_dir: Path) -> dict:
+def started_settings(folder: RunFolder) -> dict:
     """The settings a cross-validation started by an earlier release keeps in the folds still to run: those
     its first fold's stored config lacks, with the meaning they had then (absent_settings; one started by
     CloudML 0.2 lacks data.validation: its folds chose on their test flight, and the rest continue so). {}
     for a cross-validation started today."""
     from cloudml_lib.base.runfiles import RunFiles
 
-    for model in sorted((Path(run_dir) / "folds").glob("*/model")):
+    for model in sorted((folder.path / "folds").glob("*/model")):
         config = RunFiles(model).config()
         if config is not None:
             return absent_settings(config)
@@ -742,7 +743,6 @@ def crossval(
     trained at once on this machine, one worker process each (trialpool.py). `adapt`: the adaptation curves
     (train.adaptation_labels; a sweep's trials leave them out: they choose nothing)."""
     folder = RunFolder.of(folder)
-    run_dir = folder.path
     folder.check_kind(CROSSVAL, trains=True, command="crossval")
     cfg = with_demo_flights(cfg, SINGLE if dist is None else dist)  # torchrun's group is not up yet
     cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own test flight
@@ -756,13 +756,13 @@ def crossval(
     workers = dist or init_distributed(cfg.train.device, backend="gloo", timeout=timedelta(days=2))
     try:
         if workers.is_main:
-            claim(run_dir, CROSSVAL)  # made (or adopted) and marked before any fold writes into it
-            ledger.add(run_dir / "folds")  # the folds' folder is CloudML's, with what the folds write in it
+            claim(folder.path, CROSSVAL)  # made (or adopted) and marked before any fold writes into it
+            ledger.add(folder.path / "folds")  # the folds' folder is CloudML's, with what they write in it
         workers.barrier()
         if workers.active:
             workers.main_first(lambda: load_caches(cfg.data))  # no two processes build one cache
         mine = names[workers.rank :: workers.world]
-        started = started_settings(run_dir)
+        started = started_settings(folder)
         # started by CloudML 0.2, or a trial of a sweep it started: its protocol throughout
         legacy = LEGACY_VALIDATION in (started.get("data.validation"), cfg.data.validation)
         log.info("Cross-validation %s", fold_words(groups))  # the notebook's view reads it (colab/live.py)
@@ -770,14 +770,14 @@ def crossval(
             log.info("%s", protocol_words(LEGACY_VALIDATION))
         if workers.active:
             log.info("Process %d of %d: folds %s", workers.rank, workers.world, ", ".join(mine) or "none")
-        done = run_folds(cfg, run_dir, mine, controls, started, parallel)
+        done = run_folds(cfg, folder, mine, controls, started, parallel)
         workers.barrier()
     finally:
         if dist is None:
             workers.close()
     if not workers.is_main:
         return {}
-    folds = {name: done[name] if name in done else read_fold(run_dir, name) for name in names}
+    folds = {name: done[name] if name in done else read_fold(folder, name) for name in names}
     folds = {name: with_baselines(cfg, name, f, started) for name, f in folds.items()}
     result = {
         "protocol": LEGACY_VALIDATION if legacy else "nested",
@@ -788,12 +788,12 @@ def crossval(
         "warnings": [w for f in folds.values() for w in f["warnings"]],
     }
     across_folds(
-        cfg if adapt else derive(cfg, {"train.adaptation_labels": []}), run_dir, names, started, result
+        cfg if adapt else derive(cfg, {"train.adaptation_labels": []}), folder, names, started, result
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir / "crossval.json", json.dumps(json_safe(result), indent=1))
-    write_text(target(run_dir / "crossval.md"), format_markdown(result))
-    write_report(run_dir)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    write_text(folder.path / "crossval.json", json.dumps(json_safe(result), indent=1))
+    write_text(target(folder.path / "crossval.md"), format_markdown(result))
+    write_report(folder)
     log.info("Cross-validation:\n%s", format_markdown(result))
     for w in result["warnings"]:
         log.warning("%s", w)

@@ -37,7 +37,6 @@ from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import (
     CROSSVAL,
     RUN,
-    is_crossval,
 )
 
 log = logging.getLogger(__name__)
@@ -50,9 +49,9 @@ SAVED = "saved.json"  # beside the local journal
 class StudyFile:
     """The study's journal on local disk and its copy in the sweep folder."""
 
-    def __init__(self, run_dir: Path):
-        self.copy = Path(run_dir) / JOURNAL
-        key = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    def __init__(self, sweep_folder: RunFolder):
+        self.copy = sweep_folder.path / JOURNAL
+        key = hashlib.sha1(str(sweep_folder.path.resolve()).encode()).hexdigest()[:12]
         self.local = Path(tempfile.gettempdir()) / f"cloudml-sweep-{key}" / JOURNAL
         # the size and sha256 of the copy this machine last wrote (or restored from): the local journal
         # continues the copy there only where the copy is still that one
@@ -207,7 +206,9 @@ def load_study(optuna, store: StudyFile, space: Space):
     except Exception as e:  # noqa: BLE001 - any failure to replay the file is the file's damage
         raise CloudMLError(
             lost_study_message(
-                f"{store.copy} is damaged (Optuna cannot replay it: {shown(e)})", store.copy.parent, 0
+                f"{store.copy} is damaged (Optuna cannot replay it: {shown(e)})",
+                RunFolder(store.copy.parent),
+                0,
             )
         ) from None
 
@@ -223,18 +224,18 @@ def behind_folders(study, folders: list[Path]) -> str | None:
     return None
 
 
-def lost_study_message(problem: str, run_dir: Path, n_folders: int) -> str:
+def lost_study_message(problem: str, sweep_folder: RunFolder, n_folders: int) -> str:
     held = f"its {n_folders} trial folder(s)" if n_folders else "its trial folders"
     return (
         f"{problem}. The journal is the sweep's memory of its trials: a new study would run trials again, "
         f"with other values, and report different results. Restore {JOURNAL} (from a copy, or Drive's "
         f"version history), or run the same command with --rebuild-study to rebuild the study from {held} in "
-        f"{run_dir / 'trials'} (each trial's values, state and result from trial.json, its epoch scores from "
-        "metrics.jsonl). Nothing was changed."
+        f"{sweep_folder.path / 'trials'} (each trial's values, state and result from trial.json, its epoch "
+        "scores from metrics.jsonl). Nothing was changed."
     )
 
 
-def rebuild_study(optuna, store: StudyFile, run_dir: Path, space: Space):
+def rebuild_study(optuna, store: StudyFile, sweep_folder: RunFolder, space: Space):
     """A new study holding the trials of the sweep folder, in their order (the sampler then draws what it
     would have drawn: it sees the same history); a missing trial number is a failed trial."""
     store.local.parent.mkdir(parents=True, exist_ok=True)
@@ -245,19 +246,20 @@ def rebuild_study(optuna, store: StudyFile, run_dir: Path, space: Space):
         direction=space.direction,
         pruner=make_pruner(optuna, space),
     )
-    folders = sweep_trials(run_dir)
+    folders = sweep_trials(sweep_folder)
     for number in range(max(folders, default=-1) + 1):
-        study.add_trial(rebuilt_trial(optuna, folders.get(number), space))
-    log.warning("Study rebuilt from %d trial folder(s) in %s", len(folders), run_dir / "trials")
+        found = folders.get(number)
+        study.add_trial(rebuilt_trial(optuna, None if found is None else RunFolder(found), space))
+    log.warning("Study rebuilt from %d trial folder(s) in %s", len(folders), sweep_folder.path / "trials")
     return study
 
 
-def sweep_trials(run_dir: Path) -> dict[int, Path]:
+def sweep_trials(sweep_folder: RunFolder) -> dict[int, Path]:
     """The trial folders that are this sweep's (trials/<n> whose trial.json names trial n, or that carry
     CloudML's run marker), by number. A folder of another number or of other things is not a trial: it is
     named and left as it is, and it never stands for trials that did not run (the numbers between)."""
     own, strays = {}, []
-    for folder in numbered_folders(Path(run_dir) / "trials"):
+    for folder in numbered_folders(sweep_folder.path / "trials"):
         info = RunFiles(folder).trial()
         if info.get("number") == int(folder.name) or any(is_marked(folder, k.name) for k in (RUN, CROSSVAL)):
             own[int(folder.name)] = folder
@@ -266,13 +268,13 @@ def sweep_trials(run_dir: Path) -> dict[int, Path]:
     if strays:
         log.warning(
             "%s holds folders that are no trial of this sweep (%s): left as they are, not counted",
-            Path(run_dir) / "trials",
+            sweep_folder.path / "trials",
             ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else ""),
         )
     return own
 
 
-def rebuilt_trial(optuna, folder: Path | None, space: Space):
+def rebuilt_trial(optuna, trial: RunFolder | None, space: Space):
     """One trial from its folder: trial.json's values, state, result and note; metrics.jsonl's epoch
     scores."""
     states = {
@@ -281,17 +283,17 @@ def rebuilt_trial(optuna, folder: Path | None, space: Space):
         "pruned": optuna.trial.TrialState.PRUNED,
         "failed": optuna.trial.TrialState.FAIL,
     }
-    files = RunFiles(folder) if folder is not None else None
+    files = RunFiles(trial.path) if trial is not None else None
     info = files.trial() if files is not None else {}
     lost = optuna.trial.create_trial(
         state=optuna.trial.TrialState.FAIL,
         user_attrs={
-            "note": f"lost: {'no folder' if folder is None else 'its trial.json is missing or damaged'}"
+            "note": f"lost: {'no folder' if trial is None else 'its trial.json is missing or damaged'}"
         },
     )
-    if not info:
+    if not info or trial is None:
         return lost
-    reports = {} if is_crossval(folder) else epoch_reports(files, space.metric)
+    reports = {} if trial.is_crossval() else epoch_reports(files, space.metric)
     try:
         return optuna.trial.create_trial(
             state=states[info["state"]],
@@ -305,7 +307,7 @@ def rebuilt_trial(optuna, folder: Path | None, space: Space):
             user_attrs={"note": info["note"]} if info.get("note") else {},
         )
     except (ValueError, TypeError) as e:  # values outside the space: not this sweep's trial
-        log.warning("%s cannot be rebuilt (%s): counted as failed", RunFolder(folder).trial, shown(e))
+        log.warning("%s cannot be rebuilt (%s): counted as failed", trial.trial, shown(e))
         return lost
 
 

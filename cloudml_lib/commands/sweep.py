@@ -135,16 +135,16 @@ def require_optuna():
     return optuna
 
 
-def check_sweep_folder(run_dir: Path, record: dict) -> None:
+def check_sweep_folder(folder: RunFolder, record: dict) -> None:
     """A sweep folder is not a run's; a sweep started again keeps its config and space (more trials may be
     asked for)."""
-    check(run_dir, SWEEP)  # CloudML's own folder, or an earlier sweep's that verifies
-    if has_run(run_dir) or is_crossval(run_dir):
+    check(folder.path, SWEEP)  # CloudML's own folder, or an earlier sweep's that verifies
+    if has_run(folder) or is_crossval(folder):
         raise CloudMLError(
-            f"{run_dir} holds a training run or cross-validation, not a sweep; choose another "
+            f"{folder} holds a training run or cross-validation, not a sweep; choose another "
             "--run-dir for the sweep. Nothing was changed."
         )
-    files = RunFiles(run_dir)
+    files = RunFiles(folder.path)
     saved = files.sweep()
     if files.damaged:
         raise ConfigError(
@@ -160,7 +160,7 @@ def check_sweep_folder(run_dir: Path, record: dict) -> None:
     moved = [k for k, _, _ in _differences(saved["config"], record["config"], "config") if k in locations]
     if moved:
         log.info("%s: the sweep's %s moved since it started; its trials check their flights by content",
-                 run_dir, ", ".join(k.removeprefix("config.") for k in moved))  # fmt: skip
+                 folder, ", ".join(k.removeprefix("config.") for k in moved))  # fmt: skip
     diffs = [
         f"{k} (sweep {a!r}, now {b!r})"
         for part in ("config", "space")
@@ -169,7 +169,7 @@ def check_sweep_folder(run_dir: Path, record: dict) -> None:
     ]
     if diffs:
         raise ConfigError(
-            f"{run_dir} is a sweep with other settings: {'; '.join(diffs)}. Its trials would not be "
+            f"{folder} is a sweep with other settings: {'; '.join(diffs)}. Its trials would not be "
             "comparable: use the same config and space to continue it, or another --run-dir for a "
             "new sweep. Nothing was changed."
         )
@@ -275,19 +275,18 @@ class Pruning:
         return next(t for t in self.trial.study.get_trials(deepcopy=False) if t.number == self.trial.number)
 
 
-def objective_value(space: Space, cfg, trial_dir: Path, pruning: Pruning, dist: Dist) -> float:
+def objective_value(space: Space, cfg, trial: RunFolder, pruning: Pruning, dist: Dist) -> float:
     """The trial's metric on its validation data (the mean over the nested folds' validation data for
     objective crossval; on the test flights for a sweep of CloudML 0.2, objective held_out); its run resumes
     from its own checkpoint. No test flight decides a new sweep's best trial."""
     if space.objective == "crossval":
         from cloudml_lib.commands.crossval import crossval
 
-        result = crossval(cfg, trial_dir, controls=False, dist=dist, adapt=False)
+        result = crossval(cfg, trial, controls=False, dist=dist, adapt=False)
         return dist.from_main(crossval_value(result, space.metric) if dist.is_main else None)
     from cloudml_lib.commands.runs import run_to_end
-    from cloudml_lib.core.run.folder import RunFolder
 
-    report = run_to_end(cfg, RunFolder(trial_dir), "auto", dist, after_epoch=pruning)
+    report = run_to_end(cfg, trial, "auto", dist, after_epoch=pruning)
     if space.objective == LEGACY_OBJECTIVE:
         return report["overall"][space.metric]
     return (report.get("validation") or {}).get("pooled", {}).get(space.metric)
@@ -315,7 +314,7 @@ class SweepRun:
     space: Space
     base: dict
     n_trials: int
-    run_dir: Path
+    folder: RunFolder
     dist: Dist
     started: dict  # what a sweep started by an earlier release keeps in its new trials (started_settings)
 
@@ -326,7 +325,7 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     number). A stop, a full disk or an unexpected error stops the sweep with the trial left running, to be
     resumed."""
     optuna, space, dist = sw.optuna, sw.space, sw.dist
-    trial_dir = sw.run_dir / "trials" / str(number)
+    trial_run = RunFolder(sw.folder.path / "trials" / str(number))
     try:
         cfg = build_config(trial_raw(sw.base, params), source=f"trial {number}'s config")
         if sw.started:  # a sweep of an earlier release goes on under its protocol and settings
@@ -334,14 +333,14 @@ def run_trial(sw: SweepRun, trial, number: int, params: dict) -> tuple[str, floa
     except ConfigError as e:
         return "failed", None, str(e)
     if dist.is_main:
-        claim(trial_dir, trial_kind(space))  # the trial's folder, marked before trial.json goes into it
+        claim(trial_run.path, trial_kind(space))  # the trial's folder, marked before trial.json goes into it
         write_text(
-            RunFolder(trial_dir).trial,
+            trial_run.trial,
             json.dumps(json_safe({"number": number, "params": params, "state": "running"}), indent=1),
         )
     try:
         pruning = Pruning(optuna, trial, space, sw.store, dist, cfg.train.epochs)
-        value = objective_value(space, cfg, trial_dir, pruning, dist)
+        value = objective_value(space, cfg, trial_run, pruning, dist)
     except optuna.TrialPruned as e:
         return "pruned", None, str(e)
     except TransientError:  # a full disk: the sweep stops, the trial left running resumes when run again
@@ -357,7 +356,7 @@ def sweep(
     config: str | Path,
     space_path: str | Path,
     n_trials: int,
-    run_dir: str | Path,
+    folder: RunFolder,
     overrides: list[str] | tuple = (),
     dist: Dist | None = None,
     rebuild: bool = False,
@@ -366,7 +365,6 @@ def sweep(
     """Run (or continue) a sweep of `n_trials` trials; returns {"best": ..., "trials": [...]} on rank 0.
     `rebuild`: a lost or damaged study.journal is rebuilt from the trial folders (else refused). `parallel`:
     how many trials run at once, one per process (trialpool.py); 1 runs them one after another."""
-    run_dir = Path(run_dir)
     base = apply_overrides(read_yaml(config), list(overrides))
     build_config(base, source=str(config))  # the config itself first, then the space over it
     space = load_space(space_path, base)
@@ -381,18 +379,18 @@ def sweep(
     own_dist = dist is None
     dist = init_distributed(build_config(base).train.device) if own_dist else dist
     record = {"config": base, "space": space.to_dict(), "trials": n_trials, "config_file": str(config)}
-    legacy = check_objective(space, run_dir)
+    legacy = check_objective(space, folder)
     if not legacy:
         record["protocol"] = "validation"
     lock = store = study = None
     try:
         if dist.is_main:
-            lock, store, study = open_study(optuna, run_dir, record, space, rebuild)
+            lock, store, study = open_study(optuna, folder, record, space, rebuild)
             retry_passing_failures(optuna, study)
-        started = started_settings(run_dir) if legacy else {}
-        sw = SweepRun(optuna, study, store, space, base, n_trials, run_dir, dist, started)
+        started = started_settings(folder) if legacy else {}
+        sw = SweepRun(optuna, study, store, space, base, n_trials, folder, dist, started)
         if parallel > 1:
-            attach_run_log(run_dir)
+            attach_run_log(folder)
             run_parallel(sw, parallel)
         else:
             run_trials(sw)
@@ -400,7 +398,7 @@ def sweep(
             return {}
         from cloudml_lib.commands.compare import sweep_summary, write_sweep_report
 
-        write_sweep_report(study, run_dir, space)
+        write_sweep_report(study, folder, space)
         return sweep_summary(study, space)
     finally:
         if lock is not None:
@@ -409,11 +407,11 @@ def sweep(
             dist.close()
 
 
-def check_objective(space: Space, run_dir: Path) -> bool:
+def check_objective(space: Space, folder: RunFolder) -> bool:
     """Whether the sweep goes on under CloudML 0.2's protocol (a sweep it started, whose sweep.json records
     no protocol): only such a sweep may keep objective held_out, which chose the best trial on the test
     flights; a new sweep naming it is refused."""
-    saved = RunFiles(run_dir).sweep() if (run_dir / "sweep.json").is_file() else None
+    saved = RunFiles(folder.path).sweep() if (folder.path / "sweep.json").is_file() else None
     legacy = saved is not None and "protocol" not in saved
     if space.objective == LEGACY_OBJECTIVE and not legacy:
         raise ConfigError(
@@ -431,12 +429,12 @@ def check_objective(space: Space, run_dir: Path) -> bool:
     return legacy
 
 
-def started_settings(run_dir: Path) -> dict:
+def started_settings(folder: RunFolder) -> dict:
     """The settings a sweep started by CloudML 0.2 keeps in its new trials: those its first trial's stored
     config lacks, with the meaning they had then (absent_settings: its protocol, choosing on the test
     flights, among them); that protocol alone where no trial got as far as storing its config."""
-    configs = sorted(run_dir.glob("trials/*/config.yaml")) + sorted(
-        run_dir.glob("trials/*/folds/*/model/config.yaml")
+    configs = sorted(folder.path.glob("trials/*/config.yaml")) + sorted(
+        folder.path.glob("trials/*/folds/*/model/config.yaml")
     )
     for path in configs:
         config = RunFiles(path.parent).config()
@@ -462,25 +460,25 @@ def check_trials(n_trials, space: Space) -> None:
         )
 
 
-def open_study(optuna, run_dir: Path, record: dict, space: Space, rebuild: bool = False) -> tuple:
+def open_study(optuna, folder: RunFolder, record: dict, space: Space, rebuild: bool = False) -> tuple:
     """Rank 0: the sweep folder checked and locked, sweep.json written, the study restored (or created) from
     its journal, or rebuilt from the trial folders when asked (`rebuild`). Returns (lock, journal, study)."""
-    check_sweep_folder(run_dir, record)
-    claim(run_dir, SWEEP)  # made (or adopted) and marked before anything is written into it
-    lock = RunLock(run_dir)
+    check_sweep_folder(folder, record)
+    claim(folder.path, SWEEP)  # made (or adopted) and marked before anything is written into it
+    lock = RunLock(folder)
     lock.acquire()
     try:
-        write_text(run_dir / "sweep.json", json.dumps(json_safe(record), indent=1))
-        store = StudyFile(run_dir)
-        folders = list(sweep_trials(run_dir).values())  # the sweep's own: a stray folder is not a trial
+        write_text(folder.path / "sweep.json", json.dumps(json_safe(record), indent=1))
+        store = StudyFile(folder)
+        folders = list(sweep_trials(folder).values())  # the sweep's own: a stray folder is not a trial
         if rebuild:
-            study = rebuild_study(optuna, store, run_dir, space)
+            study = rebuild_study(optuna, store, folder, space)
         else:
             problem = store.restore(has_trials=bool(folders))
             study = None if problem else load_study(optuna, store, space)
             problem = problem or behind_folders(study, folders)
             if problem:
-                raise CloudMLError(lost_study_message(problem, run_dir, len(folders)))
+                raise CloudMLError(lost_study_message(problem, folder, len(folders)))
         store.save()
     except BaseException:
         lock.release()
@@ -501,7 +499,7 @@ def run_trials(sw: SweepRun) -> None:
     while True:
         trial = job = None
         if sw.dist.is_main:
-            attach_run_log(sw.run_dir)
+            attach_run_log(sw.folder)
             trial = next_trial(sw.optuna, sw.study, sw.space, sw.n_trials)
             job = None if trial is None else (trial.number, suggest(trial, sw.space))
             sw.store.save()  # the trial and its values, before any training
@@ -512,10 +510,10 @@ def run_trials(sw: SweepRun) -> None:
         say_trial(number, sw.n_trials, params)
         result = run_trial(sw, trial, number, params)
         if sw.dist.is_main:
-            attach_run_log(sw.run_dir)
+            attach_run_log(sw.folder)
             finish_trial(sw, trial, result, params)
             sw.store.save()
-            write_sweep_report(sw.study, sw.run_dir, sw.space)
+            write_sweep_report(sw.study, sw.folder, sw.space)
 
 
 def run_parallel(sw: SweepRun, n: int) -> None:
@@ -529,7 +527,7 @@ def run_parallel(sw: SweepRun, n: int) -> None:
     n = min(n, trials_to_run(sw))
     if n < 1:
         return  # every trial is done: no worker to start
-    setup = WorkerSetup(sw.run_dir, sw.store.local, sw.space.to_dict(), sw.base, sw.n_trials, sw.started)
+    setup = WorkerSetup(sw.folder, sw.store.local, sw.space.to_dict(), sw.base, sw.n_trials, sw.started)
     held: dict[int, tuple] = {}  # trial number -> (trial, values): given to a worker, not yet told
     with Workers(n, build_config(sw.base).train.device, "trials", trial_worker, (setup,)) as workers:
         while True:
@@ -544,10 +542,10 @@ def run_parallel(sw: SweepRun, n: int) -> None:
                 break
             number, result = workers.next_result(idle=sw.store.save)
             trial, params = held.pop(number)
-            attach_run_log(sw.run_dir)
+            attach_run_log(sw.folder)
             finish_trial(sw, trial, result, params)
             sw.store.save()
-            write_sweep_report(sw.study, sw.run_dir, sw.space)
+            write_sweep_report(sw.study, sw.folder, sw.space)
         workers.close()
 
 
@@ -578,7 +576,7 @@ def build_caches(sw: SweepRun, number: int, params: dict) -> None:
 class WorkerSetup:
     """What a worker rebuilds its side of the sweep from (picklable: no Optuna objects)."""
 
-    run_dir: Path
+    folder: RunFolder
     journal: Path  # the study's local journal, shared by the sweep's processes
     space: dict
     base: dict
@@ -596,14 +594,12 @@ def _trial_runner(setup: WorkerSetup):
     and the function that runs one of its trials."""
     optuna = require_optuna()
     space = Space(**setup.space)
-    store = StudyFile(setup.run_dir)
+    store = StudyFile(setup.folder)
     store.local = Path(setup.journal)  # the owner's, whatever this process's temporary folder is
     study = optuna.load_study(
         study_name=STUDY_NAME, storage=store.storage(optuna), pruner=make_pruner(optuna, space)
     )
-    sw = SweepRun(
-        optuna, study, None, space, setup.base, setup.n_trials, setup.run_dir, SINGLE, setup.started
-    )
+    sw = SweepRun(optuna, study, None, space, setup.base, setup.n_trials, setup.folder, SINGLE, setup.started)
 
     def run(job: tuple) -> tuple:
         trial_id, number, params = job
@@ -620,7 +616,7 @@ def say_trial(number: int, n_trials: int, params: dict) -> None:
 
 def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
     """Tell the study the trial's (state, value, note), write trial.json, and say it."""
-    optuna, study, space, run_dir = sw.optuna, sw.study, sw.space, sw.run_dir
+    optuna, study, space, folder = sw.optuna, sw.study, sw.space, sw.folder
     state, value, note = result
     states = {
         "complete": optuna.trial.TrialState.COMPLETE,
@@ -630,7 +626,7 @@ def finish_trial(sw: SweepRun, trial, result: tuple, params: dict) -> None:
     if note:
         trial.set_user_attr("note", note)
     study.tell(trial, value if state == "complete" else None, state=states[state])
-    trial_dir = claim(run_dir / "trials" / str(trial.number), trial_kind(space))
+    trial_dir = claim(folder.path / "trials" / str(trial.number), trial_kind(space))
     write_text(
         RunFolder(trial_dir).trial,
         json.dumps(

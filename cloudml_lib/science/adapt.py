@@ -42,6 +42,7 @@ from cloudml_lib.base.config import Config
 from cloudml_lib.base.runfiles import INTERVAL_METHODS
 from cloudml_lib.core.network.inference import predict
 from cloudml_lib.core.network.metrics import mae_difference, regression_metrics
+from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.data.dataset import CloudDataset
 from cloudml_lib.data.preprocess import STAT_NAMES
 from cloudml_lib.science import baselines, intervals
@@ -190,7 +191,13 @@ def interval_calibration(model, scalers, lab: Labelled, n: int, run: tuple):
 
 
 def curve(
-    model: torch.nn.Module, scalers, lab: Labelled, fitted: dict, ns: list[int], gap: tuple[int, str], run
+    model: torch.nn.Module,
+    scalers,
+    lab: Labelled,
+    fitted: dict,
+    ns: list[int],
+    gap: tuple[int, str],
+    run: tuple,
 ) -> tuple[dict, dict]:
     """The flight's skill against the number of its labels adapted on (0 and each of `ns`), on the same scored
     part: the network, each baseline (`fitted`: name -> heights of the labelled samples, in lab's order) and
@@ -289,21 +296,21 @@ def flight_curve(
     return record, heads
 
 
-def adapt_run(run, flight: str | None = None, labels=(10, 25, 50), data_dir: str | None = None) -> dict:
+def adapt_run(
+    folder: RunFolder, flight: str | None = None, labels=(10, 25, 50), data_dir: str | None = None
+) -> dict:
     """The adaptation curve of a finished run on one flight it never trained on (default: its first test
     flight; or a new flight found in its data folder): `labels`, the Ns; nothing is written. The record of
     `flight_curve`, with the flight's name, its role in the run and the curve in words (`words`)."""
     from cloudml_lib.base.config import derive
     from cloudml_lib.base.errors import CloudMLError
     from cloudml_lib.core.run.checkpoint import Key
-    from cloudml_lib.core.run.folder import RunFolder
     from cloudml_lib.data import predictors
     from cloudml_lib.data.cache import load_flight_cache
     from cloudml_lib.data.dataset import Scalers, flag_range
     from cloudml_lib.science.evaluate import load_end_data, load_run_model
     from cloudml_lib.science.predict import flight_role, flights_to_predict
 
-    folder = RunFolder.of(run)
     rm = load_run_model(folder, data_dir, command="adapt")
     cfg = derive(rm.cfg, {"train.adaptation_labels": [int(n) for n in labels]})
     name = flight or cfg.data.test_flights[0]

@@ -293,10 +293,9 @@ def load_run_model(
     from cloudml_lib.core.run.runfolder import RUN
 
     run = RunFolder.of(run)
-    run_dir = run.path
     run.check_kind(RUN, trains=False, command=command)
     best = run.best
-    ckpt = _read_best(best, run_dir, run.holds_run())
+    ckpt = _read_best(best, run, run.holds_run())
     try:
         cfg = config_from_dict(ckpt[Key.CONFIG])
     except CloudMLError as e:
@@ -305,7 +304,7 @@ def load_run_model(
         cfg = derive(cfg, {"data.dir": data_dir})
     if cache_dir:  # the recorded cache folder is not this machine's
         cfg = derive(cfg, {"data.cache_dir": cache_dir})
-    cfg = _with_stored_cloud_head(cfg, ckpt[Key.MODEL], best, run_dir)
+    cfg = _with_stored_cloud_head(cfg, ckpt[Key.MODEL], best, run)
     model = build_model(cfg, Scalers.from_dict(ckpt[Key.SCALERS]))
     film = ckpt[Key.MODEL].get("film.0.weight") if isinstance(ckpt[Key.MODEL], dict) else None
     if film is not None and film.shape[-1] != model.film[0].in_features:
@@ -319,7 +318,7 @@ def load_run_model(
             f"{best}: its network takes {film.shape[-1]} scalar inputs, but the config stored with it "
             f"(data.radiometry: {cfg.data.radiometry}, data.atmosphere: {cfg.data.atmosphere}) gives "
             f"{model.film[0].in_features}; the file was "
-            f"damaged or edited. Run train on {run_dir} again to rewrite it from the checkpoints."
+            f"damaged or edited. Run train on {run} again to rewrite it from the checkpoints."
         )
     try:
         model.load_state_dict(ckpt[Key.MODEL])
@@ -327,7 +326,7 @@ def load_run_model(
         raise CloudMLError(
             f"{best}: its weights do not fit the model its config describes "
             f"({str(e).strip().splitlines()[0][:200]}); the file was damaged or edited. Run train on "
-            f"{run_dir} again to rewrite it from the checkpoints."
+            f"{run} again to rewrite it from the checkpoints."
         ) from None
     device = choose_device(cfg.train.device)
     model.to(device).eval()
@@ -335,28 +334,26 @@ def load_run_model(
     return RunModel(model, cfg, ckpt, device, choose_precision(device).autocast(device))
 
 
-def _read_best(best: Path, run_dir: Path, run_exists: bool) -> dict:
+def _read_best(best: Path, run: RunFolder, run_exists: bool) -> dict:
     """best.pt loaded (weights only), with every key evaluating or predicting needs."""
     if not best.is_file():
         if run_exists:
             raise CloudMLError(
-                f"{run_dir} has no best.pt yet: it is written when the first epoch ends. Continue "
-                f"training (python -m cloudml_lib train ... --run-dir {run_dir}), then run this again."
+                f"{run} has no best.pt yet: it is written when the first epoch ends. Continue "
+                f"training (python -m cloudml_lib train ... --run-dir {run}), then run this again."
             )
-        raise CloudMLError(
-            f"{run_dir} has no best.pt; train first (python -m cloudml_lib train --run-dir {run_dir})"
-        )
+        raise CloudMLError(f"{run} has no best.pt; train first (python -m cloudml_lib train --run-dir {run})")
     ckpt = load_checkpoint(best)
     missing = [k for k in BEST_KEYS if k not in ckpt]
     if missing:
         raise CloudMLError(
             f"{best} is not a complete best model (no {', '.join(missing)}); it was not written by "
-            f"this version of CloudML or was damaged. Run train on {run_dir} again to rewrite it."
+            f"this version of CloudML or was damaged. Run train on {run} again to rewrite it."
         )
     return ckpt
 
 
-def _with_stored_cloud_head(cfg: Config, weights: dict, best: Path, run_dir: Path) -> Config:
+def _with_stored_cloud_head(cfg: Config, weights: dict, best: Path, run: RunFolder) -> Config:
     """The config with the cloud head the weights were made with (an earlier CloudML named it otherwise), and
     a word when the model gives no cloud output."""
     stored = cloud_head_of(weights)
@@ -379,7 +376,7 @@ def _with_stored_cloud_head(cfg: Config, weights: dict, best: Path, run_dir: Pat
             else "it is fitted when training ends, and this run has not ended",
             "Retrain with model.cloud_head: probe to get them."
             if stored == "none"
-            else f"Finish the run (train again on {run_dir}).",
+            else f"Finish the run (train again on {run}).",
         )
     return cfg
 
@@ -456,15 +453,14 @@ def evaluate_run(
     taken as one). `data_dir`, `cache_dir`: where the flights and the preprocessing cache are now, if not
     where the run recorded them."""
     run = RunFolder.of(run)
-    run_dir = run.path
     if write:
         # report.md, evaluation.json and predictions.csv are rewritten: only where CloudML proves its run
         from cloudml_lib.base.ownership import check
         from cloudml_lib.core.run.runfolder import RUN, check_run_writes
 
         run.check_kind(RUN, trains=False, command="evaluate")  # a sweep's or cross-validation's, named so
-        check_run_writes(run_dir)
-        check(run_dir, RUN)
+        check_run_writes(run)
+        check(run.path, RUN)
     rm = load_run_model(run, data_dir, cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     data = load_end_data(
@@ -473,35 +469,37 @@ def evaluate_run(
     evaluator = Evaluator(rm.model, rm.device, rm.autocast, SINGLE, eval_batch_size(cfg.train.batch_size))
     scored = score(evaluator, data.test_set)
     validation = None if data.split.legacy else score(evaluator, data.val_set)
-    report = test_report(cfg, data, scored, trained_of(ckpt, data), intervals.load(run_dir), validation)
-    report["weights_sha256"] = weights_sha256(ckpt[Key.MODEL])
+    weights = weights_sha256(ckpt[Key.MODEL])
+    calibration = intervals.of_weights(intervals.load(run.path), weights, run.best)
+    report = test_report(cfg, data, scored, trained_of(ckpt, data), calibration, validation)
+    report["weights_sha256"] = weights
     if scored.cloud_prob is None:
         log.info(
             "%s has no cloud / no-cloud output (see above): the cloud metrics show the baselines only.",
-            RunFolder(run_dir).best,
+            run.best,
         )
     if write:
-        evaluated = read_evaluation(run_dir)
+        evaluated = read_evaluation(run)
         if evaluated and "step" in evaluated:  # the step of the weights it belongs to (run states)
             report["step"] = evaluated["step"]
-        write_evaluation(run_dir, data.test_set, scored, report)
-        write_report(run_dir)
+        write_evaluation(run, data.test_set, scored, report)
+        write_report(run)
     return report
 
 
-def read_evaluation(run_dir: Path) -> dict | None:
+def read_evaluation(run: RunFolder) -> dict | None:
     """evaluation.json, read as untrusted (runfiles.py); None when it is missing or damaged."""
-    return RunFiles(Path(run_dir)).evaluation() or None
+    return RunFiles(run.path).evaluation() or None
 
 
-def write_evaluation(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
+def write_evaluation(run: RunFolder, dataset: CloudDataset, scored: Scored, report: dict) -> None:
     """The test results of a run: predictions.csv, plots/scatter.png and evaluation.json."""
-    write_predictions_and_figure(run_dir, dataset, scored, report)
-    write_evaluation_json(run_dir, report)
+    write_predictions_and_figure(run, dataset, scored, report)
+    write_evaluation_json(run, report)
 
 
-def write_predictions_and_figure(run_dir: Path, dataset: CloudDataset, scored: Scored, report: dict) -> None:
-    write_predictions(RunFolder(run_dir).predictions, dataset, scored)
+def write_predictions_and_figure(run: RunFolder, dataset: CloudDataset, scored: Scored, report: dict) -> None:
+    write_predictions(run.predictions, dataset, scored)
     has = dataset.has_height()
     plots.save_figure(
         plots.scatter_figure(
@@ -510,9 +508,9 @@ def write_predictions_and_figure(run_dir: Path, dataset: CloudDataset, scored: S
             dataset.flight_names()[has],
             f"Test flights, pooled R2 {report['overall']['r2']:.2f}",
         ),
-        RunFolder(run_dir).plots / "scatter.png",
+        run.plots / "scatter.png",
     )
 
 
-def write_evaluation_json(run_dir: Path, report: dict) -> None:
-    write_text(RunFolder(run_dir).evaluation, json.dumps(json_safe(report), indent=1))
+def write_evaluation_json(run: RunFolder, report: dict) -> None:
+    write_text(run.evaluation, json.dumps(json_safe(report), indent=1))

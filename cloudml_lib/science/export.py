@@ -113,12 +113,11 @@ def _for_export(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def export_run(run: RunFolder | str | Path, out: str | Path | None = None) -> Path:
+def export_run(run: RunFolder, out: str | Path | None = None) -> Path:
     """Write a run's best model as a folder a colleague loads without CloudML (the module's docstring);
     returns the folder."""
     from safetensors.torch import save
 
-    run = RunFolder.of(run)
     rm = load_run_model(run, command="export", channels_last=False)
     cfg, ckpt = rm.cfg, rm.ckpt
     scalers = Scalers.from_dict(ckpt[Key.SCALERS])
@@ -345,7 +344,7 @@ def not_these_weights(evaluation: dict, ckpt: dict, state: RunState) -> str | No
 def model_card(cfg, ckpt: dict, evaluation: dict, run: RunFolder, weights_line: str = "") -> str:
     """MODEL_CARD.md: what the model was trained on and how well it did, in words and numbers (test skill
     only where the evaluation scored these very weights)."""
-    state = run_state(run.path, check_lock=False)
+    state = run_state(run, check_lock=False)
     unproven = not_these_weights(evaluation, ckpt, state)
     protocol = evaluation.get("protocol") or {}
     tests = protocol.get("test_flights") or list(cfg.data.test_flights)

@@ -70,46 +70,42 @@ from cloudml_lib.science.report import write_report
 log = logging.getLogger(__name__)
 
 
-def finish_run(folder: RunFolder | str | Path, dist: Dist = SINGLE) -> dict:
+def finish_run(folder: RunFolder, dist: Dist = SINGLE) -> dict:
     """The end of a trained run, done once: its report. A finished run's stored report is returned as it is
     (report.md written again if it went missing); a run whose end is pending gets it now. Every process of a
-    torchrun job calls it (the scoring is shared); rank 0 writes. `folder`: the run (a path is taken as
-    one)."""
-    folder = RunFolder.of(folder)
-    run_dir = folder.path
+    torchrun job calls it (the scoring is shared); rank 0 writes."""
     # rank 0 decides for all (the others would see its lock); a live holder elsewhere is RunLock's to refuse
     state = dist.from_main(folder.state(check_lock=False) if dist.is_main else None)
     if state.kind == "finished":
-        report = read_evaluation(run_dir)
+        report = read_evaluation(folder)
         if not folder.report.is_file() and dist.is_main:
-            write_report(run_dir)
+            write_report(folder)
         log.info("This run is finished. Its report:\n%s", format_report(report))
         return report
     if state.kind != "trained":
-        raise CloudMLError(f"{run_dir} is not trained yet ({state.words}): train it first, then its end runs")
+        raise CloudMLError(f"{folder} is not trained yet ({state.words}): train it first, then its end runs")
     lock = folder.lock() if dist.is_main else None
     if lock is not None:
-        attach_run_log(run_dir)
+        attach_run_log(folder)
     try:
-        return end_run(run_dir, folder.trained_checkpoint(), dist, state.why)
+        return end_run(folder, folder.trained_checkpoint(), dist, state.why)
     finally:
         if lock is not None:
             lock.release()
 
 
-def which_run(run_dir: Path) -> str:
+def which_run(folder: RunFolder) -> str:
     """The run in words, where it is one of several in a cross-validation or a sweep (their lines share one
     console): "run", "fold 01Mar25's model", "fold 01Mar25's scalars-only control", "trial 3"."""
-    run_dir = Path(run_dir)
-    if run_dir.parent.parent.name == "folds":
-        what = "model" if run_dir.name == "model" else "scalars-only control"
-        return f"fold {run_dir.parent.name}'s {what}"
-    if run_dir.parent.name == "trials" and run_dir.name.isdigit():
-        return f"trial {int(run_dir.name) + 1}"
+    if folder.path.parent.parent.name == "folds":
+        what = "model" if folder.path.name == "model" else "scalars-only control"
+        return f"fold {folder.path.parent.name}'s {what}"
+    if folder.path.parent.name == "trials" and folder.path.name.isdigit():
+        return f"trial {int(folder.path.name) + 1}"
     return "run"
 
 
-def end_run(run_dir: Path, final: Found, dist: Dist, why: str = "not evaluated yet") -> dict:
+def end_run(folder: RunFolder, final: Found, dist: Dist, why: str = "not evaluated yet") -> dict:
     """Steps 1-4 above, from the final checkpoint `final`; `why` the end is pending (status.run_state's
     words). Its expected time is said first, and what it took recorded (EndClock)."""
     t0 = time.time()
@@ -118,18 +114,18 @@ def end_run(run_dir: Path, final: Found, dist: Dist, why: str = "not evaluated y
     device = choose_device(cfg.train.device)
     model = build_model(cfg, scalers).to(device).eval()
     data = load_end_data(cfg, scalers, final.state.get(Key.PROVENANCE), final.state.get(Key.SPLIT))
-    clock = EndClock(run_dir, cfg, device, data, t0)
+    clock = EndClock(folder, cfg, device, data, t0)
     log.info(
         "The end of the %s (%s): the best model on the validation data, then the test flights%s",
-        which_run(run_dir),
+        which_run(folder),
         why,
         clock.expected_words(),
     )
-    trained = best_weights(run_dir, model, final, data)
+    trained = best_weights(folder, model, final, data)
     batch = progress.eval_batch_size or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
-        fit_cloud_probe(evaluator, data, RunFolder(run_dir).best, dist, progress.step)
+        fit_cloud_probe(evaluator, data, folder.best, dist, progress.step)
     log.info(
         "Scoring the best model on the validation data (%d samples)%s",
         len(data.val_set),
@@ -141,17 +137,18 @@ def end_run(run_dir: Path, final: Found, dist: Dist, why: str = "not evaluated y
     report = test_report(cfg, data, scored, trained, calibration, None if data.split.legacy else validation)
     report["step"] = progress.step
     if dist.is_main:
-        intervals.save(run_dir, calibration)
-        keep_cloud_baseline(RunFolder(run_dir).best, data, cfg)
-        report["weights_sha256"] = weights_sha256(load_checkpoint(RunFolder(run_dir).best)[Key.MODEL])
-        write_end(run_dir, final, data, scored, report)
+        weights = weights_sha256(load_checkpoint(folder.best)[Key.MODEL])  # the probe fitted: as kept
+        intervals.save(folder, calibration and dict(calibration, weights_sha256=weights))
+        keep_cloud_baseline(folder.best, data, cfg)
+        report["weights_sha256"] = weights
+        write_end(folder, final, data, scored, report)
         clock.record()
     dist.barrier()
     epoch = report["best_epoch"]
     log.info("Full test with the best model (epoch %d):\n%s", epoch, format_report(report))
     log.info(
         "Run directory: %s (best.pt, predictions.csv, evaluation.json, plots/); %s",
-        run_dir,
+        folder,
         clock.took_words(),
     )
     return report
@@ -162,16 +159,16 @@ class EndClock:
     per sample and the end's share of it) and what it took, kept in run.json's "end" so that the next
     expected time on this kind of device uses it."""
 
-    def __init__(self, run_dir: Path, cfg, device: torch.device, data: EndData, t0: float):
-        self.run_dir, self.t0, self.device = Path(run_dir), t0, timing.device_name(device)
+    def __init__(self, folder: RunFolder, cfg, device: torch.device, data: EndData, t0: float):
+        self.folder, self.t0, self.device = folder, t0, timing.device_name(device)
         self.samples = len(data.val_set) + (0 if data.split.legacy else len(data.test_set))
         if cfg.model.cloud_head == "probe":
             self.samples += len(data.frames)
-        measured = timing.read_measured(self.run_dir)
+        measured = timing.read_measured(self.folder)
         same = measured is not None and measured.get("device") == self.device
         self.per_sample = timing.per_sample(measured, cfg.train.grad_accum_steps) if same else None
         self.scalars_only = bool(cfg.model.scalars_only)
-        self.share = timing.end_share(self.run_dir.parent, self.device, self.scalars_only)
+        self.share = timing.end_share(self.folder.path.parent, self.device, self.scalars_only)
         self.expected = (
             None
             if self.per_sample is None
@@ -190,7 +187,7 @@ class EndClock:
     def record(self) -> None:
         """run.json's "end" (rank 0)."""
         self.took = time.time() - self.t0
-        folder = RunFolder(self.run_dir)
+        folder = self.folder
         info = folder.files.run_info()
         if info:  # a run.json to add to: every run trained since run.json was written has one
             end = timing.end_record(
@@ -231,10 +228,10 @@ def calibrate_intervals(cfg, data: EndData, validation) -> dict | None:
 METHOD = "conformal_absolute"  # a run's intervals; cross-validation measures both methods on unseen flights
 
 
-def best_weights(run_dir: Path, model: torch.nn.Module, final: Found, data: EndData) -> Trained:
+def best_weights(folder: RunFolder, model: torch.nn.Module, final: Found, data: EndData) -> Trained:
     """best.pt's weights into `model`, and its record of the training (evaluate.trained_of). Where best.pt
     cannot be used, the final checkpoint's weights, and best.pt rewritten with them."""
-    best = RunFolder(run_dir).best
+    best = folder.best
     try:
         ckpt = load_checkpoint(best)
         model.load_state_dict(ckpt[Key.MODEL])
@@ -342,11 +339,11 @@ def keep_cloud_baseline(best: Path, data: EndData, cfg) -> None:
         save_atomic(ckpt, best)
 
 
-def write_end(run_dir: Path, final: Found, data: EndData, scored, report: dict) -> None:
+def write_end(folder: RunFolder, final: Found, data: EndData, scored, report: dict) -> None:
     """Rank 0's files of the end; evaluation.json, which marks the end as done, after all but report.md."""
     progress = Progress.of(final.state)
-    write_predictions_and_figure(run_dir, data.test_set, scored, report)
-    metrics = MetricsFile(run_dir, SINGLE)
+    write_predictions_and_figure(folder, data.test_set, scored, report)
+    metrics = MetricsFile(folder, SINGLE)
     truncate_metrics(metrics.path, final.state[Key.METRICS_BYTES])  # an end run again: one final record
     metrics.append(
         {
@@ -359,14 +356,14 @@ def write_end(run_dir: Path, final: Found, data: EndData, scored, report: dict) 
         }
     )
     if progress.history:
-        plots.save_figure(plots.curves_figure(progress.history), RunFolder(run_dir).plots / "curves.png")
-    scatter = plots.image_pixels(RunFolder(run_dir).plots / "scatter.png")  # TensorBoard's image, read here
+        plots.save_figure(plots.curves_figure(progress.history), folder.plots / "curves.png")
+    scatter = plots.image_pixels(folder.plots / "scatter.png")  # TensorBoard's image, read here
     write_final_events(
-        run_dir,
+        folder,
         progress.step,
         {f"final/{k}": v for k, v in report["overall"].items()},
         {} if scatter is None else {"evaluation/scatter": scatter},
     )
     faults.point("end-written")
-    write_evaluation_json(run_dir, report)
-    write_report(run_dir)
+    write_evaluation_json(folder, report)
+    write_report(folder)

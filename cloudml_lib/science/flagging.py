@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from cloudml_lib.base.errors import CloudMLError, shown
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.core.network.metrics import cloud_class, outside_bounds
 from cloudml_lib.core.run.checkpoint import Key
 from cloudml_lib.data.domain import Domain
@@ -205,7 +205,7 @@ def flag_unseen(result: dict, domain: Domain | None, unchecked: str, name: str) 
 CLOUD_FLAGS = ("model", "bt_threshold")  # predict --cloud-flag
 
 
-def choose_flagging(cfg, ckpt: dict, cloud_flag: str, run_dir: Path) -> Flagging:
+def choose_flagging(cfg, ckpt: dict, cloud_flag: str, run: RunLayout) -> Flagging:
     """How the files' cloud flag is made (--cloud-flag): the model's, or the brightness-temperature baseline
     best.pt keeps (a CloudMLError naming what to do where it keeps none)."""
     if cloud_flag not in CLOUD_FLAGS:
@@ -224,10 +224,10 @@ def choose_flagging(cfg, ckpt: dict, cloud_flag: str, run_dir: Path) -> Flagging
     )
     if not valid:
         raise CloudMLError(
-            f"--cloud-flag bt_threshold: {run_dir / 'best.pt'} holds no brightness-temperature baseline (a "
+            f"--cloud-flag bt_threshold: {run.best} holds no brightness-temperature baseline (a "
             "run "
             "ended by an earlier CloudML, or a damaged file). Evaluate the run's end again with this version "
-            f"(python -m cloudml_lib train ... --run-dir {run_dir} after raising train.epochs), or use the "
+            f"(python -m cloudml_lib train ... --run-dir {run} after raising train.epochs), or use the "
             "model's flag. Nothing was written."
         )
     return Flagging(cfg.model.cloud_threshold, "bt_threshold", definition, baseline)

@@ -26,6 +26,8 @@ from cloudml_lib.science.flagging import QC_ABOVE, QC_BELOW, QC_UNLEARNED, Flagg
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from cloudml_lib.base.layout import RunLayout
+
 log = logging.getLogger(__name__)
 
 
@@ -74,21 +76,21 @@ def bounds_attributes(result: dict) -> dict:
     }
 
 
-def write_netcdf(path: Path, flight: str, result: dict, run_dir: Path) -> None:
+def write_netcdf(path: Path, flight: str, result: dict, run: RunLayout) -> None:
     """The NetCDF-4 file (CF-1.8) of products.VARIABLES, written with xarray's h5netcdf engine (both
     preinstalled on Colab) under a temporary name and renamed when complete (atomic_path): a full disk leaves
     no half file, and its error names the file."""
-    ds, encoding = flight_dataset(flight, result, run_dir)
+    ds, encoding = flight_dataset(flight, result, run)
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
 
 
-def flight_dataset(flight: str, result: dict, run_dir: Path):
+def flight_dataset(flight: str, result: dict, run: RunLayout):
     """The whole-flight product as an xarray Dataset (its variables and global attributes) and the encoding
     the NetCDF file stores it with."""
     counts, cal = result["counts"], result.get("calibration")
     record = result.get("provenance") or {}
-    source = result.get("source") or f"a CloudML model of run '{Path(run_dir).name}'"
+    source = result.get("source") or f"a CloudML model of run '{run.path.name}'"
     attrs = {
         **products.discovery_attributes(flight, result, source, package_version()),
         "comment": (

@@ -248,11 +248,29 @@ def leave_one_flight_out(by_flight: dict[str, tuple[np.ndarray, np.ndarray]], co
     }
 
 
-def save(run_dir: Path, calibration: dict | None) -> None:
+def save(run: RunFolder, calibration: dict | None) -> None:
+    """The run's calibration of its prediction intervals (intervals.json), where it has one."""
     from cloudml_lib.base.outputs import write_text
 
     if calibration is not None:
-        write_text(Path(run_dir) / FILE, json.dumps(calibration))
+        write_text(run.path / FILE, json.dumps(calibration))
+
+
+def of_weights(cal: dict | None, weights: str, best: Path) -> dict | None:
+    """A run's own calibration where it was made for the weights that predict (`weights`: their
+    checkpoint.weights_sha256, recorded in intervals.json at the run's end; a calibration of an earlier
+    release, without it, as it is); else None, said once: its residuals are another model's, so its coverage
+    would be no measure of these weights' intervals (`best`: the best.pt predicting, for the message)."""
+    if cal is None or cal.get("weights_sha256") in (None, weights):
+        return cal
+    log.warning(
+        "%s holds other weights than the prediction intervals were calibrated on (%s recorded the weights of "
+        "the run's end; best.pt was replaced, or put back from a backup, since): heights are given without "
+        "intervals. Put back the best.pt of the run's end, or train a new run to its end.",
+        best,
+        FILE,
+    )
+    return None
 
 
 def load(folder: Path) -> dict | None:

@@ -414,12 +414,12 @@ def predict_flights(
             result = flight_result(predictor, job.rm, job.chosen[name], name, job.data, job.folder)
             written.append(_write_flight(result, name, job.folder))
     if out == run.path / "predictions":
-        write_report(run.path)
+        write_report(run)
     return written
 
 
 def predict_datasets(
-    run: RunFolder | str | Path,
+    run: RunFolder,
     flights: list[str] | None = None,
     data_dir: str | None = None,
     calibration_dir: str | Path | None = None,
@@ -433,12 +433,12 @@ def predict_datasets(
 
     import xarray as xr
 
-    job = _prepare(RunFolder.of(run), flights, data_dir, calibration_dir, cache_dir, cloud_flag, None)
+    job = _prepare(run, flights, data_dir, calibration_dir, cache_dir, cloud_flag, None)
     datasets = {}
     with job.predictor() as predictor, tempfile.TemporaryDirectory(prefix="cloudml-predict-") as tmp:
         for name in job.names:
             result = flight_result(predictor, job.rm, job.chosen[name], name, job.data, job.folder)
-            ds, encoding = flight_dataset(name, result, job.folder.run_dir)
+            ds, encoding = flight_dataset(name, result, job.folder.run)
             nc = Path(tmp) / f"{name}_cbh.nc"
             ds.to_netcdf(nc, engine="h5netcdf", encoding=encoding)
             datasets[name] = xr.load_dataset(nc, engine="h5netcdf")
@@ -473,18 +473,17 @@ class _PredictJob:
             )
 
 
-def _evaluation_of(run: RunFolder, ckpt: dict) -> dict:
+def _evaluation_of(run: RunFolder, weights: str) -> dict:
     """The run's evaluation.json where it scored the very weights predicting (checkpoint.weights_sha256; an
     earlier release's, without it, as it is); else only why its skill is not theirs (said once here, and in
     each file's model_test_skill: best.pt was replaced, or put back from a backup, after the evaluation)."""
     evaluation = run.files.evaluation()
     recorded = evaluation.get("weights_sha256")
-    if not recorded or recorded == weights_sha256(ckpt[Key.MODEL]):
+    if not recorded or recorded == weights:
         return evaluation
     why = (
         "evaluation.json scored other weights than best.pt holds now (best.pt was replaced, or put back from "
-        "a backup, after the evaluation; its prediction intervals were calibrated on those weights' errors "
-        "too): run `evaluate` on the run, or train it again to its end"
+        "a backup, after the evaluation): run `evaluate` on the run, or train it again to its end"
     )
     log.warning("%s: the files carry no test skill. %s", run.best, why)
     return {"unproven": why}
@@ -497,14 +496,15 @@ def _prepare(
     CloudML's before a file goes into it."""
     rm = load_run_model(run, data_dir, command="predict", cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
-    flagging = choose_flagging(cfg, ckpt, cloud_flag, run.path)
-    calibration = _calibration(run.path, calibration_dir)
+    flagging = choose_flagging(cfg, ckpt, cloud_flag, run)
+    weights = weights_sha256(ckpt[Key.MODEL])  # once a command: the files say whose skill and intervals
+    calibration = _calibration(run, calibration_dir, weights)
     names = flights or list(cfg.data.test_flights)
     chosen = flights_to_predict(cfg, names)
     if out is not None:
         claim(out, PREDICTIONS)
     summary = _read_summary(out / "summary.json") if out is not None else {}
-    folder = PredictionsFolder(out, run.path, calibration, summary, flagging, _evaluation_of(run, ckpt))
+    folder = PredictionsFolder(out, run, calibration, summary, flagging, _evaluation_of(run, weights))
     backend = resolve_backend(cfg.data.preprocess_device, trained_backend(ckpt.get(Key.PROVENANCE)))
     data = DataConfig(**{**vars(cfg.data), "angles_source": "nav"})
     return _PredictJob(rm, names, chosen, data, folder, backend)
@@ -516,7 +516,7 @@ class PredictionsFolder:
     it keeps as it goes (one entry per flight), how the cloud flag is made, and the run's evaluation."""
 
     out: Path
-    run_dir: Path
+    run: RunFolder
     calibration: dict | None
     summary: dict
     flagging: Flagging = Flagging()
@@ -539,7 +539,7 @@ def flight_result(
     cfg, ckpt, calibration = rm.cfg, rm.ckpt, folder.calibration
     result = predict_flight(predictor, flight, data)
     result["flight"], result["height_head"] = name, cfg.model.height_head
-    result["source"] = model_source(cfg, ckpt, folder.run_dir)
+    result["source"] = model_source(cfg, ckpt, folder.run)
     learned, result["learned_from"] = learned_range(ckpt, cfg)
     cloud_and_intervals(result, folder.flagging, calibration, height_bounds_km(cfg.data), learned)
     flag_unseen(result, predictor.domain, predictor.unchecked, name)
@@ -575,7 +575,7 @@ def _write_flight(result: dict, name: str, folder: PredictionsFolder) -> Path:
     """One flight's NetCDF, CSV, plots and line of summary.json."""
     out = folder.out
     nc = out / f"{name}_cbh.nc"
-    write_netcdf(nc, name, result, folder.run_dir)
+    write_netcdf(nc, name, result, folder.run)
     write_csv(out / f"{name}_cbh.csv", result)
     along, track = flight_figures(name, result)
     plots.save_figure(along, out / f"{name}_cbh_along_flight.png")
@@ -596,7 +596,7 @@ def _write_flight(result: dict, name: str, folder: PredictionsFolder) -> Path:
     return nc
 
 
-def model_source(cfg, ckpt: dict, run_dir: Path) -> str:
+def model_source(cfg, ckpt: dict, run: RunFolder) -> str:
     """The model that wrote a file, in words for its `source` attribute: what it is, which weights, its run's
     name (never a path of the machine)."""
     what = (
@@ -609,7 +609,7 @@ def model_source(cfg, ckpt: dict, run_dir: Path) -> str:
     return (
         f"CloudML {package_version()} model: {what}, the best weights"
         + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
-        + f" of run '{Path(run_dir).name}'"
+        + f" of run '{run.path.name}'"
     )
 
 
@@ -651,9 +651,10 @@ def seen_in_calibration(name: str, calibration: dict | None, ckpt: dict, cfg) ->
     return (legacy and name in cfg.data.test_flights) or crossval
 
 
-def _calibration(run_dir: Path, calibration_dir) -> dict | None:
-    """The intervals' calibration: --calibration's folder, else the run's; None (said) when there is none."""
-    folder = Path(calibration_dir) if calibration_dir else run_dir
+def _calibration(run: RunFolder, calibration_dir, weights: str) -> dict | None:
+    """The intervals' calibration: --calibration's folder, else the run's where it was made for these weights
+    (`weights`: their sha256; intervals.of_weights); None (said) when there is none."""
+    folder = Path(calibration_dir) if calibration_dir else run.path
     if calibration_dir and not (folder / intervals.FILE).is_file():
         raise CloudMLError(
             f"--calibration {folder}: no {intervals.FILE} there; point it at a finished cross-validation "
@@ -669,7 +670,7 @@ def _calibration(run_dir: Path, calibration_dir) -> dict | None:
                 "written."
             )
     else:
-        cal = intervals.load(folder)
+        cal = intervals.of_weights(intervals.load(folder), weights, run.best)
     if cal is None:
         log.warning(
             "%s has no usable %s (a run from an earlier CloudML, or too few validation heights): heights "

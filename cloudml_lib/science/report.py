@@ -920,10 +920,9 @@ def test_parts(
     return head, more
 
 
-def build_report_md(run_dir: Path) -> str:
-    run_dir = Path(run_dir)
-    out = [f"# CloudML run `{run_dir.name}`", ""]
-    files = RunFiles(run_dir)
+def build_report_md(folder: RunFolder) -> str:
+    out = [f"# CloudML run `{folder.path.name}`", ""]
+    files = RunFiles(folder.path)
     report = files.evaluation()
     if report:
         history = [r for r in files.metrics() if r.get("kind") == "epoch"]
@@ -941,12 +940,12 @@ def build_report_md(run_dir: Path) -> str:
         ]
     out += provenance.markdown(files.provenance())
     for name, title in (("plots/curves.png", "Training curves"), ("plots/scatter.png", "Predicted vs true")):
-        if (run_dir / name).is_file():
+        if (folder.path / name).is_file():
             out += [f"## {title}", "", f"![{title}]({name})", ""]
-    predicted = RunFiles(run_dir / "predictions")
-    out += whole_flights_section(run_dir, predicted.predictions_summary())
+    predicted = RunFiles(folder.path / "predictions")
+    out += whole_flights_section(folder, predicted.predictions_summary())
     files.damaged += predicted.damaged
-    crossval = run_dir / "crossval.md"
+    crossval = folder.path / "crossval.md"
     if crossval.is_file():
         out += ["## Cross-validation", "", *crossval.read_text().splitlines()[1:], ""]
     if files.damaged:
@@ -954,9 +953,9 @@ def build_report_md(run_dir: Path) -> str:
     return "\n".join(out)
 
 
-def whole_flights_section(run_dir: Path, counts: dict) -> list[str]:
+def whole_flights_section(folder: RunFolder, counts: dict) -> list[str]:
     """Each flight predicted into RUN_DIR/predictions: its files, its counts in words, its two figures."""
-    flights = sorted((run_dir / "predictions").glob("*_cbh.nc"))
+    flights = sorted((folder.path / "predictions").glob("*_cbh.nc"))
     if not flights:
         return []
     out = ["## Whole flights", ""]
@@ -1025,5 +1024,7 @@ def counts_in_words(c: dict | None) -> str:
     return "; ".join(parts) + "."
 
 
-def write_report(run_dir: str | Path) -> Path:
-    return write_text(target(Path(run_dir) / REPORT), build_report_md(Path(run_dir)))
+def write_report(folder: RunFolder) -> Path:
+    """The report.md of a run or a cross-validation, from its files (report.new.md beside a report.md the user
+    edited: outputs.target)."""
+    return write_text(target(folder.report), build_report_md(folder))

@@ -251,12 +251,12 @@ def claim_run_dir(
         nonlocal lock
         folder.claim(RUN)  # made (or adopted) and marked as CloudML's before anything is written
         lock = folder.lock()
-        attach_run_log(folder.path)
+        attach_run_log(folder)
         folder.clean_leftovers()
         found = folder.resume_point(resume)
         if found is not None:
             check_resume_config(cfg, found.state[Key.CONFIG])
-            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(folder.path))
+            check_data_fingerprint(found.state.get(Key.FINGERPRINT), fingerprint, recorded_files(folder))
         show_flight_table(flight_table)
         return found
 
@@ -337,14 +337,14 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
         header = run_header(train_set, fingerprint, provenance, data.split.record())
         seed_everything(cfg.train.seed)
         parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent, kept_kernels(cfg, folder))
-        writer = CheckpointWriter(folder.path, cfg.checkpoint.keep_last) if dist.is_main else None
+        writer = CheckpointWriter(folder, cfg.checkpoint.keep_last) if dist.is_main else None
         loop, metrics = (
             LoopState(dist, parts.device, resolved(cfg.train.batch_size)),
             folder.metrics_file(dist),
         )
         pieces = stateful(parts.model, parts.optimizer, parts.scheduler, parts.scaler, loop, parts.average)
         state = TrainingState(pieces, parts.loader_rng, parts.sampler, header, dist)
-        checkpoints = Checkpoints(folder.path, cfg, dist, writer, state, metrics, parts.total_steps)
+        checkpoints = Checkpoints(folder, cfg, dist, writer, state, metrics, parts.total_steps)
         step = StepShape.of(cfg, None, frame=train_set.caches[0].frame_shape)
         measured = Measured(device_name(parts.device), signature(step, resolved(cfg.train.batch_size)))
         if parts.device.type == "cuda":  # the estimate beside what the GPU holds: every run calibrates it
@@ -356,7 +356,7 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
             save_config(cfg, folder.config)  # the run's plan, as it trains
         start(found, state, parts, metrics, run_info, cfg, init_from, data.split.record())
         checkpoints.events = Events(
-            folder.path, writer.local_dir if writer else None, loop.progress.step, fresh=found is None
+            folder, writer.local_dir if writer else None, loop.progress.step, fresh=found is None
         )
     except BaseException:
         if writer is not None:
@@ -400,13 +400,13 @@ def label_range(dataset: CloudDataset) -> list[float]:
     return [float(km.min()), float(km.max())] if km.size else []
 
 
-def check_cache_apart(cfg: Config, run_dir: Path) -> None:
+def check_cache_apart(cfg: Config, folder: RunFolder) -> None:
     """The preprocessing cache is a folder of its own, never the run folder or one inside it (a run's folder
     is cleaned, its caches are kept across runs)."""
-    cache, run = cache_root(cfg.data).resolve(), Path(run_dir).resolve()
+    cache, run = cache_root(cfg.data).resolve(), folder.path.resolve()
     if cache == run or run in cache.parents:
         raise ConfigError(
-            f"data.cache_dir {cache_root(cfg.data)} is the run folder {run_dir} or inside it; give the "
+            f"data.cache_dir {cache_root(cfg.data)} is the run folder {folder} or inside it; give the "
             "cache a "
             "folder of its own (e.g. cache/ beside runs/), shared by every run. Nothing was written."
         )
@@ -419,18 +419,17 @@ def check_run_folder(cfg: Config, folder: RunFolder) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
     folder.check_kind(RUN, trains=True, command="train")
-    check_cache_apart(cfg, run_dir)
+    check_cache_apart(cfg, folder)
 
 
 def run_data(cfg: Config, folder: RunFolder, dist: Dist) -> tuple[Config, RunData, dict, dict]:
     """Step 1: the run folder may hold a run; the flights resolved (a derived config), their caches (rank 0
     builds a missing one, the others then read it), the datasets by role, the batch size checked against
     them, and what the run trains on by content (fingerprint) and by origin (provenance)."""
-    run_dir = folder.path
     check_run_folder(cfg, folder)
     faults.point("setup")
     # a resumed run keeps the CLAHE backend it started with (auto), or is warned that it changes
-    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(read_run_provenance(run_dir)))
+    backend = resolve_backend(cfg.data.preprocess_device, trained_backend(read_run_provenance(folder)))
 
     def data():
         resolved, skipped = resolve_config(cfg)

@@ -107,7 +107,7 @@ class RunInfo:
             info["measured"] = measured
         self.folder.write_run_info(info)
         if provenance or not self.folder.provenance.is_file():
-            write_run_provenance(self.folder.path, json_safe(self.provenance))
+            write_run_provenance(self.folder, json_safe(self.provenance))
 
     def report_compile(self) -> None:
         """After this start's first step (when compiling happened): say what was compiled, once."""

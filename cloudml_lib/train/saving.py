@@ -10,7 +10,6 @@ import functools
 import logging
 import math
 import time
-from pathlib import Path
 
 import torch
 
@@ -45,7 +44,7 @@ class Checkpoints:
 
     def __init__(
         self,
-        run_dir: Path,
+        folder: RunFolder,
         cfg: Config,
         dist: Dist,
         writer: CheckpointWriter | None,
@@ -53,7 +52,7 @@ class Checkpoints:
         metrics: MetricsFile,
         total_steps: int,
     ):
-        self.run_dir, self.cfg, self.dist, self.writer = Path(run_dir), cfg, dist, writer
+        self.folder, self.cfg, self.dist, self.writer = folder, cfg, dist, writer
         self.state, self.metrics, self.total_steps = state, metrics, total_steps
         self.events: Events | None = None  # opened once the resume point is known (build.py)
         self.stalls: list[float] = []
@@ -96,7 +95,7 @@ class Checkpoints:
             return 0.0
         if self.writer.failures_in_a_row >= MAX_FAILED_SAVES:
             self.writer.wait()
-            step = newest_committed_step(self.run_dir)
+            step = newest_committed_step(self.folder)
             resume = (
                 f"to resume from the last checkpoint that was written (step {step})"
                 if step is not None
@@ -104,7 +103,7 @@ class Checkpoints:
             )
             raise TransientError(
                 f"{self.writer.failures_in_a_row} checkpoints in a row could not be written to "
-                f"{self.run_dir / 'checkpoints'} ({self.writer.last_error}). Training stops so that no more "
+                f"{self.folder.checkpoints} ({self.writer.last_error}). Training stops so that no more "
                 f"work goes unsaved. Free space there or make it writable, then run the same command again "
                 f"{resume}."
             ) from self.writer.last_exception
@@ -126,7 +125,7 @@ class Checkpoints:
                 "Stopped by %s at step %d; checkpoint saved in %s. Run the same command again to resume.",
                 name,
                 step,
-                RunFolder(self.run_dir).checkpoints,
+                self.folder.checkpoints,
             )
             return "progress saved"
         log.error(
@@ -134,7 +133,7 @@ class Checkpoints:
             name,
             step,
             self.failed_last,
-            previous_checkpoint_words(self.run_dir),
+            previous_checkpoint_words(self.folder),
         )
         return "its checkpoint could not be written"
 
@@ -179,7 +178,7 @@ class Checkpoints:
                 Key.SPLIT: self.state.header[Key.SPLIT],
                 **{k: self.state.header[k] for k in (Key.DOMAIN,) if k in self.state.header},
             },
-            RunFolder(self.run_dir).best,
+            self.folder.best,
         )
 
     def wait(self) -> None:

@@ -179,7 +179,7 @@ def newest_run(runs: Path, device: str, sig: dict) -> tuple[str, dict] | None:
     "measured")."""
     best = None
     for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
-        measured = read_measured(run)
+        measured = read_measured(RunLayout(run))
         if not measured or measured.get("device") != device or measured.get("signature") != sig:
             continue
         when = measured.get("at", 0.0)
@@ -251,7 +251,7 @@ def calibration(runs: Path, device: str, sig: dict, need_gib) -> Calibration | N
     best = None
     same = {k: v for k, v in sig.items() if k != "batch"}
     for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
-        got = read_measured(run)
+        got = read_measured(RunLayout(run))
         if not got or got.get("device") != device:
             continue
         their = got["signature"]
@@ -327,12 +327,12 @@ def measured_problem(got) -> str | None:
     return None
 
 
-def read_measured(run: Path) -> dict | None:
+def read_measured(run: RunLayout) -> dict | None:
     """run.json's "measured" of a run folder: None where absent, or where any field is not of the type and in
     the range the trainer writes (said once per folder: nothing from it is shown or used)."""
     from cloudml_lib.base.runfiles import RunFiles
 
-    got = RunFiles(run).run_info().get("measured")
+    got = RunFiles(run.path).run_info().get("measured")
     if got is None:
         return None
     problem = measured_problem(got)
@@ -340,7 +340,7 @@ def read_measured(run: Path) -> dict | None:
         if str(run) not in _told:
             _told.add(str(run))
             log.warning("%s: %s; its measurements are left out (the run itself is unchanged)",
-                        RunLayout(run).run_info, problem)  # fmt: skip
+                        run.run_info, problem)  # fmt: skip
         return None
     return got
 
@@ -416,7 +416,7 @@ def end_share(runs: Path, device: str, scalars_only: bool = False) -> tuple[floa
     its end (run.json "end"), else the figure measured for the demo."""
     best = None
     for run in sorted(p for p in Path(runs).glob("*") if p.is_dir()) if Path(runs).is_dir() else []:
-        got = read_end(run)
+        got = read_end(RunLayout(run))
         if got is None or got["device"] != device or got.get("scalars_only", False) != scalars_only:
             continue
         if best is None or got["at"] > best[0]:
@@ -449,11 +449,11 @@ def end_record(expected_s: float | None, took_s: float, samples: int, per_sample
     }
 
 
-def read_end(run: Path) -> dict | None:
+def read_end(run: RunLayout) -> dict | None:
     """run.json's "end" of a run folder where every field is of its type and range; else None."""
     from cloudml_lib.base.runfiles import RunFiles
 
-    got = RunFiles(run).run_info().get("end")
+    got = RunFiles(run.path).run_info().get("end")
     if not isinstance(got, dict):
         return None
     share, took, at = got.get("share"), got.get("took_s"), got.get("at")

@@ -199,18 +199,14 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
 # ------------------------------------------------------------------ commit, verify, find
 
 
-def checkpoints_dir(run_dir: Path) -> Path:
-    return RunLayout(run_dir).checkpoints
-
-
 def step_of(path: Path) -> int | None:
     m = _STEP_DIR.match(path.name)
     return int(m.group(1)) if m else None
 
 
-def commit(state: dict, meta: dict, run_dir: Path, local_dir: Path) -> Path:
-    """Write one checkpoint with the commit protocol above; returns its folder."""
-    ckpt_dir = checkpoints_dir(run_dir)
+def commit(state: dict, meta: dict, run: RunLayout, local_dir: Path) -> Path:
+    """Write one checkpoint of `run` with the commit protocol above; returns its folder."""
+    ckpt_dir = run.checkpoints
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     name = f"step-{meta['step']:08d}"
     final = ckpt_dir / name
@@ -355,9 +351,9 @@ class Found:
     meta: dict = field(default_factory=dict)
 
 
-def find_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint folders, newest step first."""
-    d = checkpoints_dir(run_dir)
+def find_checkpoints(run: RunLayout) -> list[Path]:
+    """The run's checkpoint folders, newest step first."""
+    d = run.checkpoints
     if not d.is_dir():
         return []
     found = [p for p in d.iterdir() if p.is_dir() and step_of(p) is not None]
@@ -381,14 +377,14 @@ def check_folder(folder: Path, load: bool = True) -> tuple[str | None, dict | No
     return (reason, None, None) if reason else (None, state, meta)
 
 
-def find_latest_valid(run_dir: Path, load: bool = True) -> Found:
+def find_latest_valid(run: RunLayout, load: bool = True) -> Found:
     """Walk the checkpoints newest first to the first that verifies, loads and has the right structure.
 
     A folder pruned by a running save while it is being read (another process) is skipped, not an error."""
     for _ in range(3):
         rejected: list[dict] = []
         try:
-            for folder in find_checkpoints(run_dir):
+            for folder in find_checkpoints(run):
                 reason, state, meta = check_folder(folder, load)
                 if reason is None:
                     return Found(folder, state, rejected, meta or {})
@@ -401,7 +397,7 @@ def find_latest_valid(run_dir: Path, load: bool = True) -> Found:
     return Found(None, None, rejected)
 
 
-def set_aside_rejected(run_dir: Path, rejected: list[dict]) -> None:
+def set_aside_rejected(run: RunLayout, rejected: list[dict]) -> None:
     """After a resume walked past them: a committed checkpoint that failed verification moves to
     RUN_DIR/rejected/ (kept for inspection; its step will be committed again), an uncommitted
     one (an interrupted write, or anything else named step-*) is deleted. No re-run meets them again."""
@@ -411,7 +407,7 @@ def set_aside_rejected(run_dir: Path, rejected: list[dict]) -> None:
         if not folder.exists() or not ledger.skip_unless_mine(folder, "move aside or delete"):
             continue
         if r.get("committed"):
-            aside = Path(run_dir) / REJECTED_DIR / f"{folder.name}-{stamp}"
+            aside = run.rejected / f"{folder.name}-{stamp}"
             aside.parent.mkdir(exist_ok=True)
             ledger.add(aside)
             os.replace(folder, aside)
@@ -421,22 +417,22 @@ def set_aside_rejected(run_dir: Path, rejected: list[dict]) -> None:
             _delete(folder)
 
 
-def prune(run_dir: Path, keep_last: int) -> None:
-    """Keep the newest `keep_last` committed checkpoints; drop older ones and stale leftovers."""
-    committed = [p for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file()]
+def prune(run: RunLayout, keep_last: int) -> None:
+    """Keep the run's newest `keep_last` committed checkpoints; drop older ones and stale leftovers."""
+    committed = [p for p in find_checkpoints(run) if (p / COMMITTED).is_file()]
     if not committed:
         return
     newest = step_of(committed[0]) or 0  # a checkpoint folder's name always has its step
     for p in committed[keep_last:]:
         _delete(p)
-    for p in find_checkpoints(run_dir):
+    for p in find_checkpoints(run):
         if not (p / COMMITTED).is_file() and (step_of(p) or 0) < newest:
             _delete(p)
-    for p in checkpoints_dir(run_dir).glob(".step-*.tmp-*"):  # a write whose process is gone
+    for p in run.checkpoints.glob(".step-*.tmp-*"):  # a write whose process is gone
         pid = p.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or (int(pid) != os.getpid() and not process_alive(int(pid))):
             shutil.rmtree(p, ignore_errors=True)
-    for p in checkpoints_dir(run_dir).glob(".trash-*"):
+    for p in run.checkpoints.glob(".trash-*"):
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -461,8 +457,8 @@ def _delete(folder: Path) -> None:
 class CheckpointWriter:
     """Commits snapshots in a background thread, at most one in flight."""
 
-    def __init__(self, run_dir: Path, keep_last: int):
-        self.run_dir, self.keep_last = Path(run_dir), keep_last
+    def __init__(self, run: RunLayout, keep_last: int):
+        self.run, self.keep_last = run, keep_last
         self.local_dir = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
         write_marker(self.local_dir, STAGING)  # a leftover is cleaned only where this proves it CloudML's
         self._thread: threading.Thread | None = None
@@ -496,12 +492,12 @@ class CheckpointWriter:
                 log.warning(
                     "TensorBoard events could not be copied into %s (%s); the checkpoint is written all "
                     "the same, and the next one copies them again.",
-                    self.run_dir,
+                    self.run.path,
                     e,
                 )
         try:
-            commit(state, meta, self.run_dir, self.local_dir)
-            prune(self.run_dir, self.keep_last)
+            commit(state, meta, self.run, self.local_dir)
+            prune(self.run, self.keep_last)
             self.failures_in_a_row, self.last_error = 0, None
         except Exception as e:  # noqa: BLE001 - one failed save must not stop training (the trainer counts them)
             self.failures += 1
@@ -514,7 +510,7 @@ class CheckpointWriter:
                 meta.get("step", -1),
                 type(e).__name__,
                 e,
-                previous_checkpoint_words(self.run_dir),
+                previous_checkpoint_words(self.run),
             )
 
     def close(self) -> None:
@@ -522,19 +518,19 @@ class CheckpointWriter:
         shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
-def newest_committed_step(run_dir: Path) -> int | None:
+def newest_committed_step(run: RunLayout) -> int | None:
     """The step of the newest checkpoint with its commit marker (not verified: for a message), None when
     there is none or the folder cannot be read (Drive gone)."""
     try:
-        return next((step_of(p) for p in find_checkpoints(run_dir) if (p / COMMITTED).is_file()), None)
+        return next((step_of(p) for p in find_checkpoints(run) if (p / COMMITTED).is_file()), None)
     except OSError:
         return None
 
 
-def previous_checkpoint_words(run_dir: Path) -> str:
+def previous_checkpoint_words(run: RunLayout) -> str:
     """After a failed save, what a resume would start from, said as it is on disk: never "the previous
     checkpoint is intact" when there is none."""
-    step = newest_committed_step(run_dir)
+    step = newest_committed_step(run)
     if step is None:
         return (
             "no checkpoint of this run has been written yet, so a stop or disconnect now would start it "

@@ -44,15 +44,15 @@ def has_tensorboard() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
-def events_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / EVENTS_DIR
+def events_dir(run: RunLayout) -> Path:
+    return run.path / EVENTS_DIR
 
 
 class Events:
     """One start's event file. `start_step`: the resume point's step (0 for a fresh run)."""
 
-    def __init__(self, run_dir: Path, local_dir: Path | None, start_step: int, fresh: bool):
-        self.run_dir, self.writer, self.enabled = Path(run_dir), None, False
+    def __init__(self, run: RunLayout, local_dir: Path | None, start_step: int, fresh: bool):
+        self.run, self.writer, self.enabled = run, None, False
         if local_dir is None:  # not rank 0
             return
         if not has_tensorboard():
@@ -64,7 +64,7 @@ class Events:
             )
             return
         if fresh:  # a previous attempt's files, never checkpointed (only those CloudML wrote: ledger.py)
-            ledger.delete(events_dir(self.run_dir))
+            ledger.delete(events_dir(self.run))
         self.local, self.enabled = Path(local_dir) / EVENTS_DIR, True
         # TensorBoard discards what older files hold from this step on: those steps are trained again
         self.purge_step = None if fresh else start_step + 1
@@ -128,7 +128,7 @@ class Events:
         """Copy each file's first `marks[name]` bytes into RUN_DIR/tensorboard (atomic per file)."""
         if not marks:
             return
-        target = events_dir(self.run_dir)
+        target = events_dir(self.run)
         target.mkdir(parents=True, exist_ok=True)
         for name, size in marks.items():
             with open(self.local / name, "rb") as src:
@@ -159,7 +159,7 @@ class Events:
             log.warning(
                 "TensorBoard events could not be copied to %s (%s); the curves up to the last checkpoint "
                 "are there.",
-                events_dir(self.run_dir),
+                events_dir(self.run),
                 e,
             )
         self.writer.close()
@@ -169,7 +169,7 @@ class Events:
 FINAL_EVENTS = "events.out.tfevents.final"  # the end of a run's values, one file replaced whole
 
 
-def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict) -> None:
+def write_final_events(run: RunLayout, step: int, scalars: dict, images: dict) -> None:
     """The end of a run's TensorBoard values (the test metrics as final/* scalars, the scatter figure) at
     the trained step, in a file of their own in RUN_DIR/tensorboard: written locally, then copied whole, so
     that an end run again replaces it instead of adding a second point."""
@@ -178,7 +178,7 @@ def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict) ->
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        events = Events(run_dir, Path(tmp), step, fresh=False)
+        events = Events(run, Path(tmp), step, fresh=False)
         events.purge_step = None  # nothing of the training's files is dropped
         events.scalars(step, scalars)
         for tag, pixels in images.items():  # {tag: height x width x RGB}, drawn by the science layer
@@ -187,7 +187,7 @@ def write_final_events(run_dir: Path, step: int, scalars: dict, images: dict) ->
             return
         events.writer.close()
         (written,) = (Path(tmp) / EVENTS_DIR).glob("events.out.tfevents.*")
-        target = events_dir(run_dir)
+        target = events_dir(run)
         target.mkdir(parents=True, exist_ok=True)
         with atomic_path(target / FINAL_EVENTS) as out:
             Path(out).write_bytes(written.read_bytes())

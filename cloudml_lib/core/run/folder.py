@@ -3,11 +3,14 @@
 It is the layout (base/layout.py: every place a run writes, named once) and, in one method each, what
 CloudML does with such a folder: check its kind and claim it, lock it, find the checkpoint a run resumes
 from or the one it was trained to, say where it stands (the run states of status.py), read its files as
-untrusted (base/runfiles.py), and write run.json and the metrics through their one writer each. The Trainer,
-the end of a run, evaluate, predict, status, compare, cross-validation, sweeps and the notebooks take a
-`RunFolder`; `RunFolder.of(x)` makes one from a path (or returns `x`), so a scientist's notebook may still
-pass a path. The rules themselves stay in the modules beside it (runfolder.py, resume.py, status.py,
-checkpoint.py, runlock.py), which take the layout.
+untrusted (base/runfiles.py), and write run.json and the metrics through their one writer each. A run, a
+fold, a trial, a cross-validation and a sweep are each passed as their `RunFolder`, never as a bare path: the
+rules in the modules beside it (runfolder.py, resume.py, status.py, checkpoint.py, runlock.py, events.py,
+provenance.py) take the object by its layout (`RunLayout`, the same object seen from below core), and the
+end, evaluate, predict, reports, compare, cross-validation and sweeps take the `RunFolder`. A path comes in
+only at a few doors, each named in tests/test_layout.py (RUN_PATH_TAKERS): the Python API, the library's
+entry points (`RunFolder.of(x)` makes one from a path, or returns `x`), the kinds' proofs that
+base/ownership.py calls with a path, and the notebooks' helpers.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class RunFolder(RunLayout):
         """Refuse the wrong kind of folder for `wants` (a run, a cross-validation), naming the kind it is;
         `trains`: refuse too a folder that is not CloudML's and a link where a run writes a file. `command`:
         the caller's name, for the example the refusal gives."""
-        runfolder.check_folder_kind(self.path, wants, trains, command)
+        runfolder.check_folder_kind(self, wants, trains, command)
 
     def claim(self, kind: Kind) -> None:
         """Made (or adopted) and marked as CloudML's folder of `kind`, before anything is written in it."""
@@ -51,44 +54,44 @@ class RunFolder(RunLayout):
 
     def lock(self) -> RunLock:
         """This process's lock on the folder, taken (RunLock.release() gives it back)."""
-        held = RunLock(self.path)
+        held = RunLock(self)
         held.acquire()
         return held
 
     def clean_leftovers(self) -> list[str]:
         """Unfinished writes of killed processes, removed where the ledger proves them CloudML's."""
-        return runfolder.clean_leftovers(self.path)
+        return runfolder.clean_leftovers(self)
 
     # -------------------------------------------------------------------------- checkpoints
 
     def resume_point(self, mode: str) -> Found | None:
         """The checkpoint a run continues from by --resume auto|never|PATH (None: start afresh)."""
-        return resume.find_resume_point(self.path, mode)
+        return resume.find_resume_point(self, mode)
 
     def trained_checkpoint(self) -> Found:
         """The newest valid checkpoint of a run trained to its end, loaded (its end starts from it)."""
-        return status.trained_checkpoint(self.path)
+        return status.trained_checkpoint(self)
 
     # -------------------------------------------------------------------------- state
 
     def holds_run(self) -> bool:
         """It holds a run's files (checkpoints, metrics, config), CloudML's or not."""
-        return runfolder.has_run(self.path)
+        return runfolder.has_run(self)
 
     def is_crossval(self) -> bool:
-        return runfolder.is_crossval(self.path)
+        return runfolder.is_crossval(self)
 
     def state(self, check_lock: bool = True) -> status.RunState:
         """Where the run stands, in the run states' words (stopped, trained, finished, failed, ...)."""
-        return status.run_state(self.path, check_lock)
+        return status.run_state(self, check_lock)
 
     def is_finished(self) -> bool:
         """Trained and evaluated (the state "finished"); an unreadable run is not."""
-        return status.is_finished(self.path)
+        return status.is_finished(self)
 
     def status(self) -> dict:
         """Where the run stands in detail (its position, best score, lock holder, compile, damage)."""
-        return status.run_status(self.path)
+        return status.run_status(self)
 
     # -------------------------------------------------------------------------- its files
 
@@ -99,12 +102,12 @@ class RunFolder(RunLayout):
 
     def write_run_info(self, info: dict) -> None:
         """run.json, through its one writer."""
-        runfolder.write_run_info(self.path, info)
+        runfolder.write_run_info(self, info)
 
     def record_failure(self, why: str) -> None:
         """run.json says the last command on this run stopped on an error (the state "failed")."""
-        runfolder.record_failure(self.path, why)
+        runfolder.record_failure(self, why)
 
     def metrics_file(self, dist: Dist) -> runfolder.MetricsFile:
         """metrics.jsonl, appended to by the main process only."""
-        return runfolder.MetricsFile(self.path, dist)
+        return runfolder.MetricsFile(self, dist)

@@ -52,18 +52,18 @@ def trained_backend(record: dict | None) -> str | None:
     return record.get("inputs", {}).get("preprocess_backend", "skimage")
 
 
-def read_run_provenance(run_dir: Path) -> dict | None:
+def read_run_provenance(run: RunLayout) -> dict | None:
     from cloudml_lib.base.runfiles import RunFiles
 
-    files = RunFiles(Path(run_dir))
+    files = RunFiles(run.path)
     record = files.provenance()
     for d in files.damaged:
         log.warning("%s: it is written again", d)
     return record or None
 
 
-def write_run_provenance(run_dir: Path, record: dict) -> Path:
-    return write_text(RunLayout(run_dir).provenance, json.dumps(record, indent=1))
+def write_run_provenance(run: RunLayout, record: dict) -> Path:
+    return write_text(run.provenance, json.dumps(record, indent=1))
 
 
 def markdown(record: dict) -> list[str]:

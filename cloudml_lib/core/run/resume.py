@@ -28,7 +28,6 @@ from cloudml_lib.core.run.checkpoint import (
     Found,
     Key,
     check_folder,
-    checkpoints_dir,
     find_checkpoints,
     find_latest_valid,
     load_checkpoint,
@@ -65,17 +64,17 @@ def compare_configs(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     return math, harmless
 
 
-def find_resume_point(run_dir: Path, mode: str) -> Found | None:
+def find_resume_point(run: RunLayout, mode: str) -> Found | None:
     """The checkpoint a run continues from (None: start afresh), by --resume auto|never|PATH."""
     if mode == "never":
-        if has_run(run_dir):
+        if has_run(run):
             raise CloudMLError(
-                f"{run_dir} already holds a run and --resume never refuses to touch it; "
+                f"{run} already holds a run and --resume never refuses to touch it; "
                 "choose another --run-dir, or use --resume auto to continue it"
             )
         return None
     if mode == "auto":
-        return _newest_resume_point(run_dir)
+        return _newest_resume_point(run)
     folder = Path(mode)
     if folder.is_file() and folder.name != "state.pt":
         raise CloudMLError(
@@ -100,55 +99,55 @@ def find_resume_point(run_dir: Path, mode: str) -> Found | None:
     if reason:
         raise CloudMLError(f"--resume {mode}: {reason}")
     assert state is not None  # verified and loaded
-    _check_same_run(run_dir, folder, state)
-    folder = _name_by_content(run_dir, folder, state)
-    _set_aside_later_evaluation(run_dir, int(Progress.of(state).step))  # first: it may refuse
-    if folder.parent.resolve() == checkpoints_dir(run_dir).resolve():
-        _set_aside_newer(run_dir, int(Progress.of(state).step))
+    _check_same_run(run, folder, state)
+    folder = _name_by_content(run, folder, state)
+    _set_aside_later_evaluation(run, int(Progress.of(state).step))  # first: it may refuse
+    if folder.parent.resolve() == run.checkpoints.resolve():
+        _set_aside_newer(run, int(Progress.of(state).step))
     return Found(folder, state, [], meta or {})
 
 
-def _newest_resume_point(run_dir: Path) -> Found | None:
+def _newest_resume_point(run: RunLayout) -> Found | None:
     """--resume auto: the newest checkpoint that verifies. One whose folder name says another step than its
     content is renamed by its content (_name_by_content) and the checkpoints are walked again: the run
     resumes at the step inside it, and that name is never again taken for the newest checkpoint."""
-    if not find_checkpoints(run_dir):
-        if has_run(run_dir):
-            log.info("%s has no checkpoint yet: starting this run from the beginning", run_dir)
+    if not find_checkpoints(run):
+        if has_run(run):
+            log.info("%s has no checkpoint yet: starting this run from the beginning", run)
         return None
     while True:  # each pass renames a misnamed folder or returns: at most one pass per checkpoint, plus one
-        found = find_latest_valid(run_dir)
+        found = find_latest_valid(run)
         for r in found.rejected:
             log.warning("Rejected checkpoint %s: %s", r["path"], r["reason"])
         if found.folder is None:
             break
-        set_aside_rejected(run_dir, found.rejected)  # never met again: the run re-commits those steps
+        set_aside_rejected(run, found.rejected)  # never met again: the run re-commits those steps
         assert found.state is not None  # verified and loaded
-        if _name_by_content(run_dir, found.folder, found.state) == found.folder:
-            found = _agreeing_with_best(run_dir, found)
+        if _name_by_content(run, found.folder, found.state) == found.folder:
+            found = _agreeing_with_best(run, found)
             assert found.state is not None
-            _set_aside_later_evaluation(run_dir, int(Progress.of(found.state).step))
+            _set_aside_later_evaluation(run, int(Progress.of(found.state).step))
             return found
     if not any(r["committed"] for r in found.rejected):
-        set_aside_rejected(run_dir, found.rejected)  # only interrupted first writes: nothing to keep
+        set_aside_rejected(run, found.rejected)  # only interrupted first writes: nothing to keep
         log.info(
             "%s has no committed checkpoint yet (the first write was interrupted): starting this run "
             "from the beginning",
-            run_dir,
+            run,
         )
         return None
     raise CloudMLError(
-        f"none of the {len(found.rejected)} checkpoints in {run_dir / 'checkpoints'} can be used "
+        f"none of the {len(found.rejected)} checkpoints in {run.path / 'checkpoints'} can be used "
         f"(newest: {found.rejected[0]['reason']}). Nothing was changed. Start a new run with "
-        f"--run-dir NEW, or delete {run_dir / 'checkpoints'} to start this one over."
+        f"--run-dir NEW, or delete {run.path / 'checkpoints'} to start this one over."
     )
 
 
-def _best_record(run_dir: Path) -> tuple[int, float, int | None] | None:
+def _best_record(run: RunLayout) -> tuple[int, float, int | None] | None:
     """(epoch, validation loss, step) of the best model best.pt holds; None where that cannot be told (no
     best.pt, an unreadable one, one of an earlier release without them, or the newest weights the end wrote
     there, without a loss, where best.pt could not be used)."""
-    best = RunLayout(run_dir).best
+    best = run.best
     if not best.is_file():
         return None
     try:
@@ -173,37 +172,37 @@ def _best_disagrees(best: tuple[int, float, int | None], state: dict) -> bool:
     return not ahead and (epoch, loss) != (progress.best_epoch, progress.best_val_loss)
 
 
-def _agreeing_with_best(run_dir: Path, found: Found) -> Found:
+def _agreeing_with_best(run: RunLayout, found: Found) -> Found:
     """The newest checkpoint whose record of the best model is best.pt's: `found` where it is; an earlier
     one, with the newer ones set aside, where best.pt was put back from an earlier state of the run (a
     backup copied over a run that went on: its end would have scored the earlier best as the run's, and
     called the run finished). Refused where no checkpoint agrees."""
-    best = _best_record(run_dir)
+    best = _best_record(run)
     assert found.state is not None and found.folder is not None
     if best is None or not _best_disagrees(best, found.state):
         return found
     newest = Progress.of(found.state)
     said = (
-        f"{RunLayout(run_dir).best} holds the best model of epoch {best[0]} (validation loss {best[1]:.4g}), "
+        f"{run.best} holds the best model of epoch {best[0]} (validation loss {best[1]:.4g}), "
         f"but checkpoint {found.folder.name} records epoch {newest.best_epoch} (validation loss "
         f"{newest.best_val_loss:.4g}) as the best: best.pt was put back from an earlier state of the run, "
         "or replaced"
     )
-    for folder in find_checkpoints(run_dir):
+    for folder in find_checkpoints(run):
         named = step_of(folder)
         if named is None or named >= newest.step:
             continue
         reason, state, meta = check_folder(folder)
         if reason is None and state is not None and not _best_disagrees(best, state):
             step = int(Progress.of(state).step)
-            newer = [p for p in find_checkpoints(run_dir) if (step_of(p) or 0) > step]
+            newer = [p for p in find_checkpoints(run) if (step_of(p) or 0) > step]
             others = [p.name for p in newer if not ledger.mine(p)]
             if others:  # a backup's ledger put back too: it does not list what the run wrote after it
                 raise CloudMLError(
                     f"{said}. The run can continue from step {step}, the newest checkpoint that agrees with "
                     f"best.pt, but the checkpoints after it ({', '.join(others)}) are not listed in the "
                     f"folder's record of what CloudML wrote ({ledger.LEDGER}, put back too?), so CloudML "
-                    f"does not move them. Move them out of {checkpoints_dir(run_dir)} (e.g. into a folder "
+                    f"does not move them. Move them out of {run.checkpoints} (e.g. into a folder "
                     "beside the run), then run the same command again: the run continues from step "
                     f"{step}. Nothing was changed."
                 )
@@ -213,18 +212,18 @@ def _agreeing_with_best(run_dir: Path, found: Found) -> Found:
                 said,
                 step,
             )
-            _set_aside_later_evaluation(run_dir, step)  # first: it may refuse, nothing changed yet
-            _set_aside_newer(run_dir, step)
+            _set_aside_later_evaluation(run, step)  # first: it may refuse, nothing changed yet
+            _set_aside_newer(run, step)
             return Found(folder, state, found.rejected, meta or {})
     raise CloudMLError(
         f"{said}, and no checkpoint of the run agrees with it. Ending the run would score that earlier model "
         f"as the run's best. Put back the best.pt of the same time as the checkpoints, continue from a "
-        f"checkpoint of your choice (--resume {checkpoints_dir(run_dir)}/step-N), or train afresh "
+        f"checkpoint of your choice (--resume {run.checkpoints}/step-N), or train afresh "
         "with --run-dir NEW. Nothing was changed."
     )
 
 
-def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
+def _name_by_content(run: RunLayout, folder: Path, state: dict) -> Path:
     """A checkpoint is trusted by its content (the step in its verified state.pt), not by its folder's name.
     A name that says another step (renamed or copied by hand) is warned about, naming the folder; inside this
     run's checkpoints/ the folder then takes its content's name, or moves to rejected/ where a checkpoint
@@ -233,13 +232,11 @@ def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
     step = int(Progress.of(state).step)
     if step_of(folder) == step:
         return folder
-    ours = folder.parent.resolve() == checkpoints_dir(run_dir).resolve()
+    ours = folder.parent.resolve() == run.checkpoints.resolve()
     right = folder.with_name(f"step-{step:08d}")
     taken = ours and os.path.lexists(right)
     moved = (
-        right
-        if not taken
-        else Path(run_dir) / REJECTED_DIR / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        right if not taken else run.path / REJECTED_DIR / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     log.warning(
         "Checkpoint folder %s holds step %d (its verified state.pt says so), not the step its name says: "
@@ -256,38 +253,37 @@ def _name_by_content(run_dir: Path, folder: Path, state: dict) -> Path:
     return moved
 
 
-def _check_same_run(run_dir: Path, folder: Path, state: dict) -> None:
+def _check_same_run(run: RunLayout, folder: Path, state: dict) -> None:
     """--resume PATH continues this run: a checkpoint from inside the run folder (checkpoints/, rejected/,
     superseded-*/), or one that carries this run's id (a copy of the whole run). Another run's checkpoint
     goes only into an empty folder, which then becomes a copy of that run from that step."""
-    run_dir = Path(run_dir)
-    if run_dir.resolve() in folder.resolve().parents:
+    if run.path.resolve() in folder.resolve().parents:
         return
     theirs = Progress.of(state).run_id or None
-    newest = find_latest_valid(run_dir, load=False)
+    newest = find_latest_valid(run, load=False)
     ours = newest.meta.get("run_id") if newest.meta else None
     if theirs is not None and theirs == ours:
         return
-    if has_run(run_dir):
+    if has_run(run):
         raise CloudMLError(
-            f"--resume {folder}: that checkpoint belongs to another run than the one in {run_dir}. "
+            f"--resume {folder}: that checkpoint belongs to another run than the one in {run}. "
             f"To continue that run, use --run-dir with its own folder ({folder.parent.parent}); to "
             f"continue this one, use --resume auto. Nothing was changed."
         )
     log.warning(
         "Continuing in %s from %s, a checkpoint of another run folder: this folder becomes a copy of that "
         "run from step %d",
-        run_dir,
+        run,
         folder,
         Progress.of(state).step,
     )
 
 
-def _set_aside_newer(run_dir: Path, step: int) -> None:
-    newer = [p for p in find_checkpoints(run_dir) if (step_of(p) or 0) > step]
+def _set_aside_newer(run: RunLayout, step: int) -> None:
+    newer = [p for p in find_checkpoints(run) if (step_of(p) or 0) > step]
     newer = [p for p in newer if ledger.skip_unless_mine(p, "move aside")]  # another tool's step-* stays
     if newer:
-        aside = run_dir / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
+        aside = run.path / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
         ledger.add(aside)
         aside.mkdir(exist_ok=True)  # evaluation.json may have gone there this second
         for p in newer:
@@ -296,15 +292,15 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
         log.warning("Moved %d checkpoints newer than step %d to %s", len(newer), step, aside)
 
 
-def _set_aside_later_evaluation(run_dir: Path, step: int) -> None:
+def _set_aside_later_evaluation(run: RunLayout, step: int) -> None:
     """evaluation.json of a later state of the run than the checkpoint it continues from (the run resumed
     from an earlier checkpoint: --resume PATH, or best.pt put back) is moved aside: trained again to the same
     step, the run would pass for ended with that earlier training's scores (and best.pt's cloud output not
     fitted again). Refused where it is not CloudML's, or changed since."""
     from cloudml_lib.base.runfiles import RunFiles
 
-    evaluation = RunLayout(run_dir).evaluation
-    scored = RunFiles(run_dir).evaluation().get("step") if evaluation.is_file() else None
+    evaluation = run.evaluation
+    scored = RunFiles(run.path).evaluation().get("step") if evaluation.is_file() else None
     if not isinstance(scored, int) or scored <= step:
         return
     if not ledger.mine(evaluation) or ledger.changed(evaluation):
@@ -314,7 +310,7 @@ def _set_aside_later_evaluation(run_dir: Path, step: int) -> None:
             "changed since), so CloudML does not move it. Move it out of the run folder, then run the same "
             "command again. Nothing was changed."
         )
-    aside = Path(run_dir) / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
+    aside = run.path / f"{SUPERSEDED}{time.strftime('%Y%m%d-%H%M%S')}"
     ledger.add(aside)
     aside.mkdir(exist_ok=True)
     evaluation.rename(aside / evaluation.name)
@@ -368,11 +364,11 @@ def check_resume_config(cfg, saved: dict) -> None:
         )
 
 
-def recorded_files(run_dir: Path) -> dict[str, dict]:
-    """Flight -> {role: SHA-256} of the files the run in `run_dir` started from (its provenance.json)."""
+def recorded_files(run: RunLayout) -> dict[str, dict]:
+    """Flight -> {role: SHA-256} of the files the run in `run` started from (its provenance.json)."""
     from cloudml_lib.core.run.provenance import read_run_provenance
 
-    flights = (read_run_provenance(run_dir) or {}).get("flights") or {}
+    flights = (read_run_provenance(run) or {}).get("flights") or {}
     out = {}
     for name, info in flights.items() if isinstance(flights, dict) else []:
         files = info.get("files") if isinstance(info, dict) else None

@@ -38,7 +38,6 @@ from cloudml_lib.core.run.checkpoint import (
     STAGING_PREFIX,
     Key,
     check_folder,
-    checkpoints_dir,
     find_checkpoints,
     load_checkpoint,
     verify,
@@ -56,13 +55,13 @@ def _pid_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def clean_leftovers(run_dir: Path) -> list[str]:
+def clean_leftovers(run: RunLayout) -> list[str]:
     """What a killed process left behind: temporary best.pt files, checkpoint folders half-written or
     half-deleted, and staging folders in the temp directory. Only files of processes that are gone."""
-    run_dir, removed = Path(run_dir), []
-    candidates = list(run_dir.glob(".best.pt.tmp-*")) + list(run_dir.glob(".lock.tmp-*"))
-    candidates += list(checkpoints_dir(run_dir).glob(".step-*.tmp-*"))
-    candidates += list(checkpoints_dir(run_dir).glob(".trash-*"))
+    removed: list[str] = []
+    candidates = list(run.path.glob(".best.pt.tmp-*")) + list(run.path.glob(".lock.tmp-*"))
+    candidates += list(run.checkpoints.glob(".step-*.tmp-*"))
+    candidates += list(run.checkpoints.glob(".trash-*"))
     staging = Path(tempfile.gettempdir()).glob(
         f"{STAGING_PREFIX}*"
     )  # in a shared folder: ours by marker only
@@ -111,92 +110,90 @@ RUN_WRITES = (
 )
 
 
-def check_run_writes(run_dir: Path) -> None:
+def check_run_writes(run: RunLayout) -> None:
     """Each file a run writes at the top of its folder is a regular file or nothing yet: not a symbolic link
     (outputs.refuse_link), not a FIFO, a socket, a device or a folder (outputs.refuse_special)."""
     for name in RUN_WRITES:
-        refuse_link(Path(run_dir) / name)
-        refuse_special(Path(run_dir) / name)
+        refuse_link(run.path / name)
+        refuse_special(run.path / name)
 
 
 RUN_NAMES = (RunLayout.METRICS, RunLayout.BEST, RunLayout.CHECKPOINTS, RunLayout.CONFIG)
 
 
-def has_run(run_dir: Path) -> bool:
+def has_run(run: RunLayout) -> bool:
     """Whether a folder holds a run's names (whose run it is: is_cloudml_run)."""
-    return bool(run_names(run_dir))
+    return bool(run_names(run))
 
 
-def run_names(run_dir: Path) -> list[str]:
-    return [n for n in RUN_NAMES if (Path(run_dir) / n).exists()]
+def run_names(run: RunLayout) -> list[str]:
+    return [n for n in RUN_NAMES if (run.path / n).exists()]
 
 
-def is_cloudml_run(run_dir: Path) -> bool:
+def is_cloudml_run(run: RunLayout) -> bool:
     """A run folder CloudML can prove its own: its marker, written for it, or an earlier release's content
     that verifies (adopt_run). Another tool's `checkpoints/` is no run of CloudML's."""
     try:
-        if marker_kind(Path(run_dir)) == RUN.name:
+        if marker_kind(run.path) == RUN.name:
             return True
     except CloudMLError:
         return False  # a damaged marker: not told to be CloudML's
-    return adopt_run(Path(run_dir)) is not None
+    return adopt_run(run.path) is not None
 
 
-def is_crossval(run_dir: Path) -> bool:
-    run_dir = Path(run_dir)
+def is_crossval(run: RunLayout) -> bool:
     return (
-        (run_dir / "folds").is_dir()
-        or (run_dir / "crossval.json").is_file()
-        or is_marked(run_dir, "cross-validation")
+        (run.path / "folds").is_dir()
+        or (run.path / "crossval.json").is_file()
+        or is_marked(run.path, "cross-validation")
     )
 
 
-def fold_models(run_dir: Path) -> list[Path]:
-    return sorted(p / "model" for p in (Path(run_dir) / "folds").glob("*") if (p / "model").is_dir())
+def fold_models(run: RunLayout) -> list[Path]:
+    return sorted(p / "model" for p in (run.path / "folds").glob("*") if (p / "model").is_dir())
 
 
-def check_folder_kind(run_dir: Path, wants: Kind, trains: bool, command: str) -> None:
+def check_folder_kind(run: RunLayout, wants: Kind, trains: bool, command: str) -> None:
     """A command on the kind of folder it works on: `wants` is RUN (train, evaluate, predict) or CROSSVAL.
     The wrong kind is named, with the command line that continues it (its Kind's `continued_by`).
     `trains`: the command trains in the folder, so a folder that is not CloudML's (base/ownership.py) and
     a link where a run writes a file are refused too (evaluate checks its own writes: science/evaluate.py).
     `command` is the caller's name, only for the example it gives; no rule here depends on it."""
-    run_dir = Path(run_dir)
-    marked = marker_kind(run_dir) if run_dir.is_dir() else None
-    if (run_dir / "sweep.json").is_file() or marked == SWEEP_KIND:
-        trials = sorted(p.name for p in (run_dir / "trials").glob("*") if p.name.isdigit())
+    marked = marker_kind(run.path) if run.path.is_dir() else None
+    if (run.path / "sweep.json").is_file() or marked == SWEEP_KIND:
+        trials = sorted(p.name for p in (run.path / "trials").glob("*") if p.name.isdigit())
         sweep = kind_named(SWEEP_KIND)
         raise CloudMLError(
-            f"{run_dir} is a sweep folder: its report is {run_dir / 'report.md'} and each trial is a "
-            f"run of its own, e.g. --run-dir {run_dir / 'trials' / (trials[0] if trials else '0')}; "
+            f"{run} is a sweep folder: its report is {run.path / 'report.md'} and each trial is a "
+            f"run of its own, e.g. --run-dir {run.path / 'trials' / (trials[0] if trials else '0')}; "
             f"to continue the sweep: python -m cloudml_lib {sweep.continued_by if sweep else 'sweep ...'} "
             "with the same --run-dir. Nothing was changed."
         )
     if wants is CROSSVAL:
-        check_run_writes(run_dir)  # a link where a run writes is named first: the most exact refusal
-        check(run_dir, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
-        if has_run(run_dir) and not is_crossval(run_dir):
+        check_run_writes(run)  # a link where a run writes is named first: the most exact refusal
+        check(run.path, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
+        if has_run(run) and not is_crossval(run):
             raise CloudMLError(
-                f"{run_dir} holds a training run (checkpoints, metrics), not a cross-validation; "
+                f"{run} holds a training run (checkpoints, metrics), not a cross-validation; "
                 "choose another --run-dir for the cross-validation. Nothing was changed."
             )
         return
-    if not is_crossval(run_dir):
+    if not is_crossval(run):
         if trains:
-            check_run_writes(run_dir)
-            check(run_dir, RUN)
+            check_run_writes(run)
+            check(run.path, RUN)
         return
-    folds = fold_models(run_dir)
-    example = folds[0] if folds else run_dir / "folds" / "<flight>" / "model"
+    folds = fold_models(run)
+    example = folds[0] if folds else run.path / "folds" / "<flight>" / "model"
     if trains:
         raise CloudMLError(
-            f"{run_dir} is a cross-validation folder (it holds folds/): {command} would write a separate "
+            f"{run} is a cross-validation folder (it holds folds/): {command} would write a separate "
             f"run beside its folds. To continue the cross-validation: python -m cloudml_lib "
-            f"{CROSSVAL.continued_by} --run-dir {run_dir}; to train one model, choose another --run-dir. "
+            f"{CROSSVAL.continued_by} --run-dir {run}; to train one model, choose another --run-dir. "
             "Nothing was changed."
         )
     raise CloudMLError(
-        f"{run_dir} is a cross-validation folder: its results are in {run_dir / 'crossval.md'}. Each "
+        f"{run} is a cross-validation folder: its results are in {run.path / 'crossval.md'}. Each "
         f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
         + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else "")
     )
@@ -218,8 +215,8 @@ class MetricsFile:
     """RUN_DIR/metrics.jsonl: one JSON object a line (step records, epoch records, the final record); the
     notebook's curves, `compare` and the plots read it back. Only rank 0 writes."""
 
-    def __init__(self, run_dir: Path, dist: Dist):
-        self.path, self.dist = RunLayout(run_dir).metrics, dist
+    def __init__(self, run: RunLayout, dist: Dist):
+        self.path, self.dist = run.metrics, dist
 
     def append(self, record: dict) -> None:
         if self.dist.is_main:
@@ -229,21 +226,21 @@ class MetricsFile:
         return self.path.stat().st_size
 
 
-def write_run_info(run_dir: Path, info: dict) -> None:
+def write_run_info(run: RunLayout, info: dict) -> None:
     """run.json: the one writer (a start's plan and measurements, train/progress.py; a failure, below)."""
-    write_text(RunLayout(run_dir).run_info, json.dumps(json_safe(info), indent=1))
+    write_text(run.run_info, json.dumps(json_safe(info), indent=1))
 
 
-def record_failure(run_dir: Path, why: str) -> None:
+def record_failure(run: RunLayout, why: str) -> None:
     """run.json says the last command on this run stopped on an error (run_state's "failed"); the next start
     rewrites run.json without it."""
-    if not is_marked(run_dir, RUN.name):
+    if not is_marked(run.path, RUN.name):
         return  # not (yet) this run's folder: a refused folder is left as it was
-    if what_is(RunLayout(run_dir).run_info) or (RunLayout(run_dir).run_info).is_symlink():
+    if what_is(run.run_info) or (run.run_info).is_symlink():
         return  # the refusal named it: what stands there is left as it is
-    info = RunFiles(Path(run_dir)).run_info()
-    if info or (RunLayout(run_dir).checkpoints).is_dir():
-        write_run_info(run_dir, dict(info, failed=shown(why, 300)))
+    info = RunFiles(run.path).run_info()
+    if info or (run.checkpoints).is_dir():
+        write_run_info(run, dict(info, failed=shown(why, 300)))
 
 
 def adopt_run(folder: Path) -> str | None:
@@ -253,7 +250,7 @@ def adopt_run(folder: Path) -> str | None:
     config.yaml; or a best.pt that loads weights-only with the keys of a best model beside a config.yaml that
     says what its stored config says."""
     folder = Path(folder)
-    for ckpt in find_checkpoints(folder):
+    for ckpt in find_checkpoints(RunLayout(folder)):
         reason, state, _ = check_folder(ckpt, load=True)
         if reason is None and _same_config(RunLayout(folder).config, (state or {}).get(Key.CONFIG)):
             return f"its checkpoint {ckpt.name} verifies"
@@ -288,7 +285,7 @@ def _same_config(path: Path, saved) -> bool:
 def adopt_crossval(folder: Path) -> str | None:
     """An earlier release's cross-validation: a fold whose model is a run that verifies (a crossval.json
     alone, which can be copied, proves nothing)."""
-    fold = next((m for m in fold_models(Path(folder)) if adopt_run(m)), None)
+    fold = next((m for m in fold_models(RunLayout(folder)) if adopt_run(m)), None)
     return f"its fold {fold.parent.name} is a run that verifies" if fold else None
 
 
@@ -307,8 +304,8 @@ def owned_by_run(folder: Path) -> list[str]:
     folder = Path(folder)
     here = [folder / n for n in RUN_WRITES + RUN_FOLDERS]
     names = [p.name for p in here if os.path.lexists(p) and not p.is_symlink()]
-    ckpts = checkpoints_dir(folder).name
-    names += [f"{ckpts}/{c.name}" for c in find_checkpoints(folder) if verify(c) is None]
+    ckpts = RunLayout.CHECKPOINTS
+    names += [f"{ckpts}/{c.name}" for c in find_checkpoints(RunLayout(folder)) if verify(c) is None]
     names += [p.name for p in folder.glob(f"{SUPERSEDED}*") if p.is_dir() and not p.is_symlink()]
     final = RunLayout(folder).tensorboard / FINAL_EVENTS  # a name no other tool writes: the end's values
     names += [f"{RunLayout.TENSORBOARD}/{FINAL_EVENTS}"] if final.is_file() and not final.is_symlink() else []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.files import NotRegularFile
+from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.shapes import INT, NUM, TEXT, Damaged, Obj, read_json
 
@@ -68,8 +69,8 @@ def in_use(path: Path, other: dict) -> str:
 
 
 class RunLock:
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK
+    def __init__(self, run: RunLayout):
+        self.path = run.path / LOCK
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

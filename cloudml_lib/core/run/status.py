@@ -9,7 +9,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudml_lib.base.errors import CloudMLError
@@ -32,36 +31,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def is_finished(run_dir: Path | None) -> bool:
+def is_finished(run: RunLayout | None) -> bool:
     """A run that is trained and evaluated (run_state "finished"); an unreadable one is not."""
     try:
-        return run_dir is not None and run_state(run_dir).kind == "finished"
+        return run is not None and run_state(run).kind == "finished"
     except Exception:  # noqa: BLE001 - an unreadable run is simply not finished
         return False
 
 
-def run_status(run_dir: str | Path) -> dict:
+def run_status(run: RunLayout) -> dict:
     """Where a run stands, from its newest valid checkpoint's manifest and its metrics."""
-    run_dir = Path(run_dir)
-    if is_crossval(run_dir):
-        folds = {m.parent.name: run_status(m) if has_run(m) else None for m in fold_models(run_dir)}
+    if is_crossval(run):
+        folds = {
+            m.parent.name: run_status(RunLayout(m)) if has_run(RunLayout(m)) else None
+            for m in fold_models(run)
+        }
         return {
-            "run_dir": str(run_dir),
+            "run_dir": str(run),
             "crossval": True,
             "folds": folds,
-            "finished": (run_dir / "crossval.json").is_file(),
+            "finished": (run.path / "crossval.json").is_file(),
         }
-    if not has_run(run_dir):
-        raise CloudMLError(f"{run_dir} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
-    if not is_cloudml_run(run_dir):
+    if not has_run(run):
+        raise CloudMLError(f"{run} holds no run (no checkpoints, metrics.jsonl or config.yaml)")
+    if not is_cloudml_run(run):
         raise CloudMLError(
-            f"{run_dir} holds a run's names ({', '.join(run_names(run_dir))}) but is not a CloudML run: no "
+            f"{run} holds a run's names ({', '.join(run_names(run))}) but is not a CloudML run: no "
             f"{MARKER} marker written for it, and no checkpoint or best.pt of CloudML's that verifies. "
             "Another tool's folder? Nothing was read further or changed."
         )
-    found = find_latest_valid(run_dir)  # the same verification as resume
+    found = find_latest_valid(run)  # the same verification as resume
     status = {
-        "run_dir": str(run_dir),
+        "run_dir": str(run),
         "epoch": 0,
         "epochs_completed": 0,
         "epochs": None,
@@ -76,18 +77,18 @@ def run_status(run_dir: str | Path) -> dict:
         "latest_checkpoint_age_s": None,
         "finished": False,
         "rejected": found.rejected,
-        "checkpoints": len(find_checkpoints(run_dir)),
+        "checkpoints": len(find_checkpoints(run)),
         "locked_by": None,
         "compile": None,
         "damaged": [],
     }
-    files = RunFiles(run_dir)
+    files = RunFiles(run.path)
     status["compile"] = files.run_info().get("compile")
     status["damaged"] = files.damaged
     if found.folder is not None:
         status.update(_position(found))
-    status["locked_by"] = _lock_holder(run_dir)
-    state = run_state(run_dir)
+    status["locked_by"] = _lock_holder(run)
+    state = run_state(run)
     status["trained"], status["finished"] = bool(status["finished"]), state.kind == "finished"
     status["state"], status["state_words"] = state.kind, state.words
     return status
@@ -118,9 +119,9 @@ def _position(found: Found) -> dict:
     return out
 
 
-def _lock_holder(run_dir: Path) -> str | None:
+def _lock_holder(run: RunLayout) -> str | None:
     """host:pid of a live process holding the run's lock, or None."""
-    lock = Path(run_dir) / LOCK
+    lock = run.path / LOCK
     if not os.path.lexists(lock):
         return None
     try:
@@ -199,22 +200,21 @@ class RunState:
         }[self.kind]
 
 
-def run_state(run_dir: str | Path, check_lock: bool = True) -> RunState:
-    """The state of the run in `run_dir` (a cross-validation's folds each have their own). `check_lock`:
+def run_state(run: RunLayout, check_lock: bool = True) -> RunState:
+    """The state of the run in `run` (a cross-validation's folds each have their own). `check_lock`:
     a live lock holder makes it "running" (off for the process about to take the lock itself)."""
-    run_dir = Path(run_dir)
-    if not has_run(run_dir) or not is_cloudml_run(run_dir):
+    if not has_run(run) or not is_cloudml_run(run):
         return RunState("none")
-    if check_lock and _lock_holder(run_dir):
+    if check_lock and _lock_holder(run):
         return RunState("running")
-    found = find_latest_valid(run_dir, load=False)
-    failed = RunFiles(run_dir).run_info().get("failed")
+    found = find_latest_valid(run, load=False)
+    failed = RunFiles(run.path).run_info().get("failed")
     meta = found.meta if found.folder is not None else {}
     if not meta.get("finished"):
         return RunState("failed", str(failed)) if failed else RunState("stopped")
-    files = RunFiles(run_dir)
+    files = RunFiles(run.path)
     evaluation = files.evaluation()
-    if files.damaged and (RunLayout(run_dir).evaluation).exists():
+    if files.damaged and (run.evaluation).exists():
         return RunState("trained", files.damaged[0])
     if not evaluation:
         return RunState("failed", str(failed)) if failed else RunState("trained", "not evaluated yet")
@@ -228,11 +228,9 @@ def run_state(run_dir: str | Path, check_lock: bool = True) -> RunState:
     return RunState("finished")
 
 
-def trained_checkpoint(run_dir: Path) -> Found:
+def trained_checkpoint(run: RunLayout) -> Found:
     """The newest valid checkpoint of a trained run, loaded (the end of a run starts from it)."""
-    found = find_latest_valid(Path(run_dir))
+    found = find_latest_valid(run)
     if found.folder is None or not found.meta.get("finished"):
-        raise CloudMLError(
-            f"{run_dir} is not trained to its end yet: run the same train command to resume it"
-        )
+        raise CloudMLError(f"{run} is not trained to its end yet: run the same train command to resume it")
     return found
