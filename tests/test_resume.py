@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from conftest import REPO, run_cli, same_folder_at, tiny_raw
 
 from cloudml_lib.core.run.checkpoint import COMMITTED, STATE, find_checkpoints, read_meta, step_of
 from cloudml_lib.core.run.folder import RunFolder
+from cloudml_lib.core.run.runfolder import WHOLE_WRITES
 from cloudml_lib.core.run.status import run_state
 
 MEASURED_KEYS = {"samples_per_s", "time_s", "time", "memory"}  # the machine, not the math
@@ -453,7 +455,9 @@ def test_what_another_tool_put_in_a_run_folder_is_left_byte_identical_and_named_
     (run / LEDGER).write_text(json.dumps({"created": [p for p in listed if p != "report.md"]}))
     (run / "report.md").write_text("my own report")
     r = run_cli("evaluate", "--run-dir", run)
-    assert r.returncode == 2 and f"{run / 'report.md'} was not written by CloudML" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{run}: report.md is not listed in the folder's record" in r.stderr, (
+        r.stderr
+    )
     assert (run / "report.md").read_text() == "my own report" and digests() == before
     (run / LEDGER).write_bytes(ledger_before)
     (run / "report.md").write_bytes(mine)
@@ -515,9 +519,32 @@ def test_a_backup_put_back_over_a_run_that_went_on_continues_from_where_its_best
     put_back = same_folder_at(backup, tmp_path / "as_backed_up_there")  # a backup of `run` itself
     shutil.copytree(put_back, run, dirs_exist_ok=True)
     before = {p.name: (p / STATE).read_bytes() for p in find_checkpoints(RunFolder(run))}
-    r = train()
+    r = train()  # first the files of the later end, all named at once before anything starts
+    said = r.stdout + r.stderr
+    assert r.returncode == 2 and "not listed in the folder's record" in said, said[-2000:]
+    named = [n for n in WHOLE_WRITES if n in said.split(" not listed in")[0].split(f"{run}: ")[-1]]
+    end = {
+        "evaluation.json",
+        "predictions.csv",
+        "report.md",
+        "plots/scatter.png",
+        "tensorboard/events.out.tfevents.final",
+    }
+    assert end <= set(named), said[-2000:]
+    assert "best.pt" not in named and "config.yaml" not in named  # the backup's own, listed
+    assert {p.name: (p / STATE).read_bytes() for p in find_checkpoints(RunFolder(run))} == before
+    later = tmp_path / "later"  # moved out as the message says
+    for name in named:
+        (later / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(run / name, later / name)
+    r = train()  # then the checkpoints after the one that agrees with best.pt
     said = r.stdout + r.stderr
     assert r.returncode == 2 and "are not listed in the folder's record" in said, said[-2000:]
     assert {p.name: (p / STATE).read_bytes() for p in find_checkpoints(RunFolder(run))} == before
     named = said.split("the checkpoints after it")[1].split(")")[0]
     assert "step-00000014" in named and "step-00000012" not in named, said[-2000:]  # 12 agrees with best.pt
+    for name in re.findall(r"step-\d{8}", named):
+        shutil.move(run / "checkpoints" / name, later / name)
+    r = train()  # and the run ends as if never put back: two refusals, each naming all it must
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert same() and json.loads((run / "evaluation.json").read_text())["best_epoch"] == 2

@@ -284,6 +284,12 @@ def mine(path: str | Path) -> bool:
     return _judge(path) is None
 
 
+def unlisted(path: str | Path) -> bool:
+    """Whether `path` stands in a claimed folder whose ledger does not list it (not written there by CloudML,
+    or left by a state of the folder that another ledger, put back, does not know)."""
+    return _judge(path) == ("unlisted", "")
+
+
 def changed(path: str | Path) -> bool:
     """Whether `path` is listed as CloudML's but was changed by someone else since CloudML wrote it."""
     found = _judge(path)

@@ -110,6 +110,41 @@ RUN_WRITES = (
 )
 
 
+# What a run writes whole, by name, at its start and at its end: where one stands that the folder's ledger
+# does not list, the write would be refused when it comes (after the training, for the end's files), so they
+# are all named at once before anything starts (check_run_files).
+WHOLE_WRITES = (
+    RunLayout.CONFIG,
+    RunLayout.RUN_INFO,
+    RunLayout.PROVENANCE,
+    RunLayout.BEST,
+    RunLayout.EVALUATION,
+    RunLayout.PREDICTIONS,
+    RunLayout.INTERVALS,
+    RunLayout.REPORT,
+    f"{RunLayout.PLOTS}/curves.png",
+    f"{RunLayout.PLOTS}/scatter.png",
+    f"{RunLayout.TENSORBOARD}/{FINAL_EVENTS}",
+)
+
+
+def check_run_files(run: RunLayout) -> None:
+    """Refuse, naming them all, the files a run writes whole (WHOLE_WRITES) that stand in the folder unlisted
+    by its ledger: another tool's or the user's, or a later state's of the run that a restore from a backup
+    (`cp -a backup/. run/`, which puts the backup's ledger back) left beside it. Each would stop the command
+    when its write came, one at a time, the end's after the whole training."""
+    theirs = [name for name in WHOLE_WRITES if ledger.unlisted(run.path / name)]
+    if theirs:
+        raise CloudMLError(
+            f"{run}: {', '.join(theirs)} {'is' if len(theirs) == 1 else 'are'} not listed in the folder's "
+            f"record of what CloudML wrote ({ledger.LEDGER}), so CloudML would not replace "
+            f"{'it' if len(theirs) == 1 else 'them'} when the run writes its own. Yours, or another tool's, "
+            "or files of a later state of this run that a restore from a backup left beside the backup's "
+            "record? Move them out of the folder (e.g. into a folder beside the run), then run the same "
+            "command again. Nothing was changed."
+        )
+
+
 def check_run_writes(run: RunLayout) -> None:
     """Each file a run writes at the top of its folder is a regular file or nothing yet: not a symbolic link
     (outputs.refuse_link), not a FIFO, a socket, a device or a folder (outputs.refuse_special)."""
@@ -182,6 +217,7 @@ def check_folder_kind(run: RunLayout, wants: Kind, trains: bool, command: str) -
         if trains:
             check_run_writes(run)
             check(run.path, RUN)
+            check_run_files(run)
         return
     folds = fold_models(run)
     example = folds[0] if folds else run.path / "folds" / "<flight>" / "model"
