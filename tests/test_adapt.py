@@ -67,6 +67,21 @@ def test_a_new_flight_is_adapted_on_its_first_labels_and_scored_after_the_gap(ne
 
 
 @pytest.mark.slow
+def test_the_runs_intervals_are_not_taken_for_other_weights(new_flight, tmp_path):
+    """best.pt replaced after the run's end (put back from a backup): the run's calibration was made on the
+    other weights' errors (intervals.json records whose), so no N takes it, as predict and evaluate."""
+    import torch
+
+    run, flights, name = new_flight
+    other = shutil.copytree(run, tmp_path / "run")
+    best = torch.load(other / "best.pt", weights_only=False)
+    best["model"] = {k: v + 1e-3 if v.is_floating_point() else v for k, v in best["model"].items()}
+    torch.save(best, other / "best.pt")
+    first, ten = cml.adapt(other, name, labels=[10], data_dir=flights)["curve"]
+    assert first["intervals"] is None and ten["intervals"] is None  # 10 labels calibrate none of their own
+
+
+@pytest.mark.slow
 def test_the_scored_labels_move_no_weight(new_flight):
     """The heads fine-tuned at each N are the same when the scored part's labels are shuffled, and not when
     an adaptation label changes: nothing is chosen or fitted on what is scored."""

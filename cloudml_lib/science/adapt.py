@@ -304,7 +304,7 @@ def adapt_run(
     `flight_curve`, with the flight's name, its role in the run and the curve in words (`words`)."""
     from cloudml_lib.base.config import derive
     from cloudml_lib.base.errors import CloudMLError
-    from cloudml_lib.core.run.checkpoint import Key
+    from cloudml_lib.core.run.checkpoint import Key, weights_sha256
     from cloudml_lib.data import predictors
     from cloudml_lib.data.cache import load_flight_cache
     from cloudml_lib.data.dataset import Scalers, flag_range
@@ -328,7 +328,11 @@ def adapt_run(
     flight_set = CloudDataset(
         [cache], scalers, sun_azimuth=cfg.data.sun_azimuth, cloud=False, flags=flag_range(cfg)
     )
-    record, _ = flight_curve(rm.model, cfg, flight_set, data.frames, intervals.load(folder.path))
+    weights = weights_sha256(
+        rm.ckpt[Key.MODEL]
+    )  # intervals of other weights are none of these (predict's rule)
+    calibration = intervals.of_weights(intervals.load(folder.path), weights, folder.best)
+    record, _ = flight_curve(rm.model, cfg, flight_set, data.frames, calibration)
     record.update(flight=name, role=role)
     record["words"] = curve_words(name, record)
     return record
