@@ -262,3 +262,14 @@ def test_a_run_folder_through_dot_dot_is_checked_where_its_files_land(tiny_fligh
         sorted(p.name for p in user.iterdir()) == ["notes.txt"]
         and (user / "notes.txt").read_text() == "mine\n"
     )
+
+
+def test_a_run_folders_objects_of_one_path_are_one_folder(tmp_path):
+    """A RunLayout and a RunFolder of one path are one folder (equal, one set entry, sorted by path), so that
+    a mix of the two in a set, a dict or sorted() never splits or misorders a run; a path is no layout."""
+    from cloudml_lib.base.layout import RunLayout
+
+    a, b = RunLayout(tmp_path / "b"), RunFolder(tmp_path / "b")
+    assert a == b and len({a, b}) == 1 and {b: 1}[a] == 1
+    assert a != tmp_path / "b" and RunFolder(tmp_path / "a") != b
+    assert sorted([b, RunLayout(tmp_path / "a")]) == [RunFolder(tmp_path / "a"), a]

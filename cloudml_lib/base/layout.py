@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunLayout:
     """One run folder's places, from its path (a `str`, a `Path` or another layout). A layout is a path-like
-    object (`os.fspath`, `Path(layout)`, `open`), so it goes wherever a folder's path goes."""
+    object (`os.fspath`, `Path(layout)`, `open`), so it goes wherever a folder's path goes. Two layouts of
+    one path are one folder, whatever their class (a `RunFolder` is a layout too): equal, hashed alike and
+    sorted by path; a layout is never equal to a bare path."""
 
     path: Path
 
@@ -43,6 +45,15 @@ class RunLayout:
 
     def __fspath__(self) -> str:
         return str(self.path)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunLayout) and self.path == other.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __lt__(self, other: RunLayout) -> bool:
+        return self.path < other.path
 
     def __str__(self) -> str:
         return str(self.path)
