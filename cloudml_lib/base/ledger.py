@@ -258,9 +258,9 @@ def _differs(path: str | Path, rec: dict) -> str | None:
     return None
 
 
-def _judge(path: str | Path) -> tuple[str, str] | None:
-    """None where CloudML may replace, truncate, append to or delete `path`; else why not: ("unlisted", "")
-    or ("changed", how)."""
+def _place(path: str | Path) -> tuple[Path, str] | None:
+    """(its claimed folder, its path there) for an existing `path` a ledger judges; None where none does (it
+    does not exist, lies in no claimed folder, or is the folder's marker or ledger itself)."""
     if not os.path.lexists(path):
         return None
     home = home_of(path)
@@ -268,7 +268,16 @@ def _judge(path: str | Path) -> tuple[str, str] | None:
         return None
     if Path(path).name == MARKER and Path(os.path.abspath(path)).parent == Path(os.path.abspath(home)):
         return None
-    rel = _rel(home, path)
+    return home, _rel(home, path)
+
+
+def _judge(path: str | Path) -> tuple[str, str] | None:
+    """None where CloudML may replace, truncate, append to or delete `path`; else why not: ("unlisted", "")
+    or ("changed", how)."""
+    place = _place(path)
+    if place is None:
+        return None
+    home, rel = place
     created, contents = _record(home)
     if not is_listed(created, rel):
         return "unlisted", ""
@@ -286,8 +295,10 @@ def mine(path: str | Path) -> bool:
 
 def unlisted(path: str | Path) -> bool:
     """Whether `path` stands in a claimed folder whose ledger does not list it (not written there by CloudML,
-    or left by a state of the folder that another ledger, put back, does not know)."""
-    return _judge(path) == ("unlisted", "")
+    or left by a state of the folder that another ledger, put back, does not know). By name alone: no file
+    is read to compare its content (a start asks this of best.pt and the end's files)."""
+    place = _place(path)
+    return place is not None and not is_listed(_record(place[0])[0], place[1])
 
 
 def changed(path: str | Path) -> bool:
