@@ -64,15 +64,15 @@ def main() -> None:
     from cloudml_lib.base import ledger
 
     run = folder()
-    real = ledger.appending, ledger.appended, ledger._differs
-    off = (lambda path: None, lambda path, data: None, lambda path, rec: None)
+    real = ledger.appending, ledger.appended, ledger.differs
+    off = (lambda path: None, lambda path, data: None, lambda store, rel, rec: None)
     seconds: dict[str, list[float]] = {"with_content": [], "names_only": []}
     for n in range(BLOCKS):
         for name in ("with_content", "names_only") if n % 2 == 0 else ("names_only", "with_content"):
-            ledger.appending, ledger.appended, ledger._differs = real if name == "with_content" else off
+            ledger.appending, ledger.appended, ledger.differs = real if name == "with_content" else off
             seconds[name].append(block(run / f"metrics-{name}.jsonl"))
             ledger.flush()
-    ledger.appending, ledger.appended, ledger._differs = real
+    ledger.appending, ledger.appended, ledger.differs = real
     medians = {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
     out = {
         "machine": machine(),

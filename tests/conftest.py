@@ -425,7 +425,7 @@ PER_PROCESS = (
     ("cloudml_lib.base.outputs", "_said_aside"),
 )
 NOT_PER_COMMAND = (
-    ("cloudml_lib.base.ledger", "_held"),  # the folder locks this process holds now: released by their owners
+    ("cloudml_lib.base.store", "_held"),  # the folder locks this process holds now: released by their owners
     ("cloudml_lib.base.ownership", "_KINDS"),  # the kinds of folder, registered at import
     ("cloudml_lib.colab.expected", "_RUNNING"),  # the notebook's measuring threads (no command starts one)
 )

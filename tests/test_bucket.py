@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from cloudml_lib.base import bucket
+from cloudml_lib.base import bucket, ledger
 from cloudml_lib.base.config import build_config
 from cloudml_lib.base.errors import CloudMLError, ConfigError
+from cloudml_lib.base.ownership import claim, marker_kind
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data.cache import cache_folders, cache_key, check_folder_settings, load_flight_cache
 
@@ -103,7 +104,8 @@ def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwri
     assert again.source == "built"
     held = store()
     assert held[f"{samples}.kept-1"] == edited and held[samples] == (built.path / "samples.npz").read_bytes()
-    said = f"{URL}/{name}/samples.npz was changed after CloudML wrote it (damaged, or edited): it is kept as "
+    said = f"{URL}/{name}/samples.npz was changed after CloudML wrote it (damaged, or edited): it is "
+    said += "kept, as it is, as "
     assert said + f"{URL}/{name}/samples.npz.kept-1" in caplog.text
 
     def cut(*a):
@@ -114,7 +116,7 @@ def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwri
     with pytest.raises(OSError, match="the connection dropped"):
         cachefiles.upload_flight_cache(again.path, prefix, "save")
     monkeypatch.undo()
-    assert "contents" not in json.loads(store()["/bucket/cloudml/cache/.cloudml-files"])
+    assert not json.loads(store()["/bucket/cloudml/cache/.cloudml-files"]).get("contents")
     cachefiles.upload_flight_cache(again.path, prefix, "save")  # what the cut left: listed by name alone
     assert not MemoryFileSystem().exists(f"{samples}.kept-2")
     assert store()[samples] == (built.path / "samples.npz").read_bytes()
@@ -138,10 +140,10 @@ def test_a_kept_copy_cut_off_is_removed_and_the_changed_object_left_as_it_was(
     )
     prefix = bucket.open_prefix(URL)
     with pytest.raises(OSError, match="samples.npz.kept-1.*nothing was replaced"):
-        bucket.set_aside_changed(prefix, [f"{built.path.name}/samples.npz"])
+        ledger.set_aside_changed(prefix, [f"{built.path.name}/samples.npz"])
     assert store()[samples] == edited and not fs.exists(f"{samples}.kept-1")
     monkeypatch.undo()
-    assert bucket.set_aside_changed(prefix, [f"{built.path.name}/samples.npz"]) == [
+    assert ledger.set_aside_changed(prefix, [f"{built.path.name}/samples.npz"]) == [
         f"{built.path.name}/samples.npz.kept-1"
     ]
     assert store()[f"{samples}.kept-1"] == edited
@@ -175,7 +177,7 @@ def test_a_prefix_holding_other_objects_is_refused_and_left_untouched(tiny_confi
 
     # CloudML's own prefix, but an object it did not write where this flight's cache would go
     data.cache_copy_dir, data.cache_dir = URL, str(tmp_path / "second_machine")
-    bucket.claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    claim(bucket.open_prefix(URL), cache_mod.CACHE)
     name = f"{flight.name}-{cache_key(flight, data)}"
     fs.pipe_file(f"/bucket/cloudml/cache/{name}/mine.txt", b"a user's")
     before = store()
@@ -191,17 +193,18 @@ def test_a_prefix_is_cloudmls_by_a_marker_naming_it_and_a_ledger_never_built_fro
     fs.pipe_file("/bucket/copied/.cloudml", b'{"kind": "preprocessing cache", "by": "CloudML"}')
     fs.pipe_file("/bucket/copied/theirs.bin", b"keep me")
     copied = bucket.open_prefix("memory://bucket/copied")
-    assert bucket.marker_kind(copied) is None
+    assert marker_kind(copied) is None
     before = store()
     with pytest.raises(CloudMLError, match=r"holds other objects \(theirs.bin\)"):
-        bucket.claim(copied, cache_mod.CACHE)
+        claim(copied, cache_mod.CACHE)
     assert store() == before
-    prefix = bucket.claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    prefix = claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    ledger.list_at(prefix, "another-flight")
     fs.rm_file("/bucket/cloudml/cache/.cloudml-files")  # the ledger lost
     fs.pipe_file("/bucket/cloudml/cache/flight-key/frames.npy", b"another tool's")
     with pytest.raises(CloudMLError, match="was not written by CloudML"):
-        bucket.refuse_unless_mine(prefix, "flight-key", "replace")
-    assert bucket.listed(prefix) == set() and fs.cat_file("/bucket/cloudml/cache/flight-key/frames.npy") == (
+        ledger.refuse_at(prefix, "flight-key", "replace")
+    assert ledger.listed(prefix) == set() and fs.cat_file("/bucket/cloudml/cache/flight-key/frames.npy") == (
         b"another tool's"
     )
 
@@ -264,3 +267,43 @@ def test_a_stored_config_whose_bucket_package_is_missing_builds_the_cache(tiny_c
     assert built.source == "built"
     assert "could not use the cache copy in cloudmltest://bucket/cache/" in caplog.text
     assert "could not copy its cache to cloudmltest://bucket/cache/" in caplog.text
+
+
+@pytest.fixture(params=["folder", "bucket prefix"])
+def place(request, tmp_path, store):
+    """A new place of either store: a folder on this machine, or a prefix in fsspec's memory bucket."""
+    from cloudml_lib.base.store import Folder
+
+    return Folder(tmp_path / "place") if request.param == "folder" else bucket.open_prefix(URL)
+
+
+def test_a_folder_and_a_bucket_prefix_follow_one_set_of_ownership_rules(place):
+    """The marker, the ledger and their rules are written once, for store.py's interface: the same calls
+    claim either place, list and record what CloudML writes, find a changed file the user's and keep it
+    aside as NAME.kept-N, and refuse what CloudML did not write, in the same words but for the noun."""
+    from cloudml_lib.base.ownership import check
+    from cloudml_lib.core.run.runfolder import RUN
+
+    assert check(place, cache_mod.CACHE) == "new"
+    claim(place, cache_mod.CACHE)
+    assert marker_kind(place) == cache_mod.CACHE.name and check(place, cache_mod.CACHE) == "marked"
+    ledger.list_at(place, "a.txt")  # listed before it is created
+    place.write_text("a.txt", "one")
+    ledger.record_at(place, {"a.txt": (3, hashlib.sha256(b"one").hexdigest())})
+    assert ledger.judge(place, "a.txt") is None and ledger.listed(place) == {"a.txt"}
+    place.write_text("a.txt", "two")  # the same size, other bytes: edited since
+    assert ledger.judge(place, "a.txt") == (
+        "changed",
+        "its content is not what CloudML wrote (its sha256 differs)",
+    )
+    assert ledger.set_aside_changed(place, ["a.txt"]) == ["a.txt.kept-1"]
+    assert place.sha256("a.txt.kept-1") == hashlib.sha256(b"two").hexdigest()  # its bytes, as they were
+    assert ledger.judge(place, "a.txt.kept-1") == ("unlisted", "")  # the user's from now on
+    assert ledger.judge(place, "a.txt") is None  # CloudML's name again, listed by name alone
+    place.write_text("theirs.txt", "x")
+    noun = "folder" if place.noun == "folder" else "prefix"
+    with pytest.raises(CloudMLError, match=rf"theirs.txt was not written by CloudML \(its {noun}'s record"):
+        ledger.refuse_at(place, "theirs.txt", "replace")
+    assert place.sha256("theirs.txt") == hashlib.sha256(b"x").hexdigest()
+    with pytest.raises(CloudMLError, match=f"is CloudML's {cache_mod.CACHE.name} folder, not a run folder"):
+        check(place, RUN)  # claimed for another kind: named

@@ -9,16 +9,18 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from conftest import REPO
 
-from cloudml_lib.base import ledger
+from cloudml_lib.base import ledger, store
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.ledger import LEDGER
 from cloudml_lib.base.ownership import MARKER, check, claim, marker_kind
+from cloudml_lib.base.store import Folder
 from cloudml_lib.commands.sweep import SWEEP
 from cloudml_lib.core.run.folder import RunFolder
 from cloudml_lib.core.run.runfolder import CROSSVAL, RUN
@@ -415,7 +417,7 @@ def test_a_child_forked_while_a_thread_updates_the_ledger_does_not_keep_the_fold
     held, release = threading.Event(), threading.Event()
 
     def writer():
-        with ledger._folder_lock(home):
+        with Folder(home).locked():
             held.set()
             release.wait(10)
 
@@ -582,8 +584,9 @@ def test_an_appended_file_is_checked_by_its_fingerprint_not_read_again_at_every_
     for i in range(3):
         append_text(log, f'{{"step": {i}}}\n')
     reads = []
-    real = ledger._sha256
-    monkeypatch.setattr(ledger, "_sha256", lambda *a: reads.append(a) or real(*a))
+    real = store.sha256_of
+    for module in (ledger, store):
+        monkeypatch.setattr(module, "sha256_of", lambda *a: reads.append(a) or real(*a))
     append_text(log, '{"step": 3}\n')
     assert reads == []  # this process's own appends: a stat, no read
     ledger.flush()
@@ -604,6 +607,48 @@ def test_an_appended_file_is_checked_by_its_fingerprint_not_read_again_at_every_
     with pytest.raises(CloudMLError, match=r"it holds 10 bytes, of the 24 CloudML wrote"):
         append_text(log, '{"step": 5}\n')
     assert log.read_text() == text[:10]
+
+
+class _SignalInUpdate:
+    """A sha256 whose update is followed at once by a signal (torchrun's SIGTERM, raised as KeyboardInterrupt
+    by CloudML's handler), or by the checkpoint writer's thread taking its turn: once, when armed."""
+
+    armed = False
+
+    def __init__(self, h=b""):
+        self.h = hashlib.sha256(h) if isinstance(h, bytes) else h
+
+    def update(self, data):
+        self.h.update(data)
+        if _SignalInUpdate.armed:
+            _SignalInUpdate.armed = False
+            raise KeyboardInterrupt("SIGTERM")
+
+    def copy(self):
+        return _SignalInUpdate(self.h.copy())
+
+    def hexdigest(self):
+        return self.h.hexdigest()
+
+
+def test_a_signal_in_the_middle_of_an_append_leaves_the_log_cloudmls(tmp_path, monkeypatch):
+    """A job stopped (SIGTERM) as a line went into train.log: the fingerprint is never half of an append (a
+    hash of more bytes than its size), which the next launch took for a user's edit and refused the run's
+    own log (one full suite run in several, after a peer process was killed)."""
+    from cloudml_lib.base.outputs import append_text
+
+    run = claimed_run(tmp_path)
+    log = run / "train.log"
+    monkeypatch.setattr(ledger, "hashlib", SimpleNamespace(sha256=_SignalInUpdate))  # the ledger's alone
+    append_text(log, "first line\n")
+    _SignalInUpdate.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        append_text(log, "the line the signal came in\n")
+    ledger.flush()  # at the process's exit
+    monkeypatch.setattr(ledger, "_growing", {})  # the next launch
+    assert ledger.mine(log)
+    append_text(log, "resumed\n")
+    assert log.read_text() == "first line\nthe line the signal came in\nresumed\n"
 
 
 def test_evaluate_keeps_a_report_the_user_edited_and_a_resume_refuses_a_rewritten_log(session_runs, tmp_path):

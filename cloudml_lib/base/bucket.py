@@ -1,35 +1,34 @@
 """A folder in a bucket: an fsspec URL (gs://, s3://, az://, memory://, ...) where CloudML keeps a lasting
-folder (data.cache_copy_dir). The counterpart, for an object store, of ownership.py and ledger.py.
+folder (data.cache_copy_dir). Its storage, for the ownership rules of ownership.py and ledger.py.
 
 A URL is checked when a config is built (`url_problem`): its scheme must be one fsspec knows, and the package
 that reads it (gcsfs, s3fs, adlfs: optional) must be installed; nothing is contacted then. Credentials are
 fsspec's business: the client's default chain (gcloud, GOOGLE_APPLICATION_CREDENTIALS, AWS profiles and
 environment), or fsspec's own configuration (~/.config/fsspec, FSSPEC_<PROTOCOL>_<OPTION>).
 
-A prefix is CloudML's as a folder is: by the same `.cloudml` marker (the kind and the URL it was written for),
-written before anything else goes into a prefix that holds nothing; a prefix holding other objects is refused
-by name and left untouched (no earlier release wrote to a bucket: nothing is adopted). What CloudML created in
-it is listed in the same ledger, `.cloudml-files`, before it is created; anything not listed is never replaced
-or deleted. Each object CloudML uploaded is recorded there too, by its size and sha256 (`record`), as a
-folder's files are: an object whose content changed since (damaged, or edited) is the user's, and before
-CloudML writes where it lies it is moved aside to NAME.kept-N, its bytes as they were, and said
-(`set_aside_changed`). An object store has no lock: two sessions that add at the same moment may lose one
-entry, which only makes CloudML refuse, later, to replace that entry (the safe side).
+A prefix is CloudML's as a folder is, by the same rules written once (store.py's interface, which `Prefix`
+implements): the `.cloudml` marker (the kind and the URL it was written for), written before anything else
+goes into a prefix that holds nothing (ownership.claim), a prefix holding other objects refused by name and
+left untouched (no earlier release wrote to a bucket: nothing is adopted); and the same ledger,
+`.cloudml-files` (ledger.py), listing what CloudML created before it is created and recording each object it
+uploaded by its size and sha256. Anything not listed is never replaced or deleted; an object whose content
+changed since (damaged, or edited) is the user's, and before CloudML writes where it lies it is copied aside
+to NAME.kept-N, its bytes as they were, and said (ledger.set_aside_changed). An object store has no lock: two
+sessions that add at the same moment may lose one entry, which only makes CloudML refuse, later, to replace
+that entry (the safe side).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from cloudml_lib.base.errors import CloudMLError, install_command, shown
-from cloudml_lib.base.ledger import LEDGER, LEDGER_LIMIT, LEDGER_SHAPE, is_listed
-from cloudml_lib.base.ownership import CLUTTER, MARKER, MARKER_LIMIT, MARKER_SHAPE, Kind
 from cloudml_lib.base.shapes import Damaged, parse_json
+from cloudml_lib.base.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +89,18 @@ def errors(url: str):
 
 
 @dataclass(frozen=True)
-class Prefix:
-    """A folder in a bucket: its URL, the fsspec file system and the path within it."""
+class Prefix(Store):
+    """A folder in a bucket (store.py's interface, as a folder on this machine): its URL, the fsspec file
+    system and the path within it. Each call's client errors are OSError naming the URL (`errors`)."""
 
     url: str
     fs: object
     root: str
+
+    noun = "prefix"
+    things = "objects"
+    item = "object"
+    adopts = False  # no earlier release wrote to a bucket: what lies there proves nothing CloudML's
 
     @property
     def place(self) -> str:
@@ -109,22 +114,90 @@ class Prefix:
     def url_of(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
+    def shown(self, rel: str = "") -> str:
+        return self.url_of(rel) if rel else self.url
+
+    def exists(self, rel: str) -> bool:
+        """An object at `rel`; the prefix itself ("") exists by what it holds."""
+        with errors(self.url):
+            return self.holds(rel) if not rel else self.fs.exists(self.path(rel))
+
     def holds(self, rel: str) -> bool:
         """Whether any object lies at `rel` or under it."""
-        return self.fs.exists(self.path(rel)) or bool(self.fs.find(self.path(rel)))
+        with errors(self.url):
+            return self.fs.exists(self.path(rel)) or bool(self.fs.find(self.path(rel)))
+
+    def names(self) -> list[str]:
+        with errors(self.url):
+            try:
+                entries = self.fs.ls(self.root, detail=False)
+            except FileNotFoundError:
+                return []
+        return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
+
+    def size(self, rel: str) -> int:
+        with errors(self.url):
+            return self.fs.size(self.path(rel))
+
+    def is_file(self, rel: str) -> bool:
+        with errors(self.url):
+            return self.fs.isfile(self.path(rel))
+
+    def sha256(self, rel: str, size: int | None = None) -> str | None:
+        h, left = hashlib.sha256(), size
+        with errors(self.url), self.fs.open(self.path(rel), "rb") as f:
+            while left is None or left > 0:
+                chunk = f.read(1 << 20 if left is None else min(left, 1 << 20))
+                if not chunk:
+                    break
+                h.update(chunk)
+                if left is not None:
+                    left -= len(chunk)
+        return None if left else h.hexdigest()
 
     def read_small(self, rel: str, limit: int) -> bytes:
         """A small object's bytes (Damaged: bigger than `limit`, so not the file CloudML wrote)."""
-        if self.fs.size(self.path(rel)) > limit:
-            raise Damaged(f"{self.url_of(rel)} is bigger than {limit} bytes")
-        return self.fs.cat_file(self.path(rel))
+        with errors(self.url):
+            if self.fs.size(self.path(rel)) > limit:
+                raise Damaged(f"{self.url_of(rel)} is bigger than {limit} bytes")
+            return self.fs.cat_file(self.path(rel))
 
     def read_json(self, rel: str, shape, limit: int):
         """A small JSON object of the prefix, parsed as `shape` (Damaged: too big, or not that shape)."""
         return parse_json(self.read_small(rel, limit), shape)
 
-    def write_json(self, rel: str, doc: dict) -> None:
-        self.fs.pipe_file(self.path(rel), (json.dumps(doc, indent=0) + "\n").encode())
+    def write_text(self, rel: str, text: str) -> None:
+        with errors(self.url):
+            self.fs.pipe_file(self.path(rel), text.encode())
+
+    def make(self) -> None:
+        """Nothing: a prefix exists by its objects."""
+
+    def keep_aside(self, rel: str, aside: str) -> None:
+        """A whole copy (an object store has no rename; the original is then written over by CloudML); a
+        copy cut off or short is removed (CloudML made it a moment ago) and OSError says so, `rel` as it
+        was."""
+        with errors(self.url):
+            size = self.fs.size(self.path(rel))
+            try:
+                self.fs.copy(self.path(rel), self.path(aside))
+                whole = self.fs.size(self.path(aside)) == size
+            except BaseException:
+                self._remove_own(aside)
+                raise
+            if not whole:
+                self._remove_own(aside)
+                raise OSError(
+                    f"{self.url_of(rel)} could not be copied whole to {self.url_of(aside)}: nothing was "
+                    "replaced"
+                )
+
+    def _remove_own(self, rel: str) -> None:
+        try:
+            if self.fs.exists(self.path(rel)):
+                self.fs.rm_file(self.path(rel))
+        except Exception:  # noqa: BLE001 - the next copy takes the next free name
+            pass
 
 
 def open_prefix(url: str) -> Prefix:
@@ -135,179 +208,3 @@ def open_prefix(url: str) -> Prefix:
     with errors(url):
         fs, root = url_to_fs(url)
     return Prefix(url.rstrip("/"), fs, root.rstrip("/"))
-
-
-def others_in(prefix: Prefix) -> list[str]:
-    """The names directly under the prefix, besides hidden ones (CloudML's marker and ledger) and clutter."""
-    try:
-        entries = prefix.fs.ls(prefix.root, detail=False)
-    except FileNotFoundError:
-        return []
-    names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries}
-    return sorted(n for n in names if n and not n.startswith(".") and n not in CLUTTER)
-
-
-def marker_kind(prefix: Prefix) -> str | None:
-    """The kind the prefix's marker names; None without one, or where it does not name this prefix (copied
-    with the objects, or naming none: it proves nothing here). A marker that is not CloudML's is refused."""
-    if not prefix.fs.exists(prefix.path(MARKER)):
-        return None
-    try:
-        doc = prefix.read_json(MARKER, MARKER_SHAPE, MARKER_LIMIT)
-    except Damaged as e:
-        raise CloudMLError(
-            f"{prefix.url_of(MARKER)} is not a marker CloudML wrote ({shown(str(e), 200)}): {prefix.url} "
-            "cannot be told to be CloudML's. Move that object away, or choose another place. Nothing was "
-            "written."
-        ) from None
-    return doc["kind"] if doc.get("folder") == prefix.place else None
-
-
-def claim(prefix: Prefix, kind: Kind) -> Prefix:
-    """ownership.claim for a bucket: the prefix marked as CloudML's `kind` (with an empty ledger) before
-    anything else is written there; one marked for another kind, or holding other objects, is refused by
-    name and left untouched. Returns the prefix."""
-    with errors(prefix.url):
-        marked = marker_kind(prefix)
-        if marked == kind.name:
-            return prefix
-        if marked is not None:
-            raise CloudMLError(
-                f"{kind.option} {prefix.url} is CloudML's {marked} folder, not a {kind.name} folder "
-                f"({MARKER} says so); give a new or empty prefix for the {kind.name}. Nothing was written."
-            )
-        others = others_in(prefix)
-        if others:
-            listed = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in others[:5]) + (
-                f" and {len(others) - 5} more" if len(others) > 5 else ""
-            )
-            raise CloudMLError(
-                f"{kind.option} {prefix.url} holds other objects ({listed}) and is not a CloudML {kind.name} "
-                f"folder: CloudML writes only where it can prove the place is its own (its {MARKER} marker), "
-                "never among other objects, and it replaces or deletes nothing it did not write. Give a new "
-                "or empty prefix (e.g. a subfolder: .../cloudml/cache). Nothing was written."
-            )
-        prefix.write_json(MARKER, {"kind": kind.name, "by": "CloudML", "folder": prefix.place})
-        _write_ledger(prefix, set())
-    return prefix
-
-
-def listed(prefix: Prefix) -> set[str]:
-    """The ledger of a claimed prefix; one that is missing or damaged proves nothing CloudML's: it is made
-    again empty, never from what happens to be there (what CloudML wrote before stays, not replaced)."""
-    return _ledger(prefix)[0]
-
-
-def _ledger(prefix: Prefix) -> tuple[set[str], dict[str, dict]]:
-    """The listed names and the content records (base/ledger.py's format) of a claimed prefix."""
-    try:
-        doc = prefix.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)
-        return set(doc["created"]), dict(doc.get("contents", {}))
-    except (FileNotFoundError, Damaged) as e:
-        log.warning(
-            "%s has no readable record of what CloudML wrote there (%s): nothing there is taken as "
-            "CloudML's, so no object of it is replaced or deleted; a new record starts empty",
-            prefix.url,
-            "missing" if isinstance(e, FileNotFoundError) else f"damaged: {shown(str(e), 200)}",
-        )
-        _write_ledger(prefix, set())
-        return set(), {}
-
-
-def _write_ledger(prefix: Prefix, created: set[str], contents: dict[str, dict] | None = None) -> None:
-    doc = {"by": "CloudML", "folder": prefix.place, "created": sorted(created)}
-    kept = {rel: c for rel, c in (contents or {}).items() if is_listed(created, rel)}
-    prefix.write_json(LEDGER, {**doc, "contents": kept} if kept else doc)
-
-
-def add(prefix: Prefix, rel: str) -> None:
-    """List `rel` (about to be created by CloudML) in the prefix's ledger."""
-    with errors(prefix.url):
-        created, contents = _ledger(prefix)
-        if not is_listed(created, rel):
-            _write_ledger(prefix, created | {rel}, contents)
-
-
-def record(prefix: Prefix, written: dict[str, tuple[int, str]]) -> None:
-    """Record what CloudML just uploaded: {rel: (size, sha256)} (each rel listed, or under a listed name)."""
-    with errors(prefix.url):
-        created, contents = _ledger(prefix)
-        contents.update({rel: {"size": size, "sha256": [sha]} for rel, (size, sha) in written.items()})
-        _write_ledger(prefix, created, contents)
-
-
-def _sha256_of(prefix: Prefix, rel: str) -> str:
-    h = hashlib.sha256()
-    with prefix.fs.open(prefix.path(rel), "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def set_aside_changed(prefix: Prefix, rels: list[str]) -> list[str]:
-    """Before CloudML writes or removes the objects `rels`: each one whose content is not what CloudML
-    recorded uploading (damaged, or edited since) is moved to REL.kept-N, its bytes as they were, and said;
-    then every record of `rels` is dropped (a write cut off later leaves an object listed by name alone,
-    which CloudML may replace). Returns the names the changed objects were moved to."""
-    moved = []
-    with errors(prefix.url):
-        created, contents = _ledger(prefix)
-        for rel in rels:
-            rec = contents.get(rel)
-            if rec is None or not prefix.fs.exists(prefix.path(rel)):
-                continue
-            size = prefix.fs.size(prefix.path(rel))
-            if size == rec["size"] and _sha256_of(prefix, rel) in rec["sha256"]:
-                continue
-            n = 1
-            while prefix.fs.exists(prefix.path(f"{rel}.kept-{n}")):
-                n += 1
-            aside = f"{rel}.kept-{n}"
-            _copy_whole(prefix, rel, aside, size)
-            log.warning(
-                "%s was changed after CloudML wrote it (damaged, or edited): it is kept as %s, and CloudML "
-                "writes its own in its place",
-                prefix.url_of(rel),
-                prefix.url_of(aside),
-            )
-            moved.append(aside)
-        if any(rel in contents for rel in rels):
-            _write_ledger(prefix, created, {r: c for r, c in contents.items() if r not in rels})
-    return moved
-
-
-def _copy_whole(prefix: Prefix, rel: str, aside: str, size: int) -> None:
-    """Copy object `rel` to the free name `aside`; a copy cut off or short is removed (CloudML made it a
-    moment ago) and the upload stops, `rel` as it was."""
-    try:
-        prefix.fs.copy(prefix.path(rel), prefix.path(aside))
-        whole = prefix.fs.size(prefix.path(aside)) == size
-    except BaseException:
-        _remove_own(prefix, aside)
-        raise
-    if not whole:
-        _remove_own(prefix, aside)
-        raise OSError(
-            f"{prefix.url_of(rel)} could not be copied whole to {prefix.url_of(aside)}: nothing was replaced"
-        )
-
-
-def _remove_own(prefix: Prefix, rel: str) -> None:
-    try:
-        if prefix.fs.exists(prefix.path(rel)):
-            prefix.fs.rm_file(prefix.path(rel))
-    except OSError:
-        pass  # the next upload takes the next free name
-
-
-def refuse_unless_mine(prefix: Prefix, rel: str, doing: str) -> None:
-    """Raise, naming the objects, where something lies at `rel` that the prefix's ledger does not list."""
-    with errors(prefix.url):
-        if not prefix.holds(rel) or is_listed(listed(prefix), rel):
-            return
-    raise CloudMLError(
-        f"{prefix.url_of(rel)} was not written by CloudML (its record of what CloudML created, "
-        f"{prefix.url_of(LEDGER)}, does not list it), so CloudML does not {doing} it: it is left as it is. "
-        "Move it away to let CloudML write its own copy there, or choose another prefix. Nothing was written "
-        "to it."
-    )

@@ -28,6 +28,12 @@ their content), as are the files of a ledger written before content was recorded
 verifies records each file it lists as it was found (its size and sha256; an appended one's as a fingerprint
 that may grow): changed later, it is the user's.
 
+The rules are written once for any store (store.py): a folder on this machine, or a bucket's prefix
+(bucket.py's `Prefix`), whose ledger is the same file; `read_record`, `judge`, `refuse_at`, `list_at`,
+`record_at` and `set_aside_changed` take the store and a path in it. The functions that take a path of this
+machine (`mine`, `add`, `drop`, `delete`, ...) find its claimed folder and call them. What a bucket lacks is
+the store's to say: no adoption (a lost ledger there is made again empty) and no lock.
+
 Temporary files named by CloudML's own pattern (`.NAME.tmp-PID`, `.trash-*`) are not listed: they exist
 only during a write, and a leftover one is recognised by that name and its dead process.
 """
@@ -39,14 +45,13 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.ownership import MARKER, kind_named, marker_kind, others_in, where
-from cloudml_lib.base.shapes import BOOL, INT, TEXT, Damaged, ListOf, MapOf, Obj, read_json
+from cloudml_lib.base.ownership import MARKER, kind_named, marker_kind, others_in
+from cloudml_lib.base.shapes import BOOL, INT, TEXT, Damaged, ListOf, MapOf, Obj
+from cloudml_lib.base.store import Folder, Store, sha256_of
 
 log = logging.getLogger(__name__)
 
@@ -62,27 +67,260 @@ LEDGER_SHAPE = Obj(
 LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file is not CloudML's ledger
 
 _lock = threading.RLock()
-_held: set[int] = set()  # descriptors of the folder locks this process holds now
 
 
-def _drop_inherited_locks() -> None:
-    """In a child forked while a thread held a folder lock (DataLoader or preprocessing workers forked beside
-    the checkpoint writer's or the hashing thread's ledger update): the child's copy of the descriptor is
-    closed, so that the lock is released when the parent's update ends, not when the child exits; and the
-    child gets a thread lock of its own (its copy of one a parent's thread held would stay held for ever)."""
+def _lock_of_its_own() -> None:
+    """In a child forked while a thread of its parent held the thread lock (a command forked beside the
+    checksum thread): its copy would stay held for ever, since the thread that holds it does not exist in
+    the child. (The folder locks' descriptors: store.py closes them.)"""
     global _lock
     _lock = threading.RLock()
-    for fd in list(_held):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _held.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_inherited_locks)
+    os.register_at_fork(after_in_child=_lock_of_its_own)
 _said: set[str] = set()
+
+
+# ------------------------------------------------------------------------------------------ the record
+# Written once for every store (store.py: a folder on this machine, a bucket's prefix).
+
+
+def read_record(store: Store) -> tuple[set[str], dict[str, dict]] | None:
+    """The listed paths and the contents recorded; None where the store has no ledger yet, or a damaged one
+    (named once)."""
+    if not store.exists(LEDGER):
+        return None
+    try:
+        doc = store.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)
+    except (OSError, Damaged) as e:
+        if isinstance(e, OSError) and not isinstance(store, Folder):
+            raise  # a bucket client's error (the connection, credentials): not about the ledger
+        _say_once(
+            f"ledger:{store.shown(LEDGER)}",
+            f"{store.shown(LEDGER)} is damaged ({e}); it is made again from what in {store.shown()} verifies "
+            "as CloudML's"
+            + (
+                ""
+                if store.adopts
+                else " (nothing: no object there is taken as CloudML's, replaced or deleted)"
+            ),
+        )
+        return None
+    return set(doc["created"]), dict(doc.get("contents", {}))
+
+
+def write_record(store: Store, created: set[str], contents: dict[str, dict]) -> None:
+    """The ledger written whole, the fingerprints of this process's appends in a folder brought up to date."""
+    contents = {rel: c for rel, c in contents.items() if is_listed(created, rel)}
+    mine_here = [g for g in _growing.values() if isinstance(store, Folder) and g.home == store.path]
+    for growth in mine_here:
+        if is_listed(created, growth.rel):
+            contents[growth.rel] = growth.record()
+    doc = {"by": "CloudML", "folder": store.place, "created": sorted(created), "contents": contents}
+    store.write_text(LEDGER, json.dumps(doc, indent=0, sort_keys=True))
+    for growth in mine_here:
+        growth.dirty = False
+
+
+def record_of(store: Store) -> tuple[set[str], dict[str, dict]]:
+    """The ledger of `store`, made first where it has none (or a damaged one): from what verifies as its
+    kind's own, on a store that adopts; else empty, never from what happens to be there."""
+    with _lock:
+        found = read_record(store)
+        if found is None:
+            found = _start(store)
+        return found
+
+
+def _record(home: Path) -> tuple[set[str], dict[str, dict]]:
+    return record_of(Folder(home))
+
+
+def listed(place: Path | Store) -> set[str]:
+    """The ledger of the claimed folder (or prefix) `place`, made first where it has none."""
+    return record_of(place if isinstance(place, Store) else Folder(place))[0]
+
+
+def start(home: Path, entries: list[str] | None = None) -> set[str]:
+    """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
+    the kind's own by its rule (ownership.Kind.owned), each file of it recorded as it is now (`_as_found`)."""
+    return _start(Folder(home), entries)[0]
+
+
+def _start(store: Store, entries: list[str] | None = None) -> tuple[set[str], dict[str, dict]]:
+    """start's ledger: the listed paths and the content records it wrote."""
+    contents: dict[str, dict] = {}
+    if entries is None and not isinstance(store, Folder):
+        return set(), {}  # a store that adopts nothing: empty (written with the first entry it lists)
+    if entries is None:
+        home = store.path
+        proven = marker_kind(store)
+        kind = kind_named(proven or marker_kind(store, proven=False) or "")
+        if proven is None:  # a marker that proves nothing by itself (copied, or naming no folder):
+            # the kind's own where the content verifies as an earlier release's (its adoption), else nothing
+            adopted = kind is not None and kind.owned is not None and kind.adopt(home)
+            entries = kind.owned(home) if adopted else []
+        else:
+            entries = kind.verified(home) if kind is not None else others_in(store)
+        # the files of a kind with a rule for what it writes (a run's); a cache's have checksums of their own
+        contents = _as_found(store, entries) if kind is not None and kind.owned is not None else {}
+    with _lock:
+        write_record(store, set(entries), contents)
+    return set(entries), contents
+
+
+APPENDED = (
+    ".log",
+    ".jsonl",
+)  # the files CloudML appends to (train.log, metrics.jsonl); the others it writes whole
+
+
+def _as_found(store: Store, entries: list[str]) -> dict[str, dict]:
+    """The content records of a ledger made from what verified (an earlier release's folder, or one whose
+    ledger was lost): each listed file as it is now, by its size and sha256, as CloudML records a file it
+    wrote whole; a file it appends to (APPENDED) by the fingerprint of what it holds, which may grow. From
+    then on a change to what it holds (an edit, a cut, for a file written whole an addition too) makes it
+    the user's, as in a folder whose ledger CloudML kept; listed by name alone, a verified file was CloudML's
+    for good whatever was done to it later. Folders (checkpoints: their own checksums) stay listed by name."""
+    found = {}
+    for rel in entries:
+        try:
+            if not store.is_file(rel):
+                continue
+            size = store.size(rel)
+            h = store.sha256(rel, size)
+        except OSError:
+            continue  # unreadable now: listed by name, as before
+        if h is not None:
+            found[rel] = {"size": size, "sha256": [h]}
+            if rel.endswith(APPENDED):
+                found[rel]["grows"] = True
+    return found
+
+
+def is_listed(created: set[str], rel: str) -> bool:
+    parts = rel.split("/")
+    return any("/".join(parts[:i]) in created for i in range(1, len(parts) + 1))
+
+
+# ------------------------------------------------------------------------------------------ judging
+
+
+def differs(store: Store, rel: str, rec: dict) -> str | None:
+    """How the file at `rel` differs from what CloudML recorded writing (words), or None where it matches."""
+    try:
+        if not store.is_file(rel):
+            return "it is no longer a file"
+        size = store.size(rel)
+        if rec.get("grows"):
+            growth = _growing.get(os.path.abspath(store.at(rel))) if isinstance(store, Folder) else None
+            if growth is not None and growth.size == size:
+                return None  # this process wrote all of it (a stat: nothing read again per append)
+            if size < rec["size"]:
+                return f"it holds {size} bytes, of the {rec['size']} CloudML wrote"
+            h = store.sha256(rel, rec["size"])
+        else:
+            if size != rec["size"]:
+                return f"it holds {size} bytes where CloudML wrote {rec['size']}"
+            h = store.sha256(rel)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    if h is None or h not in rec["sha256"]:
+        return "its content is not what CloudML wrote (its sha256 differs)"
+    return None
+
+
+def judge(store: Store, rel: str) -> tuple[str, str] | None:
+    """None where CloudML may replace, truncate, append to or delete what lies at `rel` (nothing, or what
+    the ledger lists and, where its content was recorded, still holds what CloudML wrote); else why not:
+    ("unlisted", "") or ("changed", how)."""
+    if not store.holds(rel):
+        return None
+    created, contents = record_of(store)
+    if not is_listed(created, rel):
+        return "unlisted", ""
+    rec = contents.get(rel)
+    how = None if rec is None else differs(store, rel, rec)
+    return None if how is None else ("changed", how)
+
+
+def not_mine_words(
+    store: Store, rel: str, doing: str, found: tuple[str, str] | None, shown: str | None = None
+) -> str:
+    """The words for what CloudML leaves alone at `rel` (judge's `found`; `shown`: its name as the caller
+    gave it): what it would have done, and what the user can do."""
+    path = shown or store.shown(rel)
+    if found is not None and found[0] == "changed":
+        return (
+            f"{path} was changed after CloudML wrote it ({found[1]}), so it is yours now: CloudML does not "
+            f"{doing} it, and it is left as it is. Move it out of the {store.noun} (or rename it) to let "
+            f"CloudML write its own {store.item} there, or choose another {store.noun}."
+        )
+    return (
+        f"{path} was not written by CloudML (its {store.noun}'s record of what CloudML created, "
+        f"{store.shown(LEDGER)}, does not list it), so CloudML does not {doing} it: it is left as it is. "
+        f"Move it out of the {store.noun} to let CloudML write its own {store.item} there, or choose another "
+        f"{store.noun}."
+    )
+
+
+def refuse_at(store: Store, rel: str, doing: str) -> None:
+    """Raise, naming it, where something lies at `rel` that is not CloudML's (a write that cannot go
+    elsewhere)."""
+    found = judge(store, rel)
+    if found is not None:
+        raise CloudMLError(not_mine_words(store, rel, doing, found) + " Nothing was written to it.")
+
+
+def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
+    """Before CloudML writes again the files `rels` (each listed, or under a listed folder): each whose
+    content is not what CloudML recorded writing (damaged, or edited since) is kept, its bytes as they are, as
+    REL.kept-N (a name CloudML does not list: the user's), and said; then every record of `rels` is dropped
+    (a write cut off later leaves a file listed by name alone, which CloudML may replace). Returns the names
+    they were kept as."""
+    moved = []
+    with _lock, store.locked():
+        created, contents = record_of(store)
+        for rel in rels:
+            rec = contents.get(rel)
+            if rec is None or not store.exists(rel) or differs(store, rel, rec) is None:
+                continue
+            n = 1
+            while store.exists(f"{rel}.kept-{n}"):
+                n += 1
+            aside = f"{rel}.kept-{n}"
+            store.keep_aside(rel, aside)
+            log.warning(
+                "%s was changed after CloudML wrote it (damaged, or edited): it is kept, as it is, as %s; "
+                "CloudML writes its own %s in its place.",
+                store.shown(rel),
+                store.shown(aside),
+                rel.rsplit("/", 1)[-1],
+            )
+            moved.append(aside)
+        if any(rel in contents for rel in rels):
+            write_record(store, created, {r: c for r, c in contents.items() if r not in rels})
+    return moved
+
+
+def list_at(store: Store, rel: str) -> None:
+    """List `rel` (about to be created by CloudML) in the store's ledger."""
+    with _lock, store.locked():
+        created, contents = record_of(store)
+        if not is_listed(created, rel):
+            write_record(store, created | {rel}, contents)
+
+
+def record_at(store: Store, written: dict[str, tuple[int, str]]) -> None:
+    """Record what CloudML just wrote whole: {rel: (size, sha256)} (each listed, or under a listed name)."""
+    with _lock, store.locked():
+        created, contents = record_of(store)
+        contents.update({rel: {"size": size, "sha256": [sha]} for rel, (size, sha) in written.items()})
+        write_record(store, created, contents)
+
+
+# ---------------------------------------------------------------------- a path on this machine
 
 
 def home_of(path: str | Path) -> Path | None:
@@ -105,185 +343,21 @@ def _rel(home: Path, path: str | Path) -> str:
     return Path(os.path.abspath(path)).relative_to(Path(os.path.abspath(home))).as_posix()
 
 
-def _read(home: Path) -> tuple[set[str], dict[str, dict]] | None:
-    """The listed paths and the contents recorded; None where the folder has no ledger yet, or a damaged one
-    (named once)."""
-    path = home / LEDGER
-    if not os.path.lexists(path):
-        return None
-    try:
-        doc = read_json(path, LEDGER_SHAPE, LEDGER_LIMIT)
-    except (OSError, Damaged) as e:
-        _say_once(
-            f"ledger:{path}",
-            f"{path} is damaged ({e}); it is made again from what in {home} verifies as CloudML's",
-        )
-        return None
-    return set(doc["created"]), dict(doc.get("contents", {}))
-
-
-def _write(home: Path, created: set[str], contents: dict[str, dict]) -> None:
-    """The ledger written whole, the fingerprints of this process's appends in `home` brought up to date."""
-    contents = {rel: c for rel, c in contents.items() if is_listed(created, rel)}
-    for growth in list(_growing.values()):
-        if growth.home == home and is_listed(created, growth.rel):
-            contents[growth.rel] = growth.record()
-    tmp = home / f".{LEDGER}.tmp-{os.getpid()}"
-    try:
-        if os.path.lexists(tmp):
-            tmp.unlink()
-        doc = {"by": "CloudML", "folder": where(home), "created": sorted(created), "contents": contents}
-        tmp.write_text(json.dumps(doc, indent=0, sort_keys=True))
-        os.replace(tmp, home / LEDGER)
-    finally:
-        if os.path.lexists(tmp):
-            tmp.unlink()
-    for growth in _growing.values():
-        if growth.home == home:
-            growth.dirty = False
-
-
-def _record(home: Path) -> tuple[set[str], dict[str, dict]]:
-    with _lock:
-        found = _read(home)
-        if found is None:
-            found = _start(home)
-        return found
-
-
-def listed(home: Path) -> set[str]:
-    """The ledger of the claimed folder `home`, made first where it has none (from its kind's rule)."""
-    return _record(home)[0]
-
-
-def start(home: Path, entries: list[str] | None = None) -> set[str]:
-    """Write `home`'s ledger: `entries` (a new or empty folder: none), or, where not given, what verifies as
-    the kind's own by its rule (ownership.Kind.owned), each file of it recorded as it is now (`_as_found`)."""
-    return _start(home, entries)[0]
-
-
-def _start(home: Path, entries: list[str] | None = None) -> tuple[set[str], dict[str, dict]]:
-    """start's ledger: the listed paths and the content records it wrote."""
-    contents: dict[str, dict] = {}
-    if entries is None:
-        proven = marker_kind(home)
-        kind = kind_named(proven or marker_kind(home, proven=False) or "")
-        if proven is None:  # a marker that proves nothing by itself (copied, or naming no folder):
-            # the kind's own where the content verifies as an earlier release's (its adoption), else nothing
-            adopted = kind is not None and kind.owned is not None and kind.adopt(home)
-            entries = kind.owned(home) if adopted else []
-        else:
-            entries = kind.verified(home) if kind is not None else others_in(home)
-        # the files of a kind with a rule for what it writes (a run's); a cache's have checksums of their own
-        contents = _as_found(home, entries) if kind is not None and kind.owned is not None else {}
-    with _lock:
-        _write(home, set(entries), contents)
-    return set(entries), contents
-
-
-APPENDED = (
-    ".log",
-    ".jsonl",
-)  # the files CloudML appends to (train.log, metrics.jsonl); the others it writes whole
-
-
-def _as_found(home: Path, entries: list[str]) -> dict[str, dict]:
-    """The content records of a ledger made from what verified (an earlier release's folder, or one whose
-    ledger was lost): each listed file as it is now, by its size and sha256, as CloudML records a file it
-    wrote whole; a file it appends to (APPENDED) by the fingerprint of what it holds, which may grow. From
-    then on a change to what it holds (an edit, a cut, for a file written whole an addition too) makes it
-    the user's, as in a folder whose ledger CloudML kept; listed by name alone, a verified file was CloudML's
-    for good whatever was done to it later. Folders (checkpoints: their own checksums) stay listed by name."""
-    found = {}
-    for rel in entries:
-        path = home / rel
-        try:
-            if path.is_symlink() or not path.is_file():
-                continue
-            size = path.stat().st_size
-            h = _sha256(path, size)
-        except OSError:
-            continue  # unreadable now: listed by name, as before
-        if h is not None:
-            found[rel] = {"size": size, "sha256": [h.hexdigest()]}
-            if path.suffix in APPENDED:
-                found[rel]["grows"] = True
-    return found
-
-
-def is_listed(created: set[str], rel: str) -> bool:
-    parts = rel.split("/")
-    return any("/".join(parts[:i]) in created for i in range(1, len(parts) + 1))
-
-
-# ------------------------------------------------------------------------------------------ contents
-
-
-def _sha256(path: str | Path, size: int | None = None):
-    """The sha256 (a hashlib object) of `path`'s first `size` bytes (all where None); None where shorter."""
-    h, left = hashlib.sha256(), size
-    with open(path, "rb") as f:
-        while left is None or left > 0:
-            chunk = f.read(1 << 20 if left is None else min(left, 1 << 20))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return None if left else h
-
-
-def _differs(path: str | Path, rec: dict) -> str | None:
-    """How `path` differs from what CloudML recorded writing (words), or None where it matches."""
-    try:
-        st = os.stat(path)
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            return "it is no longer a file"
-        if rec.get("grows"):
-            growth = _growing.get(os.path.abspath(path))
-            if growth is not None and growth.size == size:
-                return None  # this process wrote all of it (a stat: nothing read again per append)
-            if size < rec["size"]:
-                return f"it holds {size} bytes, of the {rec['size']} CloudML wrote"
-            h = _sha256(path, rec["size"])
-        else:
-            if size != rec["size"]:
-                return f"it holds {size} bytes where CloudML wrote {rec['size']}"
-            h = _sha256(path)
-    except OSError as e:
-        return f"it cannot be read ({e.strerror or e})"
-    if h is None or h.hexdigest() not in rec["sha256"]:
-        return "its content is not what CloudML wrote (its sha256 differs)"
-    return None
-
-
-def _place(path: str | Path) -> tuple[Path, str] | None:
+def place_of(path: str | Path) -> tuple[Folder, str] | None:
     """(its claimed folder, its path there) for an existing `path` a ledger judges; None where none does (it
     does not exist, lies in no claimed folder, or is the folder's marker or ledger itself)."""
     if not os.path.lexists(path):
         return None
     home = home_of(path)
-    if home is None or Path(os.path.abspath(path)) == Path(os.path.abspath(home)) / LEDGER:
+    if home is None:
         return None
-    if Path(path).name == MARKER and Path(os.path.abspath(path)).parent == Path(os.path.abspath(home)):
-        return None
-    return home, _rel(home, path)
+    rel = _rel(home, path)
+    return None if rel in (LEDGER, MARKER) else (Folder(home), rel)
 
 
 def _judge(path: str | Path) -> tuple[str, str] | None:
-    """None where CloudML may replace, truncate, append to or delete `path`; else why not: ("unlisted", "")
-    or ("changed", how)."""
-    place = _place(path)
-    if place is None:
-        return None
-    home, rel = place
-    created, contents = _record(home)
-    if not is_listed(created, rel):
-        return "unlisted", ""
-    rec = contents.get(rel)
-    how = None if rec is None else _differs(path, rec)
-    return None if how is None else ("changed", how)
+    place = place_of(path)
+    return None if place is None else judge(*place)
 
 
 def mine(path: str | Path) -> bool:
@@ -297,8 +371,8 @@ def unlisted(path: str | Path) -> bool:
     """Whether `path` stands in a claimed folder whose ledger does not list it (not written there by CloudML,
     or left by a state of the folder that another ledger, put back, does not know). By name alone: no file
     is read to compare its content (a start asks this of best.pt and the end's files)."""
-    place = _place(path)
-    return place is not None and not is_listed(_record(place[0])[0], place[1])
+    place = place_of(path)
+    return place is not None and not is_listed(record_of(place[0])[0], place[1])
 
 
 def changed(path: str | Path) -> bool:
@@ -308,13 +382,28 @@ def changed(path: str | Path) -> bool:
 
 
 class _Growth:
-    """The fingerprint of a file this process appends to: its size and the running sha256 of all of it."""
+    """The fingerprint of a file this process appends to: its size and the running sha256 of all of it, kept
+    as one value (`state`) that an append replaces whole. A signal's handler (SIGTERM, raised as
+    KeyboardInterrupt) or the checkpoint writer's thread writing the ledger between two separate updates
+    would otherwise record a hash of more bytes than the size says, which the next start takes for a
+    user's edit and refuses the run's own log."""
 
     def __init__(self, home: Path, rel: str, size: int, h):
-        self.home, self.rel, self.size, self.hash, self.dirty = home, rel, size, h, True
+        self.home, self.rel, self.state, self.dirty = home, rel, (size, h), True
+
+    @property
+    def size(self) -> int:
+        return self.state[0]
+
+    def grown(self, data: bytes) -> None:
+        size, h = self.state
+        h = h.copy()
+        h.update(data)
+        self.state = (size + len(data), h)  # one assignment: never half of an append
 
     def record(self) -> dict:
-        return {"size": self.size, "sha256": [self.hash.hexdigest()], "grows": True}
+        size, h = self.state
+        return {"size": size, "sha256": [h.hexdigest()], "grows": True}
 
 
 _growing: dict[str, _Growth] = {}  # absolute path -> its fingerprint, for the files this process appends to
@@ -337,7 +426,7 @@ def appending(path: str | Path) -> None:
     if home is None:
         return
     try:
-        h = _sha256(path) if size else hashlib.sha256()
+        h = sha256_of(path) if size else hashlib.sha256()
     except OSError:
         return
     with _lock:
@@ -348,8 +437,7 @@ def appended(path: str | Path, data: bytes) -> None:
     """`data` was appended to `path` by this process (kept in its fingerprint; written with the ledger)."""
     growth = _growing.get(os.path.abspath(path))
     if growth is not None:
-        growth.hash.update(data)
-        growth.size += len(data)
+        growth.grown(data)
         growth.dirty = True
 
 
@@ -360,7 +448,7 @@ def truncating(path: str | Path, size: int) -> None:
     home = home_of(path)
     if home is None:
         return
-    h = _sha256(path, size)
+    h = sha256_of(path, size)
     if h is None:
         return
     with _lock:
@@ -374,9 +462,9 @@ def flush() -> None:
         homes = {g.home for g in _growing.values() if g.dirty}
     for home in homes:
         try:
-            with _lock, _folder_lock(home):
-                created, contents = _record(home)
-                _write(home, created, contents)
+            store = Folder(home)
+            with _lock, store.locked():
+                write_record(store, *record_of(store))
         except OSError:
             pass  # a full disk, a folder gone: the record stays shorter, which the next start accepts
 
@@ -401,38 +489,14 @@ def _update(path: str | Path, change) -> None:
     home = home_of(path)
     if home is None:
         return
-    rel = _rel(home, path)
-    with _lock, _folder_lock(home):
-        created, contents = _record(home)
+    rel, store = _rel(home, path), Folder(home)
+    with _lock, store.locked():
+        created, contents = record_of(store)
         before = dict(contents)
         changed_ = change(created, contents, rel)
         growing = any(g.dirty and g.home == home for g in _growing.values())
         if changed_ != created or contents != before or growing:
-            _write(home, changed_, contents)
-
-
-@contextmanager
-def _folder_lock(home: Path):
-    """An advisory lock on the claimed folder while its ledger is read and rewritten: processes of one
-    machine that write into one folder (cross-validation folds under torchrun) never lose each other's
-    entries. Where the file system has no such locks (some network mounts), only the thread lock holds."""
-    try:
-        import fcntl
-
-        fd = os.open(home, os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    _held.add(fd)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        yield
-    finally:
-        _held.discard(fd)
-        os.close(fd)  # closing the descriptor releases the lock
+            write_record(store, changed_, contents)
 
 
 def add(path: str | Path, content: Path | None = None) -> None:
@@ -442,7 +506,7 @@ def add(path: str | Path, content: Path | None = None) -> None:
     dropped (listed by name, as what such a write leaves)."""
     record = None
     if content is not None:
-        record = {"size": os.stat(content).st_size, "sha256": [_sha256(content).hexdigest()]}
+        record = {"size": os.stat(content).st_size, "sha256": [sha256_of(content).hexdigest()]}
 
     def change(created, contents, rel):
         if record is not None:
@@ -515,40 +579,33 @@ def _changed_inside(folder: Path) -> bool:
     if home is None:
         return False
     rel = _rel(home, folder)
-    contents = _record(home)[1]
+    store = Folder(home)
+    contents = record_of(store)[1]
     inside = [c for c in contents if c.startswith(rel + "/")]
-    return any(_differs(home / c, contents[c]) for c in inside if os.path.lexists(home / c))
+    return any(differs(store, c, contents[c]) for c in inside if store.exists(c))
 
 
-def not_mine(path: str | Path, doing: str) -> str:
-    """The words for a path CloudML leaves alone: what it would have done, and what the user can do."""
-    found = _judge(path)
-    if found is not None and found[0] == "changed":
-        return (
-            f"{path} was changed after CloudML wrote it ({found[1]}), so it is yours now: CloudML does not "
-            f"{doing} it, and it is left as it is. Move it out of the folder (or rename it) to let CloudML "
-            "write its own file there, or choose another folder."
-        )
-    home = home_of(path)
-    return (
-        f"{path} was not written by CloudML (its folder's record of what CloudML created, "
-        f"{Path(home or '.') / LEDGER}, does not list it), so CloudML does not {doing} it: it is left as it "
-        "is. "
-        "Move it out of the folder to let CloudML write its own file there, or choose another folder."
-    )
+def not_mine(path: str | Path, doing: str, found: tuple[str, str] | None = None) -> str:
+    """The words for a path CloudML leaves alone (judged once: `found`, else now): what it would have done,
+    and what the user can do."""
+    place = place_of(path)
+    store, rel = place if place is not None else (Folder(Path(path).parent), Path(path).name)
+    return not_mine_words(store, rel, doing, found or _judge(path), shown=str(path))
 
 
 def refuse_unless_mine(path: str | Path, doing: str) -> None:
     """Raise, naming the file, where `path` exists and is not CloudML's (a write that cannot go elsewhere)."""
-    if not mine(path):
-        raise CloudMLError(not_mine(path, doing) + " Nothing was written to it.")
+    found = _judge(path)
+    if found is not None:
+        raise CloudMLError(not_mine(path, doing, found) + " Nothing was written to it.")
 
 
 def skip_unless_mine(path: str | Path, doing: str) -> bool:
     """True where `path` may be deleted; otherwise False, said once (a clean-up that can leave it)."""
-    if mine(path):
+    found = _judge(path)
+    if found is None:
         return True
-    _say_once(f"{doing}:{os.path.abspath(path)}", not_mine(path, doing))
+    _say_once(f"{doing}:{os.path.abspath(path)}", not_mine(path, doing, found))
     return False
 
 

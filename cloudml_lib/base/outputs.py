@@ -111,29 +111,17 @@ def target(path: str | Path) -> Path:
 
 def set_aside(path: str | Path) -> Path | None:
     """A file CloudML writes again (evaluation.json, run.json, a sweep's journal) that was changed since
-    CloudML wrote it (damaged, or edited): renamed to NAME.kept-N beside it, its bytes as they are, and said;
-    the new file then takes the name. Returns the new name, or None where nothing needed to move."""
-    import logging
-
+    CloudML wrote it (damaged, or edited): renamed to NAME.kept-N beside it, its bytes as they are, and said
+    (ledger.set_aside_changed, the rule a bucket's objects follow too); the new file then takes the name.
+    Returns the new name, or None where nothing needed to move."""
     from cloudml_lib.base import ledger
 
-    path = Path(path)
-    if not ledger.changed(path):
+    place = ledger.place_of(path) if ledger.changed(path) else None
+    if place is None:
         return None
-    n = 1
-    while os.path.lexists(path.with_name(f"{path.name}.kept-{n}")):
-        n += 1
-    kept = path.with_name(f"{path.name}.kept-{n}")
-    os.rename(path, kept)  # a rename never replaces, truncates or deletes what the file holds
-    ledger.drop(path)
-    logging.getLogger(__name__).warning(
-        "%s was changed after CloudML wrote it (damaged, or edited): it is kept, as it is, as %s; CloudML "
-        "writes its own %s in its place.",
-        path,
-        kept,
-        path.name,
-    )
-    return kept
+    store, rel = place
+    kept = ledger.set_aside_changed(store, [rel])
+    return store.at(kept[0]) if kept else None
 
 
 def write_text(path: str | Path, text: str) -> Path:

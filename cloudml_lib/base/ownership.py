@@ -16,7 +16,6 @@ behind); `claim` decides and marks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -25,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError, shown
-from cloudml_lib.base.shapes import OPT_TEXT, TEXT, Damaged, Obj, read_json
+from cloudml_lib.base.shapes import OPT_TEXT, TEXT, Damaged, Obj
+from cloudml_lib.base.store import Folder, Store
 
 log = logging.getLogger(__name__)
 
@@ -67,138 +67,135 @@ def kind_named(name: str) -> Kind | None:
 
 
 def where(folder: str | Path) -> str:
-    """A folder's place as a marker records it: a digest of its absolute path (`..` and links resolved). It
-    binds the marker to the folder it was written in without naming a path of the writer's machine (a run or
-    an export travels to a colleague with its marker)."""
-    real = os.path.realpath(os.path.abspath(folder))
-    return "sha256:" + hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()
+    """A folder's place as a marker records it (store.Folder.place: a digest of its absolute path)."""
+    return Folder(folder).place
 
 
 def recorded_here(recorded: str | None, folder: str | Path) -> bool:
     """Whether a marker's recorded place is `folder`: today's digest, or the plain path an earlier release
     recorded."""
-    return recorded in (where(folder), os.path.realpath(os.path.abspath(folder)))
+    return Folder(folder).is_here(recorded)
 
 
-def marker_kind(folder: Path, proven: bool = True) -> str | None:
-    """The kind a folder's marker names; None without a marker, or where the marker does not prove it: one
-    written for another folder (it records the folder it was written in: a marker copied or moved with a
-    folder proves nothing there), or one that names no folder (as earlier releases wrote them, or a copy of
-    such a run's); such a folder is judged by its content, as an earlier release's. `proven=False`: the kind
-    any marker of CloudML's names (the ledger's claimed folder: the nearest that holds one). A marker that is
-    no marker of CloudML's (a link, a folder, not its JSON) is refused: it may be someone else's file."""
-    path = Path(folder) / MARKER
-    if not os.path.lexists(path):
+def as_store(place: str | Path | Store) -> Store:
+    """A claimed folder's store: a folder on this machine given by its path, or a store itself (a bucket's
+    prefix)."""
+    return place if isinstance(place, Store) else Folder(place)
+
+
+def marker_kind(place: str | Path | Store, proven: bool = True) -> str | None:
+    """The kind a folder's (or a prefix's) marker names; None without a marker, or where the marker does not
+    prove it: one written for another place (it records the place it was written in: a marker copied or
+    moved with a folder proves nothing there), or one that names no place (as earlier releases wrote them, or
+    a copy of such a run's); such a folder is judged by its content, as an earlier release's. `proven=False`:
+    the kind any marker of CloudML's names (the ledger's claimed folder: the nearest that holds one). A
+    marker that is no marker of CloudML's (a link, a folder, not its JSON) is refused: it may be someone
+    else's file."""
+    store = as_store(place)
+    if not store.exists(MARKER):
         return None
     try:
-        doc = read_json(path, MARKER_SHAPE, MARKER_LIMIT)
-        written_in = doc.get("folder")
-        return (
-            doc["kind"]
-            if not proven or (written_in is not None and recorded_here(written_in, folder))
-            else None
-        )
+        doc = store.read_json(MARKER, MARKER_SHAPE, MARKER_LIMIT)
     except (OSError, Damaged) as e:
+        if isinstance(e, OSError) and not isinstance(store, Folder):
+            raise  # a bucket client's error (the connection, credentials): not about the marker
         raise CloudMLError(
-            f"{path} is not a marker CloudML wrote ({shown(str(e), 200)}): the folder {folder} cannot be "
-            "told to be CloudML's. Move that file away, or choose another folder. Nothing was written."
+            f"{store.shown(MARKER)} is not a marker CloudML wrote ({shown(str(e), 200)}): the {store.noun} "
+            f"{store.shown()} cannot be told to be CloudML's. Move that {store.item} away, or choose another "
+            f"{store.noun}. Nothing was written."
         ) from None
+    return doc["kind"] if not proven or store.is_here(doc.get("folder")) else None
 
 
-def others_in(folder: Path) -> list[str]:
-    """What a folder holds besides hidden entries (.ipynb_checkpoints, .DS_Store, CloudML's own temporary
-    files) and a file system's clutter."""
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in CLUTTER)
+def others_in(place: str | Path | Store) -> list[str]:
+    """What a folder holds besides hidden entries (.ipynb_checkpoints, .DS_Store, CloudML's own marker,
+    ledger and temporary files) and a file system's clutter."""
+    return [n for n in as_store(place).names() if not n.startswith(".") and n not in CLUTTER]
 
 
-def check(folder: str | Path, kind: Kind) -> str:
-    """How `folder` is CloudML's `kind`, without writing: "new" (not there), "empty", "marked", or
-    "adopted: why" (an earlier release's, by its content). Anything else raises, naming the folder."""
-    folder = Path(folder)
-    if not os.path.lexists(folder):
+def check(place: str | Path | Store, kind: Kind) -> str:
+    """How `place` (a folder, or a bucket's prefix) is CloudML's `kind`, without writing: "new" (not there),
+    "empty", "marked", or "adopted: why" (an earlier release's folder, by its content; a store that adopts
+    nothing, never). Anything else raises, naming the place."""
+    store = as_store(place)
+    if not store.exists(""):
         return "new"
-    if folder.is_symlink() and not folder.exists():
-        raise CloudMLError(
-            f"{kind.option} {folder} is a symbolic link to {shown(os.readlink(folder))}, which does not "
-            "exist (or is a loop of links); give a real folder. Nothing was written."
-        )
-    if not folder.is_dir():
-        raise CloudMLError(
-            f"{kind.option} {folder} is not a folder, but a folder is needed there (for the {kind.name}). "
-            "Nothing was written."
-        )
-    marked = marker_kind(folder)
+    problem = store.unusable(kind.name)
+    if problem:
+        raise CloudMLError(f"{kind.option} {store.shown()} {problem}. Nothing was written.")
+    marked = marker_kind(store)
     if marked == kind.name:
         return "marked"
     if marked is not None:
         raise CloudMLError(
-            f"{kind.option} {folder} is CloudML's {marked} folder, not a {kind.name} folder ({MARKER} says "
-            f"so); give a new or empty folder for the {kind.name}, or {kind.fits}. Nothing was written."
+            f"{kind.option} {store.shown()} is CloudML's {marked} folder, not a {kind.name} folder ({MARKER} "
+            f"says so); give a new or empty {store.noun} for the {kind.name}, or {kind.fits}. Nothing was "
+            "written."
         )
-    others = others_in(folder)
+    others = others_in(store)
     if not others:
         return "empty"
-    why = kind.adopt(folder)
+    why = kind.adopt(store.path) if isinstance(store, Folder) and store.adopts else None
     if why:
         return f"adopted: {why}"
     listed = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in others[:5])
     listed += f" and {len(others) - 5} more" if len(others) > 5 else ""
+    proof = f"its {MARKER} marker" + (
+        f", or the files of an earlier CloudML {kind.name} that verify" if store.adopts else ""
+    )
     raise CloudMLError(
-        f"{kind.option} {folder} holds other things ({listed}) and is not a CloudML {kind.name} "
-        f"folder: CloudML writes only into a folder it can prove is its own (its {MARKER} marker, or the "
-        f"files of an earlier CloudML {kind.name} that verify), never among other files, and it deletes, "
-        f"truncates or appends to nothing it did not write. Give a new or empty folder, or {kind.fits}. "
-        "Nothing was written."
+        f"{kind.option} {store.shown()} holds other {store.things} ({listed}) and is not a CloudML "
+        f"{kind.name} folder: CloudML writes only into a {store.noun} it can prove is its own ({proof}), "
+        f"never among other {store.things}, and it deletes, truncates or appends to nothing it did not "
+        f"write. Give a new or empty {store.noun}{'' if store.adopts else ' (e.g. a subfolder)'}, or "
+        f"{kind.fits}. Nothing was written."
     )
 
 
-def claim(folder: str | Path, kind: Kind) -> Path:
+def claim(place: str | Path | Store, kind: Kind):
     """`check`, then the folder made (where needed) and marked as CloudML's `kind`, before anything else is
-    written into it; an adopted folder is said once (its marker is written now). Returns the folder."""
-    folder = Path(folder)
-    how = check(folder, kind)
+    written into it; an adopted folder is said once (its marker is written now). Returns the folder (a
+    Path), or the store given."""
+    store = as_store(place)
+    claimed = place if isinstance(place, Store) else Path(place)
+    how = check(store, kind)
     if how == "marked":
-        return folder
+        return claimed
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_marker(folder, kind.name)
+        store.make()
+        write_marker(store, kind.name)
     except OSError as e:
+        if not isinstance(store, Folder):
+            raise  # a bucket client's error: its caller's rules (a failed copy is a warning) hold
         raise CloudMLError(
-            f"{kind.option} {folder}: cannot make or write this folder ({e.strerror or e}); give a folder "
-            "CloudML can write into (on Colab, under /content/drive/MyDrive or /content). Nothing was "
+            f"{kind.option} {store.shown()}: cannot make or write this folder ({e.strerror or e}); give a "
+            "folder CloudML can write into (on Colab, under /content/drive/MyDrive or /content). Nothing was "
             "written."
         ) from None
     if how.startswith("adopted"):
         log.info(
             "%s: a %s folder CloudML wrote, by its content (%s), but not marked for this place (moved or "
             "copied here, or written by an earlier release); adopted, and marked as CloudML's (%s)",
-            folder,
+            store.shown(),
             kind.name,
             how.split(": ", 1)[1],
             MARKER,
         )
-    return folder
+    return claimed
 
 
-def write_marker(folder: Path, kind: str) -> None:
-    """The marker, written whole (temporary file, then rename: a link there is replaced, never written
-    through)."""
-    path = Path(folder) / MARKER
-    if os.path.islink(path):
+def write_marker(place: str | Path | Store, kind: str) -> None:
+    """The marker, written whole (on a folder: temporary file, then rename; a link there is replaced, never
+    written through)."""
+    store = as_store(place)
+    if isinstance(store, Folder) and os.path.islink(store.at(MARKER)):
+        path = store.at(MARKER)
         raise CloudMLError(
             f"{path} is a symbolic link (to {os.readlink(path)}), where CloudML writes its marker; it never "
             "writes through a link. Remove the link (its target is not touched) or choose another folder. "
             "Nothing was written."
         )
-    tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
-    try:
-        if os.path.lexists(tmp):
-            tmp.unlink()
-        tmp.write_text(json.dumps({"kind": kind, "by": "CloudML", "folder": where(folder)}) + "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            tmp.unlink()
+    store.write_text(MARKER, json.dumps({"kind": kind, "by": "CloudML", "folder": store.place}) + "\n")
 
 
 def is_marked(folder: str | Path, kind: str) -> bool:

@@ -21,6 +21,7 @@ MODULES = (
     "base/resources.py",
     "base/runfiles.py",
     "base/shapes.py",
+    "base/store.py",
     "base/tables.py",
     "base/yamlfile.py",
     "colab/__init__.py",

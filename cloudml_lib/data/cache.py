@@ -610,7 +610,7 @@ def _save_copy(final: Path, copy_dir: str, flight: str) -> None:
     copy = f"{copy_dir.rstrip('/')}/{final.name}" if is_url(copy_dir) else Path(copy_dir) / final.name
     try:
         if is_url(copy_dir):
-            upload_flight_cache(final, bucket.claim(bucket.open_prefix(copy_dir), option), f"save {flight}")
+            upload_flight_cache(final, claim(bucket.open_prefix(copy_dir), option), f"save {flight}")
         else:
             claim(Path(copy_dir), option)
             copy_flight_cache(final, copy, f"save {flight}")

@@ -276,7 +276,7 @@ def download_flight_cache(prefix: Prefix, name: str, dst: Path, desc: str) -> No
 
 
 def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
-    """copy_flight_cache to a bucket (claimed: bucket.claim): the flight cache folder `src`, under its own
+    """copy_flight_cache to a bucket (claimed: ownership.claim): the flight cache folder `src`, under its own
     name. An object store has no rename, so the data files go first and meta.json, which marks a copy
     complete, last; an earlier copy's meta.json is removed before any of its files changes, so that no mix
     of two copies ever looks whole. Objects there that CloudML did not write (its ledger) are refused by
@@ -287,10 +287,10 @@ def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
         meta_doc = parse_json(meta, CACHE_META)
     except Damaged as e:
         raise DataError(f"{src / 'meta.json'} is not a cache's meta.json ({e})") from None
-    bucket.refuse_unless_mine(prefix, name, "replace")
-    bucket.add(prefix, name)  # listed before it is created
+    ledger.refuse_at(prefix, name, "replace")
+    ledger.list_at(prefix, name)  # listed before it is created
     # an object changed since CloudML uploaded it (its ledger's record) is kept aside, never overwritten
-    bucket.set_aside_changed(prefix, [f"{name}/{n}" for n in ("meta.json", *DATA_FILES)])
+    ledger.set_aside_changed(prefix, [f"{name}/{n}" for n in ("meta.json", *DATA_FILES)])
     bar = tqdm(total=sum((src / n).stat().st_size for n in DATA_FILES), unit="B", unit_scale=True, desc=desc)
     written = {}
     try:
@@ -307,7 +307,7 @@ def upload_flight_cache(src: Path, prefix: Prefix, desc: str) -> None:
                 written[f"{name}/{n}"] = ((src / n).stat().st_size, sha)
             prefix.fs.pipe_file(prefix.path(f"{name}/meta.json"), meta)  # last: the copy is whole from here
             written[f"{name}/meta.json"] = (len(meta), hashlib.sha256(meta).hexdigest())
-            bucket.record(prefix, written)
+            ledger.record_at(prefix, written)
     finally:
         bar.close()
 
