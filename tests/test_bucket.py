@@ -85,7 +85,8 @@ def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwri
     """The bucket's ledger records each object CloudML uploaded (size and sha256), as a folder's ledger does:
     one whose content changed since (damaged, or edited: the same size, one byte) is moved to NAME.kept-1,
     its bytes as they were, and said, before CloudML's own copy goes in its place (it was overwritten
-    without a word). An upload cut off after the records were dropped leaves names alone: replaced."""
+    without a word); the kept copy is the user's, though it lies in the flight's listed folder. An upload
+    cut off after the records were dropped leaves names alone: replaced."""
     from cloudml_lib.data import cachefiles
 
     data, flight = tiny_config.data, tiny_config.data.flights[0]
@@ -104,6 +105,7 @@ def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwri
     assert again.source == "built"
     held = store()
     assert held[f"{samples}.kept-1"] == edited and held[samples] == (built.path / "samples.npz").read_bytes()
+    assert ledger.judge(prefix := bucket.open_prefix(URL), f"{name}/samples.npz.kept-1") == ("unlisted", "")
     said = f"{URL}/{name}/samples.npz was changed after CloudML wrote it (damaged, or edited): it is "
     said += "kept, as it is, as "
     assert said + f"{URL}/{name}/samples.npz.kept-1" in caplog.text
@@ -112,7 +114,6 @@ def test_an_object_changed_since_cloudml_uploaded_it_is_kept_aside_never_overwri
         raise OSError("the connection dropped")
 
     monkeypatch.setattr(cachefiles, "_stream", cut)  # the records dropped, then the upload cut off
-    prefix = bucket.open_prefix(URL)
     with pytest.raises(OSError, match="the connection dropped"):
         cachefiles.upload_flight_cache(again.path, prefix, "save")
     monkeypatch.undo()

@@ -559,6 +559,20 @@ def test_a_file_changed_after_cloudml_wrote_it_is_the_users_and_a_report_goes_be
     assert not (run / "report.new.md").exists() and not (run / "evaluation.json").exists()  # CloudML's
 
 
+def test_a_file_kept_aside_in_a_listed_folder_stays_the_users(tmp_path):
+    """NAME.kept-N holds the bytes a user changed (kept aside before CloudML wrote its own): inside a folder
+    CloudML listed (plots/, a bucket's flight cache) it is still never CloudML's, and a clean-up of the
+    folder leaves it (the folder's listing made it CloudML's, and the folder went whole)."""
+    run = claimed_run(tmp_path)
+    ledger.add(run / "plots")
+    (run / "plots").mkdir()
+    (run / "plots" / "curves.png").write_bytes(b"CloudML's")
+    (run / "plots" / "curves.png.kept-1").write_bytes(b"the user's")
+    assert ledger.mine(run / "plots" / "curves.png") and not ledger.mine(run / "plots" / "curves.png.kept-1")
+    assert not ledger.delete(run / "plots")
+    assert [p.name for p in (run / "plots").iterdir()] == ["curves.png.kept-1"]
+
+
 def test_a_kill_between_the_record_and_the_rename_leaves_the_old_file_cloudmls(tmp_path):
     from cloudml_lib.base.outputs import write_text
 

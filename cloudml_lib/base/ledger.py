@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -199,8 +200,15 @@ def _as_found(store: Store, entries: list[str]) -> dict[str, dict]:
     return found
 
 
+KEPT = re.compile(r"\.kept-[0-9]+$")  # NAME.kept-N: a changed file kept for the user (set_aside_changed)
+
+
 def is_listed(created: set[str], rel: str) -> bool:
+    """Whether `rel` or a folder above it is listed; a file kept aside as NAME.kept-N never is, whatever
+    folder it lies in (a bucket's flight cache, a listed folder of a run): it holds the user's bytes."""
     parts = rel.split("/")
+    if KEPT.search(parts[-1]):
+        return False
     return any("/".join(parts[:i]) in created for i in range(1, len(parts) + 1))
 
 
@@ -574,10 +582,13 @@ def _delete_claimed(folder: Path) -> bool:
 
 
 def _changed_inside(folder: Path) -> bool:
-    """Whether a listed folder holds a file whose recorded content was changed since (kept when it goes)."""
+    """Whether a listed folder holds a file whose recorded content was changed since, or a file kept aside
+    for the user (NAME.kept-N): both are kept when it goes."""
     home = home_of(folder)
     if home is None:
         return False
+    if any(KEPT.search(p.name) for p in folder.rglob("*.kept-*")):
+        return True
     rel = _rel(home, folder)
     store = Folder(home)
     contents = record_of(store)[1]
