@@ -118,6 +118,7 @@ def test_other_ranks_write_nothing(tmp_path):
     ev.close()
 
 
+@pytest.mark.slow
 def test_events_that_cannot_be_copied_never_cost_a_checkpoint(tiny_config, tmp_path, monkeypatch):
     import errno
 
