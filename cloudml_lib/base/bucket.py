@@ -135,13 +135,10 @@ class Prefix(Store):
                 return []
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
 
-    def size(self, rel: str) -> int:
+    def file_size(self, rel: str) -> int | None:
         with errors(self.url):
-            return self.fs.size(self.path(rel))
-
-    def is_file(self, rel: str) -> bool:
-        with errors(self.url):
-            return self.fs.isfile(self.path(rel))
+            info = self.fs.info(self.path(rel))
+        return int(info["size"]) if info.get("type") == "file" else None
 
     def sha256(self, rel: str, size: int | None = None) -> str | None:
         h, left = hashlib.sha256(), size

@@ -187,9 +187,9 @@ def _as_found(store: Store, entries: list[str]) -> dict[str, dict]:
     found = {}
     for rel in entries:
         try:
-            if not store.is_file(rel):
+            size = store.file_size(rel)
+            if size is None:
                 continue
-            size = store.size(rel)
             h = store.sha256(rel, size)
         except OSError:
             continue  # unreadable now: listed by name, as before
@@ -218,9 +218,9 @@ def is_listed(created: set[str], rel: str) -> bool:
 def differs(store: Store, rel: str, rec: dict) -> str | None:
     """How the file at `rel` differs from what CloudML recorded writing (words), or None where it matches."""
     try:
-        if not store.is_file(rel):
+        size = store.file_size(rel)
+        if size is None:
             return "it is no longer a file"
-        size = store.size(rel)
         if rec.get("grows"):
             growth = _growing.get(os.path.abspath(store.at(rel))) if isinstance(store, Folder) else None
             if growth is not None and growth.size == size:
@@ -243,8 +243,11 @@ def judge(store: Store, rel: str) -> tuple[str, str] | None:
     """None where CloudML may replace, truncate, append to or delete what lies at `rel` (nothing, or what
     the ledger lists and, where its content was recorded, still holds what CloudML wrote); else why not:
     ("unlisted", "") or ("changed", how)."""
-    if not store.holds(rel):
-        return None
+    return _verdict(store, rel) if store.holds(rel) else None
+
+
+def _verdict(store: Store, rel: str) -> tuple[str, str] | None:
+    """judge's verdict on what lies at `rel` (known to be there)."""
     created, contents = record_of(store)
     if not is_listed(created, rel):
         return "unlisted", ""
@@ -364,8 +367,8 @@ def place_of(path: str | Path) -> tuple[Folder, str] | None:
 
 
 def _judge(path: str | Path) -> tuple[str, str] | None:
-    place = place_of(path)
-    return None if place is None else judge(*place)
+    place = place_of(path)  # None where nothing lies there
+    return None if place is None else _verdict(*place)
 
 
 def mine(path: str | Path) -> bool:

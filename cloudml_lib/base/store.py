@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -78,12 +79,9 @@ class Store(ABC):
         """The names directly in the folder."""
 
     @abstractmethod
-    def size(self, rel: str) -> int:
-        """The size of the file at `rel` (OSError where it is none)."""
-
-    @abstractmethod
-    def is_file(self, rel: str) -> bool:
-        """Whether a regular file (an object) lies at `rel`."""
+    def file_size(self, rel: str) -> int | None:
+        """The size of the regular file (the object) at `rel`; None where something else lies there (a link,
+        a folder); OSError where nothing does. One call: a log's appends ask it at every line."""
 
     @abstractmethod
     def sha256(self, rel: str, size: int | None = None) -> str | None:
@@ -153,12 +151,9 @@ class Folder(Store):
     def names(self) -> list[str]:
         return sorted(p.name for p in self.path.iterdir())
 
-    def size(self, rel: str) -> int:
-        return os.stat(self.at(rel)).st_size
-
-    def is_file(self, rel: str) -> bool:
-        path = self.at(rel)
-        return not path.is_symlink() and path.is_file()
+    def file_size(self, rel: str) -> int | None:
+        st = os.lstat(self.at(rel))
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def sha256(self, rel: str, size: int | None = None) -> str | None:
         h = sha256_of(self.at(rel), size)
