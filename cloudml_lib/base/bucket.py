@@ -20,7 +20,6 @@ that entry (the safe side).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 
 from cloudml_lib.base.errors import CloudMLError, install_command, shown
 from cloudml_lib.base.shapes import Damaged, parse_json
-from cloudml_lib.base.store import Store
+from cloudml_lib.base.store import Store, sha256_read
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +140,9 @@ class Prefix(Store):
         return int(info["size"]) if info.get("type") == "file" else None
 
     def sha256(self, rel: str, size: int | None = None) -> str | None:
-        h, left = hashlib.sha256(), size
         with errors(self.url), self.fs.open(self.path(rel), "rb") as f:
-            while left is None or left > 0:
-                chunk = f.read(1 << 20 if left is None else min(left, 1 << 20))
-                if not chunk:
-                    break
-                h.update(chunk)
-                if left is not None:
-                    left -= len(chunk)
-        return None if left else h.hexdigest()
+            h = sha256_read(f, size)
+        return None if h is None else h.hexdigest()
 
     def read_small(self, rel: str, limit: int) -> bytes:
         """A small object's bytes (Damaged: bigger than `limit`, so not the file CloudML wrote)."""

@@ -94,9 +94,7 @@ def read_record(store: Store) -> tuple[set[str], dict[str, dict]] | None:
         return None
     try:
         doc = store.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)
-    except (OSError, Damaged) as e:
-        if isinstance(e, OSError) and not isinstance(store, Folder):
-            raise  # a bucket client's error (the connection, credentials): not about the ledger
+    except Damaged as e:  # a bucket client's own failure (OSError) says nothing of the ledger: raised
         _say_once(
             f"ledger:{store.shown(LEDGER)}",
             f"{store.shown(LEDGER)} is damaged ({e}); it is made again from what in {store.shown()} verifies "

@@ -96,9 +96,7 @@ def marker_kind(place: str | Path | Store, proven: bool = True) -> str | None:
         return None
     try:
         doc = store.read_json(MARKER, MARKER_SHAPE, MARKER_LIMIT)
-    except (OSError, Damaged) as e:
-        if isinstance(e, OSError) and not isinstance(store, Folder):
-            raise  # a bucket client's error (the connection, credentials): not about the marker
+    except Damaged as e:  # a bucket client's own failure (OSError) says nothing of the marker: raised
         raise CloudMLError(
             f"{store.shown(MARKER)} is not a marker CloudML wrote ({shown(str(e), 200)}): the {store.noun} "
             f"{store.shown()} cannot be told to be CloudML's. Move that {store.item} away, or choose another "

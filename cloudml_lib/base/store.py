@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from cloudml_lib.base.errors import shown
-from cloudml_lib.base.shapes import read_json
+from cloudml_lib.base.shapes import Damaged, read_json
 
 _held: set[int] = set()  # descriptors of the folder locks this process holds now
 
@@ -89,7 +89,9 @@ class Store(ABC):
 
     @abstractmethod
     def read_json(self, rel: str, shape, limit: int):
-        """A small JSON file of the folder, parsed as `shape` (shapes.Damaged: too big, or not that shape)."""
+        """A small JSON file of the folder (a marker, a ledger), parsed as `shape`. shapes.Damaged: it is not
+        that file (too big, not that shape, on a folder not a regular file or unreadable); OSError only for
+        the store's own failure (a bucket client's connection or credentials), which says nothing of it."""
 
     @abstractmethod
     def write_text(self, rel: str, text: str) -> None:
@@ -160,7 +162,10 @@ class Folder(Store):
         return None if h is None else h.hexdigest()
 
     def read_json(self, rel: str, shape, limit: int):
-        return read_json(self.at(rel), shape, limit)  # a regular file only, never through a link
+        try:
+            return read_json(self.at(rel), shape, limit)  # a regular file only, never through a link
+        except OSError as e:
+            raise Damaged(str(e)) from None
 
     def write_text(self, rel: str, text: str) -> None:
         """Temporary file, then rename (a link there is replaced, never written through)."""
@@ -217,13 +222,19 @@ class Folder(Store):
 
 def sha256_of(path: str | Path, size: int | None = None):
     """The sha256 (a hashlib object) of `path`'s first `size` bytes (all where None); None where shorter."""
-    h, left = hashlib.sha256(), size
     with open(path, "rb") as f:
-        while left is None or left > 0:
-            chunk = f.read(1 << 20 if left is None else min(left, 1 << 20))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
+        return sha256_read(f, size)
+
+
+def sha256_read(f, size: int | None = None):
+    """The sha256 (a hashlib object) of the first `size` bytes (all where None) read from the open binary
+    file `f`; None where it ends sooner."""
+    h, left = hashlib.sha256(), size
+    while left is None or left > 0:
+        chunk = f.read(1 << 20 if left is None else min(left, 1 << 20))
+        if not chunk:
+            break
+        h.update(chunk)
+        if left is not None:
+            left -= len(chunk)
     return None if left else h
