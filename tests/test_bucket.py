@@ -308,3 +308,86 @@ def test_a_folder_and_a_bucket_prefix_follow_one_set_of_ownership_rules(place):
     assert place.sha256("theirs.txt") == hashlib.sha256(b"x").hexdigest()
     with pytest.raises(CloudMLError, match=f"is CloudML's {cache_mod.CACHE.name} folder, not a run folder"):
         check(place, RUN)  # claimed for another kind: named
+
+
+def test_a_prefixs_record_damaged_copied_or_deleted_is_said_and_starts_again_empty(
+    store, caplog, monkeypatch
+):
+    """Whatever becomes of a prefix's ledger, nothing there is taken as CloudML's: one too big to be its
+    ledger (or a marker too big to be its marker) is named as such, never reported as the bucket's failure
+    (that stopped every upload for good); one copied with a marker from another prefix is replaced by an
+    empty one when the prefix is claimed (a user's object under a name it listed was replaced); one deleted
+    since is said (it was silent)."""
+    monkeypatch.setattr(ledger, "_said", set())  # said once a process: as in a process of its own
+    fs = MemoryFileSystem()
+    prefix = claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    fs.pipe_file("/bucket/cloudml/cache/.cloudml-files", b" " * (ledger.LEDGER_LIMIT + 1))
+    with caplog.at_level("WARNING"):
+        ledger.list_at(prefix, "flight-a")
+    assert ledger.listed(prefix) == {"flight-a"} and ".cloudml-files is damaged" in caplog.text
+    fs.pipe_file("/bucket/other/.cloudml", b" " * 5000)
+    with pytest.raises(CloudMLError, match="is not a marker CloudML wrote"):
+        marker_kind(bucket.open_prefix("memory://bucket/other"))
+
+    copied = {".cloudml": b"", ".cloudml-files": b""}
+    for name in copied:  # a marker and a ledger copied from CloudML's prefix, nothing else
+        copied[name] = fs.cat_file(f"/bucket/cloudml/cache/{name}")
+        fs.pipe_file(f"/bucket/copy/{name}", copied[name])
+    into = claim(bucket.open_prefix("memory://bucket/copy"), cache_mod.CACHE)
+    assert ledger.listed(into) == set()
+    fs.pipe_file("/bucket/copy/flight-a/frames.npy", b"the user's")
+    with pytest.raises(CloudMLError, match="flight-a was not written by CloudML"):
+        ledger.refuse_at(into, "flight-a", "replace")
+
+    fs.rm_file("/bucket/cloudml/cache/.cloudml-files")
+    with caplog.at_level("WARNING"):
+        assert ledger.listed(prefix) == set()
+    assert f"{URL} has no record of what CloudML wrote there (.cloudml-files is missing)" in caplog.text
+
+
+def test_a_bucket_failing_while_its_objects_are_checked_is_its_failure_not_a_users_edit(store, monkeypatch):
+    """A client error (a 503) while CloudML reads back an object it uploaded: the bucket's failure, raised as
+    one (a failed copy is a warning), never "changed since": that kept CloudML's own object aside as the
+    user's, for good, and said it was edited."""
+    fs = MemoryFileSystem()
+    prefix = claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    ledger.list_at(prefix, "f")
+    fs.pipe_file("/bucket/cloudml/cache/f/frames.npy", b"CloudML's")
+    ledger.record_at(prefix, {"f/frames.npy": (9, hashlib.sha256(b"CloudML's").hexdigest())})
+
+    def unavailable(*a, **k):
+        raise RuntimeError("503 Service Unavailable")
+
+    monkeypatch.setattr(MemoryFileSystem, "_open", unavailable)
+    with pytest.raises(OSError, match="503 Service Unavailable"):
+        ledger.set_aside_changed(prefix, ["f/frames.npy"])
+    monkeypatch.undo()
+    assert not fs.exists("/bucket/cloudml/cache/f/frames.npy.kept-1")
+    assert ledger.judge(prefix, "f/frames.npy") is None
+
+
+def test_a_buckets_network_calls_never_hold_up_a_folders_record(store, tmp_path):
+    """The process's thread lock guards the folders' records (and the appends' fingerprints); a bucket's
+    calls (a slow read, a copy of gigabytes) ran under it and held up the checkpoint writer's ledger."""
+    import threading
+
+    prefix = claim(bucket.open_prefix(URL), cache_mod.CACHE)
+    held, release = threading.Event(), threading.Event()
+
+    def folder_update():
+        with ledger._lock:  # another thread in a folder's ledger update
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=folder_update)
+    thread.start()
+    held.wait(10)
+    try:
+        listed = threading.Thread(target=ledger.list_at, args=(prefix, "flight-a"), daemon=True)
+        listed.start()
+        listed.join(5)
+        assert not listed.is_alive(), "the bucket's ledger waited for a folder's thread lock"
+    finally:
+        release.set()
+        thread.join(10)
+    assert ledger.listed(prefix) == {"flight-a"}

@@ -573,6 +573,25 @@ def test_a_file_kept_aside_in_a_listed_folder_stays_the_users(tmp_path):
     assert [p.name for p in (run / "plots").iterdir()] == ["curves.png.kept-1"]
 
 
+def test_a_write_cut_off_after_an_edited_file_was_kept_aside_leaves_its_name_to_the_user(tmp_path):
+    """evaluation.json edited by the user is kept as evaluation.json.kept-1; the write of CloudML's own is
+    then cut off (a kill, a full disk): the name is no longer CloudML's, so a file the user puts there later
+    is refused by name, not replaced without a word."""
+    from cloudml_lib.base.outputs import atomic_path, write_text
+
+    run = claimed_run(tmp_path)
+    write_text(run / "evaluation.json", "CloudML's\n")
+    (run / "evaluation.json").write_text("edited\n")
+    with pytest.raises(KeyboardInterrupt), atomic_path(run / "evaluation.json"):
+        raise KeyboardInterrupt  # the process stopped mid-write
+    assert (run / "evaluation.json.kept-1").read_text() == "edited\n"
+    assert "evaluation.json" not in ledger.listed(run)
+    (run / "evaluation.json").write_text("the user's own, put here later\n")
+    with pytest.raises(CloudMLError, match="evaluation.json was not written by CloudML"):
+        write_text(run / "evaluation.json", "CloudML's again\n")
+    assert (run / "evaluation.json").read_text() == "the user's own, put here later\n"
+
+
 def test_a_kill_between_the_record_and_the_rename_leaves_the_old_file_cloudmls(tmp_path):
     from cloudml_lib.base.outputs import write_text
 

@@ -80,7 +80,11 @@ def errors(url: str):
     folder's copy raises, so that the callers' rules (a failed copy is a warning) hold for both."""
     try:
         yield
-    except (CloudMLError, OSError):
+    except (
+        CloudMLError,
+        OSError,
+        Damaged,
+    ):  # Damaged: what CloudML found wrong with an object, not the client
         raise
     except Exception as e:  # noqa: BLE001 - gcsfs, s3fs, adlfs and the auth libraries raise their own
         text = str(e) if len(str(e)) <= 300 else str(e)[:297] + "..."

@@ -42,21 +42,20 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json
 import logging
 import os
 import re
 import threading
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from cloudml_lib.base.errors import CloudMLError
-from cloudml_lib.base.ownership import MARKER, kind_named, marker_kind, others_in
+from cloudml_lib.base.ownership import LEDGER, MARKER, kind_named, ledger_text, marker_kind, others_in
 from cloudml_lib.base.shapes import BOOL, INT, TEXT, Damaged, ListOf, MapOf, Obj
 from cloudml_lib.base.store import Folder, Store, sha256_of
 
 log = logging.getLogger(__name__)
 
-LEDGER = ".cloudml-files"
 # a file's content as CloudML wrote it: its size and sha256 (a file written whole: the newest and the one
 # before, so that a kill between the record and the rename leaves the file that stands there CloudML's), or
 # for a file CloudML appends to ("grows"), the sha256 of its first `size` bytes
@@ -68,6 +67,21 @@ LEDGER_SHAPE = Obj(
 LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file is not CloudML's ledger
 
 _lock = threading.RLock()
+
+
+def _held(store: Store):
+    """What a change of `store`'s record holds: on a folder, this process's thread lock (the appends'
+    fingerprints, the checkpoint writer's thread) and the folder's lock; on a bucket, only what the store
+    has (none: its network calls never hold up a folder's record)."""
+    if not isinstance(store, Folder):
+        return store.locked()
+    return _both(store)
+
+
+@contextmanager
+def _both(store: Store):
+    with _lock, store.locked():
+        yield
 
 
 def _lock_of_its_own() -> None:
@@ -91,9 +105,18 @@ def read_record(store: Store) -> tuple[set[str], dict[str, dict]] | None:
     """The listed paths and the contents recorded; None where the store has no ledger yet, or a damaged one
     (named once)."""
     if not store.exists(LEDGER):
+        if not store.adopts:  # claim wrote one: it was deleted since
+            _say_once(
+                f"ledger-missing:{store.shown(LEDGER)}",
+                f"{store.shown()} has no record of what CloudML wrote there ({LEDGER} is missing): nothing "
+                "there is taken as CloudML's, so no object of it is replaced or deleted; the record starts "
+                "again empty",
+            )
         return None
     try:
         doc = store.read_json(LEDGER, LEDGER_SHAPE, LEDGER_LIMIT)
+        if not store.adopts and not store.is_here(doc.get("folder")):
+            raise Damaged(f"it was written for {doc.get('folder')}, not for this place (copied with it)")
     except Damaged as e:  # a bucket client's own failure (OSError) says nothing of the ledger: raised
         _say_once(
             f"ledger:{store.shown(LEDGER)}",
@@ -116,8 +139,7 @@ def write_record(store: Store, created: set[str], contents: dict[str, dict]) -> 
     for growth in mine_here:
         if is_listed(created, growth.rel):
             contents[growth.rel] = growth.record()
-    doc = {"by": "CloudML", "folder": store.place, "created": sorted(created), "contents": contents}
-    store.write_text(LEDGER, json.dumps(doc, indent=0, sort_keys=True))
+    store.write_text(LEDGER, ledger_text(store, created, contents))
     for growth in mine_here:
         growth.dirty = False
 
@@ -125,7 +147,7 @@ def write_record(store: Store, created: set[str], contents: dict[str, dict]) -> 
 def record_of(store: Store) -> tuple[set[str], dict[str, dict]]:
     """The ledger of `store`, made first where it has none (or a damaged one): from what verifies as its
     kind's own, on a store that adopts; else empty, never from what happens to be there."""
-    with _lock:
+    with _lock if isinstance(store, Folder) else nullcontext():
         found = read_record(store)
         if found is None:
             found = _start(store)
@@ -231,6 +253,8 @@ def differs(store: Store, rel: str, rec: dict) -> str | None:
                 return f"it holds {size} bytes where CloudML wrote {rec['size']}"
             h = store.sha256(rel)
     except OSError as e:
+        if not isinstance(store, Folder):
+            raise  # a bucket client's failure (a 503, credentials) says nothing of what the object holds
         return f"it cannot be read ({e.strerror or e})"
     if h is None or h not in rec["sha256"]:
         return "its content is not what CloudML wrote (its sha256 differs)"
@@ -289,7 +313,7 @@ def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
     (a write cut off later leaves a file listed by name alone, which CloudML may replace). Returns the names
     they were kept as."""
     moved = []
-    with _lock, store.locked():
+    with _held(store):
         created, contents = record_of(store)
         for rel in rels:
             rec = contents.get(rel)
@@ -308,14 +332,19 @@ def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
                 rel.rsplit("/", 1)[-1],
             )
             moved.append(aside)
-        if any(rel in contents for rel in rels):
-            write_record(store, created, {r: c for r, c in contents.items() if r not in rels})
+        # a name the keeping moved away (a rename) is no longer CloudML's: a write cut off after it leaves
+        # nothing of CloudML's there; an object copied aside stays, CloudML's to write over
+        kept = {rel for rel in (aside.rsplit(".kept-", 1)[0] for aside in moved) if not store.exists(rel)}
+        for rel in kept if isinstance(store, Folder) else ():
+            _growing.pop(os.path.abspath(store.at(rel)), None)
+        if any(rel in contents for rel in rels) or kept & created:
+            write_record(store, created - kept, {r: c for r, c in contents.items() if r not in rels})
     return moved
 
 
 def list_at(store: Store, rel: str) -> None:
     """List `rel` (about to be created by CloudML) in the store's ledger."""
-    with _lock, store.locked():
+    with _held(store):
         created, contents = record_of(store)
         if not is_listed(created, rel):
             write_record(store, created | {rel}, contents)
@@ -323,7 +352,7 @@ def list_at(store: Store, rel: str) -> None:
 
 def record_at(store: Store, written: dict[str, tuple[int, str]]) -> None:
     """Record what CloudML just wrote whole: {rel: (size, sha256)} (each listed, or under a listed name)."""
-    with _lock, store.locked():
+    with _held(store):
         created, contents = record_of(store)
         contents.update({rel: {"size": size, "sha256": [sha]} for rel, (size, sha) in written.items()})
         write_record(store, created, contents)
@@ -472,7 +501,7 @@ def flush() -> None:
     for home in homes:
         try:
             store = Folder(home)
-            with _lock, store.locked():
+            with _held(store):
                 write_record(store, *record_of(store))
         except OSError:
             pass  # a full disk, a folder gone: the record stays shorter, which the next start accepts
@@ -499,7 +528,7 @@ def _update(path: str | Path, change) -> None:
     if home is None:
         return
     rel, store = _rel(home, path), Folder(home)
-    with _lock, store.locked():
+    with _held(store):
         created, contents = record_of(store)
         before = dict(contents)
         changed_ = change(created, contents, rel)

@@ -30,6 +30,7 @@ from cloudml_lib.base.store import Folder, Store
 log = logging.getLogger(__name__)
 
 MARKER = ".cloudml"
+LEDGER = ".cloudml-files"  # beside the marker: what CloudML created in the folder (ledger.py keeps it)
 MARKER_SHAPE = Obj({"kind": TEXT, "by": OPT_TEXT, "folder": OPT_TEXT}, required=("kind",))
 MARKER_LIMIT = 4096  # bytes: a marker is a line of JSON; anything bigger is not CloudML's
 CLUTTER = ("Thumbs.db", "desktop.ini", "lost+found")  # what a file manager or a file system leaves
@@ -162,6 +163,8 @@ def claim(place: str | Path | Store, kind: Kind):
     try:
         store.make()
         write_marker(store, kind.name)
+        if not store.adopts:  # its record starts empty, over any copied with the marker: a prefix holds no
+            store.write_text(LEDGER, ledger_text(store, set(), {}))  # earlier release's files to adopt
     except OSError as e:
         if not isinstance(store, Folder):
             raise  # a bucket client's error: its caller's rules (a failed copy is a warning) hold
@@ -180,6 +183,12 @@ def claim(place: str | Path | Store, kind: Kind):
             MARKER,
         )
     return claimed
+
+
+def ledger_text(place: str | Path | Store, created: set[str], contents: dict[str, dict]) -> str:
+    """A ledger as CloudML writes it (ledger.py: what it listed and recorded in `place`)."""
+    doc = {"by": "CloudML", "folder": as_store(place).place, "created": sorted(created), "contents": contents}
+    return json.dumps(doc, indent=0, sort_keys=True)
 
 
 def write_marker(place: str | Path | Store, kind: str) -> None:
