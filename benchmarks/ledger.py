@@ -65,7 +65,7 @@ def main() -> None:
 
     run = folder()
     real = ledger.appending, ledger.appended, ledger.differs
-    off = (lambda path: None, lambda path, data: None, lambda store, rel, rec: None)
+    off = (lambda path: None, lambda path, data, end=None: None, lambda store, rel, rec: None)
     seconds: dict[str, list[float]] = {"with_content": [], "names_only": []}
     for n in range(BLOCKS):
         for name in ("with_content", "names_only") if n % 2 == 0 else ("names_only", "with_content"):

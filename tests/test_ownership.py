@@ -569,8 +569,12 @@ def test_a_file_kept_aside_in_a_listed_folder_stays_the_users(tmp_path):
     (run / "plots" / "curves.png").write_bytes(b"CloudML's")
     (run / "plots" / "curves.png.kept-1").write_bytes(b"the user's")
     assert ledger.mine(run / "plots" / "curves.png") and not ledger.mine(run / "plots" / "curves.png.kept-1")
+    (run / "plots" / "scatter.png.kept-1").mkdir()  # a folder the user put where a file was, kept aside
+    (run / "plots" / "scatter.png.kept-1" / "mine.txt").write_bytes(b"the user's")
+    assert not ledger.mine(run / "plots" / "scatter.png.kept-1" / "mine.txt")
     assert not ledger.delete(run / "plots")
-    assert [p.name for p in (run / "plots").iterdir()] == ["curves.png.kept-1"]
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["curves.png.kept-1", "scatter.png.kept-1"]
+    assert (run / "plots" / "scatter.png.kept-1" / "mine.txt").read_bytes() == b"the user's"
 
 
 def test_a_write_cut_off_after_an_edited_file_was_kept_aside_leaves_its_name_to_the_user(tmp_path):
@@ -682,6 +686,61 @@ def test_a_signal_in_the_middle_of_an_append_leaves_the_log_cloudmls(tmp_path, m
     assert ledger.mine(log)
     append_text(log, "resumed\n")
     assert log.read_text() == "first line\nthe line the signal came in\nresumed\n"
+
+
+class _FlushOnce:
+    """train.log's file, whose next flush first does `before` (a signal's handler writing its own line, or a
+    full disk: OSError), once."""
+
+    def __init__(self, f, before):
+        self.f, self.before = f, before
+
+    def flush(self):
+        before, self.before = self.before, None
+        if before is not None:
+            before()
+        self.f.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+@pytest.mark.parametrize("event", ["a handler's line in between", "a full disk, then space"])
+def test_a_log_line_not_counted_as_written_never_makes_the_runs_own_log_the_users(
+    tmp_path, monkeypatch, event
+):
+    """train.log is opened once a run: a SIGTERM whose handler logs its own line while a line is being
+    written, or a line that failed on a full disk and went out with the next, left the fingerprint out of
+    step with the file, and the next start refused the run's own log as edited by the user. The file no
+    longer ends where the appends add up to: the fingerprint is dropped, the ledger keeps its last record
+    (a part of the file), which verifies."""
+    from cloudml_lib.base.outputs import open_append
+
+    run = claimed_run(tmp_path)
+    log = run / "train.log"
+    f = open_append(log)
+    f.write("step 1\n")
+    ledger.flush()
+
+    def handler():
+        f._f = f._f.f  # the handler's own line goes straight through
+        f.write("SIGTERM received\n")
+
+    def full():
+        f._f = f._f.f
+        raise OSError(28, "No space left on device")
+
+    f._f = _FlushOnce(f._f, handler if event.startswith("a handler") else full)
+    try:
+        f.write("step 2\n")
+    except OSError:
+        pass  # said once by the log's handler; the line stays in the buffer
+    f.write("stopping\n")
+    f.__exit__(None, None, None)
+    ledger.flush()
+    monkeypatch.setattr(ledger, "_growing", {})  # the next start
+    assert ledger.mine(log), ledger.not_mine(log, "append to")
+    assert "step 2" in log.read_text() and "stopping" in log.read_text()
 
 
 def test_evaluate_keeps_a_report_the_user_edited_and_a_resume_refuses_a_rewritten_log(session_runs, tmp_path):

@@ -224,10 +224,11 @@ KEPT = re.compile(r"\.kept-[0-9]+$")  # NAME.kept-N: a changed file kept for the
 
 
 def is_listed(created: set[str], rel: str) -> bool:
-    """Whether `rel` or a folder above it is listed; a file kept aside as NAME.kept-N never is, whatever
-    folder it lies in (a bucket's flight cache, a listed folder of a run): it holds the user's bytes."""
+    """Whether `rel` or a folder above it is listed; a file (or a folder) kept aside as NAME.kept-N, and what
+    it holds, never is, whatever folder it lies in (a bucket's flight cache, a listed folder of a run): it
+    holds the user's bytes."""
     parts = rel.split("/")
-    if KEPT.search(parts[-1]):
+    if any(KEPT.search(part) for part in parts):  # a file kept aside, or what a folder kept aside holds
         return False
     return any("/".join(parts[:i]) in created for i in range(1, len(parts) + 1))
 
@@ -471,12 +472,22 @@ def appending(path: str | Path) -> None:
         _growing[key] = _Growth(home, _rel(home, path), size, h)
 
 
-def appended(path: str | Path, data: bytes) -> None:
-    """`data` was appended to `path` by this process (kept in its fingerprint; written with the ledger)."""
-    growth = _growing.get(os.path.abspath(path))
-    if growth is not None:
-        growth.grown(data)
-        growth.dirty = True
+def appended(path: str | Path, data: bytes, end: int | None = None) -> None:
+    """`data` was appended to `path` by this process, which then holds `end` bytes (kept in its fingerprint;
+    written with the ledger). Where the file does not end where this process's appends add up to (a line
+    cut by a signal before it was counted, a signal's handler writing its own line in between, a failed
+    write's bytes flushed with the next), the fingerprint is dropped, unwritten: the ledger keeps its last
+    record, a part of what the file holds, which verifies; the next start fingerprints it all again. No
+    lock is taken here: a logging handler's thread may be the one writing."""
+    key = os.path.abspath(path)
+    growth = _growing.get(key)
+    if growth is None:
+        return
+    if end is not None and growth.size + len(data) != end:
+        _growing.pop(key, None)
+        return
+    growth.grown(data)
+    growth.dirty = True
 
 
 def truncating(path: str | Path, size: int) -> None:

@@ -153,7 +153,7 @@ class Appending:
 
         n = self._f.write(text)
         self._f.flush()  # on disk before its fingerprint: a ledger written meanwhile never records more
-        ledger.appended(self.path, text.encode("utf-8"))
+        ledger.appended(self.path, text.encode("utf-8"), os.fstat(self._f.fileno()).st_size)
         return n
 
     def __getattr__(self, name):
