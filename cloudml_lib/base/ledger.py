@@ -154,10 +154,6 @@ def record_of(store: Store) -> tuple[set[str], dict[str, dict]]:
         return found
 
 
-def _record(home: Path) -> tuple[set[str], dict[str, dict]]:
-    return record_of(Folder(home))
-
-
 def listed(place: Path | Store) -> set[str]:
     """The ledger of the claimed folder (or prefix) `place`, made first where it has none."""
     return record_of(place if isinstance(place, Store) else Folder(place))[0]
@@ -310,9 +306,10 @@ def refuse_at(store: Store, rel: str, doing: str) -> None:
 def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
     """Before CloudML writes again the files `rels` (each listed, or under a listed folder): each whose
     content is not what CloudML recorded writing (damaged, or edited since) is kept, its bytes as they are, as
-    REL.kept-N (a name CloudML does not list: the user's), and said; then every record of `rels` is dropped
-    (a write cut off later leaves a file listed by name alone, which CloudML may replace). Returns the names
-    they were kept as."""
+    REL.kept-N (a name CloudML does not list: the user's), and said; then every record of `rels` is dropped.
+    A name the keeping moved away (a folder's rename) is no longer listed either: a write cut off after it
+    leaves nothing there CloudML may replace. An object a bucket copied aside stays where it was, listed by
+    name, for CloudML's upload to write over. Returns the names they were kept as."""
     moved = []
     with _held(store):
         created, contents = record_of(store)
