@@ -423,6 +423,7 @@ PER_PROCESS = (
     ("cloudml_lib.base.faults", "_counts"),
     ("cloudml_lib.base.ledger", "_growing"),
     ("cloudml_lib.base.outputs", "_said_aside"),
+    ("cloudml_lib.core.run.checkpoint", "_WEIGHTS_OF"),
 )
 NOT_PER_COMMAND = (
     ("cloudml_lib.base.store", "_held"),  # the folder locks this process holds now: released by their owners

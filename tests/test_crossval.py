@@ -104,6 +104,9 @@ def test_every_flight_is_held_out_once_with_baselines_and_summary(reference):
     assert "## Adaptation to each test flight with a few of its labels" in md
     own = json.loads((ref / "folds" / names[0] / "model" / "intervals.json").read_text())
     assert own["n"] == pooled["n"] - result["folds"][names[0]]["model"]["n"]  # the other folds' errors only
+    # for the fold model's weights alone: another best.pt put in its place predicts without them
+    scored = json.loads((ref / "folds" / names[0] / "model" / "evaluation.json").read_text())
+    assert own["weights_sha256"] == scored["weights_sha256"]
 
 
 def test_every_file_a_crossval_writes_reads_back_and_compare_shows_its_numbers(reference):

@@ -134,7 +134,7 @@ def test_an_export_loads_without_cloudml_and_gives_cloudmls_answers(tiny_run_cop
 
 
 @pytest.mark.slow
-def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tiny_run_copy, tmp_path):
+def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tiny_run_copy, tmp_path, capsys):
     """best.pt replaced after the evaluation: the card says so instead of the other weights' skill; a run
     whose end is pending says its weights are the best so far."""
     from cloudml_lib.core.run.checkpoint import Key, load_checkpoint, save_atomic
@@ -144,6 +144,26 @@ def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tin
     name = next(k for k, v in ckpt[Key.MODEL].items() if v.is_floating_point())
     ckpt[Key.MODEL][name] = ckpt[Key.MODEL][name] + 0.01
     save_atomic(ckpt, run / "best.pt")
+    # status, compare and the Python API tell the same: the test skill recorded is not these weights'
+    from cloudml_lib import CloudMLError, read_report
+    from cloudml_lib.commands.compare import run_row
+    from cloudml_lib.core.run.folder import RunFolder
+    from cloudml_lib.core.run.status import format_status, run_status
+
+    said = format_status(run_status(RunFolder(run)))
+    assert "trained, end pending (evaluation.json scored other weights than best.pt holds now" in said, said
+    row = run_row(RunFolder(run), "run")
+    assert row["per_flight"] is None and row["skill"] is None and "(epoch" in row["state"], row
+    with pytest.raises(CloudMLError, match="no valid evaluation.json .the run is trained, end pending"):
+        read_report(run)
+    from cloudml_lib.colab.show import show_evaluation
+
+    capsys.readouterr()
+    show_evaluation(run)  # the notebook's results cell
+    shown = capsys.readouterr().out
+    assert (
+        "its evaluation.json is not of its weights now, so it is not shown" in shown and "| MAE" not in shown
+    )
     assert run_cli("export", "--run-dir", run, "--out", tmp_path / "a").returncode == 0
     card = (tmp_path / "a" / "MODEL_CARD.md").read_text()
     assert (
@@ -151,6 +171,7 @@ def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tin
     )
     assert "| MAE km |" not in card
     assert run_cli("evaluate", "--run-dir", run).returncode == 0  # scored again: the skill is theirs
+    assert RunFolder(run).state().kind == "finished" and read_report(run)["weights_sha256"]
     assert run_cli("export", "--run-dir", run, "--out", tmp_path / "b").returncode == 0
     assert "| MAE km |" in (tmp_path / "b" / "MODEL_CARD.md").read_text()
     (run / "evaluation.json").unlink()

@@ -187,6 +187,16 @@ def show_evaluation(run_dir: Path | None) -> None:
     if not report:
         print("No evaluation yet: it is written when training finishes.")
         return
+    from cloudml_lib.base.layout import RunLayout
+    from cloudml_lib.core.run.status import run_state
+
+    state = run_state(RunLayout(Path(run_dir)))
+    if state.kind == "trained":  # evaluation.json scored other weights or another step than the run's
+        print(
+            f"The run is {state.words}: its evaluation.json is not of its weights now, so it is not shown. "
+            "Run the Train cell again (it ends the run), or `!python -m cloudml_lib evaluate` on the run."
+        )
+        return
     from cloudml_lib.science.report import test_parts
 
     # Markdown tables and the verdicts in sentences (a monospace block wrapped them mid-word); the verdict

@@ -308,7 +308,8 @@ def read_report(run: Run | str | Path) -> dict:
         Where the run has no valid evaluation (not finished, or its file damaged): the message says which.
     """
     folder = _folder(run)
-    report = folder.files.evaluation()
+    # an evaluation of other weights or another step than the run's is not its report (the state says which)
+    report = folder.files.evaluation() if folder.state().kind != "trained" else None
     if not report:
         raise CloudMLError(
             f"{shown(str(folder.path))} has no valid evaluation.json (the run is "

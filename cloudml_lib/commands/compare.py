@@ -74,13 +74,16 @@ def run_row(run: RunFolder, name: str, scores: str = "test") -> dict:
     config, records = files.config(), files.metrics()
     planned = ((config or {}).get("train") or {}).get("epochs")
     epochs, odd = own_epochs(records, planned if isinstance(planned, int) else None)
-    final = next((r for r in records if r["kind"] == "final"), None)
-    evaluation = files.evaluation()
-    validation = (evaluation.get("validation") or {}).get("pooled")
-    overall = (validation if scores == "validation" and validation else evaluation.get("overall")) or final
     trial = files.trial()
     # a sweep trial's own state (complete, pruned, failed, running), else the run's (status.run_state)
-    state = trial.get("state") or (lambda s: "not started" if s.kind == "none" else s.words)(run.state())
+    own = None if trial.get("state") else run.state()
+    state = trial.get("state") or ("not started" if own is None or own.kind == "none" else own.words)
+    # the test scores of other weights or another step than the run's (its state says which) are not its
+    stale = own is not None and own.kind == "trained"
+    final = None if stale else next((r for r in records if r["kind"] == "final"), None)
+    evaluation = {} if stale else files.evaluation()
+    validation = (evaluation.get("validation") or {}).get("pooled")
+    overall = (validation if scores == "validation" and validation else evaluation.get("overall")) or final
     scored_on = "validation" if scores == "validation" and validation else held_out(evaluation, config)
     if not overall and epochs:  # no final evaluation (pruned, stopped): the last epoch's scores
         overall, state = epochs[-1], f"{state} (epoch {epochs[-1]['epoch']} scores)"

@@ -425,16 +425,17 @@ def interval_step(folder: RunFolder, names: list[str], coverage: float) -> dict:
         )
         for name in names:
             others = [np.concatenate(x) for x in zip(*(v for k, v in by_flight.items() if k != name))]
-            intervals.save(
-                RunFolder(folder.path / "folds" / name / "model"),
-                intervals.calibrate(
-                    *others,
-                    result["chosen"],
-                    coverage,
-                    f"the other {len(names) - 1} folds' test flights",
-                    groups=groups[groups != name],
-                ),
+            model = RunFolder(folder.path / "folds" / name / "model")
+            cal = intervals.calibrate(
+                *others,
+                result["chosen"],
+                coverage,
+                f"the other {len(names) - 1} folds' test flights",
+                groups=groups[groups != name],
             )
+            # for the fold model's weights its evaluation scored: another best.pt predicts without them
+            weights = model.files.evaluation().get("weights_sha256")
+            intervals.save(model, cal and dict(cal, weights_sha256=weights) if weights else cal)
     return result
 
 

@@ -181,6 +181,29 @@ def weights_sha256(state_dict: dict) -> str:
     return h.hexdigest()
 
 
+# best_weights_sha256's answers, by the file's identity and its last change: a run's state is asked often (the
+# picker's list, compare, the Train cell's monitor), best.pt read once until it changes
+_WEIGHTS_OF: dict[tuple, str | None] = {}
+
+
+def best_weights_sha256(path: Path) -> str | None:
+    """weights_sha256 of the model a best.pt holds; None where it is missing or cannot be loaded."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _WEIGHTS_OF:
+        try:
+            model = load_checkpoint(path)[Key.MODEL]
+            _WEIGHTS_OF[key] = weights_sha256(model) if isinstance(model, dict) else None
+        except (CloudMLError, OSError, AttributeError, TypeError, RuntimeError):
+            _WEIGHTS_OF[key] = None
+        while len(_WEIGHTS_OF) > 64:
+            del _WEIGHTS_OF[next(iter(_WEIGHTS_OF))]
+    return _WEIGHTS_OF[key]
+
+
 def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     h, size = hashlib.sha256(), 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:

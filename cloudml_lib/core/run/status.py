@@ -19,6 +19,7 @@ from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.compile import describe_saved
 from cloudml_lib.core.run.checkpoint import (
     Found,
+    best_weights_sha256,
     find_checkpoints,
     find_latest_valid,
 )
@@ -224,6 +225,13 @@ def run_state(run: RunLayout, check_lock: bool = True) -> RunState:
         return RunState(
             "trained",
             f"evaluation.json scored the weights of step {evaluation.get('step')}, not step {meta['step']}",
+        )
+    scored = evaluation.get("weights_sha256")  # an earlier release's evaluation has none: its step alone
+    if isinstance(scored, str) and scored != best_weights_sha256(run.best):
+        return RunState(
+            "trained",
+            "evaluation.json scored other weights than best.pt holds now: best.pt was replaced, put back or "
+            "removed after the evaluation; evaluate the run again",
         )
     return RunState("finished")
 
