@@ -773,3 +773,27 @@ def test_evaluate_keeps_a_report_the_user_edited_and_a_resume_refuses_a_rewritte
         LEDGER,
     }
     assert "train.log was changed after CloudML wrote it" in (stopped / "run.json").read_text()
+
+
+def test_a_path_through_a_linked_folder_and_dotdot_is_judged_where_the_system_finds_it(tmp_path):
+    """`elsewhere/link/../notes.txt` with `link` a link to the run's `plots/`: the system opens the run's own
+    notes.txt, a user's file CloudML did not write; judged by its text (os.path.abspath drops `link/..`) it
+    lay in no claimed folder, and CloudML would have written over it. The same for its own listed file."""
+    from cloudml_lib.base.outputs import write_text
+
+    run = claimed_run(tmp_path)
+    (run / "plots").mkdir()
+    (run / "notes.txt").write_text("the user's\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "link").symlink_to(run / "plots", target_is_directory=True)
+    through = elsewhere / "link" / ".." / "notes.txt"
+    assert not ledger.mine(through)
+    with pytest.raises(CloudMLError, match="notes.txt"):
+        write_text(through, "CloudML's\n")
+    assert (run / "notes.txt").read_text() == "the user's\n"
+    write_text(run / "report.md", "CloudML's\n")
+    assert ledger.mine(elsewhere / "link" / ".." / "report.md")
+    write_text(elsewhere / "link" / ".." / "report.md", "CloudML's, again\n")  # its own: written over
+    assert (run / "report.md").read_text() == "CloudML's, again\n" and not (elsewhere / "report.md").exists()
+    assert ledger.located(through) == str(run / "notes.txt")

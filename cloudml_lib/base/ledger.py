@@ -69,11 +69,11 @@ LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file i
 _lock = threading.RLock()
 
 
-def _held(store: Store):
+def _holding(store: Store):
     """What a change of `store`'s record holds: on a folder, this process's thread lock (the appends'
     fingerprints, the checkpoint writer's thread) and the folder's lock; on a bucket, only what the store
     has (none: its network calls never hold up a folder's record)."""
-    if not isinstance(store, Folder):
+    if not store.local:
         return store.locked()
     return _both(store)
 
@@ -135,7 +135,7 @@ def read_record(store: Store) -> tuple[set[str], dict[str, dict]] | None:
 def write_record(store: Store, created: set[str], contents: dict[str, dict]) -> None:
     """The ledger written whole, the fingerprints of this process's appends in a folder brought up to date."""
     contents = {rel: c for rel, c in contents.items() if is_listed(created, rel)}
-    mine_here = [g for g in _growing.values() if isinstance(store, Folder) and g.home == store.path]
+    mine_here = [g for g in _growing.values() if _growing.get(store.key(g.rel) or "") is g]
     for growth in mine_here:
         if is_listed(created, growth.rel):
             contents[growth.rel] = growth.record()
@@ -147,7 +147,7 @@ def write_record(store: Store, created: set[str], contents: dict[str, dict]) -> 
 def record_of(store: Store) -> tuple[set[str], dict[str, dict]]:
     """The ledger of `store`, made first where it has none (or a damaged one): from what verifies as its
     kind's own, on a store that adopts; else empty, never from what happens to be there."""
-    with _lock if isinstance(store, Folder) else nullcontext():
+    with _lock if store.local else nullcontext():
         found = read_record(store)
         if found is None:
             found = _start(store)
@@ -168,7 +168,7 @@ def start(home: Path, entries: list[str] | None = None) -> set[str]:
 def _start(store: Store, entries: list[str] | None = None) -> tuple[set[str], dict[str, dict]]:
     """start's ledger: the listed paths and the content records it wrote."""
     contents: dict[str, dict] = {}
-    if entries is None and not isinstance(store, Folder):
+    if entries is None and not store.adopts:
         return set(), {}  # a store that adopts nothing: empty (written with the first entry it lists)
     if entries is None:
         home = store.path
@@ -239,7 +239,7 @@ def differs(store: Store, rel: str, rec: dict) -> str | None:
         if size is None:
             return "it is no longer a file"
         if rec.get("grows"):
-            growth = _growing.get(os.path.abspath(store.at(rel))) if isinstance(store, Folder) else None
+            growth = _growing.get(store.key(rel) or "")
             if growth is not None and growth.size == size:
                 return None  # this process wrote all of it (a stat: nothing read again per append)
             if size < rec["size"]:
@@ -250,7 +250,7 @@ def differs(store: Store, rel: str, rec: dict) -> str | None:
                 return f"it holds {size} bytes where CloudML wrote {rec['size']}"
             h = store.sha256(rel)
     except OSError as e:
-        if not isinstance(store, Folder):
+        if not store.local:
             raise  # a bucket client's failure (a 503, credentials) says nothing of what the object holds
         return f"it cannot be read ({e.strerror or e})"
     if h is None or h not in rec["sha256"]:
@@ -311,7 +311,7 @@ def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
     leaves nothing there CloudML may replace. An object a bucket copied aside stays where it was, listed by
     name, for CloudML's upload to write over. Returns the names they were kept as."""
     moved = []
-    with _held(store):
+    with _holding(store):
         created, contents = record_of(store)
         for rel in rels:
             rec = contents.get(rel)
@@ -333,8 +333,8 @@ def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
         # a name the keeping moved away (a rename) is no longer CloudML's: a write cut off after it leaves
         # nothing of CloudML's there; an object copied aside stays, CloudML's to write over
         kept = {rel for rel in (aside.rsplit(".kept-", 1)[0] for aside in moved) if not store.exists(rel)}
-        for rel in kept if isinstance(store, Folder) else ():
-            _growing.pop(os.path.abspath(store.at(rel)), None)
+        for rel in kept:
+            _growing.pop(store.key(rel) or "", None)
         if any(rel in contents for rel in rels) or kept & created:
             write_record(store, created - kept, {r: c for r, c in contents.items() if r not in rels})
     return moved
@@ -342,7 +342,7 @@ def set_aside_changed(store: Store, rels: list[str]) -> list[str]:
 
 def list_at(store: Store, rel: str) -> None:
     """List `rel` (about to be created by CloudML) in the store's ledger."""
-    with _held(store):
+    with _holding(store):
         created, contents = record_of(store)
         if not is_listed(created, rel):
             write_record(store, created | {rel}, contents)
@@ -350,7 +350,7 @@ def list_at(store: Store, rel: str) -> None:
 
 def record_at(store: Store, written: dict[str, tuple[int, str]]) -> None:
     """Record what CloudML just wrote whole: {rel: (size, sha256)} (each listed, or under a listed name)."""
-    with _held(store):
+    with _holding(store):
         created, contents = record_of(store)
         contents.update({rel: {"size": size, "sha256": [sha]} for rel, (size, sha) in written.items()})
         write_record(store, created, contents)
@@ -359,11 +359,24 @@ def record_at(store: Store, written: dict[str, tuple[int, str]]) -> None:
 # ---------------------------------------------------------------------- a path on this machine
 
 
+def located(path: str | Path) -> str:
+    """`path` made absolute as the system finds it: a `..` after a linked folder leads to the parent of the
+    link's target, not back to the folder the text names (os.path.abspath drops the two by their text, and a
+    ledger would judge another file than the one written)."""
+    text = os.fspath(path)
+    if os.sep + ".." + os.sep not in os.sep + text + os.sep:
+        return os.path.abspath(text)
+    head, name = os.path.split(os.path.join(os.getcwd(), text).rstrip(os.sep))
+    if name in ("..", "."):
+        return os.path.realpath(os.path.join(head, name))
+    return os.path.join(os.path.realpath(head), name)
+
+
 def home_of(path: str | Path) -> Path | None:
     """The claimed folder `path` lies in (the nearest folder above it with a valid marker of CloudML's,
     however deep: a user's files five folders below a run's tensorboard/ are judged by the run's ledger as
     those one below are); None where it lies in none (a command's own output file chosen by the user)."""
-    here = Path(os.path.abspath(path)).parent
+    here = Path(located(path)).parent
     while True:
         if os.path.lexists(here / MARKER):
             try:
@@ -376,7 +389,7 @@ def home_of(path: str | Path) -> Path | None:
 
 
 def _rel(home: Path, path: str | Path) -> str:
-    return Path(os.path.abspath(path)).relative_to(Path(os.path.abspath(home))).as_posix()
+    return Path(located(path)).relative_to(Path(os.path.abspath(home))).as_posix()
 
 
 def place_of(path: str | Path) -> tuple[Folder, str] | None:
@@ -448,7 +461,7 @@ _growing: dict[str, _Growth] = {}  # absolute path -> its fingerprint, for the f
 def appending(path: str | Path) -> None:
     """`path` (CloudML's: checked before) is about to be appended to by this process: its fingerprint starts
     from all it holds now (read once; then kept as the appends go)."""
-    key = os.path.abspath(path)
+    key = located(path)
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
@@ -476,7 +489,7 @@ def appended(path: str | Path, data: bytes, end: int | None = None) -> None:
     write's bytes flushed with the next), the fingerprint is dropped, unwritten: the ledger keeps its last
     record, a part of what the file holds, which verifies; the next start fingerprints it all again. No
     lock is taken here: a logging handler's thread may be the one writing."""
-    key = os.path.abspath(path)
+    key = located(path)
     growth = _growing.get(key)
     if growth is None:
         return
@@ -498,7 +511,7 @@ def truncating(path: str | Path, size: int) -> None:
     if h is None:
         return
     with _lock:
-        _growing[os.path.abspath(path)] = _Growth(home, _rel(home, path), size, h)
+        _growing[located(path)] = _Growth(home, _rel(home, path), size, h)
     flush()
 
 
@@ -509,7 +522,7 @@ def flush() -> None:
     for home in homes:
         try:
             store = Folder(home)
-            with _held(store):
+            with _holding(store):
                 write_record(store, *record_of(store))
         except OSError:
             pass  # a full disk, a folder gone: the record stays shorter, which the next start accepts
@@ -536,7 +549,7 @@ def _update(path: str | Path, change) -> None:
     if home is None:
         return
     rel, store = _rel(home, path), Folder(home)
-    with _held(store):
+    with _holding(store):
         created, contents = record_of(store)
         before = dict(contents)
         changed_ = change(created, contents, rel)
@@ -575,7 +588,7 @@ def drop(path: str | Path) -> None:
             del contents[c]
         return {c for c in created if c != rel and not c.startswith(rel + "/")}
 
-    _growing.pop(os.path.abspath(path), None)
+    _growing.pop(located(path), None)
     _update(path, change)
 
 
@@ -654,7 +667,7 @@ def skip_unless_mine(path: str | Path, doing: str) -> bool:
     found = _judge(path)
     if found is None:
         return True
-    _say_once(f"{doing}:{os.path.abspath(path)}", not_mine(path, doing, found))
+    _say_once(f"{doing}:{located(path)}", not_mine(path, doing, found))
     return False
 
 

@@ -52,6 +52,13 @@ class Store(ABC):
     things = "things"  # what it holds ("things", "objects")
     item = "file"  # one of them ("file", "object")
     adopts = True  # whether content that verifies proves it CloudML's without a marker (see the module)
+    # a folder on this machine: this process's thread lock and its appends' fingerprints apply to it
+    # (ledger.py), and a file of it that cannot be read is unreadable, not the store's own failure
+    local = False
+
+    def key(self, rel: str) -> str | None:
+        """`rel`'s key among the files this process appends to (its absolute path); None off this machine."""
+        return None
 
     @property
     @abstractmethod
@@ -124,12 +131,6 @@ class Folder(Store):
     def __repr__(self) -> str:
         return f"Folder({str(self.path)!r})"
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Folder) and os.path.abspath(self.path) == os.path.abspath(other.path)
-
-    def __hash__(self) -> int:
-        return hash(os.path.abspath(self.path))
-
     @property
     def place(self) -> str:
         """A digest of the folder's absolute path (`..` and links resolved): it binds a marker to the folder
@@ -140,6 +141,9 @@ class Folder(Store):
     def is_here(self, recorded: str | None) -> bool:
         """Today's digest, or the plain path an earlier release recorded."""
         return recorded in (self.place, os.path.realpath(os.path.abspath(self.path)))
+
+    def key(self, rel: str) -> str | None:
+        return os.path.abspath(self.at(rel))
 
     def at(self, rel: str) -> Path:
         return self.path / rel if rel else self.path
