@@ -305,7 +305,8 @@ def read_report(run: Run | str | Path) -> dict:
     Raises
     ------
     cloudml_lib.CloudMLError
-        Where the run has no valid evaluation (not finished, or its file damaged): the message says which.
+        Where the run has no valid evaluation (not finished, its file damaged, or of other weights than
+        best.pt holds now): the message says which.
     """
     folder = _folder(run)
     # an evaluation of other weights or another step than the run's is not its report (the state says which)
