@@ -257,3 +257,23 @@ def test_clean_leftovers_removes_only_what_dead_processes_left(tmp_path, monkeyp
     assert len(removed) == 3
     assert (run / f".best.pt.tmp-{os.getpid()}").exists() and (tmp_path / "tmp" / "cloudml-ckpt-abc").exists()
     assert (tmp_path / "tmp" / f"cloudml-ckpt-{dead.pid}-xyz").exists()
+
+
+def test_the_weights_of_best_pt_are_read_again_after_a_read_that_failed(tmp_path, monkeypatch):
+    """run_state compares an evaluation's weights with best.pt's (read once until the file changes): a read
+    that failed (a network mount's error) is not kept as the answer, or a finished run would stay 'trained,
+    end pending' for the rest of the session."""
+    best = tmp_path / "best.pt"
+    torch.save({ck.Key.MODEL: {"w": torch.ones(3)}, ck.Key.CONFIG: {}}, best)
+    real = ck.load_state
+    failures = [OSError(5, "Input/output error")]
+
+    def once(path):
+        if failures:
+            raise failures.pop()
+        return real(path)
+
+    monkeypatch.setattr(ck, "load_state", once)
+    assert ck.best_weights_sha256(best) is None
+    assert ck.best_weights_sha256(best) == ck.weights_sha256({"w": torch.ones(3)})
+    assert ck.best_weights_sha256(tmp_path / "missing.pt") is None

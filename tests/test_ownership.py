@@ -797,3 +797,37 @@ def test_a_path_through_a_linked_folder_and_dotdot_is_judged_where_the_system_fi
     write_text(elsewhere / "link" / ".." / "report.md", "CloudML's, again\n")  # its own: written over
     assert (run / "report.md").read_text() == "CloudML's, again\n" and not (elsewhere / "report.md").exists()
     assert ledger.located(through) == str(run / "notes.txt")
+
+
+def test_a_folder_on_this_machine_is_held_by_the_process_and_a_file_it_cannot_read_is_kept(
+    tmp_path, monkeypatch
+):
+    """A folder's record is changed under this process's thread lock (the checkpoint writer's thread and the
+    appends' fingerprints: without it two threads lost entries, and a writer iterated the fingerprints while
+    the main thread added one), and a file of it that cannot be read (permissions, an I/O error) is judged
+    the user's and kept aside with its words, never a traceback (a bucket's failure is raised instead)."""
+    import threading
+
+    from cloudml_lib.base.outputs import write_text
+
+    run = claimed_run(tmp_path)
+    seen = []
+    with ledger._holding(Folder(run)):
+        t = threading.Thread(target=lambda: seen.append(ledger._lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+    assert seen == [False]
+    write_text(run / "report.md", "CloudML's\n")
+    unreadable = Folder.sha256
+
+    def denied(self, rel, size=None):
+        if rel == "report.md":
+            raise PermissionError(13, "Permission denied", str(self.at(rel)))
+        return unreadable(self, rel, size)
+
+    monkeypatch.setattr(Folder, "sha256", denied)
+    assert not ledger.mine(run / "report.md")
+    assert ledger.differs(Folder(run), "report.md", {"size": 10, "sha256": ["x"]}) == (
+        "it cannot be read (Permission denied)"
+    )
+    assert Folder(run).local and Folder(run).key("a/b") == os.path.abspath(run / "a" / "b")

@@ -125,6 +125,8 @@ class Store(ABC):
 class Folder(Store):
     """A folder on this machine."""
 
+    local = True
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
 

@@ -196,9 +196,10 @@ def best_weights_sha256(path: Path) -> str | None:
     if key not in _WEIGHTS_OF:
         try:
             model = load_checkpoint(path)[Key.MODEL]
-            _WEIGHTS_OF[key] = weights_sha256(model) if isinstance(model, dict) else None
+            weights = weights_sha256(model) if isinstance(model, dict) else None
         except (CloudMLError, OSError, AttributeError, TypeError, RuntimeError):
-            _WEIGHTS_OF[key] = None
+            return None  # not kept: a read that failed once (a network mount) may succeed the next time
+        _WEIGHTS_OF[key] = weights
         while len(_WEIGHTS_OF) > 64:
             del _WEIGHTS_OF[next(iter(_WEIGHTS_OF))]
     return _WEIGHTS_OF[key]
