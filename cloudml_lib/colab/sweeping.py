@@ -140,7 +140,9 @@ def sweep(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path | 
         print("Sweep not asked for (tick 'Then sweep hyperparameters' in the picker, then run this cell).")
         return None
     if run_dir is not None and not RunFolder.of(run_dir).is_finished():
-        print("The sweep waits for training to finish: run the Train cell (or Run all) again to continue it.")
+        from cloudml_lib.colab.training import waits
+
+        print(waits("The sweep waits", run_dir))
         return None
     if not ensure_optuna():
         return None

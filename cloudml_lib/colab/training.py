@@ -146,9 +146,7 @@ def whole_flights(ws: Workspace, picker: Picker, run_dir: Path | None) -> Path |
         print("Whole flights not asked for (tick the box in the picker, then run this cell).")
         return None
     if run_dir is None or not RunFolder.of(run_dir).is_finished():
-        print(
-            "Whole flights wait for training to finish: run the Train cell (or Run all) again to continue it."
-        )
+        print(waits("Whole flights wait", run_dir))
         return None
     flights = run_flights(ws, run_dir)
     gone = [f for f in flights.heldout if f in flights.removed] if flights is not None else []
@@ -188,9 +186,7 @@ def adapt(run_dir: Path | None, flight: str = "", labels=(10, 25, 50)) -> None:
     network fine-tuned on the flight's first N labels, scored after a gap beside the baselines given the same
     N; `flight` "" is the run's first test flight. Nothing is written."""
     if run_dir is None or not RunFolder.of(run_dir).is_finished():
-        print(
-            "Adaptation waits for training to finish: run the Train cell (or Run all) again to continue it."
-        )
+        print(waits("Adaptation waits", run_dir))
         return
     if not isinstance(flight, str):
         raise UserError(f"flight: {flight!r} is not valid; expected a flight's name such as '01Apr25', or ''")
@@ -208,6 +204,22 @@ def adapt(run_dir: Path | None, flight: str = "", labels=(10, 25, 50)) -> None:
 _CURVE = re.compile(r": scored on its \d+ labels|: \d+ left out: |^\s*N = \d+: |: no adaptation curve")
 
 
+def waits(what: str, run_dir: Path | None) -> str:
+    """Why `what` ("Export waits", "Whole flights wait") waits for the run: its training goes on, or its end
+    is pending (and why: best.pt replaced or removed after the evaluation, the evaluation damaged), which the
+    Train cell runs."""
+    try:
+        state = RunFolder.of(run_dir).state() if run_dir is not None else None
+    except Exception:  # noqa: BLE001 - an unreadable run: the Train cell says what is wrong with it
+        state = None
+    if state is not None and state.kind == "trained":
+        return (
+            f"{what} for the run's end: the run is {state.words}. Run the Train cell (or Run all) again: it "
+            "ends the run."
+        )
+    return f"{what} for training to finish: run the Train cell (or Run all) again to continue it."
+
+
 @user_errors
 def export(run_dir: Path | None) -> Path | None:
     """The run's best model as a folder a colleague loads with plain torch (`python -m cloudml_lib export`:
@@ -216,7 +228,7 @@ def export(run_dir: Path | None) -> Path | None:
     from cloudml_lib.science.export import EXPORT_FILES, PROGRAM
 
     if run_dir is None or not RunFolder.of(run_dir).is_finished():
-        print("Export waits for training to finish: run the Train cell (or Run all) again to continue it.")
+        print(waits("Export waits", run_dir))
         return None
     out, best = run_dir / "export", RunFolder(run_dir).best
     done = best.is_file() and all((out / name).is_file() for name in EXPORT_FILES)  # no best.pt: the
@@ -248,10 +260,7 @@ def crossval(ws: Workspace, picker: Picker, run_dir: Path | None = None) -> Path
         print("Cross-validation not asked for (tick the box in the picker, then run this cell).")
         return None
     if run_dir is not None and not RunFolder.of(run_dir).is_finished():
-        print(
-            "Cross-validation waits for training to finish: run the Train cell (or Run all) again to "
-            "continue it."
-        )
+        print(waits("Cross-validation waits", run_dir))
         return None
     cmd = train_command(ws, c)
     cv_dir = ws.runs / f"{c.run_name}_crossval"

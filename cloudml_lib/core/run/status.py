@@ -227,12 +227,22 @@ def run_state(run: RunLayout, check_lock: bool = True) -> RunState:
             f"evaluation.json scored the weights of step {evaluation.get('step')}, not step {meta['step']}",
         )
     scored = evaluation.get("weights_sha256")  # an earlier release's evaluation has none: its step alone
-    if isinstance(scored, str) and scored != best_weights_sha256(run.best):
-        return RunState(
-            "trained",
-            "evaluation.json scored other weights than best.pt holds now: best.pt was replaced, put back or "
-            "removed after the evaluation; evaluate the run again",
-        )
+    if isinstance(scored, str):
+        held = best_weights_sha256(run.best)
+        if held is None:
+            return RunState(
+                "trained",
+                "best.pt is missing or cannot be read since the evaluation: put it back, or run the same "
+                "train command (its end writes best.pt again with the final checkpoint's weights, and scores "
+                "them)",
+            )
+        if held != scored:
+            return RunState(
+                "trained",
+                "evaluation.json scored other weights than best.pt holds now: best.pt was replaced or put "
+                "back after the evaluation; evaluate the run again, or run the same train command (its end "
+                "scores them)",
+            )
     return RunState("finished")
 
 
