@@ -509,6 +509,7 @@ def test_the_setup_notebooks_era5_cell_says_what_to_do_without_a_key_then_fetche
     assert again["missing"] == [] and "Every flight has its ERA5 files" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_run_reads_the_atmosphere_where_every_flight_has_it_and_says_in_one_line_what_it_could_use(
     copied_flights, caplog
 ):

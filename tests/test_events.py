@@ -21,6 +21,7 @@ def raw_events(path: Path) -> list:
     return list(EventFileLoader(str(path)).Load())
 
 
+@pytest.mark.slow
 def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -42,6 +43,7 @@ def test_a_run_writes_curves_text_and_the_scatter(tiny_config, tmp_path):
     assert "compile" in text.lower() or "eager" in text.lower()
 
 
+@pytest.mark.slow
 def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_path, monkeypatch):
     """A SIGTERM stop mid-run (a checkpoint there), then the resume: its file opens with the purge marker."""
     from cloudml_lib.base.config import build_config
@@ -82,6 +84,7 @@ def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_confi
     )
 
 
+@pytest.mark.slow
 def test_a_fresh_start_removes_events_no_checkpoint_kept(tiny_config, tmp_path):
     """Files of an attempt killed before its first checkpoint belong to no resume point. The attempt was
     CloudML's (its marker, written before anything else, and its ledger listing the event file it wrote); an

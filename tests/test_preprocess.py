@@ -29,6 +29,7 @@ def build(cfg, workers: int, cache_dir: Path, backend=SKIMAGE):
         return [cache_mod.load_flight_cache(f, cfg.data, backend, pool) for f in cfg.data.flights]
 
 
+@pytest.mark.slow
 def test_worker_processes_write_the_bytes_of_the_serial_path(tiny_config, tmp_path):
     serial, parallel = (
         build(tiny_config, 0, tmp_path / "serial"),

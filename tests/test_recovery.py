@@ -84,6 +84,7 @@ def test_micro_batches_keep_the_batch_math_without_batchnorm_coupling():
     torch.testing.assert_close(lin.weight.grad, full)
 
 
+@pytest.mark.slow
 def test_oom_at_one_sample_stops_with_advice(tiny_config, tmp_path):
     with pytest.raises(
         CloudMLError, match="out of memory even with micro-batches of one sample. Use preset C"
@@ -168,6 +169,7 @@ def nan_on_calls(first, last=None):
     return wrap
 
 
+@pytest.mark.slow
 def test_nonfinite_steps_are_skipped_and_counted(tiny_config, tmp_path):
     trainer = Trainer(tiny_config, tmp_path / "run").setup()
     nan_on_calls(3, 4)(trainer)  # the 3rd and 4th batches give NaN
