@@ -194,7 +194,7 @@ def show_evaluation(run_dir: Path | None) -> None:
     if state.kind == "trained":  # evaluation.json scored other weights or another step than the run's
         print(
             f"The run is {state.words}: its evaluation.json is not of its weights now, so it is not shown. "
-            "Run the Train cell again (it ends the run), or `!python -m cloudml_lib evaluate` on the run."
+            "Run the Train cell (or Run all) again: it ends the run."
         )
         return
     from cloudml_lib.science.report import test_parts
