@@ -46,6 +46,7 @@ def test_the_average_starts_as_a_copy_then_follows_the_weights_and_restores_exac
         assert torch.equal(v, average.module.state_dict()[k]), k
 
 
+@pytest.mark.slow
 def test_a_run_validates_and_keeps_the_average_and_checkpoints_it(tiny_raw_config, tmp_path):
     from cloudml_lib.train import Trainer
 

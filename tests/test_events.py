@@ -71,6 +71,7 @@ def test_a_resumed_start_purges_the_steps_it_trains_again(tiny_raw_config, tmp_p
     assert steps == sorted(set(steps)) and stopped_at in steps and stopped_at + 2 in steps
 
 
+@pytest.mark.slow
 def test_without_tensorboard_training_works_and_says_how_to_enable_it(tiny_config, tmp_path, monkeypatch):
     monkeypatch.setattr(events_module, "has_tensorboard", lambda: False)
     run = tmp_path / "run"

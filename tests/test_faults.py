@@ -116,6 +116,7 @@ def test_status_verifies_like_resume(session_runs, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_corrupt_best_model_falls_back_to_the_newest_weights(tiny_config, tmp_path):
     from cloudml_lib.train import Trainer
 
