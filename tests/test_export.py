@@ -170,6 +170,15 @@ def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tin
         "Not evaluated on these weights: evaluation.json scored other weights than best.pt holds now" in card
     )
     assert "| MAE km |" not in card
+    # the same train command runs the end, which says why (the state's reason, not its advice to run it)
+    r = run_cli("train", "--config", run / "config.yaml", "--run-dir", run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    why = "evaluation.json scored other weights than best.pt holds now: best.pt was replaced or put back"
+    assert f"The end of the run ({why} after the evaluation): the best model" in r.stdout, r.stdout[-3000:]
+    assert RunFolder(run).state().kind == "finished"
+    ckpt[Key.MODEL][name] = ckpt[Key.MODEL][name] + 0.01  # another swap: evaluate alone scores them
+    save_atomic(ckpt, run / "best.pt")
+    assert "evaluate the run again" in RunFolder(run).state().words
     assert run_cli("evaluate", "--run-dir", run).returncode == 0  # scored again: the skill is theirs
     assert RunFolder(run).state().kind == "finished" and read_report(run)["weights_sha256"]
     assert run_cli("export", "--run-dir", run, "--out", tmp_path / "b").returncode == 0

@@ -184,10 +184,12 @@ class RunState:
 
     kind: "none" (no run here), "running" (a live process holds it), "stopped" (resumable), "trained" (its
     end is pending: `why`), "finished" (trained, and its evaluation is valid), "failed" (`why`: the last
-    command stopped on an error; run again once that is fixed, it resumes)."""
+    command stopped on an error; run again once that is fixed, it resumes). `advice`: what the user can do,
+    kept apart from the reason (the end that a train command runs logs the reason alone)."""
 
     kind: str
     why: str = ""
+    advice: str = ""
 
     @property
     def words(self) -> str:
@@ -195,7 +197,7 @@ class RunState:
             "none": "not a run",
             "running": "running",
             "stopped": "stopped (resumable)",
-            "trained": f"trained, end pending ({self.why})",
+            "trained": f"trained, end pending ({self.why}{'; ' + self.advice if self.advice else ''})",
             "finished": "finished",
             "failed": f"failed ({self.why})",
         }[self.kind]
@@ -232,16 +234,16 @@ def run_state(run: RunLayout, check_lock: bool = True) -> RunState:
         if held is None:
             return RunState(
                 "trained",
-                "best.pt is missing or cannot be read since the evaluation: put it back, or run the same "
-                "train command (its end writes best.pt again with the final checkpoint's weights, and scores "
-                "them)",
+                "best.pt is missing or cannot be read since the evaluation",
+                "put it back, or run the same train command (its end writes best.pt again with the final "
+                "checkpoint's weights, and scores them)",
             )
         if held != scored:
             return RunState(
                 "trained",
                 "evaluation.json scored other weights than best.pt holds now: best.pt was replaced or put "
-                "back after the evaluation; evaluate the run again, or run the same train command (its end "
-                "scores them)",
+                "back after the evaluation",
+                "evaluate the run again, or run the same train command (its end scores them)",
             )
     return RunState("finished")
 
