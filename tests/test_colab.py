@@ -20,7 +20,7 @@ from cloudml_lib.colab import drive, live, training
 from cloudml_lib.colab import picker as picker_mod
 from cloudml_lib.data.flights import format_table
 from cloudml_lib.science import plots
-from cloudml_lib.science.evaluate import format_report
+from cloudml_lib.science.report import format_report
 
 
 def own_flights(ws, n=3, shape=(32, 40)):

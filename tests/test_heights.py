@@ -128,7 +128,8 @@ def test_a_new_run_answers_inside_the_bounds_and_says_so(tiny_run_copy, tmp_path
 
 
 def test_an_old_runs_heights_below_the_surface_are_masked_counted_and_said(tiny_run_copy, tmp_path):
-    from cloudml_lib.science.evaluate import evaluate_run, format_report
+    from cloudml_lib.science.evaluate import evaluate_run
+    from cloudml_lib.science.report import format_report
 
     run_dir = tmp_path / "old"
     shutil.copytree(tiny_run_copy[0], run_dir)

@@ -106,6 +106,18 @@ def marker_kind(place: str | Path | Store, proven: bool = True) -> str | None:
     return doc["kind"] if not proven or store.is_here(doc.get("folder")) else None
 
 
+def proves(place: str | Path, kind: Kind) -> bool:
+    """Whether CloudML can prove a folder on this machine its `kind`'s: its marker, written for it, or an
+    earlier release's content that verifies (the kind's `adopt`: one file, e.g. a copied best.pt, proves
+    nothing). Another tool's folder of the same names is not. A damaged marker proves nothing."""
+    try:
+        if marker_kind(place) == kind.name:
+            return True
+    except CloudMLError:
+        return False  # a damaged marker: not told to be CloudML's
+    return kind.adopt(Path(place)) is not None
+
+
 def others_in(place: str | Path | Store) -> list[str]:
     """What a folder holds besides hidden entries (.ipynb_checkpoints, .DS_Store, CloudML's own marker,
     ledger and temporary files) and a file system's clutter."""

@@ -573,7 +573,7 @@ def _status(args) -> int:
 def _evaluate(args) -> int:
     from cloudml_lib.base.outputs import json_safe
     from cloudml_lib.commands import api
-    from cloudml_lib.science.evaluate import format_report
+    from cloudml_lib.science.report import format_report
 
     report = api.evaluate(args.run_dir, data_dir=args.data_dir, cache_dir=args.cache_dir)
     if args.json:

@@ -744,7 +744,7 @@ def crossval(
     trained at once on this machine, one worker process each (trialpool.py). `adapt`: the adaptation curves
     (train.adaptation_labels; a sweep's trials leave them out: they choose nothing)."""
     folder = RunFolder.of(folder)
-    folder.check_kind(CROSSVAL, trains=True, command="crossval")
+    folder.check_crossval()
     cfg = with_demo_flights(cfg, SINGLE if dist is None else dist)  # torchrun's group is not up yet
     cfg, _ = resolve_config(cfg, check_names=False)  # each fold names its own test flight
     if len(cfg.data.flights) < 2:

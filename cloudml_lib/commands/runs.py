@@ -106,7 +106,7 @@ def train_two_phase(cfg: Config, folder: RunFolder, resume: str, dist: Dist = SI
     fine-tunes from its best weights on all training flights, the pre-training flight weighted by
     data.overweight_factor (RUN_DIR). Each phase fits its own scalers on its own training flights.
     An interrupted phase resumes; a finished phase 1 is not trained again."""
-    folder.check_kind(RUN, trains=True, command="train")  # before phase 1 makes RUN_DIR/pretrain in it
+    folder.check_run(trains=True, command="train")  # before phase 1 makes RUN_DIR/pretrain in it
     folder.claim(RUN)  # the two phases' folder, marked before phase 1 writes into it
     cfg, _ = resolve_config(cfg)
     names = [f.name for f in cfg.data.flights]

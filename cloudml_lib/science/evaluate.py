@@ -45,18 +45,8 @@ from cloudml_lib.data.preprocess import FramePool, resolve_backend, resolve_work
 from cloudml_lib.data.splits import Split, choose_split
 from cloudml_lib.science import baselines, intervals, plots, skill
 from cloudml_lib.science.report import (
-    METRIC_KEYS,
-    bounds_in_words,
-    cloud_verdict,
-    coverage_words,
     flight_verdicts,
-    inputs_words,
-    interval_lines,
-    interval_warnings,
-    metric_rows,
-    protocol_words,
     verdict,
-    with_verdict,
     write_report,
 )
 
@@ -228,46 +218,6 @@ def write_predictions(path: Path, dataset: CloudDataset, scored: Scored) -> None
             )
 
 
-def format_report(report: dict) -> str:
-    """The report as plain text (the log, the notebook's folded output): the protocol, the metrics table, then
-    clouds, intervals, bounds and the verdicts."""
-    rows = metric_rows(report)
-    extra = ""
-    if report.get("cloud"):
-        from cloudml_lib.science.clouds import format_cloud
-
-        extra += "\n\n" + format_cloud(report["cloud"])
-    if report.get("intervals"):
-        extra += (
-            "\n\n"
-            + " ".join(interval_lines(report)[:1])
-            + " "
-            + "; ".join(
-                f"flight {k}: " + coverage_words(v, report["intervals"]["coverage_target"])
-                for k, v in report["intervals"]["per_flight"].items()
-            )
-        )
-        said = interval_warnings(report["intervals"], report.get("training_label_range_km"))
-        extra += "\n" + " ".join(said) if said else ""
-    # every column 10 wide with two spaces between: no two column names can run together
-    head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
-    width = max(28, *(len(name) for name, _ in rows))
-    lines = [protocol_words(report), f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
-    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
-    for name, m in rows:
-        cells = [num(m[k]) for k in METRIC_KEYS[:-1]] + [f"{m['n']:10d}"]
-        lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
-    if report.get("out_of_bounds"):
-        extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
-    if with_verdict(report).get("verdict"):
-        extra += "\n\n" + with_verdict(report)["verdict"]
-    if inputs_words(report):
-        extra += "\n\n" + " ".join(inputs_words(report))
-    if cloud_verdict(report):
-        extra += "\n" + cloud_verdict(report)
-    return "\n".join(lines) + extra
-
-
 @dataclass
 class RunModel:
     """A finished run's best model, ready to predict: on its device, in eval mode."""
@@ -290,10 +240,9 @@ def load_run_model(
     data.cache_dir if the cache is to be built elsewhere, e.g. a run trained on another machine). Every way
     best.pt can be unusable is a CloudMLError naming it. `channels_last`: force the memory format (default:
     where it was measured to pay, inference.prepare_model). `run`: its folder (a path is taken as one)."""
-    from cloudml_lib.core.run.runfolder import RUN
 
     run = RunFolder.of(run)
-    run.check_kind(RUN, trains=False, command=command)
+    run.check_run(trains=False, command=command)
     best = run.best
     ckpt = _read_best(best, run, run.holds_run())
     try:
@@ -458,7 +407,7 @@ def evaluate_run(
         from cloudml_lib.base.ownership import check
         from cloudml_lib.core.run.runfolder import RUN, check_run_files, check_run_writes
 
-        run.check_kind(RUN, trains=False, command="evaluate")  # a sweep's or cross-validation's, named so
+        run.check_run(trains=False, command="evaluate")  # a sweep's or cross-validation's, named so
         check_run_writes(run)
         check(run.path, RUN)
         check_run_files(run)

@@ -56,7 +56,6 @@ from cloudml_lib.science.clouds import fit_probe, fitted_baseline
 from cloudml_lib.science.evaluate import (
     EndData,
     Trained,
-    format_report,
     load_end_data,
     read_evaluation,
     score,
@@ -65,7 +64,7 @@ from cloudml_lib.science.evaluate import (
     write_evaluation_json,
     write_predictions_and_figure,
 )
-from cloudml_lib.science.report import write_report
+from cloudml_lib.science.report import format_report, write_report
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +120,11 @@ def end_run(folder: RunFolder, final: Found, dist: Dist, why: str = "not evaluat
         why,
         clock.expected_words(),
     )
-    trained = best_weights(folder, model, final, data)
+    best, trained = best_weights(folder, model, final, data)  # best.pt read once: changed in memory
     batch = progress.eval_batch_size or eval_batch_size(cfg.train.batch_size)
     evaluator = Evaluator(model, device, choose_precision(device).autocast(device), dist, batch)
     if cfg.model.cloud_head == "probe":
-        fit_cloud_probe(evaluator, data, folder.best, dist, progress.step)
+        fit_cloud_probe(evaluator, data, (best, folder.best), dist, progress.step)
     log.info(
         "Scoring the best model on the validation data (%d samples)%s",
         len(data.val_set),
@@ -137,9 +136,9 @@ def end_run(folder: RunFolder, final: Found, dist: Dist, why: str = "not evaluat
     report = test_report(cfg, data, scored, trained, calibration, None if data.split.legacy else validation)
     report["step"] = progress.step
     if dist.is_main:
-        weights = weights_sha256(load_checkpoint(folder.best)[Key.MODEL])  # the probe fitted: as kept
+        weights = weights_sha256(best[Key.MODEL])  # the probe fitted: as best.pt keeps them
         intervals.save(folder, calibration and dict(calibration, weights_sha256=weights))
-        keep_cloud_baseline(folder.best, data, cfg)
+        keep_cloud_baseline((best, folder.best), data, cfg)
         report["weights_sha256"] = weights
         write_end(folder, final, data, scored, report)
         clock.record()
@@ -228,14 +227,17 @@ def calibrate_intervals(cfg, data: EndData, validation) -> dict | None:
 METHOD = "conformal_absolute"  # a run's intervals; cross-validation measures both methods on unseen flights
 
 
-def best_weights(folder: RunFolder, model: torch.nn.Module, final: Found, data: EndData) -> Trained:
-    """best.pt's weights into `model`, and its record of the training (evaluate.trained_of). Where best.pt
-    cannot be used, the final checkpoint's weights, and best.pt rewritten with them."""
+def best_weights(
+    folder: RunFolder, model: torch.nn.Module, final: Found, data: EndData
+) -> tuple[dict, Trained]:
+    """best.pt's weights into `model`; best.pt itself (its checkpoint, which the end keeps in memory and
+    saves as it changes it: read once, however large) and its record of the training (evaluate.trained_of).
+    Where best.pt cannot be used, the final checkpoint's weights, and best.pt rewritten with them."""
     best = folder.best
     try:
         ckpt = load_checkpoint(best)
         model.load_state_dict(ckpt[Key.MODEL])
-        return trained_of(ckpt, data)
+        return ckpt, trained_of(ckpt, data)
     except (CloudMLError, RuntimeError, KeyError, TypeError, ValueError) as e:
         progress = Progress.of(final.state)
         log.warning(
@@ -261,20 +263,24 @@ def best_weights(folder: RunFolder, model: torch.nn.Module, final: Found, data: 
             **{k: final.state[k] for k in (Key.LABEL_RANGE, Key.SPLIT, Key.DOMAIN) if k in final.state},
         }
         save_atomic(ckpt, best)
-        return trained_of(ckpt, data)
+        return ckpt, trained_of(ckpt, data)
 
 
-def fit_cloud_probe(evaluator: Evaluator, data: EndData, best: Path, dist: Dist, step: int) -> None:
+def fit_cloud_probe(
+    evaluator: Evaluator, data: EndData, best: tuple[dict, Path], dist: Dist, step: int
+) -> None:
     """model.cloud_head probe: the cloud output fitted on the loaded (best) weights' features of every frame
     of the part of the training flights trained on that a CPL profile matches (clear sky and cloud without a
     height included; no augmentation), on the cloud classes (data.cloud_flag base_in_range) or the flag
     (any_layer), put in the model and into best.pt with the final `step` of the training it ends. Fitted
     once: an end interrupted after this (the probe in best.pt for this step) keeps it, with no second pass
-    over the training flights; best.pt of an earlier end (a run trained further since) is fitted again."""
-    model, frames = evaluator.model, data.frames
-    kept = bool(int(getattr(model, "cloud_fitted", 0))) and stored_probe_step(best) == step
+    over the training flights; best.pt of an earlier end (a run trained further since) is fitted again.
+    `best`: best.pt's checkpoint as the end holds it, and its path."""
+    (ckpt, path), model, frames = best, evaluator.model, data.frames
+    stored = ckpt.get(Key.PROBE_STEP)  # None: not recorded (an earlier release's best.pt)
+    kept = bool(int(getattr(model, "cloud_fitted", 0))) and isinstance(stored, int) and stored == step
     if dist.from_main(kept if dist.is_main else None):  # one way for every process (the pass is shared)
-        log.info("Cloud / no-cloud output: the one fitted for step %d, kept from %s", step, best)
+        log.info("Cloud / no-cloud output: the one fitted for step %d, kept from %s", step, path)
         return
     log.info(  # the end's longest pass on a real flight set (about a minute): said before, timed after
         "Cloud / no-cloud output: reading the trained network's features of the %d frames of the training "
@@ -306,37 +312,27 @@ def fit_cloud_probe(evaluator: Evaluator, data: EndData, best: Path, dist: Dist,
         int((flags == 0).sum()),
         time.perf_counter() - t0,
     )
-    if dist.is_main and best.exists():
-        ckpt = load_checkpoint(best)
-        ckpt[Key.MODEL] = to_cpu(dict(model.state_dict()))
-        ckpt[Key.PROBE_STEP] = step
-        save_atomic(ckpt, best)
+    ckpt[Key.MODEL] = to_cpu(dict(model.state_dict()))
+    ckpt[Key.PROBE_STEP] = step
+    if dist.is_main:
+        save_atomic(ckpt, path)
     faults.point("probe-fitted")
 
 
-def stored_probe_step(best: Path) -> int | None:
-    """The step best.pt's cloud probe was fitted for (None: not recorded, e.g. by an earlier release, or
-    best.pt unreadable)."""
-    try:
-        found = load_checkpoint(best).get(Key.PROBE_STEP)
-    except (CloudMLError, OSError, RuntimeError):
-        return None
-    return int(found) if isinstance(found, int) else None
-
-
-def keep_cloud_baseline(best: Path, data: EndData, cfg) -> None:
+def keep_cloud_baseline(best: tuple[dict, Path], data: EndData, cfg) -> None:
     """The brightness-temperature baseline's flag, fitted on the frames trained on, into best.pt (predict
-    --cloud-flag bt_threshold writes it); best.pt left as it is where it already holds the same."""
+    --cloud-flag bt_threshold writes it); best.pt left as it is where it already holds the same. `best`:
+    best.pt's checkpoint as the end holds it, and its path."""
     train = {"flag": data.frames.cloud_flags(), "p10": data.frames.frame_p10()}
     fitted = {**fitted_baseline(train, cfg.data.cloud_flag == "base_in_range"), "flag": cfg.data.cloud_flag}
     stated = {(c.radiometry.units, c.radiometry.scale, c.radiometry.offset) for c in data.frames.caches}
     if len(stated) == 1:  # the numbers it thresholds are the IR files' stored ones: say what they are
         ((units, scale, offset),) = stated
         fitted.update(units=units, scale=float(scale), offset=float(offset))
-    ckpt = load_checkpoint(best)
+    ckpt, path = best
     if ckpt.get(Key.CLOUD_BASELINE) != fitted:
         ckpt[Key.CLOUD_BASELINE] = fitted
-        save_atomic(ckpt, best)
+        save_atomic(ckpt, path)
 
 
 def write_end(folder: RunFolder, final: Found, data: EndData, scored, report: dict) -> None:

@@ -920,6 +920,46 @@ def test_parts(
     return head, more
 
 
+def format_report(report: dict) -> str:
+    """The report as plain text (the log, the notebook's folded output): the protocol, the metrics table, then
+    clouds, intervals, bounds and the verdicts."""
+    rows = metric_rows(report)
+    extra = ""
+    if report.get("cloud"):
+        from cloudml_lib.science.clouds import format_cloud
+
+        extra += "\n\n" + format_cloud(report["cloud"])
+    if report.get("intervals"):
+        extra += (
+            "\n\n"
+            + " ".join(interval_lines(report)[:1])
+            + " "
+            + "; ".join(
+                f"flight {k}: " + coverage_words(v, report["intervals"]["coverage_target"])
+                for k, v in report["intervals"]["per_flight"].items()
+            )
+        )
+        said = interval_warnings(report["intervals"], report.get("training_label_range_km"))
+        extra += "\n" + " ".join(said) if said else ""
+    # every column 10 wide with two spaces between: no two column names can run together
+    head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
+    width = max(28, *(len(name) for name, _ in rows))
+    lines = [protocol_words(report), f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
+    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
+    for name, m in rows:
+        cells = [num(m[k]) for k in METRIC_KEYS[:-1]] + [f"{m['n']:10d}"]
+        lines.append(f"{name:{width}s}" + "".join(f"  {c}" for c in cells))
+    if report.get("out_of_bounds"):
+        extra += "\n\n" + bounds_in_words(report["out_of_bounds"])
+    if with_verdict(report).get("verdict"):
+        extra += "\n\n" + with_verdict(report)["verdict"]
+    if inputs_words(report):
+        extra += "\n\n" + " ".join(inputs_words(report))
+    if cloud_verdict(report):
+        extra += "\n" + cloud_verdict(report)
+    return "\n".join(lines) + extra
+
+
 def build_report_md(folder: RunFolder) -> str:
     out = [f"# CloudML run `{folder.path.name}`", ""]
     files = RunFiles(folder.path)

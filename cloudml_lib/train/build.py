@@ -418,7 +418,7 @@ def check_run_folder(cfg: Config, folder: RunFolder) -> None:
     run_dir = folder.path
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
-    folder.check_kind(RUN, trains=True, command="train")
+    folder.check_run(trains=True, command="train")
     check_cache_apart(cfg, folder)
 
 

@@ -42,11 +42,16 @@ class RunFolder(RunLayout):
 
     # -------------------------------------------------------------------------- kind and claim
 
-    def check_kind(self, wants: Kind, trains: bool, command: str) -> None:
-        """Refuse the wrong kind of folder for `wants` (a run, a cross-validation), naming the kind it is;
+    def check_run(self, trains: bool, command: str) -> None:
+        """Refuse a folder that is not a run's (a sweep's, a cross-validation's), naming the kind it is;
         `trains`: refuse too a folder that is not CloudML's and a link where a run writes a file. `command`:
         the caller's name, for the example the refusal gives."""
-        runfolder.check_folder_kind(self, wants, trains, command)
+        runfolder.check_run_kind(self, trains, command)
+
+    def check_crossval(self) -> None:
+        """Refuse a folder that is not a cross-validation's (a sweep's, a training run's) or not CloudML's,
+        and a link where it writes a file."""
+        runfolder.check_crossval_kind(self)
 
     def claim(self, kind: Kind) -> None:
         """Made (or adopted) and marked as CloudML's folder of `kind`, before anything is written in it."""

@@ -30,7 +30,7 @@ from cloudml_lib.base.outputs import (
     refuse_special,
     write_text,
 )
-from cloudml_lib.base.ownership import Kind, check, is_marked, kind_named, marker_kind
+from cloudml_lib.base.ownership import Kind, check, is_marked, kind_named, marker_kind, proves
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.run.checkpoint import (
     BEST_KEYS,
@@ -166,14 +166,9 @@ def run_names(run: RunLayout) -> list[str]:
 
 
 def is_cloudml_run(run: RunLayout) -> bool:
-    """A run folder CloudML can prove its own: its marker, written for it, or an earlier release's content
-    that verifies (adopt_run). Another tool's `checkpoints/` is no run of CloudML's."""
-    try:
-        if marker_kind(run.path) == RUN.name:
-            return True
-    except CloudMLError:
-        return False  # a damaged marker: not told to be CloudML's
-    return adopt_run(run.path) is not None
+    """A run folder CloudML can prove its own (base/ownership.py: its marker, or an earlier release's content
+    that verifies, adopt_run). Another tool's `checkpoints/` is no run of CloudML's."""
+    return proves(run.path, RUN)
 
 
 def is_crossval(run: RunLayout) -> bool:
@@ -188,12 +183,9 @@ def fold_models(run: RunLayout) -> list[Path]:
     return sorted(p / "model" for p in (run.path / "folds").glob("*") if (p / "model").is_dir())
 
 
-def check_folder_kind(run: RunLayout, wants: Kind, trains: bool, command: str) -> None:
-    """A command on the kind of folder it works on: `wants` is RUN (train, evaluate, predict) or CROSSVAL.
-    The wrong kind is named, with the command line that continues it (its Kind's `continued_by`).
-    `trains`: the command trains in the folder, so a folder that is not CloudML's (base/ownership.py) and
-    a link where a run writes a file are refused too (evaluate checks its own writes: science/evaluate.py).
-    `command` is the caller's name, only for the example it gives; no rule here depends on it."""
+def _refuse_sweep(run: RunLayout) -> None:
+    """A sweep's folder is named as such, with the command line that continues it (its Kind's
+    `continued_by`): no run or cross-validation is written in it."""
     marked = marker_kind(run.path) if run.path.is_dir() else None
     if (run.path / "sweep.json").is_file() or marked == SWEEP_KIND:
         trials = sorted(p.name for p in (run.path / "trials").glob("*") if p.name.isdigit())
@@ -204,15 +196,15 @@ def check_folder_kind(run: RunLayout, wants: Kind, trains: bool, command: str) -
             f"to continue the sweep: python -m cloudml_lib {sweep.continued_by if sweep else 'sweep ...'} "
             "with the same --run-dir. Nothing was changed."
         )
-    if wants is CROSSVAL:
-        check_run_writes(run)  # a link where a run writes is named first: the most exact refusal
-        check(run.path, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
-        if has_run(run) and not is_crossval(run):
-            raise CloudMLError(
-                f"{run} holds a training run (checkpoints, metrics), not a cross-validation; "
-                "choose another --run-dir for the cross-validation. Nothing was changed."
-            )
-        return
+
+
+def check_run_kind(run: RunLayout, trains: bool, command: str) -> None:
+    """A command on a run's folder (train, evaluate, predict): a sweep's or a cross-validation's is named,
+    with the command line that continues it. `trains`: the command trains in the folder, so a folder that is
+    not CloudML's (base/ownership.py) and a link where a run writes a file are refused too (evaluate checks
+    its own writes: science/evaluate.py). `command` is the caller's name, only for the example it gives; no
+    rule here depends on it."""
+    _refuse_sweep(run)
     if not is_crossval(run):
         if trains:
             check_run_writes(run)
@@ -233,6 +225,19 @@ def check_folder_kind(run: RunLayout, wants: Kind, trains: bool, command: str) -
         f"fold's model is a run of its own, e.g. python -m cloudml_lib {command} --run-dir {example}"
         + (f" (folds: {', '.join(f.parent.name for f in folds)})" if folds else "")
     )
+
+
+def check_crossval_kind(run: RunLayout) -> None:
+    """A cross-validation's folder: a sweep's or a training run's is named; a folder that is not CloudML's
+    (base/ownership.py) and a link where a run writes a file are refused."""
+    _refuse_sweep(run)
+    check_run_writes(run)  # a link where a run writes is named first: the most exact refusal
+    check(run.path, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
+    if has_run(run) and not is_crossval(run):
+        raise CloudMLError(
+            f"{run} holds a training run (checkpoints, metrics), not a cross-validation; "
+            "choose another --run-dir for the cross-validation. Nothing was changed."
+        )
 
 
 def truncate_metrics(path: Path, size: int) -> None:
