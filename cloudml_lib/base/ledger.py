@@ -69,18 +69,12 @@ LEDGER_LIMIT = 8 << 20  # bytes: a run lists some hundred paths; a bigger file i
 _lock = threading.RLock()
 
 
+@contextmanager
 def _holding(store: Store):
     """What a change of `store`'s record holds: on a folder, this process's thread lock (the appends'
     fingerprints, the checkpoint writer's thread) and the folder's lock; on a bucket, only what the store
     has (none: its network calls never hold up a folder's record)."""
-    if not store.local:
-        return store.locked()
-    return _both(store)
-
-
-@contextmanager
-def _both(store: Store):
-    with _lock, store.locked():
+    with _lock if store.local else nullcontext(), store.locked():
         yield
 
 

@@ -8,7 +8,8 @@
 - baselines.py  the height's baselines (the training mean, a linear model and trees on the frame's
                 brightness statistics; with ERA5 two physical retrievals and trees on the atmosphere), the
                 best of them, the network's skill against it, whether the frames add to the atmosphere
-- report.py     report.md, the verdicts per flight, the protocol in words;  plots.py  the figures
+- report.py     report.md and the report as text (the log's tables), the verdicts per flight, the protocol
+                in words;  plots.py  the figures
 - predict.py    cloud base height along whole flights: each frame's inputs, the model on them, the files
                 written;  flagging.py  each frame's cloud flag, height qc and interval;  flightfile.py
                 the NetCDF, CSV and plots;  products.py  their variables

@@ -179,26 +179,6 @@ def accuracy_against(flags, methods: dict, flights, frames) -> dict:
     return out
 
 
-def format_cloud(report: dict) -> str:
-    """A plain-text table: accuracy, F1 and ROC-AUC per method, overall and per flight."""
-    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731
-    rows = []
-    for method in [m for m in ("model", *BASELINES) if m in report]:
-        per = report[method]["per_flight"]
-        rows += [(f"{method}: flight {k}", v) for k, v in per.items()]
-        if len(per) != 1:
-            rows.append((f"{method}: pooled", report[method]["overall"]))
-    width = max(28, *(len(r[0]) for r in rows))
-    lines = [
-        f"{'cloud / no-cloud':{width}s}" + "".join(f"  {h:>10s}" for h in ("accuracy", "F1", "ROC-AUC", "n"))
-    ]
-    for name, m in rows:
-        lines.append(
-            f"{name:{width}s}  {num(m['accuracy'])}  {num(m['f1'])}  {num(m['roc_auc'])}  {m['n']:10d}"
-        )
-    return "\n".join(lines)
-
-
 PROBE_ABSENT_BIAS = -100.0  # a class no training frame holds: its probability is 0
 
 

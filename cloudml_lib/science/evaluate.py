@@ -404,13 +404,10 @@ def evaluate_run(
     run = RunFolder.of(run)
     if write:
         # report.md, evaluation.json and predictions.csv are rewritten: only where CloudML proves its run
-        from cloudml_lib.base.ownership import check
-        from cloudml_lib.core.run.runfolder import RUN, check_run_files, check_run_writes
+        from cloudml_lib.core.run.runfolder import check_takes_run
 
         run.check_run(trains=False, command="evaluate")  # a sweep's or cross-validation's, named so
-        check_run_writes(run)
-        check(run.path, RUN)
-        check_run_files(run)
+        check_takes_run(run)
     rm = load_run_model(run, data_dir, cache_dir=cache_dir)
     cfg, ckpt = rm.cfg, rm.ckpt
     data = load_end_data(

@@ -57,7 +57,6 @@ from cloudml_lib.science.evaluate import (
     EndData,
     Trained,
     load_end_data,
-    read_evaluation,
     score,
     test_report,
     trained_of,
@@ -76,7 +75,7 @@ def finish_run(folder: RunFolder, dist: Dist = SINGLE) -> dict:
     # rank 0 decides for all (the others would see its lock); a live holder elsewhere is RunLock's to refuse
     state = dist.from_main(folder.state(check_lock=False) if dist.is_main else None)
     if state.kind == "finished":
-        report = read_evaluation(folder)
+        report = folder.files.evaluation()
         if not folder.report.is_file() and dist.is_main:
             write_report(folder)
         log.info("This run is finished. Its report:\n%s", format_report(report))

@@ -37,6 +37,7 @@ from cloudml_lib.science.baselines import (
 )
 from cloudml_lib.science.baselines import SHORT as SHORT_NAMES
 from cloudml_lib.science.baselines import WORDS as BASELINE_NAMES
+from cloudml_lib.science.clouds import BASELINES as CLOUD_BASELINES
 
 REPORT = RunFolder.REPORT
 
@@ -920,14 +921,32 @@ def test_parts(
     return head, more
 
 
+def format_cloud(report: dict) -> str:
+    """A plain-text table: accuracy, F1 and ROC-AUC per method, overall and per flight."""
+    num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731
+    rows = []
+    for method in [m for m in ("model", *CLOUD_BASELINES) if m in report]:
+        per = report[method]["per_flight"]
+        rows += [(f"{method}: flight {k}", v) for k, v in per.items()]
+        if len(per) != 1:
+            rows.append((f"{method}: pooled", report[method]["overall"]))
+    width = max(28, *(len(r[0]) for r in rows))
+    lines = [
+        f"{'cloud / no-cloud':{width}s}" + "".join(f"  {h:>10s}" for h in ("accuracy", "F1", "ROC-AUC", "n"))
+    ]
+    for name, m in rows:
+        lines.append(
+            f"{name:{width}s}  {num(m['accuracy'])}  {num(m['f1'])}  {num(m['roc_auc'])}  {m['n']:10d}"
+        )
+    return "\n".join(lines)
+
+
 def format_report(report: dict) -> str:
     """The report as plain text (the log, the notebook's folded output): the protocol, the metrics table, then
     clouds, intervals, bounds and the verdicts."""
     rows = metric_rows(report)
     extra = ""
     if report.get("cloud"):
-        from cloudml_lib.science.clouds import format_cloud
-
         extra += "\n\n" + format_cloud(report["cloud"])
     if report.get("intervals"):
         extra += (

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -403,7 +404,9 @@ def label_range(dataset: CloudDataset) -> list[float]:
 def check_cache_apart(cfg: Config, folder: RunFolder) -> None:
     """The preprocessing cache is a folder of its own, never the run folder or one inside it (a run's folder
     is cleaned, its caches are kept across runs)."""
-    cache, run = cache_root(cfg.data).resolve(), folder.path.resolve()
+    # the real paths, as the system finds them (os.path.realpath: a link loop is left as written, for the
+    # folder's own check to name, where Path.resolve would raise)
+    cache, run = (Path(os.path.realpath(p)) for p in (cache_root(cfg.data), folder.path))
     if cache == run or run in cache.parents:
         raise ConfigError(
             f"data.cache_dir {cache_root(cfg.data)} is the run folder {folder} or inside it; give the "
@@ -418,8 +421,8 @@ def check_run_folder(cfg: Config, folder: RunFolder) -> None:
     run_dir = folder.path
     if run_dir.exists() and not run_dir.is_dir():
         raise CloudMLError(f"--run-dir {run_dir} is a file, not a folder; choose a folder for the run")
+    check_cache_apart(cfg, folder)  # first: a cache in the folder is named as such, not as others' files
     folder.check_run(trains=True, command="train")
-    check_cache_apart(cfg, folder)
 
 
 def run_data(cfg: Config, folder: RunFolder, dist: Dist) -> tuple[Config, RunData, dict, dict]:

@@ -7,7 +7,7 @@
 - progress.py     where a run stands in its training (`Progress`: plain, read by all that reads a checkpoint)
 - resume.py       the resume point, and what a resumed run may change
 - status.py       where a run stands (`run_state`: the one definition of stopped, trained, finished, failed)
-- runlock.py      who may write into a run folder (RunFolder.lock)
+- runlock.py      who may write into a run folder (RunFolder.lock), and whether a live process holds it
 - events.py       its TensorBoard record
 - provenance.py   what a result was made from (the run's record)
 

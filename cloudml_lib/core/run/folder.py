@@ -19,12 +19,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.layout import RunLayout
 from cloudml_lib.base.ownership import Kind
 from cloudml_lib.base.ownership import claim as claim_folder
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.run import resume, runfolder, status
-from cloudml_lib.core.run.checkpoint import Found
+from cloudml_lib.core.run.checkpoint import Found, find_latest_valid
 from cloudml_lib.core.run.runlock import RunLock
 
 if TYPE_CHECKING:
@@ -75,7 +76,12 @@ class RunFolder(RunLayout):
 
     def trained_checkpoint(self) -> Found:
         """The newest valid checkpoint of a run trained to its end, loaded (its end starts from it)."""
-        return status.trained_checkpoint(self)
+        found = find_latest_valid(self)
+        if found.folder is None or not found.meta.get("finished"):
+            raise CloudMLError(
+                f"{self} is not trained to its end yet: run the same train command to resume it"
+            )
+        return found
 
     # -------------------------------------------------------------------------- state
 

@@ -112,7 +112,7 @@ RUN_WRITES = (
 
 # What a run writes whole, by name, at its start and at its end: where one stands that the folder's ledger
 # does not list, the write would be refused when it comes (after the training, for the end's files), so they
-# are all named at once before anything starts (check_run_files).
+# are all named at once before anything starts (check_takes_run).
 WHOLE_WRITES = (
     RunLayout.CONFIG,
     RunLayout.RUN_INFO,
@@ -128,11 +128,18 @@ WHOLE_WRITES = (
 )
 
 
-def check_run_files(run: RunLayout) -> None:
-    """Refuse, naming them all, the files a run writes whole (WHOLE_WRITES) that stand in the folder unlisted
-    by its ledger: another tool's or the user's, or a later state's of the run that a restore from a backup
-    (`cp -a backup/. run/`, which puts the backup's ledger back) left beside it. Each would stop the command
-    when its write came, one at a time, the end's after the whole training."""
+def check_takes_run(run: RunLayout) -> None:
+    """Before a run writes anything in its folder: each file it writes at the top of the folder is a regular
+    file or nothing yet (not a symbolic link, outputs.refuse_link; not a FIFO, a socket, a device or a folder,
+    outputs.refuse_special); the folder is CloudML's run folder, new or empty (base/ownership.py); and no file
+    the run writes whole (WHOLE_WRITES) stands there unlisted by the folder's ledger: another tool's or the
+    user's, or a later state's of the run that a restore from a backup (`cp -a backup/. run/`, which puts the
+    backup's ledger back) left beside it. Those are all named at once: each would stop the command when its
+    write came, one at a time, the end's after the whole training."""
+    for name in RUN_WRITES:
+        refuse_link(run.path / name)
+        refuse_special(run.path / name)
+    check(run.path, RUN)
     theirs = [name for name in WHOLE_WRITES if ledger.unlisted(run.path / name)]
     if theirs:
         raise CloudMLError(
@@ -172,21 +179,20 @@ def is_cloudml_run(run: RunLayout) -> bool:
 
 
 def is_crossval(run: RunLayout) -> bool:
-    return (
-        (run.path / "folds").is_dir()
-        or (run.path / "crossval.json").is_file()
-        or is_marked(run.path, "cross-validation")
-    )
+    return _crossval_files(run) or is_marked(run.path, "cross-validation")
+
+
+def _crossval_files(run: RunLayout) -> bool:
+    return (run.path / "folds").is_dir() or (run.path / "crossval.json").is_file()
 
 
 def fold_models(run: RunLayout) -> list[Path]:
     return sorted(p / "model" for p in (run.path / "folds").glob("*") if (p / "model").is_dir())
 
 
-def _refuse_sweep(run: RunLayout) -> None:
-    """A sweep's folder is named as such, with the command line that continues it (its Kind's
-    `continued_by`): no run or cross-validation is written in it."""
-    marked = marker_kind(run.path) if run.path.is_dir() else None
+def _refuse_sweep(run: RunLayout, marked: str | None) -> None:
+    """A sweep's folder (`marked`: the kind its marker names) is named as such, with the command line that
+    continues it (its Kind's `continued_by`): no run or cross-validation is written in it."""
     if (run.path / "sweep.json").is_file() or marked == SWEEP_KIND:
         trials = sorted(p.name for p in (run.path / "trials").glob("*") if p.name.isdigit())
         sweep = kind_named(SWEEP_KIND)
@@ -204,12 +210,11 @@ def check_run_kind(run: RunLayout, trains: bool, command: str) -> None:
     not CloudML's (base/ownership.py) and a link where a run writes a file are refused too (evaluate checks
     its own writes: science/evaluate.py). `command` is the caller's name, only for the example it gives; no
     rule here depends on it."""
-    _refuse_sweep(run)
-    if not is_crossval(run):
+    marked = marker_kind(run.path) if run.path.is_dir() else None  # a damaged marker is named here
+    _refuse_sweep(run, marked)
+    if not (marked == CROSSVAL.name or _crossval_files(run)):
         if trains:
-            check_run_writes(run)
-            check(run.path, RUN)
-            check_run_files(run)
+            check_takes_run(run)
         return
     folds = fold_models(run)
     example = folds[0] if folds else run.path / "folds" / "<flight>" / "model"
@@ -230,7 +235,7 @@ def check_run_kind(run: RunLayout, trains: bool, command: str) -> None:
 def check_crossval_kind(run: RunLayout) -> None:
     """A cross-validation's folder: a sweep's or a training run's is named; a folder that is not CloudML's
     (base/ownership.py) and a link where a run writes a file are refused."""
-    _refuse_sweep(run)
+    _refuse_sweep(run, marker_kind(run.path) if run.path.is_dir() else None)
     check_run_writes(run)  # a link where a run writes is named first: the most exact refusal
     check(run.path, CROSSVAL)  # a folder of its own, before anything is written (ownership.py)
     if has_run(run) and not is_crossval(run):

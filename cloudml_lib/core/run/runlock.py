@@ -51,6 +51,18 @@ def read_lock(path: Path) -> dict | None:
         return None
 
 
+def lock_holder(run: RunLayout) -> str | None:
+    """host:pid of a live process holding the run's lock, or None."""
+    lock = run.path / LOCK
+    if not os.path.lexists(lock):
+        return None
+    try:
+        info = read_lock(lock)
+    except CloudMLError:  # not a file (a FIFO): no process holds the run by it
+        return None
+    return f"{info.get('host')}:{info.get('pid')}" if info and holder_alive(info) else None
+
+
 def in_use(path: Path, other: dict) -> str:
     """Why `path` (a lock whose holder is alive) refuses: what is waited for, in words that hold."""
     beat = other.get("heartbeat")

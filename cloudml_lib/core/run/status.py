@@ -6,14 +6,12 @@ end starts from.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cloudml_lib.base.errors import CloudMLError
 from cloudml_lib.base.layout import RunLayout
-from cloudml_lib.base.liveness import holder_alive
 from cloudml_lib.base.ownership import MARKER
 from cloudml_lib.base.runfiles import RunFiles
 from cloudml_lib.core.network.compile import describe_saved
@@ -24,7 +22,7 @@ from cloudml_lib.core.run.checkpoint import (
     find_latest_valid,
 )
 from cloudml_lib.core.run.runfolder import fold_models, has_run, is_cloudml_run, is_crossval, run_names
-from cloudml_lib.core.run.runlock import LOCK, read_lock
+from cloudml_lib.core.run.runlock import lock_holder
 
 if TYPE_CHECKING:
     pass
@@ -88,7 +86,7 @@ def run_status(run: RunLayout) -> dict:
     status["damaged"] = files.damaged
     if found.folder is not None:
         status.update(_position(found))
-    status["locked_by"] = _lock_holder(run)
+    status["locked_by"] = lock_holder(run)
     state = run_state(run)
     status["trained"], status["finished"] = bool(status["finished"]), state.kind == "finished"
     status["state"], status["state_words"] = state.kind, state.words
@@ -118,18 +116,6 @@ def _position(found: Found) -> dict:
     out["latest_checkpoint"] = str(found.folder / meta.get("file", "state.pt"))
     out["latest_checkpoint_age_s"] = max(0.0, time.time() - float(meta["saved_at"]))
     return out
-
-
-def _lock_holder(run: RunLayout) -> str | None:
-    """host:pid of a live process holding the run's lock, or None."""
-    lock = run.path / LOCK
-    if not os.path.lexists(lock):
-        return None
-    try:
-        info = read_lock(lock)
-    except CloudMLError:  # not a file (a FIFO): no process holds the run by it
-        return None
-    return f"{info.get('host')}:{info.get('pid')}" if info and holder_alive(info) else None
 
 
 def format_status(s: dict) -> str:
@@ -208,7 +194,7 @@ def run_state(run: RunLayout, check_lock: bool = True) -> RunState:
     a live lock holder makes it "running" (off for the process about to take the lock itself)."""
     if not has_run(run) or not is_cloudml_run(run):
         return RunState("none")
-    if check_lock and _lock_holder(run):
+    if check_lock and lock_holder(run):
         return RunState("running")
     found = find_latest_valid(run, load=False)
     failed = RunFiles(run.path).run_info().get("failed")
@@ -246,11 +232,3 @@ def run_state(run: RunLayout, check_lock: bool = True) -> RunState:
                 "evaluate the run again, or run the same train command (its end scores them)",
             )
     return RunState("finished")
-
-
-def trained_checkpoint(run: RunLayout) -> Found:
-    """The newest valid checkpoint of a trained run, loaded (the end of a run starts from it)."""
-    found = find_latest_valid(run)
-    if found.folder is None or not found.meta.get("finished"):
-        raise CloudMLError(f"{run} is not trained to its end yet: run the same train command to resume it")
-    return found
