@@ -191,6 +191,21 @@ def test_the_card_carries_test_skill_only_for_the_weights_it_was_measured_on(tin
         in card
     )
     assert "Not evaluated on these weights: the run has no evaluation.json" in card
+    # a best.pt of an earlier state of the run put back (its record of the best model is not the final
+    # checkpoint's): evaluate scores it as asked, and the log, report.md and the card say whose skill it is
+    ckpt = load_checkpoint(run / "best.pt")
+    ckpt[Key.VAL_LOSS] = float(ckpt[Key.VAL_LOSS]) + 0.5
+    save_atomic(ckpt, run / "best.pt")
+    r = run_cli("evaluate", "--run-dir", run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = f"best.pt holds the best model of epoch {ckpt[Key.EPOCH]} (validation loss"
+    out = r.stdout + r.stderr
+    assert said in out and "was put back from an earlier state of the run" in out, out[-3000:]
+    assert json.loads((run / "evaluation.json").read_text())["best_model"].startswith(said)
+    assert f"Note: {said}" in (run / "report.md").read_text()
+    assert run_cli("export", "--run-dir", run, "--out", tmp_path / "d").returncode == 0
+    card = (tmp_path / "d" / "MODEL_CARD.md").read_text()
+    assert "| MAE km |" in card and f"Note: {said}" in card
 
 
 @pytest.mark.slow

@@ -429,6 +429,12 @@ def evaluate_run(
         evaluated = read_evaluation(run)
         if evaluated and "step" in evaluated:  # the step of the weights it belongs to (run states)
             report["step"] = evaluated["step"]
+        from cloudml_lib.core.run.resume import best_disagreement
+
+        other = best_disagreement(run)
+        if other:  # scored as asked, said where the report is read: the log, report.md, the card
+            report["best_model"] = other
+            log.warning("%s.", other[0].upper() + other[1:])
         write_evaluation(run, data.test_set, scored, report)
         write_report(run)
     return report

@@ -391,7 +391,8 @@ def _proven_skill_lines(evaluation: dict, tests: list[str], unproven: str | None
     if unproven is not None:
         return [f"Not evaluated on these weights: {unproven}."]
     if evaluation.get("weights_sha256"):
-        return _skill_lines(evaluation, tests)
+        other = evaluation.get("best_model")  # best.pt put back or replaced (evaluate says so)
+        return _skill_lines(evaluation, tests) + (["", f"Note: {other}."] if isinstance(other, str) else [])
     return _skill_lines(evaluation, tests) + [
         "",
         "(An evaluation of an earlier release, which records no checksum of the weights it scored: matched "

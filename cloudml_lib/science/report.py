@@ -896,6 +896,7 @@ def test_parts(
     clouds = cloud_verdict(report) if report.get("cloud") else None
     head += [clouds, ""] if clouds and cloud_verdict_first else []
     head += [f"Best model from epoch {report.get('best_epoch', '?')}; metrics in km.", ""]
+    head += [f"Note: {report['best_model']}.", ""] if isinstance(report.get("best_model"), str) else []
     head += _metrics_table(report) + [""]
     head += paper_lines(report) + [""] if paper_lines(report) else []
     short = (
@@ -963,7 +964,9 @@ def format_report(report: dict) -> str:
     # every column 10 wide with two spaces between: no two column names can run together
     head = ("R2", "MAE km", "RMSE km", "bias km", "std ratio", "n")
     width = max(28, *(len(name) for name, _ in rows))
-    lines = [protocol_words(report), f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
+    lines = [protocol_words(report)]
+    lines += [f"Note: {report['best_model']}."] if isinstance(report.get("best_model"), str) else []
+    lines += [f"{'':{width}s}" + "".join(f"  {h:>10s}" for h in head)]
     num = lambda v: f"{v:10.3f}" if v is not None else f"{'-':>10s}"  # noqa: E731 (null from JSON)
     for name, m in rows:
         cells = [num(m[k]) for k in METRIC_KEYS[:-1]] + [f"{m['n']:10d}"]

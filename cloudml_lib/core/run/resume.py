@@ -172,6 +172,26 @@ def _best_disagrees(best: tuple[int, float, int | None], state: dict) -> bool:
     return not ahead and (epoch, loss) != (progress.best_epoch, progress.best_val_loss)
 
 
+def best_disagreement(run: RunLayout) -> str | None:
+    """Words where best.pt is not the best model that the run's newest checkpoint records (put back from an
+    earlier state of the run, or replaced by another run's): what an evaluation of it must say, since its
+    skill is then not the skill of the run as it ended. None where it is, or where that cannot be told (no
+    checkpoint, a best.pt without its record)."""
+    best = _best_record(run)
+    if best is None:
+        return None
+    found = find_latest_valid(run)
+    if found.state is None or found.folder is None or not _best_disagrees(best, found.state):
+        return None
+    newest = Progress.of(found.state)
+    return (
+        f"best.pt holds the best model of epoch {best[0]} (validation loss {best[1]:.4g}), but the run's "
+        f"newest checkpoint ({found.folder.name}) records epoch {newest.best_epoch} (validation loss "
+        f"{newest.best_val_loss:.4g}) as its best: best.pt was put back from an earlier state of the run, or "
+        "replaced, so these scores are of that model, not of the run as it ended"
+    )
+
+
 def _agreeing_with_best(run: RunLayout, found: Found) -> Found:
     """The newest checkpoint whose record of the best model is best.pt's: `found` where it is; an earlier
     one, with the newer ones set aside, where best.pt was put back from an earlier state of the run (a
