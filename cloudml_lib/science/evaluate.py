@@ -431,7 +431,7 @@ def evaluate_run(
             report["step"] = evaluated["step"]
         from cloudml_lib.core.run.resume import best_disagreement
 
-        other = best_disagreement(run)
+        other = best_disagreement(run, ckpt)  # best.pt as read above
         if other:  # scored as asked, said where the report is read: the log, report.md, the card
             report["best_model"] = other
             log.warning("%s.", other[0].upper() + other[1:])

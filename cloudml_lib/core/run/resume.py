@@ -143,17 +143,17 @@ def _newest_resume_point(run: RunLayout) -> Found | None:
     )
 
 
-def _best_record(run: RunLayout) -> tuple[int, float, int | None] | None:
-    """(epoch, validation loss, step) of the best model best.pt holds; None where that cannot be told (no
-    best.pt, an unreadable one, one of an earlier release without them, or the newest weights the end wrote
-    there, without a loss, where best.pt could not be used)."""
-    best = run.best
-    if not best.is_file():
-        return None
-    try:
-        ckpt = load_checkpoint(best)
-    except (CloudMLError, OSError, RuntimeError, ValueError, EOFError):
-        return None  # the end says so, and writes the newest weights there (science/finish.py)
+def _best_record(run: RunLayout, ckpt: dict | None = None) -> tuple[int, float, int | None] | None:
+    """(epoch, validation loss, step) of the best model best.pt holds (`ckpt`: best.pt as the caller read
+    it); None where that cannot be told (no best.pt, an unreadable one, one of an earlier release without
+    them, or the newest weights the end wrote there, without a loss, where best.pt could not be used)."""
+    if ckpt is None:
+        if not run.best.is_file():
+            return None
+        try:
+            ckpt = load_checkpoint(run.best)
+        except (CloudMLError, OSError, RuntimeError, ValueError, EOFError):
+            return None  # the end says so, and writes the newest weights there (science/finish.py)
     epoch, loss, step = ckpt.get(Key.EPOCH), ckpt.get(Key.VAL_LOSS), ckpt.get(Key.STEP)
     if isinstance(epoch, bool) or not isinstance(epoch, int) or not isinstance(loss, float):
         return None
@@ -172,12 +172,12 @@ def _best_disagrees(best: tuple[int, float, int | None], state: dict) -> bool:
     return not ahead and (epoch, loss) != (progress.best_epoch, progress.best_val_loss)
 
 
-def best_disagreement(run: RunLayout) -> str | None:
-    """Words where best.pt is not the best model that the run's newest checkpoint records (put back from an
-    earlier state of the run, or replaced by another run's): what an evaluation of it must say, since its
-    skill is then not the skill of the run as it ended. None where it is, or where that cannot be told (no
-    checkpoint, a best.pt without its record)."""
-    best = _best_record(run)
+def best_disagreement(run: RunLayout, ckpt: dict) -> str | None:
+    """Words where best.pt (`ckpt`, as the caller read it) is not the best model that the run's newest
+    checkpoint records (put back from an earlier state of the run, or replaced by another run's): what an
+    evaluation of it must say, since its skill is then not the skill of the run as it ended. None where it
+    is, or where that cannot be told (no checkpoint, a best.pt without its record)."""
+    best = _best_record(run, ckpt)
     if best is None:
         return None
     found = find_latest_valid(run)
