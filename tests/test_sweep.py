@@ -339,6 +339,7 @@ def test_a_trial_that_cannot_start_fails_with_its_reason_and_the_sweep_goes_on(f
     assert [t[1] for t in study_of(run)] == states
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_sweep_and_the_trial_resumes_when_run_again(files, tmp_path, monkeypatch):
     """Checkpoints that cannot be written (a full disk) stop the sweep with the trial left to resume, never
     failed for good: once there is space, the same command trains it on from its last checkpoint."""
