@@ -434,7 +434,7 @@ def evaluate_run(
         other = best_disagreement(run, ckpt)  # best.pt as read above
         if other:  # scored as asked, said where the report is read: the log, report.md, the card
             report["best_model"] = other
-            log.warning("%s.", other[0].upper() + other[1:])
+            log.warning("Note: %s.", other)  # the file's name as it is spelt, not capitalised
         write_evaluation(run, data.test_set, scored, report)
         write_report(run)
     return report
