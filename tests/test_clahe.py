@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from test_preprocess import build
+from test_preprocess import build, tiny_raw_config  # noqa: F401 - CLAHE on: this file's point
 
 from cloudml_lib.base.errors import ConfigError
 from cloudml_lib.data import clahe, er2, preprocess

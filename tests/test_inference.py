@@ -89,7 +89,7 @@ def gappy_flights(tiny_flights, tmp_path):
 @pytest.mark.slow
 def test_a_whole_flight_encoded_once_equals_window_by_window(gappy_flights, tmp_path, t, head):
     data, entries = gappy_flights
-    raw = tiny_raw(data, entries, tmp_path / "cache")
+    raw = tiny_raw(data, entries, tmp_path / "cache", clahe=True)
     raw["data"]["temporal_frames"] = t
     cfg = build_config(raw)
     model = model_with_cloud([4, 8, 8], head)
@@ -130,7 +130,7 @@ def test_label_windows_from_the_cache_are_encoded_once_with_the_same_outputs(
     """Evaluation, the epoch's score and the cloud probe: label-centred windows; distinct frames encoded
     once."""
     root, entries = tiny_flights
-    raw = tiny_raw(root, entries, tmp_path / "cache")
+    raw = tiny_raw(root, entries, tmp_path / "cache", clahe=True)
     raw["data"]["temporal_frames"] = t
     cfg, _ = resolve_config(build_config(raw))
     data = prepare_data(cfg)

@@ -23,6 +23,13 @@ from cloudml_lib.data import cachefiles, preprocess
 from cloudml_lib.data.preprocess import SKIMAGE, Backend, FramePool, resolve_backend
 
 
+@pytest.fixture
+def tiny_raw_config(tiny_flights, tmp_path):
+    """The tiny config with CLAHE on (conftest's leaves it off): this file's point is the preprocessing."""
+    root, entries = tiny_flights
+    return tiny_raw(root, entries, tmp_path / "cache", clahe=True)
+
+
 def build(cfg, workers: int, cache_dir: Path, backend=SKIMAGE):
     cfg.data.cache_dir = str(cache_dir)
     with FramePool(workers) as pool:
@@ -148,7 +155,7 @@ def test_a_worker_that_dies_is_a_clear_error_and_leaves_no_half_cache(tiny_confi
 
 def cli_config(tiny_flights, tmp_path) -> Path:
     root, entries = tiny_flights
-    raw = tiny_raw(root, entries, tmp_path / "cache")
+    raw = tiny_raw(root, entries, tmp_path / "cache", clahe=True)
     raw["data"]["preprocess_workers"] = 2
     raw["train"]["epochs"] = 1
     path = tmp_path / "cfg.yaml"
