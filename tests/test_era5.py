@@ -124,6 +124,26 @@ def test_a_frame_outside_the_box_or_the_hours_is_refused_by_name_never_extrapola
     assert np.isnan(unknown).all()  # no time or no position: unknown, not refused
 
 
+def test_a_file_read_again_is_taken_as_read_until_a_byte_of_it_changes(tmp_path, monkeypatch):
+    """The start and the end of a run, each fold and each trial read the same files: parsed once while their
+    bytes stay the same (the grids read-only, shared), parsed and checked again once any byte changes."""
+    path = new_layout(tmp_path / "era5.nc")
+    first = era5.read_files([path])
+    parsed = []
+    monkeypatch.setattr(era5, "_read_file", parsed.append)
+    again = era5.read_files([path])
+    assert parsed == [] and again.grids.keys() == first.grids.keys()
+    np.testing.assert_array_equal(again.grids["t2m"].values, first.grids["t2m"].values)
+    assert not again.grids["t2m"].values.flags.writeable  # shared: nothing may change it in place
+    again.grids.pop("t2m")  # the containers are each caller's own
+    assert "t2m" in era5.read_files([path]).grids
+    monkeypatch.undo()
+    dims = ("valid_time", "latitude", "longitude")
+    new_layout(path, extra={"sst": (dims, np.full((3, 3, 3), 15.0), {"units": "degC"})})  # rewritten
+    with pytest.raises(DataError, match=r"sst \(sea surface temperature\) is in 'degC'; expected 'K'"):
+        era5.read_files([path])
+
+
 def test_units_ranges_and_layouts_that_are_not_era5_are_named(tmp_path):
     dims = ("valid_time", "latitude", "longitude")
     bad = new_layout(tmp_path / "c.nc", extra={"sst": (dims, np.full((3, 3, 3), 15.0), {"units": "degC"})})

@@ -18,14 +18,20 @@ quantity's unit and a physical range; what a file lacks is named with what it af
 
 A frame takes each value linearly in time between the file's hours and bilinearly in space between its
 grid points (`Era5.at`); a frame outside the file's hours or box is refused by name, never extrapolated.
-Single levels: ERA5's short names (SINGLE); pressure levels (LEVELS) from 1000 to 700 hPa."""
+Single levels: ERA5's short names (SINGLE); pressure levels (LEVELS) from 1000 to 700 hPa.
+
+A file read once is kept by this process for as long as its bytes are the same (`read_file`): the start of a
+run, its end, each fold of a cross-validation and each trial of a sweep read the flights' files again."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -256,8 +262,53 @@ def _in_convention(lon, convention: int) -> np.ndarray:
     return np.mod(lon, 360.0) if convention == 360 else np.mod(lon + 180.0, 360.0) - 180.0
 
 
+# Files this process has read, by their path and the SHA-256 of their bytes (a file changed since, by any
+# byte, is read and checked again), the most recently used last; their grids read-only. Bounded by the size
+# of the grids kept; a file larger than that is read each time (it would not stay).
+_KEPT: OrderedDict[tuple[str, str], Era5] = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+KEPT_BYTES = 256 << 20
+
+
 def read_file(path: Path) -> Era5:
-    """The ERA5 variables of one file (single levels, or pressure levels within 1000-700 hPa)."""
+    """The ERA5 variables of one file (single levels, or pressure levels within 1000-700 hPa): read, or as
+    this process read the same bytes before."""
+    path = Path(path)
+    try:
+        small = path.stat().st_size <= KEPT_BYTES
+    except OSError:
+        small = False
+    if not small:
+        return _read_file(path)  # which names what is wrong with it
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return _read_file(path)  # which names what is wrong with it
+    key = (str(path), digest.hexdigest())
+    with _KEPT_LOCK:
+        found = _KEPT.get(key)
+        if found is not None:
+            _KEPT.move_to_end(key)
+    if found is None:
+        found = _read_file(path)
+        for grid in found.grids.values():
+            for a in (grid.times, grid.lats, grid.lons, grid.values):
+                a.setflags(write=False)  # shared by every later read of the file
+        with _KEPT_LOCK:
+            _KEPT[key] = found
+            while len(_KEPT) > 1 and sum(_nbytes(e) for e in _KEPT.values()) > KEPT_BYTES:
+                _KEPT.popitem(last=False)
+    return replace(found, grids=dict(found.grids), files=list(found.files), missing=dict(found.missing))
+
+
+def _nbytes(found: Era5) -> int:
+    return sum(g.times.nbytes + g.lats.nbytes + g.lons.nbytes + g.values.nbytes for g in found.grids.values())
+
+
+def _read_file(path: Path) -> Era5:
     ds = open_dataset(path)
     found = Era5(files=[Path(path)])
     for name in ds.data_vars:

@@ -610,7 +610,8 @@ def start(
     if found is not None:
         state.restore(found, metrics.path, cfg)
     else:
-        truncate_metrics(metrics.path, 0)
+        if state.dist.is_main:  # the file's only writer (MetricsFile)
+            truncate_metrics(metrics.path, 0)
         if init_from is not None:
             parts.model.load_state_dict(load_checkpoint(init_from)[Key.MODEL])  # in place
             log.info("Starting from the weights of %s", init_from)

@@ -185,7 +185,9 @@ class TrainingState:
         st = self.progress
         if st.trained and cfg.train.epochs > saved[Key.CONFIG]["train"]["epochs"] and not st.stopped_early:
             st.trained = False  # more epochs asked for: carry on
-        if not st.trained:  # the records after the checkpoint are work to redo (a trained run redoes none)
+        # the records after the checkpoint are work to redo (a trained run redoes none); by the file's only
+        # writer: two processes of a job cutting it at once had one refuse it as changed by someone else
+        if not st.trained and dist.is_main:
             truncate_metrics(metrics_path, saved[Key.METRICS_BYTES])
         where = (
             "trained"
