@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import preprocess_frame
 
-from cloudml_lib.base.config import build_config
+from cloudml_lib.base.config import DataConfig, build_config
 from cloudml_lib.data import cache as cache_mod
 from cloudml_lib.data.cache import build_windows, load_caches, load_flight_cache
 from cloudml_lib.data.cachefiles import verify_cache
@@ -36,6 +36,7 @@ def test_preprocess_crops_normalises_and_fills_nan(tiny_config):
 
 
 def test_cache_holds_the_preprocessed_windows(tiny_config):
+    tiny_config.data.clahe_clip_limit = DataConfig.clahe_clip_limit  # the whole reading: CLAHE on (conftest)
     cache = load_flight_cache(tiny_config.data.flights[0], tiny_config.data)
     meta = json.loads((cache.path / "meta.json").read_text())
     assert (

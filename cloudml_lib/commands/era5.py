@@ -114,9 +114,8 @@ def fetch(cfg: Config, names=None, levels: bool = True, dry_run: bool = False, c
         os.close(fd)
         try:
             client.retrieve(request.dataset, request.keys, temp)
-            era5.read_file(
-                Path(temp)
-            )  # what was served is ERA5 of CDS's layout, in range, before it is named
+            # what was served is ERA5 of CDS's layout, in range, before it is named (read once: not kept)
+            era5.read_file(Path(temp), keep=False)
             os.link(temp, path)  # never over a file that appeared meanwhile
         finally:
             os.unlink(temp)

@@ -28,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import re
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -87,7 +89,7 @@ LEVEL_RANGE_HPA = (700.0, 1000.0)  # the lower troposphere: the levels read (ISS
 GRID_TOLERANCE = 1e-6  # degrees: a frame on the box's edge is inside it
 
 
-@dataclass
+@dataclass(frozen=True)
 class Grid:
     """One variable on (time, latitude, longitude), in one order: times and latitudes ascending, longitudes
     ascending and contiguous in `convention` (180: -180..180, 360: 0..360)."""
@@ -263,45 +265,50 @@ def _in_convention(lon, convention: int) -> np.ndarray:
 
 
 # Files this process has read, by their path and the SHA-256 of their bytes (a file changed since, by any
-# byte, is read and checked again), the most recently used last; their grids read-only. Bounded by the size
-# of the grids kept; a file larger than that is read each time (it would not stay).
+# byte, is read and checked again), the most recently used last; their grids read-only and shared. Bounded by
+# the size of the grids kept (decoded floats: a packed file takes four times its size); a file whose grids
+# would not fit is read each time.
 _KEPT: OrderedDict[tuple[str, str], Era5] = OrderedDict()
 _KEPT_LOCK = threading.Lock()
 KEPT_BYTES = 256 << 20
 
 
-def read_file(path: Path) -> Era5:
+def read_file(path: Path, keep: bool = True) -> Era5:
     """The ERA5 variables of one file (single levels, or pressure levels within 1000-700 hPa): read, or as
-    this process read the same bytes before."""
+    this process read the same bytes before. `keep`: False for a file read once only (a download checked
+    before it is named)."""
     path = Path(path)
-    try:
-        small = path.stat().st_size <= KEPT_BYTES
-    except OSError:
-        small = False
-    if not small:
-        return _read_file(path)  # which names what is wrong with it
+    before = _digest(path) if keep else None
+    with _KEPT_LOCK:
+        found = _KEPT.get((str(path), before)) if before else None
+        if found is not None:
+            _KEPT.move_to_end((str(path), before))
+    if found is None:
+        found = _read_file(path)
+        if before and _digest(path) == before and _nbytes(found) <= KEPT_BYTES:  # not rewritten meanwhile
+            for grid in found.grids.values():
+                for a in (grid.times, grid.lats, grid.lons, grid.values):
+                    a.setflags(write=False)
+            with _KEPT_LOCK:
+                _KEPT[(str(path), before)] = found
+                while sum(_nbytes(e) for e in _KEPT.values()) > KEPT_BYTES:
+                    _KEPT.popitem(last=False)
+    return replace(found, grids=dict(found.grids), files=list(found.files), missing=dict(found.missing))
+
+
+def _digest(path: Path) -> str | None:
+    """The SHA-256 of a regular file's bytes; None for anything else, or a file that cannot be read (read
+    without the memory: open_dataset names what is wrong)."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None  # a FIFO or a device would not end
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     except OSError:
-        return _read_file(path)  # which names what is wrong with it
-    key = (str(path), digest.hexdigest())
-    with _KEPT_LOCK:
-        found = _KEPT.get(key)
-        if found is not None:
-            _KEPT.move_to_end(key)
-    if found is None:
-        found = _read_file(path)
-        for grid in found.grids.values():
-            for a in (grid.times, grid.lats, grid.lons, grid.values):
-                a.setflags(write=False)  # shared by every later read of the file
-        with _KEPT_LOCK:
-            _KEPT[key] = found
-            while len(_KEPT) > 1 and sum(_nbytes(e) for e in _KEPT.values()) > KEPT_BYTES:
-                _KEPT.popitem(last=False)
-    return replace(found, grids=dict(found.grids), files=list(found.files), missing=dict(found.missing))
+        return None
+    return digest.hexdigest()
 
 
 def _nbytes(found: Era5) -> int:
