@@ -279,18 +279,22 @@ def read_file(path: Path, keep: bool = True) -> Era5:
     before it is named)."""
     path = Path(path)
     before = _digest(path) if keep else None
-    with _KEPT_LOCK:
-        found = _KEPT.get((str(path), before)) if before else None
-        if found is not None:
-            _KEPT.move_to_end((str(path), before))
+    key = (str(path), before) if before else None
+    found = None
+    if key is not None:
+        with _KEPT_LOCK:
+            found = _KEPT.get(key)
+            if found is not None:
+                _KEPT.move_to_end(key)
     if found is None:
         found = _read_file(path)
-        if before and _digest(path) == before and _nbytes(found) <= KEPT_BYTES:  # not rewritten meanwhile
+        # kept where the file was not rewritten during the parse and its grids fit
+        if key is not None and _digest(path) == before and _nbytes(found) <= KEPT_BYTES:
             for grid in found.grids.values():
                 for a in (grid.times, grid.lats, grid.lons, grid.values):
                     a.setflags(write=False)
             with _KEPT_LOCK:
-                _KEPT[(str(path), before)] = found
+                _KEPT[key] = found
                 while sum(_nbytes(e) for e in _KEPT.values()) > KEPT_BYTES:
                     _KEPT.popitem(last=False)
     return replace(found, grids=dict(found.grids), files=list(found.files), missing=dict(found.missing))
