@@ -152,7 +152,7 @@ class CompileWatch:
     what was compiled in the lasting cache folder, if the run has one (`keep_cache`)."""
 
     def __init__(self, report: CompileReport, cache: CompileCache | None = None):
-        # Dynamo's counters only where the run compiles: importing them costs an eager run 1.4 s at its start
+        # Dynamo's counters only where the run compiles: an eager run has nothing to count
         self.report, self.cache = report, cache
         self.start = _counters() if report.active else {}
         self._kept_at: tuple | None = None  # Dynamo's (graphs, frames) when the kernels were last kept
