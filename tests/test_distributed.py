@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, run_cli, tiny_raw
 
 from cloudml_lib.core.machine.distributed import SINGLE, Dist, explain_peer_failure
-from cloudml_lib.core.run.checkpoint import STATE, find_checkpoints, read_meta
+from cloudml_lib.core.run.checkpoint import STATE, Key, find_checkpoints, read_meta
 from cloudml_lib.core.run.folder import RunFolder
 
 # Its gradient is zero in exact arithmetic (the softmax over frames ignores a shift shared by all
@@ -86,6 +86,9 @@ def test_two_processes_train_the_same_model_as_one(runs):
     pa = np.loadtxt(one / "predictions.csv", delimiter=",", skiprows=1, usecols=3)
     pb = np.loadtxt(two / "predictions.csv", delimiter=",", skiprows=1, usecols=3)
     assert len(pa) == len(pb) > 10 and np.abs(pa - pb).max() <= 1.5e-4  # written to 0.1 m
+    # the inputs trained on (predict's domain check), fitted by rank 0 alone: those of the whole training part
+    domains = [torch.load(run / "best.pt", weights_only=True)[Key.DOMAIN] for run in (one, two)]
+    assert domains[0]["n"] > 10 and domains[0] == domains[1]
     assert json.loads((two / "run.json").read_text())["processes"] == 2
     log = (two / "train.log").read_text()
     assert "batch 5 over 2 processes (BatchNorm over the whole batch)" in log

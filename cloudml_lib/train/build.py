@@ -335,7 +335,7 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
         if found is not None:  # the brightness statistics in the units the run started with
             saved = Scalers.from_dict((found.state or {})[Key.SCALERS])
             saved.check_units(train_set.scalers.radiometry_units or "", f"the flights of {folder.path}")
-        header = run_header(train_set, fingerprint, provenance, data.split.record())
+        header = run_header(train_set, fingerprint, provenance, data.split.record(), dist)
         seed_everything(cfg.train.seed)
         parts, cfg = build_parts(cfg, dist, train_set, folder.path.parent, kept_kernels(cfg, folder))
         writer = CheckpointWriter(folder, cfg.checkpoint.keep_last) if dist.is_main else None
@@ -381,17 +381,21 @@ def build_run(cfg: Config, folder: RunFolder, resume: str, init_from: Path | Non
     )
 
 
-def run_header(train_set: CloudDataset, fingerprint, provenance, split: dict) -> dict:
+def run_header(train_set: CloudDataset, fingerprint, provenance, split: dict, dist: Dist) -> dict:
     """What every checkpoint and best.pt carry of the run's data: the scalers, the data's fingerprint and
-    provenance, the span of the labels and the inputs trained on (the domain check), the split."""
-    return {
+    provenance, the span of the labels and the inputs trained on (the domain check), the split. Rank 0 alone
+    writes them; the domain, which only they carry, is fitted there alone (its covariance estimator imports
+    scikit-learn: about a second of every other process's start)."""
+    header = {
         Key.SCALERS: train_set.scalers.to_dict(),
         Key.FINGERPRINT: fingerprint,
         Key.PROVENANCE: provenance,
         Key.LABEL_RANGE: label_range(train_set),
         Key.SPLIT: split,
-        Key.DOMAIN: domain.of_dataset(train_set).to_dict(),
     }
+    if dist.is_main:
+        header[Key.DOMAIN] = domain.of_dataset(train_set).to_dict()
+    return header
 
 
 def label_range(dataset: CloudDataset) -> list[float]:
