@@ -548,3 +548,30 @@ def test_a_backup_put_back_over_a_run_that_went_on_continues_from_where_its_best
     r = train()  # and the run ends as if never put back: two refusals, each naming all it must
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     assert same() and json.loads((run / "evaluation.json").read_text())["best_epoch"] == 2
+
+
+def test_only_rank_0_cuts_metrics_jsonl_back_to_its_checkpoint_when_a_job_resumes(session_runs, tmp_path):
+    """A torchrun job resuming: every process restores the checkpoint, but metrics.jsonl, which rank 0 alone
+    writes, is cut back by rank 0 alone. When every rank cut it, rank 1 could cut it after rank 0 had taken
+    its fingerprint, and rank 0's next append refused the file as changed by someone else (CI, 91e7201)."""
+    from types import SimpleNamespace
+
+    from cloudml_lib.base.config import build_config
+    from cloudml_lib.core.machine.distributed import Dist
+    from cloudml_lib.core.run.checkpoint import Found, Key, load_checkpoint
+    from cloudml_lib.train.state import LoopState, TrainingState
+
+    run = session_runs.copy(session_runs.killed("step:8"), tmp_path / "run")
+    newest = find_checkpoints(RunFolder(run))[0]
+    saved = load_checkpoint(newest / STATE)
+    metrics = RunFolder(run).metrics
+    before = metrics.read_bytes()
+    assert len(before) > saved[Key.METRICS_BYTES] > 0  # records after the checkpoint: work to redo
+    cfg = build_config(session_runs.raw)
+    sampler = SimpleNamespace(batches_per_epoch=lambda: 7)
+    for rank, want in ((1, before), (0, before[: saved[Key.METRICS_BYTES]])):
+        dist = Dist(rank=rank, world=2)
+        loop = LoopState(dist, torch.device("cpu"), cfg.train.batch_size)
+        state = TrainingState({Key.LOOP: loop}, torch.Generator(), sampler, {}, dist)
+        state.restore(Found(newest, saved, []), metrics, cfg)
+        assert metrics.read_bytes() == want, f"rank {rank}"
