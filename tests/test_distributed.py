@@ -178,6 +178,48 @@ def test_crossval_trains_one_fold_per_process(runs, tmp_path):
         assert got[name]["trees"] == want[name]["trees"]
 
 
+ENDS_A_JOB = """
+import atexit, runpy, sys, threading, time
+import torch
+import cloudml_lib.commands.cli as cli
+import cloudml_lib.core.machine.distributed as distributed
+
+a = torch.randn(600, 600)
+
+
+def busy():  # a thread of torch's, still at work when the command is done (as gloo's workers can be)
+    while True:
+        torch.mm(a, a)
+
+
+def command():
+    atexit.register(lambda: open(sys.argv[1], "w").write("closed"))
+    sys.stdout.write("the command's last words, not yet flushed")
+    return 3
+
+
+threading.Thread(target=busy, daemon=True).start()
+time.sleep(0.2)
+distributed._JOINED = True  # as init_distributed leaves a process of a torchrun job
+cli.main = command
+runpy.run_module("cloudml_lib", run_name="__main__")
+"""
+
+
+def test_a_process_of_a_job_ends_with_its_status_where_torchs_threads_would_abort_it(tmp_path):
+    """The end of `python -m cloudml_lib` in a torchrun job: a thread still inside torch when the interpreter
+    finalizes aborts the process (SIGABRT, "terminate called"; gloo's workers did it at the end of one
+    torchrun sweep in ten). The command's status comes back instead, after its exit handlers and output."""
+    handler = tmp_path / "handler"
+    r = subprocess.run(
+        [sys.executable, "-c", ENDS_A_JOB, str(handler)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr
+    assert r.stdout == "the command's last words, not yet flushed"
+    assert handler.read_text() == "closed"
+
+
 def test_a_world_size_without_torchrun_is_explained(ddp_config, tmp_path):
     cfg = ddp_config
     r = launch(train_args(cfg, tmp_path / "run"), nproc=1, env={"WORLD_SIZE": "2"})

@@ -41,6 +41,27 @@ def test_a_dead_trainers_lock_is_taken_over(tmp_path):
     assert not (tmp_path / ".lock").exists()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a process's state is read from /proc")
+def test_a_trainer_that_ended_but_was_not_yet_reaped_holds_no_lock(tmp_path):
+    """A killed trainer is a zombie until the system's first process collects it: its pid still answers a
+    signal, but it writes nothing more. A parallel sweep resumed while its killed workers were zombies
+    would have failed their trials as "in use by another trainer"."""
+    proc = subprocess.Popen(["true"])  # ended, and never waited for while the lock is judged: a zombie
+    try:
+        deadline = time.time() + 30
+        while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.time() < deadline
+            time.sleep(0.01)
+        now = time.time()
+        write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid, started=now, heartbeat=now)
+        lock = RunLock(RunFolder(tmp_path))
+        lock.acquire()
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == lock.me["pid"]
+        lock.release()
+    finally:
+        proc.wait()
+
+
 def test_another_runtimes_lock_counts_while_its_heartbeat_is_fresh(tmp_path):
     write_lock(tmp_path, host="colab-vm-old", pid=123, heartbeat=time.time() - 10)
     with pytest.raises(CloudMLError, match="host colab-vm-old"):

@@ -147,7 +147,8 @@ def test_a_killed_parallel_sweep_leaves_no_trainer_and_resumes_its_trials(files,
     again = run_cli(*sweep_args(cfg, space, run), env={"TMPDIR": str(tmp_path)}, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     trials = trials_of(run)
-    assert [t.number for t in trials] == [0, 1, 2, 3] and all(t.state.name == "COMPLETE" for t in trials)
+    states = [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert [s[:2] for s in states] == [(n, "COMPLETE") for n in range(4)], f"{states}\n{again.stdout[-3000:]}"
     for n in (0, 1):
         assert f"Trial {n} was interrupted: it resumes from its checkpoint" in again.stdout
         log = (run / "trials" / str(n) / "train.log").read_text()

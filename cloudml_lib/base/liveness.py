@@ -24,7 +24,9 @@ def valid_pid(pid) -> bool:
 
 def process_alive(pid: int) -> bool:
     """Is process `pid` of this host running (a pid we may not signal counts as running)? A number no process
-    can have (0 and -1 signal groups of processes; 2**31 and above overflow) is no running process."""
+    can have (0 and -1 signal groups of processes; 2**31 and above overflow) is no running process, and nor
+    is a process that has ended but was not yet reaped (a zombie, as a killed trainer is until the system's
+    first process collects it): it can write nothing more."""
     if not valid_pid(pid):
         return False
     try:
@@ -33,15 +35,30 @@ def process_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return process_state(pid) not in ("Z", "X")
+
+
+def stat_fields(pid: int) -> list[bytes]:
+    """Process `pid`'s fields in Linux's /proc/PID/stat after its command name (which may hold spaces): the
+    state letter first (field 3). OSError where there is no such file."""
+    with open(f"/proc/{int(pid)}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def process_state(pid: int) -> str | None:
+    """Process `pid`'s state letter where the system says (Linux's /proc: R running, S sleeping, Z ended and
+    not yet reaped, ...); None elsewhere or when it cannot be read."""
+    try:
+        return stat_fields(pid)[0].decode("ascii", "replace")
+    except (OSError, IndexError):
+        return None
 
 
 def process_started(pid: int) -> float | None:
     """When process `pid` of this host started (epoch seconds), where the system says (Linux's /proc);
     None elsewhere or when it cannot be read."""
     try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        fields = stat_fields(pid)
         with open("/proc/stat", "rb") as f:
             boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
         return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start, in ticks

@@ -7,6 +7,7 @@ What this module owns:
   has no `if distributed:` branches beyond "only rank 0 writes files".
 - `init_distributed`: reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); gloo on CPU,
   nccl on CUDA (one GPU per process, cuda:LOCAL_RANK).
+- `exit_without_finalizing`: how a process of a torchrun job ends once its command is done (below).
 - `apply_ddp`: DistributedDataParallel from outside the model, after BatchNorm is made to use the
   statistics of the global batch (`SyncBatchNorm` on CUDA, `GlobalBatchNorm2d` here on CPU, where
   torch's SyncBatchNorm refuses to run). So N processes normalise over the same samples one process
@@ -15,11 +16,14 @@ What this module owns:
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import logging
 import os
+import sys
 from contextlib import nullcontext
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as tdist
@@ -170,10 +174,39 @@ def init_distributed(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     backend = backend or ("nccl" if cuda else "gloo")
     tdist.init_process_group(backend, timeout=timeout)
+    global _JOINED
+    _JOINED = True
     if rank != 0:
         logging.getLogger("cloudml_lib").setLevel(logging.WARNING)  # one copy of each progress line: rank 0's
     log.info("Distributed: %d processes (%s), this is rank %d", world, backend, rank)
     return Dist(rank, world, local_rank, machines)
+
+
+_JOINED = False  # this process started a process group (init_distributed): it ends by exit_without_finalizing
+
+
+def joined() -> bool:
+    """Did this process join a torchrun job's process group?"""
+    return _JOINED
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End a process of a torchrun job whose command is done, with exit status `code`: the exit handlers run
+    (train.log closed, temporary folders removed) and stdout and stderr are flushed, then the process ends
+    without the interpreter's finalization. There, one of torch's C++ threads that still holds a tensor made
+    in Python (gloo's workers let go of a finished collective's buffers after the caller has gone on) takes
+    the lock of an interpreter being torn down and aborts the process ("terminate called without an active
+    exception", SIGABRT): torchrun then stops the other processes and reports a job that finished as failed
+    (pytorch/pytorch#190489, open in torch 2.13; one job in about ten on a busy 2-core machine)."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken stream: nothing more can be said there
+                pass
+        os._exit(code)
 
 
 _LOST = (
