@@ -197,7 +197,8 @@ def exit_without_finalizing(code: int) -> NoReturn:
     in Python (gloo's workers let go of a finished collective's buffers after the caller has gone on) takes
     the lock of an interpreter being torn down and aborts the process ("terminate called without an active
     exception", SIGABRT): torchrun then stops the other processes and reports a job that finished as failed
-    (pytorch/pytorch#190489, open in torch 2.13; one job in about ten on a busy 2-core machine)."""
+    (pytorch/pytorch#190489, open in torch 2.13: one torchrun sweep in about thirty on a busy 2-core
+    machine)."""
     try:
         atexit._run_exitfuncs()
     finally:
