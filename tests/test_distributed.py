@@ -195,6 +195,8 @@ def busy():  # a thread of torch's, still at work when the command is done (as g
 def command():
     atexit.register(lambda: open(sys.argv[1], "w").write("closed"))
     sys.stdout.write("the command's last words, not yet flushed")
+    if sys.argv[2] == "raises":
+        raise RuntimeError("an error nobody foresaw")
     return 3
 
 
@@ -206,16 +208,21 @@ runpy.run_module("cloudml_lib", run_name="__main__")
 """
 
 
-def test_a_process_of_a_job_ends_with_its_status_where_torchs_threads_would_abort_it(tmp_path):
+@pytest.mark.parametrize("end", ["returns", "raises"])
+def test_a_process_of_a_job_ends_with_its_status_where_torchs_threads_would_abort_it(tmp_path, end):
     """The end of `python -m cloudml_lib` in a torchrun job: a thread still inside torch when the interpreter
     finalizes aborts the process (SIGABRT, "terminate called"; gloo's workers did it at the end of about one
-    torchrun sweep in thirty). The command's status comes back instead, after its exit handlers and output."""
+    torchrun sweep in thirty). The command's status comes back instead (an unexpected error's: its traceback
+    and 1), after its exit handlers and output."""
     handler = tmp_path / "handler"
     r = subprocess.run(
-        [sys.executable, "-c", ENDS_A_JOB, str(handler)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", ENDS_A_JOB, str(handler), end], capture_output=True, text=True, timeout=120
     )
-    assert r.returncode == 3, r.stderr[-2000:]
+    assert r.returncode == (3 if end == "returns" else 1), r.stderr[-2000:]
     assert "terminate called" not in r.stderr
+    if end == "raises":
+        assert r.stderr.strip().splitlines()[-1] == "RuntimeError: an error nobody foresaw"
+        assert r.stderr.startswith("Traceback (most recent call last):")
     assert r.stdout == "the command's last words, not yet flushed"
     assert handler.read_text() == "closed"
 
